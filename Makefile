@@ -1,0 +1,49 @@
+# Two commands on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test venv lint typecheck proto proto-check test-unit test-integration test-e2e wheel-check clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/tideserve up $(ARGS)
+
+proto: $(STAMP)
+	$(BIN)/python scripts/gen_proto.py
+
+proto-check: $(STAMP)
+	$(BIN)/python scripts/gen_proto.py --check
+
+lint: $(STAMP)
+	$(BIN)/ruff check services tests scripts benchmarks
+	$(BIN)/ruff format --check services tests scripts benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test-unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+test-integration: $(STAMP)
+	$(BIN)/pytest -q tests/integration
+
+test-e2e: $(STAMP)
+	$(BIN)/pytest -q tests/e2e
+
+# pytest exits 5 when it collects nothing: that is a failure here, not a pass.
+test: proto-check lint typecheck
+	$(BIN)/pytest -q -p no:cacheprovider tests
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,1 @@
+"""Tideserve: the control plane services, shared runtime and tools."""

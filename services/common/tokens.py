@@ -1,0 +1,88 @@
+"""Deterministic tokenizer and chained KV block hashes, shared by every component.
+
+The engine simulator, the benchmark's prompt synthesis, the scheduler's prefix scorers and
+kvmeta must agree on how text becomes tokens and tokens become block hashes, across
+processes and runs. Python's ``hash()`` is salted per process, so nothing here uses it.
+
+Tokenizer: a token is a maximal run of non-whitespace characters (``\\S+``); its id is
+``crc32(utf-8 bytes) % (VOCAB_SIZE - FIRST_WORD_ID) + FIRST_WORD_ID``. Ids below
+``FIRST_WORD_ID`` are reserved for special tokens. ``detokenize`` is not an inverse (ids are
+hashed); the simulator renders generated ids as ``t<id>`` words, which tokenize back to ids.
+
+Block hashes: tokens are cut into full blocks of ``block_size`` (a trailing partial block is
+not hashed: engines only cache full pages). The hash of block ``i`` is
+``blake2b(parent_hash || tokens of block i)`` truncated to 64 bits, where ``parent_hash`` is
+the hash of block ``i-1`` and, for block 0, the tenant seed (0 for the default tenant). So a
+block's hash covers its whole prefix, and two tenants never share a hash.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from array import array
+from collections.abc import Iterable, Sequence
+from hashlib import blake2b
+
+VOCAB_SIZE = 128_000
+FIRST_WORD_ID = 256
+BOS_ID = 1
+EOS_ID = 2
+
+_WORD = re.compile(r"\S+")
+_SPAN = VOCAB_SIZE - FIRST_WORD_ID
+
+
+def token_id(word: str) -> int:
+    """Id of one whitespace-free word."""
+    return zlib.crc32(word.encode("utf-8")) % _SPAN + FIRST_WORD_ID
+
+
+def tokenize(text: str) -> list[int]:
+    """Token ids of ``text``: one per whitespace-separated word."""
+    return [zlib.crc32(w.encode("utf-8")) % _SPAN + FIRST_WORD_ID for w in _WORD.findall(text)]
+
+
+def count_tokens(text: str) -> int:
+    return sum(1 for _ in _WORD.finditer(text))
+
+
+def render_token(tid: int) -> str:
+    """Text of a generated token id (a word that does not tokenize to ``tid``; see module doc)."""
+    return f"t{tid}"
+
+
+def tenant_seed(tenant: str) -> int:
+    """Parent hash of block 0 for a tenant; 0 for the default tenant ("")."""
+    if not tenant:
+        return 0
+    return _h64(b"tenant\x00" + tenant.encode("utf-8"))
+
+
+def block_hashes(
+    token_ids: Sequence[int], block_size: int, *, tenant: str = "", parent: int | None = None
+) -> list[int]:
+    """Chained 64-bit hashes of the full blocks of ``token_ids``.
+
+    ``parent`` continues a chain (the hash of the block before ``token_ids[0]``); by default
+    the chain starts at the tenant seed.
+    """
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    h = tenant_seed(tenant) if parent is None else parent
+    out: list[int] = []
+    full = len(token_ids) - len(token_ids) % block_size
+    for start in range(0, full, block_size):
+        h = _chain(h, token_ids[start : start + block_size])
+        out.append(h)
+    return out
+
+
+def _chain(parent: int, block: Iterable[int]) -> int:
+    payload = parent.to_bytes(8, "little") + array("I", block).tobytes()
+    return _h64(payload)
+
+
+def _h64(data: bytes) -> int:
+    # Never 0: 0 means "no parent" on the wire.
+    return int.from_bytes(blake2b(data, digest_size=8).digest(), "little") or 1

@@ -1,0 +1,1 @@
+"""Tideserve scheduler."""

@@ -1,0 +1,60 @@
+"""The shared tokenizer and block hashes are deterministic and chained."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from services.common import tokens
+
+
+def test_tokenize_is_one_id_per_word_and_stable_across_processes() -> None:
+    text = "hello  world\nhello"
+    ids = tokens.tokenize(text)
+    assert len(ids) == 3 and ids[0] == ids[2] != ids[1]
+    code = "from services.common import tokens; print(tokens.tokenize('hello  world\\nhello'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(ids)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "shared"),
+    [
+        ([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 9, 9], 2),
+        ([1, 2, 3, 4], [9, 2, 3, 4], 0),
+        ([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6, 7], 3),
+    ],
+    ids=["diverge-in-block-3", "diverge-at-start", "extension"],
+)
+def test_block_hashes_share_exactly_the_common_prefix(
+    a: list[int], b: list[int], shared: int
+) -> None:
+    ha, hb = tokens.block_hashes(a, 2), tokens.block_hashes(b, 2)
+    common = 0
+    while common < min(len(ha), len(hb)) and ha[common] == hb[common]:
+        common += 1
+    assert common == shared
+
+
+def test_block_hash_covers_the_whole_prefix() -> None:
+    # Same second block, different first block: the second hashes differ too.
+    assert tokens.block_hashes([1, 1, 7, 7], 2)[1] != tokens.block_hashes([2, 2, 7, 7], 2)[1]
+
+
+def test_partial_block_is_not_hashed_and_tenants_do_not_share() -> None:
+    assert len(tokens.block_hashes(list(range(10)), 4)) == 2
+    ids = list(range(8))
+    assert set(tokens.block_hashes(ids, 4, tenant="a")).isdisjoint(tokens.block_hashes(ids, 4))
+
+
+def test_parent_continues_a_chain() -> None:
+    ids = list(range(12))
+    whole = tokens.block_hashes(ids, 4)
+    assert tokens.block_hashes(ids[4:], 4, parent=whole[0]) == whole[1:]
+
+
+def test_bad_block_size_is_refused() -> None:
+    with pytest.raises(ValueError, match="block_size"):
+        tokens.block_hashes([1], 0)
