@@ -1,0 +1,145 @@
+"""Shared fixtures: real Postgres and Redis for integration tests, found lazily.
+
+Order for each server (first that works):
+1. ``TIDESERVE_TEST_POSTGRES_URL`` / ``TIDESERVE_TEST_REDIS_URL`` from the environment;
+2. testcontainers, when it is importable and a Docker engine answers a ping;
+3. the embedded servers (``services.common.embedded``) in a fresh directory under the
+   system temp dir, started once per session and stopped at its end.
+
+Fixtures are lazy: a test that asks for none of them (all of ``tests/unit``) starts nothing.
+
+- ``postgres_url`` (session): a libpq URL (``postgresql://...``). Pass it to
+  ``services.common.db.migrate`` / ``create_engine`` as is.
+- ``postgres_db_url`` (function): a brand-new, empty database on that server, dropped after
+  the test; use it when a test needs a clean slate (e.g. migrations from scratch).
+- ``redis_url`` (session): ``redis://host:port/0``.
+- ``redis_client`` (function): ``redis.asyncio.Redis`` on ``redis_url``; its DB is flushed
+  after the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+_PG_ENV = "TIDESERVE_TEST_POSTGRES_URL"
+_REDIS_ENV = "TIDESERVE_TEST_REDIS_URL"
+
+
+def _docker_answers() -> bool:
+    """True when testcontainers is importable and a Docker engine answers a ping."""
+    try:
+        import docker  # type: ignore[import-not-found]
+        import testcontainers  # type: ignore[import-not-found]  # noqa: F401
+    except Exception:
+        return False
+    try:
+        client = docker.from_env(timeout=3)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:
+        return False
+
+
+@contextlib.contextmanager
+def _embedded_dir(kind: str) -> Iterator[Path]:
+    # Directly under the system temp dir (short unix-socket path, world-traversable so the
+    # embedded postgres system user can reach it when tests run as root).
+    path = Path(tempfile.mkdtemp(prefix=f"tideserve-test-{kind}-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    env = os.environ.get(_PG_ENV)
+    if env:
+        yield env
+        return
+    if _docker_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("postgres:16-alpine", driver=None) as pg:
+            yield str(pg.get_connection_url())
+        return
+    from services.common.embedded import start_postgres
+
+    with _embedded_dir("pg") as path:
+        server = start_postgres(path)
+        try:
+            yield server.url
+        finally:
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    env = os.environ.get(_REDIS_ENV)
+    if env:
+        yield env
+        return
+    if _docker_answers():
+        from testcontainers.redis import RedisContainer
+
+        with RedisContainer("redis:7-alpine") as rc:
+            host = rc.get_container_host_ip()
+            port = rc.get_exposed_port(6379)
+            yield f"redis://{host}:{port}/0"
+        return
+    from services.common.embedded import start_redis
+
+    with _embedded_dir("redis") as path:
+        server = start_redis(path, 0)
+        try:
+            yield server.url
+        finally:
+            server.stop()
+
+
+def with_database(url: str, database: str) -> str:
+    """``url`` pointing at another database on the same server (query, e.g. host=, kept)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+@pytest.fixture
+def postgres_db_url(postgres_url: str) -> Iterator[str]:
+    """A fresh empty database for this test only (dropped afterwards)."""
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = postgres_url.replace("postgresql+psycopg://", "postgresql://", 1)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield with_database(postgres_url, name)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+async def redis_client(redis_url: str) -> AsyncIterator[Any]:
+    """``redis.asyncio.Redis`` (bytes responses); the DB is flushed after the test."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        await client.flushdb()
+        await client.aclose()
