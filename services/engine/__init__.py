@@ -1,0 +1,1 @@
+"""Engine simulator: a GPU-free SGLang/vLLM look-alike (pure cores + an aiohttp shell)."""

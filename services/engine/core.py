@@ -1,0 +1,308 @@
+"""Continuous-batching state machine of the engine simulator (pure: time is passed in).
+
+A request is admitted (``submit``) into the waiting queue; ``step(now)`` plans one engine
+step and returns its modelled duration and what it produced. The shell sleeps for the
+duration (divided by its speedup) and then delivers the step's outputs, so tokens appear at
+``now + duration``.
+
+Per step (vLLM v1 / SGLang style): running decodes first (one token each), then chunks of
+prompts already being prefilled, then new admissions from the waiting queue head (FCFS,
+head-of-line blocking when the KV cache cannot hold the head), all within
+``max_batched_tokens`` tokens and ``max_batch`` running sequences. A sequence reserves all
+its KV blocks (prompt + max new tokens) at admission, so nothing is ever preempted.
+
+Roles:
+* ``aggregated`` — prefill then decode here.
+* ``prefill`` — compute the prompt, emit one token and finish; the KV stays held until
+  ``hand_off(rid, ready_at)`` is called (the decode side took it) and the modelled transfer
+  has ended, or until ``hold_timeout_ms`` passes; then it is freed.
+* ``decode`` — a request submitted with ``kv_transfer_ms`` reserves its blocks, waits that
+  long (the modelled hand-off; no bytes move), then decodes starting from the token the
+  prefill produced. Without ``kv_transfer_ms`` the decode instance prefills itself.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+from services.common.perfmodel import PerfProfile
+from services.common.tokens import FIRST_WORD_ID, VOCAB_SIZE, block_hashes
+from services.engine.kvcache import KVCache
+
+__all__ = [
+    "AdmissionError",
+    "CoreConfig",
+    "EngineCore",
+    "EngineRole",
+    "Request",
+    "SeqOutput",
+    "StepResult",
+]
+
+
+class EngineRole(Enum):
+    AGGREGATED = "aggregated"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class AdmissionError(ValueError):
+    """The request can never run here (too long for the context or the cache)."""
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    role: EngineRole = EngineRole.AGGREGATED
+    max_batch: int = 256
+    max_batched_tokens: int = 8192
+    hold_timeout_ms: float = 30_000.0
+
+
+@dataclass(frozen=True)
+class Request:
+    rid: str
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    tenant: str = ""
+    # Decode role with a prefill peer: modelled KV hand-off time; None = prefill here.
+    kv_transfer_ms: float | None = None
+    # Prefill role with a decode peer: keep the KV after finishing until ``hand_off``.
+    hold_kv: bool = False
+    # Decode role: cached prompt tokens the prefill peer reported (echoed in usage).
+    peer_cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class SeqOutput:
+    """Tokens a sequence produced in one step; ``finished`` is its last output."""
+
+    rid: str
+    tokens: tuple[int, ...]
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    finished: bool
+
+
+@dataclass(frozen=True)
+class StepResult:
+    duration_ms: float
+    outputs: tuple[SeqOutput, ...]
+    prefill_tokens: int
+    decode_tokens: int
+
+
+@dataclass
+class _Seq:
+    req: Request
+    hashes: list[int]
+    arrival: float
+    cached: int = 0
+    computed: int = 0  # prompt tokens whose KV exists
+    generated: list[int] = field(default_factory=list)
+    ready_at: float = 0.0  # decode role: KV arrival time
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.req.prompt)
+
+
+class EngineCore:
+    """One engine instance's scheduler. All times are in milliseconds on the caller's clock."""
+
+    def __init__(self, config: CoreConfig, profile: PerfProfile, cache: KVCache) -> None:
+        self.config = config
+        self.profile = profile
+        self.cache = cache
+        self._waiting: deque[_Seq] = deque()
+        self._running: dict[str, _Seq] = {}  # prefilling or decoding, insertion = FCFS
+        self._transferring: dict[str, _Seq] = {}
+        self._held: dict[str, float] = {}  # prefill role: rid -> free at (ms)
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.cached_tokens_total = 0
+        self.finished_total = 0
+
+    # -- admission -----------------------------------------------------------------------
+    def check(self, prompt_len: int, max_new_tokens: int) -> None:
+        """Raise ``AdmissionError`` if such a request can never run on this instance."""
+        limit = self.profile.max_context
+        if prompt_len <= 0:
+            raise AdmissionError("the prompt is empty")
+        if max_new_tokens <= 0:
+            raise AdmissionError("max_new_tokens must be at least 1")
+        if prompt_len + max_new_tokens > limit:
+            raise AdmissionError(
+                f"prompt ({prompt_len} tokens) plus max_new_tokens ({max_new_tokens}) exceeds "
+                f"the context limit of {limit} tokens"
+            )
+        need = self.cache.blocks_for(prompt_len + max_new_tokens)
+        if need > self.cache.capacity_blocks:
+            raise AdmissionError(
+                f"request needs {need} KV blocks; this instance has {self.cache.capacity_blocks}"
+            )
+
+    def submit(self, req: Request, now: float) -> None:
+        """Queue a request. Raises ``AdmissionError`` (see ``check``) or ``ValueError`` for a
+        duplicate id; nothing changes then."""
+        self.check(len(req.prompt), req.max_new_tokens)
+        if self.knows(req.rid):
+            raise ValueError(f"duplicate request id {req.rid!r}")
+        hashes = block_hashes(req.prompt, self.cache.block_size, tenant=req.tenant)
+        self._waiting.append(_Seq(req, hashes, now))
+
+    def knows(self, rid: str) -> bool:
+        return (
+            rid in self._running
+            or rid in self._transferring
+            or rid in self._held
+            or any(s.req.rid == rid for s in self._waiting)
+        )
+
+    def abort(self, rid: str) -> None:
+        """Forget a request (client went away). Idempotent."""
+        self._waiting = deque(s for s in self._waiting if s.req.rid != rid)
+        self._running.pop(rid, None)
+        self._transferring.pop(rid, None)
+        self._held.pop(rid, None)
+        self.cache.release(rid)
+
+    def hand_off(self, rid: str, free_at: float) -> bool:
+        """Prefill role: the decode side takes the KV of ``rid``; free it at ``free_at``.
+        False if ``rid`` holds no KV here (unknown, already freed)."""
+        if rid not in self._held:
+            return False
+        self._held[rid] = free_at
+        return True
+
+    # -- observation ---------------------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return len(self._running) + len(self._transferring)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_held(self) -> int:
+        return len(self._held)
+
+    def pending_prefill_tokens(self) -> int:
+        run = sum(s.prompt_len - s.computed for s in self._running.values())
+        return run + sum(s.prompt_len - s.cached for s in self._waiting)
+
+    def tokens_in_flight(self) -> int:
+        decode = sum(
+            s.req.max_new_tokens - len(s.generated)
+            for s in (*self._running.values(), *self._transferring.values(), *self._waiting)
+        )
+        return self.pending_prefill_tokens() + decode
+
+    def next_wakeup(self, now: float) -> float | None:
+        """Earliest time at which ``step`` will have something to do, or None if idle."""
+        if self._waiting or self._running:
+            return now
+        times = [s.ready_at for s in self._transferring.values()] + list(self._held.values())
+        return min(times) if times else None
+
+    # -- the step ------------------------------------------------------------------------
+    def step(self, now: float) -> StepResult | None:
+        """Plan and account one step starting at ``now``; None when there is nothing to run."""
+        outputs: list[SeqOutput] = []
+        self._free_held(now)
+        self._arrive_transfers(now, outputs)
+        budget = self.config.max_batched_tokens
+        decoding = [s for s in self._running.values() if s.computed >= s.prompt_len]
+        decoding = decoding[:budget]
+        budget -= len(decoding)
+        chunks: list[tuple[_Seq, int]] = []
+        for s in self._running.values():
+            if budget <= 0:
+                break
+            if s.computed < s.prompt_len:
+                n = min(budget, s.prompt_len - s.computed)
+                chunks.append((s, n))
+                budget -= n
+        while budget > 0 and self._waiting and len(self._running) < self.config.max_batch:
+            if not self._admit(self._waiting[0], now):
+                break
+            s = self._waiting.popleft()
+            if s.req.rid in self._transferring:
+                continue
+            n = min(budget, s.prompt_len - s.computed)
+            chunks.append((s, n))
+            budget -= n
+        if not decoding and not chunks:
+            return StepResult(0.0, tuple(outputs), 0, 0) if outputs else None
+        ctx = sum(s.prompt_len + len(s.generated) for s in decoding)
+        duration = self.profile.step_ms([(n, s.computed) for s, n in chunks], len(decoding), ctx)
+        end = now + duration
+        for s in decoding:
+            outputs.append(self._emit(s, 1, end))
+        prefilled = 0
+        for s, n in chunks:
+            s.computed += n
+            prefilled += n
+            if s.computed >= s.prompt_len:
+                self.cache.commit(s.req.rid, s.hashes)
+                outputs.append(self._emit(s, 1, end))
+        self.prompt_tokens_total += prefilled
+        return StepResult(duration, tuple(outputs), prefilled, len(decoding))
+
+    # -- internals -----------------------------------------------------------------------
+    def _admit(self, s: _Seq, now: float) -> bool:
+        total = self.cache.blocks_for(s.prompt_len + s.req.max_new_tokens)
+        alloc = self.cache.allocate(s.req.rid, s.hashes, total, s.req.tenant)
+        if alloc is None:
+            return False
+        if s.req.kv_transfer_ms is not None and self.config.role is EngineRole.DECODE:
+            s.computed = s.prompt_len
+            s.cached = s.req.peer_cached_tokens
+            s.ready_at = now + s.req.kv_transfer_ms
+            self._transferring[s.req.rid] = s
+            return True
+        # At least one prompt token is always computed (it yields the first logits).
+        s.cached = min(alloc.cached_blocks * self.cache.block_size, s.prompt_len - 1)
+        s.computed = s.cached
+        self.cached_tokens_total += s.cached
+        self._running[s.req.rid] = s
+        return True
+
+    def _arrive_transfers(self, now: float, outputs: list[SeqOutput]) -> None:
+        for rid, s in list(self._transferring.items()):
+            if s.ready_at <= now and len(self._running) < self.config.max_batch:
+                del self._transferring[rid]
+                self._running[rid] = s
+                outputs.append(self._emit(s, 1, now))  # the first token came with the KV
+
+    def _free_held(self, now: float) -> None:
+        for rid, free_at in list(self._held.items()):
+            if free_at <= now:
+                del self._held[rid]
+                self.cache.release(rid)
+
+    def _emit(self, s: _Seq, n: int, end: float) -> SeqOutput:
+        new = tuple(_token(s.req.prompt, len(s.generated) + i) for i in range(n))
+        s.generated.extend(new)
+        self.generation_tokens_total += n
+        prefill_role = self.config.role is EngineRole.PREFILL
+        finished = prefill_role or len(s.generated) >= s.req.max_new_tokens
+        rid = s.req.rid
+        if finished:
+            self._running.pop(rid, None)
+            self.finished_total += 1
+            if prefill_role and s.req.hold_kv:
+                # Hold the KV for the decode side (until hand_off, or a timeout).
+                self._held[rid] = end + self.config.hold_timeout_ms
+            else:
+                self.cache.release(rid)
+        return SeqOutput(rid, new, s.prompt_len, s.cached, len(s.generated), finished)
+
+
+def _token(prompt: tuple[int, ...], index: int) -> int:
+    """Deterministic generated token: depends on the prompt's last tokens and the position."""
+    seed = (prompt[-1] if prompt else 0) * 1_000_003 + len(prompt) * 7_919 + index * 104_729
+    return seed % (VOCAB_SIZE - FIRST_WORD_ID) + FIRST_WORD_ID

@@ -1,0 +1,233 @@
+"""Paged KV cache with prefix reuse by chained block hashes (pure, no I/O).
+
+Capacity is counted in blocks of ``block_size`` tokens. A sequence reserves, at admission,
+every block it can ever need (prompt + max new tokens): matched prefix blocks are *shared*
+(reference counted), the rest are *private*. When its prompt has been computed, the sequence
+``commit``s the full prompt blocks: private blocks become cached blocks keyed by their chained
+hash (``services.common.tokens.block_hashes``; a block's hash covers its whole prefix, the
+tenant salt seeds the chain). ``release`` drops the references; a cached block with no
+reference stays resident and is reused by later prompts until it is evicted.
+
+Eviction is LRU over unreferenced cached blocks only, leaf first (a released chain is queued
+child before parent, so a prefix outlives its extensions). Referenced blocks are never evicted.
+
+Every residency change is appended to ``outbox`` as a :class:`KVEventRecord` (stored /
+removed / all-cleared); the shell drains it with :meth:`KVCache.drain_events` and publishes it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from enum import Enum
+
+__all__ = ["Allocation", "KVCache", "KVEventKind", "KVEventRecord"]
+
+
+class KVEventKind(Enum):
+    STORED = "stored"
+    REMOVED = "removed"
+    ALL_CLEARED = "all_cleared"
+
+
+@dataclass(frozen=True)
+class KVEventRecord:
+    """One residency change. STORED lists hashes parent first; ``parent_hash`` is the parent
+    of ``block_hashes[0]`` (0 at the start of a sequence)."""
+
+    kind: KVEventKind
+    block_hashes: tuple[int, ...] = ()
+    parent_hash: int = 0
+    token_count: int = 0
+    tenant: str = ""
+
+
+@dataclass
+class _Block:
+    parent: int
+    tenant: str
+    refs: int = 0
+
+
+@dataclass
+class Allocation:
+    """What a sequence holds. ``cached_blocks`` leading prompt blocks were found resident."""
+
+    seq_id: str
+    shared: list[int]
+    private: int
+    cached_blocks: int
+    tenant: str = ""
+    committed: list[int] = field(default_factory=list)
+
+
+class KVCache:
+    """Block accounting + prefix index. Not thread-safe; the engine core owns one."""
+
+    def __init__(self, capacity_blocks: int, block_size: int) -> None:
+        if capacity_blocks <= 0 or block_size <= 0:
+            raise ValueError("capacity_blocks and block_size must be positive")
+        self.capacity_blocks = capacity_blocks
+        self.block_size = block_size
+        self._blocks: dict[int, _Block] = {}
+        self._lru: OrderedDict[int, None] = OrderedDict()  # unreferenced cached, oldest first
+        self._private = 0
+        self._seqs: dict[str, Allocation] = {}
+        self.outbox: list[KVEventRecord] = []
+        # Cumulative prefix-cache statistics (in tokens of full blocks).
+        self.query_tokens = 0
+        self.hit_tokens = 0
+
+    # -- queries -------------------------------------------------------------------------
+    @property
+    def used_blocks(self) -> int:
+        """Blocks holding data (private + cached, evictable or not)."""
+        return self._private + len(self._blocks)
+
+    @property
+    def referenced_blocks(self) -> int:
+        """Blocks that cannot be evicted now."""
+        return self._private + len(self._blocks) - len(self._lru)
+
+    @property
+    def free_blocks(self) -> int:
+        return self.capacity_blocks - self.used_blocks
+
+    @property
+    def usage(self) -> float:
+        """Fraction of capacity held by running sequences, [0, 1] (cached-but-idle excluded)."""
+        return self.referenced_blocks / self.capacity_blocks
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-max(0, tokens) // self.block_size)
+
+    def match(self, hashes: list[int]) -> int:
+        """Number of leading ``hashes`` resident now (no side effects)."""
+        n = 0
+        for h in hashes:
+            if h not in self._blocks:
+                break
+            n += 1
+        return n
+
+    def holds(self, seq_id: str) -> bool:
+        return seq_id in self._seqs
+
+    # -- mutations -----------------------------------------------------------------------
+    def allocate(
+        self, seq_id: str, hashes: list[int], total_blocks: int, tenant: str = ""
+    ) -> Allocation | None:
+        """Reserve ``total_blocks`` for a sequence whose full prompt blocks hash to ``hashes``.
+
+        Returns ``None`` (and changes nothing) when the blocks cannot be found even after
+        evicting every unreferenced cached block. Raises ``ValueError`` for a duplicate id.
+        """
+        if seq_id in self._seqs:
+            raise ValueError(f"sequence {seq_id!r} already holds blocks")
+        matched = self.match(hashes)
+        private = max(0, total_blocks - matched)
+        # Matched blocks that are unreferenced now stop being evictable.
+        evictable_after = len(self._lru) - sum(
+            1 for h in hashes[:matched] if self._blocks[h].refs == 0
+        )
+        if private > self.free_blocks + evictable_after:
+            return None
+        shared = hashes[:matched]
+        for h in shared:
+            self._ref(h)
+        self._evict(private - self.free_blocks)
+        self._private += private
+        self.query_tokens += len(hashes) * self.block_size
+        self.hit_tokens += matched * self.block_size
+        alloc = Allocation(seq_id, list(shared), private, matched, tenant)
+        self._seqs[seq_id] = alloc
+        return alloc
+
+    def commit(self, seq_id: str, hashes: list[int]) -> None:
+        """The prompt of ``seq_id`` is computed: its full blocks ``hashes`` become cached.
+
+        Blocks already shared are skipped; a hash another sequence committed meanwhile is not
+        duplicated (this sequence's copy stays private). Emits one STORED event per run of
+        new blocks. Idempotent per hash.
+        """
+        alloc = self._seqs[seq_id]
+        start = len(alloc.shared) + len(alloc.committed)
+        run: list[int] = []
+        run_parent = 0
+        for i in range(start, len(hashes)):
+            h = hashes[i]
+            parent = hashes[i - 1] if i else 0
+            if h in self._blocks or alloc.private == 0:
+                self._flush_run(run, run_parent, alloc.tenant)
+                run = []
+                continue
+            self._blocks[h] = _Block(parent, alloc.tenant, refs=1)
+            alloc.private -= 1
+            self._private -= 1
+            alloc.committed.append(h)
+            if not run:
+                run_parent = parent
+            run.append(h)
+        self._flush_run(run, run_parent, alloc.tenant)
+
+    def release(self, seq_id: str) -> None:
+        """Drop everything ``seq_id`` holds (no-op if it holds nothing). Its cached blocks stay
+        resident, unreferenced, most recent and leaf-first in the LRU order."""
+        alloc = self._seqs.pop(seq_id, None)
+        if alloc is None:
+            return
+        self._private -= alloc.private
+        for h in reversed(alloc.shared + alloc.committed):
+            self._unref(h)
+
+    def clear(self) -> bool:
+        """Drop every unreferenced cached block and emit ALL_CLEARED. Refused (False) while
+        any sequence holds blocks, as engines refuse ``flush_cache`` with requests running."""
+        if self._seqs:
+            return False
+        self._blocks.clear()
+        self._lru.clear()
+        self.outbox.append(KVEventRecord(KVEventKind.ALL_CLEARED))
+        return True
+
+    def drain_events(self) -> list[KVEventRecord]:
+        out, self.outbox = self.outbox, []
+        return out
+
+    # -- internals -----------------------------------------------------------------------
+    def _flush_run(self, run: list[int], parent: int, tenant: str) -> None:
+        if run:
+            self.outbox.append(
+                KVEventRecord(
+                    KVEventKind.STORED, tuple(run), parent, len(run) * self.block_size, tenant
+                )
+            )
+
+    def _ref(self, h: int) -> None:
+        b = self._blocks[h]
+        if b.refs == 0:
+            self._lru.pop(h, None)
+        b.refs += 1
+
+    def _unref(self, h: int) -> None:
+        b = self._blocks.get(h)
+        if b is None:
+            return
+        b.refs -= 1
+        if b.refs == 0:
+            self._lru[h] = None
+            self._lru.move_to_end(h)
+
+    def _evict(self, n: int) -> None:
+        removed: list[int] = []
+        while n > 0 and self._lru:
+            h, _ = self._lru.popitem(last=False)
+            del self._blocks[h]
+            removed.append(h)
+            n -= 1
+        if removed:
+            self.outbox.append(
+                KVEventRecord(
+                    KVEventKind.REMOVED, tuple(removed), 0, len(removed) * self.block_size
+                )
+            )

@@ -1,0 +1,209 @@
+"""Continuous-batching core: budgets, chunked prefill, caching, roles, admission."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.perfmodel import get_profile
+from services.engine.core import (
+    AdmissionError,
+    CoreConfig,
+    EngineCore,
+    EngineRole,
+    Request,
+    StepResult,
+)
+from services.engine.kvcache import KVCache
+
+PROFILE = get_profile("test")
+
+
+def make(
+    role: EngineRole = EngineRole.AGGREGATED,
+    *,
+    max_batch: int = 8,
+    budget: int = 256,
+    blocks: int = 1024,
+    block_size: int = 16,
+) -> EngineCore:
+    cfg = CoreConfig(role=role, max_batch=max_batch, max_batched_tokens=budget)
+    return EngineCore(cfg, PROFILE, KVCache(blocks, block_size))
+
+
+def req(rid: str, n: int, out: int = 4, *, base: int = 1000, **kw: object) -> Request:
+    return Request(rid, tuple(range(base, base + n)), out, **kw)  # type: ignore[arg-type]
+
+
+def run(core: EngineCore, now: float = 0.0, limit: int = 10_000) -> tuple[float, list[StepResult]]:
+    """Step until idle; returns the end time and the steps."""
+    steps: list[StepResult] = []
+    for _ in range(limit):
+        wake = core.next_wakeup(now)
+        if wake is None:
+            return now, steps
+        now = max(now, wake)
+        res = core.step(now)
+        if res is not None:
+            steps.append(res)
+            now += res.duration_ms
+    raise AssertionError("core did not go idle")
+
+
+def ttft(core: EngineCore, r: Request, now: float = 0.0) -> tuple[float, int]:
+    core.submit(r, now)
+    t = now
+    while True:
+        res = core.step(t)
+        assert res is not None
+        t += res.duration_ms
+        for o in res.outputs:
+            if o.rid == r.rid and o.tokens:
+                run(core, t)
+                return t - now, o.cached_tokens
+
+
+def test_chunked_prefill_respects_token_budget() -> None:
+    core = make(budget=100)
+    core.submit(req("a", 250, out=2), 0.0)
+    _, steps = run(core)
+    prefill = [s.prefill_tokens for s in steps if s.prefill_tokens]
+    assert prefill == [100, 100, 50]
+    assert all(s.prefill_tokens + s.decode_tokens <= 100 for s in steps)
+
+
+def test_max_batch_bounds_running_sequences() -> None:
+    core = make(max_batch=2)
+    for i in range(5):
+        core.submit(req(f"r{i}", 10, out=3, base=i * 100), 0.0)
+    res = core.step(0.0)
+    assert res is not None
+    assert core.num_running == 2 and core.num_waiting == 3
+    run(core, res.duration_ms)
+    assert core.num_running == 0 and core.finished_total == 5
+
+
+def test_every_request_gets_exactly_max_new_tokens() -> None:
+    core = make()
+    for i, out in enumerate([1, 5, 17]):
+        core.submit(req(f"r{i}", 40, out=out, base=i * 100), 0.0)
+    _, steps = run(core)
+    got: dict[str, int] = {}
+    finished = set()
+    for s in steps:
+        for o in s.outputs:
+            got[o.rid] = got.get(o.rid, 0) + len(o.tokens)
+            if o.finished:
+                finished.add(o.rid)
+    assert got == {"r0": 1, "r1": 5, "r2": 17} and finished == set(got)
+    assert core.generation_tokens_total == 23 and core.cache.usage == 0.0
+
+
+def test_repeated_prompt_is_cached_and_first_token_comes_sooner() -> None:
+    core = make(budget=4096)
+    cold, cold_cached = ttft(core, req("a", 2000))
+    warm, warm_cached = ttft(core, req("b", 2000), 1e6)
+    assert cold_cached == 0 and warm_cached == 2000 - 1  # the last token is recomputed
+    assert warm < cold
+
+
+def test_partial_prefix_hit_reports_whole_blocks() -> None:
+    core = make(block_size=16)
+    ttft(core, req("a", 100))
+    other = Request("b", tuple(range(1000, 1040)) + tuple(range(5000, 5060)), 2)
+    _, cached = ttft(core, other, 1e6)
+    assert cached == 32  # 40 shared tokens = 2 full blocks of 16
+
+
+@pytest.mark.parametrize(
+    ("n", "out", "match"),
+    [
+        (0, 4, "empty"),
+        (10, 0, "max_new_tokens"),
+        (32_000, 1_000, "context limit"),
+        (500, 600, "KV blocks"),
+    ],
+    ids=["empty", "no-output", "over-context", "over-cache"],
+)
+def test_admission_refuses_what_can_never_fit(n: int, out: int, match: str) -> None:
+    core = make(blocks=64, block_size=16)  # 1024 tokens of KV
+    with pytest.raises(AdmissionError, match=match):
+        core.submit(req("x", n, out=out), 0.0)
+    assert core.num_waiting == 0
+
+
+def test_queue_waits_for_cache_space_instead_of_failing() -> None:
+    core = make(blocks=10, block_size=16)  # 160 tokens
+    core.submit(req("a", 100, out=20), 0.0)
+    core.submit(req("b", 100, out=20, base=5000), 0.0)
+    res = core.step(0.0)
+    assert res is not None and core.num_running == 1 and core.num_waiting == 1
+    run(core, res.duration_ms)
+    assert core.finished_total == 2
+
+
+def test_prefill_role_returns_one_token_and_holds_kv_until_hand_off() -> None:
+    core = make(EngineRole.PREFILL)
+    core.submit(req("a", 64, out=50, hold_kv=True), 0.0)
+    t, steps = 0.0, []
+    while core.num_running or core.num_waiting:
+        res = core.step(t)
+        assert res is not None
+        steps.append(res)
+        t += res.duration_ms
+    outs = [o for s in steps for o in s.outputs]
+    assert [len(o.tokens) for o in outs] == [1] and outs[0].finished
+    assert core.cache.usage > 0 and core.num_held == 1
+    assert core.hand_off("a", t + 5.0)
+    core.step(t + 1.0)
+    assert core.num_held == 1  # transfer still under way
+    core.step(t + 5.0)
+    assert core.num_held == 0 and core.cache.usage == 0.0
+    assert not core.hand_off("a", t + 10.0)
+
+
+def test_prefill_role_frees_unclaimed_kv_after_timeout() -> None:
+    core = make(EngineRole.PREFILL)
+    core.submit(req("a", 64, out=5, hold_kv=True), 0.0)
+    end, _ = run(core)
+    assert core.num_held == 0 and end >= core.config.hold_timeout_ms
+
+
+def test_decode_role_waits_for_transfer_then_decodes_without_prefill() -> None:
+    core = make(EngineRole.DECODE)
+    transfer = PROFILE.transfer_ms(300)
+    core.submit(req("a", 300, out=3, kv_transfer_ms=transfer, peer_cached_tokens=128), 0.0)
+    assert core.step(0.0) is None  # admitted, KV in flight, nothing to compute
+    assert core.next_wakeup(0.0) == pytest.approx(transfer)
+    _, steps = run(core, 0.0)
+    assert sum(s.prefill_tokens for s in steps) == 0
+    outs = [o for s in steps for o in s.outputs]
+    assert sum(len(o.tokens) for o in outs) == 3 and outs[-1].finished
+    assert outs[0].cached_tokens == 128
+
+
+def test_decode_role_without_peer_prefills_itself() -> None:
+    core = make(EngineRole.DECODE)
+    core.submit(req("a", 300, out=2), 0.0)
+    _, steps = run(core)
+    assert sum(s.prefill_tokens for s in steps) == 300
+
+
+def test_abort_frees_everything() -> None:
+    core = make()
+    core.submit(req("a", 300, out=100), 0.0)
+    core.step(0.0)
+    core.abort("a")
+    assert core.num_running == 0 and core.cache.usage == 0.0 and core.step(1.0) is None
+
+
+def test_decode_steps_get_slower_with_more_sequences() -> None:
+    def first_decode_step(n_seqs: int) -> float:
+        core = make(max_batch=64, budget=100_000, blocks=8192)
+        for i in range(n_seqs):
+            core.submit(req(f"r{i}", 2000, out=3, base=i * 10_000), 0.0)
+        core.step(0.0)  # all prefills
+        res = core.step(1e6)
+        assert res is not None and res.decode_tokens == n_seqs and res.prefill_tokens == 0
+        return res.duration_ms
+
+    assert first_decode_step(1) < first_decode_step(8) < first_decode_step(32)

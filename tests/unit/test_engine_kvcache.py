@@ -1,0 +1,118 @@
+"""Paged KV cache: prefix reuse, reference counts, LRU eviction, KV events."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.tokens import block_hashes
+from services.engine.kvcache import KVCache, KVEventKind
+
+BS = 4
+
+
+def hashes(tokens: list[int], tenant: str = "") -> list[int]:
+    return block_hashes(tokens, BS, tenant=tenant)
+
+
+def fill(cache: KVCache, seq: str, tokens: list[int], extra_blocks: int = 0) -> int:
+    """Allocate, compute and release a prompt; returns its cached blocks at admission."""
+    hs = hashes(tokens)
+    alloc = cache.allocate(seq, hs, cache.blocks_for(len(tokens)) + extra_blocks)
+    assert alloc is not None
+    cache.commit(seq, hs)
+    cache.release(seq)
+    return alloc.cached_blocks
+
+
+def test_repeated_prompt_hits_every_full_block_and_shares_them() -> None:
+    cache = KVCache(capacity_blocks=16, block_size=BS)
+    prompt = list(range(10))  # 2 full blocks + a partial one
+    assert fill(cache, "a", prompt) == 0
+    assert fill(cache, "b", prompt) == 2
+    assert fill(cache, "c", prompt[:4] + [99] * 6) == 1  # diverges in block 2
+    assert cache.hit_tokens == 3 * BS
+
+
+def test_tenants_never_share_blocks() -> None:
+    cache = KVCache(capacity_blocks=16, block_size=BS)
+    prompt = list(range(8))
+    alloc = cache.allocate("a", hashes(prompt, "t1"), 2, "t1")
+    assert alloc is not None
+    cache.commit("a", hashes(prompt, "t1"))
+    cache.release("a")
+    assert cache.match(hashes(prompt, "t2")) == 0 and cache.match(hashes(prompt, "t1")) == 2
+
+
+def test_lru_evicts_oldest_unreferenced_and_leaf_first() -> None:
+    cache = KVCache(capacity_blocks=4, block_size=BS)
+    old, new = list(range(8)), list(range(100, 108))
+    fill(cache, "old", old)
+    fill(cache, "new", new)
+    cache.drain_events()
+    # Needs one block: the oldest chain's leaf (block 1 of "old") goes first.
+    assert cache.allocate("x", [], 1) is not None
+    (ev,) = cache.drain_events()
+    assert ev.kind is KVEventKind.REMOVED and ev.block_hashes == (hashes(old)[1],)
+    assert cache.match(hashes(old)) == 1 and cache.match(hashes(new)) == 2
+
+
+def test_referenced_blocks_are_never_evicted() -> None:
+    cache = KVCache(capacity_blocks=4, block_size=BS)
+    prompt = list(range(8))
+    fill(cache, "a", prompt)
+    held = cache.allocate("b", hashes(prompt), 2)  # shares both cached blocks
+    assert held is not None and held.cached_blocks == 2
+    assert cache.allocate("c", [], 3) is None  # only 2 free, nothing evictable
+    assert cache.allocate("c", [], 2) is not None
+    assert cache.match(hashes(prompt)) == 2
+    cache.release("b")
+    assert cache.allocate("d", [], 2) is not None  # now the released chain is evicted
+    assert cache.match(hashes(prompt)) == 0
+
+
+@pytest.mark.parametrize(
+    ("prompt_len", "stored_runs"),
+    [(8, [2]), (10, [2]), (3, [])],
+    ids=["two-full-blocks", "partial-tail-not-stored", "no-full-block"],
+)
+def test_commit_emits_stored_with_parent_chain(prompt_len: int, stored_runs: list[int]) -> None:
+    cache = KVCache(capacity_blocks=8, block_size=BS)
+    prompt = list(range(prompt_len))
+    hs = hashes(prompt)
+    assert cache.allocate("a", hs, cache.blocks_for(prompt_len)) is not None
+    cache.commit("a", hs)
+    events = cache.drain_events()
+    assert [len(e.block_hashes) for e in events] == stored_runs
+    for e in events:
+        assert e.kind is KVEventKind.STORED and e.parent_hash == 0
+        assert e.token_count == len(e.block_hashes) * BS
+
+
+def test_extension_stores_only_new_blocks_with_the_prefix_as_parent() -> None:
+    cache = KVCache(capacity_blocks=8, block_size=BS)
+    fill(cache, "a", list(range(4)))
+    cache.drain_events()
+    longer = list(range(12))
+    fill(cache, "b", longer)
+    (ev,) = cache.drain_events()
+    assert ev.block_hashes == tuple(hashes(longer)[1:]) and ev.parent_hash == hashes(longer)[0]
+
+
+def test_clear_refused_while_held_then_emits_all_cleared() -> None:
+    cache = KVCache(capacity_blocks=8, block_size=BS)
+    fill(cache, "a", list(range(8)))
+    assert cache.allocate("b", [], 1) is not None
+    assert cache.clear() is False
+    cache.release("b")
+    cache.drain_events()
+    assert cache.clear() is True
+    assert [e.kind for e in cache.drain_events()] == [KVEventKind.ALL_CLEARED]
+    assert cache.used_blocks == 0
+
+
+def test_usage_counts_referenced_blocks_only() -> None:
+    cache = KVCache(capacity_blocks=10, block_size=BS)
+    fill(cache, "a", list(range(8)))
+    assert cache.usage == 0.0 and cache.used_blocks == 2
+    assert cache.allocate("b", [], 5) is not None
+    assert cache.usage == pytest.approx(0.5)
