@@ -1,0 +1,1 @@
+"""Trace-replay benchmark (``tideserve bench``): readers, prompt synthesis, client, stats."""

@@ -1,0 +1,97 @@
+"""Deterministic prompt synthesis that preserves a trace's prefix structure.
+
+Contract (pure, no randomness from the process): the prompt of a request depends only on
+the request's fields, the seed and the block size, so it is identical across processes and
+runs. With the shared tokenizer (``services.common.tokens``: one token per
+whitespace-separated word):
+
+* Mooncake (``hash_ids`` present): block ``h`` is ``block_tokens`` words
+  ``s{seed:x}.{h:x}.{i:x}`` for ``i`` in ``0..block_tokens-1``, joined by single spaces. A
+  prompt is its blocks in order, the last one truncated so the prompt has exactly
+  ``input_length`` tokens. Equal hash ids give equal token blocks, hence equal prefixes;
+  distinct ids give distinct words (and, up to crc32 collisions of whole 512-word
+  sequences, distinct token blocks).
+* Azure (no hash ids): ``input_length`` words ``u{seed:x}.{index:x}.{i:x}``, unique per
+  request index, so no two requests share a prefix.
+
+The engine applies its chat template around the user message, which may add a few tokens
+(role markers) before and after the prompt; the ``usage.prompt_tokens`` an engine reports can
+therefore exceed ``input_length`` by that constant. It shifts every prompt by the same
+amount, so the prefix structure is unchanged (``--api completions`` sends the bare prompt).
+
+Memory: prompts can be 100K+ tokens, so text is built per request when it is sent, and block
+strings are cached by hash id in a bounded LRU.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from services.bench.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest
+
+
+class PromptSynthesizer:
+    """Builds prompt text for trace requests; see the module docstring for the contract."""
+
+    def __init__(
+        self, seed: int = 0, block_tokens: int = MOONCAKE_BLOCK_TOKENS, cache_blocks: int = 4096
+    ) -> None:
+        if block_tokens <= 0:
+            raise ValueError(f"block_tokens must be positive, got {block_tokens}")
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        self.seed = seed
+        self.block_tokens = block_tokens
+        self._cache_blocks = max(0, cache_blocks)
+        self._blocks: OrderedDict[int, str] = OrderedDict()
+
+    def block_text(self, hash_id: int) -> str:
+        """The full block for ``hash_id``: exactly ``block_tokens`` words."""
+        cached = self._blocks.get(hash_id)
+        if cached is not None:
+            self._blocks.move_to_end(hash_id)
+            return cached
+        prefix = f"s{self.seed:x}.{hash_id:x}."
+        text = " ".join(f"{prefix}{i:x}" for i in range(self.block_tokens))
+        if self._cache_blocks:
+            self._blocks[hash_id] = text
+            if len(self._blocks) > self._cache_blocks:
+                self._blocks.popitem(last=False)
+        return text
+
+    def prompt(self, req: TraceRequest) -> str:
+        """The prompt text of ``req``: exactly ``req.input_length`` words."""
+        if req.hash_ids is None:
+            prefix = f"u{self.seed:x}.{req.index:x}."
+            return " ".join(f"{prefix}{i:x}" for i in range(req.input_length))
+        parts: list[str] = []
+        remaining = req.input_length
+        for h in req.hash_ids:
+            if remaining <= 0:
+                break
+            block = self.block_text(h)
+            if remaining >= self.block_tokens:
+                parts.append(block)
+            else:
+                parts.append(_first_words(block, remaining))
+            remaining -= self.block_tokens
+        if remaining > 0:
+            raise ValueError(
+                f"request {req.index} needs {req.input_length} tokens but has only "
+                f"{len(req.hash_ids)} blocks of {self.block_tokens}"
+            )
+        return " ".join(parts)
+
+    @property
+    def cached_blocks(self) -> int:
+        return len(self._blocks)
+
+
+def _first_words(text: str, n: int) -> str:
+    """The first ``n`` space-separated words of ``text`` (single spaces, n >= 1)."""
+    pos = -1
+    for _ in range(n):
+        pos = text.find(" ", pos + 1)
+        if pos < 0:
+            return text
+    return text[:pos]
