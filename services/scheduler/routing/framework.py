@@ -1,0 +1,243 @@
+"""The scheduling cycle: plugin protocols, profiles and the scheduler that runs them.
+
+A cycle, for one request over one immutable :class:`EndpointSnapshot`:
+
+1. Eligibility (built in, not configurable): drop endpoints that are unhealthy, draining,
+   circuit-open or in ``request.exclude``.
+2. The profile's :class:`Preparer` plugins run over the decode-side candidates (and, for
+   P/D, the prefill-side ones) and record per-instance estimates in the :class:`CycleContext`
+   (cached tokens, predicted TTFT) that later plugins read.
+3. Filters run in declared order. A filter may return :class:`Shed` to refuse the request.
+4. Scorers each return a score in [0, 1] per candidate; the framework clamps, multiplies by
+   the profile's weight and sums. Scorers never see weights.
+5. The picker chooses one candidate from the scored list.
+6. P/D: if the profile names a ``prefill_profile`` and the snapshot has prefill-role
+   endpoints, the profile's :class:`Decider` (default: always) decides from the decode pick
+   whether to disaggregate; if so the prefill profile runs over prefill-role endpoints.
+7. Every :class:`PostPick` plugin that took part sees the final :class:`Pick`.
+
+Everything is deterministic given the inputs, ``now`` and the injected ``random.Random``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from services.scheduler.routing.types import (
+    Choice,
+    Decision,
+    EndpointSnapshot,
+    EndpointView,
+    NoEndpoint,
+    Pick,
+    RequestView,
+    Shed,
+)
+
+
+@dataclass(slots=True)
+class CycleContext:
+    """Per-cycle scratch state shared by the plugins of one cycle (never across cycles).
+
+    ``cached_tokens[iid]`` is the best estimate of the request's prompt tokens already cached
+    on an instance (tier-weighted); preparers only ever raise it (max of estimates).
+    ``predicted_ttft_ms[iid]`` is filled by cost plugins.
+    """
+
+    now: float
+    rng: random.Random
+    cached_tokens: dict[str, int] = field(default_factory=dict)
+    predicted_ttft_ms: dict[str, float] = field(default_factory=dict)
+
+    def note_cached(self, instance_id: str, tokens: int) -> None:
+        if tokens > self.cached_tokens.get(instance_id, 0):
+            self.cached_tokens[instance_id] = tokens
+
+
+@runtime_checkable
+class Plugin(Protocol):
+    """Every plugin has the unique instance name it was declared with in the config."""
+
+    name: str
+
+
+@runtime_checkable
+class Preparer(Plugin, Protocol):
+    def prepare(
+        self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
+    ) -> None:
+        """Record estimates in ``ctx``; must not raise for any well-formed input."""
+
+
+@runtime_checkable
+class Filter(Plugin, Protocol):
+    def filter(
+        self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
+    ) -> Sequence[EndpointView] | Shed:
+        """Return a subset of ``candidates`` (order kept), possibly empty, or :class:`Shed`."""
+
+
+@runtime_checkable
+class Scorer(Plugin, Protocol):
+    def score(
+        self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
+    ) -> Mapping[str, float]:
+        """Score per instance id in [0, 1]; higher is better. Missing ids score 0;
+        values outside [0, 1] are clamped and NaN counts as 0."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    endpoint: EndpointView
+    total: float
+    detail: tuple[tuple[str, float, float], ...]
+
+
+@runtime_checkable
+class Picker(Plugin, Protocol):
+    def pick(self, ctx: CycleContext, request: RequestView, scored: Sequence[Scored]) -> Scored:
+        """Choose one of ``scored`` (never empty; ordered by instance id)."""
+
+
+@runtime_checkable
+class Decider(Plugin, Protocol):
+    def disaggregate(self, ctx: CycleContext, request: RequestView, decode: Choice) -> bool:
+        """Whether to run a separate prefill, given the decode-side choice."""
+
+
+@runtime_checkable
+class PostPick(Plugin, Protocol):
+    def on_pick(self, now: float, request: RequestView, pick: Pick) -> None:
+        """Observe the final decision (update indexes). Idempotence is not required."""
+
+
+class MaxScorePicker:
+    """Highest total score; ties go to the lowest instance id, or to a uniformly random one
+    among the tied when ``random_ties`` (using the cycle's injected RNG)."""
+
+    def __init__(self, name: str = "max-score", random_ties: bool = False) -> None:
+        self.name = name
+        self.random_ties = random_ties
+
+    def pick(self, ctx: CycleContext, request: RequestView, scored: Sequence[Scored]) -> Scored:
+        best = max(s.total for s in scored)
+        tied = [s for s in scored if s.total >= best - 1e-12]
+        if self.random_ties and len(tied) > 1:
+            return tied[ctx.rng.randrange(len(tied))]
+        return tied[0]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A named pipeline. ``scorers`` pairs each scorer with its weight (> 0)."""
+
+    name: str
+    preparers: tuple[Preparer, ...] = ()
+    filters: tuple[Filter, ...] = ()
+    scorers: tuple[tuple[Scorer, float], ...] = ()
+    picker: Picker = field(default_factory=MaxScorePicker)
+    decider: Decider | None = None
+    prefill_profile: str | None = None
+    post_pick: tuple[PostPick, ...] = ()
+    description: str = ""
+
+
+def _clamp(x: float) -> float:
+    if math.isnan(x):
+        return 0.0
+    return 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
+
+
+class Scheduler:
+    """Runs scheduling cycles over named profiles. Plugins may keep state across cycles
+    (indexes, counters); the scheduler itself keeps only the RNG."""
+
+    def __init__(
+        self, profiles: Mapping[str, Profile], default_profile: str, rng: random.Random
+    ) -> None:
+        if default_profile not in profiles:
+            raise ValueError(f"default profile {default_profile!r} is not defined")
+        self.profiles = dict(profiles)
+        self.default_profile = default_profile
+        self.rng = rng
+
+    def schedule(
+        self,
+        request: RequestView,
+        snapshot: EndpointSnapshot,
+        now: float,
+        profile: str = "",
+    ) -> Decision:
+        """Decide where ``request`` goes. Raises ``KeyError`` for an unknown profile name."""
+        prof = self.profiles[profile or self.default_profile]
+        ctx = CycleContext(now=now, rng=self.rng)
+        eligible = [e for e in snapshot if e.eligible and e.instance_id not in request.exclude]
+        prefill_prof = self.profiles[prof.prefill_profile] if prof.prefill_profile else None
+        prefill_pool = [e for e in eligible if e.role == "prefill"] if prefill_prof else []
+        decode_pool = [e for e in eligible if e.role in ("worker", "decode")]
+        if not decode_pool:
+            return NoEndpoint(
+                f"no eligible decode/worker endpoint among {len(snapshot)} "
+                f"({len(snapshot) - len(eligible)} unhealthy, draining, open or excluded)"
+            )
+        decode = self._run(prof, ctx, request, decode_pool)
+        if not isinstance(decode, Choice):
+            return decode
+        prefill: Choice | None = None
+        used = [prof]
+        if prefill_prof is not None and prefill_pool:
+            wants = prof.decider.disaggregate(ctx, request, decode) if prof.decider else True
+            if wants:
+                p = self._run(prefill_prof, ctx, request, prefill_pool)
+                if isinstance(p, Choice):
+                    prefill = p
+                    used.append(prefill_prof)
+                # No prefill endpoint passing the filters: fall back to decode-only.
+        target = prefill.endpoint.instance_id if prefill else decode.endpoint.instance_id
+        decision = Pick(
+            decode=decode,
+            prefill=prefill,
+            profile=prof.name,
+            predicted_cached_tokens=ctx.cached_tokens.get(target, 0),
+            predicted_ttft_ms=ctx.predicted_ttft_ms.get(target, 0.0),
+        )
+        seen: set[int] = set()
+        for p_ in used:
+            for hook in p_.post_pick:
+                if id(hook) not in seen:
+                    seen.add(id(hook))
+                    hook.on_pick(now, request, decision)
+        return decision
+
+    def _run(
+        self,
+        prof: Profile,
+        ctx: CycleContext,
+        request: RequestView,
+        pool: list[EndpointView],
+    ) -> Choice | Shed | NoEndpoint:
+        for prep in prof.preparers:
+            prep.prepare(ctx, request, pool)
+        cands: Sequence[EndpointView] = pool
+        for flt in prof.filters:
+            out = flt.filter(ctx, request, cands)
+            if isinstance(out, Shed):
+                return out
+            cands = out
+            if not cands:
+                return NoEndpoint(f"profile {prof.name!r}: filter {flt.name!r} left no endpoint")
+        totals = {e.instance_id: 0.0 for e in cands}
+        details: dict[str, list[tuple[str, float, float]]] = {e.instance_id: [] for e in cands}
+        for scorer, weight in prof.scorers:
+            raw = scorer.score(ctx, request, cands)
+            for iid in totals:
+                s = _clamp(float(raw.get(iid, 0.0)))
+                totals[iid] += weight * s
+                details[iid].append((scorer.name, s, weight))
+        scored = [Scored(e, totals[e.instance_id], tuple(details[e.instance_id])) for e in cands]
+        chosen = prof.picker.pick(ctx, request, scored)
+        return Choice(endpoint=chosen.endpoint, score=chosen.total, scores=chosen.detail)

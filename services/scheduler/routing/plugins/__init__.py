@@ -1,0 +1,13 @@
+"""Built-in plugins. Importing this package registers every plugin type."""
+
+from services.scheduler.routing.plugins import (
+    affinity,
+    buckets,
+    cost,
+    load,
+    pd,
+    pickers,
+    prefix,
+)
+
+__all__ = ["affinity", "buckets", "cost", "load", "pd", "pickers", "prefix"]

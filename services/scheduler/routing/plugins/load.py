@@ -1,0 +1,92 @@
+"""Load plugins: least-load scorer and the load-balance guard filter."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from pydantic import Field
+
+from services.scheduler.routing.framework import CycleContext
+from services.scheduler.routing.registry import Params, PluginEnv, register
+from services.scheduler.routing.types import EndpointView, RequestView
+
+
+class LeastLoadParams(Params):
+    waiting: float = Field(1.0, ge=0)
+    running: float = Field(0.5, ge=0)
+    tokens_in_flight: float = Field(1.0, ge=0)
+    kv_usage: float = Field(1.0, ge=0)
+
+
+def _metrics(e: EndpointView) -> tuple[float, float, float, float]:
+    return (
+        float(e.waiting + e.reserved_requests),
+        float(e.running),
+        float(e.tokens_in_flight + e.reserved_tokens),
+        e.kv_usage,
+    )
+
+
+@register("least-load", LeastLoadParams)
+class LeastLoad:
+    """Score = 1 - weighted mean of each load metric divided by its maximum over the
+    candidates (waiting incl. this gateway's reservations, running, tokens in flight incl.
+    reserved tokens, KV usage). An idle endpoint scores 1; equal loads score equally."""
+
+    def __init__(self, name: str, params: LeastLoadParams, env: PluginEnv) -> None:
+        self.name = name
+        self.weights = (params.waiting, params.running, params.tokens_in_flight, params.kv_usage)
+        self.total_weight = sum(self.weights)
+
+    def score(
+        self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
+    ) -> Mapping[str, float]:
+        if self.total_weight <= 0:
+            return {e.instance_id: 1.0 for e in candidates}
+        rows = [_metrics(e) for e in candidates]
+        maxima = [max(r[k] for r in rows) for k in range(4)]
+        out: dict[str, float] = {}
+        for e, r in zip(candidates, rows, strict=True):
+            load = sum(
+                w * (r[k] / maxima[k] if maxima[k] > 0 else 0.0) for k, w in enumerate(self.weights)
+            )
+            out[e.instance_id] = 1.0 - load / self.total_weight
+        return out
+
+
+class LoadGuardParams(Params):
+    abs_threshold: float = Field(16.0, ge=0)
+    rel_threshold: float = Field(1.5, ge=1.0)
+    metric: Literal["requests", "tokens"] = "requests"
+
+
+@register("load-guard", LoadGuardParams)
+class LoadGuard:
+    """Spill off hot instances (like sglang-router's balance thresholds): an endpoint is
+    removed when its load exceeds the least-loaded candidate's by more than
+    ``abs_threshold`` AND is more than ``rel_threshold`` times it. Never empties the set."""
+
+    def __init__(self, name: str, params: LoadGuardParams, env: PluginEnv) -> None:
+        self.name = name
+        self.p = params
+
+    def _load(self, e: EndpointView) -> float:
+        if self.p.metric == "tokens":
+            return float(e.tokens_in_flight + e.reserved_tokens)
+        return float(e.queue_load)
+
+    def filter(
+        self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
+    ) -> Sequence[EndpointView]:
+        if len(candidates) < 2:
+            return candidates
+        lo = min(self._load(e) for e in candidates)
+        return [
+            e
+            for e in candidates
+            if not (
+                self._load(e) - lo > self.p.abs_threshold
+                and self._load(e) > self.p.rel_threshold * lo
+            )
+        ]

@@ -1,0 +1,78 @@
+"""Plugin type registry: type name → (parameter model, factory).
+
+Plugin classes register themselves with :func:`register`; the config loader validates
+``params`` against the pydantic model (unknown keys refused) and calls
+``cls(name, params, env)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+
+class PrefillModel(Protocol):
+    """The part of ``services.common.perfmodel.PerfProfile`` the scheduler uses."""
+
+    def prefill_ms(self, uncached_tokens: int, cached_tokens: int = 0) -> float: ...
+
+
+def _default_perf_resolver(name: str) -> PrefillModel:
+    import importlib
+
+    mod: Any = importlib.import_module("services.common.perfmodel")
+    prof: PrefillModel = mod.get_profile(name or mod.DEFAULT_PROFILE)
+    return prof
+
+
+@dataclass(frozen=True)
+class PluginEnv:
+    """What plugin factories may use besides their params (injected for tests)."""
+
+    perf_profile: Callable[[str], PrefillModel] = field(default=_default_perf_resolver)
+    block_size: int = 16
+
+
+class Params(BaseModel):
+    """Base of every plugin's parameter model: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NoParams(Params):
+    pass
+
+
+P = TypeVar("P", bound=Params)
+T = TypeVar("T", bound=type)
+
+
+@dataclass(frozen=True)
+class PluginType:
+    type_name: str
+    params: type[Params]
+    factory: Callable[[str, Any, PluginEnv], object]
+    doc: str
+
+
+REGISTRY: dict[str, PluginType] = {}
+
+
+def register(type_name: str, params: type[Params] = NoParams) -> Callable[[T], T]:
+    """Class decorator: register ``cls(name, params, env)`` under ``type_name``."""
+
+    def deco(cls: T) -> T:
+        if type_name in REGISTRY:
+            raise ValueError(f"plugin type {type_name!r} registered twice")
+        REGISTRY[type_name] = PluginType(
+            type_name,
+            params,
+            cls,
+            (cls.__doc__ or "").strip(),
+        )
+        return cls
+
+    return deco

@@ -1,0 +1,171 @@
+"""Immutable inputs and outputs of a scheduling cycle (pure data, no I/O).
+
+The shell builds an :class:`EndpointSnapshot` from load snapshots, membership and its own
+in-flight reservations, and a :class:`RequestView` from the incoming request (tokenized with
+``services.common.tokens``, plus the kvmeta ``MatchPrefix`` answer when a precise-prefix plugin
+is configured). The core returns a :class:`Decision`: :class:`Pick`, :class:`Shed` or
+:class:`NoEndpoint`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+Role = Literal["worker", "prefill", "decode"]
+Circuit = Literal["closed", "open", "half-open"]
+Tier = Literal["gpu", "cpu", "ssd", "remote"]
+
+ROLES: tuple[Role, ...] = ("worker", "prefill", "decode")
+TIERS: tuple[Tier, ...] = ("gpu", "cpu", "ssd", "remote")
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointView:
+    """One engine instance as the scheduler sees it at the start of a cycle.
+
+    Load fields come from the engine's last load snapshot; ``reserved_*`` are this gateway's
+    own picks that the engine has not reported yet (added by the shell, never by plugins).
+    """
+
+    instance_id: str
+    url: str = ""
+    role: Role = "worker"
+    running: int = 0
+    waiting: int = 0
+    tokens_in_flight: int = 0
+    pending_prefill_tokens: int = 0
+    kv_usage: float = 0.0
+    prefill_tokens_per_s: float = 0.0
+    healthy: bool = True
+    draining: bool = False
+    circuit: Circuit = "closed"
+    reserved_requests: int = 0
+    reserved_tokens: int = 0
+    bootstrap_host: str = ""
+    bootstrap_port: int = 0
+    labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+
+    @property
+    def queue_load(self) -> int:
+        """Requests on the instance: running + waiting + this gateway's unreported picks."""
+        return self.running + self.waiting + self.reserved_requests
+
+    @property
+    def pending_prefill(self) -> int:
+        """Prefill tokens queued ahead of a new request (engine-reported + reserved)."""
+        return self.pending_prefill_tokens + self.reserved_tokens
+
+    @property
+    def eligible(self) -> bool:
+        """Healthy, not draining and circuit not open (half-open lets probes through)."""
+        return self.healthy and not self.draining and self.circuit != "open"
+
+
+class EndpointSnapshot:
+    """An immutable, id-ordered set of endpoints. Iteration order is by instance id."""
+
+    __slots__ = ("_by_id", "_items", "version")
+
+    def __init__(self, endpoints: tuple[EndpointView, ...] | list[EndpointView], version: int = 0):
+        items = tuple(sorted(endpoints, key=lambda e: e.instance_id))
+        by_id = {e.instance_id: e for e in items}
+        if len(by_id) != len(items):
+            raise ValueError("duplicate instance_id in endpoint snapshot")
+        self._items = items
+        self._by_id: Mapping[str, EndpointView] = MappingProxyType(by_id)
+        self.version = version
+
+    def __iter__(self) -> Iterator[EndpointView]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, instance_id: str) -> EndpointView | None:
+        return self._by_id.get(instance_id)
+
+    @property
+    def endpoints(self) -> tuple[EndpointView, ...]:
+        return self._items
+
+    def with_role(self, *roles: Role) -> tuple[EndpointView, ...]:
+        return tuple(e for e in self._items if e.role in roles)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """Blocks of the request's prefix resident on one instance, by tier (from kvmeta)."""
+
+    matched_blocks: int
+    tiers: Mapping[Tier, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """What the core knows about a request. ``block_hashes`` are chained hashes of the
+    prompt's full blocks (``services.common.tokens.block_hashes``, parent first).
+
+    ``ttft_slo_ms`` is the time-to-first-token budget left for this request (0 = none).
+    ``prefix_matches`` is kvmeta's ``MatchPrefix`` answer (None = not looked up).
+    """
+
+    request_id: str
+    prompt_tokens: int
+    block_hashes: tuple[int, ...] = ()
+    block_size: int = 16
+    max_tokens: int = 0
+    tenant: str = ""
+    slo_class: str = ""
+    session_id: str = ""
+    lora: str = ""
+    ttft_slo_ms: float = 0.0
+    prefix_matches: Mapping[str, PrefixMatch] | None = None
+    exclude: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """A chosen endpoint with its combined weighted score and per-plugin (score, weight)."""
+
+    endpoint: EndpointView
+    score: float
+    scores: tuple[tuple[str, float, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """Route to ``decode`` (the aggregated worker or decode instance); when
+    ``prefill`` is set the request is disaggregated (prefill there, decode on ``decode``)."""
+
+    decode: Choice
+    prefill: Choice | None
+    profile: str
+    predicted_cached_tokens: int = 0
+    predicted_ttft_ms: float = 0.0
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Shed:
+    """Refuse the request now (overload / SLO infeasible); retry after ``retry_after_ms``."""
+
+    reason: str
+    retry_after_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class NoEndpoint:
+    """No eligible endpoint (all unhealthy, draining, excluded or filtered out)."""
+
+    reason: str
+
+
+Decision = Pick | Shed | NoEndpoint
