@@ -16,8 +16,11 @@ whitespace-separated word):
 
 The engine applies its chat template around the user message, which may add a few tokens
 (role markers) before and after the prompt; the ``usage.prompt_tokens`` an engine reports can
-therefore exceed ``input_length`` by that constant. It shifts every prompt by the same
-amount, so the prefix structure is unchanged (``--api completions`` sends the bare prompt).
+therefore exceed ``input_length`` by that constant (the built-in engine simulator renders
+``"user: <prompt>"``: one extra token; real engines add their model's template, typically
+5-30 tokens). It shifts every prompt by the same amount, so the prefix structure is unchanged,
+but the engine's KV pages no longer align with the trace's 512-token blocks; ``--api
+completions`` sends the bare prompt instead.
 
 Memory: prompts can be 100K+ tokens, so text is built per request when it is sent, and block
 strings are cached by hash id in a bounded LRU.
