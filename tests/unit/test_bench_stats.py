@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
-from services.bench.client import BenchConfig, BenchError, arrival_offsets, build_body
+from services.bench.client import (
+    BenchConfig,
+    BenchError,
+    Progress,
+    arrival_offsets,
+    build_body,
+)
 from services.bench.cpu import assess_cpu
 from services.bench.plot import cdf_points
 from services.bench.sse import StreamError, StreamState
@@ -318,3 +326,24 @@ def test_bench_config_rejects_bad_values(kwargs: dict[str, object]) -> None:
 def test_cdf_points() -> None:
     assert cdf_points([3.0, 1.0]) == ([1.0, 3.0], [0.5, 1.0])
     assert cdf_points([]) == ([], [])
+
+
+class _Tty(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize(("tty", "drawn"), [(True, True), (False, False)], ids=["tty", "pipe"])
+def test_progress_bar_is_drawn_only_on_a_terminal(tty: bool, drawn: bool) -> None:
+    stream = _Tty(tty)
+    bar = Progress(4, stream)
+    bar.done, bar.failed, bar.inflight = 2, 1, 1
+    bar.update(3.0)
+    bar.close(4.0)
+    text = stream.getvalue()
+    assert ("2/4 failed 1 in-flight 1" in text) is drawn
+    assert (text.count("#") == 30) is drawn  # half of the 30-column bar, twice
