@@ -1,0 +1,171 @@
+"""``tideserve down`` and ``tideserve status``: act on a running stack through its state file."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from services.stack.health import Health, check_grpc_health
+from services.stack.procs import ProcRef, is_alive, signal_process, stop_processes
+from services.stack.state import StackState, read_state, remove_state, state_path
+
+_STOP_ORDER = ("service", "redis", "postgres")
+"""Leftovers are stopped in this order of kinds (unknown kinds, e.g. engines, go first)."""
+
+
+@dataclass(frozen=True)
+class DownResult:
+    """What ``down`` did: ``signalled`` the up process, ``killed`` leftovers by name."""
+
+    was_running: bool
+    signalled_up: bool
+    killed: tuple[str, ...]
+    still_alive: tuple[str, ...]
+
+
+def stop_order(entries: Sequence[ProcRef], kinds: Sequence[str]) -> list[list[ProcRef]]:
+    """Group ``entries`` (parallel to ``kinds``) into stop waves: anything not in _STOP_ORDER
+    first, then services, Redis, Postgres. Pure."""
+    rank = {k: i + 1 for i, k in enumerate(_STOP_ORDER)}
+    waves: dict[int, list[ProcRef]] = {}
+    for ref, kind in zip(entries, kinds, strict=True):
+        waves.setdefault(rank.get(kind, 0), []).append(ref)
+    return [waves[r] for r in sorted(waves)]
+
+
+def stack_down(
+    state_dir: Path,
+    *,
+    up_timeout_s: float = 60.0,
+    stop_timeout_s: float = 10.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> DownResult:
+    """Ask the recorded ``up`` to stop (SIGTERM) and wait for it and every recorded process to
+    be gone; after ``up_timeout_s`` stop leftovers directly (SIGTERM, ``stop_timeout_s``,
+    SIGKILL) in stop order. Idempotent. Raises ValueError for an unreadable state file."""
+    state = read_state(state_dir)
+    if state is None:
+        return DownResult(False, False, (), ())
+    recorded = list(state.processes)
+    everyone = [state.up.ref, *(p.ref for p in recorded)]
+    if not any(is_alive(r) for r in everyone):
+        remove_state(state_dir)
+        return DownResult(False, False, (), ())
+    signalled = signal_process(state.up.ref, signal.SIGTERM)
+    if signalled:
+        deadline = time.monotonic() + up_timeout_s
+        while any(is_alive(r) for r in everyone) and time.monotonic() < deadline:
+            sleep(0.2)
+    killed: list[str] = []
+    leftovers = [p for p in recorded if is_alive(p.ref)]
+    if is_alive(state.up.ref):
+        killed += [r.name for r in stop_processes([state.up.ref], stop_timeout_s)]
+    for wave in stop_order([p.ref for p in leftovers], [p.kind for p in leftovers]):
+        killed += [r.name for r in stop_processes(wave, stop_timeout_s)]
+    still = tuple(r.name for r in everyone if is_alive(r))
+    if not still:
+        remove_state(state_dir)
+    return DownResult(True, signalled, tuple(killed), still)
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    name: str
+    address: str
+    pid: int
+    alive: bool
+    health: str
+    metrics_url: str | None
+
+
+def collect_status(
+    state: StackState,
+    probe: Callable[[str, str, float], Health] = check_grpc_health,
+    timeout_s: float = 2.0,
+) -> list[ServiceStatus]:
+    """Probe every recorded gRPC service (health of the server overall)."""
+    out = []
+    for entry in state.services():
+        assert entry.grpc_address is not None
+        out.append(
+            ServiceStatus(
+                name=entry.name,
+                address=entry.grpc_address,
+                pid=entry.pid,
+                alive=is_alive(entry.ref),
+                health=probe(entry.grpc_address, "", timeout_s).value,
+                metrics_url=entry.metrics_url,
+            )
+        )
+    return out
+
+
+def all_serving(statuses: Sequence[ServiceStatus]) -> bool:
+    """True when there is at least one service and every one is SERVING. Pure."""
+    return bool(statuses) and all(s.health == Health.SERVING.value for s in statuses)
+
+
+def status_report(state: StackState | None, statuses: Sequence[ServiceStatus]) -> dict[str, Any]:
+    """The ``status --json`` document. Pure."""
+    if state is None:
+        return {"running": False, "services": [], "infra": []}
+    infra = [
+        {"name": p.name, "pid": p.pid, "alive": is_alive(p.ref), "url": p.url}
+        for p in state.processes
+        if p.grpc_address is None
+    ]
+    return {
+        "running": is_alive(state.up.ref),
+        "phase": state.phase,
+        "state_dir": state.state_dir,
+        "up_pid": state.up.pid,
+        "postgres_url": state.postgres_url,
+        "redis_url": state.redis_url,
+        "serving": all_serving(statuses),
+        "services": [asdict(s) for s in statuses],
+        "infra": infra,
+    }
+
+
+def print_status(report: dict[str, Any], out: TextIO, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(report), file=out)
+        return
+    if "state_dir" not in report:
+        print("no stack running (no state file)", file=out)
+        return
+    up = "running" if report["running"] else "NOT running"
+    print(f"stack in {report['state_dir']}: up pid {report['up_pid']} {up}", file=out)
+    print(
+        f"  {'service':<11} {'address':<22} {'pid':>7} {'alive':<5} {'health':<15} metrics",
+        file=out,
+    )
+    for s in report["services"]:
+        print(
+            f"  {s['name']:<11} {s['address']:<22} {s['pid']:>7} "
+            f"{'yes' if s['alive'] else 'no':<5} {s['health']:<15} {s['metrics_url'] or '-'}",
+            file=out,
+        )
+    for p in report["infra"]:
+        print(
+            f"  {p['name']:<11} {'':<22} {p['pid']:>7} {'yes' if p['alive'] else 'no':<5}",
+            file=out,
+        )
+
+
+__all__ = [
+    "DownResult",
+    "ServiceStatus",
+    "all_serving",
+    "collect_status",
+    "print_status",
+    "stack_down",
+    "state_path",
+    "status_report",
+    "stop_order",
+]

@@ -1,0 +1,229 @@
+"""What the local stack runs, on which ports: pure, no I/O.
+
+A plan is a list of :class:`ChildSpec` (one per process the supervisor starts). The four
+services come from :data:`SERVICES`; later kinds of children (simulated engines) are more
+specs appended to the same list, so the supervisor never needs to know what it runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_REDIS_PORT = 6380
+"""Embedded Redis: one above the standard port so it never fights a system Redis."""
+
+
+@dataclass(frozen=True)
+class PortDefault:
+    """A port setting of a service: settings field, what it is, design default, and the URL
+    path printed for it (None: not HTTP)."""
+
+    setting: str
+    purpose: str
+    default: int
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class ServiceDefaults:
+    """A service's design defaults (see the design's Defaults table)."""
+
+    name: str
+    grpc_service: str
+    ports: tuple[PortDefault, ...]
+
+    def port(self, setting: str) -> PortDefault:
+        return next(p for p in self.ports if p.setting == setting)
+
+
+def _svc(
+    name: str, grpc_service: str, grpc: int, metrics: int, *extra: PortDefault
+) -> ServiceDefaults:
+    return ServiceDefaults(
+        name,
+        grpc_service,
+        (
+            PortDefault("grpc_port", "gRPC", grpc),
+            PortDefault("metrics_port", "metrics", metrics, "/metrics"),
+            *extra,
+        ),
+    )
+
+
+SERVICES: tuple[ServiceDefaults, ...] = (
+    _svc(
+        "scheduler",
+        "tideserve.v1.SchedulerService",
+        50051,
+        9101,
+        PortDefault("http_port", "gateway", 8000, "/v1"),
+    ),
+    _svc(
+        "kvmeta",
+        "tideserve.v1.KVMetaService",
+        50052,
+        9102,
+        PortDefault("metadata_http_port", "TE metadata", 8081, "/metadata"),
+    ),
+    _svc("autoscaler", "tideserve.v1.AutoscalerService", 50053, 9103),
+    _svc("telemetry", "tideserve.v1.TelemetryService", 50054, 9104),
+)
+SERVICE_NAMES: tuple[str, ...] = tuple(s.name for s in SERVICES)
+
+
+@dataclass(frozen=True)
+class PortClaim:
+    """One port a child (or the embedded Redis) will listen on."""
+
+    owner: str
+    purpose: str
+    host: str
+    port: int
+    setting: str = ""
+    path: str | None = None
+
+    def url(self) -> str | None:
+        """``http://host:port<path>`` for HTTP endpoints, else None."""
+        return None if self.path is None else f"http://{self.host}:{self.port}{self.path}"
+
+    def describe(self) -> str:
+        return f"{self.owner} {self.purpose} port {self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """One supervised process.
+
+    ``grpc_address`` is the target of the grpc.health.v1 readiness probe; ``None`` means the
+    child counts as ready as soon as it runs. ``ports`` are checked free before anything starts.
+    """
+
+    name: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    log_path: Path
+    grpc_address: str | None = None
+    grpc_service: str = ""
+    ports: tuple[PortClaim, ...] = ()
+    kind: str = "service"
+
+
+def choose_ports(
+    configured: Mapping[str, Mapping[str, int]], offset: int = 0
+) -> dict[str, dict[str, int]]:
+    """Ports per service and setting: configured values (``{"kvmeta": {"grpc_port": N}}``)
+    else the design defaults, plus ``offset`` on every non-zero port. A port of 0 stays 0 (the
+    endpoint is off); gRPC cannot be off.
+
+    Raises ValueError naming the setting when a resulting port is outside 1..65535.
+    """
+    out: dict[str, dict[str, int]] = {}
+    for svc in SERVICES:
+        conf = configured.get(svc.name, {})
+        chosen: dict[str, int] = {}
+        for pd in svc.ports:
+            value = conf.get(pd.setting, pd.default)
+            what = f"{svc.name}.{pd.setting}"
+            if value == 0 and pd.setting != "grpc_port":
+                chosen[pd.setting] = 0
+            else:
+                chosen[pd.setting] = _shift(value, offset, what)
+        out[svc.name] = chosen
+    return out
+
+
+def shift_port(port: int, offset: int, what: str) -> int:
+    """``port + offset``; ValueError naming ``what`` when out of range."""
+    return _shift(port, offset, what)
+
+
+def _shift(port: int, offset: int, what: str) -> int:
+    shifted = port + offset
+    if not 1 <= shifted <= 65535:
+        raise ValueError(f"{what}: port {port} + offset {offset} = {shifted} is outside 1..65535")
+    return shifted
+
+
+def service_env(
+    base: Mapping[str, str],
+    *,
+    host: str,
+    ports: Mapping[str, int],
+    state_dir: Path,
+    config_path: str | None,
+) -> dict[str, str]:
+    """The environment of a service child: ``base`` plus TIDESERVE_HOST, one
+    ``TIDESERVE_<SETTING>`` per port setting, TIDESERVE_STATE_DIR and TIDESERVE_CONFIG.
+
+    The database URLs are not known yet when the plan is made; ``up`` adds
+    TIDESERVE_POSTGRES_URL / TIDESERVE_REDIS_URL when it starts the child.
+    """
+    env = dict(base)
+    env["TIDESERVE_HOST"] = host
+    for setting, port in ports.items():
+        env[f"TIDESERVE_{setting.upper()}"] = str(port)
+    env["TIDESERVE_STATE_DIR"] = str(state_dir)
+    env["PYTHONUNBUFFERED"] = "1"
+    if config_path is not None:
+        env["TIDESERVE_CONFIG"] = config_path
+    return env
+
+
+def build_service_children(
+    *,
+    ports: Mapping[str, Mapping[str, int]],
+    host: str,
+    state_dir: Path,
+    config_path: str | None,
+    base_env: Mapping[str, str],
+    python: str = sys.executable,
+) -> tuple[ChildSpec, ...]:
+    """One :class:`ChildSpec` per service: ``python -m services.<svc> --grpc-port N``, its
+    other ports in the environment, output to ``<state_dir>/logs/<svc>.log``."""
+    children = []
+    for svc in SERVICES:
+        chosen = ports[svc.name]
+        grpc_port = chosen["grpc_port"]
+        argv = [python, "-m", f"services.{svc.name}", "--grpc-port", str(grpc_port)]
+        if config_path is not None:
+            argv += ["--config", config_path]
+        claims = tuple(
+            PortClaim(svc.name, pd.purpose, host, chosen[pd.setting], pd.setting, pd.path)
+            for pd in svc.ports
+            if chosen[pd.setting]
+        )
+        children.append(
+            ChildSpec(
+                name=svc.name,
+                argv=tuple(argv),
+                env=service_env(
+                    base_env,
+                    host=host,
+                    ports=chosen,
+                    state_dir=state_dir,
+                    config_path=config_path,
+                ),
+                log_path=state_dir / "logs" / f"{svc.name}.log",
+                grpc_address=f"{host}:{grpc_port}",
+                grpc_service=svc.grpc_service,
+                ports=claims,
+            )
+        )
+    return tuple(children)
+
+
+def duplicate_ports(claims: Sequence[PortClaim]) -> list[tuple[PortClaim, PortClaim]]:
+    """Pairs of claims that want the same port (the first claimant, the later one)."""
+    seen: dict[int, PortClaim] = {}
+    dups: list[tuple[PortClaim, PortClaim]] = []
+    for claim in claims:
+        first = seen.get(claim.port)
+        if first is None:
+            seen[claim.port] = claim
+        else:
+            dups.append((first, claim))
+    return dups

@@ -1,0 +1,429 @@
+"""``tideserve up``: start the local stack, wait until it is SERVING, supervise, stop cleanly.
+
+Order: check ports → embedded Postgres → embedded Redis → migrations → children (services,
+later engines) → wait for grpc.health SERVING → print endpoints → wait for SIGINT/SIGTERM or a
+child dying → stop children (SIGTERM, grace, SIGKILL) → Redis → Postgres. Any failure part way
+stops what was started and exits non-zero; the state file records every pid as soon as it
+exists so ``tideserve down`` can clean up even after ``up`` itself was killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import types
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, TextIO, TypeVar
+
+from services.stack.health import Health, check_grpc_health
+from services.stack.plan import SERVICE_NAMES, ChildSpec, PortClaim, duplicate_ports
+from services.stack.ports import busy_ports, tcp_accepts
+from services.stack.procs import Child, ProcRef, Supervisor, is_alive, log_tail
+from services.stack.state import (
+    ProcEntry,
+    StackState,
+    read_state,
+    redact_url,
+    remove_state,
+    write_state,
+)
+
+T = TypeVar("T")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class Server(Protocol):
+    """An embedded server as returned by services.common.embedded."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def pid(self) -> int: ...
+    def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Infra:
+    """How ``up`` gets Postgres and Redis and migrates (injectable for tests)."""
+
+    start_postgres: Callable[[Path], Server]
+    start_redis: Callable[[Path, int], Server]
+    migrate: Callable[[str, str], None]
+
+
+def default_infra() -> Infra:
+    """The real thing: services.common.embedded and services.common.db.migrate."""
+
+    def start_postgres(data_dir: Path) -> Server:
+        from services.common.embedded import start_postgres as start
+
+        return start(data_dir)
+
+    def start_redis(data_dir: Path, port: int) -> Server:
+        from services.common.embedded import start_redis as start
+
+        return start(data_dir, port)
+
+    def migrate(url: str, service: str) -> None:
+        from services.common.db import migrate as run
+
+        run(url, service)
+
+    return Infra(start_postgres, start_redis, migrate)
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    state_dir: Path
+    host: str = "127.0.0.1"
+    postgres_url: str | None = None
+    redis_url: str | None = None
+    redis_port: int = 6380
+    start_timeout_s: float = 60.0
+    stop_timeout_s: float = 10.0
+    json_output: bool = False
+    migrate_services: tuple[str, ...] = SERVICE_NAMES
+    probe_timeout_s: float = 2.0
+
+
+class StartFailed(Exception):
+    """Start-up cannot go on; the message is one line for the user."""
+
+
+class _StopRequested(Exception):
+    pass
+
+
+class _Signals:
+    """SIGINT/SIGTERM → ``event``; while ``raising`` the first one also aborts start-up."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.raising = True
+        self._previous: dict[signal.Signals, object] = {}
+
+    def _handler(self, signum: int, frame: types.FrameType | None) -> None:
+        self.event.set()
+        if self.raising:
+            self.raising = False
+            raise _StopRequested(signal.Signals(signum).name)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handler)
+        try:
+            yield
+        finally:
+            for sig, prev in self._previous.items():
+                signal.signal(sig, prev)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def _state_lock(state_dir: Path) -> Iterator[None]:
+    """Exclusive lock on ``<state_dir>/up.lock`` for the lifetime of ``up``."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with (state_dir / "up.lock").open("a") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StartFailed(
+                f"another `tideserve up` is running with state dir {state_dir}"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def check_ports(claims: Sequence[PortClaim]) -> None:
+    """Raise StartFailed naming the owner and port of the first duplicate or busy port."""
+    for first, second in duplicate_ports(claims):
+        raise StartFailed(
+            f"port conflict: {second.describe()} is also configured for {first.describe()}"
+        )
+    busy = busy_ports(claims)
+    if busy:
+        names = "; ".join(c.describe() for c in busy)
+        raise StartFailed(
+            f"port already in use: {names} (stop whatever holds it, or use --base-port-offset)"
+        )
+
+
+class StackRunner:
+    """One run of ``tideserve up``. ``children`` carry everything but the database URLs."""
+
+    def __init__(
+        self,
+        opts: UpOptions,
+        children: Sequence[ChildSpec],
+        infra: Infra,
+        *,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+        probe: Callable[[str, str, float], Health] = check_grpc_health,
+    ) -> None:
+        self.opts = opts
+        self.children = tuple(children)
+        self.infra = infra
+        self.out = out if out is not None else sys.stdout
+        self.err = err if err is not None else sys.stderr
+        self.probe = probe
+        self.supervisor = Supervisor(stop_timeout_s=opts.stop_timeout_s)
+        self.signals = _Signals()
+        me = ProcRef.of("up", os.getpid())
+        self.state = StackState(
+            up=ProcEntry("up", me.pid, me.create_time, kind="up"),
+            state_dir=str(opts.state_dir),
+        )
+        self._infra_refs: list[ProcRef] = []
+
+    # ----------------------------------------------------------------- helpers
+    def _say(self, msg: str) -> None:
+        print(f"tideserve up: {msg}", file=self.err, flush=True)
+
+    def _save(self) -> None:
+        write_state(self.opts.state_dir, self.state)
+
+    def _record(self, entry: ProcEntry) -> None:
+        self.state.processes.append(entry)
+        self._save()
+
+    def _claims(self) -> list[PortClaim]:
+        claims = [c for child in self.children for c in child.ports]
+        if self.opts.redis_url is None:
+            claims.insert(0, PortClaim("redis", "embedded", self.opts.host, self.opts.redis_port))
+        return claims
+
+    # ----------------------------------------------------------------- run
+    def run(self) -> int:
+        """Run until stopped. 0 after a requested stop, 1 on failure, 2 on bad configuration."""
+        try:
+            with _state_lock(self.opts.state_dir):
+                return self._run_locked()
+        except StartFailed as exc:
+            self._say(str(exc))
+            return EXIT_FAILED
+
+    def _run_locked(self) -> int:
+        self._refuse_if_running()
+        check_ports(self._claims())
+        rc = EXIT_FAILED
+        with self.signals.installed(), contextlib.ExitStack() as teardown:
+            try:
+                postgres_url, redis_url = self._start_infra(teardown)
+                teardown.callback(self._stop_children)
+                self._start_children(postgres_url, redis_url)
+                self._wait_serving()
+                self.signals.raising = False
+                self.state.phase = "running"
+                self._save()
+                self._announce()
+                rc = self._supervise()
+            except _StopRequested as exc:
+                self._say(f"{exc} received before the stack was ready; stopping")
+                rc = EXIT_OK
+            except StartFailed as exc:
+                self._say(str(exc))
+                rc = EXIT_FAILED
+            finally:
+                self.signals.raising = False
+                self.state.phase = "stopping"
+                self._save()
+        self._finish()
+        return rc
+
+    def _refuse_if_running(self) -> None:
+        try:
+            old = read_state(self.opts.state_dir)
+        except ValueError as exc:
+            raise StartFailed(f"cannot read the state file: {exc}") from exc
+        if old is None:
+            return
+        alive = [p.name for p in [old.up, *old.processes] if is_alive(p.ref)]
+        if alive:
+            raise StartFailed(
+                f"a stack from {self.opts.state_dir} is still running ({', '.join(alive)}); "
+                "run `tideserve down` first"
+            )
+        remove_state(self.opts.state_dir)
+
+    def _start_infra(self, teardown: contextlib.ExitStack) -> tuple[str, str]:
+        opts = self.opts
+        postgres_url = opts.postgres_url
+        if postgres_url is None:
+            self._say(f"starting embedded PostgreSQL in {opts.state_dir / 'postgres'}")
+            pg = self._guarded(
+                "embedded PostgreSQL", self.infra.start_postgres, opts.state_dir / "postgres"
+            )
+            teardown.callback(self._stop_server, "PostgreSQL", pg)
+            postgres_url = pg.url
+            ref = ProcRef.of("postgres", pg.pid)
+            self._infra_refs.append(ref)
+            self._record(
+                ProcEntry("postgres", ref.pid, ref.create_time, kind="postgres", url=pg.url)
+            )
+        self.state.postgres_url = redact_url(postgres_url)
+        redis_url = opts.redis_url
+        if redis_url is None:
+            self._say(f"starting embedded Redis on {opts.host}:{opts.redis_port}")
+            rd = self._guarded(
+                "embedded Redis", self.infra.start_redis, opts.state_dir / "redis", opts.redis_port
+            )
+            teardown.callback(self._stop_server, "Redis", rd)
+            redis_url = rd.url
+            ref = ProcRef.of("redis", rd.pid)
+            self._infra_refs.append(ref)
+            self._record(ProcEntry("redis", ref.pid, ref.create_time, kind="redis", url=rd.url))
+        self.state.redis_url = redact_url(redis_url)
+        self._save()
+        for service in opts.migrate_services:
+            self._say(f"migrating {service}")
+            self._guarded(f"migration of {service}", self.infra.migrate, postgres_url, service)
+        return postgres_url, redis_url
+
+    @staticmethod
+    def _guarded(what: str, fn: Callable[..., T], *args: object) -> T:
+        try:
+            return fn(*args)
+        except (_StopRequested, StartFailed):
+            raise
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise StartFailed(f"{what} failed: {first}") from exc
+
+    def _stop_server(self, what: str, server: Server) -> None:
+        self._say(f"stopping {what}")
+        try:
+            server.stop()
+        except Exception as exc:
+            self._say(f"stopping {what} failed: {exc}")
+
+    def _start_children(self, postgres_url: str, redis_url: str) -> None:
+        urls = {"TIDESERVE_POSTGRES_URL": postgres_url, "TIDESERVE_REDIS_URL": redis_url}
+        for spec in self.children:
+            spec = dataclasses.replace(spec, env={**spec.env, **urls})
+            self._say(f"starting {spec.name}")
+            child = self._guarded(f"starting {spec.name}", self.supervisor.start, spec)
+            self._record(
+                ProcEntry(
+                    spec.name,
+                    child.ref.pid,
+                    child.ref.create_time,
+                    kind=spec.kind,
+                    grpc_address=spec.grpc_address,
+                    grpc_service=spec.grpc_service,
+                    log=str(spec.log_path),
+                )
+            )
+
+    def _died(self, child: Child, code: int) -> StartFailed:
+        tail = log_tail(child.spec.log_path, 5)
+        last = tail.splitlines()[-1] if tail else "(empty log)"
+        return StartFailed(
+            f"{child.spec.name} exited with code {code}: {last} (log: {child.spec.log_path})"
+        )
+
+    def _wait_serving(self) -> None:
+        deadline = time.monotonic() + self.opts.start_timeout_s
+        pending = {c.spec.name: c for c in self.supervisor.children}
+        last: dict[str, Health] = {}
+        while pending:
+            for name, child in list(pending.items()):
+                code = child.exit_code()
+                if code is not None:
+                    raise self._died(child, code)
+                if child.spec.grpc_address is None:
+                    del pending[name]
+                    continue
+                health = self.probe(child.spec.grpc_address, "", self.opts.probe_timeout_s)
+                last[name] = health
+                if health is Health.SERVING:
+                    self._say(f"{name} is SERVING on {child.spec.grpc_address}")
+                    del pending[name]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                what = ", ".join(
+                    f"{n} {last.get(n, Health.UNREACHABLE).value}" for n in sorted(pending)
+                )
+                raise StartFailed(
+                    f"not SERVING within {self.opts.start_timeout_s:g}s: {what} "
+                    f"(logs in {self.opts.state_dir / 'logs'})"
+                )
+            self.signals.event.wait(0.2)
+
+    def _announce(self) -> None:
+        """Record and print the endpoints. HTTP endpoints (metrics, gateway, ...) are listed
+        only when something accepts connections on them: nothing is printed that is not there."""
+        by_name = {c.spec.name: c for c in self.supervisor.children}
+        for entry in self.state.processes:
+            child = by_name.get(entry.name)
+            if child is None:
+                continue
+            for claim in child.spec.ports:
+                url = claim.url()
+                if url is not None and tcp_accepts(claim.host, claim.port):
+                    entry.endpoints[claim.purpose] = url
+            entry.metrics_url = entry.endpoints.get("metrics")
+        self._save()
+        if self.opts.json_output:
+            print(json.dumps(self.state.to_json()), file=self.out, flush=True)
+            return
+        lines = [f"tideserve stack is up (state dir {self.opts.state_dir})"]
+        for entry in self.state.processes:
+            if entry.grpc_address is not None:
+                where = f"gRPC {entry.grpc_address}"
+                for purpose, url in entry.endpoints.items():
+                    where += f"  {purpose} {url}"
+            else:
+                where = redact_url(entry.url or "")
+            lines.append(f"  {entry.name:<11} {where}  (pid {entry.pid})")
+        if self.opts.postgres_url is not None:
+            lines.append(f"  {'postgres':<11} external {self.state.postgres_url}")
+        if self.opts.redis_url is not None:
+            lines.append(f"  {'redis':<11} external {self.state.redis_url}")
+        lines.append(f"logs: {self.opts.state_dir / 'logs'}")
+        lines.append("Ctrl-C or `tideserve down` stops everything.")
+        print("\n".join(lines), file=self.out, flush=True)
+
+    def _supervise(self) -> int:
+        while not self.signals.event.wait(0.5):
+            for child, code in self.supervisor.exited():
+                self._say(str(self._died(child, code)) + "; stopping the stack")
+                return EXIT_FAILED
+            for ref in self._infra_refs:
+                if not is_alive(ref):
+                    self._say(f"{ref.name} (pid {ref.pid}) is gone; stopping the stack")
+                    return EXIT_FAILED
+        self._say("stop requested; stopping")
+        return EXIT_OK
+
+    def _stop_children(self) -> None:
+        if not self.supervisor.children:
+            return
+        self._say("stopping services")
+        killed = self.supervisor.stop_all()
+        if killed:
+            self._say(f"killed after {self.opts.stop_timeout_s:g}s: {', '.join(killed)}")
+
+    def _finish(self) -> None:
+        left = [p for p in self.state.processes if is_alive(p.ref)]
+        if left:
+            names = ", ".join(f"{p.name} (pid {p.pid})" for p in left)
+            self._say(f"still running after stop: {names}; the state file is kept")
+            return
+        remove_state(self.opts.state_dir)
+        self._say("stopped")
