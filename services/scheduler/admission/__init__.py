@@ -1,0 +1,25 @@
+"""Admission control (pure core): SLO-classed, tenant-fair, bounded queues and shedding."""
+
+from services.scheduler.admission.queue import (
+    AdmissionQueue,
+    Admitted,
+    ClassSpec,
+    InFlight,
+    QueueConfig,
+    QueuedRequest,
+    Shed,
+    choose_preemption,
+    saturated,
+)
+
+__all__ = [
+    "AdmissionQueue",
+    "Admitted",
+    "ClassSpec",
+    "InFlight",
+    "QueueConfig",
+    "QueuedRequest",
+    "Shed",
+    "choose_preemption",
+    "saturated",
+]
