@@ -1,0 +1,175 @@
+"""``tideserve engine``: run one simulated SGLang/vLLM-like engine instance."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from typing import Any
+
+from pydantic import ValidationError
+
+from services.common.perfmodel import DEFAULT_PROFILE, PROFILES
+from services.engine.settings import EngineSettings
+
+__all__ = ["main", "register", "run"]
+
+_EPILOG = f"""\
+profiles: {", ".join(sorted(PROFILES))} (default {DEFAULT_PROFILE})
+
+examples:
+  # an aggregated engine on port 30001, ten times faster than real time
+  tideserve engine --port 30001 --speedup 10
+
+  # a prefill/decode pair for sglang-router's PD mode, with KV events on Redis
+  tideserve engine --port 30001 --role prefill --bootstrap-port 8998 \\
+      --redis-url redis://127.0.0.1:6379/0 --deployment llama
+  tideserve engine --port 30002 --role decode --redis-url redis://127.0.0.1:6379/0
+
+  # vLLM metric names, a small KV cache, 10% of requests fail with HTTP 500
+  tideserve engine --metrics-dialect vllm --kv-blocks 2048 --fail-rate 0.1
+
+environment: TIDESERVE_ENGINE_<SETTING> (e.g. TIDESERVE_ENGINE_SPEEDUP=10); flags win.
+"""
+
+# flag -> (settings field, type, help)
+_FLAGS: list[tuple[str, type, str]] = [
+    ("--host", str, "interface to bind (default 127.0.0.1)"),
+    ("--port", int, "HTTP port (default 30001; 0 = any free port)"),
+    ("--instance-id", str, "instance id in events (default host:port)"),
+    ("--profile", str, "performance profile (see below)"),
+    ("--model", str, "served model name (default tideserve-sim)"),
+    ("--kv-blocks", int, "KV capacity in blocks (default: what fits the profile's HBM)"),
+    ("--block-size", int, "tokens per KV block (default 64; must divide 512)"),
+    ("--max-batch", int, "max running sequences (default 256)"),
+    ("--max-batched-tokens", int, "token budget per step / prefill chunk (default 8192)"),
+    ("--speedup", float, "run modelled time this many times faster (default 1)"),
+    ("--stream-interval", int, "tokens per streamed chunk (default 1)"),
+    ("--default-max-tokens", int, "max tokens when a request gives none (default 128)"),
+    ("--redis-url", str, "publish KV events and load snapshots to this Redis"),
+    ("--deployment", str, "deployment name in stream names (default 'default')"),
+    ("--stream-prefix", str, "stream name prefix (default ts)"),
+    ("--bootstrap-port", int, "prefill role: also serve the KV rendezvous on this port"),
+    ("--state-dir", str, "where the stub model directory is written"),
+    ("--fail-rate", float, "fault: fraction of requests answered HTTP 500"),
+    ("--die-after-tokens", int, "fault: close each stream abruptly after N tokens"),
+    ("--seed", int, "seed of the fault injector"),
+    ("--log-level", str, "DEBUG, INFO, WARNING, ERROR"),
+]
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "engine",
+        help="run one simulated inference engine (SGLang/vLLM API)",
+        description="A GPU-free engine: continuous batching, paged KV cache with prefix reuse, "
+        "a roofline timing model, SGLang/vLLM endpoints and metrics.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--role", choices=["aggregated", "prefill", "decode"], default=None)
+    p.add_argument("--metrics-dialect", choices=["sglang", "vllm"], default=None)
+    p.add_argument("--refuse-health", action="store_true", default=None, help="fault: /health 503")
+    for flag, typ, help_ in _FLAGS:
+        p.add_argument(flag, type=typ, default=None, help=help_)
+    p.set_defaults(func=run)
+
+
+def settings_from_args(args: argparse.Namespace) -> EngineSettings:
+    keys = [f.lstrip("-").replace("-", "_") for f, _, _ in _FLAGS]
+    keys += ["role", "metrics_dialect", "refuse_health"]
+    overrides: dict[str, Any] = {
+        k: getattr(args, k) for k in keys if getattr(args, k, None) is not None
+    }
+    return EngineSettings(**overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_args(args)
+        if 512 % settings.block_size:
+            raise ValueError(f"--block-size {settings.block_size} must divide 512")
+        from services.common.perfmodel import get_profile
+
+        get_profile(settings.profile)
+    except ValidationError as err:
+        first = err.errors()[0]
+        print(
+            f"tideserve engine: invalid setting {first['loc'][0]}: {first['msg']}", file=sys.stderr
+        )
+        return 2
+    except (ValueError, KeyError) as err:
+        print(f"tideserve engine: {str(err).strip(chr(39))}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    try:
+        return asyncio.run(serve(settings))
+    except OSError as err:
+        print(
+            f"tideserve engine: cannot listen on {settings.host}:{settings.port}: {err.strerror}",
+            file=sys.stderr,
+        )
+        return 2
+
+
+async def serve(settings: EngineSettings, stop: asyncio.Event | None = None) -> int:
+    """Serve until SIGINT/SIGTERM (or ``stop`` is set). Returns the exit code."""
+    from aiohttp import web
+
+    from services.engine.server import EngineServer
+
+    redis: Any = None
+    if settings.redis_url:
+        import redis.asyncio as aioredis
+
+        redis = aioredis.Redis.from_url(settings.redis_url, decode_responses=False)
+        try:
+            await redis.ping()
+        except Exception as err:
+            print(
+                f"tideserve engine: Redis at {settings.redis_url} unreachable: {err}",
+                file=sys.stderr,
+            )
+            await redis.aclose()
+            return 2
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    engine = EngineServer(settings, redis=redis)
+    runner = web.AppRunner(engine.app(), handle_signals=False)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, settings.host, settings.port)
+        await site.start()
+        if settings.port == 0:
+            port = runner.addresses[0][1]
+            engine.url = f"http://{settings.host}:{port}"
+            if not settings.instance_id:
+                engine.instance_id = f"{settings.host}:{port}"
+        logging.getLogger(__name__).info(
+            "engine %s (%s, %s) serving on %s",
+            engine.instance_id,
+            settings.role,
+            settings.profile,
+            engine.url,
+        )
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        if redis is not None:
+            await redis.aclose()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tideserve")
+    register(parser.add_subparsers(dest="verb", required=True))
+    args = parser.parse_args(["engine", *(argv if argv is not None else sys.argv[1:])])
+    return int(args.func(args))

@@ -1,0 +1,663 @@
+"""aiohttp shell of the engine simulator: drives :class:`EngineCore` in real time and serves
+the HTTP API of an SGLang/vLLM instance (see :mod:`services.engine.api` for the request forms
+and :mod:`services.engine.metrics` for ``/metrics``).
+
+Time: modelled time ``now_ms() = (monotonic() - start) * 1000 * speedup``. One asyncio task
+steps the core; a step of modelled duration ``d`` sleeps ``d / speedup`` before its tokens are
+delivered. Latencies in responses and metrics are modelled milliseconds.
+
+SGLang disaggregation (``bootstrap_host``/``bootstrap_port``/``bootstrap_room`` in a request):
+the prefill instance computes the prompt and holds its KV under the room; it serves
+``GET /bootstrap/{room}`` (on its HTTP port and, if ``--bootstrap-port`` is set, on that port
+too), a long poll answered once the room's prefill is done with
+``{"prompt_tokens", "cached_tokens", "transfer_ms"}``; the prefill then frees the KV after the
+modelled transfer time. The decode instance with the same room calls that endpoint, reserves
+the blocks, waits ``transfer_ms`` of modelled time, then decodes. A decode request without a
+``bootstrap_port`` is prefilled locally.
+
+Admin/test endpoints: ``POST /fault`` (``fail_rate``, ``stall_s``, ``die_after_tokens``,
+``refuse_health``; answers the current knobs), ``POST /flush_cache``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from services.common.perfmodel import get_profile
+from services.engine import api
+from services.engine.core import (
+    AdmissionError,
+    CoreConfig,
+    EngineCore,
+    EngineRole,
+    Request,
+    SeqOutput,
+)
+from services.engine.events import EventPublisher, LoadFigures, load_snapshot
+from services.engine.kvcache import KVCache
+from services.engine.metrics import CONTENT_TYPE_LATEST, EngineMetrics, Gauges
+from services.engine.settings import EngineSettings
+
+__all__ = ["EngineServer", "write_model_dir"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Faults:
+    fail_rate: float = 0.0
+    die_after_tokens: int = 0
+    refuse_health: bool = False
+    stall_until: float = 0.0  # monotonic seconds
+
+
+@dataclass
+class _Live:
+    rid: str
+    gen: api.GenRequest
+    arrival_ms: float
+    queue: asyncio.Queue[SeqOutput] = field(default_factory=asyncio.Queue)
+    first_ms: float | None = None
+    last_ms: float = 0.0
+    done: bool = False
+
+
+@dataclass
+class _Room:
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    rid: str | None = None
+    info: dict[str, Any] | None = None
+    created: float = field(default_factory=time.monotonic)
+
+
+def write_model_dir(state_dir: Path, model: str, max_context: int) -> Path:
+    """``<state_dir>/model`` with a minimal config.json, so routers that read ``model_path``
+    find a local directory and do not try to download a tokenizer. Idempotent."""
+    path = state_dir / "model"
+    path.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "_name_or_path": model,
+        "max_position_embeddings": max_context,
+        "vocab_size": 128_000,
+        "tideserve_simulator": True,
+    }
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+class EngineServer:
+    """One simulated engine. ``app()`` builds the aiohttp application; its startup/cleanup
+    hooks start and stop the stepping loop and the event publisher."""
+
+    def __init__(self, settings: EngineSettings, *, redis: Any | None = None) -> None:
+        self.settings = settings
+        self.profile = get_profile(settings.profile)
+        blocks = settings.kv_blocks or max(
+            1, self.profile.kv_capacity_tokens // settings.block_size
+        )
+        self.role = EngineRole(settings.role)
+        cfg = CoreConfig(
+            role=self.role,
+            max_batch=settings.max_batch,
+            max_batched_tokens=settings.max_batched_tokens,
+            hold_timeout_ms=settings.hold_timeout_s * 1000.0 * settings.speedup,
+        )
+        self.core = EngineCore(cfg, self.profile, KVCache(blocks, settings.block_size))
+        self.metrics = EngineMetrics(settings.metrics_dialect, settings.model)
+        self.faults = Faults(settings.fail_rate, settings.die_after_tokens, settings.refuse_health)
+        self.epoch = int(time.time() * 1000)
+        self.instance_id = settings.instance_id or f"{settings.host}:{settings.port}"
+        self.url = f"http://{settings.host}:{settings.port}"
+        self.model_dir = write_model_dir(
+            settings.state_dir, settings.model, self.profile.max_context
+        )
+        self._redis = redis
+        self._t0 = time.monotonic()
+        self._rng = random.Random(settings.seed)
+        self._live: dict[str, _Live] = {}
+        self._rooms: dict[int, _Room] = {}
+        self._kick = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._gen_window: deque[tuple[float, int]] = deque()
+        self._prefill_window: deque[tuple[float, int]] = deque()
+        self._publisher: EventPublisher | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._bootstrap_runner: web.AppRunner | None = None
+
+    # -- time ----------------------------------------------------------------------------
+    def now_ms(self) -> float:
+        return (time.monotonic() - self._t0) * 1000.0 * self.settings.speedup
+
+    def _real_s(self, model_ms: float) -> float:
+        return max(0.0, model_ms) / 1000.0 / self.settings.speedup
+
+    # -- application ---------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        r = app.router
+        r.add_get("/health", self._health)
+        r.add_get("/health_generate", self._health)
+        for path in ("/server_info", "/get_server_info"):
+            r.add_get(path, self._server_info)
+        for path in ("/model_info", "/get_model_info"):
+            r.add_get(path, self._model_info)
+        r.add_get("/v1/models", self._models)
+        r.add_get("/metrics", self._metrics)
+        r.add_post("/generate", self._generate)
+        r.add_post("/v1/completions", self._completions)
+        r.add_post("/v1/chat/completions", self._chat)
+        r.add_get("/bootstrap/{room}", self._bootstrap)
+        r.add_post("/fault", self._fault)
+        r.add_get("/fault", self._fault)
+        r.add_post("/flush_cache", self._flush_cache)
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def _on_startup(self, _app: web.Application) -> None:
+        self._t0 = time.monotonic()
+        self._http = aiohttp.ClientSession()
+        if self._redis is not None:
+            from services.common.streams import StreamProducer
+
+            self._publisher = EventPublisher(
+                StreamProducer(self._redis),
+                prefix=self.settings.stream_prefix,
+                deployment=self.settings.deployment,
+                instance_id=self.instance_id,
+                epoch=self.epoch,
+                block_size=self.settings.block_size,
+            )
+        if self.role is EngineRole.PREFILL and self.settings.bootstrap_port:
+            bapp = web.Application()
+            bapp.router.add_get("/bootstrap/{room}", self._bootstrap)
+            self._bootstrap_runner = web.AppRunner(bapp)
+            await self._bootstrap_runner.setup()
+            site = web.TCPSite(
+                self._bootstrap_runner, self.settings.host, self.settings.bootstrap_port
+            )
+            await site.start()
+        self._tasks.append(asyncio.create_task(self._step_loop(), name="engine-step"))
+        self._tasks.append(asyncio.create_task(self._event_loop(), name="engine-events"))
+
+    async def _on_cleanup(self, _app: web.Application) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+        if self._publisher is not None:
+            self._publisher.add(self.core.cache.drain_events(), int(time.time() * 1000))
+            with contextlib.suppress(Exception):
+                await self._publisher.flush()
+        if self._bootstrap_runner is not None:
+            await self._bootstrap_runner.cleanup()
+        if self._http is not None:
+            await self._http.close()
+
+    # -- the stepping loop ---------------------------------------------------------------
+    async def _step_loop(self) -> None:
+        while True:
+            stall = self.faults.stall_until - time.monotonic()
+            if stall > 0:
+                await asyncio.sleep(stall)
+                continue
+            now = self.now_ms()
+            res = self.core.step(now)
+            if res is None:
+                self._kick.clear()
+                wake = self.core.next_wakeup(now)
+                timeout = None if wake is None else self._real_s(wake - now) + 1e-4
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._kick.wait(), timeout)
+                continue
+            if res.duration_ms > 0:
+                await asyncio.sleep(self._real_s(res.duration_ms))
+            end = now + res.duration_ms
+            if res.prefill_tokens:
+                self._prefill_window.append((end, res.prefill_tokens))
+            for out in res.outputs:
+                self._deliver(out, end)
+            if self._publisher is None:
+                self.core.cache.drain_events()
+
+    def _deliver(self, out: SeqOutput, end: float) -> None:
+        n = len(out.tokens)
+        self.metrics.on_tokens(n)
+        self._gen_window.append((end, n))
+        live = self._live.get(out.rid)
+        if live is None:
+            return
+        if live.first_ms is None:
+            live.first_ms = end
+            self.metrics.on_first_token((end - live.arrival_ms) / 1000.0)
+            self.metrics.on_admitted(0, out.cached_tokens)
+        elif n:
+            self.metrics.on_inter_token((end - live.last_ms) / 1000.0 / n)
+        live.last_ms = end
+        if out.finished:
+            live.done = True
+            self.metrics.on_finished((end - live.arrival_ms) / 1000.0)
+            b = live.gen.bootstrap
+            if self.role is EngineRole.PREFILL and b is not None:
+                room = self._rooms.setdefault(b.room, _Room())
+                room.rid = out.rid
+                room.info = {"prompt_tokens": out.prompt_tokens, "cached_tokens": out.cached_tokens}
+                room.done.set()
+        live.queue.put_nowait(out)
+
+    async def _event_loop(self) -> None:
+        s = self.settings
+        next_load = 0.0
+        while True:
+            await asyncio.sleep(s.kv_flush_ms / 1000.0)
+            self._expire_rooms()
+            if self._publisher is None:
+                continue
+            self._publisher.add(self.core.cache.drain_events(), int(time.time() * 1000))
+            await self._publisher.flush()
+            if time.monotonic() >= next_load:
+                next_load = time.monotonic() + s.load_interval_ms / 1000.0
+                await self._publisher.publish_load(self.snapshot())
+
+    def _expire_rooms(self) -> None:
+        horizon = (
+            time.monotonic() - self.settings.hold_timeout_s - self.settings.bootstrap_timeout_s
+        )
+        for room, r in list(self._rooms.items()):
+            if r.created < horizon:
+                del self._rooms[room]
+
+    # -- load figures --------------------------------------------------------------------
+    def _rate(self, window: deque[tuple[float, int]], now: float, span_ms: float = 5000.0) -> float:
+        while window and window[0][0] < now - span_ms:
+            window.popleft()
+        return sum(n for _, n in window) / (span_ms / 1000.0)
+
+    def figures(self) -> LoadFigures:
+        c, now = self.core, self.now_ms()
+        hit = c.cache.hit_tokens / c.cache.query_tokens if c.cache.query_tokens else 0.0
+        return LoadFigures(
+            num_running=c.num_running,
+            num_waiting=c.num_waiting,
+            kv_usage=c.cache.usage,
+            kv_capacity_blocks=c.cache.capacity_blocks,
+            tokens_in_flight=c.tokens_in_flight(),
+            pending_prefill_tokens=c.pending_prefill_tokens(),
+            prefill_tps=self._rate(self._prefill_window, now),
+            decode_tps=self._rate(self._gen_window, now),
+            cache_hit_rate=hit,
+        )
+
+    def snapshot(self) -> Any:
+        return load_snapshot(
+            self.figures(),
+            deployment=self.settings.deployment,
+            instance_id=self.instance_id,
+            epoch=self.epoch,
+            ts_ms=int(time.time() * 1000),
+            role=self.settings.role,
+            url=self.url,
+            bootstrap_host=self.settings.host if self.settings.bootstrap_port else "",
+            bootstrap_port=self.settings.bootstrap_port,
+        )
+
+    # -- info endpoints ------------------------------------------------------------------
+    async def _health(self, _req: web.Request) -> web.Response:
+        if self.faults.refuse_health:
+            return web.Response(status=503, text="unhealthy (fault injected)")
+        return web.Response(text="")
+
+    def _mode(self) -> str:
+        return "null" if self.role is EngineRole.AGGREGATED else self.role.value
+
+    async def _server_info(self, _req: web.Request) -> web.Response:
+        s, f = self.settings, self.figures()
+        return web.json_response(
+            {
+                "model_path": str(self.model_dir),
+                "tokenizer_path": str(self.model_dir),
+                "served_model_name": s.model,
+                "version": "tideserve-sim",
+                "engine": "tideserve-sim",
+                "instance_id": self.instance_id,
+                "profile": self.profile.name,
+                "disaggregation_mode": self._mode(),
+                "disaggregation_bootstrap_port": s.bootstrap_port or None,
+                "page_size": s.block_size,
+                "max_total_num_tokens": self.core.cache.capacity_blocks * s.block_size,
+                "max_running_requests": s.max_batch,
+                "chunked_prefill_size": s.max_batched_tokens,
+                "context_length": self.profile.max_context,
+                "stream_interval": s.stream_interval,
+                "speedup": s.speedup,
+                "tp_size": self.profile.tp,
+                "dp_size": 1,
+                "internal_states": [
+                    {"num_running_reqs": f.num_running, "num_queue_reqs": f.num_waiting}
+                ],
+            }
+        )
+
+    async def _model_info(self, _req: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "model_path": str(self.model_dir),
+                "tokenizer_path": str(self.model_dir),
+                "served_model_name": self.settings.model,
+                "is_generation": True,
+                "max_context_length": self.profile.max_context,
+            }
+        )
+
+    async def _models(self, _req: web.Request) -> web.Response:
+        m = self.settings.model
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": m,
+                        "object": "model",
+                        "created": self.epoch // 1000,
+                        "owned_by": "tideserve",
+                        "root": str(self.model_dir),
+                        "max_model_len": self.profile.max_context,
+                    }
+                ],
+            }
+        )
+
+    async def _metrics(self, _req: web.Request) -> web.Response:
+        f = self.figures()
+        g = Gauges(
+            num_running=f.num_running,
+            num_waiting=f.num_waiting,
+            used_tokens=self.core.cache.referenced_blocks * self.settings.block_size,
+            kv_usage=f.kv_usage,
+            cache_hit_rate=f.cache_hit_rate,
+            gen_throughput=f.decode_tps,
+        )
+        resp = web.Response(body=self.metrics.render(g))
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp
+
+    # -- admin ---------------------------------------------------------------------------
+    async def _fault(self, req: web.Request) -> web.Response:
+        if req.method == "POST":
+            try:
+                body = await req.json()
+                if not isinstance(body, dict):
+                    raise ValueError("body must be an object")
+                if "fail_rate" in body:
+                    self.faults.fail_rate = min(1.0, max(0.0, float(body["fail_rate"])))
+                if "die_after_tokens" in body:
+                    self.faults.die_after_tokens = max(0, int(body["die_after_tokens"]))
+                if "refuse_health" in body:
+                    self.faults.refuse_health = bool(body["refuse_health"])
+                if "stall_s" in body:
+                    self.faults.stall_until = time.monotonic() + max(0.0, float(body["stall_s"]))
+            except (ValueError, TypeError) as err:
+                return _bad(str(err))
+        f = self.faults
+        return web.json_response(
+            {
+                "fail_rate": f.fail_rate,
+                "die_after_tokens": f.die_after_tokens,
+                "refuse_health": f.refuse_health,
+                "stalled_for_s": max(0.0, f.stall_until - time.monotonic()),
+            }
+        )
+
+    async def _flush_cache(self, _req: web.Request) -> web.Response:
+        if not self.core.cache.clear():
+            return _bad("cannot flush the cache while requests are running", code="busy")
+        return web.Response(text="Cache flushed.\n")
+
+    # -- generation ----------------------------------------------------------------------
+    async def _generate(self, req: web.Request) -> web.StreamResponse:
+        return await self._handle(req, api.parse_generate)
+
+    async def _completions(self, req: web.Request) -> web.StreamResponse:
+        return await self._handle(req, api.parse_completion)
+
+    async def _chat(self, req: web.Request) -> web.StreamResponse:
+        return await self._handle(req, api.parse_chat)
+
+    async def _handle(self, req: web.Request, parse: Any) -> web.StreamResponse:
+        try:
+            body = await req.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _bad("the request body is not valid JSON", code="invalid_json")
+        try:
+            gen: api.GenRequest = parse(body, self.settings.default_max_tokens)
+            self.core.check(len(gen.prompt_ids), gen.max_new_tokens)
+        except api.BadRequest as err:
+            return _bad(err.message, err.param, err.code)
+        except AdmissionError as err:
+            return _bad(
+                str(err), "messages" if gen.kind == "chat" else "prompt", "context_length_exceeded"
+            )
+        if self.faults.fail_rate and self._rng.random() < self.faults.fail_rate:
+            return web.json_response(
+                api.error_body("injected failure", "server_error", None, "fault"), status=500
+            )
+        rid = gen.rid if gen.rid and not self.core.knows(gen.rid) else uuid.uuid4().hex
+        core_req = await self._core_request(rid, gen)
+        if isinstance(core_req, web.Response):
+            return core_req
+        live = _Live(rid, gen, self.now_ms())
+        self._live[rid] = live
+        try:
+            self.core.submit(core_req, live.arrival_ms)
+            self.metrics.on_admitted(len(gen.prompt_ids), 0)
+            self._kick.set()
+            if gen.stream:
+                return await self._stream(req, live)
+            return await self._unary(req, live)
+        except AdmissionError as err:
+            return _bad(str(err), None, "context_length_exceeded")
+        finally:
+            self._live.pop(rid, None)
+            if not live.done:
+                self.core.abort(rid)
+
+    async def _core_request(self, rid: str, gen: api.GenRequest) -> Request | web.Response:
+        b = gen.bootstrap
+        base = Request(rid, gen.prompt_ids, gen.max_new_tokens, gen.tenant)
+        if b is None:
+            return base
+        if self.role is EngineRole.PREFILL:
+            room = self._rooms.setdefault(b.room, _Room())
+            room.rid = rid
+            return Request(rid, gen.prompt_ids, gen.max_new_tokens, gen.tenant, hold_kv=True)
+        if self.role is EngineRole.DECODE and b.port is not None:
+            assert self._http is not None
+            url = f"http://{b.host}:{b.port}/bootstrap/{b.room}"
+            timeout = aiohttp.ClientTimeout(total=self.settings.bootstrap_timeout_s + 5.0)
+            try:
+                async with self._http.get(url, timeout=timeout) as resp:
+                    info = await resp.json()
+                    if resp.status != 200:
+                        raise RuntimeError(info.get("error", {}).get("message", resp.status))
+            except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as err:
+                msg = f"KV bootstrap with {b.host}:{b.port} room {b.room} failed: {err}"
+                return web.json_response(
+                    api.error_body(msg, "server_error", None, "bootstrap"), status=502
+                )
+            return Request(
+                rid,
+                gen.prompt_ids,
+                gen.max_new_tokens,
+                gen.tenant,
+                kv_transfer_ms=float(info["transfer_ms"]),
+                peer_cached_tokens=int(info.get("cached_tokens", 0)),
+            )
+        return base
+
+    async def _bootstrap(self, req: web.Request) -> web.Response:
+        try:
+            room_id = int(req.match_info["room"])
+        except ValueError:
+            return _bad("room must be an integer", "room")
+        room = self._rooms.setdefault(room_id, _Room())
+        try:
+            await asyncio.wait_for(room.done.wait(), self.settings.bootstrap_timeout_s)
+        except TimeoutError:
+            self._rooms.pop(room_id, None)
+            return web.json_response(
+                api.error_body(f"room {room_id}: no prefill finished in time", "timeout"),
+                status=504,
+            )
+        self._rooms.pop(room_id, None)
+        info = dict(room.info or {})
+        transfer = self.profile.transfer_ms(int(info.get("prompt_tokens", 0)))
+        if room.rid is not None:
+            self.core.hand_off(room.rid, self.now_ms() + transfer)
+            self._kick.set()
+        info.update(room=room_id, transfer_ms=transfer)
+        return web.json_response(info)
+
+    async def _outputs(self, live: _Live) -> AsyncIterator[list[SeqOutput]]:
+        """Groups of outputs as they arrive (everything queued at once is one group)."""
+        while True:
+            group = [await live.queue.get()]
+            while not live.queue.empty():
+                group.append(live.queue.get_nowait())
+            yield group
+            if group[-1].finished:
+                return
+
+    def _die(self, req: web.Request, live: _Live) -> None:
+        log.info("fault: closing request %s abruptly", live.rid)
+        if req.transport is not None:
+            req.transport.abort()
+        raise ConnectionResetError("fault injected: died mid-stream")
+
+    async def _unary(self, req: web.Request, live: _Live) -> web.StreamResponse:
+        tokens: list[int] = []
+        last: SeqOutput | None = None
+        async for group in self._outputs(live):
+            for out in group:
+                tokens.extend(out.tokens)
+                last = out
+            if self.faults.die_after_tokens and len(tokens) >= self.faults.die_after_tokens:
+                self._die(req, live)
+        assert last is not None
+        g, model = live.gen, live.gen.model or self.settings.model
+        use = api.usage(len(g.prompt_ids), len(tokens), last.cached_tokens)
+        text = api.render(tokens, False)
+        if g.kind == "chat":
+            return web.json_response(api.chat_response("chatcmpl-" + live.rid, model, text, use))
+        if g.kind == "completion":
+            return web.json_response(api.completion_response("cmpl-" + live.rid, model, text, use))
+        return web.json_response(
+            {"text": text, "output_ids": tokens, "meta_info": self._meta(live, last, len(tokens))}
+        )
+
+    def _meta(self, live: _Live, last: SeqOutput, n: int) -> dict[str, Any]:
+        return {
+            "id": live.rid,
+            "finish_reason": {"type": "length", "length": n} if last.finished else None,
+            "prompt_tokens": len(live.gen.prompt_ids),
+            "completion_tokens": n,
+            "cached_tokens": last.cached_tokens,
+            "e2e_latency": (live.last_ms - live.arrival_ms) / 1000.0,
+        }
+
+    async def _stream(self, req: web.Request, live: _Live) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(req)
+        g, model = live.gen, live.gen.model or self.settings.model
+        interval, die = self.settings.stream_interval, self.faults.die_after_tokens
+        cid = ("chatcmpl-" if g.kind == "chat" else "cmpl-") + live.rid
+        sent: list[int] = []
+        buf: list[int] = []
+        last: SeqOutput | None = None
+
+        async def send(obj: dict[str, Any]) -> None:
+            await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+        async for group in self._outputs(live):
+            for out in group:
+                buf.extend(out.tokens)
+                last = out
+            assert last is not None
+            if die and len(sent) + len(buf) >= die:
+                buf = buf[: die - len(sent)]
+                if buf:
+                    await send(self._chunk(g, cid, model, live, last, sent, buf, final=False))
+                self._die(req, live)
+            if len(buf) < interval and not last.finished:
+                continue
+            await send(self._chunk(g, cid, model, live, last, sent, buf, final=last.finished))
+            sent.extend(buf)
+            buf = []
+        assert last is not None
+        if g.include_usage and g.kind != "generate":
+            use = api.usage(len(g.prompt_ids), len(sent), last.cached_tokens)
+            if g.kind == "chat":
+                empty = api.chat_chunk(cid, model, None, None, use)
+            else:
+                empty = api.completion_chunk(cid, model, "", None, use)
+            empty["choices"] = []
+            await send(empty)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    def _chunk(
+        self,
+        g: api.GenRequest,
+        cid: str,
+        model: str,
+        live: _Live,
+        last: SeqOutput,
+        sent: list[int],
+        new: list[int],
+        *,
+        final: bool,
+    ) -> dict[str, Any]:
+        finish = "length" if final else None
+        use = (
+            api.usage(len(g.prompt_ids), len(sent) + len(new), last.cached_tokens)
+            if final
+            else None
+        )
+        if g.kind == "generate":
+            ids = sent + new
+            return {
+                "text": api.render(ids, False),
+                "output_ids": ids,
+                "meta_info": self._meta(live, last, len(ids)),
+                "index": 0,
+            }
+        delta = api.render(new, bool(sent))
+        if g.kind == "chat":
+            return api.chat_chunk(cid, model, delta, finish, use, first=not sent)
+        return api.completion_chunk(cid, model, delta, finish, use)
+
+
+def _bad(message: str, param: str | None = None, code: str | None = None) -> web.Response:
+    return web.json_response(
+        api.error_body(message, "invalid_request_error", param, code), status=400
+    )

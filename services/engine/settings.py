@@ -1,0 +1,59 @@
+"""Settings of one simulated engine instance (built in ``cli.main`` from flags, passed down).
+
+Environment: ``TIDESERVE_ENGINE_<FIELD>`` (e.g. ``TIDESERVE_ENGINE_SPEEDUP=10``); command-line
+flags override it. Nothing is read at import time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["EngineSettings"]
+
+
+class EngineSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TIDESERVE_ENGINE_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(30001, ge=0, le=65535, description="HTTP API port; 0 picks a free one")
+    instance_id: str = ""
+    role: Literal["aggregated", "prefill", "decode"] = "aggregated"
+    profile: str = "h200-llama3.1-8b"
+    model: str = "tideserve-sim"
+    kv_blocks: int = Field(0, ge=0, description="KV capacity in blocks; 0 = what fits the profile")
+    block_size: int = Field(64, ge=1, description="tokens per KV block (divides 512)")
+    max_batch: int = Field(256, ge=1, description="max running sequences")
+    max_batched_tokens: int = Field(8192, ge=1, description="token budget per step")
+    speedup: float = Field(1.0, gt=0.0, description="modelled time runs this much faster")
+    stream_interval: int = Field(1, ge=1, description="tokens per streamed chunk")
+    default_max_tokens: int = Field(128, ge=1)
+    redis_url: str | None = None
+    deployment: str = "default"
+    stream_prefix: str = "ts"
+    kv_flush_ms: float = Field(50.0, gt=0.0)
+    load_interval_ms: float = Field(250.0, gt=0.0)
+    metrics_dialect: Literal["sglang", "vllm"] = "sglang"
+    bootstrap_port: int = Field(0, ge=0, le=65535, description="prefill: rendezvous port; 0 = none")
+    bootstrap_timeout_s: float = Field(60.0, gt=0.0)
+    hold_timeout_s: float = Field(30.0, gt=0.0, description="prefill frees unclaimed KV after")
+    state_dir: Path = Field(default_factory=lambda: Path.home() / ".local/share/tideserve")
+    # Fault knobs.
+    fail_rate: float = Field(0.0, ge=0.0, le=1.0, description="fraction of requests answered 500")
+    die_after_tokens: int = Field(0, ge=0, description="close streams abruptly after N tokens")
+    refuse_health: bool = False
+    seed: int = 0
+    log_level: str = "INFO"
+
+    @field_validator("redis_url", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("state_dir")
+    @classmethod
+    def _expand(cls, value: Path) -> Path:
+        return value.expanduser()
