@@ -1,0 +1,114 @@
+"""The shipped profiles on small scenarios: cache affinity, hot-spot spill, P/D decisions."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from services.common.tokens import block_hashes
+from services.scheduler.routing.config import load_default
+from services.scheduler.routing.types import EndpointSnapshot, EndpointView, Pick, PrefixMatch
+from tests.unit._routing_helpers import ENV, ep, req
+
+PROMPT = list(range(5000, 5000 + 4096))
+HASHES = tuple(block_hashes(PROMPT, 4))
+
+
+def fleet(n: int = 4, **load: int) -> list[EndpointView]:
+    return [ep(f"w{i}", **load) for i in range(n)]
+
+
+@pytest.mark.parametrize("profile", ["default", "cache_aware", "agent"])
+def test_second_turn_follows_the_first(profile: str) -> None:
+    s = load_default(env=ENV, rng=random.Random(0))
+    snap = EndpointSnapshot(fleet())
+    first = s.schedule(
+        req("t1", prompt_tokens=len(PROMPT), block_hashes=HASHES, session_id="s"),
+        snap,
+        0.0,
+        profile,
+    )
+    assert isinstance(first, Pick)
+    longer = HASHES + tuple(block_hashes(PROMPT + list(range(64)), 4)[len(HASHES) :])
+    second = s.schedule(
+        req("t2", prompt_tokens=len(PROMPT) + 64, block_hashes=longer, session_id="s"),
+        snap,
+        1.0,
+        profile,
+    )
+    assert isinstance(second, Pick)
+    assert second.decode.endpoint.instance_id == first.decode.endpoint.instance_id
+    if profile != "cache_aware":
+        assert second.predicted_cached_tokens == len(PROMPT)
+
+
+def test_default_spills_off_a_hot_cached_instance() -> None:
+    s = load_default(env=ENV)
+    snap = EndpointSnapshot([ep("w0", waiting=40), ep("w1", waiting=1), ep("w2", waiting=2)])
+    matches = {"w0": PrefixMatch(len(HASHES))}
+    d = s.schedule(
+        req(prompt_tokens=len(PROMPT), block_hashes=HASHES, prefix_matches=matches), snap, 0.0
+    )
+    assert isinstance(d, Pick) and d.decode.endpoint.instance_id == "w1"
+
+
+def test_default_prefers_indexed_prefix_when_load_is_comparable() -> None:
+    s = load_default(env=ENV)
+    snap = EndpointSnapshot([ep("w0", waiting=3), ep("w1", waiting=1), ep("w2", waiting=2)])
+    matches = {"w0": PrefixMatch(len(HASHES), {"gpu": len(HASHES)})}
+    d = s.schedule(
+        req(prompt_tokens=len(PROMPT), block_hashes=HASHES, prefix_matches=matches), snap, 0.0
+    )
+    assert isinstance(d, Pick) and d.decode.endpoint.instance_id == "w0"
+    assert d.predicted_cached_tokens == len(PROMPT)
+
+
+def test_default_avoids_long_prefill_queue() -> None:
+    s = load_default(env=ENV)
+    snap = EndpointSnapshot([ep("w0", pending_prefill_tokens=200_000), ep("w1")])
+    d = s.schedule(req(prompt_tokens=2000), snap, 0.0)
+    assert isinstance(d, Pick) and d.decode.endpoint.instance_id == "w1"
+
+
+PD = [
+    ep("p0", role="prefill"),
+    ep("p1", role="prefill", pending_prefill_tokens=50_000),
+    ep("d0", role="decode"),
+]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "cached_on_decode", "prefill"),
+    [(4096, 0, "p0"), (300, 0, None), (4096, 4000, None)],
+    ids=["long-disaggregated", "short-decode-only", "cached-on-decode"],
+)
+def test_default_pd(prompt: int, cached_on_decode: int, prefill: str | None) -> None:
+    s = load_default(env=ENV)
+    hashes = HASHES[: prompt // 4]
+    matches = {"d0": PrefixMatch(cached_on_decode // 4)} if cached_on_decode else None
+    d = s.schedule(
+        req(prompt_tokens=prompt, block_hashes=hashes, prefix_matches=matches),
+        EndpointSnapshot(PD),
+        0.0,
+    )
+    assert isinstance(d, Pick) and d.decode.endpoint.instance_id == "d0"
+    assert (d.prefill.endpoint.instance_id if d.prefill else None) == prefill
+
+
+def test_same_inputs_same_decisions() -> None:
+    def run() -> list[str]:
+        s = load_default(env=ENV, rng=random.Random(5))
+        snap = EndpointSnapshot(fleet(6))
+        out = []
+        for i in range(50):
+            hs = tuple(block_hashes(list(range(i % 7, i % 7 + 64)), 4))
+            for prof in ("default", "power_of_two", "round_robin"):
+                d = s.schedule(
+                    req(f"r{i}", prompt_tokens=64, block_hashes=hs), snap, float(i), prof
+                )
+                assert isinstance(d, Pick)
+                out.append(d.decode.endpoint.instance_id)
+        return out
+
+    assert run() == run()
