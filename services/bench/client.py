@@ -177,6 +177,8 @@ async def send_one(
         error = f"broken stream: {exc}"
     except aiohttp.ClientError as exc:
         error = f"connection error: {type(exc).__name__}: {exc}"
+    except (ValueError, UnicodeError, OSError) as exc:  # e.g. an oversized SSE line
+        error = f"client error: {type(exc).__name__}: {exc}"
     out = state.finish(time.perf_counter(), error)
     return RequestResult(
         index=req.index,
@@ -301,7 +303,10 @@ async def run_bench(
     requests = select_requests(trace, cfg.max_requests)
     synth = PromptSynthesizer(seed=cfg.seed, block_tokens=trace.block_tokens)
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    # No session-wide total timeout (aiohttp's default is 300 s): send_one bounds each
+    # request by --timeout itself.
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         model = cfg.model or await fetch_model(session, targets[0], min(cfg.timeout_s, 30.0))
         sampler = CpuSampler(cfg.cpu_interval_s)
         progress = Progress(len(requests), progress_stream)

@@ -3,7 +3,7 @@
 The fake streams SSE chat completions with usage (coalescing two tokens a chunk, like an
 engine with a stream interval), keeps an unbounded prefix cache of 512-token block hashes
 to report cached tokens, and can fail: HTTP 500 on every Nth request, or a stream that
-breaks before ``[DONE]``.
+breaks before ``[DONE]``, or one that stalls.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class FakeUpstream:
         self.seen_blocks: set[int] = set()
         self.bodies: list[dict[str, Any]] = []
         self._runner: web.AppRunner | None = None
+        self._release = asyncio.Event()
         self.url = ""
 
     async def start(self) -> str:
@@ -53,6 +54,7 @@ class FakeUpstream:
         return self.url
 
     async def stop(self) -> None:
+        self._release.set()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -87,6 +89,8 @@ class FakeUpstream:
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
             sent += k
             await asyncio.sleep(0.001)
+            if self.mode == "stall" and n % self.fail_every == 0:
+                await self._release.wait()  # until the test ends: the client times out
             if self.mode == "break" and n % self.fail_every == 0:
                 await resp.write_eof()  # ends the stream without [DONE]
                 return resp
@@ -166,14 +170,24 @@ async def test_bench_spreads_requests_round_robin_over_targets(upstreams: Any) -
 
 @pytest.mark.parametrize(
     ("mode", "reason"),
-    [("http500", "http 500: upstream exploded"), ("break", "stream ended without [DONE]")],
-    ids=["http-error", "broken-stream"],
+    [
+        ("http500", "http 500: upstream exploded"),
+        ("break", "stream ended without [DONE]"),
+        ("stall", "timeout after 3s"),
+    ],
+    ids=["http-error", "broken-stream", "stalled-stream"],
 )
 async def test_failing_upstream_counts_failures_with_reasons(
     upstreams: Any, mode: str, reason: str
 ) -> None:
     up = await upstreams(mode, fail_every=3)
-    cfg = BenchConfig(targets=(up.url,), model="m", speedup=500.0, max_requests=9)
+    cfg = BenchConfig(
+        targets=(up.url,),
+        model="m",
+        speedup=500.0,
+        max_requests=9,
+        timeout_s=3.0 if mode == "stall" else 600.0,
+    )
     summary, _ = await run_bench(cfg, load_trace(AZURE))
     assert (summary["completed"], summary["failed"]) == (6, 3)
     assert summary["errors"] == {reason: 3}
