@@ -1,0 +1,1 @@
+"""Alembic migrations of the scheduler schema (run by services.common.db.migrate)."""
