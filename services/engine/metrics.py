@@ -94,6 +94,14 @@ class EngineMetrics:
             self._itl = hist("inter_token_latency_seconds", "Inter-token latency", _ITL_BUCKETS)
             self._e2e = hist("e2e_request_latency_seconds", "End-to-end latency", _E2E_BUCKETS)
 
+        # Every series exists from the first scrape (zero), as in the real engines.
+        for metric in (
+            self._prompt, self._gen, self._cached, self._queries, self._done,
+            self._ttft, self._itl, self._e2e,
+        ):  # fmt: skip
+            if metric is not None:
+                metric.labels(model_name)
+
     # -- events from the shell -------------------------------------------------------------
     def on_admitted(self, prompt_tokens: int, cached_tokens: int) -> None:
         self._prompt.labels(self._model).inc(prompt_tokens)

@@ -217,7 +217,7 @@ class EngineServer:
         while True:
             stall = self.faults.stall_until - time.monotonic()
             if stall > 0:
-                await asyncio.sleep(stall)
+                await asyncio.sleep(min(stall, 0.05))  # short slices: a new knob applies soon
                 continue
             now = self.now_ms()
             res = self.core.step(now)
