@@ -1,0 +1,235 @@
+"""`tideserve up` / `status` / `down` as real processes: embedded Postgres and Redis, the four
+services, grpc health and reflection, and nothing left behind.
+
+Every port is an ephemeral port that was free a moment ago (written into a config file), never
+a design default, so this runs beside other stacks and tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import psutil
+import pytest
+import yaml
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from services.stack.health import Health, check_grpc_health
+from services.stack.procs import ProcRef, is_alive, stop_processes
+from services.stack.state import ProcEntry, read_state
+
+pytestmark = pytest.mark.e2e
+
+START_TIMEOUT_S = 240.0  # 2 shared cores: four Python services can be slow to import
+SERVICES = {
+    "scheduler": "tideserve.v1.SchedulerService",
+    "kvmeta": "tideserve.v1.KVMetaService",
+    "autoscaler": "tideserve.v1.AutoscalerService",
+    "telemetry": "tideserve.v1.TelemetryService",
+}
+
+
+def _cli() -> list[str]:
+    script = Path(sys.executable).parent / "tideserve"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "services.cli"]
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@dataclass
+class Stack:
+    state_dir: Path
+    config: Path
+    ports: dict[str, dict[str, int]]
+    redis_port: int
+
+
+@pytest.fixture
+def stack_dirs() -> Iterator[Stack]:
+    # short path: the embedded Postgres unix socket lives under it
+    state_dir = Path(tempfile.mkdtemp(prefix="tse2e-"))
+    ports = iter(_free_ports(11))
+    layout: dict[str, dict[str, int]] = {
+        name: {"grpc_port": next(ports), "metrics_port": next(ports)} for name in SERVICES
+    }
+    layout["scheduler"]["http_port"] = next(ports)
+    layout["kvmeta"]["metadata_http_port"] = next(ports)
+    redis_port = next(ports)
+    config = state_dir / "tideserve.yaml"
+    config.write_text(
+        yaml.safe_dump({**layout, "stack": {"redis_port": redis_port}, "log_format": "text"})
+    )
+    stack = Stack(state_dir, config, layout, redis_port)
+    try:
+        yield stack
+    finally:
+        _force_down(state_dir)
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def _force_down(state_dir: Path) -> None:
+    """Last-resort cleanup after a failed test: `down`, then kill anything still recorded."""
+    if read_state(state_dir) is None:
+        return
+    subprocess.run([*_cli(), "down", "--state-dir", str(state_dir), "--timeout", "20"], timeout=120)
+    state = read_state(state_dir)
+    if state is not None:
+        stop_processes([state.up.ref, *(p.ref for p in state.processes)], 5.0)
+
+
+def _stack_processes(state_dir: Path) -> list[psutil.Process]:
+    """Processes whose command line mentions the state dir (services, postgres, redis, up)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if str(state_dir) in cmdline and proc.pid != os.getpid():
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc)
+            except psutil.Error:
+                continue
+    return found
+
+
+def _wait_running(up: subprocess.Popen[str], state_dir: Path) -> list[ProcEntry]:
+    deadline = time.monotonic() + START_TIMEOUT_S + 30
+    while time.monotonic() < deadline:
+        if up.poll() is not None:
+            _, err = up.communicate()
+            pytest.fail(f"`tideserve up` exited with {up.returncode} before SERVING:\n{err}")
+        state = read_state(state_dir)
+        if state is not None and state.phase == "running":
+            return state.processes
+        time.sleep(0.5)
+    pytest.fail("`tideserve up` did not reach running")
+
+
+def _reflected_services(address: str) -> set[str]:
+    with grpc.insecure_channel(address) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        responses = stub.ServerReflectionInfo(iter([request]), timeout=10)
+        return {svc.name for resp in responses for svc in resp.list_services_response.service}
+
+
+def test_up_status_down_leaves_nothing_running(stack_dirs: Stack) -> None:
+    state_dir = stack_dirs.state_dir
+    up = subprocess.Popen(
+        [
+            *_cli(),
+            "up",
+            "--state-dir",
+            str(state_dir),
+            "--config",
+            str(stack_dirs.config),
+            "--start-timeout",
+            str(START_TIMEOUT_S),
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        processes = _wait_running(up, state_dir)
+        by_name = {p.name: p for p in processes}
+        assert set(by_name) == {*SERVICES, "postgres", "redis"}
+        assert by_name["redis"].url == f"redis://127.0.0.1:{stack_dirs.redis_port}/0"
+
+        for name, full_name in SERVICES.items():
+            address = f"127.0.0.1:{stack_dirs.ports[name]['grpc_port']}"
+            assert by_name[name].grpc_address == address
+            assert check_grpc_health(address, "", 5.0) is Health.SERVING
+            assert check_grpc_health(address, full_name, 5.0) is Health.SERVING
+            assert full_name in _reflected_services(address)
+            metrics = f"http://127.0.0.1:{stack_dirs.ports[name]['metrics_port']}/metrics"
+            assert by_name[name].metrics_url == metrics
+
+        status = subprocess.run(
+            [*_cli(), "status", "--state-dir", str(state_dir), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert status.returncode == 0, status.stdout + status.stderr
+        report = json.loads(status.stdout)
+        assert report["running"] is True and report["serving"] is True
+        assert {s["name"]: (s["health"], s["alive"]) for s in report["services"]} == {
+            name: ("SERVING", True) for name in SERVICES
+        }
+
+        refs = [ProcRef(p.name, p.pid, p.create_time) for p in processes]
+        assert all(is_alive(r) for r in refs)
+
+        down = subprocess.run(
+            [*_cli(), "down", "--state-dir", str(state_dir)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert "stack stopped" in down.stdout
+        out, err = up.communicate(timeout=60)
+        assert up.returncode == 0, err
+        announced = json.loads(out.strip().splitlines()[-1])
+        assert {p["name"] for p in announced["processes"]} == set(by_name)
+
+        assert [r.name for r in refs if is_alive(r)] == []
+        assert _stack_processes(state_dir) == []
+        assert read_state(state_dir) is None
+
+        again = subprocess.run(
+            [*_cli(), "status", "--state-dir", str(state_dir)], capture_output=True, text=True
+        )
+        assert again.returncode != 0
+        assert "no stack running" in again.stdout
+    finally:
+        if up.poll() is None:
+            up.send_signal(signal.SIGTERM)
+            up.communicate(timeout=120)
+
+
+def test_port_in_use_names_service_and_port_and_leaves_nothing(stack_dirs: Stack) -> None:
+    state_dir = stack_dirs.state_dir
+    port = stack_dirs.ports["kvmeta"]["grpc_port"]
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port))
+        holder.listen(1)
+        result = subprocess.run(
+            [*_cli(), "up", "--state-dir", str(state_dir), "--config", str(stack_dirs.config)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode != 0
+    assert f"kvmeta gRPC port 127.0.0.1:{port}" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr  # one clear line
+    assert read_state(state_dir) is None
+    assert not (state_dir / "postgres").exists()  # checked before anything started
+    assert _stack_processes(state_dir) == []
