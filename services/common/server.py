@@ -1,0 +1,419 @@
+"""The grpc.aio service runner shared by every Tideserve service.
+
+:func:`serve` runs one service until SIGTERM/SIGINT (or a ``stop`` event): gRPC health
+(``grpc.health.v1``, overall ``""`` and each full service name), reflection, the OpenTelemetry
+server interceptor, Prometheus ``/metrics`` and a graceful shutdown. :func:`run_service` is the
+whole ``main`` of a service: flags → settings → logging → dependency checks → :func:`serve`,
+with every startup failure reported as one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import logging
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from services.common import otel
+from services.common.errors import PortInUseError, StartupError, one_line, report
+from services.common.logs import configure_logging
+from services.common.metrics import MetricsServer, bind_tcp, is_port_in_use
+from services.common.settings import (
+    ServiceSettings,
+    add_common_arguments,
+    load_settings,
+    overrides_from_args,
+)
+
+__all__ = [
+    "HealthService",
+    "Register",
+    "ServiceHooks",
+    "check_dependencies",
+    "redact_url",
+    "run_service",
+    "serve",
+]
+
+log = logging.getLogger(__name__)
+
+Register = Callable[[grpc.aio.Server], Sequence[str]]
+"""Adds servicers to the server; returns their full names (``tideserve.v1.KVMetaService``)."""
+
+Hook = Callable[[], Awaitable[None]]
+S = TypeVar("S", bound=ServiceSettings)
+
+_SERVING: int = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING: int = health_pb2.HealthCheckResponse.NOT_SERVING
+_SERVICE_UNKNOWN: int = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+_HEALTH_NAME: str = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+
+
+class HealthService:
+    """``grpc.health.v1.Health`` for grpc.aio (Check, List, Watch).
+
+    Unknown names get NOT_FOUND from ``Check`` and SERVICE_UNKNOWN from ``Watch``. After
+    :meth:`shutdown` every name is NOT_SERVING for good and open ``Watch`` streams end right after
+    telling their client, so they do not hold up the server's graceful stop.
+    """
+
+    def __init__(self) -> None:
+        self._status: dict[str, int] = {}
+        self._version = 0
+        self._closing = False
+        self._changed = asyncio.Condition()
+
+    def status(self, service: str = "") -> int | None:
+        return self._status.get(service)
+
+    async def set(self, service: str, status: int) -> None:
+        """Set one name's status; ignored after :meth:`shutdown`."""
+        async with self._changed:
+            if self._closing:
+                return
+            self._status[service] = status
+            self._version += 1
+            self._changed.notify_all()
+
+    async def shutdown(self) -> None:
+        """Every name NOT_SERVING, permanently; idempotent."""
+        async with self._changed:
+            self._closing = True
+            for name in self._status:
+                self._status[name] = _NOT_SERVING
+            self._version += 1
+            self._changed.notify_all()
+
+    async def Check(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        status = self._status.get(request.service)
+        if status is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+        return health_pb2.HealthCheckResponse(status=status)
+
+    async def List(self, _request: Any, _context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        response = health_pb2.HealthListResponse()
+        for name, status in self._status.items():
+            response.statuses[name].status = status
+        return response
+
+    async def Watch(
+        self, request: Any, _context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        seen = -1
+        last: int | None = None
+        while True:
+            async with self._changed:
+                while self._version == seen:
+                    await self._changed.wait()
+                seen = self._version
+                status = self._status.get(request.service, _SERVICE_UNKNOWN)
+                closing = self._closing
+            if status != last:
+                yield health_pb2.HealthCheckResponse(status=status)
+                last = status
+            if closing:
+                return
+
+
+class _UnimplementedInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Turns the generated bases' ``NotImplementedError`` into a clean UNIMPLEMENTED status
+    (instead of a logged traceback per call)."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = str(handler_call_details.method)
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                _wrap_unary(handler.unary_unary, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                _wrap_unary(handler.stream_unary, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                _wrap_stream(handler.unary_stream, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            _wrap_stream(handler.stream_stream, method),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+async def _unimplemented(context: Any, method: str, err: NotImplementedError) -> None:
+    detail = str(err) or "Method not implemented!"
+    await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method}: {detail}")
+
+
+def _wrap_unary(behavior: Callable[..., Any], method: str) -> Callable[..., Awaitable[Any]]:
+    async def call(request: Any, context: Any) -> Any:
+        try:
+            result = behavior(request, context)
+            return (await result) if inspect.isawaitable(result) else result
+        except NotImplementedError as err:
+            await _unimplemented(context, method, err)
+
+    return call
+
+
+def _wrap_stream(behavior: Callable[..., Any], method: str) -> Callable[..., AsyncIterator[Any]]:
+    async def call(request: Any, context: Any) -> AsyncIterator[Any]:
+        try:
+            result = behavior(request, context)
+            if hasattr(result, "__aiter__"):
+                async for item in result:
+                    yield item
+            elif inspect.isawaitable(result):
+                await result
+            elif result is not None:
+                for item in result:
+                    yield item
+        except NotImplementedError as err:
+            await _unimplemented(context, method, err)
+
+    return call
+
+
+def _check_port_free(service: str, setting: str, host: str, port: int) -> None:
+    if port == 0:
+        return
+    try:
+        bind_tcp(host, port).close()
+    except OSError as err:
+        if is_port_in_use(err):
+            raise PortInUseError(service, setting, host, port) from err
+        raise StartupError(f"cannot bind {setting} {host}:{port}: {err.strerror}") from err
+
+
+def _install_signals(stop: asyncio.Event) -> list[signal.Signals]:
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError, ValueError):
+            continue  # not the main thread, or no signal support: rely on ``stop``
+        installed.append(sig)
+    return installed
+
+
+async def serve(
+    settings: ServiceSettings,
+    service_name: str,
+    register: Register,
+    *,
+    on_start: Hook | None = None,
+    on_stop: Hook | None = None,
+    ready: asyncio.Event | None = None,
+    stop: asyncio.Event | None = None,
+    tracer_provider: TracerProvider | None = None,
+    registry: CollectorRegistry = REGISTRY,
+) -> None:
+    """Run ``service_name`` until SIGTERM/SIGINT or ``stop`` is set, then shut down gracefully.
+
+    Start: bind gRPC on ``settings.host:grpc_port`` (and ``/metrics`` on ``metrics_port`` if not
+    0), health NOT_SERVING, ``on_start``, then health SERVING for ``""`` and every name
+    ``register`` returned, then ``ready`` is set. Stop: health NOT_SERVING, no new calls,
+    in-flight calls get ``shutdown_grace_s`` to finish, then ``on_stop``, then return.
+
+    Raises :class:`PortInUseError` when a port is taken and :class:`StartupError` for other
+    bind failures; nothing is left listening when it raises.
+    """
+    stop = stop if stop is not None else asyncio.Event()
+    own_provider = tracer_provider is None
+    provider = tracer_provider or otel.configure_tracing(settings, service_name)
+    host = settings.host
+    _check_port_free(service_name, "grpc_port", host, settings.grpc_port)
+    _check_port_free(service_name, "metrics_port", host, settings.metrics_port)
+
+    server = grpc.aio.server(
+        interceptors=[otel.server_interceptor(provider), _UnimplementedInterceptor()],
+        options=[("grpc.so_reuseport", 0)],
+    )
+    health = HealthService()
+    names = list(register(server))
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection([*names, _HEALTH_NAME, reflection.SERVICE_NAME], server)
+    for name in ["", *names]:
+        await health.set(name, _NOT_SERVING)
+
+    metrics: MetricsServer | None = None
+    signals: list[signal.Signals] = []
+    started = False
+    try:
+        try:
+            grpc_port = int(server.add_insecure_port(f"{host}:{settings.grpc_port}"))
+        except RuntimeError as err:
+            raise PortInUseError(service_name, "grpc_port", host, settings.grpc_port) from err
+        if settings.metrics_port:
+            metrics = MetricsServer(host, settings.metrics_port, registry)
+            try:
+                await metrics.start()
+            except OSError as err:
+                if is_port_in_use(err):
+                    raise PortInUseError(
+                        service_name, "metrics_port", host, settings.metrics_port
+                    ) from err
+                raise StartupError(f"cannot bind metrics_port: {err.strerror}") from err
+        await server.start()
+        started = True
+        signals = _install_signals(stop)
+        if on_start is not None:
+            await on_start()
+        for name in ["", *names]:
+            await health.set(name, _SERVING)
+        log.info(
+            "serving",
+            extra={
+                "grpc": f"{host}:{grpc_port}",
+                "metrics_port": metrics.port if metrics else 0,
+                "services": names,
+            },
+        )
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        log.info("shutting down", extra={"grace_s": settings.shutdown_grace_s})
+    finally:
+        await health.shutdown()
+        await server.stop(settings.shutdown_grace_s if started else None)
+        loop = asyncio.get_running_loop()
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+        try:
+            if started and on_stop is not None:
+                await on_stop()
+        finally:
+            if metrics is not None:
+                await metrics.stop()
+            if own_provider:
+                provider.shutdown()
+    log.info("stopped")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (safe to print)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def _name_setting(setting: str, url: str, err: BaseException) -> str:
+    message = one_line(str(err)) or type(err).__name__
+    if setting in message:
+        return message
+    if "cannot reach" in message:
+        return f"{setting}: {message}"
+    return f"cannot reach {setting} ({redact_url(url)}): {message}"
+
+
+async def check_dependencies(settings: ServiceSettings, service: str) -> None:
+    """Reach Postgres (then migrate schema ``service``) and Redis if their URLs are set.
+
+    Raises :class:`StartupError` with one line naming the setting when one is unreachable or
+    the migration fails.
+    """
+    if settings.postgres_url:
+        from services.common import db
+
+        url = settings.postgres_url
+        try:
+            await db.check_postgres(url)
+        except (ConnectionError, OSError) as err:
+            raise StartupError(_name_setting("postgres_url", url, err)) from err
+        try:
+            await asyncio.to_thread(db.migrate, url, service)
+        except Exception as err:
+            raise StartupError(
+                f"migrating schema {service} at postgres_url ({redact_url(url)}) failed: "
+                f"{one_line(str(err))}"
+            ) from err
+    if settings.redis_url:
+        from services.common import streams
+
+        url = settings.redis_url
+        try:
+            await streams.check_redis(url)
+        except (ConnectionError, OSError) as err:
+            raise StartupError(_name_setting("redis_url", url, err)) from err
+
+
+@dataclass(frozen=True)
+class ServiceHooks:
+    """What a service contributes to :func:`serve`: its servicers and lifecycle hooks."""
+
+    register: Register
+    on_start: Hook | None = None
+    on_stop: Hook | None = None
+
+
+def run_service(
+    service: str,
+    settings_cls: type[S],
+    build: Callable[[S], ServiceHooks],
+    argv: Sequence[str] | None = None,
+    *,
+    description: str = "",
+) -> int:
+    """The whole ``main`` of ``python -m services.<service>``; returns the exit code.
+
+    0 after a clean shutdown; 2 with one ``tideserve-<service>: ...`` line on stderr for bad
+    settings, an unreachable Postgres/Redis or a port in use.
+    """
+    parser = argparse.ArgumentParser(
+        prog=f"python -m services.{service}",
+        description=description or f"Tideserve {service} service",
+    )
+    add_common_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings(settings_cls, service, args.config, overrides_from_args(args))
+        configure_logging(settings.log_level, settings.log_format, service)
+
+        async def amain() -> None:
+            await check_dependencies(settings, service)
+            hooks = build(settings)
+            await serve(
+                settings,
+                service,
+                hooks.register,
+                on_start=hooks.on_start,
+                on_stop=hooks.on_stop,
+            )
+
+        asyncio.run(amain())
+    except StartupError as err:
+        return report(service, err)
+    except KeyboardInterrupt:  # a second Ctrl-C during shutdown
+        return 130
+    return 0

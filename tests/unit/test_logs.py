@@ -1,0 +1,82 @@
+"""Structured logging: JSON lines with extras and exceptions, text format, idempotent setup."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from services.common.logs import configure_logging
+
+
+@pytest.fixture(autouse=True)
+def _restore_root() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)
+
+
+def test_json_line_fields_and_extras() -> None:
+    out = io.StringIO()
+    configure_logging("INFO", "json", "kvmeta", stream=out)
+    logging.getLogger("t.json").info("applied %d events", 3, extra={"deployment": "d1"})
+    entry = json.loads(out.getvalue())
+    assert entry["level"] == "INFO"
+    assert entry["service"] == "kvmeta"
+    assert entry["logger"] == "t.json"
+    assert entry["msg"] == "applied 3 events"
+    assert entry["deployment"] == "d1"
+    assert entry["ts"].endswith("Z")
+
+
+def test_json_exception_stays_one_line() -> None:
+    out = io.StringIO()
+    configure_logging("INFO", "json", "scheduler", stream=out)
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        logging.getLogger("t.exc").exception("failed")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1
+    entry = json.loads(lines[0])
+    assert "RuntimeError: boom" in entry["exc"]
+
+
+def test_level_filters() -> None:
+    out = io.StringIO()
+    configure_logging("WARNING", "json", "telemetry", stream=out)
+    logging.getLogger("t.lvl").info("hidden")
+    logging.getLogger("t.lvl").warning("shown")
+    assert [json.loads(line)["msg"] for line in out.getvalue().splitlines()] == ["shown"]
+
+
+def test_text_format() -> None:
+    out = io.StringIO()
+    configure_logging("debug", "text", "autoscaler", stream=out)
+    logging.getLogger("t.text").debug("scaled", extra={"role": "decode"})
+    line = out.getvalue().strip()
+    assert " DEBUG autoscaler t.text: scaled role=decode" in line
+
+
+def test_configure_twice_replaces_handler() -> None:
+    first, second = io.StringIO(), io.StringIO()
+    configure_logging("INFO", "json", "kvmeta", stream=first)
+    configure_logging("INFO", "json", "kvmeta", stream=second)
+    logging.getLogger("t.twice").info("once")
+    assert first.getvalue() == ""
+    assert len(second.getvalue().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("level", "fmt"), [("INFO", "xml"), ("LOUD", "json")], ids=["bad-format", "bad-level"]
+)
+def test_bad_arguments(level: str, fmt: str) -> None:
+    with pytest.raises(ValueError, match="unknown log"):
+        configure_logging(level, fmt, "kvmeta", stream=io.StringIO())
