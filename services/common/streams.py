@@ -29,9 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from google.protobuf.message import DecodeError, Message
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from tideserve.v1 import events_pb2
 
 __all__ = [
@@ -411,13 +409,13 @@ class StreamConsumer(Generic[M]):
         )
 
     async def run(self, stop: asyncio.Event, *, retry_s: float = 1.0) -> None:
-        """Poll until ``stop`` is set. Redis outages are logged and retried every
-        ``retry_s``; the loop returns within about ``block_ms`` of ``stop`` being set."""
+        """Poll until ``stop`` is set. Redis errors and outages are logged and retried
+        every ``retry_s`` (never raised); returns within about ``block_ms`` of ``stop``."""
         while not stop.is_set():
             try:
                 await self.poll_once()
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                log.warning("stream %s: redis unavailable (%s); retrying", self.stream, exc)
+            except (RedisError, OSError) as exc:
+                log.warning("stream %s: redis error (%s); retrying", self.stream, _one_line(exc))
                 self._group_ready = False
                 try:
                     await asyncio.wait_for(stop.wait(), timeout=retry_s)

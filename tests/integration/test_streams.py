@@ -227,3 +227,40 @@ async def test_check_redis_unreachable_raises_one_line(url: str) -> None:
     text = str(info.value)
     assert "\n" not in text
     assert "secret" not in text
+
+
+async def test_run_survives_a_redis_restart_and_keeps_the_group(tmp_path: Any) -> None:
+    """A private embedded Redis is stopped and restarted under a running consumer: entries
+    written before the restart (AOF) and after it are all handled (at least once)."""
+    import redis.asyncio as aioredis
+
+    from services.common.embedded import start_redis
+
+    server = start_redis(tmp_path, 0)
+    client = aioredis.Redis.from_url(server.url)
+    seen: list[str] = []
+    got = asyncio.Event()
+
+    async def handler(msg: Rec, entry_id: str) -> None:
+        seen.append(msg.request_id)
+        if {"before", "after"} <= set(seen):
+            got.set()
+
+    c = StreamConsumer(
+        client, "ts:requests", "g", "c", handler, Rec, block_ms=50, claim_idle_ms=100
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(c.run(stop, retry_s=0.05))
+    try:
+        await StreamProducer(client).publish("ts:requests", Rec(request_id="before"))
+        server.stop()
+        await asyncio.sleep(0.2)  # let the consumer hit the outage at least once
+        server = start_redis(tmp_path, server.port)
+        await StreamProducer(client).publish("ts:requests", Rec(request_id="after"))
+        await asyncio.wait_for(got.wait(), timeout=60)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+        await client.aclose()
+        server.stop()
+    assert set(seen) == {"before", "after"}
