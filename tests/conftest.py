@@ -12,6 +12,8 @@ Fixtures are lazy: a test that asks for none of them (all of ``tests/unit``) sta
   ``services.common.db.migrate`` / ``create_engine`` as is.
 - ``postgres_db_url`` (function): a brand-new, empty database on that server, dropped after
   the test; use it when a test needs a clean slate (e.g. migrations from scratch).
+- ``pg_schema_reset`` (function): ``reset(*schemas)`` drops those schemas (CASCADE) on
+  ``postgres_url``; call it before ``migrate`` to start a service schema from scratch.
 - ``redis_url`` (session): ``redis://host:port/0``.
 - ``redis_client`` (function): ``redis.asyncio.Redis`` on ``redis_url``; its DB is flushed
   after the test.
@@ -24,7 +26,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -130,6 +132,22 @@ def postgres_db_url(postgres_url: str) -> Iterator[str]:
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg_schema_reset(postgres_url: str) -> Callable[..., None]:
+    """``reset("kvmeta", ...)``: drop the named schemas (and everything in them)."""
+    import psycopg
+
+    def reset(*schemas: str) -> None:
+        admin = postgres_url.replace("postgresql+psycopg://", "postgresql://", 1)
+        with psycopg.connect(admin, autocommit=True) as conn:
+            for schema in schemas:
+                if not schema.replace("_", "").isalnum():
+                    raise ValueError(f"bad schema name {schema!r}")
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+    return reset
 
 
 @pytest.fixture
