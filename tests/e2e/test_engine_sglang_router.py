@@ -207,3 +207,61 @@ async def test_sglang_router_routes_streamed_chat_to_both_engines(
     # The same long prompt again: the router sends it where its prefix is cached.
     again = await _chat(http, router, prompts[0], 4)
     assert again["prompt_tokens_details"]["cached_tokens"] >= 64
+
+
+async def test_sglang_router_pd_mode_uses_the_bootstrap_handshake(
+    router_python: Path, procs: Procs, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    prefill, decode = (f"http://127.0.0.1:{_free_port()}" for _ in range(2))
+    bootstrap = _free_port()
+    common = ["--profile", "test", "--speedup", "5"]
+    procs.start(
+        "prefill",
+        [
+            sys.executable, "-m", "services.cli", "engine", "--role", "prefill",
+            "--port", prefill.rsplit(":", 1)[1], "--bootstrap-port", str(bootstrap),
+            "--state-dir", str(tmp_path / "p"), *common,
+        ],
+    )  # fmt: skip
+    procs.start(
+        "decode",
+        [
+            sys.executable, "-m", "services.cli", "engine", "--role", "decode",
+            "--port", decode.rsplit(":", 1)[1], "--state-dir", str(tmp_path / "d"), *common,
+        ],
+    )  # fmt: skip
+    for url in (prefill, decode):
+        await _wait_ok(http, url + "/health", procs, 60)
+    router = f"http://127.0.0.1:{_free_port()}"
+    procs.start(
+        "router",
+        [
+            str(router_python), "-m", "sglang_router.launch_router",
+            "--host", "127.0.0.1", "--port", router.rsplit(":", 1)[1], "--pd-disaggregation",
+            "--prefill", prefill, str(bootstrap), "--decode", decode, "--log-level", "warn",
+        ],
+    )  # fmt: skip
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while loop.time() < deadline:
+        info = await _wait_ok(http, router + "/workers", procs, 60)
+        if len([w for w in info.get("workers", []) if w.get("is_healthy")]) == 2:
+            break
+        await asyncio.sleep(0.3)
+    usage = await _chat(http, router, " ".join(f"q{j}" for j in range(200)), 12)
+    assert usage["completion_tokens"] == 12
+    texts = []
+    for url in (prefill, decode):
+        async with http.get(url + "/metrics") as resp:
+            texts.append(await resp.text())
+    p_gen, d_gen = (
+        next(
+            float(x.rsplit(" ", 1)[1])
+            for x in t.splitlines()
+            if x.startswith("sglang:generation_tokens_total{")
+        )
+        for t in texts
+    )
+    # The prefill generated the first token only; the decode produced all 12 (the first
+    # arrives with the KV).
+    assert (p_gen, d_gen) == (1.0, 12.0)
