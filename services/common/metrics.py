@@ -1,4 +1,8 @@
-"""Prometheus exposition over aiohttp (no threads): ``GET /metrics`` on ``metrics_port``.
+"""Prometheus: exposition over aiohttp (no threads) and gRPC server call metrics.
+
+``GET /metrics`` is served on ``metrics_port``. :class:`GrpcMetricsInterceptor` records
+``tideserve_grpc_server_handled_total{grpc_service,grpc_method,grpc_code}``,
+``tideserve_grpc_server_handling_seconds`` and ``tideserve_grpc_server_in_flight``.
 
 Use :func:`metrics_handler` to add ``/metrics`` to an aiohttp app a service already runs (the
 gateway), or :class:`MetricsServer` for a stand-alone listener.
@@ -6,15 +10,31 @@ gateway), or :class:`MetricsServer` for a stand-alone listener.
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import inspect
 import socket
-from collections.abc import Awaitable, Callable
+import time
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
+import grpc
 from aiohttp import web
-from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-__all__ = ["MetricsServer", "bind_tcp", "is_port_in_use", "metrics_handler"]
+__all__ = [
+    "GrpcMetricsInterceptor",
+    "MetricsServer",
+    "bind_tcp",
+    "call_behavior",
+    "is_port_in_use",
+    "iterate_behavior",
+    "metrics_handler",
+    "wrap_rpc_handler",
+]
 
 
 def metrics_handler(
@@ -86,3 +106,159 @@ class MetricsServer:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+
+
+# --------------------------------------------------------------------------- gRPC server metrics
+
+UnaryBehavior = Callable[[Any, Any], Awaitable[Any]]
+StreamBehavior = Callable[[Any, Any], AsyncIterator[Any]]
+
+
+def wrap_rpc_handler(
+    handler: grpc.RpcMethodHandler,
+    unary: Callable[[Callable[..., Any]], UnaryBehavior],
+    stream: Callable[[Callable[..., Any]], StreamBehavior],
+) -> grpc.RpcMethodHandler:
+    """``handler`` with its behaviour wrapped: ``unary`` for single-response calls, ``stream``
+    for streaming responses. Serializers and streaming shapes are kept."""
+    kwargs = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), **kwargs)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), **kwargs)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(stream(handler.unary_stream), **kwargs)
+    return grpc.stream_stream_rpc_method_handler(stream(handler.stream_stream), **kwargs)
+
+
+async def call_behavior(behavior: Callable[..., Any], request: Any, context: Any) -> Any:
+    """Call a unary-response behaviour that may be sync (generated bases) or async."""
+    result = behavior(request, context)
+    return (await result) if inspect.isawaitable(result) else result
+
+
+async def iterate_behavior(
+    behavior: Callable[..., Any], request: Any, context: Any
+) -> AsyncIterator[Any]:
+    """Iterate a streaming-response behaviour: async generator, sync iterable, or a coroutine
+    that writes with ``context.write`` (yields nothing)."""
+    result = behavior(request, context)
+    if hasattr(result, "__aiter__"):
+        async for item in result:
+            yield item
+    elif inspect.isawaitable(result):
+        await result
+    elif result is not None:
+        for item in result:
+            yield item
+
+
+@dataclass(frozen=True)
+class _GrpcFamilies:
+    handled: Counter
+    seconds: Histogram
+    in_flight: Gauge
+
+
+_FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, _GrpcFamilies] = weakref.WeakKeyDictionary()
+
+
+def _families(registry: CollectorRegistry) -> _GrpcFamilies:
+    # One set of families per registry: a registry refuses the same name twice, and several
+    # servers may share one registry in a process (tests).
+    found = _FAMILIES.get(registry)
+    if found is None:
+        found = _GrpcFamilies(
+            handled=Counter(
+                "tideserve_grpc_server_handled",
+                "gRPC calls completed on the server, by final status code",
+                ["grpc_service", "grpc_method", "grpc_code"],
+                registry=registry,
+            ),
+            seconds=Histogram(
+                "tideserve_grpc_server_handling_seconds",
+                "gRPC call handling time on the server",
+                ["grpc_service", "grpc_method"],
+                registry=registry,
+            ),
+            in_flight=Gauge(
+                "tideserve_grpc_server_in_flight",
+                "gRPC calls being handled right now",
+                ["grpc_service"],
+                registry=registry,
+            ),
+        )
+        _FAMILIES[registry] = found
+    return found
+
+
+def _split_method(full: str) -> tuple[str, str]:
+    service, _, method = full.strip("/").partition("/")
+    return service, method
+
+
+def _final_code(context: Any, err: BaseException | None) -> str:
+    if isinstance(err, asyncio.CancelledError):
+        return str(grpc.StatusCode.CANCELLED.name)
+    code = context.code()
+    if isinstance(code, grpc.StatusCode):
+        return str(code.name)
+    if isinstance(code, int) and not isinstance(code, bool):
+        return next((str(c.name) for c in grpc.StatusCode if c.value[0] == code), "UNKNOWN")
+    return "OK" if err is None else "UNKNOWN"
+
+
+class GrpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Counts calls by final status, times them and tracks in-flight calls in ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self._families = _families(registry)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        service, method = _split_method(str(handler_call_details.method))
+        families = self._families
+
+        def finish(context: Any, started: float, err: BaseException | None) -> None:
+            families.in_flight.labels(service).dec()
+            families.seconds.labels(service, method).observe(time.perf_counter() - started)
+            families.handled.labels(service, method, _final_code(context, err)).inc()
+
+        def unary(behavior: Callable[..., Any]) -> UnaryBehavior:
+            async def call(request: Any, context: Any) -> Any:
+                families.in_flight.labels(service).inc()
+                started = time.perf_counter()
+                try:
+                    response = await call_behavior(behavior, request, context)
+                except BaseException as err:
+                    finish(context, started, err)
+                    raise
+                finish(context, started, None)
+                return response
+
+            return call
+
+        def stream(behavior: Callable[..., Any]) -> StreamBehavior:
+            async def call(request: Any, context: Any) -> AsyncIterator[Any]:
+                families.in_flight.labels(service).inc()
+                started = time.perf_counter()
+                try:
+                    async for item in iterate_behavior(behavior, request, context):
+                        yield item
+                except BaseException as err:
+                    finish(context, started, err)
+                    raise
+                finish(context, started, None)
+
+            return call
+
+        return wrap_rpc_handler(handler, unary, stream)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import inspect
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -28,7 +27,15 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from services.common import otel
 from services.common.errors import PortInUseError, StartupError, one_line, report
 from services.common.logs import configure_logging
-from services.common.metrics import MetricsServer, bind_tcp, is_port_in_use
+from services.common.metrics import (
+    GrpcMetricsInterceptor,
+    MetricsServer,
+    bind_tcp,
+    call_behavior,
+    is_port_in_use,
+    iterate_behavior,
+    wrap_rpc_handler,
+)
 from services.common.settings import (
     ServiceSettings,
     add_common_arguments,
@@ -139,63 +146,31 @@ class _UnimplementedInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[mis
         if handler is None:
             return handler
         method = str(handler_call_details.method)
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(handler.unary_unary, method),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(
-                _wrap_unary(handler.stream_unary, method),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                _wrap_stream(handler.unary_stream, method),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return grpc.stream_stream_rpc_method_handler(
-            _wrap_stream(handler.stream_stream, method),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
 
+        async def unimplemented(context: Any, err: NotImplementedError) -> None:
+            detail = str(err) or "Method not implemented!"
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method}: {detail}")
 
-async def _unimplemented(context: Any, method: str, err: NotImplementedError) -> None:
-    detail = str(err) or "Method not implemented!"
-    await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method}: {detail}")
+        def unary(behavior: Callable[..., Any]) -> Callable[[Any, Any], Awaitable[Any]]:
+            async def call(request: Any, context: Any) -> Any:
+                try:
+                    return await call_behavior(behavior, request, context)
+                except NotImplementedError as err:
+                    await unimplemented(context, err)
 
+            return call
 
-def _wrap_unary(behavior: Callable[..., Any], method: str) -> Callable[..., Awaitable[Any]]:
-    async def call(request: Any, context: Any) -> Any:
-        try:
-            result = behavior(request, context)
-            return (await result) if inspect.isawaitable(result) else result
-        except NotImplementedError as err:
-            await _unimplemented(context, method, err)
+        def stream(behavior: Callable[..., Any]) -> Callable[[Any, Any], AsyncIterator[Any]]:
+            async def call(request: Any, context: Any) -> AsyncIterator[Any]:
+                try:
+                    async for item in iterate_behavior(behavior, request, context):
+                        yield item
+                except NotImplementedError as err:
+                    await unimplemented(context, err)
 
-    return call
+            return call
 
-
-def _wrap_stream(behavior: Callable[..., Any], method: str) -> Callable[..., AsyncIterator[Any]]:
-    async def call(request: Any, context: Any) -> AsyncIterator[Any]:
-        try:
-            result = behavior(request, context)
-            if hasattr(result, "__aiter__"):
-                async for item in result:
-                    yield item
-            elif inspect.isawaitable(result):
-                await result
-            elif result is not None:
-                for item in result:
-                    yield item
-        except NotImplementedError as err:
-            await _unimplemented(context, method, err)
-
-    return call
+        return wrap_rpc_handler(handler, unary, stream)
 
 
 def _check_port_free(service: str, setting: str, host: str, port: int) -> None:
@@ -251,7 +226,11 @@ async def serve(
     _check_port_free(service_name, "metrics_port", host, settings.metrics_port)
 
     server = grpc.aio.server(
-        interceptors=[otel.server_interceptor(provider), _UnimplementedInterceptor()],
+        interceptors=[
+            otel.server_interceptor(provider),
+            GrpcMetricsInterceptor(registry),
+            _UnimplementedInterceptor(),
+        ],
         options=[("grpc.so_reuseport", 0)],
     )
     health = HealthService()

@@ -14,13 +14,14 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from prometheus_client import REGISTRY, CollectorRegistry
 from tideserve.v1 import events_pb2, kvmeta_pb2, kvmeta_pb2_grpc
 
 from services.common.errors import PortInUseError, StartupError
 from services.common.server import serve
-from services.kvmeta.servicer import SERVICE_NAME, KVMetaServicer, add_to_server
 from services.kvmeta.settings import KVMetaSettings
 
+SERVICE_NAME = "tideserve.v1.KVMetaService"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -46,7 +47,16 @@ def settings(grpc_port: int, metrics_port: int = 0) -> KVMetaSettings:
     )
 
 
-class SlowKVMeta(KVMetaServicer):
+class BareKVMeta(kvmeta_pb2_grpc.KVMetaServiceServicer):  # type: ignore[misc]
+    """The generated base: every RPC unimplemented (independent of the real kvmeta servicer)."""
+
+
+def add_to_server(servicer: BareKVMeta, server: grpc.aio.Server) -> str:
+    kvmeta_pb2_grpc.add_KVMetaServiceServicer_to_server(servicer, server)
+    return SERVICE_NAME
+
+
+class SlowKVMeta(BareKVMeta):
     """MatchPrefix blocks until the test releases it; every other RPC is the generated base."""
 
     def __init__(self) -> None:
@@ -73,13 +83,14 @@ class Running:
 
 @asynccontextmanager
 async def running(
-    servicer: KVMetaServicer | None = None,
+    servicer: BareKVMeta | None = None,
     metrics_port: int = 0,
     on_stop: Callable[[], Awaitable[None]] | None = None,
+    registry: CollectorRegistry = REGISTRY,
 ) -> AsyncIterator[Running]:
     port = free_port()
     ready, stop = asyncio.Event(), asyncio.Event()
-    service = servicer if servicer is not None else KVMetaServicer()
+    service = servicer if servicer is not None else BareKVMeta()
 
     def register(server: grpc.aio.Server) -> list[str]:
         return [add_to_server(service, server)]
@@ -92,6 +103,7 @@ async def running(
             ready=ready,
             stop=stop,
             on_stop=on_stop,
+            registry=registry,
         )
     )
     waiter = asyncio.create_task(ready.wait())
@@ -181,7 +193,7 @@ async def test_graceful_shutdown_finishes_in_flight_call() -> None:
     assert order == ["on_stop finished=True"]
 
 
-async def test_metrics_endpoint() -> None:
+async def test_metrics_endpoint_default_registry() -> None:
     metrics_port = free_port()
     async with running(metrics_port=metrics_port), aiohttp.ClientSession() as session:
         async with session.get(f"http://127.0.0.1:{metrics_port}/metrics") as response:
@@ -191,10 +203,29 @@ async def test_metrics_endpoint() -> None:
     assert "python_info" in body
 
 
+async def test_grpc_call_metrics() -> None:
+    registry = CollectorRegistry()
+    async with running(registry=registry) as run:
+        await run.health.Check(health_pb2.HealthCheckRequest(service=""))
+        for _ in range(2):
+            with pytest.raises(grpc.aio.AioRpcError):
+                await run.kvmeta.Exist(kvmeta_pb2.ExistRequest())
+
+    def sample(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    kv = {"grpc_service": SERVICE_NAME, "grpc_method": "Exist"}
+    health = {"grpc_service": "grpc.health.v1.Health", "grpc_method": "Check"}
+    assert sample("tideserve_grpc_server_handled_total", grpc_code="UNIMPLEMENTED", **kv) == 2
+    assert sample("tideserve_grpc_server_handled_total", grpc_code="OK", **health) == 1
+    assert sample("tideserve_grpc_server_handling_seconds_count", **kv) == 2
+    assert sample("tideserve_grpc_server_in_flight", grpc_service=SERVICE_NAME) == 0
+
+
 @pytest.mark.parametrize("setting", ["grpc_port", "metrics_port"], ids=["grpc", "metrics"])
 async def test_port_in_use_names_service_and_port(setting: str) -> None:
     def register(server: grpc.aio.Server) -> list[str]:
-        return [add_to_server(KVMetaServicer(), server)]
+        return [add_to_server(BareKVMeta(), server)]
 
     with occupied_port() as taken:
         grpc_port = taken if setting == "grpc_port" else free_port()
@@ -216,7 +247,7 @@ async def test_failing_on_start_stops_the_server() -> None:
         raise StartupError("cannot reach redis_url (redis://127.0.0.1:1/0): refused")
 
     def register(server: grpc.aio.Server) -> list[str]:
-        return [add_to_server(KVMetaServicer(), server)]
+        return [add_to_server(BareKVMeta(), server)]
 
     with pytest.raises(StartupError, match="redis_url"):
         await serve(settings(port), "kvmeta", register, on_start=on_start)

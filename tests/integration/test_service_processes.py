@@ -38,7 +38,10 @@ def free_port() -> int:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
+    """The outer environment without TIDESERVE_*, and every extra listener (gateway HTTP,
+    TE metadata HTTP) off: tests never bind the design's default ports."""
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("TIDESERVE_")}
+    env.update({"TIDESERVE_HTTP_PORT": "0", "TIDESERVE_METADATA_HTTP_PORT": "0"})
     env.update(extra)
     return env
 
