@@ -14,9 +14,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import REGISTRY, CollectorRegistry
 from tideserve.v1 import events_pb2, kvmeta_pb2, kvmeta_pb2_grpc
 
+from services.common import otel
 from services.common.errors import PortInUseError, StartupError
 from services.common.server import serve
 from services.kvmeta.settings import KVMetaSettings
@@ -87,6 +91,7 @@ async def running(
     metrics_port: int = 0,
     on_stop: Callable[[], Awaitable[None]] | None = None,
     registry: CollectorRegistry = REGISTRY,
+    tracer_provider: TracerProvider | None = None,
 ) -> AsyncIterator[Running]:
     port = free_port()
     ready, stop = asyncio.Event(), asyncio.Event()
@@ -104,6 +109,7 @@ async def running(
             stop=stop,
             on_stop=on_stop,
             registry=registry,
+            tracer_provider=tracer_provider,
         )
     )
     waiter = asyncio.create_task(ready.wait())
@@ -253,3 +259,28 @@ async def test_failing_on_start_stops_the_server() -> None:
         await serve(settings(port), "kvmeta", register, on_start=on_start)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def recording_provider() -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+async def test_trace_context_flows_from_client_to_server_span() -> None:
+    server_provider, server_spans = recording_provider()
+    client_provider, client_spans = recording_provider()
+    async with running(tracer_provider=server_provider) as run:
+        target = f"127.0.0.1:{run.port}"
+        async with otel.insecure_channel(target, client_provider) as channel:
+            stub = kvmeta_pb2_grpc.KVMetaServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError):
+                await stub.Exist(kvmeta_pb2.ExistRequest())
+    (client,) = [s for s in client_spans.get_finished_spans() if s.name.endswith("/Exist")]
+    (server,) = [s for s in server_spans.get_finished_spans() if s.name.endswith("/Exist")]
+    assert server.context is not None and client.context is not None
+    assert server.context.trace_id == client.context.trace_id
+    assert server.parent is not None and server.parent.span_id == client.context.span_id
+    assert server.attributes is not None
+    assert server.attributes.get("rpc.grpc.status_code") == grpc.StatusCode.UNIMPLEMENTED.value[0]

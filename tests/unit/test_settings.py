@@ -220,3 +220,25 @@ def test_cli_flags_become_overrides() -> None:
     assert overrides == {"grpc_port": "7001", "redis_url": "redis://h:1/0"}
     settings = load_settings(KVMetaSettings, "kvmeta", args.config, overrides)
     assert (settings.grpc_port, settings.redis_url) == (7001, "redis://h:1/0")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        ({}, None),
+        ({"trace_exporter": "console"}, None),
+        ({"trace_exporter": "otlp"}, "invalid setting kvmeta.otlp_endpoint: required"),
+    ],
+    ids=["none", "console", "otlp-without-endpoint"],
+)
+def test_trace_exporter_settings(overrides: dict[str, Any], error: str | None) -> None:
+    from services.common.otel import configure_tracing
+
+    settings = load_settings(KVMetaSettings, "kvmeta", None, overrides)
+    if error is None:
+        provider = configure_tracing(settings, "kvmeta")
+        assert provider.resource.attributes["service.name"] == "tideserve-kvmeta"
+        provider.shutdown()
+    else:
+        with pytest.raises(SettingsError, match=error):
+            configure_tracing(settings, "kvmeta")
