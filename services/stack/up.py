@@ -107,18 +107,23 @@ class _StopRequested(Exception):
 
 
 class _Signals:
-    """SIGINT/SIGTERM → ``event``; while ``raising`` the first one also aborts start-up."""
+    """SIGINT/SIGTERM set ``event`` and nothing else: start-up checks it between steps
+    (:meth:`checkpoint`), so a signal never interrupts a step half way (e.g. a server started
+    but its handle not yet returned, which could then not be stopped)."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
-        self.raising = True
+        self.name = ""
         self._previous: dict[signal.Signals, object] = {}
 
     def _handler(self, signum: int, frame: types.FrameType | None) -> None:
+        self.name = signal.Signals(signum).name
         self.event.set()
-        if self.raising:
-            self.raising = False
-            raise _StopRequested(signal.Signals(signum).name)
+
+    def checkpoint(self) -> None:
+        """Raise _StopRequested once a stop signal has arrived."""
+        if self.event.is_set():
+            raise _StopRequested(self.name)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -227,7 +232,6 @@ class StackRunner:
                 teardown.callback(self._stop_children)
                 self._start_children(postgres_url, redis_url)
                 self._wait_serving()
-                self.signals.raising = False
                 self.state.phase = "running"
                 self._save()
                 self._announce()
@@ -239,7 +243,6 @@ class StackRunner:
                 self._say(str(exc))
                 rc = EXIT_FAILED
             finally:
-                self.signals.raising = False
                 self.state.phase = "stopping"
                 self._save()
         self._finish()
@@ -294,15 +297,18 @@ class StackRunner:
             self._guarded(f"migration of {service}", self.infra.migrate, postgres_url, service)
         return postgres_url, redis_url
 
-    @staticmethod
-    def _guarded(what: str, fn: Callable[..., T], *args: object) -> T:
+    def _guarded(self, what: str, fn: Callable[..., T], *args: object) -> T:
+        """Run one start-up step after honouring a pending stop (not after it: the caller must
+        first register the cleanup of what the step started)."""
+        self.signals.checkpoint()
         try:
-            return fn(*args)
+            result = fn(*args)
         except (_StopRequested, StartFailed):
             raise
         except Exception as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise StartFailed(f"{what} failed: {first}") from exc
+        return result
 
     def _stop_server(self, what: str, server: Server) -> None:
         self._say(f"stopping {what}")
@@ -355,6 +361,7 @@ class StackRunner:
                     del pending[name]
             if not pending:
                 return
+            self.signals.checkpoint()
             if time.monotonic() > deadline:
                 what = ", ".join(
                     f"{n} {last.get(n, Health.UNREACHABLE).value}" for n in sorted(pending)

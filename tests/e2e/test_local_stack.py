@@ -233,3 +233,49 @@ def test_port_in_use_names_service_and_port_and_leaves_nothing(stack_dirs: Stack
     assert read_state(state_dir) is None
     assert not (state_dir / "postgres").exists()  # checked before anything started
     assert _stack_processes(state_dir) == []
+
+
+def test_down_cleans_up_after_up_was_killed(stack_dirs: Stack) -> None:
+    """`up` dies without stopping anything (SIGKILL): `down` stops the orphaned services,
+    Redis and Postgres from the recorded pids."""
+    state_dir = stack_dirs.state_dir
+    up = subprocess.Popen(
+        [
+            *_cli(),
+            "up",
+            "--state-dir",
+            str(state_dir),
+            "--config",
+            str(stack_dirs.config),
+            "--start-timeout",
+            str(START_TIMEOUT_S),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    processes = _wait_running(up, state_dir)
+    up.kill()
+    up.communicate(timeout=30)
+    refs = [ProcRef(p.name, p.pid, p.create_time) for p in processes]
+    assert all(is_alive(r) for r in refs)  # orphans, until `down`
+
+    refused = subprocess.run(
+        [*_cli(), "up", "--state-dir", str(state_dir), "--config", str(stack_dirs.config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode != 0
+    assert "run `tideserve down` first" in refused.stderr
+
+    down = subprocess.run(
+        [*_cli(), "down", "--state-dir", str(state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert [r.name for r in refs if is_alive(r)] == []
+    assert _stack_processes(state_dir) == []
+    assert read_state(state_dir) is None

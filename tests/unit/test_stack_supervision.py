@@ -406,3 +406,30 @@ def test_port_is_free() -> None:
         s.listen(1)
         assert not port_is_free("127.0.0.1", port)
     assert port_is_free("127.0.0.1", port)
+
+
+def test_stop_signal_during_start_stops_what_was_started(
+    tmp_path: Path, standin: Path, no_leftovers: list[ProcRef]
+) -> None:
+    children = [spec(standin, tmp_path, "svc0", free_port(), "not-serving")]
+    err = io.StringIO()
+    runner = StackRunner(options(tmp_path), children, NO_INFRA, out=io.StringIO(), err=err)
+
+    def stopper() -> None:  # SIGTERM once the child is recorded (start-up still waiting)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            st = read_state(tmp_path)
+            if st is not None and st.processes:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=stopper)
+    t.start()
+    rc = runner.run()
+    t.join()
+    no_leftovers.extend(c.ref for c in runner.supervisor.children)
+    assert rc == 0
+    assert "SIGTERM received before the stack was ready; stopping" in err.getvalue()
+    assert not any(is_alive(c.ref) for c in runner.supervisor.children)
+    assert read_state(tmp_path) is None
