@@ -29,7 +29,6 @@ import random
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ import aiohttp
 from aiohttp import web
 
 from services.common.perfmodel import get_profile
-from services.engine import api
+from services.engine import api, respond
 from services.engine.core import (
     AdmissionError,
     CoreConfig,
@@ -50,6 +49,7 @@ from services.engine.core import (
 from services.engine.events import EventPublisher, LoadFigures, load_snapshot
 from services.engine.kvcache import KVCache
 from services.engine.metrics import CONTENT_TYPE_LATEST, EngineMetrics, Gauges
+from services.engine.respond import Live
 from services.engine.settings import EngineSettings
 
 __all__ = ["EngineServer", "write_model_dir"]
@@ -63,17 +63,6 @@ class Faults:
     die_after_tokens: int = 0
     refuse_health: bool = False
     stall_until: float = 0.0  # monotonic seconds
-
-
-@dataclass
-class _Live:
-    rid: str
-    gen: api.GenRequest
-    arrival_ms: float
-    queue: asyncio.Queue[SeqOutput] = field(default_factory=asyncio.Queue)
-    first_ms: float | None = None
-    last_ms: float = 0.0
-    done: bool = False
 
 
 @dataclass
@@ -130,7 +119,7 @@ class EngineServer:
         self._redis = redis
         self._t0 = time.monotonic()
         self._rng = random.Random(settings.seed)
-        self._live: dict[str, _Live] = {}
+        self._live: dict[str, Live] = {}
         self._rooms: dict[int, _Room] = {}
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -463,15 +452,18 @@ class EngineServer:
         core_req = await self._core_request(rid, gen)
         if isinstance(core_req, web.Response):
             return core_req
-        live = _Live(rid, gen, self.now_ms())
+        live = Live(rid, gen, self.now_ms())
+        model = gen.model or self.settings.model
         self._live[rid] = live
         try:
             self.core.submit(core_req, live.arrival_ms)
             self.metrics.on_admitted(len(gen.prompt_ids), 0)
             self._kick.set()
             if gen.stream:
-                return await self._stream(req, live)
-            return await self._unary(req, live)
+                return await respond.stream(
+                    req, live, model, self.settings.stream_interval, self.faults.die_after_tokens
+                )
+            return await respond.unary(req, live, model, self.faults.die_after_tokens)
         except AdmissionError as err:
             return _bad(str(err), None, "context_length_exceeded")
         finally:
@@ -534,127 +526,6 @@ class EngineServer:
             self._kick.set()
         info.update(room=room_id, transfer_ms=transfer)
         return web.json_response(info)
-
-    async def _outputs(self, live: _Live) -> AsyncIterator[list[SeqOutput]]:
-        """Groups of outputs as they arrive (everything queued at once is one group)."""
-        while True:
-            group = [await live.queue.get()]
-            while not live.queue.empty():
-                group.append(live.queue.get_nowait())
-            yield group
-            if group[-1].finished:
-                return
-
-    def _die(self, req: web.Request, live: _Live) -> None:
-        log.info("fault: closing request %s abruptly", live.rid)
-        if req.transport is not None:
-            req.transport.abort()
-        raise ConnectionResetError("fault injected: died mid-stream")
-
-    async def _unary(self, req: web.Request, live: _Live) -> web.StreamResponse:
-        tokens: list[int] = []
-        last: SeqOutput | None = None
-        async for group in self._outputs(live):
-            for out in group:
-                tokens.extend(out.tokens)
-                last = out
-            if self.faults.die_after_tokens and len(tokens) >= self.faults.die_after_tokens:
-                self._die(req, live)
-        assert last is not None
-        g, model = live.gen, live.gen.model or self.settings.model
-        use = api.usage(len(g.prompt_ids), len(tokens), last.cached_tokens)
-        text = api.render(tokens, False)
-        if g.kind == "chat":
-            return web.json_response(api.chat_response("chatcmpl-" + live.rid, model, text, use))
-        if g.kind == "completion":
-            return web.json_response(api.completion_response("cmpl-" + live.rid, model, text, use))
-        return web.json_response(
-            {"text": text, "output_ids": tokens, "meta_info": self._meta(live, last, len(tokens))}
-        )
-
-    def _meta(self, live: _Live, last: SeqOutput, n: int) -> dict[str, Any]:
-        return {
-            "id": live.rid,
-            "finish_reason": {"type": "length", "length": n} if last.finished else None,
-            "prompt_tokens": len(live.gen.prompt_ids),
-            "completion_tokens": n,
-            "cached_tokens": last.cached_tokens,
-            "e2e_latency": (live.last_ms - live.arrival_ms) / 1000.0,
-        }
-
-    async def _stream(self, req: web.Request, live: _Live) -> web.StreamResponse:
-        resp = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await resp.prepare(req)
-        g, model = live.gen, live.gen.model or self.settings.model
-        interval, die = self.settings.stream_interval, self.faults.die_after_tokens
-        cid = ("chatcmpl-" if g.kind == "chat" else "cmpl-") + live.rid
-        sent: list[int] = []
-        buf: list[int] = []
-        last: SeqOutput | None = None
-
-        async def send(obj: dict[str, Any]) -> None:
-            await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
-
-        async for group in self._outputs(live):
-            for out in group:
-                buf.extend(out.tokens)
-                last = out
-            assert last is not None
-            if die and len(sent) + len(buf) >= die:
-                buf = buf[: die - len(sent)]
-                if buf:
-                    await send(self._chunk(g, cid, model, live, last, sent, buf, final=False))
-                self._die(req, live)
-            if len(buf) < interval and not last.finished:
-                continue
-            await send(self._chunk(g, cid, model, live, last, sent, buf, final=last.finished))
-            sent.extend(buf)
-            buf = []
-        assert last is not None
-        if g.include_usage and g.kind != "generate":
-            use = api.usage(len(g.prompt_ids), len(sent), last.cached_tokens)
-            if g.kind == "chat":
-                empty = api.chat_chunk(cid, model, None, None, use)
-            else:
-                empty = api.completion_chunk(cid, model, "", None, use)
-            empty["choices"] = []
-            await send(empty)
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
-
-    def _chunk(
-        self,
-        g: api.GenRequest,
-        cid: str,
-        model: str,
-        live: _Live,
-        last: SeqOutput,
-        sent: list[int],
-        new: list[int],
-        *,
-        final: bool,
-    ) -> dict[str, Any]:
-        finish = "length" if final else None
-        use = (
-            api.usage(len(g.prompt_ids), len(sent) + len(new), last.cached_tokens)
-            if final
-            else None
-        )
-        if g.kind == "generate":
-            ids = sent + new
-            return {
-                "text": api.render(ids, False),
-                "output_ids": ids,
-                "meta_info": self._meta(live, last, len(ids)),
-                "index": 0,
-            }
-        delta = api.render(new, bool(sent))
-        if g.kind == "chat":
-            return api.chat_chunk(cid, model, delta, finish, use, first=not sent)
-        return api.completion_chunk(cid, model, delta, finish, use)
 
 
 def _bad(message: str, param: str | None = None, code: str | None = None) -> web.Response:

@@ -1,0 +1,164 @@
+"""Turning a request's token outputs into HTTP answers: one JSON body, or SSE chunks.
+
+Coalescing: tokens are sent ``interval`` at a time (SGLang's ``--stream-interval``); outputs
+queued together are handled as one group. OpenAI streams carry text deltas and always put
+``usage`` in the chunk with ``finish_reason``; SGLang ``/generate`` streams carry cumulative
+``text``/``output_ids`` with ``meta_info``. The die-mid-stream fault aborts the transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from aiohttp import web
+
+from services.engine import api
+from services.engine.core import SeqOutput
+
+__all__ = ["Live", "outputs", "stream", "unary"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Live:
+    """A request in flight in the shell; the stepping loop feeds ``queue``."""
+
+    rid: str
+    gen: api.GenRequest
+    arrival_ms: float
+    queue: asyncio.Queue[SeqOutput] = field(default_factory=asyncio.Queue)
+    first_ms: float | None = None
+    last_ms: float = 0.0
+    done: bool = False
+
+
+async def outputs(live: Live) -> AsyncIterator[list[SeqOutput]]:
+    """Groups of outputs as they arrive (everything queued at once is one group)."""
+    while True:
+        group = [await live.queue.get()]
+        while not live.queue.empty():
+            group.append(live.queue.get_nowait())
+        yield group
+        if group[-1].finished:
+            return
+
+
+def die(req: web.Request, live: Live) -> NoReturn:
+    log.info("fault: closing request %s abruptly", live.rid)
+    if req.transport is not None:
+        req.transport.abort()
+    raise ConnectionResetError("fault injected: died mid-stream")
+
+
+async def unary(req: web.Request, live: Live, model: str, die_after: int) -> web.StreamResponse:
+    """The whole answer as one JSON body (``die_after`` > 0: close abruptly after N tokens)."""
+    tokens: list[int] = []
+    last: SeqOutput | None = None
+    async for group in outputs(live):
+        for out in group:
+            tokens.extend(out.tokens)
+            last = out
+        if die_after and len(tokens) >= die_after:
+            die(req, live)
+    assert last is not None
+    g = live.gen
+    use = api.usage(len(g.prompt_ids), len(tokens), last.cached_tokens)
+    text = api.render(tokens, False)
+    if g.kind == "chat":
+        return web.json_response(api.chat_response("chatcmpl-" + live.rid, model, text, use))
+    if g.kind == "completion":
+        return web.json_response(api.completion_response("cmpl-" + live.rid, model, text, use))
+    return web.json_response(
+        {"text": text, "output_ids": tokens, "meta_info": meta(live, last, len(tokens))}
+    )
+
+
+def meta(live: Live, last: SeqOutput, n: int) -> dict[str, Any]:
+    return {
+        "id": live.rid,
+        "finish_reason": {"type": "length", "length": n} if last.finished else None,
+        "prompt_tokens": len(live.gen.prompt_ids),
+        "completion_tokens": n,
+        "cached_tokens": last.cached_tokens,
+        "e2e_latency": (live.last_ms - live.arrival_ms) / 1000.0,
+    }
+
+
+async def stream(
+    req: web.Request, live: Live, model: str, interval: int, die_after: int
+) -> web.StreamResponse:
+    """SSE: one chunk per ``interval`` tokens (and the last), usage in the final chunk, an
+    extra usage-only chunk when asked, then ``data: [DONE]``."""
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await resp.prepare(req)
+    g = live.gen
+    cid = ("chatcmpl-" if g.kind == "chat" else "cmpl-") + live.rid
+    sent: list[int] = []
+    buf: list[int] = []
+    last: SeqOutput | None = None
+
+    async def send(obj: dict[str, Any]) -> None:
+        await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+    async for group in outputs(live):
+        for out in group:
+            buf.extend(out.tokens)
+            last = out
+        assert last is not None
+        if die_after and len(sent) + len(buf) >= die_after:
+            buf = buf[: die_after - len(sent)]
+            if buf:
+                await send(chunk(g, cid, model, live, last, sent, buf, final=False))
+            die(req, live)
+        if len(buf) < interval and not last.finished:
+            continue
+        await send(chunk(g, cid, model, live, last, sent, buf, final=last.finished))
+        sent.extend(buf)
+        buf = []
+    assert last is not None
+    if g.include_usage and g.kind != "generate":
+        use = api.usage(len(g.prompt_ids), len(sent), last.cached_tokens)
+        if g.kind == "chat":
+            empty = api.chat_chunk(cid, model, None, None, use)
+        else:
+            empty = api.completion_chunk(cid, model, "", None, use)
+        empty["choices"] = []
+        await send(empty)
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+def chunk(
+    g: api.GenRequest,
+    cid: str,
+    model: str,
+    live: Live,
+    last: SeqOutput,
+    sent: list[int],
+    new: list[int],
+    *,
+    final: bool,
+) -> dict[str, Any]:
+    finish = "length" if final else None
+    use = api.usage(len(g.prompt_ids), len(sent) + len(new), last.cached_tokens) if final else None
+    if g.kind == "generate":
+        ids = sent + new
+        return {
+            "text": api.render(ids, False),
+            "output_ids": ids,
+            "meta_info": meta(live, last, len(ids)),
+            "index": 0,
+        }
+    delta = api.render(new, bool(sent))
+    if g.kind == "chat":
+        return api.chat_chunk(cid, model, delta, finish, use, first=not sent)
+    return api.completion_chunk(cid, model, delta, finish, use)
