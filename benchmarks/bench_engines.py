@@ -28,6 +28,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
@@ -108,10 +110,28 @@ def main(argv: list[str] | None = None) -> int:
             bench += ["--target", t]
         print("engines:", " ".join(targets), f"(logs in {log_dir})", file=sys.stderr)
         print("bench:", shlex.join(bench), file=sys.stderr)
+        handles = [psutil.Process(proc.pid) for proc in procs]
+        before = [sum(h.cpu_times()[:2]) for h in handles]
+        started = time.monotonic()
         code = subprocess.run(bench, cwd=ROOT, stdout=subprocess.DEVNULL).returncode
+        wall = time.monotonic() - started
+        used = [sum(h.cpu_times()[:2]) - b for h, b in zip(handles, before, strict=True)]
         if code == 2:
             return code
         summary = json.loads(Path(args.out).read_text(encoding="utf-8"))
+        # Who used the CPU: the engines' own share, to read next to the bench's cpu block.
+        summary["fleet"] = {
+            "engines": args.engines,
+            "speedup": args.speedup,
+            "stream_interval": args.stream_interval,
+            "profile": args.profile or "engine default",
+            "engine_cpu_s": [round(u, 2) for u in used],
+            "engines_cpu_percent_of_machine": round(
+                100.0 * sum(used) / (wall * (psutil.cpu_count() or 1)), 1
+            ),
+            "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        }
+        Path(args.out).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
         print(json.dumps(summary, indent=2))
         return code
     finally:
