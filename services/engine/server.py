@@ -4,7 +4,9 @@ and :mod:`services.engine.metrics` for ``/metrics``).
 
 Time: modelled time ``now_ms() = (monotonic() - start) * 1000 * speedup``. One asyncio task
 steps the core; a step of modelled duration ``d`` sleeps ``d / speedup`` before its tokens are
-delivered. Latencies in responses and metrics are modelled milliseconds.
+delivered. Latencies in responses and metrics are modelled milliseconds; since the modelled
+clock follows the wall clock, real overheads (HTTP, scheduling on a busy CPU) are multiplied
+by ``speedup`` too — keep it moderate (≤ 20) when latencies matter.
 
 SGLang disaggregation (``bootstrap_host``/``bootstrap_port``/``bootstrap_room`` in a request):
 the prefill instance computes the prompt and holds its KV under the room; it serves
