@@ -119,8 +119,9 @@ def test_service_serves_and_stops_on_sigterm(tmp_path: Path, service: str, full_
         assert full_name in reflected_services(port)
         proc.popen.send_signal(signal.SIGTERM)
         assert proc.popen.wait(timeout=START_TIMEOUT_S) == 0
-    entries = [json.loads(line) for line in proc.stderr_lines()]
-    assert [e["msg"] for e in entries] == ["serving", "shutting down", "stopped"]
+    entries = [json.loads(line) for line in proc.stderr_lines()]  # every line is JSON
+    runner = [e["msg"] for e in entries if e["logger"] == "services.common.server"]
+    assert runner == ["serving", "shutting down", "stopped"]
     assert {e["service"] for e in entries} == {service}
 
 
