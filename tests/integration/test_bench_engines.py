@@ -14,7 +14,7 @@ from typing import BinaryIO
 import aiohttp
 import pytest
 
-from services.bench.client import BenchConfig, run_bench
+from services.bench.client import Api, BenchConfig, run_bench
 from services.bench.traces import load_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -90,18 +90,31 @@ async def engines(tmp_path: Path) -> AsyncIterator[list[str]]:
             f.close()
 
 
-async def test_bench_against_two_simulated_engines(engines: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("api", "template_tokens"), [("chat", 1), ("completions", 0)], ids=["chat", "completions"]
+)
+async def test_bench_against_two_simulated_engines(
+    engines: list[str], api: Api, template_tokens: int
+) -> None:
     trace = load_trace(DATA / "mooncake_conversation_head.jsonl")
     cfg = BenchConfig(
-        targets=tuple(engines), speedup=SPEEDUP, max_requests=20, trace_time=True, timeout_s=120
+        targets=tuple(engines),
+        api=api,
+        speedup=SPEEDUP,
+        max_requests=20,
+        trace_time=True,
+        timeout_s=120,
     )
     summary, results = await run_bench(cfg, trace)
     assert (summary["completed"], summary["failed"]) == (20, 0), summary["errors"]
     assert summary["targets"] == {engines[0]: {"completed": 10}, engines[1]: {"completed": 10}}
     # The engine generates exactly max_tokens (ignore_eos): counts match the trace.
     assert summary["output_length_mismatch"] == 0
-    # Its chat template renders "user: <prompt>": exactly one token more per request.
-    assert summary["prompt_tokens"] == sum(r.input_length + 1 for r in trace.requests[:20])
+    # Its chat template renders "user: <prompt>": one token more per request; completions
+    # send the bare prompt.
+    assert summary["prompt_tokens"] == sum(
+        r.input_length + template_tokens for r in trace.requests[:20]
+    )
     assert summary["cache_hit_ratio"] is not None
     assert all(r.ttft_s is not None and r.ttft_s > 0 for r in results)
     assert summary["time_base"] == "trace"
