@@ -220,8 +220,10 @@ class StreamConsumer(Generic[M]):
 
     ``handler(msg, entry_id)`` must be idempotent (see module doc). It is acknowledged
     after it returns; if it raises, the entry stays pending and is retried by whichever
-    consumer of the group reclaims it after ``claim_idle_ms``. ``start_id`` is where a
-    newly created group starts (``"0"`` = the whole stream, ``"$"`` = only new entries).
+    consumer of the group reclaims it after ``claim_idle_ms``. With ``max_attempts`` set,
+    an entry whose handler failed that many times in this consumer is dead-lettered and
+    acknowledged instead (poison message); default: retried forever. ``start_id`` is where
+    a newly created group starts (``"0"`` = the whole stream, ``"$"`` = only new entries).
     """
 
     def __init__(
@@ -238,6 +240,7 @@ class StreamConsumer(Generic[M]):
         claim_idle_ms: int = 30_000,
         start_id: str = "0",
         dead_maxlen: int = 100_000,
+        max_attempts: int | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if batch <= 0 or block_ms < 0 or claim_idle_ms < 0:
@@ -254,6 +257,10 @@ class StreamConsumer(Generic[M]):
         self.claim_idle_ms = claim_idle_ms
         self.start_id = start_id
         self._dead_maxlen = dead_maxlen
+        if max_attempts is not None and max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1 (or None for unlimited)")
+        self._max_attempts = max_attempts
+        self._failures: dict[str, int] = {}
         self._clock = clock
         self._group_ready = False
         self._claim_cursor = "0-0"
@@ -372,8 +379,16 @@ class StreamConsumer(Generic[M]):
                     await self._handler(msg, entry_id)
                 except asyncio.CancelledError:
                     raise
-                except Exception:
+                except Exception as exc:
                     self.stats.failed += 1
+                    failures = self._failures.get(entry_id, 0) + 1
+                    if self._max_attempts is not None and failures >= self._max_attempts:
+                        self._failures.pop(entry_id, None)
+                        error = f"handler failed {failures} times: {_one_line(exc)}"
+                        await self._dead_letter(entry_id, fields, error)
+                        acks.append(entry_id)
+                        continue
+                    self._failures[entry_id] = failures
                     log.exception(
                         "stream %s group %s: handler failed on entry %s; left pending for retry",
                         self.stream,
@@ -381,6 +396,7 @@ class StreamConsumer(Generic[M]):
                         entry_id,
                     )
                     continue
+                self._failures.pop(entry_id, None)
                 self.stats.handled += 1
                 acks.append(entry_id)
         finally:
@@ -391,7 +407,7 @@ class StreamConsumer(Generic[M]):
         self.stats.dead += 1
         dead = dead_letter_stream(self.stream)
         log.error(
-            "stream %s group %s: entry %s undecodable (%s); moved to %s",
+            "stream %s group %s: entry %s given up (%s); moved to %s",
             self.stream,
             self.group,
             entry_id,

@@ -176,6 +176,26 @@ async def test_handler_exception_leaves_entry_pending_then_it_is_retried(
     assert await pending_count(redis_client) == 0
 
 
+@pytest.mark.parametrize(
+    ("max_attempts", "polls", "dead", "pending"),
+    [(2, 2, 1, 0), (3, 2, 0, 1), (None, 4, 0, 1)],
+    ids=["given-up-after-2", "not-yet-at-3", "unlimited"],
+)
+async def test_poison_entry_is_dead_lettered_after_max_attempts(
+    redis_client: Any, max_attempts: int | None, polls: int, dead: int, pending: int
+) -> None:
+    await StreamProducer(redis_client).publish("ts:requests", Rec(request_id="poison"))
+    handler = Recorder(fail_first=1_000)
+    c = consumer(redis_client, handler, claim_idle_ms=0, max_attempts=max_attempts)
+    for _ in range(polls):
+        await c.poll_once()
+    assert await redis_client.xlen("ts:requests:dead") == dead
+    assert await pending_count(redis_client) == pending
+    if dead:
+        row = (await redis_client.xrange("ts:requests:dead"))[0][1]
+        assert "handler failed 2 times" in decode_entry(row, events_pb2.DeadLetter).error
+
+
 async def test_group_deleted_under_the_consumer_is_recreated(redis_client: Any) -> None:
     handler = Recorder()
     c = consumer(redis_client, handler)
