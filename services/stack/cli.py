@@ -204,7 +204,11 @@ def cmd_down(args: argparse.Namespace) -> int:
         return 0
     if result.still_alive:
         return _fail("down", f"could not stop: {', '.join(result.still_alive)}", 1)
-    extra = f" (killed: {', '.join(result.killed)})" if result.killed else ""
+    extra = ""
+    if result.orphans:
+        extra += f"; stopped processes `up` left behind: {', '.join(result.orphans)}"
+    if result.killed:
+        extra += f"; killed after the grace period: {', '.join(result.killed)}"
     print(f"stack stopped (state dir {state_dir}){extra}")
     return 0
 

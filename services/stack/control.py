@@ -20,12 +20,15 @@ _STOP_ORDER = ("service", "redis", "postgres")
 
 @dataclass(frozen=True)
 class DownResult:
-    """What ``down`` did: ``signalled`` the up process, ``killed`` leftovers by name."""
+    """What ``down`` did: whether it ``signalled_up``; processes it had to stop itself because
+    ``up`` was gone or too slow (``orphans``); those among them that needed SIGKILL
+    (``killed``); anything it could not stop (``still_alive``)."""
 
     was_running: bool
     signalled_up: bool
     killed: tuple[str, ...]
     still_alive: tuple[str, ...]
+    orphans: tuple[str, ...] = ()
 
 
 def stop_order(entries: Sequence[ProcRef], kinds: Sequence[str]) -> list[list[ProcRef]]:
@@ -70,7 +73,7 @@ def stack_down(
     still = tuple(r.name for r in everyone if is_alive(r))
     if not still:
         remove_state(state_dir)
-    return DownResult(True, signalled, tuple(killed), still)
+    return DownResult(True, signalled, tuple(killed), still, tuple(p.name for p in leftovers))
 
 
 @dataclass(frozen=True)

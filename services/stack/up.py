@@ -9,6 +9,7 @@ exists so ``tideserve down`` can clean up even after ``up`` itself was killed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import fcntl
@@ -61,6 +62,10 @@ class Infra:
     start_postgres: Callable[[Path], Server]
     start_redis: Callable[[Path, int], Server]
     migrate: Callable[[str, str], None]
+    check_postgres: Callable[[str], None] = lambda url: None
+    """Raise (one line) when an external Postgres URL does not answer."""
+    check_redis: Callable[[str], None] = lambda url: None
+    """Raise (one line) when an external Redis URL does not answer."""
 
 
 def default_infra() -> Infra:
@@ -81,7 +86,17 @@ def default_infra() -> Infra:
 
         run(url, service)
 
-    return Infra(start_postgres, start_redis, migrate)
+    def check_postgres(url: str) -> None:
+        from services.common.db import check_postgres as check
+
+        asyncio.run(check(url))
+
+    def check_redis(url: str) -> None:
+        from services.common.streams import check_redis as check
+
+        asyncio.run(check(url))
+
+    return Infra(start_postgres, start_redis, migrate, check_postgres, check_redis)
 
 
 @dataclass(frozen=True)
@@ -278,6 +293,8 @@ class StackRunner:
             self._record(
                 ProcEntry("postgres", ref.pid, ref.create_time, kind="postgres", url=pg.url)
             )
+        else:
+            self._guarded("external PostgreSQL", self.infra.check_postgres, postgres_url)
         self.state.postgres_url = redact_url(postgres_url)
         redis_url = opts.redis_url
         if redis_url is None:
@@ -290,6 +307,8 @@ class StackRunner:
             ref = ProcRef.of("redis", rd.pid)
             self._infra_refs.append(ref)
             self._record(ProcEntry("redis", ref.pid, ref.create_time, kind="redis", url=rd.url))
+        else:
+            self._guarded("external Redis", self.infra.check_redis, redis_url)
         self.state.redis_url = redact_url(redis_url)
         self._save()
         for service in opts.migrate_services:

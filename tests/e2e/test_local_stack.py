@@ -279,3 +279,54 @@ def test_down_cleans_up_after_up_was_killed(stack_dirs: Stack) -> None:
     assert [r.name for r in refs if is_alive(r)] == []
     assert _stack_processes(state_dir) == []
     assert read_state(state_dir) is None
+
+
+def test_external_postgres_and_redis_are_used_and_left_running(
+    stack_dirs: Stack, postgres_url: str, redis_url: str
+) -> None:
+    import asyncio
+
+    from services.common.db import check_postgres
+    from services.common.streams import check_redis
+
+    state_dir = stack_dirs.state_dir
+    up = subprocess.Popen(
+        [
+            *_cli(),
+            "up",
+            "--state-dir",
+            str(state_dir),
+            "--config",
+            str(stack_dirs.config),
+            "--postgres-url",
+            postgres_url,
+            "--redis-url",
+            redis_url,
+            "--start-timeout",
+            str(START_TIMEOUT_S),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        processes = _wait_running(up, state_dir)
+        assert {p.name for p in processes} == set(SERVICES)  # no embedded servers
+        assert not (state_dir / "postgres").exists() and not (state_dir / "redis").exists()
+        down = subprocess.run(
+            [*_cli(), "down", "--state-dir", str(state_dir)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert down.returncode == 0, down.stdout + down.stderr
+        out, err = up.communicate(timeout=60)
+        assert up.returncode == 0, err
+        assert "external" in out
+    finally:
+        if up.poll() is None:
+            up.send_signal(signal.SIGTERM)
+            up.communicate(timeout=120)
+    assert _stack_processes(state_dir) == []
+    asyncio.run(check_postgres(postgres_url))  # still up: `down` never stops external servers
+    asyncio.run(check_redis(redis_url))

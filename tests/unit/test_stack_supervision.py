@@ -8,6 +8,7 @@ External database URLs are given so no embedded server starts and no migration r
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import signal
@@ -280,6 +281,7 @@ def test_up_refuses_while_a_recorded_process_runs(
     sleeper.wait(5)
     assert result.was_running and not result.signalled_up
     assert result.killed == () and result.still_alive == ()  # SIGTERM was enough
+    assert result.orphans == ("kvmeta",)
     assert read_state(tmp_path) is None
 
 
@@ -432,4 +434,22 @@ def test_stop_signal_during_start_stops_what_was_started(
     assert rc == 0
     assert "SIGTERM received before the stack was ready; stopping" in err.getvalue()
     assert not any(is_alive(c.ref) for c in runner.supervisor.children)
+    assert read_state(tmp_path) is None
+
+
+@pytest.mark.parametrize("which", ["postgres", "redis"])
+def test_unreachable_external_server_fails_before_any_child(
+    tmp_path: Path, standin: Path, which: str
+) -> None:
+    def unreachable(url: str) -> None:
+        raise ConnectionError(f"cannot reach {which} at {url}: connection refused")
+
+    infra = dataclasses.replace(NO_INFRA, **{f"check_{which}": unreachable})
+    children = [spec(standin, tmp_path, "svc0", free_port())]
+    err = io.StringIO()
+    runner = StackRunner(options(tmp_path), children, infra, out=io.StringIO(), err=err)
+    assert runner.run() == 1
+    label = "PostgreSQL" if which == "postgres" else "Redis"
+    assert f"external {label} failed: cannot reach {which}" in err.getvalue()
+    assert runner.supervisor.children == ()
     assert read_state(tmp_path) is None
