@@ -312,14 +312,15 @@ class PrefixIndex:
             self.drop_instance(name, iid)
         return gone
 
-    def compact(self) -> int:
+    def compact(self, deployments: Iterable[str] | None = None) -> int:
         """Scrub bits of retired slots from every table and free those slots.
 
         O(entries of the deployments with retired slots); returns the number of entries
-        rewritten or deleted. Call when idle (e.g. after an instance left).
+        rewritten or deleted. Call when idle (e.g. after instances left).
         """
         changed = 0
-        for dep in self._deps.values():
+        names = self._deps if deployments is None else deployments
+        for dep in [self._deps[n] for n in names if n in self._deps]:
             dead = dep.retired
             if not dead:
                 continue
@@ -446,9 +447,11 @@ class PrefixIndex:
 
     # ------------------------------------------------------------- snapshots
 
-    def snapshot(self) -> bytes:
-        """Compact, self-contained bytes of the whole index (see ``restore``)."""
-        return _encode(self._deps)
+    def snapshot(self, deployments: Iterable[str] | None = None) -> bytes:
+        """Compact, self-contained bytes of the index (or of some deployments)."""
+        if deployments is None:
+            return _encode(self._deps)
+        return _encode({d: self._deps[d] for d in deployments if d in self._deps})
 
     @classmethod
     def restore(cls, data: bytes) -> PrefixIndex:
@@ -456,6 +459,30 @@ class PrefixIndex:
         idx = cls()
         idx._deps = _decode(data)
         return idx
+
+    def load_snapshot(self, data: bytes) -> list[str]:
+        """Replace the deployments contained in ``data``; returns their names. ValueError."""
+        deps = _decode(data)
+        self._deps.update(deps)
+        return list(deps)
+
+    def deployments(self) -> list[str]:
+        return sorted(self._deps)
+
+    def mark_stale(self, deployment: str) -> list[str]:
+        """Mark every instance of a deployment stale (events may have been lost)."""
+        dep = self._deps.get(deployment)
+        if dep is None:
+            return []
+        for inst in dep.instances.values():
+            inst.stale = True
+        dep.live = 0
+        return sorted(dep.instances)
+
+    def retired_slots(self, deployment: str) -> int:
+        """Slots waiting for ``compact`` (a cue for when to call it)."""
+        dep = self._deps.get(deployment)
+        return bin(dep.retired).count("1") if dep else 0
 
     def entry_count(self) -> int:
         """Number of (block, tier, instance) entries, counting retired slots not yet scrubbed."""

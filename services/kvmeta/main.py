@@ -1,26 +1,106 @@
-"""``python -m services.kvmeta``: the kvmeta service process."""
+"""``python -m services.kvmeta``: the kvmeta service process.
+
+Wiring: Redis (optional) feeds the prefix index from ``{prefix}:kv:*`` streams; Postgres
+(optional) stores index checkpoints and object-master rows (migrated at start); the
+Mooncake Transfer Engine HTTP metadata server runs on ``metadata_http_port`` (0 = off).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import Sequence
 
 import grpc
+import redis.asyncio as aioredis
 
+from services.common.clock import SystemClock
 from services.common.server import ServiceHooks, run_service
-from services.kvmeta.servicer import KVMetaServicer, add_to_server
+from services.kvmeta.checkpoint import KVMetaStore
+from services.kvmeta.index import PrefixIndex
+from services.kvmeta.ingest import IndexFeeder
+from services.kvmeta.metadata_http import MetadataServer
+from services.kvmeta.objects import ObjectMaster
+from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
 from services.kvmeta.settings import KVMetaSettings
 
 __all__ = ["build", "main"]
 
+log = logging.getLogger(__name__)
+
 
 def build(settings: KVMetaSettings) -> ServiceHooks:
-    """Wire the kvmeta servicer (and, later, its cores and consumers) from ``settings``."""
-    del settings  # nothing configurable yet
+    """Wire cores, stores, consumers and servicer from ``settings``."""
+    from services.common import db
+
+    clock = SystemClock()
+    redis = aioredis.from_url(settings.redis_url) if settings.redis_url else None
+    engine = db.create_engine(settings.postgres_url, "kvmeta") if settings.postgres_url else None
+    store = KVMetaStore(engine) if engine is not None else None
+    feeder = IndexFeeder(
+        PrefixIndex(),
+        clock.now,
+        redis=redis,
+        store=store,
+        prefix=settings.stream_prefix,
+        consumer=settings.consumer_name,
+        checkpoint_interval_s=settings.checkpoint_interval_s,
+        expire_after_s=settings.instance_expiry_s,
+    )
+    objects = ObjectShell(
+        ObjectMaster(
+            lease_s=settings.lease_s,
+            put_timeout_s=settings.put_timeout_s,
+            high_watermark=settings.high_watermark,
+            low_watermark=settings.low_watermark,
+            quotas=settings.tenant_quotas,
+        ),
+        store,
+        clock.now,
+    )
+    metadata = MetadataServer(settings.host, settings.metadata_http_port)
+    tasks: list[asyncio.Task[None]] = []
+
+    async def tick_objects() -> None:
+        while True:
+            await asyncio.sleep(settings.object_tick_s)
+            try:
+                await objects.tick()
+            except Exception:  # keep ticking; the next tick persists what is pending
+                log.exception("object master tick failed")
+
+    async def on_start() -> None:
+        # the runner already migrated the kvmeta schema (services.common.server)
+        await objects.load()
+        await feeder.start()
+        import gc
+
+        gc.collect()
+        gc.freeze()  # the loaded index is long-lived: keep it out of GC scans
+        tasks.append(asyncio.create_task(tick_objects()))
+        if settings.metadata_http_port:
+            await metadata.start()
+
+    async def on_stop() -> None:
+        for t in tasks:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await metadata.stop()
+        await feeder.stop()
+        with contextlib.suppress(Exception):
+            await objects.persist()
+        if redis is not None:
+            await redis.aclose()
+        if engine is not None:
+            await engine.dispose()
 
     def register(server: grpc.aio.Server) -> list[str]:
-        return [add_to_server(KVMetaServicer(), server)]
+        servicer = KVMetaServicer(feeder, objects, max_match_blocks=settings.max_match_blocks)
+        return [add_to_server(servicer, server)]
 
-    return ServiceHooks(register=register)
+    return ServiceHooks(register=register, on_start=on_start, on_stop=on_stop)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

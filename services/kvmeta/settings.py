@@ -18,3 +18,22 @@ class KVMetaSettings(ServiceSettings):
     metadata_http_port: int = Field(
         8081, ge=0, le=65535, description="Mooncake Transfer Engine HTTP metadata port (0 = off)"
     )
+
+    # prefix index
+    consumer_name: str = Field("kvmeta-1", min_length=1, description="Redis consumer name")
+    checkpoint_interval_s: float = Field(
+        10.0, ge=0.0, description="index snapshot to Postgres period; 0 = only at shutdown"
+    )
+    instance_expiry_s: float = Field(
+        0.0, ge=0.0, description="drop instances without events/load snapshots this long; 0 = never"
+    )
+    max_match_blocks: int = Field(16384, ge=1, description="longest MatchPrefix hash list")
+    # object master
+    lease_s: float = Field(5.0, gt=0.0, description="read lease granted by GetReplicaList")
+    put_timeout_s: float = Field(30.0, gt=0.0, description="a PutStart not ended is reclaimed")
+    high_watermark: float = Field(0.95, gt=0.0, le=1.0, description="evict above this usage")
+    low_watermark: float = Field(0.85, gt=0.0, le=1.0, description="evict down to this usage")
+    tenant_quotas: dict[str, int] = Field(
+        default_factory=dict, description="bytes (size x replicas) each tenant may hold"
+    )
+    object_tick_s: float = Field(1.0, gt=0.0, description="reclaim/eviction period")

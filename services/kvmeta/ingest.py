@@ -1,0 +1,336 @@
+"""Shell around the prefix index: feeds it from Redis streams and gRPC, checkpoints it.
+
+Durability contract: the KV-event stream ``{prefix}:kv:{deployment}`` is the write-ahead
+log. An entry is acknowledged (consumer group ``group``) only after it was applied to the
+in-memory index. Every ``checkpoint_interval_s`` the index of each changed deployment is
+snapshotted to Postgres with the id of the newest entry applied. On start, the newest
+checkpoint is loaded and the stream is replayed with XRANGE after that id (acknowledged
+entries included), then the group consumer resumes; pending entries are reclaimed by the
+group. Apply is idempotent per (instance, epoch, seq), so overlap is harmless: nothing
+acknowledged is lost by a kill -9. If the stream was trimmed past the checkpoint, the
+deployment's instances are marked stale (they need a resync).
+
+Batches received over gRPC are published to the same stream first (when Redis is
+configured), so they are as durable as engine-published ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
+from tideserve.v1 import common_pb2, events_pb2
+
+from services.common.streams import StreamConsumer, StreamProducer, decode_entry, stream_name
+from services.kvmeta.checkpoint import KVMetaStore
+from services.kvmeta.index import Outcome, PrefixIndex
+
+__all__ = ["IndexFeeder", "parse_id"]
+
+log = logging.getLogger(__name__)
+
+_GONE_STATES = (common_pb2.INSTANCE_STATE_STOPPED, common_pb2.INSTANCE_STATE_FAILED)
+
+
+def parse_id(entry_id: str) -> tuple[int, int]:
+    """Redis stream id ``"ms-seq"`` as a comparable tuple."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class IndexFeeder:
+    """Owns the live ``PrefixIndex`` of the service. All methods run on one event loop."""
+
+    def __init__(
+        self,
+        index: PrefixIndex,
+        clock: Callable[[], float],
+        *,
+        redis: aioredis.Redis | None = None,
+        store: KVMetaStore | None = None,
+        prefix: str = "ts",
+        group: str = "kvmeta",
+        consumer: str = "kvmeta-1",
+        checkpoint_interval_s: float = 10.0,
+        expire_after_s: float = 0.0,
+        discover_interval_s: float = 2.0,
+        block_ms: int = 500,
+        claim_idle_ms: int = 30_000,
+    ) -> None:
+        self.index = index
+        self._clock = clock
+        self._redis = redis
+        self._producer = StreamProducer(redis) if redis is not None else None
+        self._store = store
+        self.prefix = prefix
+        self.group = group
+        self.consumer = consumer
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self.expire_after_s = expire_after_s
+        self.discover_interval_s = discover_interval_s
+        self.block_ms = block_ms
+        self.claim_idle_ms = claim_idle_ms
+        self.positions: dict[str, str] = {}  # deployment -> newest applied kv entry id
+        self.block_sizes: dict[str, int] = {}
+        self._dirty: set[str] = set()
+        self._consumers: dict[str, StreamConsumer[events_pb2.KVEventBatch]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stop = asyncio.Event()
+
+    # ------------------------------------------------------------------ apply
+
+    def apply(self, batch: events_pb2.KVEventBatch, deployment: str = "") -> Outcome:
+        """Apply one batch (protobuf events are passed through, no copy)."""
+        dep = batch.deployment or deployment
+        if batch.block_size > 0:
+            self.block_sizes[dep] = batch.block_size
+        self._dirty.add(dep)
+        return self.index.apply_batch(
+            dep, batch.instance_id, batch.epoch, batch.seq, batch.events, self._clock()
+        )
+
+    async def ingest(self, batch: events_pb2.KVEventBatch) -> Outcome:
+        """A batch from gRPC: applied, then appended to the deployment's stream (the WAL).
+
+        Appended even when skipped as a duplicate, so a client retrying after a failed append
+        still gets its batch logged; consumers skip the copies. Raises RedisError if the
+        append fails (the caller reports UNAVAILABLE; the batch is then not durable).
+        """
+        outcome = self.apply(batch)
+        if self._producer is not None:
+            await self._producer.publish(stream_name(self.prefix, "kv", batch.deployment), batch)
+        return outcome
+
+    async def _on_kv(self, deployment: str, msg: events_pb2.KVEventBatch, entry_id: str) -> None:
+        outcome = self.apply(msg, deployment)
+        pos = self.positions.get(deployment)
+        if pos is None or parse_id(entry_id) > parse_id(pos):
+            self.positions[deployment] = entry_id
+        if outcome is Outcome.RESYNC_NEEDED:
+            log.warning(
+                "kv events: gap for %s/%s at epoch %d seq %d; instance stale until resync",
+                deployment,
+                msg.instance_id,
+                msg.epoch,
+                msg.seq,
+            )
+
+    async def _on_load(self, msg: events_pb2.LoadSnapshot, entry_id: str) -> None:
+        self.index.touch(msg.deployment, msg.instance_id, self._clock())
+
+    async def _on_membership(self, msg: events_pb2.MembershipEvent, entry_id: str) -> None:
+        inst = msg.instance
+        if msg.kind == events_pb2.MembershipEvent.KIND_REMOVED or inst.state in _GONE_STATES:
+            if self.index.drop_instance(inst.deployment, inst.instance_id):
+                self._dirty.add(inst.deployment)
+                log.info(
+                    "dropped %s/%s from the index (%s)",
+                    inst.deployment,
+                    inst.instance_id,
+                    msg.reason or "membership",
+                )
+
+    # -------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Load checkpoints, replay streams, start consumers and periodic work."""
+        if self._store is not None:
+            for dep, (pos, blob) in (await self._store.latest_checkpoints()).items():
+                try:
+                    self.index.load_snapshot(blob)
+                except ValueError as exc:
+                    log.error(
+                        "checkpoint of %s unusable (%s); rebuilding from the stream", dep, exc
+                    )
+                    continue
+                self.positions[dep] = pos
+                log.info("loaded index checkpoint of %s at %s", dep, pos)
+        if self._redis is not None:
+            await self.discover()
+            self._tasks.append(asyncio.create_task(self._discover_loop()))
+            self._start_consumer(
+                stream_name(self.prefix, "membership"),
+                self._on_membership,
+                events_pb2.MembershipEvent,
+                "$",
+            )
+        if self._store is not None and self.checkpoint_interval_s > 0:
+            self._tasks.append(
+                asyncio.create_task(self._every(self.checkpoint_interval_s, self.checkpoint))
+            )
+        if self.expire_after_s > 0:
+            self._tasks.append(
+                asyncio.create_task(self._every(max(0.1, self.expire_after_s / 4), self._expire))
+            )
+
+    async def stop(self, *, checkpoint: bool = True) -> None:
+        """Stop consumers and loops, then write a final checkpoint (unless told not to)."""
+        self._stop.set()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        self._consumers.clear()
+        if self._store is not None and checkpoint:
+            with contextlib.suppress(SQLAlchemyError, OSError):
+                await self.checkpoint()
+
+    async def discover(self) -> list[str]:
+        """Find new ``{prefix}:kv:*`` / ``{prefix}:load:*`` streams; replay and consume them."""
+        assert self._redis is not None
+        found: list[str] = []
+        for kind in ("kv", "load"):
+            pattern = f"{self.prefix}:{kind}:*"
+            async for raw in self._redis.scan_iter(match=pattern, _type="stream"):
+                name = raw.decode() if isinstance(raw, bytes) else str(raw)
+                if name.endswith(":dead") or name in self._consumers:
+                    continue
+                dep = name[len(self.prefix) + len(kind) + 2 :]
+                if kind == "kv":
+                    await self._replay(name, dep)
+                    self._start_consumer(name, self._kv_handler(dep), events_pb2.KVEventBatch, "0")
+                else:
+                    self._start_consumer(name, self._on_load, events_pb2.LoadSnapshot, "$")
+                found.append(name)
+        return found
+
+    async def watch(self, deployment: str) -> None:
+        """Start consuming a deployment's KV stream now (creating it if missing)."""
+        name = stream_name(self.prefix, "kv", deployment)
+        if name not in self._consumers:
+            await self._replay(name, deployment)
+            self._start_consumer(name, self._kv_handler(deployment), events_pb2.KVEventBatch, "0")
+
+    def _kv_handler(
+        self, dep: str
+    ) -> Callable[[events_pb2.KVEventBatch, str], asyncio.Future[None]]:
+        async def handle(msg: events_pb2.KVEventBatch, entry_id: str) -> None:
+            await self._on_kv(dep, msg, entry_id)
+
+        return handle  # type: ignore[return-value]
+
+    def _start_consumer(self, stream: str, handler: object, mtype: type, start_id: str) -> None:
+        consumer: StreamConsumer = StreamConsumer(  # type: ignore[type-arg]
+            self._redis,  # type: ignore[arg-type]
+            stream,
+            self.group,
+            self.consumer,
+            handler,  # type: ignore[arg-type]
+            mtype,
+            block_ms=self.block_ms,
+            claim_idle_ms=self.claim_idle_ms,
+            start_id=start_id,
+        )
+        self._consumers[stream] = consumer
+        self._tasks.append(asyncio.create_task(consumer.run(self._stop)))
+
+    async def _replay(self, stream: str, dep: str) -> int:
+        """Apply every entry after the checkpoint position (XRANGE, acknowledged ones too)."""
+        assert self._redis is not None
+        pos = self.positions.get(dep, "0-0")  # no checkpoint: the whole stream is the state
+        if await self._trimmed_past(stream, pos):
+            stale = self.index.mark_stale(dep)
+            log.warning(
+                "stream %s lost entries after %s (trimmed); %d instances need a resync",
+                stream,
+                pos,
+                len(stale),
+            )
+        n = 0
+        cursor = pos
+        while True:
+            rows = await self._redis.xrange(stream, min=f"({cursor}", max="+", count=1000)
+            if not rows:
+                break
+            for raw_id, fields in rows:
+                eid = _sid(raw_id)
+                try:
+                    msg = decode_entry(fields, events_pb2.KVEventBatch)
+                except ValueError:
+                    continue  # the group consumer dead-letters it
+                await self._on_kv(dep, msg, eid)
+                cursor = eid
+                n += 1
+        if n:
+            log.info("replayed %d entries of %s after checkpoint %s", n, stream, pos)
+        return n
+
+    async def _trimmed_past(self, stream: str, pos: str) -> bool:
+        """Whether entries after ``pos`` were deleted/trimmed before we could replay them."""
+        assert self._redis is not None
+        try:
+            info = await self._redis.xinfo_stream(stream)
+        except RedisError:
+            return False
+        info = {(k.decode() if isinstance(k, bytes) else str(k)): v for k, v in info.items()}
+        deleted = info.get("max-deleted-entry-id")
+        if deleted is not None:  # Redis >= 7
+            return parse_id(_sid(deleted)) > parse_id(pos)
+        first: Any = info.get("first-entry")
+        # Redis 6: only a checkpointed position older than the first entry is detectable
+        if not first or pos == "0-0":
+            return False
+        return parse_id(_sid(first[0])) > parse_id(pos)
+
+    async def checkpoint(self) -> int:
+        """Snapshot each deployment changed since the last checkpoint; returns how many."""
+        if self._store is None:
+            return 0
+        done = 0
+        for dep in sorted(self._dirty):
+            self._dirty.discard(dep)
+            blob = self.index.snapshot([dep])
+            pos = self.positions.get(dep, "0-0")
+            try:
+                await self._store.save_checkpoint(dep, pos, blob)
+            except BaseException:
+                self._dirty.add(dep)
+                raise
+            done += 1
+        return done
+
+    async def _expire(self) -> None:
+        for dep, iid in self.index.expire(self._clock(), self.expire_after_s):
+            self._dirty.add(dep)
+            log.info(
+                "dropped %s/%s from the index: no load snapshot for %.1fs",
+                dep,
+                iid,
+                self.expire_after_s,
+            )
+        for dep in self.index.deployments():
+            if self.index.retired_slots(dep) >= 16:
+                self.index.compact([dep])
+
+    async def _discover_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.discover_interval_s)
+            try:
+                await self.discover()
+            except RedisError as exc:
+                log.warning("stream discovery failed: %s", exc)
+
+    async def _every(self, period: float, fn: Callable[[], object]) -> None:
+        while True:
+            await asyncio.sleep(period)
+            try:
+                res = fn()
+                if asyncio.iscoroutine(res):
+                    await res
+            except (SQLAlchemyError, RedisError, OSError) as exc:
+                log.warning("periodic %s failed: %s", getattr(fn, "__name__", fn), exc)
+
+    def stale(self, deployments: Sequence[str]) -> list[str]:
+        return [i for d in deployments for i in self.index.stale_instances(d)]
+
+
+def _sid(raw: object) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
