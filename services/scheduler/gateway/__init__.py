@@ -1,0 +1,53 @@
+"""The scheduler's service shell: fleet state, the shared service core, the OpenAI HTTP
+gateway. ``build_core`` wires the pure cores from plain values (settings are translated
+by ``services.scheduler.main``)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+from services.scheduler.admission import AdmissionQueue, QueueConfig
+from services.scheduler.gateway.core import CoreLimits, GatewayCore, SLOTargets
+from services.scheduler.gateway.fleet import EndpointSpec, Fleet, LoadReport
+from services.scheduler.routing.config import DEFAULT_PROFILES_PATH, load_config
+from services.scheduler.routing.registry import PluginEnv, PrefillModel
+
+__all__ = [
+    "CoreLimits",
+    "EndpointSpec",
+    "Fleet",
+    "GatewayCore",
+    "LoadReport",
+    "SLOTargets",
+    "build_core",
+]
+
+
+def build_core(
+    endpoints: Sequence[EndpointSpec] = (),
+    *,
+    profiles: Path | None = None,
+    seed: int = 0,
+    block_size: int = 16,
+    perf_profile: str = "",
+    queue: QueueConfig | None = None,
+    limits: CoreLimits | None = None,
+    slo: SLOTargets | None = None,
+) -> GatewayCore:
+    """A ready core. Raises ``ConfigError`` for a bad profiles file.
+
+    ``perf_profile`` names the performance profile for ``ttft-cost`` plugins that do not
+    name one themselves."""
+    base = PluginEnv()
+
+    def resolve(name: str) -> PrefillModel:
+        return base.perf_profile(name or perf_profile)
+
+    env = PluginEnv(perf_profile=resolve, block_size=block_size)
+    sched = load_config(profiles or DEFAULT_PROFILES_PATH, env=env, rng=random.Random(seed))
+    fleet = Fleet()
+    for e in endpoints:
+        fleet.upsert(e)
+    return GatewayCore(sched, fleet, AdmissionQueue(queue), limits=limits, slo=slo)

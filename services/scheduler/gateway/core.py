@@ -1,0 +1,107 @@
+"""The scheduler's service core (pure): fleet state + routing + admission in one object.
+
+Used by both shells (the OpenAI HTTP gateway and the gRPC ``SchedulerService``) so that a
+decision, its reservation and its release are the same code whichever way it is asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from services.scheduler.admission import AdmissionQueue, saturated
+from services.scheduler.gateway.fleet import Fleet
+from services.scheduler.routing.framework import Scheduler
+from services.scheduler.routing.types import Decision, NoEndpoint, Pick, RequestView
+
+
+@dataclass(frozen=True, slots=True)
+class SLOTargets:
+    """TTFT target per class (ms, 0 = none); used as the request's TTFT budget."""
+
+    ttft_ms: Mapping[str, float] = field(
+        default_factory=lambda: {"interactive": 2_000.0, "agent": 10_000.0, "batch": 0.0}
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CoreLimits:
+    # Dispatch no more than this many of our requests per eligible endpoint at once.
+    max_in_flight_per_endpoint: int = 256
+    # The fleet is saturated when every eligible endpoint is at/over one of these.
+    saturation_kv_usage: float = 0.95
+    saturation_waiting: int = 64
+    # Release a pick reservation nobody reported after this long.
+    reservation_ttl_s: float = 600.0
+
+
+class GatewayCore:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        fleet: Fleet,
+        queue: AdmissionQueue,
+        *,
+        limits: CoreLimits | None = None,
+        slo: SLOTargets | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.fleet = fleet
+        self.queue = queue
+        self.limits = limits or CoreLimits()
+        self.slo = slo or SLOTargets()
+
+    def ttft_budget_ms(self, slo_class: str, deadline_in_ms: float | None = None) -> float:
+        """The tighter of the class target and an explicit deadline (0 = none)."""
+        cls = slo_class or self.queue.config.default_class
+        target = self.slo.ttft_ms.get(cls, 0.0)
+        if deadline_in_ms is not None and deadline_in_ms > 0:
+            return min(target, deadline_in_ms) if target > 0 else deadline_in_ms
+        return target
+
+    def capacity(self, now: float) -> int:
+        """How many queued requests may be dispatched now: the free in-flight slots of the
+        eligible decode/worker endpoints that are not saturated (0 when all are)."""
+        snap = self.fleet.snapshot(now)
+        eligible = [e for e in snap if e.eligible and e.role != "prefill"]
+        lim = self.limits
+        if saturated(
+            ((e.kv_usage, e.waiting) for e in eligible),
+            lim.saturation_kv_usage,
+            lim.saturation_waiting,
+        ):
+            return 0
+        return sum(
+            max(0, lim.max_in_flight_per_endpoint - self.fleet.in_flight(e.instance_id))
+            for e in eligible
+            if e.kv_usage < lim.saturation_kv_usage and e.waiting < lim.saturation_waiting
+        )
+
+    def pick(
+        self, view: RequestView, now: float, pick_id: str, profile: str = "", deployment: str = ""
+    ) -> Decision:
+        """Run a scheduling cycle and, on :class:`Pick`, reserve load under ``pick_id``
+        until :meth:`release`. KeyError for an unknown profile."""
+        snap = self.fleet.snapshot(now, deployment)
+        if not len(snap):
+            return NoEndpoint("no endpoints registered")
+        d = self.scheduler.schedule(view, snap, now, profile)
+        if isinstance(d, Pick):
+            uncached = max(0, view.prompt_tokens - d.predicted_cached_tokens)
+            target = d.prefill.endpoint if d.prefill else d.decode.endpoint
+            ids = [d.decode.endpoint.instance_id]
+            if d.prefill:
+                ids.append(d.prefill.endpoint.instance_id)
+            self.fleet.reserve(pick_id, ids, {target.instance_id: uncached}, now)
+        return d
+
+    def first_token(self, pick_id: str) -> None:
+        self.fleet.first_token(pick_id)
+
+    def release(self, pick_id: str) -> bool:
+        """Idempotent: False if the pick is unknown or already released."""
+        return self.fleet.release(pick_id)
+
+    def tick(self, now: float) -> list[str]:
+        """Housekeeping: release reservations nobody reported. Returns their pick ids."""
+        return self.fleet.expire_reservations(now, self.limits.reservation_ttl_s)

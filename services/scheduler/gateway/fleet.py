@@ -1,0 +1,254 @@
+"""The gateway's live view of its endpoints (pure: no I/O, time is a parameter).
+
+Holds membership (static list or membership events), the last load report per endpoint,
+active-health results, drain flags, a circuit breaker per endpoint (passive failure
+detection) and this gateway's own in-flight requests, and turns them into the immutable
+:class:`EndpointSnapshot` a scheduling cycle runs on.
+
+Reservations: a pick reserves one request (and, until its first token, its uncached prompt
+tokens as pending prefill) on each chosen endpoint. Engines report load with a lag, so the
+snapshot counts ``max(reported, ours)``: ``reserved_* = max(0, ours - reported)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from services.scheduler.routing.types import Circuit, EndpointSnapshot, EndpointView, Role
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSpec:
+    instance_id: str
+    url: str
+    role: Role = "worker"
+    bootstrap_host: str = ""
+    bootstrap_port: int = 0
+    deployment: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    running: int = 0
+    waiting: int = 0
+    tokens_in_flight: int = 0
+    pending_prefill_tokens: int = 0
+    kv_usage: float = 0.0
+    prefill_tokens_per_s: float = 0.0
+
+
+class CircuitBreaker:
+    """closed → open after ``failures`` consecutive failures; open → half-open after
+    ``open_s``; half-open → closed on a success, back to open on a failure."""
+
+    def __init__(self, failures: int = 3, open_s: float = 5.0) -> None:
+        self.threshold = failures
+        self.open_s = open_s
+        self.consecutive = 0
+        self.opened_at: float | None = None
+
+    def state(self, now: float) -> Circuit:
+        if self.opened_at is None:
+            return "closed"
+        return "half-open" if now - self.opened_at >= self.open_s else "open"
+
+    def success(self, now: float) -> None:
+        self.consecutive = 0
+        self.opened_at = None
+
+    def failure(self, now: float) -> None:
+        self.consecutive += 1
+        st = self.state(now)
+        if st == "half-open" or (st == "closed" and self.consecutive >= self.threshold):
+            self.opened_at = now
+
+
+@dataclass(slots=True)
+class _Live:
+    spec: EndpointSpec
+    breaker: CircuitBreaker
+    load: LoadReport = field(default_factory=LoadReport)
+    load_at: float | None = None
+    healthy: bool = True
+    probe_failures: int = 0
+    draining: bool = False
+    ours: int = 0
+    ours_pending_tokens: int = 0
+
+
+@dataclass(slots=True)
+class _Reservation:
+    instances: tuple[str, ...]
+    pending_tokens: dict[str, int]
+    at: float
+
+
+class Fleet:
+    """Mutable endpoint state; every method is O(1) or O(endpoints) and never raises for
+    unknown ids except where documented (``KeyError``)."""
+
+    def __init__(
+        self,
+        *,
+        unhealthy_after: int = 2,
+        breaker_failures: int = 3,
+        breaker_open_s: float = 5.0,
+        load_stale_s: float = 10.0,
+    ) -> None:
+        self.unhealthy_after = unhealthy_after
+        self.breaker_failures = breaker_failures
+        self.breaker_open_s = breaker_open_s
+        self.load_stale_s = load_stale_s
+        self._eps: dict[str, _Live] = {}
+        self._res: dict[str, _Reservation] = {}
+        self._version = 0
+
+    # -- membership -----------------------------------------------------------------------
+    def upsert(self, spec: EndpointSpec, healthy: bool = True) -> None:
+        """Add an endpoint or update its address/role (keeps its load and reservations)."""
+        live = self._eps.get(spec.instance_id)
+        if live is None:
+            self._eps[spec.instance_id] = _Live(
+                spec, CircuitBreaker(self.breaker_failures, self.breaker_open_s), healthy=healthy
+            )
+        else:
+            live.spec = spec
+        self._version += 1
+
+    def remove(self, instance_id: str) -> bool:
+        self._version += 1
+        return self._eps.pop(instance_id, None) is not None
+
+    def __contains__(self, instance_id: object) -> bool:
+        return instance_id in self._eps
+
+    def ids(self) -> list[str]:
+        return sorted(self._eps)
+
+    def spec(self, instance_id: str) -> EndpointSpec:
+        """KeyError for an unknown instance."""
+        return self._eps[instance_id].spec
+
+    # -- observations ---------------------------------------------------------------------
+    def report_load(self, instance_id: str, load: LoadReport, now: float) -> None:
+        live = self._eps.get(instance_id)
+        if live is not None:
+            live.load, live.load_at = load, now
+
+    def probe(self, instance_id: str, ok: bool, now: float) -> None:
+        """Active health check result: unhealthy after ``unhealthy_after`` failures in a
+        row, healthy again after one success."""
+        live = self._eps.get(instance_id)
+        if live is None:
+            return
+        if ok:
+            live.probe_failures = 0
+            live.healthy = True
+        else:
+            live.probe_failures += 1
+            if live.probe_failures >= self.unhealthy_after:
+                live.healthy = False
+
+    def upstream_result(self, instance_id: str, ok: bool, now: float) -> None:
+        """Passive detection: a forwarded request's outcome feeds the circuit breaker."""
+        live = self._eps.get(instance_id)
+        if live is None:
+            return
+        if ok:
+            live.breaker.success(now)
+        else:
+            live.breaker.failure(now)
+
+    def set_draining(self, instance_id: str, draining: bool) -> int:
+        """Drain/undrain (idempotent); returns this gateway's in-flight count on it.
+        KeyError for an unknown instance."""
+        live = self._eps[instance_id]
+        live.draining = draining
+        return live.ours
+
+    # -- reservations ---------------------------------------------------------------------
+    def reserve(
+        self, pick_id: str, instances: Iterable[str], pending: Mapping[str, int], now: float
+    ) -> None:
+        """Count a dispatched request on ``instances``; ``pending`` prefill tokens per
+        instance until :meth:`first_token`. Re-reserving a pick_id replaces it."""
+        self.release(pick_id)
+        inst = tuple(dict.fromkeys(i for i in instances if i in self._eps))
+        toks = {i: int(pending.get(i, 0)) for i in inst}
+        for i in inst:
+            self._eps[i].ours += 1
+            self._eps[i].ours_pending_tokens += toks[i]
+        self._res[pick_id] = _Reservation(inst, toks, now)
+
+    def first_token(self, pick_id: str) -> None:
+        r = self._res.get(pick_id)
+        if r is None:
+            return
+        for i, n in r.pending_tokens.items():
+            if i in self._eps:
+                self._eps[i].ours_pending_tokens -= n
+        r.pending_tokens = {}
+
+    def release(self, pick_id: str) -> bool:
+        """Drop a reservation; False if unknown (already released: idempotent)."""
+        r = self._res.pop(pick_id, None)
+        if r is None:
+            return False
+        for i in r.instances:
+            live = self._eps.get(i)
+            if live is not None:
+                live.ours -= 1
+                live.ours_pending_tokens -= r.pending_tokens.get(i, 0)
+        return True
+
+    def has_reservation(self, pick_id: str) -> bool:
+        return pick_id in self._res
+
+    def expire_reservations(self, now: float, max_age_s: float) -> list[str]:
+        """Release reservations older than ``max_age_s`` (a caller never reported)."""
+        old = [p for p, r in self._res.items() if now - r.at > max_age_s]
+        for p in old:
+            self.release(p)
+        return old
+
+    def in_flight(self, instance_id: str) -> int:
+        live = self._eps.get(instance_id)
+        return live.ours if live else 0
+
+    # -- snapshot -------------------------------------------------------------------------
+    def view(self, instance_id: str, now: float) -> EndpointView:
+        """KeyError for an unknown instance."""
+        live = self._eps[instance_id]
+        ld = live.load
+        if live.load_at is None or now - live.load_at > self.load_stale_s:
+            ld = LoadReport()  # unknown/stale: trust only our own counts
+        s = live.spec
+        return EndpointView(
+            instance_id=s.instance_id,
+            url=s.url,
+            role=s.role,
+            running=ld.running,
+            waiting=ld.waiting,
+            tokens_in_flight=ld.tokens_in_flight,
+            pending_prefill_tokens=ld.pending_prefill_tokens,
+            kv_usage=ld.kv_usage,
+            prefill_tokens_per_s=ld.prefill_tokens_per_s,
+            healthy=live.healthy,
+            draining=live.draining,
+            circuit=live.breaker.state(now),
+            reserved_requests=max(0, live.ours - ld.running - ld.waiting),
+            reserved_tokens=max(0, live.ours_pending_tokens - ld.pending_prefill_tokens),
+            bootstrap_host=s.bootstrap_host,
+            bootstrap_port=s.bootstrap_port,
+            labels=s.labels,
+        )
+
+    def snapshot(self, now: float, deployment: str = "") -> EndpointSnapshot:
+        views = [
+            self.view(i, now)
+            for i, live in self._eps.items()
+            if not deployment or live.spec.deployment in ("", deployment)
+        ]
+        return EndpointSnapshot(views, version=self._version)

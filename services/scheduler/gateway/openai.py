@@ -1,0 +1,235 @@
+"""Parsing and validation of OpenAI-compatible requests (pure).
+
+Request metadata, header first, then body field (headers win):
+
+| what | header | body field |
+|---|---|---|
+| SLO class | ``X-Tideserve-Class`` | ``slo_class`` |
+| tenant (fair share) | ``X-Tideserve-Tenant`` | ``tenant`` |
+| session / agent id | ``X-Tideserve-Session`` | ``session_id`` |
+| TTFT deadline, ms from now | ``X-Tideserve-Deadline-Ms`` | — |
+| scheduler profile | ``X-Tideserve-Profile`` | — |
+
+These fields are removed before the body is forwarded. The prefix-cache namespace is the
+body's ``cache_salt`` (vLLM's name), forwarded unchanged and used to salt block hashes.
+
+Chat prompts are rendered like the engine simulator does: one ``"<role>: <content>"`` line
+per message, joined by newlines, tokenized with ``services.common.tokens``.
+Every problem raises :class:`ApiError` (400/404/413) with an OpenAI-style body.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from services.common.tokens import tokenize
+
+Kind = Literal["chat", "completion", "generate"]
+
+H_CLASS = "X-Tideserve-Class"
+H_TENANT = "X-Tideserve-Tenant"
+H_SESSION = "X-Tideserve-Session"
+H_DEADLINE = "X-Tideserve-Deadline-Ms"
+H_PROFILE = "X-Tideserve-Profile"
+_OURS = ("slo_class", "tenant", "session_id")
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        etype: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.etype = (
+            status,
+            message,
+            param,
+            code,
+            etype,
+        )
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.etype, self.param, self.code)
+
+
+def error_body(
+    message: str, etype: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": etype, "param": param, "code": code}}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_tokens: int = 131_072
+    default_max_tokens: int = 256
+    max_prompt_tokens: int = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    kind: Kind
+    model: str
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    stream: bool
+    tenant: str
+    slo_class: str
+    session_id: str
+    cache_salt: str
+    profile: str
+    deadline_ms: float | None
+    forward_body: dict[str, Any]
+
+
+def _bad(msg: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, msg, param, code)
+
+
+def _str_field(body: Mapping[str, Any], key: str) -> str:
+    v = body.get(key)
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise _bad(f"'{key}' must be a string", key, "invalid_type")
+    return v
+
+
+def _int_field(body: Mapping[str, Any], key: str) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _bad(f"'{key}' must be an integer", key, "invalid_type")
+    return v
+
+
+def chat_prompt(messages: Any) -> str:
+    if not isinstance(messages, list) or not messages:
+        raise _bad("'messages' must be a non-empty list", "messages", "invalid_type")
+    lines = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise _bad(f"messages[{i}] must be an object with a 'role'", "messages", "invalid_type")
+        content = m.get("content")
+        if content is None:
+            text = ""
+        elif isinstance(content, str):
+            text = content
+        elif isinstance(content, list):
+            parts = [
+                p.get("text", "")
+                for p in content
+                if isinstance(p, Mapping) and p.get("type") == "text"
+            ]
+            text = " ".join(str(p) for p in parts)
+        else:
+            raise _bad(f"messages[{i}].content must be a string or a list", "messages")
+        lines.append(f"{m['role']}: {text}")
+    return "\n".join(lines)
+
+
+def _prompt_ids(kind: Kind, body: Mapping[str, Any]) -> tuple[int, ...]:
+    if kind == "chat":
+        return tuple(tokenize(chat_prompt(body.get("messages"))))
+    key = "prompt" if kind == "completion" else "text"
+    p = body.get(key)
+    if kind == "generate" and p is None and body.get("input_ids") is not None:
+        key, p = "input_ids", body.get("input_ids")
+    if isinstance(p, str):
+        return tuple(tokenize(p))
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
+        return tuple(tokenize(p[0]))
+    if (
+        isinstance(p, list)
+        and p
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in p)
+    ):
+        return tuple(p)
+    if p is None:
+        raise _bad(f"'{key}' is required", key, "missing")
+    raise _bad(f"'{key}' must be a string or a list of token ids", key, "invalid_type")
+
+
+def parse_request(
+    kind: Kind,
+    raw: bytes,
+    headers: Mapping[str, str],
+    *,
+    models: Collection[str],
+    classes: Collection[str],
+    tenants: Collection[str] | None = None,
+    limits: Limits | None = None,
+) -> ParsedRequest:
+    """Validate one request. ``models`` empty = accept any model name; ``tenants`` None =
+    any tenant. Raises :class:`ApiError`."""
+    lim = limits or Limits()
+    if len(raw) > lim.max_body_bytes:
+        raise ApiError(413, f"request body over {lim.max_body_bytes} bytes", None, "body_too_large")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise _bad(f"invalid JSON body: {e}", None, "invalid_json") from None
+    if not isinstance(body, dict):
+        raise _bad("the request body must be a JSON object", None, "invalid_body")
+    model = _str_field(body, "model")
+    if kind != "generate" and not model:
+        raise _bad("'model' is required", "model", "missing")
+    if model and models and model not in models:
+        raise ApiError(404, f"model {model!r} does not exist", "model", "model_not_found")
+    if kind == "generate":
+        sp = body.get("sampling_params") or {}
+        if not isinstance(sp, Mapping):
+            raise _bad("'sampling_params' must be an object", "sampling_params", "invalid_type")
+        mt, key = _int_field(sp, "max_new_tokens"), "max_new_tokens"
+    else:
+        mt, key = _int_field(body, "max_tokens"), "max_tokens"
+        if kind == "chat" and mt is None:
+            mt, key = _int_field(body, "max_completion_tokens"), "max_completion_tokens"
+    if mt is not None and not 1 <= mt <= lim.max_tokens:
+        raise _bad(f"'{key}' must be between 1 and {lim.max_tokens}, got {mt}", key)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("'stream' must be a boolean", "stream", "invalid_type")
+    ids = _prompt_ids(kind, body)
+    if not ids:
+        raise _bad("the prompt is empty", "messages" if kind == "chat" else "prompt", "empty")
+    if len(ids) > lim.max_prompt_tokens:
+        raise ApiError(413, f"prompt of {len(ids)} tokens is over {lim.max_prompt_tokens}")
+    slo = headers.get(H_CLASS) or _str_field(body, "slo_class")
+    if slo and slo not in classes:
+        raise _bad(f"unknown SLO class {slo!r} (known: {sorted(classes)})", "slo_class")
+    tenant = headers.get(H_TENANT) or _str_field(body, "tenant")
+    if tenants is not None and tenant not in tenants:
+        raise _bad(f"unknown tenant {tenant!r}", "tenant")
+    session = headers.get(H_SESSION) or _str_field(body, "session_id")
+    deadline: float | None = None
+    if headers.get(H_DEADLINE):
+        try:
+            deadline = float(headers[H_DEADLINE])
+        except ValueError:
+            raise _bad(f"{H_DEADLINE} must be a number of milliseconds", H_DEADLINE) from None
+        if not deadline > 0:
+            raise _bad(f"{H_DEADLINE} must be positive", H_DEADLINE)
+    fwd = {k: v for k, v in body.items() if k not in _OURS}
+    return ParsedRequest(
+        kind=kind,
+        model=model,
+        prompt_ids=ids,
+        max_tokens=mt if mt is not None else lim.default_max_tokens,
+        stream=stream,
+        tenant=tenant,
+        slo_class=slo,
+        session_id=session,
+        cache_salt=_str_field(body, "cache_salt"),
+        profile=headers.get(H_PROFILE, ""),
+        deadline_ms=deadline,
+        forward_body=fwd,
+    )

@@ -1,0 +1,440 @@
+"""The OpenAI-compatible HTTP gateway (aiohttp shell over :class:`GatewayCore`).
+
+Per request: validate (400/404/413) → admission (fast path when nothing is queued and the
+fleet has capacity; otherwise the classed queue; 429 + ``Retry-After`` when shed or timed
+out in the queue) → pick (429 when the SLO filter sheds, 503 when no endpoint) → forward.
+Before the first byte reaches the client, upstream connection errors, 5xx answers and
+empty streams are retried on another endpoint (``retries`` times, exponential backoff
+with jitter); after it, a failure ends the SSE stream with an error event and ``[DONE]``.
+Disaggregated picks are sent SGLang-style: the same body with ``bootstrap_host``,
+``bootstrap_port`` and ``bootstrap_room`` to the prefill and the decode instance at once;
+the decode instance's answer is streamed back.
+
+Background tasks (started/stopped with the aiohttp app): active health probes
+(``GET /health``), load scraping (``GET /metrics``, SGLang or vLLM names) and the queue pump.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from services.common.tokens import block_hashes
+from services.scheduler.admission import QueuedRequest, Shed
+from services.scheduler.gateway import upstream
+from services.scheduler.gateway.core import GatewayCore
+from services.scheduler.gateway.openai import ApiError, Kind, Limits, ParsedRequest, parse_request
+from services.scheduler.routing.types import (
+    NoEndpoint,
+    Pick,
+    PrefixMatch,
+    RequestView,
+)
+from services.scheduler.routing.types import Shed as RouteShed
+
+PrefixLookup = Callable[[RequestView, str], Awaitable[Mapping[str, PrefixMatch] | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayOptions:
+    models: tuple[str, ...] = ()
+    deployment: str = ""
+    block_size: int = 16
+    retries: int = 2
+    backoff_ms: float = 20.0
+    health_interval_s: float = 1.0
+    load_interval_s: float = 0.5
+    probe_timeout_s: float = 1.0
+    connect_timeout_s: float = 3.0
+    upstream_timeout_s: float = 600.0
+    queue_tick_s: float = 0.05
+    limits: Limits = field(default_factory=Limits)
+    tenants: frozenset[str] | None = None
+    background: bool = True
+
+
+class Overloaded(ApiError):
+    def __init__(self, message: str, retry_after_ms: int) -> None:
+        super().__init__(429, message, None, "overloaded", "rate_limit_error")
+        self.retry_after_ms = retry_after_ms
+
+
+_PATHS: dict[Kind, str] = {
+    "chat": "/v1/chat/completions",
+    "completion": "/v1/completions",
+    "generate": "/generate",
+}
+
+
+def _error(e: ApiError) -> web.Response:
+    resp = web.json_response(e.body(), status=e.status)
+    if isinstance(e, Overloaded):
+        resp.headers["Retry-After"] = str(max(1, math.ceil(e.retry_after_ms / 1000)))
+        resp.headers["Retry-After-Ms"] = str(e.retry_after_ms)
+    return resp
+
+
+class Gateway:
+    def __init__(
+        self,
+        core: GatewayCore,
+        options: GatewayOptions | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+        prefix_lookup: PrefixLookup | None = None,
+    ) -> None:
+        self.core = core
+        self.opts = options or GatewayOptions()
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.prefix_lookup = prefix_lookup
+        self.models: set[str] = set(self.opts.models)
+        self.counters: dict[str, int] = {}
+        self._waiters: dict[str, asyncio.Future[bool]] = {}
+        self._released = 0  # released from the queue, not yet picked
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- app ------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.opts.limits.max_body_bytes + 1)
+        r = app.router
+        r.add_post("/v1/chat/completions", self._chat)
+        r.add_post("/v1/completions", self._completions)
+        r.add_post("/generate", self._generate)
+        r.add_get("/v1/models", self._models)
+        r.add_get("/health", self._health)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, _app: web.Application) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+        )
+        if self.opts.background:
+            self._tasks = [
+                asyncio.create_task(self._every(self.opts.health_interval_s, self.check_health)),
+                asyncio.create_task(self._every(self.opts.load_interval_s, self.poll_load)),
+                asyncio.create_task(self._every(self.opts.queue_tick_s, self._tick)),
+            ]
+
+    async def _stop(self, _app: web.Application) -> None:
+        for t in self._tasks:
+            await upstream.cancel_quietly(t)
+        self._tasks.clear()
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.set_result(False)
+        if self._session is not None:
+            await self._session.close()
+
+    @staticmethod
+    async def _every(period: float, fn: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await fn()
+            await asyncio.sleep(period)
+
+    def _count(self, key: str) -> None:
+        self.counters[key] = self.counters.get(key, 0) + 1
+
+    # -- background -----------------------------------------------------------------------
+    async def check_health(self) -> None:
+        assert self._session is not None
+        fleet = self.core.fleet
+        ids = fleet.ids()
+        oks = await asyncio.gather(
+            *(
+                upstream.probe(self._session, fleet.spec(i).url, self.opts.probe_timeout_s)
+                for i in ids
+            )
+        )
+        now = self.clock()
+        for i, ok in zip(ids, oks, strict=True):
+            fleet.probe(i, ok, now)
+
+    async def poll_load(self) -> None:
+        assert self._session is not None
+        fleet = self.core.fleet
+        ids = fleet.ids()
+        loads = await asyncio.gather(
+            *(
+                upstream.scrape_load(self._session, fleet.spec(i).url, self.opts.probe_timeout_s)
+                for i in ids
+            )
+        )
+        now = self.clock()
+        for i, ld in zip(ids, loads, strict=True):
+            if ld is not None:
+                fleet.report_load(i, ld, now)
+        if not self.models and ids:
+            for i in ids:
+                self.models.update(
+                    await upstream.list_models(
+                        self._session, fleet.spec(i).url, self.opts.probe_timeout_s
+                    )
+                )
+
+    async def _tick(self) -> None:
+        self.core.tick(self.clock())
+        self._pump()
+
+    def _pump(self) -> None:
+        now = self.clock()
+        q = self.core.queue
+        for r in q.expire(now):
+            fut = self._waiters.pop(r.request_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(False)
+        if not len(q):
+            return
+        cap = self.core.capacity(now) - self._released
+        if cap <= 0:
+            return
+        for r in q.next(now, cap):
+            fut = self._waiters.pop(r.request_id, None)
+            if fut is not None and not fut.done():
+                self._released += 1
+                fut.set_result(True)
+
+    # -- handlers -------------------------------------------------------------------------
+    async def _health(self, _req: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _models(self, _req: web.Request) -> web.Response:
+        data = [{"id": m, "object": "model", "owned_by": "tideserve"} for m in sorted(self.models)]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _chat(self, req: web.Request) -> web.StreamResponse:
+        return await self.handle(req, "chat")
+
+    async def _completions(self, req: web.Request) -> web.StreamResponse:
+        return await self.handle(req, "completion")
+
+    async def _generate(self, req: web.Request) -> web.StreamResponse:
+        return await self.handle(req, "generate")
+
+    async def handle(self, req: web.Request, kind: Kind) -> web.StreamResponse:
+        rid = uuid.uuid4().hex
+        try:
+            if (req.content_length or 0) > self.opts.limits.max_body_bytes:
+                raise ApiError(413, "request body too large", None, "body_too_large")
+            try:
+                raw = await req.read()
+            except web.HTTPRequestEntityTooLarge:
+                raise ApiError(413, "request body too large", None, "body_too_large") from None
+            parsed = parse_request(
+                kind,
+                raw,
+                req.headers,
+                models=self.models,
+                classes=[c.name for c in self.core.queue.config.classes],
+                tenants=self.opts.tenants,
+                limits=self.opts.limits,
+            )
+            if parsed.profile and parsed.profile not in self.core.scheduler.profiles:
+                raise ApiError(400, f"unknown scheduler profile {parsed.profile!r}", "profile")
+            view = self._view(rid, parsed)
+            if self.prefix_lookup is not None and view.block_hashes:
+                with contextlib.suppress(Exception):
+                    view = replace(
+                        view, prefix_matches=await self.prefix_lookup(view, self.opts.deployment)
+                    )
+            await self._admit(rid, parsed)
+            return await self._route(req, rid, parsed, view)
+        except ApiError as e:
+            self._count(f"error_{e.status}")
+            return _error(e)
+
+    def _view(self, rid: str, p: ParsedRequest) -> RequestView:
+        return RequestView(
+            request_id=rid,
+            prompt_tokens=len(p.prompt_ids),
+            block_hashes=tuple(
+                block_hashes(p.prompt_ids, self.opts.block_size, tenant=p.cache_salt)
+            ),
+            block_size=self.opts.block_size,
+            max_tokens=p.max_tokens,
+            tenant=p.tenant,
+            slo_class=p.slo_class,
+            session_id=p.session_id,
+            ttft_slo_ms=self.core.ttft_budget_ms(p.slo_class, p.deadline_ms),
+        )
+
+    async def _admit(self, rid: str, p: ParsedRequest) -> None:
+        now = self.clock()
+        q = self.core.queue
+        if not len(q) and self.core.capacity(now) - self._released > 0:
+            return
+        deadline = now + p.deadline_ms / 1000.0 if p.deadline_ms else None
+        res = q.offer(QueuedRequest(rid, p.tenant, p.slo_class, len(p.prompt_ids), deadline), now)
+        if isinstance(res, Shed):
+            raise Overloaded(f"overloaded: {res.reason}", res.retry_after_ms)
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiters[rid] = fut
+        self._pump()
+        try:
+            go = await fut
+        except asyncio.CancelledError:
+            self._waiters.pop(rid, None)
+            q.cancel(rid)
+            raise
+        if not go:
+            cls = p.slo_class or q.config.default_class
+            raise Overloaded("timed out in the admission queue", q.retry_after_ms(cls))
+        self._released -= 1
+
+    async def _route(
+        self, req: web.Request, rid: str, p: ParsedRequest, view: RequestView
+    ) -> web.StreamResponse:
+        exclude: set[str] = set()
+        last = ""
+        for attempt in range(self.opts.retries + 1):
+            now = self.clock()
+            pick_id = f"{rid}.{attempt}"
+            d = self.core.pick(
+                replace(view, exclude=frozenset(exclude)),
+                now,
+                pick_id,
+                p.profile,
+                self.opts.deployment,
+            )
+            if isinstance(d, RouteShed):
+                raise Overloaded(d.reason, d.retry_after_ms)
+            if isinstance(d, NoEndpoint):
+                msg = d.reason + (f" (last upstream error: {last})" if last else "")
+                raise ApiError(503, msg, None, "no_endpoint", "service_unavailable")
+            try:
+                return await self._forward(req, p, d, pick_id)
+            except upstream.UpstreamFailure as f:
+                self._count("upstream_retry")
+                self.core.fleet.upstream_result(f.instance_id, False, self.clock())
+                exclude.add(f.instance_id)
+                last = f.reason
+                if attempt < self.opts.retries:
+                    delay = self.opts.backoff_ms * 2**attempt * (0.5 + self.rng.random())
+                    await asyncio.sleep(delay / 1000.0)
+            finally:
+                self.core.release(pick_id)
+                self._pump()
+        raise ApiError(
+            502, f"upstream failed after retries: {last}", None, "upstream_error", "server_error"
+        )
+
+    async def _forward(
+        self, req: web.Request, p: ParsedRequest, d: Pick, pick_id: str
+    ) -> web.StreamResponse:
+        assert self._session is not None
+        path = _PATHS[p.kind]
+        body: dict[str, Any] = dict(p.forward_body)
+        headers = {"Content-Type": "application/json"}
+        if "traceparent" in req.headers:
+            headers["traceparent"] = req.headers["traceparent"]
+        timeout = aiohttp.ClientTimeout(
+            total=self.opts.upstream_timeout_s, sock_connect=self.opts.connect_timeout_s
+        )
+        decode = d.decode.endpoint
+        prefill_task: asyncio.Task[None] | None = None
+        if d.prefill is not None:
+            body.update(upstream.bootstrap_fields(d.prefill.endpoint, self.rng.getrandbits(62)))
+            prefill_task = asyncio.create_task(
+                upstream.drain_prefill(
+                    self._session, d.prefill.endpoint, path, body, headers, timeout
+                )
+            )
+        try:
+            resp = await upstream.open_upstream(self._session, decode, path, body, headers, timeout)
+        except upstream.UpstreamFailure as f:
+            if prefill_task is not None and prefill_task.done() and prefill_task.exception():
+                exc = prefill_task.exception()
+                if isinstance(exc, upstream.UpstreamFailure):
+                    raise exc from None
+            await upstream.cancel_quietly(prefill_task)
+            raise f from None
+        try:
+            if not p.stream or resp.status != 200:
+                try:
+                    data = await resp.read()
+                except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                    raise upstream.UpstreamFailure(decode.instance_id, f"read: {e!r}") from None
+                self.core.first_token(pick_id)
+                self.core.fleet.upstream_result(decode.instance_id, True, self.clock())
+                return web.Response(
+                    status=resp.status,
+                    body=data,
+                    content_type=resp.content_type or "application/json",
+                )
+            return await self._stream(req, resp, decode.instance_id, pick_id)
+        finally:
+            resp.release()
+            if prefill_task is not None and not prefill_task.done():
+                # The decode side answered; let the prefill half finish in the background.
+                prefill_task.add_done_callback(_swallow)
+
+    async def _stream(
+        self, req: web.Request, resp: aiohttp.ClientResponse, instance_id: str, pick_id: str
+    ) -> web.StreamResponse:
+        out = web.StreamResponse(
+            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        started = False
+        tail = b""
+        error = ""
+        try:
+            async for chunk in resp.content.iter_any():
+                if not started:
+                    await out.prepare(req)
+                    self.core.first_token(pick_id)
+                    started = True
+                try:
+                    await out.write(chunk)
+                except (ConnectionError, RuntimeError):
+                    self._count("client_gone")  # client went away: stop reading upstream
+                    self.core.fleet.upstream_result(instance_id, True, self.clock())
+                    return out
+                tail = (tail + chunk)[-64:]
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            if not started:
+                raise upstream.UpstreamFailure(instance_id, f"stream: {e!r}") from None
+            error = f"upstream stream broke: {e!r}"
+        if not started:
+            raise upstream.UpstreamFailure(instance_id, "empty stream")
+        if not error and b"[DONE]" not in tail:
+            error = "upstream stream ended without [DONE]"
+        now = self.clock()
+        if error:
+            self._count("stream_broken")
+            self.core.fleet.upstream_result(instance_id, False, now)
+            evt = {
+                "error": {
+                    "message": error,
+                    "type": "server_error",
+                    "param": None,
+                    "code": "upstream_error",
+                }
+            }
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await out.write(f"data: {json.dumps(evt)}\n\ndata: [DONE]\n\n".encode())
+        else:
+            self.core.fleet.upstream_result(instance_id, True, now)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await out.write_eof()
+        return out
+
+
+def _swallow(t: asyncio.Task[None]) -> None:
+    if not t.cancelled():
+        t.exception()
