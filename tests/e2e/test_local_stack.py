@@ -170,6 +170,12 @@ def test_up_status_down_leaves_nothing_running(stack_dirs: Stack) -> None:
             assert full_name in _reflected_services(address)
             metrics = f"http://127.0.0.1:{stack_dirs.ports[name]['metrics_port']}/metrics"
             assert by_name[name].metrics_url == metrics
+            # only endpoints that answer are announced, each on the port it was given
+            for purpose, url in by_name[name].endpoints.items():
+                port = int(url.split(":")[2].split("/")[0])
+                assert port in stack_dirs.ports[name].values(), (name, purpose, url)
+                with socket.create_connection(("127.0.0.1", port), timeout=5):
+                    pass
 
         status = subprocess.run(
             [*_cli(), "status", "--state-dir", str(state_dir), "--json"],

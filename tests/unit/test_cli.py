@@ -76,3 +76,53 @@ def test_missing_command_module_is_skipped_broken_one_raises(
 
 def test_stack_module_is_first_in_registry() -> None:
     assert COMMAND_MODULES[0] == "services.stack.cli"
+
+
+def _up_args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["up", *argv])
+
+
+def test_up_reads_ports_from_the_config_file_and_offsets_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.stack.cli import resolve_up
+
+    monkeypatch.delenv("TIDESERVE_CONFIG", raising=False)
+    config = tmp_path / "ts.yaml"
+    config.write_text(
+        "kvmeta:\n  grpc_port: 41000\n  metadata_http_port: 0\n"
+        "scheduler:\n  http_port: 42000\nstack:\n  redis_port: 43000\n"
+    )
+    opts, children = resolve_up(
+        _up_args(
+            "--config", str(config), "--state-dir", str(tmp_path / "st"), "--base-port-offset", "5"
+        )
+    )
+    assert opts.state_dir == (tmp_path / "st").resolve()
+    assert opts.redis_port == 43005
+    assert opts.postgres_url is None and opts.redis_url is None  # → embedded servers
+    ports = {c.name: {p.setting: p.port for p in c.ports} for c in children}
+    assert ports["kvmeta"] == {"grpc_port": 41005, "metrics_port": 9107}  # TE metadata off
+    assert ports["scheduler"] == {"grpc_port": 50056, "metrics_port": 9106, "http_port": 42005}
+    assert children[1].argv[-2:] == ("--config", str(config.resolve()))
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "needle"),
+    [
+        ("stack:\n  bogus: 1\n", "stack.bogus"),
+        ("kvmeta:\n  grpc_port: 0\n", "kvmeta.grpc_port"),
+        ("stack:\n  redis_port: nope\n", "stack.redis_port"),
+    ],
+    ids=["unknown-setting", "grpc-port-zero", "not-a-number"],
+)
+def test_up_bad_config_is_one_line_exit_2(
+    tmp_path: Path, yaml_text: str, needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "ts.yaml"
+    config.write_text(yaml_text)
+    assert main(["up", "--config", str(config), "--state-dir", str(tmp_path / "st")]) == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "st").exists()  # nothing started, nothing written
