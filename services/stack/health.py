@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import urllib.error
+import urllib.request
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -42,3 +44,14 @@ def check_grpc_health(address: str, service: str = "", timeout_s: float = 1.0) -
                 return Health.SERVICE_UNKNOWN
             return Health.UNREACHABLE
     return _FROM_PROTO.get(resp.status, Health.UNKNOWN)
+
+
+def check_http_ready(url: str, timeout_s: float = 1.0) -> Health:
+    """GET ``url``: 2xx is SERVING, another HTTP status NOT_SERVING, no answer UNREACHABLE."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return Health.SERVING if 200 <= resp.status < 300 else Health.NOT_SERVING
+    except urllib.error.HTTPError:
+        return Health.NOT_SERVING
+    except (urllib.error.URLError, OSError, ValueError):
+        return Health.UNREACHABLE

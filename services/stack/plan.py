@@ -98,8 +98,10 @@ class PortClaim:
 class ChildSpec:
     """One supervised process.
 
-    ``grpc_address`` is the target of the grpc.health.v1 readiness probe; ``None`` means the
-    child counts as ready as soon as it runs. ``ports`` are checked free before anything starts.
+    Readiness: ``grpc_address`` → grpc.health.v1 Check SERVING; else ``ready_url`` → HTTP GET
+    answering 2xx (e.g. a simulated engine's ``/health``); else ready as soon as it runs.
+    ``ports`` are checked free before anything starts. ``kind`` orders stopping in ``down``
+    (see services.stack.control.stop_order).
     """
 
     name: str
@@ -108,6 +110,7 @@ class ChildSpec:
     log_path: Path
     grpc_address: str | None = None
     grpc_service: str = ""
+    ready_url: str | None = None
     ports: tuple[PortClaim, ...] = ()
     kind: str = "service"
 

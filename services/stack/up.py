@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TextIO, TypeVar
 
-from services.stack.health import Health, check_grpc_health
+from services.stack.health import Health, check_grpc_health, check_http_ready
 from services.stack.plan import SERVICE_NAMES, ChildSpec, PortClaim, duplicate_ports
 from services.stack.ports import busy_ports, tcp_accepts
 from services.stack.procs import Child, ProcRef, Supervisor, is_alive, log_tail
@@ -194,6 +194,7 @@ class StackRunner:
         out: TextIO | None = None,
         err: TextIO | None = None,
         probe: Callable[[str, str, float], Health] = check_grpc_health,
+        http_probe: Callable[[str, float], Health] = check_http_ready,
     ) -> None:
         self.opts = opts
         self.children = tuple(children)
@@ -201,6 +202,7 @@ class StackRunner:
         self.out = out if out is not None else sys.stdout
         self.err = err if err is not None else sys.stderr
         self.probe = probe
+        self.http_probe = http_probe
         self.supervisor = Supervisor(stop_timeout_s=opts.stop_timeout_s)
         self.signals = _Signals()
         me = ProcRef.of("up", os.getpid())
@@ -370,13 +372,17 @@ class StackRunner:
                 code = child.exit_code()
                 if code is not None:
                     raise self._died(child, code)
-                if child.spec.grpc_address is None:
+                target = child.spec.grpc_address or child.spec.ready_url
+                if target is None:
                     del pending[name]
                     continue
-                health = self.probe(child.spec.grpc_address, "", self.opts.probe_timeout_s)
+                if child.spec.grpc_address is not None:
+                    health = self.probe(target, "", self.opts.probe_timeout_s)
+                else:
+                    health = self.http_probe(target, self.opts.probe_timeout_s)
                 last[name] = health
                 if health is Health.SERVING:
-                    self._say(f"{name} is SERVING on {child.spec.grpc_address}")
+                    self._say(f"{name} is SERVING on {target}")
                     del pending[name]
             if not pending:
                 return

@@ -9,6 +9,7 @@ External database URLs are given so no embedded server starts and no migration r
 from __future__ import annotations
 
 import dataclasses
+import http.server
 import io
 import os
 import signal
@@ -25,7 +26,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.stack.control import stack_down
-from services.stack.health import Health, check_grpc_health
+from services.stack.health import Health, check_grpc_health, check_http_ready
 from services.stack.plan import ChildSpec, PortClaim
 from services.stack.ports import port_is_free
 from services.stack.procs import ProcRef, Supervisor, is_alive, stop_processes
@@ -453,3 +454,73 @@ def test_unreachable_external_server_fails_before_any_child(
     assert f"external {label} failed: cannot reach {which}" in err.getvalue()
     assert runner.supervisor.children == ()
     assert read_state(tmp_path) is None
+
+
+def test_http_and_plain_children_join_the_stack(
+    tmp_path: Path, standin: Path, no_leftovers: list[ProcRef]
+) -> None:
+    """Non-gRPC children (future engines): ready on HTTP 2xx, or as soon as they run."""
+    port = free_port()
+    web = tmp_path / "web"
+    web.mkdir()
+    children = [
+        spec(standin, tmp_path, "svc0", free_port()),
+        ChildSpec(
+            "engine-0",
+            (sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "-d", str(web)),
+            dict(os.environ),
+            tmp_path / "logs" / "engine-0.log",
+            ready_url=f"http://127.0.0.1:{port}/",
+            ports=(PortClaim("engine-0", "HTTP", "127.0.0.1", port, "port", "/"),),
+            kind="engine",
+        ),
+        ChildSpec(
+            "sidecar",
+            (sys.executable, "-c", "import time; time.sleep(60)"),
+            dict(os.environ),
+            tmp_path / "logs" / "sidecar.log",
+            kind="engine",
+        ),
+    ]
+    out, err = io.StringIO(), io.StringIO()
+    runner = StackRunner(options(tmp_path), children, NO_INFRA, out=out, err=err)
+    rc, seen = run(runner, stop_when_running=True)
+    no_leftovers.extend(c.ref for c in runner.supervisor.children)
+    assert rc == 0, err.getvalue()
+    assert f"engine-0 is SERVING on http://127.0.0.1:{port}/" in err.getvalue()
+    assert {p.name: p.kind for p in seen} == {
+        "svc0": "service",
+        "engine-0": "engine",
+        "sidecar": "engine",
+    }
+    assert not any(is_alive(c.ref) for c in runner.supervisor.children)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/ok" else 503)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [("/ok", Health.SERVING), ("/busy", Health.NOT_SERVING)],
+    ids=["2xx", "503"],
+)
+def test_check_http_ready(path: str, expected: Health) -> None:
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Handler)
+    t = threading.Thread(target=server.serve_forever)
+    t.start()
+    try:
+        assert check_http_ready(f"http://127.0.0.1:{server.server_port}{path}", 5.0) is expected
+    finally:
+        server.shutdown()
+        server.server_close()
+        t.join()
+
+
+def test_check_http_ready_unreachable() -> None:
+    assert check_http_ready(f"http://127.0.0.1:{free_port()}/", 0.5) is Health.UNREACHABLE
