@@ -122,9 +122,9 @@ class _StopRequested(Exception):
 
 
 class _Signals:
-    """SIGINT/SIGTERM set ``event`` and nothing else: start-up checks it between steps
-    (:meth:`checkpoint`), so a signal never interrupts a step half way (e.g. a server started
-    but its handle not yet returned, which could then not be stopped)."""
+    """SIGINT, SIGTERM and SIGHUP (terminal closed) set ``event`` and nothing else: start-up
+    checks it between steps (:meth:`checkpoint`), so a signal never interrupts a step half way
+    (e.g. a server started but its handle not yet returned, which could then not be stopped)."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
@@ -142,7 +142,7 @@ class _Signals:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             self._previous[sig] = signal.signal(sig, self._handler)
         try:
             yield
