@@ -21,9 +21,14 @@ import gc
 import json
 import os
 import random
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -39,62 +44,67 @@ def _pct(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(p / 100 * len(s)))]
 
 
-def build_index(
-    args: argparse.Namespace, rng: random.Random
-) -> tuple[PrefixIndex, dict[str, object]]:
-    idx = PrefixIndex()
+Batch = tuple[str, int, list[list[int]]]  # (instance, seq, block-hash lists of STORED events)
+
+
+def gen_batches(
+    args: argparse.Namespace, rng: random.Random, sessions: list[tuple[list[int], list[str]]]
+) -> Iterator[Batch]:
+    """The workload's ingest batches (see module doc); fills ``sessions`` for queries."""
     inst_ids = [f"i{n:04d}" for n in range(args.instances)]
     seqs = dict.fromkeys(inst_ids, 0)
     families = [
         [rng.getrandbits(64) | 1 for _ in range(args.shared_blocks)] for _ in range(args.families)
     ]
     family_holders: dict[int, set[str]] = {f: set() for f in range(args.families)}
-    sessions: list[tuple[list[int], list[str]]] = []
     tail_len = args.session_blocks - args.shared_blocks
-    entries = 0
-    block_events = 0
-    apply_s = 0.0
     bpe = args.blocks_per_event
-    pending: dict[str, list[BlockEvent]] = {i: [] for i in inst_ids}
+    pending: dict[str, list[list[int]]] = {i: [] for i in inst_ids}
+    entries = 0
 
-    def flush(iid: str) -> None:
-        nonlocal apply_s
-        evs = pending[iid]
-        if not evs:
-            return
-        seqs[iid] += 1
-        t0 = time.perf_counter()
-        idx.apply_batch("bench", iid, 1, seqs[iid], evs, 0.0)
-        apply_s += time.perf_counter() - t0
-        pending[iid] = []
-
-    def store(iid: str, hashes: list[int]) -> None:
-        nonlocal block_events
+    def store(iid: str, hashes: list[int]) -> Iterator[Batch]:
         for k in range(0, len(hashes), bpe):
-            pending[iid].append(BlockEvent(STORED, hashes[k : k + bpe], 1, "t0"))
-            block_events += len(hashes[k : k + bpe])
+            pending[iid].append(hashes[k : k + bpe])
             if len(pending[iid]) >= args.events_per_batch:
-                flush(iid)
+                seqs[iid] += 1
+                yield iid, seqs[iid], pending[iid]
+                pending[iid] = []
 
     while entries < args.entries:
         fam = rng.randrange(args.families)
         r = rng.random()
-        k = 1 if r < 0.8 else (2 if r < 0.95 else 4)
-        holders = rng.sample(inst_ids, k)
+        holders = rng.sample(inst_ids, 1 if r < 0.8 else (2 if r < 0.95 else 4))
         tail = [rng.getrandbits(64) | 1 for _ in range(tail_len)]
         for iid in holders:
             if iid not in family_holders[fam]:
                 family_holders[fam].add(iid)
-                store(iid, families[fam])
+                yield from store(iid, families[fam])
                 entries += len(families[fam])
-            store(iid, tail)
+            yield from store(iid, tail)
             entries += tail_len
         if len(sessions) < 20_000:
             sessions.append((families[fam] + tail, holders))
         elif rng.random() < 0.05:
             sessions[rng.randrange(len(sessions))] = (families[fam] + tail, holders)
     for iid in inst_ids:
-        flush(iid)
+        if pending[iid]:
+            seqs[iid] += 1
+            yield iid, seqs[iid], pending[iid]
+
+
+def build_index(
+    args: argparse.Namespace, rng: random.Random
+) -> tuple[PrefixIndex, dict[str, object]]:
+    idx = PrefixIndex()
+    sessions: list[tuple[list[int], list[str]]] = []
+    block_events = 0
+    apply_s = 0.0
+    for iid, seq, lists in gen_batches(args, rng, sessions):
+        evs = [BlockEvent(STORED, h, 1, "t0") for h in lists]
+        block_events += sum(len(h) for h in lists)
+        t0 = time.perf_counter()
+        idx.apply_batch("bench", iid, 1, seq, evs, 0.0)
+        apply_s += time.perf_counter() - t0
     stats: dict[str, object] = {
         "entries": idx.entry_count(),
         "distinct_blocks": sum(
@@ -177,6 +187,225 @@ def bench_objects(n: int) -> dict[str, object]:
     }
 
 
+def _start_service(tmp: Path, port: int, pg: str, rd: str, prefix: str) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("TIDESERVE_")}
+    env.update(
+        {
+            "TIDESERVE_METADATA_HTTP_PORT": "0",
+            "TIDESERVE_STREAM_PREFIX": prefix,
+            "TIDESERVE_KVMETA__CHECKPOINT_INTERVAL_S": "2",
+            "TIDESERVE_LOG_FORMAT": "text",
+        }
+    )
+    args = [
+        "--grpc-port",
+        str(port),
+        "--metrics-port",
+        "0",
+        "--postgres-url",
+        pg,
+        "--redis-url",
+        rd,
+    ]
+    with (tmp / "kvmeta.stderr").open("ab") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "services.kvmeta", *args],
+            cwd=tmp,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+
+
+def _wait(pred: Callable[[], bool], what: str, timeout: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if pred():
+                return
+        except Exception:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.02)
+
+
+def bench_service(args: argparse.Namespace) -> dict[str, object]:
+    """Through a real kvmeta process on real Postgres + Redis (embedded unless URLs given)."""
+    import grpc
+    import psycopg
+    import redis
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from tideserve.v1 import events_pb2, kvmeta_pb2, kvmeta_pb2_grpc
+
+    from services.common.embedded import free_port, start_postgres, start_redis
+    from services.common.streams import encode_entry, stream_name
+
+    tmp = Path(tempfile.mkdtemp(prefix="kvmeta-bench-"))
+    tmp.chmod(0o755)
+    stops: list[Callable[[], None]] = []
+    proc: subprocess.Popen[bytes] | None = None
+    out: dict[str, object] = {}
+    try:
+        pg_url, rd_url = args.postgres_url, args.redis_url
+        if not pg_url:
+            pg = start_postgres(tmp / "pg")
+            stops.append(pg.stop)
+            pg_url = pg.url
+        if not rd_url:
+            rs = start_redis(tmp / "redis", 0)
+            stops.append(rs.stop)
+            rd_url = rs.url
+        prefix = f"kvbench{os.getpid()}"
+        stream = stream_name(prefix, "kv", "bench")
+        sub = argparse.Namespace(**vars(args))
+        sub.entries = args.service_entries
+        sessions: list[tuple[list[int], list[str]]] = []
+        r = redis.Redis.from_url(rd_url)
+        pipe = r.pipeline(transaction=False)
+        n_msgs = 0
+        for iid, seq, lists in gen_batches(sub, random.Random(args.seed), sessions):
+            evs = [events_pb2.KVEvent(kind=1, tier=1, block_hashes=h, tenant="t0") for h in lists]
+            b = events_pb2.KVEventBatch(
+                deployment="bench", instance_id=iid, epoch=1, seq=seq, events=evs, block_size=16
+            )
+            pipe.xadd(stream, encode_entry(b))  # type: ignore[arg-type]
+            n_msgs += 1
+            if n_msgs % 1000 == 0:
+                pipe.execute()
+        pipe.execute()
+        last_id = r.xrevrange(stream, count=1)[0][0].decode()
+        port = free_port()
+        target = f"127.0.0.1:{port}"
+        channel = grpc.insecure_channel(target)
+        stub = kvmeta_pb2_grpc.KVMetaServiceStub(channel)
+        health = health_pb2_grpc.HealthStub(channel)
+        lreq = kvmeta_pb2.ListIndexedInstancesRequest(deployment="bench")
+
+        def serving() -> bool:
+            req = health_pb2.HealthCheckRequest(service="")
+            return health.Check(req, timeout=2).status == health_pb2.HealthCheckResponse.SERVING
+
+        def indexed() -> int:
+            return sum(i.blocks for i in stub.ListIndexedInstances(lreq, timeout=10).instances)
+
+        t0 = time.perf_counter()
+        proc = _start_service(tmp, port, pg_url, rd_url, prefix)
+        _wait(serving, "service up")
+        _wait(lambda: indexed() >= args.service_entries, "stream ingested")
+        ingest_s = time.perf_counter() - t0
+        plain = pg_url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+        def checkpointed() -> bool:
+            with psycopg.connect(plain) as conn:
+                row = conn.execute(
+                    "SELECT stream_id FROM kvmeta.index_checkpoints WHERE deployment = 'bench' "
+                    "ORDER BY id DESC LIMIT 1"
+                ).fetchone()
+            return row is not None and row[0] == last_id
+
+        _wait(checkpointed, "checkpoint")
+        entries = indexed()
+        out["entries"] = entries
+        out["stream_messages"] = n_msgs
+        out["cold_start_from_stream_s"] = round(ingest_s, 3)
+        # MatchPrefix through gRPC (client in this process, server in its own)
+        rng = random.Random(args.seed + 1)
+        lat: list[float] = []
+        for _ in range(args.grpc_queries):
+            hashes, _h = sessions[rng.randrange(len(sessions))]
+            cut = rng.randrange(1, len(hashes) + 1)
+            prompt = hashes[:cut] + [rng.getrandbits(64) | 1 for _ in range(len(hashes) - cut)]
+            req = kvmeta_pb2.MatchPrefixRequest(
+                deployment="bench", tenant="t0", block_hashes=prompt
+            )
+            q0 = time.perf_counter()
+            stub.MatchPrefix(req, timeout=10)
+            lat.append((time.perf_counter() - q0) * 1000)
+        out["grpc_match_prefix"] = {
+            "queries": len(lat),
+            "p50_ms": round(_pct(lat, 50), 3),
+            "p99_ms": round(_pct(lat, 99), 3),
+        }
+        # IngestEvents (client streaming; each batch is also appended to the Redis stream)
+        ing_batches = [
+            events_pb2.KVEventBatch(
+                deployment="bench-grpc",
+                instance_id=f"g{k % 50}",
+                epoch=1,
+                seq=k // 50 + 1,
+                events=[
+                    events_pb2.KVEvent(
+                        kind=1, tier=1, block_hashes=[rng.getrandbits(64) | 1 for _ in range(16)]
+                    )
+                    for _ in range(8)
+                ],
+            )
+            for k in range(args.grpc_ingest_batches)
+        ]
+        q0 = time.perf_counter()
+        resp = stub.IngestEvents(iter(ing_batches), timeout=600)
+        dt = time.perf_counter() - q0
+        out["grpc_ingest"] = {
+            "batches": resp.batches_applied,
+            "block_events_per_s": round(resp.batches_applied * 128 / dt),
+        }
+        # object master through gRPC, write-through to Postgres on every mutation
+        stub.MountSegment(
+            kvmeta_pb2.MountSegmentRequest(
+                deployment="bench",
+                segment=kvmeta_pb2.Segment(
+                    name="s0",
+                    instance_id="i0",
+                    tier=2,
+                    capacity_bytes=1 << 40,
+                    transfer_address="127.0.0.1:17000",
+                ),
+            )
+        )
+        n = args.grpc_objects
+        q0 = time.perf_counter()
+        for k in range(n):
+            stub.PutStart(kvmeta_pb2.PutStartRequest(deployment="bench", key=f"k{k}", size=4096))
+            stub.PutEnd(kvmeta_pb2.PutEndRequest(deployment="bench", key=f"k{k}"))
+        q1 = time.perf_counter()
+        for k in range(n):
+            stub.GetReplicaList(kvmeta_pb2.GetReplicaListRequest(deployment="bench", key=f"k{k}"))
+        q2 = time.perf_counter()
+        out["grpc_objects"] = {
+            "objects": n,
+            "put_start_end_per_s": round(n / (q1 - q0)),
+            "get_replica_list_per_s": round(n / (q2 - q1)),
+        }
+        # kill -9, then time until SERVING again (checkpoint load + stream replay)
+        for mode in ("checkpoint_plus_replay", "replay_only"):
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            if mode == "replay_only":
+                with psycopg.connect(plain, autocommit=True) as conn:
+                    conn.execute("DELETE FROM kvmeta.index_checkpoints")
+            t0 = time.perf_counter()
+            proc = _start_service(tmp, port, pg_url, rd_url, prefix)
+            _wait(serving, f"restart ({mode})")
+            out[f"recovery_{mode}_s"] = round(time.perf_counter() - t0, 3)
+            got = indexed()
+            assert got == entries, (mode, got, entries)
+        out["recovery_note"] = (
+            "process start to gRPC SERVING (served only after the index is rebuilt), incl. "
+            "interpreter start and imports"
+        )
+        channel.close()
+        r.close()
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stop in reversed(stops):
+            stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--entries", type=int, default=10_000_000)
@@ -195,6 +424,18 @@ def main() -> int:
         help="entries for the tracemalloc build (default: same as --entries)",
     )
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument(
+        "--service",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure through a real kvmeta process (Postgres + Redis)",
+    )
+    ap.add_argument("--service-entries", type=int, default=1_000_000)
+    ap.add_argument("--grpc-queries", type=int, default=2000)
+    ap.add_argument("--grpc-ingest-batches", type=int, default=2000)
+    ap.add_argument("--grpc-objects", type=int, default=2000)
+    ap.add_argument("--postgres-url", default=None, help="default: an embedded server")
+    ap.add_argument("--redis-url", default=None, help="default: an embedded server")
     ap.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=True)
     args = ap.parse_args()
     out: dict[str, object] = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
@@ -244,6 +485,8 @@ def main() -> int:
     del idx
     gc.collect()
     out["object_master"] = bench_objects(args.objects)
+    if args.service:
+        out["service"] = bench_service(args)
     print(json.dumps(out, indent=2))
     return 0
 
