@@ -231,7 +231,8 @@ class StackRunner:
 
     # ----------------------------------------------------------------- run
     def run(self) -> int:
-        """Run until stopped. 0 after a requested stop, 1 on failure, 2 on bad configuration."""
+        """Run until stopped: 0 after a requested stop (also during start-up), 1 when something
+        failed (ports, a server, a migration, a child); everything started is stopped first."""
         try:
             with _state_lock(self.opts.state_dir):
                 return self._run_locked()
@@ -245,6 +246,7 @@ class StackRunner:
         rc = EXIT_FAILED
         with self.signals.installed(), contextlib.ExitStack() as teardown:
             try:
+                self._save()  # from now on `tideserve down` can reach us
                 postgres_url, redis_url = self._start_infra(teardown)
                 teardown.callback(self._stop_children)
                 self._start_children(postgres_url, redis_url)
