@@ -1,26 +1,94 @@
-"""``python -m services.scheduler``: the scheduler service process."""
+"""``python -m services.scheduler``: the scheduler service process.
+
+One process serves the gRPC ``SchedulerService`` (on ``grpc_port``) and the OpenAI-compatible
+HTTP gateway (on ``http_port``; 0 = off) over one shared core, so a decision, its reservation
+and its release are the same whichever way it is asked.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import random
 from collections.abc import Sequence
 
 import grpc
+from aiohttp import web
 
+from services.common.errors import StartupError
 from services.common.server import ServiceHooks, run_service
+from services.scheduler.gateway import CoreLimits, EndpointSpec, GatewayCore, build_core
+from services.scheduler.gateway.openai import Limits
+from services.scheduler.gateway.server import Gateway, GatewayOptions
+from services.scheduler.routing.config import ConfigError
 from services.scheduler.servicer import SchedulerServicer, add_to_server
-from services.scheduler.settings import SchedulerSettings
+from services.scheduler.settings import SchedulerSettings, parse_endpoint
 
-__all__ = ["build", "main"]
+__all__ = ["build", "build_gateway", "main"]
+
+
+def _specs(settings: SchedulerSettings) -> list[EndpointSpec]:
+    out = []
+    for item in settings.endpoints:
+        iid, role, url = parse_endpoint(item)
+        out.append(EndpointSpec(iid, url, role, deployment=settings.deployment))  # type: ignore[arg-type]
+    return out
+
+
+def build_gateway(settings: SchedulerSettings) -> tuple[GatewayCore, Gateway]:
+    """The core and the HTTP gateway from settings. StartupError for a bad profiles file."""
+    try:
+        core = build_core(
+            _specs(settings),
+            profiles=settings.profiles_file,
+            seed=settings.seed,
+            block_size=settings.block_size,
+            perf_profile=settings.perf_profile,
+            limits=CoreLimits(max_in_flight_per_endpoint=settings.max_in_flight_per_endpoint),
+        )
+    except (ConfigError, KeyError) as e:
+        raise StartupError(f"scheduler profiles: {e}") from None
+    opts = GatewayOptions(
+        models=tuple(settings.models),
+        deployment=settings.deployment,
+        block_size=settings.block_size,
+        retries=settings.retries,
+        health_interval_s=settings.health_interval_s,
+        load_interval_s=settings.load_interval_s,
+        limits=Limits(max_body_bytes=settings.max_body_bytes),
+    )
+    return core, Gateway(core, opts, rng=random.Random(settings.seed + 1))
 
 
 def build(settings: SchedulerSettings) -> ServiceHooks:
-    """Wire the scheduler servicer (and, later, its cores and consumers) from ``settings``."""
-    del settings  # nothing configurable yet
+    """Wire the servicer and the HTTP gateway on one core from ``settings``."""
+    core, gateway = build_gateway(settings)
+    servicer = SchedulerServicer(
+        core, deployment=settings.deployment, block_size=settings.block_size
+    )
+    runner: list[web.AppRunner] = []
 
     def register(server: grpc.aio.Server) -> list[str]:
-        return [add_to_server(SchedulerServicer(), server)]
+        return [add_to_server(servicer, server)]
 
-    return ServiceHooks(register=register)
+    async def on_start() -> None:
+        if settings.http_port == 0:
+            return
+        r = web.AppRunner(gateway.app(), handle_signals=False)
+        await r.setup()
+        try:
+            await web.TCPSite(r, settings.host, settings.http_port).start()
+        except OSError as e:
+            await r.cleanup()
+            raise StartupError(
+                f"cannot listen on {settings.host}:{settings.http_port} (http): {e.strerror}"
+            ) from None
+        runner.append(r)
+
+    async def on_stop() -> None:
+        for r in runner:
+            await asyncio.wait_for(r.cleanup(), settings.shutdown_grace_s + 1.0)
+
+    return ServiceHooks(register=register, on_start=on_start, on_stop=on_stop)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,15 +1,36 @@
-"""gRPC servicer of ``tideserve.v1.SchedulerService``: a thin translation layer.
+"""gRPC servicer of ``tideserve.v1.SchedulerService``: a thin translation layer over
+:class:`services.scheduler.gateway.core.GatewayCore` (the same core the HTTP gateway uses).
 
-Nothing is implemented yet: every RPC falls through to the generated base class, which the
-runner reports as UNIMPLEMENTED. Implementations translate protobuf ⇄ pure core calls only.
+Pick reserves load on the chosen endpoints until ReportOutcome releases it (or the core's
+reservation TTL does). Errors: INVALID_ARGUMENT (bad fields), NOT_FOUND (unknown deployment,
+profile, class, pick or instance), RESOURCE_EXHAUSTED (saturated fleet or TTFT SLO
+infeasible; ``retry_after_ms`` in the message and trailing metadata ``retry-after-ms``),
+UNAVAILABLE (no eligible endpoint).
 """
 
 from __future__ import annotations
 
+import random
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import grpc
-from tideserve.v1 import scheduler_pb2, scheduler_pb2_grpc
+from tideserve.v1 import common_pb2, events_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+from services.common.tokens import block_hashes, tokenize
+from services.scheduler.gateway.core import GatewayCore
+from services.scheduler.gateway.upstream import bootstrap_fields
+from services.scheduler.routing.types import (
+    Choice,
+    EndpointView,
+    NoEndpoint,
+    RequestView,
+    Role,
+    Shed,
+)
 
 __all__ = ["SERVICE_NAME", "SchedulerServicer", "add_to_server"]
 
@@ -21,9 +42,207 @@ if TYPE_CHECKING:  # the generated grpc module is untyped; keep ``Any`` out of t
 else:
     _Base = scheduler_pb2_grpc.SchedulerServiceServicer
 
+_ROLE_PB: dict[Role, int] = {
+    "worker": common_pb2.ROLE_WORKER,
+    "prefill": common_pb2.ROLE_PREFILL,
+    "decode": common_pb2.ROLE_DECODE,
+}
+_MAX_HASHES = 1_000_000
+
+
+def _instance(e: EndpointView, deployment: str) -> common_pb2.Instance:
+    return common_pb2.Instance(
+        instance_id=e.instance_id,
+        deployment=deployment,
+        role=_ROLE_PB[e.role],  # type: ignore[arg-type]
+        engine_kind=common_pb2.ENGINE_KIND_SIM,
+        endpoint=common_pb2.Endpoint(
+            url=e.url, bootstrap_host=e.bootstrap_host, bootstrap_port=e.bootstrap_port
+        ),
+        state=common_pb2.INSTANCE_STATE_DRAINING if e.draining else common_pb2.INSTANCE_STATE_READY,
+        labels=dict(e.labels),
+    )
+
+
+def _picked(c: Choice, deployment: str) -> scheduler_pb2.PickedEndpoint:
+    return scheduler_pb2.PickedEndpoint(
+        instance=_instance(c.endpoint, deployment),
+        score=c.score,
+        scores=[events_pb2.PluginScore(plugin=n, score=s, weight=w) for n, s, w in c.scores],
+    )
+
 
 class SchedulerServicer(_Base):
-    """``SchedulerService``: request admission, queues, routing decisions and the OpenAI-compatible gateway."""
+    """``SchedulerService`` over a :class:`GatewayCore`."""
+
+    def __init__(
+        self,
+        core: GatewayCore,
+        *,
+        deployment: str = "default",
+        block_size: int = 64,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+        remember_picks: int = 100_000,
+    ) -> None:
+        self.core = core
+        self.deployment = deployment
+        self.block_size = block_size
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self._picks: OrderedDict[str, tuple[str, bool]] = OrderedDict()  # id → (decode, done)
+        self._remember = remember_picks
+
+    async def Pick(
+        self, request: scheduler_pb2.PickRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.PickResponse:
+        r = request
+        if not r.deployment:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "deployment is required")
+        if r.deployment != self.deployment:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown deployment {r.deployment!r}")
+        if r.profile and r.profile not in self.core.scheduler.profiles:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown profile {r.profile!r}")
+        classes = {c.name for c in self.core.queue.config.classes}
+        if r.slo_class and r.slo_class not in classes:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown SLO class {r.slo_class!r}")
+        if r.prompt_tokens < 0 or r.max_tokens < 0:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "prompt_tokens and max_tokens must be >= 0"
+            )
+        if len(r.block_hashes) > _MAX_HASHES:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "too many block_hashes")
+        if r.block_hashes:
+            hashes = tuple(r.block_hashes)
+            n_tokens = r.prompt_tokens or len(hashes) * self.block_size
+        else:
+            ids = list(r.prompt_token_ids) or tokenize(r.prompt_text)
+            hashes = tuple(block_hashes(ids, self.block_size, tenant=""))
+            n_tokens = r.prompt_tokens or len(ids)
+        now = self.clock()
+        deadline_in = r.deadline_ms - time.time() * 1000.0 if r.deadline_ms else None
+        if deadline_in is not None and deadline_in <= 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "deadline_ms is in the past")
+        if self.core.capacity(now) <= 0:
+            retry = self.core.queue.retry_after_ms(
+                r.slo_class or self.core.queue.config.default_class
+            )
+            await self._exhausted(context, "fleet saturated", retry)
+        pick_id = uuid.uuid4().hex
+        view = RequestView(
+            request_id=pick_id,
+            prompt_tokens=n_tokens,
+            block_hashes=hashes,
+            block_size=self.block_size,
+            max_tokens=r.max_tokens,
+            tenant=r.tenant,
+            slo_class=r.slo_class,
+            session_id=r.session_id,
+            ttft_slo_ms=self.core.ttft_budget_ms(r.slo_class, deadline_in),
+            exclude=frozenset(r.exclude_instances),
+        )
+        d = self.core.pick(view, now, pick_id, r.profile)
+        if isinstance(d, Shed):
+            await self._exhausted(context, d.reason, d.retry_after_ms)
+            raise AssertionError("unreachable")
+        if isinstance(d, NoEndpoint):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, d.reason)
+            raise AssertionError("unreachable")
+        self._remember_pick(pick_id, d.decode.endpoint.instance_id)
+        resp = scheduler_pb2.PickResponse(
+            pick_id=pick_id,
+            decode=_picked(d.decode, self.deployment),
+            disaggregated=d.disaggregated,
+            predicted_cached_tokens=d.predicted_cached_tokens,
+            predicted_ttft_ms=d.predicted_ttft_ms,
+            profile=d.profile,
+        )
+        if d.prefill is not None:
+            resp.prefill.CopyFrom(_picked(d.prefill, self.deployment))
+            b = bootstrap_fields(d.prefill.endpoint, self.rng.getrandbits(62))
+            resp.bootstrap_host = b["bootstrap_host"]
+            resp.bootstrap_port = b["bootstrap_port"]
+            resp.bootstrap_room = b["bootstrap_room"]
+        return resp
+
+    async def _exhausted(self, context: grpc.aio.ServicerContext, why: str, retry_ms: int) -> None:
+        context.set_trailing_metadata((("retry-after-ms", str(retry_ms)),))
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{why}; retry_after_ms={retry_ms}")
+
+    def _remember_pick(self, pick_id: str, decode: str) -> None:
+        self._picks[pick_id] = (decode, False)
+        while len(self._picks) > self._remember:
+            self._picks.popitem(last=False)
+
+    async def ReportOutcome(
+        self, request: scheduler_pb2.ReportOutcomeRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ReportOutcomeResponse:
+        known = self._picks.get(request.pick_id)
+        if known is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown pick_id {request.pick_id!r}")
+            raise AssertionError("unreachable")
+        decode, done = known
+        if not done:
+            self.core.release(request.pick_id)
+            self._picks[request.pick_id] = (decode, True)
+            o = request.outcome
+            if o == events_pb2.REQUEST_OUTCOME_UPSTREAM_ERROR:
+                self.core.fleet.upstream_result(decode, False, self.clock())
+            elif o == events_pb2.REQUEST_OUTCOME_OK:
+                self.core.fleet.upstream_result(decode, True, self.clock())
+        return scheduler_pb2.ReportOutcomeResponse()
+
+    async def ListEndpoints(
+        self, request: scheduler_pb2.ListEndpointsRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ListEndpointsResponse:
+        if request.deployment and request.deployment != self.deployment:
+            return scheduler_pb2.ListEndpointsResponse()
+        now = self.clock()
+        out = []
+        for e in self.core.fleet.snapshot(now):
+            load = events_pb2.LoadSnapshot(
+                deployment=self.deployment,
+                instance_id=e.instance_id,
+                role=_ROLE_PB[e.role],  # type: ignore[arg-type]
+                num_running=e.running,
+                num_waiting=e.waiting,
+                kv_usage=e.kv_usage,
+                tokens_in_flight=e.tokens_in_flight,
+                pending_prefill_tokens=e.pending_prefill_tokens,
+                prefill_tokens_per_s=e.prefill_tokens_per_s,
+            )
+            out.append(
+                scheduler_pb2.EndpointStatus(
+                    instance=_instance(e, self.deployment),
+                    load=load,
+                    healthy=e.healthy,
+                    draining=e.draining,
+                    circuit=e.circuit,
+                    in_flight=self.core.fleet.in_flight(e.instance_id),
+                )
+            )
+        return scheduler_pb2.ListEndpointsResponse(endpoints=out)
+
+    async def Drain(
+        self, request: scheduler_pb2.DrainRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.DrainResponse:
+        if request.instance_id not in self.core.fleet:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"unknown instance {request.instance_id!r}"
+            )
+        return scheduler_pb2.DrainResponse(
+            in_flight=self.core.fleet.set_draining(request.instance_id, True)
+        )
+
+    async def Undrain(
+        self, request: scheduler_pb2.UndrainRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.UndrainResponse:
+        if request.instance_id not in self.core.fleet:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"unknown instance {request.instance_id!r}"
+            )
+        self.core.fleet.set_draining(request.instance_id, False)
+        return scheduler_pb2.UndrainResponse()
 
 
 def add_to_server(servicer: SchedulerServicer, server: grpc.aio.Server) -> str:

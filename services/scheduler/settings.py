@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator
 
 from services.common.settings import ServiceSettings
 
-__all__ = ["SchedulerSettings"]
+__all__ = ["SchedulerSettings", "parse_endpoint"]
 
 
 class SchedulerSettings(ServiceSettings):
@@ -18,3 +21,44 @@ class SchedulerSettings(ServiceSettings):
     http_port: int = Field(
         8000, ge=0, le=65535, description="OpenAI-compatible HTTP gateway port (0 = off)"
     )
+
+    # --- gateway / routing (owned by the scheduler helper) -------------------------------
+    deployment: str = Field("default", min_length=1, description="deployment this serves")
+    endpoints: list[str] = Field(
+        default_factory=list,
+        description="static engines: URL or ROLE=URL (ROLE worker, prefill or decode)",
+    )
+    models: list[str] = Field(
+        default_factory=list, description="model names accepted; empty = ask the engines"
+    )
+    profiles_file: Path | None = Field(
+        None, description="scheduler profiles YAML; None = the shipped default_profiles.yaml"
+    )
+    block_size: int = Field(64, ge=1, description="tokens per KV block for prefix hashing")
+    perf_profile: str = Field("", description="perfmodel profile for ttft-cost; '' = default")
+    seed: int = Field(0, description="seed of the routing RNG (random ties, power-of-two)")
+    retries: int = Field(2, ge=0, le=10, description="upstream retries before the first byte")
+    health_interval_s: float = Field(1.0, gt=0, description="active health probe period")
+    load_interval_s: float = Field(0.5, gt=0, description="engine /metrics scrape period")
+    max_in_flight_per_endpoint: int = Field(256, ge=1, description="dispatch bound per engine")
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="larger bodies get 413")
+
+    @field_validator("endpoints")
+    @classmethod
+    def _check_endpoints(cls, value: list[str]) -> list[str]:
+        for item in value:
+            parse_endpoint(item)
+        return value
+
+
+def parse_endpoint(item: str) -> tuple[str, str, str]:
+    """``URL`` or ``ROLE=URL`` → (instance_id "host:port", role, url). ValueError if bad."""
+    role, _, url = item.rpartition("=") if "=" in item.split("://")[0] else ("", "", item)
+    role = role or "worker"
+    if role not in ("worker", "prefill", "decode"):
+        raise ValueError(f"endpoint {item!r}: role must be worker, prefill or decode")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"endpoint {item!r}: expected an http(s) URL")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.hostname}:{port}", role, url.rstrip("/")
