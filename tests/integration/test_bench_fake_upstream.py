@@ -204,9 +204,11 @@ async def test_unreachable_target_fails_before_sending(upstreams: Any) -> None:
 
 async def test_concurrency_limit_and_duration_bound_the_run(upstreams: Any) -> None:
     up = await upstreams()
-    # Azure slice at x1: arrivals spread over minutes; --duration 5 keeps the head only.
+    # Azure slice at x5: --duration 1 (wall) keeps the first 5 s of the trace only.
     trace = load_trace(AZURE)
-    cfg = BenchConfig(targets=(up.url,), model="m", duration_s=5.0, concurrency_limit=1)
+    cfg = BenchConfig(
+        targets=(up.url,), model="m", speedup=5.0, duration_s=1.0, concurrency_limit=1
+    )
     summary, _ = await run_bench(cfg, trace)
     expect = sum(1 for r in trace.requests if r.arrival_s < 5.0)
     assert summary["completed"] == up.received == expect
