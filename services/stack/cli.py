@@ -21,9 +21,11 @@ examples:
   tideserve up --postgres-url postgresql://u:p@db:5432/ts --redis-url redis://cache:6379/0
   tideserve up --config tideserve.yaml --json   # print the endpoints as JSON once SERVING
 
-Ports (before --base-port-offset): scheduler gRPC 50051, kvmeta 50052, autoscaler 50053,
-telemetry 50054; metrics 9101-9104; embedded Redis 6380. Per-service `grpc_port` /
-`metrics_port` in the config file and `stack: {redis_port: N}` override them.
+Ports (before --base-port-offset): gRPC scheduler 50051, kvmeta 50052, autoscaler 50053,
+telemetry 50054; metrics 9101-9104; gateway HTTP 8000; kvmeta TE metadata HTTP 8081;
+embedded Redis 6380. Per-service keys in the config file (`kvmeta: {grpc_port: N}`,
+`metrics_port`, `http_port`, `metadata_http_port`) and `stack: {redis_port: N}` override
+them. Only endpoints that answer are printed.
 Logs: <state-dir>/logs/<service>.log. Ctrl-C or `tideserve down` stops everything.
 """
 
