@@ -17,6 +17,7 @@ COMMAND_MODULES: list[str] = [
     "services.engine.cli",
     "services.bench.cli",
     "services.sim.cli",
+    "services.scheduler.cli",
 ]
 
 _EPILOG = """\

@@ -62,6 +62,8 @@ class GatewayOptions:
     limits: Limits = field(default_factory=Limits)
     tenants: frozenset[str] | None = None
     background: bool = True
+    # Scheduler profile for requests that do not name one ("" = the config's default).
+    profile: str = ""
 
 
 class Overloaded(ApiError):
@@ -245,6 +247,8 @@ class Gateway:
                 tenants=self.opts.tenants,
                 limits=self.opts.limits,
             )
+            if not parsed.profile and self.opts.profile:
+                parsed = replace(parsed, profile=self.opts.profile)
             if parsed.profile and parsed.profile not in self.core.scheduler.profiles:
                 raise ApiError(400, f"unknown scheduler profile {parsed.profile!r}", "profile")
             view = self._view(rid, parsed)
