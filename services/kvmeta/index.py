@@ -151,8 +151,10 @@ class _Dep:
 class PrefixIndex:
     """The in-memory prefix index. Not thread-safe; one owner (the service loop) mutates it."""
 
-    def __init__(self) -> None:
+    def __init__(self, instance_timeout_s: float = 0.0) -> None:
+        """``instance_timeout_s``: default of ``expire`` (0 = instances never expire)."""
         self._deps: dict[str, _Dep] = {}
+        self.instance_timeout_s = instance_timeout_s
 
     # ------------------------------------------------------------------ ingest
 
@@ -300,8 +302,12 @@ class PrefixIndex:
         self._retire(dep, inst.slot)
         return True
 
-    def expire(self, now: float, timeout: float) -> list[tuple[str, str]]:
-        """Drop instances not seen for more than ``timeout`` seconds; returns them."""
+    def expire(self, now: float, timeout: float | None = None) -> list[tuple[str, str]]:
+        """Drop instances not seen (events, ``touch``) for more than ``timeout`` seconds
+        (default ``instance_timeout_s``; 0 = never); returns the dropped (deployment, id)."""
+        timeout = self.instance_timeout_s if timeout is None else timeout
+        if timeout <= 0:
+            return []
         gone = [
             (name, iid)
             for name, dep in self._deps.items()

@@ -175,12 +175,13 @@ def test_unknown_deployment_raises_and_empty_query_is_empty() -> None:
 
 
 def test_drop_expire_and_compact_recycles_slots() -> None:
-    idx = PrefixIndex()
+    idx = PrefixIndex(instance_timeout_s=15.0)
     idx.apply_batch("d", "a", 1, 1, [stored(H)], 10.0)
     idx.apply_batch("d", "b", 1, 1, [stored(H[:5])], 20.0)
     idx.apply_batch("d", "c", 1, 1, [stored(H[:2])], 0.0)
     idx.touch("d", "c", 25.0)
-    assert idx.expire(now=30.0, timeout=15.0) == [("d", "a")]
+    assert PrefixIndex().expire(now=1e9) == []  # no timeout configured: never
+    assert idx.expire(now=30.0) == [("d", "a")]
     assert lengths(idx, H) == {"b": 5, "c": 2}
     assert idx.drop_instance("d", "b") and not idx.drop_instance("d", "b")
     assert idx.compact() > 0
