@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
+import socket
 import sys
 from pathlib import Path
 
 import pytest
 
 from services.cli import COMMAND_MODULES, build_parser, main
+from services.stack.state import ProcEntry, StackState, write_state
 
 
 def _verbs(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -126,3 +129,60 @@ def test_up_bad_config_is_one_line_exit_2(
     assert needle in err
     assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "st").exists()  # nothing started, nothing written
+
+
+def test_down_and_status_without_a_stack(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["down", "--state-dir", str(tmp_path)]) == 0
+    assert "no stack running" in capsys.readouterr().out
+    assert main(["status", "--state-dir", str(tmp_path)]) == 1
+    assert "no stack running" in capsys.readouterr().out
+    assert main(["status", "--state-dir", str(tmp_path), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out) == {"running": False, "services": [], "infra": []}
+
+
+def test_status_of_a_dead_stack_is_unreachable_and_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    write_state(
+        tmp_path,
+        StackState(
+            up=ProcEntry("up", 999_999_998, None, kind="up"),
+            state_dir=str(tmp_path),
+            phase="running",
+            processes=[
+                ProcEntry("redis", 999_999_997, None, kind="redis", url="redis://127.0.0.1:1/0"),
+                ProcEntry(
+                    "kvmeta", 999_999_999, None, kind="service", grpc_address=f"127.0.0.1:{port}"
+                ),
+            ],
+        ),
+    )
+    assert main(["status", "--state-dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "NOT running" in out
+    assert f"kvmeta      127.0.0.1:{port}" in out and "UNREACHABLE" in out
+    assert main(["status", "--state-dir", str(tmp_path), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["serving"] is False
+    assert report["services"] == [
+        {
+            "name": "kvmeta",
+            "address": f"127.0.0.1:{port}",
+            "pid": 999_999_999,
+            "alive": False,
+            "health": "UNREACHABLE",
+            "metrics_url": None,
+        }
+    ]
+    assert report["infra"] == [
+        {"name": "redis", "pid": 999_999_997, "alive": False, "url": "redis://127.0.0.1:1/0"}
+    ]
+    # `down` on a stack whose processes are all gone just clears the state file
+    assert main(["down", "--state-dir", str(tmp_path)]) == 0
+    assert "no stack running" in capsys.readouterr().out
+    assert not (tmp_path / "stack.json").exists()
