@@ -10,9 +10,10 @@ Rules:
 - The first epoch is the bridge's start time (ms). Each new epoch is ``max(now_ms, epoch+1)``
   (strictly increasing even if the clock stalls).
 - Live seq == last+1 (or the first seq seen): in order, published.
-- Live seq <= last: the engine restarted (its counter starts again at 0; PUB never repeats a
-  seq) → new epoch, published. The engine's cache is empty after a restart, so the reset is
-  exact.
+- Live seq <= the last seq seen LIVE: the engine restarted (its counter starts again at 0;
+  PUB never repeats a seq) → new epoch, published. The engine's cache is empty after a
+  restart, so the reset is exact. A live seq above the last live one but already delivered by
+  a replay is a duplicate (skipped).
 - Live seq > last+1: a gap (PUB dropped messages, e.g. high-water mark or reconnect). With a
   replay endpoint, the core asks the shell to replay from last+1 (``Step.replay_from``);
   live batches arriving meanwhile are held and applied after :meth:`BridgeCore.replay_done`.
@@ -73,6 +74,9 @@ class BridgeCore:
         self.epoch = now_ms
         self.seq = 0
         self.last_engine_seq: int | None = None
+        # Highest seq seen on the live stream: a live seq at or below it is a restart, one
+        # above it but at or below last_engine_seq was already delivered by a replay.
+        self.last_live_seq: int | None = None
         self.replaying = False
         self.stats = CoreStats()
         self.translate_stats = TranslateStats()
@@ -139,12 +143,13 @@ class BridgeCore:
         *,
         allow_replay: bool,
     ) -> int | None:
-        last = self.last_engine_seq
+        last, last_live = self.last_engine_seq, self.last_live_seq
         if last is None or engine_seq == last + 1:
             self.stats.in_order += 1
         elif engine_seq <= last:
-            if not allow_replay:  # held while replaying and already replayed: a duplicate
-                self.stats.duplicates += 1
+            if last_live is not None and engine_seq > last_live:
+                self.stats.duplicates += 1  # already delivered by a replay
+                self.last_live_seq = engine_seq
                 return None
             self.stats.restarts += 1
             self._new_epoch(now_ms)
@@ -156,6 +161,7 @@ class BridgeCore:
         else:
             self.stats.gaps += 1
             self._new_epoch(now_ms)
+        self.last_live_seq = engine_seq
         self._accept(engine_seq, batch, now_ms, out)
         return None
 
