@@ -1,0 +1,524 @@
+"""Added latency and maximum throughput of a router in front of an upstream that is never the
+bottleneck (issue 5, "Overhead").
+
+The upstream is nginx (Debian package ``nginx``) serving canned engine answers from a config
+generated in a temp dir: ``/health``, ``/metrics`` (SGLang names, zero load), server/model
+info, ``/v1/models``, a non-streaming ``/v1/completions`` JSON body and a streaming
+``/v1/chat/completions`` SSE body (``--sse-chunks`` chunks + ``[DONE]``).
+
+For each target (nginx directly, then each router in front of the same nginx):
+1. open-loop load at each ``--rates`` (fixed inter-arrival 1/rate, not waiting for answers)
+   for ``--duration`` seconds, non-streaming and streaming, from a load generator in a
+   separate process (raw asyncio HTTP/1.1 keep-alive client; latency is measured from the
+   moment each request is written to the moment its response is complete; its own send lag
+   is reported so a late generator is visible);
+2. maximum sustained req/s: closed loop with ``wrk`` (``--wrk-connections`` connections,
+   one thread), non-streaming.
+Added latency = router quantile - direct quantile at the same rate (p50, p99). With
+``--pin`` (default on 2+ cores) the router runs on CPU 0, nginx, wrk and the load generator on
+CPU 1, so "one gateway process" gets one core; other work on the machine still competes and is
+reported (load average, the load generator's lag).
+
+    apt-get install -y nginx wrk      # once, as root
+    .venv/bin/python benchmarks/gateway_overhead.py --rates 200,1000 --duration 10 \\
+        --out /tmp/gateway_overhead.json
+
+Exit code: 0, or 1 when nginx is missing. Every figure comes from the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import (
+    CpuMeter,
+    ProcGroup,
+    command_line,
+    free_port,
+    has_verb,
+    machine,
+    sglang_router_python,
+    tideserve,
+    wait_http,
+)
+
+MODEL = "tideserve-sim"
+DEFAULT_ROUTERS = "tideserve:default,tideserve:round_robin,sglang:cache_aware,sglang:round_robin"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--routers", default=DEFAULT_ROUTERS, help="comma list of tideserve:<profile>"
+                   " / sglang:<policy>")  # fmt: skip
+    p.add_argument("--rates", default="200,1000", help="open-loop rates, req/s (comma list)")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per open-loop phase")
+    p.add_argument("--warmup", type=float, default=2.0, help="seconds of load before measuring")
+    p.add_argument("--prompt-words", type=int, default=128, help="prompt length (tokens)")
+    p.add_argument("--sse-chunks", type=int, default=8, help="data: events in the canned stream")
+    p.add_argument("--wrk-connections", type=int, default=64)
+    p.add_argument("--wrk-duration", type=float, default=10.0)
+    p.add_argument("--no-stream", action="store_true", help="skip the streaming phases")
+    p.add_argument("--pin", choices=("auto", "on", "off"), default="auto")
+    p.add_argument(
+        "--gateway-arg", action="append", default=[],
+        help="extra flag for every `tideserve gateway` (repeatable, shell-split)",
+    )  # fmt: skip
+    p.add_argument("--out", default="gateway_overhead.json", help="summary JSON path")
+    p.add_argument("--log-dir", default=None)
+    return p.parse_args(argv)
+
+
+# -- the canned upstream ---------------------------------------------------------------------
+
+
+def _q(s: str) -> str:
+    """An nginx single-quoted string."""
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def nginx_config(workdir: Path, port: int, sse_chunks: int) -> Path:
+    model_dir = workdir / "model"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}) + "\n"
+    )
+    info = {"model_path": str(model_dir), "tokenizer_path": str(model_dir),
+            "served_model_name": MODEL, "is_generation": True, "max_context_length": 32768,
+            "disaggregation_mode": "null", "page_size": 64,
+            "internal_states": [{"num_running_reqs": 0, "num_queue_reqs": 0}]}  # fmt: skip
+    models = {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "nginx",
+              "root": str(model_dir), "max_model_len": 32768}]}  # fmt: skip
+    usage = {"prompt_tokens": 128, "completion_tokens": sse_chunks,
+             "total_tokens": 128 + sse_chunks, "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
+    completion = {"id": "cmpl-canned", "object": "text_completion", "created": 1, "model": MODEL,
+                  "choices": [{"index": 0, "text": " ".join(["tok"] * sse_chunks),
+                               "logprobs": None, "finish_reason": "length"}], "usage": usage}  # fmt: skip
+    events = []
+    for i in range(sse_chunks):
+        last = i == sse_chunks - 1
+        chunk: dict[str, Any] = {
+            "id": "chatcmpl-canned", "object": "chat.completion.chunk", "created": 1,
+            "model": MODEL, "choices": [{"index": 0, "delta": {"content": " tok"},
+                                         "logprobs": None,
+                                         "finish_reason": "length" if last else None}],
+        }  # fmt: skip
+        if last:
+            chunk["usage"] = usage
+        events.append("data: " + json.dumps(chunk) + "\n\n")
+    sse = "".join(events) + "data: [DONE]\n\n"
+    metrics = "".join(
+        f'sglang:{n}{{model_name="{MODEL}"}} 0.0\n'
+        for n in ("num_running_reqs", "num_queue_reqs", "num_used_tokens", "token_usage",
+                  "cache_hit_rate", "gen_throughput")
+    )  # fmt: skip
+    json_routes = {
+        "/health": ("text/plain", ""), "/health_generate": ("text/plain", ""),
+        "/get_server_info": ("application/json", json.dumps(info)),
+        "/server_info": ("application/json", json.dumps(info)),
+        "/get_model_info": ("application/json", json.dumps(info)),
+        "/model_info": ("application/json", json.dumps(info)),
+        "/v1/models": ("application/json", json.dumps(models)),
+        "/metrics": ("text/plain; version=0.0.4", metrics),
+        "/v1/completions": ("application/json", json.dumps(completion)),
+        "/generate": ("application/json", json.dumps({"text": "tok", "meta_info": usage})),
+        "/v1/chat/completions": ("text/event-stream", sse),
+    }  # fmt: skip
+    locations = "\n".join(
+        f"    location = {path} {{ default_type {_q(ctype)}; return 200 {_q(body)}; }}"
+        for path, (ctype, body) in json_routes.items()
+    )
+    tmp = workdir / "tmp"
+    tmp.mkdir(exist_ok=True)
+    conf = f"""worker_processes 1;
+daemon off;
+master_process off;
+pid {workdir / "nginx.pid"};
+error_log {workdir / "error.log"} warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {tmp / "body"};
+  proxy_temp_path {tmp / "proxy"};
+  fastcgi_temp_path {tmp / "fastcgi"};
+  uwsgi_temp_path {tmp / "uwsgi"};
+  scgi_temp_path {tmp / "scgi"};
+  keepalive_requests 10000000;
+  keepalive_timeout 300s;
+  client_max_body_size 64m;
+  client_body_buffer_size 1m;
+  server {{
+    listen 127.0.0.1:{port} backlog=4096;
+{locations}
+    location / {{ return 404; }}
+  }}
+}}
+"""
+    path = workdir / "nginx.conf"
+    path.write_text(conf, encoding="utf-8")
+    return path
+
+
+# -- open-loop load generator (runs in its own process: `gateway_overhead.py _loadgen ...`) ----
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection, one request at a time."""
+
+    def __init__(self, on_lost: Any) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.fut: asyncio.Future[tuple[int, float, float]] | None = None
+        self.sent = 0.0
+        self.first = 0.0
+        self.on_lost = on_lost
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def send(self, raw: bytes) -> asyncio.Future[tuple[int, float, float]]:
+        self.buf.clear()
+        self.first = 0.0
+        self.fut = asyncio.get_running_loop().create_future()
+        self.sent = time.perf_counter()
+        assert self.transport is not None
+        self.transport.write(raw)
+        return self.fut
+
+    def data_received(self, data: bytes) -> None:
+        if not self.first:
+            self.first = time.perf_counter()
+        self.buf += data
+        head_end = self.buf.find(b"\r\n\r\n")
+        if head_end < 0 or self.fut is None or self.fut.done():
+            return
+        head = bytes(self.buf[:head_end]).lower()
+        body = len(self.buf) - head_end - 4
+        m = re.search(rb"\r\ncontent-length: *(\d+)", head)
+        if m:
+            done = body >= int(m.group(1))
+        else:
+            done = b"chunked" in head and self.buf.endswith(b"\r\n0\r\n\r\n")
+        if done:
+            status = int(head[9:12])
+            now = time.perf_counter()
+            self.fut.set_result((status, self.first - self.sent, now - self.sent))
+            if b"\r\nconnection: close" in head:
+                self.connection_lost(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.fut is not None and not self.fut.done():
+            self.fut.set_result((0, 0.0, 0.0))
+        self.on_lost(self)
+
+
+def _quantiles(xs: list[float]) -> dict[str, float | None]:
+    if not xs:
+        return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
+    s = sorted(xs)
+
+    def q(p: float) -> float:
+        return round(s[min(len(s) - 1, int(p * len(s)))] * 1000.0, 3)
+
+    return {"mean": round(sum(s) / len(s) * 1000.0, 3), "p50": q(0.5), "p90": q(0.9),
+            "p99": q(0.99), "max": round(s[-1] * 1000.0, 3)}  # fmt: skip
+
+
+async def _loadgen(host: str, port: int, raw: bytes, rate: float, duration: float,
+                   warmup: float, preconnect: int) -> dict[str, Any]:  # fmt: skip
+    loop = asyncio.get_running_loop()
+    idle: list[_Conn] = []
+    live: set[_Conn] = set()
+
+    def lost(c: _Conn) -> None:
+        live.discard(c)
+        if c in idle:
+            idle.remove(c)
+
+    async def connect() -> _Conn:
+        _, proto = await loop.create_connection(lambda: _Conn(lost), host, port)
+        live.add(proto)
+        return proto
+
+    for _ in range(preconnect):
+        idle.append(await connect())
+    results: list[tuple[int, float, float]] = []
+    lags: list[float] = []
+    errors = 0
+    pending: set[asyncio.Task[None]] = set()
+
+    async def one(measure: bool) -> None:
+        nonlocal errors
+        try:
+            c = idle.pop() if idle else await connect()
+            status, ttfb, total = await asyncio.wait_for(c.send(raw), 30.0)
+        except (OSError, TimeoutError):
+            errors += measure
+            return
+        if not c.closed:
+            idle.append(c)
+        if measure:
+            if status == 200:
+                results.append((status, ttfb, total))
+            else:
+                errors += 1
+
+    interval = 1.0 / rate
+    start = loop.time()
+    end_warm = start + warmup
+    end = end_warm + duration
+    i = 0
+    while True:
+        due = start + i * interval
+        if due >= end:
+            break
+        now = loop.time()
+        if due > now:
+            await asyncio.sleep(due - now)
+            now = loop.time()
+        if due >= end_warm:
+            lags.append(now - due)
+        t = asyncio.create_task(one(due >= end_warm))
+        pending.add(t)
+        t.add_done_callback(pending.discard)
+        i += 1
+    sent = len(lags)
+    if pending:
+        await asyncio.wait(pending, timeout=35.0)
+    for c in list(live):
+        if c.transport is not None:
+            c.transport.close()
+    return {
+        "rate_target": rate, "sent": sent, "ok": len(results), "errors": errors,
+        "latency_ms": _quantiles([r[2] for r in results]),
+        "first_byte_ms": _quantiles([r[1] for r in results]),
+        "send_lag_ms": _quantiles(lags), "connections_opened": preconnect + len(live),
+    }  # fmt: skip
+
+
+def request_bytes(host: str, port: int, stream: bool, prompt_words: int) -> bytes:
+    words = " ".join(f"w{i % 997}" for i in range(prompt_words))
+    if stream:
+        path = "/v1/chat/completions"
+        body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": words}],
+                                "max_tokens": 8, "stream": True}  # fmt: skip
+    else:
+        path = "/v1/completions"
+        body = {"model": MODEL, "prompt": words, "max_tokens": 8}
+    data = json.dumps(body).encode()
+    head = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n")  # fmt: skip
+    return head.encode() + data
+
+
+def loadgen_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="gateway_overhead.py _loadgen")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--rate", type=float, required=True)
+    p.add_argument("--duration", type=float, required=True)
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--stream", action="store_true")
+    p.add_argument("--prompt-words", type=int, default=128)
+    a = p.parse_args(argv)
+    raw = request_bytes("127.0.0.1", a.port, a.stream, a.prompt_words)
+    pre = max(8, min(256, int(a.rate * 0.02)))
+    out = asyncio.run(_loadgen("127.0.0.1", a.port, raw, a.rate, a.duration, a.warmup, pre))
+    out["stream"] = a.stream
+    print(json.dumps(out))
+    return 0
+
+
+# -- phases ----------------------------------------------------------------------------------
+
+
+def _taskset(cpu: int | None, cmd: list[str]) -> list[str]:
+    return cmd if cpu is None or not shutil.which("taskset") else ["taskset", "-c", str(cpu), *cmd]
+
+
+def open_loop(port: int, rate: float, stream: bool, args: argparse.Namespace,
+              cpu: int | None) -> dict[str, Any]:  # fmt: skip
+    cmd = _taskset(cpu, [sys.executable, str(Path(__file__).resolve()), "_loadgen",
+                         "--port", str(port), "--rate", str(rate), "--duration",
+                         str(args.duration), "--warmup", str(args.warmup),
+                         "--prompt-words", str(args.prompt_words)])  # fmt: skip
+    if stream:
+        cmd.append("--stream")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.duration + 120)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip()[-500:]}
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def wrk_max(port: int, args: argparse.Namespace, workdir: Path, cpu: int | None) -> dict[str, Any]:
+    if not shutil.which("wrk"):
+        return {"error": "wrk not installed (apt-get install -y wrk)"}
+    raw = request_bytes("127.0.0.1", port, False, args.prompt_words)
+    body = raw.split(b"\r\n\r\n", 1)[1].decode()
+    script = workdir / "post.lua"
+    script.write_text(
+        'wrk.method = "POST"\nwrk.path = "/v1/completions"\n'
+        'wrk.headers["Content-Type"] = "application/json"\n'
+        f"wrk.body = {json.dumps(body)}\n",
+        encoding="utf-8",
+    )
+    cmd = _taskset(cpu, ["wrk", "-t1", f"-c{args.wrk_connections}",
+                         f"-d{int(args.wrk_duration)}s", "--latency", "-s", str(script),
+                         f"http://127.0.0.1:{port}"])  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.wrk_duration + 60)
+    text = done.stdout
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
+    errs = re.search(r"Socket errors: (.*)", text)
+    lat = dict(re.findall(r"^\s+(50|99)%\s+(\S+)", text, re.M))
+    return {
+        "requests_per_s": float(rps.group(1)) if rps else None,
+        "non_2xx": int(non2xx.group(1)) if non2xx else 0,
+        "socket_errors": errs.group(1).strip() if errs else "",
+        "latency_p50": lat.get("50"), "latency_p99": lat.get("99"),
+        "connections": args.wrk_connections, "command": shlex.join(cmd),
+    }  # fmt: skip
+
+
+def measure_target(port: int, args: argparse.Namespace, workdir: Path, cpu: int | None,
+                   cpu_pids: list[int]) -> dict[str, Any]:  # fmt: skip
+    out: dict[str, Any] = {"open_loop": {}}
+    for rate in [float(r) for r in args.rates.split(",") if r.strip()]:
+        for stream in (False,) if args.no_stream else (False, True):
+            meter = CpuMeter(cpu_pids)
+            res = open_loop(port, rate, stream, args, cpu)
+            res["process_cpu"] = meter.read()
+            out["open_loop"][f"{rate:g}rps_{'stream' if stream else 'nonstream'}"] = res
+    meter = CpuMeter(cpu_pids)
+    out["max_rps"] = wrk_max(port, args, workdir, cpu)
+    out["max_rps"]["process_cpu"] = meter.read()
+    return out
+
+
+def added(direct: dict[str, Any], routed: dict[str, Any]) -> dict[str, Any]:
+    """Router quantile minus direct quantile per open-loop phase (ms)."""
+    out: dict[str, Any] = {}
+    for phase, d in direct.get("open_loop", {}).items():
+        r = routed.get("open_loop", {}).get(phase, {})
+        dl, rl = d.get("latency_ms", {}), r.get("latency_ms", {})
+        if dl.get("p50") is None or rl.get("p50") is None:
+            continue
+        out[phase] = {q: round(rl[q] - dl[q], 3) for q in ("p50", "p90", "p99")}
+    return out
+
+
+def router_cmd(name: str, port: int, upstream: str, args: argparse.Namespace,
+               py: Path | None) -> list[str]:  # fmt: skip
+    kind, _, policy = name.partition(":")
+    if kind == "tideserve":
+        cmd = tideserve("gateway", "--host", "127.0.0.1", "--port", str(port),
+                        "--endpoints", upstream)  # fmt: skip
+        if policy and policy != "default":
+            cmd += ["--profile", policy]
+        for extra in args.gateway_arg:
+            cmd += shlex.split(extra)
+        return cmd
+    if kind == "sglang" and py is not None:
+        return [str(py), "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                "--port", str(port), "--worker-urls", upstream, "--policy",
+                policy or "cache_aware", "--log-level", "warn",
+                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]  # fmt: skip
+    raise ValueError(f"cannot start router {name!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_loadgen"]:
+        return loadgen_main(argv[1:])
+    args = parse_args(argv)
+    if not shutil.which("nginx"):
+        print("nginx is not installed (apt-get install -y nginx)", file=sys.stderr)
+        return 1
+    cores = os.cpu_count() or 1
+    pin = args.pin == "on" or (args.pin == "auto" and cores >= 2)
+    router_cpu, load_cpu = (0, 1) if pin else (None, None)
+    workdir = Path(args.log_dir or tempfile.mkdtemp(prefix="tideserve-overhead-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = machine()
+    group = ProcGroup(workdir)
+    summary: dict[str, Any] = {"benchmark": "gateway_overhead", "command": command_line(),
+                               "machine": env, "pinning": {"router_cpu": router_cpu,
+                               "nginx_wrk_loadgen_cpu": load_cpu}}  # fmt: skip
+    routers = [r.strip() for r in args.routers.split(",") if r.strip()]
+    py, reason = (None, "")
+    if any(r.startswith("sglang:") for r in routers):
+        py, reason = sglang_router_python()
+    gateway_ok = has_verb("gateway")
+    try:
+        nport = free_port()
+        conf = nginx_config(workdir, nport, args.sse_chunks)
+        nginx = group.start("nginx", _taskset(load_cpu, ["nginx", "-p", str(workdir), "-c",
+                                                          str(conf), "-e", "stderr"]))  # fmt: skip
+        upstream = f"http://127.0.0.1:{nport}"
+        wait_http(upstream + "/health", group, 20.0)
+        summary["upstream"] = {"nginx": upstream, "config": str(conf)}
+        print("[direct] nginx", file=sys.stderr)
+        direct = measure_target(nport, args, workdir, load_cpu, [nginx.proc.pid])
+        summary["direct"] = direct
+        summary["routers"] = {}
+        for name in routers:
+            print(f"[{name}]", file=sys.stderr)
+            if name.startswith("sglang:") and py is None:
+                summary["routers"][name] = {"error": reason}
+                continue
+            if name.startswith("tideserve:") and not gateway_ok:
+                summary["routers"][name] = {"error": "`tideserve gateway` is not available"}
+                continue
+            rgroup = ProcGroup(workdir)
+            try:
+                port = free_port()
+                cmd = _taskset(router_cpu, router_cmd(name, port, upstream, args, py))
+                router = rgroup.start(name.replace(":", "-"), cmd)
+                wait_http(f"http://127.0.0.1:{port}/v1/models", rgroup, 60.0)
+                time.sleep(2.0)  # let the router see the upstream healthy
+                res = measure_target(port, args, workdir, load_cpu, [router.proc.pid])
+                res["command"] = shlex.join(cmd)
+                res["added_latency_ms"] = added(direct, res)
+                summary["routers"][name] = res
+            except (RuntimeError, OSError, ValueError) as err:
+                summary["routers"][name] = {"error": str(err)}
+            finally:
+                rgroup.stop()
+    finally:
+        group.stop()
+    summary["target"] = {
+        name: {
+            "p99_added_ms_at_200rps_nonstream": r.get("added_latency_ms", {})
+            .get("200rps_nonstream", {}).get("p99"),
+            "met_lt_2ms": (r.get("added_latency_ms", {}).get("200rps_nonstream", {})
+                           .get("p99", float("inf")) < 2.0),
+        }
+        for name, r in summary.get("routers", {}).items()
+    }  # fmt: skip
+    text = json.dumps(summary, indent=2)
+    Path(args.out).write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

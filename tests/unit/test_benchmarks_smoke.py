@@ -1,0 +1,141 @@
+"""Smoke tests of the benchmark scripts: they import, parse their arguments, build the
+commands and configs they would run, and compute their ratios from given figures. Nothing
+here starts a process or measures time."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str) -> ModuleType:
+    if str(BENCH_DIR) not in sys.path:
+        sys.path.insert(0, str(BENCH_DIR))
+    return importlib.import_module(name)
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "expect"),
+    [
+        ("routing_compare", [], {"engines": 8, "pd": False, "routers": None}),
+        ("routing_compare", ["--pd", "--prefill", "2", "--decode", "4"],
+         {"pd": True, "prefill": 2, "decode": 4}),
+        ("routing_compare", ["--routers", "sglang:round_robin", "--kv-blocks", "100"],
+         {"routers": "sglang:round_robin", "kv_blocks": 100}),
+        ("gateway_overhead", [], {"rates": "200,1000", "pin": "auto"}),
+        ("gateway_overhead", ["--rates", "50", "--no-stream"], {"rates": "50", "no_stream": True}),
+        ("pick_rate", [], {"endpoints": 64, "block_size": 64}),
+        ("pick_rate", ["--modes", "pure_cycle", "--endpoints", "8"],
+         {"modes": "pure_cycle", "endpoints": 8}),
+    ],
+    ids=["rc-defaults", "rc-pd", "rc-routers", "ovh-defaults", "ovh-flags", "pick-defaults",
+         "pick-flags"],
+)  # fmt: skip
+def test_argument_parsing(module: str, argv: list[str], expect: dict[str, Any]) -> None:
+    args = _load(module).parse_args(argv)
+    assert {k: getattr(args, k) for k in expect} == expect
+
+
+def _plan(pd: bool) -> list[dict[str, Any]]:
+    if not pd:
+        return [{"role": "aggregated", "url": f"http://127.0.0.1:{p}", "port": p,
+                 "bootstrap_port": 0} for p in (1001, 1002)]  # fmt: skip
+    return [
+        {"role": "prefill", "url": "http://127.0.0.1:1001", "port": 1001, "bootstrap_port": 9001},
+        {"role": "decode", "url": "http://127.0.0.1:1002", "port": 1002, "bootstrap_port": 0},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("router", "pd", "present", "absent"),
+    [
+        ("tideserve:default", False, ["gateway", "--endpoints"], ["--profile"]),
+        ("tideserve:least_load", False, ["--profile", "least_load"], []),
+        ("tideserve:default", True, ["--prefill", "9001", "--decode"], ["--endpoints"]),
+        ("sglang:cache_aware", False, ["--worker-urls", "--policy", "cache_aware",
+                                       "--prometheus-port"], ["--pd-disaggregation"]),
+        ("sglang:round_robin", True, ["--pd-disaggregation", "--prefill", "9001", "--decode",
+                                      "round_robin"], ["--worker-urls"]),
+    ],
+    ids=["ts-default", "ts-profile", "ts-pd", "sglang-agg", "sglang-pd"],
+)  # fmt: skip
+def test_router_commands(router: str, pd: bool, present: list[str], absent: list[str]) -> None:
+    rc = _load("routing_compare")
+    args = rc.parse_args(["--pd"] if pd else [])
+    cmd = rc.router_cmd(router, 5000, _plan(pd), args, Path("/venv/bin/python"))
+    assert all(x in cmd for x in present), cmd
+    assert not any(x in cmd for x in absent), cmd
+
+
+def _result(router: str, ttft: float, p90: float, goodput: float, **extra: Any) -> dict[str, Any]:
+    return {"router": router, "ttft_ms": {"mean": ttft, "p90": p90}, "goodput_rps": goodput,
+            "cpu": {"saturated": False}, **extra}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("results", "expect"),
+    [
+        (
+            [_result("tideserve:default", 400, 800, 2.0, cache_hit_ratio=0.27,
+                     infinite_cache_hit_ratio=0.3),
+             _result("sglang:cache_aware", 1000, 1000, 1.5),
+             _result("sglang:round_robin", 1000, 2000, 1.0)],
+            {("vs_sglang:cache_aware", "ttft_met"): True,
+             ("vs_sglang:round_robin", "ttft_mean_ratio"): 0.4,
+             ("vs_sglang:round_robin", "goodput_met"): True,
+             ("cache_hit_vs_infinite", "met"): True},
+        ),
+        (
+            [_result("tideserve:default", 900, 900, 1.0, cache_hit_ratio=0.1,
+                     infinite_cache_hit_ratio=0.3),
+             _result("sglang:cache_aware", 1000, 1000, 1.0),
+             _result("sglang:round_robin", 1000, 1000, 1.0)],
+            {("vs_sglang:cache_aware", "ttft_met"): False,
+             ("vs_sglang:round_robin", "goodput_met"): False,
+             ("cache_hit_vs_infinite", "met"): False},
+        ),
+    ],
+    ids=["targets-met", "targets-missed"],
+)  # fmt: skip
+def test_routing_targets(results: list[dict[str, Any]], expect: dict[tuple[str, str], Any]) -> None:
+    out = _load("routing_compare").targets(results)
+    assert {k: out[k[0]][k[1]] for k in expect} == expect
+
+
+def test_routing_targets_without_our_result() -> None:
+    out = _load("routing_compare").targets([{"router": "tideserve:default", "error": "x"}])
+    assert "missing" in out
+
+
+def test_nginx_config_serves_every_engine_path(tmp_path: Path) -> None:
+    conf = _load("gateway_overhead").nginx_config(tmp_path, 4321, 3).read_text()
+    for path in ("/health", "/metrics", "/get_server_info", "/v1/models", "/v1/completions",
+                 "/v1/chat/completions"):  # fmt: skip
+        assert f"location = {path} " in conf
+    assert "listen 127.0.0.1:4321" in conf and conf.count("data: {") == 3
+    assert "$" not in conf  # nginx would interpolate variables in canned bodies
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["completions", "chat-stream"])
+def test_loadgen_request_is_valid_http(stream: bool) -> None:
+    raw = _load("gateway_overhead").request_bytes("127.0.0.1", 80, stream, 16)
+    head, body = raw.split(b"\r\n\r\n", 1)
+    assert f"Content-Length: {len(body)}".encode() in head
+    assert json.loads(body).get("stream", False) is stream
+
+
+def test_added_latency_is_router_minus_direct() -> None:
+    ovh = _load("gateway_overhead")
+    direct = {"open_loop": {"200rps_nonstream": {"latency_ms": {"p50": 0.1, "p90": 0.2,
+                                                                 "p99": 0.5}}}}  # fmt: skip
+    routed = {"open_loop": {"200rps_nonstream": {"latency_ms": {"p50": 1.1, "p90": 1.7,
+                                                                 "p99": 2.5}}}}  # fmt: skip
+    assert ovh.added(direct, routed) == {"200rps_nonstream": {"p50": 1.0, "p90": 1.5, "p99": 2.0}}
