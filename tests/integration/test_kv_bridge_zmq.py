@@ -305,3 +305,46 @@ async def test_malformed_dead_lettered_and_restart_new_epoch(
     assert letters[0].fields["payload"] == b"\xc1 not msgpack"
     assert "seq frame" in letters[1].error
     assert bridge.core.stats.restarts == 1
+
+
+async def test_bridged_vllm_events_match_router_hashes_in_kvmeta_index(
+    zctx: zmq.asyncio.Context, redis_client: Any, redis_url: str
+) -> None:
+    """Engine publishes sha256 digests (vLLM's default bytes mode); a router that computes
+    vllm_block_hashes over the same token ids finds them in kvmeta's prefix index."""
+    import pickle
+
+    from services.kvmeta.bridge.hashes import vllm_block_hashes, vllm_none_hash
+    from services.kvmeta.index import PrefixIndex
+
+    tokens = list(range(1000, 1064))  # 4 blocks of 16
+    parent, digests = vllm_none_hash(), []
+    for i in range(4):  # the engine side: vLLM's chain over full blocks
+        parent = hashlib.sha256(
+            pickle.dumps((parent, tuple(tokens[16 * i : 16 * i + 16]), None), protocol=5)
+        ).digest()
+        digests.append(parent)
+    engine = EngineSide(zctx)
+    try:
+        async with running(zctx, redis_client, redis_url, engine) as bridge:
+            await engine.wait_subscribed()
+            await engine.publish(
+                0, vllm_payload([vllm_stored(digests[:3], tokens=tokens[:48], block_size=16)])
+            )
+            await engine.publish(
+                1,
+                vllm_payload(
+                    [vllm_stored(digests[3:], parent=digests[2], tokens=tokens[48:], medium="CPU")]
+                ),
+            )
+            got = await batches(redis_client, bridge.stream, 2)
+    finally:
+        engine.close()
+    index = PrefixIndex()
+    for b in got:
+        index.apply_batch(b.deployment, b.instance_id, b.epoch, b.seq, list(b.events), now=1.0)
+    query = vllm_block_hashes([*tokens, 1, 2, 3], 16)  # the router's side
+    (match,) = index.match_prefix(bridge.settings.deployment, "", query)
+    assert match.instance_id == "engine-0"
+    assert match.matched_blocks == 4
+    assert match.tiers == {common_pb2.TIER_GPU: 3, common_pb2.TIER_CPU: 1}

@@ -18,8 +18,8 @@ prompt embeddings, which the engines mix into the hash as "extra keys").
 - SGLang (sha256 page hashes, versions publishing ``hash_str_to_int64``): ``d_i =
   sha256(d_{i-1} || token ids as 4-byte little-endian)`` (``d_{-1}`` absent), one per page;
   event id = the first 8 bytes of ``d_i`` as a signed int64 (folded: as unsigned). Older
-  SGLang published Python ``hash(tuple(page_tokens))``: not chained, not reproducible
-  outside the engine's interpreter.
+  SGLang published Python ``hash(tuple(page_tokens))``: the page alone, not chained, and
+  tied to the CPython version's tuple hash.
 """
 
 from __future__ import annotations
