@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import socket
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -108,8 +109,7 @@ async def running(
         redis_url=redis_url,
         deployment=f"dep-{uuid.uuid4().hex[:8]}",
         instance_id="engine-0",
-        replay_timeout_s=5.0,
-        **kw,
+        **{"replay_timeout_s": 5.0, **kw},
     )
     bridge = KVBridge(settings, redis, context=ctx)
     stop, ready = asyncio.Event(), asyncio.Event()
@@ -348,3 +348,26 @@ async def test_bridged_vllm_events_match_router_hashes_in_kvmeta_index(
     assert match.instance_id == "engine-0"
     assert match.matched_blocks == 4
     assert match.tiers == {common_pb2.TIER_GPU: 3, common_pb2.TIER_CPU: 1}
+
+
+async def test_replay_endpoint_down_bridge_goes_on(
+    zctx: zmq.asyncio.Context, redis_client: Any, redis_url: str
+) -> None:
+    engine = EngineSide(zctx)
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    try:
+        async with running(
+            zctx, redis_client, redis_url, engine, replay_endpoint=dead, replay_timeout_s=0.3
+        ) as bridge:
+            await engine.wait_subscribed()
+            await engine.publish(0, vllm_payload([vllm_stored([1])]))
+            await engine.publish(2, vllm_payload([vllm_stored([3])]))  # gap: replay fails too
+            got = await batches(redis_client, bridge.stream, 2)
+    finally:
+        engine.close()
+    assert [(b.seq, b.events[0].block_hashes[0]) for b in got] == [(1, 1), (1, 3)]
+    assert got[0].epoch < got[1].epoch
+    assert bridge.core.stats.replays == 2  # start-up catch-up and the gap
+    assert not engine.replay_requests

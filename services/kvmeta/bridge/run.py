@@ -158,7 +158,9 @@ class KVBridge:
         timeout_ms = int(self.settings.replay_timeout_s * 1000)
         try:
             dealer.connect(endpoint)
-            await dealer.send_multipart(encode_replay_request(start_seq))
+            await asyncio.wait_for(
+                dealer.send_multipart(encode_replay_request(start_seq)), timeout_ms / 1000
+            )
             while not self._stop.is_set():
                 if not await dealer.poll(timeout=timeout_ms):
                     log.warning("kv-bridge: replay from %s timed out", endpoint)
@@ -175,8 +177,8 @@ class KVBridge:
                 self.stats.replayed += 1
                 batch = await self._decode(seq, b"", payload)
                 await self._publish(self.core.on_replayed(seq, batch, self._now_ms()))
-        except zmq.ZMQError as exc:
-            log.warning("kv-bridge: replay from %s failed: %s", endpoint, exc)
+        except (zmq.ZMQError, TimeoutError) as exc:
+            log.warning("kv-bridge: replay from %s failed: %r", endpoint, exc)
         finally:
             dealer.close(linger=0)
             await self._publish(self.core.replay_done(self._now_ms()))
