@@ -21,11 +21,24 @@ examples:
   tideserve up --postgres-url postgresql://u:p@db:5432/ts --redis-url redis://cache:6379/0
   tideserve up --config tideserve.yaml --json   # print the endpoints as JSON once SERVING
 
+  # with simulated engines behind the gateway (http://127.0.0.1:8000/v1)
+  tideserve up --engines 2                      # two aggregated engines on 30001, 30002
+  tideserve up --prefill 1 --decode 2           # P/D: SGLang-style bootstrap hand-off
+  tideserve up --engines 4 --engine-profile test --engine-speedup 10 --engine-kv-blocks 4096
+  tideserve up --engines 2 --engine-arg=--max-batch=32 --engine-arg "--stream-interval 4"
+
 Ports (before --base-port-offset): gRPC scheduler 50051, kvmeta 50052, autoscaler 50053,
 telemetry 50054; metrics 9101-9104; gateway HTTP 8000; kvmeta TE metadata HTTP 8081;
-embedded Redis 6380. Per-service keys in the config file (`kvmeta: {grpc_port: N}`,
+embedded Redis 6380; engines 30001 upward. Per-service keys in the config file (`kvmeta: {grpc_port: N}`,
 `metrics_port`, `http_port`, `metadata_http_port`) and `stack: {redis_port: N}` override
 them. Only endpoints that answer are printed.
+Engines: `tideserve engine` processes started before the services (ready on GET /health),
+with the stack's Redis and the scheduler's deployment and block_size; the scheduler's gateway
+routes to exactly these (its `endpoints` setting is replaced). `stack:` keys engines, prefill,
+decode, engine_profile, engine_speedup, engine_kv_blocks, engine_args, engine_base_port and
+engine_ports (explicit list, no offset) set the same from the config file. An engine that dies
+is reported and the stack keeps running (the gateway routes around it); `down` stops engines
+first.
 Logs: <state-dir>/logs/<service>.log. Ctrl-C or `tideserve down` stops everything.
 """
 
@@ -40,7 +53,8 @@ examples:
   tideserve status
   tideserve status --state-dir /tmp/ts --json
 
-Exit code 0 only when every service answers grpc.health SERVING.
+Exit code 0 only when every service answers grpc.health SERVING and every engine of the
+stack answers GET /health with 200.
 """
 
 
@@ -66,6 +80,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--start-timeout", type=float, metavar="S", help="seconds to wait for SERVING (60)"
     )
     up.add_argument("--json", action="store_true", help="print the endpoints as one JSON line")
+    eng = up.add_argument_group("simulated engines (the gateway routes to them)")
+    eng.add_argument("--engines", type=int, metavar="N", help="N aggregated engines")
+    eng.add_argument("--prefill", type=int, metavar="N", help="N prefill engines (P/D mode)")
+    eng.add_argument("--decode", type=int, metavar="M", help="M decode engines (P/D mode)")
+    eng.add_argument(
+        "--engine-profile", metavar="NAME", help="engine performance profile (engine default)"
+    )
+    eng.add_argument(
+        "--engine-speedup", type=float, metavar="X", help="engines run X times faster (1)"
+    )
+    eng.add_argument("--engine-kv-blocks", type=int, metavar="N", help="KV blocks per engine")
+    eng.add_argument(
+        "--engine-arg",
+        action="append",
+        metavar="ARGS",
+        help="more `tideserve engine` arguments for every engine (repeatable; write "
+        "--engine-arg=--flag=value or quote: --engine-arg '--flag value')",
+    )
     up.set_defaults(func=cmd_up)
 
     down = subparsers.add_parser(
@@ -85,7 +117,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     status = subparsers.add_parser(
         "status",
         help="health of each service of the local stack",
-        description="For each service: address, pid alive, grpc.health status, metrics URL.",
+        description="For each service: address, pid alive, grpc.health status, metrics URL; "
+        "for each engine: URL, role, pid alive, HTTP health.",
         epilog=_STATUS_EXAMPLES,
         formatter_class=fmt,
     )
@@ -132,13 +165,23 @@ def _settings_class(service: str) -> type[ServiceSettings]:
 
 
 def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
-    """Settings + flags → (UpOptions, service children). Raises SettingsError / ValueError."""
+    """Settings + flags → (UpOptions, children: engines then services). Raises SettingsError /
+    ValueError (one line)."""
+    from services.common.perfmodel import get_profile
     from services.common.settings import load_settings
+    from services.stack.engines import (
+        EngineFleet,
+        build_engine_children,
+        scheduler_engine_env,
+        split_engine_args,
+        wire_scheduler,
+    )
     from services.stack.plan import shift_port
     from services.stack.settings import StackSettings
     from services.stack.up import UpOptions
 
     config = str(Path(args.config).expanduser().resolve()) if args.config else None
+    engine_args = getattr(args, "engine_arg", None)
     stack = load_settings(
         StackSettings,
         "stack",
@@ -148,11 +191,21 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
             "redis_url": args.redis_url,
             "state_dir": args.state_dir,
             "start_timeout_s": args.start_timeout,
+            "engines": getattr(args, "engines", None),
+            "prefill": getattr(args, "prefill", None),
+            "decode": getattr(args, "decode", None),
+            "engine_profile": getattr(args, "engine_profile", None),
+            "engine_speedup": getattr(args, "engine_speedup", None),
+            "engine_kv_blocks": getattr(args, "engine_kv_blocks", None),
+            "engine_args": list(engine_args) if engine_args else None,
         },
     )
     configured: dict[str, dict[str, int]] = {}
+    scheduler: Any = None
     for spec in SERVICES:
         svc = load_settings(_settings_class(spec.name), spec.name, config, {})
+        if spec.name == "scheduler":
+            scheduler = svc
         configured[spec.name] = {
             pd.setting: int(getattr(svc, pd.setting))
             for pd in spec.ports
@@ -171,14 +224,39 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
         stop_timeout_s=stack.stop_timeout_s,
         json_output=bool(args.json),
     )
-    children = build_service_children(
+    if stack.engine_profile is not None:
+        try:
+            get_profile(stack.engine_profile)
+        except KeyError as exc:
+            raise ValueError(f"--engine-profile: {str(exc).strip(chr(39))}") from None
+    fleet = EngineFleet(
+        workers=stack.engines,
+        prefill=stack.prefill,
+        decode=stack.decode,
+        base_port=shift_port(stack.engine_base_port, offset, "stack.engine_base_port"),
+        ports=tuple(stack.engine_ports),
+        profile=stack.engine_profile,
+        speedup=stack.engine_speedup,
+        kv_blocks=stack.engine_kv_blocks,
+        block_size=int(getattr(scheduler, "block_size", 64)),
+        deployment=str(getattr(scheduler, "deployment", "default")),
+        extra_args=split_engine_args(stack.engine_args),
+    )
+    engines = build_engine_children(
+        fleet, host=stack.host, state_dir=state_dir, base_env=os.environ
+    )
+    services = build_service_children(
         ports=ports,
         host=stack.host,
         state_dir=state_dir,
         config_path=config,
         base_env=os.environ,
     )
-    return opts, children
+    perf = None
+    if stack.engine_profile and "perf_profile" not in scheduler.model_fields_set:
+        perf = stack.engine_profile
+    services = wire_scheduler(services, scheduler_engine_env(fleet, stack.host, perf_profile=perf))
+    return opts, (*engines, *services)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -217,7 +295,13 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from services.common.settings import SettingsError
-    from services.stack.control import all_serving, collect_status, print_status, status_report
+    from services.stack.control import (
+        all_serving,
+        collect_engine_status,
+        collect_status,
+        print_status,
+        status_report,
+    )
     from services.stack.state import read_state
 
     try:
@@ -232,5 +316,6 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"no stack running (no state file in {state_dir})")
         return 1
     statuses = collect_status(state)
-    print_status(status_report(state, statuses), sys.stdout, args.json)
-    return 0 if all_serving(statuses) else 1
+    engines = collect_engine_status(state)
+    print_status(status_report(state, statuses, engines), sys.stdout, args.json)
+    return 0 if all_serving(statuses, engines) else 1

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from services.stack.health import Health, check_grpc_health
+from services.stack.health import Health, check_grpc_health, check_http_ready
 from services.stack.procs import ProcRef, is_alive, signal_process, stop_processes
 from services.stack.state import StackState, read_state, remove_state, state_path
 
@@ -108,19 +108,59 @@ def collect_status(
     return out
 
 
-def all_serving(statuses: Sequence[ServiceStatus]) -> bool:
-    """True when there is at least one service and every one is SERVING. Pure."""
-    return bool(statuses) and all(s.health == Health.SERVING.value for s in statuses)
+@dataclass(frozen=True)
+class EngineStatus:
+    """A simulated engine of the stack: ``health`` is SERVING when ``GET /health`` is 200."""
+
+    name: str
+    role: str
+    url: str
+    pid: int
+    alive: bool
+    health: str
 
 
-def status_report(state: StackState | None, statuses: Sequence[ServiceStatus]) -> dict[str, Any]:
+def collect_engine_status(
+    state: StackState,
+    probe: Callable[[str, float], Health] = check_http_ready,
+    timeout_s: float = 2.0,
+) -> list[EngineStatus]:
+    """Probe every recorded engine over HTTP (its ``ready_url``)."""
+    out = []
+    for entry in state.engines():
+        target = entry.ready_url or ((entry.url or "").rstrip("/") + "/health")
+        out.append(
+            EngineStatus(
+                name=entry.name,
+                role=entry.role,
+                url=entry.url or "",
+                pid=entry.pid,
+                alive=is_alive(entry.ref),
+                health=probe(target, timeout_s).value,
+            )
+        )
+    return out
+
+
+def all_serving(statuses: Sequence[ServiceStatus], engines: Sequence[EngineStatus] = ()) -> bool:
+    """True when there is at least one service, every one is SERVING and so is every engine.
+    Pure."""
+    healthy = [s.health for s in statuses] + [e.health for e in engines]
+    return bool(statuses) and all(h == Health.SERVING.value for h in healthy)
+
+
+def status_report(
+    state: StackState | None,
+    statuses: Sequence[ServiceStatus],
+    engines: Sequence[EngineStatus] = (),
+) -> dict[str, Any]:
     """The ``status --json`` document. Pure."""
     if state is None:
         return {"running": False, "services": [], "infra": []}
     infra = [
         {"name": p.name, "pid": p.pid, "alive": is_alive(p.ref), "url": p.url}
         for p in state.processes
-        if p.grpc_address is None
+        if p.grpc_address is None and p.kind != "engine"
     ]
     return {
         "running": is_alive(state.up.ref),
@@ -129,8 +169,10 @@ def status_report(state: StackState | None, statuses: Sequence[ServiceStatus]) -
         "up_pid": state.up.pid,
         "postgres_url": state.postgres_url,
         "redis_url": state.redis_url,
-        "serving": all_serving(statuses),
+        "serving": all_serving(statuses, engines),
+        "gateway_url": state.gateway_url,
         "services": [asdict(s) for s in statuses],
+        "engines": [asdict(e) for e in engines],
         "infra": infra,
     }
 
@@ -154,6 +196,21 @@ def print_status(report: dict[str, Any], out: TextIO, as_json: bool) -> None:
             f"{'yes' if s['alive'] else 'no':<5} {s['health']:<15} {s['metrics_url'] or '-'}",
             file=out,
         )
+    engines = report.get("engines", [])
+    if engines:
+        print(
+            f"  {'engine':<11} {'url':<22} {'pid':>7} {'alive':<5} {'health':<15} role",
+            file=out,
+        )
+    for e in engines:
+        where = e["url"].removeprefix("http://")
+        print(
+            f"  {e['name']:<11} {where:<22} {e['pid']:>7} "
+            f"{'yes' if e['alive'] else 'no':<5} {e['health']:<15} {e['role']}",
+            file=out,
+        )
+    if report.get("gateway_url"):
+        print(f"  gateway (OpenAI API): {report['gateway_url']}", file=out)
     for p in report["infra"]:
         print(
             f"  {p['name']:<11} {'':<22} {p['pid']:>7} {'yes' if p['alive'] else 'no':<5}",
@@ -163,8 +220,10 @@ def print_status(report: dict[str, Any], out: TextIO, as_json: bool) -> None:
 
 __all__ = [
     "DownResult",
+    "EngineStatus",
     "ServiceStatus",
     "all_serving",
+    "collect_engine_status",
     "collect_status",
     "print_status",
     "stack_down",

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 
+from services.stack.engines import stop_rank
 from services.stack.plan import ChildSpec
 
 _CREATE_TIME_SLACK_S = 0.05
@@ -169,9 +170,13 @@ class Supervisor:
         return out
 
     def stop_all(self) -> list[str]:
-        """Stop every child (SIGTERM, wait ``stop_timeout_s``, SIGKILL); names of the killed.
+        """Stop every child (SIGTERM, wait ``stop_timeout_s``, SIGKILL) in waves by kind
+        (engines first, see services.stack.engines.stop_rank); names of the killed.
         Idempotent."""
-        killed = stop_processes([c.ref for c in self._children], self.stop_timeout_s)
+        killed: list[ProcRef] = []
+        for rank in sorted({stop_rank(c.spec.kind) for c in self._children}):
+            wave = [c.ref for c in self._children if stop_rank(c.spec.kind) == rank]
+            killed += stop_processes(wave, self.stop_timeout_s)
         for child in self._children:
             try:
                 child.popen.wait(timeout=1.0)

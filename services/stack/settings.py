@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from services.common.settings import ServiceSettings
+from services.stack.engines import DEFAULT_ENGINE_BASE_PORT
 from services.stack.plan import DEFAULT_REDIS_PORT
 
 
@@ -12,6 +13,7 @@ class StackSettings(ServiceSettings):
     """Common settings plus what only ``tideserve up`` uses.
 
     ``postgres_url`` / ``redis_url`` unset → embedded servers under ``state_dir``.
+    Engine fields: simulated engines started with the stack (flags of ``up`` win).
     """
 
     redis_port: int = Field(DEFAULT_REDIS_PORT, ge=1, le=65535, description="embedded Redis port")
@@ -19,3 +21,19 @@ class StackSettings(ServiceSettings):
         60.0, gt=0, description="time every child gets to report SERVING"
     )
     stop_timeout_s: float = Field(10.0, gt=0, description="SIGTERM → SIGKILL grace per child")
+
+    engines: int = Field(0, ge=0, description="aggregated simulated engines")
+    prefill: int = Field(0, ge=0, description="prefill-only simulated engines (needs decode)")
+    decode: int = Field(0, ge=0, description="decode-only simulated engines (needs prefill)")
+    engine_base_port: int = Field(
+        DEFAULT_ENGINE_BASE_PORT, ge=1, le=65535, description="first engine port (before offset)"
+    )
+    engine_ports: list[int] = Field(
+        default_factory=list, description="explicit engine ports in start order (no offset)"
+    )
+    engine_profile: str | None = Field(None, description="perfmodel profile of the engines")
+    engine_speedup: float | None = Field(None, gt=0, description="engines run this much faster")
+    engine_kv_blocks: int | None = Field(None, ge=1, description="KV blocks per engine")
+    engine_args: list[str] = Field(
+        default_factory=list, description="extra `tideserve engine` arguments for every engine"
+    )

@@ -39,6 +39,10 @@ class ProcEntry:
     url: str | None = None
     endpoints: dict[str, str] = field(default_factory=dict)
     """HTTP endpoints seen listening once SERVING, by purpose (``metrics``, ``gateway``)."""
+    ready_url: str | None = None
+    """HTTP readiness/health URL of a non-gRPC child (engines: ``<url>/health``)."""
+    role: str = ""
+    """Engines: aggregated, prefill or decode."""
 
     @property
     def ref(self) -> ProcRef:
@@ -56,9 +60,14 @@ class StackState:
     redis_url: str | None = None
     processes: list[ProcEntry] = field(default_factory=list)
     version: int = STATE_VERSION
+    gateway_url: str | None = None
+    """The OpenAI-compatible gateway (``http://host:port/v1``) once it answers."""
 
     def services(self) -> list[ProcEntry]:
         return [p for p in self.processes if p.grpc_address is not None]
+
+    def engines(self) -> list[ProcEntry]:
+        return [p for p in self.processes if p.kind == "engine"]
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,6 +85,7 @@ class StackState:
                 postgres_url=data.get("postgres_url"),
                 redis_url=data.get("redis_url"),
                 processes=[ProcEntry(**p) for p in data.get("processes", [])],
+                gateway_url=data.get("gateway_url"),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed state file: {exc}") from exc

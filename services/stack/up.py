@@ -1,8 +1,10 @@
 """``tideserve up``: start the local stack, wait until it is SERVING, supervise, stop cleanly.
 
-Order: check ports → embedded Postgres → embedded Redis → migrations → children (services,
-later engines) → wait for grpc.health SERVING → print endpoints → wait for SIGINT/SIGTERM or a
-child dying → stop children (SIGTERM, grace, SIGKILL) → Redis → Postgres. Any failure part way
+Order: check ports → embedded Postgres → embedded Redis → migrations → simulated engines (wait
+for GET /health 200) → services (wait for grpc.health SERVING) → print endpoints → wait for
+SIGINT/SIGTERM or a service dying (an engine dying is reported, the stack keeps running: the
+gateway routes around it) → stop children (engines first; SIGTERM, grace, SIGKILL) → Redis →
+Postgres. Any failure part way
 stops what was started and exits non-zero; the state file records every pid as soon as it
 exists so ``tideserve down`` can clean up even after ``up`` itself was killed.
 """
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TextIO, TypeVar
 
+from services.stack.engines import ENGINE_KIND, ENGINE_REDIS_ENV, start_waves
 from services.stack.health import Health, check_grpc_health, check_http_ready
 from services.stack.plan import SERVICE_NAMES, ChildSpec, PortClaim, duplicate_ports
 from services.stack.ports import busy_ports, tcp_accepts
@@ -211,6 +214,7 @@ class StackRunner:
             state_dir=str(opts.state_dir),
         )
         self._infra_refs: list[ProcRef] = []
+        self._reported_dead: set[str] = set()
 
     # ----------------------------------------------------------------- helpers
     def _say(self, msg: str) -> None:
@@ -249,8 +253,9 @@ class StackRunner:
                 self._save()  # from now on `tideserve down` can reach us
                 postgres_url, redis_url = self._start_infra(teardown)
                 teardown.callback(self._stop_children)
-                self._start_children(postgres_url, redis_url)
-                self._wait_serving()
+                for wave in start_waves(self.children):
+                    started = self._start_children(wave, postgres_url, redis_url)
+                    self._wait_serving(started)
                 self.state.phase = "running"
                 self._save()
                 self._announce()
@@ -340,12 +345,18 @@ class StackRunner:
         except Exception as exc:
             self._say(f"stopping {what} failed: {exc}")
 
-    def _start_children(self, postgres_url: str, redis_url: str) -> None:
+    def _start_children(
+        self, specs: Sequence[ChildSpec], postgres_url: str, redis_url: str
+    ) -> list[Child]:
         urls = {"TIDESERVE_POSTGRES_URL": postgres_url, "TIDESERVE_REDIS_URL": redis_url}
-        for spec in self.children:
-            spec = dataclasses.replace(spec, env={**spec.env, **urls})
+        started = []
+        for spec in specs:
+            extra = {ENGINE_REDIS_ENV: redis_url} if spec.kind == ENGINE_KIND else urls
+            spec = dataclasses.replace(spec, env={**spec.env, **extra})
             self._say(f"starting {spec.name}")
             child = self._guarded(f"starting {spec.name}", self.supervisor.start, spec)
+            started.append(child)
+            engine = spec.kind == ENGINE_KIND and bool(spec.ports)
             self._record(
                 ProcEntry(
                     spec.name,
@@ -355,8 +366,12 @@ class StackRunner:
                     grpc_address=spec.grpc_address,
                     grpc_service=spec.grpc_service,
                     log=str(spec.log_path),
+                    url=spec.ports[0].url() if engine else None,
+                    ready_url=spec.ready_url,
+                    role=spec.ports[0].purpose if engine else "",
                 )
             )
+        return started
 
     def _died(self, child: Child, code: int) -> StartFailed:
         tail = log_tail(child.spec.log_path, 5)
@@ -365,9 +380,9 @@ class StackRunner:
             f"{child.spec.name} exited with code {code}: {last} (log: {child.spec.log_path})"
         )
 
-    def _wait_serving(self) -> None:
+    def _wait_serving(self, children: Sequence[Child]) -> None:
         deadline = time.monotonic() + self.opts.start_timeout_s
-        pending = {c.spec.name: c for c in self.supervisor.children}
+        pending = {c.spec.name: c for c in children}
         last: dict[str, Health] = {}
         while pending:
             for name, child in list(pending.items()):
@@ -411,7 +426,11 @@ class StackRunner:
                 url = claim.url()
                 if url is not None and tcp_accepts(claim.host, claim.port):
                     entry.endpoints[claim.purpose] = url
+            if entry.kind == ENGINE_KIND and entry.url is not None:
+                entry.endpoints["metrics"] = entry.url.rstrip("/") + "/metrics"
             entry.metrics_url = entry.endpoints.get("metrics")
+            if self.state.gateway_url is None and "gateway" in entry.endpoints:
+                self.state.gateway_url = entry.endpoints["gateway"]
         self._save()
         if self.opts.json_output:
             print(json.dumps(self.state.to_json()), file=self.out, flush=True)
@@ -422,6 +441,8 @@ class StackRunner:
                 where = f"gRPC {entry.grpc_address}"
                 for purpose, url in entry.endpoints.items():
                     where += f"  {purpose} {url}"
+            elif entry.kind == ENGINE_KIND:
+                where = f"{entry.role} engine {entry.url or '?'}"
             else:
                 where = redact_url(entry.url or "")
             lines.append(f"  {entry.name:<11} {where}  (pid {entry.pid})")
@@ -429,6 +450,8 @@ class StackRunner:
             lines.append(f"  {'postgres':<11} external {self.state.postgres_url}")
         if self.opts.redis_url is not None:
             lines.append(f"  {'redis':<11} external {self.state.redis_url}")
+        if self.state.gateway_url is not None:
+            lines.append(f"gateway (OpenAI API): {self.state.gateway_url}")
         lines.append(f"logs: {self.opts.state_dir / 'logs'}")
         lines.append("Ctrl-C or `tideserve down` stops everything.")
         print("\n".join(lines), file=self.out, flush=True)
@@ -436,8 +459,12 @@ class StackRunner:
     def _supervise(self) -> int:
         while not self.signals.event.wait(0.5):
             for child, code in self.supervisor.exited():
-                self._say(str(self._died(child, code)) + "; stopping the stack")
-                return EXIT_FAILED
+                if child.spec.kind != ENGINE_KIND:
+                    self._say(str(self._died(child, code)) + "; stopping the stack")
+                    return EXIT_FAILED
+                if child.spec.name not in self._reported_dead:
+                    self._reported_dead.add(child.spec.name)
+                    self._say(str(self._died(child, code)) + "; the stack keeps running without it")
             for ref in self._infra_refs:
                 if not is_alive(ref):
                     self._say(f"{ref.name} (pid {ref.pid}) is gone; stopping the stack")

@@ -1,0 +1,253 @@
+"""Simulated engines in the local stack: which to start, on which ports, and how the
+scheduler learns about them. Pure: no I/O.
+
+``tideserve up --engines N`` plans N aggregated engines; ``--prefill P --decode D`` plans a
+disaggregated fleet (both or neither). Each engine is one ``tideserve engine`` process (a
+:class:`ChildSpec` of kind ``engine``, ready when ``GET /health`` answers 2xx) on ports from
+the base port upward (30001 + offset by default, or explicit ports). The scheduler gets the
+list through its environment (``TIDESERVE_SCHEDULER__ENDPOINTS`` as a JSON list of
+``ROLE=URL``), so its gateway routes to exactly these engines. Redis comes from the stack at
+start (``TIDESERVE_ENGINE_REDIS_URL``, see :data:`ENGINE_REDIS_ENV`).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from services.stack.plan import ChildSpec, PortClaim
+
+__all__ = [
+    "DEFAULT_ENGINE_BASE_PORT",
+    "ENGINE_KIND",
+    "ENGINE_REDIS_ENV",
+    "EngineFleet",
+    "EnginePlan",
+    "build_engine_children",
+    "plan_engines",
+    "scheduler_engine_env",
+    "split_engine_args",
+    "start_waves",
+    "stop_rank",
+    "wire_scheduler",
+]
+
+DEFAULT_ENGINE_BASE_PORT = 30001
+ENGINE_KIND = "engine"
+ENGINE_REDIS_ENV = "TIDESERVE_ENGINE_REDIS_URL"
+"""The engine reads its Redis URL from here (the URL is known only once Redis runs)."""
+
+MAX_ENGINES = 256
+
+_ROLE_FOR_SCHEDULER = {"aggregated": "worker", "prefill": "prefill", "decode": "decode"}
+_NAME_PREFIX = {"aggregated": "engine", "prefill": "prefill", "decode": "decode"}
+_RESERVED_FLAGS = (
+    "--host",
+    "--port",
+    "--instance-id",
+    "--role",
+    "--redis-url",
+    "--deployment",
+    "--block-size",
+    "--state-dir",
+    "--profile",
+)
+"""Flags the stack sets itself; ``--engine-arg`` may not override them."""
+
+
+@dataclass(frozen=True)
+class EngineFleet:
+    """What the user asked for. ``workers``: aggregated engines; ``prefill``/``decode``:
+    a disaggregated pair of pools. ``ports`` (explicit, in start order) win over
+    ``base_port`` (already shifted by any offset). ``profile``/``speedup``/``kv_blocks``
+    None leave the engine's own default. ``extra_args`` go to every engine verbatim."""
+
+    workers: int = 0
+    prefill: int = 0
+    decode: int = 0
+    base_port: int = DEFAULT_ENGINE_BASE_PORT
+    ports: tuple[int, ...] = ()
+    profile: str | None = None
+    speedup: float | None = None
+    kv_blocks: int | None = None
+    block_size: int = 64
+    deployment: str = "default"
+    extra_args: tuple[str, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return self.workers + self.prefill + self.decode
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """One engine to start: stack name, simulator role, port."""
+
+    name: str
+    role: str
+    port: int
+
+    def url(self, host: str) -> str:
+        return f"http://{host}:{self.port}"
+
+    def scheduler_endpoint(self, host: str) -> str:
+        """``ROLE=URL`` as the scheduler's ``endpoints`` setting reads it."""
+        return f"{_ROLE_FOR_SCHEDULER[self.role]}={self.url(host)}"
+
+
+def split_engine_args(values: Sequence[str]) -> tuple[str, ...]:
+    """``--engine-arg`` values (each shell-split: ``"--max-batch 64"`` is two words) as one
+    argument list. ValueError when one sets a flag the stack owns."""
+    out: list[str] = []
+    for value in values:
+        out.extend(shlex.split(value))
+    for word in out:
+        flag = word.split("=", 1)[0]
+        if flag in _RESERVED_FLAGS:
+            raise ValueError(
+                f"--engine-arg {flag}: set by the stack itself "
+                "(use --engine-profile, --base-port-offset, or the scheduler's block_size)"
+            )
+    return tuple(out)
+
+
+def plan_engines(fleet: EngineFleet) -> tuple[EnginePlan, ...]:
+    """Names, roles and ports in start order: aggregated, then prefill, then decode.
+
+    Raises ValueError (one line) for negative counts, prefill without decode (or the reverse),
+    too many engines, too few explicit ports, or a port out of range.
+    """
+    for what, n in (
+        ("engines", fleet.workers),
+        ("prefill", fleet.prefill),
+        ("decode", fleet.decode),
+    ):
+        if n < 0:
+            raise ValueError(f"--{what} {n}: must be 0 or more")
+    if (fleet.prefill > 0) != (fleet.decode > 0):
+        raise ValueError(
+            f"--prefill {fleet.prefill} --decode {fleet.decode}: "
+            "disaggregated serving needs at least one of each"
+        )
+    if fleet.total > MAX_ENGINES:
+        raise ValueError(f"{fleet.total} engines: at most {MAX_ENGINES} in a local stack")
+    if fleet.ports and len(fleet.ports) < fleet.total:
+        raise ValueError(
+            f"stack.engine_ports lists {len(fleet.ports)} ports for {fleet.total} engines"
+        )
+    roles = (
+        [("aggregated", i) for i in range(fleet.workers)]
+        + [("prefill", i) for i in range(fleet.prefill)]
+        + [("decode", i) for i in range(fleet.decode)]
+    )
+    out = []
+    for k, (role, i) in enumerate(roles):
+        port = fleet.ports[k] if fleet.ports else fleet.base_port + k
+        if not 1 <= port <= 65535:
+            raise ValueError(f"engine port {port} is outside 1..65535 (stack.engine_base_port)")
+        out.append(EnginePlan(f"{_NAME_PREFIX[role]}-{i + 1}", role, port))
+    return tuple(out)
+
+
+def build_engine_children(
+    fleet: EngineFleet,
+    *,
+    host: str,
+    state_dir: Path,
+    base_env: Mapping[str, str],
+    python: str = sys.executable,
+) -> tuple[ChildSpec, ...]:
+    """One ``tideserve engine`` child per planned engine (see :func:`plan_engines`, whose
+    ValueError passes through). The Redis URL is added at start under :data:`ENGINE_REDIS_ENV`;
+    logs go to ``<state_dir>/logs/<name>.log``."""
+    children = []
+    for plan in plan_engines(fleet):
+        argv = [
+            python,
+            "-m",
+            "services.cli",
+            "engine",
+            "--host",
+            host,
+            "--port",
+            str(plan.port),
+            "--instance-id",
+            f"{host}:{plan.port}",
+            "--role",
+            plan.role,
+            "--deployment",
+            fleet.deployment,
+            "--block-size",
+            str(fleet.block_size),
+            "--state-dir",
+            str(state_dir / "engines" / plan.name),
+        ]
+        if fleet.profile is not None:
+            argv += ["--profile", fleet.profile]
+        if fleet.speedup is not None:
+            argv += ["--speedup", f"{fleet.speedup:g}"]
+        if fleet.kv_blocks is not None:
+            argv += ["--kv-blocks", str(fleet.kv_blocks)]
+        argv += fleet.extra_args
+        env = dict(base_env)
+        env["PYTHONUNBUFFERED"] = "1"
+        url = plan.url(host)
+        children.append(
+            ChildSpec(
+                name=plan.name,
+                argv=tuple(argv),
+                env=env,
+                log_path=state_dir / "logs" / f"{plan.name}.log",
+                ready_url=url + "/health",
+                ports=(PortClaim(plan.name, plan.role, host, plan.port, "port", ""),),
+                kind=ENGINE_KIND,
+            )
+        )
+    return tuple(children)
+
+
+def scheduler_engine_env(
+    fleet: EngineFleet, host: str, *, perf_profile: str | None
+) -> dict[str, str]:
+    """The scheduler's environment additions for ``fleet``: ``endpoints`` (JSON list of
+    ``ROLE=URL``), ``deployment``, ``block_size`` and, when given, ``perf_profile``. Empty
+    when the stack runs no engines (the scheduler's own settings then apply)."""
+    plans = plan_engines(fleet)
+    if not plans:
+        return {}
+    env = {
+        "TIDESERVE_SCHEDULER__ENDPOINTS": json.dumps([p.scheduler_endpoint(host) for p in plans]),
+        "TIDESERVE_SCHEDULER__DEPLOYMENT": fleet.deployment,
+        "TIDESERVE_SCHEDULER__BLOCK_SIZE": str(fleet.block_size),
+    }
+    if perf_profile:
+        env["TIDESERVE_SCHEDULER__PERF_PROFILE"] = perf_profile
+    return env
+
+
+def wire_scheduler(
+    children: Sequence[ChildSpec], extra_env: Mapping[str, str], scheduler: str = "scheduler"
+) -> tuple[ChildSpec, ...]:
+    """``children`` with ``extra_env`` merged into the scheduler child's environment."""
+    return tuple(
+        replace(c, env={**c.env, **extra_env}) if c.name == scheduler and extra_env else c
+        for c in children
+    )
+
+
+def stop_rank(kind: str) -> int:
+    """Stop order of a child kind: engines first, then everything else (the reverse of the
+    start order, see :func:`start_waves`)."""
+    return 0 if kind == ENGINE_KIND else 1
+
+
+def start_waves(children: Sequence[ChildSpec]) -> list[list[ChildSpec]]:
+    """Children grouped for start-up: engines first (each wave must be ready before the next
+    starts), then the rest, each in the given order. Empty waves are left out."""
+    engines = [c for c in children if c.kind == ENGINE_KIND]
+    rest = [c for c in children if c.kind != ENGINE_KIND]
+    return [w for w in (engines, rest) if w]

@@ -1,0 +1,315 @@
+"""Simulated engines in the local stack: planning, argv, scheduler wiring, start/stop order,
+flags → children (pure; no process is started)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from services.scheduler.settings import SchedulerSettings
+from services.stack.cli import register, resolve_up
+from services.stack.engines import (
+    ENGINE_KIND,
+    EngineFleet,
+    build_engine_children,
+    plan_engines,
+    scheduler_engine_env,
+    split_engine_args,
+    start_waves,
+    stop_rank,
+    wire_scheduler,
+)
+from services.stack.plan import ChildSpec
+
+
+@pytest.mark.parametrize(
+    ("fleet", "expected"),
+    [
+        (EngineFleet(), []),
+        (
+            EngineFleet(workers=2),
+            [("engine-1", "aggregated", 30001), ("engine-2", "aggregated", 30002)],
+        ),
+        (
+            EngineFleet(prefill=1, decode=2, base_port=31001),
+            [("prefill-1", "prefill", 31001), ("decode-1", "decode", 31002), ("decode-2", "decode", 31003)],
+        ),
+        (
+            EngineFleet(workers=1, prefill=1, decode=1, ports=(5001, 5003, 5002)),
+            [("engine-1", "aggregated", 5001), ("prefill-1", "prefill", 5003), ("decode-1", "decode", 5002)],
+        ),
+    ],
+    ids=["none", "aggregated", "pd-from-base-port", "mixed-explicit-ports"],
+)  # fmt: skip
+def test_plan_engines(fleet: EngineFleet, expected: list[tuple[str, str, int]]) -> None:
+    assert [(p.name, p.role, p.port) for p in plan_engines(fleet)] == expected
+
+
+@pytest.mark.parametrize(
+    ("fleet", "needle"),
+    [
+        (EngineFleet(prefill=1), "needs at least one of each"),
+        (EngineFleet(decode=3), "needs at least one of each"),
+        (EngineFleet(workers=-1), "--engines -1: must be 0 or more"),
+        (EngineFleet(workers=3, ports=(1, 2)), "lists 2 ports for 3 engines"),
+        (EngineFleet(workers=2, base_port=65535), "engine port 65536 is outside 1..65535"),
+        (EngineFleet(workers=1000), "at most 256"),
+    ],
+    ids=["prefill-only", "decode-only", "negative", "too-few-ports", "port-range", "too-many"],
+)
+def test_plan_engines_refuses(fleet: EngineFleet, needle: str) -> None:
+    with pytest.raises(ValueError) as err:
+        plan_engines(fleet)
+    assert needle in str(err.value)
+
+
+def test_engine_child_argv_env_and_readiness(tmp_path: Path) -> None:
+    fleet = EngineFleet(
+        prefill=1,
+        decode=1,
+        base_port=40000,
+        profile="test",
+        speedup=20.0,
+        kv_blocks=512,
+        block_size=16,
+        deployment="demo",
+        extra_args=("--max-batch", "8"),
+    )
+    pre, dec = build_engine_children(
+        fleet, host="127.0.0.1", state_dir=tmp_path, base_env={"KEEP": "1"}, python="py"
+    )
+    assert pre.argv == (
+        "py", "-m", "services.cli", "engine",
+        "--host", "127.0.0.1", "--port", "40000", "--instance-id", "127.0.0.1:40000",
+        "--role", "prefill", "--deployment", "demo", "--block-size", "16",
+        "--state-dir", str(tmp_path / "engines" / "prefill-1"),
+        "--profile", "test", "--speedup", "20", "--kv-blocks", "512", "--max-batch", "8",
+    )  # fmt: skip
+    assert pre.kind == dec.kind == ENGINE_KIND
+    assert pre.ready_url == "http://127.0.0.1:40000/health"
+    assert dec.ready_url == "http://127.0.0.1:40001/health"
+    assert pre.grpc_address is None
+    assert pre.env["KEEP"] == "1"
+    assert pre.log_path == tmp_path / "logs" / "prefill-1.log"
+    claim = dec.ports[0]
+    assert (claim.owner, claim.purpose, claim.port, claim.url()) == (
+        "decode-1",
+        "decode",
+        40001,
+        "http://127.0.0.1:40001",
+    )
+    assert claim.describe() == "decode-1 decode port 127.0.0.1:40001"
+
+
+def test_engine_defaults_are_left_to_the_engine(tmp_path: Path) -> None:
+    (child,) = build_engine_children(
+        EngineFleet(workers=1), host="127.0.0.1", state_dir=tmp_path, base_env={}
+    )
+    for flag in ("--profile", "--speedup", "--kv-blocks"):
+        assert flag not in child.argv
+
+
+@pytest.mark.parametrize(
+    ("fleet", "perf", "expected"),
+    [
+        (EngineFleet(), "test", {}),
+        (
+            EngineFleet(workers=2, base_port=7000, block_size=32, deployment="d"),
+            None,
+            {
+                "TIDESERVE_SCHEDULER__ENDPOINTS": json.dumps(
+                    ["worker=http://h:7000", "worker=http://h:7001"]
+                ),
+                "TIDESERVE_SCHEDULER__DEPLOYMENT": "d",
+                "TIDESERVE_SCHEDULER__BLOCK_SIZE": "32",
+            },
+        ),
+        (
+            EngineFleet(prefill=1, decode=1, base_port=7000),
+            "test",
+            {
+                "TIDESERVE_SCHEDULER__ENDPOINTS": json.dumps(
+                    ["prefill=http://h:7000", "decode=http://h:7001"]
+                ),
+                "TIDESERVE_SCHEDULER__DEPLOYMENT": "default",
+                "TIDESERVE_SCHEDULER__BLOCK_SIZE": "64",
+                "TIDESERVE_SCHEDULER__PERF_PROFILE": "test",
+            },
+        ),
+    ],
+    ids=["no-engines-no-override", "aggregated", "pd-with-profile"],
+)
+def test_scheduler_engine_env(
+    fleet: EngineFleet, perf: str | None, expected: dict[str, str]
+) -> None:
+    assert scheduler_engine_env(fleet, "h", perf_profile=perf) == expected
+
+
+def test_scheduler_settings_read_the_wired_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the stack writes is what the scheduler's own settings loader reads."""
+    from services.common.settings import load_settings
+
+    env = scheduler_engine_env(
+        EngineFleet(prefill=1, decode=1, base_port=7000, block_size=16, deployment="x"),
+        "127.0.0.1",
+        perf_profile="test",
+    )
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = load_settings(SchedulerSettings, "scheduler", None, {})
+    assert settings.endpoints == ["prefill=http://127.0.0.1:7000", "decode=http://127.0.0.1:7001"]
+    assert (settings.deployment, settings.block_size, settings.perf_profile) == ("x", 16, "test")
+
+
+def _spec(name: str, kind: str = "service") -> ChildSpec:
+    return ChildSpec(name, ("x",), {"A": "1"}, Path(f"/tmp/{name}.log"), kind=kind)
+
+
+def test_wire_scheduler_touches_only_the_scheduler() -> None:
+    children = (_spec("scheduler"), _spec("kvmeta"))
+    wired = wire_scheduler(children, {"B": "2"})
+    assert wired[0].env == {"A": "1", "B": "2"}
+    assert wired[1] is children[1]
+    assert wire_scheduler(children, {}) == children
+
+
+def test_start_waves_engines_first_and_stop_rank() -> None:
+    children = [_spec("scheduler"), _spec("engine-1", ENGINE_KIND), _spec("kvmeta")]
+    children.append(_spec("engine-2", ENGINE_KIND))
+    waves = start_waves(children)
+    assert [[c.name for c in w] for w in waves] == [
+        ["engine-1", "engine-2"],
+        ["scheduler", "kvmeta"],
+    ]
+    assert [[c.name for c in w] for w in start_waves(children[:1])] == [["scheduler"]]
+    assert stop_rank(ENGINE_KIND) < stop_rank("service")
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([], ()),
+        (["--max-batch=32"], ("--max-batch=32",)),
+        (["--stream-interval 4", "--fail-rate=0.1"], ("--stream-interval", "4", "--fail-rate=0.1")),
+    ],
+    ids=["none", "equals-form", "quoted-pair"],
+)  # fmt: skip
+def test_split_engine_args(values: list[str], expected: tuple[str, ...]) -> None:
+    assert split_engine_args(values) == expected
+
+
+@pytest.mark.parametrize("value", ["--port 1", "--redis-url=redis://x", "--block-size 8"])
+def test_split_engine_args_refuses_flags_the_stack_sets(value: str) -> None:
+    with pytest.raises(ValueError, match="set by the stack itself"):
+        split_engine_args([value])
+
+
+def _up_args(tmp_path: Path, *argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="verb"))
+    return parser.parse_args(["up", "--state-dir", str(tmp_path), *argv])
+
+
+def test_up_flags_become_engine_children_and_scheduler_wiring(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no stray ./tideserve.yaml
+    config = tmp_path / "ts.yaml"
+    config.write_text("scheduler:\n  block_size: 16\n  deployment: demo\n")
+    args = _up_args(
+        tmp_path,
+        "--config",
+        str(config),
+        "--prefill",
+        "1",
+        "--decode",
+        "2",
+        "--engine-profile",
+        "test",
+        "--engine-speedup",
+        "5",
+        "--engine-kv-blocks",
+        "100",
+        "--engine-arg=--max-batch=4",
+        "--base-port-offset",
+        "10",
+    )
+    _, children = resolve_up(args)
+    engines = [c for c in children if c.kind == ENGINE_KIND]
+    assert [(c.name, c.ports[0].port) for c in engines] == [
+        ("prefill-1", 30011),
+        ("decode-1", 30012),
+        ("decode-2", 30013),
+    ]
+    argv = engines[0].argv
+    for flag, value in [
+        ("--block-size", "16"),
+        ("--deployment", "demo"),
+        ("--profile", "test"),
+        ("--speedup", "5"),
+        ("--kv-blocks", "100"),
+    ]:
+        assert argv[argv.index(flag) + 1] == value
+    assert argv[-1] == "--max-batch=4"
+    scheduler = next(c for c in children if c.name == "scheduler")
+    assert json.loads(scheduler.env["TIDESERVE_SCHEDULER__ENDPOINTS"]) == [
+        "prefill=http://127.0.0.1:30011",
+        "decode=http://127.0.0.1:30012",
+        "decode=http://127.0.0.1:30013",
+    ]
+    assert scheduler.env["TIDESERVE_SCHEDULER__PERF_PROFILE"] == "test"
+    assert (
+        "TIDESERVE_SCHEDULER__ENDPOINTS" not in next(c for c in children if c.name == "kvmeta").env
+    )
+
+
+def test_up_engine_settings_from_the_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "ts.yaml"
+    config.write_text(
+        "stack:\n  engines: 2\n  engine_ports: [4101, 4100]\n  engine_args: ['--seed 3']\n"
+    )
+    _, children = resolve_up(_up_args(tmp_path, "--config", str(config)))
+    engines = [c for c in children if c.kind == ENGINE_KIND]
+    assert [c.ports[0].port for c in engines] == [4101, 4100]
+    assert engines[0].argv[-2:] == ("--seed", "3")
+    _, flagged = resolve_up(_up_args(tmp_path, "--config", str(config), "--engines", "1"))
+    assert [c.name for c in flagged if c.kind == ENGINE_KIND] == ["engine-1"]  # flags win
+
+
+def test_up_without_engines_leaves_the_scheduler_endpoints_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    _, children = resolve_up(_up_args(tmp_path))
+    assert all(c.kind != ENGINE_KIND for c in children)
+    scheduler = next(c for c in children if c.name == "scheduler")
+    assert not any(k.startswith("TIDESERVE_SCHEDULER__") for k in scheduler.env)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--prefill", "2"], "needs at least one of each"),
+        (["--engines", "1", "--engine-profile", "nope"], "--engine-profile"),
+        (["--engines", "1", "--engine-arg=--port=1"], "set by the stack itself"),
+    ],
+    ids=["prefill-without-decode", "unknown-profile", "reserved-flag"],
+)
+def test_up_bad_engine_flags_are_one_line_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    argv: list[str], needle: str,
+) -> None:  # fmt: skip
+    from services.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["up", "--state-dir", str(tmp_path / "st"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "st").exists()
