@@ -217,3 +217,39 @@ class DeadLetter(_message.Message):
     fields: _containers.ScalarMap[str, bytes]
     ts_ms: int
     def __init__(self, stream: _Optional[str] = ..., entry_id: _Optional[str] = ..., group: _Optional[str] = ..., error: _Optional[str] = ..., fields: _Optional[_Mapping[str, bytes]] = ..., ts_ms: _Optional[int] = ...) -> None: ...
+
+class RoutedPrefix(_message.Message):
+    __slots__ = ("deployment", "replica_id", "block_hashes", "instance_ids", "ts_ms")
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_IDS_FIELD_NUMBER: _ClassVar[int]
+    TS_MS_FIELD_NUMBER: _ClassVar[int]
+    deployment: str
+    replica_id: str
+    block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    instance_ids: _containers.RepeatedScalarFieldContainer[str]
+    ts_ms: int
+    def __init__(self, deployment: _Optional[str] = ..., replica_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., instance_ids: _Optional[_Iterable[str]] = ..., ts_ms: _Optional[int] = ...) -> None: ...
+
+class InstanceInFlight(_message.Message):
+    __slots__ = ("instance_id", "requests", "pending_prefill_tokens")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    requests: int
+    pending_prefill_tokens: int
+    def __init__(self, instance_id: _Optional[str] = ..., requests: _Optional[int] = ..., pending_prefill_tokens: _Optional[int] = ...) -> None: ...
+
+class ReplicaInFlight(_message.Message):
+    __slots__ = ("deployment", "replica_id", "ts_ms", "instances")
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    TS_MS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    deployment: str
+    replica_id: str
+    ts_ms: int
+    instances: _containers.RepeatedCompositeFieldContainer[InstanceInFlight]
+    def __init__(self, deployment: _Optional[str] = ..., replica_id: _Optional[str] = ..., ts_ms: _Optional[int] = ..., instances: _Optional[_Iterable[_Union[InstanceInFlight, _Mapping]]] = ...) -> None: ...
