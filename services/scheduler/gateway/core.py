@@ -6,7 +6,7 @@ decision, its reservation and its release are the same code whichever way it is 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from services.scheduler.admission import AdmissionQueue, saturated
@@ -50,6 +50,9 @@ class GatewayCore:
         self.queue = queue
         self.limits = limits or CoreLimits()
         self.slo = slo or SLOTargets()
+        # Called after every Pick with (request, pick, now); must not raise or block
+        # (e.g. the active-active shell queues the routed prefix for other replicas).
+        self.pick_listeners: list[Callable[[RequestView, Pick, float], None]] = []
 
     def ttft_budget_ms(self, slo_class: str, deadline_in_ms: float | None = None) -> float:
         """The tighter of the class target and an explicit deadline (0 = none)."""
@@ -93,6 +96,8 @@ class GatewayCore:
             if d.prefill:
                 ids.append(d.prefill.endpoint.instance_id)
             self.fleet.reserve(pick_id, ids, {target.instance_id: uncached}, now)
+            for listener in self.pick_listeners:
+                listener(view, d, now)
         return d
 
     def first_token(self, pick_id: str) -> None:

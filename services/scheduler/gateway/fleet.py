@@ -104,6 +104,8 @@ class Fleet:
         self._eps: dict[str, _Live] = {}
         self._res: dict[str, _Reservation] = {}
         self._version = 0
+        # Other gateway replicas' in-flight (requests, pending tokens) per instance.
+        self._remote: Mapping[str, tuple[int, int]] = {}
 
     # -- membership -----------------------------------------------------------------------
     def upsert(self, spec: EndpointSpec, healthy: bool = True) -> None:
@@ -217,6 +219,15 @@ class Fleet:
         live = self._eps.get(instance_id)
         return live.ours if live else 0
 
+    def own_in_flight(self) -> dict[str, tuple[int, int]]:
+        """This gateway's (requests, pending prefill tokens) per instance."""
+        return {i: (v.ours, v.ours_pending_tokens) for i, v in self._eps.items()}
+
+    def set_remote_in_flight(self, counts: Mapping[str, tuple[int, int]]) -> None:
+        """Replace the other gateway replicas' in-flight counts (active-active); the
+        snapshot adds them to this gateway's own reservations."""
+        self._remote = dict(counts)
+
     # -- snapshot -------------------------------------------------------------------------
     def view(self, instance_id: str, now: float) -> EndpointView:
         """KeyError for an unknown instance."""
@@ -225,6 +236,7 @@ class Fleet:
         if live.load_at is None or now - live.load_at > self.load_stale_s:
             ld = LoadReport()  # unknown/stale: trust only our own counts
         s = live.spec
+        r_req, r_tok = self._remote.get(instance_id, (0, 0))
         return EndpointView(
             instance_id=s.instance_id,
             url=s.url,
@@ -238,8 +250,8 @@ class Fleet:
             healthy=live.healthy,
             draining=live.draining,
             circuit=live.breaker.state(now),
-            reserved_requests=max(0, live.ours - ld.running - ld.waiting),
-            reserved_tokens=max(0, live.ours_pending_tokens - ld.pending_prefill_tokens),
+            reserved_requests=max(0, live.ours + r_req - ld.running - ld.waiting),
+            reserved_tokens=max(0, live.ours_pending_tokens + r_tok - ld.pending_prefill_tokens),
             bootstrap_host=s.bootstrap_host,
             bootstrap_port=s.bootstrap_port,
             labels=s.labels,
