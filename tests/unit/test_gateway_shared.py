@@ -1,0 +1,203 @@
+"""Active-active pure parts: routed-prefix entries and their application, in-flight
+heartbeats (merge, expiry), and the fleet/core hooks they use."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from tideserve.v1 import events_pb2
+
+from services.common.tokens import block_hashes
+from services.scheduler.gateway import EndpointSpec, GatewayCore, build_core
+from services.scheduler.gateway.fleet import Fleet
+from services.scheduler.gateway.shared_core import (
+    apply_routed,
+    approx_plugins,
+    catchup_start_id,
+    dead_replicas,
+    heartbeat,
+    merge_in_flight,
+    routed_entry,
+    routed_plugins,
+)
+from services.scheduler.routing.types import Pick, RequestView
+
+IDS = ["a", "b", "c"]
+HASHES = tuple(block_hashes(list(range(1, 257)), 16))  # 16 blocks
+
+
+def core() -> GatewayCore:
+    return build_core(
+        [EndpointSpec(i, f"http://{i}") for i in IDS], perf_profile="test", block_size=16
+    )
+
+
+def view(rid: str = "r1", hashes: tuple[int, ...] = HASHES, **kw: object) -> RequestView:
+    return RequestView(
+        request_id=rid,
+        prompt_tokens=len(hashes) * 16,
+        block_hashes=hashes,
+        block_size=16,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def beat(replica: str, ts_ms: int, **inst: tuple[int, int]) -> events_pb2.ReplicaInFlight:
+    return heartbeat(inst, deployment="d", replica_id=replica, ts_ms=ts_ms)
+
+
+@pytest.mark.parametrize(
+    ("beats", "expected"),
+    [
+        ([], {}),
+        ([beat("me", 1000, a=(5, 50))], {}),
+        ([beat("r2", 1000, a=(2, 30), b=(1, 0))], {"a": (2, 30), "b": (1, 0)}),
+        ([beat("r2", 1000, a=(2, 30)), beat("r3", 900, a=(1, 5), c=(4, 0))],
+         {"a": (3, 35), "c": (4, 0)}),
+        ([beat("r2", 1000 - 3001, a=(2, 30))], {}),
+        ([beat("r2", 1000 - 3000, a=(2, 30))], {"a": (2, 30)}),
+        ([beat("r2", 1500, a=(1, 1))], {"a": (1, 1)}),
+        ([beat("r2", 1000, a=(0, 0))], {}),
+    ],
+    ids=["none", "own-skipped", "other", "two-summed", "expired", "at-ttl", "future-skew",
+         "idle-left-out"],
+)  # fmt: skip
+def test_merge_in_flight(
+    beats: list[events_pb2.ReplicaInFlight], expected: dict[str, tuple[int, int]]
+) -> None:
+    assert merge_in_flight(beats, replica_id="me", now_ms=1000, ttl_ms=3000) == expected
+
+
+def test_dead_replicas_only_long_expired() -> None:
+    beats = [beat("alive", 100_000), beat("late", 95_000), beat("gone", 10_000)]
+    assert dead_replicas(beats, now_ms=100_000, forget_ms=60_000) == ["gone"]
+
+
+@pytest.mark.parametrize(
+    ("wall_ms", "window_s", "expected"),
+    [(1_000_000, 600.0, "400000-0"), (1_000, 600.0, "0-0"), (5_000, 0.0, "5000-0")],
+    ids=["window", "clamped", "no-catchup"],
+)
+def test_catchup_start_id(wall_ms: int, window_s: float, expected: str) -> None:
+    assert catchup_start_id(wall_ms, window_s) == expected
+
+
+def test_routed_plugins_follow_the_profiles_of_the_pick() -> None:
+    c = core()
+    names = approx_plugins(c.scheduler)
+    assert set(names) == {"routed-prefix", "cache-aware-prefix"}
+    d = c.pick(view(), 0.0, "p1")
+    assert isinstance(d, Pick)
+    assert routed_plugins(c.scheduler, d) == ["routed-prefix"]
+    d2 = c.pick(view("r2"), 0.0, "p2", profile="round_robin")
+    assert isinstance(d2, Pick) and routed_plugins(c.scheduler, d2) == []
+    d3 = c.pick(view("r3"), 0.0, "p3", profile="cache_aware")
+    assert isinstance(d3, Pick) and routed_plugins(c.scheduler, d3) == ["cache-aware-prefix"]
+
+
+def entry(**kw: object) -> events_pb2.RoutedPrefix:
+    base: dict[str, object] = {
+        "deployment": "d",
+        "replica_id": "other",
+        "block_hashes": HASHES,
+        "instance_ids": ["c"],
+        "ts_ms": 100_000,
+        "plugins": ["routed-prefix"],
+    }
+    base.update(kw)
+    return events_pb2.RoutedPrefix(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("msg", "applied", "matched"),
+    [
+        (entry(), True, {"c": 16}),
+        (entry(instance_ids=["c", "b"]), True, {"c": 16, "b": 16}),
+        (entry(replica_id="me"), False, {}),
+        (entry(ts_ms=100_000 - 601_000), False, {}),
+        (entry(plugins=["nope"]), False, {}),
+        (entry(block_hashes=[]), False, {}),
+        (entry(instance_ids=[]), False, {}),
+    ],
+    ids=["applied", "pd-both-instances", "own", "stale", "unknown-plugin", "no-hashes",
+         "no-instances"],
+)  # fmt: skip
+def test_apply_routed(msg: events_pb2.RoutedPrefix, applied: bool, matched: dict[str, int]) -> None:
+    c = core()
+    plugins = approx_plugins(c.scheduler)
+    ok = apply_routed(plugins, msg, replica_id="me", now=5.0, wall_ms=100_000, max_age_s=600.0)
+    assert ok is applied
+    assert plugins["routed-prefix"].index.match(HASHES, 5.0) == matched
+    assert plugins["cache-aware-prefix"].index.match(HASHES, 5.0) == {}
+
+
+def test_routed_entry_skips_requests_without_hashes_or_plugins() -> None:
+    c = core()
+    d = c.pick(view(), 0.0, "p1")
+    assert isinstance(d, Pick)
+    args = {"deployment": "d", "replica_id": "me", "ts_ms": 7}
+    assert routed_entry(view(hashes=()), d, ["routed-prefix"], **args) is None  # type: ignore[arg-type]
+    assert routed_entry(view(), d, [], **args) is None  # type: ignore[arg-type]
+    e = routed_entry(view(), d, ["routed-prefix"], **args)  # type: ignore[arg-type]
+    assert e is not None
+    assert list(e.instance_ids) == [d.decode.endpoint.instance_id]
+    assert tuple(e.block_hashes) == HASHES and e.replica_id == "me" and e.ts_ms == 7
+
+
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "not-shared"])
+def test_affinity_survives_losing_the_replica_that_routed(share: bool) -> None:
+    """Replica A routes turn 1 to 'c'; replica B then routes turn 2 (a longer prompt with
+    the same prefix). With A's entries applied, B sends it to 'c'; without, it does not."""
+    a, b = core(), core()
+    entries: list[events_pb2.RoutedPrefix] = []
+
+    def listener(request: RequestView, pick: Pick, now: float) -> None:
+        e = routed_entry(
+            request,
+            pick,
+            routed_plugins(a.scheduler, pick),
+            deployment="d",
+            replica_id="A",
+            ts_ms=1_000,
+        )
+        assert e is not None
+        entries.append(e)
+
+    a.pick_listeners.append(listener)
+    d1 = a.pick(replace(view(), exclude=frozenset({"a", "b"})), 1.0, "t1")
+    assert isinstance(d1, Pick) and d1.decode.endpoint.instance_id == "c"
+    a.release("t1")
+    assert len(entries) == 1
+    if share:
+        plugins = approx_plugins(b.scheduler)
+        for e in entries:
+            assert apply_routed(plugins, e, replica_id="B", now=2.0, wall_ms=1_500, max_age_s=600)
+    turn2 = tuple(block_hashes(list(range(1, 257)) + list(range(900, 964)), 16))
+    d2 = b.pick(view("t2", turn2), 3.0, "t2")
+    assert isinstance(d2, Pick)
+    assert (d2.decode.endpoint.instance_id == "c") is share
+    assert (d2.predicted_cached_tokens == 256) is share
+
+
+def test_fleet_adds_remote_in_flight_to_reservations() -> None:
+    f = Fleet()
+    for i in IDS:
+        f.upsert(EndpointSpec(i, f"http://{i}"))
+    f.reserve("p", ["a"], {"a": 100}, 0.0)
+    assert f.own_in_flight() == {"a": (1, 100), "b": (0, 0), "c": (0, 0)}
+    f.set_remote_in_flight({"a": (2, 40), "b": (3, 0), "zz": (9, 9)})
+    snap = f.snapshot(0.0)
+    got = {e.instance_id: (e.reserved_requests, e.reserved_tokens) for e in snap}
+    assert got == {"a": (3, 140), "b": (3, 0), "c": (0, 0)}
+    assert f.in_flight("a") == 1  # the dispatch bound stays per replica
+    f.set_remote_in_flight({})
+    assert f.view("b", 0.0).reserved_requests == 0
+
+
+def test_heartbeat_leaves_idle_instances_out() -> None:
+    b = heartbeat({"a": (0, 0), "b": (2, 10), "c": (0, -3)}, deployment="d", replica_id="r",
+                  ts_ms=5)  # fmt: skip
+    assert [(i.instance_id, i.requests, i.pending_prefill_tokens) for i in b.instances] == [
+        ("b", 2, 10)
+    ]
