@@ -1,0 +1,215 @@
+"""Active-active gateway replicas sharing routed prefixes and in-flight load through a
+real Redis (two cores in one process, each with its own SharedState; clocks injected)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from tideserve.v1 import events_pb2
+
+from services.common.streams import encode_entry
+from services.common.tokens import block_hashes
+from services.scheduler.gateway import EndpointSpec, GatewayCore, build_core
+from services.scheduler.gateway.shared import SharedState
+from services.scheduler.routing.types import Pick, RequestView
+
+IDS = ["a", "b", "c"]
+TURN1 = list(range(1, 257))
+TURN2 = TURN1 + list(range(900, 964))
+
+
+class Wall:
+    """A settable wall clock (epoch seconds), starting at the real time (Redis stream ids
+    come from the server's clock)."""
+
+    def __init__(self) -> None:
+        self.t = time.time()
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def view(rid: str, tokens: list[int], **kw: Any) -> RequestView:
+    hashes = tuple(block_hashes(tokens, 16))
+    return RequestView(
+        request_id=rid, prompt_tokens=len(tokens), block_hashes=hashes, block_size=16, **kw
+    )
+
+
+Replica = Callable[..., SharedState]
+
+
+@pytest.fixture
+async def replicas(redis_client: Any) -> AsyncIterator[Replica]:
+    made: list[SharedState] = []
+    dep = f"aa-{uuid.uuid4().hex[:8]}"
+
+    def make(replica_id: str, wall: Wall, **kw: Any) -> SharedState:
+        core = build_core(
+            [EndpointSpec(i, f"http://{i}") for i in IDS], perf_profile="test", block_size=16
+        )
+        s = SharedState(redis_client, core, deployment=dep, replica_id=replica_id, wall=wall, **kw)
+        core.pick_listeners.append(s.on_pick)  # what start() does, without the tasks
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        await s.stop()
+
+
+def pick_on(core: GatewayCore, v: RequestView, now: float, pick_id: str) -> str:
+    d = core.pick(v, now, pick_id)
+    assert isinstance(d, Pick), d
+    return d.decode.endpoint.instance_id
+
+
+async def test_routed_prefix_reaches_the_other_replica(replicas: Replica) -> None:
+    wall = Wall()
+    a, b = replicas("A", wall), replicas("B", wall)
+    await b.read_once(block_ms=0)  # B is up before A routes anything
+    # A routes turn 1 to 'c' (the others excluded, so it is not the tie-break winner).
+    assert pick_on(a.core, view("t1", TURN1, exclude=frozenset({"a", "b"})), 1.0, "t1") == "c"
+    a.core.release("t1")
+    assert await a.publish_once() == 1
+    assert await b.read_once(block_ms=0) == 1
+    assert b.stats["applied"] == 1
+    # A is gone; turn 2 through B lands where the prefix is.
+    assert pick_on(b.core, view("t2", TURN2), 2.0, "t2") == "c"
+    # B's own entry comes back to B on its stream and is ignored, A applies it.
+    b.core.release("t2")
+    assert await b.publish_once() == 1
+    assert await b.read_once(block_ms=0) == 1 and b.stats["ignored"] == 1
+    assert await a.read_once(block_ms=0) == 2
+    assert a.stats == a.stats | {"applied": 1, "ignored": 1}
+
+
+async def test_late_replica_catches_up_within_the_window(replicas: Replica) -> None:
+    wall = Wall()
+    a = replicas("A", wall)
+    assert pick_on(a.core, view("t1", TURN1, exclude=frozenset({"a", "c"})), 1.0, "t1") == "b"
+    await a.publish_once()
+    wall.t += 5.0
+    late = replicas("late", wall, catchup_s=60.0)
+    assert await late.read_once(block_ms=0) == 1 and late.stats["applied"] == 1
+    assert pick_on(late.core, view("t2", TURN2), 1.0, "t2") == "b"
+    too_late = replicas("too-late", wall, catchup_s=1.0)  # starts reading after the entry
+    assert await too_late.read_once(block_ms=0) == 0
+    assert pick_on(too_late.core, view("t3", TURN2), 1.0, "t3") == "a"
+
+
+async def test_undecodable_entries_are_counted_and_skipped(
+    replicas: Replica, redis_client: Any
+) -> None:
+    wall = Wall()
+    a = replicas("A", wall)
+    await a.read_once(block_ms=0)
+    await redis_client.xadd(a.stream, {b"t": b"tideserve.v1.RoutedPrefix", b"p": b"\xff\xff"})
+    await redis_client.xadd(a.stream, encode_entry(events_pb2.LoadSnapshot()))
+    assert await a.read_once(block_ms=0) == 2
+    assert a.stats["undecodable"] == 2 and a.stats["applied"] == 0
+
+
+async def test_in_flight_is_shared_and_drops_out_when_a_replica_dies(
+    replicas: Replica, redis_client: Any
+) -> None:
+    wall = Wall()
+    a, b, c = replicas("A", wall), replicas("B", wall), replicas("C", wall)
+    for i in range(3):
+        a.core.fleet.reserve(f"a{i}", ["a"], {"a": 100}, 0.0)
+    b.core.fleet.reserve("b0", ["a", "b"], {"b": 50}, 0.0)
+    await a.heartbeat_once()
+    await b.heartbeat_once()
+    await c.heartbeat_once()
+    snap = {
+        e.instance_id: (e.reserved_requests, e.reserved_tokens) for e in c.core.fleet.snapshot(0)
+    }
+    assert snap == {"a": (4, 300), "b": (1, 50), "c": (0, 0)}
+    await a.heartbeat_once()  # A's first beat ran before B's existed
+    a_view = a.core.fleet.view("a", 0.0)
+    assert (a_view.reserved_requests, a_view.reserved_tokens) == (4, 300)  # 3 own + 1 of B's
+    # A dies (no more heartbeats, no clean stop); B and C keep beating.
+    wall.t += 2.0
+    await b.heartbeat_once()
+    await c.heartbeat_once()
+    assert c.core.fleet.view("a", 0.0).reserved_requests == 4  # within the TTL
+    wall.t += 1.5
+    await b.heartbeat_once()
+    await c.heartbeat_once()
+    assert c.core.fleet.view("a", 0.0).reserved_requests == 1  # A's heartbeat expired
+    # B stops cleanly: its field leaves the hash at once.
+    b.core.fleet.release("b0")
+    await b.stop()
+    await c.heartbeat_once()
+    assert c.core.fleet.view("a", 0.0).reserved_requests == 0
+    fields = await redis_client.hkeys(c.hash_key)
+    assert b"B" not in fields and b"C" in fields
+
+
+async def test_redis_outage_keeps_routing_and_expires_remote_counts(replicas: Replica) -> None:
+    import redis.asyncio as aioredis
+    from redis.exceptions import RedisError
+
+    wall = Wall()
+    a, b = replicas("A", wall), replicas("B", wall)
+    a.core.fleet.reserve("x", ["c"], {}, 0.0)
+    await a.heartbeat_once()
+    await b.heartbeat_once()
+    assert b.core.fleet.view("c", 0.0).reserved_requests == 1
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    dead = aioredis.Redis(
+        host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
+    )
+    b.redis = dead
+    b._producer = replace_producer(dead)
+    wall.t += 10.0
+    with pytest.raises((RedisError, OSError)):
+        await b.heartbeat_once()
+    assert b.core.fleet.view("c", 0.0).reserved_requests == 0  # stale counts expired anyway
+    assert pick_on(b.core, view("o1", TURN1), 1.0, "o1") in IDS  # routing goes on
+    with pytest.raises((RedisError, OSError)):
+        await b.publish_once()
+    assert b.stats["dropped"] == 1
+    await dead.aclose()
+
+
+def replace_producer(client: Any) -> Any:
+    from services.common.streams import StreamProducer
+
+    return StreamProducer(client)
+
+
+async def test_start_stop_tasks_share_state_live(replicas: Replica) -> None:
+    """The real loops: A's pick reaches B without calling the steps by hand."""
+    import asyncio
+
+    wall = Wall()
+    a, b = replicas("A", wall, heartbeat_s=0.05), replicas("B", wall, heartbeat_s=0.05)
+    a.core.pick_listeners.clear()
+    b.core.pick_listeners.clear()
+    await a.start()
+    await b.start()
+    try:
+        assert pick_on(a.core, view("t1", TURN1, exclude=frozenset({"a"})), 1.0, "t1") == "b"
+        for _ in range(200):
+            if b.stats["applied"]:
+                break
+            await asyncio.sleep(0.02)
+        assert b.stats["applied"] == 1
+        assert pick_on(b.core, replace(view("t2", TURN2)), 2.0, "t2") == "b"
+        for _ in range(200):
+            if a.core.fleet.view("b", 0.0).reserved_requests == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert a.core.fleet.view("b", 0.0).reserved_requests == 2  # own t1 + B's t2
+    finally:
+        await a.stop()
+        await b.stop()
+    assert a.on_pick not in a.core.pick_listeners
