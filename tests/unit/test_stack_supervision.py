@@ -524,3 +524,80 @@ def test_check_http_ready(path: str, expected: Health) -> None:
 
 def test_check_http_ready_unreachable() -> None:
     assert check_http_ready(f"http://127.0.0.1:{free_port()}/", 0.5) is Health.UNREACHABLE
+
+
+def test_engine_dying_is_reported_and_the_stack_keeps_running(
+    tmp_path: Path, standin: Path, no_leftovers: list[ProcRef]
+) -> None:
+    """An engine is data plane: the gateway routes around a dead one, so `up` goes on."""
+    children = [
+        dataclasses.replace(spec(standin, tmp_path, "engine-1", free_port(), "die-later"),
+                            kind="engine"),
+        spec(standin, tmp_path, "svc0", free_port()),
+    ]  # fmt: skip
+    err = io.StringIO()
+    runner = StackRunner(options(tmp_path), children, NO_INFRA, out=io.StringIO(), err=err)
+
+    def stopper() -> None:  # SIGTERM only once the engine's death has been reported
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "keeps running" not in err.getvalue():
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    t = threading.Thread(target=stopper)
+    t.start()
+    rc = runner.run()
+    t.join()
+    no_leftovers.extend(c.ref for c in runner.supervisor.children)
+    assert rc == 0, err.getvalue()
+    assert (
+        "engine-1 exited with code 4: stand-in: dying" in err.getvalue()
+        and "the stack keeps running without it" in err.getvalue()
+    )
+    assert err.getvalue().count("engine-1 exited") == 1  # reported once
+    assert "stop requested; stopping" in err.getvalue()
+
+
+ORDER_PROBE = r"""
+import signal, sys, time
+peer_log = sys.argv[1] if len(sys.argv) > 1 else ""
+def stop(*_):
+    if peer_log:  # an engine: give a service stopped at the same time the chance to log it
+        time.sleep(0.5)
+        with open(peer_log) as fh:
+            print(f"stopping; service stopped before me: {'stopped' in fh.read()}", flush=True)
+    else:
+        print("stopped", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_supervisor_stops_engines_before_services(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(ORDER_PROBE)
+    sup = Supervisor(stop_timeout_s=5.0)
+    service = sup.start(
+        ChildSpec("svc", (sys.executable, str(probe)), dict(os.environ), tmp_path / "svc.log")
+    )
+    engine = sup.start(
+        ChildSpec(
+            "engine-1",
+            (sys.executable, str(probe), str(tmp_path / "svc.log")),
+            dict(os.environ),
+            tmp_path / "engine-1.log",
+            kind="engine",
+        )
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(
+        "ready" in (tmp_path / n).read_text() for n in ("svc.log", "engine-1.log")
+    ):
+        time.sleep(0.05)
+    assert sup.stop_all() == []
+    assert "service stopped before me: False" in (tmp_path / "engine-1.log").read_text()
+    assert "stopped" in (tmp_path / "svc.log").read_text()  # then the service
+    assert not is_alive(engine.ref) and not is_alive(service.ref)
