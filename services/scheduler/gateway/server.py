@@ -43,7 +43,9 @@ from services.scheduler.routing.types import (
 )
 from services.scheduler.routing.types import Shed as RouteShed
 
-PrefixLookup = Callable[[RequestView, str], Awaitable[Mapping[str, PrefixMatch] | None]]
+# (view, deployment, cache_salt, profile) -> per-instance matches, or None (best effort;
+# e.g. services.scheduler.gateway.kvmeta_client.KVMetaLookup).
+PrefixLookup = Callable[[RequestView, str, str, str], Awaitable[Mapping[str, PrefixMatch] | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,9 +256,10 @@ class Gateway:
             view = self._view(rid, parsed)
             if self.prefix_lookup is not None and view.block_hashes:
                 with contextlib.suppress(Exception):
-                    view = replace(
-                        view, prefix_matches=await self.prefix_lookup(view, self.opts.deployment)
+                    found = await self.prefix_lookup(
+                        view, self.opts.deployment, parsed.cache_salt, parsed.profile
                     )
+                    view = replace(view, prefix_matches=found)
             await self._admit(rid, parsed)
             return await self._route(req, rid, parsed, view)
         except ApiError as e:
