@@ -43,6 +43,17 @@ class SchedulerSettings(ServiceSettings):
     max_in_flight_per_endpoint: int = Field(256, ge=1, description="dispatch bound per engine")
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="larger bodies get 413")
 
+    # --- integrations (owner: gateway integrations; see gateway/integrations.py) ---------
+    kvmeta_address: str = Field("", description="kvmeta gRPC host:port for MatchPrefix; '' = off")
+    kvmeta_deadline_ms: float = Field(20.0, gt=0, description="MatchPrefix deadline")
+    replica_id: str = Field("", description="this gateway replica's id; '' = host-pid-random")
+    share_state: bool = Field(
+        False, description="active-active: share routed prefixes + in-flight load via redis_url"
+    )
+    share_heartbeat_s: float = Field(0.5, gt=0, description="in-flight heartbeat period")
+    share_heartbeat_ttl_s: float = Field(3.0, gt=0, description="a replica's load expires after")
+    request_records: bool = Field(True, description="RequestRecord per request (needs redis_url)")
+
     @field_validator("endpoints")
     @classmethod
     def _check_endpoints(cls, value: list[str]) -> list[str]:
