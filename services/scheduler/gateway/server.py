@@ -32,7 +32,7 @@ from aiohttp import web
 
 from services.common.tokens import block_hashes
 from services.scheduler.admission import QueuedRequest, Shed
-from services.scheduler.gateway import upstream
+from services.scheduler.gateway import records, upstream
 from services.scheduler.gateway.core import GatewayCore
 from services.scheduler.gateway.openai import ApiError, Kind, Limits, ParsedRequest, parse_request
 from services.scheduler.routing.types import (
@@ -254,6 +254,7 @@ class Gateway:
             if parsed.profile and parsed.profile not in self.core.scheduler.profiles:
                 raise ApiError(400, f"unknown scheduler profile {parsed.profile!r}", "profile")
             view = self._view(rid, parsed)
+            records.note_request(req, rid, parsed)
             if self.prefix_lookup is not None and view.block_hashes:
                 with contextlib.suppress(Exception):
                     found = await self.prefix_lookup(
@@ -261,6 +262,7 @@ class Gateway:
                     )
                     view = replace(view, prefix_matches=found)
             await self._admit(rid, parsed)
+            records.note_admitted(req)
             return await self._route(req, rid, parsed, view)
         except ApiError as e:
             self._count(f"error_{e.status}")
@@ -319,6 +321,7 @@ class Gateway:
                 p.profile,
                 self.opts.deployment,
             )
+            records.note_pick(req, d, attempt)
             if isinstance(d, RouteShed):
                 raise Overloaded(d.reason, d.retry_after_ms)
             if isinstance(d, NoEndpoint):
@@ -348,8 +351,9 @@ class Gateway:
         path = _PATHS[p.kind]
         body: dict[str, Any] = dict(p.forward_body)
         headers = {"Content-Type": "application/json"}
-        if "traceparent" in req.headers:
-            headers["traceparent"] = req.headers["traceparent"]
+        traceparent = records.outgoing_traceparent(req)
+        if traceparent:
+            headers["traceparent"] = traceparent
         timeout = aiohttp.ClientTimeout(
             total=self.opts.upstream_timeout_s, sock_connect=self.opts.connect_timeout_s
         )
@@ -378,6 +382,7 @@ class Gateway:
                 except (aiohttp.ClientError, TimeoutError, OSError) as e:
                     raise upstream.UpstreamFailure(decode.instance_id, f"read: {e!r}") from None
                 self.core.first_token(pick_id)
+                records.note_body(req, data)
                 self.core.fleet.upstream_result(decode.instance_id, True, self.clock())
                 return web.Response(
                     status=resp.status,
@@ -405,11 +410,14 @@ class Gateway:
                 if not started:
                     await out.prepare(req)
                     self.core.first_token(pick_id)
+                    records.note_first_byte(req, True)
                     started = True
+                records.note_chunk(req, chunk)
                 try:
                     await out.write(chunk)
                 except (ConnectionError, RuntimeError):
                     self._count("client_gone")  # client went away: stop reading upstream
+                    records.note_cancelled(req)
                     self.core.fleet.upstream_result(instance_id, True, self.clock())
                     return out
                 tail = (tail + chunk)[-64:]
@@ -424,6 +432,7 @@ class Gateway:
         now = self.clock()
         if error:
             self._count("stream_broken")
+            records.note_error(req, error)
             self.core.fleet.upstream_result(instance_id, False, now)
             evt = {
                 "error": {
