@@ -17,6 +17,7 @@ from aiohttp import web
 from services.common.errors import StartupError
 from services.common.server import ServiceHooks, run_service
 from services.scheduler.gateway import CoreLimits, EndpointSpec, GatewayCore, build_core
+from services.scheduler.gateway.integrations import Integrations
 from services.scheduler.gateway.openai import Limits
 from services.scheduler.gateway.server import Gateway, GatewayOptions
 from services.scheduler.routing.config import ConfigError
@@ -62,6 +63,7 @@ def build_gateway(settings: SchedulerSettings) -> tuple[GatewayCore, Gateway]:
 def build(settings: SchedulerSettings) -> ServiceHooks:
     """Wire the servicer and the HTTP gateway on one core from ``settings``."""
     core, gateway = build_gateway(settings)
+    extras = Integrations(settings, core, gateway)  # records, active-active, kvmeta lookups
     servicer = SchedulerServicer(
         core, deployment=settings.deployment, block_size=settings.block_size
     )
@@ -71,9 +73,12 @@ def build(settings: SchedulerSettings) -> ServiceHooks:
         return [add_to_server(servicer, server)]
 
     async def on_start() -> None:
+        await extras.start()
         if settings.http_port == 0:
             return
-        r = web.AppRunner(gateway.app(), handle_signals=False)
+        app = gateway.app()
+        extras.install(app)
+        r = web.AppRunner(app, handle_signals=False)
         await r.setup()
         try:
             await web.TCPSite(r, settings.host, settings.http_port).start()
@@ -87,6 +92,7 @@ def build(settings: SchedulerSettings) -> ServiceHooks:
     async def on_stop() -> None:
         for r in runner:
             await asyncio.wait_for(r.cleanup(), settings.shutdown_grace_s + 1.0)
+        await extras.stop()
 
     return ServiceHooks(register=register, on_start=on_start, on_stop=on_stop)
 
