@@ -68,7 +68,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-TRACE_KEY = "tideserve.trace"
 RECORDED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate"})
 _TAIL_BYTES = 8192
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
@@ -186,6 +185,9 @@ class RequestTrace:
     @property
     def traceparent(self) -> str:
         return format_traceparent(self.trace_id, self.span_id, self.flags)
+
+
+TRACE_KEY = web.RequestKey("tideserve.trace", RequestTrace)
 
 
 def _ms(a: float | None, b: float | None) -> float:
