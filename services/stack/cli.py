@@ -29,9 +29,9 @@ examples:
 
 Ports (before --base-port-offset): gRPC scheduler 50051, kvmeta 50052, autoscaler 50053,
 telemetry 50054; metrics 9101-9104; gateway HTTP 8000; kvmeta TE metadata HTTP 8081;
-embedded Redis 6380; engines 30001 upward. Per-service keys in the config file (`kvmeta: {grpc_port: N}`,
-`metrics_port`, `http_port`, `metadata_http_port`) and `stack: {redis_port: N}` override
-them. Only endpoints that answer are printed.
+embedded Redis 6380; engines 30001 upward. Per-service keys in the config file
+(`kvmeta: {grpc_port: N}`, `metrics_port`, `http_port`, `metadata_http_port`) and
+`stack: {redis_port: N}` override them. Only endpoints that answer are printed.
 Engines: `tideserve engine` processes started before the services (ready on GET /health),
 with the stack's Redis and the scheduler's deployment and block_size; the scheduler's gateway
 routes to exactly these (its `endpoints` setting is replaced). `stack:` keys engines, prefill,

@@ -55,8 +55,11 @@ _RESERVED_FLAGS = (
     "--block-size",
     "--state-dir",
     "--profile",
+    "--bootstrap-port",
 )
-"""Flags the stack sets itself; ``--engine-arg`` may not override them."""
+"""Flags the stack manages; ``--engine-arg`` may not set them. (No dedicated bootstrap port:
+the gateway sends SGLang bootstrap requests to a prefill engine's HTTP port, where the
+simulator serves ``/bootstrap/{room}`` too.)"""
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,7 @@ def split_engine_args(values: Sequence[str]) -> tuple[str, ...]:
         flag = word.split("=", 1)[0]
         if flag in _RESERVED_FLAGS:
             raise ValueError(
-                f"--engine-arg {flag}: set by the stack itself "
+                f"--engine-arg {flag}: managed by the stack "
                 "(use --engine-profile, --base-port-offset, or the scheduler's block_size)"
             )
     return tuple(out)
@@ -185,6 +188,10 @@ def build_engine_children(
             str(fleet.block_size),
             "--state-dir",
             str(state_dir / "engines" / plan.name),
+            # health probes and load scrapes would flood INFO access logs; a later
+            # --engine-arg=--log-level=INFO wins
+            "--log-level",
+            "WARNING",
         ]
         if fleet.profile is not None:
             argv += ["--profile", fleet.profile]

@@ -162,7 +162,10 @@ def _start_stack(
             timeout=120,
         )
         assert down.returncode == 0, down.stdout + down.stderr
-        up.communicate(timeout=60)
+        out, _ = up.communicate(timeout=60)
+        assert f"gateway (OpenAI API): http://127.0.0.1:{http_port}/v1" in out
+        for name, entry in {p.name: p for p in state.engines()}.items():
+            assert f"{name:<11} {entry.role} engine {entry.url}" in out
         assert [p.name for p in state.processes if is_alive(p.ref)] == []
         assert read_state(state_dir) is None
     finally:

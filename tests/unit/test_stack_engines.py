@@ -85,7 +85,7 @@ def test_engine_child_argv_env_and_readiness(tmp_path: Path) -> None:
         "py", "-m", "services.cli", "engine",
         "--host", "127.0.0.1", "--port", "40000", "--instance-id", "127.0.0.1:40000",
         "--role", "prefill", "--deployment", "demo", "--block-size", "16",
-        "--state-dir", str(tmp_path / "engines" / "prefill-1"),
+        "--state-dir", str(tmp_path / "engines" / "prefill-1"), "--log-level", "WARNING",
         "--profile", "test", "--speedup", "20", "--kv-blocks", "512", "--max-batch", "8",
     )  # fmt: skip
     assert pre.kind == dec.kind == ENGINE_KIND
@@ -201,9 +201,11 @@ def test_split_engine_args(values: list[str], expected: tuple[str, ...]) -> None
     assert split_engine_args(values) == expected
 
 
-@pytest.mark.parametrize("value", ["--port 1", "--redis-url=redis://x", "--block-size 8"])
+@pytest.mark.parametrize(
+    "value", ["--port 1", "--redis-url=redis://x", "--block-size 8", "--bootstrap-port=8998"]
+)
 def test_split_engine_args_refuses_flags_the_stack_sets(value: str) -> None:
-    with pytest.raises(ValueError, match="set by the stack itself"):
+    with pytest.raises(ValueError, match="managed by the stack"):
         split_engine_args([value])
 
 
@@ -297,7 +299,7 @@ def test_up_without_engines_leaves_the_scheduler_endpoints_alone(
     [
         (["--prefill", "2"], "needs at least one of each"),
         (["--engines", "1", "--engine-profile", "nope"], "--engine-profile"),
-        (["--engines", "1", "--engine-arg=--port=1"], "set by the stack itself"),
+        (["--engines", "1", "--engine-arg=--port=1"], "managed by the stack"),
     ],
     ids=["prefill-without-decode", "unknown-profile", "reserved-flag"],
 )
