@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -140,6 +141,7 @@ class IndexFeeder:
 
     async def start(self) -> None:
         """Load checkpoints, replay streams, start consumers and periodic work."""
+        t0 = time.perf_counter()
         if self._store is not None:
             for dep, (pos, blob) in (await self._store.latest_checkpoints()).items():
                 try:
@@ -151,6 +153,7 @@ class IndexFeeder:
                     continue
                 self.positions[dep] = pos
                 log.info("loaded index checkpoint of %s at %s", dep, pos)
+        t1 = time.perf_counter()
         if self._redis is not None:
             await self.discover()
             self._tasks.append(asyncio.create_task(self._discover_loop()))
@@ -160,6 +163,13 @@ class IndexFeeder:
                 events_pb2.MembershipEvent,
                 "$",
             )
+        log.info(
+            "index ready: %d entries in %.3fs (checkpoints %.3fs, stream replay %.3fs)",
+            self.index.entry_count(),
+            time.perf_counter() - t0,
+            t1 - t0,
+            time.perf_counter() - t1,
+        )
         if self._store is not None and self.checkpoint_interval_s > 0:
             self._tasks.append(
                 asyncio.create_task(self._every(self.checkpoint_interval_s, self.checkpoint))
