@@ -136,6 +136,9 @@ class IndexFeeder:
                     inst.instance_id,
                     msg.reason or "membership",
                 )
+                # membership is not replayed after a crash: make the drop durable before ack
+                if self._store is not None:
+                    await self.checkpoint()
 
     # -------------------------------------------------------------- lifecycle
 

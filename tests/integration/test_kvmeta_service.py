@@ -50,7 +50,13 @@ class Kv:
 
 @asynccontextmanager
 async def kvmeta(
-    redis_url: str, pg_url: str, prefix: str, *, crash: bool = False, **om: object
+    redis_url: str,
+    pg_url: str,
+    prefix: str,
+    *,
+    crash: bool = False,
+    expire_after_s: float = 0.0,
+    **om: object,
 ) -> AsyncIterator[Kv]:
     await asyncio.to_thread(db.migrate, pg_url, "kvmeta")
     redis = aioredis.from_url(redis_url)
@@ -67,6 +73,7 @@ async def kvmeta(
         discover_interval_s=0.2,
         block_ms=100,
         claim_idle_ms=200,
+        expire_after_s=expire_after_s,
     )
     objects = ObjectShell(ObjectMaster(**om), store, clock.now)  # type: ignore[arg-type]
     await objects.load()
@@ -390,3 +397,36 @@ async def test_transfer_engine_metadata_http(steps: list, expect: list) -> None:
             assert got == expect
     finally:
         await server.stop()
+
+
+async def test_membership_removal_and_load_snapshot_expiry_drop_instances(
+    redis_url: str, postgres_db_url: str, prefix: str
+) -> None:
+    redis = aioredis.from_url(redis_url)
+    prod = StreamProducer(redis)
+    kvs = stream_name(prefix, "kv", "dep")
+    await prod.publish_many(
+        kvs, [batch("dep", i, 1, 1, ev(STORED, H[:3])) for i in ("a", "b", "c")]
+    )
+    async with kvmeta(redis_url, postgres_db_url, prefix, crash=True, expire_after_s=1.0) as kv:
+        await eventually(lambda: _has(kv, "dep", 3))
+        gone = events_pb2.MembershipEvent(
+            kind=events_pb2.MembershipEvent.KIND_REMOVED,
+            instance=common_pb2.Instance(instance_id="c", deployment="dep"),
+            reason="scale-in",
+        )
+        await prod.publish(stream_name(prefix, "membership"), gone)
+        load = stream_name(prefix, "load", "dep")
+
+        async def only_a_left() -> bool:  # "a" keeps sending load snapshots, "b" is silent
+            await prod.publish(load, events_pb2.LoadSnapshot(deployment="dep", instance_id="a"))
+            return set(await match(kv, "dep", H)) == {"a"}
+
+        await eventually(only_a_left)
+        assert set(await listed(kv, "dep")) == {"a"}
+    async with kvmeta(redis_url, postgres_db_url, prefix) as kv2:
+        # after a crash: the membership drop was checkpointed before its ack (not replayed);
+        # an expiry drop is not (the silent instance expires again after the restart)
+        assert "c" not in await match(kv2, "dep", H)
+        assert "a" in await match(kv2, "dep", H)
+    await redis.aclose()
