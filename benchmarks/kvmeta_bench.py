@@ -30,6 +30,7 @@ import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -187,7 +188,9 @@ def bench_objects(n: int) -> dict[str, object]:
     }
 
 
-def _start_service(tmp: Path, port: int, pg: str, rd: str, prefix: str) -> subprocess.Popen[bytes]:
+def _start_service(
+    tmp: Path, port: int, pg: str | None, rd: str | None, prefix: str
+) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("TIDESERVE_")}
     env.update(
         {
@@ -197,16 +200,9 @@ def _start_service(tmp: Path, port: int, pg: str, rd: str, prefix: str) -> subpr
             "TIDESERVE_LOG_FORMAT": "text",
         }
     )
-    args = [
-        "--grpc-port",
-        str(port),
-        "--metrics-port",
-        "0",
-        "--postgres-url",
-        pg,
-        "--redis-url",
-        rd,
-    ]
+    args = ["--grpc-port", str(port), "--metrics-port", "0"]
+    args += ["--postgres-url", pg] if pg else []
+    args += ["--redis-url", rd] if rd else []
     with (tmp / "kvmeta.stderr").open("ab") as err:
         return subprocess.Popen(
             [sys.executable, "-m", "services.kvmeta", *args],
@@ -228,6 +224,103 @@ def _wait(pred: Callable[[], bool], what: str, timeout: float = 600.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(what)
         time.sleep(0.02)
+
+
+def _grpc_object_ops(stub: Any, n: int) -> dict[str, object]:
+    """Sequential PutStart+PutEnd, then GetReplicaList, over gRPC (one client)."""
+    from tideserve.v1 import kvmeta_pb2
+
+    seg = kvmeta_pb2.Segment(
+        name="s0", instance_id="i0", tier=2, capacity_bytes=1 << 40, transfer_address="x:1"
+    )
+    stub.MountSegment(kvmeta_pb2.MountSegmentRequest(deployment="bench", segment=seg))
+    q0 = time.perf_counter()
+    for k in range(n):
+        stub.PutStart(kvmeta_pb2.PutStartRequest(deployment="bench", key=f"k{k}", size=4096))
+        stub.PutEnd(kvmeta_pb2.PutEndRequest(deployment="bench", key=f"k{k}"))
+    q1 = time.perf_counter()
+    for k in range(n):
+        stub.GetReplicaList(kvmeta_pb2.GetReplicaListRequest(deployment="bench", key=f"k{k}"))
+    q2 = time.perf_counter()
+    return {
+        "objects": n,
+        "put_start_end_per_s": round(n / (q1 - q0)),
+        "get_replica_list_per_s": round(n / (q2 - q1)),
+    }
+
+
+def bench_vs_mooncake(n: int) -> dict[str, object]:
+    """kvmeta (memory only, no Postgres) vs ``mooncake_master`` driven by its Python store
+    client, same sequence: put session start+end (allocation and commit, no data moved) and
+    replica lookup, one synchronous client. Skipped (with the reason) if Mooncake is missing.
+    """
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from tideserve.v1 import kvmeta_pb2_grpc
+
+    from services.common.embedded import free_port
+
+    master = Path(sys.executable).parent / "mooncake_master"
+    try:
+        from mooncake.store import MooncakeDistributedStore
+    except ImportError as exc:
+        return {"skipped": f"mooncake-transfer-engine(-non-cuda) not importable: {exc}"}
+    if not master.exists():
+        return {"skipped": f"{master} not found"}
+    out: dict[str, object] = {}
+    tmp = Path(tempfile.mkdtemp(prefix="kvmeta-vs-mc-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        port = free_port()
+        procs.append(_start_service(tmp, port, None, None, "vsmc"))
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            health = health_pb2_grpc.HealthStub(ch)
+            req = health_pb2.HealthCheckRequest(service="")
+            _wait(lambda: health.Check(req, timeout=2).status == 1, "kvmeta (memory only) up")
+            out["kvmeta_grpc_memory_only"] = _grpc_object_ops(
+                kvmeta_pb2_grpc.KVMetaServiceStub(ch), n
+            )
+        rpc, http = free_port(), free_port()
+        flags = [f"--rpc_port={rpc}", "--rpc_address=127.0.0.1", f"--metrics_port={free_port()}"]
+        flags += ["--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1"]
+        flags += [f"--http_metadata_server_port={http}"]
+        with (tmp / "master.log").open("wb") as log:
+            procs.append(subprocess.Popen([str(master), *flags], stdout=log, stderr=log, cwd=tmp))
+        store = MooncakeDistributedStore()
+        meta, addr = f"http://127.0.0.1:{http}/metadata", f"127.0.0.1:{rpc}"
+        _wait(
+            lambda: store.setup("127.0.0.1", meta, 256 << 20, 16 << 20, "tcp", "", addr) == 0,
+            "mooncake store client setup",
+            timeout=60,
+        )
+        q0 = time.perf_counter()
+        for k in range(n):
+            assert store.batch_put_session_start([f"k{k}"], [4096]) == [0]
+            assert store.batch_put_session_end([f"k{k}"]) == [0]
+        q1 = time.perf_counter()
+        for k in range(n):
+            assert store.get_replica_desc(f"k{k}")
+        q2 = time.perf_counter()
+        store.close()
+        out["mooncake_master"] = {
+            "objects": n,
+            "put_start_end_per_s": round(n / (q1 - q0)),
+            "get_replica_list_per_s": round(n / (q2 - q1)),
+        }
+        out["comparable"] = (
+            "same sequential metadata operations from one client process to one master process; "
+            "kvmeta: Python grpc.aio + protobuf, memory only here (write-through to Postgres in "
+            "'service.grpc_objects'); Mooncake: C++ master over its coro_rpc with a C++ client. "
+            "Not compared: data transfer, HA, concurrency."
+        )
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if not os.environ.get("KVBENCH_KEEP"):
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
 
 
 def bench_service(args: argparse.Namespace) -> dict[str, object]:
@@ -358,32 +451,7 @@ def bench_service(args: argparse.Namespace) -> dict[str, object]:
             "block_events_per_s": round(resp.batches_applied * 128 / dt),
         }
         # object master through gRPC, write-through to Postgres on every mutation
-        stub.MountSegment(
-            kvmeta_pb2.MountSegmentRequest(
-                deployment="bench",
-                segment=kvmeta_pb2.Segment(
-                    name="s0",
-                    instance_id="i0",
-                    tier=2,
-                    capacity_bytes=1 << 40,
-                    transfer_address="127.0.0.1:17000",
-                ),
-            )
-        )
-        n = args.grpc_objects
-        q0 = time.perf_counter()
-        for k in range(n):
-            stub.PutStart(kvmeta_pb2.PutStartRequest(deployment="bench", key=f"k{k}", size=4096))
-            stub.PutEnd(kvmeta_pb2.PutEndRequest(deployment="bench", key=f"k{k}"))
-        q1 = time.perf_counter()
-        for k in range(n):
-            stub.GetReplicaList(kvmeta_pb2.GetReplicaListRequest(deployment="bench", key=f"k{k}"))
-        q2 = time.perf_counter()
-        out["grpc_objects"] = {
-            "objects": n,
-            "put_start_end_per_s": round(n / (q1 - q0)),
-            "get_replica_list_per_s": round(n / (q2 - q1)),
-        }
+        out["grpc_objects"] = _grpc_object_ops(stub, args.grpc_objects)
         # kill -9, then time until SERVING again (checkpoint load + stream replay)
         for mode in ("checkpoint_plus_replay", "replay_only"):
             proc.send_signal(signal.SIGKILL)
@@ -446,6 +514,12 @@ def main() -> int:
         help="also measure through a real kvmeta process (Postgres + Redis)",
     )
     ap.add_argument("--service-entries", type=int, default=1_000_000)
+    ap.add_argument(
+        "--mooncake",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="compare object operations with mooncake_master (if installed)",
+    )
     ap.add_argument("--grpc-queries", type=int, default=2000)
     ap.add_argument("--grpc-ingest-batches", type=int, default=2000)
     ap.add_argument("--grpc-objects", type=int, default=2000)
@@ -502,6 +576,8 @@ def main() -> int:
     out["object_master"] = bench_objects(args.objects)
     if args.service:
         out["service"] = bench_service(args)
+    if args.mooncake:
+        out["vs_mooncake"] = bench_vs_mooncake(args.grpc_objects)
     print(json.dumps(out, indent=2))
     return 0
 
