@@ -455,6 +455,11 @@ class PrefixIndex:
 
     def snapshot(self, deployments: Iterable[str] | None = None) -> bytes:
         """Compact, self-contained bytes of the index (or of some deployments)."""
+        return compress_snapshot(self.snapshot_raw(deployments))
+
+    def snapshot_raw(self, deployments: Iterable[str] | None = None) -> bytes:
+        """Uncompressed snapshot; ``compress_snapshot`` it (e.g. in a thread: zlib drops
+        the GIL) to get ``snapshot()`` bytes. Only this part must run with the index idle."""
         if deployments is None:
             return _encode(self._deps)
         return _encode({d: self._deps[d] for d in deployments if d in self._deps})
@@ -493,6 +498,11 @@ class PrefixIndex:
     def entry_count(self) -> int:
         """Number of (block, tier, instance) entries, counting retired slots not yet scrubbed."""
         return sum(i.blocks for dep in self._deps.values() for i in dep.instances.values())
+
+
+def compress_snapshot(raw: bytes) -> bytes:
+    """``snapshot()`` bytes from ``snapshot_raw()`` bytes."""
+    return zlib.compress(raw, 1)
 
 
 def _record(dropped: int, length: int, lengths: dict[int, int]) -> None:
@@ -568,7 +578,7 @@ def _encode(deps: dict[str, _Dep]) -> bytes:
             out.append(vals.tobytes())
             out.append(mlens.tobytes())
             out.append(b"".join(masks))
-    return zlib.compress(b"".join(out), 1)
+    return b"".join(out)
 
 
 class _Reader:

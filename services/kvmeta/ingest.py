@@ -30,12 +30,13 @@ from tideserve.v1 import common_pb2, events_pb2
 
 from services.common.streams import StreamConsumer, StreamProducer, decode_entry, stream_name
 from services.kvmeta.checkpoint import KVMetaStore
-from services.kvmeta.index import Outcome, PrefixIndex
+from services.kvmeta.index import Outcome, PrefixIndex, compress_snapshot
 
 __all__ = ["IndexFeeder", "parse_id"]
 
 log = logging.getLogger(__name__)
 
+_CHECKPOINT_DUTY = 20.0  # periodic checkpoints block the loop at most ~1/20 of the time
 _GONE_STATES = (common_pb2.INSTANCE_STATE_STOPPED, common_pb2.INSTANCE_STATE_FAILED)
 
 
@@ -80,6 +81,7 @@ class IndexFeeder:
         self.positions: dict[str, str] = {}  # deployment -> newest applied kv entry id
         self.block_sizes: dict[str, int] = {}
         self._dirty: set[str] = set()
+        self._next_checkpoint: dict[str, float] = {}  # deployment -> monotonic time
         self._consumers: dict[str, StreamConsumer[events_pb2.KVEventBatch]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
@@ -175,7 +177,9 @@ class IndexFeeder:
         )
         if self._store is not None and self.checkpoint_interval_s > 0:
             self._tasks.append(
-                asyncio.create_task(self._every(self.checkpoint_interval_s, self.checkpoint))
+                asyncio.create_task(
+                    self._every(self.checkpoint_interval_s, self._periodic_checkpoint)
+                )
             )
         if self.expire_after_s > 0:
             self._tasks.append(
@@ -293,22 +297,36 @@ class IndexFeeder:
             return False
         return parse_id(_sid(first[0])) > parse_id(pos)
 
-    async def checkpoint(self) -> int:
-        """Snapshot each deployment changed since the last checkpoint; returns how many."""
+    async def checkpoint(self, *, force: bool = True) -> int:
+        """Snapshot each deployment changed since its last checkpoint; returns how many.
+
+        The encoding runs on the loop (the index must not change meanwhile), compression in
+        a thread. Unless ``force``, a deployment is skipped while its previous encoding
+        time x ``_CHECKPOINT_DUTY`` has not elapsed, so huge indexes keep the loop free.
+        """
         if self._store is None:
             return 0
         done = 0
         for dep in sorted(self._dirty):
+            if not force and time.monotonic() < self._next_checkpoint.get(dep, 0.0):
+                continue
             self._dirty.discard(dep)
-            blob = self.index.snapshot([dep])
+            t0 = time.monotonic()
+            raw = self.index.snapshot_raw([dep])
             pos = self.positions.get(dep, "0-0")
+            spent = time.monotonic() - t0
+            self._next_checkpoint[dep] = time.monotonic() + spent * _CHECKPOINT_DUTY
             try:
+                blob = await asyncio.to_thread(compress_snapshot, raw)
                 await self._store.save_checkpoint(dep, pos, blob)
             except BaseException:
                 self._dirty.add(dep)
                 raise
             done += 1
         return done
+
+    async def _periodic_checkpoint(self) -> None:
+        await self.checkpoint(force=False)
 
     async def _expire(self) -> None:
         for dep, iid in self.index.expire(self._clock(), self.expire_after_s):
