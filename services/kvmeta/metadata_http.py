@@ -1,7 +1,9 @@
 """Mooncake Transfer Engine HTTP metadata protocol, served by kvmeta (aiohttp).
 
 ``GET /metadata?key=K`` → 200 with the stored bytes, 404 if absent;
-``PUT /metadata?key=K`` (body = value) → 200; ``DELETE /metadata?key=K`` → 200, 404 if absent.
+``PUT /metadata?key=K`` (body = value) → 200, except 400 for an existing ``.../rpc_meta/...``
+key (as Mooncake's own server: a second engine cannot take over a live segment name);
+``DELETE /metadata?key=K`` → 200, 404 if absent.
 A missing ``key`` is 400; a body over ``max_value_bytes`` is 413. Values are opaque bytes
 (the Transfer Engine stores JSON segment descriptors and RPC endpoints). The store is in
 memory: transfer engines re-register on start, as with Mooncake's own metadata server.
@@ -25,8 +27,12 @@ class MetadataStore:
     def get(self, key: str) -> bytes | None:
         return self._data.get(key)
 
-    def put(self, key: str, value: bytes) -> None:
+    def put(self, key: str, value: bytes) -> bool:
+        """Store ``value``; False (nothing changed) for an existing ``rpc_meta`` key."""
+        if "rpc_meta/" in key and key in self._data:
+            return False
         self._data[key] = value
+        return True
 
     def delete(self, key: str) -> bool:
         return self._data.pop(key, None) is not None
@@ -99,7 +105,8 @@ class MetadataServer:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _error(413, f"value larger than {self.max_value_bytes} bytes", "too_large")
-        self.store.put(key, body)
+        if not self.store.put(key, body):
+            return _error(400, "Duplicate rpc_meta key not allowed", "duplicate_key")
         return web.Response(text="metadata updated")
 
     async def _delete(self, request: web.Request) -> web.StreamResponse:

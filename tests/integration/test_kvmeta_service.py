@@ -377,8 +377,32 @@ async def test_objects_leases_pins_quota_and_persistence(
         ),
         ([("DELETE", "a", None)], [(404, None)]),
         ([("GET", "", None)], [(400, None)]),
+        (
+            [
+                ("PUT", "mooncake/rpc_meta/s", b"1"),
+                ("PUT", "mooncake/rpc_meta/s", b"2"),
+                ("GET", "mooncake/rpc_meta/s", None),
+            ],
+            [(200, None), (400, None), (200, b"1")],
+        ),
+        (
+            [
+                ("PUT", "mooncake/ram/s", b"1"),
+                ("PUT", "mooncake/ram/s", b"2"),
+                ("GET", "mooncake/ram/s", None),
+            ],
+            [(200, None), (200, None), (200, b"2")],
+        ),
     ],
-    ids=["missing", "put-get", "delete", "delete-missing", "no-key"],
+    ids=[
+        "missing",
+        "put-get",
+        "delete",
+        "delete-missing",
+        "no-key",
+        "rpc-meta-not-overwritten",
+        "other-keys-overwritten",
+    ],
 )
 async def test_transfer_engine_metadata_http(steps: list, expect: list) -> None:
     server = MetadataServer("127.0.0.1", 0)
