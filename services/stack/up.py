@@ -256,8 +256,6 @@ class StackRunner:
                 for wave in start_waves(self.children):
                     started = self._start_children(wave, postgres_url, redis_url)
                     self._wait_serving(started)
-                self.state.phase = "running"
-                self._save()
                 self._announce()
                 rc = self._supervise()
             except _StopRequested as exc:
@@ -415,8 +413,10 @@ class StackRunner:
             self.signals.event.wait(0.2)
 
     def _announce(self) -> None:
-        """Record and print the endpoints. HTTP endpoints (metrics, gateway, ...) are listed
-        only when something accepts connections on them: nothing is printed that is not there."""
+        """Record the endpoints, then mark the stack running (so a reader that sees "running"
+        also sees every endpoint), then print them. HTTP endpoints (metrics, gateway, ...) are
+        listed only when something accepts connections on them: nothing is printed that is not
+        there."""
         by_name = {c.spec.name: c for c in self.supervisor.children}
         for entry in self.state.processes:
             child = by_name.get(entry.name)
@@ -431,6 +431,7 @@ class StackRunner:
             entry.metrics_url = entry.endpoints.get("metrics")
             if self.state.gateway_url is None and "gateway" in entry.endpoints:
                 self.state.gateway_url = entry.endpoints["gateway"]
+        self.state.phase = "running"
         self._save()
         if self.opts.json_output:
             print(json.dumps(self.state.to_json()), file=self.out, flush=True)

@@ -186,6 +186,9 @@ def test_up_status_down_leaves_nothing_running(stack_dirs: Stack) -> None:
         assert status.returncode == 0, status.stdout + status.stderr
         report = json.loads(status.stdout)
         assert report["running"] is True and report["serving"] is True
+        assert report["engines"] == []  # none asked for
+        gateway = f"http://127.0.0.1:{stack_dirs.ports['scheduler']['http_port']}/v1"
+        assert report["gateway_url"] == gateway
         assert {s["name"]: (s["health"], s["alive"]) for s in report["services"]} == {
             name: ("SERVING", True) for name in SERVICES
         }
