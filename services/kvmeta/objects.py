@@ -370,6 +370,13 @@ class ObjectMaster:
         out, self._changes = self._changes, Changes()
         return out
 
+    def requeue_changes(self, changes: Changes) -> None:
+        """Give back drained changes that could not be persisted (newer ones win)."""
+        for sk, spec in changes.segments.items():
+            self._changes.segments.setdefault(sk, spec)
+        for ok, obj in changes.objects.items():
+            self._changes.objects.setdefault(ok, obj)
+
     def load(
         self, segments: Iterable[tuple[str, SegmentSpec]], objects: Iterable[ObjectState]
     ) -> None:

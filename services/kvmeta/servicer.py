@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, TypeVar
 
 import grpc
 from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
 from tideserve.v1 import events_pb2, kvmeta_pb2, kvmeta_pb2_grpc
 
 from services.kvmeta.checkpoint import KVMetaStore
@@ -57,7 +58,12 @@ class ObjectShell:
             self.master.drain_changes()
             return
         async with self._lock:
-            await self._store.save_changes(self.master.drain_changes())
+            changes = self.master.drain_changes()
+            try:
+                await self._store.save_changes(changes)
+            except BaseException:
+                self.master.requeue_changes(changes)  # retried by the next persist / tick
+                raise
 
     async def load(self) -> None:
         if self._store is not None:
@@ -214,7 +220,15 @@ class KVMetaServicer(_Base):
         except ObjectError as exc:
             await _abort(context, _code(exc), str(exc))
         if persist:
-            await self.objects.persist()
+            try:
+                await self.objects.persist()
+            except (SQLAlchemyError, OSError) as exc:
+                await _abort(
+                    context,
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"applied but not yet persisted (Postgres: {type(exc).__name__}); "
+                    "it is retried in the background",
+                )
         return out
 
     async def MountSegment(

@@ -239,3 +239,16 @@ def test_load_restores_allocations_from_changes() -> None:
     assert [s.used_bytes for s in fresh.segments("d")] == [s.used_bytes for s in om.segments("d")]
     assert fresh.exist("d", "t", ["a", "b"]) == [True, False] and fresh.usage("t") == 500
     fresh.put_end("d", "t", "b", 1.0)
+
+
+def test_requeued_changes_keep_newer_state() -> None:
+    om = master(1000)
+    put(om, "a")
+    failed = om.drain_changes()  # say the write of these rows failed
+    om.remove("d", "t", "a", 1.0)  # newer change of the same row
+    put(om, "b")
+    om.requeue_changes(failed)
+    ch = om.drain_changes()
+    assert ch.objects[("d", "t", "a")] is None  # the removal wins over the older upsert
+    assert ch.objects[("d", "t", "b")] is not None
+    assert ("d", "s0") in ch.segments  # the mount is written again
