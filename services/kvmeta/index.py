@@ -24,9 +24,6 @@ event is ALL_CLEARED is a full state replacement and clears the stale flag.
 from __future__ import annotations
 
 import enum
-import struct
-import zlib
-from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -455,25 +452,33 @@ class PrefixIndex:
 
     def snapshot(self, deployments: Iterable[str] | None = None) -> bytes:
         """Compact, self-contained bytes of the index (or of some deployments)."""
+        from services.kvmeta.index_codec import compress_snapshot
+
         return compress_snapshot(self.snapshot_raw(deployments))
 
     def snapshot_raw(self, deployments: Iterable[str] | None = None) -> bytes:
         """Uncompressed snapshot; ``compress_snapshot`` it (e.g. in a thread: zlib drops
         the GIL) to get ``snapshot()`` bytes. Only this part must run with the index idle."""
+        from services.kvmeta.index_codec import encode  # the codec imports this module
+
         if deployments is None:
-            return _encode(self._deps)
-        return _encode({d: self._deps[d] for d in deployments if d in self._deps})
+            return encode(self._deps)
+        return encode({d: self._deps[d] for d in deployments if d in self._deps})
 
     @classmethod
     def restore(cls, data: bytes) -> PrefixIndex:
         """Rebuild an index from ``snapshot()`` bytes. Raises ValueError if corrupt."""
+        from services.kvmeta.index_codec import decode
+
         idx = cls()
-        idx._deps = _decode(data)
+        idx._deps = decode(data)
         return idx
 
     def load_snapshot(self, data: bytes) -> list[str]:
         """Replace the deployments contained in ``data``; returns their names. ValueError."""
-        deps = _decode(data)
+        from services.kvmeta.index_codec import decode
+
+        deps = decode(data)
         self._deps.update(deps)
         return list(deps)
 
@@ -500,11 +505,6 @@ class PrefixIndex:
         return sum(i.blocks for dep in self._deps.values() for i in dep.instances.values())
 
 
-def compress_snapshot(raw: bytes) -> bytes:
-    """``snapshot()`` bytes from ``snapshot_raw()`` bytes."""
-    return zlib.compress(raw, 1)
-
-
 def _record(dropped: int, length: int, lengths: dict[int, int]) -> None:
     while dropped:
         low = dropped & -dropped
@@ -521,132 +521,3 @@ def _add_bits(planes: list[int], m: int) -> None:
         if not carry:
             return
     planes.append(carry)
-
-
-# ------------------------------------------------------------------ codec
-
-_MAGIC = b"KVIX1"
-
-
-def _pack_str(out: list[bytes], s: str) -> None:
-    b = s.encode("utf-8")
-    out.append(struct.pack("<I", len(b)))
-    out.append(b)
-
-
-def _encode(deps: dict[str, _Dep]) -> bytes:
-    out: list[bytes] = [_MAGIC, struct.pack("<I", len(deps))]
-    for name, dep in deps.items():
-        _pack_str(out, name)
-        retired = dep.retired.to_bytes((dep.retired.bit_length() + 7) // 8, "little")
-        out.append(struct.pack("<II", dep.next_slot, len(retired)))
-        out.append(retired)
-        free = array("I", dep.free)
-        out.append(struct.pack("<I", len(free)))
-        out.append(free.tobytes())
-        out.append(struct.pack("<I", len(dep.instances)))
-        for inst in dep.instances.values():
-            _pack_str(out, inst.instance_id)
-            out.append(
-                struct.pack(
-                    "<IqqBdq",
-                    inst.slot,
-                    inst.epoch,
-                    inst.last_seq,
-                    inst.stale,
-                    inst.last_seen,
-                    inst.blocks,
-                )
-            )
-        tables = [(k, t, d) for k, sp in dep.spaces.items() for t, d in sp.items()]
-        out.append(struct.pack("<I", len(tables)))
-        for (tenant, lora), tier, d in tables:
-            _pack_str(out, tenant)
-            _pack_str(out, lora)
-            keys = array("Q", d.keys())
-            vals = array("q")
-            masks: list[bytes] = []
-            for v in d.values():
-                if v < 0:
-                    vals.append(v)
-                else:
-                    vals.append(len(masks))
-                    masks.append(v.to_bytes((v.bit_length() + 7) // 8, "little"))
-            mlens = array("I", [len(b) for b in masks])
-            out.append(struct.pack("<BQI", tier, len(keys), len(masks)))
-            out.append(keys.tobytes())
-            out.append(vals.tobytes())
-            out.append(mlens.tobytes())
-            out.append(b"".join(masks))
-    return b"".join(out)
-
-
-class _Reader:
-    def __init__(self, data: bytes) -> None:
-        self.buf = memoryview(data)
-        self.pos = 0
-
-    def take(self, n: int) -> memoryview:
-        if self.pos + n > len(self.buf):
-            raise ValueError("truncated index snapshot")
-        v = self.buf[self.pos : self.pos + n]
-        self.pos += n
-        return v
-
-    def unpack(self, fmt: str) -> tuple[int, ...]:
-        size = struct.calcsize(fmt)
-        return struct.unpack(fmt, self.take(size))
-
-    def string(self) -> str:
-        (n,) = self.unpack("<I")
-        return bytes(self.take(n)).decode("utf-8")
-
-
-def _decode(data: bytes) -> dict[str, _Dep]:
-    try:
-        raw = zlib.decompress(data)
-    except zlib.error as exc:
-        raise ValueError(f"corrupt index snapshot: {exc}") from exc
-    if not raw.startswith(_MAGIC):
-        raise ValueError("not an index snapshot")
-    r = _Reader(raw)
-    r.take(len(_MAGIC))
-    deps: dict[str, _Dep] = {}
-    try:
-        (ndeps,) = r.unpack("<I")
-        for _ in range(ndeps):
-            name = r.string()
-            dep = _Dep()
-            dep.next_slot, rlen = r.unpack("<II")
-            dep.retired = int.from_bytes(r.take(rlen), "little")
-            (nfree,) = r.unpack("<I")
-            dep.free = array("I", bytes(r.take(4 * nfree))).tolist()
-            (ninst,) = r.unpack("<I")
-            for _ in range(ninst):
-                iid = r.string()
-                slot, epoch, last_seq, stale, seen, blocks = struct.unpack(
-                    "<IqqBdq", r.take(struct.calcsize("<IqqBdq"))
-                )
-                inst = _Inst(iid, slot, epoch, last_seq, bool(stale), seen, blocks)
-                dep.instances[iid] = inst
-                dep.owners[slot] = inst
-                if not inst.stale:
-                    dep.live |= 1 << slot
-            (ntables,) = r.unpack("<I")
-            for _ in range(ntables):
-                tenant, lora = r.string(), r.string()
-                tier, nkeys, nmasks = r.unpack("<BQI")
-                keys = array("Q", bytes(r.take(8 * nkeys)))
-                vals = array("q", bytes(r.take(8 * nkeys)))
-                mlens = array("I", bytes(r.take(4 * nmasks)))
-                masks: list[int] = []
-                for ml in mlens:
-                    masks.append(int.from_bytes(r.take(ml), "little"))
-                values = [_neg(~v) if 0 > v > -_PAIR_BASE else v for v in vals]
-                values = [masks[v] if v >= 0 else v for v in values]
-                space = dep.spaces.setdefault((tenant, lora), {})
-                space[tier] = dict(zip(keys, values, strict=True))
-            deps[name] = dep
-    except (struct.error, IndexError, UnicodeDecodeError) as exc:
-        raise ValueError(f"corrupt index snapshot: {exc}") from exc
-    return deps

@@ -30,7 +30,8 @@ from tideserve.v1 import common_pb2, events_pb2
 
 from services.common.streams import StreamConsumer, StreamProducer, decode_entry, stream_name
 from services.kvmeta.checkpoint import KVMetaStore
-from services.kvmeta.index import Outcome, PrefixIndex, compress_snapshot
+from services.kvmeta.index import Outcome, PrefixIndex
+from services.kvmeta.index_codec import compress_snapshot
 
 __all__ = ["IndexFeeder", "parse_id"]
 
