@@ -70,6 +70,7 @@ class RunningStack:
     state_dir: Path
     up: subprocess.Popen[str]
     gateway: str  # http://127.0.0.1:PORT (no /v1)
+    deployment: str
     engines: dict[str, ProcEntry] = field(default_factory=dict)
 
     def state(self) -> StackState:
@@ -94,9 +95,10 @@ def _start_stack(
         name: {"grpc_port": next(ports), "metrics_port": 0} for name in SERVICES
     }
     http_port = next(ports)
+    deployment = f"e2e-{uuid.uuid4().hex[:8]}"  # own KV streams in the shared Redis
     layout["scheduler"].update(
         http_port=http_port,
-        deployment=f"e2e-{uuid.uuid4().hex[:8]}",  # own KV streams in the shared Redis
+        deployment=deployment,
         health_interval_s=health_interval_s,
     )
     layout["kvmeta"]["metadata_http_port"] = next(ports)
@@ -153,6 +155,7 @@ def _start_stack(
             state_dir,
             up,
             f"http://127.0.0.1:{http_port}",
+            deployment,
             {p.name: p for p in state.engines()},
         )
         down = subprocess.run(
@@ -278,7 +281,7 @@ def aggregated(postgres_url: str, redis_url: str) -> Iterator[RunningStack]:
 
 
 async def test_aggregated_chat_streamed_non_streamed_models_and_cache(
-    aggregated: RunningStack,
+    aggregated: RunningStack, redis_url: str
 ) -> None:
     assert {n: e.role for n, e in aggregated.engines.items()} == {
         "engine-1": "aggregated",
@@ -331,6 +334,21 @@ async def test_aggregated_chat_streamed_non_streamed_models_and_cache(
             cached.append(usage.get("prompt_tokens_details", {}).get("cached_tokens", 0))
         assert cached[0] == 0
         assert cached[1] >= 512, cached  # most of the 600-word prompt, in whole 64-token blocks
+
+    # the engines publish to the stack's Redis, under the scheduler's deployment
+    import redis.asyncio as aioredis
+
+    rc = aioredis.Redis.from_url(redis_url)
+    streams = [f"ts:kv:{aggregated.deployment}", f"ts:load:{aggregated.deployment}"]
+    try:
+        lengths = [0, 0]
+        deadline = time.monotonic() + 20  # events are flushed in the background
+        while 0 in lengths and time.monotonic() < deadline:
+            lengths = [await rc.xlen(name) for name in streams]
+            await asyncio.sleep(0.1)
+    finally:
+        await rc.aclose()
+    assert 0 not in lengths, dict(zip(streams, lengths, strict=True))
 
     code, report = await asyncio.to_thread(_status_json, aggregated.state_dir)
     assert code == 0, report
