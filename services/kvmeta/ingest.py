@@ -82,6 +82,7 @@ class IndexFeeder:
         self.positions: dict[str, str] = {}  # deployment -> newest applied kv entry id
         self.block_sizes: dict[str, int] = {}
         self._dirty: set[str] = set()
+        self.outcomes: dict[str, int] = {o.value: 0 for o in Outcome}  # batches by outcome
         self._next_checkpoint: dict[str, float] = {}  # deployment -> monotonic time
         self._consumers: dict[str, StreamConsumer[events_pb2.KVEventBatch]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -95,9 +96,11 @@ class IndexFeeder:
         if batch.block_size > 0:
             self.block_sizes[dep] = batch.block_size
         self._dirty.add(dep)
-        return self.index.apply_batch(
+        outcome = self.index.apply_batch(
             dep, batch.instance_id, batch.epoch, batch.seq, batch.events, self._clock()
         )
+        self.outcomes[outcome.value] += 1
+        return outcome
 
     async def ingest(self, batch: events_pb2.KVEventBatch) -> Outcome:
         """A batch from gRPC: applied, then appended to the deployment's stream (the WAL).

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import grpc
 import redis.asyncio as aioredis
+from prometheus_client import REGISTRY
 
 from services.common.clock import SystemClock
 from services.common.server import ServiceHooks, run_service
@@ -21,6 +22,7 @@ from services.kvmeta.checkpoint import KVMetaStore
 from services.kvmeta.index import PrefixIndex
 from services.kvmeta.ingest import IndexFeeder
 from services.kvmeta.metadata_http import MetadataServer
+from services.kvmeta.metrics import KVMetaCollector
 from services.kvmeta.objects import ObjectMaster
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
 from services.kvmeta.settings import KVMetaSettings
@@ -60,6 +62,7 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
         clock.now,
     )
     metadata = MetadataServer(settings.host, settings.metadata_http_port)
+    collector = KVMetaCollector(feeder, objects.master)
     tasks: list[asyncio.Task[None]] = []
 
     async def tick_objects() -> None:
@@ -79,10 +82,13 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
         gc.collect()
         gc.freeze()  # the loaded index is long-lived: keep it out of GC scans
         tasks.append(asyncio.create_task(tick_objects()))
+        REGISTRY.register(collector)
         if settings.metadata_http_port:
             await metadata.start()
 
     async def on_stop() -> None:
+        with contextlib.suppress(KeyError):
+            REGISTRY.unregister(collector)
         for t in tasks:
             t.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -343,6 +343,14 @@ class ObjectMaster:
             for k in keys
         ]
 
+    def deployments(self) -> list[str]:
+        return sorted(self._deps)
+
+    def object_counts(self) -> tuple[int, int]:
+        """(committed, being written) objects."""
+        complete = sum(1 for o in self._objs.values() if o.status == COMPLETE)
+        return complete, len(self._objs) - complete
+
     def usage(self, tenant: str) -> int:
         """Bytes (size x replicas) held by a tenant, processing puts included."""
         return self._tenant_used.get(tenant, 0)
