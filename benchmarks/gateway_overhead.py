@@ -6,21 +6,22 @@ generated in a temp dir: ``/health``, ``/metrics`` (SGLang names, zero load), se
 info, ``/v1/models``, a non-streaming ``/v1/completions`` JSON body and a streaming
 ``/v1/chat/completions`` SSE body (``--sse-chunks`` chunks + ``[DONE]``).
 
-For each target (nginx directly, then each router in front of the same nginx):
-1. open-loop load at each ``--rates`` (fixed inter-arrival 1/rate, not waiting for answers)
-   for ``--duration`` seconds, non-streaming and streaming, from a load generator in a
-   separate process (raw asyncio HTTP/1.1 keep-alive client; latency is measured from the
-   moment each request is written to the moment its response is complete; its own send lag
-   is reported so a late generator is visible);
-2. maximum sustained req/s: closed loop with ``wrk`` (``--wrk-connections`` connections,
-   one thread), non-streaming.
-Added latency = router quantile - direct quantile at the same rate (p50, p99). With
-``--pin`` (default on 2+ cores) the router runs on CPU 0, nginx, wrk and the load generator on
-CPU 1, so "one gateway process" gets one core; other work on the machine still competes and is
-reported (load average, the load generator's lag).
+Per open-loop phase (each ``--rates`` value, non-streaming and streaming): ``--repeats``
+back-to-back pairs of runs, nginx directly then the router in front of it, each a fixed
+inter-arrival load (1/rate, not waiting for answers) for ``--duration`` s after ``--warmup``
+s, from a load generator in a separate process (raw asyncio HTTP/1.1 keep-alive client;
+latency runs from writing a request to its response being complete; the generator's own send
+lag is reported). Added latency = router quantile - direct quantile of the same pair; the
+JSON gives the median over the pairs (and each pair's p99), so that noise from other work on a
+shared machine hits both sides alike. Maximum sustained req/s: closed loop with ``wrk``
+(``--wrk-connections``, one thread, non-streaming), reported with the CPU the measured process
+used and req/s per CPU-second of it (a multi-threaded router may use more than one core; our
+gateway is one single-threaded process). ``--pin on`` instead moves every thread of the
+measured process to CPU 0 and wrk to CPU 1 for that phase (off by default: on a machine shared
+with other work, a pinned process cannot escape a busy core).
 
     apt-get install -y nginx wrk      # once, as root
-    .venv/bin/python benchmarks/gateway_overhead.py --rates 200,1000 --duration 10 \\
+    .venv/bin/python benchmarks/gateway_overhead.py --rates 200,1000 --repeats 3 \\
         --out /tmp/gateway_overhead.json
 
 Exit code: 0, or 1 when nginx is missing. Every figure comes from the run.
@@ -58,7 +59,7 @@ from _harness import (
 )
 
 MODEL = "tideserve-sim"
-DEFAULT_ROUTERS = "tideserve:default,tideserve:round_robin,sglang:cache_aware,sglang:round_robin"
+DEFAULT_ROUTERS = "tideserve:default,sglang:cache_aware,sglang:round_robin"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,14 +67,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--routers", default=DEFAULT_ROUTERS, help="comma list of tideserve:<profile>"
                    " / sglang:<policy>")  # fmt: skip
     p.add_argument("--rates", default="200,1000", help="open-loop rates, req/s (comma list)")
-    p.add_argument("--duration", type=float, default=10.0, help="seconds per open-loop phase")
-    p.add_argument("--warmup", type=float, default=2.0, help="seconds of load before measuring")
+    p.add_argument("--duration", type=float, default=5.0, help="seconds per open-loop run")
+    p.add_argument("--warmup", type=float, default=1.0, help="seconds of load before measuring")
     p.add_argument("--prompt-words", type=int, default=128, help="prompt length (tokens)")
     p.add_argument("--sse-chunks", type=int, default=8, help="data: events in the canned stream")
     p.add_argument("--wrk-connections", type=int, default=64)
     p.add_argument("--wrk-duration", type=float, default=10.0)
     p.add_argument("--no-stream", action="store_true", help="skip the streaming phases")
-    p.add_argument("--pin", choices=("auto", "on", "off"), default="auto")
+    p.add_argument("--repeats", type=int, default=3, help="(direct, router) pairs per phase")
+    p.add_argument(
+        "--pin", choices=("auto", "on", "off"), default="off",
+        help="max req/s: measured process on CPU 0, wrk on CPU 1 (auto: when 2+ cores); off "
+             "by default: on a shared machine a pinned process cannot escape a busy core",
+    )  # fmt: skip
     p.add_argument(
         "--gateway-arg", action="append", default=[],
         help="extra flag for every `tideserve gateway` (repeatable, shell-split)",
@@ -399,31 +405,90 @@ def wrk_max(port: int, args: argparse.Namespace, workdir: Path, cpu: int | None)
     }  # fmt: skip
 
 
-def measure_target(port: int, args: argparse.Namespace, workdir: Path, cpu: int | None,
-                   cpu_pids: list[int]) -> dict[str, Any]:  # fmt: skip
-    out: dict[str, Any] = {"open_loop": {}}
+def _med(xs: list[float]) -> float | None:
+    s = sorted(x for x in xs if x is not None)
+    return round(s[len(s) // 2], 3) if s else None
+
+
+def phases(args: argparse.Namespace) -> list[tuple[str, float, bool]]:
+    """(name, rate, stream) of every open-loop phase, e.g. ("200rps_nonstream", 200, False)."""
+    out = []
     for rate in [float(r) for r in args.rates.split(",") if r.strip()]:
         for stream in (False,) if args.no_stream else (False, True):
-            meter = CpuMeter(cpu_pids)
-            res = open_loop(port, rate, stream, args, cpu)
-            res["process_cpu"] = meter.read()
-            out["open_loop"][f"{rate:g}rps_{'stream' if stream else 'nonstream'}"] = res
-    meter = CpuMeter(cpu_pids)
-    out["max_rps"] = wrk_max(port, args, workdir, cpu)
-    out["max_rps"]["process_cpu"] = meter.read()
+            out.append((f"{rate:g}rps_{'stream' if stream else 'nonstream'}", rate, stream))
     return out
 
 
-def added(direct: dict[str, Any], routed: dict[str, Any]) -> dict[str, Any]:
-    """Router quantile minus direct quantile per open-loop phase (ms)."""
+def paired_open_loop(direct_port: int, router_port: int, router_pid: int,
+                     args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+    """Per phase, ``--repeats`` back-to-back (direct, router) pairs, so that noise from other
+    work on the machine hits both sides alike. Reports the median over repeats of each
+    side's quantiles and of the paired differences (the added latency)."""
     out: dict[str, Any] = {}
-    for phase, d in direct.get("open_loop", {}).items():
-        r = routed.get("open_loop", {}).get(phase, {})
-        dl, rl = d.get("latency_ms", {}), r.get("latency_ms", {})
-        if dl.get("p50") is None or rl.get("p50") is None:
-            continue
-        out[phase] = {q: round(rl[q] - dl[q], 3) for q in ("p50", "p90", "p99")}
+    for name, rate, stream in phases(args):
+        runs: list[dict[str, Any]] = []
+        for _ in range(args.repeats):
+            d = open_loop(direct_port, rate, stream, args, None)
+            meter = CpuMeter([router_pid])
+            r = open_loop(router_port, rate, stream, args, None)
+            r["router_cpu"] = meter.read()
+            runs.append({"direct": d, "router": r})
+        ok = [x for x in runs if "error" not in x["direct"] and "error" not in x["router"]]
+        phase: dict[str, Any] = {"repeats": len(runs), "valid_repeats": len(ok)}
+        for side in ("direct", "router"):
+            phase[side] = {
+                "latency_ms": {q: _med([x[side]["latency_ms"][q] for x in ok])
+                               for q in ("p50", "p90", "p99")},
+                "errors": sum(x[side]["errors"] for x in ok),
+                "ok": sum(x[side]["ok"] for x in ok),
+                "send_lag_p99_ms": _med([x[side]["send_lag_ms"]["p99"] for x in ok]),
+            }  # fmt: skip
+        phase["router"]["first_byte_ms_p50"] = _med(
+            [x["router"]["first_byte_ms"]["p50"] for x in ok]
+        )
+        phase["router"]["cpu_percent_of_one_core"] = _med(
+            [x["router"]["router_cpu"]["percent_of_one_core"] for x in ok]
+        )
+        phase["added_latency_ms"] = {
+            q: _med([x["router"]["latency_ms"][q] - x["direct"]["latency_ms"][q] for x in ok])
+            for q in ("p50", "p90", "p99")
+        }
+        phase["added_p99_per_repeat_ms"] = [
+            round(x["router"]["latency_ms"]["p99"] - x["direct"]["latency_ms"]["p99"], 3)
+            for x in ok
+        ]
+        errs = [x[s]["error"] for x in runs for s in ("direct", "router") if "error" in x[s]]
+        if errs:
+            phase["loadgen_errors"] = errs[:3]
+        out[name] = phase
     return out
+
+
+def pin_all_threads(pid: int, cpus: str) -> bool:
+    """``taskset -a -p -c cpus pid`` (every thread of the process); False if unavailable."""
+    if not shutil.which("taskset"):
+        return False
+    done = subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(pid)], capture_output=True)
+    return done.returncode == 0
+
+
+def max_rps(port: int, pid: int, args: argparse.Namespace, workdir: Path,
+            pin: bool) -> dict[str, Any]:  # fmt: skip
+    """wrk closed loop; with ``pin`` the measured process runs on CPU 0 and wrk on CPU 1."""
+    all_cpus = f"0-{(os.cpu_count() or 1) - 1}"
+    pinned = pin and pin_all_threads(pid, "0")
+    try:
+        meter = CpuMeter([pid])
+        res = wrk_max(port, args, workdir, 1 if pinned else None)
+        res["process_cpu"] = meter.read()
+        res["process_pinned_to_cpu0"] = pinned
+        busy = res["process_cpu"]["percent_of_one_core"] / 100.0
+        rps = res.get("requests_per_s")
+        res["requests_per_cpu_second"] = round(rps / busy, 1) if rps and busy > 0 else None
+        return res
+    finally:
+        if pinned:
+            pin_all_threads(pid, all_cpus)
 
 
 def router_cmd(name: str, port: int, upstream: str, args: argparse.Namespace,
@@ -431,7 +496,7 @@ def router_cmd(name: str, port: int, upstream: str, args: argparse.Namespace,
     kind, _, policy = name.partition(":")
     if kind == "tideserve":
         cmd = tideserve("gateway", "--host", "127.0.0.1", "--port", str(port),
-                        "--endpoints", upstream)  # fmt: skip
+                        "--endpoints", upstream, "--log-level", "WARNING")  # fmt: skip
         if policy and policy != "default":
             cmd += ["--profile", policy]
         for extra in args.gateway_arg:
@@ -453,16 +518,21 @@ def main(argv: list[str] | None = None) -> int:
     if not shutil.which("nginx"):
         print("nginx is not installed (apt-get install -y nginx)", file=sys.stderr)
         return 1
-    cores = os.cpu_count() or 1
-    pin = args.pin == "on" or (args.pin == "auto" and cores >= 2)
-    router_cpu, load_cpu = (0, 1) if pin else (None, None)
+    pin = args.pin == "on" or (args.pin == "auto" and (os.cpu_count() or 1) >= 2)
     workdir = Path(args.log_dir or tempfile.mkdtemp(prefix="tideserve-overhead-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    env = machine()
     group = ProcGroup(workdir)
-    summary: dict[str, Any] = {"benchmark": "gateway_overhead", "command": command_line(),
-                               "machine": env, "pinning": {"router_cpu": router_cpu,
-                               "nginx_wrk_loadgen_cpu": load_cpu}}  # fmt: skip
+    summary: dict[str, Any] = {
+        "benchmark": "gateway_overhead", "command": command_line(), "machine": machine(),
+        "method": {
+            "open_loop": f"fixed inter-arrival, {args.duration:g}s measured after "
+                         f"{args.warmup:g}s warm-up, {args.repeats} (direct, router) pairs "
+                         "per phase; figures are medians over the pairs",
+            "max_rps": f"wrk -t1 -c{args.wrk_connections} {args.wrk_duration:g}s, "
+                       "non-streaming" + (", process on CPU 0 and wrk on CPU 1" if pin else ""),
+            "prompt_words": args.prompt_words, "sse_chunks": args.sse_chunks,
+        },
+    }  # fmt: skip
     routers = [r.strip() for r in args.routers.split(",") if r.strip()]
     py, reason = (None, "")
     if any(r.startswith("sglang:") for r in routers):
@@ -471,14 +541,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         nport = free_port()
         conf = nginx_config(workdir, nport, args.sse_chunks)
-        nginx = group.start("nginx", _taskset(load_cpu, ["nginx", "-p", str(workdir), "-c",
-                                                          str(conf), "-e", "stderr"]))  # fmt: skip
+        nginx = group.start("nginx", ["nginx", "-p", str(workdir), "-c", str(conf),
+                                      "-e", "stderr"])  # fmt: skip
         upstream = f"http://127.0.0.1:{nport}"
         wait_http(upstream + "/health", group, 20.0)
         summary["upstream"] = {"nginx": upstream, "config": str(conf)}
-        print("[direct] nginx", file=sys.stderr)
-        direct = measure_target(nport, args, workdir, load_cpu, [nginx.proc.pid])
-        summary["direct"] = direct
+        print("[direct] nginx max req/s", file=sys.stderr)
+        summary["direct_max_rps"] = max_rps(nport, nginx.proc.pid, args, workdir, pin)
         summary["routers"] = {}
         for name in routers:
             print(f"[{name}]", file=sys.stderr)
@@ -491,13 +560,14 @@ def main(argv: list[str] | None = None) -> int:
             rgroup = ProcGroup(workdir)
             try:
                 port = free_port()
-                cmd = _taskset(router_cpu, router_cmd(name, port, upstream, args, py))
+                cmd = router_cmd(name, port, upstream, args, py)
                 router = rgroup.start(name.replace(":", "-"), cmd)
                 wait_http(f"http://127.0.0.1:{port}/v1/models", rgroup, 60.0)
                 time.sleep(2.0)  # let the router see the upstream healthy
-                res = measure_target(port, args, workdir, load_cpu, [router.proc.pid])
-                res["command"] = shlex.join(cmd)
-                res["added_latency_ms"] = added(direct, res)
+                res: dict[str, Any] = {"command": shlex.join(cmd)}
+                res["open_loop"] = paired_open_loop(nport, port, router.proc.pid, args)
+                res["max_rps"] = max_rps(port, router.proc.pid, args, workdir, pin)
+                rgroup.check()
                 summary["routers"][name] = res
             except (RuntimeError, OSError, ValueError) as err:
                 summary["routers"][name] = {"error": str(err)}
@@ -505,15 +575,12 @@ def main(argv: list[str] | None = None) -> int:
                 rgroup.stop()
     finally:
         group.stop()
-    summary["target"] = {
-        name: {
-            "p99_added_ms_at_200rps_nonstream": r.get("added_latency_ms", {})
-            .get("200rps_nonstream", {}).get("p99"),
-            "met_lt_2ms": (r.get("added_latency_ms", {}).get("200rps_nonstream", {})
-                           .get("p99", float("inf")) < 2.0),
-        }
-        for name, r in summary.get("routers", {}).items()
-    }  # fmt: skip
+    summary["target"] = {}
+    for name, r in summary.get("routers", {}).items():
+        p99 = r.get("open_loop", {}).get("200rps_nonstream", {}).get("added_latency_ms", {})
+        v = p99.get("p99") if p99 else None
+        summary["target"][name] = {"added_p99_ms_200rps_nonstream": v,
+                                   "met_lt_2ms": v is not None and v < 2.0}  # fmt: skip
     text = json.dumps(summary, indent=2)
     Path(args.out).write_text(text + "\n", encoding="utf-8")
     print(text)

@@ -30,7 +30,7 @@ def _load(name: str) -> ModuleType:
          {"pd": True, "prefill": 2, "decode": 4}),
         ("routing_compare", ["--routers", "sglang:round_robin", "--kv-blocks", "100"],
          {"routers": "sglang:round_robin", "kv_blocks": 100}),
-        ("gateway_overhead", [], {"rates": "200,1000", "pin": "auto"}),
+        ("gateway_overhead", [], {"rates": "200,1000", "pin": "off"}),
         ("gateway_overhead", ["--rates", "50", "--no-stream"], {"rates": "50", "no_stream": True}),
         ("pick_rate", [], {"endpoints": 64, "block_size": 64}),
         ("pick_rate", ["--modes", "pure_cycle", "--endpoints", "8"],
@@ -132,10 +132,23 @@ def test_loadgen_request_is_valid_http(stream: bool) -> None:
     assert json.loads(body).get("stream", False) is stream
 
 
-def test_added_latency_is_router_minus_direct() -> None:
+@pytest.mark.parametrize(
+    ("argv", "expect"),
+    [
+        ([], ["200rps_nonstream", "200rps_stream", "1000rps_nonstream", "1000rps_stream"]),
+        (["--rates", "50", "--no-stream"], ["50rps_nonstream"]),
+    ],
+    ids=["default-phases", "one-rate-no-stream"],
+)
+def test_open_loop_phases(argv: list[str], expect: list[str]) -> None:
     ovh = _load("gateway_overhead")
-    direct = {"open_loop": {"200rps_nonstream": {"latency_ms": {"p50": 0.1, "p90": 0.2,
-                                                                 "p99": 0.5}}}}  # fmt: skip
-    routed = {"open_loop": {"200rps_nonstream": {"latency_ms": {"p50": 1.1, "p90": 1.7,
-                                                                 "p99": 2.5}}}}  # fmt: skip
-    assert ovh.added(direct, routed) == {"200rps_nonstream": {"p50": 1.0, "p90": 1.5, "p99": 2.0}}
+    assert [name for name, _, _ in ovh.phases(ovh.parse_args(argv))] == expect
+
+
+@pytest.mark.parametrize(
+    ("xs", "expect"),
+    [([3.0, 1.0, 2.0], 2.0), ([5.0], 5.0), ([], None)],
+    ids=["odd", "single", "empty"],
+)
+def test_median_of_repeats(xs: list[float], expect: float | None) -> None:
+    assert _load("gateway_overhead")._med(xs) == expect
