@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# `make run` brings up the four services plus two simulated engines behind the gateway;
+# override, e.g. `make run ARGS="--prefill 1 --decode 2"` or `ARGS="--postgres-url ..."`.
+ARGS ?= --engines 2
 
 .PHONY: run test system-deps venv lint typecheck proto proto-check test-unit test-integration test-e2e wheel-check clean
 
