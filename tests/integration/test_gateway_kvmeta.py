@@ -1,0 +1,259 @@
+"""Precise prefix through kvmeta: simulated engines publish KV events to a real Redis,
+kvmeta (assembled in process: feeder + servicer on a free port) indexes them, and the
+gateway's MatchPrefix lookup steers a request to the engine that holds its prefix — a
+prefix the gateway itself never routed. Failures (kvmeta down, too slow) fall back to no
+precise data, counted."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+import redis.asyncio as aioredis
+from aiohttp.test_utils import TestServer
+from tideserve.v1 import kvmeta_pb2_grpc
+
+from services.common.tokens import block_hashes, tokenize
+from services.engine.server import EngineServer
+from services.engine.settings import EngineSettings
+from services.kvmeta.index import PrefixIndex
+from services.kvmeta.ingest import IndexFeeder
+from services.kvmeta.objects import ObjectMaster
+from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
+from services.scheduler.gateway import EndpointSpec, build_core
+from services.scheduler.gateway.kvmeta_client import KVMetaLookup, precise_profiles
+from services.scheduler.gateway.server import Gateway, GatewayOptions
+from services.scheduler.routing.types import RequestView
+
+BS = 16
+SHARED = " ".join(f"doc{i}" for i in range(400))  # 25 blocks
+
+
+@dataclass
+class Env:
+    prefix: str
+    deployment: str
+    engines: dict[str, str]  # instance id -> url
+    redis: aioredis.Redis
+
+
+@pytest.fixture
+async def env(tmp_path: Path, redis_url: str) -> AsyncIterator[Env]:
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    dep = "llama"
+    redis = aioredis.Redis.from_url(redis_url, decode_responses=False)
+    servers: list[TestServer] = []
+    engines: dict[str, str] = {}
+    for i in range(3):
+        iid = f"e{i}"
+        s = EngineSettings(
+            port=0,
+            instance_id=iid,
+            profile="test",
+            speedup=50.0,
+            block_size=BS,
+            redis_url=redis_url,
+            deployment=dep,
+            stream_prefix=prefix,
+            kv_flush_ms=10.0,
+            state_dir=tmp_path / iid,
+        )
+        srv = TestServer(EngineServer(s, redis=redis).app(), host="127.0.0.1")
+        await srv.start_server()
+        servers.append(srv)
+        engines[iid] = str(srv.make_url("")).rstrip("/")
+    try:
+        yield Env(prefix, dep, engines, redis)
+    finally:
+        for srv in servers:
+            await srv.close()
+        await redis.aclose()
+
+
+@pytest.fixture
+async def kvmeta(env: Env) -> AsyncIterator[tuple[str, IndexFeeder]]:
+    feeder = IndexFeeder(
+        PrefixIndex(),
+        time.time,
+        redis=env.redis,
+        prefix=env.prefix,
+        checkpoint_interval_s=0,
+        discover_interval_s=0.1,
+        block_ms=50,
+    )
+    await feeder.start()
+    server = grpc.aio.server()
+    add_to_server(KVMetaServicer(feeder, ObjectShell(ObjectMaster(), None, time.time)), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}", feeder
+    finally:
+        await server.stop(None)
+        await feeder.stop(checkpoint=False)
+
+
+async def make_gateway(env: Env, address: str, deadline_s: float = 0.5) -> tuple[Gateway, str]:
+    core = build_core(
+        [EndpointSpec(i, u) for i, u in env.engines.items()], perf_profile="test", block_size=BS
+    )
+    channel = grpc.aio.insecure_channel(address)
+    lookup = KVMetaLookup(
+        channel,
+        candidates=core.fleet.ids,
+        profiles=precise_profiles(core.scheduler),
+        deadline_s=deadline_s,
+    )
+    gw = Gateway(
+        core,
+        GatewayOptions(background=False, block_size=BS, deployment=env.deployment),
+        prefix_lookup=lookup,
+    )
+    srv = TestServer(gw.app(), host="127.0.0.1")
+    await srv.start_server()
+    gw_servers.append((srv, channel))
+    await gw.poll_load()
+    return gw, str(srv.make_url("")).rstrip("/")
+
+
+gw_servers: list[tuple[TestServer, grpc.aio.Channel]] = []
+
+
+@pytest.fixture(autouse=True)
+async def _close_gateways() -> AsyncIterator[None]:
+    yield
+    while gw_servers:
+        srv, ch = gw_servers.pop()
+        await srv.close()
+        await ch.close()
+
+
+def body(prompt: str, **kw: Any) -> dict[str, Any]:
+    return {"model": "tideserve-sim", "prompt": prompt, "max_tokens": 2, **kw}
+
+
+async def wait_indexed(feeder: IndexFeeder, env: Env, iid: str, blocks: int) -> None:
+    hashes = block_hashes(tokenize(SHARED), BS)
+    for _ in range(300):
+        with_dep = env.deployment in feeder.block_sizes
+        if with_dep:
+            got = feeder.index.match_prefix(env.deployment, "", hashes, [iid])
+            if got and got[0].matched_blocks >= blocks:
+                return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"kvmeta never indexed {blocks} blocks of {iid}")
+
+
+async def test_request_goes_to_the_engine_kvmeta_says_holds_the_prefix(
+    env: Env, kvmeta: tuple[str, IndexFeeder]
+) -> None:
+    address, feeder = kvmeta
+    async with aiohttp.ClientSession() as http:
+        # e2 computes the shared document directly (the gateway never sees this request).
+        async with http.post(env.engines["e2"] + "/v1/completions", json=body(SHARED)) as r:
+            assert r.status == 200
+        await wait_indexed(feeder, env, "e2", 25)
+        gw, url = await make_gateway(env, address)
+        prompt = SHARED + " question one"
+        async with http.post(url + "/v1/completions", json=body(prompt)) as r:
+            assert r.status == 200
+            usage = (await r.json())["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 25 * BS  # served from e2's cache
+    assert gw.prefix_lookup is not None
+    stats = gw.prefix_lookup.stats  # type: ignore[attr-defined]
+    assert stats["ok"] == 1 and stats["timeouts"] == stats["errors"] == 0
+
+
+async def test_without_the_lookup_the_prefix_is_not_found(env: Env) -> None:
+    """Control: the same traffic without kvmeta lands on the tie-break winner (no cache)."""
+    async with aiohttp.ClientSession() as http:
+        async with http.post(env.engines["e2"] + "/v1/completions", json=body(SHARED)) as r:
+            assert r.status == 200
+        core = build_core(
+            [EndpointSpec(i, u) for i, u in env.engines.items()],
+            perf_profile="test",
+            block_size=BS,
+        )
+        gw = Gateway(core, GatewayOptions(background=False, block_size=BS))
+        srv = TestServer(gw.app(), host="127.0.0.1")
+        await srv.start_server()
+        try:
+            await gw.poll_load()
+            url = str(srv.make_url("")).rstrip("/")
+            async with http.post(url + "/v1/completions", json=body(SHARED + " q")) as r:
+                usage = (await r.json())["usage"]
+        finally:
+            await srv.close()
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def view() -> RequestView:
+    return RequestView(
+        request_id="r", prompt_tokens=400, block_hashes=tuple(block_hashes(tokenize(SHARED), BS))
+    )
+
+
+async def test_lookup_failures_fall_back_and_are_counted(env: Env) -> None:
+    # Nothing listens on the address: UNAVAILABLE → None, counted as an error.
+    with socket_port() as free:
+        gw, url = await make_gateway(env, f"127.0.0.1:{free}", deadline_s=0.2)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url + "/v1/completions", json=body(SHARED)) as r:
+            assert r.status == 200  # served without precise data
+    stats = gw.prefix_lookup.stats  # type: ignore[union-attr]
+    assert stats["calls"] == 1 and stats["ok"] == 0
+    assert stats["errors"] + stats["timeouts"] == 1
+    # A profile without a precise scorer does not ask at all.
+    assert await gw.prefix_lookup(view(), env.deployment, "", "round_robin") is None  # type: ignore[misc]
+    assert stats["skipped"] == 1 and stats["calls"] == 1
+
+
+async def test_slow_kvmeta_hits_the_deadline(env: Env) -> None:
+    class Slow(kvmeta_pb2_grpc.KVMetaServiceServicer):  # type: ignore[misc]
+        async def MatchPrefix(self, request: Any, context: Any) -> Any:
+            await asyncio.sleep(1.0)
+            raise AssertionError("unreachable: the caller's deadline passed")
+
+    server = grpc.aio.server()
+    kvmeta_pb2_grpc.add_KVMetaServiceServicer_to_server(Slow(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        lookup = KVMetaLookup(channel, candidates=lambda: ["e0"], deadline_s=0.02)
+        assert await lookup(view(), env.deployment) is None
+        assert lookup.stats["timeouts"] == 1
+        await channel.close()
+    finally:
+        await server.stop(None)
+
+
+async def test_unknown_deployment_is_no_data_counted_apart(kvmeta: tuple[str, IndexFeeder]) -> None:
+    address, _ = kvmeta
+    async with grpc.aio.insecure_channel(address) as channel:
+        lookup = KVMetaLookup(channel, deadline_s=1.0)
+        assert await lookup(view(), "never-seen") is None
+        assert lookup.stats["unknown"] == 1
+
+
+class socket_port:
+    """A port that was free a moment ago (bound then closed)."""
+
+    def __enter__(self) -> int:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        return port
+
+    def __exit__(self, *exc: object) -> None:
+        return None
