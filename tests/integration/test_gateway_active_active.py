@@ -213,3 +213,48 @@ async def test_start_stop_tasks_share_state_live(replicas: Replica) -> None:
         await a.stop()
         await b.stop()
     assert a.on_pick not in a.core.pick_listeners
+
+
+async def test_integrations_from_settings_export_counters(redis_url: str) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from services.scheduler.gateway.integrations import Integrations
+    from services.scheduler.gateway.server import Gateway
+    from services.scheduler.settings import SchedulerSettings
+
+    core = build_core([EndpointSpec("a", "http://a")], perf_profile="test", block_size=16)
+    gw = Gateway(core)
+    settings = SchedulerSettings(
+        redis_url=redis_url,
+        share_state=True,
+        kvmeta_address="127.0.0.1:1",
+        stream_prefix=f"it{uuid.uuid4().hex[:6]}",
+    )
+    registry = CollectorRegistry()
+    x = Integrations(settings, core, gw, registry=registry)
+    assert x.sink is not None and x.shared is not None and gw.prefix_lookup is x.lookup
+    assert x.replica_id  # generated
+    await x.start()
+    try:
+        assert x.shared.on_pick in core.pick_listeners
+        d = core.pick(view("r", TURN1), 1.0, "p")
+        assert isinstance(d, Pick)
+        await x.shared.publish_once()
+        assert (
+            registry.get_sample_value("tideserve_gateway_shared_total", {"event": "published"})
+            == 1.0
+        )
+        assert (
+            registry.get_sample_value("tideserve_gateway_records_total", {"event": "dropped"})
+            == 0.0
+        )
+        assert (
+            registry.get_sample_value("tideserve_gateway_kvmeta_lookups_total", {"result": "calls"})
+            == 0.0
+        )
+    finally:
+        await x.stop()
+        await x.stop()  # idempotent
+    assert (
+        registry.get_sample_value("tideserve_gateway_shared_total", {"event": "published"}) is None
+    )

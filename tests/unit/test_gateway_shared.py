@@ -201,3 +201,39 @@ def test_heartbeat_leaves_idle_instances_out() -> None:
     assert [(i.instance_id, i.requests, i.pending_prefill_tokens) for i in b.instances] == [
         ("b", 2, 10)
     ]
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"share_state": True}, "share_state: needs redis_url"),
+        (
+            {"share_heartbeat_s": 1.0, "share_heartbeat_ttl_s": 1.0},
+            "share_heartbeat_ttl_s: must exceed",
+        ),
+    ],
+    ids=["share-without-redis", "ttl-not-above-period"],
+)
+def test_integrations_refuse_settings_that_cannot_work(
+    settings: dict[str, object], message: str
+) -> None:
+    from services.common.errors import StartupError
+    from services.scheduler.gateway.integrations import Integrations
+    from services.scheduler.gateway.server import Gateway
+    from services.scheduler.settings import SchedulerSettings
+
+    c = core()
+    with pytest.raises(StartupError, match=message):
+        Integrations(SchedulerSettings(**settings), c, Gateway(c))  # type: ignore[arg-type]
+
+
+def test_integrations_off_without_redis_or_kvmeta() -> None:
+    from services.scheduler.gateway.integrations import Integrations
+    from services.scheduler.gateway.server import Gateway
+    from services.scheduler.settings import SchedulerSettings
+
+    c = core()
+    gw = Gateway(c)
+    x = Integrations(SchedulerSettings(replica_id="r1"), c, gw)
+    assert (x.redis, x.sink, x.shared, x.lookup, gw.prefix_lookup) == (None,) * 5
+    assert x.replica_id == "r1"

@@ -7,12 +7,15 @@
 ``Integrations(settings, core, gateway)`` builds everything without I/O; ``install(app)``
 adds the records middleware to the gateway's aiohttp app (before it starts);
 ``start()``/``stop()`` run and end the background tasks and connections (``stop`` is
-idempotent and never raises for a dead Redis or kvmeta).
+idempotent and never raises for a dead Redis or kvmeta). While started, their counters are
+exported to Prometheus: ``tideserve_gateway_records_total{event}``,
+``tideserve_gateway_shared_total{event}`` and ``tideserve_gateway_kvmeta_lookups_total{result}``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import time
@@ -21,8 +24,12 @@ import uuid
 import grpc
 import redis.asyncio as aioredis
 from aiohttp import web
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
+from services.common.errors import StartupError
 from services.common.otel import insecure_channel
 from services.scheduler.gateway.core import GatewayCore
 from services.scheduler.gateway.kvmeta_client import KVMetaLookup, precise_profiles
@@ -33,14 +40,35 @@ from services.scheduler.settings import SchedulerSettings
 
 __all__ = ["Integrations", "default_replica_id"]
 
+log = logging.getLogger(__name__)
+
 
 def default_replica_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 class Integrations:
-    def __init__(self, settings: SchedulerSettings, core: GatewayCore, gateway: Gateway) -> None:
+    """Raises :class:`StartupError` for settings that cannot work together (e.g.
+    ``share_state`` without ``redis_url``, a heartbeat TTL not above its period)."""
+
+    def __init__(
+        self,
+        settings: SchedulerSettings,
+        core: GatewayCore,
+        gateway: Gateway,
+        *,
+        registry: CollectorRegistry = REGISTRY,
+    ) -> None:
+        if settings.share_state and not settings.redis_url:
+            raise StartupError("share_state: needs redis_url (replicas share state through Redis)")
+        if settings.share_heartbeat_ttl_s <= settings.share_heartbeat_s:
+            raise StartupError(
+                f"share_heartbeat_ttl_s: must exceed share_heartbeat_s "
+                f"({settings.share_heartbeat_ttl_s} <= {settings.share_heartbeat_s})"
+            )
         self.settings = settings
+        self.registry = registry
+        self._collector: _Collector | None = None
         self.replica_id = settings.replica_id or default_replica_id()
         self.redis: aioredis.Redis | None = None
         self.sink: RecordSink | None = None
@@ -63,6 +91,8 @@ class Integrations:
                 heartbeat_ttl_s=settings.share_heartbeat_ttl_s,
             )
         profiles = precise_profiles(core.scheduler)
+        if settings.kvmeta_address and not profiles:
+            log.warning("kvmeta_address is set but no scheduler profile uses precise-prefix")
         if settings.kvmeta_address and profiles:
             self._channel = insecure_channel(settings.kvmeta_address)
             self.lookup = KVMetaLookup(
@@ -87,12 +117,18 @@ class Integrations:
             )
 
     async def start(self) -> None:
+        if self._collector is None:
+            self._collector = _Collector(self)
+            self.registry.register(self._collector)
         if self.sink is not None:
             self.sink.start()
         if self.shared is not None:
             await self.shared.start()
 
     async def stop(self) -> None:
+        if self._collector is not None:
+            self.registry.unregister(self._collector)
+            self._collector = None
         if self.shared is not None:
             await self.shared.stop()
         if self.sink is not None:
@@ -112,3 +148,31 @@ def _resolve(profiles: frozenset[str], gateway: Gateway) -> frozenset[str]:
     if gateway.opts.profile in profiles:
         out.add("")
     return frozenset(out)
+
+
+class _Collector(Collector):
+    """Exports the integrations' counters at scrape time (nothing on the request path)."""
+
+    def __init__(self, owner: Integrations) -> None:
+        self.owner = owner
+
+    def collect(self) -> list[CounterMetricFamily]:
+        o = self.owner
+        out = []
+        for name, doc, label, stats in (
+            ("tideserve_gateway_records", "Request records by event", "event", o.sink),
+            ("tideserve_gateway_shared", "Active-active sharing by event", "event", o.shared),
+            (
+                "tideserve_gateway_kvmeta_lookups",
+                "MatchPrefix lookups by result",
+                "result",
+                o.lookup,
+            ),
+        ):
+            if stats is None:
+                continue
+            fam = CounterMetricFamily(name, doc, labels=[label])
+            for key, value in sorted(stats.stats.items()):
+                fam.add_metric([key], float(value))
+            out.append(fam)
+        return out

@@ -72,11 +72,13 @@ class SharedState:
         heartbeat_ttl_s: float = 3.0,
         catchup_s: float = 600.0,
         buffer: int = 10_000,
-        maxlen: int = 100_000,
+        maxlen: int = 20_000,
         block_ms: int = 500,
     ) -> None:
         if not replica_id:
             raise ValueError("replica_id must be non-empty")
+        if heartbeat_ttl_s <= heartbeat_s:
+            raise ValueError("heartbeat_ttl_s must exceed heartbeat_s")
         self.redis = redis
         self.core = core
         self.deployment = deployment
