@@ -65,7 +65,10 @@ def build(settings: SchedulerSettings) -> ServiceHooks:
     core, gateway = build_gateway(settings)
     extras = Integrations(settings, core, gateway)  # records, active-active, kvmeta lookups
     servicer = SchedulerServicer(
-        core, deployment=settings.deployment, block_size=settings.block_size
+        core,
+        deployment=settings.deployment,
+        block_size=settings.block_size,
+        prefix_lookup=extras.lookup,
     )
     runner: list[web.AppRunner] = []
 

@@ -14,7 +14,8 @@ import random
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import grpc
@@ -27,10 +28,14 @@ from services.scheduler.routing.types import (
     Choice,
     EndpointView,
     NoEndpoint,
+    PrefixMatch,
     RequestView,
     Role,
     Shed,
 )
+
+# (view, deployment, cache_salt, profile) -> kvmeta matches or None (see the HTTP gateway's).
+PrefixLookup = Callable[[RequestView, str, str, str], Awaitable[Mapping[str, PrefixMatch] | None]]
 
 __all__ = ["SERVICE_NAME", "SchedulerServicer", "add_to_server"]
 
@@ -84,8 +89,10 @@ class SchedulerServicer(_Base):
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         remember_picks: int = 100_000,
+        prefix_lookup: PrefixLookup | None = None,
     ) -> None:
         self.core = core
+        self.prefix_lookup = prefix_lookup
         self.deployment = deployment
         self.block_size = block_size
         self.clock = clock
@@ -141,6 +148,13 @@ class SchedulerServicer(_Base):
             ttft_slo_ms=self.core.ttft_budget_ms(r.slo_class, deadline_in),
             exclude=frozenset(r.exclude_instances),
         )
+        if self.prefix_lookup is not None and hashes:
+            try:
+                found = await self.prefix_lookup(view, self.deployment, "", r.profile)
+            except Exception:  # best effort: route without precise data
+                found = None
+            view = replace(view, prefix_matches=found)
+            now = self.clock()
         d = self.core.pick(view, now, pick_id, r.profile)
         if isinstance(d, Shed):
             await self._exhausted(context, d.reason, d.retry_after_ms)

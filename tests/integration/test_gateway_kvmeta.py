@@ -257,3 +257,42 @@ class socket_port:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+async def test_grpc_pick_uses_kvmeta_too(env: Env, kvmeta: tuple[str, IndexFeeder]) -> None:
+    """SchedulerService.Pick (no proxying) asks kvmeta the same way the HTTP gateway does."""
+    from tideserve.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+    from services.scheduler.servicer import SchedulerServicer
+    from services.scheduler.servicer import add_to_server as add_scheduler
+
+    address, feeder = kvmeta
+    async with aiohttp.ClientSession() as http:
+        async with http.post(env.engines["e1"] + "/v1/completions", json=body(SHARED)) as r:
+            assert r.status == 200
+    await wait_indexed(feeder, env, "e1", 25)
+    core = build_core(
+        [EndpointSpec(i, u) for i, u in env.engines.items()], perf_profile="test", block_size=BS
+    )
+    async with grpc.aio.insecure_channel(address) as kv_channel:
+        lookup = KVMetaLookup(
+            kv_channel, candidates=core.fleet.ids, profiles=precise_profiles(core.scheduler)
+        )
+        servicer = SchedulerServicer(
+            core, deployment=env.deployment, block_size=BS, prefix_lookup=lookup
+        )
+        server = grpc.aio.server()
+        add_scheduler(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+                stub = scheduler_pb2_grpc.SchedulerServiceStub(ch)
+                resp = await stub.Pick(
+                    scheduler_pb2.PickRequest(deployment=env.deployment, prompt_text=SHARED + " q")
+                )
+        finally:
+            await server.stop(None)
+    assert resp.decode.instance.instance_id == "e1"
+    assert resp.predicted_cached_tokens == 25 * BS
+    assert lookup.stats["ok"] == 1
