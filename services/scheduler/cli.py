@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from services.scheduler.gateway import EndpointSpec
+    from services.scheduler.gateway.integrations import Integrations
     from services.scheduler.gateway.server import Gateway
 
 __all__ = ["register", "run"]
@@ -28,6 +29,11 @@ examples:
 
   # P/D: prefill engines with their bootstrap port, decode engines (SGLang-style hand-off)
   tideserve gateway --prefill http://127.0.0.1:30001 8998 --decode http://127.0.0.1:30002
+
+  # two active-active replicas sharing prefix affinity and load through Redis (request
+  # records go to ts:requests), with precise prefix data from kvmeta
+  tideserve gateway --port 8000 --endpoints URL... --redis-url redis://127.0.0.1:6379/0 \
+      --share-state --replica-id a --kvmeta-address 127.0.0.1:50052
 
 profiles shipped: default, agent, slo, round_robin, least_load, power_of_two, cache_aware
 (services/scheduler/default_profiles.yaml; --profiles-file FILE for your own).
@@ -68,6 +74,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--max-in-flight", type=int, default=256, help="per engine (default 256)")
     p.add_argument("--seed", type=int, default=0, help="routing RNG seed")
     p.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING, ERROR")
+    p.add_argument("--deployment", default="default", help="deployment name (stream names)")
+    p.add_argument("--redis-url", default="", help="Redis for request records / shared state")
+    p.add_argument("--stream-prefix", default="ts", help="Redis stream name prefix")
+    p.add_argument("--share-state", action="store_true", help="active-active via --redis-url")
+    p.add_argument("--replica-id", default="", help="this replica's id (default generated)")
+    p.add_argument("--no-records", action="store_true", help="no RequestRecord per request")
+    p.add_argument("--kvmeta-address", default="", help="kvmeta gRPC host:port (MatchPrefix)")
     p.set_defaults(func=run)
 
 
@@ -97,9 +110,14 @@ def _specs(args: argparse.Namespace) -> list[EndpointSpec]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from services.common.errors import StartupError
     from services.scheduler.gateway import CoreLimits, build_core
+    from services.scheduler.gateway.integrations import Integrations
     from services.scheduler.gateway.server import Gateway, GatewayOptions
     from services.scheduler.routing.config import ConfigError
+    from services.scheduler.settings import SchedulerSettings
 
     try:
         specs = _specs(args)
@@ -122,13 +140,37 @@ def run(args: argparse.Namespace) -> int:
     )
     opts = GatewayOptions(
         models=tuple(args.model),
+        deployment=args.deployment,
         block_size=args.block_size,
         retries=args.retries,
         profile=args.profile,
     )
     gateway = Gateway(core, opts, rng=random.Random(args.seed + 1))
     try:
-        asyncio.run(_serve(gateway, args.host, args.port))
+        extras = Integrations(
+            SchedulerSettings.model_validate(
+                {
+                    "deployment": args.deployment,
+                    "redis_url": args.redis_url or None,
+                    "stream_prefix": args.stream_prefix,
+                    "share_state": args.share_state,
+                    "replica_id": args.replica_id,
+                    "request_records": not args.no_records,
+                    "kvmeta_address": args.kvmeta_address,
+                }
+            ),
+            core,
+            gateway,
+        )
+        if args.redis_url:
+            from services.common.streams import check_redis
+
+            asyncio.run(check_redis(args.redis_url))
+    except (StartupError, ValidationError, ConnectionError) as err:
+        print(f"tideserve gateway: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve(gateway, args.host, args.port, extras))
     except OSError as err:
         print(
             f"tideserve gateway: cannot listen on {args.host}:{args.port}: {err.strerror}",
@@ -138,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(gateway: Gateway, host: str, port: int) -> None:
+async def _serve(gateway: Gateway, host: str, port: int, extras: Integrations) -> None:
     from aiohttp import web
 
     stop = asyncio.Event()
@@ -146,10 +188,14 @@ async def _serve(gateway: Gateway, host: str, port: int) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    runner = web.AppRunner(gateway.app(), handle_signals=False)
+    app = gateway.app()
+    extras.install(app)
+    runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
+    await extras.start()
     try:
         await web.TCPSite(runner, host, port).start()
         await stop.wait()
     finally:
         await runner.cleanup()
+        await extras.stop()

@@ -1,4 +1,4 @@
-"""Gateway replica killed (affinity kept): two scheduler processes share routed prefixes
+"""Gateway replica killed (affinity kept): two gateway processes share routed prefixes
 and in-flight load through Redis in front of three simulated engines. Multi-turn sessions
 through replica A spread over the engines and stick to them; A is SIGKILLed; the next
 turns through replica B land on the same engines, served from their prefix caches.
@@ -128,28 +128,35 @@ async def test_gateway_replica_killed_affinity_kept(
              "--log-level", "WARNING"],
         )  # fmt: skip
         engines.append(f"http://127.0.0.1:{port}")
-    gw_ports: dict[str, int] = {}
-    for name in ("A", "B"):
-        gw_ports[name] = free_port()
-        cfg = gateway_config(
-            tmp_path / f"gw{name}.yaml",
-            http_port=gw_ports[name],
-            grpc_port=0,
-            metrics_port=0,
-            redis_url=redis_url,
-            stream_prefix=prefix,
-            deployment=dep,
-            endpoints=engines,
-            block_size=16,
-            perf_profile="test",
-            replica_id=name,
-            share_state=share,
-            share_heartbeat_s=0.2,
-            log_level="WARNING",
-            state_dir=str(tmp_path / f"gw{name}"),
-        )
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TIDESERVE_")}
-        procs.start(name, [sys.executable, "-m", "services.scheduler", "--config", str(cfg)], env)
+    # Replica A is the scheduler service (YAML settings), replica B the standalone verb.
+    gw_ports = {"A": free_port(), "B": free_port()}
+    cfg = gateway_config(
+        tmp_path / "gwA.yaml",
+        http_port=gw_ports["A"],
+        grpc_port=0,
+        metrics_port=0,
+        redis_url=redis_url,
+        stream_prefix=prefix,
+        deployment=dep,
+        endpoints=engines,
+        block_size=16,
+        perf_profile="test",
+        replica_id="A",
+        share_state=share,
+        share_heartbeat_s=0.2,
+        log_level="WARNING",
+        state_dir=str(tmp_path / "gwA"),
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDESERVE_")}
+    procs.start("A", [sys.executable, "-m", "services.scheduler", "--config", str(cfg)], env)
+    procs.start(
+        "B",
+        [str(TIDESERVE), "gateway", "--port", str(gw_ports["B"]), "--endpoints", *engines,
+         "--block-size", "16", "--perf-profile", "test", "--redis-url", redis_url,
+         "--stream-prefix", prefix, "--deployment", dep, "--replica-id", "B",
+         *(["--share-state"] if share else [])],
+        env,
+    )  # fmt: skip
     url = {n: f"http://127.0.0.1:{p}" for n, p in gw_ports.items()}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
         for i, e in enumerate(engines):
