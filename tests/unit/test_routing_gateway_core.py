@@ -217,3 +217,25 @@ def test_parse_generate_and_token_prompts() -> None:
     assert g.prompt_ids == (5, 6, 7) and g.max_tokens == 3 and g.model == ""
     c = _parse({"model": "m", "prompt": ["a b"]}, kind="completion")
     assert len(c.prompt_ids) == 2 and c.max_tokens == 256
+
+
+def test_cached_views_follow_every_change_and_time() -> None:
+    f = Fleet(breaker_failures=1, breaker_open_s=5.0, load_stale_s=10.0)
+    f.upsert(EndpointSpec("a", "http://a"))
+    assert f.view("a", 0.0).circuit == "closed"
+    f.upstream_result("a", False, 1.0)
+    assert f.view("a", 1.0).circuit == "open"
+    assert f.view("a", 5.9).circuit == "open" and f.view("a", 6.0).circuit == "half-open"
+    f.report_load("a", LoadReport(waiting=3), 6.0)
+    assert f.view("a", 7.0).waiting == 3 and f.view("a", 16.5).waiting == 0  # stale
+    f.reserve("p", ["a"], {"a": 10}, 17.0)
+    assert f.view("a", 17.0).reserved_requests == 1
+    f.set_remote_in_flight({"a": (2, 5)})
+    assert (f.view("a", 17.0).reserved_requests, f.view("a", 17.0).reserved_tokens) == (3, 15)
+    f.set_draining("a", True)
+    f.probe("a", False, 17.0)
+    f.probe("a", False, 17.0)
+    v = f.view("a", 17.0)
+    assert v.draining and not v.healthy
+    f.upsert(EndpointSpec("a", "http://a2"))
+    assert f.view("a", 17.0).url == "http://a2"

@@ -106,6 +106,9 @@ class Fleet:
         self._version = 0
         # Other gateway replicas' in-flight (requests, pending tokens) per instance.
         self._remote: Mapping[str, tuple[int, int]] = {}
+        # Built views per instance: (view, built_at, valid_until). Dropped on any change
+        # to the instance; time-dependent fields (stale load, open circuit) bound validity.
+        self._views: dict[str, tuple[EndpointView, float, float]] = {}
 
     # -- membership -----------------------------------------------------------------------
     def upsert(self, spec: EndpointSpec, healthy: bool = True) -> None:
@@ -117,10 +120,12 @@ class Fleet:
             )
         else:
             live.spec = spec
+        self._views.pop(spec.instance_id, None)
         self._version += 1
 
     def remove(self, instance_id: str) -> bool:
         self._version += 1
+        self._views.pop(instance_id, None)
         return self._eps.pop(instance_id, None) is not None
 
     def __contains__(self, instance_id: object) -> bool:
@@ -138,6 +143,7 @@ class Fleet:
         live = self._eps.get(instance_id)
         if live is not None:
             live.load, live.load_at = load, now
+            self._views.pop(instance_id, None)
 
     def probe(self, instance_id: str, ok: bool, now: float) -> None:
         """Active health check result: unhealthy after ``unhealthy_after`` failures in a
@@ -145,6 +151,7 @@ class Fleet:
         live = self._eps.get(instance_id)
         if live is None:
             return
+        self._views.pop(instance_id, None)
         if ok:
             live.probe_failures = 0
             live.healthy = True
@@ -158,6 +165,7 @@ class Fleet:
         live = self._eps.get(instance_id)
         if live is None:
             return
+        self._views.pop(instance_id, None)
         if ok:
             live.breaker.success(now)
         else:
@@ -168,6 +176,7 @@ class Fleet:
         KeyError for an unknown instance."""
         live = self._eps[instance_id]
         live.draining = draining
+        self._views.pop(instance_id, None)
         return live.ours
 
     # -- reservations ---------------------------------------------------------------------
@@ -182,6 +191,7 @@ class Fleet:
         for i in inst:
             self._eps[i].ours += 1
             self._eps[i].ours_pending_tokens += toks[i]
+            self._views.pop(i, None)
         self._res[pick_id] = _Reservation(inst, toks, now)
 
     def first_token(self, pick_id: str) -> None:
@@ -191,6 +201,7 @@ class Fleet:
         for i, n in r.pending_tokens.items():
             if i in self._eps:
                 self._eps[i].ours_pending_tokens -= n
+                self._views.pop(i, None)
         r.pending_tokens = {}
 
     def release(self, pick_id: str) -> bool:
@@ -199,6 +210,7 @@ class Fleet:
         if r is None:
             return False
         for i in r.instances:
+            self._views.pop(i, None)
             live = self._eps.get(i)
             if live is not None:
                 live.ours -= 1
@@ -227,17 +239,33 @@ class Fleet:
         """Replace the other gateway replicas' in-flight counts (active-active); the
         snapshot adds them to this gateway's own reservations."""
         self._remote = dict(counts)
+        self._views.clear()
 
     # -- snapshot -------------------------------------------------------------------------
     def view(self, instance_id: str, now: float) -> EndpointView:
-        """KeyError for an unknown instance."""
+        """KeyError for an unknown instance. Cached until the instance changes or a
+        time-dependent field (stale load, circuit leaving open) would change."""
+        hit = self._views.get(instance_id)
+        if hit is not None and hit[1] <= now < hit[2]:
+            return hit[0]
+        v, until = self._build(instance_id, now)
+        self._views[instance_id] = (v, now, until)
+        return v
+
+    def _build(self, instance_id: str, now: float) -> tuple[EndpointView, float]:
         live = self._eps[instance_id]
+        until = float("inf")
+        if live.load_at is not None and now - live.load_at <= self.load_stale_s:
+            until = live.load_at + self.load_stale_s
+        opened = live.breaker.opened_at
+        if opened is not None and now - opened < live.breaker.open_s:
+            until = min(until, opened + live.breaker.open_s)
         ld = live.load
         if live.load_at is None or now - live.load_at > self.load_stale_s:
             ld = LoadReport()  # unknown/stale: trust only our own counts
         s = live.spec
         r_req, r_tok = self._remote.get(instance_id, (0, 0))
-        return EndpointView(
+        view = EndpointView(
             instance_id=s.instance_id,
             url=s.url,
             role=s.role,
@@ -256,6 +284,7 @@ class Fleet:
             bootstrap_port=s.bootstrap_port,
             labels=s.labels,
         )
+        return view, until
 
     def snapshot(self, now: float, deployment: str = "") -> EndpointSnapshot:
         views = [

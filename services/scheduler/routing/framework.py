@@ -234,10 +234,13 @@ class Scheduler:
         details: dict[str, list[tuple[str, float, float]]] = {e.instance_id: [] for e in cands}
         for scorer, weight in prof.scorers:
             raw = scorer.score(ctx, request, cands)
+            name = scorer.name
             for iid in totals:
-                s = _clamp(float(raw.get(iid, 0.0)))
+                s = raw.get(iid, 0.0)
+                if not 0.0 <= s <= 1.0:  # also catches NaN
+                    s = _clamp(float(s))
                 totals[iid] += weight * s
-                details[iid].append((scorer.name, s, weight))
+                details[iid].append((name, s, weight))
         scored = [Scored(e, totals[e.instance_id], tuple(details[e.instance_id])) for e in cands]
         chosen = prof.picker.pick(ctx, request, scored)
         return Choice(endpoint=chosen.endpoint, score=chosen.total, scores=chosen.detail)

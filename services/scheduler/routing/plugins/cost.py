@@ -58,15 +58,18 @@ class TTFTCost:
     def prepare(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
     ) -> None:
+        # prefill_ms depends only on the cached count, shared by most candidates.
+        prefill: dict[int, float] = {}
+        n = request.prompt_tokens
         for e in candidates:
-            ctx.predicted_ttft_ms[e.instance_id] = predict_ttft_ms(
-                self.model,
-                self.model_tps,
-                e,
-                request.prompt_tokens,
-                ctx.cached_tokens.get(e.instance_id, 0),
-                self.p.use_engine_throughput,
-            )
+            cached = max(0, min(ctx.cached_tokens.get(e.instance_id, 0), n))
+            p = prefill.get(cached)
+            if p is None:
+                p = prefill[cached] = self.model.prefill_ms(n - cached, cached)
+            tput = e.prefill_tokens_per_s if self.p.use_engine_throughput else 0.0
+            tput = tput if tput > 0 else self.model_tps
+            wait = 1000.0 * e.pending_prefill / tput if tput > 0 else 0.0
+            ctx.predicted_ttft_ms[e.instance_id] = wait + p
 
     def score(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]

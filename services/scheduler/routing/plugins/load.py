@@ -45,14 +45,16 @@ class LeastLoad:
         if self.total_weight <= 0:
             return {e.instance_id: 1.0 for e in candidates}
         rows = [_metrics(e) for e in candidates]
-        maxima = [max(r[k] for r in rows) for k in range(4)]
-        out: dict[str, float] = {}
-        for e, r in zip(candidates, rows, strict=True):
-            load = sum(
-                w * (r[k] / maxima[k] if maxima[k] > 0 else 0.0) for k, w in enumerate(self.weights)
-            )
-            out[e.instance_id] = 1.0 - load / self.total_weight
-        return out
+        maxima = [max(col) for col in zip(*rows, strict=True)]
+        # weight / (max * total weight) per metric; 0 where the metric is 0 everywhere.
+        f = [
+            w / (m * self.total_weight) if m > 0 else 0.0
+            for w, m in zip(self.weights, maxima, strict=True)
+        ]
+        return {
+            e.instance_id: 1.0 - (r[0] * f[0] + r[1] * f[1] + r[2] * f[2] + r[3] * f[3])
+            for e, r in zip(candidates, rows, strict=True)
+        }
 
 
 class LoadGuardParams(Params):
@@ -81,12 +83,8 @@ class LoadGuard:
     ) -> Sequence[EndpointView]:
         if len(candidates) < 2:
             return candidates
-        lo = min(self._load(e) for e in candidates)
-        return [
-            e
-            for e in candidates
-            if not (
-                self._load(e) - lo > self.p.abs_threshold
-                and self._load(e) > self.p.rel_threshold * lo
-            )
-        ]
+        loads = [self._load(e) for e in candidates]
+        lo = min(loads)
+        # Removed iff x - lo > abs AND x > rel * lo, i.e. kept iff x <= max(lo + abs, rel * lo).
+        cut = max(lo + self.p.abs_threshold, self.p.rel_threshold * lo)
+        return [e for e, x in zip(candidates, loads, strict=True) if x <= cut]
