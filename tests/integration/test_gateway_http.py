@@ -272,3 +272,22 @@ async def test_shed_when_saturated_returns_429_with_retry_after(
     async with http.post(url + "/v1/chat/completions", json=chat()) as r:
         assert r.status == 429 and "timed out" in (await r.json())["error"]["message"]
     assert len(gw.core.queue) == 0
+
+
+async def test_unreachable_engine_is_retried_and_probed_unhealthy(
+    engines: Engines, gateway: GatewayFactory, http: aiohttp.ClientSession
+) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens once closed
+    _, good = await engines()
+    gw, url = await gateway([EndpointSpec("a-dead", dead), EndpointSpec("b-good", good)])
+    for _ in range(3):
+        async with http.post(url + "/v1/chat/completions", json=chat()) as r:
+            assert r.status == 200
+    for _ in range(2):
+        await gw.check_health()
+    view = gw.core.fleet.view("a-dead", gw.clock())
+    assert not view.healthy and gw.core.fleet.view("b-good", gw.clock()).healthy
