@@ -197,11 +197,20 @@ def sglang_router_python(
 
 
 def machine() -> dict[str, object]:
-    """What the figures were measured on (cores and the load average before the run)."""
+    """What the figures were measured on: cores, load average before the run, git commit."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    )
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "services", "benchmarks"],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
     return {
         "cores": psutil.cpu_count() or 0,
         "loadavg_1m_before": round(os.getloadavg()[0], 2),
         "python": sys.version.split()[0],
+        "git_commit": head.stdout.strip() or None,
+        "uncommitted_changes_in_services_or_benchmarks": bool(dirty.stdout.strip()),
     }
 
 
