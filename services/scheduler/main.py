@@ -23,6 +23,7 @@ from services.scheduler.gateway.server import Gateway, GatewayOptions
 from services.scheduler.routing.config import ConfigError
 from services.scheduler.servicer import SchedulerServicer, add_to_server
 from services.scheduler.settings import SchedulerSettings, parse_endpoint
+from services.scheduler.slo import known_tenants, queue_config, slo_targets
 
 __all__ = ["build", "build_gateway", "main"]
 
@@ -45,6 +46,13 @@ def build_gateway(settings: SchedulerSettings) -> tuple[GatewayCore, Gateway]:
             block_size=settings.block_size,
             perf_profile=settings.perf_profile,
             limits=CoreLimits(max_in_flight_per_endpoint=settings.max_in_flight_per_endpoint),
+            queue=queue_config(
+                settings.slo_classes,
+                default_class=settings.default_slo_class,
+                tenants=settings.tenants,
+                max_total=settings.queue_max_total,
+            ),
+            slo=slo_targets(settings.slo_classes),
         )
     except (ConfigError, KeyError) as e:
         raise StartupError(f"scheduler profiles: {e}") from None
@@ -56,6 +64,7 @@ def build_gateway(settings: SchedulerSettings) -> tuple[GatewayCore, Gateway]:
         health_interval_s=settings.health_interval_s,
         load_interval_s=settings.load_interval_s,
         limits=Limits(max_body_bytes=settings.max_body_bytes),
+        tenants=known_tenants(settings.tenants),
     )
     return core, Gateway(core, opts, rng=random.Random(settings.seed + 1))
 

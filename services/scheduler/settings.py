@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from services.common.settings import ServiceSettings
+from services.scheduler.slo import DEFAULT_SLO_CLASSES, SLOClassConfig, queue_config
 
 __all__ = ["SchedulerSettings", "parse_endpoint"]
 
@@ -53,6 +54,41 @@ class SchedulerSettings(ServiceSettings):
     share_heartbeat_s: float = Field(0.5, gt=0, description="in-flight heartbeat period")
     share_heartbeat_ttl_s: float = Field(3.0, gt=0, description="a replica's load expires after")
     request_records: bool = Field(True, description="RequestRecord per request (needs redis_url)")
+
+    # --- SLO classes, tenants, queue bounds (see services/scheduler/slo.py) --------------
+    slo_classes: list[SLOClassConfig] = Field(
+        default_factory=lambda: list(DEFAULT_SLO_CLASSES),
+        description="SLO classes: name, priority, ttft_ms, tpot_ms, max_queue_ms, ...",
+    )
+    default_slo_class: str = Field("agent", min_length=1, description="class of unnamed requests")
+    tenants: dict[str, float] = Field(
+        default_factory=dict, description="tenant -> fair-share weight; {} = any tenant, weight 1"
+    )
+    queue_max_total: int = Field(50_000, ge=1, description="queued requests across classes")
+
+    # --- fleet feeds: load snapshots and membership (gateway/load_stream, membership) ----
+    load_stream: bool = Field(True, description="consume {prefix}:load:{deployment} (redis_url)")
+    load_stream_stale_s: float = Field(
+        2.0, gt=0, description="a snapshot older than this falls back to /metrics scraping"
+    )
+    membership_stream: bool = Field(True, description="consume {prefix}:membership (redis_url)")
+    autoscaler_address: str = Field(
+        "", description="autoscaler gRPC host:port; ListInstances seeds the fleet once; '' = off"
+    )
+    autoscaler_deadline_s: float = Field(3.0, gt=0, description="ListInstances deadline")
+
+    @model_validator(mode="after")
+    def _check_slo(self) -> SchedulerSettings:
+        try:
+            queue_config(
+                self.slo_classes,
+                default_class=self.default_slo_class,
+                tenants=self.tenants,
+                max_total=self.queue_max_total,
+            )
+        except ValueError as e:
+            raise ValueError(f"slo_classes/tenants: {e}") from None
+        return self
 
     @field_validator("endpoints")
     @classmethod

@@ -17,11 +17,13 @@ from services.scheduler.routing.types import Decision, NoEndpoint, Pick, Request
 
 @dataclass(frozen=True, slots=True)
 class SLOTargets:
-    """TTFT target per class (ms, 0 = none); used as the request's TTFT budget."""
+    """TTFT (used as the request's TTFT budget) and TPOT targets per class (ms, 0 = none).
+    Built from settings by ``services.scheduler.slo.slo_targets``."""
 
     ttft_ms: Mapping[str, float] = field(
         default_factory=lambda: {"interactive": 2_000.0, "agent": 10_000.0, "batch": 0.0}
     )
+    tpot_ms: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -207,6 +207,8 @@ def parse_request(
     if slo and slo not in classes:
         raise _bad(f"unknown SLO class {slo!r} (known: {sorted(classes)})", "slo_class")
     tenant = headers.get(H_TENANT) or _str_field(body, "tenant")
+    if tenants is not None and not tenant:
+        raise _bad(f"a tenant is required: set {H_TENANT} or 'tenant'", "tenant", "missing")
     if tenants is not None and tenant not in tenants:
         raise _bad(f"unknown tenant {tenant!r}", "tenant")
     session = headers.get(H_SESSION) or _str_field(body, "session_id")
