@@ -5,6 +5,11 @@ active-health results, drain flags, a circuit breaker per endpoint (passive fail
 detection) and this gateway's own in-flight requests, and turns them into the immutable
 :class:`EndpointSnapshot` a scheduling cycle runs on.
 
+Load: engine load snapshots (stream) win over ``/metrics`` scrapes while fresh; see
+:mod:`services.scheduler.gateway.load_merge`. Membership: :meth:`Fleet.retire` removes an
+endpoint at once when this gateway has nothing in flight on it, else drains it and removes
+it when its last request is released (in-flight requests finish).
+
 Reservations: a pick reserves one request (and, until its first token, its uncached prompt
 tokens as pending prefill) on each chosen endpoint. Engines report load with a lag, so the
 snapshot counts ``max(reported, ours)``: ``reserved_* = max(0, ours - reported)``.
@@ -14,8 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
+from services.scheduler.gateway.load_merge import LoadReport, Sample, Source, merge_load, newer
+from services.scheduler.gateway.load_merge import needs_scrape as _needs_scrape
 from services.scheduler.routing.types import Circuit, EndpointSnapshot, EndpointView, Role
+
+__all__ = ["CircuitBreaker", "EndpointSpec", "Fleet", "LoadReport"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,16 +37,6 @@ class EndpointSpec:
     bootstrap_port: int = 0
     deployment: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class LoadReport:
-    running: int = 0
-    waiting: int = 0
-    tokens_in_flight: int = 0
-    pending_prefill_tokens: int = 0
-    kv_usage: float = 0.0
-    prefill_tokens_per_s: float = 0.0
 
 
 class CircuitBreaker:
@@ -69,11 +69,13 @@ class CircuitBreaker:
 class _Live:
     spec: EndpointSpec
     breaker: CircuitBreaker
-    load: LoadReport = field(default_factory=LoadReport)
-    load_at: float | None = None
+    scraped: Sample | None = None
+    streamed: Sample | None = None
+    stream_seq: tuple[int, int] | None = None
     healthy: bool = True
     probe_failures: int = 0
     draining: bool = False
+    retiring: bool = False
     ours: int = 0
     ours_pending_tokens: int = 0
 
@@ -96,11 +98,13 @@ class Fleet:
         breaker_failures: int = 3,
         breaker_open_s: float = 5.0,
         load_stale_s: float = 10.0,
+        stream_stale_s: float = 2.0,
     ) -> None:
         self.unhealthy_after = unhealthy_after
         self.breaker_failures = breaker_failures
         self.breaker_open_s = breaker_open_s
         self.load_stale_s = load_stale_s
+        self.stream_stale_s = stream_stale_s
         self._eps: dict[str, _Live] = {}
         self._res: dict[str, _Reservation] = {}
         self._version = 0
@@ -112,7 +116,8 @@ class Fleet:
 
     # -- membership -----------------------------------------------------------------------
     def upsert(self, spec: EndpointSpec, healthy: bool = True) -> None:
-        """Add an endpoint or update its address/role (keeps its load and reservations)."""
+        """Add an endpoint or update its address/role (keeps its load and reservations;
+        an endpoint being retired is kept, and stays draining until undrained)."""
         live = self._eps.get(spec.instance_id)
         if live is None:
             self._eps[spec.instance_id] = _Live(
@@ -120,13 +125,45 @@ class Fleet:
             )
         else:
             live.spec = spec
+            live.retiring = False
         self._views.pop(spec.instance_id, None)
         self._version += 1
 
     def remove(self, instance_id: str) -> bool:
+        """Forget an endpoint now (prefer :meth:`retire` while requests may be in flight)."""
         self._version += 1
         self._views.pop(instance_id, None)
         return self._eps.pop(instance_id, None) is not None
+
+    def retire(self, instance_id: str) -> bool:
+        """Drain semantics for a removed instance: no new requests; it is forgotten once
+        this gateway's in-flight requests on it are released. True when it was removed
+        now, False when it waits for in-flight requests (or is unknown). Idempotent."""
+        live = self._eps.get(instance_id)
+        if live is None:
+            return False
+        if live.ours <= 0:
+            return self.remove(instance_id)
+        live.draining = live.retiring = True
+        self._views.pop(instance_id, None)
+        return False
+
+    def retiring(self, instance_id: str) -> bool:
+        live = self._eps.get(instance_id)
+        return live is not None and live.retiring
+
+    def resolve(self, instance_id: str, url: str = "") -> str | None:
+        """The known instance an outside report names: by id, else by base URL (engines and
+        the autoscaler may name an instance differently from the static list). None if
+        neither matches."""
+        if instance_id in self._eps:
+            return instance_id
+        u = url.rstrip("/")
+        if u:
+            for iid, live in self._eps.items():
+                if live.spec.url == u:
+                    return iid
+        return None
 
     def __contains__(self, instance_id: object) -> bool:
         return instance_id in self._eps
@@ -139,11 +176,50 @@ class Fleet:
         return self._eps[instance_id].spec
 
     # -- observations ---------------------------------------------------------------------
-    def report_load(self, instance_id: str, load: LoadReport, now: float) -> None:
+    def report_load(
+        self,
+        instance_id: str,
+        load: LoadReport,
+        now: float,
+        *,
+        source: Literal["scrape", "stream"] = "scrape",
+        seq: tuple[int, int] | None = None,
+    ) -> bool:
+        """Record a load report. ``stream`` reports carry ``seq = (epoch, ts_ms)``; an
+        older or repeated one is ignored. Returns False when ignored or unknown."""
         live = self._eps.get(instance_id)
-        if live is not None:
-            live.load, live.load_at = load, now
-            self._views.pop(instance_id, None)
+        if live is None:
+            return False
+        if source == "stream":
+            if seq is not None:
+                if not newer(live.stream_seq, *seq):
+                    return False
+                live.stream_seq = seq
+            live.streamed = Sample(load, now)
+        else:
+            live.scraped = Sample(load, now)
+        self._views.pop(instance_id, None)
+        return True
+
+    def needs_scrape(self, instance_id: str, now: float) -> bool:
+        """True when the endpoint has no fresh load snapshot from the stream."""
+        live = self._eps.get(instance_id)
+        return live is not None and _needs_scrape(live.streamed, now, self.stream_stale_s)
+
+    def load_source(self, instance_id: str, now: float) -> Source:
+        live = self._eps.get(instance_id)
+        if live is None:
+            return "none"
+        return self._merged(live, now)[1]
+
+    def _merged(self, live: _Live, now: float) -> tuple[LoadReport, Source, float]:
+        return merge_load(
+            live.streamed,
+            live.scraped,
+            now,
+            stream_stale_s=self.stream_stale_s,
+            scrape_stale_s=self.load_stale_s,
+        )
 
     def probe(self, instance_id: str, ok: bool, now: float) -> None:
         """Active health check result: unhealthy after ``unhealthy_after`` failures in a
@@ -215,6 +291,8 @@ class Fleet:
             if live is not None:
                 live.ours -= 1
                 live.ours_pending_tokens -= r.pending_tokens.get(i, 0)
+                if live.retiring and live.ours <= 0:
+                    self.remove(i)
         return True
 
     def has_reservation(self, pick_id: str) -> bool:
@@ -254,15 +332,10 @@ class Fleet:
 
     def _build(self, instance_id: str, now: float) -> tuple[EndpointView, float]:
         live = self._eps[instance_id]
-        until = float("inf")
-        if live.load_at is not None and now - live.load_at <= self.load_stale_s:
-            until = live.load_at + self.load_stale_s
+        ld, _, until = self._merged(live, now)  # unknown/stale: trust only our own counts
         opened = live.breaker.opened_at
         if opened is not None and now - opened < live.breaker.open_s:
             until = min(until, opened + live.breaker.open_s)
-        ld = live.load
-        if live.load_at is None or now - live.load_at > self.load_stale_s:
-            ld = LoadReport()  # unknown/stale: trust only our own counts
         s = live.spec
         r_req, r_tok = self._remote.get(instance_id, (0, 0))
         view = EndpointView(

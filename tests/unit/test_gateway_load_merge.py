@@ -1,0 +1,129 @@
+"""Load sources (stream snapshot vs /metrics scrape), staleness, ordering; fleet retire."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from services.scheduler.gateway.fleet import EndpointSpec, Fleet
+from services.scheduler.gateway.load_merge import (
+    LoadReport,
+    Sample,
+    merge_load,
+    needs_scrape,
+    newer,
+)
+
+ST = LoadReport(running=5, waiting=1, tokens_in_flight=900, pending_prefill_tokens=300)
+SC = LoadReport(running=2, waiting=7)
+
+
+@pytest.mark.parametrize(
+    ("stream_at", "scrape_at", "now", "source", "until"),
+    [
+        (None, None, 10.0, "none", math.inf),
+        (9.0, None, 10.0, "stream", 11.0),
+        (9.0, 9.9, 10.0, "stream", 11.0),
+        (7.0, 9.5, 10.0, "scrape", 19.5),
+        (7.0, None, 10.0, "none", math.inf),
+        (None, 9.5, 10.0, "scrape", 19.5),
+        (None, -0.5, 10.0, "none", math.inf),
+        (8.0, None, 10.0, "stream", 10.0),
+    ],
+    ids=[
+        "nothing",
+        "fresh-stream",
+        "stream-wins-over-newer-scrape",
+        "stale-stream-falls-back",
+        "stale-stream-no-scrape",
+        "scrape-only",
+        "stale-scrape",
+        "stream-at-the-bound",
+    ],
+)
+def test_merge_load(
+    stream_at: float | None, scrape_at: float | None, now: float, source: str, until: float
+) -> None:
+    stream = Sample(ST, stream_at) if stream_at is not None else None
+    scrape = Sample(SC, scrape_at) if scrape_at is not None else None
+    load, src, valid = merge_load(stream, scrape, now, stream_stale_s=2.0, scrape_stale_s=10.0)
+    assert (src, valid) == (source, until)
+    assert load == {"stream": ST, "scrape": SC, "none": LoadReport()}[source]
+
+
+@pytest.mark.parametrize(
+    ("stream_at", "now", "expected"),
+    [(None, 5.0, True), (4.0, 5.0, False), (2.5, 5.0, True), (3.0, 5.0, False)],
+    ids=["no-snapshot", "fresh", "stale", "at-bound"],
+)
+def test_needs_scrape(stream_at: float | None, now: float, expected: bool) -> None:
+    s = Sample(ST, stream_at) if stream_at is not None else None
+    assert needs_scrape(s, now, 2.0) is expected
+
+
+@pytest.mark.parametrize(
+    ("last", "stamp", "expected"),
+    [
+        (None, (1, 100), True),
+        ((1, 100), (1, 101), True),
+        ((1, 100), (1, 100), False),
+        ((1, 100), (1, 99), False),
+        ((1, 100), (2, 5), True),
+        ((2, 5), (1, 500), False),
+    ],
+    ids=["first", "later", "repeat", "older", "restarted-engine", "old-process"],
+)
+def test_newer(last: tuple[int, int] | None, stamp: tuple[int, int], expected: bool) -> None:
+    assert newer(last, *stamp) is expected
+
+
+def test_fleet_prefers_fresh_stream_then_scrape_and_skips_scrape_while_fresh() -> None:
+    f = Fleet(stream_stale_s=2.0, load_stale_s=10.0)
+    f.upsert(EndpointSpec("a", "http://a"))
+    assert f.needs_scrape("a", 0.0) and f.load_source("a", 0.0) == "none"
+    f.report_load("a", SC, 0.0)
+    assert f.view("a", 0.5).waiting == 7 and f.load_source("a", 0.5) == "scrape"
+    assert f.report_load("a", ST, 1.0, source="stream", seq=(1, 1000))
+    v = f.view("a", 1.5)
+    assert (v.running, v.tokens_in_flight, v.pending_prefill_tokens) == (5, 900, 300)
+    assert not f.needs_scrape("a", 1.5)
+    assert not f.report_load("a", SC, 1.6, source="stream", seq=(1, 999))  # older: ignored
+    assert f.view("a", 1.7).running == 5
+    # the stream goes quiet: scrape again, and the (cached) view falls back by time alone
+    assert f.needs_scrape("a", 3.5) and f.view("a", 3.5).waiting == 7
+    assert not f.report_load("zzz", ST, 1.0, source="stream")
+
+
+def test_fleet_resolves_by_id_then_url() -> None:
+    f = Fleet()
+    f.upsert(EndpointSpec("127.0.0.1:30001", "http://127.0.0.1:30001"))
+    assert f.resolve("127.0.0.1:30001") == "127.0.0.1:30001"
+    assert f.resolve("engine-7", "http://127.0.0.1:30001/") == "127.0.0.1:30001"
+    assert f.resolve("engine-8", "http://127.0.0.1:30002") is None
+    assert f.resolve("engine-8") is None
+
+
+def test_retire_waits_for_in_flight_requests() -> None:
+    f = Fleet()
+    f.upsert(EndpointSpec("a", "http://a"))
+    f.upsert(EndpointSpec("b", "http://b"))
+    f.reserve("p1", ["a"], {"a": 10}, 0.0)
+    assert f.retire("a") is False and "a" in f and f.retiring("a")
+    v = f.view("a", 0.0)
+    assert v.draining and not v.eligible and f.in_flight("a") == 1
+    assert f.retire("b") is True and "b" not in f  # nothing in flight: gone at once
+    assert f.release("p1") and "a" not in f
+    assert f.retire("a") is False  # unknown: idempotent
+
+
+def test_readding_a_retiring_endpoint_keeps_its_counts() -> None:
+    f = Fleet()
+    f.upsert(EndpointSpec("a", "http://a"))
+    f.reserve("p1", ["a"], {}, 0.0)
+    f.retire("a")
+    f.upsert(EndpointSpec("a", "http://a"))  # ADDED again while a request is in flight
+    f.set_draining("a", False)
+    assert not f.retiring("a") and f.in_flight("a") == 1
+    f.release("p1")
+    assert "a" in f and f.in_flight("a") == 0 and f.view("a", 0.0).eligible
