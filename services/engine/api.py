@@ -13,7 +13,8 @@ joined with ``"\\n"`` and the result is tokenized with :mod:`services.common.tok
 
 Every request may carry ``cache_salt`` (vLLM's name; alias ``tenant``) to namespace its
 prefix cache, and SGLang's disaggregation fields ``bootstrap_host``, ``bootstrap_port``,
-``bootstrap_room``. The simulator never emits EOS: each request generates exactly its
+``bootstrap_room``, and vLLM's ``kv_transfer_params`` (see :mod:`services.engine.pd_vllm`).
+The simulator never emits EOS: each request generates exactly its
 ``max_tokens`` (finish reason ``length``).
 
 Parse functions raise :class:`BadRequest` (→ HTTP 400 with an OpenAI-style body).
@@ -32,6 +33,7 @@ __all__ = [
     "BadRequest",
     "Bootstrap",
     "GenRequest",
+    "KVTransferParams",
     "chat_chunk",
     "chat_prompt",
     "chat_response",
@@ -70,6 +72,20 @@ class Bootstrap:
 
 
 @dataclass(frozen=True)
+class KVTransferParams:
+    """vLLM's ``kv_transfer_params`` (NixlConnector field names); unknown keys are ignored."""
+
+    do_remote_decode: bool = False
+    do_remote_prefill: bool = False
+    remote_engine_id: str | None = None
+    remote_request_id: str | None = None
+    remote_block_ids: tuple[int, ...] = ()
+    remote_host: str | None = None
+    remote_port: int | None = None
+    tp_size: int | None = None
+
+
+@dataclass(frozen=True)
 class GenRequest:
     kind: Kind
     prompt_ids: tuple[int, ...]
@@ -80,6 +96,7 @@ class GenRequest:
     tenant: str
     bootstrap: Bootstrap | None
     rid: str | None
+    kv_transfer: KVTransferParams | None = None
 
 
 def _opt(body: Mapping[str, Any], key: str, types: tuple[type, ...], what: str) -> Any:
@@ -139,6 +156,39 @@ def _bootstrap(body: Mapping[str, Any]) -> Bootstrap | None:
     return Bootstrap(host, port, room)
 
 
+def _kv_transfer(body: Mapping[str, Any]) -> KVTransferParams | None:
+    kv = _opt(body, "kv_transfer_params", (dict,), "an object")
+    if kv is None:
+        return None
+    key = "kv_transfer_params"
+    blocks = kv.get("remote_block_ids")
+    if blocks is None:
+        blocks = []
+    # vLLM >= 0.10 sends one list per KV-cache group; flatten those.
+    if isinstance(blocks, list) and blocks and all(isinstance(b, list) for b in blocks):
+        blocks = [x for b in blocks for x in b]
+    if not isinstance(blocks, list) or not all(
+        isinstance(b, int) and not isinstance(b, bool) for b in blocks
+    ):
+        raise BadRequest(
+            f"'{key}.remote_block_ids' must be a list of integers", key, "invalid_type"
+        )
+    tp = kv.get("tp_size", kv.get("remote_tp_size"))
+    if isinstance(tp, str) and tp.isdigit():
+        tp = int(tp)
+    engine = _opt(kv, "remote_engine_id", (str,), "a string")
+    return KVTransferParams(
+        do_remote_decode=bool(_opt(kv, "do_remote_decode", (bool,), "a boolean")),
+        do_remote_prefill=bool(_opt(kv, "do_remote_prefill", (bool,), "a boolean")),
+        remote_engine_id=engine,
+        remote_request_id=_opt(kv, "remote_request_id", (str,), "a string"),
+        remote_block_ids=tuple(blocks),
+        remote_host=_opt(kv, "remote_host", (str,), "a string"),
+        remote_port=_opt(kv, "remote_port", (int,), "an integer"),
+        tp_size=tp if isinstance(tp, int) and not isinstance(tp, bool) else None,
+    )
+
+
 def _stream(body: Mapping[str, Any]) -> tuple[bool, bool]:
     stream = bool(_opt(body, "stream", (bool,), "a boolean"))
     opts = _opt(body, "stream_options", (dict,), "an object") or {}
@@ -177,6 +227,7 @@ def parse_generate(body: Any, default_max: int) -> GenRequest:
         _tenant(body),
         _bootstrap(body),
         rid,
+        _kv_transfer(body),
     )
 
 
@@ -206,6 +257,7 @@ def parse_completion(body: Any, default_max: int) -> GenRequest:
         _tenant(body),
         _bootstrap(body),
         _opt(body, "rid", (str,), "a string"),
+        _kv_transfer(body),
     )
 
 
@@ -258,6 +310,7 @@ def parse_chat(body: Any, default_max: int) -> GenRequest:
         _tenant(body),
         _bootstrap(body),
         _opt(body, "rid", (str,), "a string"),
+        _kv_transfer(body),
     )
 
 

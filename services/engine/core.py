@@ -19,6 +19,14 @@ Roles:
 * ``decode`` — a request submitted with ``kv_transfer_ms`` reserves its blocks, waits that
   long (the modelled hand-off; no bytes move), then decodes starting from the token the
   prefill produced. Without ``kv_transfer_ms`` the decode instance prefills itself.
+
+vLLM-style remote prefill (any role, as vLLM's ``kv_both``): a request submitted with
+``remote_prefill`` reserves its blocks, pulls the KV of the prompt tokens it does not hold
+locally (``transfer_ms`` of those tokens), then recomputes the last prompt token itself and
+samples its first token (vLLM discards the prefill's token). It reports ``prompt - 1``
+cached tokens (local hits + pulled), as vLLM's scheduler does. The step that ends a pull
+lists the request in ``StepResult.transferred`` (the shell tells the prefill peer it may
+free). A request with ``hold_kv`` keeps its KV after finishing on any role.
 """
 
 from __future__ import annotations
@@ -72,6 +80,8 @@ class Request:
     hold_kv: bool = False
     # Decode role: cached prompt tokens the prefill peer reported (echoed in usage).
     peer_cached_tokens: int = 0
+    # vLLM-style: pull the prompt's KV from a prefill peer, then recompute the last token.
+    remote_prefill: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,8 @@ class StepResult:
     outputs: tuple[SeqOutput, ...]
     prefill_tokens: int
     decode_tokens: int
+    # Remote-prefill requests whose KV pull ended in this step (their peer may free it).
+    transferred: tuple[str, ...] = ()
 
 
 @dataclass
@@ -212,8 +224,9 @@ class EngineCore:
     def step(self, now: float) -> StepResult | None:
         """Plan and account one step starting at ``now``; None when there is nothing to run."""
         outputs: list[SeqOutput] = []
+        pulled: list[str] = []
         self._free_held(now)
-        self._arrive_transfers(now, outputs)
+        self._arrive_transfers(now, outputs, pulled)
         budget = self.config.max_batched_tokens
         decoding = [s for s in self._running.values() if s.computed >= s.prompt_len]
         decoding = decoding[:budget]
@@ -236,7 +249,9 @@ class EngineCore:
             chunks.append((s, n))
             budget -= n
         if not decoding and not chunks:
-            return StepResult(0.0, tuple(outputs), 0, 0) if outputs else None
+            if outputs or pulled:
+                return StepResult(0.0, tuple(outputs), 0, 0, tuple(pulled))
+            return None
         ctx = sum(s.prompt_len + len(s.generated) for s in decoding)
         duration = self.profile.step_ms([(n, s.computed) for s, n in chunks], len(decoding), ctx)
         end = now + duration
@@ -250,7 +265,7 @@ class EngineCore:
                 self.cache.commit(s.req.rid, s.hashes)
                 outputs.append(self._emit(s, 1, end))
         self.prompt_tokens_total += prefilled
-        return StepResult(duration, tuple(outputs), prefilled, len(decoding))
+        return StepResult(duration, tuple(outputs), prefilled, len(decoding), tuple(pulled))
 
     # -- internals -----------------------------------------------------------------------
     def _admit(self, s: _Seq, now: float) -> bool:
@@ -258,6 +273,15 @@ class EngineCore:
         alloc = self.cache.allocate(s.req.rid, s.hashes, total, s.req.tenant)
         if alloc is None:
             return False
+        if s.req.remote_prefill:
+            # Pull what is not resident here; the last prompt token is recomputed locally.
+            local = min(alloc.cached_blocks * self.cache.block_size, s.prompt_len)
+            missing = s.prompt_len - local
+            s.ready_at = now + (self.profile.transfer_ms(missing) if missing else 0.0)
+            s.computed = s.cached = s.prompt_len - 1
+            self.cached_tokens_total += s.cached
+            self._transferring[s.req.rid] = s
+            return True
         if s.req.kv_transfer_ms is not None and self.config.role is EngineRole.DECODE:
             s.computed = s.prompt_len
             s.cached = s.req.peer_cached_tokens
@@ -271,12 +295,15 @@ class EngineCore:
         self._running[s.req.rid] = s
         return True
 
-    def _arrive_transfers(self, now: float, outputs: list[SeqOutput]) -> None:
+    def _arrive_transfers(self, now: float, outputs: list[SeqOutput], pulled: list[str]) -> None:
         for rid, s in list(self._transferring.items()):
             if s.ready_at <= now and len(self._running) < self.config.max_batch:
                 del self._transferring[rid]
                 self._running[rid] = s
-                outputs.append(self._emit(s, 1, now))  # the first token came with the KV
+                if s.req.remote_prefill:
+                    pulled.append(rid)  # the last prompt token is computed by this step
+                else:
+                    outputs.append(self._emit(s, 1, now))  # the first token came with the KV
 
     def _free_held(self, now: float) -> None:
         for rid, free_at in list(self._held.items()):
@@ -294,7 +321,7 @@ class EngineCore:
         if finished:
             self._running.pop(rid, None)
             self.finished_total += 1
-            if prefill_role and s.req.hold_kv:
+            if s.req.hold_kv:
                 # Hold the KV for the decode side (until hand_off, or a timeout).
                 self._held[rid] = end + self.config.hold_timeout_ms
             else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -56,8 +56,15 @@ def die(req: web.Request, live: Live) -> NoReturn:
     raise ConnectionResetError("fault injected: died mid-stream")
 
 
-async def unary(req: web.Request, live: Live, model: str, die_after: int) -> web.StreamResponse:
-    """The whole answer as one JSON body (``die_after`` > 0: close abruptly after N tokens)."""
+async def unary(
+    req: web.Request,
+    live: Live,
+    model: str,
+    die_after: int,
+    extra: Mapping[str, Any] | None = None,
+) -> web.StreamResponse:
+    """The whole answer as one JSON body (``die_after`` > 0: close abruptly after N tokens);
+    ``extra`` top-level fields are added to it (e.g. ``kv_transfer_params``)."""
     tokens: list[int] = []
     last: SeqOutput | None = None
     async for group in outputs(live):
@@ -71,12 +78,12 @@ async def unary(req: web.Request, live: Live, model: str, die_after: int) -> web
     use = api.usage(len(g.prompt_ids), len(tokens), last.cached_tokens)
     text = api.render(tokens, False)
     if g.kind == "chat":
-        return web.json_response(api.chat_response("chatcmpl-" + live.rid, model, text, use))
-    if g.kind == "completion":
-        return web.json_response(api.completion_response("cmpl-" + live.rid, model, text, use))
-    return web.json_response(
-        {"text": text, "output_ids": tokens, "meta_info": meta(live, last, len(tokens))}
-    )
+        body = api.chat_response("chatcmpl-" + live.rid, model, text, use)
+    elif g.kind == "completion":
+        body = api.completion_response("cmpl-" + live.rid, model, text, use)
+    else:
+        body = {"text": text, "output_ids": tokens, "meta_info": meta(live, last, len(tokens))}
+    return web.json_response({**body, **(extra or {})})
 
 
 def meta(live: Live, last: SeqOutput, n: int) -> dict[str, Any]:

@@ -17,6 +17,13 @@ modelled transfer time. The decode instance with the same room calls that endpoi
 the blocks, waits ``transfer_ms`` of modelled time, then decodes. A decode request without a
 ``bootstrap_port`` is prefilled locally.
 
+vLLM disaggregation (``kv_transfer_params`` with ``do_remote_decode`` / ``do_remote_prefill``):
+see :mod:`services.engine.pd_vllm` for the convention; the prefill engine serves
+``POST /kv_transfer/notify`` (the decode side's "you may free" message).
+
+A request whose client went away is aborted (KV freed, no further work) within one
+``kv_flush_ms`` even before anything was written to it.
+
 Admin/test endpoints: ``POST /fault`` (``fail_rate``, ``stall_s``, ``die_after_tokens``,
 ``refuse_health``; answers the current knobs), ``POST /flush_cache``.
 """
@@ -39,7 +46,7 @@ import aiohttp
 from aiohttp import web
 
 from services.common.perfmodel import get_profile
-from services.engine import api, respond
+from services.engine import api, pd_vllm, respond
 from services.engine.core import (
     AdmissionError,
     CoreConfig,
@@ -130,6 +137,8 @@ class EngineServer:
         self._publisher: EventPublisher | None = None
         self._http: aiohttp.ClientSession | None = None
         self._bootstrap_runner: web.AppRunner | None = None
+        self.remote_kv = pd_vllm.RemoteKV(self.instance_id, self.profile.tp, settings.block_size)
+        self._conns: dict[str, tuple[web.Request, asyncio.Task[Any]]] = {}
 
     # -- time ----------------------------------------------------------------------------
     def now_ms(self) -> float:
@@ -154,6 +163,7 @@ class EngineServer:
         r.add_post("/v1/completions", self._completions)
         r.add_post("/v1/chat/completions", self._chat)
         r.add_get("/bootstrap/{room}", self._bootstrap)
+        r.add_post(pd_vllm.NOTIFY_PATH, self._kv_notify)
         r.add_post("/fault", self._fault)
         r.add_get("/fault", self._fault)
         r.add_post("/flush_cache", self._flush_cache)
@@ -200,6 +210,7 @@ class EngineServer:
                 await self._publisher.flush()
         if self._bootstrap_runner is not None:
             await self._bootstrap_runner.cleanup()
+        await self.remote_kv.close()
         if self._http is not None:
             await self._http.close()
 
@@ -226,6 +237,8 @@ class EngineServer:
                 self._prefill_window.append((end, res.prefill_tokens))
             for out in res.outputs:
                 self._deliver(out, end)
+            if res.transferred:
+                self.remote_kv.pulled(self._http, res.transferred)
             if self._publisher is None:
                 self.core.cache.drain_events()
 
@@ -260,6 +273,7 @@ class EngineServer:
         while True:
             await asyncio.sleep(s.kv_flush_ms / 1000.0)
             self._expire_rooms()
+            self._reap_gone()
             if self._publisher is None:
                 continue
             self._publisher.add(self.core.cache.drain_events(), int(time.time() * 1000))
@@ -267,6 +281,14 @@ class EngineServer:
             if time.monotonic() >= next_load:
                 next_load = time.monotonic() + s.load_interval_ms / 1000.0
                 await self._publisher.publish_load(self.snapshot())
+
+    def _reap_gone(self) -> None:
+        """Cancel the handlers of requests whose client disconnected (their ``finally``
+        aborts them in the core), e.g. a gateway pre-empting before the first byte."""
+        for rid, (req, task) in list(self._conns.items()):
+            if req.transport is None or req.transport.is_closing():
+                self._conns.pop(rid, None)
+                task.cancel()
 
     def _expire_rooms(self) -> None:
         horizon = (
@@ -457,6 +479,9 @@ class EngineServer:
         live = Live(rid, gen, self.now_ms())
         model = gen.model or self.settings.model
         self._live[rid] = live
+        task = asyncio.current_task()
+        if task is not None:
+            self._conns[rid] = (req, task)
         try:
             self.core.submit(core_req, live.arrival_ms)
             self.metrics.on_admitted(len(gen.prompt_ids), 0)
@@ -465,15 +490,24 @@ class EngineServer:
                 return await respond.stream(
                     req, live, model, self.settings.stream_interval, self.faults.die_after_tokens
                 )
-            return await respond.unary(req, live, model, self.faults.die_after_tokens)
+            sock = req.transport.get_extra_info("sockname") if req.transport else None
+            host, port = (sock[0], int(sock[1])) if sock else (self.settings.host, 0)
+            kv = self.remote_kv.response_params(rid, gen, host, port)
+            extra = {"kv_transfer_params": kv} if kv is not None else None
+            return await respond.unary(req, live, model, self.faults.die_after_tokens, extra)
         except AdmissionError as err:
             return _bad(str(err), None, "context_length_exceeded")
         finally:
             self._live.pop(rid, None)
+            self._conns.pop(rid, None)
+            self.remote_kv.finish(self._http, rid)
             if not live.done:
                 self.core.abort(rid)
 
     async def _core_request(self, rid: str, gen: api.GenRequest) -> Request | web.Response:
+        remote = self.remote_kv.core_request(rid, gen)
+        if remote is not None:
+            return remote
         b = gen.bootstrap
         base = Request(rid, gen.prompt_ids, gen.max_new_tokens, gen.tenant)
         if b is None:
@@ -528,6 +562,20 @@ class EngineServer:
             self._kick.set()
         info.update(room=room_id, transfer_ms=transfer)
         return web.json_response(info)
+
+    async def _kv_notify(self, req: web.Request) -> web.Response:
+        """vLLM-style release: ``{"request_id", "status"}`` from the decode side; the held
+        KV of that request is freed now. Answers ``{"freed": bool}``."""
+        try:
+            body = await req.json()
+            rid = body["request_id"] if isinstance(body, dict) else None
+            if not isinstance(rid, str):
+                raise ValueError
+        except (ValueError, KeyError, UnicodeDecodeError):
+            return _bad("expected a JSON object with a string 'request_id'", "request_id")
+        freed = self.core.hand_off(rid, self.now_ms())
+        self._kick.set()
+        return web.json_response({"freed": freed, "request_id": rid})
 
 
 def _bad(message: str, param: str | None = None, code: str | None = None) -> web.Response:

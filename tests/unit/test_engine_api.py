@@ -82,3 +82,61 @@ def test_kv_batch_translates_records() -> None:
     stored = b.events[0]
     assert list(stored.block_hashes) == [11, 12] and stored.parent_hash == 10
     assert stored.tier == common_pb2.TIER_GPU and stored.token_count == 128 and stored.tenant == "t"
+
+
+@pytest.mark.parametrize(
+    ("kv", "expect"),
+    [
+        (
+            {
+                "do_remote_decode": True,
+                "do_remote_prefill": False,
+                "remote_engine_id": None,
+                "remote_block_ids": None,
+                "remote_host": None,
+                "remote_port": None,
+            },
+            api.KVTransferParams(do_remote_decode=True),
+        ),
+        (
+            {
+                "do_remote_prefill": True,
+                "remote_engine_id": "p1",
+                "remote_request_id": "r",
+                "remote_block_ids": [0, 1, 2],
+                "remote_host": "10.0.0.1",
+                "remote_port": 8100,
+                "tp_size": 2,
+            },
+            api.KVTransferParams(False, True, "p1", "r", (0, 1, 2), "10.0.0.1", 8100, 2),
+        ),
+        (
+            {"do_remote_prefill": True, "remote_block_ids": [[4, 5], [6]], "remote_tp_size": "4"},
+            api.KVTransferParams(do_remote_prefill=True, remote_block_ids=(4, 5, 6), tp_size=4),
+        ),
+    ],
+    ids=["prefill-request-as-the-toy-proxy-sends-it", "decode-request", "grouped-block-ids"],
+)
+def test_kv_transfer_params_are_read(kv: dict[str, Any], expect: api.KVTransferParams) -> None:
+    for parse, body in (
+        (api.parse_completion, {"prompt": "a b"}),
+        (api.parse_chat, {"messages": [{"role": "user", "content": "x"}]}),
+        (api.parse_generate, {"text": "a b"}),
+    ):
+        assert parse({**body, "kv_transfer_params": kv}, 8).kv_transfer == expect
+
+
+@pytest.mark.parametrize(
+    ("kv", "param"),
+    [
+        ("yes", "kv_transfer_params"),
+        ({"remote_block_ids": ["a"]}, "kv_transfer_params"),
+        ({"do_remote_decode": "true"}, "do_remote_decode"),
+        ({"remote_port": "8100"}, "remote_port"),
+    ],
+    ids=["not-an-object", "block-ids-strings", "flag-string", "port-string"],
+)
+def test_bad_kv_transfer_params_are_refused(kv: Any, param: str) -> None:
+    with pytest.raises(api.BadRequest) as err:
+        api.parse_completion({"prompt": "a", "kv_transfer_params": kv}, 8)
+    assert err.value.param == param

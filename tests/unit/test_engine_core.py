@@ -207,3 +207,43 @@ def test_decode_steps_get_slower_with_more_sequences() -> None:
         return res.duration_ms
 
     assert first_decode_step(1) < first_decode_step(8) < first_decode_step(32)
+
+
+@pytest.mark.parametrize(
+    ("local_tokens", "role"),
+    [(0, EngineRole.DECODE), (256, EngineRole.DECODE), (0, EngineRole.AGGREGATED)],
+    ids=["nothing-local", "256-local", "aggregated-kv-both"],
+)
+def test_remote_prefill_pulls_missing_kv_then_recomputes_the_last_token(
+    local_tokens: int, role: EngineRole
+) -> None:
+    core = make(role)
+    if local_tokens:  # a previous request left this prefix resident here
+        core.submit(req("warm", local_tokens + 1, out=1), 0.0)
+        run(core)
+    t0 = 1000.0
+    prompt_before = core.prompt_tokens_total
+    core.submit(req("a", 300, out=3, remote_prefill=True), t0)
+    assert core.step(t0) is None  # admitted; KV in flight, nothing to compute
+    assert core.next_wakeup(t0) == pytest.approx(t0 + PROFILE.transfer_ms(300 - local_tokens))
+    _, steps = run(core, t0)
+    assert [r for s in steps for r in s.transferred] == ["a"]
+    assert core.prompt_tokens_total - prompt_before == 1  # only the last prompt token
+    outs = [o for s in steps for o in s.outputs]
+    assert sum(len(o.tokens) for o in outs) == 3 and outs[-1].finished
+    assert {o.cached_tokens for o in outs} == {299}  # local + pulled, as vLLM reports
+    assert core.cache.usage == 0.0
+
+
+def test_hold_kv_on_an_aggregated_engine_keeps_the_kv_until_hand_off() -> None:
+    core = make()
+    core.submit(req("a", 64, out=1, hold_kv=True), 0.0)
+    t = 0.0
+    while core.num_running or core.num_waiting:
+        res = core.step(t)
+        assert res is not None
+        t += res.duration_ms
+    assert core.num_held == 1 and core.cache.usage > 0
+    assert core.hand_off("a", t)
+    core.step(t)
+    assert core.num_held == 0 and core.cache.usage == 0.0
