@@ -349,11 +349,13 @@ async def check_dependencies(settings: ServiceSettings, service: str) -> None:
 
 @dataclass(frozen=True)
 class ServiceHooks:
-    """What a service contributes to :func:`serve`: its servicers and lifecycle hooks."""
+    """What a service contributes to :func:`serve`: its servicers and lifecycle hooks, and
+    optionally its own Prometheus registry (served on ``metrics_port``; None = the default)."""
 
     register: Register
     on_start: Hook | None = None
     on_stop: Hook | None = None
+    registry: CollectorRegistry | None = None
 
 
 def run_service(
@@ -388,6 +390,7 @@ def run_service(
                 hooks.register,
                 on_start=hooks.on_start,
                 on_stop=hooks.on_stop,
+                registry=hooks.registry if hooks.registry is not None else REGISTRY,
             )
 
         asyncio.run(amain())

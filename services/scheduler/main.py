@@ -13,11 +13,13 @@ from collections.abc import Sequence
 
 import grpc
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from services.common.errors import StartupError
 from services.common.server import ServiceHooks, run_service
 from services.scheduler.gateway import CoreLimits, EndpointSpec, GatewayCore, build_core
 from services.scheduler.gateway.integrations import Integrations
+from services.scheduler.gateway.metrics import GatewayMetrics
 from services.scheduler.gateway.openai import Limits
 from services.scheduler.gateway.server import Gateway, GatewayOptions
 from services.scheduler.routing.config import ConfigError
@@ -36,8 +38,11 @@ def _specs(settings: SchedulerSettings) -> list[EndpointSpec]:
     return out
 
 
-def build_gateway(settings: SchedulerSettings) -> tuple[GatewayCore, Gateway]:
-    """The core and the HTTP gateway from settings. StartupError for a bad profiles file."""
+def build_gateway(
+    settings: SchedulerSettings, registry: CollectorRegistry | None = None
+) -> tuple[GatewayCore, Gateway]:
+    """The core and the HTTP gateway from settings; its metrics go to ``registry`` (None =
+    a private one). StartupError for a bad profiles file."""
     try:
         core = build_core(
             _specs(settings),
@@ -66,13 +71,18 @@ def build_gateway(settings: SchedulerSettings) -> tuple[GatewayCore, Gateway]:
         limits=Limits(max_body_bytes=settings.max_body_bytes),
         tenants=known_tenants(settings.tenants),
     )
-    return core, Gateway(core, opts, rng=random.Random(settings.seed + 1))
+    metrics = GatewayMetrics(registry)
+    return core, Gateway(core, opts, rng=random.Random(settings.seed + 1), metrics=metrics)
 
 
 def build(settings: SchedulerSettings) -> ServiceHooks:
-    """Wire the servicer and the HTTP gateway on one core from ``settings``."""
-    core, gateway = build_gateway(settings)
-    extras = Integrations(settings, core, gateway)  # records, active-active, kvmeta lookups
+    """Wire the servicer and the HTTP gateway on one core from ``settings``; one Prometheus
+    registry (gateway, integrations, gRPC server metrics) served at the gateway's
+    ``/metrics`` and on ``metrics_port``."""
+    registry = CollectorRegistry()
+    core, gateway = build_gateway(settings, registry)
+    # records, active-active, kvmeta lookups
+    extras = Integrations(settings, core, gateway, registry=registry)
     servicer = SchedulerServicer(
         core,
         deployment=settings.deployment,
@@ -106,7 +116,7 @@ def build(settings: SchedulerSettings) -> ServiceHooks:
             await asyncio.wait_for(r.cleanup(), settings.shutdown_grace_s + 1.0)
         await extras.stop()
 
-    return ServiceHooks(register=register, on_start=on_start, on_stop=on_stop)
+    return ServiceHooks(register=register, on_start=on_start, on_stop=on_stop, registry=registry)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,7 +11,11 @@ Disaggregated picks are sent SGLang-style: the same body with ``bootstrap_host``
 the decode instance's answer is streamed back.
 
 Background tasks (started/stopped with the aiohttp app): active health probes
-(``GET /health``), load scraping (``GET /metrics``, SGLang or vLLM names) and the queue pump.
+(``GET /health``), load scraping (``GET /metrics``, SGLang or vLLM names; only endpoints
+without a fresh load snapshot from the stream) and the queue pump.
+
+``GET /metrics`` serves the gateway's Prometheus registry (``gateway.metrics``; see
+:mod:`services.scheduler.gateway.metrics`).
 """
 
 from __future__ import annotations
@@ -30,10 +34,12 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from services.common.metrics import metrics_handler
 from services.common.tokens import block_hashes
 from services.scheduler.admission import QueuedRequest, Shed
 from services.scheduler.gateway import records, upstream
 from services.scheduler.gateway.core import GatewayCore
+from services.scheduler.gateway.metrics import GatewayMetrics
 from services.scheduler.gateway.openai import ApiError, Kind, Limits, ParsedRequest, parse_request
 from services.scheduler.routing.types import (
     NoEndpoint,
@@ -69,9 +75,12 @@ class GatewayOptions:
 
 
 class Overloaded(ApiError):
-    def __init__(self, message: str, retry_after_ms: int) -> None:
+    """429; ``where``: admission (queue full / deadline passed), queue_timeout, routing."""
+
+    def __init__(self, message: str, retry_after_ms: int, where: str = "admission") -> None:
         super().__init__(429, message, None, "overloaded", "rate_limit_error")
         self.retry_after_ms = retry_after_ms
+        self.where = where
 
 
 _PATHS: dict[Kind, str] = {
@@ -98,14 +107,18 @@ class Gateway:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         prefix_lookup: PrefixLookup | None = None,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
+        """``metrics``: the families in the registry ``main`` passes down (default: a
+        private registry of this gateway)."""
         self.core = core
         self.opts = options or GatewayOptions()
         self.clock = clock
         self.rng = rng or random.Random()
         self.prefix_lookup = prefix_lookup
         self.models: set[str] = set(self.opts.models)
-        self.counters: dict[str, int] = {}
+        self.metrics = metrics or GatewayMetrics()
+        self.metrics.attach(core, clock)
         self._waiters: dict[str, asyncio.Future[bool]] = {}
         self._released = 0  # released from the queue, not yet picked
         self._session: aiohttp.ClientSession | None = None
@@ -113,13 +126,23 @@ class Gateway:
 
     # -- app ------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.opts.limits.max_body_bytes + 1)
+        app = web.Application(
+            client_max_size=self.opts.limits.max_body_bytes + 1,
+            middlewares=[
+                self.metrics.middleware(
+                    default_class=lambda: self.core.queue.config.default_class,
+                    clock=self.clock,
+                    rng=self.rng,
+                )
+            ],
+        )
         r = app.router
         r.add_post("/v1/chat/completions", self._chat)
         r.add_post("/v1/completions", self._completions)
         r.add_post("/generate", self._generate)
         r.add_get("/v1/models", self._models)
         r.add_get("/health", self._health)
+        r.add_get("/metrics", metrics_handler(self.metrics.registry))
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -152,9 +175,6 @@ class Gateway:
                 await fn()
             await asyncio.sleep(period)
 
-    def _count(self, key: str) -> None:
-        self.counters[key] = self.counters.get(key, 0) + 1
-
     # -- background -----------------------------------------------------------------------
     async def check_health(self) -> None:
         assert self._session is not None
@@ -173,7 +193,8 @@ class Gateway:
     async def poll_load(self) -> None:
         assert self._session is not None
         fleet = self.core.fleet
-        ids = fleet.ids()
+        before = self.clock()
+        ids = [i for i in fleet.ids() if fleet.needs_scrape(i, before)]
         loads = await asyncio.gather(
             *(
                 upstream.scrape_load(self._session, fleet.spec(i).url, self.opts.probe_timeout_s)
@@ -184,8 +205,8 @@ class Gateway:
         for i, ld in zip(ids, loads, strict=True):
             if ld is not None:
                 fleet.report_load(i, ld, now)
-        if not self.models and ids:
-            for i in ids:
+        if not self.models and fleet.ids():
+            for i in fleet.ids():
                 self.models.update(
                     await upstream.list_models(
                         self._session, fleet.spec(i).url, self.opts.probe_timeout_s
@@ -233,6 +254,7 @@ class Gateway:
 
     async def handle(self, req: web.Request, kind: Kind) -> web.StreamResponse:
         rid = uuid.uuid4().hex
+        slo_class = ""
         try:
             if (req.content_length or 0) > self.opts.limits.max_body_bytes:
                 raise ApiError(413, "request body too large", None, "body_too_large")
@@ -251,6 +273,7 @@ class Gateway:
             )
             if not parsed.profile and self.opts.profile:
                 parsed = replace(parsed, profile=self.opts.profile)
+            slo_class = parsed.slo_class
             if parsed.profile and parsed.profile not in self.core.scheduler.profiles:
                 raise ApiError(400, f"unknown scheduler profile {parsed.profile!r}", "profile")
             view = self._view(rid, parsed)
@@ -265,7 +288,11 @@ class Gateway:
             records.note_admitted(req)
             return await self._route(req, rid, parsed, view)
         except ApiError as e:
-            self._count(f"error_{e.status}")
+            if isinstance(e, Overloaded):
+                cls = slo_class or self.core.queue.config.default_class
+                self.metrics.shed_request(cls, e.where)
+            elif e.status in (400, 404, 413):
+                self.metrics.bad_request(e.code, e.param)
             return _error(e)
 
     def _view(self, rid: str, p: ParsedRequest) -> RequestView:
@@ -303,7 +330,9 @@ class Gateway:
             raise
         if not go:
             cls = p.slo_class or q.config.default_class
-            raise Overloaded("timed out in the admission queue", q.retry_after_ms(cls))
+            raise Overloaded(
+                "timed out in the admission queue", q.retry_after_ms(cls), "queue_timeout"
+            )
         self._released -= 1
 
     async def _route(
@@ -323,14 +352,14 @@ class Gateway:
             )
             records.note_pick(req, d, attempt)
             if isinstance(d, RouteShed):
-                raise Overloaded(d.reason, d.retry_after_ms)
+                raise Overloaded(d.reason, d.retry_after_ms, "routing")
             if isinstance(d, NoEndpoint):
                 msg = d.reason + (f" (last upstream error: {last})" if last else "")
                 raise ApiError(503, msg, None, "no_endpoint", "service_unavailable")
             try:
                 return await self._forward(req, p, d, pick_id)
             except upstream.UpstreamFailure as f:
-                self._count("upstream_retry")
+                self.metrics.upstream_failed(f.instance_id, f.reason, attempt < self.opts.retries)
                 self.core.fleet.upstream_result(f.instance_id, False, self.clock())
                 exclude.add(f.instance_id)
                 last = f.reason
@@ -416,7 +445,7 @@ class Gateway:
                 try:
                     await out.write(chunk)
                 except (ConnectionError, RuntimeError):
-                    self._count("client_gone")  # client went away: stop reading upstream
+                    # client went away: stop reading upstream (counted as cancelled)
                     records.note_cancelled(req)
                     self.core.fleet.upstream_result(instance_id, True, self.clock())
                     return out
@@ -431,7 +460,7 @@ class Gateway:
             error = "upstream stream ended without [DONE]"
         now = self.clock()
         if error:
-            self._count("stream_broken")
+            self.metrics.upstream_failed(instance_id, "stream broken", False)
             records.note_error(req, error)
             self.core.fleet.upstream_result(instance_id, False, now)
             evt = {
