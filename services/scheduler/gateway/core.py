@@ -55,6 +55,8 @@ class GatewayCore:
         # Called after every Pick with (request, pick, now); must not raise or block
         # (e.g. the active-active shell queues the routed prefix for other replicas).
         self.pick_listeners: list[Callable[[RequestView, Pick, float], None]] = []
+        # Picks not settled yet (see settle semantics on first_token/abandon/release).
+        self._unsettled: dict[str, tuple[RequestView, Pick]] = {}
 
     def ttft_budget_ms(self, slo_class: str, deadline_in_ms: float | None = None) -> float:
         """The tighter of the class target and an explicit deadline (0 = none)."""
@@ -98,17 +100,39 @@ class GatewayCore:
             if d.prefill:
                 ids.append(d.prefill.endpoint.instance_id)
             self.fleet.reserve(pick_id, ids, {target.instance_id: uncached}, now)
+            self._unsettled[pick_id] = (view, d)
             for listener in self.pick_listeners:
                 listener(view, d, now)
         return d
 
     def first_token(self, pick_id: str) -> None:
+        """The picked instance answered: its pending prefill is done, the pick is settled
+        as ok for the routing plugins."""
         self.fleet.first_token(pick_id)
+        self._settle(pick_id, True)
+
+    def abandon(self, pick_id: str) -> bool:
+        """The pick failed before any byte (upstream error, pre-empted): routing plugins
+        undo what they recorded for it (e.g. routed-prefix entries). Call before
+        :meth:`release`; False if the pick is unknown or already settled."""
+        return self._settle(pick_id, False)
+
+    def _settle(self, pick_id: str, ok: bool) -> bool:
+        rec = self._unsettled.pop(pick_id, None)
+        if rec is None:
+            return False
+        self.scheduler.settle(rec[0], rec[1], ok)
+        return True
 
     def release(self, pick_id: str) -> bool:
-        """Idempotent: False if the pick is unknown or already released."""
+        """Idempotent: False if the pick is unknown or already released. A pick neither
+        answered nor abandoned is settled as ok (its outcome was reported by the caller)."""
+        self._settle(pick_id, True)
         return self.fleet.release(pick_id)
 
     def tick(self, now: float) -> list[str]:
         """Housekeeping: release reservations nobody reported. Returns their pick ids."""
-        return self.fleet.expire_reservations(now, self.limits.reservation_ttl_s)
+        old = self.fleet.expire_reservations(now, self.limits.reservation_ttl_s)
+        for pick_id in old:
+            self._settle(pick_id, True)
+        return old

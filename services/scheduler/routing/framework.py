@@ -115,6 +115,14 @@ class PostPick(Plugin, Protocol):
         """Observe the final decision (update indexes). Idempotence is not required."""
 
 
+@runtime_checkable
+class Settle(Plugin, Protocol):
+    def on_settle(self, request: RequestView, pick: Pick, ok: bool) -> None:
+        """A post-pick hook learns how its pick ended: ``ok`` once the instance answered
+        (first byte) or the caller reported it, not ok when it failed before any byte
+        (undo what ``on_pick`` recorded). Called at most once per pick; must not raise."""
+
+
 class MaxScorePicker:
     """Highest total score; ties go to the lowest instance id, or to a uniformly random one
     among the tied when ``random_ties`` (using the cycle's injected RNG)."""
@@ -212,6 +220,22 @@ class Scheduler:
                     seen.add(id(hook))
                     hook.on_pick(now, request, decision)
         return decision
+
+    def settle(self, request: RequestView, pick: Pick, ok: bool) -> None:
+        """Tell the post-pick hooks of the profiles that made ``pick`` how it ended (see
+        :class:`Settle`). Unknown profiles are ignored."""
+        prof = self.profiles.get(pick.profile)
+        if prof is None:
+            return
+        used = [prof]
+        if pick.prefill is not None and prof.prefill_profile in self.profiles:
+            used.append(self.profiles[prof.prefill_profile])
+        seen: set[int] = set()
+        for p_ in used:
+            for hook in p_.post_pick:
+                if id(hook) not in seen and isinstance(hook, Settle):
+                    seen.add(id(hook))
+                    hook.on_settle(request, pick, ok)
 
     def _run(
         self,

@@ -52,18 +52,32 @@ class RoutedPrefixIndex:
             n += 1
         return n
 
-    def insert(self, hashes: Sequence[int], instance_id: str, now: float) -> None:
-        """Record that ``hashes`` (a chain, parent first) were routed to ``instance_id``."""
+    def insert(self, hashes: Sequence[int], instance_id: str, now: float) -> list[tuple[int, str]]:
+        """Record that ``hashes`` (a chain, parent first) were routed to ``instance_id``.
+        Returns the entries this call created (not those it only refreshed)."""
         self.expire(now)
+        created: list[tuple[int, str]] = []
         for i in range(self.stride - 1, len(hashes), self.stride):
             key = (hashes[i], instance_id)
             if key in self._lru:
                 self._lru.move_to_end(key)
             else:
                 self._by_hash.setdefault(hashes[i], {})[instance_id] = None
+                created.append(key)
             self._lru[key] = now
         while len(self._lru) > self.max_entries:
             self._drop(next(iter(self._lru)))
+        return created
+
+    def retract(self, keys: Sequence[tuple[int, str]], at: float) -> int:
+        """Drop entries an insert at time ``at`` created, unless a later insert refreshed
+        them (their time is no longer ``at``). Returns how many were dropped."""
+        n = 0
+        for key in keys:
+            if self._lru.get(key) == at:
+                self._drop(key)
+                n += 1
+        return n
 
     def match(self, hashes: Sequence[int], now: float) -> dict[str, int]:
         """Matched prefix length in blocks per instance (only instances with > 0)."""
@@ -101,15 +115,28 @@ class ApproxPrefixParams(Params):
 class ApproxPrefix:
     """Score = (blocks of the prompt's prefix routed to the instance recently) / (prompt
     blocks), from a gateway-side index updated after every pick (prefill and decode
-    instances). Also records the estimate as cached tokens for later plugins."""
+    instances). Also records the estimate as cached tokens for later plugins.
+
+    Entries are written at pick time, so that a burst of requests sharing a prefix follows
+    the first one before it has answered. A pick that then fails before its first byte is
+    settled as not ok (:meth:`on_settle`): the entries it *created* are dropped again
+    (entries that existed before it stay: they record earlier routing that did reach the
+    instance). Keeping them would steer the session's next turns to an instance that most
+    likely holds nothing (connection refused, 5xx, or a dead engine whose cache is gone),
+    away from the retry target that does; a prefill cut short may have cached part of the
+    prompt, but kvmeta's precise index sees that from the engine's own KV events."""
 
     phase = 0
+    # Undo records (entries created per request) kept for at most this many index keys.
+    undo_max_keys = 262_144
 
     def __init__(self, name: str, params: ApproxPrefixParams, env: PluginEnv) -> None:
         self.name = name
         self.threshold = params.threshold
         self.index = RoutedPrefixIndex(params.ttl_s, params.max_entries, params.stride)
         self._last: tuple[str, float, dict[str, int]] | None = None
+        self._undo: OrderedDict[str, tuple[float, list[tuple[int, str]]]] = OrderedDict()
+        self._undo_keys = 0
 
     def _match(self, ctx: CycleContext, request: RequestView) -> dict[str, int]:
         # One index lookup per cycle even when prepare and score both ask.
@@ -150,9 +177,31 @@ class ApproxPrefix:
         self._last = None
         if not request.block_hashes:
             return
-        self.index.insert(request.block_hashes, pick.decode.endpoint.instance_id, now)
+        created = self.index.insert(request.block_hashes, pick.decode.endpoint.instance_id, now)
         if pick.prefill is not None:
-            self.index.insert(request.block_hashes, pick.prefill.endpoint.instance_id, now)
+            created += self.index.insert(
+                request.block_hashes, pick.prefill.endpoint.instance_id, now
+            )
+        self._forget_undo(request.request_id)
+        if created:
+            self._undo[request.request_id] = (now, created)
+            self._undo_keys += len(created)
+            while self._undo_keys > self.undo_max_keys and self._undo:
+                self._undo_keys -= len(self._undo.popitem(last=False)[1][1])
+
+    def _forget_undo(self, request_id: str) -> tuple[float, list[tuple[int, str]]] | None:
+        rec = self._undo.pop(request_id, None)
+        if rec is not None:
+            self._undo_keys -= len(rec[1])
+        return rec
+
+    def on_settle(self, request: RequestView, pick: Pick, ok: bool) -> None:
+        """The pick reached its instance (``ok``) or failed before its first byte: then
+        drop the entries it created. Unknown or already settled requests are ignored."""
+        rec = self._forget_undo(request.request_id)
+        if rec is not None and not ok:
+            self._last = None
+            self.index.retract(rec[1], rec[0])
 
 
 def _default_tier_weights() -> dict[Tier, float]:
