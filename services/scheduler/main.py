@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from services.common.errors import StartupError
 from services.common.server import ServiceHooks, run_service
 from services.scheduler.gateway import CoreLimits, EndpointSpec, GatewayCore, build_core
+from services.scheduler.gateway.feeds import FleetFeeds
 from services.scheduler.gateway.integrations import Integrations
 from services.scheduler.gateway.metrics import GatewayMetrics
 from services.scheduler.gateway.openai import Limits
@@ -83,6 +84,7 @@ def build(settings: SchedulerSettings) -> ServiceHooks:
     core, gateway = build_gateway(settings, registry)
     # records, active-active, kvmeta lookups
     extras = Integrations(settings, core, gateway, registry=registry)
+    feeds = FleetFeeds(settings, gateway)  # load snapshots, membership, autoscaler seed
     servicer = SchedulerServicer(
         core,
         deployment=settings.deployment,
@@ -96,6 +98,7 @@ def build(settings: SchedulerSettings) -> ServiceHooks:
 
     async def on_start() -> None:
         await extras.start()
+        await feeds.start()
         if settings.http_port == 0:
             return
         app = gateway.app()
@@ -114,6 +117,7 @@ def build(settings: SchedulerSettings) -> ServiceHooks:
     async def on_stop() -> None:
         for r in runner:
             await asyncio.wait_for(r.cleanup(), settings.shutdown_grace_s + 1.0)
+        await feeds.stop()
         await extras.stop()
 
     return ServiceHooks(register=register, on_start=on_start, on_stop=on_stop, registry=registry)
