@@ -1,5 +1,6 @@
 """Admission control (pure core): SLO-classed, tenant-fair, bounded queues and shedding."""
 
+from services.scheduler.admission.preempt import plan_preemptions
 from services.scheduler.admission.queue import (
     AdmissionQueue,
     Admitted,
@@ -21,5 +22,6 @@ __all__ = [
     "QueuedRequest",
     "Shed",
     "choose_preemption",
+    "plan_preemptions",
     "saturated",
 ]

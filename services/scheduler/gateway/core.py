@@ -66,17 +66,24 @@ class GatewayCore:
             return min(target, deadline_in_ms) if target > 0 else deadline_in_ms
         return target
 
+    def saturated(self, now: float) -> bool:
+        """Every eligible decode/worker endpoint is over a saturation threshold (or there is
+        none): freeing one of our in-flight slots would not let a request in."""
+        snap = self.fleet.snapshot(now)
+        lim = self.limits
+        return saturated(
+            ((e.kv_usage, e.waiting) for e in snap if e.eligible and e.role != "prefill"),
+            lim.saturation_kv_usage,
+            lim.saturation_waiting,
+        )
+
     def capacity(self, now: float) -> int:
         """How many queued requests may be dispatched now: the free in-flight slots of the
         eligible decode/worker endpoints that are not saturated (0 when all are)."""
         snap = self.fleet.snapshot(now)
         eligible = [e for e in snap if e.eligible and e.role != "prefill"]
         lim = self.limits
-        if saturated(
-            ((e.kv_usage, e.waiting) for e in eligible),
-            lim.saturation_kv_usage,
-            lim.saturation_waiting,
-        ):
+        if self.saturated(now):
             return 0
         return sum(
             max(0, lim.max_in_flight_per_endpoint - self.fleet.in_flight(e.instance_id))

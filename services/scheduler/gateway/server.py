@@ -6,9 +6,16 @@ out in the queue) → pick (429 when the SLO filter sheds, 503 when no endpoint)
 Before the first byte reaches the client, upstream connection errors, 5xx answers and
 empty streams are retried on another endpoint (``retries`` times, exponential backoff
 with jitter); after it, a failure ends the SSE stream with an error event and ``[DONE]``.
-Disaggregated picks are sent SGLang-style: the same body with ``bootstrap_host``,
-``bootstrap_port`` and ``bootstrap_room`` to the prefill and the decode instance at once;
-the decode instance's answer is streamed back.
+Disaggregated picks follow the deployment's ``pd_protocol``: ``sglang`` sends the same body
+with ``bootstrap_host``, ``bootstrap_port`` and ``bootstrap_room`` to the prefill and the
+decode instance at once; ``vllm`` runs the prefill first (``max_tokens=1``,
+``kv_transfer_params``) and then the decode with the returned parameters
+(:mod:`services.scheduler.gateway.pd_vllm`). Either way the decode answer is streamed back.
+
+Pre-emption (:mod:`services.scheduler.gateway.preemption`): when a higher class waits and
+no capacity is left, a lower-class dispatch that has not received its first byte is
+cancelled upstream and requeued with its original arrival time. A pick that fails before
+its first byte (or is pre-empted) is abandoned: routing plugins undo what they recorded.
 
 Background tasks (started/stopped with the aiohttp app): active health probes
 (``GET /health``), load scraping (``GET /metrics``, SGLang or vLLM names; only endpoints
@@ -29,7 +36,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 from aiohttp import web
@@ -37,10 +44,11 @@ from aiohttp import web
 from services.common.metrics import metrics_handler
 from services.common.tokens import block_hashes
 from services.scheduler.admission import QueuedRequest, Shed
-from services.scheduler.gateway import records, upstream
+from services.scheduler.gateway import pd_vllm, records, upstream
 from services.scheduler.gateway.core import GatewayCore
 from services.scheduler.gateway.metrics import GatewayMetrics
 from services.scheduler.gateway.openai import ApiError, Kind, Limits, ParsedRequest, parse_request
+from services.scheduler.gateway.preemption import Preempted, Preemptor
 from services.scheduler.routing.types import (
     NoEndpoint,
     Pick,
@@ -72,6 +80,10 @@ class GatewayOptions:
     background: bool = True
     # Scheduler profile for requests that do not name one ("" = the config's default).
     profile: str = ""
+    # How disaggregated picks talk to the engines (per deployment).
+    pd_protocol: Literal["sglang", "vllm"] = "sglang"
+    # Pre-empt lower classes before their first byte when a higher class waits.
+    preemption: bool = True
 
 
 class Overloaded(ApiError):
@@ -121,6 +133,7 @@ class Gateway:
         self.metrics.attach(core, clock)
         self._waiters: dict[str, asyncio.Future[bool]] = {}
         self._released = 0  # released from the queue, not yet picked
+        self.preemptor = Preemptor(core, clock, enabled=self.opts.preemption)
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -228,6 +241,7 @@ class Gateway:
             return
         cap = self.core.capacity(now) - self._released
         if cap <= 0:
+            self.preemptor.consider(now, cap)
             return
         for r in q.next(now, cap):
             fut = self._waiters.pop(r.request_id, None)
@@ -255,6 +269,7 @@ class Gateway:
     async def handle(self, req: web.Request, kind: Kind) -> web.StreamResponse:
         rid = uuid.uuid4().hex
         slo_class = ""
+        arrival = self.clock()
         try:
             if (req.content_length or 0) > self.opts.limits.max_body_bytes:
                 raise ApiError(413, "request body too large", None, "body_too_large")
@@ -284,9 +299,15 @@ class Gateway:
                         view, self.opts.deployment, parsed.cache_salt, parsed.profile
                     )
                     view = replace(view, prefix_matches=found)
-            await self._admit(rid, parsed)
+            await self._admit(rid, parsed, arrival)
             records.note_admitted(req)
-            return await self._route(req, rid, parsed, view)
+            while True:
+                try:
+                    return await self._route(req, rid, parsed, view)
+                except Preempted:
+                    # Back in line with its original arrival; its slot went to a higher class.
+                    self.core.queue.requeue(self._queued(rid, parsed, arrival), arrival)
+                    await self._wait(rid, parsed)
         except ApiError as e:
             if isinstance(e, Overloaded):
                 cls = slo_class or self.core.queue.config.default_class
@@ -310,15 +331,24 @@ class Gateway:
             ttft_slo_ms=self.core.ttft_budget_ms(p.slo_class, p.deadline_ms),
         )
 
-    async def _admit(self, rid: str, p: ParsedRequest) -> None:
+    @staticmethod
+    def _queued(rid: str, p: ParsedRequest, arrival: float) -> QueuedRequest:
+        deadline = arrival + p.deadline_ms / 1000.0 if p.deadline_ms else None
+        return QueuedRequest(rid, p.tenant, p.slo_class, len(p.prompt_ids), deadline)
+
+    async def _admit(self, rid: str, p: ParsedRequest, arrival: float) -> None:
         now = self.clock()
         q = self.core.queue
         if not len(q) and self.core.capacity(now) - self._released > 0:
             return
-        deadline = now + p.deadline_ms / 1000.0 if p.deadline_ms else None
-        res = q.offer(QueuedRequest(rid, p.tenant, p.slo_class, len(p.prompt_ids), deadline), now)
+        res = q.offer(self._queued(rid, p, arrival), now)
         if isinstance(res, Shed):
             raise Overloaded(f"overloaded: {res.reason}", res.retry_after_ms)
+        await self._wait(rid, p)
+
+    async def _wait(self, rid: str, p: ParsedRequest) -> None:
+        """Wait until the queued ``rid`` is released; Overloaded when it timed out."""
+        q = self.core.queue
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
         self._pump()
@@ -357,8 +387,14 @@ class Gateway:
                 msg = d.reason + (f" (last upstream error: {last})" if last else "")
                 raise ApiError(503, msg, None, "no_endpoint", "service_unavailable")
             try:
-                return await self._forward(req, p, d, pick_id)
+                return await self.preemptor.run(
+                    pick_id, p.slo_class, self._forward(req, p, d, pick_id)
+                )
+            except Preempted:
+                self.core.abandon(pick_id)
+                raise
             except upstream.UpstreamFailure as f:
+                self.core.abandon(pick_id)
                 self.metrics.upstream_failed(f.instance_id, f.reason, attempt < self.opts.retries)
                 self.core.fleet.upstream_result(f.instance_id, False, self.clock())
                 exclude.add(f.instance_id)
@@ -388,7 +424,21 @@ class Gateway:
         )
         decode = d.decode.endpoint
         prefill_task: asyncio.Task[None] | None = None
-        if d.prefill is not None:
+        if d.prefill is not None and self.opts.pd_protocol == "vllm":
+            headers["X-Request-Id"] = pick_id
+            step = await pd_vllm.run_prefill(
+                self._session, d.prefill.endpoint, p.kind, path, body, headers, timeout
+            )
+            if isinstance(step, pd_vllm.PrefillRefused):
+                self._first_byte(pick_id)
+                records.note_body(req, step.body)
+                return web.Response(
+                    status=step.status, body=step.body, content_type=step.content_type
+                )
+            self.core.fleet.first_token(pick_id)  # the prompt is computed: no pending prefill
+            self.core.fleet.upstream_result(d.prefill.endpoint.instance_id, True, self.clock())
+            body = step
+        elif d.prefill is not None:
             body.update(upstream.bootstrap_fields(d.prefill.endpoint, self.rng.getrandbits(62)))
             prefill_task = asyncio.create_task(
                 upstream.drain_prefill(
@@ -404,13 +454,16 @@ class Gateway:
                     raise exc from None
             await upstream.cancel_quietly(prefill_task)
             raise f from None
+        except BaseException:  # cancelled (pre-empted, client gone): no orphan prefill
+            await upstream.cancel_quietly(prefill_task)
+            raise
         try:
             if not p.stream or resp.status != 200:
                 try:
                     data = await resp.read()
                 except (aiohttp.ClientError, TimeoutError, OSError) as e:
                     raise upstream.UpstreamFailure(decode.instance_id, f"read: {e!r}") from None
-                self.core.first_token(pick_id)
+                self._first_byte(pick_id)
                 records.note_body(req, data)
                 self.core.fleet.upstream_result(decode.instance_id, True, self.clock())
                 return web.Response(
@@ -419,11 +472,20 @@ class Gateway:
                     content_type=resp.content_type or "application/json",
                 )
             return await self._stream(req, resp, decode.instance_id, pick_id)
+        except BaseException:
+            resp.close()  # e.g. pre-empted before the first byte: the engine aborts it
+            if prefill_task is not None:
+                prefill_task.cancel()
+            raise
         finally:
             resp.release()
             if prefill_task is not None and not prefill_task.done():
                 # The decode side answered; let the prefill half finish in the background.
                 prefill_task.add_done_callback(_swallow)
+
+    def _first_byte(self, pick_id: str) -> None:
+        self.preemptor.started(pick_id)
+        self.core.first_token(pick_id)
 
     async def _stream(
         self, req: web.Request, resp: aiohttp.ClientResponse, instance_id: str, pick_id: str
@@ -437,10 +499,10 @@ class Gateway:
         try:
             async for chunk in resp.content.iter_any():
                 if not started:
-                    await out.prepare(req)
-                    self.core.first_token(pick_id)
-                    records.note_first_byte(req, True)
+                    self._first_byte(pick_id)  # before any await: no pre-emption from here
                     started = True
+                    await out.prepare(req)
+                    records.note_first_byte(req, True)
                 records.note_chunk(req, chunk)
                 try:
                     await out.write(chunk)
