@@ -71,6 +71,8 @@ def build_gateway(
         load_interval_s=settings.load_interval_s,
         limits=Limits(max_body_bytes=settings.max_body_bytes),
         tenants=known_tenants(settings.tenants),
+        pd_protocol=settings.pd_protocol,
+        preemption=settings.preemption,
     )
     metrics = GatewayMetrics(registry)
     return core, Gateway(core, opts, rng=random.Random(settings.seed + 1), metrics=metrics)

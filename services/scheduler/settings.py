@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
@@ -39,6 +40,15 @@ class SchedulerSettings(ServiceSettings):
     perf_profile: str = Field("", description="perfmodel profile for ttft-cost; '' = default")
     seed: int = Field(0, description="seed of the routing RNG (random ties, power-of-two)")
     retries: int = Field(2, ge=0, le=10, description="upstream retries before the first byte")
+    pd_protocol: Literal["sglang", "vllm"] = Field(
+        "sglang",
+        description="P/D hand-off of this deployment's engines: sglang (bootstrap host/port/"
+        "room, prefill and decode at once) or vllm (prefill max_tokens=1, then decode with "
+        "its kv_transfer_params)",
+    )
+    preemption: bool = Field(
+        True, description="pre-empt lower classes before their first byte for higher ones"
+    )
     health_interval_s: float = Field(1.0, gt=0, description="active health probe period")
     load_interval_s: float = Field(0.5, gt=0, description="engine /metrics scrape period")
     max_in_flight_per_endpoint: int = Field(256, ge=1, description="dispatch bound per engine")
