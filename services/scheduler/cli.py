@@ -30,6 +30,10 @@ examples:
   # P/D: prefill engines with their bootstrap port, decode engines (SGLang-style hand-off)
   tideserve gateway --prefill http://127.0.0.1:30001 8998 --decode http://127.0.0.1:30002
 
+  # P/D with vLLM's hand-off (prefill max_tokens=1, then decode with kv_transfer_params)
+  tideserve gateway --prefill http://127.0.0.1:30001 --decode http://127.0.0.1:30002 \
+      --pd-protocol vllm
+
   # two active-active replicas sharing prefix affinity and load through Redis (request
   # records go to ts:requests), with precise prefix data from kvmeta
   tideserve gateway --port 8000 --endpoints URL... --redis-url redis://127.0.0.1:6379/0 \
@@ -71,6 +75,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--block-size", type=int, default=64, help="prefix hashing block (default 64)")
     p.add_argument("--perf-profile", default="", help="perfmodel profile for TTFT cost")
     p.add_argument("--retries", type=int, default=2, help="retries before the first byte")
+    p.add_argument(
+        "--pd-protocol",
+        choices=["sglang", "vllm"],
+        default="sglang",
+        help="P/D hand-off: sglang bootstrap (default) or vllm kv_transfer_params",
+    )
+    p.add_argument("--no-preemption", action="store_true", help="never pre-empt lower classes")
     p.add_argument("--max-in-flight", type=int, default=256, help="per engine (default 256)")
     p.add_argument("--seed", type=int, default=0, help="routing RNG seed")
     p.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING, ERROR")
@@ -144,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
         block_size=args.block_size,
         retries=args.retries,
         profile=args.profile,
+        pd_protocol=args.pd_protocol,
+        preemption=not args.no_preemption,
     )
     gateway = Gateway(core, opts, rng=random.Random(args.seed + 1))
     try:
