@@ -8,14 +8,8 @@ delivered. Latencies in responses and metrics are modelled milliseconds; since t
 clock follows the wall clock, real overheads (HTTP, scheduling on a busy CPU) are multiplied
 by ``speedup`` too — keep it moderate (≤ 20) when latencies matter.
 
-SGLang disaggregation (``bootstrap_host``/``bootstrap_port``/``bootstrap_room`` in a request):
-the prefill instance computes the prompt and holds its KV under the room; it serves
-``GET /bootstrap/{room}`` (on its HTTP port and, if ``--bootstrap-port`` is set, on that port
-too), a long poll answered once the room's prefill is done with
-``{"prompt_tokens", "cached_tokens", "transfer_ms"}``; the prefill then frees the KV after the
-modelled transfer time. The decode instance with the same room calls that endpoint, reserves
-the blocks, waits ``transfer_ms`` of modelled time, then decodes. A decode request without a
-``bootstrap_port`` is prefilled locally.
+SGLang disaggregation (``bootstrap_host``/``bootstrap_port``/``bootstrap_room`` in a request;
+``GET /bootstrap/{room}``): see :mod:`services.engine.pd_sglang`.
 
 vLLM disaggregation (``kv_transfer_params`` with ``do_remote_decode`` / ``do_remote_prefill``):
 see :mod:`services.engine.pd_vllm` for the convention; the prefill engine serves
@@ -38,7 +32,7 @@ import random
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +40,7 @@ import aiohttp
 from aiohttp import web
 
 from services.common.perfmodel import get_profile
-from services.engine import api, pd_vllm, respond
+from services.engine import api, pd_sglang, pd_vllm, respond
 from services.engine.core import (
     AdmissionError,
     CoreConfig,
@@ -72,14 +66,6 @@ class Faults:
     die_after_tokens: int = 0
     refuse_health: bool = False
     stall_until: float = 0.0  # monotonic seconds
-
-
-@dataclass
-class _Room:
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    rid: str | None = None
-    info: dict[str, Any] | None = None
-    created: float = field(default_factory=time.monotonic)
 
 
 def write_model_dir(state_dir: Path, model: str, max_context: int) -> Path:
@@ -129,7 +115,6 @@ class EngineServer:
         self._t0 = time.monotonic()
         self._rng = random.Random(settings.seed)
         self._live: dict[str, Live] = {}
-        self._rooms: dict[int, _Room] = {}
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._gen_window: deque[tuple[float, int]] = deque()
@@ -138,6 +123,14 @@ class EngineServer:
         self._http: aiohttp.ClientSession | None = None
         self._bootstrap_runner: web.AppRunner | None = None
         self.remote_kv = pd_vllm.RemoteKV(self.instance_id, self.profile.tp, settings.block_size)
+        self.rendezvous = pd_sglang.Rendezvous(
+            self.core,
+            self.profile,
+            self.now_ms,
+            self._kick.set,
+            bootstrap_timeout_s=settings.bootstrap_timeout_s,
+            hold_timeout_s=settings.hold_timeout_s,
+        )
         self._conns: dict[str, tuple[web.Request, asyncio.Task[Any]]] = {}
 
     # -- time ----------------------------------------------------------------------------
@@ -162,7 +155,7 @@ class EngineServer:
         r.add_post("/generate", self._generate)
         r.add_post("/v1/completions", self._completions)
         r.add_post("/v1/chat/completions", self._chat)
-        r.add_get("/bootstrap/{room}", self._bootstrap)
+        r.add_get("/bootstrap/{room}", self.rendezvous.handler)
         r.add_post(pd_vllm.NOTIFY_PATH, self._kv_notify)
         r.add_post("/fault", self._fault)
         r.add_get("/fault", self._fault)
@@ -187,7 +180,7 @@ class EngineServer:
             )
         if self.role is EngineRole.PREFILL and self.settings.bootstrap_port:
             bapp = web.Application()
-            bapp.router.add_get("/bootstrap/{room}", self._bootstrap)
+            bapp.router.add_get("/bootstrap/{room}", self.rendezvous.handler)
             self._bootstrap_runner = web.AppRunner(bapp)
             await self._bootstrap_runner.setup()
             site = web.TCPSite(
@@ -259,12 +252,8 @@ class EngineServer:
         if out.finished:
             live.done = True
             self.metrics.on_finished((end - live.arrival_ms) / 1000.0)
-            b = live.gen.bootstrap
-            if self.role is EngineRole.PREFILL and b is not None:
-                room = self._rooms.setdefault(b.room, _Room())
-                room.rid = out.rid
-                room.info = {"prompt_tokens": out.prompt_tokens, "cached_tokens": out.cached_tokens}
-                room.done.set()
+            if self.role is EngineRole.PREFILL:
+                self.rendezvous.prefill_done(live.gen, out)
         live.queue.put_nowait(out)
 
     async def _event_loop(self) -> None:
@@ -272,7 +261,7 @@ class EngineServer:
         next_load = 0.0
         while True:
             await asyncio.sleep(s.kv_flush_ms / 1000.0)
-            self._expire_rooms()
+            self.rendezvous.expire()
             self._reap_gone()
             if self._publisher is None:
                 continue
@@ -289,14 +278,6 @@ class EngineServer:
             if req.transport is None or req.transport.is_closing():
                 self._conns.pop(rid, None)
                 task.cancel()
-
-    def _expire_rooms(self) -> None:
-        horizon = (
-            time.monotonic() - self.settings.hold_timeout_s - self.settings.bootstrap_timeout_s
-        )
-        for room, r in list(self._rooms.items()):
-            if r.created < horizon:
-                del self._rooms[room]
 
     # -- load figures --------------------------------------------------------------------
     def _rate(self, window: deque[tuple[float, int]], now: float, span_ms: float = 5000.0) -> float:
@@ -513,55 +494,11 @@ class EngineServer:
         if b is None:
             return base
         if self.role is EngineRole.PREFILL:
-            room = self._rooms.setdefault(b.room, _Room())
-            room.rid = rid
-            return Request(rid, gen.prompt_ids, gen.max_new_tokens, gen.tenant, hold_kv=True)
+            return self.rendezvous.prefill_request(rid, gen)
         if self.role is EngineRole.DECODE and b.port is not None:
             assert self._http is not None
-            url = f"http://{b.host}:{b.port}/bootstrap/{b.room}"
-            timeout = aiohttp.ClientTimeout(total=self.settings.bootstrap_timeout_s + 5.0)
-            try:
-                async with self._http.get(url, timeout=timeout) as resp:
-                    info = await resp.json()
-                    if resp.status != 200:
-                        raise RuntimeError(info.get("error", {}).get("message", resp.status))
-            except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as err:
-                msg = f"KV bootstrap with {b.host}:{b.port} room {b.room} failed: {err}"
-                return web.json_response(
-                    api.error_body(msg, "server_error", None, "bootstrap"), status=502
-                )
-            return Request(
-                rid,
-                gen.prompt_ids,
-                gen.max_new_tokens,
-                gen.tenant,
-                kv_transfer_ms=float(info["transfer_ms"]),
-                peer_cached_tokens=int(info.get("cached_tokens", 0)),
-            )
+            return await self.rendezvous.decode_request(self._http, rid, gen)
         return base
-
-    async def _bootstrap(self, req: web.Request) -> web.Response:
-        try:
-            room_id = int(req.match_info["room"])
-        except ValueError:
-            return _bad("room must be an integer", "room")
-        room = self._rooms.setdefault(room_id, _Room())
-        try:
-            await asyncio.wait_for(room.done.wait(), self.settings.bootstrap_timeout_s)
-        except TimeoutError:
-            self._rooms.pop(room_id, None)
-            return web.json_response(
-                api.error_body(f"room {room_id}: no prefill finished in time", "timeout"),
-                status=504,
-            )
-        self._rooms.pop(room_id, None)
-        info = dict(room.info or {})
-        transfer = self.profile.transfer_ms(int(info.get("prompt_tokens", 0)))
-        if room.rid is not None:
-            self.core.hand_off(room.rid, self.now_ms() + transfer)
-            self._kick.set()
-        info.update(room=room_id, transfer_ms=transfer)
-        return web.json_response(info)
 
     async def _kv_notify(self, req: web.Request) -> web.Response:
         """vLLM-style release: ``{"request_id", "status"}`` from the decode side; the held
