@@ -197,9 +197,12 @@ class SchedulerServicer(_Base):
             raise AssertionError("unreachable")
         decode, done = known
         if not done:
+            o = request.outcome
+            if o == events_pb2.REQUEST_OUTCOME_UPSTREAM_ERROR and not request.completion_tokens:
+                # Failed before any token: routing plugins undo what they recorded.
+                self.core.abandon(request.pick_id)
             self.core.release(request.pick_id)
             self._picks[request.pick_id] = (decode, True)
-            o = request.outcome
             if o == events_pb2.REQUEST_OUTCOME_UPSTREAM_ERROR:
                 self.core.fleet.upstream_result(decode, False, self.clock())
             elif o == events_pb2.REQUEST_OUTCOME_OK:

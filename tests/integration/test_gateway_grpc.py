@@ -161,3 +161,17 @@ async def test_drain_undrain_and_unknowns(stack: tuple[Any, GatewayCore]) -> Non
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await call
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_upstream_error_before_any_token_undoes_the_routed_prefix(
+    stack: tuple[Any, GatewayCore],
+) -> None:
+    stub, _ = stack
+    first = await stub.Pick(scheduler_pb2.PickRequest(deployment="d", prompt_text=LONG))
+    await stub.ReportOutcome(
+        scheduler_pb2.ReportOutcomeRequest(
+            pick_id=first.pick_id, outcome=events_pb2.REQUEST_OUTCOME_UPSTREAM_ERROR
+        )
+    )
+    again = await stub.Pick(scheduler_pb2.PickRequest(deployment="d", prompt_text=LONG))
+    assert again.predicted_cached_tokens == 0  # the failed pick left no routed prefix
