@@ -9,12 +9,16 @@ the engines and the router, stop everything. Then compute the ratios issue 5 tar
 Aggregated (8 engines; Tideserve gateway profiles vs sglang-router policies):
 
     .venv/bin/python benchmarks/routing_compare.py --engines 8 --max-requests 400 \\
-        --speedup 2 --out /tmp/routing_compare.json
+        --speedup 1 --rate-scale 2.5 --out /tmp/routing_compare.json
 
 P/D (3 prefill + 5 decode; Tideserve default vs sglang-router --pd-disaggregation):
 
     .venv/bin/python benchmarks/routing_compare.py --pd --prefill 3 --decode 5 \\
-        --max-requests 400 --speedup 2 --out /tmp/routing_compare_pd.json
+        --max-requests 400 --speedup 2 --rate-scale 1 --out /tmp/routing_compare_pd.json
+
+(``--rate-scale`` compresses arrivals: ``--speedup 1 --rate-scale 2.5`` sends as many requests
+per wall second as ``--speedup 2.5 --rate-scale 1`` while the modelled fleet is 2.5x busier.
+Figures and why these settings: benchmarks/README.md.)
 
 Routers are ``tideserve:<profile>`` (``tideserve gateway --endpoints ...``) and
 ``sglang:<policy>`` (sglang-router 0.3.2 from PyPI, installed into a throwaway venv under the
