@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -55,7 +55,12 @@ from _harness import (
 )
 
 DEPLOYMENT = "default"
-TIER_NAMES = {1: "gpu", 2: "cpu", 3: "ssd", 4: "remote"}
+TIER_NAMES: dict[int, Literal["gpu", "cpu", "ssd", "remote"]] = {
+    1: "gpu",
+    2: "cpu",
+    3: "ssd",
+    4: "remote",
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -86,7 +91,7 @@ def workload(trace: str, n: int, block_size: int) -> list[tuple[int, tuple[int, 
     """(prompt_tokens, block hashes) of the first ``n`` trace requests."""
     from services.common.tokens import block_hashes
 
-    out = []
+    out: list[tuple[int, tuple[int, ...]]] = []
     with open(trace, encoding="utf-8") as f:
         for line in f:
             if len(out) >= n:
