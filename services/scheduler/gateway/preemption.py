@@ -49,6 +49,7 @@ class Preemptor:
         self.total = 0  # pre-emptions so far
         self._live: dict[str, _Dispatch] = {}
         self._in_progress = 0  # cancelled, not yet unwound
+        self._top = max(c.priority for c in core.queue.config.classes)
 
     def __len__(self) -> int:
         return len(self._live)
@@ -57,10 +58,11 @@ class Preemptor:
         """Await ``coro`` as the dispatch ``pick_id``. Raises :class:`Preempted` if it was
         pre-empted; other outcomes (results, exceptions, the caller's own cancellation)
         pass through."""
-        if not self.enabled:
-            return await coro
+        prio = self.core.queue.class_of(slo_class).priority
+        if not self.enabled or prio >= self._top:
+            return await coro  # the top class is never pre-empted: no task needed
         task = asyncio.create_task(coro)
-        d = _Dispatch(self.core.queue.class_of(slo_class).priority, self.clock(), task)
+        d = _Dispatch(prio, self.clock(), task)
         self._live[pick_id] = d
         try:
             return await task
