@@ -107,6 +107,7 @@ async def test_lower_class_not_yet_streaming_is_preempted_and_requeued(
         await fault(http, eurl, 0)
         b_events, i_events = await asyncio.gather(batch, inter)
     assert done == ["interactive", "batch"]
+    assert gw.metrics.value("tideserve_gateway_preemptions_total") == 1
     for events in (b_events, i_events):
         assert events[-1] == "[DONE]"
         usage = [e for e in events if isinstance(e, dict) and e.get("usage")][-1]["usage"]

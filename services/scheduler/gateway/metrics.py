@@ -204,6 +204,11 @@ class GatewayMetrics:
             ["instance", "kind"],
             registry=r,
         )
+        self.preemptions = Counter(
+            "tideserve_gateway_preemptions",
+            "Dispatches pre-empted before their first byte (requeued for a higher class)",
+            registry=r,
+        )
         self._collector: _Collector | None = None
 
     # -- request path (one-liners for the gateway) ----------------------------------------
@@ -228,6 +233,10 @@ class GatewayMetrics:
         self.upstream_errors.labels(instance_id, upstream_kind(reason)).inc()
         if retried:
             self.retries.inc()
+
+    def preempted(self, n: int) -> None:
+        if n:
+            self.preemptions.inc(n)
 
     def value(self, name: str, labels: Mapping[str, str] | None = None) -> float:
         """A sample's current value (0.0 when absent); for tests and tools."""

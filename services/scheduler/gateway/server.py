@@ -241,7 +241,7 @@ class Gateway:
             return
         cap = self.core.capacity(now) - self._released
         if cap <= 0:
-            self.preemptor.consider(now, cap)
+            self.metrics.preempted(len(self.preemptor.consider(now, cap)))
             return
         for r in q.next(now, cap):
             fut = self._waiters.pop(r.request_id, None)
