@@ -16,7 +16,9 @@ described in :mod:`services.engine.pd_vllm`.
 Errors: a connection error, a 5xx, or a 200 whose body is not a JSON object, from the
 prefill raise :class:`UpstreamFailure` naming the prefill instance (the gateway retries on
 other endpoints before the first byte). A 4xx from the prefill is the client's problem and
-is handed back unchanged (:class:`PrefillRefused`).
+is handed back unchanged (:class:`PrefillRefused`). A decode failure before its first byte
+retries both halves on a new pick; the first prefill's held KV is then freed by that
+engine's hold timeout (vLLM: ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT``), as with the toy proxy.
 """
 
 from __future__ import annotations
