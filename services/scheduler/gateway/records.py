@@ -351,6 +351,7 @@ class RecordSink:
         self.batch = batch
         self.flush_s = flush_s
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
         self.stats: dict[str, int] = {"offered": 0, "published": 0, "dropped": 0, "errors": 0}
 
     def __len__(self) -> int:
@@ -385,25 +386,33 @@ class RecordSink:
             done += n
         return done
 
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
     async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.flush_s)
+        while not self._stopping.is_set():
+            await self._pause(self.flush_s)
             try:
                 await self.flush()
             except (RedisError, OSError) as e:
                 log.warning("request records: publish to %s failed: %s", self.stream, e)
-                await asyncio.sleep(0.5)
+                await self._pause(0.5)
 
     def start(self) -> None:
         if self._task is None:
+            self._stopping.clear()
             self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
         """Stop the task and flush what is left (best effort)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Let a running publish finish (cancelling redis-py mid-command can hang it).
+            self._stopping.set()
+            done, _ = await asyncio.wait([self._task], timeout=5.0)
+            if not done:
+                self._task.cancel()
+                await asyncio.wait([self._task], timeout=1.0)
             self._task = None
         with contextlib.suppress(RedisError, OSError):
             await self.flush()

@@ -100,6 +100,7 @@ class SharedState:
         self._beats: list[events_pb2.ReplicaInFlight] = []
         self._last_id: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
         self.stats: dict[str, int] = {
             "published": 0,
             "dropped": 0,
@@ -217,6 +218,7 @@ class SharedState:
         if self.on_pick not in self.core.pick_listeners:
             self.core.pick_listeners.append(self.on_pick)
         if not self._tasks:
+            self._stopping.clear()
             self._tasks = [
                 asyncio.create_task(self._publish_loop()),
                 asyncio.create_task(self._loop(self.read_once, 0.0)),
@@ -227,38 +229,50 @@ class SharedState:
         """Detach, flush what is buffered (best effort) and leave the in-flight hash."""
         with contextlib.suppress(ValueError):
             self.core.pick_listeners.remove(self.on_pick)
-        for t in self._tasks:
-            t.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        # Let the loops finish their current Redis call (a blocking XREAD returns within
+        # block_ms): cancelling a redis-py command mid-read can leave it hanging.
+        self._stopping.set()
+        self._wake.set()
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=self.block_ms / 1000 + 2.0)
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)
         self._tasks.clear()
         with contextlib.suppress(RedisError, OSError):
             await self.publish_once()
         with contextlib.suppress(RedisError, OSError):
             await self.redis.hdel(self.hash_key, self.replica_id)
 
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
     async def _publish_loop(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             await self._wake.wait()
             self._wake.clear()
+            if self._stopping.is_set():
+                return  # stop() flushes what is left
             try:
                 await self.publish_once()
             except (RedisError, OSError) as e:
                 self.stats["redis_errors"] += 1
                 log.warning("routed-prefix publish failed: %s", e)
-                await asyncio.sleep(0.5)
+                await self._pause(0.5)
 
     async def _loop(self, step: Callable[[], Any], period: float) -> None:
-        while True:
+        while not self._stopping.is_set():
             try:
                 await step()
             except (RedisError, OSError) as e:
                 self.stats["redis_errors"] += 1
                 log.warning("active-active %s failed: %s", getattr(step, "__name__", ""), e)
-                await asyncio.sleep(max(period, 0.5))
+                await self._pause(max(period, 0.5))
                 continue
             if period > 0:
-                await asyncio.sleep(period)
+                await self._pause(period)
 
 
 def _parse_beats(raw: Any, stats: dict[str, int]) -> list[events_pb2.ReplicaInFlight]:
