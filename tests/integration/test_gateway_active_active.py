@@ -3,6 +3,7 @@ real Redis (two cores in one process, each with its own SharedState; clocks inje
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -258,3 +259,23 @@ async def test_integrations_from_settings_export_counters(redis_url: str) -> Non
     assert (
         registry.get_sample_value("tideserve_gateway_shared_total", {"event": "published"}) is None
     )
+
+
+async def test_stop_while_the_reader_blocks_never_hangs(replicas: Replica) -> None:
+    """Regression: cancelling a blocking XREAD mid-read could hang stop() forever; stop now
+    lets the read return (block_ms) and ends the loops cooperatively."""
+    wall = Wall()
+    for i in range(5):
+        s = replicas(f"R{i}", wall, block_ms=100, heartbeat_s=0.05, heartbeat_ttl_s=1.0)
+        s.core.pick_listeners.clear()
+        await s.start()
+        s.on_pick(view("x", TURN1), pick_of(s.core), 1.0)
+        await asyncio.sleep(0.03)  # the reader is inside its blocking XREAD now
+        await asyncio.wait_for(s.stop(), 30)  # a hang fails here, not at the suite timeout
+        assert not s._tasks and s.stats["published"] == 1
+
+
+def pick_of(core: GatewayCore) -> Pick:
+    d = core.scheduler.schedule(view("y", TURN1), core.fleet.snapshot(0.0), 0.0)
+    assert isinstance(d, Pick)
+    return d
