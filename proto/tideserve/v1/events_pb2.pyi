@@ -54,7 +54,7 @@ class KVEvent(_message.Message):
     def __init__(self, kind: _Optional[_Union[KVEvent.Kind, str]] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., block_hashes: _Optional[_Iterable[int]] = ..., parent_hash: _Optional[int] = ..., token_count: _Optional[int] = ..., tenant: _Optional[str] = ..., lora: _Optional[str] = ...) -> None: ...
 
 class KVEventBatch(_message.Message):
-    __slots__ = ("deployment", "instance_id", "epoch", "seq", "ts_ms", "events", "block_size")
+    __slots__ = ("deployment", "instance_id", "epoch", "seq", "ts_ms", "events", "block_size", "full_state_continues")
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class KVEventBatch(_message.Message):
     TS_MS_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    FULL_STATE_CONTINUES_FIELD_NUMBER: _ClassVar[int]
     deployment: str
     instance_id: str
     epoch: int
@@ -69,7 +70,22 @@ class KVEventBatch(_message.Message):
     ts_ms: int
     events: _containers.RepeatedCompositeFieldContainer[KVEvent]
     block_size: int
-    def __init__(self, deployment: _Optional[str] = ..., instance_id: _Optional[str] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., ts_ms: _Optional[int] = ..., events: _Optional[_Iterable[_Union[KVEvent, _Mapping]]] = ..., block_size: _Optional[int] = ...) -> None: ...
+    full_state_continues: bool
+    def __init__(self, deployment: _Optional[str] = ..., instance_id: _Optional[str] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., ts_ms: _Optional[int] = ..., events: _Optional[_Iterable[_Union[KVEvent, _Mapping]]] = ..., block_size: _Optional[int] = ..., full_state_continues: _Optional[bool] = ...) -> None: ...
+
+class ResyncRequest(_message.Message):
+    __slots__ = ("deployment", "instance_id", "epoch", "reason", "requested_ms")
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_MS_FIELD_NUMBER: _ClassVar[int]
+    deployment: str
+    instance_id: str
+    epoch: int
+    reason: str
+    requested_ms: int
+    def __init__(self, deployment: _Optional[str] = ..., instance_id: _Optional[str] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ..., requested_ms: _Optional[int] = ...) -> None: ...
 
 class LoadSnapshot(_message.Message):
     __slots__ = ("deployment", "instance_id", "epoch", "ts_ms", "role", "num_running", "num_waiting", "kv_usage", "kv_capacity_blocks", "tokens_in_flight", "pending_prefill_tokens", "prefill_tokens_per_s", "decode_tokens_per_s", "cache_hit_rate", "endpoint")

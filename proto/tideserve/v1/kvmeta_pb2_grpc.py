@@ -124,6 +124,11 @@ class KVMetaServiceServicer:
     def IngestEvents(self, request_iterator, context):
         """Ingests KV event batches from producers without Redis. Idempotent per
         (instance_id, epoch, seq): a batch already applied is skipped.
+        Resync without Redis: an instance listed in resync_requested (a gap in its seq) stays
+        out of matches until its producer sends its full state through this RPC, the same
+        batches an engine publishes to answer a ResyncRequest (events.proto): first event
+        KIND_ALL_CLEARED, then KIND_BLOCK_STORED for every block it holds, chains parent first,
+        in its current epoch with its next seq (several batches: full_state_continues).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
