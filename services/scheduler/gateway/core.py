@@ -55,6 +55,8 @@ class GatewayCore:
         # Called after every Pick with (request, pick, now); must not raise or block
         # (e.g. the active-active shell queues the routed prefix for other replicas).
         self.pick_listeners: list[Callable[[RequestView, Pick, float], None]] = []
+        # Called once per pick when it settles with (request, pick, ok); same rules.
+        self.settle_listeners: list[Callable[[RequestView, Pick, bool], None]] = []
         # Picks not settled yet (see settle semantics on first_token/abandon/release).
         self._unsettled: dict[str, tuple[RequestView, Pick]] = {}
 
@@ -129,6 +131,8 @@ class GatewayCore:
         if rec is None:
             return False
         self.scheduler.settle(rec[0], rec[1], ok)
+        for listener in self.settle_listeners:
+            listener(rec[0], rec[1], ok)
         return True
 
     def release(self, pick_id: str) -> bool:
