@@ -279,3 +279,16 @@ def pick_of(core: GatewayCore) -> Pick:
     d = core.scheduler.schedule(view("y", TURN1), core.fleet.snapshot(0.0), 0.0)
     assert isinstance(d, Pick)
     return d
+
+
+async def test_abandoned_pick_is_retracted_everywhere(replicas: Replica) -> None:
+    wall = Wall()
+    a, b = replicas("A", wall), replicas("B", wall)
+    a.core.settle_listeners.append(a.on_settle)  # what start() does, without the tasks
+    await b.read_once(block_ms=0)
+    assert pick_on(a.core, view("t1", TURN1, exclude=frozenset({"a", "b"})), 1.0, "t1") == "c"
+    a.core.abandon("t1")  # the engine failed before its first byte
+    a.core.release("t1")
+    assert await a.publish_once() == 2
+    assert await b.read_once(block_ms=0) == 2 and b.stats["applied"] == 2
+    assert pick_on(b.core, view("t2", TURN2), 2.0, "t2") == "a"  # no affinity to 'c' left

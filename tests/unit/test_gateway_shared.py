@@ -237,3 +237,67 @@ def test_integrations_off_without_redis_or_kvmeta() -> None:
     x = Integrations(SchedulerSettings(replica_id="r1"), c, gw)
     assert (x.redis, x.sink, x.shared, x.lookup, gw.prefix_lookup) == (None,) * 5
     assert x.replica_id == "r1"
+
+
+@pytest.mark.parametrize(
+    ("steps", "matched"),
+    [
+        (["pick"], {"c": 16}),
+        (["pick", "retract"], {}),
+        (["retract"], {}),
+        (["pick", "retract", "retract"], {}),
+        (["pick", "local-refresh", "retract"], {"c": 16}),
+        (["pick", "retract-other-request"], {"c": 16}),
+    ],
+    ids=["picked", "retracted", "retract-unknown", "retract-twice", "refreshed-stays",
+         "other-request"],
+)  # fmt: skip
+def test_apply_routed_retraction(steps: list[str], matched: dict[str, int]) -> None:
+    c = core()
+    plugins = approx_plugins(c.scheduler)
+    now = 5.0
+    for step in steps:
+        now += 1.0
+        if step == "pick":
+            msg = entry(request_id="q1")
+        elif step == "retract":
+            msg = entry(request_id="q1", retracted=True, block_hashes=[])
+        elif step == "retract-other-request":
+            msg = entry(request_id="q2", retracted=True, block_hashes=[])
+        else:  # this replica routes the same prefix to the same instance itself
+            d = c.pick(replace(view("local"), exclude=frozenset({"a", "b"})), now, "loc")
+            assert isinstance(d, Pick) and d.decode.endpoint.instance_id == "c"
+            continue
+        assert apply_routed(plugins, msg, replica_id="me", now=now, wall_ms=100_000, max_age_s=600)
+    assert plugins["routed-prefix"].index.match(HASHES, now) == matched
+
+
+def test_abandoned_pick_is_retracted_on_the_other_replica() -> None:
+    a, b = core(), core()
+    entries: list[events_pb2.RoutedPrefix] = []
+
+    def publish(request: RequestView, pick: Pick, retracted: bool) -> None:
+        e = routed_entry(
+            request,
+            pick,
+            routed_plugins(a.scheduler, pick),
+            deployment="d",
+            replica_id="A",
+            ts_ms=1_000,
+            retracted=retracted,
+        )
+        assert e is not None
+        entries.append(e)
+
+    a.pick_listeners.append(lambda r, p, now: publish(r, p, False))
+    a.settle_listeners.append(lambda r, p, ok: None if ok else publish(r, p, True))
+    d = a.pick(replace(view(), exclude=frozenset({"a", "b"})), 1.0, "t1")
+    assert isinstance(d, Pick)
+    assert a.abandon("t1") and a.release("t1")
+    assert [e.retracted for e in entries] == [False, True]
+    assert entries[1].request_id == entries[0].request_id == "r1" and not entries[1].block_hashes
+    plugins = approx_plugins(b.scheduler)
+    for e in entries:
+        assert apply_routed(plugins, e, replica_id="B", now=2.0, wall_ms=1_500, max_age_s=600)
+    assert plugins["routed-prefix"].index.match(HASHES, 2.0) == {}
+    assert a.scheduler.profiles["default"].post_pick  # sanity: the plugin took part

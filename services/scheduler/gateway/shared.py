@@ -114,6 +114,14 @@ class SharedState:
     # -- request path ---------------------------------------------------------------------
     def on_pick(self, request: RequestView, pick: Pick, now: float) -> None:
         """Pick listener: queue the routed prefix (O(1), never blocks or raises)."""
+        self._queue(request, pick, retracted=False)
+
+    def on_settle(self, request: RequestView, pick: Pick, ok: bool) -> None:
+        """Settle listener: a pick that failed before its first byte is retracted."""
+        if not ok:
+            self._queue(request, pick, retracted=True)
+
+    def _queue(self, request: RequestView, pick: Pick, *, retracted: bool) -> None:
         entry = routed_entry(
             request,
             pick,
@@ -121,6 +129,7 @@ class SharedState:
             deployment=self.deployment,
             replica_id=self.replica_id,
             ts_ms=int(self.wall() * 1000),
+            retracted=retracted,
         )
         if entry is None:
             return
@@ -217,6 +226,8 @@ class SharedState:
         """Attach the pick listener and start the publish, read and heartbeat tasks."""
         if self.on_pick not in self.core.pick_listeners:
             self.core.pick_listeners.append(self.on_pick)
+        if self.on_settle not in self.core.settle_listeners:
+            self.core.settle_listeners.append(self.on_settle)
         if not self._tasks:
             self._stopping.clear()
             self._tasks = [
@@ -229,6 +240,8 @@ class SharedState:
         """Detach, flush what is buffered (best effort) and leave the in-flight hash."""
         with contextlib.suppress(ValueError):
             self.core.pick_listeners.remove(self.on_pick)
+        with contextlib.suppress(ValueError):
+            self.core.settle_listeners.remove(self.on_settle)
         # Let the loops finish their current Redis call (a blocking XREAD returns within
         # block_ms): cancelling a redis-py command mid-read can leave it hanging.
         self._stopping.set()

@@ -6,6 +6,8 @@ Two things cross replicas (the Redis shell is :mod:`services.scheduler.gateway.s
   chosen instances, the approximate-prefix plugins that took the pick); every other replica
   applies it to its own plugins through the plugin's ``on_pick`` — the same code path as a
   local pick — so cache affinity survives losing the replica that routed a conversation.
+  A pick that fails before its first byte is settled as not ok locally (the plugin drops
+  the entries it created); a ``retracted`` entry makes every other replica do the same.
 - In-flight load. Each replica heartbeats a ``ReplicaInFlight`` (its own per-instance
   in-flight requests and pending prefill tokens, stamped with wall-clock ms); readers add
   the other replicas' counts whose heartbeat is younger than a TTL, so a dead replica's
@@ -18,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from tideserve.v1 import events_pb2
 
-from services.scheduler.routing.framework import Scheduler
+from services.scheduler.routing.framework import Scheduler, Settle
 from services.scheduler.routing.plugins.prefix import ApproxPrefix
 from services.scheduler.routing.types import Choice, EndpointView, Pick, RequestView
 
@@ -73,9 +75,11 @@ def routed_entry(
     deployment: str,
     replica_id: str,
     ts_ms: int,
+    retracted: bool = False,
 ) -> events_pb2.RoutedPrefix | None:
-    """The stream entry for a local pick; None when there is nothing to share (no block
-    hashes, or no approximate-prefix plugin took the pick)."""
+    """The stream entry for a local pick (or, ``retracted``, for its failure before the
+    first byte: no hashes needed); None when there is nothing to share (no block hashes,
+    or no approximate-prefix plugin took the pick)."""
     if not request.block_hashes or not plugins:
         return None
     ids = [pick.decode.endpoint.instance_id]
@@ -84,10 +88,12 @@ def routed_entry(
     return events_pb2.RoutedPrefix(
         deployment=deployment,
         replica_id=replica_id,
-        block_hashes=request.block_hashes,
+        block_hashes=() if retracted else request.block_hashes,
         instance_ids=ids,
         ts_ms=ts_ms,
         plugins=plugins,
+        request_id=request.request_id,
+        retracted=retracted,
     )
 
 
@@ -105,9 +111,13 @@ def apply_routed(
     Returns False (nothing changed) for this replica's own entries, entries without hashes
     or instances, and entries older than ``max_age_s`` by wall clock (a backlog read at
     start-up). Applying the same entry twice only refreshes its recency (idempotent for
-    matching purposes).
+    matching purposes). A ``retracted`` entry settles the earlier entry of the same
+    (replica, request) as not ok: the plugins drop what that entry created, if they still
+    remember it (unknown or already retracted: nothing happens).
     """
-    if entry.replica_id == replica_id or not entry.block_hashes or not entry.instance_ids:
+    if entry.replica_id == replica_id or not entry.instance_ids:
+        return False
+    if not entry.retracted and not entry.block_hashes:
         return False
     if wall_ms - entry.ts_ms > max_age_s * 1000.0:
         return False
@@ -116,7 +126,7 @@ def apply_routed(
         return False
     hashes = tuple(entry.block_hashes)
     view = RequestView(
-        request_id=f"routed:{entry.replica_id}:{entry.ts_ms}",
+        request_id=f"routed:{entry.replica_id}:{entry.request_id or entry.ts_ms}",
         prompt_tokens=0,
         block_hashes=hashes,
     )
@@ -127,7 +137,10 @@ def apply_routed(
         profile="",
     )
     for plugin in targets:
-        plugin.on_pick(now, view, pick)
+        if not entry.retracted:
+            plugin.on_pick(now, view, pick)
+        elif isinstance(plugin, Settle):
+            plugin.on_settle(view, pick, False)
     return True
 
 
