@@ -4,7 +4,9 @@
   buffer (never blocks the request path; a full buffer drops and counts); a task XADDs the
   buffer to ``{prefix}:routed:{deployment}``. Every replica reads that stream itself with
   plain XREAD (no consumer group: every replica needs every entry), starting ``catchup_s``
-  back, and applies the other replicas' entries to its approximate-prefix plugins.
+  back, and applies the other replicas' entries to its approximate-prefix plugins. A pick
+  settled as failed before its first byte is published again as ``retracted``. The stream
+  is trimmed to about ``maxlen`` entries.
 - In-flight load: every ``heartbeat_s`` a replica writes its ``ReplicaInFlight`` into the
   hash ``{prefix}:inflight:{deployment}`` (field = replica id), reads the whole hash and
   hands the other replicas' fresh counts (younger than ``heartbeat_ttl_s``) to the fleet.
