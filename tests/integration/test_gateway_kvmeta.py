@@ -74,8 +74,8 @@ async def env(tmp_path: Path, redis_url: str) -> AsyncIterator[Env]:
         yield Env(prefix, dep, engines, redis)
     finally:
         for srv in servers:
-            await srv.close()
-        await redis.aclose()
+            await bounded(srv.close(), "closing a simulated engine")
+        await bounded(redis.aclose(), "closing the Redis client")
 
 
 @pytest.fixture
@@ -97,8 +97,8 @@ async def kvmeta(env: Env) -> AsyncIterator[tuple[str, IndexFeeder]]:
     try:
         yield f"127.0.0.1:{port}", feeder
     finally:
-        await server.stop(None)
-        await feeder.stop(checkpoint=False)
+        await bounded(server.stop(None), "stopping the kvmeta gRPC server")
+        await bounded(feeder.stop(checkpoint=False), "stopping the kvmeta feeder")
 
 
 async def make_gateway(env: Env, address: str, deadline_s: float = 0.5) -> tuple[Gateway, str]:
@@ -132,8 +132,16 @@ async def _close_gateways() -> AsyncIterator[None]:
     yield
     while gw_servers:
         srv, ch = gw_servers.pop()
-        await srv.close()
-        await ch.close()
+        await bounded(srv.close(), "closing the gateway")
+        await bounded(ch.close(), "closing the kvmeta channel")
+
+
+async def bounded(aw: Any, what: str, timeout_s: float = 20.0) -> None:
+    """Teardown steps fail fast, naming the step, instead of hanging the suite."""
+    try:
+        await asyncio.wait_for(aw, timeout_s)
+    except TimeoutError:
+        raise AssertionError(f"teardown hung: {what}") from None
 
 
 def body(prompt: str, **kw: Any) -> dict[str, Any]:
