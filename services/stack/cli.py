@@ -255,7 +255,14 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
     perf = None
     if stack.engine_profile and "perf_profile" not in scheduler.model_fields_set:
         perf = stack.engine_profile
-    services = wire_scheduler(services, scheduler_engine_env(fleet, stack.host, perf_profile=perf))
+    wiring = scheduler_engine_env(fleet, stack.host, perf_profile=perf)
+    if wiring and "kvmeta_address" not in scheduler.model_fields_set:
+        # Precise prefix scoring: the gateway asks this stack's kvmeta, which indexes the
+        # engines' KV events from Redis.
+        wiring["TIDESERVE_SCHEDULER__KVMETA_ADDRESS"] = (
+            f"{stack.host}:{ports['kvmeta']['grpc_port']}"
+        )
+    services = wire_scheduler(services, wiring)
     return opts, (*engines, *services)
 
 

@@ -335,6 +335,25 @@ async def test_aggregated_chat_streamed_non_streamed_models_and_cache(
         assert cached[0] == 0
         assert cached[1] >= 512, cached  # most of the 600-word prompt, in whole 64-token blocks
 
+        # The stack points the gateway at its kvmeta: once kvmeta has indexed the engines'
+        # KV events, the gateway's precise-prefix lookups are answered.
+        ok = 0.0
+        deadline = time.monotonic() + 20
+        while ok == 0 and time.monotonic() < deadline:
+            async with s.post(
+                base + "/v1/chat/completions",
+                json=long_msg,
+                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S),
+            ) as r:
+                assert r.status == 200, await r.text()
+            async with s.get(base + "/metrics", timeout=aiohttp.ClientTimeout(total=30)) as r:
+                ok = _metric_with(
+                    await r.text(), "tideserve_gateway_kvmeta_lookups_total", 'result="ok"'
+                )
+            if ok == 0:
+                await asyncio.sleep(0.5)
+        assert ok > 0, "the gateway never got a MatchPrefix answer from the stack's kvmeta"
+
     # the engines publish to the stack's Redis, under the scheduler's deployment
     import redis.asyncio as aioredis
 
@@ -358,6 +377,14 @@ async def test_aggregated_chat_streamed_non_streamed_models_and_cache(
         "engine-2": ("aggregated", "SERVING", True),
     }
     assert {s["name"] for s in report["services"]} == set(SERVICES)
+
+
+def _metric_with(text: str, name: str, label: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and label in line
+    )
 
 
 def _metric(text: str, name: str) -> float:
