@@ -149,10 +149,7 @@ async def serve(settings: EngineSettings, stop: asyncio.Event | None = None) -> 
         site = web.TCPSite(runner, settings.host, settings.port)
         await site.start()
         if settings.port == 0:
-            port = runner.addresses[0][1]
-            engine.url = f"http://{settings.host}:{port}"
-            if not settings.instance_id:
-                engine.instance_id = f"{settings.host}:{port}"
+            engine.bind(runner.addresses[0][1])
         logging.getLogger(__name__).info(
             "engine %s (%s, %s) serving on %s",
             engine.instance_id,

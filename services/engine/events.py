@@ -6,22 +6,40 @@ order and publishes them with ``services.common.streams.StreamProducer`` to
 ``{prefix}:kv:{deployment}`` and ``{prefix}:load:{deployment}``. A batch that fails to publish
 (Redis down) is retried on the next flush, so consumers see no gap unless the bounded backlog
 overflows (then the oldest batches are dropped and consumers detect the gap by ``seq``).
+
+Resync: kvmeta publishes ``tideserve.v1.ResyncRequest`` on ``{prefix}:resync:{deployment}``
+when it lost track of an instance. :class:`ResyncListener` reads that stream with plain XREAD
+(no group: every engine sees every entry) and reports requests addressed to this instance;
+the shell then queues :meth:`EventPublisher.add_full_state` with ``KVCache.full_state()``:
+batches with the next seqs whose first event is ALL_CLEARED, split into chunks of at most
+``max_blocks`` blocks (``full_state_continues`` on all but the last, see
+:func:`full_state_batches`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from redis.exceptions import RedisError
 from tideserve.v1 import common_pb2, events_pb2
 
-from services.common.streams import StreamProducer, stream_name
-from services.engine.kvcache import KVEventKind, KVEventRecord
+from services.common.streams import PayloadError, StreamProducer, decode_entry, stream_name
+from services.engine.kvcache import KVCache, KVEventKind, KVEventRecord
 
-__all__ = ["EventPublisher", "LoadFigures", "kv_batch", "load_snapshot"]
+__all__ = [
+    "EventPublisher",
+    "LoadFigures",
+    "ResyncListener",
+    "chunk_full_state",
+    "full_state_batches",
+    "kv_batch",
+    "load_snapshot",
+]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +83,76 @@ def kv_batch(
             tenant=r.tenant,
         )
     return batch
+
+
+def chunk_full_state(
+    records: Sequence[KVEventRecord], max_blocks: int
+) -> list[list[KVEventRecord]]:
+    """Split a full state (records in order) into chunks of at most ``max_blocks`` block
+    hashes each (a record without hashes counts as one), splitting long STORED runs: the
+    rest of a run continues in the next chunk with ``parent_hash`` = the last hash sent.
+    Order is kept, so parents stay before children. Always at least one chunk."""
+    if max_blocks <= 0:
+        raise ValueError("max_blocks must be positive")
+    chunks: list[list[KVEventRecord]] = [[]]
+    room = max_blocks
+    for rec in records:
+        hashes = rec.block_hashes
+        if not hashes:
+            if room <= 0:
+                chunks.append([])
+                room = max_blocks
+            chunks[-1].append(rec)
+            room -= 1
+            continue
+        parent = rec.parent_hash
+        while hashes:
+            if room <= 0:
+                chunks.append([])
+                room = max_blocks
+            part, hashes = hashes[:room], hashes[room:]
+            chunks[-1].append(
+                replace(
+                    rec,
+                    block_hashes=part,
+                    parent_hash=parent,
+                    token_count=len(part) * (rec.token_count // len(rec.block_hashes)),
+                )
+            )
+            parent = part[-1]
+            room -= len(part)
+    return chunks
+
+
+def full_state_batches(
+    records: Sequence[KVEventRecord],
+    *,
+    max_blocks: int,
+    deployment: str,
+    instance_id: str,
+    epoch: int,
+    first_seq: int,
+    ts_ms: int,
+    block_size: int,
+) -> list[events_pb2.KVEventBatch]:
+    """A full state (``KVCache.full_state()``: ALL_CLEARED first) as consecutive batches from
+    ``first_seq``; every batch but the last has ``full_state_continues`` set, so a consumer
+    keeps the instance out of matches until the whole state has arrived."""
+    chunks = chunk_full_state(records, max_blocks)
+    out = []
+    for i, chunk in enumerate(chunks):
+        batch = kv_batch(
+            chunk,
+            deployment=deployment,
+            instance_id=instance_id,
+            epoch=epoch,
+            seq=first_seq + i,
+            ts_ms=ts_ms,
+            block_size=block_size,
+        )
+        batch.full_state_continues = i < len(chunks) - 1
+        out.append(batch)
+    return out
 
 
 @dataclass(frozen=True)
@@ -134,12 +222,41 @@ class EventPublisher:
         self.kv_stream = stream_name(prefix, "kv", deployment)
         self.load_stream = stream_name(prefix, "load", deployment)
         self._deployment = deployment
-        self._instance_id = instance_id
+        self.instance_id = instance_id  # may be set until the first batch is cut
         self._epoch = epoch
         self._block_size = block_size
         self._seq = 0
         self._backlog: deque[events_pb2.KVEventBatch] = deque(maxlen=max_backlog)
         self.published = 0
+        self._prefix = prefix
+        self.full_state_due: str | None = None  # why a full state is due at the next ``cut``
+        self.full_states_sent = 0
+
+    def resync_listener(self, redis: Any, block_ms: int = 1000) -> ResyncListener:
+        """A listener of this instance's resync requests that marks a full state due."""
+        return ResyncListener(
+            redis,
+            prefix=self._prefix,
+            deployment=self._deployment,
+            instance_id=lambda: self.instance_id,
+            on_request=self.request_full_state,
+            block_ms=block_ms,
+        )
+
+    def request_full_state(self, req: events_pb2.ResyncRequest) -> None:
+        """A resync request for this instance: the next ``cut`` adds the full state (several
+        requests before it are answered once)."""
+        log.info("kvmeta asked for a full resync: %s", req.reason or "no reason given")
+        self.full_state_due = req.reason or "requested"
+
+    def cut(self, cache: KVCache, ts_ms: int, max_blocks: int = 4096) -> None:
+        """Queue the cache's drained events, then, if a resync was requested, its full state
+        as of this moment (both in one synchronous step, so nothing falls in between)."""
+        self.add(cache.drain_events(), ts_ms)
+        if self.full_state_due is not None:
+            self.full_state_due = None
+            self.full_states_sent += 1
+            self.add_full_state(cache.full_state(), ts_ms, max_blocks)
 
     def add(self, records: Sequence[KVEventRecord], ts_ms: int) -> None:
         """Cut a batch from ``records`` (nothing if empty)."""
@@ -150,13 +267,32 @@ class EventPublisher:
             kv_batch(
                 records,
                 deployment=self._deployment,
-                instance_id=self._instance_id,
+                instance_id=self.instance_id,
                 epoch=self._epoch,
                 seq=self._seq,
                 ts_ms=ts_ms,
                 block_size=self._block_size,
             )
         )
+
+    def add_full_state(
+        self, records: Sequence[KVEventRecord], ts_ms: int, max_blocks: int = 4096
+    ) -> int:
+        """Queue a full state (``KVCache.full_state()``) with the next seqs, after anything
+        queued before. Returns the number of batches queued."""
+        batches = full_state_batches(
+            records,
+            max_blocks=max_blocks,
+            deployment=self._deployment,
+            instance_id=self.instance_id,
+            epoch=self._epoch,
+            first_seq=self._seq + 1,
+            ts_ms=ts_ms,
+            block_size=self._block_size,
+        )
+        self._seq += len(batches)
+        self._backlog.extend(batches)
+        return len(batches)
 
     async def flush(self) -> int:
         """Publish the backlog in order; returns batches published. Keeps them on failure."""
@@ -180,3 +316,69 @@ class EventPublisher:
             log.warning("load snapshot not published: %s", err)
             return False
         return True
+
+
+class ResyncListener:
+    """Reads ``{prefix}:resync:{deployment}`` with plain XREAD (every engine reads every entry)
+    from the stream's newest entry at start, and calls ``on_request`` for each request
+    addressed to ``instance_id()`` (a callable: the id may be settled after start). Requests
+    for other instances and undecodable entries are skipped."""
+
+    def __init__(
+        self,
+        redis: Any,
+        *,
+        prefix: str,
+        deployment: str,
+        instance_id: Callable[[], str],
+        on_request: Callable[[events_pb2.ResyncRequest], None],
+        block_ms: int = 1000,
+    ) -> None:
+        self.redis = redis
+        self.stream = stream_name(prefix, "resync", deployment)
+        self.deployment = deployment
+        self._instance_id = instance_id
+        self._on_request = on_request
+        self.block_ms = block_ms
+        self.last_id: str | None = None  # None: not started (take the newest entry's id)
+        self.received = 0
+
+    async def start_position(self) -> str:
+        """The newest entry's id ("0-0" if none): requests after it are read."""
+        rows: Any = await self.redis.xrevrange(self.stream, count=1)
+        if not rows:
+            return "0-0"
+        raw = rows[0][0]
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+    async def poll_once(self) -> int:
+        """Read one reply (waiting up to ``block_ms``); returns requests for this instance.
+        Raises RedisError/OSError."""
+        if self.last_id is None:
+            self.last_id = await self.start_position()
+        reply: Any = await self.redis.xread({self.stream: self.last_id}, block=self.block_ms)
+        mine = 0
+        for _stream, entries in reply or []:
+            for eid, fields in entries:
+                self.last_id = eid.decode() if isinstance(eid, bytes) else str(eid)
+                try:
+                    req = decode_entry(fields, events_pb2.ResyncRequest)
+                except PayloadError:
+                    continue
+                if req.instance_id != self._instance_id() or (
+                    req.deployment and req.deployment != self.deployment
+                ):
+                    continue
+                mine += 1
+                self.received += 1
+                self._on_request(req)
+        return mine
+
+    async def run(self) -> None:
+        """Poll until cancelled; Redis errors are logged and retried after a second."""
+        while True:
+            try:
+                await self.poll_once()
+            except (RedisError, OSError) as err:
+                log.warning("resync requests: reading %s failed: %s", self.stream, err)
+                await asyncio.sleep(1.0)

@@ -13,6 +13,8 @@ child before parent, so a prefix outlives its extensions). Referenced blocks are
 
 Every residency change is appended to ``outbox`` as a :class:`KVEventRecord` (stored /
 removed / all-cleared); the shell drains it with :meth:`KVCache.drain_events` and publishes it.
+:meth:`KVCache.full_state` describes the whole resident set the same way (the answer to a
+resync request): drained events followed by the full state reproduce the cache exactly.
 """
 
 from __future__ import annotations
@@ -192,6 +194,51 @@ class KVCache:
 
     def drain_events(self) -> list[KVEventRecord]:
         out, self.outbox = self.outbox, []
+        return out
+
+    def resident(self) -> dict[str, set[int]]:
+        """Hashes of the cached (indexable) blocks by tenant; private blocks are not included."""
+        out: dict[str, set[int]] = {}
+        for h, b in self._blocks.items():
+            out.setdefault(b.tenant, set()).add(h)
+        return out
+
+    def full_state(self) -> list[KVEventRecord]:
+        """The resident set as events: ALL_CLEARED, then STORED runs covering every cached
+        block exactly once. A run is a chain (each block the parent of the next, one tenant);
+        a run starts at a block whose parent is not resident (``parent_hash`` = its recorded
+        parent) or branches off a block of an earlier run, so parents precede children.
+        Pure: the outbox is not touched; take it right after :meth:`drain_events`."""
+        blocks = self._blocks
+        children: dict[int, list[int]] = {}
+        starts: list[int] = []
+        for h, b in blocks.items():
+            parent = blocks.get(b.parent) if b.parent else None
+            if parent is not None and parent.tenant == b.tenant:
+                children.setdefault(b.parent, []).append(h)
+            else:
+                starts.append(h)
+        out = [KVEventRecord(KVEventKind.ALL_CLEARED)]
+        stack = list(reversed(starts))
+        while stack:
+            h = stack.pop()
+            first = blocks[h]
+            run = [h]
+            kids = children.get(h)
+            while kids:
+                stack.extend(reversed(kids[1:]))  # branches: later runs, parent already out
+                h = kids[0]
+                run.append(h)
+                kids = children.get(h)
+            out.append(
+                KVEventRecord(
+                    KVEventKind.STORED,
+                    tuple(run),
+                    first.parent,
+                    len(run) * self.block_size,
+                    first.tenant,
+                )
+            )
         return out
 
     # -- internals -----------------------------------------------------------------------

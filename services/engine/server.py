@@ -18,6 +18,9 @@ see :mod:`services.engine.pd_vllm` for the convention; the prefill engine serves
 A request whose client went away is aborted (KV freed, no further work) within one
 ``kv_flush_ms`` even before anything was written to it.
 
+KV events (with Redis): see :mod:`services.engine.events`; a ``ResyncRequest`` for this
+instance is answered on the next flush with the cache's full state.
+
 Admin/test endpoints: ``POST /fault`` (``fail_rate``, ``stall_s``, ``die_after_tokens``,
 ``refuse_health``; answers the current knobs), ``POST /flush_cache``.
 """
@@ -189,6 +192,10 @@ class EngineServer:
             await site.start()
         self._tasks.append(asyncio.create_task(self._step_loop(), name="engine-step"))
         self._tasks.append(asyncio.create_task(self._event_loop(), name="engine-events"))
+        if self._redis is not None:
+            assert self._publisher is not None
+            listener = self._publisher.resync_listener(self._redis)
+            self._tasks.append(asyncio.create_task(listener.run(), name="engine-resync"))
 
     async def _on_cleanup(self, _app: web.Application) -> None:
         for t in self._tasks:
@@ -206,6 +213,15 @@ class EngineServer:
         await self.remote_kv.close()
         if self._http is not None:
             await self._http.close()
+
+    def bind(self, port: int) -> None:
+        """The HTTP port is known (it was 0 = any): fix the URL and, unless configured, the
+        instance id (also in KV events not yet cut)."""
+        self.url = f"http://{self.settings.host}:{port}"
+        if not self.settings.instance_id:
+            self.instance_id = f"{self.settings.host}:{port}"
+            if self._publisher is not None:
+                self._publisher.instance_id = self.instance_id
 
     # -- the stepping loop ---------------------------------------------------------------
     async def _step_loop(self) -> None:
@@ -265,7 +281,7 @@ class EngineServer:
             self._reap_gone()
             if self._publisher is None:
                 continue
-            self._publisher.add(self.core.cache.drain_events(), int(time.time() * 1000))
+            self._publisher.cut(self.core.cache, int(time.time() * 1000), s.resync_max_blocks)
             await self._publisher.flush()
             if time.monotonic() >= next_load:
                 next_load = time.monotonic() + s.load_interval_ms / 1000.0

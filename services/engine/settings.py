@@ -36,6 +36,9 @@ class EngineSettings(BaseSettings):
     stream_prefix: str = "ts"
     kv_flush_ms: float = Field(50.0, gt=0.0)
     load_interval_ms: float = Field(250.0, gt=0.0)
+    resync_max_blocks: int = Field(
+        4096, ge=1, description="blocks per batch when answering a resync request in chunks"
+    )
     metrics_dialect: Literal["sglang", "vllm"] = "sglang"
     bootstrap_port: int = Field(0, ge=0, le=65535, description="prefill: rendezvous port; 0 = none")
     bootstrap_timeout_s: float = Field(60.0, gt=0.0)

@@ -18,7 +18,9 @@ Sequencing per (deployment, instance): batches carry (epoch, seq). A batch with 
 or the same epoch and ``seq <= last_seq``, is skipped (idempotent at-least-once delivery). A
 newer epoch resets the instance. A gap (``seq > last_seq + 1``) applies the batch but marks the
 instance *stale* (excluded from matches) and returns ``RESYNC_NEEDED``; a batch whose first
-event is ALL_CLEARED is a full state replacement and clears the stale flag.
+event is ALL_CLEARED is a full state replacement and clears the stale flag. A full state sent
+as several batches (``continues`` on all but the last) keeps the instance stale (*syncing*)
+until its last batch arrives without a gap, so a partial state is never matched.
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ class InstanceInfo:
     blocks: int
     stale: bool
     last_seen: float
+    syncing: bool = False  # a multi-batch full state is arriving (stale until it ends)
 
 
 @dataclass
@@ -131,6 +134,7 @@ class _Inst:
     stale: bool = False
     last_seen: float = 0.0
     blocks: int = 0
+    syncing: bool = False  # inside a multi-batch full state (stale until its last batch)
 
 
 @dataclass
@@ -163,8 +167,14 @@ class PrefixIndex:
         seq: int,
         events: Sequence[EventLike],
         now: float,
+        continues: bool = False,
     ) -> Outcome:
-        """Apply one batch of one instance. Idempotent per (instance, epoch, seq)."""
+        """Apply one batch of one instance. Idempotent per (instance, epoch, seq).
+
+        ``continues``: the batch belongs to a full state (first batch: ALL_CLEARED first)
+        that goes on in batch ``seq + 1``; the instance stays stale until the full state's
+        last batch (``continues`` false) arrives without a gap.
+        """
         dep = self._deps.get(deployment)
         if dep is None:
             dep = self._deps[deployment] = _Dep()
@@ -176,7 +186,7 @@ class PrefixIndex:
             return Outcome.SKIPPED
         elif epoch > inst.epoch:
             self._reset(dep, inst)
-            inst.epoch, inst.last_seq, inst.stale = epoch, 0, False
+            inst.epoch, inst.last_seq, inst.stale, inst.syncing = epoch, 0, False, False
             dep.live |= 1 << inst.slot
         elif seq <= inst.last_seq:
             return Outcome.SKIPPED
@@ -185,9 +195,11 @@ class PrefixIndex:
         inst.last_seq = seq
         inst.last_seen = max(inst.last_seen, now)
         if full:
-            inst.stale = False
-        if gap:
-            inst.stale = True
+            inst.stale = inst.syncing = continues
+        elif gap:
+            inst.stale, inst.syncing = True, False
+        elif inst.syncing and not continues:
+            inst.stale = inst.syncing = False
         if inst.stale:
             dep.live &= ~(1 << inst.slot)
         else:
@@ -358,7 +370,14 @@ class PrefixIndex:
             raise UnknownDeploymentError(deployment)
         return [
             InstanceInfo(
-                deployment, i.instance_id, i.epoch, i.last_seq, i.blocks, i.stale, i.last_seen
+                deployment,
+                i.instance_id,
+                i.epoch,
+                i.last_seq,
+                i.blocks,
+                i.stale,
+                i.last_seen,
+                i.syncing,
             )
             for i in sorted(dep.instances.values(), key=lambda x: x.instance_id)
         ]
@@ -491,7 +510,7 @@ class PrefixIndex:
         if dep is None:
             return []
         for inst in dep.instances.values():
-            inst.stale = True
+            inst.stale, inst.syncing = True, False
         dep.live = 0
         return sorted(dep.instances)
 

@@ -1,7 +1,7 @@
 """Snapshot codec of the prefix index: compact bytes for checkpoints.
 
 Layout (little-endian, zlib-compressed): magic, then per deployment its slot bookkeeping,
-instances (slot, epoch, last seq, stale, last seen, block count) and tables; a table is
+instances (slot, epoch, last seq, stale | syncing << 1, last seen, block count) and tables; a table is
 (tenant, lora, tier), its keys as ``array('Q')``, holder values as ``array('q')`` (negative:
 the single/pair encodings themselves; non-negative: an index into the table's bitmasks,
 stored as length-prefixed little-endian bytes).
@@ -52,7 +52,7 @@ def encode(deps: dict[str, _Dep]) -> bytes:
                     inst.slot,
                     inst.epoch,
                     inst.last_seq,
-                    inst.stale,
+                    inst.stale | inst.syncing << 1,  # old readers: bool(byte) = stale
                     inst.last_seen,
                     inst.blocks,
                 )
@@ -127,7 +127,8 @@ def decode(data: bytes) -> dict[str, _Dep]:
                 slot, epoch, last_seq, stale, seen, blocks = struct.unpack(
                     "<IqqBdq", r.take(struct.calcsize("<IqqBdq"))
                 )
-                inst = _Inst(iid, slot, epoch, last_seq, bool(stale), seen, blocks)
+                inst = _Inst(iid, slot, epoch, last_seq, bool(stale & 1), seen, blocks)
+                inst.syncing = bool(stale & 2)
                 dep.instances[iid] = inst
                 dep.owners[slot] = inst
                 if not inst.stale:

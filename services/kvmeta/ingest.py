@@ -12,6 +12,13 @@ deployment's instances are marked stale (they need a resync).
 
 Batches received over gRPC are published to the same stream first (when Redis is
 configured), so they are as durable as engine-published ones.
+
+Resync: a stale instance (a gap in its seqs, or a trimmed stream) is asked for its full
+state with a ``tideserve.v1.ResyncRequest`` on ``{prefix}:resync:{deployment}``; which
+instances to ask and when is decided by the pure :func:`services.kvmeta.resync.plan_resyncs`
+(one outstanding request per instance, retried with backoff while still stale), checked at
+once after a gap and every ``resync_check_s``. The engine's answer is an ordinary full-state
+batch on the KV stream, which clears the stale flag when applied.
 """
 
 from __future__ import annotations
@@ -32,6 +39,12 @@ from services.common.streams import StreamConsumer, StreamProducer, decode_entry
 from services.kvmeta.checkpoint import KVMetaStore
 from services.kvmeta.index import Outcome, PrefixIndex
 from services.kvmeta.index_codec import compress_snapshot
+from services.kvmeta.resync import (
+    Outstanding,
+    ResyncPolicy,
+    StaleInstance,
+    plan_resyncs,
+)
 
 __all__ = ["IndexFeeder", "parse_id"]
 
@@ -65,6 +78,8 @@ class IndexFeeder:
         discover_interval_s: float = 2.0,
         block_ms: int = 500,
         claim_idle_ms: int = 30_000,
+        resync_policy: ResyncPolicy | None = None,
+        resync_check_s: float = 1.0,
     ) -> None:
         self.index = index
         self._clock = clock
@@ -87,6 +102,12 @@ class IndexFeeder:
         self._consumers: dict[str, StreamConsumer[events_pb2.KVEventBatch]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
+        self.resync_policy = resync_policy or ResyncPolicy()
+        self.resync_check_s = resync_check_s
+        self.resync_outstanding: dict[tuple[str, str], Outstanding] = {}
+        self.resync_requests_sent = 0
+        self._resync_reasons: dict[tuple[str, str], str] = {}
+        self._resync_due = asyncio.Event()
 
     # ------------------------------------------------------------------ apply
 
@@ -97,9 +118,20 @@ class IndexFeeder:
             self.block_sizes[dep] = batch.block_size
         self._dirty.add(dep)
         outcome = self.index.apply_batch(
-            dep, batch.instance_id, batch.epoch, batch.seq, batch.events, self._clock()
+            dep,
+            batch.instance_id,
+            batch.epoch,
+            batch.seq,
+            batch.events,
+            self._clock(),
+            batch.full_state_continues,
         )
         self.outcomes[outcome.value] += 1
+        if outcome is Outcome.RESYNC_NEEDED:
+            self._resync_reasons[(dep, batch.instance_id)] = (
+                f"seq gap: batches before epoch {batch.epoch} seq {batch.seq} are missing"
+            )
+            self._resync_due.set()
         return outcome
 
     async def ingest(self, batch: events_pb2.KVEventBatch) -> Outcome:
@@ -166,6 +198,7 @@ class IndexFeeder:
         if self._redis is not None:
             await self.discover()
             self._tasks.append(asyncio.create_task(self._discover_loop()))
+            self._tasks.append(asyncio.create_task(self._resync_loop()))
             self._start_consumer(
                 stream_name(self.prefix, "membership"),
                 self._on_membership,
@@ -220,6 +253,9 @@ class IndexFeeder:
                     self._start_consumer(name, self._kv_handler(dep), events_pb2.KVEventBatch, "0")
                 else:
                     self._start_consumer(name, self._on_load, events_pb2.LoadSnapshot, "$")
+                    # An engine's load snapshots come before its first KV event: watch its
+                    # KV stream now rather than one discovery period after that event.
+                    await self.watch(dep)
                 found.append(name)
         return found
 
@@ -259,6 +295,9 @@ class IndexFeeder:
         pos = self.positions.get(dep, "0-0")  # no checkpoint: the whole stream is the state
         if await self._trimmed_past(stream, pos):
             stale = self.index.mark_stale(dep)
+            for iid in stale:
+                self._resync_reasons[(dep, iid)] = f"stream {stream} trimmed past {pos}"
+            self._resync_due.set()
             log.warning(
                 "stream %s lost entries after %s (trimmed); %d instances need a resync",
                 stream,
@@ -344,6 +383,67 @@ class IndexFeeder:
         for dep in self.index.deployments():
             if self.index.retired_slots(dep) >= 16:
                 self.index.compact([dep])
+
+    # ----------------------------------------------------------------- resync
+
+    async def request_resyncs(self) -> list[StaleInstance]:
+        """Publish a ``ResyncRequest`` to each stale instance due one now (see
+        :func:`plan_resyncs`); returns those asked. No-op without Redis. Raises RedisError /
+        OSError, then nothing is recorded as outstanding (the next call asks again)."""
+        if self._producer is None:
+            return []
+        index = self.index
+        stale = [
+            StaleInstance(dep, i.instance_id, i.epoch)
+            for dep in index.deployments()
+            if index.stale_instances(dep)
+            for i in index.instances(dep)
+            if i.stale
+        ]
+        now = self._clock()
+        plan = plan_resyncs(stale, self.resync_outstanding, now, self.resync_policy)
+        streams: dict[str, list[events_pb2.ResyncRequest]] = {}
+        for inst in plan.send:
+            reason = self._resync_reasons.get(inst.key, "stale: KV events may have been lost")
+            streams.setdefault(stream_name(self.prefix, "resync", inst.deployment), []).append(
+                events_pb2.ResyncRequest(
+                    deployment=inst.deployment,
+                    instance_id=inst.instance_id,
+                    epoch=inst.epoch,
+                    reason=reason,
+                    requested_ms=int(now * 1000),
+                )
+            )
+        for stream, reqs in streams.items():
+            await self._producer.publish_many(stream, reqs)
+        for inst in plan.send:
+            log.info(
+                "asked %s/%s (epoch %d) for a full resync: %s",
+                inst.deployment,
+                inst.instance_id,
+                inst.epoch,
+                self._resync_reasons.get(inst.key, "stale"),
+            )
+        self.resync_outstanding = plan.outstanding
+        self.resync_requests_sent += len(plan.send)
+        for key in [k for k in self._resync_reasons if k not in plan.outstanding]:
+            del self._resync_reasons[key]  # answered (or never stale): forget why
+        return plan.send
+
+    async def _resync_loop(self) -> None:
+        while True:
+            # asyncio.wait, not wait_for: 3.11's wait_for can swallow a cancellation that
+            # races with the event being set (stop() would then wait forever)
+            waiter = asyncio.ensure_future(self._resync_due.wait())
+            try:
+                await asyncio.wait({waiter}, timeout=self.resync_check_s)
+            finally:
+                waiter.cancel()
+            self._resync_due.clear()
+            try:
+                await self.request_resyncs()
+            except (RedisError, OSError) as exc:
+                log.warning("resync requests not published (retried): %s", exc)
 
     async def _discover_loop(self) -> None:
         while True:

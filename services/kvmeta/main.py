@@ -24,6 +24,7 @@ from services.kvmeta.ingest import IndexFeeder
 from services.kvmeta.metadata_http import MetadataServer
 from services.kvmeta.metrics import KVMetaCollector
 from services.kvmeta.objects import ObjectMaster
+from services.kvmeta.resync import ResyncPolicy
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
 from services.kvmeta.settings import KVMetaSettings
 
@@ -49,6 +50,10 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
         consumer=settings.consumer_name,
         checkpoint_interval_s=settings.checkpoint_interval_s,
         expire_after_s=settings.instance_expiry_s,
+        resync_policy=ResyncPolicy(
+            settings.resync_retry_s, max(settings.resync_retry_s, settings.resync_max_retry_s)
+        ),
+        resync_check_s=settings.resync_check_s,
     )
     objects = ObjectShell(
         ObjectMaster(

@@ -49,6 +49,11 @@ class KVMetaCollector(Collector):
         for outcome, n in sorted(self.feeder.outcomes.items()):
             batches.add_metric([outcome], n)
         yield batches
+        yield CounterMetricFamily(
+            "tideserve_kvmeta_resync_requests",
+            "ResyncRequests published to stale instances (retries included)",
+            value=self.feeder.resync_requests_sent,
+        )
         used = GaugeMetricFamily(
             "tideserve_kvmeta_segment_used_bytes",
             "bytes allocated in a segment",

@@ -28,6 +28,13 @@ class KVMetaSettings(ServiceSettings):
         0.0, ge=0.0, description="drop instances without events/load snapshots this long; 0 = never"
     )
     max_match_blocks: int = Field(16384, ge=1, description="longest MatchPrefix hash list")
+    resync_retry_s: float = Field(
+        5.0, gt=0.0, description="ask a still-stale instance again after this (doubling)"
+    )
+    resync_max_retry_s: float = Field(
+        60.0, gt=0.0, description="longest wait between resync requests to one instance"
+    )
+    resync_check_s: float = Field(1.0, gt=0.0, description="period of the stale-instance check")
     # object master
     lease_s: float = Field(5.0, gt=0.0, description="read lease granted by GetReplicaList")
     put_timeout_s: float = Field(30.0, gt=0.0, description="a PutStart not ended is reclaimed")

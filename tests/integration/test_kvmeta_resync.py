@@ -1,0 +1,196 @@
+"""Gap → resync end to end, on a real Redis: a simulated engine publishes KV events, one batch
+is lost before kvmeta reads it (XDEL), kvmeta marks the instance stale and publishes a
+ResyncRequest, the engine answers with its full state (one batch, or chunks), and kvmeta's
+index for the instance equals the engine's cache again: not stale, MatchPrefix finds every
+prefix, including the one only the lost batch announced."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+import redis.asyncio as aioredis
+from aiohttp.test_utils import TestServer
+from tideserve.v1 import events_pb2, kvmeta_pb2, kvmeta_pb2_grpc
+
+from services.common.clock import ManualClock
+from services.common.streams import stream_name
+from services.common.tokens import block_hashes, tokenize
+from services.engine.server import EngineServer
+from services.engine.settings import EngineSettings
+from services.kvmeta.index import PrefixIndex
+from services.kvmeta.ingest import IndexFeeder
+from services.kvmeta.objects import ObjectMaster
+from services.kvmeta.resync import ResyncPolicy
+from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
+
+pytestmark = pytest.mark.integration
+
+BS = 16
+DEP = "llama"
+PROMPTS = [" ".join(f"p{k}w{i}" for i in range(5 * BS)) for k in range(3)]  # 5 blocks each
+CLEARED = events_pb2.KVEvent.KIND_ALL_CLEARED
+
+
+async def eventually(pred: Callable[[], Awaitable[bool]], within_s: float = 20.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not await pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.05)
+
+
+async def kv_batches(redis: Any, stream: str) -> list[events_pb2.KVEventBatch]:
+    return [events_pb2.KVEventBatch.FromString(f[b"p"]) for _, f in await redis.xrange(stream)]
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url, decode_responses=False)
+    yield client
+    await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("max_blocks", "answer_batches"), [(4096, 1), (4, 4)], ids=["one-batch", "chunked"]
+)
+async def test_gap_resync_request_and_answer_restore_the_instance(
+    tmp_path: Path, redis: aioredis.Redis, max_blocks: int, answer_batches: int
+) -> None:
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    kv_stream = stream_name(prefix, "kv", DEP)
+    engines: dict[str, EngineServer] = {}
+    servers: list[TestServer] = []
+    for iid in ("e1", "e2"):
+        settings = EngineSettings(
+            port=0,
+            instance_id=iid,
+            profile="test",
+            speedup=20.0,
+            block_size=BS,
+            kv_blocks=256,
+            deployment=DEP,
+            stream_prefix=prefix,
+            kv_flush_ms=10.0,
+            load_interval_ms=1000.0,
+            resync_max_blocks=max_blocks,
+            state_dir=tmp_path / iid,
+        )
+        engines[iid] = EngineServer(settings, redis=redis)
+        servers.append(TestServer(engines[iid].app(), host="127.0.0.1"))
+        await servers[-1].start_server()
+    kv: IndexFeeder | None = None
+    grpc_server: grpc.aio.Server | None = None
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+            # e1 serves three prompts, one KV batch each; e2 serves the first one
+            for k, text in enumerate(PROMPTS):
+                url = str(servers[0].make_url("/v1/completions"))
+                async with http.post(url, json={"prompt": text, "max_tokens": 1}) as resp:
+                    assert resp.status == 200
+
+                async def published(n: int = k + 1) -> bool:
+                    return (
+                        sum(b.instance_id == "e1" for b in await kv_batches(redis, kv_stream)) == n
+                    )
+
+                await eventually(published)
+            url = str(servers[1].make_url("/v1/completions"))
+            async with http.post(url, json={"prompt": PROMPTS[0], "max_tokens": 1}) as resp:
+                assert resp.status == 200
+
+        async def e2_published() -> bool:
+            return any(b.instance_id == "e2" for b in await kv_batches(redis, kv_stream))
+
+        await eventually(e2_published)
+        # lose e1's second batch before kvmeta reads it
+        entries = await redis.xrange(kv_stream)
+        lost = [
+            eid
+            for eid, f in entries
+            if (b := events_pb2.KVEventBatch.FromString(f[b"p"])).instance_id == "e1" and b.seq == 2
+        ]
+        assert len(lost) == 1 and await redis.xdel(kv_stream, *lost) == 1
+
+        kv = IndexFeeder(
+            PrefixIndex(),
+            time.time,
+            redis=redis,
+            prefix=prefix,
+            discover_interval_s=0.2,
+            block_ms=100,
+            claim_idle_ms=200,
+            resync_policy=ResyncPolicy(retry_after_s=60.0, max_retry_after_s=60.0),
+            resync_check_s=0.2,
+        )
+        await kv.start()
+        grpc_server = grpc.aio.server()
+        objects = ObjectShell(ObjectMaster(), None, ManualClock(0.0).now)
+        add_to_server(KVMetaServicer(kv, objects), grpc_server)
+        port = grpc_server.add_insecure_port("127.0.0.1:0")
+        await grpc_server.start()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = kvmeta_pb2_grpc.KVMetaServiceStub(channel)
+
+            async def e1_restored() -> bool:
+                resp = await stub.ListIndexedInstances(
+                    kvmeta_pb2.ListIndexedInstancesRequest(deployment=DEP)
+                )
+                insts = {i.instance_id: i for i in resp.instances}
+                e1 = insts.get("e1")
+                return e1 is not None and not e1.stale and e1.last_seq == 3 + answer_batches
+
+            await eventually(e1_restored)
+            assert kv.outcomes["resync_needed"] == 1  # the gap was seen (and only that one)
+
+            # exactly one request (one outstanding per instance), addressed to e1
+            rows = await redis.xrange(stream_name(prefix, "resync", DEP))
+            reqs = [events_pb2.ResyncRequest.FromString(f[b"p"]) for _, f in rows]
+            assert [(r.deployment, r.instance_id, r.epoch) for r in reqs] == [
+                (DEP, "e1", engines["e1"].epoch)
+            ]
+            assert "seq gap" in reqs[0].reason and reqs[0].requested_ms > 0
+
+            # e1 answered with a full state in the next seqs; e2 ignored the request
+            answer = [b for b in await kv_batches(redis, kv_stream) if b.seq > 3]
+            assert [b.instance_id for b in answer] == ["e1"] * answer_batches
+            assert [b.seq for b in answer] == list(range(4, 4 + answer_batches))
+            assert answer[0].events[0].kind == CLEARED
+            assert [b.full_state_continues for b in answer] == [True] * (answer_batches - 1) + [
+                False
+            ]
+            e2_batches = [b for b in await kv_batches(redis, kv_stream) if b.instance_id == "e2"]
+            assert all(e.kind != CLEARED for b in e2_batches for e in b.events)
+
+            # kvmeta's index for e1 equals e1's cache
+            cache = engines["e1"].core.cache
+            resident = cache.resident()
+            (info,) = [i for i in kv.index.instances(DEP) if i.instance_id == "e1"]
+            assert info.blocks == sum(len(v) for v in resident.values()) == 15
+            for text in PROMPTS:
+                hashes = block_hashes(tokenize(text), BS)
+                resp = await stub.MatchPrefix(
+                    kvmeta_pb2.MatchPrefixRequest(deployment=DEP, block_hashes=hashes)
+                )
+                got = {m.instance_id: m.matched_blocks for m in resp.matches}
+                assert got.get("e1") == cache.match(hashes) == 5
+            resp = await stub.MatchPrefix(
+                kvmeta_pb2.MatchPrefixRequest(
+                    deployment=DEP, block_hashes=block_hashes(tokenize(PROMPTS[0]), BS)
+                )
+            )
+            assert {m.instance_id for m in resp.matches} == {"e1", "e2"}
+    finally:
+        if grpc_server is not None:
+            await grpc_server.stop(None)
+        if kv is not None:
+            await kv.stop(checkpoint=False)
+        for s in servers:
+            await s.close()
