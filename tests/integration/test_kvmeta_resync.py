@@ -194,3 +194,98 @@ async def test_gap_resync_request_and_answer_restore_the_instance(
             await kv.stop(checkpoint=False)
         for s in servers:
             await s.close()
+
+
+async def test_engine_listener_takes_only_its_own_requests_after_start(
+    redis: aioredis.Redis,
+) -> None:
+    from services.common.streams import StreamProducer
+    from services.engine.events import ResyncListener
+
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    stream = stream_name(prefix, "resync", DEP)
+    prod = StreamProducer(redis)
+
+    def req(iid: str, dep: str = DEP, reason: str = "") -> events_pb2.ResyncRequest:
+        return events_pb2.ResyncRequest(deployment=dep, instance_id=iid, reason=reason)
+
+    await prod.publish(stream, req("e1", reason="before start"))  # not for a new listener
+    got: list[str] = []
+    listener = ResyncListener(
+        redis,
+        prefix=prefix,
+        deployment=DEP,
+        instance_id=lambda: "e1",
+        on_request=lambda r: got.append(r.reason),
+        block_ms=100,
+    )
+    assert await listener.poll_once() == 0
+    await prod.publish_many(
+        stream, [req("e2", reason="other instance"), req("e1", "other-dep", "other deployment")]
+    )
+    await redis.xadd(stream, {b"t": b"tideserve.v1.ResyncRequest", b"p": b"\xff garbage"})
+    last = await prod.publish(stream, req("e1", reason="mine"))
+    while listener.last_id != last:
+        await listener.poll_once()
+    assert got == ["mine"] and listener.received == 1
+
+
+async def test_unanswered_request_is_retried_until_a_full_state_arrives(
+    redis: aioredis.Redis,
+) -> None:
+    """No engine listens: kvmeta repeats its request (backoff) while the instance is stale;
+    a full state published by anyone ends the requests."""
+    from services.common.streams import StreamProducer
+
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    kv_stream, rs_stream = stream_name(prefix, "kv", DEP), stream_name(prefix, "resync", DEP)
+    prod = StreamProducer(redis)
+    stored = events_pb2.KVEvent.KIND_BLOCK_STORED
+    h = block_hashes(list(range(4 * BS)), BS)
+
+    def batch(seq: int, *events: events_pb2.KVEvent) -> events_pb2.KVEventBatch:
+        return events_pb2.KVEventBatch(
+            deployment=DEP, instance_id="x", epoch=3, seq=seq, events=events, block_size=BS
+        )
+
+    await prod.publish_many(
+        kv_stream,
+        [batch(1, events_pb2.KVEvent(kind=stored, block_hashes=h[:1])), batch(3)],  # gap
+    )
+    kv = IndexFeeder(
+        PrefixIndex(),
+        time.time,
+        redis=redis,
+        prefix=prefix,
+        block_ms=100,
+        resync_policy=ResyncPolicy(retry_after_s=0.1, max_retry_after_s=0.2),
+        resync_check_s=0.05,
+    )
+    await kv.start()
+    try:
+
+        async def asked_thrice() -> bool:  # recorded only after the publish succeeded
+            sent = kv.resync_outstanding.get((DEP, "x"))
+            return sent is not None and sent.attempts >= 3
+
+        await eventually(asked_thrice)
+        rows = await redis.xrange(rs_stream)
+        reqs = [events_pb2.ResyncRequest.FromString(f[b"p"]) for _, f in rows]
+        assert len(reqs) >= 3 and {(r.instance_id, r.epoch) for r in reqs} == {("x", 3)}
+        await prod.publish(
+            kv_stream,
+            batch(
+                4,
+                events_pb2.KVEvent(kind=CLEARED),
+                events_pb2.KVEvent(kind=stored, block_hashes=h),
+            ),
+        )
+
+        async def answered() -> bool:
+            info = kv.index.instances(DEP)[0]
+            return not info.stale and not kv.resync_outstanding
+
+        await eventually(answered)
+        assert [m.matched_blocks for m in kv.index.match_prefix(DEP, "", h)] == [4]
+    finally:
+        await kv.stop(checkpoint=False)

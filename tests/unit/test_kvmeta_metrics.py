@@ -31,14 +31,25 @@ def batch(inst: str, seq: int, hashes: list[int]) -> events_pb2.KVEventBatch:
             64.0,
         ),
         ("tideserve_kvmeta_objects", {"status": "processing"}, 1.0),
+        ("tideserve_kvmeta_resync_requests_total", {}, 2.0),
     ],
-    ids=["entries", "stale", "live", "skipped", "resync", "segment-used", "objects"],
+    ids=[
+        "entries",
+        "stale",
+        "live",
+        "skipped",
+        "resync",
+        "segment-used",
+        "objects",
+        "resync-requests",
+    ],
 )
 def test_collector(metric: str, labels: dict[str, str], value: float) -> None:
     feeder = IndexFeeder(PrefixIndex(), lambda: 0.0)
     feeder.apply(batch("a", 1, [1, 2, 3]))
     feeder.apply(batch("a", 1, [1, 2, 3]))  # duplicate
     feeder.apply(batch("b", 4, [1, 2]))  # gap
+    feeder.resync_requests_sent = 2  # published by its resync loop (needs Redis)
     om = ObjectMaster()
     om.mount_segment("d", SegmentSpec("s", "a", 2, 1024, "x:1"), 0.0)
     om.put_start("d", "t", "k", 64, ReplicaConfig(), 0.0)
