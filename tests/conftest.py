@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -35,6 +36,16 @@ import pytest
 
 _PG_ENV = "TIDESERVE_TEST_POSTGRES_URL"
 _REDIS_ENV = "TIDESERVE_TEST_REDIS_URL"
+
+
+def _terminate_like_ctrl_c(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A run stopped with SIGTERM (`timeout`, a CI job limit) unwinds like Ctrl-C, so session
+    # fixtures still stop the embedded Postgres and Redis instead of orphaning them.
+    signal.signal(signal.SIGTERM, _terminate_like_ctrl_c)
 
 
 def _docker_answers() -> bool:
