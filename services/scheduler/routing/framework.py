@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 from services.scheduler.routing.types import (
     Choice,
@@ -88,6 +88,17 @@ class Scorer(Plugin, Protocol):
     ) -> Mapping[str, float]:
         """Score per instance id in [0, 1]; higher is better. Missing ids score 0;
         values outside [0, 1] are clamped and NaN counts as 0."""
+
+
+@runtime_checkable
+class VectorScorer(Scorer, Protocol):
+    """Optional fast path of a :class:`Scorer`: the framework calls ``score_list`` instead
+    of ``score`` when a scorer has it. Same contract, as a list aligned with ``candidates``
+    (one value per candidate; clamped and NaN-zeroed like ``score``'s)."""
+
+    def score_list(
+        self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
+    ) -> list[float]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +171,45 @@ def _clamp(x: float) -> float:
     return 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
 
 
+ScoreFn = Callable[[CycleContext, RequestView, Sequence[EndpointView]], list[float]]
+
+
+def _as_list(scorer: Scorer) -> ScoreFn:
+    """``scorer``'s scores as a list aligned with the candidates (missing ids score 0)."""
+    vec = getattr(scorer, "score_list", None)
+    if callable(vec):
+        return cast(ScoreFn, vec)
+
+    def listed(
+        ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
+    ) -> list[float]:
+        get = scorer.score(ctx, request, candidates).get
+        return [get(e.instance_id, 0.0) for e in candidates]
+
+    return listed
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What a profile's cycle needs, resolved once (no per-cycle protocol checks)."""
+
+    scorers: tuple[tuple[str, float, ScoreFn], ...]
+    # (random_ties) when the picker is the built-in max-score picker (picked over the
+    # totals directly, without building a Scored per candidate); None otherwise.
+    max_score_ties: bool | None
+    settle: tuple[Settle, ...]
+
+
+def _plan(prof: Profile) -> _Plan:
+    picker = prof.picker
+    fast = isinstance(picker, MaxScorePicker) and type(picker).pick is MaxScorePicker.pick
+    return _Plan(
+        scorers=tuple((s.name, w, _as_list(s)) for s, w in prof.scorers),
+        max_score_ties=picker.random_ties if fast and isinstance(picker, MaxScorePicker) else None,
+        settle=tuple(h for h in prof.post_pick if isinstance(h, Settle)),
+    )
+
+
 class Scheduler:
     """Runs scheduling cycles over named profiles. Plugins may keep state across cycles
     (indexes, counters); the scheduler itself keeps only the RNG."""
@@ -172,6 +222,13 @@ class Scheduler:
         self.profiles = dict(profiles)
         self.default_profile = default_profile
         self.rng = rng
+        self._plans: dict[int, tuple[Profile, _Plan]] = {}
+
+    def _plan_of(self, prof: Profile) -> _Plan:
+        hit = self._plans.get(id(prof))
+        if hit is None or hit[0] is not prof:
+            hit = self._plans[id(prof)] = (prof, _plan(prof))
+        return hit[1]
 
     def schedule(
         self,
@@ -183,14 +240,19 @@ class Scheduler:
         """Decide where ``request`` goes. Raises ``KeyError`` for an unknown profile name."""
         prof = self.profiles[profile or self.default_profile]
         ctx = CycleContext(now=now, rng=self.rng)
-        eligible = [e for e in snapshot if e.eligible and e.instance_id not in request.exclude]
+        n_eligible, decode_pool, prefill_pool = snapshot.pools()
         prefill_prof = self.profiles[prof.prefill_profile] if prof.prefill_profile else None
-        prefill_pool = [e for e in eligible if e.role == "prefill"] if prefill_prof else []
-        decode_pool = [e for e in eligible if e.role in ("worker", "decode")]
+        if not prefill_prof:
+            prefill_pool = ()
+        excl = request.exclude
+        if excl:
+            n_eligible -= sum(1 for e in snapshot if e.eligible and e.instance_id in excl)
+            decode_pool = tuple(e for e in decode_pool if e.instance_id not in excl)
+            prefill_pool = tuple(e for e in prefill_pool if e.instance_id not in excl)
         if not decode_pool:
             return NoEndpoint(
                 f"no eligible decode/worker endpoint among {len(snapshot)} "
-                f"({len(snapshot) - len(eligible)} unhealthy, draining, open or excluded)"
+                f"({len(snapshot) - n_eligible} unhealthy, draining, open or excluded)"
             )
         decode = self._run(prof, ctx, request, decode_pool)
         if not isinstance(decode, Choice):
@@ -213,6 +275,10 @@ class Scheduler:
             predicted_cached_tokens=ctx.cached_tokens.get(target, 0),
             predicted_ttft_ms=ctx.predicted_ttft_ms.get(target, 0.0),
         )
+        if len(used) == 1:
+            for hook in prof.post_pick:
+                hook.on_pick(now, request, decision)
+            return decision
         seen: set[int] = set()
         for p_ in used:
             for hook in p_.post_pick:
@@ -227,22 +293,23 @@ class Scheduler:
         prof = self.profiles.get(pick.profile)
         if prof is None:
             return
-        used = [prof]
+        hooks = self._plan_of(prof).settle
         if pick.prefill is not None and prof.prefill_profile in self.profiles:
-            used.append(self.profiles[prof.prefill_profile])
+            extra = self._plan_of(self.profiles[prof.prefill_profile]).settle
+            if extra:
+                hooks = hooks + extra
         seen: set[int] = set()
-        for p_ in used:
-            for hook in p_.post_pick:
-                if id(hook) not in seen and isinstance(hook, Settle):
-                    seen.add(id(hook))
-                    hook.on_settle(request, pick, ok)
+        for hook in hooks:
+            if id(hook) not in seen:
+                seen.add(id(hook))
+                hook.on_settle(request, pick, ok)
 
     def _run(
         self,
         prof: Profile,
         ctx: CycleContext,
         request: RequestView,
-        pool: list[EndpointView],
+        pool: Sequence[EndpointView],
     ) -> Choice | Shed | NoEndpoint:
         for prep in prof.preparers:
             prep.prepare(ctx, request, pool)
@@ -254,17 +321,42 @@ class Scheduler:
             cands = out
             if not cands:
                 return NoEndpoint(f"profile {prof.name!r}: filter {flt.name!r} left no endpoint")
-        totals = {e.instance_id: 0.0 for e in cands}
-        details: dict[str, list[tuple[str, float, float]]] = {e.instance_id: [] for e in cands}
-        for scorer, weight in prof.scorers:
-            raw = scorer.score(ctx, request, cands)
-            name = scorer.name
-            for iid in totals:
-                s = raw.get(iid, 0.0)
-                if not 0.0 <= s <= 1.0:  # also catches NaN
-                    s = _clamp(float(s))
-                totals[iid] += weight * s
-                details[iid].append((name, s, weight))
-        scored = [Scored(e, totals[e.instance_id], tuple(details[e.instance_id])) for e in cands]
+        plan = self._plan_of(prof)
+        n = len(cands)
+        totals = [0.0] * n
+        columns: list[list[float]] = []
+        for _name, weight, fn in plan.scorers:
+            col = fn(ctx, request, cands)
+            if len(col) != n:
+                raise ValueError(f"scorer {_name!r} returned {len(col)} scores for {n} candidates")
+            total = sum(col)
+            if total != total or min(col, default=0.0) < 0.0 or max(col, default=0.0) > 1.0:
+                col = [s if 0.0 <= s <= 1.0 else _clamp(float(s)) for s in col]
+            columns.append(col)
+            totals = [t + weight * s for t, s in zip(totals, col, strict=True)]
+        ties = plan.max_score_ties
+        if ties is not None:
+            best = max(totals)
+            cut = best - 1e-12
+            if ties:
+                tied = [i for i, t in enumerate(totals) if t >= cut]
+                i = tied[ctx.rng.randrange(len(tied))] if len(tied) > 1 else tied[0]
+            else:
+                i = next(i for i, t in enumerate(totals) if t >= cut)
+            detail = tuple(
+                (name, col[i], w) for (name, w, _), col in zip(plan.scorers, columns, strict=True)
+            )
+            return Choice(endpoint=cands[i], score=totals[i], scores=detail)
+        scored = [
+            Scored(
+                e,
+                totals[i],
+                tuple(
+                    (name, col[i], w)
+                    for (name, w, _), col in zip(plan.scorers, columns, strict=True)
+                ),
+            )
+            for i, e in enumerate(cands)
+        ]
         chosen = prof.picker.pick(ctx, request, scored)
         return Choice(endpoint=chosen.endpoint, score=chosen.total, scores=chosen.detail)

@@ -66,19 +66,43 @@ class EndpointView:
         return self.healthy and not self.draining and self.circuit != "open"
 
 
+def _iid(e: EndpointView) -> str:
+    return e.instance_id
+
+
 class EndpointSnapshot:
     """An immutable, id-ordered set of endpoints. Iteration order is by instance id."""
 
-    __slots__ = ("_by_id", "_items", "version")
+    __slots__ = ("_by_id", "_items", "_pools", "version")
 
-    def __init__(self, endpoints: tuple[EndpointView, ...] | list[EndpointView], version: int = 0):
-        items = tuple(sorted(endpoints, key=lambda e: e.instance_id))
+    def __init__(
+        self,
+        endpoints: tuple[EndpointView, ...] | list[EndpointView],
+        version: int = 0,
+        *,
+        presorted: bool = False,
+    ):
+        """``presorted``: the caller guarantees ``endpoints`` is ordered by instance id
+        (skips the sort; duplicates are still refused with ValueError)."""
+        items = tuple(endpoints) if presorted else tuple(sorted(endpoints, key=_iid))
         by_id = {e.instance_id: e for e in items}
         if len(by_id) != len(items):
             raise ValueError("duplicate instance_id in endpoint snapshot")
         self._items = items
         self._by_id: Mapping[str, EndpointView] = MappingProxyType(by_id)
+        self._pools: tuple[int, tuple[EndpointView, ...], tuple[EndpointView, ...]] | None = None
         self.version = version
+
+    def pools(self) -> tuple[int, tuple[EndpointView, ...], tuple[EndpointView, ...]]:
+        """(number of eligible endpoints, eligible decode/worker endpoints, eligible
+        prefill endpoints), id-ordered; computed once per snapshot."""
+        p = self._pools
+        if p is None:
+            eligible = [e for e in self._items if e.eligible]
+            decode = tuple(e for e in eligible if e.role != "prefill")
+            prefill = tuple(e for e in eligible if e.role == "prefill")
+            p = self._pools = (len(eligible), decode, prefill)
+        return p
 
     def __iter__(self) -> Iterator[EndpointView]:
         return iter(self._items)

@@ -3,14 +3,29 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 
 from pydantic import Field
 
 from services.scheduler.routing.framework import CycleContext
 from services.scheduler.routing.registry import Params, PluginEnv, register
-from services.scheduler.routing.types import EndpointView, Pick, RequestView, Tier
+from services.scheduler.routing.types import EndpointView, Pick, PrefixMatch, RequestView, Tier
+
+
+class _Rec:
+    """One insert: its time, the instance slot and the indexed hashes (parent first).
+
+    An entry (hash, slot) belongs to the record of the insert that last routed it
+    (``table[hash] is rec``); older records keep stale references that are skipped."""
+
+    __slots__ = ("cursor", "hashes", "slot", "t")
+
+    def __init__(self, t: float, slot: int, hashes: tuple[int, ...]) -> None:
+        self.t = t
+        self.slot = slot
+        self.hashes = hashes
+        self.cursor = 0  # hashes before it were already evicted or expired
 
 
 class RoutedPrefixIndex:
@@ -18,89 +33,200 @@ class RoutedPrefixIndex:
 
     Entries are (block hash, instance) with a last-routed time; an entry older than ``ttl_s``
     is ignored and dropped, and beyond ``max_entries`` the least recently routed entries are
-    evicted. Because a chained hash covers its whole prefix, only every ``stride``-th block
-    hash is indexed (positions stride-1, 2*stride-1, ...), trading granularity for memory.
-    ``now`` must not go backwards across calls.
+    evicted (entries of one insert in chain order). Because a chained hash covers its whole
+    prefix, only every ``stride``-th block hash is indexed (positions stride-1, 2*stride-1,
+    ...), trading granularity for memory. ``now`` must not go backwards across calls.
+
+    Layout: each instance owns a small-int slot; per block hash one int bitmask of the
+    slots holding it (matching ANDs masks along the chain), and per slot a dict block hash
+    → the insert record that last routed it. Records form a time-ordered log, so TTL
+    expiry and LRU eviction pop from its head, skipping entries a later insert refreshed;
+    the log is compacted when stale references outnumber live entries.
     """
 
     def __init__(self, ttl_s: float, max_entries: int, stride: int = 1) -> None:
         self.ttl_s = ttl_s
         self.max_entries = max_entries
         self.stride = stride
-        self._lru: OrderedDict[tuple[int, str], float] = OrderedDict()
-        self._by_hash: dict[int, dict[str, None]] = {}
+        self._masks: dict[int, int] = {}
+        self._slot_of: dict[str, int] = {}
+        self._iids: list[str] = []
+        self._tables: list[dict[int, _Rec] | None] = []
+        self._free: list[int] = []
+        self._log: deque[_Rec] = deque()
+        self._count = 0
+        self._logged = 0  # hash references held by the log (live and stale)
 
     def __len__(self) -> int:
-        return len(self._lru)
+        return self._count
 
-    def _drop(self, key: tuple[int, str]) -> None:
-        del self._lru[key]
-        holders = self._by_hash[key[0]]
-        del holders[key[1]]
-        if not holders:
-            del self._by_hash[key[0]]
+    # -- internals ------------------------------------------------------------------------
+    def _slot(self, instance_id: str) -> int:
+        slot = self._slot_of.get(instance_id)
+        if slot is None:
+            if self._free:
+                slot = self._free.pop()
+                self._iids[slot] = instance_id
+                self._tables[slot] = {}
+            else:
+                slot = len(self._iids)
+                self._iids.append(instance_id)
+                self._tables.append({})
+            self._slot_of[instance_id] = slot
+        return slot
 
+    def _release_slot(self, slot: int) -> None:
+        del self._slot_of[self._iids[slot]]
+        self._iids[slot] = ""
+        self._tables[slot] = None
+        self._free.append(slot)
+
+    def _unmask(self, h: int, bit: int) -> None:
+        m = self._masks[h] & ~bit
+        if m:
+            self._masks[h] = m
+        else:
+            del self._masks[h]
+
+    def _pop_head(self, limit: int | None) -> None:
+        """Drop the head record's live entries from its cursor on; stop early once
+        ``limit`` entries were dropped (LRU eviction), else drop the whole record."""
+        rec = self._log[0]
+        table = self._tables[rec.slot]
+        hashes = rec.hashes
+        bit = 1 << rec.slot
+        i, n, dropped = rec.cursor, len(hashes), 0
+        while i < n and (limit is None or dropped < limit):
+            h = hashes[i]
+            i += 1
+            if table is not None and table.get(h) is rec:
+                del table[h]
+                self._unmask(h, bit)
+                dropped += 1
+        self._count -= dropped
+        self._logged -= i - rec.cursor
+        rec.cursor = i
+        if i >= n:
+            self._log.popleft()
+        if table is not None and not table:
+            self._release_slot(rec.slot)
+
+    def _compact(self) -> None:
+        log: deque[_Rec] = deque()
+        logged = 0
+        for rec in self._log:
+            table = self._tables[rec.slot]
+            if table is None:
+                continue
+            keep = tuple(h for h in rec.hashes[rec.cursor :] if table.get(h) is rec)
+            if keep:
+                rec.hashes, rec.cursor = keep, 0
+                log.append(rec)
+                logged += len(keep)
+        self._log, self._logged = log, logged
+
+    # -- API ------------------------------------------------------------------------------
     def expire(self, now: float) -> int:
         """Drop entries older than the TTL; returns how many."""
         cutoff = now - self.ttl_s
-        n = 0
-        while self._lru:
-            key, t = next(iter(self._lru.items()))
-            if t >= cutoff:
-                break
-            self._drop(key)
-            n += 1
-        return n
+        before = self._count
+        log = self._log
+        while log and log[0].t < cutoff:
+            self._pop_head(None)
+        return before - self._count
 
     def insert(self, hashes: Sequence[int], instance_id: str, now: float) -> list[tuple[int, str]]:
         """Record that ``hashes`` (a chain, parent first) were routed to ``instance_id``.
         Returns the entries this call created (not those it only refreshed)."""
         self.expire(now)
+        hs = tuple(hashes[self.stride - 1 :: self.stride] if self.stride > 1 else hashes)
+        if not hs:
+            return []
+        slot = self._slot(instance_id)
+        table = self._tables[slot]
+        assert table is not None
+        bit = 1 << slot
+        rec = _Rec(now, slot, hs)
+        masks = self._masks
         created: list[tuple[int, str]] = []
-        for i in range(self.stride - 1, len(hashes), self.stride):
-            key = (hashes[i], instance_id)
-            if key in self._lru:
-                self._lru.move_to_end(key)
-            else:
-                self._by_hash.setdefault(hashes[i], {})[instance_id] = None
-                created.append(key)
-            self._lru[key] = now
-        while len(self._lru) > self.max_entries:
-            self._drop(next(iter(self._lru)))
+        for h in hs:
+            if table.get(h) is None:
+                masks[h] = masks.get(h, 0) | bit
+                created.append((h, instance_id))
+            table[h] = rec
+        self._log.append(rec)
+        self._count += len(created)
+        self._logged += len(hs)
+        while self._count > self.max_entries:
+            self._pop_head(self._count - self.max_entries)
+        if self._logged > 3 * self._count + 65_536:
+            self._compact()
         return created
 
     def retract(self, keys: Sequence[tuple[int, str]], at: float) -> int:
         """Drop entries an insert at time ``at`` created, unless a later insert refreshed
         them (their time is no longer ``at``). Returns how many were dropped."""
         n = 0
-        for key in keys:
-            if self._lru.get(key) == at:
-                self._drop(key)
+        for h, iid in keys:
+            slot = self._slot_of.get(iid)
+            if slot is None:
+                continue
+            table = self._tables[slot]
+            rec = table.get(h) if table is not None else None
+            if table is not None and rec is not None and rec.t == at:
+                del table[h]
+                self._unmask(h, 1 << slot)
                 n += 1
+                if not table:
+                    self._release_slot(slot)
+        self._count -= n
         return n
 
     def match(self, hashes: Sequence[int], now: float) -> dict[str, int]:
         """Matched prefix length in blocks per instance (only instances with > 0)."""
         self.expire(now)
-        out: dict[str, int] = {}
-        alive: list[str] | None = None
-        for i in range(self.stride - 1, len(hashes), self.stride):
-            holders = self._by_hash.get(hashes[i])
-            if not holders:
-                break
-            alive = list(holders) if alive is None else [x for x in alive if x in holders]
-            if not alive:
-                break
-            for iid in alive:
-                out[iid] = i + 1
-        return out
+        stride = self.stride
+        hs = hashes[stride - 1 :: stride] if stride > 1 else hashes
+        if not hs:
+            return {}
+        get = self._masks.get
+        alive = get(hs[0], 0)
+        if not alive:
+            return {}
+        lengths: dict[int, int] = {}
+        length = stride
+        for k in range(1, len(hs)):
+            m = get(hs[k], 0) & alive
+            if m != alive:
+                _record(alive ^ m, length, lengths)
+                alive = m
+                if not alive:
+                    break
+            length += stride
+        _record(alive, length, lengths)
+        iids = self._iids
+        return {iids[slot]: n for slot, n in lengths.items()}
 
     def remove_instance(self, instance_id: str) -> int:
         """Forget an instance (left the fleet or restarted with an empty cache)."""
-        keys = [k for k in self._lru if k[1] == instance_id]
-        for k in keys:
-            self._drop(k)
-        return len(keys)
+        slot = self._slot_of.get(instance_id)
+        if slot is None:
+            return 0
+        table = self._tables[slot]
+        n = len(table) if table is not None else 0
+        bit = 1 << slot
+        for h in table or ():
+            self._unmask(h, bit)
+        self._count -= n
+        self._release_slot(slot)
+        return n
+
+
+def _record(slots: int, length: int, lengths: dict[int, int]) -> None:
+    while slots:
+        low = slots & -slots
+        lengths[low.bit_length() - 1] = length
+        slots ^= low
 
 
 class ApproxPrefixParams(Params):
@@ -150,23 +276,33 @@ class ApproxPrefix:
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
     ) -> None:
         m = self._match(ctx, request)
-        for e in candidates:
-            blocks = m.get(e.instance_id, 0)
-            if blocks:
-                ctx.note_cached(e.instance_id, blocks * request.block_size)
+        if m:
+            _note_cached(ctx, m, candidates, request.block_size)
 
     def score(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
     ) -> Mapping[str, float]:
-        total = len(request.block_hashes)
-        if total == 0:
+        if not request.block_hashes:
             return {}
-        m = self._match(ctx, request)
-        out: dict[str, float] = {}
-        for e in candidates:
-            ratio = m.get(e.instance_id, 0) / total
-            out[e.instance_id] = ratio if ratio >= self.threshold else 0.0
-        return out
+        return dict(
+            zip(
+                (e.instance_id for e in candidates),
+                self.score_list(ctx, request, candidates),
+                strict=True,
+            )
+        )
+
+    def score_list(
+        self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
+    ) -> list[float]:
+        """:meth:`score` aligned with ``candidates``."""
+        total = len(request.block_hashes)
+        m = self._match(ctx, request) if total else None
+        if not m:
+            return [0.0] * len(candidates)
+        get, thr = m.get, self.threshold
+        out = [get(e.instance_id, 0) / total for e in candidates]
+        return [r if r >= thr else 0.0 for r in out] if thr > 0 else out
 
     def forget(self, instance_id: str) -> None:
         """Drop an instance from the index (removed, or restarted with an empty cache)."""
@@ -227,30 +363,78 @@ class PrecisePrefix:
             if not 0.0 <= w <= 1.0:
                 raise ValueError(f"tier weight for {tier!r} must be in [0, 1], got {w}")
         self.tier_weights = dict(params.tier_weights)
+        # (the request's prefix_matches object, its effective blocks per instance)
+        self._last: tuple[Mapping[str, PrefixMatch], dict[str, float]] | None = None
 
     def _effective_blocks(self, request: RequestView) -> dict[str, float]:
+        found = request.prefix_matches
+        if not found:
+            return {}
+        # One conversion per request even when prepare and score both ask.
+        last = self._last
+        if last is not None and last[0] is found:
+            return last[1]
         out: dict[str, float] = {}
-        for iid, m in (request.prefix_matches or {}).items():
-            if m.tiers:
-                eff = sum(self.tier_weights.get(t, 0.0) * n for t, n in m.tiers.items())
-                out[iid] = min(eff, float(m.matched_blocks))
+        w = self.tier_weights
+        gpu = w.get("gpu", 1.0)
+        for iid, m in found.items():
+            tiers = m.tiers
+            if not tiers:
+                out[iid] = m.matched_blocks * gpu
+            elif len(tiers) == 1:
+                ((t, n),) = tiers.items()
+                out[iid] = min(w.get(t, 0.0) * n, float(m.matched_blocks))
             else:
-                out[iid] = m.matched_blocks * self.tier_weights.get("gpu", 1.0)
+                eff = sum(w.get(t, 0.0) * n for t, n in tiers.items())
+                out[iid] = min(eff, float(m.matched_blocks))
+        self._last = (found, out)
         return out
 
     def prepare(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
     ) -> None:
         eff = self._effective_blocks(request)
-        for e in candidates:
-            if e.instance_id in eff:
-                ctx.note_cached(e.instance_id, int(eff[e.instance_id] * request.block_size))
+        if eff:
+            _note_cached(ctx, eff, candidates, request.block_size)
 
     def score(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
     ) -> Mapping[str, float]:
-        total = len(request.block_hashes)
-        if total == 0:
+        if not request.block_hashes:
             return {}
-        eff = self._effective_blocks(request)
-        return {e.instance_id: eff.get(e.instance_id, 0.0) / total for e in candidates}
+        return dict(
+            zip(
+                (e.instance_id for e in candidates),
+                self.score_list(ctx, request, candidates),
+                strict=True,
+            )
+        )
+
+    def score_list(
+        self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
+    ) -> list[float]:
+        """:meth:`score` aligned with ``candidates``."""
+        total = len(request.block_hashes)
+        eff = self._effective_blocks(request) if total else None
+        if not eff:
+            return [0.0] * len(candidates)
+        get = eff.get
+        return [get(e.instance_id, 0.0) / total for e in candidates]
+
+
+def _note_cached(
+    ctx: CycleContext,
+    blocks: Mapping[str, float] | Mapping[str, int],
+    candidates: Sequence[EndpointView],
+    block_size: int,
+) -> None:
+    """``ctx.note_cached`` for every candidate with matched blocks (tokens truncated)."""
+    cached = ctx.cached_tokens
+    get = blocks.get
+    for e in candidates:
+        b = get(e.instance_id)
+        if b:
+            iid = e.instance_id
+            tokens = int(b * block_size)
+            if tokens > cached.get(iid, 0):
+                cached[iid] = tokens
