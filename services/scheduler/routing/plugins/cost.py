@@ -49,11 +49,24 @@ class TTFTCost:
 
     phase = 1  # after the prefix preparers
 
+    # prefill_ms memo (uncached, cached) -> ms, shared by cycles; cleared when full.
+    memo_max = 65_536
+
     def __init__(self, name: str, params: TTFTCostParams, env: PluginEnv) -> None:
         self.name = name
         self.p = params
         self.model = env.perf_profile(params.perf_profile)
         self.model_tps = 1000.0 * params.chunk_tokens / self.model.prefill_ms(params.chunk_tokens)
+        self._memo: dict[tuple[int, int], float] = {}
+
+    def _prefill_ms(self, uncached: int, cached: int) -> float:
+        key = (uncached, cached)
+        p = self._memo.get(key)
+        if p is None:
+            if len(self._memo) >= self.memo_max:
+                self._memo.clear()
+            p = self._memo[key] = self.model.prefill_ms(uncached, cached)
+        return p
 
     def prepare(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
@@ -61,24 +74,48 @@ class TTFTCost:
         # prefill_ms depends only on the cached count, shared by most candidates.
         prefill: dict[int, float] = {}
         n = request.prompt_tokens
+        get = ctx.cached_tokens.get
+        out = ctx.predicted_ttft_ms
+        use_engine = self.p.use_engine_throughput
+        model_tps = self.model_tps
         for e in candidates:
-            cached = max(0, min(ctx.cached_tokens.get(e.instance_id, 0), n))
+            cached = get(e.instance_id, 0)
+            cached = 0 if cached < 0 else n if cached > n else cached
             p = prefill.get(cached)
             if p is None:
-                p = prefill[cached] = self.model.prefill_ms(n - cached, cached)
-            tput = e.prefill_tokens_per_s if self.p.use_engine_throughput else 0.0
-            tput = tput if tput > 0 else self.model_tps
-            wait = 1000.0 * e.pending_prefill / tput if tput > 0 else 0.0
-            ctx.predicted_ttft_ms[e.instance_id] = wait + p
+                p = prefill[cached] = self._prefill_ms(n - cached, cached)
+            pending = e.pending_prefill_tokens + e.reserved_tokens
+            if pending:
+                tput = e.prefill_tokens_per_s if use_engine else 0.0
+                tput = tput if tput > 0 else model_tps
+                out[e.instance_id] = (1000.0 * pending / tput if tput > 0 else 0.0) + p
+            else:
+                out[e.instance_id] = 0.0 + p
 
     def score(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
     ) -> Mapping[str, float]:
-        costs = {e.instance_id: ctx.predicted_ttft_ms.get(e.instance_id, 0.0) for e in candidates}
-        if not costs:
+        if not candidates:
             return {}
-        lo = min(costs.values()) + self.p.epsilon_ms
-        return {iid: lo / (c + self.p.epsilon_ms) for iid, c in costs.items()}
+        return dict(
+            zip(
+                (e.instance_id for e in candidates),
+                self.score_list(ctx, request, candidates),
+                strict=True,
+            )
+        )
+
+    def score_list(
+        self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
+    ) -> list[float]:
+        """:meth:`score` aligned with ``candidates``."""
+        if not candidates:
+            return []
+        get = ctx.predicted_ttft_ms.get
+        eps = self.p.epsilon_ms
+        costs = [get(e.instance_id, 0.0) + eps for e in candidates]
+        lo = min(costs)
+        return [lo / c for c in costs]
 
 
 class SLOFilterParams(Params):

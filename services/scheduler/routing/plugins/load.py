@@ -42,19 +42,37 @@ class LeastLoad:
     def score(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
     ) -> Mapping[str, float]:
+        return dict(
+            zip(
+                (e.instance_id for e in candidates),
+                self.score_list(ctx, request, candidates),
+                strict=True,
+            )
+        )
+
+    def score_list(
+        self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
+    ) -> list[float]:
+        """:meth:`score` aligned with ``candidates``."""
         if self.total_weight <= 0:
-            return {e.instance_id: 1.0 for e in candidates}
-        rows = [_metrics(e) for e in candidates]
-        maxima = [max(col) for col in zip(*rows, strict=True)]
+            return [1.0] * len(candidates)
+        if not candidates:
+            return []
+        waiting = [float(e.waiting + e.reserved_requests) for e in candidates]
+        running = [float(e.running) for e in candidates]
+        tokens = [float(e.tokens_in_flight + e.reserved_tokens) for e in candidates]
+        kv = [e.kv_usage for e in candidates]
         # weight / (max * total weight) per metric; 0 where the metric is 0 everywhere.
-        f = [
+        f0, f1, f2, f3 = (
             w / (m * self.total_weight) if m > 0 else 0.0
-            for w, m in zip(self.weights, maxima, strict=True)
+            for w, m in zip(
+                self.weights, (max(waiting), max(running), max(tokens), max(kv)), strict=True
+            )
+        )
+        return [
+            1.0 - (a * f0 + b * f1 + c * f2 + d * f3)
+            for a, b, c, d in zip(waiting, running, tokens, kv, strict=True)
         ]
-        return {
-            e.instance_id: 1.0 - (r[0] * f[0] + r[1] * f[1] + r[2] * f[2] + r[3] * f[3])
-            for e, r in zip(candidates, rows, strict=True)
-        }
 
 
 class LoadGuardParams(Params):
@@ -83,7 +101,10 @@ class LoadGuard:
     ) -> Sequence[EndpointView]:
         if len(candidates) < 2:
             return candidates
-        loads = [self._load(e) for e in candidates]
+        if self.p.metric == "tokens":
+            loads = [float(e.tokens_in_flight + e.reserved_tokens) for e in candidates]
+        else:
+            loads = [float(e.running + e.waiting + e.reserved_requests) for e in candidates]
         lo = min(loads)
         # Removed iff x - lo > abs AND x > rel * lo, i.e. kept iff x <= max(lo + abs, rel * lo).
         cut = max(lo + self.p.abs_threshold, self.p.rel_threshold * lo)

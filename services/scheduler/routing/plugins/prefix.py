@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from bisect import bisect_left
+from collections import Counter, OrderedDict, deque
 from collections.abc import Mapping, Sequence
+from itertools import accumulate, repeat
+from operator import and_
 
 from pydantic import Field
 
@@ -17,15 +20,17 @@ class _Rec:
     """One insert: its time, the instance slot and the indexed hashes (parent first).
 
     An entry (hash, slot) belongs to the record of the insert that last routed it
-    (``table[hash] is rec``); older records keep stale references that are skipped."""
+    (``table[hash] is rec``); ``live`` counts them. Older records keep stale references
+    that are skipped; a record with no live entry is dead (its hashes are let go)."""
 
-    __slots__ = ("cursor", "hashes", "slot", "t")
+    __slots__ = ("cursor", "hashes", "live", "slot", "t")
 
     def __init__(self, t: float, slot: int, hashes: tuple[int, ...]) -> None:
         self.t = t
         self.slot = slot
         self.hashes = hashes
         self.cursor = 0  # hashes before it were already evicted or expired
+        self.live = 0
 
 
 class RoutedPrefixIndex:
@@ -35,11 +40,12 @@ class RoutedPrefixIndex:
     is ignored and dropped, and beyond ``max_entries`` the least recently routed entries are
     evicted (entries of one insert in chain order). Because a chained hash covers its whole
     prefix, only every ``stride``-th block hash is indexed (positions stride-1, 2*stride-1,
-    ...), trading granularity for memory. ``now`` must not go backwards across calls.
+    ...), trading granularity for memory. ``now`` must not go backwards across calls. A
+    hash repeated within one chain is indexed once (at its first position).
 
     Layout: each instance owns a small-int slot; per block hash one int bitmask of the
-    slots holding it (matching ANDs masks along the chain), and per slot a dict block hash
-    → the insert record that last routed it. Records form a time-ordered log, so TTL
+    slots holding it (a match ANDs the masks along the chain), and per slot a dict block
+    hash → the insert record that last routed it. Records form a time-ordered log, so TTL
     expiry and LRU eviction pop from its head, skipping entries a later insert refreshed;
     the log is compacted when stale references outnumber live entries.
     """
@@ -55,7 +61,8 @@ class RoutedPrefixIndex:
         self._free: list[int] = []
         self._log: deque[_Rec] = deque()
         self._count = 0
-        self._logged = 0  # hash references held by the log (live and stale)
+        self._logged = 0  # hash references held by live records (from their cursor)
+        self._dead = 0  # dead records still in the log
 
     def __len__(self) -> int:
         return self._count
@@ -88,42 +95,58 @@ class RoutedPrefixIndex:
         else:
             del self._masks[h]
 
+    def _lose(self, rec: _Rec, n: int) -> None:
+        """``n`` live entries of ``rec`` were refreshed or dropped."""
+        rec.live -= n
+        if rec.live <= 0:
+            self._logged -= len(rec.hashes) - rec.cursor
+            rec.hashes, rec.cursor = (), 0
+            self._dead += 1
+
     def _pop_head(self, limit: int | None) -> None:
         """Drop the head record's live entries from its cursor on; stop early once
         ``limit`` entries were dropped (LRU eviction), else drop the whole record."""
         rec = self._log[0]
+        if rec.live <= 0:
+            self._log.popleft()
+            self._dead -= 1
+            return
         table = self._tables[rec.slot]
+        assert table is not None  # a live record's slot is held by its entries
         hashes = rec.hashes
         bit = 1 << rec.slot
         i, n, dropped = rec.cursor, len(hashes), 0
         while i < n and (limit is None or dropped < limit):
             h = hashes[i]
             i += 1
-            if table is not None and table.get(h) is rec:
+            if table.get(h) is rec:
                 del table[h]
                 self._unmask(h, bit)
                 dropped += 1
         self._count -= dropped
         self._logged -= i - rec.cursor
         rec.cursor = i
-        if i >= n:
+        rec.live -= dropped
+        if i >= n or rec.live <= 0:
+            self._logged -= n - i
+            rec.hashes, rec.cursor, rec.live = (), 0, 0
             self._log.popleft()
-        if table is not None and not table:
+        if not table:
             self._release_slot(rec.slot)
 
     def _compact(self) -> None:
         log: deque[_Rec] = deque()
         logged = 0
         for rec in self._log:
-            table = self._tables[rec.slot]
-            if table is None:
+            if rec.live <= 0:
                 continue
-            keep = tuple(h for h in rec.hashes[rec.cursor :] if table.get(h) is rec)
-            if keep:
-                rec.hashes, rec.cursor = keep, 0
-                log.append(rec)
-                logged += len(keep)
-        self._log, self._logged = log, logged
+            if rec.live < len(rec.hashes) - rec.cursor:
+                get = self._tables[rec.slot].get  # type: ignore[union-attr]
+                rec.hashes = tuple(h for h in rec.hashes[rec.cursor :] if get(h) is rec)
+                rec.cursor = 0
+            log.append(rec)
+            logged += len(rec.hashes) - rec.cursor
+        self._log, self._logged, self._dead = log, logged, 0
 
     # -- API ------------------------------------------------------------------------------
     def expire(self, now: float) -> int:
@@ -142,24 +165,33 @@ class RoutedPrefixIndex:
         hs = tuple(hashes[self.stride - 1 :: self.stride] if self.stride > 1 else hashes)
         if not hs:
             return []
+        if len(set(hs)) != len(hs):
+            hs = tuple(dict.fromkeys(hs))
         slot = self._slot(instance_id)
         table = self._tables[slot]
         assert table is not None
-        bit = 1 << slot
         rec = _Rec(now, slot, hs)
-        masks = self._masks
+        # Which records lose entries to this one (None: entries it creates), in C.
+        olds: Counter[_Rec | None] = Counter(map(table.get, hs))
+        fresh = olds.pop(None, 0)
+        for old, k in olds.items():
+            if old is not None:
+                self._lose(old, k)
         created: list[tuple[int, str]] = []
-        for h in hs:
-            if table.get(h) is None:
+        if fresh:
+            new = hs if fresh == len(hs) else [h for h in hs if h not in table]
+            masks, bit = self._masks, 1 << slot
+            for h in new:
                 masks[h] = masks.get(h, 0) | bit
-                created.append((h, instance_id))
-            table[h] = rec
+            created = [(h, instance_id) for h in new]
+        table.update(dict.fromkeys(hs, rec))
+        rec.live = len(hs)
         self._log.append(rec)
-        self._count += len(created)
+        self._count += fresh
         self._logged += len(hs)
         while self._count > self.max_entries:
             self._pop_head(self._count - self.max_entries)
-        if self._logged > 3 * self._count + 65_536:
+        if self._logged > 3 * self._count + 65_536 or self._dead > len(self._log) // 2 + 4096:
             self._compact()
         return created
 
@@ -176,6 +208,7 @@ class RoutedPrefixIndex:
             if table is not None and rec is not None and rec.t == at:
                 del table[h]
                 self._unmask(h, 1 << slot)
+                self._lose(rec, 1)
                 n += 1
                 if not table:
                     self._release_slot(slot)
@@ -187,25 +220,26 @@ class RoutedPrefixIndex:
         self.expire(now)
         stride = self.stride
         hs = hashes[stride - 1 :: stride] if stride > 1 else hashes
-        if not hs:
+        if not hs or not self._masks:
             return {}
-        get = self._masks.get
-        alive = get(hs[0], 0)
-        if not alive:
-            return {}
-        lengths: dict[int, int] = {}
-        length = stride
-        for k in range(1, len(hs)):
-            m = get(hs[k], 0) & alive
-            if m != alive:
-                _record(alive ^ m, length, lengths)
-                alive = m
-                if not alive:
-                    break
-            length += stride
-        _record(alive, length, lengths)
+        # Running AND of the holder masks along the chain (in C); it only ever loses bits,
+        # so each distinct value is one contiguous run, found by bisection.
+        acc = list(accumulate(map(self._masks.get, hs, repeat(0)), and_))
         iids = self._iids
-        return {iids[slot]: n for slot, n in lengths.items()}
+        out: dict[str, int] = {}
+        i, n = 0, len(acc)
+        while i < n:
+            v = acc[i]
+            if not v:
+                break
+            j = bisect_left(acc, True, i + 1, n, key=v.__ne__)
+            lost = v ^ acc[j] if j < n else v
+            while lost:
+                low = lost & -lost
+                out[iids[low.bit_length() - 1]] = j * stride
+                lost ^= low
+            i = j
+        return out
 
     def remove_instance(self, instance_id: str) -> int:
         """Forget an instance (left the fleet or restarted with an empty cache)."""
@@ -213,20 +247,16 @@ class RoutedPrefixIndex:
         if slot is None:
             return 0
         table = self._tables[slot]
-        n = len(table) if table is not None else 0
+        assert table is not None
         bit = 1 << slot
-        for h in table or ():
+        for h in table:
             self._unmask(h, bit)
+        for rec, k in Counter(table.values()).items():
+            self._lose(rec, k)
+        n = len(table)
         self._count -= n
         self._release_slot(slot)
         return n
-
-
-def _record(slots: int, length: int, lengths: dict[int, int]) -> None:
-    while slots:
-        low = slots & -slots
-        lengths[low.bit_length() - 1] = length
-        slots ^= low
 
 
 class ApproxPrefixParams(Params):
