@@ -69,12 +69,32 @@ def _instance(e: EndpointView, deployment: str) -> common_pb2.Instance:
     )
 
 
-def _picked(c: Choice, deployment: str) -> scheduler_pb2.PickedEndpoint:
-    return scheduler_pb2.PickedEndpoint(
-        instance=_instance(c.endpoint, deployment),
-        score=c.score,
-        scores=[events_pb2.PluginScore(plugin=n, score=s, weight=w) for n, s, w in c.scores],
-    )
+class _Instances:
+    """``Instance`` messages per endpoint view, built once per view object (the fleet
+    keeps a view until the endpoint changes). Bounded: cleared when it fills."""
+
+    def __init__(self, deployment: str, max_size: int = 4096) -> None:
+        self.deployment = deployment
+        self.max_size = max_size
+        self._cache: dict[int, tuple[EndpointView, common_pb2.Instance]] = {}
+
+    def get(self, e: EndpointView) -> common_pb2.Instance:
+        hit = self._cache.get(id(e))
+        if hit is not None and hit[0] is e:
+            return hit[1]
+        if len(self._cache) >= self.max_size:
+            self._cache.clear()
+        msg = _instance(e, self.deployment)
+        self._cache[id(e)] = (e, msg)
+        return msg
+
+
+def _picked(c: Choice, instances: _Instances, out: scheduler_pb2.PickedEndpoint) -> None:
+    out.instance.CopyFrom(instances.get(c.endpoint))
+    out.score = c.score
+    add = out.scores.add
+    for n, s, w in c.scores:
+        add(plugin=n, score=s, weight=w)
 
 
 class SchedulerServicer(_Base):
@@ -99,6 +119,15 @@ class SchedulerServicer(_Base):
         self.rng = rng or random.Random()
         self._picks: OrderedDict[str, tuple[str, bool]] = OrderedDict()  # id → (decode, done)
         self._remember = remember_picks
+        self._instances = _Instances(deployment)
+        self._classes: tuple[object, frozenset[str]] | None = None
+
+    def _class_names(self) -> frozenset[str]:
+        config = self.core.queue.config
+        hit = self._classes
+        if hit is None or hit[0] is not config:
+            hit = self._classes = (config, frozenset(c.name for c in config.classes))
+        return hit[1]
 
     async def Pick(
         self, request: scheduler_pb2.PickRequest, context: grpc.aio.ServicerContext
@@ -110,8 +139,7 @@ class SchedulerServicer(_Base):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown deployment {r.deployment!r}")
         if r.profile and r.profile not in self.core.scheduler.profiles:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown profile {r.profile!r}")
-        classes = {c.name for c in self.core.queue.config.classes}
-        if r.slo_class and r.slo_class not in classes:
+        if r.slo_class and r.slo_class not in self._class_names():
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown SLO class {r.slo_class!r}")
         if r.prompt_tokens < 0 or r.max_tokens < 0:
             await context.abort(
@@ -130,7 +158,7 @@ class SchedulerServicer(_Base):
         deadline_in = r.deadline_ms - time.time() * 1000.0 if r.deadline_ms else None
         if deadline_in is not None and deadline_in <= 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "deadline_ms is in the past")
-        if self.core.capacity(now) <= 0:
+        if not self.core.has_capacity(now):
             retry = self.core.queue.retry_after_ms(
                 r.slo_class or self.core.queue.config.default_class
             )
@@ -146,14 +174,15 @@ class SchedulerServicer(_Base):
             slo_class=r.slo_class,
             session_id=r.session_id,
             ttft_slo_ms=self.core.ttft_budget_ms(r.slo_class, deadline_in),
-            exclude=frozenset(r.exclude_instances),
+            exclude=frozenset(r.exclude_instances) if r.exclude_instances else frozenset(),
         )
         if self.prefix_lookup is not None and hashes:
             try:
                 found = await self.prefix_lookup(view, self.deployment, "", r.profile)
             except Exception:  # best effort: route without precise data
                 found = None
-            view = replace(view, prefix_matches=found)
+            if found is not None:
+                view = replace(view, prefix_matches=found)
             now = self.clock()
         d = self.core.pick(view, now, pick_id, r.profile)
         if isinstance(d, Shed):
@@ -165,14 +194,14 @@ class SchedulerServicer(_Base):
         self._remember_pick(pick_id, d.decode.endpoint.instance_id)
         resp = scheduler_pb2.PickResponse(
             pick_id=pick_id,
-            decode=_picked(d.decode, self.deployment),
             disaggregated=d.disaggregated,
             predicted_cached_tokens=d.predicted_cached_tokens,
             predicted_ttft_ms=d.predicted_ttft_ms,
             profile=d.profile,
         )
+        _picked(d.decode, self._instances, resp.decode)
         if d.prefill is not None:
-            resp.prefill.CopyFrom(_picked(d.prefill, self.deployment))
+            _picked(d.prefill, self._instances, resp.prefill)
             b = bootstrap_fields(d.prefill.endpoint, self.rng.getrandbits(62))
             resp.bootstrap_host = b["bootstrap_host"]
             resp.bootstrap_port = b["bootstrap_port"]

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from services.scheduler.admission import AdmissionQueue, saturated
 from services.scheduler.gateway.fleet import Fleet
 from services.scheduler.routing.framework import Scheduler
-from services.scheduler.routing.types import Decision, NoEndpoint, Pick, RequestView
+from services.scheduler.routing.types import (
+    Decision,
+    EndpointSnapshot,
+    NoEndpoint,
+    Pick,
+    RequestView,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +65,7 @@ class GatewayCore:
         self.settle_listeners: list[Callable[[RequestView, Pick, bool], None]] = []
         # Picks not settled yet (see settle semantics on first_token/abandon/release).
         self._unsettled: dict[str, tuple[RequestView, Pick]] = {}
+        self._capacity: tuple[EndpointSnapshot, int] | None = None
 
     def ttft_budget_ms(self, slo_class: str, deadline_in_ms: float | None = None) -> float:
         """The tighter of the class target and an explicit deadline (0 = none)."""
@@ -74,23 +81,42 @@ class GatewayCore:
         snap = self.fleet.snapshot(now)
         lim = self.limits
         return saturated(
-            ((e.kv_usage, e.waiting) for e in snap if e.eligible and e.role != "prefill"),
+            ((e.kv_usage, e.waiting) for e in snap.pools()[1]),
             lim.saturation_kv_usage,
             lim.saturation_waiting,
         )
 
     def capacity(self, now: float) -> int:
         """How many queued requests may be dispatched now: the free in-flight slots of the
-        eligible decode/worker endpoints that are not saturated (0 when all are)."""
+        eligible decode/worker endpoints that are not saturated (0 when all are).
+        Memoized per fleet snapshot (any reservation change makes a new snapshot)."""
         snap = self.fleet.snapshot(now)
-        eligible = [e for e in snap if e.eligible and e.role != "prefill"]
+        hit = self._capacity
+        if hit is not None and hit[0] is snap:
+            return hit[1]
         lim = self.limits
-        if self.saturated(now):
-            return 0
-        return sum(
-            max(0, lim.max_in_flight_per_endpoint - self.fleet.in_flight(e.instance_id))
-            for e in eligible
-            if e.kv_usage < lim.saturation_kv_usage and e.waiting < lim.saturation_waiting
+        kv_max, wait_max, cap = lim.saturation_kv_usage, lim.saturation_waiting, 0
+        per = lim.max_in_flight_per_endpoint
+        in_flight = self.fleet.in_flight
+        for e in snap.pools()[1]:
+            if e.kv_usage < kv_max and e.waiting < wait_max:
+                cap += max(0, per - in_flight(e.instance_id))
+        self._capacity = (snap, cap)
+        return cap
+
+    def has_capacity(self, now: float) -> bool:
+        """``capacity(now) > 0``, stopping at the first endpoint with a free slot."""
+        snap = self.fleet.snapshot(now)
+        hit = self._capacity
+        if hit is not None and hit[0] is snap:
+            return hit[1] > 0
+        lim = self.limits
+        kv_max, wait_max = lim.saturation_kv_usage, lim.saturation_waiting
+        per = lim.max_in_flight_per_endpoint
+        in_flight = self.fleet.in_flight
+        return any(
+            e.kv_usage < kv_max and e.waiting < wait_max and in_flight(e.instance_id) < per
+            for e in snap.pools()[1]
         )
 
     def pick(

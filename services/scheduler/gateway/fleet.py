@@ -113,6 +113,11 @@ class Fleet:
         # Built views per instance: (view, built_at, valid_until). Dropped on any change
         # to the instance; time-dependent fields (stale load, open circuit) bound validity.
         self._views: dict[str, tuple[EndpointView, float, float]] = {}
+        # Built snapshots per deployment filter: (snapshot, built_at, valid_until). Any
+        # view change drops them all; membership changes also drop the id order.
+        self._snaps: dict[str, tuple[EndpointSnapshot, float, float]] = {}
+        self._order: list[str] | None = None
+        self._deployments: frozenset[str] | None = None
 
     # -- membership -----------------------------------------------------------------------
     def upsert(self, spec: EndpointSpec, healthy: bool = True) -> None:
@@ -126,13 +131,15 @@ class Fleet:
         else:
             live.spec = spec
             live.retiring = False
-        self._views.pop(spec.instance_id, None)
+        self._dirty(spec.instance_id)
         self._version += 1
+        self._order = self._deployments = None
 
     def remove(self, instance_id: str) -> bool:
         """Forget an endpoint now (prefer :meth:`retire` while requests may be in flight)."""
         self._version += 1
-        self._views.pop(instance_id, None)
+        self._dirty(instance_id)
+        self._order = self._deployments = None
         return self._eps.pop(instance_id, None) is not None
 
     def retire(self, instance_id: str) -> bool:
@@ -145,7 +152,7 @@ class Fleet:
         if live.ours <= 0:
             return self.remove(instance_id)
         live.draining = live.retiring = True
-        self._views.pop(instance_id, None)
+        self._dirty(instance_id)
         return False
 
     def retiring(self, instance_id: str) -> bool:
@@ -169,7 +176,11 @@ class Fleet:
         return instance_id in self._eps
 
     def ids(self) -> list[str]:
-        return sorted(self._eps)
+        """Known instance ids, sorted (a new list each call)."""
+        order = self._order
+        if order is None:
+            order = self._order = sorted(self._eps)
+        return list(order)
 
     def spec(self, instance_id: str) -> EndpointSpec:
         """KeyError for an unknown instance."""
@@ -198,7 +209,7 @@ class Fleet:
             live.streamed = Sample(load, now)
         else:
             live.scraped = Sample(load, now)
-        self._views.pop(instance_id, None)
+        self._dirty(instance_id)
         return True
 
     def needs_scrape(self, instance_id: str, now: float) -> bool:
@@ -227,7 +238,7 @@ class Fleet:
         live = self._eps.get(instance_id)
         if live is None:
             return
-        self._views.pop(instance_id, None)
+        self._dirty(instance_id)
         if ok:
             live.probe_failures = 0
             live.healthy = True
@@ -241,7 +252,7 @@ class Fleet:
         live = self._eps.get(instance_id)
         if live is None:
             return
-        self._views.pop(instance_id, None)
+        self._dirty(instance_id)
         if ok:
             live.breaker.success(now)
         else:
@@ -252,7 +263,7 @@ class Fleet:
         KeyError for an unknown instance."""
         live = self._eps[instance_id]
         live.draining = draining
-        self._views.pop(instance_id, None)
+        self._dirty(instance_id)
         return live.ours
 
     # -- reservations ---------------------------------------------------------------------
@@ -267,7 +278,7 @@ class Fleet:
         for i in inst:
             self._eps[i].ours += 1
             self._eps[i].ours_pending_tokens += toks[i]
-            self._views.pop(i, None)
+            self._dirty(i)
         self._res[pick_id] = _Reservation(inst, toks, now)
 
     def first_token(self, pick_id: str) -> None:
@@ -277,7 +288,7 @@ class Fleet:
         for i, n in r.pending_tokens.items():
             if i in self._eps:
                 self._eps[i].ours_pending_tokens -= n
-                self._views.pop(i, None)
+                self._dirty(i)
         r.pending_tokens = {}
 
     def release(self, pick_id: str) -> bool:
@@ -286,7 +297,7 @@ class Fleet:
         if r is None:
             return False
         for i in r.instances:
-            self._views.pop(i, None)
+            self._dirty(i)
             live = self._eps.get(i)
             if live is not None:
                 live.ours -= 1
@@ -318,17 +329,27 @@ class Fleet:
         snapshot adds them to this gateway's own reservations."""
         self._remote = dict(counts)
         self._views.clear()
+        self._snaps.clear()
 
     # -- snapshot -------------------------------------------------------------------------
+    def _dirty(self, instance_id: str) -> None:
+        """The instance's view must be rebuilt (and every snapshot holding it)."""
+        self._views.pop(instance_id, None)
+        if self._snaps:
+            self._snaps.clear()
+
     def view(self, instance_id: str, now: float) -> EndpointView:
         """KeyError for an unknown instance. Cached until the instance changes or a
         time-dependent field (stale load, circuit leaving open) would change."""
+        return self._entry(instance_id, now)[0]
+
+    def _entry(self, instance_id: str, now: float) -> tuple[EndpointView, float, float]:
         hit = self._views.get(instance_id)
         if hit is not None and hit[1] <= now < hit[2]:
-            return hit[0]
+            return hit
         v, until = self._build(instance_id, now)
-        self._views[instance_id] = (v, now, until)
-        return v
+        hit = self._views[instance_id] = (v, now, until)
+        return hit
 
     def _build(self, instance_id: str, now: float) -> tuple[EndpointView, float]:
         live = self._eps[instance_id]
@@ -360,9 +381,26 @@ class Fleet:
         return view, until
 
     def snapshot(self, now: float, deployment: str = "") -> EndpointSnapshot:
-        views = [
-            self.view(i, now)
-            for i, live in self._eps.items()
-            if not deployment or live.spec.deployment in ("", deployment)
-        ]
-        return EndpointSnapshot(views, version=self._version)
+        """The endpoints (of ``deployment`` and those without one; all when ""), id-ordered.
+        The same object is returned until any endpoint changes or a time-dependent field
+        would change (callers may memoize per snapshot object)."""
+        if deployment:
+            deps = self._deployments
+            if deps is None:
+                deps = self._deployments = frozenset(v.spec.deployment for v in self._eps.values())
+            if deps <= {"", deployment}:
+                deployment = ""  # every endpoint qualifies: share the unfiltered snapshot
+        hit = self._snaps.get(deployment)
+        if hit is not None and hit[1] <= now < hit[2]:
+            return hit[0]
+        order = self._order
+        if order is None:
+            order = self._order = sorted(self._eps)
+        if deployment:
+            eps = self._eps
+            order = [i for i in order if eps[i].spec.deployment in ("", deployment)]
+        entries = [self._entry(i, now) for i in order]
+        until = min((e[2] for e in entries), default=float("inf"))
+        snap = EndpointSnapshot([e[0] for e in entries], version=self._version, presorted=True)
+        self._snaps[deployment] = (snap, now, until)
+        return snap
