@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -28,13 +27,12 @@ from services.autoscaler.servicer import AutoscalerServicer
 from services.autoscaler.servicer import add_to_server as add_autoscaler
 from services.common.server import serve
 from services.common.streams import StreamProducer, stream_name
-from services.engine.server import EngineServer
-from services.engine.settings import EngineSettings
 from services.scheduler.gateway import EndpointSpec, build_core
 from services.scheduler.gateway.membership import Membership
 from services.scheduler.gateway.server import Gateway, GatewayOptions
 from services.scheduler.main import build
 from services.scheduler.settings import SchedulerSettings
+from tests.integration._engine_proc import engine_process, free_port
 
 ME = events_pb2.MembershipEvent
 DEP = "dep"
@@ -245,12 +243,6 @@ async def test_unimplemented_autoscaler_falls_back_to_the_static_list(
     assert "\n" not in lines[0]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_service_follows_membership_and_load_snapshots(
     redis: aioredis.Redis, redis_url: str, tmp_path: Path
 ) -> None:
@@ -259,21 +251,24 @@ async def test_service_follows_membership_and_load_snapshots(
     snapshots; requests are served through it and /metrics shows where load came from."""
     prefix = f"t{uuid.uuid4().hex[:8]}"
     auto, auto_addr = await _grpc_server(AutoscalerServicer(), real=True)
-    eng = EngineSettings(
-        port=0,
-        instance_id="eng-1",
-        profile="test",
-        speedup=50.0,
-        redis_url=redis_url,
-        deployment=DEP,
-        stream_prefix=prefix,
-        load_interval_ms=20.0,
-        state_dir=tmp_path / "e",
-    )
-    engine = TestServer(EngineServer(eng, redis=redis).app(), host="127.0.0.1")
-    await engine.start_server()
-    eng_url = str(engine.make_url("")).rstrip("/")
-    http_port = _free_port()
+    eng_args = ["--instance-id", "eng-1", "--redis-url", redis_url]
+    eng_args += ["--deployment", DEP, "--stream-prefix", prefix]
+    try:
+        async with engine_process(tmp_path / "e", *eng_args) as eng_url:
+            await _service_follows(redis, redis_url, prefix, auto_addr, eng_url, tmp_path)
+    finally:
+        await auto.stop(None)
+
+
+async def _service_follows(
+    redis: aioredis.Redis,
+    redis_url: str,
+    prefix: str,
+    auto_addr: str,
+    eng_url: str,
+    tmp_path: Path,
+) -> None:
+    http_port = free_port()
     settings = SchedulerSettings(
         grpc_port=0,
         http_port=http_port,
@@ -332,5 +327,3 @@ async def test_service_follows_membership_and_load_snapshots(
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
-        await engine.close()
-        await auto.stop(None)

@@ -2,8 +2,8 @@
 
 Engines publish a ``tideserve.v1.LoadSnapshot`` on ``{prefix}:load:{deployment}`` about
 every 250 ms. Every gateway replica needs every snapshot, so each reads the stream itself
-with plain ``XREAD`` starting at ``$`` (no consumer group, nothing to clean up, no backlog
-of old load figures on start). A snapshot is matched to a known endpoint by instance id,
+with plain ``XREAD`` from the stream's last entry at start (no consumer group, nothing to
+clean up, no backlog of old load figures). A snapshot is matched to a known endpoint by instance id,
 else by URL; snapshots of unknown instances are counted and dropped (membership adds
 endpoints, not load figures). While an endpoint's snapshots are fresh they win over the
 ``/metrics`` scrape, which the gateway then skips for it (:mod:`load_merge`).
@@ -30,7 +30,7 @@ from services.common.streams import PayloadError, decode_entry, stream_name
 from services.scheduler.gateway.fleet import Fleet
 from services.scheduler.gateway.load_merge import LoadReport
 
-__all__ = ["LoadStream", "apply_snapshot", "load_report"]
+__all__ = ["LoadStream", "apply_snapshot", "finish_reader", "load_report"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,22 @@ def apply_snapshot(fleet: Fleet, s: events_pb2.LoadSnapshot, *, deployment: str,
         return "unknown"
     ok = fleet.report_load(iid, load_report(s), now, source="stream", seq=(s.epoch, s.ts_ms))
     return "applied" if ok else "stale"
+
+
+async def finish_reader(
+    task: asyncio.Task[None] | None, stopping: asyncio.Event, block_ms: int
+) -> None:
+    """End a reader loop that checks ``stopping`` between blocking reads: let its current
+    XREAD return (within ``block_ms``; cancelling a redis-py command mid-read can hang),
+    then cancel it if it has not, waiting a bounded time."""
+    stopping.set()
+    if task is None:
+        return
+    _, pending = await asyncio.wait([task], timeout=block_ms / 1000.0 + 2.0)
+    for t in pending:
+        t.cancel()
+    if pending:
+        await asyncio.wait(pending, timeout=1.0)
 
 
 class LoadStream:
@@ -90,11 +106,18 @@ class LoadStream:
             for k in ("applied", "stale", "unknown", "other_deployment", "undecodable", "errors")
         }
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     async def poll_once(self, block_ms: int | None = None) -> int:
         """Read and apply one batch, waiting up to ``block_ms`` (0 = answer at once).
         Returns the entries read. Raises ``RedisError``/``OSError``."""
         block = self.block_ms if block_ms is None else block_ms
+        if self.last_id == "$":
+            # Pin "now" to a concrete id once, so nothing published between two reads
+            # is missed (XREAD from "$" each time would skip those).
+            last: Any = await self.redis.xrevrange(self.stream, count=1)
+            eid = last[0][0] if last else b"0-0"
+            self.last_id = eid.decode() if isinstance(eid, bytes) else str(eid)
         reply: Any = await self.redis.xread(
             {self.stream: self.last_id}, count=self.count, block=block or None
         )
@@ -115,21 +138,20 @@ class LoadStream:
         return n
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             try:
                 await self.poll_once()
             except (RedisError, OSError) as e:
                 self.stats["errors"] += 1
                 log.warning("load snapshots: reading %s failed: %s", self.stream, e)
-                await asyncio.sleep(1.0)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), 1.0)
 
     def start(self) -> None:
         if self._task is None:
+            self._stopping.clear()
             self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await finish_reader(self._task, self._stopping, self.block_ms)
+        self._task = None

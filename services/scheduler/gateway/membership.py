@@ -41,6 +41,7 @@ from tideserve.v1 import autoscaler_pb2, autoscaler_pb2_grpc, common_pb2, events
 
 from services.common.streams import PayloadError, decode_entry, stream_name
 from services.scheduler.gateway.fleet import EndpointSpec, Fleet
+from services.scheduler.gateway.load_stream import finish_reader
 from services.scheduler.routing.types import Role
 
 __all__ = ["Membership", "apply_event", "apply_instance"]
@@ -150,6 +151,7 @@ class Membership:
         self.last_id = "0-0"
         self.stats: dict[str, int] = {"seeded": 0, "seed_failed": 0, "undecodable": 0, "errors": 0}
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     def _count(self, key: str) -> None:
         self.stats[key] = self.stats.get(key, 0) + 1
@@ -225,20 +227,19 @@ class Membership:
         seeded = await self.seed()
         self.last_id = tail if seeded else "0-0"
         if self.redis is not None and self._task is None:
+            self._stopping.clear()
             self._task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             try:
                 await self.poll_once()
             except (RedisError, OSError) as e:
                 self._count("errors")
                 log.warning("membership: reading %s failed: %s", self.stream, e)
-                await asyncio.sleep(1.0)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), 1.0)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await finish_reader(self._task, self._stopping, self.block_ms)
+        self._task = None
