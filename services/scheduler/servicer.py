@@ -3,9 +3,9 @@
 
 Pick reserves load on the chosen endpoints until ReportOutcome releases it (or the core's
 reservation TTL does). Errors: INVALID_ARGUMENT (bad fields), NOT_FOUND (unknown deployment,
-profile, class, pick or instance), RESOURCE_EXHAUSTED (saturated fleet or TTFT SLO
-infeasible; ``retry_after_ms`` in the message and trailing metadata ``retry-after-ms``),
-UNAVAILABLE (no eligible endpoint).
+profile, class, tenant when tenants are configured, pick or instance), RESOURCE_EXHAUSTED
+(saturated fleet or TTFT SLO infeasible; ``retry_after_ms`` in the message and trailing
+metadata ``retry-after-ms``), UNAVAILABLE (no eligible endpoint).
 """
 
 from __future__ import annotations
@@ -141,6 +141,9 @@ class SchedulerServicer(_Base):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown profile {r.profile!r}")
         if r.slo_class and r.slo_class not in self._class_names():
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown SLO class {r.slo_class!r}")
+        tenants = self.core.queue.config.tenant_weights  # configured = the only ones accepted
+        if tenants and r.tenant not in tenants:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown tenant {r.tenant!r}")
         if r.prompt_tokens < 0 or r.max_tokens < 0:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "prompt_tokens and max_tokens must be >= 0"

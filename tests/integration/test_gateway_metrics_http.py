@@ -1,6 +1,6 @@
 """Gateway Prometheus metrics over HTTP: the gateway's own ``/metrics`` and the service's
 ``metrics_port`` (one registry passed down from ``main``, not the global default), in front
-of an in-process simulated engine (free ports, no Redis)."""
+of an in-process simulated engine (free ports, no Redis); configured tenants over gRPC."""
 
 from __future__ import annotations
 
@@ -12,16 +12,21 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc
 import pytest
 from aiohttp.test_utils import TestServer
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
+from tideserve.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 from services.common.server import serve
 from services.engine.server import EngineServer
 from services.engine.settings import EngineSettings
+from services.scheduler.gateway import EndpointSpec, build_core
 from services.scheduler.main import build
+from services.scheduler.servicer import SchedulerServicer, add_to_server
 from services.scheduler.settings import SchedulerSettings
+from services.scheduler.slo import DEFAULT_SLO_CLASSES, queue_config
 
 
 @pytest.fixture
@@ -152,3 +157,38 @@ async def test_service_metrics_on_gateway_port_and_metrics_port(
         assert _get(s, "tideserve_gateway_endpoint_circuit", instance=iid, state="closed") == 1
     # the service's registry is its own: nothing of the gateway in the process-global one
     assert REGISTRY.get_sample_value("tideserve_gateway_retries_total") is None
+
+
+@pytest.mark.parametrize(
+    ("tenant", "code"),
+    [
+        ("acme", grpc.StatusCode.OK),
+        ("evil", grpc.StatusCode.NOT_FOUND),
+        ("", grpc.StatusCode.NOT_FOUND),
+    ],
+    ids=["known", "unknown", "missing"],
+)
+async def test_grpc_pick_refuses_unknown_tenants_when_configured(
+    tenant: str, code: grpc.StatusCode
+) -> None:
+    core = build_core(
+        [EndpointSpec("w1", "http://127.0.0.1:1", deployment="d")],
+        perf_profile="test",
+        queue=queue_config(DEFAULT_SLO_CLASSES, default_class="agent", tenants={"acme": 1.0}),
+    )
+    server = grpc.aio.server()
+    add_to_server(SchedulerServicer(core, deployment="d", block_size=16), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = scheduler_pb2_grpc.SchedulerServiceStub(ch)
+            req = scheduler_pb2.PickRequest(deployment="d", prompt_text="a b c", tenant=tenant)
+            try:
+                await stub.Pick(req)
+                got = grpc.StatusCode.OK
+            except grpc.aio.AioRpcError as e:
+                got = e.code()
+    finally:
+        await server.stop(None)
+    assert got == code
