@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from services.scheduler.gateway import EndpointSpec
+    from services.scheduler.gateway.feeds import FleetFeeds
     from services.scheduler.gateway.integrations import Integrations
     from services.scheduler.gateway.server import Gateway
 
@@ -125,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
 
     from services.common.errors import StartupError
     from services.scheduler.gateway import CoreLimits, build_core
+    from services.scheduler.gateway.feeds import FleetFeeds
     from services.scheduler.gateway.integrations import Integrations
     from services.scheduler.gateway.server import Gateway, GatewayOptions
     from services.scheduler.routing.config import ConfigError
@@ -160,21 +162,19 @@ def run(args: argparse.Namespace) -> int:
     )
     gateway = Gateway(core, opts, rng=random.Random(args.seed + 1))
     try:
-        extras = Integrations(
-            SchedulerSettings.model_validate(
-                {
-                    "deployment": args.deployment,
-                    "redis_url": args.redis_url or None,
-                    "stream_prefix": args.stream_prefix,
-                    "share_state": args.share_state,
-                    "replica_id": args.replica_id,
-                    "request_records": not args.no_records,
-                    "kvmeta_address": args.kvmeta_address,
-                }
-            ),
-            core,
-            gateway,
+        settings = SchedulerSettings.model_validate(
+            {
+                "deployment": args.deployment,
+                "redis_url": args.redis_url or None,
+                "stream_prefix": args.stream_prefix,
+                "share_state": args.share_state,
+                "replica_id": args.replica_id,
+                "request_records": not args.no_records,
+                "kvmeta_address": args.kvmeta_address,
+            }
         )
+        extras = Integrations(settings, core, gateway, registry=gateway.metrics.registry)
+        feeds = FleetFeeds(settings, gateway)  # load snapshots + membership via --redis-url
         if args.redis_url:
             from services.common.streams import check_redis
 
@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"tideserve gateway: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_serve(gateway, args.host, args.port, extras))
+        asyncio.run(_serve(gateway, args.host, args.port, extras, feeds))
     except OSError as err:
         print(
             f"tideserve gateway: cannot listen on {args.host}:{args.port}: {err.strerror}",
@@ -193,7 +193,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(gateway: Gateway, host: str, port: int, extras: Integrations) -> None:
+async def _serve(
+    gateway: Gateway, host: str, port: int, extras: Integrations, feeds: FleetFeeds
+) -> None:
     from aiohttp import web
 
     stop = asyncio.Event()
@@ -206,9 +208,11 @@ async def _serve(gateway: Gateway, host: str, port: int, extras: Integrations) -
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     await extras.start()
+    await feeds.start()
     try:
         await web.TCPSite(runner, host, port).start()
         await stop.wait()
     finally:
         await runner.cleanup()
+        await feeds.stop()
         await extras.stop()
