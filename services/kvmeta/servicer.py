@@ -8,7 +8,7 @@ their rows were written to Postgres (when configured), in the order they were ap
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, TypeVar
 
 import grpc
@@ -17,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from tideserve.v1 import events_pb2, kvmeta_pb2, kvmeta_pb2_grpc
 
 from services.kvmeta.checkpoint import KVMetaStore
-from services.kvmeta.index import Outcome, UnknownDeploymentError
+from services.kvmeta.index import InstanceMatch, Outcome, UnknownDeploymentError
 from services.kvmeta.ingest import IndexFeeder
 from services.kvmeta.objects import (
     ObjectError,
@@ -38,6 +38,7 @@ else:
     _Base = kvmeta_pb2_grpc.KVMetaServiceServicer
 
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+MatchResponse: TypeAlias = kvmeta_pb2.MatchPrefixResponse
 T = TypeVar("T")
 
 
@@ -106,6 +107,53 @@ def _config(c: kvmeta_pb2.ReplicaConfig) -> ReplicaConfig:
     )
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+class _MatchEncoder:
+    """Builds ``MatchPrefixResponse`` messages from wire-encoded ``InstanceMatch`` entries
+    cached by (instance, matched blocks, tiers): one parse in C instead of a message
+    object per instance and tier. Bounded: the cache is cleared when it fills."""
+
+    def __init__(self, max_size: int = 65_536) -> None:
+        self.max_size = max_size
+        self._entries: dict[tuple[object, ...], bytes] = {}
+        self._tails: dict[int, bytes] = {}
+
+    def response(self, matches: Sequence[InstanceMatch], block_size: int) -> MatchResponse:
+        entries = self._entries
+        parts: list[bytes] = []
+        for m in matches:
+            tiers = m.tiers
+            items = tuple(tiers.items()) if len(tiers) < 2 else tuple(sorted(tiers.items()))
+            key = (m.instance_id, m.matched_blocks, items)
+            enc = entries.get(key)
+            if enc is None:
+                body = kvmeta_pb2.InstanceMatch(
+                    instance_id=m.instance_id,
+                    matched_blocks=m.matched_blocks,
+                    tiers=[kvmeta_pb2.TierMatch(tier=t, blocks=b) for t, b in items],  # type: ignore[arg-type]
+                ).SerializeToString()
+                if len(entries) >= self.max_size:
+                    entries.clear()
+                enc = entries[key] = b"\x0a" + _varint(len(body)) + body  # field 1, LEN
+            parts.append(enc)
+        tail = self._tails.get(block_size)
+        if tail is None:
+            tail = self._tails.setdefault(
+                block_size,
+                kvmeta_pb2.MatchPrefixResponse(block_size=block_size).SerializeToString(),
+            )
+        parts.append(tail)
+        return kvmeta_pb2.MatchPrefixResponse.FromString(b"".join(parts))
+
+
 class KVMetaServicer(_Base):
     """``KVMetaService``: the KV-block index, object master and segment registry."""
 
@@ -113,6 +161,7 @@ class KVMetaServicer(_Base):
         self.feeder = feeder
         self.objects = objects
         self.max_match_blocks = max_match_blocks
+        self._encoder = _MatchEncoder()
 
     # ----------------------------------------------------------- prefix index
 
@@ -140,20 +189,7 @@ class KVMetaServicer(_Base):
             await _abort(
                 context, grpc.StatusCode.NOT_FOUND, f"unknown deployment {request.deployment!r}"
             )
-        return kvmeta_pb2.MatchPrefixResponse(
-            matches=[
-                kvmeta_pb2.InstanceMatch(
-                    instance_id=m.instance_id,
-                    matched_blocks=m.matched_blocks,
-                    tiers=[
-                        kvmeta_pb2.TierMatch(tier=t, blocks=b)  # type: ignore[arg-type]
-                        for t, b in sorted(m.tiers.items())
-                    ],
-                )
-                for m in matches
-            ],
-            block_size=self.feeder.block_sizes.get(request.deployment, 0),
-        )
+        return self._encoder.response(matches, self.feeder.block_sizes.get(request.deployment, 0))
 
     async def IngestEvents(
         self, request_iterator: AsyncIterator[events_pb2.KVEventBatch], context: Ctx
