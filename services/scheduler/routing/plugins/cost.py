@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 from pydantic import Field
 
 from services.scheduler.routing.framework import CycleContext
 from services.scheduler.routing.registry import Params, PluginEnv, PrefillModel, register
-from services.scheduler.routing.types import EndpointView, RequestView, Shed
+from services.scheduler.routing.types import EndpointView, Pick, RequestView, Shed
 
 
 class TTFTCostParams(Params):
@@ -20,6 +21,17 @@ class TTFTCostParams(Params):
     use_engine_throughput: bool = True
     # Chunk size used to derive the model's prefill throughput.
     chunk_tokens: int = Field(4096, gt=0)
+    # Interference (0 = off): rank endpoints by predicted TTFT + interference * k * own
+    # prefill, where k = this gateway's picks on the endpoint still waiting for their first
+    # byte. Engines batch a new prompt's prefill chunks with the first decode steps of the
+    # requests already there, so each of those k first responses arrives about that much
+    # later. ``predicted_ttft_ms`` (SLO filter, response) stays the request's own TTFT.
+    interference: float = Field(0.0, ge=0)
+    # Recompute (0 = off): also add recompute * (own prefill - the cheapest candidate's own
+    # prefill): prefill work a cache miss adds is fleet capacity later requests wait for.
+    recompute: float = Field(0.0, ge=0)
+    # Picks not settled after this long stop counting (their outcome was never reported).
+    awaiting_ttl_s: float = Field(600.0, gt=0)
 
 
 def predict_ttft_ms(
@@ -45,7 +57,15 @@ class TTFTCost:
     model's prefill time of the prompt minus the cached tokens estimated by the prefix
     plugins (so list a prefix plugin in the same profile). Score = (min + eps) / (cost + eps)
     over the candidates: the cheapest scores 1, twice as slow about 0.5. Records the
-    prediction in ``ctx.predicted_ttft_ms`` for the SLO filter and the response."""
+    prediction in ``ctx.predicted_ttft_ms`` for the SLO filter and the response.
+
+    With ``interference > 0`` the cost also counts the delay this prompt's prefill adds to
+    the first responses of the requests this gateway sent to the endpoint that have not
+    answered yet (``interference * k * own prefill``); the plugin then counts its own
+    picks per target instance (``on_pick``) until they settle (``on_settle``: first byte,
+    failure or release), or for at most ``awaiting_ttl_s``. With ``recompute > 0`` it adds
+    ``recompute * (own prefill - cheapest own prefill)``: the fleet pays for a cache miss
+    with capacity too. Both only change the ranking, never ``ctx.predicted_ttft_ms``."""
 
     phase = 1  # after the prefix preparers
 
@@ -58,6 +78,11 @@ class TTFTCost:
         self.model = env.perf_profile(params.perf_profile)
         self.model_tps = 1000.0 * params.chunk_tokens / self.model.prefill_ms(params.chunk_tokens)
         self._memo: dict[tuple[int, int], float] = {}
+        # interference: request id -> (target instance, picked at); count per instance.
+        self._picks: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._awaiting: dict[str, int] = {}
+        # This cycle's ranking cost per instance (interference or recompute > 0).
+        self._cost: dict[str, float] = {}
 
     def _prefill_ms(self, uncached: int, cached: int) -> float:
         key = (uncached, cached)
@@ -91,6 +116,46 @@ class TTFTCost:
                 out[e.instance_id] = (1000.0 * pending / tput if tput > 0 else 0.0) + p
             else:
                 out[e.instance_id] = 0.0 + p
+        if self.p.interference > 0 or self.p.recompute > 0:
+            self._cost.clear()
+            beta, gamma = self.p.interference, self.p.recompute
+            k = self._awaiting
+            least = min(prefill.values(), default=0.0)
+            for e in candidates:
+                iid = e.instance_id
+                own = prefill[min(max(get(iid, 0), 0), n)]
+                self._cost[iid] = out[iid] + beta * k.get(iid, 0) * own + gamma * (own - least)
+
+    def awaiting(self, instance_id: str) -> int:
+        """This gateway's picks on ``instance_id`` not settled yet (interference only)."""
+        return self._awaiting.get(instance_id, 0)
+
+    def on_pick(self, now: float, request: RequestView, pick: Pick) -> None:
+        if self.p.interference <= 0:
+            return
+        self._drop(request.request_id)
+        target = (pick.prefill or pick.decode).endpoint.instance_id
+        self._picks[request.request_id] = (target, now)
+        self._awaiting[target] = self._awaiting.get(target, 0) + 1
+        cutoff = now - self.p.awaiting_ttl_s
+        while self._picks:
+            rid, (_, at) = next(iter(self._picks.items()))
+            if at >= cutoff:
+                break
+            self._drop(rid)
+
+    def on_settle(self, request: RequestView, pick: Pick, ok: bool) -> None:
+        """The pick answered or failed: it no longer waits for its first byte."""
+        self._drop(request.request_id)
+
+    def _drop(self, request_id: str) -> None:
+        rec = self._picks.pop(request_id, None)
+        if rec is not None:
+            left = self._awaiting[rec[0]] - 1
+            if left > 0:
+                self._awaiting[rec[0]] = left
+            else:
+                del self._awaiting[rec[0]]
 
     def score(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
@@ -111,7 +176,8 @@ class TTFTCost:
         """:meth:`score` aligned with ``candidates``."""
         if not candidates:
             return []
-        get = ctx.predicted_ttft_ms.get
+        ranked = self.p.interference > 0 or self.p.recompute > 0
+        get = self._cost.get if ranked else ctx.predicted_ttft_ms.get
         eps = self.p.epsilon_ms
         costs = [get(e.instance_id, 0.0) + eps for e in candidates]
         lo = min(costs)

@@ -1,30 +1,97 @@
-"""P/D decider: disaggregate only when the uncached suffix is long enough."""
+"""P/D decider: disaggregate only when the uncached suffix is long enough (and, optionally,
+only when the prefill pool is not the slower path)."""
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 from pydantic import Field
 
 from services.scheduler.routing.framework import CycleContext
 from services.scheduler.routing.registry import Params, PluginEnv, register
-from services.scheduler.routing.types import Choice, RequestView
+from services.scheduler.routing.types import Choice, Pick, RequestView
 
 
 class PDDeciderParams(Params):
     threshold_tokens: int = Field(512, ge=0)
+    # Load rule: a long suffix is still computed on the decode instance when the prefill
+    # path is predicted slower by more than local_margin_ms (see the class docstring).
+    load_rule: bool = False
+    local_margin_ms: float = Field(0.0, ge=0)
+    # Name in services.common.perfmodel.PROFILES for the prefill pool's throughput.
+    perf_profile: str = ""
+    chunk_tokens: int = Field(4096, gt=0)
+    # Disaggregated picks not settled after this long stop counting as prefill backlog.
+    backlog_ttl_s: float = Field(600.0, gt=0)
 
 
 @register("pd-decider", PDDeciderParams)
 class PDDecider:
     """Disaggregate iff prompt tokens minus the tokens estimated cached on the chosen decode
     instance (by the prefix plugins of the decode profile) is at least ``threshold_tokens``;
-    otherwise the decode (or aggregated) instance computes the prompt itself."""
+    otherwise the decode (or aggregated) instance computes the prompt itself.
+
+    Load rule (``load_rule``): the decider also counts the uncached tokens of
+    this gateway's disaggregated picks that have not answered yet, per prefill instance
+    (``on_pick``/``on_settle``); the prefill path's wait is the least of those backlogs /
+    model prefill throughput over the prefill instances it has picked. A long suffix stays
+    local when the decode instance's predicted TTFT (``ctx.predicted_ttft_ms``, from a
+    ttft-cost plugin of the decode profile) is below that wait plus the same prefill, by
+    more than the margin. With an idle prefill pool (or no prediction) it disaggregates."""
 
     def __init__(self, name: str, params: PDDeciderParams, env: PluginEnv) -> None:
         self.name = name
+        self.p = params
         self.threshold = params.threshold_tokens
+        self.model = env.perf_profile(params.perf_profile)
+        c = params.chunk_tokens
+        self.tps = 1000.0 * c / self.model.prefill_ms(c)
+        # request id -> (prefill instance, uncached tokens, picked at)
+        self._picks: OrderedDict[str, tuple[str, int, float]] = OrderedDict()
+        self._backlog: dict[str, int] = {}  # prefill instance -> unanswered uncached tokens
+
+    def prefill_wait_ms(self) -> float:
+        """Predicted wait on the least backlogged prefill instance seen so far (0 if none)."""
+        if not self._backlog:
+            return 0.0
+        return 1000.0 * min(self._backlog.values()) / self.tps
 
     def disaggregate(self, ctx: CycleContext, request: RequestView, decode: Choice) -> bool:
         if decode.endpoint.role == "worker":
             return False
-        cached = ctx.cached_tokens.get(decode.endpoint.instance_id, 0)
-        return request.prompt_tokens - cached >= self.threshold
+        iid = decode.endpoint.instance_id
+        cached = min(max(ctx.cached_tokens.get(iid, 0), 0), request.prompt_tokens)
+        uncached = request.prompt_tokens - cached
+        if uncached < self.threshold:
+            return False
+        local = ctx.predicted_ttft_ms.get(iid)
+        if not self.p.load_rule or local is None:
+            return True
+        remote = self.prefill_wait_ms() + self.model.prefill_ms(uncached, cached)
+        return not local + self.p.local_margin_ms < remote
+
+    def on_pick(self, now: float, request: RequestView, pick: Pick) -> None:
+        if not self.p.load_rule:
+            return
+        self._drop(request.request_id)
+        if pick.prefill is not None:
+            pid = pick.prefill.endpoint.instance_id
+            n = max(0, request.prompt_tokens - pick.predicted_cached_tokens)
+            self._picks[request.request_id] = (pid, n, now)
+            self._backlog[pid] = self._backlog.get(pid, 0) + n
+        cutoff = now - self.p.backlog_ttl_s
+        while self._picks:
+            rid, rec = next(iter(self._picks.items()))
+            if rec[2] >= cutoff:
+                break
+            self._drop(rid)
+
+    def on_settle(self, request: RequestView, pick: Pick, ok: bool) -> None:
+        """The pick answered (its prefill is done) or failed: no longer backlog."""
+        self._drop(request.request_id)
+
+    def _drop(self, request_id: str) -> None:
+        rec = self._picks.pop(request_id, None)
+        if rec is not None:
+            # Keep the instance known (at 0) so an idle prefill instance counts as idle.
+            self._backlog[rec[0]] -= rec[1]

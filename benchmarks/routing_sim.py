@@ -1,0 +1,445 @@
+"""Virtual-time routing simulator: scheduler profiles on simulated engines, in seconds.
+
+A TUNING TOOL for the scheduler's routing profiles (issue 5), not the product's discrete-event
+simulator (the later ``tideserve sim``). It drives the engine simulator's pure
+:class:`services.engine.core.EngineCore` (one per engine, same perf profile and KV size as
+``routing_compare.py``'s fleet) with the scheduler's pure
+:class:`services.scheduler.gateway.GatewayCore` on a deterministic event queue, so a profile
+change can be compared on a trace slice in seconds instead of a 6-minute live run. No
+processes, no sockets, no wall clock: the same inputs give the same JSON.
+
+What it models from the live ``routing_compare.py`` setup (``tideserve gateway --endpoints``
+in front of ``tideserve engine`` processes, ``tideserve bench --trace-time``):
+
+* prompts: the bench's synthesis (``PromptSynthesizer``, seed 0) of each Mooncake request,
+  sent as a chat message, so the gateway and the engine both see ``"user: " + prompt``;
+  ``max_tokens`` = the trace's output length (``ignore_eos``); arrivals = trace time /
+  ``--rate-scale``.
+* the gateway's view of load: by default what the live gateway has without Redis — a
+  ``/metrics`` scrape every ``--scrape-interval-ms`` (phase-shifted per engine) carrying only
+  running / waiting / KV usage, delivered ``--scrape-lag-ms`` after the engine's state was
+  read; plus the gateway's own reservations (a pick counts on its instances until released
+  and its uncached prompt tokens count as pending prefill until the first token), exactly as
+  :class:`services.scheduler.gateway.fleet.Fleet` merges them. ``--load-source stream``
+  instead reports the engines' full load snapshot (pending prefill, tokens in flight) as the
+  Redis load stream would.
+* first token: the engines coalesce ``--stream-interval`` tokens per SSE chunk (16 in
+  ``routing_compare.py``), so the client's first token and the gateway's ``first_token``
+  (its pending-prefill reservation ends) are at the step that produced the 16th token (or the
+  last); TPOT = (last - first) / (tokens - 1) as the bench computes it; ``release`` at the
+  last token.
+* P/D (``--pd``): SGLang-style disaggregation as the simulator engines do it — the prefill
+  engine computes the prompt and holds its KV; when it finishes, the decode engine receives
+  the request with the modelled KV transfer time and emits the first token when the KV has
+  arrived; a non-disaggregated pick runs entirely on the decode engine.
+
+Not modelled: HTTP/CPU overheads (the live engines' modelled clock is the wall clock, so
+a loaded machine stretches every step a little), retries/failures, machine noise. Figures are therefore optimistic for every router alike;
+use them to rank profiles, and confirm with ``routing_compare.py``.
+
+    .venv/bin/python benchmarks/routing_sim.py --max-requests 400 --rate-scale 2.5 \\
+        --profiles default,cache_aware,round_robin,least_load
+
+Prints one JSON object (also written to ``--out``): per profile the TTFT/TPOT distributions
+(ms of modelled time), goodput under the SLOs, cache hit ratio, requests per engine and
+routing diagnostics (how often the pick kept the best routed prefix, and why not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from services.bench.prompts import PromptSynthesizer  # noqa: E402
+from services.bench.stats import infinite_cache_hit_ratio  # noqa: E402
+from services.bench.traces import TraceRequest, load_trace  # noqa: E402
+from services.common.perfmodel import get_profile  # noqa: E402
+from services.common.tokens import block_hashes, tokenize  # noqa: E402
+from services.engine.core import CoreConfig, EngineCore, EngineRole, Request  # noqa: E402
+from services.engine.kvcache import KVCache  # noqa: E402
+from services.scheduler.gateway import EndpointSpec, GatewayCore, LoadReport, build_core  # noqa: E402
+from services.scheduler.routing.plugins.prefix import ApproxPrefix  # noqa: E402
+from services.scheduler.routing.types import Pick, RequestView  # noqa: E402
+
+TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--trace", default=str(TRACE), help="Mooncake-format trace (JSONL)")
+    p.add_argument("--max-requests", type=int, default=400, help="first N requests (default 400)")
+    p.add_argument("--offset", type=int, default=0, help="skip this many requests first")
+    p.add_argument("--rate-scale", type=float, default=2.5, help="divide arrival times by this")
+    p.add_argument("--engines", type=int, default=8, help="aggregated engines (default 8)")
+    p.add_argument("--pd", action="store_true", help="P/D: --prefill + --decode engines")
+    p.add_argument("--prefill", type=int, default=3)
+    p.add_argument("--decode", type=int, default=5)
+    p.add_argument("--profiles-file", default=None, help="profiles YAML (default: shipped)")
+    p.add_argument(
+        "--profiles",
+        default="default,cache_aware,round_robin",
+        help="comma-separated profile names, each run on a fresh fleet",
+    )
+    p.add_argument("--perf-profile", default="h200-llama3.1-8b")
+    p.add_argument("--kv-blocks", type=int, default=16384)
+    p.add_argument("--block-size", type=int, default=64, help="engine and gateway block size")
+    p.add_argument("--stream-interval", type=int, default=16, help="engines' SSE coalescing")
+    p.add_argument("--load-source", choices=("scrape", "stream"), default="scrape")
+    p.add_argument("--scrape-interval-ms", type=float, default=500.0)
+    p.add_argument("--scrape-lag-ms", type=float, default=5.0)
+    p.add_argument("--slo-ttft-ms", type=float, default=2000.0)
+    p.add_argument("--slo-tpot-ms", type=float, default=100.0)
+    p.add_argument("--seed", type=int, default=0, help="routing RNG seed")
+    p.add_argument("--out", default=None, help="also write the JSON here")
+    return p.parse_args(argv)
+
+
+class Prompts:
+    """The bench's prompt for a trace request, tokenized as the gateway and engine see it."""
+
+    def __init__(self, block_tokens: int) -> None:
+        self.synth = PromptSynthesizer(0, block_tokens)
+        self.role = tokenize("user:")
+        self._blocks: dict[int, list[int]] = {}
+
+    def tokens(self, r: TraceRequest) -> tuple[int, ...]:
+        out = list(self.role)
+        remaining = r.input_length
+        for h in r.hash_ids or ():
+            if remaining <= 0:
+                break
+            blk = self._blocks.get(h)
+            if blk is None:
+                blk = self._blocks[h] = tokenize(self.synth.block_text(h))
+            out.extend(blk[:remaining])
+            remaining -= len(blk)
+        if remaining > 0:  # traces without hash ids: unique words
+            out.extend(tokenize(self.synth.prompt(r))[r.input_length - remaining :])
+        return tuple(out)
+
+
+@dataclass
+class _Req:
+    rid: str
+    arrival: float
+    prompt: tuple[int, ...]
+    hashes: tuple[int, ...]
+    out: int
+    view: RequestView
+    pick: Pick | None = None
+    first: float | None = None
+    last: float | None = None
+    cached: int = 0
+    prompt_tokens: int = 0
+    ntok: int = 0
+
+
+@dataclass
+class _Diag:
+    picks: int = 0
+    with_prefix: int = 0  # some instance had a routed-prefix match
+    kept_best: int = 0  # ... and the pick went to an instance with the longest match
+    lost_blocks: int = 0  # matched blocks given up (best - chosen), summed
+    best_blocks: int = 0  # longest routed-prefix match per pick, summed
+    predicted_cached: int = 0  # Pick.predicted_cached_tokens, summed
+    guard_removed_best: int = 0  # the load guard removed every best-match instance
+    disaggregated: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+class Sim:
+    """One profile on one fresh fleet. ``run`` returns the summary dict."""
+
+    def __init__(self, args: argparse.Namespace, profile: str, trace: Sequence[TraceRequest]):
+        self.a = args
+        self.profile = profile
+        self.trace = trace
+        perf = get_profile(args.perf_profile)
+        self.perf = perf
+        if args.pd:
+            roles = [EngineRole.PREFILL] * args.prefill + [EngineRole.DECODE] * args.decode
+        else:
+            roles = [EngineRole.AGGREGATED] * args.engines
+        self.cores: dict[str, EngineCore] = {}
+        specs = []
+        for i, role in enumerate(roles):
+            iid = f"{role.value}-{i}"
+            self.cores[iid] = EngineCore(
+                CoreConfig(role=role), perf, KVCache(args.kv_blocks, args.block_size)
+            )
+            gw_role = {"aggregated": "worker", "prefill": "prefill", "decode": "decode"}
+            specs.append(EndpointSpec(iid, f"http://{iid}", role=gw_role[role.value]))  # type: ignore[arg-type]
+        self.gw: GatewayCore = build_core(
+            specs,
+            profiles=Path(args.profiles_file) if args.profiles_file else None,
+            seed=args.seed,
+            block_size=args.block_size,
+            perf_profile=args.perf_profile,
+        )
+        self.ev: list[tuple[float, int, str, Any]] = []
+        self.seq = 0
+        self.busy = dict.fromkeys(self.cores, False)
+        self.wake_at: dict[str, float] = {}
+        self.reqs: dict[str, _Req] = {}
+        self.diag = _Diag()
+        prof = self.gw.scheduler.profiles[profile]
+        self.approx = next((p for p in prof.preparers if isinstance(p, ApproxPrefix)), None)
+
+    # -- events ---------------------------------------------------------------------------
+    def push(self, t: float, kind: str, payload: Any) -> None:
+        heapq.heappush(self.ev, (t, self.seq, kind, payload))
+        self.seq += 1
+
+    def kick(self, iid: str, now: float) -> None:
+        if self.busy[iid]:
+            return
+        core = self.cores[iid]
+        res = core.step(now)
+        if res is None:
+            w = core.next_wakeup(now)
+            if w is not None and w > now and self.wake_at.get(iid) != w:
+                self.wake_at[iid] = w
+                self.push(w, "wake", iid)
+            return
+        self.busy[iid] = True
+        self.push(now + res.duration_ms, "done", (iid, res))
+
+    def report(self, iid: str, now: float) -> LoadReport:
+        c = self.cores[iid]
+        if self.a.load_source == "stream":
+            return LoadReport(
+                running=c.num_running,
+                waiting=c.num_waiting,
+                tokens_in_flight=c.tokens_in_flight(),
+                pending_prefill_tokens=c.pending_prefill_tokens(),
+                kv_usage=c.cache.usage,
+            )
+        return LoadReport(running=c.num_running, waiting=c.num_waiting, kv_usage=c.cache.usage)
+
+    # -- the run --------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        a = self.a
+        prompts = Prompts(512)
+        t0 = self.trace[0].arrival_s
+        for k, r in enumerate(self.trace):
+            self.push((r.arrival_s - t0) * 1000.0 / a.rate_scale, "arrive", k)
+        n_eng = len(self.cores)
+        for j, iid in enumerate(self.cores):  # phase-shifted scrapes
+            self.push(a.scrape_interval_ms * j / n_eng, "scrape", iid)
+        pending = len(self.trace)
+        self._prompts = prompts
+        started = time.monotonic()
+        while self.ev and pending:
+            now, _, kind, p = heapq.heappop(self.ev)
+            if kind == "arrive":
+                self.arrive(p, now)
+            elif kind == "scrape":
+                self.push(now + a.scrape_lag_ms, "load", (p, self.report(p, now)))
+                self.push(now + a.scrape_interval_ms, "scrape", p)
+            elif kind == "load":
+                self.gw.fleet.report_load(p[0], p[1], now / 1000.0)
+            elif kind == "wake":
+                self.wake_at.pop(p, None)
+                self.kick(p, now)
+            else:
+                pending -= self.done(p[0], p[1], now)
+        return self.summary(time.monotonic() - started)
+
+    def arrive(self, k: int, now: float) -> None:
+        r = self.trace[k]
+        toks = self._prompts.tokens(r)
+        rid = f"r{k}"
+        hashes = tuple(block_hashes(toks, self.a.block_size))
+        view = RequestView(
+            rid, len(toks), hashes, self.a.block_size, max(1, r.output_length),
+            ttft_slo_ms=self.a.slo_ttft_ms,
+        )  # fmt: skip
+        req = _Req(rid, now, toks, hashes, max(1, r.output_length), view)
+        self.reqs[rid] = req
+        match = self.approx.index.match(hashes, now / 1000.0) if self.approx else {}
+        d = self.gw.pick(view, now / 1000.0, rid, self.profile)
+        if not isinstance(d, Pick):
+            raise RuntimeError(f"{rid}: {d}")
+        req.pick = d
+        self.note(match, d)
+        if d.prefill is not None:
+            piid = d.prefill.endpoint.instance_id
+            self.cores[piid].submit(Request(rid, toks, req.out, hold_kv=True), now)
+            self.kick(piid, now)
+        else:
+            diid = d.decode.endpoint.instance_id
+            self.cores[diid].submit(Request(rid, toks, req.out), now)
+            self.kick(diid, now)
+
+    def note(self, match: dict[str, int], d: Pick) -> None:
+        g = self.diag
+        g.picks += 1
+        g.disaggregated += d.prefill is not None
+        g.predicted_cached += d.predicted_cached_tokens
+        target = (d.prefill or d.decode).endpoint.instance_id
+        pool = [
+            i for i in match if (self.gw.fleet.spec(i).role == "prefill") == (d.prefill is not None)
+        ]
+        best = max((match[i] for i in pool), default=0)
+        if best <= 0:
+            return
+        g.with_prefix += 1
+        g.best_blocks += best
+        got = match.get(target, 0)
+        if got >= best:
+            g.kept_best += 1
+            return
+        g.lost_blocks += best - got
+        # Which scorer outweighed the prefix: the chosen instance's score detail.
+        choice = d.prefill or d.decode
+        top = max(choice.scores, key=lambda s: s[1] * s[2], default=("?", 0.0, 0.0))
+        g.reasons[top[0]] = g.reasons.get(top[0], 0) + 1
+
+    def done(self, iid: str, res: Any, now: float) -> int:
+        self.busy[iid] = False
+        core = self.cores[iid]
+        finished = 0
+        prefill_role = core.config.role is EngineRole.PREFILL
+        for o in res.outputs:
+            req = self.reqs[o.rid]
+            if prefill_role:
+                # The prefill finished: hand the KV to the decode engine (SGLang bootstrap).
+                assert req.pick is not None
+                diid = req.pick.decode.endpoint.instance_id
+                xfer = self.perf.transfer_ms(o.prompt_tokens)
+                core.hand_off(o.rid, now + xfer)
+                self.cores[diid].submit(
+                    Request(
+                        o.rid, req.prompt, req.out,
+                        kv_transfer_ms=xfer, peer_cached_tokens=o.cached_tokens,
+                    ),
+                    now,
+                )  # fmt: skip
+                self.kick(diid, now)
+                self.push(now + xfer, "wake", iid)  # the held KV frees then
+                continue
+            req.ntok += len(o.tokens)
+            # The engine's first SSE chunk carries --stream-interval tokens (or the last):
+            # that is the client's first token and the gateway's first byte.
+            if req.first is None and (req.ntok >= self.a.stream_interval or o.finished):
+                req.first = now
+                req.cached = o.cached_tokens
+                req.prompt_tokens = o.prompt_tokens
+                self.gw.first_token(o.rid)
+            if o.finished:
+                req.last = now
+                self.gw.release(o.rid)
+                finished += 1
+        self.kick(iid, now)
+        return finished
+
+    # -- summary --------------------------------------------------------------------------
+    def summary(self, cpu_s: float) -> dict[str, Any]:
+        a = self.a
+        done = [r for r in self.reqs.values() if r.last is not None and r.first is not None]
+        ttft = sorted(r.first - r.arrival for r in done)  # type: ignore[operator]
+        tpot = [(r.last - r.first) / (r.out - 1) for r in done if r.out > 1]  # type: ignore[operator]
+        good = sum(
+            1
+            for r in done
+            if r.first - r.arrival <= a.slo_ttft_ms  # type: ignore[operator]
+            and (r.out <= 1 or (r.last - r.first) / (r.out - 1) <= a.slo_tpot_ms)  # type: ignore[operator]
+        )
+        miss = {"ttft": 0, "tpot": 0, "both": 0, "ttft_infeasible_idle": 0}
+        for r in done:
+            t_bad = r.first - r.arrival > a.slo_ttft_ms  # type: ignore[operator]
+            p_bad = r.out > 1 and (r.last - r.first) / (r.out - 1) > a.slo_tpot_ms  # type: ignore[operator]
+            if t_bad and p_bad:
+                miss["both"] += 1
+            elif t_bad:
+                miss["ttft"] += 1
+            elif p_bad:
+                miss["tpot"] += 1
+            if t_bad and self.perf.prefill_ms(r.prompt_tokens - r.cached, r.cached) > a.slo_ttft_ms:
+                miss["ttft_infeasible_idle"] += 1
+        start = min(r.arrival for r in self.reqs.values())
+        end = max(r.last for r in done)  # type: ignore[type-var]
+        dur_s = (end - start) / 1000.0  # type: ignore[operator]
+        g = self.diag
+        spread: dict[str, int] = {}
+        for r in self.reqs.values():
+            if r.pick is not None:
+                t = (r.pick.prefill or r.pick.decode).endpoint.instance_id
+                spread[t] = spread.get(t, 0) + 1
+        return {
+            "profile": self.profile,
+            "completed": len(done),
+            "duration_s": round(dur_s, 3),
+            "ttft_ms": dist(ttft),
+            "tpot_ms": dist(sorted(tpot)),
+            "goodput_rps": round(good / dur_s, 4) if dur_s > 0 else None,
+            "slo_attainment": round(good / len(self.reqs), 4),
+            "slo_misses": miss,
+            "cache_hit_ratio": round(
+                sum(r.cached for r in done) / max(1, sum(r.prompt_tokens for r in done)), 4
+            ),
+            "requests_per_engine": [spread.get(i, 0) for i in self.cores],
+            "routing": {
+                "picks": g.picks,
+                "disaggregated": g.disaggregated,
+                "with_routed_prefix": g.with_prefix,
+                "kept_best_prefix": g.kept_best,
+                "lost_prefix_blocks": g.lost_blocks,
+                # What the engines reported cached vs what routing expected (tokens).
+                "best_routed_prefix_tokens": g.best_blocks * a.block_size,
+                "predicted_cached_tokens": g.predicted_cached,
+                "engine_cached_tokens": sum(r.cached for r in done),
+                "prompt_tokens": sum(r.prompt_tokens for r in done),
+                "lost_to_top_scorer": g.reasons,
+            },
+            "sim_cpu_s": round(cpu_s, 2),
+        }
+
+
+def dist(xs: list[float]) -> dict[str, float] | None:
+    if not xs:
+        return None
+
+    def q(f: float) -> float:
+        return round(xs[min(len(xs) - 1, int(len(xs) * f))], 1)
+
+    return {"mean": round(statistics.fmean(xs), 1), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    trace = load_trace(a.trace).requests[a.offset :][: a.max_requests]
+    if not trace:
+        print("no requests in the trace slice", file=sys.stderr)
+        return 1
+    out: dict[str, Any] = {
+        "tool": "routing_sim (tuning tool, virtual time)",
+        "args": vars(a),
+        "infinite_cache_hit_ratio": infinite_cache_hit_ratio(trace, 512),
+        "results": [],
+    }
+    for name in [p.strip() for p in a.profiles.split(",") if p.strip()]:
+        res = Sim(a, name, trace).run()
+        out["results"].append(res)
+        print(json.dumps(res), file=sys.stderr, flush=True)
+    text = json.dumps(out, indent=2)
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
