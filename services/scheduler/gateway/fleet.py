@@ -116,6 +116,8 @@ class Fleet:
         # Built snapshots per deployment filter: (snapshot, built_at, valid_until). Any
         # view change drops them all; membership changes also drop the id order.
         self._snaps: dict[str, tuple[EndpointSnapshot, float, float]] = {}
+        # Per snapshot key: instances whose view changed since it was built.
+        self._snap_dirty: dict[str, set[str]] = {}
         self._order: list[str] | None = None
         self._deployments: frozenset[str] | None = None
 
@@ -333,10 +335,10 @@ class Fleet:
 
     # -- snapshot -------------------------------------------------------------------------
     def _dirty(self, instance_id: str) -> None:
-        """The instance's view must be rebuilt (and every snapshot holding it)."""
+        """The instance's view must be rebuilt (snapshots holding it are patched)."""
         self._views.pop(instance_id, None)
-        if self._snaps:
-            self._snaps.clear()
+        for ids in self._snap_dirty.values():
+            ids.add(instance_id)
 
     def view(self, instance_id: str, now: float) -> EndpointView:
         """KeyError for an unknown instance. Cached until the instance changes or a
@@ -391,8 +393,18 @@ class Fleet:
             if deps <= {"", deployment}:
                 deployment = ""  # every endpoint qualifies: share the unfiltered snapshot
         hit = self._snaps.get(deployment)
-        if hit is not None and hit[1] <= now < hit[2]:
-            return hit[0]
+        if hit is not None and hit[1] <= now < hit[2] and hit[0].version == self._version:
+            dirty = self._snap_dirty[deployment]
+            if not dirty:
+                return hit[0]
+            # A few views changed (a reservation, a load report): patch the snapshot.
+            eps = self._eps
+            entries = [self._entry(i, now) for i in dirty if i in eps]
+            dirty.clear()
+            snap = hit[0].replaced([e[0] for e in entries], self._version)
+            until = min([hit[2], *(e[2] for e in entries)])
+            self._snaps[deployment] = (snap, now, until)
+            return snap
         order = self._order
         if order is None:
             order = self._order = sorted(self._eps)
@@ -403,4 +415,5 @@ class Fleet:
         until = min((e[2] for e in entries), default=float("inf"))
         snap = EndpointSnapshot([e[0] for e in entries], version=self._version, presorted=True)
         self._snaps[deployment] = (snap, now, until)
+        self._snap_dirty[deployment] = set()
         return snap

@@ -9,8 +9,9 @@ is configured). The core returns a :class:`Decision`: :class:`Pick`, :class:`She
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 from types import MappingProxyType
 from typing import Literal
 
@@ -70,10 +71,16 @@ def _iid(e: EndpointView) -> str:
     return e.instance_id
 
 
+def _pick(items: tuple[EndpointView, ...], idx: tuple[int, ...]) -> tuple[EndpointView, ...]:
+    if len(idx) > 1:
+        return itemgetter(*idx)(items)  # type: ignore[no-any-return]
+    return (items[idx[0]],) if idx else ()
+
+
 class EndpointSnapshot:
     """An immutable, id-ordered set of endpoints. Iteration order is by instance id."""
 
-    __slots__ = ("_by_id", "_items", "_pools", "version")
+    __slots__ = ("_by_id", "_items", "_pool_idx", "_pools", "_pos", "version")
 
     def __init__(
         self,
@@ -91,6 +98,9 @@ class EndpointSnapshot:
         self._items = items
         self._by_id: Mapping[str, EndpointView] = MappingProxyType(by_id)
         self._pools: tuple[int, tuple[EndpointView, ...], tuple[EndpointView, ...]] | None = None
+        # (eligible count, item indexes of the decode pool, of the prefill pool)
+        self._pool_idx: tuple[int, tuple[int, ...], tuple[int, ...]] | None = None
+        self._pos: dict[str, int] | None = None
         self.version = version
 
     def pools(self) -> tuple[int, tuple[EndpointView, ...], tuple[EndpointView, ...]]:
@@ -98,11 +108,45 @@ class EndpointSnapshot:
         prefill endpoints), id-ordered; computed once per snapshot."""
         p = self._pools
         if p is None:
-            eligible = [e for e in self._items if e.eligible]
-            decode = tuple(e for e in eligible if e.role != "prefill")
-            prefill = tuple(e for e in eligible if e.role == "prefill")
-            p = self._pools = (len(eligible), decode, prefill)
+            items = self._items
+            idx = self._pool_idx
+            if idx is None:
+                eligible = [i for i, e in enumerate(items) if e.eligible]
+                idx = self._pool_idx = (
+                    len(eligible),
+                    tuple(i for i in eligible if items[i].role != "prefill"),
+                    tuple(i for i in eligible if items[i].role == "prefill"),
+                )
+            p = self._pools = (idx[0], _pick(items, idx[1]), _pick(items, idx[2]))
         return p
+
+    def replaced(self, views: Iterable[EndpointView], version: int) -> EndpointSnapshot:
+        """This snapshot with ``views`` replacing the endpoints of the same ids (ids not
+        in it are ignored); cheaper than building a new one for a few changed views."""
+        pos = self._pos
+        if pos is None:
+            pos = self._pos = {e.instance_id: i for i, e in enumerate(self._items)}
+        items = list(self._items)
+        by_id = dict(self._by_id)
+        same_pools = True
+        for v in views:
+            i = pos.get(v.instance_id)
+            if i is None:
+                continue
+            old = items[i]
+            if old is v:
+                continue
+            items[i] = by_id[v.instance_id] = v
+            if old.eligible != v.eligible or old.role != v.role:
+                same_pools = False
+        new = EndpointSnapshot.__new__(EndpointSnapshot)
+        new._items = tuple(items)
+        new._by_id = MappingProxyType(by_id)
+        new._pools = None
+        new._pool_idx = self._pool_idx if same_pools else None
+        new._pos = pos
+        new.version = version
+        return new
 
     def __iter__(self) -> Iterator[EndpointView]:
         return iter(self._items)
