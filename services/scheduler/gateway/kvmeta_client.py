@@ -48,19 +48,40 @@ def precise_profiles(scheduler: Scheduler) -> frozenset[str]:
     return frozenset(out)
 
 
+# Single-tier answers (the common case) as shared, read-only PrefixMatch objects keyed by
+# (matched blocks, tier, tier blocks); bounded: cleared when it fills.
+_SINGLE: dict[tuple[int, int, int], PrefixMatch] = {}
+_SINGLE_MAX = 65_536
+
+
 def to_matches(resp: kvmeta_pb2.MatchPrefixResponse) -> dict[str, PrefixMatch]:
     """kvmeta's answer as the routing core's ``prefix_matches`` (unknown tiers dropped;
-    instances without a matched block left out)."""
+    instances without a matched block left out). The PrefixMatch objects (and their
+    ``tiers``) may be shared between answers: read-only."""
     out: dict[str, PrefixMatch] = {}
     for m in resp.matches:
-        if m.matched_blocks <= 0:
+        n = m.matched_blocks
+        if n <= 0:
+            continue
+        ts = m.tiers
+        if len(ts) == 1:
+            t = ts[0]
+            key = (n, t.tier, t.blocks)
+            pm = _SINGLE.get(key)
+            if pm is None:
+                name = _TIERS.get(key[1])
+                one: dict[Tier, int] = {name: key[2]} if name is not None and key[2] > 0 else {}
+                if len(_SINGLE) >= _SINGLE_MAX:
+                    _SINGLE.clear()
+                pm = _SINGLE[key] = PrefixMatch(matched_blocks=n, tiers=one)
+            out[m.instance_id] = pm
             continue
         tiers: dict[Tier, int] = {}
-        for t in m.tiers:
+        for t in ts:
             name = _TIERS.get(t.tier)
             if name is not None and t.blocks > 0:
                 tiers[name] = tiers.get(name, 0) + t.blocks
-        out[m.instance_id] = PrefixMatch(matched_blocks=m.matched_blocks, tiers=tiers)
+        out[m.instance_id] = PrefixMatch(matched_blocks=n, tiers=tiers)
     return out
 
 
