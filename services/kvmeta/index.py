@@ -2,17 +2,14 @@
 
 No I/O, no clock: time (``now``, seconds) is a parameter.
 
-Layout (chosen for memory and match speed in pure Python):
-
-- Per deployment, each instance owns a *slot* (a small int). Per (deployment, tenant, lora,
-  tier) one ``dict`` maps a block hash to a compact *holder value* naming the slots that hold
-  the block: ``~s`` (a negative int, shared object) for a single slot ``s``; a packed negative
-  int ``<= -_PAIR_BASE`` for exactly two slots; a positive int bitmask for more. So one dict
-  entry serves every instance holding the block.
-- Removing a whole instance (new epoch, ALL_CLEARED, drop, expiry, resync) is O(1): its slot
-  is *retired* (excluded from every match by the live mask) and its bits are scrubbed later by
-  ``compact``, after which the slot is reused.
-- Matching walks the chain ANDing holder masks and stops when no candidate is left.
+Layout (chosen for memory and match speed in pure Python; see
+:mod:`services.kvmeta.index_state`): per deployment each instance owns a *slot*; per
+(deployment, tenant, lora, tier) one ``dict`` maps a block hash to a compact *holder value*
+naming the slots that hold it, so one entry serves every instance holding the block. Removing
+a whole instance (new epoch, ALL_CLEARED, drop, expiry, resync) is O(1): its slot is *retired*
+(excluded from every match by the live mask) and scrubbed later by ``compact``. Matching walks
+the chain ANDing holder masks and stops when no candidate is left. Snapshots:
+:mod:`services.kvmeta.index_codec`.
 
 Sequencing per (deployment, instance): batches carry (epoch, seq). A batch with an older epoch,
 or the same epoch and ``seq <= last_seq``, is skipped (idempotent at-least-once delivery). A
@@ -27,47 +24,46 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
+
+from services.kvmeta.index_codec import compress_snapshot, decode, encode
+from services.kvmeta.index_match import InstanceMatch, match_chain
+from services.kvmeta.index_state import (
+    MAX_SLOTS,
+    DepState,
+    InstState,
+    compact,
+    holder_from_mask,
+    holder_mask,
+    new_instance,
+    reset_instance,
+    retire_slot,
+    slot_holder,
+    table,
+)
+
+__all__ = [
+    "ALL_CLEARED",
+    "DEFAULT_TIER",
+    "MAX_SLOTS",
+    "REMOVED",
+    "STORED",
+    "TIERS",
+    "BlockEvent",
+    "EventLike",
+    "InstanceInfo",
+    "InstanceMatch",
+    "Outcome",
+    "PrefixIndex",
+    "UnknownDeploymentError",
+]
 
 STORED = 1
 REMOVED = 2
 ALL_CLEARED = 3
 TIERS = (1, 2, 3, 4)
 DEFAULT_TIER = 1
-MAX_SLOTS = 1 << 16
-
-_PAIR_BASE = 1 << 17  # pair values are -(_PAIR_BASE + (lo << 16 | hi)); singles are ~s >= -2**16
-_NEG: list[int] = [~s for s in range(1024)]
-
-
-def _neg(slot: int) -> int:
-    while slot >= len(_NEG):
-        _NEG.extend(~s for s in range(len(_NEG), len(_NEG) * 2))
-    return _NEG[slot]
-
-
-def _mask(v: int) -> int:
-    """Bitmask of slots named by holder value ``v``."""
-    if v >= 0:
-        return v
-    if v > -_PAIR_BASE:
-        return 1 << ~v
-    p = -v - _PAIR_BASE
-    return (1 << (p >> 16)) | (1 << (p & 0xFFFF))
-
-
-def _from_mask(m: int) -> int | None:
-    """Most compact holder value for mask ``m`` (None if empty)."""
-    if m == 0:
-        return None
-    low = m & -m
-    rest = m ^ low
-    if rest == 0:
-        return _neg(low.bit_length() - 1)
-    if rest & (rest - 1) == 0:
-        return -(_PAIR_BASE + ((low.bit_length() - 1) << 16 | (rest.bit_length() - 1)))
-    return m
 
 
 class UnknownDeploymentError(KeyError):
@@ -107,13 +103,6 @@ class BlockEvent:
 
 
 @dataclass(frozen=True)
-class InstanceMatch:
-    instance_id: str
-    matched_blocks: int
-    tiers: dict[int, int]
-
-
-@dataclass(frozen=True)
 class InstanceInfo:
     deployment: str
     instance_id: str
@@ -125,36 +114,12 @@ class InstanceInfo:
     syncing: bool = False  # a multi-batch full state is arriving (stale until it ends)
 
 
-@dataclass
-class _Inst:
-    instance_id: str
-    slot: int
-    epoch: int
-    last_seq: int = 0
-    stale: bool = False
-    last_seen: float = 0.0
-    blocks: int = 0
-    syncing: bool = False  # inside a multi-batch full state (stale until its last batch)
-
-
-@dataclass
-class _Dep:
-    instances: dict[str, _Inst] = field(default_factory=dict)
-    owners: dict[int, _Inst] = field(default_factory=dict)
-    # (tenant, lora) -> tier -> {block_hash: holder value}
-    spaces: dict[tuple[str, str], dict[int, dict[int, int]]] = field(default_factory=dict)
-    live: int = 0  # slots owned by non-stale instances
-    retired: int = 0  # slots whose bits still need scrubbing
-    free: list[int] = field(default_factory=list)
-    next_slot: int = 0
-
-
 class PrefixIndex:
     """The in-memory prefix index. Not thread-safe; one owner (the service loop) mutates it."""
 
     def __init__(self, instance_timeout_s: float = 0.0) -> None:
         """``instance_timeout_s``: default of ``expire`` (0 = instances never expire)."""
-        self._deps: dict[str, _Dep] = {}
+        self._deps: dict[str, DepState] = {}
         self.instance_timeout_s = instance_timeout_s
 
     # ------------------------------------------------------------------ ingest
@@ -177,15 +142,15 @@ class PrefixIndex:
         """
         dep = self._deps.get(deployment)
         if dep is None:
-            dep = self._deps[deployment] = _Dep()
+            dep = self._deps[deployment] = DepState()
         inst = dep.instances.get(instance_id)
         full = bool(events) and events[0].kind == ALL_CLEARED
         if inst is None:
-            inst = self._new_inst(dep, instance_id, epoch)
+            inst = new_instance(dep, instance_id, epoch)
         elif epoch < inst.epoch:
             return Outcome.SKIPPED
         elif epoch > inst.epoch:
-            self._reset(dep, inst)
+            reset_instance(dep, inst)
             inst.epoch, inst.last_seq, inst.stale, inst.syncing = epoch, 0, False, False
             dep.live |= 1 << inst.slot
         elif seq <= inst.last_seq:
@@ -206,24 +171,24 @@ class PrefixIndex:
             dep.live |= 1 << inst.slot
         return Outcome.RESYNC_NEEDED if gap else Outcome.APPLIED
 
-    def _apply_events(self, dep: _Dep, inst: _Inst, events: Iterable[EventLike]) -> None:
+    def _apply_events(self, dep: DepState, inst: InstState, events: Iterable[EventLike]) -> None:
         slot = inst.slot
-        neg = _neg(slot)
+        neg = slot_holder(slot)
         bit = 1 << slot
         count = inst.blocks
         for ev in events:
             kind = ev.kind
             if kind == ALL_CLEARED:
                 inst.blocks = 0
-                self._reset(dep, inst)
+                reset_instance(dep, inst)
                 if not inst.stale:
                     dep.live |= 1 << inst.slot
-                slot, neg, bit, count = inst.slot, _neg(inst.slot), 1 << inst.slot, 0
+                slot, neg, bit, count = inst.slot, slot_holder(inst.slot), 1 << inst.slot, 0
                 continue
             hashes = ev.block_hashes
             if not hashes:
                 continue
-            d = self._table(dep, ev.tenant, ev.lora, ev.tier or DEFAULT_TIER)
+            d = table(dep, ev.tenant, ev.lora, ev.tier or DEFAULT_TIER)
             get = d.get
             if kind == STORED:
                 for h in hashes:
@@ -232,9 +197,9 @@ class PrefixIndex:
                         d[h] = neg
                         count += 1
                     elif v != neg:
-                        m = _mask(v)
+                        m = holder_mask(v)
                         if not m & bit:
-                            nv = _from_mask((m & ~dep.retired) | bit)
+                            nv = holder_from_mask((m & ~dep.retired) | bit)
                             assert nv is not None
                             d[h] = nv
                             count += 1
@@ -247,51 +212,15 @@ class PrefixIndex:
                         del d[h]
                         count -= 1
                     else:
-                        m = _mask(v)
+                        m = holder_mask(v)
                         if m & bit:
-                            nv = _from_mask(m ^ bit)
+                            nv = holder_from_mask(m ^ bit)
                             if nv is None:
                                 del d[h]
                             else:
                                 d[h] = nv
                             count -= 1
         inst.blocks = count
-
-    def _table(self, dep: _Dep, tenant: str, lora: str, tier: int) -> dict[int, int]:
-        space = dep.spaces.get((tenant, lora))
-        if space is None:
-            space = dep.spaces[(tenant, lora)] = {}
-        d = space.get(tier)
-        if d is None:
-            d = space[tier] = {}
-        return d
-
-    def _new_inst(self, dep: _Dep, instance_id: str, epoch: int) -> _Inst:
-        inst = _Inst(instance_id, self._alloc_slot(dep), epoch)
-        dep.instances[instance_id] = inst
-        dep.owners[inst.slot] = inst
-        dep.live |= 1 << inst.slot
-        return inst
-
-    def _alloc_slot(self, dep: _Dep) -> int:
-        if dep.free:
-            return dep.free.pop()
-        if dep.next_slot >= MAX_SLOTS:
-            raise OverflowError("too many instance slots in one deployment; call compact()")
-        dep.next_slot += 1
-        return dep.next_slot - 1
-
-    def _retire(self, dep: _Dep, slot: int) -> None:
-        dep.owners.pop(slot, None)
-        dep.live &= ~(1 << slot)
-        dep.retired |= 1 << slot
-
-    def _reset(self, dep: _Dep, inst: _Inst) -> None:
-        """Forget every block of ``inst`` in O(1): retire its slot, give it a fresh one."""
-        self._retire(dep, inst.slot)
-        inst.slot = self._alloc_slot(dep)
-        inst.blocks = 0
-        dep.owners[inst.slot] = inst
 
     # ------------------------------------------------------------ membership
 
@@ -308,7 +237,7 @@ class PrefixIndex:
         inst = dep.instances.pop(instance_id, None) if dep else None
         if dep is None or inst is None:
             return False
-        self._retire(dep, inst.slot)
+        retire_slot(dep, inst.slot)
         return True
 
     def expire(self, now: float, timeout: float | None = None) -> list[tuple[str, str]]:
@@ -333,30 +262,8 @@ class PrefixIndex:
         O(entries of the deployments with retired slots); returns the number of entries
         rewritten or deleted. Call when idle (e.g. after instances left).
         """
-        changed = 0
         names = self._deps if deployments is None else deployments
-        for dep in [self._deps[n] for n in names if n in self._deps]:
-            dead = dep.retired
-            if not dead:
-                continue
-            for space in dep.spaces.values():
-                for d in space.values():
-                    drop: list[int] = []
-                    for h, v in d.items():
-                        m = _mask(v)
-                        if m & dead:
-                            nv = _from_mask(m & ~dead)
-                            if nv is None:
-                                drop.append(h)
-                            else:
-                                d[h] = nv
-                            changed += 1
-                    for h in drop:
-                        del d[h]
-            slots = [s for s in range(dead.bit_length()) if dead >> s & 1]
-            dep.free.extend(sorted(slots, reverse=True))
-            dep.retired = 0
-        return changed
+        return sum(compact(self._deps[n]) for n in list(names) if n in self._deps)
 
     # ----------------------------------------------------------------- query
 
@@ -402,84 +309,17 @@ class PrefixIndex:
         dep = self._deps.get(deployment)
         if dep is None:
             raise UnknownDeploymentError(deployment)
-        space = dep.spaces.get((tenant, lora))
-        alive = dep.live
-        if candidates is not None:
-            cmask = 0
-            for iid in candidates:
-                inst = dep.instances.get(iid)
-                if inst is not None:
-                    cmask |= 1 << inst.slot
-            alive &= cmask
-        if not space or not alive or not block_hashes:
-            return []
-        tables = [(t, d) for t, d in sorted(space.items()) if d]
-        lengths: dict[int, int] = {}
-        counters: dict[int, list[int]] = {}
-        n = len(block_hashes)
-        if len(tables) == 1:
-            get = tables[0][1].get
-            for i, h in enumerate(block_hashes):
-                v = get(h)
-                nxt = 0 if v is None else alive & _mask(v)
-                if nxt != alive:
-                    if i:
-                        _record(alive ^ nxt, i, lengths)
-                    alive = nxt
-                    if not alive:
-                        break
-        else:
-            for i, h in enumerate(block_hashes):
-                per: list[tuple[int, int]] = []
-                union = 0
-                for t, d in tables:
-                    v = d.get(h)
-                    if v is not None:
-                        m = _mask(v) & alive
-                        if m:
-                            per.append((t, m))
-                            union |= m
-                nxt = union
-                if nxt != alive:
-                    if i:
-                        _record(alive ^ nxt, i, lengths)
-                    alive = nxt
-                    if not alive:
-                        break
-                for t, m in per:
-                    _add_bits(counters.setdefault(t, []), m)
-        _record(alive, n, lengths)
-        out: list[InstanceMatch] = []
-        single_tier = tables[0][0] if len(tables) == 1 else 0
-        for slot, length in lengths.items():
-            inst = dep.owners.get(slot)
-            if inst is None or length == 0:
-                continue
-            if single_tier:
-                tiers = {single_tier: length}
-            else:
-                tiers = {}
-                for t, planes in counters.items():
-                    c = sum(((p >> slot) & 1) << k for k, p in enumerate(planes))
-                    if c:
-                        tiers[t] = c
-            out.append(InstanceMatch(inst.instance_id, length, tiers))
-        out.sort(key=lambda m: (-m.matched_blocks, m.instance_id))
-        return out
+        return match_chain(dep, tenant, lora, block_hashes, candidates)
 
     # ------------------------------------------------------------- snapshots
 
     def snapshot(self, deployments: Iterable[str] | None = None) -> bytes:
         """Compact, self-contained bytes of the index (or of some deployments)."""
-        from services.kvmeta.index_codec import compress_snapshot
-
         return compress_snapshot(self.snapshot_raw(deployments))
 
     def snapshot_raw(self, deployments: Iterable[str] | None = None) -> bytes:
         """Uncompressed snapshot; ``compress_snapshot`` it (e.g. in a thread: zlib drops
         the GIL) to get ``snapshot()`` bytes. Only this part must run with the index idle."""
-        from services.kvmeta.index_codec import encode  # the codec imports this module
-
         if deployments is None:
             return encode(self._deps)
         return encode({d: self._deps[d] for d in deployments if d in self._deps})
@@ -487,16 +327,12 @@ class PrefixIndex:
     @classmethod
     def restore(cls, data: bytes) -> PrefixIndex:
         """Rebuild an index from ``snapshot()`` bytes. Raises ValueError if corrupt."""
-        from services.kvmeta.index_codec import decode
-
         idx = cls()
         idx._deps = decode(data)
         return idx
 
     def load_snapshot(self, data: bytes) -> list[str]:
         """Replace the deployments contained in ``data``; returns their names. ValueError."""
-        from services.kvmeta.index_codec import decode
-
         deps = decode(data)
         self._deps.update(deps)
         return list(deps)
@@ -522,21 +358,3 @@ class PrefixIndex:
     def entry_count(self) -> int:
         """Number of (block, tier, instance) entries, counting retired slots not yet scrubbed."""
         return sum(i.blocks for dep in self._deps.values() for i in dep.instances.values())
-
-
-def _record(dropped: int, length: int, lengths: dict[int, int]) -> None:
-    while dropped:
-        low = dropped & -dropped
-        lengths[low.bit_length() - 1] = length
-        dropped ^= low
-
-
-def _add_bits(planes: list[int], m: int) -> None:
-    """Bit-sliced add of 1 to the per-slot counters selected by ``m``."""
-    carry = m
-    for k, p in enumerate(planes):
-        planes[k] = p ^ carry
-        carry &= p
-        if not carry:
-            return
-    planes.append(carry)

@@ -13,7 +13,7 @@ import struct
 import zlib
 from array import array
 
-from services.kvmeta.index import _PAIR_BASE, _Dep, _Inst, _neg
+from services.kvmeta.index_state import PAIR_BASE, DepState, InstState, slot_holder
 
 __all__ = ["compress_snapshot", "decode", "encode"]
 
@@ -32,7 +32,7 @@ def _pack_str(out: list[bytes], s: str) -> None:
     out.append(b)
 
 
-def encode(deps: dict[str, _Dep]) -> bytes:
+def encode(deps: dict[str, DepState]) -> bytes:
     """Uncompressed snapshot bytes of ``deps`` (see ``compress_snapshot``)."""
     out: list[bytes] = [_MAGIC, struct.pack("<I", len(deps))]
     for name, dep in deps.items():
@@ -101,7 +101,7 @@ class _Reader:
         return bytes(self.take(n)).decode("utf-8")
 
 
-def decode(data: bytes) -> dict[str, _Dep]:
+def decode(data: bytes) -> dict[str, DepState]:
     """Deployments from ``compress_snapshot(encode(...))`` bytes. Raises ValueError."""
     try:
         raw = zlib.decompress(data)
@@ -111,12 +111,12 @@ def decode(data: bytes) -> dict[str, _Dep]:
         raise ValueError("not an index snapshot")
     r = _Reader(raw)
     r.take(len(_MAGIC))
-    deps: dict[str, _Dep] = {}
+    deps: dict[str, DepState] = {}
     try:
         (ndeps,) = r.unpack("<I")
         for _ in range(ndeps):
             name = r.string()
-            dep = _Dep()
+            dep = DepState()
             dep.next_slot, rlen = r.unpack("<II")
             dep.retired = int.from_bytes(r.take(rlen), "little")
             (nfree,) = r.unpack("<I")
@@ -127,7 +127,7 @@ def decode(data: bytes) -> dict[str, _Dep]:
                 slot, epoch, last_seq, stale, seen, blocks = struct.unpack(
                     "<IqqBdq", r.take(struct.calcsize("<IqqBdq"))
                 )
-                inst = _Inst(iid, slot, epoch, last_seq, bool(stale & 1), seen, blocks)
+                inst = InstState(iid, slot, epoch, last_seq, bool(stale & 1), seen, blocks)
                 inst.syncing = bool(stale & 2)
                 dep.instances[iid] = inst
                 dep.owners[slot] = inst
@@ -143,7 +143,7 @@ def decode(data: bytes) -> dict[str, _Dep]:
                 masks: list[int] = []
                 for ml in mlens:
                     masks.append(int.from_bytes(r.take(ml), "little"))
-                values = [_neg(~v) if 0 > v > -_PAIR_BASE else v for v in vals]
+                values = [slot_holder(~v) if 0 > v > -PAIR_BASE else v for v in vals]
                 values = [masks[v] if v >= 0 else v for v in values]
                 space = dep.spaces.setdefault((tenant, lora), {})
                 space[tier] = dict(zip(keys, values, strict=True))
