@@ -13,119 +13,62 @@ Errors are ``ObjectError`` subclasses whose ``code`` is a gRPC status name. Ever
 call validates everything before changing anything: a failed call (batch included) leaves
 the state unchanged, except for objects it evicted while looking for space (a cache may
 always drop unpinned, unleased objects). "Approximate LRU" is exact LRU here (an ordered
-dict touched on commit and read), which is cheap in Python. Changed rows are recorded for the shell (``drain_changes``).
+dict touched on commit and read), which is cheap in Python. Changed rows are recorded for
+the shell (``drain_changes``).
+
+Value types and errors live in :mod:`services.kvmeta.objects_model`, placement and eviction in
+:mod:`services.kvmeta.objects_space`; both are re-exported here where callers need them.
 """
 
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
 
-from services.kvmeta.allocation import POLICIES, Candidate, FreeList, choose_segments
+from services.kvmeta.allocation import POLICIES, FreeList
+from services.kvmeta.objects_model import (
+    COMPLETE,
+    PROCESSING,
+    AlreadyExistsError,
+    Changes,
+    DeploymentState,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    ObjectError,
+    ObjectState,
+    ObjKey,
+    ReplicaConfig,
+    ReplicaInfo,
+    ResourceExhaustedError,
+    SegmentInfo,
+    SegmentSpec,
+    SegmentState,
+    capacity,
+    replica_infos,
+    require,
+    used,
+)
+from services.kvmeta.objects_space import evict, place
 
-PROCESSING = "processing"
-COMPLETE = "complete"
-
-
-class ObjectError(Exception):
-    code = "INTERNAL"
-
-
-class InvalidArgumentError(ObjectError):
-    code = "INVALID_ARGUMENT"
-
-
-class NotFoundError(ObjectError):
-    code = "NOT_FOUND"
-
-
-class FailedPreconditionError(ObjectError):
-    code = "FAILED_PRECONDITION"
-
-
-class AlreadyExistsError(ObjectError):
-    code = "ALREADY_EXISTS"
-
-
-class ResourceExhaustedError(ObjectError):
-    code = "RESOURCE_EXHAUSTED"
-
-
-@dataclass(frozen=True)
-class SegmentSpec:
-    name: str
-    instance_id: str
-    tier: int
-    capacity_bytes: int
-    transfer_address: str
-    base_address: int = 0
-
-
-@dataclass(frozen=True)
-class SegmentInfo:
-    spec: SegmentSpec
-    used_bytes: int
-
-
-@dataclass(frozen=True)
-class ReplicaConfig:
-    replica_num: int = 1
-    policy: str = "free_ratio_first"
-    preferred_segment: str = ""
-    tier: int = 0  # 0 = any tier
-    soft_pin: bool = False
-    hard_pin: bool = False
-
-
-@dataclass(frozen=True)
-class ReplicaInfo:
-    segment: str
-    transfer_address: str
-    tier: int
-    offset: int
-    size: int
-    status: str
-
-
-ObjKey = tuple[str, str, str]  # (deployment, tenant, key)
-
-
-@dataclass
-class ObjectState:
-    """Persistent state of one object (``replicas`` = [(segment, offset)])."""
-
-    deployment: str
-    tenant: str
-    key: str
-    size: int
-    status: str
-    replicas: list[tuple[str, int]]
-    soft_pin: bool = False
-    hard_pin: bool = False
-    started_at: float = 0.0
-    lease_until: float = 0.0
-
-
-@dataclass
-class _Seg:
-    spec: SegmentSpec
-    space: FreeList
-
-
-@dataclass
-class _Dep:
-    segments: dict[str, _Seg] = field(default_factory=dict)
-    lru: OrderedDict[ObjKey, None] = field(default_factory=OrderedDict)
-
-
-@dataclass
-class Changes:
-    """Rows to persist since the last drain (latest state wins)."""
-
-    segments: dict[tuple[str, str], SegmentSpec | None] = field(default_factory=dict)
-    objects: dict[ObjKey, ObjectState | None] = field(default_factory=dict)
+__all__ = [
+    "COMPLETE",
+    "PROCESSING",
+    "AlreadyExistsError",
+    "Changes",
+    "FailedPreconditionError",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "ObjKey",
+    "ObjectError",
+    "ObjectMaster",
+    "ObjectState",
+    "ReplicaConfig",
+    "ReplicaInfo",
+    "ResourceExhaustedError",
+    "SegmentInfo",
+    "SegmentSpec",
+]
 
 
 class ObjectMaster:
@@ -145,7 +88,7 @@ class ObjectMaster:
         self.low_watermark = low_watermark
         self.quotas: dict[str, int] = dict(quotas or {})
         self._rng = rng or random.Random(0)
-        self._deps: dict[str, _Dep] = {}
+        self._deps: dict[str, DeploymentState] = {}
         self._objs: dict[ObjKey, ObjectState] = {}
         self._tenant_used: dict[str, int] = {}
         self._changes = Changes()
@@ -154,21 +97,21 @@ class ObjectMaster:
 
     def mount_segment(self, deployment: str, spec: SegmentSpec, now: float) -> None:
         """Idempotent for an identical spec; ALREADY_EXISTS if the name is taken differently."""
-        _need(deployment, "deployment")
-        _need(spec.name, "segment name")
+        require(deployment, "deployment")
+        require(spec.name, "segment name")
         if spec.capacity_bytes <= 0:
             raise InvalidArgumentError(
                 f"capacity_bytes must be positive, got {spec.capacity_bytes}"
             )
         if spec.tier not in (1, 2, 3, 4):
             raise InvalidArgumentError(f"segment tier must be GPU/CPU/SSD/REMOTE, got {spec.tier}")
-        dep = self._deps.setdefault(deployment, _Dep())
+        dep = self._deps.setdefault(deployment, DeploymentState())
         old = dep.segments.get(spec.name)
         if old is not None:
             if old.spec == spec:
                 return
             raise AlreadyExistsError(f"segment {spec.name!r} is mounted with a different spec")
-        dep.segments[spec.name] = _Seg(spec, FreeList(spec.capacity_bytes))
+        dep.segments[spec.name] = SegmentState(spec, FreeList(spec.capacity_bytes))
         self._changes.segments[(deployment, spec.name)] = spec
 
     def unmount_segment(self, deployment: str, name: str, now: float) -> int:
@@ -234,7 +177,7 @@ class ObjectMaster:
                 f"unknown policy {cfg.policy!r}; known: {', '.join(POLICIES)}"
             )
         for key, size in zip(keys, sizes, strict=True):
-            _need(key, "key")
+            require(key, "key")
             if size <= 0:
                 raise InvalidArgumentError(f"size of {key!r} must be positive, got {size}")
             old = self._objs.get((deployment, tenant, key))
@@ -250,7 +193,7 @@ class ObjectMaster:
             )
         placed: list[tuple[ObjKey, list[tuple[str, int]]]] = []
         for key, size in zip(keys, sizes, strict=True):
-            reps = self._place(dep, size, n, cfg, now)
+            reps = place(dep, self._objs, size, n, cfg, now, self._rng, self._drop)
             if reps is None:
                 for (_, _, k), done in placed:  # roll back: nothing of this batch survives
                     for seg, off in done:
@@ -267,7 +210,7 @@ class ObjectMaster:
             self._objs[ok] = obj
             self._charge(tenant, size * len(reps))
             self._changes.objects[ok] = obj
-            out.append(self._replicas(dep, obj))
+            out.append(replica_infos(dep, obj))
         return out
 
     def put_end(self, deployment: str, tenant: str, key: str, now: float) -> None:
@@ -309,7 +252,7 @@ class ObjectMaster:
             raise NotFoundError(f"object {key!r} not found")
         obj.lease_until = max(obj.lease_until, now + self.lease_s)
         dep.lru.move_to_end((deployment, tenant, key))
-        return self._replicas(dep, obj), obj.lease_until
+        return replica_infos(dep, obj), obj.lease_until
 
     def batch_get_replica_list(
         self, deployment: str, tenant: str, keys: Sequence[str], now: float
@@ -368,10 +311,9 @@ class ObjectMaster:
             self._drop(ok)
         evicted: list[ObjKey] = []
         for dep in self._deps.values():
-            cap = sum(s.spec.capacity_bytes for s in dep.segments.values())
-            used = sum(s.space.used for s in dep.segments.values())
-            if cap and used > self.high_watermark * cap:
-                evicted += self._evict(dep, now, until=self._below_low)
+            cap = capacity(dep)
+            if cap and used(dep) > self.high_watermark * cap:
+                evicted += evict(dep, self._objs, now, self._drop, until=self._below_low)
         return stuck, evicted
 
     def drain_changes(self) -> Changes:
@@ -390,9 +332,8 @@ class ObjectMaster:
     ) -> None:
         """Restore persisted state into an empty master (leases are not persisted)."""
         for deployment, spec in segments:
-            self._deps.setdefault(deployment, _Dep()).segments[spec.name] = _Seg(
-                spec, FreeList(spec.capacity_bytes)
-            )
+            mounted = self._deps.setdefault(deployment, DeploymentState()).segments
+            mounted[spec.name] = SegmentState(spec, FreeList(spec.capacity_bytes))
         for obj in objects:
             dep = self._deps.get(obj.deployment)
             if dep is None:
@@ -414,72 +355,15 @@ class ObjectMaster:
 
     # -------------------------------------------------------------- internal
 
-    def _dep(self, deployment: str) -> _Dep:
-        _need(deployment, "deployment")
+    def _dep(self, deployment: str) -> DeploymentState:
+        require(deployment, "deployment")
         dep = self._deps.get(deployment)
         if dep is None or not dep.segments:
             raise NotFoundError(f"deployment {deployment!r} has no mounted segments")
         return dep
 
-    def _place(
-        self, dep: _Dep, size: int, n: int, cfg: ReplicaConfig, now: float
-    ) -> list[tuple[str, int]] | None:
-        segs = [s for s in dep.segments.values() if not cfg.tier or s.spec.tier == cfg.tier]
-        if len([s for s in segs if s.spec.capacity_bytes >= size]) < n:
-            return None
-        while True:
-            cands = [Candidate(s.spec.name, s.space.free, s.spec.capacity_bytes) for s in segs]
-            names = choose_segments(
-                cfg.policy or "free_ratio_first",
-                cands,
-                n,
-                size,
-                preferred=cfg.preferred_segment,
-                rng=self._rng,
-            )
-            if len(names) == n:
-                got = [(nm, dep.segments[nm].space.alloc(size)) for nm in names]
-                if all(off is not None for _, off in got):
-                    return [(nm, off) for nm, off in got if off is not None]
-                for nm, off in got:
-                    if off is not None:
-                        dep.segments[nm].space.release(off, size)
-            if not self._evict(dep, now, limit=1, segs={s.spec.name for s in segs}):
-                return None
-
-    def _evict(
-        self,
-        dep: _Dep,
-        now: float,
-        *,
-        until: Callable[[_Dep], bool] | None = None,
-        limit: int = 0,
-        segs: set[str] | None = None,
-    ) -> list[ObjKey]:
-        """Evict LRU-first until ``until(dep)`` or ``limit`` objects; soft pins last."""
-        evicted: list[ObjKey] = []
-        for allow_soft in (False, True):
-            victims: list[ObjKey] = []
-            for ok in dep.lru:
-                obj = self._objs[ok]
-                if obj.hard_pin or obj.lease_until > now or (obj.soft_pin and not allow_soft):
-                    continue
-                if segs is not None and not any(r[0] in segs for r in obj.replicas):
-                    continue
-                victims.append(ok)
-                if limit and len(victims) + len(evicted) >= limit:
-                    break
-            for ok in victims:
-                if until is not None and until(dep):
-                    return evicted
-                self._drop(ok)
-                evicted.append(ok)
-            if (limit and len(evicted) >= limit) or (until is not None and until(dep)):
-                return evicted
-        return evicted
-
-    def _below_low(self, dep: _Dep) -> bool:
-        return _used(dep) <= self.low_watermark * _cap(dep)
+    def _below_low(self, dep: DeploymentState) -> bool:
+        return used(dep) <= self.low_watermark * capacity(dep)
 
     def _drop(self, ok: ObjKey) -> None:
         obj = self._objs[ok]
@@ -500,33 +384,3 @@ class ObjectMaster:
 
     def _charge(self, tenant: str, delta: int) -> None:
         self._tenant_used[tenant] = self._tenant_used.get(tenant, 0) + delta
-
-    @staticmethod
-    def _replicas(dep: _Dep, obj: ObjectState) -> list[ReplicaInfo]:
-        out = []
-        for seg, off in obj.replicas:
-            spec = dep.segments[seg].spec
-            out.append(
-                ReplicaInfo(
-                    seg,
-                    spec.transfer_address,
-                    spec.tier,
-                    spec.base_address + off,
-                    obj.size,
-                    obj.status,
-                )
-            )
-        return out
-
-
-def _cap(dep: _Dep) -> int:
-    return sum(s.spec.capacity_bytes for s in dep.segments.values())
-
-
-def _used(dep: _Dep) -> int:
-    return sum(s.space.used for s in dep.segments.values())
-
-
-def _need(value: str, what: str) -> None:
-    if not value:
-        raise InvalidArgumentError(f"{what} must not be empty")
