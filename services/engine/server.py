@@ -21,8 +21,9 @@ A request whose client went away is aborted (KV freed, no further work) within o
 KV events (with Redis): see :mod:`services.engine.events`; a ``ResyncRequest`` for this
 instance is answered on the next flush with the cache's full state.
 
-Admin/test endpoints: ``POST /fault`` (``fail_rate``, ``stall_s``, ``die_after_tokens``,
-``refuse_health``; answers the current knobs), ``POST /flush_cache``.
+Info endpoints (``/health``, ``/server_info``, ``/v1/models``, ``/metrics``, ...) and the
+admin/test endpoints (``POST /fault`` with ``fail_rate``, ``stall_s``, ``die_after_tokens``,
+``refuse_health``; ``POST /flush_cache``): see :mod:`services.engine.info_routes`.
 """
 
 from __future__ import annotations
@@ -35,8 +36,6 @@ import random
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -53,39 +52,15 @@ from services.engine.core import (
     SeqOutput,
 )
 from services.engine.events import EventPublisher, LoadFigures, load_snapshot
+from services.engine.info_routes import Faults, InfoRoutes, bad_request, write_model_dir
 from services.engine.kvcache import KVCache
-from services.engine.metrics import CONTENT_TYPE_LATEST, EngineMetrics, Gauges
+from services.engine.metrics import EngineMetrics
 from services.engine.respond import Live
 from services.engine.settings import EngineSettings
 
 __all__ = ["EngineServer", "write_model_dir"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Faults:
-    fail_rate: float = 0.0
-    die_after_tokens: int = 0
-    refuse_health: bool = False
-    stall_until: float = 0.0  # monotonic seconds
-
-
-def write_model_dir(state_dir: Path, model: str, max_context: int) -> Path:
-    """``<state_dir>/model`` with a minimal config.json, so routers that read ``model_path``
-    find a local directory and do not try to download a tokenizer. Idempotent."""
-    path = state_dir / "model"
-    path.mkdir(parents=True, exist_ok=True)
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "_name_or_path": model,
-        "max_position_embeddings": max_context,
-        "vocab_size": 128_000,
-        "tideserve_simulator": True,
-    }
-    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    return path
 
 
 class EngineServer:
@@ -147,22 +122,14 @@ class EngineServer:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         r = app.router
-        r.add_get("/health", self._health)
-        r.add_get("/health_generate", self._health)
-        for path in ("/server_info", "/get_server_info"):
-            r.add_get(path, self._server_info)
-        for path in ("/model_info", "/get_model_info"):
-            r.add_get(path, self._model_info)
-        r.add_get("/v1/models", self._models)
-        r.add_get("/metrics", self._metrics)
+        info = InfoRoutes(self)
+        info.add_to(r)
         r.add_post("/generate", self._generate)
         r.add_post("/v1/completions", self._completions)
         r.add_post("/v1/chat/completions", self._chat)
         r.add_get("/bootstrap/{room}", self.rendezvous.handler)
         r.add_post(pd_vllm.NOTIFY_PATH, self._kv_notify)
-        r.add_post("/fault", self._fault)
-        r.add_get("/fault", self._fault)
-        r.add_post("/flush_cache", self._flush_cache)
+        info.add_admin_to(r)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
@@ -329,118 +296,6 @@ class EngineServer:
             bootstrap_port=self.settings.bootstrap_port,
         )
 
-    # -- info endpoints ------------------------------------------------------------------
-    async def _health(self, _req: web.Request) -> web.Response:
-        if self.faults.refuse_health:
-            return web.Response(status=503, text="unhealthy (fault injected)")
-        return web.Response(text="")
-
-    def _mode(self) -> str:
-        return "null" if self.role is EngineRole.AGGREGATED else self.role.value
-
-    async def _server_info(self, _req: web.Request) -> web.Response:
-        s, f = self.settings, self.figures()
-        return web.json_response(
-            {
-                "model_path": str(self.model_dir),
-                "tokenizer_path": str(self.model_dir),
-                "served_model_name": s.model,
-                "version": "tideserve-sim",
-                "engine": "tideserve-sim",
-                "instance_id": self.instance_id,
-                "profile": self.profile.name,
-                "disaggregation_mode": self._mode(),
-                "disaggregation_bootstrap_port": s.bootstrap_port or None,
-                "page_size": s.block_size,
-                "max_total_num_tokens": self.core.cache.capacity_blocks * s.block_size,
-                "max_running_requests": s.max_batch,
-                "chunked_prefill_size": s.max_batched_tokens,
-                "context_length": self.profile.max_context,
-                "stream_interval": s.stream_interval,
-                "speedup": s.speedup,
-                "tp_size": self.profile.tp,
-                "dp_size": 1,
-                "internal_states": [
-                    {"num_running_reqs": f.num_running, "num_queue_reqs": f.num_waiting}
-                ],
-            }
-        )
-
-    async def _model_info(self, _req: web.Request) -> web.Response:
-        return web.json_response(
-            {
-                "model_path": str(self.model_dir),
-                "tokenizer_path": str(self.model_dir),
-                "served_model_name": self.settings.model,
-                "is_generation": True,
-                "max_context_length": self.profile.max_context,
-            }
-        )
-
-    async def _models(self, _req: web.Request) -> web.Response:
-        m = self.settings.model
-        return web.json_response(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": m,
-                        "object": "model",
-                        "created": self.epoch // 1000,
-                        "owned_by": "tideserve",
-                        "root": str(self.model_dir),
-                        "max_model_len": self.profile.max_context,
-                    }
-                ],
-            }
-        )
-
-    async def _metrics(self, _req: web.Request) -> web.Response:
-        f = self.figures()
-        g = Gauges(
-            num_running=f.num_running,
-            num_waiting=f.num_waiting,
-            used_tokens=self.core.cache.referenced_blocks * self.settings.block_size,
-            kv_usage=f.kv_usage,
-            cache_hit_rate=f.cache_hit_rate,
-            gen_throughput=f.decode_tps,
-        )
-        resp = web.Response(body=self.metrics.render(g))
-        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
-        return resp
-
-    # -- admin ---------------------------------------------------------------------------
-    async def _fault(self, req: web.Request) -> web.Response:
-        if req.method == "POST":
-            try:
-                body = await req.json()
-                if not isinstance(body, dict):
-                    raise ValueError("body must be an object")
-                if "fail_rate" in body:
-                    self.faults.fail_rate = min(1.0, max(0.0, float(body["fail_rate"])))
-                if "die_after_tokens" in body:
-                    self.faults.die_after_tokens = max(0, int(body["die_after_tokens"]))
-                if "refuse_health" in body:
-                    self.faults.refuse_health = bool(body["refuse_health"])
-                if "stall_s" in body:
-                    self.faults.stall_until = time.monotonic() + max(0.0, float(body["stall_s"]))
-            except (ValueError, TypeError) as err:
-                return _bad(str(err))
-        f = self.faults
-        return web.json_response(
-            {
-                "fail_rate": f.fail_rate,
-                "die_after_tokens": f.die_after_tokens,
-                "refuse_health": f.refuse_health,
-                "stalled_for_s": max(0.0, f.stall_until - time.monotonic()),
-            }
-        )
-
-    async def _flush_cache(self, _req: web.Request) -> web.Response:
-        if not self.core.cache.clear():
-            return _bad("cannot flush the cache while requests are running", code="busy")
-        return web.Response(text="Cache flushed.\n")
-
     # -- generation ----------------------------------------------------------------------
     async def _generate(self, req: web.Request) -> web.StreamResponse:
         return await self._handle(req, api.parse_generate)
@@ -455,14 +310,14 @@ class EngineServer:
         try:
             body = await req.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return _bad("the request body is not valid JSON", code="invalid_json")
+            return bad_request("the request body is not valid JSON", code="invalid_json")
         try:
             gen: api.GenRequest = parse(body, self.settings.default_max_tokens)
             self.core.check(len(gen.prompt_ids), gen.max_new_tokens)
         except api.BadRequest as err:
-            return _bad(err.message, err.param, err.code)
+            return bad_request(err.message, err.param, err.code)
         except AdmissionError as err:
-            return _bad(
+            return bad_request(
                 str(err), "messages" if gen.kind == "chat" else "prompt", "context_length_exceeded"
             )
         if self.faults.fail_rate and self._rng.random() < self.faults.fail_rate:
@@ -493,7 +348,7 @@ class EngineServer:
             extra = {"kv_transfer_params": kv} if kv is not None else None
             return await respond.unary(req, live, model, self.faults.die_after_tokens, extra)
         except AdmissionError as err:
-            return _bad(str(err), None, "context_length_exceeded")
+            return bad_request(str(err), None, "context_length_exceeded")
         finally:
             self._live.pop(rid, None)
             self._conns.pop(rid, None)
@@ -525,13 +380,7 @@ class EngineServer:
             if not isinstance(rid, str):
                 raise ValueError
         except (ValueError, KeyError, UnicodeDecodeError):
-            return _bad("expected a JSON object with a string 'request_id'", "request_id")
+            return bad_request("expected a JSON object with a string 'request_id'", "request_id")
         freed = self.core.hand_off(rid, self.now_ms())
         self._kick.set()
         return web.json_response({"freed": freed, "request_id": rid})
-
-
-def _bad(message: str, param: str | None = None, code: str | None = None) -> web.Response:
-    return web.json_response(
-        api.error_body(message, "invalid_request_error", param, code), status=400
-    )
