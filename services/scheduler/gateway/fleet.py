@@ -240,7 +240,7 @@ class Fleet:
         live = self._eps.get(instance_id)
         if live is None:
             return
-        self._dirty(instance_id)
+        was = live.healthy
         if ok:
             live.probe_failures = 0
             live.healthy = True
@@ -248,17 +248,21 @@ class Fleet:
             live.probe_failures += 1
             if live.probe_failures >= self.unhealthy_after:
                 live.healthy = False
+        if live.healthy != was:  # the view shows health, not the failure count
+            self._dirty(instance_id)
 
     def upstream_result(self, instance_id: str, ok: bool, now: float) -> None:
         """Passive detection: a forwarded request's outcome feeds the circuit breaker."""
         live = self._eps.get(instance_id)
         if live is None:
             return
-        self._dirty(instance_id)
+        opened = live.breaker.opened_at
         if ok:
             live.breaker.success(now)
         else:
             live.breaker.failure(now)
+        if live.breaker.opened_at != opened:  # the view shows the circuit state only
+            self._dirty(instance_id)
 
     def set_draining(self, instance_id: str, draining: bool) -> int:
         """Drain/undrain (idempotent); returns this gateway's in-flight count on it.
@@ -288,7 +292,7 @@ class Fleet:
         if r is None:
             return
         for i, n in r.pending_tokens.items():
-            if i in self._eps:
+            if n and i in self._eps:
                 self._eps[i].ours_pending_tokens -= n
                 self._dirty(i)
         r.pending_tokens = {}
