@@ -4,57 +4,32 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
 
 from services.common.tokens import block_hashes, render_token, tokenize
-from services.engine.server import EngineServer
-from services.engine.settings import EngineSettings
+from tests.helpers.engines import EngineFactory, EngineFleet, sse
 
-Factory = Callable[..., Awaitable[tuple[EngineServer, str]]]
+Factory = EngineFactory
 
 LONG = " ".join(f"w{i}" for i in range(300))  # 300 tokens: 4 full 64-token blocks
 
 
 @pytest.fixture
 async def make_engine(tmp_path: Path) -> AsyncIterator[Factory]:
-    servers: list[TestServer] = []
-
-    async def make(redis: Any = None, **kw: Any) -> tuple[EngineServer, str]:
-        kw.setdefault("profile", "test")
-        kw.setdefault("speedup", 20.0)
-        settings = EngineSettings(port=0, state_dir=tmp_path / f"e{len(servers)}", **kw)
-        engine = EngineServer(settings, redis=redis)
-        server = TestServer(engine.app(), host="127.0.0.1")
-        await server.start_server()
-        servers.append(server)
-        return engine, str(server.make_url("")).rstrip("/")
-
-    yield make
-    for s in servers:
-        await s.close()
+    fleet = EngineFleet(tmp_path, profile="test", speedup=20.0)
+    yield fleet.start
+    await fleet.close()
 
 
 @pytest.fixture
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
         yield s
-
-
-async def sse(resp: aiohttp.ClientResponse) -> list[Any]:
-    """The data lines of an SSE body; ``"[DONE]"`` stays a string."""
-    out: list[Any] = []
-    async for raw in resp.content:
-        line = raw.decode().strip()
-        if line.startswith("data: "):
-            data = line[len("data: ") :]
-            out.append(data if data == "[DONE]" else json.loads(data))
-    return out
 
 
 @pytest.mark.parametrize(

@@ -4,21 +4,17 @@ the client goes away before the first byte."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from services.common.tokens import tokenize
-from services.engine.server import EngineServer
-from services.engine.settings import EngineSettings
+from tests.helpers.engines import EngineFactory, EngineFleet, sse, until
 
-Factory = Callable[..., Awaitable[tuple[EngineServer, str]]]
+Factory = EngineFactory
 LONG = " ".join(f"w{i}" for i in range(300))
 PREFILL_PARAMS = {
     "do_remote_decode": True,
@@ -34,48 +30,15 @@ PREFILL_PARAMS = {
 async def make_engine(tmp_path: Path) -> AsyncIterator[Factory]:
     # Served like `tideserve engine` does (an AppRunner without handler cancellation; the
     # aiohttp TestServer would cancel handlers on disconnect and hide what the engine does).
-    runners: list[web.AppRunner] = []
-
-    async def make(**kw: Any) -> tuple[EngineServer, str]:
-        kw.setdefault("profile", "test")
-        kw.setdefault("speedup", 20.0)
-        kw.setdefault("kv_flush_ms", 10.0)
-        settings = EngineSettings(port=0, state_dir=tmp_path / f"e{len(runners)}", **kw)
-        engine = EngineServer(settings)
-        runner = web.AppRunner(engine.app(), handle_signals=False)
-        await runner.setup()
-        runners.append(runner)
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        port = runner.addresses[0][1]
-        return engine, f"http://127.0.0.1:{port}"
-
-    yield make
-    for r in runners:
-        await r.cleanup()
+    fleet = EngineFleet(tmp_path, serve="runner", profile="test", speedup=20.0, kv_flush_ms=10.0)
+    yield fleet.start
+    await fleet.close()
 
 
 @pytest.fixture
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
         yield s
-
-
-async def until(cond: Callable[[], bool], what: str) -> None:
-    for _ in range(1000):
-        if cond():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never happened: {what}")
-
-
-async def sse(resp: aiohttp.ClientResponse) -> list[Any]:
-    out: list[Any] = []
-    async for raw in resp.content:
-        line = raw.decode().strip()
-        if line.startswith("data: "):
-            data = line[len("data: ") :]
-            out.append(data if data == "[DONE]" else json.loads(data))
-    return out
 
 
 @pytest.mark.parametrize(
