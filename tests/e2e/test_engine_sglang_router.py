@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,17 +22,12 @@ from typing import Any, BinaryIO
 import aiohttp
 import pytest
 
+from tests.helpers.ports import free_port
+
 pytestmark = pytest.mark.e2e
 
 ROUTER_VERSION = "0.3.2"
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="session")
@@ -159,7 +153,7 @@ def _requests_served(metrics: str) -> float:
 async def test_sglang_router_routes_streamed_chat_to_both_engines(
     router_python: Path, procs: Procs, tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:
-    engines = [f"http://127.0.0.1:{_free_port()}" for _ in range(2)]
+    engines = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
     for i, url in enumerate(engines):
         procs.start(
             f"engine-{i}",
@@ -172,7 +166,7 @@ async def test_sglang_router_routes_streamed_chat_to_both_engines(
         )  # fmt: skip
     for url in engines:
         await _wait_ok(http, url + "/health", procs, 60)
-    router = f"http://127.0.0.1:{_free_port()}"
+    router = f"http://127.0.0.1:{free_port()}"
     procs.start(
         "router",
         [
@@ -212,8 +206,8 @@ async def test_sglang_router_routes_streamed_chat_to_both_engines(
 async def test_sglang_router_pd_mode_uses_the_bootstrap_handshake(
     router_python: Path, procs: Procs, tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:
-    prefill, decode = (f"http://127.0.0.1:{_free_port()}" for _ in range(2))
-    bootstrap = _free_port()
+    prefill, decode = (f"http://127.0.0.1:{free_port()}" for _ in range(2))
+    bootstrap = free_port()
     common = ["--profile", "test", "--speedup", "5"]
     procs.start(
         "prefill",
@@ -232,7 +226,7 @@ async def test_sglang_router_pd_mode_uses_the_bootstrap_handshake(
     )  # fmt: skip
     for url in (prefill, decode):
         await _wait_ok(http, url + "/health", procs, 60)
-    router = f"http://127.0.0.1:{_free_port()}"
+    router = f"http://127.0.0.1:{free_port()}"
     procs.start(
         "router",
         [

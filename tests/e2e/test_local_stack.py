@@ -13,9 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +26,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from services.stack.health import Health, check_grpc_health
 from services.stack.procs import ProcRef, is_alive, stop_processes
-from services.stack.state import ProcEntry, read_state
+from services.stack.state import read_state
+from tests.helpers.ports import free_ports
+from tests.helpers.stack import cli, wait_running
 
 pytestmark = pytest.mark.e2e
 
@@ -39,24 +39,6 @@ SERVICES = {
     "autoscaler": "tideserve.v1.AutoscalerService",
     "telemetry": "tideserve.v1.TelemetryService",
 }
-
-
-def _cli() -> list[str]:
-    script = Path(sys.executable).parent / "tideserve"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "services.cli"]
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclass
@@ -71,7 +53,7 @@ class Stack:
 def stack_dirs() -> Iterator[Stack]:
     # short path: the embedded Postgres unix socket lives under it
     state_dir = Path(tempfile.mkdtemp(prefix="tse2e-"))
-    ports = iter(_free_ports(11))
+    ports = iter(free_ports(11))
     layout: dict[str, dict[str, int]] = {
         name: {"grpc_port": next(ports), "metrics_port": next(ports)} for name in SERVICES
     }
@@ -94,7 +76,7 @@ def _force_down(state_dir: Path) -> None:
     """Last-resort cleanup after a failed test: `down`, then kill anything still recorded."""
     if read_state(state_dir) is None:
         return
-    subprocess.run([*_cli(), "down", "--state-dir", str(state_dir), "--timeout", "20"], timeout=120)
+    subprocess.run([*cli(), "down", "--state-dir", str(state_dir), "--timeout", "20"], timeout=120)
     state = read_state(state_dir)
     if state is not None:
         stop_processes([state.up.ref, *(p.ref for p in state.processes)], 5.0)
@@ -117,19 +99,6 @@ def _stack_processes(state_dir: Path) -> list[psutil.Process]:
     return found
 
 
-def _wait_running(up: subprocess.Popen[str], state_dir: Path) -> list[ProcEntry]:
-    deadline = time.monotonic() + START_TIMEOUT_S + 30
-    while time.monotonic() < deadline:
-        if up.poll() is not None:
-            _, err = up.communicate()
-            pytest.fail(f"`tideserve up` exited with {up.returncode} before SERVING:\n{err}")
-        state = read_state(state_dir)
-        if state is not None and state.phase == "running":
-            return state.processes
-        time.sleep(0.5)
-    pytest.fail("`tideserve up` did not reach running")
-
-
 def _reflected_services(address: str) -> set[str]:
     with grpc.insecure_channel(address) as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
@@ -142,7 +111,7 @@ def test_up_status_down_leaves_nothing_running(stack_dirs: Stack) -> None:
     state_dir = stack_dirs.state_dir
     up = subprocess.Popen(
         [
-            *_cli(),
+            *cli(),
             "up",
             "--state-dir",
             str(state_dir),
@@ -157,7 +126,7 @@ def test_up_status_down_leaves_nothing_running(stack_dirs: Stack) -> None:
         text=True,
     )
     try:
-        processes = _wait_running(up, state_dir)
+        processes = wait_running(up, state_dir, START_TIMEOUT_S + 30).processes
         by_name = {p.name: p for p in processes}
         assert set(by_name) == {*SERVICES, "postgres", "redis"}
         assert by_name["redis"].url == f"redis://127.0.0.1:{stack_dirs.redis_port}/0"
@@ -178,7 +147,7 @@ def test_up_status_down_leaves_nothing_running(stack_dirs: Stack) -> None:
                     pass
 
         status = subprocess.run(
-            [*_cli(), "status", "--state-dir", str(state_dir), "--json"],
+            [*cli(), "status", "--state-dir", str(state_dir), "--json"],
             capture_output=True,
             text=True,
             timeout=60,
@@ -197,7 +166,7 @@ def test_up_status_down_leaves_nothing_running(stack_dirs: Stack) -> None:
         assert all(is_alive(r) for r in refs)
 
         down = subprocess.run(
-            [*_cli(), "down", "--state-dir", str(state_dir)],
+            [*cli(), "down", "--state-dir", str(state_dir)],
             capture_output=True,
             text=True,
             timeout=180,
@@ -214,7 +183,7 @@ def test_up_status_down_leaves_nothing_running(stack_dirs: Stack) -> None:
         assert read_state(state_dir) is None
 
         again = subprocess.run(
-            [*_cli(), "status", "--state-dir", str(state_dir)], capture_output=True, text=True
+            [*cli(), "status", "--state-dir", str(state_dir)], capture_output=True, text=True
         )
         assert again.returncode != 0
         assert "no stack running" in again.stdout
@@ -231,7 +200,7 @@ def test_port_in_use_names_service_and_port_and_leaves_nothing(stack_dirs: Stack
         holder.bind(("127.0.0.1", port))
         holder.listen(1)
         result = subprocess.run(
-            [*_cli(), "up", "--state-dir", str(state_dir), "--config", str(stack_dirs.config)],
+            [*cli(), "up", "--state-dir", str(state_dir), "--config", str(stack_dirs.config)],
             capture_output=True,
             text=True,
             timeout=120,
@@ -250,7 +219,7 @@ def test_down_cleans_up_after_up_was_killed(stack_dirs: Stack) -> None:
     state_dir = stack_dirs.state_dir
     up = subprocess.Popen(
         [
-            *_cli(),
+            *cli(),
             "up",
             "--state-dir",
             str(state_dir),
@@ -263,14 +232,14 @@ def test_down_cleans_up_after_up_was_killed(stack_dirs: Stack) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    processes = _wait_running(up, state_dir)
+    processes = wait_running(up, state_dir, START_TIMEOUT_S + 30).processes
     up.kill()
     up.communicate(timeout=30)
     refs = [ProcRef(p.name, p.pid, p.create_time) for p in processes]
     assert all(is_alive(r) for r in refs)  # orphans, until `down`
 
     refused = subprocess.run(
-        [*_cli(), "up", "--state-dir", str(state_dir), "--config", str(stack_dirs.config)],
+        [*cli(), "up", "--state-dir", str(state_dir), "--config", str(stack_dirs.config)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -279,7 +248,7 @@ def test_down_cleans_up_after_up_was_killed(stack_dirs: Stack) -> None:
     assert "run `tideserve down` first" in refused.stderr
 
     down = subprocess.run(
-        [*_cli(), "down", "--state-dir", str(state_dir)],
+        [*cli(), "down", "--state-dir", str(state_dir)],
         capture_output=True,
         text=True,
         timeout=180,
@@ -301,7 +270,7 @@ def test_external_postgres_and_redis_are_used_and_left_running(
     state_dir = stack_dirs.state_dir
     up = subprocess.Popen(
         [
-            *_cli(),
+            *cli(),
             "up",
             "--state-dir",
             str(state_dir),
@@ -319,11 +288,11 @@ def test_external_postgres_and_redis_are_used_and_left_running(
         text=True,
     )
     try:
-        processes = _wait_running(up, state_dir)
+        processes = wait_running(up, state_dir, START_TIMEOUT_S + 30).processes
         assert {p.name for p in processes} == set(SERVICES)  # no embedded servers
         assert not (state_dir / "postgres").exists() and not (state_dir / "redis").exists()
         down = subprocess.run(
-            [*_cli(), "down", "--state-dir", str(state_dir)],
+            [*cli(), "down", "--state-dir", str(state_dir)],
             capture_output=True,
             text=True,
             timeout=180,

@@ -22,9 +22,7 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -39,30 +37,14 @@ import yaml
 
 from services.stack.procs import ProcRef, is_alive, stop_processes
 from services.stack.state import ProcEntry, StackState, read_state
+from tests.helpers.ports import free_ports
+from tests.helpers.stack import cli, wait_running
 
 pytestmark = pytest.mark.e2e
 
 START_TIMEOUT_S = 180.0  # 2 shared cores: the services can be slow to import
 REQUEST_TIMEOUT_S = 60.0  # a client timeout: no request may hang
 SERVICES = ("scheduler", "kvmeta", "autoscaler", "telemetry")
-
-
-def _cli() -> list[str]:
-    script = Path(sys.executable).parent / "tideserve"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "services.cli"]
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclass
@@ -90,7 +72,7 @@ def _start_stack(
     health_interval_s: float = 0.5,
 ) -> Iterator[RunningStack]:
     state_dir = Path(tempfile.mkdtemp(prefix="tseng-"))
-    ports = iter(_free_ports(6 + n_engines))
+    ports = iter(free_ports(6 + n_engines))
     layout: dict[str, Any] = {
         name: {"grpc_port": next(ports), "metrics_port": 0} for name in SERVICES
     }
@@ -114,7 +96,7 @@ def _start_stack(
     )
     up = subprocess.Popen(
         [
-            *_cli(),
+            *cli(),
             "up",
             "--state-dir",
             str(state_dir),
@@ -137,19 +119,7 @@ def _start_stack(
         text=True,
     )
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S + 30
-        state: StackState | None = None
-        while time.monotonic() < deadline:
-            if up.poll() is not None:
-                _, err = up.communicate()
-                pytest.fail(f"`tideserve up` exited with {up.returncode} before running:\n{err}")
-            state = read_state(state_dir)
-            if state is not None and state.phase == "running":
-                break
-            time.sleep(0.5)
-        else:
-            pytest.fail("`tideserve up` did not reach running")
-        assert state is not None
+        state = wait_running(up, state_dir, START_TIMEOUT_S + 30)
         assert state.gateway_url == f"http://127.0.0.1:{http_port}/v1"
         yield RunningStack(
             state_dir,
@@ -159,7 +129,7 @@ def _start_stack(
             {p.name: p for p in state.engines()},
         )
         down = subprocess.run(
-            [*_cli(), "down", "--state-dir", str(state_dir)],
+            [*cli(), "down", "--state-dir", str(state_dir)],
             capture_output=True,
             text=True,
             timeout=120,
@@ -218,7 +188,7 @@ class StartCounter:
 def _status_json(state_dir: Path) -> tuple[int, dict[str, Any]]:
     """``tideserve status --json``: (exit code, report)."""
     res = subprocess.run(
-        [*_cli(), "status", "--state-dir", str(state_dir), "--json"],
+        [*cli(), "status", "--state-dir", str(state_dir), "--json"],
         capture_output=True,
         text=True,
         timeout=60,

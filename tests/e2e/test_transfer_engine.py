@@ -28,7 +28,6 @@ import json
 import os
 import random
 import select
-import socket
 import subprocess
 import sys
 import time
@@ -41,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers.ports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -83,12 +84,6 @@ def te_available() -> None:
         pytest.skip(reason)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _key_url(metadata_url: str, key: str) -> str:
     return f"{metadata_url}?key={urllib.parse.quote(key, safe='')}"
 
@@ -113,7 +108,7 @@ def _tail(path: Path, lines: int = 30) -> str:
 def metadata_url(te_available: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """kvmeta as a process; yields its Mooncake metadata URL ``http://127.0.0.1:<port>/metadata``."""
     workdir = tmp_path_factory.mktemp("kvmeta")  # no ./tideserve.yaml is picked up here
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDESERVE_")}
     env.update(
         TIDESERVE_GRPC_PORT="0",
@@ -204,7 +199,7 @@ def _read_reply(proc: subprocess.Popen[bytes], log: Path) -> dict[str, Any]:
 
 def start_peer(metadata_url: str, logdir: Path, size: int) -> Peer:
     """Start a peer named ``127.0.0.1:<free port>`` with a registered buffer of ``size`` bytes."""
-    segment = f"127.0.0.1:{_free_port()}"
+    segment = f"127.0.0.1:{free_port()}"
     env = dict(os.environ, MC_TCP_BIND_ADDRESS="127.0.0.1")  # RPC and data sockets on loopback
     log = logdir / f"te_peer_{segment.replace(':', '_')}.log"
     with log.open("wb") as err:
@@ -307,7 +302,7 @@ def test_transfer_to_segment_unknown_to_kvmeta_fails_cleanly(
     metadata_url: str, peers: tuple[Peer, Peer]
 ) -> None:
     _, initiator = peers
-    ghost = f"127.0.0.1:{_free_port()}"
+    ghost = f"127.0.0.1:{free_port()}"
     assert _get(metadata_url, f"mooncake/ram/{ghost}")[0] == 404
     reply = initiator.call(op="read", peer=ghost, peer_addr=4096, offset=0, length=16)
     assert reply["ok"] is False and reply["rc"] != 0

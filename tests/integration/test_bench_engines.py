@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 
 from services.bench.client import Api, BenchConfig, run_bench
 from services.bench.traces import load_trace
+from tests.helpers.ports import free_port
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,12 +25,6 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("services.engine.cli") is None,
     reason="the engine simulator's CLI (services.engine.cli) has not landed yet",
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _healthy(url: str, proc: asyncio.subprocess.Process, log: Path, timeout_s: float) -> None:
@@ -54,7 +48,7 @@ async def engines(tmp_path: Path) -> AsyncIterator[list[str]]:
     urls: list[str] = []
     try:
         for i in range(2):
-            port = _free_port()
+            port = free_port()
             args = [
                 "-m", "services.cli", "engine",
                 "--port", str(port), "--instance-id", f"bench-test-{i}",

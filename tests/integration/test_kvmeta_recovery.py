@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,18 +19,13 @@ from tideserve.v1 import common_pb2, events_pb2, kvmeta_pb2, kvmeta_pb2_grpc
 
 from services.common.streams import encode_entry, stream_name
 from services.common.tokens import block_hashes
+from tests.helpers.ports import free_port
 
 pytestmark = pytest.mark.integration
 
 H = block_hashes(list(range(160)), 16)  # 10 blocks
 STORED = events_pb2.KVEvent.KIND_BLOCK_STORED
 START_TIMEOUT_S = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start(

@@ -24,16 +24,11 @@ from services.common import otel
 from services.common.errors import PortInUseError, StartupError
 from services.common.server import serve
 from services.kvmeta.settings import KVMetaSettings
+from tests.helpers.ports import free_port
 
 SERVICE_NAME = "tideserve.v1.KVMetaService"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager

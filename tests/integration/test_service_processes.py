@@ -19,6 +19,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from tests.helpers.ports import free_port
+
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NO_PORTS = ["--grpc-port", "0", "--metrics-port", "0"]  # never the design's default ports
 START_TIMEOUT_S = 60.0  # generous: two cores shared by many test workers
@@ -29,12 +31,6 @@ SERVICES = [
     ("autoscaler", "tideserve.v1.AutoscalerService"),
     ("telemetry", "tideserve.v1.TelemetryService"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -32,6 +32,7 @@ from services.stack.ports import port_is_free
 from services.stack.procs import ProcRef, Supervisor, is_alive, stop_processes
 from services.stack.state import ProcEntry, StackState, read_state, write_state
 from services.stack.up import Infra, StackRunner, UpOptions
+from tests.helpers.ports import free_port
 
 STANDIN = r"""
 import signal, sys, time
@@ -66,12 +67,6 @@ NO_INFRA = Infra(
     start_redis=lambda d, p: pytest.fail("no embedded redis expected"),
     migrate=lambda u, s: pytest.fail("no migration expected"),
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
