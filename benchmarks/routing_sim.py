@@ -349,18 +349,19 @@ class Sim:
     def summary(self, cpu_s: float) -> dict[str, Any]:
         a = self.a
         done = [r for r in self.reqs.values() if r.last is not None and r.first is not None]
-        ttft = sorted(r.first - r.arrival for r in done)  # type: ignore[operator]
-        tpot = [(r.last - r.first) / (r.out - 1) for r in done if r.out > 1]  # type: ignore[operator]
-        good = sum(
-            1
-            for r in done
-            if r.first - r.arrival <= a.slo_ttft_ms  # type: ignore[operator]
-            and (r.out <= 1 or (r.last - r.first) / (r.out - 1) <= a.slo_tpot_ms)  # type: ignore[operator]
-        )
-        miss = {"ttft": 0, "tpot": 0, "both": 0, "ttft_infeasible_idle": 0}
+        # (ttft, tpot or None) per completed request, as the bench computes them.
+        lat: list[tuple[float, float | None]] = []
         for r in done:
-            t_bad = r.first - r.arrival > a.slo_ttft_ms  # type: ignore[operator]
-            p_bad = r.out > 1 and (r.last - r.first) / (r.out - 1) > a.slo_tpot_ms  # type: ignore[operator]
+            first, last = float(r.first or 0.0), float(r.last or 0.0)
+            lat.append((first - r.arrival, (last - first) / (r.out - 1) if r.out > 1 else None))
+        ttft = sorted(t for t, _ in lat)
+        tpot = sorted(p for _, p in lat if p is not None)
+        miss = {"ttft": 0, "tpot": 0, "both": 0, "ttft_infeasible_idle": 0}
+        good = 0
+        for r, (t, p) in zip(done, lat, strict=True):
+            t_bad = t > a.slo_ttft_ms
+            p_bad = p is not None and p > a.slo_tpot_ms
+            good += not (t_bad or p_bad)
             if t_bad and p_bad:
                 miss["both"] += 1
             elif t_bad:
@@ -370,20 +371,20 @@ class Sim:
             if t_bad and self.perf.prefill_ms(r.prompt_tokens - r.cached, r.cached) > a.slo_ttft_ms:
                 miss["ttft_infeasible_idle"] += 1
         start = min(r.arrival for r in self.reqs.values())
-        end = max(r.last for r in done)  # type: ignore[type-var]
-        dur_s = (end - start) / 1000.0  # type: ignore[operator]
+        end = max(float(r.last or 0.0) for r in done)
+        dur_s = (end - start) / 1000.0
         g = self.diag
         spread: dict[str, int] = {}
         for r in self.reqs.values():
             if r.pick is not None:
-                t = (r.pick.prefill or r.pick.decode).endpoint.instance_id
-                spread[t] = spread.get(t, 0) + 1
+                tgt = (r.pick.prefill or r.pick.decode).endpoint.instance_id
+                spread[tgt] = spread.get(tgt, 0) + 1
         return {
             "profile": self.profile,
             "completed": len(done),
             "duration_s": round(dur_s, 3),
             "ttft_ms": dist(ttft),
-            "tpot_ms": dist(sorted(tpot)),
+            "tpot_ms": dist(tpot),
             "goodput_rps": round(good / dur_s, 4) if dur_s > 0 else None,
             "slo_attainment": round(good / len(self.reqs), 4),
             "slo_misses": miss,
