@@ -342,6 +342,7 @@ class ResyncListener:
         self.block_ms = block_ms
         self.last_id: str | None = None  # None: not started (take the newest entry's id)
         self.received = 0
+        self.stopping = False
 
     async def start_position(self) -> str:
         """The newest entry's id ("0-0" if none): requests after it are read."""
@@ -374,9 +375,14 @@ class ResyncListener:
                 self._on_request(req)
         return mine
 
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the current read (at most ``block_ms``). Preferred
+        to cancelling it: cancelling a blocking redis-py read mid-command can hang."""
+        self.stopping = True
+
     async def run(self) -> None:
-        """Poll until cancelled; Redis errors are logged and retried after a second."""
-        while True:
+        """Poll until :meth:`stop`; Redis errors are logged and retried after a second."""
+        while not self.stopping:
             try:
                 await self.poll_once()
             except (RedisError, OSError) as err:

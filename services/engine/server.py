@@ -42,6 +42,7 @@ import aiohttp
 from aiohttp import web
 
 from services.common.perfmodel import get_profile
+from services.common.tasks import stop_tasks
 from services.engine import api, pd_sglang, pd_vllm, respond
 from services.engine.core import (
     AdmissionError,
@@ -51,7 +52,7 @@ from services.engine.core import (
     Request,
     SeqOutput,
 )
-from services.engine.events import EventPublisher, LoadFigures, load_snapshot
+from services.engine.events import EventPublisher, LoadFigures, ResyncListener, load_snapshot
 from services.engine.info_routes import Faults, InfoRoutes, bad_request, write_model_dir
 from services.engine.kvcache import KVCache
 from services.engine.metrics import EngineMetrics
@@ -95,6 +96,8 @@ class EngineServer:
         self._live: dict[str, Live] = {}
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self._listener: ResyncListener | None = None
         self._gen_window: deque[tuple[float, int]] = deque()
         self._prefill_window: deque[tuple[float, int]] = deque()
         self._publisher: EventPublisher | None = None
@@ -161,15 +164,19 @@ class EngineServer:
         self._tasks.append(asyncio.create_task(self._event_loop(), name="engine-events"))
         if self._redis is not None:
             assert self._publisher is not None
-            listener = self._publisher.resync_listener(self._redis)
-            self._tasks.append(asyncio.create_task(listener.run(), name="engine-resync"))
+            self._listener = self._publisher.resync_listener(self._redis)
+            self._tasks.append(asyncio.create_task(self._listener.run(), name="engine-resync"))
 
     async def _on_cleanup(self, _app: web.Application) -> None:
+        # Loops that talk to Redis return on their own (cancelling a redis-py command
+        # mid-flight can hang); the rest are cancelled; nothing is awaited forever.
+        self._stopping = True
+        if self._listener is not None:
+            self._listener.stop()
         for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+            if t.get_name() == "engine-step":  # pure waits: safe to cancel
+                t.cancel()
+        await stop_tasks(self._tasks, grace_s=2.0)
         self._tasks.clear()
         if self._publisher is not None:
             self._publisher.add(self.core.cache.drain_events(), int(time.time() * 1000))
@@ -242,7 +249,7 @@ class EngineServer:
     async def _event_loop(self) -> None:
         s = self.settings
         next_load = 0.0
-        while True:
+        while not self._stopping:
             await asyncio.sleep(s.kv_flush_ms / 1000.0)
             self.rendezvous.expire()
             self._reap_gone()

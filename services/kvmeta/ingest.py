@@ -36,6 +36,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from tideserve.v1 import common_pb2, events_pb2
 
 from services.common.streams import StreamConsumer, StreamProducer, decode_entry, stream_name
+from services.common.tasks import stop_tasks
 from services.kvmeta.checkpoint import KVMetaStore
 from services.kvmeta.index import Outcome, PrefixIndex
 from services.kvmeta.index_codec import compress_snapshot
@@ -226,11 +227,8 @@ class IndexFeeder:
     async def stop(self, *, checkpoint: bool = True) -> None:
         """Stop consumers and loops, then write a final checkpoint (unless told not to)."""
         self._stop.set()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        self._resync_due.set()
+        await stop_tasks(self._tasks)
         self._tasks.clear()
         self._consumers.clear()
         if self._store is not None and checkpoint:
@@ -431,14 +429,18 @@ class IndexFeeder:
         return plan.send
 
     async def _resync_loop(self) -> None:
-        while True:
+        # Every loop here ends when _stop is set, even if a cancellation was swallowed on the
+        # way (3.11's wait_for and redis-py commands can swallow one): stop() never hangs.
+        while not self._stop.is_set():
             # asyncio.wait, not wait_for: 3.11's wait_for can swallow a cancellation that
-            # races with the event being set (stop() would then wait forever)
+            # races with the event being set
             waiter = asyncio.ensure_future(self._resync_due.wait())
             try:
                 await asyncio.wait({waiter}, timeout=self.resync_check_s)
             finally:
                 waiter.cancel()
+            if self._stop.is_set():
+                return
             self._resync_due.clear()
             try:
                 await self.request_resyncs()
@@ -446,16 +448,28 @@ class IndexFeeder:
                 log.warning("resync requests not published (retried): %s", exc)
 
     async def _discover_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.discover_interval_s)
+        while not self._stop.is_set():
+            await self._pause(self.discover_interval_s)
+            if self._stop.is_set():
+                return
             try:
                 await self.discover()
             except RedisError as exc:
                 log.warning("stream discovery failed: %s", exc)
 
+    async def _pause(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, waking early when stop() is called."""
+        waiter = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({waiter}, timeout=seconds)
+        finally:
+            waiter.cancel()
+
     async def _every(self, period: float, fn: Callable[[], object]) -> None:
-        while True:
-            await asyncio.sleep(period)
+        while not self._stop.is_set():
+            await self._pause(period)
+            if self._stop.is_set():
+                return
             try:
                 res = fn()
                 if asyncio.iscoroutine(res):
