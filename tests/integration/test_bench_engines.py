@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,11 +19,6 @@ from tests.helpers.ports import free_port
 DATA = Path(__file__).resolve().parents[1] / "data"
 ROOT = Path(__file__).resolve().parents[2]
 SPEEDUP = 50.0
-
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("services.engine.cli") is None,
-    reason="the engine simulator's CLI (services.engine.cli) has not landed yet",
-)
 
 
 async def _healthy(url: str, proc: asyncio.subprocess.Process, log: Path, timeout_s: float) -> None:
