@@ -103,12 +103,16 @@ class TTFTCost:
         out = ctx.predicted_ttft_ms
         use_engine = self.p.use_engine_throughput
         model_tps = self.model_tps
+        ranked = self.p.interference > 0 or self.p.recompute > 0
+        owns: list[float] = []  # each candidate's own prefill (ranking only)
         for e in candidates:
             cached = get(e.instance_id, 0)
             cached = 0 if cached < 0 else n if cached > n else cached
             p = prefill.get(cached)
             if p is None:
                 p = prefill[cached] = self._prefill_ms(n - cached, cached)
+            if ranked:
+                owns.append(p)
             pending = e.pending_prefill_tokens + e.reserved_tokens
             if pending:
                 tput = e.prefill_tokens_per_s if use_engine else 0.0
@@ -116,15 +120,15 @@ class TTFTCost:
                 out[e.instance_id] = (1000.0 * pending / tput if tput > 0 else 0.0) + p
             else:
                 out[e.instance_id] = 0.0 + p
-        if self.p.interference > 0 or self.p.recompute > 0:
-            self._cost.clear()
+        if ranked:
+            cost = self._cost
+            cost.clear()
             beta, gamma = self.p.interference, self.p.recompute
-            k = self._awaiting
+            k = self._awaiting.get
             least = min(prefill.values(), default=0.0)
-            for e in candidates:
+            for e, own in zip(candidates, owns, strict=True):
                 iid = e.instance_id
-                own = prefill[min(max(get(iid, 0), 0), n)]
-                self._cost[iid] = out[iid] + beta * k.get(iid, 0) * own + gamma * (own - least)
+                cost[iid] = out[iid] + beta * k(iid, 0) * own + gamma * (own - least)
 
     def awaiting(self, instance_id: str) -> int:
         """This gateway's picks on ``instance_id`` not settled yet (interference only)."""
