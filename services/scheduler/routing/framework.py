@@ -101,6 +101,12 @@ class VectorScorer(Scorer, Protocol):
     ) -> list[float]: ...
 
 
+def by_instance(candidates: Sequence[EndpointView], values: Sequence[float]) -> dict[str, float]:
+    """``score_list`` output as ``score``'s mapping: the way a :class:`VectorScorer` defines
+    ``score`` from its list."""
+    return dict(zip((e.instance_id for e in candidates), values, strict=True))
+
+
 @dataclass(frozen=True, slots=True)
 class Scored:
     endpoint: EndpointView

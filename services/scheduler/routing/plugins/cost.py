@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import Field
 
-from services.scheduler.routing.framework import CycleContext
+from services.scheduler.routing.framework import CycleContext, by_instance
 from services.scheduler.routing.registry import Params, PluginEnv, PrefillModel, register
 from services.scheduler.routing.types import EndpointView, Pick, RequestView, Shed
 
@@ -166,13 +166,7 @@ class TTFTCost:
     ) -> Mapping[str, float]:
         if not candidates:
             return {}
-        return dict(
-            zip(
-                (e.instance_id for e in candidates),
-                self.score_list(ctx, request, candidates),
-                strict=True,
-            )
-        )
+        return by_instance(candidates, self.score_list(ctx, request, candidates))
 
     def score_list(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from services.scheduler.routing.framework import CycleContext
+from services.scheduler.routing.framework import CycleContext, by_instance
 from services.scheduler.routing.registry import Params, PluginEnv, register
 from services.scheduler.routing.types import EndpointView, RequestView
 
@@ -42,13 +42,7 @@ class LeastLoad:
     def score(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
     ) -> Mapping[str, float]:
-        return dict(
-            zip(
-                (e.instance_id for e in candidates),
-                self.score_list(ctx, request, candidates),
-                strict=True,
-            )
-        )
+        return by_instance(candidates, self.score_list(ctx, request, candidates))
 
     def score_list(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]

@@ -11,7 +11,7 @@ from operator import and_
 
 from pydantic import Field
 
-from services.scheduler.routing.framework import CycleContext
+from services.scheduler.routing.framework import CycleContext, by_instance
 from services.scheduler.routing.registry import Params, PluginEnv, register
 from services.scheduler.routing.types import EndpointView, Pick, PrefixMatch, RequestView, Tier
 
@@ -314,13 +314,7 @@ class ApproxPrefix:
     ) -> Mapping[str, float]:
         if not request.block_hashes:
             return {}
-        return dict(
-            zip(
-                (e.instance_id for e in candidates),
-                self.score_list(ctx, request, candidates),
-                strict=True,
-            )
-        )
+        return by_instance(candidates, self.score_list(ctx, request, candidates))
 
     def score_list(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
@@ -432,13 +426,7 @@ class PrecisePrefix:
     ) -> Mapping[str, float]:
         if not request.block_hashes:
             return {}
-        return dict(
-            zip(
-                (e.instance_id for e in candidates),
-                self.score_list(ctx, request, candidates),
-                strict=True,
-            )
-        )
+        return by_instance(candidates, self.score_list(ctx, request, candidates))
 
     def score_list(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
