@@ -11,34 +11,21 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from services.engine.server import EngineServer
-from services.engine.settings import EngineSettings
 from services.scheduler.admission import ClassSpec, QueueConfig
 from services.scheduler.gateway import CoreLimits, EndpointSpec, build_core
 from services.scheduler.gateway.openai import Limits
 from services.scheduler.gateway.server import Gateway, GatewayOptions
+from tests.helpers.engines import EngineFactory, EngineFleet, sse
 
-Engines = Callable[..., Awaitable[tuple[EngineServer, str]]]
+Engines = EngineFactory
 LONG = " ".join(f"w{i}" for i in range(600))
 
 
 @pytest.fixture
 async def engines(tmp_path: Path) -> AsyncIterator[Engines]:
-    servers: list[TestServer] = []
-
-    async def make(**kw: Any) -> tuple[EngineServer, str]:
-        kw.setdefault("profile", "test")
-        kw.setdefault("speedup", 50.0)
-        settings = EngineSettings(port=0, state_dir=tmp_path / f"e{len(servers)}", **kw)
-        engine = EngineServer(settings)
-        server = TestServer(engine.app(), host="127.0.0.1")
-        await server.start_server()
-        servers.append(server)
-        return engine, str(server.make_url("")).rstrip("/")
-
-    yield make
-    for s in servers:
-        await s.close()
+    fleet = EngineFleet(tmp_path, profile="test", speedup=50.0)
+    yield fleet.start
+    await fleet.close()
 
 
 @pytest.fixture
@@ -69,16 +56,6 @@ async def gateway() -> AsyncIterator[GatewayFactory]:
     yield make
     for s in servers:
         await s.close()
-
-
-async def sse(resp: aiohttp.ClientResponse) -> list[Any]:
-    out: list[Any] = []
-    async for raw in resp.content:
-        line = raw.decode().strip()
-        if line.startswith("data: "):
-            data = line[len("data: ") :]
-            out.append(data if data == "[DONE]" else json.loads(data))
-    return out
 
 
 def chat(content: str = "hello there", **kw: Any) -> dict[str, Any]:

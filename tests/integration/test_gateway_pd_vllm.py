@@ -4,8 +4,6 @@ upstream fails before its first byte."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -13,39 +11,25 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from services.common.tokens import block_hashes, tokenize
-from services.engine.server import EngineServer
-from services.engine.settings import EngineSettings
 from services.scheduler.gateway import EndpointSpec, build_core
 from services.scheduler.gateway.server import Gateway, GatewayOptions
 from services.scheduler.routing.plugins.prefix import ApproxPrefix
+from tests.helpers.engines import EngineFactory, EngineFleet, sse, until
 
-Engines = Callable[..., Awaitable[tuple[EngineServer, str]]]
+Engines = EngineFactory
 LONG = " ".join(f"w{i}" for i in range(600))  # over the P/D decider's 512-token threshold
 VLLM = GatewayOptions(background=False, block_size=16, backoff_ms=1, pd_protocol="vllm")
 
 
 @pytest.fixture
 async def engines(tmp_path: Path) -> AsyncIterator[Engines]:
-    runners: list[web.AppRunner] = []
-
-    async def make(**kw: Any) -> tuple[EngineServer, str]:
-        kw.setdefault("profile", "test")
-        kw.setdefault("speedup", 50.0)
-        settings = EngineSettings(port=0, state_dir=tmp_path / f"e{len(runners)}", **kw)
-        engine = EngineServer(settings)
-        runner = web.AppRunner(engine.app(), handle_signals=False)  # as `tideserve engine`
-        await runner.setup()
-        runners.append(runner)
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        return engine, f"http://127.0.0.1:{runner.addresses[0][1]}"
-
-    yield make
-    for r in runners:
-        await r.cleanup()
+    # served as `tideserve engine` serves (the engine itself notices a client that left)
+    fleet = EngineFleet(tmp_path, serve="runner", profile="test", speedup=50.0)
+    yield fleet.start
+    await fleet.close()
 
 
 @pytest.fixture
@@ -69,24 +53,6 @@ async def gateway() -> AsyncIterator[Callable[..., Awaitable[tuple[Gateway, str]
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
         yield s
-
-
-async def sse(resp: aiohttp.ClientResponse) -> list[Any]:
-    out: list[Any] = []
-    async for raw in resp.content:
-        line = raw.decode().strip()
-        if line.startswith("data: "):
-            data = line[len("data: ") :]
-            out.append(data if data == "[DONE]" else json.loads(data))
-    return out
-
-
-async def until(cond: Callable[[], bool], what: str) -> None:
-    for _ in range(1000):
-        if cond():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never happened: {what}")
 
 
 @pytest.mark.parametrize(
