@@ -2,14 +2,16 @@
 
 One process serves the gRPC ``SchedulerService`` (on ``grpc_port``) and the OpenAI-compatible
 HTTP gateway (on ``http_port``; 0 = off) over one shared core, so a decision, its reservation
-and its release are the same whichever way it is asked.
+and its release are the same whichever way it is asked. With ``http_reuse_port`` several
+replicas listen on one HTTP address (SO_REUSEPORT); every gateway response names the replica
+that answered in ``x-tideserve-replica``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 from aiohttp import web
@@ -28,7 +30,7 @@ from services.scheduler.servicer import SchedulerServicer, add_to_server
 from services.scheduler.settings import SchedulerSettings, parse_endpoint
 from services.scheduler.slo import known_tenants, queue_config, slo_targets
 
-__all__ = ["build", "build_gateway", "main"]
+__all__ = ["REPLICA_HEADER", "build", "build_gateway", "main"]
 
 
 def _specs(settings: SchedulerSettings) -> list[EndpointSpec]:
@@ -78,6 +80,22 @@ def build_gateway(
     return core, Gateway(core, opts, rng=random.Random(settings.seed + 1), metrics=metrics)
 
 
+REPLICA_HEADER = "x-tideserve-replica"
+"""Response header naming the gateway replica that answered (its ``replica_id``)."""
+
+
+def _replica_header(
+    replica_id: str,
+) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
+    """An ``on_response_prepare`` hook: every gateway response (streamed ones too) carries
+    :data:`REPLICA_HEADER` unless a handler set it already."""
+
+    async def add(request: web.Request, response: web.StreamResponse) -> None:
+        response.headers.setdefault(REPLICA_HEADER, replica_id)
+
+    return add
+
+
 def build(settings: SchedulerSettings) -> ServiceHooks:
     """Wire the servicer and the HTTP gateway on one core from ``settings``; one Prometheus
     registry (gateway, integrations, gRPC server metrics) served at the gateway's
@@ -105,10 +123,12 @@ def build(settings: SchedulerSettings) -> ServiceHooks:
             return
         app = gateway.app()
         extras.install(app)
+        app.on_response_prepare.append(_replica_header(extras.replica_id))
         r = web.AppRunner(app, handle_signals=False)
         await r.setup()
         try:
-            await web.TCPSite(r, settings.host, settings.http_port).start()
+            reuse = settings.http_reuse_port or None
+            await web.TCPSite(r, settings.host, settings.http_port, reuse_port=reuse).start()
         except OSError as e:
             await r.cleanup()
             raise StartupError(

@@ -23,6 +23,11 @@ class SchedulerSettings(ServiceSettings):
     http_port: int = Field(
         8000, ge=0, le=65535, description="OpenAI-compatible HTTP gateway port (0 = off)"
     )
+    http_reuse_port: bool = Field(
+        False,
+        description="listen on http_port with SO_REUSEPORT so several gateway replicas share "
+        "one address (Linux: the kernel spreads new connections over the live replicas)",
+    )
 
     # --- gateway / routing (owned by the scheduler helper) -------------------------------
     deployment: str = Field("default", min_length=1, description="deployment this serves")
