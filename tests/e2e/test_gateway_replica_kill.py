@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -28,19 +27,13 @@ import yaml
 from tideserve.v1 import events_pb2
 
 from services.common.streams import decode_entry
+from tests.helpers.ports import free_port, free_ports
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 TIDESERVE = Path(sys.executable).parent / "tideserve"
 SESSIONS = 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Procs:
@@ -129,7 +122,8 @@ async def test_gateway_replica_killed_affinity_kept(
         )  # fmt: skip
         engines.append(f"http://127.0.0.1:{port}")
     # Replica A is the scheduler service (YAML settings), replica B the standalone verb.
-    gw_ports = {"A": free_port(), "B": free_port()}
+    a_port, b_port = free_ports(2)
+    gw_ports = {"A": a_port, "B": b_port}
     cfg = gateway_config(
         tmp_path / "gwA.yaml",
         http_port=gw_ports["A"],

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -15,11 +14,7 @@ from pathlib import Path
 
 import aiohttp
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.helpers.ports import free_port
 
 
 @contextlib.asynccontextmanager

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -12,25 +11,17 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
 
-from services.engine.server import EngineServer
-from services.engine.settings import EngineSettings
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.helpers.engines import EngineFleet
+from tests.helpers.ports import free_port
 
 
 @pytest.fixture
 async def engine_url(tmp_path: Path) -> AsyncIterator[str]:
-    settings = EngineSettings(port=0, state_dir=tmp_path / "e", profile="test", speedup=50.0)
-    server = TestServer(EngineServer(settings).app(), host="127.0.0.1")
-    await server.start_server()
-    yield str(server.make_url("")).rstrip("/")
-    await server.close()
+    fleet = EngineFleet(tmp_path, profile="test", speedup=50.0)
+    _, url = await fleet.start()
+    yield url
+    await fleet.close()
 
 
 async def test_gateway_process_serves_and_stops_on_sigterm(engine_url: str, tmp_path: Path) -> None:

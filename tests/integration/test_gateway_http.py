@@ -16,6 +16,7 @@ from services.scheduler.gateway import CoreLimits, EndpointSpec, build_core
 from services.scheduler.gateway.openai import Limits
 from services.scheduler.gateway.server import Gateway, GatewayOptions
 from tests.helpers.engines import EngineFactory, EngineFleet, sse
+from tests.helpers.ports import free_port
 
 Engines = EngineFactory
 LONG = " ".join(f"w{i}" for i in range(600))
@@ -254,11 +255,7 @@ async def test_shed_when_saturated_returns_429_with_retry_after(
 async def test_unreachable_engine_is_retried_and_probed_unhealthy(
     engines: Engines, gateway: GatewayFactory, http: aiohttp.ClientSession
 ) -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens once closed
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     _, good = await engines()
     gw, url = await gateway([EndpointSpec("a-dead", dead), EndpointSpec("b-good", good)])
     for _ in range(3):

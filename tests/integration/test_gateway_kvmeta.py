@@ -32,6 +32,7 @@ from services.scheduler.gateway import EndpointSpec, build_core
 from services.scheduler.gateway.kvmeta_client import KVMetaLookup, precise_profiles
 from services.scheduler.gateway.server import Gateway, GatewayOptions
 from services.scheduler.routing.types import RequestView
+from tests.helpers.ports import free_port
 
 BS = 16
 SHARED = " ".join(f"doc{i}" for i in range(400))  # 25 blocks
@@ -211,8 +212,7 @@ def view() -> RequestView:
 
 async def test_lookup_failures_fall_back_and_are_counted(env: Env) -> None:
     # Nothing listens on the address: UNAVAILABLE → None, counted as an error.
-    with socket_port() as free:
-        gw, url = await make_gateway(env, f"127.0.0.1:{free}", deadline_s=0.2)
+    gw, url = await make_gateway(env, f"127.0.0.1:{free_port()}", deadline_s=0.2)
     async with aiohttp.ClientSession() as http:
         async with http.post(url + "/v1/completions", json=body(SHARED)) as r:
             assert r.status == 200  # served without precise data
@@ -250,21 +250,6 @@ async def test_unknown_deployment_is_no_data_counted_apart(kvmeta: tuple[str, In
         lookup = KVMetaLookup(channel, deadline_s=1.0)
         assert await lookup(view(), "never-seen") is None
         assert lookup.stats["unknown"] == 1
-
-
-class socket_port:
-    """A port that was free a moment ago (bound then closed)."""
-
-    def __enter__(self) -> int:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port: int = s.getsockname()[1]
-        return port
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 async def test_grpc_pick_uses_kvmeta_too(env: Env, kvmeta: tuple[str, IndexFeeder]) -> None:

@@ -32,7 +32,9 @@ from services.scheduler.gateway.membership import Membership
 from services.scheduler.gateway.server import Gateway, GatewayOptions
 from services.scheduler.main import build
 from services.scheduler.settings import SchedulerSettings
-from tests.integration._engine_proc import engine_process, free_port
+from tests.helpers.engines import until
+from tests.helpers.ports import free_port
+from tests.integration._engine_proc import engine_process
 
 ME = events_pb2.MembershipEvent
 DEP = "dep"
@@ -114,17 +116,6 @@ def _event(kind: int, iid: str, url: str, state: int = common_pb2.INSTANCE_STATE
     )
 
 
-async def _until(cond: Callable[[], bool], poll: Callable[[], Any] | None = None) -> None:
-    for _ in range(200):
-        if cond():
-            return
-        if poll is not None:
-            await poll()
-        else:
-            await asyncio.sleep(0.02)
-    raise AssertionError("condition not reached")
-
-
 def _chat(stream: bool) -> dict[str, Any]:
     return {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
 
@@ -144,7 +135,7 @@ async def test_removed_endpoint_drains_its_in_flight_request(
     await producer.publish(stream, _event(ME.KIND_ADDED, "held", u_held))
     await members.start()  # no autoscaler: replays the stream from its start
     try:
-        await _until(lambda: "held" in core.fleet)
+        await until(lambda: "held" in core.fleet, "the held engine joined")
         async with aiohttp.ClientSession() as http:
             first = await http.post(url + "/v1/chat/completions", json=_chat(True))
             assert first.status == 200
@@ -152,7 +143,7 @@ async def test_removed_endpoint_drains_its_in_flight_request(
             assert core.fleet.in_flight("held") == 1
             await producer.publish(stream, _event(ME.KIND_REMOVED, "held", u_held))
             await producer.publish(stream, _event(ME.KIND_ADDED, "free", u_free))
-            await _until(lambda: "free" in core.fleet)
+            await until(lambda: "free" in core.fleet, "the free engine joined")
             # retired, not forgotten: no new requests, the in-flight one is still counted
             assert core.fleet.retiring("held") and not core.fleet.view("held", 0.0).eligible
             for _ in range(3):
@@ -163,16 +154,18 @@ async def test_removed_endpoint_drains_its_in_flight_request(
             text = (await first.read()).decode()
             first.release()
         assert text.endswith("data: [DONE]\n\n") and "error" not in text
-        await _until(lambda: "held" not in core.fleet)
+        await until(lambda: "held" not in core.fleet, "the held engine left")
         assert members.stats["retiring"] == 1 and members.stats["ready"] == 2
         # draining and undraining through STATE_CHANGED
         await producer.publish(
             stream,
             _event(ME.KIND_STATE_CHANGED, "free", u_free, common_pb2.INSTANCE_STATE_DRAINING),
         )
-        await _until(lambda: core.fleet.view("free", 0.0).draining)
+        await until(lambda: core.fleet.view("free", 0.0).draining, "the free engine drains")
         await producer.publish(stream, _event(ME.KIND_STATE_CHANGED, "free", u_free))
-        await _until(lambda: not core.fleet.view("free", 0.0).draining)
+        await until(
+            lambda: not core.fleet.view("free", 0.0).draining, "the free engine is undrained"
+        )
     finally:
         await members.stop()
 
@@ -219,7 +212,7 @@ async def test_seed_from_list_instances_then_follow_from_the_tail(
         try:
             assert lister.asked == [DEP] and core.fleet.ids() == ["a1", "s"]
             await producer.publish(stream, _event(ME.KIND_ADDED, "new", "http://127.0.0.1:2"))
-            await _until(lambda: "new" in core.fleet)
+            await until(lambda: "new" in core.fleet, "the new engine joined")
             assert "old" not in core.fleet and m.stats["seeded"] == 1
         finally:
             await m.stop()

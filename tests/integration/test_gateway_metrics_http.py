@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,34 +13,26 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
-from aiohttp.test_utils import TestServer
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from tideserve.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 from services.common.server import serve
-from services.engine.server import EngineServer
-from services.engine.settings import EngineSettings
 from services.scheduler.gateway import EndpointSpec, build_core
 from services.scheduler.main import build
 from services.scheduler.servicer import SchedulerServicer, add_to_server
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.slo import DEFAULT_SLO_CLASSES, queue_config
+from tests.helpers.engines import EngineFleet
+from tests.helpers.ports import free_ports
 
 
 @pytest.fixture
 async def engine_url(tmp_path: Path) -> AsyncIterator[str]:
-    s = EngineSettings(port=0, profile="test", speedup=50.0, state_dir=tmp_path / "e")
-    server = TestServer(EngineServer(s).app(), host="127.0.0.1")
-    await server.start_server()
-    yield str(server.make_url("")).rstrip("/")
-    await server.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    fleet = EngineFleet(tmp_path, profile="test", speedup=50.0)
+    _, url = await fleet.start()
+    yield url
+    await fleet.close()
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -68,7 +59,7 @@ def chat(**kw: Any) -> dict[str, Any]:
 async def test_service_metrics_on_gateway_port_and_metrics_port(
     engine_url: str, tmp_path: Path
 ) -> None:
-    http_port, metrics_port = _free_port(), _free_port()
+    http_port, metrics_port = free_ports(2)
     settings = SchedulerSettings(
         grpc_port=0,
         http_port=http_port,

@@ -4,7 +4,6 @@ upstream fails before its first byte."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from services.scheduler.gateway import EndpointSpec, build_core
 from services.scheduler.gateway.server import Gateway, GatewayOptions
 from services.scheduler.routing.plugins.prefix import ApproxPrefix
 from tests.helpers.engines import EngineFactory, EngineFleet, sse, until
+from tests.helpers.ports import free_port
 
 Engines = EngineFactory
 LONG = " ".join(f"w{i}" for i in range(600))  # over the P/D decider's 512-token threshold
@@ -127,9 +127,7 @@ async def test_failed_pick_leaves_no_routed_prefix_entry(
     gateway: Callable[..., Awaitable[tuple[Gateway, str]]],
     http: aiohttp.ClientSession,
 ) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens once closed
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     _, good = await engines()
     opts = GatewayOptions(background=False, block_size=16, backoff_ms=1)
     # Ties go to the lowest instance id: the first pick is the dead engine.

@@ -4,33 +4,25 @@ served as `tideserve engine` serves it (free port, 'test' profile)."""
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from services.engine.server import EngineServer
-from services.engine.settings import EngineSettings
 from services.scheduler.gateway import CoreLimits, EndpointSpec, build_core
 from services.scheduler.gateway.server import Gateway, GatewayOptions
+from tests.helpers.engines import EngineFleet, sse, until
 
 
 @pytest.fixture
 async def stack(tmp_path: Path) -> AsyncIterator[tuple[EngineServer, str, Gateway, str]]:
     """One engine and a gateway allowing one request in flight on it."""
-    settings = EngineSettings(
-        port=0, state_dir=tmp_path, profile="test", speedup=50.0, kv_flush_ms=10.0
-    )
-    engine = EngineServer(settings)
-    runner = web.AppRunner(engine.app(), handle_signals=False)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    eurl = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    fleet = EngineFleet(tmp_path, serve="runner", profile="test", speedup=50.0, kv_flush_ms=10.0)
+    engine, eurl = await fleet.start()
     core = build_core(
         [EndpointSpec("e1", eurl)],
         perf_profile="test",
@@ -42,15 +34,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[tuple[EngineServer, str, Gatewa
     await gw.poll_load()
     yield engine, eurl, gw, str(server.make_url("")).rstrip("/")
     await server.close()
-    await runner.cleanup()
-
-
-async def until(cond: Callable[[], bool], what: str) -> None:
-    for _ in range(1000):
-        if cond():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never happened: {what}")
+    await fleet.close()
 
 
 def body(words: str, cls: str, max_tokens: int = 5) -> dict[str, Any]:
@@ -64,15 +48,9 @@ def body(words: str, cls: str, max_tokens: int = 5) -> dict[str, Any]:
 
 
 async def stream(http: aiohttp.ClientSession, url: str, req: dict[str, Any]) -> list[Any]:
-    out: list[Any] = []
     async with http.post(url + "/v1/completions", json=req) as r:
         assert r.status == 200, await r.text()
-        async for raw in r.content:
-            line = raw.decode().strip()
-            if line.startswith("data: "):
-                data = line[len("data: ") :]
-                out.append(data if data == "[DONE]" else json.loads(data))
-    return out
+        return await sse(r)
 
 
 async def fault(http: aiohttp.ClientSession, eurl: str, stall_s: float) -> None:

@@ -6,11 +6,9 @@ out in the queue) → pick (429 when the SLO filter sheds, 503 when no endpoint)
 Before the first byte reaches the client, upstream connection errors, 5xx answers and
 empty streams are retried on another endpoint (``retries`` times, exponential backoff
 with jitter); after it, a failure ends the SSE stream with an error event and ``[DONE]``.
-Disaggregated picks follow the deployment's ``pd_protocol``: ``sglang`` sends the same body
-with ``bootstrap_host``, ``bootstrap_port`` and ``bootstrap_room`` to the prefill and the
-decode instance at once; ``vllm`` runs the prefill first (``max_tokens=1``,
-``kv_transfer_params``) and then the decode with the returned parameters
-(:mod:`services.scheduler.gateway.pd_vllm`). Either way the decode answer is streamed back.
+Forwarding a pick (the P/D flows per ``pd_protocol``, the decode call) is
+:mod:`services.scheduler.gateway.forward`; relaying the answer (whole or SSE token by
+token) is :mod:`services.scheduler.gateway.relay`.
 
 Pre-emption (:mod:`services.scheduler.gateway.preemption`): when a higher class waits and
 no capacity is left, a lower-class dispatch that has not received its first byte is
@@ -29,14 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Literal
 
 import aiohttp
 from aiohttp import web
@@ -44,14 +41,14 @@ from aiohttp import web
 from services.common.metrics import metrics_handler
 from services.common.tokens import block_hashes
 from services.scheduler.admission import QueuedRequest, Shed
-from services.scheduler.gateway import pd_vllm, records, upstream
+from services.scheduler.gateway import records, upstream
 from services.scheduler.gateway.core import GatewayCore
+from services.scheduler.gateway.forward import Forwarder
 from services.scheduler.gateway.metrics import GatewayMetrics
 from services.scheduler.gateway.openai import ApiError, Kind, Limits, ParsedRequest, parse_request
 from services.scheduler.gateway.preemption import Preempted, Preemptor
 from services.scheduler.routing.types import (
     NoEndpoint,
-    Pick,
     PrefixMatch,
     RequestView,
 )
@@ -95,13 +92,6 @@ class Overloaded(ApiError):
         self.where = where
 
 
-_PATHS: dict[Kind, str] = {
-    "chat": "/v1/chat/completions",
-    "completion": "/v1/completions",
-    "generate": "/generate",
-}
-
-
 def _error(e: ApiError) -> web.Response:
     resp = web.json_response(e.body(), status=e.status)
     if isinstance(e, Overloaded):
@@ -134,6 +124,16 @@ class Gateway:
         self._waiters: dict[str, asyncio.Future[bool]] = {}
         self._released = 0  # released from the queue, not yet picked
         self.preemptor = Preemptor(core, clock, enabled=self.opts.preemption)
+        self.forwarder = Forwarder(
+            core,
+            pd_protocol=self.opts.pd_protocol,
+            upstream_timeout_s=self.opts.upstream_timeout_s,
+            connect_timeout_s=self.opts.connect_timeout_s,
+            clock=clock,
+            rng=self.rng,
+            metrics=self.metrics,
+            first_byte=self._first_byte,
+        )
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -387,8 +387,11 @@ class Gateway:
                 msg = d.reason + (f" (last upstream error: {last})" if last else "")
                 raise ApiError(503, msg, None, "no_endpoint", "service_unavailable")
             try:
+                assert self._session is not None
                 return await self.preemptor.run(
-                    pick_id, p.slo_class, self._forward(req, p, d, pick_id)
+                    pick_id,
+                    p.slo_class,
+                    self.forwarder.forward(self._session, req, p, d, pick_id),
                 )
             except Preempted:
                 self.core.abandon(pick_id)
@@ -409,139 +412,6 @@ class Gateway:
             502, f"upstream failed after retries: {last}", None, "upstream_error", "server_error"
         )
 
-    async def _forward(
-        self, req: web.Request, p: ParsedRequest, d: Pick, pick_id: str
-    ) -> web.StreamResponse:
-        assert self._session is not None
-        path = _PATHS[p.kind]
-        body: dict[str, Any] = dict(p.forward_body)
-        headers = {"Content-Type": "application/json"}
-        traceparent = records.outgoing_traceparent(req)
-        if traceparent:
-            headers["traceparent"] = traceparent
-        timeout = aiohttp.ClientTimeout(
-            total=self.opts.upstream_timeout_s, sock_connect=self.opts.connect_timeout_s
-        )
-        decode = d.decode.endpoint
-        prefill_task: asyncio.Task[None] | None = None
-        if d.prefill is not None and self.opts.pd_protocol == "vllm":
-            headers["X-Request-Id"] = pick_id
-            step = await pd_vllm.run_prefill(
-                self._session, d.prefill.endpoint, p.kind, path, body, headers, timeout
-            )
-            if isinstance(step, pd_vllm.PrefillRefused):
-                self._first_byte(pick_id)
-                records.note_body(req, step.body)
-                return web.Response(
-                    status=step.status, body=step.body, content_type=step.content_type
-                )
-            self.core.fleet.first_token(pick_id)  # the prompt is computed: no pending prefill
-            self.core.fleet.upstream_result(d.prefill.endpoint.instance_id, True, self.clock())
-            body = step
-        elif d.prefill is not None:
-            body.update(upstream.bootstrap_fields(d.prefill.endpoint, self.rng.getrandbits(62)))
-            prefill_task = asyncio.create_task(
-                upstream.drain_prefill(
-                    self._session, d.prefill.endpoint, path, body, headers, timeout
-                )
-            )
-        try:
-            resp = await upstream.open_upstream(self._session, decode, path, body, headers, timeout)
-        except upstream.UpstreamFailure as f:
-            if prefill_task is not None and prefill_task.done() and prefill_task.exception():
-                exc = prefill_task.exception()
-                if isinstance(exc, upstream.UpstreamFailure):
-                    raise exc from None
-            await upstream.cancel_quietly(prefill_task)
-            raise f from None
-        except BaseException:  # cancelled (pre-empted, client gone): no orphan prefill
-            await upstream.cancel_quietly(prefill_task)
-            raise
-        try:
-            if not p.stream or resp.status != 200:
-                try:
-                    data = await resp.read()
-                except (aiohttp.ClientError, TimeoutError, OSError) as e:
-                    raise upstream.UpstreamFailure(decode.instance_id, f"read: {e!r}") from None
-                self._first_byte(pick_id)
-                records.note_body(req, data)
-                self.core.fleet.upstream_result(decode.instance_id, True, self.clock())
-                return web.Response(
-                    status=resp.status,
-                    body=data,
-                    content_type=resp.content_type or "application/json",
-                )
-            return await self._stream(req, resp, decode.instance_id, pick_id)
-        except BaseException:
-            resp.close()  # e.g. pre-empted before the first byte: the engine aborts it
-            if prefill_task is not None:
-                prefill_task.cancel()
-            raise
-        finally:
-            resp.release()
-            if prefill_task is not None and not prefill_task.done():
-                # The decode side answered; let the prefill half finish in the background.
-                prefill_task.add_done_callback(_swallow)
-
     def _first_byte(self, pick_id: str) -> None:
         self.preemptor.started(pick_id)
         self.core.first_token(pick_id)
-
-    async def _stream(
-        self, req: web.Request, resp: aiohttp.ClientResponse, instance_id: str, pick_id: str
-    ) -> web.StreamResponse:
-        out = web.StreamResponse(
-            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        started = False
-        tail = b""
-        error = ""
-        try:
-            async for chunk in resp.content.iter_any():
-                if not started:
-                    self._first_byte(pick_id)  # before any await: no pre-emption from here
-                    started = True
-                    await out.prepare(req)
-                    records.note_first_byte(req, True)
-                records.note_chunk(req, chunk)
-                try:
-                    await out.write(chunk)
-                except (ConnectionError, RuntimeError):
-                    # client went away: stop reading upstream (counted as cancelled)
-                    records.note_cancelled(req)
-                    self.core.fleet.upstream_result(instance_id, True, self.clock())
-                    return out
-                tail = (tail + chunk)[-64:]
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            if not started:
-                raise upstream.UpstreamFailure(instance_id, f"stream: {e!r}") from None
-            error = f"upstream stream broke: {e!r}"
-        if not started:
-            raise upstream.UpstreamFailure(instance_id, "empty stream")
-        if not error and b"[DONE]" not in tail:
-            error = "upstream stream ended without [DONE]"
-        now = self.clock()
-        if error:
-            self.metrics.upstream_failed(instance_id, "stream broken", False)
-            records.note_error(req, error)
-            self.core.fleet.upstream_result(instance_id, False, now)
-            evt = {
-                "error": {
-                    "message": error,
-                    "type": "server_error",
-                    "param": None,
-                    "code": "upstream_error",
-                }
-            }
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await out.write(f"data: {json.dumps(evt)}\n\ndata: [DONE]\n\n".encode())
-        else:
-            self.core.fleet.upstream_result(instance_id, True, now)
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            await out.write_eof()
-        return out
-
-
-def _swallow(t: asyncio.Task[None]) -> None:
-    if not t.cancelled():
-        t.exception()
