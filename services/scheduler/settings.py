@@ -62,6 +62,12 @@ class SchedulerSettings(ServiceSettings):
     # --- integrations (owner: gateway integrations; see gateway/integrations.py) ---------
     kvmeta_address: str = Field("", description="kvmeta gRPC host:port for MatchPrefix; '' = off")
     kvmeta_deadline_ms: float = Field(20.0, gt=0, description="MatchPrefix deadline")
+    precise_source: Literal["kvmeta", "local", "off"] = Field(
+        "kvmeta",
+        description="precise-prefix data: kvmeta (MatchPrefix per request, needs "
+        "kvmeta_address), local (a replica of the KV index in this process, fed from "
+        "{prefix}:kv:{deployment}; needs redis_url) or off",
+    )
     replica_id: str = Field("", description="this gateway replica's id; '' = host-pid-random")
     share_state: bool = Field(
         False, description="active-active: share routed prefixes + in-flight load via redis_url"

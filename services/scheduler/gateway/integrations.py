@@ -2,14 +2,19 @@
 
 - request records on ``{prefix}:requests`` (``request_records`` and ``redis_url``),
 - active-active state sharing (``share_state`` and ``redis_url``),
-- precise prefix data from kvmeta (``kvmeta_address``, when a profile uses it).
+- precise prefix data (when a profile uses it), from ``precise_source``: ``kvmeta``
+  (``MatchPrefix`` per request to ``kvmeta_address``), ``local`` (a replica of the KV index
+  in this process fed from ``{prefix}:kv:{deployment}``, see :mod:`kv_replica`; needs
+  ``redis_url``) or ``off``. Either way ``lookup`` is the ``prefix_lookup`` hook the HTTP
+  gateway and the gRPC servicer share.
 
 ``Integrations(settings, core, gateway)`` builds everything without I/O; ``install(app)``
 adds the records middleware to the gateway's aiohttp app (before it starts);
 ``start()``/``stop()`` run and end the background tasks and connections (``stop`` is
 idempotent and never raises for a dead Redis or kvmeta). While started, their counters are
 exported to Prometheus: ``tideserve_gateway_records_total{event}``,
-``tideserve_gateway_shared_total{event}`` and ``tideserve_gateway_kvmeta_lookups_total{result}``.
+``tideserve_gateway_shared_total{event}``, ``tideserve_gateway_kvmeta_lookups_total{result}``
+and ``tideserve_gateway_kv_replica_total{event}``.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from redis.exceptions import RedisError
 from services.common.errors import StartupError
 from services.common.otel import insecure_channel
 from services.scheduler.gateway.core import GatewayCore
+from services.scheduler.gateway.kv_replica import KVReplicaFeed, LocalLookup
+from services.scheduler.gateway.kv_replica_core import KVReplica
 from services.scheduler.gateway.kvmeta_client import KVMetaLookup, precise_profiles
 from services.scheduler.gateway.records import RecordSink, make_sink, record_requests
 from services.scheduler.gateway.server import Gateway
@@ -61,6 +68,8 @@ class Integrations:
     ) -> None:
         if settings.share_state and not settings.redis_url:
             raise StartupError("share_state: needs redis_url (replicas share state through Redis)")
+        if settings.precise_source == "local" and not settings.redis_url:
+            raise StartupError("precise_source=local: needs redis_url (KV events come from Redis)")
         if settings.share_heartbeat_ttl_s <= settings.share_heartbeat_s:
             raise StartupError(
                 f"share_heartbeat_ttl_s: must exceed share_heartbeat_s "
@@ -73,7 +82,9 @@ class Integrations:
         self.redis: aioredis.Redis | None = None
         self.sink: RecordSink | None = None
         self.shared: SharedState | None = None
-        self.lookup: KVMetaLookup | None = None
+        self.lookup: KVMetaLookup | LocalLookup | None = None
+        self.kv_feed: KVReplicaFeed | None = None
+        self._kv_redis: aioredis.Redis | None = None
         self._channel: grpc.aio.Channel | None = None
         if settings.redis_url and (settings.request_records or settings.share_state):
             self.redis = aioredis.Redis.from_url(settings.redis_url, decode_responses=False)
@@ -91,14 +102,29 @@ class Integrations:
                 heartbeat_ttl_s=settings.share_heartbeat_ttl_s,
             )
         profiles = precise_profiles(core.scheduler)
+        source = settings.precise_source
         if settings.kvmeta_address and not profiles:
             log.warning("kvmeta_address is set but no scheduler profile uses precise-prefix")
-        if settings.kvmeta_address and profiles:
+        wanted = profiles if not gateway.opts.profile else _resolve(profiles, gateway)
+        if source == "local" and profiles and settings.redis_url:
+            self._kv_redis = aioredis.Redis.from_url(settings.redis_url, decode_responses=False)
+            replica = KVReplica()
+            self.kv_feed = KVReplicaFeed(
+                self._kv_redis,
+                replica,
+                deployment=settings.deployment,
+                prefix=settings.stream_prefix,
+                clock=gateway.clock,
+                candidates=core.fleet.ids,
+            )
+            self.lookup = LocalLookup(replica, deployment=settings.deployment, profiles=wanted)
+            gateway.prefix_lookup = self.lookup
+        elif source == "kvmeta" and settings.kvmeta_address and profiles:
             self._channel = insecure_channel(settings.kvmeta_address)
             self.lookup = KVMetaLookup(
                 self._channel,
                 candidates=core.fleet.ids,
-                profiles=profiles if not gateway.opts.profile else _resolve(profiles, gateway),
+                profiles=wanted,
                 deadline_s=settings.kvmeta_deadline_ms / 1000.0,
             )
             gateway.prefix_lookup = self.lookup
@@ -124,6 +150,8 @@ class Integrations:
             self.sink.start()
         if self.shared is not None:
             await self.shared.start()
+        if self.kv_feed is not None:
+            self.kv_feed.start()
 
     async def stop(self) -> None:
         if self._collector is not None:
@@ -131,6 +159,12 @@ class Integrations:
             self._collector = None
         if self.shared is not None:
             await self.shared.stop()
+        if self.kv_feed is not None:
+            await self.kv_feed.stop()
+        if self._kv_redis is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await self._kv_redis.aclose()
+            self._kv_redis = None
         if self.sink is not None:
             await self.sink.stop()
         if self._channel is not None:
@@ -166,7 +200,13 @@ class _Collector(Collector):
                 "tideserve_gateway_kvmeta_lookups",
                 "MatchPrefix lookups by result",
                 "result",
-                o.lookup,
+                o.lookup if isinstance(o.lookup, KVMetaLookup) else None,
+            ),
+            (
+                "tideserve_gateway_kv_replica",
+                "Local KV index replica: stream batches and lookups by event",
+                "event",
+                _ReplicaStats(o.kv_feed, o.lookup) if o.kv_feed is not None else None,
             ),
         ):
             if stats is None:
@@ -176,3 +216,12 @@ class _Collector(Collector):
                 fam.add_metric([key], float(value))
             out.append(fam)
         return out
+
+
+class _ReplicaStats:
+    """The replica feed's and local lookups' counters as one ``stats`` mapping."""
+
+    def __init__(self, feed: KVReplicaFeed, lookup: object) -> None:
+        self.stats = dict(feed.stats)
+        if isinstance(lookup, LocalLookup):
+            self.stats.update({f"lookup_{k}": v for k, v in lookup.stats.items()})
