@@ -27,6 +27,9 @@ examples:
   tideserve up --engines 4 --engine-profile test --engine-speedup 10 --engine-kv-blocks 4096
   tideserve up --engines 2 --engine-arg=--max-batch=32 --engine-arg "--stream-interval 4"
 
+  # active-active: 2 gateway replicas (scheduler, scheduler-2) behind one address
+  tideserve up --engines 3 --gateways 2
+
 Ports (before --base-port-offset): gRPC scheduler 50051, kvmeta 50052, autoscaler 50053,
 telemetry 50054; metrics 9101-9104; gateway HTTP 8000; kvmeta TE metadata HTTP 8081;
 embedded Redis 6380; engines 30001 upward. Per-service keys in the config file
@@ -39,6 +42,13 @@ decode, engine_profile, engine_speedup, engine_kv_blocks, engine_args, engine_ba
 engine_ports (explicit list, no offset) set the same from the config file. An engine that dies
 is reported and the stack keeps running (the gateway routes around it); `down` stops engines
 first.
+Gateways: `--gateways N` (or `stack: {gateways: N}`) runs N scheduler replicas, `scheduler`,
+`scheduler-2`, ..., all listening on the one gateway HTTP port (SO_REUSEPORT: the kernel
+spreads new connections over the live replicas) and sharing routed prefixes and in-flight
+load through Redis (share_state; replica_id = the name; responses carry x-tideserve-replica).
+Replica k has the scheduler's gRPC and metrics ports + k*100 (`stack: {gateway_port_step}`;
+explicit gRPC ports: `stack: {gateway_grpc_ports: [...]}`). A replica that dies is reported
+and the stack keeps running while another one lives.
 Logs: <state-dir>/logs/<service>.log. Ctrl-C or `tideserve down` stops everything.
 """
 
@@ -80,6 +90,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--start-timeout", type=float, metavar="S", help="seconds to wait for SERVING (60)"
     )
     up.add_argument("--json", action="store_true", help="print the endpoints as one JSON line")
+    up.add_argument(
+        "--gateways",
+        type=int,
+        metavar="N",
+        help="N scheduler/gateway replicas sharing the gateway address and routing state (1)",
+    )
     eng = up.add_argument_group("simulated engines (the gateway routes to them)")
     eng.add_argument("--engines", type=int, metavar="N", help="N aggregated engines")
     eng.add_argument("--prefill", type=int, metavar="N", help="N prefill engines (P/D mode)")
@@ -176,6 +192,7 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
         split_engine_args,
         wire_scheduler,
     )
+    from services.stack.gateways import GatewayReplicas
     from services.stack.plan import shift_port
     from services.stack.settings import StackSettings
     from services.stack.up import UpOptions
@@ -198,6 +215,7 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
             "engine_speedup": getattr(args, "engine_speedup", None),
             "engine_kv_blocks": getattr(args, "engine_kv_blocks", None),
             "engine_args": list(engine_args) if engine_args else None,
+            "gateways": getattr(args, "gateways", None),
         },
     )
     configured: dict[str, dict[str, int]] = {}
@@ -251,6 +269,15 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
         state_dir=state_dir,
         config_path=config,
         base_env=os.environ,
+        gateways=GatewayReplicas(
+            count=stack.gateways,
+            port_step=stack.gateway_port_step,
+            grpc_ports=tuple(stack.gateway_grpc_ports),
+            # on for replicas unless the configuration says otherwise
+            share_state=bool(scheduler.share_state)
+            if "share_state" in scheduler.model_fields_set
+            else True,
+        ),
     )
     perf = None
     if stack.engine_profile and "perf_profile" not in scheduler.model_fields_set:

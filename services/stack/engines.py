@@ -239,9 +239,12 @@ def scheduler_engine_env(
 def wire_scheduler(
     children: Sequence[ChildSpec], extra_env: Mapping[str, str], scheduler: str = "scheduler"
 ) -> tuple[ChildSpec, ...]:
-    """``children`` with ``extra_env`` merged into the scheduler child's environment."""
+    """``children`` with ``extra_env`` merged into the environment of the scheduler child
+    (every one of its replicas with ``--gateways N``)."""
     return tuple(
-        replace(c, env={**c.env, **extra_env}) if c.name == scheduler and extra_env else c
+        replace(c, env={**c.env, **extra_env})
+        if extra_env and scheduler in (c.name, c.replica_of)
+        else c
         for c in children
     )
 

@@ -12,6 +12,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.stack.gateways import (
+    GATEWAY_SERVICE,
+    GatewayReplicas,
+    replica_env,
+    replica_names,
+    replica_ports,
+)
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_REDIS_PORT = 6380
 """Embedded Redis: one above the standard port so it never fights a system Redis."""
@@ -77,7 +85,9 @@ SERVICE_NAMES: tuple[str, ...] = tuple(s.name for s in SERVICES)
 
 @dataclass(frozen=True)
 class PortClaim:
-    """One port a child (or the embedded Redis) will listen on."""
+    """One port a child (or the embedded Redis) will listen on. ``shared``: deliberately
+    listened on by several children (gateway replicas with SO_REUSEPORT); shared claims of
+    the same setting and host are not a conflict with each other."""
 
     owner: str
     purpose: str
@@ -85,6 +95,7 @@ class PortClaim:
     port: int
     setting: str = ""
     path: str | None = None
+    shared: bool = False
 
     def url(self) -> str | None:
         """``http://host:port<path>`` for HTTP endpoints, else None."""
@@ -101,7 +112,9 @@ class ChildSpec:
     Readiness: ``grpc_address`` → grpc.health.v1 Check SERVING; else ``ready_url`` → HTTP GET
     answering 2xx (e.g. a simulated engine's ``/health``); else ready as soon as it runs.
     ``ports`` are checked free before anything starts. ``kind`` orders stopping in ``down``
-    (see services.stack.control.stop_order).
+    (see services.stack.control.stop_order). ``replica_of``: the group of interchangeable
+    replicas this child belongs to (gateway replicas: "scheduler"; "" = none): one dying
+    while another of its group runs is reported, not fatal.
     """
 
     name: str
@@ -113,6 +126,7 @@ class ChildSpec:
     ready_url: str | None = None
     ports: tuple[PortClaim, ...] = ()
     kind: str = "service"
+    replica_of: str = ""
 
 
 def choose_ports(
@@ -184,49 +198,103 @@ def build_service_children(
     config_path: str | None,
     base_env: Mapping[str, str],
     python: str = sys.executable,
+    gateways: GatewayReplicas | None = None,
 ) -> tuple[ChildSpec, ...]:
     """One :class:`ChildSpec` per service: ``python -m services.<svc> --grpc-port N``, its
-    other ports in the environment, output to ``<state_dir>/logs/<svc>.log``."""
+    other ports in the environment, output to ``<state_dir>/logs/<name>.log``. The scheduler
+    is ``gateways.count`` replicas (services.stack.gateways; ValueError from its port plan
+    passes through)."""
+    gw = gateways if gateways is not None else GatewayReplicas()
     children = []
     for svc in SERVICES:
-        chosen = ports[svc.name]
-        grpc_port = chosen["grpc_port"]
-        argv = [python, "-m", f"services.{svc.name}", "--grpc-port", str(grpc_port)]
-        if config_path is not None:
-            argv += ["--config", config_path]
-        claims = tuple(
-            PortClaim(svc.name, pd.purpose, host, chosen[pd.setting], pd.setting, pd.path)
-            for pd in svc.ports
-            if chosen[pd.setting]
-        )
-        children.append(
-            ChildSpec(
-                name=svc.name,
-                argv=tuple(argv),
-                env=service_env(
-                    base_env,
+        plans: list[tuple[str, dict[str, int], dict[str, str]]]
+        if svc.name != GATEWAY_SERVICE:
+            plans = [(svc.name, dict(ports[svc.name]), {})]
+        else:
+            names = replica_names(gw.count)
+            per = replica_ports(ports[svc.name], gw)
+            plans = [(n, p, replica_env(n, gw)) for n, p in zip(names, per, strict=True)]
+        for name, chosen, extra in plans:
+            children.append(
+                _service_child(
+                    svc,
+                    name,
+                    chosen,
                     host=host,
-                    ports=chosen,
                     state_dir=state_dir,
                     config_path=config_path,
-                ),
-                log_path=state_dir / "logs" / f"{svc.name}.log",
-                grpc_address=f"{host}:{grpc_port}",
-                grpc_service=svc.grpc_service,
-                ports=claims,
+                    env={
+                        **service_env(
+                            base_env,
+                            host=host,
+                            ports=chosen,
+                            state_dir=state_dir,
+                            config_path=config_path,
+                        ),
+                        **extra,
+                    },
+                    python=python,
+                    replica_of=svc.name if len(plans) > 1 else "",
+                )
             )
-        )
     return tuple(children)
 
 
+def _service_child(
+    svc: ServiceDefaults,
+    name: str,
+    chosen: Mapping[str, int],
+    *,
+    host: str,
+    state_dir: Path,
+    config_path: str | None,
+    env: Mapping[str, str],
+    python: str,
+    replica_of: str,
+) -> ChildSpec:
+    grpc_port = chosen["grpc_port"]
+    argv = [python, "-m", f"services.{svc.name}", "--grpc-port", str(grpc_port)]
+    if config_path is not None:
+        argv += ["--config", config_path]
+    claims = tuple(
+        PortClaim(
+            name,
+            pd.purpose,
+            host,
+            chosen[pd.setting],
+            pd.setting,
+            pd.path,
+            shared=bool(replica_of) and pd.setting == "http_port",
+        )
+        for pd in svc.ports
+        if chosen[pd.setting]
+    )
+    return ChildSpec(
+        name=name,
+        argv=tuple(argv),
+        env=env,
+        log_path=state_dir / "logs" / f"{name}.log",
+        grpc_address=f"{host}:{grpc_port}",
+        grpc_service=svc.grpc_service,
+        ports=claims,
+        replica_of=replica_of,
+    )
+
+
 def duplicate_ports(claims: Sequence[PortClaim]) -> list[tuple[PortClaim, PortClaim]]:
-    """Pairs of claims that want the same port (the first claimant, the later one)."""
+    """Pairs of claims that want the same port (the first claimant, the later one). Claims
+    that are all :attr:`PortClaim.shared` for the same setting on the same host are one
+    deliberate shared listener, not a conflict."""
     seen: dict[int, PortClaim] = {}
     dups: list[tuple[PortClaim, PortClaim]] = []
     for claim in claims:
         first = seen.get(claim.port)
         if first is None:
             seen[claim.port] = claim
-        else:
+        elif not _share(first, claim):
             dups.append((first, claim))
     return dups
+
+
+def _share(a: PortClaim, b: PortClaim) -> bool:
+    return a.shared and b.shared and a.setting == b.setting and a.host == b.host

@@ -30,8 +30,17 @@ def port_is_free(host: str, port: int) -> bool:
 
 
 def busy_ports(claims: Sequence[PortClaim]) -> list[PortClaim]:
-    """The claims whose port cannot be bound now, in order."""
-    return [c for c in claims if not port_is_free(c.host, c.port)]
+    """The claims whose port cannot be bound now, in order; a port several claims share
+    (gateway replicas) is probed and reported once."""
+    out: list[PortClaim] = []
+    probed: set[tuple[str, int]] = set()
+    for c in claims:
+        if (c.host, c.port) in probed:
+            continue
+        probed.add((c.host, c.port))
+        if not port_is_free(c.host, c.port):
+            out.append(c)
+    return out
 
 
 def tcp_accepts(host: str, port: int, timeout_s: float = 0.5) -> bool:

@@ -6,6 +6,7 @@ from pydantic import Field
 
 from services.common.settings import ServiceSettings
 from services.stack.engines import DEFAULT_ENGINE_BASE_PORT
+from services.stack.gateways import DEFAULT_GATEWAY_PORT_STEP, MAX_GATEWAYS
 from services.stack.plan import DEFAULT_REDIS_PORT
 
 
@@ -14,6 +15,7 @@ class StackSettings(ServiceSettings):
 
     ``postgres_url`` / ``redis_url`` unset → embedded servers under ``state_dir``.
     Engine fields: simulated engines started with the stack (flags of ``up`` win).
+    Gateway fields: scheduler replicas behind one HTTP address (services.stack.gateways).
     """
 
     redis_port: int = Field(DEFAULT_REDIS_PORT, ge=1, le=65535, description="embedded Redis port")
@@ -36,4 +38,17 @@ class StackSettings(ServiceSettings):
     engine_kv_blocks: int | None = Field(None, ge=1, description="KV blocks per engine")
     engine_args: list[str] = Field(
         default_factory=list, description="extra `tideserve engine` arguments for every engine"
+    )
+
+    gateways: int = Field(
+        1, ge=1, le=MAX_GATEWAYS, description="scheduler/gateway replicas on one HTTP address"
+    )
+    gateway_port_step: int = Field(
+        DEFAULT_GATEWAY_PORT_STEP,
+        ge=1,
+        description="replica k's gRPC and metrics ports: the scheduler's + k * step",
+    )
+    gateway_grpc_ports: list[int] = Field(
+        default_factory=list,
+        description="explicit gRPC ports of scheduler-2..scheduler-N in order (no offset)",
     )

@@ -3,7 +3,8 @@
 Order: check ports → embedded Postgres → embedded Redis → migrations → simulated engines (wait
 for GET /health 200) → services (wait for grpc.health SERVING) → print endpoints → wait for
 SIGINT/SIGTERM or a service dying (an engine dying is reported, the stack keeps running: the
-gateway routes around it) → stop children (engines first; SIGTERM, grace, SIGKILL) → Redis →
+gateway routes around it; so does a gateway replica while another replica of its group still
+runs, see ChildSpec.replica_of) → stop children (engines first; SIGTERM, grace, SIGKILL) → Redis →
 Postgres. Any failure part way
 stops what was started and exits non-zero; the state file records every pid as soon as it
 exists so ``tideserve down`` can clean up even after ``up`` itself was killed.
@@ -460,7 +461,7 @@ class StackRunner:
     def _supervise(self) -> int:
         while not self.signals.event.wait(0.5):
             for child, code in self.supervisor.exited():
-                if child.spec.kind != ENGINE_KIND:
+                if child.spec.kind != ENGINE_KIND and not self._replica_left(child):
                     self._say(str(self._died(child, code)) + "; stopping the stack")
                     return EXIT_FAILED
                 if child.spec.name not in self._reported_dead:
@@ -472,6 +473,14 @@ class StackRunner:
                     return EXIT_FAILED
         self._say("stop requested; stopping")
         return EXIT_OK
+
+    def _replica_left(self, dead: Child) -> bool:
+        """True when another replica of ``dead``'s group (ChildSpec.replica_of) still runs."""
+        group = dead.spec.replica_of
+        return bool(group) and any(
+            c.spec.replica_of == group and c is not dead and c.exit_code() is None
+            for c in self.supervisor.children
+        )
 
     def _stop_children(self) -> None:
         if not self.supervisor.children:

@@ -57,7 +57,7 @@ signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore-term" else stop)
 t0 = time.monotonic()
 while True:
     time.sleep(0.1)
-    if mode == "die-later" and time.monotonic() - t0 > 1.0:
+    if mode.startswith("die-later") and time.monotonic() - t0 > float((mode + ":1").split(":")[1]):
         print("stand-in: dying", flush=True)
         sys.exit(4)
 """
@@ -596,3 +596,50 @@ def test_supervisor_stops_engines_before_services(tmp_path: Path) -> None:
     assert "service stopped before me: False" in (tmp_path / "engine-1.log").read_text()
     assert "stopped" in (tmp_path / "svc.log").read_text()  # then the service
     assert not is_alive(engine.ref) and not is_alive(service.ref)
+
+
+@pytest.mark.parametrize(
+    ("modes", "rc", "needle"),
+    [
+        (("serving", "die-later"), 0, "the stack keeps running without it"),
+        (("die-later:3", "die-later"), 1, "scheduler.log); stopping the stack"),
+    ],
+    ids=["one-of-two-dies-keeps-running", "last-replica-dying-stops-the-stack"],
+)
+def test_gateway_replica_dying(
+    tmp_path: Path,
+    standin: Path,
+    no_leftovers: list[ProcRef],
+    modes: tuple[str, str],
+    rc: int,
+    needle: str,
+) -> None:
+    """Gateway replicas (replica_of "scheduler"): losing one while another runs is reported
+    like an engine; losing the last one is fatal, as for any service."""
+    children = [
+        dataclasses.replace(spec(standin, tmp_path, name, free_port(), mode),
+                            replica_of="scheduler")
+        for name, mode in zip(("scheduler", "scheduler-2"), modes, strict=True)
+    ]  # fmt: skip
+    err = io.StringIO()
+    runner = StackRunner(options(tmp_path), children, NO_INFRA, out=io.StringIO(), err=err)
+
+    def stopper() -> None:  # SIGTERM once the death is reported (unless `up` stopped itself)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and needle not in err.getvalue():
+            time.sleep(0.05)
+        if rc == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    t = threading.Thread(target=stopper)
+    t.start()
+    code = runner.run()
+    t.join()
+    no_leftovers.extend(c.ref for c in runner.supervisor.children)
+    assert code == rc, err.getvalue()
+    assert needle in err.getvalue()
+    # scheduler-2 dies first, while scheduler runs: reported once, the stack goes on
+    assert err.getvalue().count("scheduler-2 exited with code 4: stand-in: dying") == 1
+    assert "scheduler-2.log); the stack keeps running without it" in err.getvalue()
+    assert ("stop requested; stopping" in err.getvalue()) == (rc == 0)
+    assert read_state(tmp_path) is None  # everything stopped either way
