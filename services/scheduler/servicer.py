@@ -6,6 +6,12 @@ reservation TTL does). Errors: INVALID_ARGUMENT (bad fields), NOT_FOUND (unknown
 profile, class, tenant when tenants are configured, pick or instance), RESOURCE_EXHAUSTED
 (saturated fleet or TTFT SLO infeasible; ``retry_after_ms`` in the message and trailing
 metadata ``retry-after-ms``), UNAVAILABLE (no eligible endpoint).
+
+PickStream decides each request of a bidirectional stream exactly as Pick would, one after
+another, answering in request order; a refused request gets a ``PickResponse`` whose
+``error`` carries Pick's status code, message and retry hint, and the stream goes on.
+``PickRequest.report_outcomes`` settles earlier picks (as ReportOutcome) before deciding;
+unknown or already reported pick ids there are ignored.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import random
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -89,6 +95,22 @@ class _Instances:
         return msg
 
 
+class _Refused(Exception):
+    """Pick refuses a request: unary Pick fails with ``code``, PickStream answers with it."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, retry_after_ms: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retry_after_ms = retry_after_ms
+
+
+def _exhausted(why: str, retry_ms: int) -> _Refused:
+    return _Refused(
+        grpc.StatusCode.RESOURCE_EXHAUSTED, f"{why}; retry_after_ms={retry_ms}", retry_ms
+    )
+
+
 def _picked(c: Choice, instances: _Instances, out: scheduler_pb2.PickedEndpoint) -> None:
     out.instance.CopyFrom(instances.get(c.endpoint))
     out.score = c.score
@@ -132,24 +154,54 @@ class SchedulerServicer(_Base):
     async def Pick(
         self, request: scheduler_pb2.PickRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.PickResponse:
-        r = request
+        try:
+            return await self._decide(request)
+        except _Refused as e:
+            if e.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                context.set_trailing_metadata((("retry-after-ms", str(e.retry_after_ms)),))
+            await context.abort(e.code, e.message)
+            raise AssertionError("unreachable") from None
+
+    async def PickStream(
+        self,
+        request_iterator: AsyncIterator[scheduler_pb2.PickRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[scheduler_pb2.PickResponse]:
+        """One response per request, in order; a refused request gets a response carrying
+        ``error`` (Pick's code and message) and the stream goes on."""
+        async for request in request_iterator:
+            try:
+                resp = await self._decide(request)
+            except _Refused as e:
+                resp = scheduler_pb2.PickResponse(
+                    error=scheduler_pb2.PickError(
+                        code=e.code.value[0], message=e.message, retry_after_ms=e.retry_after_ms
+                    )
+                )
+            yield resp
+
+    async def _decide(self, r: scheduler_pb2.PickRequest) -> scheduler_pb2.PickResponse:
+        """Pick's decision; raises :class:`_Refused` with Pick's status code."""
+        for o in r.report_outcomes:
+            if o.pick_id in self._picks:
+                self._settle(o)
         if not r.deployment:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "deployment is required")
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "deployment is required")
         if r.deployment != self.deployment:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown deployment {r.deployment!r}")
+            raise _Refused(grpc.StatusCode.NOT_FOUND, f"unknown deployment {r.deployment!r}")
         if r.profile and r.profile not in self.core.scheduler.profiles:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown profile {r.profile!r}")
+            raise _Refused(grpc.StatusCode.NOT_FOUND, f"unknown profile {r.profile!r}")
         if r.slo_class and r.slo_class not in self._class_names():
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown SLO class {r.slo_class!r}")
+            raise _Refused(grpc.StatusCode.NOT_FOUND, f"unknown SLO class {r.slo_class!r}")
         tenants = self.core.queue.config.tenant_weights  # configured = the only ones accepted
         if tenants and r.tenant not in tenants:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown tenant {r.tenant!r}")
+            raise _Refused(grpc.StatusCode.NOT_FOUND, f"unknown tenant {r.tenant!r}")
         if r.prompt_tokens < 0 or r.max_tokens < 0:
-            await context.abort(
+            raise _Refused(
                 grpc.StatusCode.INVALID_ARGUMENT, "prompt_tokens and max_tokens must be >= 0"
             )
         if len(r.block_hashes) > _MAX_HASHES:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "too many block_hashes")
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "too many block_hashes")
         if r.block_hashes:
             hashes = tuple(r.block_hashes)
             n_tokens = r.prompt_tokens or len(hashes) * self.block_size
@@ -160,12 +212,12 @@ class SchedulerServicer(_Base):
         now = self.clock()
         deadline_in = r.deadline_ms - time.time() * 1000.0 if r.deadline_ms else None
         if deadline_in is not None and deadline_in <= 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "deadline_ms is in the past")
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "deadline_ms is in the past")
         if not self.core.has_capacity(now):
             retry = self.core.queue.retry_after_ms(
                 r.slo_class or self.core.queue.config.default_class
             )
-            await self._exhausted(context, "fleet saturated", retry)
+            raise _exhausted("fleet saturated", retry)
         pick_id = uuid.uuid4().hex
         view = RequestView(
             request_id=pick_id,
@@ -189,11 +241,9 @@ class SchedulerServicer(_Base):
             now = self.clock()
         d = self.core.pick(view, now, pick_id, r.profile)
         if isinstance(d, Shed):
-            await self._exhausted(context, d.reason, d.retry_after_ms)
-            raise AssertionError("unreachable")
+            raise _exhausted(d.reason, d.retry_after_ms)
         if isinstance(d, NoEndpoint):
-            await context.abort(grpc.StatusCode.UNAVAILABLE, d.reason)
-            raise AssertionError("unreachable")
+            raise _Refused(grpc.StatusCode.UNAVAILABLE, d.reason)
         self._remember_pick(pick_id, d.decode.endpoint.instance_id)
         resp = scheduler_pb2.PickResponse(
             pick_id=pick_id,
@@ -211,34 +261,34 @@ class SchedulerServicer(_Base):
             resp.bootstrap_room = b["bootstrap_room"]
         return resp
 
-    async def _exhausted(self, context: grpc.aio.ServicerContext, why: str, retry_ms: int) -> None:
-        context.set_trailing_metadata((("retry-after-ms", str(retry_ms)),))
-        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{why}; retry_after_ms={retry_ms}")
-
     def _remember_pick(self, pick_id: str, decode: str) -> None:
         self._picks[pick_id] = (decode, False)
         while len(self._picks) > self._remember:
             self._picks.popitem(last=False)
 
+    def _settle(self, request: scheduler_pb2.ReportOutcomeRequest) -> None:
+        """Apply a known pick's outcome once (idempotent per pick id)."""
+        decode, done = self._picks[request.pick_id]
+        if done:
+            return
+        o = request.outcome
+        if o == events_pb2.REQUEST_OUTCOME_UPSTREAM_ERROR and not request.completion_tokens:
+            # Failed before any token: routing plugins undo what they recorded.
+            self.core.abandon(request.pick_id)
+        self.core.release(request.pick_id)
+        self._picks[request.pick_id] = (decode, True)
+        if o == events_pb2.REQUEST_OUTCOME_UPSTREAM_ERROR:
+            self.core.fleet.upstream_result(decode, False, self.clock())
+        elif o == events_pb2.REQUEST_OUTCOME_OK:
+            self.core.fleet.upstream_result(decode, True, self.clock())
+
     async def ReportOutcome(
         self, request: scheduler_pb2.ReportOutcomeRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.ReportOutcomeResponse:
-        known = self._picks.get(request.pick_id)
-        if known is None:
+        if request.pick_id not in self._picks:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown pick_id {request.pick_id!r}")
             raise AssertionError("unreachable")
-        decode, done = known
-        if not done:
-            o = request.outcome
-            if o == events_pb2.REQUEST_OUTCOME_UPSTREAM_ERROR and not request.completion_tokens:
-                # Failed before any token: routing plugins undo what they recorded.
-                self.core.abandon(request.pick_id)
-            self.core.release(request.pick_id)
-            self._picks[request.pick_id] = (decode, True)
-            if o == events_pb2.REQUEST_OUTCOME_UPSTREAM_ERROR:
-                self.core.fleet.upstream_result(decode, False, self.clock())
-            elif o == events_pb2.REQUEST_OUTCOME_OK:
-                self.core.fleet.upstream_result(decode, True, self.clock())
+        self._settle(request)
         return scheduler_pb2.ReportOutcomeResponse()
 
     async def ListEndpoints(

@@ -39,6 +39,11 @@ class SchedulerServiceStub:
                 request_serializer=tideserve_dot_v1_dot_scheduler__pb2.PickRequest.SerializeToString,
                 response_deserializer=tideserve_dot_v1_dot_scheduler__pb2.PickResponse.FromString,
                 _registered_method=True)
+        self.PickStream = channel.stream_stream(
+                '/tideserve.v1.SchedulerService/PickStream',
+                request_serializer=tideserve_dot_v1_dot_scheduler__pb2.PickRequest.SerializeToString,
+                response_deserializer=tideserve_dot_v1_dot_scheduler__pb2.PickResponse.FromString,
+                _registered_method=True)
         self.ReportOutcome = channel.unary_unary(
                 '/tideserve.v1.SchedulerService/ReportOutcome',
                 request_serializer=tideserve_dot_v1_dot_scheduler__pb2.ReportOutcomeRequest.SerializeToString,
@@ -70,6 +75,21 @@ class SchedulerServiceServicer:
         Errors: INVALID_ARGUMENT (missing deployment, bad fields), NOT_FOUND (unknown deployment,
         profile, class or tenant), RESOURCE_EXHAUSTED (overload; retry_after_ms in the status
         message and trailing metadata "retry-after-ms"), UNAVAILABLE (no eligible endpoint).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PickStream(self, request_iterator, context):
+        """Pick over one long-lived bidirectional stream (no per-call overhead, in the manner of
+        Envoy ext_proc endpoint pickers). Contract: exactly one PickResponse per PickRequest, in
+        request order; requests are decided one after another, as each arrives (a client may
+        pipeline several). Each decision is the same as Pick's. A request Pick would refuse
+        (any of Pick's errors) does NOT end the stream: its PickResponse carries `error` (code
+        and message, retry_after_ms for RESOURCE_EXHAUSTED) and nothing else, and the next
+        request is decided. The stream ends with a status only for transport failures,
+        cancellation or server shutdown; outcomes may ride on the next request
+        (PickRequest.report_outcomes) instead of separate ReportOutcome calls.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -110,6 +130,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Pick': grpc.unary_unary_rpc_method_handler(
                     servicer.Pick,
+                    request_deserializer=tideserve_dot_v1_dot_scheduler__pb2.PickRequest.FromString,
+                    response_serializer=tideserve_dot_v1_dot_scheduler__pb2.PickResponse.SerializeToString,
+            ),
+            'PickStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.PickStream,
                     request_deserializer=tideserve_dot_v1_dot_scheduler__pb2.PickRequest.FromString,
                     response_serializer=tideserve_dot_v1_dot_scheduler__pb2.PickResponse.SerializeToString,
             ),
@@ -159,6 +184,33 @@ class SchedulerService:
             request,
             target,
             '/tideserve.v1.SchedulerService/Pick',
+            tideserve_dot_v1_dot_scheduler__pb2.PickRequest.SerializeToString,
+            tideserve_dot_v1_dot_scheduler__pb2.PickResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PickStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tideserve.v1.SchedulerService/PickStream',
             tideserve_dot_v1_dot_scheduler__pb2.PickRequest.SerializeToString,
             tideserve_dot_v1_dot_scheduler__pb2.PickResponse.FromString,
             options,
