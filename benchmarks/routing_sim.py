@@ -86,6 +86,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pd", action="store_true", help="P/D: --prefill + --decode engines")
     p.add_argument("--prefill", type=int, default=3)
     p.add_argument("--decode", type=int, default=5)
+    p.add_argument(
+        "--decode-can-prefill",
+        action="store_true",
+        help="P/D: decode engines may compute a prompt alone (vLLM-like; default: no, as "
+        "SGLang decode servers and `tideserve gateway --pd-protocol sglang`)",
+    )
     p.add_argument("--profiles-file", default=None, help="profiles YAML (default: shipped)")
     p.add_argument(
         "--profiles",
@@ -187,6 +193,7 @@ class Sim:
             seed=args.seed,
             block_size=args.block_size,
             perf_profile=args.perf_profile,
+            decode_can_prefill=args.decode_can_prefill,
         )
         self.ev: list[tuple[float, int, str, Any]] = []
         self.seq = 0

@@ -82,6 +82,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="sglang",
         help="P/D hand-off: sglang bootstrap (default) or vllm kv_transfer_params",
     )
+    p.add_argument(
+        "--decode-can-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="decode engines can compute a prompt without a prefill peer (default: from "
+        "--pd-protocol; sglang: no, so every request on a decode engine is disaggregated; "
+        "vllm: yes)",
+    )
     p.add_argument("--no-preemption", action="store_true", help="never pre-empt lower classes")
     p.add_argument("--max-in-flight", type=int, default=256, help="per engine (default 256)")
     p.add_argument("--seed", type=int, default=0, help="routing RNG seed")
@@ -141,6 +149,11 @@ def run(args: argparse.Namespace) -> int:
             block_size=args.block_size,
             perf_profile=args.perf_profile,
             limits=CoreLimits(max_in_flight_per_endpoint=args.max_in_flight),
+            decode_can_prefill=(
+                args.pd_protocol == "vllm"
+                if args.decode_can_prefill is None
+                else args.decode_can_prefill
+            ),
         )
         if args.profile and args.profile not in core.scheduler.profiles:
             known = ", ".join(sorted(core.scheduler.profiles))

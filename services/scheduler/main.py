@@ -53,6 +53,7 @@ def build_gateway(
             seed=settings.seed,
             block_size=settings.block_size,
             perf_profile=settings.perf_profile,
+            decode_can_prefill=settings.decode_computes_prompts(),
             limits=CoreLimits(max_in_flight_per_endpoint=settings.max_in_flight_per_endpoint),
             queue=queue_config(
                 settings.slo_classes,

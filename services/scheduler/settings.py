@@ -51,6 +51,12 @@ class SchedulerSettings(ServiceSettings):
         "room, prefill and decode at once) or vllm (prefill max_tokens=1, then decode with "
         "its kv_transfer_params)",
     )
+    decode_can_prefill: bool | None = Field(
+        None,
+        description="whether decode instances can compute a prompt without a prefill peer; "
+        "None = from pd_protocol (sglang: false, its decode servers need a prefill peer; "
+        "vllm: true). False: every request on a decode instance is disaggregated",
+    )
     preemption: bool = Field(
         True, description="pre-empt lower classes before their first byte for higher ones"
     )
@@ -97,6 +103,12 @@ class SchedulerSettings(ServiceSettings):
         "", description="autoscaler gRPC host:port; ListInstances seeds the fleet once; '' = off"
     )
     autoscaler_deadline_s: float = Field(3.0, gt=0, description="ListInstances deadline")
+
+    def decode_computes_prompts(self) -> bool:
+        """``decode_can_prefill``, or its default for ``pd_protocol``."""
+        if self.decode_can_prefill is not None:
+            return self.decode_can_prefill
+        return self.pd_protocol == "vllm"
 
     @model_validator(mode="after")
     def _check_slo(self) -> SchedulerSettings:

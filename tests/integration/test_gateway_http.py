@@ -211,6 +211,45 @@ async def test_disaggregated_long_prompt_and_decode_only_short_prompt(
     assert gw.core.fleet.in_flight("p") == 0 and gw.core.fleet.in_flight("d") == 0
 
 
+@pytest.mark.parametrize(
+    ("can_prefill", "with_prefill", "status", "prefilled"),
+    [
+        (True, True, 200, False),  # short prompt: the decode engine computes it
+        (False, True, 200, True),  # SGLang decode servers cannot: always disaggregated
+        (True, False, 200, False),  # no prefill engine: decode-only
+        (False, False, 503, False),  # no prefill engine and none can compute it: refused
+    ],
+    ids=["can-short-local", "cannot-short-split", "can-no-prefill", "cannot-no-prefill-503"],
+)
+async def test_decode_engines_that_cannot_prefill_never_get_a_prompt_alone(
+    engines: Engines,
+    gateway: GatewayFactory,
+    http: aiohttp.ClientSession,
+    can_prefill: bool,
+    with_prefill: bool,
+    status: int,
+    prefilled: bool,
+) -> None:
+    specs = []
+    pe = None
+    if with_prefill:
+        pe, pu = await engines(role="prefill")
+        specs.append(EndpointSpec("p", pu, role="prefill"))
+    de, du = await engines(role="decode")
+    specs.append(EndpointSpec("d", du, role="decode"))
+    gw, url = await gateway(specs, decode_can_prefill=can_prefill)
+    async with http.post(url + "/v1/chat/completions", json=chat("short prompt")) as r:
+        assert r.status == status, await r.text()
+        if status == 503:
+            err = (await r.json())["error"]
+            assert err["code"] == "no_endpoint"
+            assert "decode endpoints cannot compute prompts" in err["message"]
+            assert de.core.prompt_tokens_total == 0  # never forwarded
+    if pe is not None:
+        assert (pe.core.prompt_tokens_total > 0) is prefilled
+    assert gw.core.fleet.in_flight("d") == 0
+
+
 async def test_second_turn_goes_where_the_first_was_cached(
     engines: Engines, gateway: GatewayFactory, http: aiohttp.ClientSession
 ) -> None:

@@ -35,17 +35,22 @@ def build_core(
     queue: QueueConfig | None = None,
     limits: CoreLimits | None = None,
     slo: SLOTargets | None = None,
+    decode_can_prefill: bool = True,
 ) -> GatewayCore:
     """A ready core. Raises ``ConfigError`` for a bad profiles file.
 
     ``perf_profile`` names the performance profile for ``ttft-cost`` plugins that do not
-    name one themselves."""
+    name one themselves. ``decode_can_prefill``: whether decode-role instances can compute
+    a prompt without a prefill peer (false for SGLang decode servers; see
+    ``services.scheduler.routing.registry.PluginEnv``)."""
     base = PluginEnv()
 
     def resolve(name: str) -> PrefillModel:
         return base.perf_profile(name or perf_profile)
 
-    env = PluginEnv(perf_profile=resolve, block_size=block_size)
+    env = PluginEnv(
+        perf_profile=resolve, block_size=block_size, decode_can_prefill=decode_can_prefill
+    )
     sched = load_config(profiles or DEFAULT_PROFILES_PATH, env=env, rng=random.Random(seed))
     fleet = Fleet()
     for e in endpoints:

@@ -213,7 +213,12 @@ def load_config(
     default = doc.get("default_profile", "default")
     if not isinstance(default, str) or default not in profiles:
         raise ConfigError(f"default_profile {default!r} is not a defined profile")
-    return Scheduler(profiles, default, rng or random.Random(0))
+    return Scheduler(
+        profiles,
+        default,
+        rng or random.Random(0),
+        decode_can_prefill=(env or PluginEnv()).decode_can_prefill,
+    )
 
 
 def load_default(env: PluginEnv | None = None, rng: random.Random | None = None) -> Scheduler:

@@ -14,6 +14,10 @@ A cycle, for one request over one immutable :class:`EndpointSnapshot`:
 6. P/D: if the profile names a ``prefill_profile`` and the snapshot has prefill-role
    endpoints, the profile's :class:`Decider` (default: always) decides from the decode pick
    whether to disaggregate; if so the prefill profile runs over prefill-role endpoints.
+   When decode instances cannot compute a prompt (``decode_can_prefill=False``), a
+   decode-role pick is always disaggregated (a profile without a ``prefill_profile`` runs
+   itself over the prefill endpoints); with no eligible prefill endpoint only worker
+   endpoints are candidates, and without any the answer is :class:`NoEndpoint`.
 7. Every :class:`PostPick` plugin that took part sees the final :class:`Pick`.
 
 Everything is deterministic given the inputs, ``now`` and the injected ``random.Random``.
@@ -221,13 +225,21 @@ class Scheduler:
     (indexes, counters); the scheduler itself keeps only the RNG."""
 
     def __init__(
-        self, profiles: Mapping[str, Profile], default_profile: str, rng: random.Random
+        self,
+        profiles: Mapping[str, Profile],
+        default_profile: str,
+        rng: random.Random,
+        *,
+        decode_can_prefill: bool = True,
     ) -> None:
+        """``decode_can_prefill``: see :class:`~services.scheduler.routing.registry.PluginEnv`
+        and step 6 of the module docstring."""
         if default_profile not in profiles:
             raise ValueError(f"default profile {default_profile!r} is not defined")
         self.profiles = dict(profiles)
         self.default_profile = default_profile
         self.rng = rng
+        self.decode_can_prefill = decode_can_prefill
         self._plans: dict[int, tuple[Profile, _Plan]] = {}
 
     def _plan_of(self, prof: Profile) -> _Plan:
@@ -247,7 +259,10 @@ class Scheduler:
         prof = self.profiles[profile or self.default_profile]
         ctx = CycleContext(now=now, rng=self.rng)
         n_eligible, decode_pool, prefill_pool = snapshot.pools()
+        must_split = not self.decode_can_prefill
         prefill_prof = self.profiles[prof.prefill_profile] if prof.prefill_profile else None
+        if prefill_prof is None and must_split:
+            prefill_prof = prof
         if not prefill_prof:
             prefill_pool = ()
         excl = request.exclude
@@ -255,6 +270,14 @@ class Scheduler:
             n_eligible -= sum(1 for e in snapshot if e.eligible and e.instance_id in excl)
             decode_pool = tuple(e for e in decode_pool if e.instance_id not in excl)
             prefill_pool = tuple(e for e in prefill_pool if e.instance_id not in excl)
+        if must_split and not prefill_pool:
+            decode_pool = tuple(e for e in decode_pool if e.role == "worker")
+            if not decode_pool:
+                return NoEndpoint(
+                    f"no eligible prefill endpoint among {len(snapshot)} "
+                    f"({len(snapshot) - n_eligible} unhealthy, draining, open or excluded), "
+                    "and decode endpoints cannot compute prompts (decode_can_prefill=false)"
+                )
         if not decode_pool:
             return NoEndpoint(
                 f"no eligible decode/worker endpoint among {len(snapshot)} "
@@ -266,13 +289,21 @@ class Scheduler:
         prefill: Choice | None = None
         used = [prof]
         if prefill_prof is not None and prefill_pool:
-            wants = prof.decider.disaggregate(ctx, request, decode) if prof.decider else True
+            if must_split and decode.endpoint.role == "decode":
+                wants = True
+            elif prof.decider:
+                wants = prof.decider.disaggregate(ctx, request, decode)
+            else:
+                wants = True
             if wants:
                 p = self._run(prefill_prof, ctx, request, prefill_pool)
                 if isinstance(p, Choice):
                     prefill = p
-                    used.append(prefill_prof)
-                # No prefill endpoint passing the filters: fall back to decode-only.
+                    if prefill_prof is not prof:
+                        used.append(prefill_prof)
+                elif must_split and decode.endpoint.role == "decode":
+                    return p  # the decode instance cannot compute the prompt alone
+                # Otherwise no prefill endpoint passed the filters: decode-only.
         target = prefill.endpoint.instance_id if prefill else decode.endpoint.instance_id
         decision = Pick(
             decode=decode,

@@ -30,10 +30,15 @@ def _default_perf_resolver(name: str) -> PrefillModel:
 
 @dataclass(frozen=True)
 class PluginEnv:
-    """What plugin factories may use besides their params (injected for tests)."""
+    """What plugin factories may use besides their params (injected for tests).
+
+    ``decode_can_prefill``: whether the deployment's decode-role instances can compute a
+    prompt themselves (simulated engines and vLLM can; an SGLang decode server in
+    disaggregation mode cannot run a request without a prefill peer)."""
 
     perf_profile: Callable[[str], PrefillModel] = field(default=_default_perf_resolver)
     block_size: int = 16
+    decode_can_prefill: bool = True
 
 
 class Params(BaseModel):

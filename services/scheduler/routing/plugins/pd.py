@@ -1,5 +1,6 @@
 """P/D decider: disaggregate only when the uncached suffix is long enough (and, optionally,
-only when the prefill pool is not the slower path)."""
+only when the prefill pool is not the slower path) — and always when the deployment's
+decode instances cannot compute a prompt (``PluginEnv.decode_can_prefill``)."""
 
 from __future__ import annotations
 
@@ -37,12 +38,18 @@ class PDDecider:
     model prefill throughput over the prefill instances it has picked. A long suffix stays
     local when the decode instance's predicted TTFT (``ctx.predicted_ttft_ms``, from a
     ttft-cost plugin of the decode profile) is below that wait plus the same prefill, by
-    more than the margin. With an idle prefill pool (or no prediction) it disaggregates."""
+    more than the margin. With an idle prefill pool (or no prediction) it disaggregates.
+
+    Capability: when the deployment's decode instances cannot compute a prompt
+    (``env.decode_can_prefill`` false, e.g. SGLang decode servers in disaggregation mode),
+    every request picked onto a decode-role instance is disaggregated, whatever its
+    uncached length or the prefill backlog; worker (aggregated) instances never are."""
 
     def __init__(self, name: str, params: PDDeciderParams, env: PluginEnv) -> None:
         self.name = name
         self.p = params
         self.threshold = params.threshold_tokens
+        self.decode_can_prefill = env.decode_can_prefill
         self.model = env.perf_profile(params.perf_profile)
         c = params.chunk_tokens
         self.tps = 1000.0 * c / self.model.prefill_ms(c)
@@ -59,6 +66,8 @@ class PDDecider:
     def disaggregate(self, ctx: CycleContext, request: RequestView, decode: Choice) -> bool:
         if decode.endpoint.role == "worker":
             return False
+        if not self.decode_can_prefill:
+            return True
         iid = decode.endpoint.instance_id
         cached = min(max(ctx.cached_tokens.get(iid, 0), 0), request.prompt_tokens)
         uncached = request.prompt_tokens - cached
