@@ -1,11 +1,21 @@
-"""Gateway replica killed (affinity kept): two gateway processes share routed prefixes
-and in-flight load through Redis in front of three simulated engines. Multi-turn sessions
-through replica A spread over the engines and stick to them; A is SIGKILLed; the next
-turns through replica B land on the same engines, served from their prefix caches.
+"""Gateway replica killed, affinity kept, through the local stack (issue 5).
 
-Which engine served a turn comes from the request records both replicas publish on
-``{prefix}:requests``. Without sharing, B would send every session to its tie-break
-winner, so at least two of the three sessions would miss their cache.
+`tideserve up --engines 3 --gateways 2` runs two scheduler replicas (`scheduler`,
+`scheduler-2`) listening on ONE gateway address (SO_REUSEPORT) and sharing routed prefixes and
+in-flight load through Redis. Multi-turn sessions go through that address with a fresh
+connection per request, so the kernel spreads them over both replicas; the
+``x-tideserve-replica`` response header says which replica answered and the request records
+on ``ts:requests`` which engine served each turn. The replica that alone served the most
+sessions is SIGKILLed (pid from `tideserve status --json`); the next turn of every session,
+through the same address, is answered by the survivor on the engine that holds the session's
+prefix, from that engine's cache, and the stack keeps running.
+
+Why this can fail: the stack's kvmeta lookups are switched off here (``kvmeta_address: ""``),
+so the survivor's only prefix knowledge is its own routed-prefix index. For the sessions only
+the killed replica ever routed, that index holds something solely through the shared stream:
+the survivor's predicted cached tokens for them are > 0 only with sharing (without it they
+are 0 and the pick is a load/tie-break decision), and the sessions sit on at least two
+engines, so one tie-break winner could not keep them all.
 """
 
 from __future__ import annotations
@@ -13,202 +23,203 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections import Counter
 from typing import Any
 
 import aiohttp
+import psutil
 import pytest
 import redis.asyncio as aioredis
-import yaml
 from tideserve.v1 import events_pb2
 
 from services.common.streams import decode_entry
-from tests.helpers.ports import free_port, free_ports
+from services.scheduler.main import REPLICA_HEADER
+from services.stack.procs import ProcRef, is_alive
+from tests.helpers.ports import free_ports
+from tests.helpers.stack import RunningStack, running_stack, status_json
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
-TIDESERVE = Path(sys.executable).parent / "tideserve"
-SESSIONS = 3
+SERVICES = ("scheduler", "kvmeta", "autoscaler", "telemetry")
+REPLICAS = ("scheduler", "scheduler-2")
+EARLY = 4  # sessions with two turns before the kill
+LATE = 4  # sessions with one turn before the kill: each is routed by one replica only
+WORDS = 640  # 10 blocks of 64 tokens
 
 
-class Procs:
-    def __init__(self, logs: Path) -> None:
-        self.logs = logs
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(
-        self, name: str, argv: list[str], env: dict[str, str] | None = None
-    ) -> subprocess.Popen[bytes]:
-        with open(self.logs / f"{name}.log", "wb") as log:
-            p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-        self.procs[name] = p
-        return p
-
-    def log(self, name: str) -> str:
-        return (self.logs / f"{name}.log").read_text(errors="replace")[-3000:]
-
-    def stop_all(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    ps = Procs(tmp_path)
-    try:
-        yield ps
-    finally:
-        ps.stop_all()
-
-
-async def wait_http(http: aiohttp.ClientSession, url: str, procs: Procs, name: str) -> None:
-    for _ in range(300):
-        p = procs.procs[name]
-        if p.poll() is not None:
-            raise AssertionError(f"{name} exited {p.returncode}:\n{procs.log(name)}")
-        try:
-            async with http.get(url, timeout=aiohttp.ClientTimeout(total=1)) as r:
-                if r.status == 200:
-                    return
-        except (aiohttp.ClientError, TimeoutError):
-            pass
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{name} not ready at {url}:\n{procs.log(name)}")
-
-
-def gateway_config(path: Path, **scheduler: Any) -> Path:
-    path.write_text(yaml.safe_dump({"scheduler": scheduler}))
-    return path
-
-
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_url, decode_responses=False)
-    yield client
-    await client.aclose()
-
-
-async def records(redis: aioredis.Redis, prefix: str) -> list[events_pb2.RequestRecord]:
-    entries = await redis.xrange(f"{prefix}:requests")
-    return [decode_entry(f, events_pb2.RequestRecord) for _, f in entries]
-
-
-@pytest.mark.parametrize("share", [True, False], ids=["shared", "control-not-shared"])
-async def test_gateway_replica_killed_affinity_kept(
-    procs: Procs, redis_url: str, redis: aioredis.Redis, tmp_path: Path, share: bool
-) -> None:
-    prefix = f"e2e{uuid.uuid4().hex[:8]}"
-    dep = "chat"
-    engines = []
-    for i in range(3):
-        port = free_port()
-        procs.start(
-            f"engine{i}",
-            [str(TIDESERVE), "engine", "--port", str(port), "--profile", "test",
-             "--speedup", "2", "--block-size", "16", "--state-dir", str(tmp_path / f"e{i}"),
-             "--log-level", "WARNING"],
-        )  # fmt: skip
-        engines.append(f"http://127.0.0.1:{port}")
-    # Replica A is the scheduler service (YAML settings), replica B the standalone verb.
-    a_port, b_port = free_ports(2)
-    gw_ports = {"A": a_port, "B": b_port}
-    cfg = gateway_config(
-        tmp_path / "gwA.yaml",
-        http_port=gw_ports["A"],
-        grpc_port=0,
-        metrics_port=0,
-        redis_url=redis_url,
-        stream_prefix=prefix,
-        deployment=dep,
-        endpoints=engines,
-        block_size=16,
-        perf_profile="test",
-        replica_id="A",
-        share_state=share,
+def _config(deployment: str) -> dict[str, Any]:
+    ports = iter(free_ports(10))
+    layout: dict[str, Any] = {s: {"grpc_port": next(ports), "metrics_port": 0} for s in SERVICES}
+    layout["scheduler"].update(
+        http_port=next(ports),
+        deployment=deployment,
+        health_interval_s=0.5,
         share_heartbeat_s=0.2,
-        log_level="WARNING",
-        state_dir=str(tmp_path / "gwA"),
+        share_heartbeat_ttl_s=1.0,
+        kvmeta_address="",  # see the module doc: only the shared state can carry affinity
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDESERVE_")}
-    procs.start("A", [sys.executable, "-m", "services.scheduler", "--config", str(cfg)], env)
-    procs.start(
-        "B",
-        [str(TIDESERVE), "gateway", "--port", str(gw_ports["B"]), "--endpoints", *engines,
-         "--block-size", "16", "--perf-profile", "test", "--redis-url", redis_url,
-         "--stream-prefix", prefix, "--deployment", dep, "--replica-id", "B",
-         *(["--share-state"] if share else [])],
-        env,
-    )  # fmt: skip
-    url = {n: f"http://127.0.0.1:{p}" for n, p in gw_ports.items()}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-        for i, e in enumerate(engines):
-            await wait_http(http, e + "/health", procs, f"engine{i}")
-        for n in ("A", "B"):
-            await wait_http(http, url[n] + "/health", procs, n)
-        await asyncio.sleep(1.0)  # both gateways probed and scraped the engines once
+    layout["kvmeta"]["metadata_http_port"] = next(ports)
+    layout["stack"] = {
+        "engine_ports": [next(ports) for _ in range(3)],
+        "gateway_grpc_ports": [next(ports)],
+    }
+    return layout
 
-        prompts = [
-            " ".join(f"s{s}w{i}" for i in range(320)) for s in range(SESSIONS)
-        ]  # 20 blocks each, distinct per session
 
-        async def turn(gw: str, s: int, extra: str) -> dict[str, Any]:
+async def _records(redis_url: str, deployment: str, n: int) -> list[events_pb2.RequestRecord]:
+    """This deployment's request records, once at least ``n`` are on the stream."""
+    rc = aioredis.Redis.from_url(redis_url, decode_responses=False)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            recs = [
+                decode_entry(f, events_pb2.RequestRecord) for _, f in await rc.xrange("ts:requests")
+            ]
+            mine = [r for r in recs if r.deployment == deployment]
+            if len(mine) >= n or time.monotonic() > deadline:
+                return mine
+            await asyncio.sleep(0.2)
+    finally:
+        await rc.aclose()
+
+
+async def _applied(http: aiohttp.ClientSession, base: str, replica: str) -> float:
+    """``tideserve_gateway_shared_total{event="applied"}`` of ``replica``, asked through the
+    shared address until that replica answers (-1 if it never does)."""
+    for _ in range(200):
+        async with http.get(base + "/metrics") as r:
+            if r.headers.get(REPLICA_HEADER) != replica:
+                continue
+            for line in (await r.text()).splitlines():
+                if line.startswith("tideserve_gateway_shared_total{") and '"applied"' in line:
+                    return float(line.rsplit(" ", 1)[1])
+            return 0.0
+    return -1.0
+
+
+def _exists(ref: ProcRef) -> bool:
+    """True while ``ref``'s process exists at all, zombies included."""
+    try:
+        return psutil.Process(ref.pid).create_time() == ref.create_time
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def test_gateway_replica_killed_affinity_kept_through_the_stack(
+    postgres_url: str, redis_url: str
+) -> None:
+    dep = f"e2e-gw-{uuid.uuid4().hex[:8]}"  # own streams in the shared Redis
+    config = _config(dep)
+    flags = ["--engines", "3", "--gateways", "2", "--engine-profile", "test",
+             "--engine-speedup", "20", "--engine-kv-blocks", "512"]  # fmt: skip
+    with running_stack(config, flags, postgres_url=postgres_url, redis_url=redis_url) as stack:
+        await _run(stack, config, dep, redis_url)
+    # `up` reported the death and kept going until `down`
+    assert "the stack keeps running without it" in stack.err, stack.err
+
+
+async def _run(stack: RunningStack, config: dict[str, Any], dep: str, redis_url: str) -> None:
+    base = f"http://127.0.0.1:{config['scheduler']['http_port']}"
+    procs = {p.name: p for p in stack.state.processes}
+    assert stack.state.gateway_url == base + "/v1"
+    assert [n for n in procs if n.startswith("scheduler")] == list(REPLICAS)
+    assert procs["scheduler-2"].grpc_address == (
+        f"127.0.0.1:{config['stack']['gateway_grpc_ports'][0]}"
+    )
+
+    sessions = EARLY + LATE
+    salt = uuid.uuid4().hex[:6]
+    prompts = [" ".join(f"s{s}{salt}w{i}" for i in range(WORDS)) for s in range(sessions)]
+    served_by: dict[int, list[str]] = {s: [] for s in range(sessions)}
+    # a fresh TCP connection per request: the kernel picks the replica for each one
+    connector = aiohttp.TCPConnector(force_close=True)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+
+        async def turn(s: int, extra: str) -> dict[str, Any]:
             prompts[s] += " " + extra
             body = {"model": "tideserve-sim", "prompt": prompts[s], "max_tokens": 16}
-            headers = {"X-Tideserve-Session": f"sess{s}"}
-            async with http.post(url[gw] + "/v1/completions", json=body, headers=headers) as r:
+            headers = {"X-Tideserve-Session": f"{dep}-s{s}"}
+            async with http.post(base + "/v1/completions", json=body, headers=headers) as r:
                 data: dict[str, Any] = await r.json()
                 assert r.status == 200, data
-                prompts[s] += " " + data["choices"][0]["text"]
-                return data
+                served_by[s].append(r.headers[REPLICA_HEADER])
+            prompts[s] += " " + data["choices"][0]["text"]
+            return data
 
-        # Turns 1 and 2 through A, the sessions concurrently (A spreads them by load).
-        await asyncio.gather(*(turn("A", s, "hello") for s in range(SESSIONS)))
-        second = await asyncio.gather(*(turn("A", s, "and then") for s in range(SESSIONS)))
+        await asyncio.gather(*(turn(s, "hello") for s in range(sessions)))
+        second = await asyncio.gather(*(turn(s, "and then") for s in range(EARLY)))
+        # affinity across replicas already: the second turn hit the first turn's cache
         assert all(d["usage"]["prompt_tokens_details"]["cached_tokens"] > 0 for d in second)
+        before = EARLY * 2 + LATE
+        assert {n for r in served_by.values() for n in r} <= set(REPLICAS), served_by
 
-        # Every pick of A reached the routed stream before A dies.
-        for _ in range(100):
-            if not share or await redis.xlen(f"{prefix}:routed:{dep}") >= 2 * SESSIONS:
-                break
-            await asyncio.sleep(0.05)
-        assert await redis.xlen(f"{prefix}:routed:{dep}") == (2 * SESSIONS if share else 0)
-        await asyncio.sleep(0.5)  # B's reader applies entries as they arrive
+        # The victim: the replica that alone routed the most sessions (the survivor never saw
+        # those); ties go to the one that answered more requests.
+        alone = Counter(r[0] for r in served_by.values() if len(set(r)) == 1)
+        answered = Counter(name for r in served_by.values() for name in r)
+        victim = max(REPLICAS, key=lambda n: (alone[n], answered[n]))
+        survivor = next(n for n in REPLICAS if n != victim)
+        victim_only = [s for s, r in served_by.items() if set(r) == {victim}]
+        assert len(victim_only) >= LATE // 2, served_by  # by construction of the late sessions
 
-        procs.procs["A"].send_signal(signal.SIGKILL)
-        procs.procs["A"].wait(timeout=10)
+        # The victim flushed its request records, and the survivor applied the victim's
+        # routed prefixes (it answers /metrics on the shared address when the kernel says).
+        assert len(await _records(redis_url, dep, before)) == before
+        deadline = time.monotonic() + 30
+        while (applied := await _applied(http, base, survivor)) < answered[victim]:
+            assert time.monotonic() < deadline, (applied, answered)
+            await asyncio.sleep(0.2)
 
-        third = [await turn("B", s, "finally") for s in range(SESSIONS)]
-        for _ in range(100):
-            if len(await records(redis, prefix)) >= 3 * SESSIONS:
-                break
-            await asyncio.sleep(0.05)
+        code, report = await asyncio.to_thread(status_json, stack.state_dir)
+        assert code == 0, report
+        pids = {s["name"]: s["pid"] for s in report["services"]}
+        assert set(REPLICAS) <= set(pids)
+        entry = procs[victim]
+        assert pids[victim] == entry.pid
+        os.kill(entry.pid, signal.SIGKILL)
+        ref = ProcRef(entry.name, entry.pid, entry.create_time)
+        deadline = time.monotonic() + 30
+        # Until `up` has reaped it: a killed multi-threaded process can look like a zombie
+        # while its other threads still hold its sockets, and a connection the kernel queues
+        # on a listener that is closing is reset (a client would see that and retry).
+        while _exists(ref):
+            assert time.monotonic() < deadline, "the killed replica was not reaped"
+            await asyncio.sleep(0.1)
+        assert not is_alive(ref)
 
-    recs = await records(redis, prefix)
-    by_session: dict[str, list[events_pb2.RequestRecord]] = {}
-    for r in recs:
-        by_session.setdefault(r.session_id, []).append(r)
-    a_engines = {s: by_session[f"sess{s}"][0].decode_instance for s in range(SESSIONS)}
-    # Precondition: A spread the sessions (else B's tie-break could look like affinity).
-    assert len(set(a_engines.values())) >= 2, a_engines
-    if not share:  # B alone does not know where A's sessions live
-        misses = [s for s in range(SESSIONS) if by_session[f"sess{s}"][2].cached_tokens == 0]
-        assert misses, [(t.decode_instance, t.cached_tokens) for t in recs]
-        return
-    for s in range(SESSIONS):
-        turns = by_session[f"sess{s}"]
-        assert len(turns) == 3, [(t.decode_instance, t.cached_tokens) for t in turns]
-        assert {t.decode_instance for t in turns} == {a_engines[s]}, (s, a_engines)
-        assert turns[2].cached_tokens > 0 and turns[2].predicted_cached_tokens > 0
-        assert third[s]["usage"]["prompt_tokens_details"]["cached_tokens"] == turns[2].cached_tokens
+        after = {s: await turn(s, "finally") for s in range(sessions)}
+
+    assert all(served_by[s][-1] == survivor for s in range(sessions)), served_by
+    recs = await _records(redis_url, dep, before + sessions)
+    by_session: dict[int, list[events_pb2.RequestRecord]] = {}
+    for r in sorted(recs, key=lambda r: r.arrival_ms):  # a session's turns are sequential
+        by_session.setdefault(int(r.session_id.rsplit("-s", 1)[1]), []).append(r)
+    engines = {s: by_session[s][0].decode_instance for s in range(sessions)}
+    detail = {s: [(t.decode_instance, t.cached_tokens, t.predicted_cached_tokens)
+                  for t in by_session[s]] for s in range(sessions)}  # fmt: skip
+    # Precondition: the sessions sit on at least two engines (no single tie-break winner).
+    assert len(set(engines.values())) >= 2, detail
+    for s in range(sessions):
+        turns = by_session[s]
+        assert len(turns) == len(served_by[s]), detail
+        # affinity kept: every turn, before and after the kill, on the session's engine
+        assert {t.decode_instance for t in turns} == {engines[s]}, (s, detail)
+        # ... served from that engine's prefix cache
+        cached = after[s]["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached > 0 and turns[-1].cached_tokens == cached, (s, detail)
+    for s in victim_only:
+        # the survivor expected the cache hit: its index knew the prefix, and for these
+        # sessions only the victim's shared entries could have told it
+        assert by_session[s][-1].predicted_cached_tokens > 0, (s, detail)
+
+    # the stack is still up without the victim; status lists both replicas and says so
+    assert stack.up.poll() is None
+    code, report = await asyncio.to_thread(status_json, stack.state_dir)
+    assert code == 1, report  # not everything is SERVING any more
+    health = {s["name"]: (s["alive"], s["health"]) for s in report["services"]}
+    assert health[victim] == (False, "UNREACHABLE")
+    assert health[survivor] == (True, "SERVING")
+    assert report["gateway_url"] == base + "/v1"

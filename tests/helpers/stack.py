@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
+from services.stack.procs import stop_processes
 from services.stack.state import StackState, read_state
 
-__all__ = ["cli", "wait_running"]
+__all__ = ["RunningStack", "cli", "running_stack", "status_json", "wait_running"]
 
 
 def cli() -> list[str]:
@@ -36,3 +46,78 @@ def wait_running(up: subprocess.Popen[str], state_dir: Path, timeout_s: float) -
             return state
         time.sleep(0.5)
     pytest.fail("`tideserve up` did not reach running")
+
+
+def status_json(state_dir: Path) -> tuple[int, dict[str, Any]]:
+    """``tideserve status --json``: (exit code, report)."""
+    res = subprocess.run(
+        [*cli(), "status", "--state-dir", str(state_dir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return res.returncode, json.loads(res.stdout)
+
+
+@dataclass
+class RunningStack:
+    """A stack started by :func:`running_stack`: ``state`` as first seen running; after the
+    block, ``out``/``err`` hold ``up``'s output (once ``down`` stopped it)."""
+
+    state_dir: Path
+    up: subprocess.Popen[str]
+    state: StackState
+    out: str = ""
+    err: str = ""
+
+
+@contextlib.contextmanager
+def running_stack(
+    config: Mapping[str, Any],
+    flags: Sequence[str],
+    *,
+    postgres_url: str,
+    redis_url: str,
+    start_timeout_s: float = 180.0,
+) -> Iterator[RunningStack]:
+    """``tideserve up`` with ``config`` (written as its YAML file), the external Postgres and
+    Redis and ``flags``, in a fresh short state dir; yields once the stack runs. On a normal
+    exit ``tideserve down`` must succeed and ``up`` must stop with 0 (its output is then in
+    the yielded object); on any exit nothing it recorded is left running and the state dir is
+    removed."""
+    state_dir = Path(tempfile.mkdtemp(prefix="tsstk-"))  # short: unix sockets live under it
+    path = state_dir / "tideserve.yaml"
+    path.write_text(yaml.safe_dump({**config, "log_format": "text"}))
+    up = subprocess.Popen(
+        [*cli(), "up", "--state-dir", str(state_dir), "--config", str(path),
+         "--postgres-url", postgres_url, "--redis-url", redis_url,
+         "--start-timeout", str(start_timeout_s), *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        stack = RunningStack(state_dir, up, wait_running(up, state_dir, start_timeout_s + 30))
+        yield stack
+        down = subprocess.run(
+            [*cli(), "down", "--state-dir", str(state_dir)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert down.returncode == 0, down.stdout + down.stderr
+        stack.out, stack.err = up.communicate(timeout=60)
+        assert up.returncode == 0, stack.err
+        assert read_state(state_dir) is None
+    finally:
+        if up.poll() is None:
+            up.send_signal(signal.SIGTERM)
+            try:
+                up.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                up.kill()
+                up.communicate()
+        leftover = read_state(state_dir)
+        if leftover is not None:
+            stop_processes([leftover.up.ref, *(p.ref for p in leftover.processes)], 5.0)
+        shutil.rmtree(state_dir, ignore_errors=True)
