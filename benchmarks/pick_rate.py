@@ -22,6 +22,19 @@ Measurements (each labelled in the JSON exactly as what it is):
 - ``pure_cycle_precise``: in-process, precise prefix scoring fed for real: a kvmeta
   ``PrefixIndex`` holding the workload's chains on the 64 instances is queried per request
   (``match_prefix``, timed) and its answer is given to the cycle (``prefix_matches``).
+- ``grpc_pick_local``: like ``grpc_pick_precise`` but the scheduler runs with
+  ``precise_source: local``: no kvmeta; an embedded Redis holds the same chains as
+  ``KVEventBatch`` entries on ``ts:kv:default`` (published before the scheduler starts, which
+  replays them into its local replica of the KV index), and the precise-prefix plugin reads
+  that replica. With ``--kv-batches-per-s N`` the bench keeps publishing N more batches per
+  second during the run (re-storing workload chains, full apply cost) so the scheduler also
+  pays for following the stream.
+- ``grpc_stream_local`` / ``grpc_stream_precise``: the same two set-ups, but the client uses
+  the bidirectional ``PickStream`` RPC: ``--streams`` streams with ``--concurrency`` requests
+  in flight in total, and each pick's outcome rides on a later request of its stream
+  (``PickRequest.report_outcomes``) instead of a ``ReportOutcome`` call.
+- ``pure_cycle_local``: in-process, the scheduler's local replica (``KVReplica.match``,
+  timed) feeding the cycle.
 
     .venv/bin/python benchmarks/pick_rate.py --endpoints 64 --duration 10 \\
         --out /tmp/pick_rate.json
@@ -37,7 +50,9 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Literal
 
@@ -80,8 +95,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--modes",
         default="grpc_pick_precise,grpc_pick,pure_cycle,pure_cycle_precise",
-        help="comma list",
+        help="comma list; also grpc_pick_local, grpc_stream_local, grpc_stream_precise, "
+        "pure_cycle_local",
     )
+    p.add_argument("--streams", type=int, default=4, help="PickStream streams (stream modes)")
+    p.add_argument(
+        "--kv-batches-per-s", type=float, default=0.0,
+        help="local modes: KV event batches published per second during the run",
+    )  # fmt: skip
     p.add_argument("--out", default="pick_rate.json")
     p.add_argument("--log-dir", default=None)
     return p.parse_args(argv)
@@ -138,12 +159,46 @@ def _index(args: argparse.Namespace, work: list[tuple[int, tuple[int, ...]]]) ->
     return index
 
 
+def _replica(args: argparse.Namespace, work: list[tuple[int, tuple[int, ...]]]) -> Any:
+    """The scheduler's local KV replica holding the same placements as :func:`_index`."""
+    from services.scheduler.gateway.kv_replica_core import STORED, KVReplica
+
+    replica = KVReplica()
+    for iid, seq, hashes in _stored_batches(args, work):
+        replica.apply(iid, 1, seq, [_Stored(STORED, hashes)])
+    return replica
+
+
+class _Stored:
+    __slots__ = ("block_hashes", "kind", "lora", "tenant", "tier")
+
+    def __init__(self, kind: int, hashes: tuple[int, ...]) -> None:
+        self.kind, self.block_hashes, self.tier, self.tenant, self.lora = kind, hashes, 1, "", ""
+
+
+def _stored_batches(args: argparse.Namespace, work: list[tuple[int, tuple[int, ...]]]
+                    ) -> list[tuple[str, int, tuple[int, ...]]]:  # fmt: skip
+    """(instance, seq, chain) of the seed batches: request i on instance i % N, every 7th
+    also on the next one; seqs contiguous per instance from 1."""
+    ids = [iid for iid, _ in instance_ids(args.endpoints)]
+    seqs = dict.fromkeys(ids, 0)
+    out = []
+    for (_, hashes), where in zip(work, placements(len(work), len(ids)), strict=True):
+        for k in where:
+            seqs[ids[k]] += 1
+            out.append((ids[k], seqs[ids[k]], hashes))
+    return out
+
+
 def pure_cycle(args: argparse.Namespace, work: list[tuple[int, tuple[int, ...]]],
-               precise: bool) -> dict[str, Any]:  # fmt: skip
+               source: str) -> dict[str, Any]:  # fmt: skip
+    """``source``: "off" (no lookup), "kvmeta" (kvmeta's PrefixIndex in-process) or
+    "local" (the scheduler's KVReplica)."""
     from services.scheduler.routing.types import PrefixMatch, RequestView
 
     core = _core(args)
-    index = _index(args, work) if precise else None
+    index = _index(args, work) if source == "kvmeta" else None
+    replica = _replica(args, work) if source == "local" else None
     lookup_s = 0.0
     n = 0
     kinds: dict[str, int] = {}
@@ -165,6 +220,10 @@ def pure_cycle(args: argparse.Namespace, work: list[tuple[int, tuple[int, ...]]]
                 for m in found
             }
             lookup_s += time.perf_counter() - t0
+        elif replica is not None:
+            t0 = time.perf_counter()
+            matches = replica.match(hashes)
+            lookup_s += time.perf_counter() - t0
         pid = f"p{n}"
         view = RequestView(request_id=pid, prompt_tokens=tokens, block_hashes=hashes,
                            block_size=args.block_size, max_tokens=128,
@@ -178,10 +237,15 @@ def pure_cycle(args: argparse.Namespace, work: list[tuple[int, tuple[int, ...]]]
         "decisions": n, "seconds": round(wall, 3), "decisions_per_s": round(n / wall, 1),
         "outcomes": kinds, "endpoints": args.endpoints, "profile": args.profile or "default",
     }  # fmt: skip
-    if precise:
+    if source != "off":
         out["match_prefix_share_of_time"] = round(lookup_s / wall, 3)
+    if source == "kvmeta":
         out["what"] = ("in-process GatewayCore.pick+release with kvmeta PrefixIndex.match_prefix "
                        "per request feeding the precise-prefix scorer; no gRPC")  # fmt: skip
+    elif source == "local":
+        out["what"] = ("in-process GatewayCore.pick+release with the scheduler's local KV "
+                       "replica (KVReplica.match) per request feeding the precise-prefix "
+                       "scorer; no gRPC, no Redis")  # fmt: skip
     else:
         out["what"] = "in-process GatewayCore.pick+release, no kvmeta lookup, no gRPC"
     return out
@@ -191,7 +255,8 @@ def pure_cycle(args: argparse.Namespace, work: list[tuple[int, tuple[int, ...]]]
 
 
 async def _client(port: int, work: list[tuple[int, tuple[int, ...]]], duration: float,
-                  concurrency: int, profile: str) -> dict[str, Any]:  # fmt: skip
+                  concurrency: int, profile: str, rpc: str = "unary",
+                  streams: int = 1) -> dict[str, Any]:  # fmt: skip
     import grpc
     from tideserve.v1 import events_pb2, scheduler_pb2, scheduler_pb2_grpc
 
@@ -209,6 +274,9 @@ async def _client(port: int, work: list[tuple[int, tuple[int, ...]]], duration: 
         warm_end = loop.time() + 1.0
         end = warm_end + duration
 
+        def scored(resp: Any) -> bool:
+            return any(sc.plugin == "kv-index" and sc.score > 0 for sc in resp.decode.scores)
+
         async def worker(k: int) -> None:
             nonlocal ok, errors, kv_scored
             i = k
@@ -218,9 +286,7 @@ async def _client(port: int, work: list[tuple[int, tuple[int, ...]]], duration: 
                 try:
                     resp = await stub.Pick(reqs[i % len(reqs)])
                     dt = time.perf_counter() - t0
-                    if measuring and any(
-                        sc.plugin == "kv-index" and sc.score > 0 for sc in resp.decode.scores
-                    ):
+                    if measuring and scored(resp):
                         kv_scored += 1
                     await stub.ReportOutcome(scheduler_pb2.ReportOutcomeRequest(
                         pick_id=resp.pick_id, outcome=events_pb2.REQUEST_OUTCOME_OK))  # fmt: skip
@@ -233,7 +299,53 @@ async def _client(port: int, work: list[tuple[int, tuple[int, ...]]], duration: 
                         codes[e.code().name] = codes.get(e.code().name, 0) + 1
                 i += concurrency
 
-        await asyncio.gather(*(worker(k) for k in range(concurrency)))
+        async def stream_worker(k: int, depth: int) -> None:
+            """One PickStream with ``depth`` requests in flight; each answer's outcome rides
+            on the next request written (PickRequest.report_outcomes)."""
+            nonlocal ok, errors, kv_scored
+            call = stub.PickStream()
+            sent: deque[float] = deque()
+            i = k
+
+            async def send(outcome_of: str) -> None:
+                nonlocal i
+                r = reqs[i % len(reqs)]
+                if outcome_of:
+                    r = scheduler_pb2.PickRequest()
+                    r.CopyFrom(reqs[i % len(reqs)])
+                    r.report_outcomes.add(pick_id=outcome_of,
+                                          outcome=events_pb2.REQUEST_OUTCOME_OK)  # fmt: skip
+                sent.append(time.perf_counter())
+                await call.write(r)
+                i += streams
+
+            for _ in range(depth):
+                await send("")
+            while sent:
+                resp = await call.read()
+                if resp is grpc.aio.EOF:
+                    break
+                dt = time.perf_counter() - sent.popleft()
+                measuring = warm_end <= loop.time()
+                if resp.HasField("error"):
+                    if measuring:
+                        errors += 1
+                        name = _code_of(resp.error.code).name
+                        codes[name] = codes.get(name, 0) + 1
+                elif measuring:
+                    ok += 1
+                    lat.append(dt)
+                    if scored(resp):
+                        kv_scored += 1
+                if loop.time() < end:
+                    await send(resp.pick_id)
+            await call.done_writing()
+
+        if rpc == "stream":
+            depth = max(1, concurrency // streams)
+            await asyncio.gather(*(stream_worker(k, depth) for k in range(streams)))
+        else:
+            await asyncio.gather(*(worker(k) for k in range(concurrency)))
     lat.sort()
 
     def q(p: float) -> float | None:
@@ -242,6 +354,12 @@ async def _client(port: int, work: list[tuple[int, tuple[int, ...]]], duration: 
     return {"picks_ok": ok, "errors": errors, "error_codes": codes, "seconds": duration,
             "picks_with_kv_index_score_above_0": kv_scored,
             "pick_latency_ms": {"p50": q(0.5), "p99": q(0.99)}}  # fmt: skip
+
+
+def _code_of(number: int) -> Any:
+    import grpc
+
+    return next((c for c in grpc.StatusCode if c.value[0] == number), grpc.StatusCode.UNKNOWN)
 
 
 def client_main(argv: list[str]) -> int:
@@ -253,10 +371,13 @@ def client_main(argv: list[str]) -> int:
     p.add_argument("--duration", type=float, required=True)
     p.add_argument("--concurrency", type=int, required=True)
     p.add_argument("--profile", default="")
+    p.add_argument("--rpc", choices=("unary", "stream"), default="unary")
+    p.add_argument("--streams", type=int, default=1)
     a = p.parse_args(argv)
     work = workload(a.trace, a.requests, a.block_size)
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    out = asyncio.run(_client(a.port, work, a.duration, a.concurrency, a.profile))
+    out = asyncio.run(_client(a.port, work, a.duration, a.concurrency, a.profile, a.rpc,
+                              a.streams))  # fmt: skip
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     out["client_cpu_during_rpcs"] = {"cpu_s": round(cpu, 2),
                                      "percent_of_one_core": round(100 * cpu / wall, 1)}  # fmt: skip
@@ -324,20 +445,112 @@ def start_kvmeta(args: argparse.Namespace, work: list[tuple[int, tuple[int, ...]
                   "instances_indexed": len(listed.instances)}  # fmt: skip
 
 
-def grpc_pick(args: argparse.Namespace, log_dir: Path, precise: bool,
-              work: list[tuple[int, tuple[int, ...]]]) -> dict[str, Any]:  # fmt: skip
+def start_redis_fed(args: argparse.Namespace, work: list[tuple[int, tuple[int, ...]]],
+                    log_dir: Path) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+    """An embedded Redis holding the workload's chains as KVEventBatch entries on
+    ``ts:kv:default``, as the 64 engines would have published them. Returns (server, info)."""
+    import redis
+    from tideserve.v1 import common_pb2, events_pb2
+
+    from services.common.embedded import start_redis
+    from services.common.streams import encode_entry, stream_name
+
+    server = start_redis(Path(tempfile.mkdtemp(prefix="redis-", dir=log_dir)), 0)
+    client = redis.Redis.from_url(server.url)
+    stream = stream_name("ts", "kv", DEPLOYMENT)
+    pipe = client.pipeline(transaction=False)
+    batches = _stored_batches(args, work)
+    for iid, seq, hashes in batches:
+        ev = events_pb2.KVEvent(kind=events_pb2.KVEvent.KIND_BLOCK_STORED,
+                                tier=common_pb2.TIER_GPU, block_hashes=list(hashes),
+                                token_count=len(hashes) * args.block_size)  # fmt: skip
+        b = events_pb2.KVEventBatch(deployment=DEPLOYMENT, instance_id=iid, epoch=1, seq=seq,
+                                    events=[ev], block_size=args.block_size)  # fmt: skip
+        pipe.xadd(stream, encode_entry(b))  # type: ignore[arg-type]
+    pipe.execute()
+    client.close()
+    return server, {"batches_published": len(batches), "stream": stream}
+
+
+class _LivePublisher:
+    """Publishes ``rate`` more KVEventBatch entries per second on the KV stream from a
+    thread of this (bench) process: re-stored workload chains with the next seqs of their
+    instances, so the scheduler's replica applies them in full."""
+
+    def __init__(self, url: str, args: argparse.Namespace,
+                 work: list[tuple[int, tuple[int, ...]]], rate: float) -> None:  # fmt: skip
+        self.url, self.rate, self.published = url, rate, 0
+        self.batches = _stored_batches(args, work)
+        self.seqs: dict[str, int] = {}
+        for iid, seq, _ in self.batches:
+            self.seqs[iid] = max(self.seqs.get(iid, 0), seq)
+        self.block_size = args.block_size
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kv-publisher")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        import redis
+        from tideserve.v1 import common_pb2, events_pb2
+
+        from services.common.streams import encode_entry, stream_name
+
+        client = redis.Redis.from_url(self.url)
+        stream = stream_name("ts", "kv", DEPLOYMENT)
+        t0, k = time.monotonic(), 0
+        try:
+            while not self._stop.is_set():
+                due = int((time.monotonic() - t0) * self.rate) - self.published
+                if due <= 0:
+                    self._stop.wait(0.01)
+                    continue
+                pipe = client.pipeline(transaction=False)
+                for _ in range(min(due, 200)):
+                    iid, _, hashes = self.batches[k % len(self.batches)]
+                    k += 1
+                    self.seqs[iid] += 1
+                    ev = events_pb2.KVEvent(kind=events_pb2.KVEvent.KIND_BLOCK_STORED,
+                                            tier=common_pb2.TIER_GPU, block_hashes=list(hashes))  # fmt: skip
+                    b = events_pb2.KVEventBatch(deployment=DEPLOYMENT, instance_id=iid, epoch=1,
+                                                seq=self.seqs[iid], events=[ev],
+                                                block_size=self.block_size)  # fmt: skip
+                    pipe.xadd(stream, encode_entry(b), maxlen=100_000, approximate=True)  # type: ignore[arg-type]
+                    self.published += 1
+                pipe.execute()
+        finally:
+            client.close()
+
+
+def grpc_pick(args: argparse.Namespace, log_dir: Path, source: str,
+              work: list[tuple[int, tuple[int, ...]]], rpc: str = "unary") -> dict[str, Any]:  # fmt: skip
+    """``source``: "off" (no precise data), "kvmeta" (MatchPrefix per pick to a kvmeta
+    process) or "local" (the scheduler's replica fed from Redis). ``rpc``: "unary" (Pick +
+    ReportOutcome) or "stream" (PickStream, outcomes on later requests)."""
     port = free_port()
     group = ProcGroup(log_dir)
+    redis_server = None
+    publisher = None
     try:
         sched: dict[str, Any] = {
             "endpoints": [url for _, url in instance_ids(args.endpoints)],
             "http_port": 0, "block_size": args.block_size,
         }  # fmt: skip
         res: dict[str, Any] = {}
-        if precise:
+        if source == "kvmeta":
             kport, res["kvmeta_ingest"] = start_kvmeta(args, work, group, log_dir)
             sched["kvmeta_address"] = f"127.0.0.1:{kport}"
-        cfg = log_dir / f"scheduler{'-precise' if precise else ''}.yaml"
+        elif source == "local":
+            redis_server, res["kv_stream"] = start_redis_fed(args, work, log_dir)
+            sched.update(precise_source="local", redis_url=redis_server.url,
+                         request_records=False, load_stream=False,
+                         membership_stream=False)  # fmt: skip
+        cfg = log_dir / f"scheduler-{source}.yaml"
         cfg.write_text(json.dumps({"scheduler": sched}), encoding="utf-8")  # JSON is YAML
         server = group.start("scheduler", [sys.executable, "-m", "services.scheduler",
                                            "--config", str(cfg), "--grpc-port", str(port),
@@ -347,7 +560,8 @@ def grpc_pick(args: argparse.Namespace, log_dir: Path, precise: bool,
                       "--port", str(port), "--trace", args.trace,
                       "--requests", str(args.requests), "--block-size", str(args.block_size),
                       "--duration", str(args.duration), "--concurrency", str(args.concurrency),
-                      "--profile", args.profile]  # fmt: skip
+                      "--profile", args.profile, "--rpc", rpc,
+                      "--streams", str(args.streams)]  # fmt: skip
         client = subprocess.Popen(client_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True)  # fmt: skip
         # The client builds its workload first, then prints "ready": meter the servers' CPU
@@ -356,48 +570,82 @@ def grpc_pick(args: argparse.Namespace, log_dir: Path, precise: bool,
         first = client.stdout.readline()
         meter = CpuMeter([server.proc.pid])
         kv_meter = CpuMeter([c.proc.pid for c in group.children if c.name == "kvmeta"])
+        redis_meter = CpuMeter([redis_server.pid] if redis_server is not None else [])
+        if redis_server is not None and args.kv_batches_per_s > 0:
+            publisher = _LivePublisher(redis_server.url, args, work, args.kv_batches_per_s)
+            publisher.start()
         out_text, err_text = client.communicate(timeout=args.duration + 180)
+        if publisher is not None:
+            publisher.stop()
+            res["kv_batches_published_during_run"] = publisher.published
         if first.strip() != "ready":
             out_text = first + out_text
-        server_cpu, kv_cpu = meter.read(), kv_meter.read()
+        server_cpu, kv_cpu, redis_cpu = meter.read(), kv_meter.read(), redis_meter.read()
         group.check()
         if client.returncode != 0:
             return {"error": err_text.strip()[-800:]}
         res.update(json.loads(out_text))
         res["decisions_per_s"] = round(res["picks_ok"] / res["seconds"], 1)
         res["scheduler_cpu_during_rpcs"] = server_cpu
-        if precise:
+        if source == "kvmeta":
             res["kvmeta_cpu_during_rpcs"] = kv_cpu
+        if source == "local":
+            res["redis_cpu_during_rpcs"] = redis_cpu
         res["concurrency"] = args.concurrency
+        if rpc == "stream":
+            res["streams"] = args.streams
         res["endpoints"] = args.endpoints
         res["profile"] = args.profile or "default"
-        res["what"] = (
-            "gRPC SchedulerService.Pick (+ReportOutcome per pick, not counted) on a real "
-            "scheduler process, block hashes in the request; "
-            + ("the scheduler asks a real kvmeta process (MatchPrefix over gRPC) before each "
-               "cycle, so the kv-index precise-prefix plugin scores"
-               if precise else "no kvmeta address, so the kv-index precise-prefix plugin "
-               "scores 0 (approximate prefix, TTFT cost and load still run)")
-        )  # fmt: skip
+        res["what"] = _what(source, rpc, args)
         return res
     except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as err:
         return {"error": str(err)}
     finally:
+        if publisher is not None:
+            publisher.stop()
         group.stop()
+        if redis_server is not None:
+            redis_server.stop()
+
+
+def _what(source: str, rpc: str, args: argparse.Namespace) -> str:
+    call = ("gRPC SchedulerService.Pick (+ReportOutcome per pick, not counted)" if rpc == "unary"
+            else f"gRPC SchedulerService.PickStream ({args.streams} bidi streams, "
+                 f"{args.concurrency} requests in flight in total; each pick's outcome rides "
+                 "on a later request of its stream, no ReportOutcome calls)")  # fmt: skip
+    data = {
+        "kvmeta": "the scheduler asks a real kvmeta process (MatchPrefix over gRPC) before "
+                  "each cycle, so the kv-index precise-prefix plugin scores",
+        "local": "precise_source=local: the scheduler's own replica of the KV index, replayed "
+                 "from KVEventBatch entries on ts:kv:default in an embedded Redis (no kvmeta), "
+                 "feeds the kv-index precise-prefix plugin"
+                 + (f"; {args.kv_batches_per_s:g} more batches/s published during the run"
+                    if args.kv_batches_per_s > 0 else "; no new KV events during the run"),
+        "off": "no kvmeta address, so the kv-index precise-prefix plugin scores 0 "
+               "(approximate prefix, TTFT cost and load still run)",
+    }[source]  # fmt: skip
+    return f"{call} on a real scheduler process, block hashes in the request; {data}"
+
+
+GRPC_MODES = {
+    "grpc_pick": ("off", "unary"),
+    "grpc_pick_precise": ("kvmeta", "unary"),
+    "grpc_pick_local": ("local", "unary"),
+    "grpc_stream_precise": ("kvmeta", "stream"),
+    "grpc_stream_local": ("local", "stream"),
+}
+PURE_MODES = {"pure_cycle": "off", "pure_cycle_precise": "kvmeta", "pure_cycle_local": "local"}
 
 
 def run_mode(mode: str, args: argparse.Namespace, work: list[tuple[int, tuple[int, ...]]],
              log_dir: Path) -> dict[str, Any]:  # fmt: skip
     """One measurement; a failure is returned as ``{"error": ...}``."""
     try:
-        if mode == "grpc_pick":
-            return grpc_pick(args, log_dir, False, work)
-        if mode == "grpc_pick_precise":
-            return grpc_pick(args, log_dir, True, work)
-        if mode == "pure_cycle":
-            return pure_cycle(args, work, precise=False)
-        if mode == "pure_cycle_precise":
-            return pure_cycle(args, work, precise=True)
+        if mode in GRPC_MODES:
+            source, rpc = GRPC_MODES[mode]
+            return grpc_pick(args, log_dir, source, work, rpc)
+        if mode in PURE_MODES:
+            return pure_cycle(args, work, PURE_MODES[mode])
         return {"error": f"unknown mode {mode!r}"}
     except Exception as err:  # record it, keep measuring the others
         return {"error": f"{type(err).__name__}: {err}"}
