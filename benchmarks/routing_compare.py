@@ -16,6 +16,10 @@ P/D (3 prefill + 5 decode; Tideserve default vs sglang-router --pd-disaggregatio
     .venv/bin/python benchmarks/routing_compare.py --pd --prefill 3 --decode 5 \\
         --max-requests 400 --speedup 2 --rate-scale 1 --out /tmp/routing_compare_pd.json
 
+(P/D: Tideserve gets ``--no-decode-can-prefill`` as SGLang decode servers need a prefill peer,
+so every request is disaggregated, as with sglang-router; ``--decode-can-prefill`` lets its
+P/D decider keep prompts on the simulated decode engines, which real SGLang ones cannot.)
+
 (``--rate-scale`` compresses arrivals: ``--speedup 1 --rate-scale 2.5`` sends as many requests
 per wall second as ``--speedup 2.5 --rate-scale 1`` while the modelled fleet is 2.5x busier.
 Figures and why these settings: benchmarks/README.md.)
@@ -77,6 +81,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pd", action="store_true", help="P/D mode: --prefill + --decode engines")
     p.add_argument("--prefill", type=int, default=3, help="prefill engines in --pd mode")
     p.add_argument("--decode", type=int, default=5, help="decode engines in --pd mode")
+    p.add_argument(
+        "--decode-can-prefill", action="store_true",
+        help="--pd: let Tideserve keep prompts on decode engines (vLLM-like; the simulated "
+        "engines can, SGLang decode servers cannot; default: no, as with SGLang)",
+    )  # fmt: skip
     p.add_argument(
         "--routers", default=None,
         help=f"comma list (default aggregated: {AGG_ROUTERS}; --pd: {PD_ROUTERS})",
@@ -168,6 +177,9 @@ def router_cmd(
                     cmd += ["--prefill", e["url"], str(e["bootstrap_port"])]
                 else:
                     cmd += ["--decode", e["url"]]
+            cmd += [
+                "--decode-can-prefill" if args.decode_can_prefill else "--no-decode-can-prefill"
+            ]
         else:
             cmd += ["--endpoints", *urls]
         if policy and policy != "default":
@@ -359,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             "speedup": args.speedup,
             "stream_interval": args.stream_interval,
             "fresh_fleet_per_router": True,
+            "tideserve_decode_can_prefill": bool(args.pd and args.decode_can_prefill),
         },
         "workload": {
             "trace": args.trace,
