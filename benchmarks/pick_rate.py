@@ -85,6 +85,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=300, help="distinct trace prompts to cycle")
     p.add_argument("--block-size", type=int, default=64)
     p.add_argument("--profile", default="", help="scheduler profile ('' = default)")
+    p.add_argument(
+        "--profiles-file", default="",
+        help="scheduler profiles YAML ('' = the shipped default_profiles.yaml), e.g. "
+             "benchmarks/profiles_precise_only.yaml",
+    )  # fmt: skip
     p.add_argument("--duration", type=float, default=10.0, help="seconds per measurement")
     p.add_argument(
         "--repeats", type=int, default=3,
@@ -140,7 +145,8 @@ def _core(args: argparse.Namespace) -> Any:
 
     specs = [EndpointSpec(iid, url, "worker", deployment=DEPLOYMENT)
              for iid, url in instance_ids(args.endpoints)]  # fmt: skip
-    return build_core(specs, block_size=args.block_size)
+    profiles = Path(args.profiles_file).resolve() if args.profiles_file else None
+    return build_core(specs, block_size=args.block_size, profiles=profiles)
 
 
 def _index(args: argparse.Namespace, work: list[tuple[int, tuple[int, ...]]]) -> Any:
@@ -235,7 +241,7 @@ def pure_cycle(args: argparse.Namespace, work: list[tuple[int, tuple[int, ...]]]
     wall = time.perf_counter() - start
     out: dict[str, Any] = {
         "decisions": n, "seconds": round(wall, 3), "decisions_per_s": round(n / wall, 1),
-        "outcomes": kinds, "endpoints": args.endpoints, "profile": args.profile or "default",
+        "outcomes": kinds, "endpoints": args.endpoints, "profile": _profile_label(args),
     }  # fmt: skip
     if source != "off":
         out["match_prefix_share_of_time"] = round(lookup_s / wall, 3)
@@ -541,6 +547,8 @@ def grpc_pick(args: argparse.Namespace, log_dir: Path, source: str,
             "endpoints": [url for _, url in instance_ids(args.endpoints)],
             "http_port": 0, "block_size": args.block_size,
         }  # fmt: skip
+        if args.profiles_file:
+            sched["profiles_file"] = str(Path(args.profiles_file).resolve())
         res: dict[str, Any] = {}
         if source == "kvmeta":
             kport, res["kvmeta_ingest"] = start_kvmeta(args, work, group, log_dir)
@@ -595,7 +603,7 @@ def grpc_pick(args: argparse.Namespace, log_dir: Path, source: str,
         if rpc == "stream":
             res["streams"] = args.streams
         res["endpoints"] = args.endpoints
-        res["profile"] = args.profile or "default"
+        res["profile"] = _profile_label(args)
         res["what"] = _what(source, rpc, args)
         return res
     except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as err:
@@ -606,6 +614,11 @@ def grpc_pick(args: argparse.Namespace, log_dir: Path, source: str,
         group.stop()
         if redis_server is not None:
             redis_server.stop()
+
+
+def _profile_label(args: argparse.Namespace) -> str:
+    name = args.profile or "default"
+    return f"{name} of {args.profiles_file}" if args.profiles_file else name
 
 
 def _what(source: str, rpc: str, args: argparse.Namespace) -> str:
