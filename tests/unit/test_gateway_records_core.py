@@ -121,7 +121,10 @@ def test_build_record_times_and_scores() -> None:
     )
     t.tail += sse({"usage": {"prompt_tokens": 100, "completion_tokens": 11,
                              "prompt_tokens_details": {"cached_tokens": 48}}})  # fmt: skip
-    r = build_record(t, status=200, finish=10.6, finish_wall=1000.6, deployment="dep")
+    r = build_record(
+        t, status=200, finish=10.6, finish_wall=1000.6, deployment="dep", replica_id="gw-2"
+    )
+    assert (r.replica_id, r.source) == ("gw-2", "http")
     assert (r.queue_ms, r.ttft_ms, r.e2e_ms) == pytest.approx((10.0, 100.0, 600.0))
     assert r.tpot_ms == pytest.approx(50.0)  # 500 ms over 10 tokens after the first
     assert (r.prompt_tokens, r.completion_tokens, r.cached_tokens) == (100, 11, 48)

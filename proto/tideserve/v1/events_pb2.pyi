@@ -132,7 +132,7 @@ class PluginScore(_message.Message):
     def __init__(self, plugin: _Optional[str] = ..., score: _Optional[float] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class RequestRecord(_message.Message):
-    __slots__ = ("request_id", "trace_id", "deployment", "model", "tenant", "slo_class", "session_id", "profile", "prefill_instance", "decode_instance", "scores", "prompt_tokens", "completion_tokens", "predicted_cached_tokens", "cached_tokens", "predicted_ttft_ms", "queue_ms", "ttft_ms", "tpot_ms", "e2e_ms", "outcome", "http_status", "error", "retries", "arrival_ms", "finish_ms", "disaggregated")
+    __slots__ = ("request_id", "trace_id", "deployment", "model", "tenant", "slo_class", "session_id", "profile", "prefill_instance", "decode_instance", "scores", "prompt_tokens", "completion_tokens", "predicted_cached_tokens", "cached_tokens", "predicted_ttft_ms", "queue_ms", "ttft_ms", "tpot_ms", "e2e_ms", "outcome", "http_status", "error", "retries", "arrival_ms", "finish_ms", "disaggregated", "replica_id", "source")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +160,8 @@ class RequestRecord(_message.Message):
     ARRIVAL_MS_FIELD_NUMBER: _ClassVar[int]
     FINISH_MS_FIELD_NUMBER: _ClassVar[int]
     DISAGGREGATED_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     trace_id: str
     deployment: str
@@ -187,7 +189,9 @@ class RequestRecord(_message.Message):
     arrival_ms: int
     finish_ms: int
     disaggregated: bool
-    def __init__(self, request_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., deployment: _Optional[str] = ..., model: _Optional[str] = ..., tenant: _Optional[str] = ..., slo_class: _Optional[str] = ..., session_id: _Optional[str] = ..., profile: _Optional[str] = ..., prefill_instance: _Optional[str] = ..., decode_instance: _Optional[str] = ..., scores: _Optional[_Iterable[_Union[PluginScore, _Mapping]]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., predicted_cached_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., predicted_ttft_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., e2e_ms: _Optional[float] = ..., outcome: _Optional[_Union[RequestOutcome, str]] = ..., http_status: _Optional[int] = ..., error: _Optional[str] = ..., retries: _Optional[int] = ..., arrival_ms: _Optional[int] = ..., finish_ms: _Optional[int] = ..., disaggregated: _Optional[bool] = ...) -> None: ...
+    replica_id: str
+    source: str
+    def __init__(self, request_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., deployment: _Optional[str] = ..., model: _Optional[str] = ..., tenant: _Optional[str] = ..., slo_class: _Optional[str] = ..., session_id: _Optional[str] = ..., profile: _Optional[str] = ..., prefill_instance: _Optional[str] = ..., decode_instance: _Optional[str] = ..., scores: _Optional[_Iterable[_Union[PluginScore, _Mapping]]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., predicted_cached_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., predicted_ttft_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., e2e_ms: _Optional[float] = ..., outcome: _Optional[_Union[RequestOutcome, str]] = ..., http_status: _Optional[int] = ..., error: _Optional[str] = ..., retries: _Optional[int] = ..., arrival_ms: _Optional[int] = ..., finish_ms: _Optional[int] = ..., disaggregated: _Optional[bool] = ..., replica_id: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
 
 class MembershipEvent(_message.Message):
     __slots__ = ("kind", "instance", "ts_ms", "reason")

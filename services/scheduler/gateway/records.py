@@ -49,6 +49,7 @@ __all__ = [
     "RequestTrace",
     "Usage",
     "build_record",
+    "fill_decision",
     "format_traceparent",
     "note_admitted",
     "note_body",
@@ -202,6 +203,7 @@ def build_record(
     finish_wall: float,
     deployment: str,
     error: str = "",
+    replica_id: str = "",
 ) -> events_pb2.RequestRecord:
     """The record of a finished request (pure)."""
     p = t.parsed
@@ -227,6 +229,8 @@ def build_record(
         retries=t.retries,
         arrival_ms=int(t.arrival_wall * 1000),
         finish_ms=int(finish_wall * 1000),
+        replica_id=replica_id,
+        source="http",
     )
     if p is not None:
         rec.model = p.model
@@ -236,24 +240,27 @@ def build_record(
         rec.profile = p.profile
         if not rec.prompt_tokens:
             rec.prompt_tokens = len(p.prompt_ids)
-    d = t.pick
-    if d is not None:
-        rec.profile = d.profile
-        rec.decode_instance = d.decode.endpoint.instance_id
-        rec.disaggregated = d.prefill is not None
-        rec.predicted_cached_tokens = d.predicted_cached_tokens
-        rec.predicted_ttft_ms = d.predicted_ttft_ms
-        scores = [
-            events_pb2.PluginScore(plugin=n, score=s, weight=w) for n, s, w in d.decode.scores
-        ]
-        if d.prefill is not None:
-            rec.prefill_instance = d.prefill.endpoint.instance_id
-            scores += [
-                events_pb2.PluginScore(plugin=f"prefill/{n}", score=s, weight=w)
-                for n, s, w in d.prefill.scores
-            ]
-        rec.scores.extend(scores)
+    if t.pick is not None:
+        fill_decision(rec, t.pick)
     return rec
+
+
+def fill_decision(rec: events_pb2.RequestRecord, d: Pick) -> None:
+    """Copy what routing decided and why (endpoints, plugin scores, predictions) into
+    ``rec``; prefill-side scores are named ``prefill/<plugin>``."""
+    rec.profile = d.profile
+    rec.decode_instance = d.decode.endpoint.instance_id
+    rec.disaggregated = d.prefill is not None
+    rec.predicted_cached_tokens = d.predicted_cached_tokens
+    rec.predicted_ttft_ms = d.predicted_ttft_ms
+    scores = [events_pb2.PluginScore(plugin=n, score=s, weight=w) for n, s, w in d.decode.scores]
+    if d.prefill is not None:
+        rec.prefill_instance = d.prefill.endpoint.instance_id
+        scores += [
+            events_pb2.PluginScore(plugin=f"prefill/{n}", score=s, weight=w)
+            for n, s, w in d.prefill.scores
+        ]
+    rec.scores.extend(scores)
 
 
 # --------------------------------------------------------------------------- hooks
@@ -435,6 +442,7 @@ def record_requests(
     sink: RecordSink,
     *,
     deployment: str = "",
+    replica_id: str = "",
     clock: Callable[[], float] = time.monotonic,
     wall: Callable[[], float] = time.time,
     rng: random.Random | None = None,
@@ -484,6 +492,7 @@ def record_requests(
                         finish_wall=wall(),
                         deployment=deployment,
                         error=error,
+                        replica_id=replica_id,
                     )
                 )
             except Exception:  # a record must never break the request
