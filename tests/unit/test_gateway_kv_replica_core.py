@@ -257,3 +257,32 @@ def test_random_operations_agree_with_a_naive_model(seed: int) -> None:
         live = {i.instance_id for i in r.instances()}
         got = {k: (v.matched_blocks, dict(v.tiers)) for k, v in r.match(chain, *ns).items()}
         assert got == _naive(state, live, chain, ns), f"step {step}"
+
+
+@pytest.mark.parametrize(
+    ("deployment", "profile", "salt", "hashes", "want"),
+    [
+        ("dep", "", "", CHAIN, {"a": 5}),
+        ("dep", "", "t1", CHAIN, {"b": 2}),
+        ("dep", "precise", "", CHAIN[:2], {"a": 2}),
+        ("dep", "round_robin", "", CHAIN, None),  # a profile without precise data
+        ("other", "", "", CHAIN, None),  # another deployment
+        ("dep", "", "", (), None),  # nothing to match
+    ],
+    ids=["match", "salt-namespace", "named-profile", "profile-skipped", "other-deployment",
+         "no-hashes"],
+)  # fmt: skip
+async def test_local_lookup_hook(
+    deployment: str, profile: str, salt: str, hashes: tuple[int, ...], want: dict[str, int] | None
+) -> None:
+    """The gateway's / servicer's ``prefix_lookup`` hook over the replica."""
+    from services.scheduler.gateway.kv_replica import LocalLookup
+    from services.scheduler.routing.types import RequestView
+
+    r, _ = run([("a", 1, 1, [S(*CHAIN)]), ("b", 1, 1, [S(11, 12, tenant="t1")])])
+    lookup = LocalLookup(r, deployment="dep", profiles=frozenset({"", "precise"}))
+    view = RequestView(request_id="x", prompt_tokens=64 * len(hashes), block_hashes=hashes,
+                       block_size=64)  # fmt: skip
+    got = await lookup(view, deployment, salt, profile)
+    assert (None if got is None else {k: v.matched_blocks for k, v in got.items()}) == want
+    assert lookup.stats["skipped"] == (1 if want is None else 0)

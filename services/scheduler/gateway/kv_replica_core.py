@@ -318,34 +318,40 @@ class KVReplica:
                 masks = map(or_, masks, col)
         acc = list(accumulate(masks, and_, initial=alive))
         del acc[0]
-        lengths: dict[int, int] = {}  # slot -> matched blocks
+        owners = self._owners
+        out: dict[str, PrefixMatch] = {}
+        runs: list[tuple[int, int]] = []  # (slots that drop out after j blocks, j)
         i, n = 0, len(acc)
         while i < n:
             v = acc[i]
             if not v:
                 break
             j = bisect_left(acc, True, i + 1, n, key=v.__ne__)
-            lost = v ^ acc[j] if j < n else v
-            while lost:
-                low = lost & -lost
-                lengths[low.bit_length() - 1] = j
-                lost ^= low
+            runs.append((v ^ acc[j] if j < n else v, j))
             i = j
-        if not lengths:
+        if not runs:
             return {}
-        owners = self._owners
-        out: dict[str, PrefixMatch] = {}
         if len(tables) == 1:
+            # one shared PrefixMatch per matched length, set for each slot of its run
             name = TIER_NAMES.get(tables[0][0], "gpu")
             single = self._single
-            for slot, k in lengths.items():
+            for lost, k in runs:
                 pm = single.get((k, name))
                 if pm is None:
                     if len(single) >= 65_536:
                         single.clear()
                     pm = single[(k, name)] = PrefixMatch(matched_blocks=k, tiers={name: k})
-                out[owners[slot].instance_id] = pm
+                while lost:
+                    low = lost & -lost
+                    out[owners[low.bit_length() - 1].instance_id] = pm
+                    lost ^= low
             return out
+        lengths: dict[int, int] = {}  # slot -> matched blocks
+        for lost, k in runs:
+            while lost:
+                low = lost & -lost
+                lengths[low.bit_length() - 1] = k
+                lost ^= low
         top = max(lengths.values())
         counts = {t: _count_bits([m & a for m, a in zip(map(d.get, block_hashes[:top],
                                                             repeat(0)), acc, strict=False)])
