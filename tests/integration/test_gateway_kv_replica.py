@@ -113,8 +113,10 @@ async def test_gaps_and_unknown_fleet_instances_are_asked_for_a_full_state(
     # "b"'s batches before seq 5 were trimmed from the stream: stale until a full state
     await pub.publish(kv, batch("b", 5, stored(CHAIN)))
     replica = KVReplica()
+    fleet = ["b", "c"]
     feed = KVReplicaFeed(redis, replica, deployment=DEP, prefix=prefix, block_ms=50,
-                         candidates=lambda: ["b", "c"], resync_check_s=0.05)  # fmt: skip
+                         candidates=lambda: fleet, resync_check_s=0.05,
+                         forget_after_s=0.2)  # fmt: skip
     lookup = LocalLookup(replica, deployment=DEP)
 
     async def asked() -> list[tuple[str, int]]:
@@ -140,6 +142,10 @@ async def test_gaps_and_unknown_fleet_instances_are_asked_for_a_full_state(
         )  # fmt: skip
         await until(lambda: not replica.stale_instances(), "full state applied")
         assert shape(await lookup(view(), DEP)) == {"b": (5, {"gpu": 5})}
+        # "b" leaves the fleet: forgotten after forget_after_s
+        fleet[:] = ["c"]
+        await until(lambda: feed.stats["dropped"] == 1, "b dropped")
+        assert shape(await lookup(view(), DEP)) == {}
     finally:
         await feed.stop()
 

@@ -184,6 +184,29 @@ def test_due_resyncs_back_off_and_stop_once_healed() -> None:
     assert r.due_resyncs(100.0) == [("b", 2)]
 
 
+@pytest.mark.parametrize(
+    ("calls", "dropped"),
+    [
+        ([(["a", "b"], 0.0), (["a", "b"], 100.0)], []),
+        ([(["a"], 0.0), (["a"], 59.0)], []),  # b absent, not yet for the grace period
+        ([(["a"], 0.0), (["a"], 60.0)], ["b"]),
+        ([(["a"], 0.0), (["a", "b"], 30.0), (["a"], 70.0)], []),  # came back: clock restarts
+        ([(["a"], 0.0), (["a", "b"], 30.0), (["a"], 70.0), (["a"], 130.0)], ["b"]),
+        ([([], 0.0), ([], 60.0)], ["a", "b"]),
+    ],
+    ids=["present", "within-grace", "gone", "came-back", "gone-again", "empty-fleet"],
+)
+def test_retain_drops_instances_gone_from_the_fleet(
+    calls: list[tuple[list[str], float]], dropped: list[str]
+) -> None:
+    r, _ = run([("a", 1, 1, [S(*CHAIN)]), ("b", 1, 1, [S(*CHAIN)])])
+    gone: list[str] = []
+    for present, now in calls:
+        gone += r.retain(present, now, 60.0)
+    assert gone == dropped
+    assert sorted(r.match(CHAIN)) == sorted({"a", "b"} - set(dropped))
+
+
 def test_tier_names_cover_kv_event_tiers() -> None:
     assert set(TIER_NAMES.values()) == {"gpu", "cpu", "ssd", "remote"}
 

@@ -17,7 +17,9 @@ truth; kvmeta is that):
   KV stream that every consumer applies idempotently; rate-limited per instance with
   backoff by the core). Fleet instances with no retained batch at all are asked once after
   the replay;
-- until the replay ends, answers come from what was replayed so far.
+- until the replay ends, answers come from what was replayed so far;
+- an instance missing from the fleet (``candidates``) for ``forget_after_s`` is dropped
+  from the replica (it left; kvmeta drops it on membership).
 
 A stale or missing entry costs cache hits, never correctness. Redis failures are logged,
 counted in ``stats`` and retried; lookups never raise.
@@ -60,7 +62,8 @@ class KVReplicaFeed:
 
     ``stats``: ``batches`` read, ``applied``, ``duplicate``, ``gap``, ``other_deployment``,
     ``undecodable``, ``errors`` (Redis failures), ``resync_requests`` published,
-    ``compactions``.
+    ``compactions``, ``dropped`` (instances gone from the fleet). ``candidates``: the fleet's
+    instance ids (None: no fleet to follow, nothing is dropped or asked for unprompted).
     """
 
     def __init__(
@@ -71,12 +74,13 @@ class KVReplicaFeed:
         deployment: str,
         prefix: str = "ts",
         clock: Callable[[], float] = time.monotonic,
-        candidates: Callable[[], Sequence[str]] = list,
+        candidates: Callable[[], Sequence[str]] | None = None,
         block_ms: int = 250,
         count: int = 1000,
         resync: bool = True,
         resync_check_s: float = 1.0,
         compact_at: int = 16,
+        forget_after_s: float = 60.0,
     ) -> None:
         self.redis = redis
         self.replica = replica
@@ -90,6 +94,7 @@ class KVReplicaFeed:
         self.resync = resync
         self.resync_check_s = resync_check_s
         self.compact_at = compact_at
+        self.forget_after_s = forget_after_s
         self.last_id = "0-0"
         self.caught_up = False
         self.stats: dict[str, int] = dict.fromkeys(
@@ -103,6 +108,7 @@ class KVReplicaFeed:
                 "errors",
                 "resync_requests",
                 "compactions",
+                "dropped",
             ),
             0,
         )
@@ -188,7 +194,12 @@ class KVReplicaFeed:
         self.stats["resync_requests"] += len(reqs)
         return [iid for iid, _ in asks]
 
-    def maybe_compact(self) -> None:
+    def housekeeping(self) -> None:
+        """Forget instances gone from the fleet (with ``candidates``), compact when enough
+        slots are retired."""
+        if self.candidates is not None:
+            gone = self.replica.retain(self.candidates(), self.clock(), self.forget_after_s)
+            self.stats["dropped"] += len(gone)
         if self.replica.retired_slots >= self.compact_at:
             self.replica.compact()
             self.stats["compactions"] += 1
@@ -205,7 +216,7 @@ class KVReplicaFeed:
         while not self._stopping.is_set() and not self.caught_up:
             try:
                 await self.catch_up()
-                if self.resync:
+                if self.resync and self.candidates is not None:
                     known = {i.instance_id for i in self.replica.instances()}
                     await self.request_resyncs([c for c in self.candidates() if c not in known])
             except (RedisError, OSError) as e:
@@ -219,7 +230,7 @@ class KVReplicaFeed:
                 now = self.clock()
                 if now >= next_check:
                     next_check = now + self.resync_check_s
-                    self.maybe_compact()
+                    self.housekeeping()
                     if self.resync:
                         await self.request_resyncs()
             except (RedisError, OSError) as e:

@@ -138,6 +138,7 @@ class KVReplica:
         self._free: list[int] = []
         self._next_slot = 0
         self._asked: dict[str, _Ask] = {}
+        self._absent: dict[str, float] = {}  # instance -> when it was first seen absent
         self._single: dict[tuple[int, Tier], PrefixMatch] = {}
 
     # ------------------------------------------------------------------ slots
@@ -251,6 +252,25 @@ class KVReplica:
         self._retired |= 1 << inst.slot
         self._asked.pop(instance_id, None)
         return True
+
+    def retain(self, present: Iterable[str], now: float, grace_s: float) -> list[str]:
+        """Drop instances missing from ``present`` (e.g. the fleet's ids) at every call for
+        at least ``grace_s``; returns the dropped ids, sorted. An instance that comes back
+        in time is kept; one dropped and seen again in KV events starts over (its next
+        batch is a gap, so it is stale until its full state)."""
+        keep = set(present)
+        gone: list[str] = []
+        for iid in sorted(self._insts):
+            if iid in keep:
+                self._absent.pop(iid, None)
+                continue
+            since = self._absent.setdefault(iid, now)
+            if now - since >= grace_s:
+                self.drop_instance(iid)
+                gone.append(iid)
+        for iid in [i for i in self._absent if i not in self._insts]:
+            del self._absent[iid]
+        return gone
 
     def compact(self) -> int:
         """Scrub retired slots' bits from every table and free those slots. O(entries)
