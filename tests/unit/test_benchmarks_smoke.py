@@ -27,7 +27,8 @@ def _load(name: str) -> ModuleType:
     [
         ("routing_compare", [], {"engines": 8, "pd": False, "routers": None}),
         ("routing_compare", ["--pd", "--prefill", "2", "--decode", "4"],
-         {"pd": True, "prefill": 2, "decode": 4}),
+         {"pd": True, "prefill": 2, "decode": 4, "decode_can_prefill": False}),
+        ("routing_compare", ["--pd", "--decode-can-prefill"], {"decode_can_prefill": True}),
         ("routing_compare", ["--routers", "sglang:round_robin", "--kv-blocks", "100"],
          {"routers": "sglang:round_robin", "kv_blocks": 100}),
         ("gateway_overhead", [], {"rates": "200,1000", "pin": "off"}),
@@ -36,7 +37,7 @@ def _load(name: str) -> ModuleType:
         ("pick_rate", ["--modes", "pure_cycle", "--endpoints", "8"],
          {"modes": "pure_cycle", "endpoints": 8}),
     ],
-    ids=["rc-defaults", "rc-pd", "rc-routers", "ovh-defaults", "ovh-flags", "pick-defaults",
+    ids=["rc-defaults", "rc-pd", "rc-pd-decode-can-prefill", "rc-routers", "ovh-defaults", "ovh-flags", "pick-defaults",
          "pick-flags"],
 )  # fmt: skip
 def test_argument_parsing(module: str, argv: list[str], expect: dict[str, Any]) -> None:
@@ -59,7 +60,8 @@ def _plan(pd: bool) -> list[dict[str, Any]]:
     [
         ("tideserve:default", False, ["gateway", "--endpoints"], ["--profile"]),
         ("tideserve:least_load", False, ["--profile", "least_load"], []),
-        ("tideserve:default", True, ["--prefill", "9001", "--decode"], ["--endpoints"]),
+        ("tideserve:default", True, ["--prefill", "9001", "--decode", "--no-decode-can-prefill"],
+         ["--endpoints", "--decode-can-prefill"]),
         ("sglang:cache_aware", False, ["--worker-urls", "--policy", "cache_aware",
                                        "--prometheus-port"], ["--pd-disaggregation"]),
         ("sglang:round_robin", True, ["--pd-disaggregation", "--prefill", "9001", "--decode",
