@@ -111,6 +111,8 @@ def build(settings: SchedulerSettings) -> ServiceHooks:
         deployment=settings.deployment,
         block_size=settings.block_size,
         prefix_lookup=extras.lookup,
+        records=extras.sink.offer if extras.sink is not None else None,
+        replica_id=extras.replica_id,
     )
     runner: list[web.AppRunner] = []
 

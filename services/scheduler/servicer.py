@@ -30,6 +30,7 @@ from tideserve.v1 import common_pb2, events_pb2, scheduler_pb2, scheduler_pb2_gr
 from services.common.tokens import block_hashes, tokenize
 from services.scheduler.gateway.core import GatewayCore
 from services.scheduler.gateway.upstream import bootstrap_fields
+from services.scheduler.pick_records import PickMemo, record_from_report
 from services.scheduler.routing.types import (
     Choice,
     EndpointView,
@@ -132,14 +133,23 @@ class SchedulerServicer(_Base):
         rng: random.Random | None = None,
         remember_picks: int = 100_000,
         prefix_lookup: PrefixLookup | None = None,
+        records: Callable[[events_pb2.RequestRecord], object] | None = None,
+        replica_id: str = "",
+        wall: Callable[[], float] = time.time,
     ) -> None:
+        """``records``: where the record of each settled pick goes (e.g. a RecordSink's
+        ``offer``; it must not block); None = no records."""
         self.core = core
+        self.records = records
+        self.replica_id = replica_id
+        self.wall = wall
         self.prefix_lookup = prefix_lookup
         self.deployment = deployment
         self.block_size = block_size
         self.clock = clock
         self.rng = rng or random.Random()
-        self._picks: OrderedDict[str, tuple[str, bool]] = OrderedDict()  # id → (decode, done)
+        # id → (decode instance, settled, what its record needs (None: records off))
+        self._picks: OrderedDict[str, tuple[str, bool, PickMemo | None]] = OrderedDict()
         self._remember = remember_picks
         self._instances = _Instances(deployment)
         self._classes: tuple[object, frozenset[str]] | None = None
@@ -244,7 +254,10 @@ class SchedulerServicer(_Base):
             raise _exhausted(d.reason, d.retry_after_ms)
         if isinstance(d, NoEndpoint):
             raise _Refused(grpc.StatusCode.UNAVAILABLE, d.reason)
-        self._remember_pick(pick_id, d.decode.endpoint.instance_id)
+        memo = None
+        if self.records is not None:
+            memo = PickMemo(d, r.tenant, r.slo_class, r.session_id, n_tokens, self.wall())
+        self._remember_pick(pick_id, d.decode.endpoint.instance_id, memo)
         resp = scheduler_pb2.PickResponse(
             pick_id=pick_id,
             disaggregated=d.disaggregated,
@@ -261,14 +274,15 @@ class SchedulerServicer(_Base):
             resp.bootstrap_room = b["bootstrap_room"]
         return resp
 
-    def _remember_pick(self, pick_id: str, decode: str) -> None:
-        self._picks[pick_id] = (decode, False)
+    def _remember_pick(self, pick_id: str, decode: str, memo: PickMemo | None) -> None:
+        self._picks[pick_id] = (decode, False, memo)
         while len(self._picks) > self._remember:
             self._picks.popitem(last=False)
 
     def _settle(self, request: scheduler_pb2.ReportOutcomeRequest) -> None:
-        """Apply a known pick's outcome once (idempotent per pick id)."""
-        decode, done = self._picks[request.pick_id]
+        """Apply a known pick's outcome once (idempotent per pick id); the first outcome
+        also emits the pick's request record."""
+        decode, done, memo = self._picks[request.pick_id]
         if done:
             return
         o = request.outcome
@@ -276,7 +290,18 @@ class SchedulerServicer(_Base):
             # Failed before any token: routing plugins undo what they recorded.
             self.core.abandon(request.pick_id)
         self.core.release(request.pick_id)
-        self._picks[request.pick_id] = (decode, True)
+        self._picks[request.pick_id] = (decode, True, None)
+        if memo is not None and self.records is not None:
+            self.records(
+                record_from_report(
+                    request.pick_id,
+                    memo,
+                    request,
+                    deployment=self.deployment,
+                    replica_id=self.replica_id,
+                    finish_wall=self.wall(),
+                )
+            )
         if o == events_pb2.REQUEST_OUTCOME_UPSTREAM_ERROR:
             self.core.fleet.upstream_result(decode, False, self.clock())
         elif o == events_pb2.REQUEST_OUTCOME_OK:

@@ -97,7 +97,9 @@ class SchedulerServiceServicer:
 
     def ReportOutcome(self, request, context):
         """Reports how a picked request ended, releasing its reserved load. Idempotent per pick_id;
-        an unknown pick_id is NOT_FOUND.
+        an unknown pick_id is NOT_FOUND. The first report of a pick (here or in
+        PickRequest.report_outcomes) publishes its RequestRecord (source "grpc") when the
+        scheduler records requests; a pick never reported has no record.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -137,6 +137,7 @@ class Integrations:
                 record_requests(
                     self.sink,
                     deployment=self.settings.deployment,
+                    replica_id=self.replica_id,
                     clock=self.gateway.clock,
                     wall=time.time,
                 )
