@@ -401,16 +401,22 @@ class PrecisePrefix:
         out: dict[str, float] = {}
         w = self.tier_weights
         gpu = w.get("gpu", 1.0)
+        # Lookups share one PrefixMatch among instances with equal matches: convert each once.
+        seen: dict[int, float] = {}
         for iid, m in found.items():
-            tiers = m.tiers
-            if not tiers:
-                out[iid] = m.matched_blocks * gpu
-            elif len(tiers) == 1:
-                ((t, n),) = tiers.items()
-                out[iid] = min(w.get(t, 0.0) * n, float(m.matched_blocks))
-            else:
-                eff = sum(w.get(t, 0.0) * n for t, n in tiers.items())
-                out[iid] = min(eff, float(m.matched_blocks))
+            eff = seen.get(id(m))
+            if eff is None:
+                tiers = m.tiers
+                if not tiers:
+                    eff = m.matched_blocks * gpu
+                elif len(tiers) == 1:
+                    ((t, n),) = tiers.items()
+                    eff = min(w.get(t, 0.0) * n, float(m.matched_blocks))
+                else:
+                    eff = sum(w.get(t, 0.0) * n for t, n in tiers.items())
+                    eff = min(eff, float(m.matched_blocks))
+                seen[id(m)] = eff
+            out[iid] = eff
         self._last = (found, out)
         return out
 
