@@ -14,7 +14,7 @@ from tideserve.v1 import events_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 from services.common.streams import decode_entry
 from services.scheduler.gateway import EndpointSpec, build_core
-from services.scheduler.gateway.records import RecordSink
+from services.scheduler.gateway.record_sink import RecordSink
 from services.scheduler.servicer import SchedulerServicer, add_to_server
 
 OK = events_pb2.REQUEST_OUTCOME_OK

@@ -20,7 +20,8 @@ from services.common.streams import decode_entry
 from services.engine.server import EngineServer
 from services.engine.settings import EngineSettings
 from services.scheduler.gateway import EndpointSpec, build_core
-from services.scheduler.gateway.records import RecordSink, parse_traceparent, record_requests
+from services.scheduler.gateway.record_sink import RecordSink
+from services.scheduler.gateway.records import parse_traceparent, record_requests
 from services.scheduler.gateway.server import Gateway, GatewayOptions
 
 Seen = list[dict[str, str]]

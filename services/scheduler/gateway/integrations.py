@@ -40,7 +40,8 @@ from services.scheduler.gateway.core import GatewayCore
 from services.scheduler.gateway.kv_replica import KVReplicaFeed, LocalLookup
 from services.scheduler.gateway.kv_replica_core import KVReplica
 from services.scheduler.gateway.kvmeta_client import KVMetaLookup, precise_profiles
-from services.scheduler.gateway.records import RecordSink, make_sink, record_requests
+from services.scheduler.gateway.record_sink import RecordSink, make_sink
+from services.scheduler.gateway.records import record_requests
 from services.scheduler.gateway.server import Gateway
 from services.scheduler.gateway.shared import SharedState
 from services.scheduler.settings import SchedulerSettings
