@@ -71,7 +71,7 @@ from services.engine.core import CoreConfig, EngineCore, EngineRole, Request  # 
 from services.engine.kvcache import KVCache  # noqa: E402
 from services.scheduler.gateway import EndpointSpec, GatewayCore, LoadReport, build_core  # noqa: E402
 from services.scheduler.routing.plugins.prefix import ApproxPrefix  # noqa: E402
-from services.scheduler.routing.types import Pick, RequestView  # noqa: E402
+from services.scheduler.routing.types import Pick, RequestView, Shed  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
@@ -200,6 +200,7 @@ class Sim:
         self.busy = dict.fromkeys(self.cores, False)
         self.wake_at: dict[str, float] = {}
         self.reqs: dict[str, _Req] = {}
+        self.shed = 0
         self.diag = _Diag()
         prof = self.gw.scheduler.profiles[profile]
         self.approx = next((p for p in prof.preparers if isinstance(p, ApproxPrefix)), None)
@@ -251,7 +252,7 @@ class Sim:
         while self.ev and pending:
             now, _, kind, p = heapq.heappop(self.ev)
             if kind == "arrive":
-                self.arrive(p, now)
+                pending -= self.arrive(p, now)
             elif kind == "scrape":
                 self.push(now + a.scrape_lag_ms, "load", (p, self.report(p, now)))
                 self.push(now + a.scrape_interval_ms, "scrape", p)
@@ -264,7 +265,8 @@ class Sim:
                 pending -= self.done(p[0], p[1], now)
         return self.summary(time.monotonic() - started)
 
-    def arrive(self, k: int, now: float) -> None:
+    def arrive(self, k: int, now: float) -> int:
+        """Route request ``k``; 1 when it is finished at once (shed), else 0."""
         r = self.trace[k]
         toks = self._prompts.tokens(r)
         rid = f"r{k}"
@@ -277,6 +279,9 @@ class Sim:
         self.reqs[rid] = req
         match = self.approx.index.match(hashes, now / 1000.0) if self.approx else {}
         d = self.gw.pick(view, now / 1000.0, rid, self.profile)
+        if isinstance(d, Shed):  # refused with 429, as the live gateway would: not good
+            self.shed += 1
+            return 1
         if not isinstance(d, Pick):
             raise RuntimeError(f"{rid}: {d}")
         req.pick = d
@@ -289,6 +294,7 @@ class Sim:
             diid = d.decode.endpoint.instance_id
             self.cores[diid].submit(Request(rid, toks, req.out), now)
             self.kick(diid, now)
+        return 0
 
     def note(self, match: dict[str, int], d: Pick) -> None:
         g = self.diag
@@ -389,6 +395,7 @@ class Sim:
         return {
             "profile": self.profile,
             "completed": len(done),
+            "shed": self.shed,
             "duration_s": round(dur_s, 3),
             "ttft_ms": dist(ttft),
             "tpot_ms": dist(tpot),

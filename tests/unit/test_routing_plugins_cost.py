@@ -81,6 +81,40 @@ def test_ttft_slo_filter(budget: float, preds: dict[str, float], expected: objec
         assert [e.instance_id for e in out] == expected  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize(
+    ("mode", "idle_ms", "expected"),
+    [
+        ("serve", {"a": 600.0, "b": 700.0}, ["a", "b"]),
+        ("shed", {"a": 600.0, "b": 700.0}, "shed"),
+        ("serve", {"a": 400.0, "b": 700.0}, "shed"),  # feasible idle on a: load, so shed
+    ],
+    ids=["infeasible-idle-served", "infeasible-idle-shed", "load-induced-shed"],
+)
+def test_ttft_slo_filter_infeasible_even_idle(
+    mode: str, idle_ms: dict[str, float], expected: object
+) -> None:
+    """Budget 500 ms, both endpoints predicted 900+ ms; whether the request's own prefill
+    alone (no wait) already misses the budget everywhere decides serve vs shed."""
+    f = make("ttft-slo", infeasible_idle=mode)
+    c = ctx()
+    c.predicted_ttft_ms.update({"a": 900.0, "b": 1000.0})
+    c.predicted_prefill_ms.update(idle_ms)
+    out = f.filter(c, req(ttft_slo_ms=500.0), [ep("a"), ep("b")])
+    if expected == "shed":
+        assert isinstance(out, Shed) and "infeasible" in out.reason
+    else:
+        assert [e.instance_id for e in out] == expected  # type: ignore[union-attr]
+
+
+def test_ttft_cost_records_own_prefill() -> None:
+    cost = make("ttft-cost")
+    c = ctx()
+    c.cached_tokens["b"] = 500
+    cost.prepare(c, req(prompt_tokens=1000), [ep("a", pending_prefill_tokens=10_000), ep("b")])
+    assert c.predicted_prefill_ms == pytest.approx({"a": 100.0, "b": 50.0})
+    assert c.predicted_ttft_ms == pytest.approx({"a": 1100.0, "b": 50.0})
+
+
 def _served(decode: str) -> Pick:
     return Pick(decode=Choice(ep(decode), 0.0), prefill=None, profile="p")
 

@@ -49,13 +49,15 @@ class CycleContext:
 
     ``cached_tokens[iid]`` is the best estimate of the request's prompt tokens already cached
     on an instance (tier-weighted); preparers only ever raise it (max of estimates).
-    ``predicted_ttft_ms[iid]`` is filled by cost plugins.
+    ``predicted_ttft_ms[iid]`` is filled by cost plugins, and ``predicted_prefill_ms[iid]``
+    with its part that no wait is in (the request's own prefill there, cache counted).
     """
 
     now: float
     rng: random.Random
     cached_tokens: dict[str, int] = field(default_factory=dict)
     predicted_ttft_ms: dict[str, float] = field(default_factory=dict)
+    predicted_prefill_ms: dict[str, float] = field(default_factory=dict)
 
     def note_cached(self, instance_id: str, tokens: int) -> None:
         if tokens > self.cached_tokens.get(instance_id, 0):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 from pydantic import Field
 
@@ -101,6 +102,7 @@ class TTFTCost:
         n = request.prompt_tokens
         get = ctx.cached_tokens.get
         out = ctx.predicted_ttft_ms
+        own_ms = ctx.predicted_prefill_ms
         use_engine = self.p.use_engine_throughput
         model_tps = self.model_tps
         ranked = self.p.interference > 0 or self.p.recompute > 0
@@ -111,6 +113,7 @@ class TTFTCost:
             p = prefill.get(cached)
             if p is None:
                 p = prefill[cached] = self._prefill_ms(n - cached, cached)
+            own_ms[e.instance_id] = p
             if ranked:
                 owns.append(p)
             pending = e.pending_prefill_tokens + e.reserved_tokens
@@ -187,14 +190,20 @@ class SLOFilterParams(Params):
     slack: float = Field(1.0, gt=0)
     min_retry_after_ms: int = Field(100, ge=0)
     max_retry_after_ms: int = Field(30_000, ge=0)
+    # A request whose own prefill misses the budget even on an idle endpoint (a very long
+    # uncached prompt): "serve" it best effort (a retry could never meet the SLO), or "shed".
+    infeasible_idle: Literal["serve", "shed"] = "serve"
 
 
 @register("ttft-slo", SLOFilterParams)
 class TTFTSLOFilter:
     """Keeps endpoints whose predicted TTFT (from a ttft-cost plugin in the same profile)
-    fits the request's budget (``request.ttft_slo_ms``); when none does, returns
-    :class:`Shed` with retry_after_ms = the best endpoint's overshoot, clamped. Requests
-    without a budget, or endpoints without a prediction, pass."""
+    fits the request's budget (``request.ttft_slo_ms``); when none does because of load
+    (Mooncake Conductor's early rejection), returns :class:`Shed` with retry_after_ms = the
+    best endpoint's overshoot, clamped. When none could even idle (its own prefill alone
+    exceeds the budget everywhere), ``infeasible_idle`` decides: "serve" keeps every
+    candidate, "shed" refuses. Requests without a budget, or endpoints without a
+    prediction, pass."""
 
     def __init__(self, name: str, params: SLOFilterParams, env: PluginEnv) -> None:
         self.name = name
@@ -210,6 +219,11 @@ class TTFTSLOFilter:
         keep = [e for e, p in zip(candidates, preds, strict=True) if p is None or p <= budget]
         if keep:
             return keep
+        if self.p.infeasible_idle == "serve":
+            own_ms = ctx.predicted_prefill_ms
+            idle = min((own_ms.get(e.instance_id, 0.0) for e in candidates), default=0.0)
+            if idle > budget:
+                return candidates
         best = min(p for p in preds if p is not None)
         retry = int(min(max(best - budget, self.p.min_retry_after_ms), self.p.max_retry_after_ms))
         return Shed(
