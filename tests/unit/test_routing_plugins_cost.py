@@ -98,8 +98,9 @@ def test_ttft_slo_filter_infeasible_even_idle(
     f = make("ttft-slo", infeasible_idle=mode)
     c = ctx()
     c.predicted_ttft_ms.update({"a": 900.0, "b": 1000.0})
-    c.predicted_prefill_ms.update(idle_ms)
-    out = f.filter(c, req(ttft_slo_ms=500.0), [ep("a"), ep("b")])
+    c.cached_tokens.update({"a": 100, "b": 200})
+    c.prefill_ms_by_cached.update({100: idle_ms["a"], 200: idle_ms["b"]})
+    out = f.filter(c, req(ttft_slo_ms=500.0, prompt_tokens=1000), [ep("a"), ep("b")])
     if expected == "shed":
         assert isinstance(out, Shed) and "infeasible" in out.reason
     else:
@@ -111,7 +112,8 @@ def test_ttft_cost_records_own_prefill() -> None:
     c = ctx()
     c.cached_tokens["b"] = 500
     cost.prepare(c, req(prompt_tokens=1000), [ep("a", pending_prefill_tokens=10_000), ep("b")])
-    assert c.predicted_prefill_ms == pytest.approx({"a": 100.0, "b": 50.0})
+    own = {e: c.own_prefill_ms(e, 1000) for e in ("a", "b", "unknown")}
+    assert own == pytest.approx({"a": 100.0, "b": 50.0, "unknown": 100.0})
     assert c.predicted_ttft_ms == pytest.approx({"a": 1100.0, "b": 50.0})
 
 

@@ -49,15 +49,22 @@ class CycleContext:
 
     ``cached_tokens[iid]`` is the best estimate of the request's prompt tokens already cached
     on an instance (tier-weighted); preparers only ever raise it (max of estimates).
-    ``predicted_ttft_ms[iid]`` is filled by cost plugins, and ``predicted_prefill_ms[iid]``
-    with its part that no wait is in (the request's own prefill there, cache counted).
+    ``predicted_ttft_ms[iid]`` is filled by cost plugins, and ``prefill_ms_by_cached`` with
+    the part no wait is in: the request's own prefill time by its cached token count
+    (:meth:`own_prefill_ms`).
     """
 
     now: float
     rng: random.Random
     cached_tokens: dict[str, int] = field(default_factory=dict)
     predicted_ttft_ms: dict[str, float] = field(default_factory=dict)
-    predicted_prefill_ms: dict[str, float] = field(default_factory=dict)
+    prefill_ms_by_cached: dict[int, float] = field(default_factory=dict)
+
+    def own_prefill_ms(self, instance_id: str, prompt_tokens: int) -> float | None:
+        """The request's own prefill on ``instance_id`` (its cache counted, no queue wait),
+        None when no cost plugin predicted it."""
+        cached = min(max(self.cached_tokens.get(instance_id, 0), 0), prompt_tokens)
+        return self.prefill_ms_by_cached.get(cached)
 
     def note_cached(self, instance_id: str, tokens: int) -> None:
         if tokens > self.cached_tokens.get(instance_id, 0):

@@ -99,10 +99,10 @@ class TTFTCost:
     ) -> None:
         # prefill_ms depends only on the cached count, shared by most candidates.
         prefill: dict[int, float] = {}
+        ctx.prefill_ms_by_cached = prefill
         n = request.prompt_tokens
         get = ctx.cached_tokens.get
         out = ctx.predicted_ttft_ms
-        own_ms = ctx.predicted_prefill_ms
         use_engine = self.p.use_engine_throughput
         model_tps = self.model_tps
         ranked = self.p.interference > 0 or self.p.recompute > 0
@@ -113,7 +113,6 @@ class TTFTCost:
             p = prefill.get(cached)
             if p is None:
                 p = prefill[cached] = self._prefill_ms(n - cached, cached)
-            own_ms[e.instance_id] = p
             if ranked:
                 owns.append(p)
             pending = e.pending_prefill_tokens + e.reserved_tokens
@@ -220,9 +219,9 @@ class TTFTSLOFilter:
         if keep:
             return keep
         if self.p.infeasible_idle == "serve":
-            own_ms = ctx.predicted_prefill_ms
-            idle = min((own_ms.get(e.instance_id, 0.0) for e in candidates), default=0.0)
-            if idle > budget:
+            n = request.prompt_tokens
+            own = [ctx.own_prefill_ms(e.instance_id, n) for e in candidates]
+            if all(p is not None and p > budget for p in own):
                 return candidates
         best = min(p for p in preds if p is not None)
         retry = int(min(max(best - budget, self.p.min_retry_after_ms), self.p.max_retry_after_ms))
