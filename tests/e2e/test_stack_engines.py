@@ -407,10 +407,10 @@ async def test_pd_streamed_completions_through_bootstrap(postgres_url: str, redi
             for name, url in (("prefill", prefill_url), ("decode", decode_url)):
                 async with s.get(f"{url}/metrics") as r:
                     metrics[name] = await r.text()
-        # The first prompt, sent alone to an idle prefill pool, was computed by the prefill
-        # engine (the P/D decider's load rule may keep a concurrent one on the decode engine
-        # when the prefill path is predicted slower); the decode engine generated the tokens.
-        assert _metric(metrics["prefill"], "sglang:prompt_tokens_total") >= 800
+        # SGLang-style P/D (the stack's default pd_protocol): a decode engine never computes a
+        # prompt alone, so the prefill engine computed all three prompts (800 words each) and
+        # the decode engine generated the tokens.
+        assert _metric(metrics["prefill"], "sglang:prompt_tokens_total") >= 3 * 800
         assert _metric(metrics["decode"], "sglang:generation_tokens_total") >= 3 * 2
 
 
