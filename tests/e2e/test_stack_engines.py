@@ -38,7 +38,7 @@ import yaml
 from services.stack.procs import ProcRef, is_alive, stop_processes
 from services.stack.state import ProcEntry, StackState, read_state
 from tests.helpers.ports import free_ports
-from tests.helpers.stack import cli, wait_running
+from tests.helpers.stack import cli, status_json, wait_running
 
 pytestmark = pytest.mark.e2e
 
@@ -185,17 +185,6 @@ class StartCounter:
             self.reached.set()
 
 
-def _status_json(state_dir: Path) -> tuple[int, dict[str, Any]]:
-    """``tideserve status --json``: (exit code, report)."""
-    res = subprocess.run(
-        [*cli(), "status", "--state-dir", str(state_dir), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return res.returncode, json.loads(res.stdout)
-
-
 async def _stream(
     session: aiohttp.ClientSession,
     url: str,
@@ -339,7 +328,7 @@ async def test_aggregated_chat_streamed_non_streamed_models_and_cache(
         await rc.aclose()
     assert 0 not in lengths, dict(zip(streams, lengths, strict=True))
 
-    code, report = await asyncio.to_thread(_status_json, aggregated.state_dir)
+    code, report = await asyncio.to_thread(status_json, aggregated.state_dir)
     assert code == 0, report
     assert report["gateway_url"] == base + "/v1"
     assert {e["name"]: (e["role"], e["health"], e["alive"]) for e in report["engines"]} == {
@@ -514,7 +503,7 @@ async def test_engine_killed_mid_run_loses_no_request_that_had_not_started(
 
         # the stack keeps running without the dead engine; status says so
         assert stack.up.poll() is None
-        code, status = await asyncio.to_thread(_status_json, stack.state_dir)
+        code, status = await asyncio.to_thread(status_json, stack.state_dir)
         assert code == 1, status
         engines = {e["name"]: (e["alive"], e["health"]) for e in status["engines"]}
         assert engines == {"engine-1": (True, "SERVING"), "engine-2": (False, "UNREACHABLE")}
