@@ -35,6 +35,8 @@ class PickMemo:
     prompt_tokens: int
     arrival_wall: float
     """Wall-clock seconds when the Pick arrived."""
+    trace_id: str = ""
+    """From the Pick's ``traceparent`` (32 hex chars), "" without a valid one."""
 
 
 def record_from_report(
@@ -48,12 +50,13 @@ def record_from_report(
 ) -> events_pb2.RequestRecord:
     """The record of a gRPC-served decision once its outcome is known.
 
-    ``request_id`` is the pick id; ``trace_id`` is empty (the caller's trace lives on its own
-    data path); ``queue_ms`` is 0 (a pick is decided at once or refused, never queued);
+    ``request_id`` is the pick id; ``trace_id`` is the one of the Pick's ``traceparent``
+    (the caller's trace), else empty; ``queue_ms`` is 0 (a pick is decided at once or refused, never queued);
     prompt tokens are the reported ones, else those the pick was asked with.
     """
     rec = events_pb2.RequestRecord(
         request_id=pick_id,
+        trace_id=memo.trace_id,
         deployment=deployment,
         tenant=memo.tenant,
         slo_class=memo.slo_class,

@@ -29,6 +29,7 @@ from tideserve.v1 import common_pb2, events_pb2, scheduler_pb2, scheduler_pb2_gr
 
 from services.common.tokens import block_hashes, tokenize
 from services.scheduler.gateway.core import GatewayCore
+from services.scheduler.gateway.records import parse_traceparent
 from services.scheduler.gateway.upstream import bootstrap_fields
 from services.scheduler.pick_records import PickMemo, record_from_report
 from services.scheduler.routing.types import (
@@ -256,7 +257,10 @@ class SchedulerServicer(_Base):
             raise _Refused(grpc.StatusCode.UNAVAILABLE, d.reason)
         memo = None
         if self.records is not None:
-            memo = PickMemo(d, r.tenant, r.slo_class, r.session_id, n_tokens, self.wall())
+            tp = parse_traceparent(r.traceparent) if r.traceparent else None
+            memo = PickMemo(
+                d, r.tenant, r.slo_class, r.session_id, n_tokens, self.wall(), tp[0] if tp else ""
+            )
         self._remember_pick(pick_id, d.decode.endpoint.instance_id, memo)
         resp = scheduler_pb2.PickResponse(
             pick_id=pick_id,

@@ -20,6 +20,8 @@ from services.scheduler.servicer import SchedulerServicer, add_to_server
 OK = events_pb2.REQUEST_OUTCOME_OK
 ERR = events_pb2.REQUEST_OUTCOME_UPSTREAM_ERROR
 PROMPT = " ".join(f"w{i}" for i in range(100))
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+TP = f"00-{TRACE}-00f067aa0ba902b7-01"
 
 
 @pytest.fixture
@@ -65,7 +67,7 @@ async def test_report_outcome_publishes_one_record(
     grpc_stack: tuple[Any, RecordSink], redis_client: Any
 ) -> None:
     stub, sink = grpc_stack
-    p = await stub.Pick(pick(tenant="t1", slo_class="agent", session_id="s9"))
+    p = await stub.Pick(pick(tenant="t1", slo_class="agent", session_id="s9", traceparent=TP))
     assert await published(redis_client, sink) == []  # nothing until the outcome is known
     report = scheduler_pb2.ReportOutcomeRequest(
         pick_id=p.pick_id, outcome=OK, completion_tokens=7, cached_tokens=32, ttft_ms=41.5
@@ -83,6 +85,7 @@ async def test_report_outcome_publishes_one_record(
     assert rec.decode_instance == p.decode.instance.instance_id
     assert (rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens) == (100, 7, 32)
     assert rec.ttft_ms == 41.5 and rec.outcome == OK
+    assert rec.trace_id == TRACE
     assert rec.predicted_cached_tokens == p.predicted_cached_tokens
     assert [s.plugin for s in rec.scores] == [s.plugin for s in p.decode.scores]
 
@@ -92,7 +95,7 @@ async def test_outcomes_on_the_stream_publish_records(
 ) -> None:
     stub, sink = grpc_stack
     call = stub.PickStream()
-    await call.write(pick())
+    await call.write(pick(traceparent="not-a-traceparent"))
     first = await call.read()
     await call.write(
         pick(
@@ -103,5 +106,5 @@ async def test_outcomes_on_the_stream_publish_records(
     await call.done_writing()
     assert await call.read() == grpc.aio.EOF
     recs = await published(redis_client, sink)
-    assert [(r.request_id, r.outcome) for r in recs] == [(first.pick_id, ERR)]
+    assert [(r.request_id, r.outcome, r.trace_id) for r in recs] == [(first.pick_id, ERR, "")]
     assert second.pick_id not in {r.request_id for r in recs}  # not reported yet
