@@ -71,7 +71,7 @@ from services.engine.core import CoreConfig, EngineCore, EngineRole, Request  # 
 from services.engine.kvcache import KVCache  # noqa: E402
 from services.scheduler.gateway import EndpointSpec, GatewayCore, LoadReport, build_core  # noqa: E402
 from services.scheduler.routing.plugins.prefix import ApproxPrefix  # noqa: E402
-from services.scheduler.routing.types import Pick, RequestView, Shed  # noqa: E402
+from services.scheduler.routing.types import Pick, PrefixMatch, RequestView, Shed  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
@@ -103,6 +103,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=64, help="engine and gateway block size")
     p.add_argument("--stream-interval", type=int, default=16, help="engines' SSE coalescing")
     p.add_argument("--load-source", choices=("scrape", "stream"), default="scrape")
+    p.add_argument(
+        "--precise",
+        action="store_true",
+        help="give every pick precise prefix data: each engine's resident prefix of the "
+        "request (GPU tier) at arrival, as a lag-free KV index would (kvmeta or the local "
+        "replica, without event delay)",
+    )
     p.add_argument("--scrape-interval-ms", type=float, default=500.0)
     p.add_argument("--scrape-lag-ms", type=float, default=5.0)
     p.add_argument("--slo-ttft-ms", type=float, default=2000.0)
@@ -273,7 +280,7 @@ class Sim:
         hashes = tuple(block_hashes(toks, self.a.block_size))
         view = RequestView(
             rid, len(toks), hashes, self.a.block_size, max(1, r.output_length),
-            ttft_slo_ms=self.a.slo_ttft_ms,
+            ttft_slo_ms=self.a.slo_ttft_ms, prefix_matches=self.precise(hashes),
         )  # fmt: skip
         req = _Req(rid, now, toks, hashes, max(1, r.output_length), view)
         self.reqs[rid] = req
@@ -295,6 +302,18 @@ class Sim:
             self.cores[diid].submit(Request(rid, toks, req.out), now)
             self.kick(diid, now)
         return 0
+
+    def precise(self, hashes: tuple[int, ...]) -> dict[str, PrefixMatch] | None:
+        """With ``--precise``: each engine's resident prefix of ``hashes`` (None otherwise)."""
+        if not self.a.precise:
+            return None
+        chain = list(hashes)
+        out: dict[str, PrefixMatch] = {}
+        for iid, c in self.cores.items():
+            n = c.cache.match(chain)
+            if n:
+                out[iid] = PrefixMatch(n, {"gpu": n})
+        return out
 
     def note(self, match: dict[str, int], d: Pick) -> None:
         g = self.diag
