@@ -54,8 +54,9 @@ def run(tmp_path: Path, argv: list[str]) -> dict[str, Any]:
         (["--engines", "2", "--profiles", "default,round_robin"], 2, False),
         (["--engines", "2", "--profiles", "cache_aware", "--load-source", "stream"], 2, False),
         (["--pd", "--prefill", "1", "--decode", "2", "--profiles", "default"], 3, True),
+        (["--engines", "2", "--profiles", "default,slo", "--precise"], 2, False),
     ],
-    ids=["aggregated", "stream-load", "pd"],
+    ids=["aggregated", "stream-load", "pd", "precise-data"],
 )
 def test_routing_sim_runs(
     tmp_path: Path, argv: list[str], engines: int, disaggregates: bool
@@ -83,3 +84,17 @@ def test_routing_sim_reuses_routed_prefixes(tmp_path: Path) -> None:
     (r,) = doc["results"]
     assert r["cache_hit_ratio"] > 0
     assert r["routing"]["engine_cached_tokens"] == r["routing"]["predicted_cached_tokens"]
+
+
+@pytest.mark.parametrize(("precise", "expect_cached"), [(True, True), (False, False)],
+                         ids=["with-precise", "without"])  # fmt: skip
+def test_routing_sim_precise_data_reaches_the_cycle(
+    tmp_path: Path, precise: bool, expect_cached: bool
+) -> None:
+    """The precise-only profile (no approximate index) predicts cached tokens only when
+    --precise gives the cycle the engines' resident prefixes."""
+    profiles = Path(__file__).resolve().parents[2] / "benchmarks" / "profiles_precise_only.yaml"
+    argv = ["--engines", "2", "--profiles", "precise", "--profiles-file", str(profiles),
+            "--rate-scale", "1", *(["--precise"] if precise else [])]  # fmt: skip
+    (r,) = run(tmp_path, argv)["results"]
+    assert (r["routing"]["predicted_cached_tokens"] > 0) == expect_cached
