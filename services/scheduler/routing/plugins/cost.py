@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from pydantic import Field
 
 from services.scheduler.routing.framework import CycleContext, by_instance
+from services.scheduler.routing.plugins.pending import PendingPicks
 from services.scheduler.routing.registry import Params, PluginEnv, PrefillModel, register
 from services.scheduler.routing.types import EndpointView, Pick, RequestView, Shed
 
@@ -79,9 +79,8 @@ class TTFTCost:
         self.model = env.perf_profile(params.perf_profile)
         self.model_tps = 1000.0 * params.chunk_tokens / self.model.prefill_ms(params.chunk_tokens)
         self._memo: dict[tuple[int, int], float] = {}
-        # interference: request id -> (target instance, picked at); count per instance.
-        self._picks: OrderedDict[str, tuple[str, float]] = OrderedDict()
-        self._awaiting: dict[str, int] = {}
+        # interference: this gateway's picks per instance not answered yet
+        self._awaiting = PendingPicks(params.awaiting_ttl_s)
         # This cycle's ranking cost per instance (interference or recompute > 0).
         self._cost: dict[str, float] = {}
 
@@ -126,7 +125,7 @@ class TTFTCost:
             cost = self._cost
             cost.clear()
             beta, gamma = self.p.interference, self.p.recompute
-            k = self._awaiting.get
+            k = self._awaiting.totals.get
             least = min(prefill.values(), default=0.0)
             for e, own in zip(candidates, owns, strict=True):
                 iid = e.instance_id
@@ -134,34 +133,17 @@ class TTFTCost:
 
     def awaiting(self, instance_id: str) -> int:
         """This gateway's picks on ``instance_id`` not settled yet (interference only)."""
-        return self._awaiting.get(instance_id, 0)
+        return self._awaiting.totals.get(instance_id, 0)
 
     def on_pick(self, now: float, request: RequestView, pick: Pick) -> None:
         if self.p.interference <= 0:
             return
-        self._drop(request.request_id)
         target = (pick.prefill or pick.decode).endpoint.instance_id
-        self._picks[request.request_id] = (target, now)
-        self._awaiting[target] = self._awaiting.get(target, 0) + 1
-        cutoff = now - self.p.awaiting_ttl_s
-        while self._picks:
-            rid, (_, at) = next(iter(self._picks.items()))
-            if at >= cutoff:
-                break
-            self._drop(rid)
+        self._awaiting.add(request.request_id, target, 1, now)
 
     def on_settle(self, request: RequestView, pick: Pick, ok: bool) -> None:
         """The pick answered or failed: it no longer waits for its first byte."""
-        self._drop(request.request_id)
-
-    def _drop(self, request_id: str) -> None:
-        rec = self._picks.pop(request_id, None)
-        if rec is not None:
-            left = self._awaiting[rec[0]] - 1
-            if left > 0:
-                self._awaiting[rec[0]] = left
-            else:
-                del self._awaiting[rec[0]]
+        self._awaiting.drop(request.request_id)
 
     def score(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]

@@ -4,11 +4,10 @@ decode instances cannot compute a prompt (``PluginEnv.decode_can_prefill``)."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from pydantic import Field
 
 from services.scheduler.routing.framework import CycleContext
+from services.scheduler.routing.plugins.pending import PendingPicks
 from services.scheduler.routing.registry import Params, PluginEnv, register
 from services.scheduler.routing.types import Choice, Pick, RequestView
 
@@ -53,15 +52,14 @@ class PDDecider:
         self.model = env.perf_profile(params.perf_profile)
         c = params.chunk_tokens
         self.tps = 1000.0 * c / self.model.prefill_ms(c)
-        # request id -> (prefill instance, uncached tokens, picked at)
-        self._picks: OrderedDict[str, tuple[str, int, float]] = OrderedDict()
-        self._backlog: dict[str, int] = {}  # prefill instance -> unanswered uncached tokens
+        # prefill instance -> uncached tokens of its unanswered disaggregated picks
+        self._backlog = PendingPicks(params.backlog_ttl_s)
 
     def prefill_wait_ms(self) -> float:
         """Predicted wait on the least backlogged prefill instance seen so far (0 if none)."""
-        if not self._backlog:
+        if not self._backlog.totals:
             return 0.0
-        return 1000.0 * min(self._backlog.values()) / self.tps
+        return 1000.0 * min(self._backlog.totals.values()) / self.tps
 
     def disaggregate(self, ctx: CycleContext, request: RequestView, decode: Choice) -> bool:
         if decode.endpoint.role == "worker":
@@ -82,25 +80,14 @@ class PDDecider:
     def on_pick(self, now: float, request: RequestView, pick: Pick) -> None:
         if not self.p.load_rule:
             return
-        self._drop(request.request_id)
         if pick.prefill is not None:
-            pid = pick.prefill.endpoint.instance_id
             n = max(0, request.prompt_tokens - pick.predicted_cached_tokens)
-            self._picks[request.request_id] = (pid, n, now)
-            self._backlog[pid] = self._backlog.get(pid, 0) + n
-        cutoff = now - self.p.backlog_ttl_s
-        while self._picks:
-            rid, rec = next(iter(self._picks.items()))
-            if rec[2] >= cutoff:
-                break
-            self._drop(rid)
+            self._backlog.add(request.request_id, pick.prefill.endpoint.instance_id, n, now)
+        else:
+            self._backlog.drop(request.request_id)
+            self._backlog.expire(now)
 
     def on_settle(self, request: RequestView, pick: Pick, ok: bool) -> None:
         """The pick answered (its prefill is done) or failed: no longer backlog."""
-        self._drop(request.request_id)
-
-    def _drop(self, request_id: str) -> None:
-        rec = self._picks.pop(request_id, None)
-        if rec is not None:
-            # Keep the instance known (at 0) so an idle prefill instance counts as idle.
-            self._backlog[rec[0]] -= rec[1]
+        # The instance stays known (at 0), so an idle prefill instance counts as idle.
+        self._backlog.drop(request.request_id)
