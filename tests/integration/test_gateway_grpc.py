@@ -8,35 +8,21 @@ from typing import Any
 
 import grpc
 import pytest
-from tideserve.v1 import events_pb2, scheduler_pb2, scheduler_pb2_grpc
+from tideserve.v1 import events_pb2, scheduler_pb2
 
 from services.scheduler.gateway import EndpointSpec, LoadReport, build_core
 from services.scheduler.gateway.core import GatewayCore
-from services.scheduler.servicer import SchedulerServicer, add_to_server
+from services.scheduler.servicer import SchedulerServicer
+from tests.helpers.scheduler import scheduler_stub, two_workers
 
 LONG = " ".join(f"w{i}" for i in range(2000))
 
 
 @pytest.fixture
 async def stack() -> AsyncIterator[tuple[Any, GatewayCore]]:
-    core = build_core(
-        [
-            EndpointSpec("w1", "http://127.0.0.1:1", deployment="d"),
-            EndpointSpec("w2", "http://127.0.0.1:2", deployment="d"),
-        ],
-        perf_profile="test",
-        block_size=16,
-    )
-    server = grpc.aio.server()
-    add_to_server(SchedulerServicer(core, deployment="d", block_size=16), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        yield scheduler_pb2_grpc.SchedulerServiceStub(channel), core
-    finally:
-        await channel.close()
-        await server.stop(None)
+    core = two_workers()
+    async with scheduler_stub(SchedulerServicer(core, deployment="d", block_size=16)) as stub:
+        yield stub, core
 
 
 async def test_pick_report_list(stack: tuple[Any, GatewayCore]) -> None:
@@ -70,15 +56,9 @@ async def test_pd_pick_has_bootstrap() -> None:
         perf_profile="test",
         block_size=16,
     )
-    server = grpc.aio.server()
-    add_to_server(SchedulerServicer(core, deployment="d", block_size=16), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-        stub = scheduler_pb2_grpc.SchedulerServiceStub(ch)
+    async with scheduler_stub(SchedulerServicer(core, deployment="d", block_size=16)) as stub:
         resp = await stub.Pick(scheduler_pb2.PickRequest(deployment="d", prompt_text=LONG))
         short = await stub.Pick(scheduler_pb2.PickRequest(deployment="d", prompt_text="hi"))
-    await server.stop(None)
     assert resp.disaggregated and resp.prefill.instance.instance_id == "p"
     assert (resp.bootstrap_host, resp.bootstrap_port) == ("127.0.0.1", 8998) and resp.bootstrap_room
     assert not short.disaggregated and short.decode.instance.instance_id == "dec"

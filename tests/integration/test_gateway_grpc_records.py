@@ -10,12 +10,12 @@ from typing import Any
 
 import grpc
 import pytest
-from tideserve.v1 import events_pb2, scheduler_pb2, scheduler_pb2_grpc
+from tideserve.v1 import events_pb2, scheduler_pb2
 
 from services.common.streams import decode_entry
-from services.scheduler.gateway import EndpointSpec, build_core
 from services.scheduler.gateway.record_sink import RecordSink
-from services.scheduler.servicer import SchedulerServicer, add_to_server
+from services.scheduler.servicer import SchedulerServicer
+from tests.helpers.scheduler import scheduler_stub, two_workers
 
 OK = events_pb2.REQUEST_OUTCOME_OK
 ERR = events_pb2.REQUEST_OUTCOME_UPSTREAM_ERROR
@@ -26,28 +26,14 @@ TP = f"00-{TRACE}-00f067aa0ba902b7-01"
 
 @pytest.fixture
 async def grpc_stack(redis_client: Any) -> AsyncIterator[tuple[Any, RecordSink]]:
-    core = build_core(
-        [
-            EndpointSpec("w1", "http://127.0.0.1:1", deployment="d"),
-            EndpointSpec("w2", "http://127.0.0.1:2", deployment="d"),
-        ],
-        perf_profile="test",
-        block_size=16,
-    )
     sink = RecordSink(redis_client, f"ts:requests:{uuid.uuid4().hex[:6]}", flush_s=0.01)
     servicer = SchedulerServicer(
-        core, deployment="d", block_size=16, records=sink.offer, replica_id="gw-a"
+        two_workers(), deployment="d", block_size=16, records=sink.offer, replica_id="gw-a"
     )
-    server = grpc.aio.server()
-    add_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield scheduler_pb2_grpc.SchedulerServiceStub(channel), sink
+        async with scheduler_stub(servicer) as stub:
+            yield stub, sink
     finally:
-        await channel.close()
-        await server.stop(None)
         await sink.stop()
 
 

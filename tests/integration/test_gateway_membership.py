@@ -20,20 +20,18 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from prometheus_client import REGISTRY
 from tideserve.v1 import autoscaler_pb2, autoscaler_pb2_grpc, common_pb2, events_pb2
 
 from services.autoscaler.servicer import AutoscalerServicer
 from services.autoscaler.servicer import add_to_server as add_autoscaler
-from services.common.server import serve
 from services.common.streams import StreamProducer, stream_name
 from services.scheduler.gateway import EndpointSpec, build_core
 from services.scheduler.gateway.membership import Membership
 from services.scheduler.gateway.server import Gateway, GatewayOptions
-from services.scheduler.main import build
 from services.scheduler.settings import SchedulerSettings
 from tests.helpers.engines import until
 from tests.helpers.ports import free_port
+from tests.helpers.scheduler import scheduler_service
 from tests.integration._engine_proc import engine_process
 
 ME = events_pb2.MembershipEvent
@@ -276,23 +274,8 @@ async def _service_follows(
         block_size=16,
         state_dir=tmp_path,
     )
-    hooks = build(settings)
-    ready, stop = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(
-        serve(
-            settings,
-            "scheduler",
-            hooks.register,
-            on_start=hooks.on_start,
-            on_stop=hooks.on_stop,
-            ready=ready,
-            stop=stop,
-            registry=hooks.registry or REGISTRY,
-        )
-    )
     base = f"http://127.0.0.1:{http_port}"
-    try:
-        await asyncio.wait_for(ready.wait(), 30)
+    async with scheduler_service(settings):
         await StreamProducer(redis).publish(
             stream_name(prefix, "membership"), _event(ME.KIND_ADDED, "eng-1", eng_url)
         )
@@ -317,6 +300,3 @@ async def _service_follows(
         assert 'tideserve_gateway_feed_total{event="seed_failed",feed="membership"} 1.0' in text
         assert 'tideserve_gateway_feed_total{event="ready",feed="membership"} 1.0' in text
         assert 'tideserve_gateway_requests_total{outcome="ok"' in text
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)

@@ -15,16 +15,15 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
-from tideserve.v1 import scheduler_pb2, scheduler_pb2_grpc
+from tideserve.v1 import scheduler_pb2
 
-from services.common.server import serve
 from services.scheduler.gateway import EndpointSpec, build_core
-from services.scheduler.main import build
-from services.scheduler.servicer import SchedulerServicer, add_to_server
+from services.scheduler.servicer import SchedulerServicer
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.slo import DEFAULT_SLO_CLASSES, queue_config
 from tests.helpers.engines import EngineFleet
 from tests.helpers.ports import free_ports
+from tests.helpers.scheduler import scheduler_service, scheduler_stub
 
 
 @pytest.fixture
@@ -71,21 +70,6 @@ async def test_service_metrics_on_gateway_port_and_metrics_port(
         tenants={"acme": 2.0},
         state_dir=tmp_path,
     )
-    hooks = build(settings)
-    ready, stop = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(
-        serve(
-            settings,
-            "scheduler",
-            hooks.register,
-            on_start=hooks.on_start,
-            on_stop=hooks.on_stop,
-            ready=ready,
-            stop=stop,
-            registry=hooks.registry or REGISTRY,
-        )
-    )
-    await asyncio.wait_for(ready.wait(), 30)
     base = f"http://127.0.0.1:{http_port}"
     hdr = {"X-Tideserve-Tenant": "acme", "X-Tideserve-Class": "interactive"}
     bad: list[tuple[bytes, dict[str, str], int]] = [
@@ -95,38 +79,37 @@ async def test_service_metrics_on_gateway_port_and_metrics_port(
         (json.dumps(chat()).encode(), {"X-Tideserve-Tenant": "evil"}, 400),
         (json.dumps(chat(pad="x" * 8000)).encode(), hdr, 413),
     ]
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-            for _ in range(50):  # the engine's models are learnt by the first load poll
-                async with http.get(base + "/v1/models") as r:
-                    if (await r.json())["data"]:
-                        break
-                await asyncio.sleep(0.05)
-            async with http.post(base + "/v1/chat/completions", json=chat(), headers=hdr) as r:
-                assert r.status == 200, await r.text()
+    async with (
+        scheduler_service(settings),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http,
+    ):
+        for _ in range(50):  # the engine's models are learnt by the first load poll
+            async with http.get(base + "/v1/models") as r:
+                if (await r.json())["data"]:
+                    break
+            await asyncio.sleep(0.05)
+        async with http.post(base + "/v1/chat/completions", json=chat(), headers=hdr) as r:
+            assert r.status == 200, await r.text()
+        async with http.post(
+            base + "/v1/chat/completions", json=chat(stream=True), headers=hdr
+        ) as r:
+            assert r.status == 200
+            await r.read()
+        for body, headers, status in bad:
             async with http.post(
-                base + "/v1/chat/completions", json=chat(stream=True), headers=hdr
+                base + "/v1/chat/completions",
+                data=body,
+                headers={"Content-Type": "application/json", **headers},
             ) as r:
-                assert r.status == 200
-                await r.read()
-            for body, headers, status in bad:
-                async with http.post(
-                    base + "/v1/chat/completions",
-                    data=body,
-                    headers={"Content-Type": "application/json", **headers},
-                ) as r:
-                    err = await r.json()
-                    assert r.status == status, err
-                    assert set(err["error"]) == {"message", "type", "param", "code"}
-            async with http.get(base + "/metrics") as r:
-                assert r.status == 200
-                on_http = _samples(await r.text())
-            async with http.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
-                assert r.status == 200
-                on_port = _samples(await r.text())
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
+                err = await r.json()
+                assert r.status == status, err
+                assert set(err["error"]) == {"message", "type", "param", "code"}
+        async with http.get(base + "/metrics") as r:
+            assert r.status == 200
+            on_http = _samples(await r.text())
+        async with http.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
+            assert r.status == 200
+            on_port = _samples(await r.text())
     route = "/v1/chat/completions"
     for s in (on_http, on_port):
         req = "tideserve_gateway_requests_total"
@@ -167,19 +150,11 @@ async def test_grpc_pick_refuses_unknown_tenants_when_configured(
         perf_profile="test",
         queue=queue_config(DEFAULT_SLO_CLASSES, default_class="agent", tenants={"acme": 1.0}),
     )
-    server = grpc.aio.server()
-    add_to_server(SchedulerServicer(core, deployment="d", block_size=16), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            stub = scheduler_pb2_grpc.SchedulerServiceStub(ch)
-            req = scheduler_pb2.PickRequest(deployment="d", prompt_text="a b c", tenant=tenant)
-            try:
-                await stub.Pick(req)
-                got = grpc.StatusCode.OK
-            except grpc.aio.AioRpcError as e:
-                got = e.code()
-    finally:
-        await server.stop(None)
+    async with scheduler_stub(SchedulerServicer(core, deployment="d", block_size=16)) as stub:
+        req = scheduler_pb2.PickRequest(deployment="d", prompt_text="a b c", tenant=tenant)
+        try:
+            await stub.Pick(req)
+            got = grpc.StatusCode.OK
+        except grpc.aio.AioRpcError as e:
+            got = e.code()
     assert got == code

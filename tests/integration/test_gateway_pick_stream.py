@@ -10,11 +10,12 @@ from typing import Any
 
 import grpc
 import pytest
-from tideserve.v1 import events_pb2, scheduler_pb2, scheduler_pb2_grpc
+from tideserve.v1 import events_pb2, scheduler_pb2
 
-from services.scheduler.gateway import EndpointSpec, LoadReport, build_core
+from services.scheduler.gateway import LoadReport
 from services.scheduler.gateway.core import GatewayCore
-from services.scheduler.servicer import SchedulerServicer, add_to_server
+from services.scheduler.servicer import SchedulerServicer
+from tests.helpers.scheduler import scheduler_stub, two_workers
 
 LONG = " ".join(f"w{i}" for i in range(2000))
 OK = events_pb2.REQUEST_OUTCOME_OK
@@ -23,24 +24,9 @@ Code = grpc.StatusCode
 
 @pytest.fixture
 async def stack() -> AsyncIterator[tuple[Any, GatewayCore]]:
-    core = build_core(
-        [
-            EndpointSpec("w1", "http://127.0.0.1:1", deployment="d"),
-            EndpointSpec("w2", "http://127.0.0.1:2", deployment="d"),
-        ],
-        perf_profile="test",
-        block_size=16,
-    )
-    server = grpc.aio.server()
-    add_to_server(SchedulerServicer(core, deployment="d", block_size=16), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        yield scheduler_pb2_grpc.SchedulerServiceStub(channel), core
-    finally:
-        await channel.close()
-        await server.stop(None)
+    core = two_workers()
+    async with scheduler_stub(SchedulerServicer(core, deployment="d", block_size=16)) as stub:
+        yield stub, core
 
 
 def req(**kw: Any) -> scheduler_pb2.PickRequest:
