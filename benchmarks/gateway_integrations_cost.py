@@ -22,14 +22,14 @@ import sys
 import timeit
 
 from services.common.tokens import block_hashes
-from services.scheduler.gateway import EndpointSpec, build_core
-from services.scheduler.gateway.records import RequestTrace, build_record
-from services.scheduler.gateway.shared_core import (
+from services.scheduler.core import EndpointSpec, build_core
+from services.scheduler.feeds.shared_core import (
     apply_routed,
     approx_plugins,
     routed_entry,
     routed_plugins,
 )
+from services.scheduler.http.records import RequestTrace, build_record
 from services.scheduler.routing.types import Pick, RequestView
 
 

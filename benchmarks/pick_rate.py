@@ -141,7 +141,7 @@ def instance_ids(n: int) -> list[tuple[str, str]]:
 
 
 def _core(args: argparse.Namespace) -> Any:
-    from services.scheduler.gateway import EndpointSpec, build_core
+    from services.scheduler.core import EndpointSpec, build_core
 
     specs = [EndpointSpec(iid, url, "worker", deployment=DEPLOYMENT)
              for iid, url in instance_ids(args.endpoints)]  # fmt: skip
@@ -167,7 +167,7 @@ def _index(args: argparse.Namespace, work: list[tuple[int, tuple[int, ...]]]) ->
 
 def _replica(args: argparse.Namespace, work: list[tuple[int, tuple[int, ...]]]) -> Any:
     """The scheduler's local KV replica holding the same placements as :func:`_index`."""
-    from services.scheduler.gateway.kv_replica_core import STORED, KVReplica
+    from services.scheduler.feeds.kv_replica_core import STORED, KVReplica
 
     replica = KVReplica()
     for iid, seq, hashes in _stored_batches(args, work):

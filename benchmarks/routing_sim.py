@@ -4,7 +4,7 @@ A TUNING TOOL for the scheduler's routing profiles (issue 5), not the product's 
 simulator (the later ``tideserve sim``). It drives the engine simulator's pure
 :class:`services.engine.core.EngineCore` (one per engine, same perf profile and KV size as
 ``routing_compare.py``'s fleet) with the scheduler's pure
-:class:`services.scheduler.gateway.GatewayCore` on a deterministic event queue, so a profile
+:class:`services.scheduler.core.GatewayCore` on a deterministic event queue, so a profile
 change can be compared on a trace slice in seconds instead of a 6-minute live run. No
 processes, no sockets, no wall clock: the same inputs give the same JSON.
 
@@ -20,7 +20,7 @@ in front of ``tideserve engine`` processes, ``tideserve bench --trace-time``):
   running / waiting / KV usage, delivered ``--scrape-lag-ms`` after the engine's state was
   read; plus the gateway's own reservations (a pick counts on its instances until released
   and its uncached prompt tokens count as pending prefill until the first token), exactly as
-  :class:`services.scheduler.gateway.fleet.Fleet` merges them. ``--load-source stream``
+  :class:`services.scheduler.core.fleet.Fleet` merges them. ``--load-source stream``
   instead reports the engines' full load snapshot (pending prefill, tokens in flight) as the
   Redis load stream would.
 * first token: the engines coalesce ``--stream-interval`` tokens per SSE chunk (16 in
@@ -69,7 +69,7 @@ from services.common.perfmodel import get_profile  # noqa: E402
 from services.common.tokens import block_hashes, tokenize  # noqa: E402
 from services.engine.core import CoreConfig, EngineCore, EngineRole, Request  # noqa: E402
 from services.engine.kvcache import KVCache  # noqa: E402
-from services.scheduler.gateway import EndpointSpec, GatewayCore, LoadReport, build_core  # noqa: E402
+from services.scheduler.core import EndpointSpec, GatewayCore, LoadReport, build_core  # noqa: E402
 from services.scheduler.routing.plugins.prefix import ApproxPrefix  # noqa: E402
 from services.scheduler.routing.types import Pick, PrefixMatch, RequestView, Shed  # noqa: E402
 

@@ -18,7 +18,7 @@ COMMAND_MODULES: list[str] = [
     "services.bench.cli",
     "services.sim.cli",
     "services.scheduler.cli",
-    "services.kvmeta.bridge.cli",
+    "services.kvbridge.cli",
 ]
 
 _EPILOG = """\

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from services.scheduler.gateway import EndpointSpec
-    from services.scheduler.gateway.feeds import FleetFeeds
-    from services.scheduler.gateway.integrations import Integrations
-    from services.scheduler.gateway.server import Gateway
+    from services.scheduler.core import EndpointSpec
+    from services.scheduler.feeds.fleet_feeds import FleetFeeds
+    from services.scheduler.feeds.integrations import Integrations
+    from services.scheduler.http.server import Gateway
 
 __all__ = ["register", "run"]
 
@@ -105,7 +105,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _specs(args: argparse.Namespace) -> list[EndpointSpec]:
-    from services.scheduler.gateway import EndpointSpec
+    from services.scheduler.core import EndpointSpec
     from services.scheduler.settings import parse_endpoint
 
     out: list[EndpointSpec] = []
@@ -133,10 +133,10 @@ def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from services.common.errors import StartupError
-    from services.scheduler.gateway import CoreLimits, build_core
-    from services.scheduler.gateway.feeds import FleetFeeds
-    from services.scheduler.gateway.integrations import Integrations
-    from services.scheduler.gateway.server import Gateway, GatewayOptions
+    from services.scheduler.core import CoreLimits, build_core
+    from services.scheduler.feeds.fleet_feeds import FleetFeeds
+    from services.scheduler.feeds.integrations import Integrations
+    from services.scheduler.http.server import Gateway, GatewayOptions
     from services.scheduler.routing.config import ConfigError
     from services.scheduler.settings import SchedulerSettings
 

@@ -19,14 +19,14 @@ from prometheus_client import CollectorRegistry
 
 from services.common.errors import StartupError
 from services.common.server import ServiceHooks, run_service
-from services.scheduler.gateway import CoreLimits, EndpointSpec, GatewayCore, build_core
-from services.scheduler.gateway.feeds import FleetFeeds
-from services.scheduler.gateway.integrations import Integrations
-from services.scheduler.gateway.metrics import GatewayMetrics
-from services.scheduler.gateway.openai import Limits
-from services.scheduler.gateway.server import Gateway, GatewayOptions
+from services.scheduler.core import CoreLimits, EndpointSpec, GatewayCore, build_core
+from services.scheduler.feeds.fleet_feeds import FleetFeeds
+from services.scheduler.feeds.integrations import Integrations
+from services.scheduler.grpc.servicer import SchedulerServicer, add_to_server
+from services.scheduler.http.metrics import GatewayMetrics
+from services.scheduler.http.openai import Limits
+from services.scheduler.http.server import Gateway, GatewayOptions
 from services.scheduler.routing.config import ConfigError
-from services.scheduler.servicer import SchedulerServicer, add_to_server
 from services.scheduler.settings import SchedulerSettings, parse_endpoint
 from services.scheduler.slo import known_tenants, queue_config, slo_targets
 

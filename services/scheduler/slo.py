@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.scheduler.admission import ClassSpec, QueueConfig
-from services.scheduler.gateway.core import SLOTargets
+from services.scheduler.core.service import SLOTargets
 
 __all__ = [
     "DEFAULT_SLO_CLASSES",

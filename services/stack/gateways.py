@@ -8,7 +8,7 @@ it runs N scheduler processes named ``scheduler``, ``scheduler-2``, ... ``schedu
   ``http_reuse_port`` (Linux SO_REUSEPORT), so the kernel spreads new connections over the
   live replicas and stops sending to a dead one;
 - routing state: ``share_state`` (routed prefixes and in-flight load over Redis, see
-  services/scheduler/gateway/shared.py), each replica with its name as ``replica_id``.
+  services/scheduler/shared.py), each replica with its name as ``replica_id``.
   A ``share_state`` set explicitly in the configuration is kept (e.g. ``false`` to compare).
 
 Every replica has its own gRPC and metrics port. Replica k (k = 0 for ``scheduler``) gets

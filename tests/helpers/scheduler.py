@@ -13,10 +13,10 @@ from prometheus_client import REGISTRY
 from tideserve.v1 import scheduler_pb2_grpc
 
 from services.common.server import serve
-from services.scheduler.gateway import EndpointSpec, build_core
-from services.scheduler.gateway.core import GatewayCore
+from services.scheduler.core import EndpointSpec, build_core
+from services.scheduler.core.service import GatewayCore
+from services.scheduler.grpc.servicer import SchedulerServicer, add_to_server
 from services.scheduler.main import build
-from services.scheduler.servicer import SchedulerServicer, add_to_server
 from services.scheduler.settings import SchedulerSettings
 
 

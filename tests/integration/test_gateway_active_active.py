@@ -15,8 +15,8 @@ from tideserve.v1 import events_pb2
 
 from services.common.streams import encode_entry
 from services.common.tokens import block_hashes
-from services.scheduler.gateway import EndpointSpec, GatewayCore, build_core
-from services.scheduler.gateway.shared import SharedState
+from services.scheduler.core import EndpointSpec, GatewayCore, build_core
+from services.scheduler.feeds.shared import SharedState
 from services.scheduler.routing.types import Pick, RequestView
 
 IDS = ["a", "b", "c"]
@@ -219,8 +219,8 @@ async def test_start_stop_tasks_share_state_live(replicas: Replica) -> None:
 async def test_integrations_from_settings_export_counters(redis_url: str) -> None:
     from prometheus_client import CollectorRegistry
 
-    from services.scheduler.gateway.integrations import Integrations
-    from services.scheduler.gateway.server import Gateway
+    from services.scheduler.feeds.integrations import Integrations
+    from services.scheduler.http.server import Gateway
     from services.scheduler.settings import SchedulerSettings
 
     core = build_core([EndpointSpec("a", "http://a")], perf_profile="test", block_size=16)

@@ -10,9 +10,9 @@ import grpc
 import pytest
 from tideserve.v1 import events_pb2, scheduler_pb2
 
-from services.scheduler.gateway import EndpointSpec, LoadReport, build_core
-from services.scheduler.gateway.core import GatewayCore
-from services.scheduler.servicer import SchedulerServicer
+from services.scheduler.core import EndpointSpec, LoadReport, build_core
+from services.scheduler.core.service import GatewayCore
+from services.scheduler.grpc.servicer import SchedulerServicer
 from tests.helpers.scheduler import scheduler_stub, two_workers
 
 LONG = " ".join(f"w{i}" for i in range(2000))

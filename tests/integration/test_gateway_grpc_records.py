@@ -13,8 +13,8 @@ import pytest
 from tideserve.v1 import events_pb2, scheduler_pb2
 
 from services.common.streams import decode_entry
-from services.scheduler.gateway.record_sink import RecordSink
-from services.scheduler.servicer import SchedulerServicer
+from services.scheduler.feeds.record_sink import RecordSink
+from services.scheduler.grpc.servicer import SchedulerServicer
 from tests.helpers.scheduler import scheduler_stub, two_workers
 
 OK = events_pb2.REQUEST_OUTCOME_OK

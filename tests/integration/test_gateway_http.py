@@ -12,9 +12,9 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from services.scheduler.admission import ClassSpec, QueueConfig
-from services.scheduler.gateway import CoreLimits, EndpointSpec, build_core
-from services.scheduler.gateway.openai import Limits
-from services.scheduler.gateway.server import Gateway, GatewayOptions
+from services.scheduler.core import CoreLimits, EndpointSpec, build_core
+from services.scheduler.http.openai import Limits
+from services.scheduler.http.server import Gateway, GatewayOptions
 from tests.helpers.engines import EngineFactory, EngineFleet, sse
 from tests.helpers.ports import free_port
 

@@ -16,9 +16,9 @@ from tideserve.v1 import common_pb2, events_pb2
 
 from services.common.errors import StartupError
 from services.common.streams import StreamProducer, decode_entry, stream_name
-from services.scheduler.gateway.integrations import Integrations
-from services.scheduler.gateway.kv_replica import KVReplicaFeed, LocalLookup
-from services.scheduler.gateway.kv_replica_core import KVReplica
+from services.scheduler.feeds.integrations import Integrations
+from services.scheduler.feeds.kv_replica import KVReplicaFeed, LocalLookup
+from services.scheduler.feeds.kv_replica_core import KVReplica
 from services.scheduler.main import build_gateway
 from services.scheduler.routing.types import RequestView
 from services.scheduler.settings import SchedulerSettings

@@ -28,9 +28,9 @@ from services.kvmeta.index import PrefixIndex
 from services.kvmeta.ingest import IndexFeeder
 from services.kvmeta.objects import ObjectMaster
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
-from services.scheduler.gateway import EndpointSpec, build_core
-from services.scheduler.gateway.kvmeta_client import KVMetaLookup, precise_profiles
-from services.scheduler.gateway.server import Gateway, GatewayOptions
+from services.scheduler.core import EndpointSpec, build_core
+from services.scheduler.feeds.kvmeta_client import KVMetaLookup, precise_profiles
+from services.scheduler.http.server import Gateway, GatewayOptions
 from services.scheduler.routing.types import RequestView
 from tests.helpers.ports import free_port
 
@@ -256,8 +256,8 @@ async def test_grpc_pick_uses_kvmeta_too(env: Env, kvmeta: tuple[str, IndexFeede
     """SchedulerService.Pick (no proxying) asks kvmeta the same way the HTTP gateway does."""
     from tideserve.v1 import scheduler_pb2, scheduler_pb2_grpc
 
-    from services.scheduler.servicer import SchedulerServicer
-    from services.scheduler.servicer import add_to_server as add_scheduler
+    from services.scheduler.grpc.servicer import SchedulerServicer
+    from services.scheduler.grpc.servicer import add_to_server as add_scheduler
 
     address, feeder = kvmeta
     async with aiohttp.ClientSession() as http:

@@ -17,9 +17,9 @@ from aiohttp.test_utils import TestServer
 from tideserve.v1 import common_pb2, events_pb2
 
 from services.common.streams import StreamProducer, stream_name
-from services.scheduler.gateway import EndpointSpec, build_core
-from services.scheduler.gateway.load_stream import LoadStream
-from services.scheduler.gateway.server import Gateway, GatewayOptions
+from services.scheduler.core import EndpointSpec, build_core
+from services.scheduler.feeds.load_stream import LoadStream
+from services.scheduler.http.server import Gateway, GatewayOptions
 from tests.integration._engine_proc import engine_process
 
 DEP = "dep"

@@ -25,9 +25,9 @@ from tideserve.v1 import autoscaler_pb2, autoscaler_pb2_grpc, common_pb2, events
 from services.autoscaler.servicer import AutoscalerServicer
 from services.autoscaler.servicer import add_to_server as add_autoscaler
 from services.common.streams import StreamProducer, stream_name
-from services.scheduler.gateway import EndpointSpec, build_core
-from services.scheduler.gateway.membership import Membership
-from services.scheduler.gateway.server import Gateway, GatewayOptions
+from services.scheduler.core import EndpointSpec, build_core
+from services.scheduler.feeds.membership import Membership
+from services.scheduler.http.server import Gateway, GatewayOptions
 from services.scheduler.settings import SchedulerSettings
 from tests.helpers.engines import until
 from tests.helpers.ports import free_port
@@ -222,7 +222,7 @@ async def test_unimplemented_autoscaler_falls_back_to_the_static_list(
 ) -> None:
     server, addr = await _grpc_server(AutoscalerServicer(), real=True)
     core = build_core([EndpointSpec("s", "http://127.0.0.1:30070")], perf_profile="test")
-    caplog.set_level(logging.WARNING, logger="services.scheduler.gateway.membership")
+    caplog.set_level(logging.WARNING, logger="services.scheduler.feeds.membership")
     async with grpc.aio.insecure_channel(addr) as ch:
         m = Membership(core.fleet, deployment=DEP, channel=ch, autoscaler=addr)
         await m.start()  # no Redis: seed only

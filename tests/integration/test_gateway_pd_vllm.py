@@ -13,8 +13,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from services.common.tokens import block_hashes, tokenize
-from services.scheduler.gateway import EndpointSpec, build_core
-from services.scheduler.gateway.server import Gateway, GatewayOptions
+from services.scheduler.core import EndpointSpec, build_core
+from services.scheduler.http.server import Gateway, GatewayOptions
 from services.scheduler.routing.plugins.prefix import ApproxPrefix
 from tests.helpers.engines import EngineFactory, EngineFleet, sse, until
 from tests.helpers.ports import free_port

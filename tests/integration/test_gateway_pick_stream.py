@@ -12,9 +12,9 @@ import grpc
 import pytest
 from tideserve.v1 import events_pb2, scheduler_pb2
 
-from services.scheduler.gateway import LoadReport
-from services.scheduler.gateway.core import GatewayCore
-from services.scheduler.servicer import SchedulerServicer
+from services.scheduler.core import LoadReport
+from services.scheduler.core.service import GatewayCore
+from services.scheduler.grpc.servicer import SchedulerServicer
 from tests.helpers.scheduler import scheduler_stub, two_workers
 
 LONG = " ".join(f"w{i}" for i in range(2000))

@@ -13,8 +13,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from services.engine.server import EngineServer
-from services.scheduler.gateway import CoreLimits, EndpointSpec, build_core
-from services.scheduler.gateway.server import Gateway, GatewayOptions
+from services.scheduler.core import CoreLimits, EndpointSpec, build_core
+from services.scheduler.http.server import Gateway, GatewayOptions
 from tests.helpers.engines import EngineFleet, sse, until
 
 

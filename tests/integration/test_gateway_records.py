@@ -19,10 +19,10 @@ from tideserve.v1 import events_pb2
 from services.common.streams import decode_entry
 from services.engine.server import EngineServer
 from services.engine.settings import EngineSettings
-from services.scheduler.gateway import EndpointSpec, build_core
-from services.scheduler.gateway.record_sink import RecordSink
-from services.scheduler.gateway.records import parse_traceparent, record_requests
-from services.scheduler.gateway.server import Gateway, GatewayOptions
+from services.scheduler.core import EndpointSpec, build_core
+from services.scheduler.feeds.record_sink import RecordSink
+from services.scheduler.http.records import parse_traceparent, record_requests
+from services.scheduler.http.server import Gateway, GatewayOptions
 
 Seen = list[dict[str, str]]
 TRACE = "0af7651916cd43dd8448eb211c80319c"

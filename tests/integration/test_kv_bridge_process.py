@@ -1,4 +1,4 @@
-"""``python -m services.kvmeta.bridge`` as a process: bridges, then stops cleanly on SIGTERM."""
+"""``python -m services.kvbridge`` as a process: bridges, then stops cleanly on SIGTERM."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ async def test_process_bridges_and_stops_on_sigterm(redis_client: Any, redis_url
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "services.kvmeta.bridge",
+        "services.kvbridge",
         "--endpoint",
         f"tcp://127.0.0.1:{port}",
         "--deployment",

@@ -24,9 +24,9 @@ import zmq.asyncio
 from tideserve.v1 import common_pb2, events_pb2
 
 from services.common.streams import dead_letter_stream, decode_entry
-from services.kvmeta.bridge.run import KVBridge
-from services.kvmeta.bridge.settings import KVBridgeSettings
-from services.kvmeta.bridge.wire import MASK64
+from services.kvbridge.run import KVBridge
+from services.kvbridge.settings import KVBridgeSettings
+from services.kvbridge.wire import MASK64
 from tests.unit._kv_bridge_helpers import (
     SGLANG_BATCH,
     SGLANG_REMOVED,
@@ -314,7 +314,7 @@ async def test_bridged_vllm_events_match_router_hashes_in_kvmeta_index(
     vllm_block_hashes over the same token ids finds them in kvmeta's prefix index."""
     import pickle
 
-    from services.kvmeta.bridge.hashes import vllm_block_hashes, vllm_none_hash
+    from services.kvbridge.hashes import vllm_block_hashes, vllm_none_hash
     from services.kvmeta.index import PrefixIndex
 
     tokens = list(range(1000, 1064))  # 4 blocks of 16

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from tideserve.v1 import common_pb2, events_pb2
 
-from services.scheduler.gateway.fleet import EndpointSpec, Fleet
-from services.scheduler.gateway.load_stream import apply_snapshot, load_report
-from services.scheduler.gateway.membership import apply_event
+from services.scheduler.core.fleet import EndpointSpec, Fleet
+from services.scheduler.feeds.load_stream import apply_snapshot, load_report
+from services.scheduler.feeds.membership import apply_event
 
 ME = events_pb2.MembershipEvent
 S = common_pb2

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from services.scheduler.gateway.kv_replica_core import (
+from services.scheduler.feeds.kv_replica_core import (
     ALL_CLEARED,
     REMOVED,
     STORED,
@@ -299,7 +299,7 @@ async def test_local_lookup_hook(
     deployment: str, profile: str, salt: str, hashes: tuple[int, ...], want: dict[str, int] | None
 ) -> None:
     """The gateway's / servicer's ``prefix_lookup`` hook over the replica."""
-    from services.scheduler.gateway.kv_replica import LocalLookup
+    from services.scheduler.feeds.kv_replica import LocalLookup
     from services.scheduler.routing.types import RequestView
 
     r, _ = run([("a", 1, 1, [S(*CHAIN)]), ("b", 1, 1, [S(11, 12, tenant="t1")])])

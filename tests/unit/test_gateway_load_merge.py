@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from services.scheduler.gateway.fleet import EndpointSpec, Fleet
-from services.scheduler.gateway.load_merge import (
+from services.scheduler.core.fleet import EndpointSpec, Fleet
+from services.scheduler.core.load_merge import (
     LoadReport,
     Sample,
     merge_load,

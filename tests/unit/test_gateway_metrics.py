@@ -10,15 +10,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from tideserve.v1 import events_pb2
 
 from services.scheduler.admission import QueuedRequest
-from services.scheduler.gateway import EndpointSpec, LoadReport, build_core
-from services.scheduler.gateway.metrics import (
+from services.scheduler.core import EndpointSpec, LoadReport, build_core
+from services.scheduler.http.metrics import (
     GatewayMetrics,
     observe,
     outcome_name,
     upstream_kind,
 )
-from services.scheduler.gateway.openai import parse_request
-from services.scheduler.gateway.records import RequestTrace
+from services.scheduler.http.openai import parse_request
+from services.scheduler.http.records import RequestTrace
 
 
 def _sse_usage(completion: int) -> bytes:

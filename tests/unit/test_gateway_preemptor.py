@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from services.scheduler.admission import QueuedRequest
-from services.scheduler.gateway import CoreLimits, EndpointSpec, build_core
-from services.scheduler.gateway.preemption import Preempted, Preemptor
+from services.scheduler.core import CoreLimits, EndpointSpec, build_core
+from services.scheduler.http.preemption import Preempted, Preemptor
 
 
 def setup() -> tuple[Preemptor, asyncio.Event]:

@@ -8,9 +8,9 @@ import json
 import pytest
 from tideserve.v1 import common_pb2, events_pb2, kvmeta_pb2
 
-from services.scheduler.gateway import EndpointSpec, build_core
-from services.scheduler.gateway.kvmeta_client import precise_profiles, to_matches
-from services.scheduler.gateway.records import (
+from services.scheduler.core import EndpointSpec, build_core
+from services.scheduler.feeds.kvmeta_client import precise_profiles, to_matches
+from services.scheduler.http.records import (
     RequestTrace,
     Usage,
     build_record,

@@ -9,9 +9,9 @@ import pytest
 from tideserve.v1 import events_pb2
 
 from services.common.tokens import block_hashes
-from services.scheduler.gateway import EndpointSpec, GatewayCore, build_core
-from services.scheduler.gateway.fleet import Fleet
-from services.scheduler.gateway.shared_core import (
+from services.scheduler.core import EndpointSpec, GatewayCore, build_core
+from services.scheduler.core.fleet import Fleet
+from services.scheduler.feeds.shared_core import (
     apply_routed,
     approx_plugins,
     catchup_start_id,
@@ -218,8 +218,8 @@ def test_integrations_refuse_settings_that_cannot_work(
     settings: dict[str, object], message: str
 ) -> None:
     from services.common.errors import StartupError
-    from services.scheduler.gateway.integrations import Integrations
-    from services.scheduler.gateway.server import Gateway
+    from services.scheduler.feeds.integrations import Integrations
+    from services.scheduler.http.server import Gateway
     from services.scheduler.settings import SchedulerSettings
 
     c = core()
@@ -228,8 +228,8 @@ def test_integrations_refuse_settings_that_cannot_work(
 
 
 def test_integrations_off_without_redis_or_kvmeta() -> None:
-    from services.scheduler.gateway.integrations import Integrations
-    from services.scheduler.gateway.server import Gateway
+    from services.scheduler.feeds.integrations import Integrations
+    from services.scheduler.http.server import Gateway
     from services.scheduler.settings import SchedulerSettings
 
     c = core()

@@ -7,8 +7,8 @@ import socket
 import pytest
 
 from services.cli import build_parser
-from services.kvmeta.bridge.cli import main, register, settings_from_args
-from services.kvmeta.bridge.wire import Engine
+from services.kvbridge.cli import main, register, settings_from_args
+from services.kvbridge.wire import Engine
 
 
 def parse(*argv: str) -> object:

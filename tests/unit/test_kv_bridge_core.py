@@ -7,14 +7,14 @@ from dataclasses import dataclass
 import pytest
 from tideserve.v1 import common_pb2, events_pb2
 
-from services.kvmeta.bridge.core import BridgeCore
-from services.kvmeta.bridge.translate import (
+from services.kvbridge.core import BridgeCore
+from services.kvbridge.translate import (
     TranslateConfig,
     TranslateStats,
     tier_of,
     translate_events,
 )
-from services.kvmeta.bridge.wire import (
+from services.kvbridge.wire import (
     AllCleared,
     BlockRemoved,
     BlockStored,

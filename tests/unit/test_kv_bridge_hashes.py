@@ -9,12 +9,12 @@ from collections.abc import Callable
 import pytest
 
 from services.common.tokens import block_hashes as tideserve_block_hashes
-from services.kvmeta.bridge.hashes import (
+from services.kvbridge.hashes import (
     sglang_block_hashes,
     vllm_block_hashes,
     vllm_none_hash,
 )
-from services.kvmeta.bridge.wire import MASK64, decode_batch, fold_hash
+from services.kvbridge.wire import MASK64, decode_batch, fold_hash
 from tests.unit._kv_bridge_helpers import vllm_payload, vllm_stored
 
 

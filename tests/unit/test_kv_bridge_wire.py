@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from services.kvmeta.bridge.wire import (
+from services.kvbridge.wire import (
     END_SEQ,
     MASK64,
     AllCleared,

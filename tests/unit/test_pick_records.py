@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tideserve.v1 import events_pb2, scheduler_pb2
 
-from services.scheduler.pick_records import PickMemo, record_from_report
+from services.scheduler.core.pick_records import PickMemo, record_from_report
 from services.scheduler.routing.types import Choice, EndpointView, Pick
 
 AGG = Pick(

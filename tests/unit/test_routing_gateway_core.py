@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from services.scheduler.gateway import CoreLimits, EndpointSpec, LoadReport, build_core
-from services.scheduler.gateway.fleet import CircuitBreaker, Fleet
-from services.scheduler.gateway.openai import ApiError, Limits, parse_request
+from services.scheduler.core import CoreLimits, EndpointSpec, LoadReport, build_core
+from services.scheduler.core.fleet import CircuitBreaker, Fleet
+from services.scheduler.http.openai import ApiError, Limits, parse_request
 from services.scheduler.routing.types import Pick
 from tests.unit._routing_helpers import req
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.common.tokens import block_hashes
-from services.scheduler.gateway import EndpointSpec, GatewayCore, build_core
+from services.scheduler.core import EndpointSpec, GatewayCore, build_core
 from services.scheduler.routing.plugins.prefix import ApproxPrefix, RoutedPrefixIndex
 from services.scheduler.routing.types import Choice, Pick, RequestView
 from tests.unit._routing_helpers import ep, make, req

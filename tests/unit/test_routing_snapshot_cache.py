@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from services.scheduler.gateway.fleet import EndpointSpec, Fleet, LoadReport
+from services.scheduler.core.fleet import EndpointSpec, Fleet, LoadReport
 from services.scheduler.routing.types import EndpointSnapshot
 
 IDS = ["a", "b", "c", "d", "e"]

@@ -9,7 +9,7 @@ import pytest
 
 from services.common.errors import SettingsError
 from services.common.settings import load_settings
-from services.scheduler.gateway.openai import ApiError, parse_request
+from services.scheduler.http.openai import ApiError, parse_request
 from services.scheduler.main import build_gateway
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.slo import (

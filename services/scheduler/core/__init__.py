@@ -1,0 +1,58 @@
+"""The scheduler's service core (pure): fleet state, routing and admission in one object,
+shared by the HTTP gateway and the gRPC servicer. ``build_core`` wires the pure cores from
+plain values (settings are translated by the composition root)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+from services.scheduler.admission import AdmissionQueue, QueueConfig
+from services.scheduler.core.fleet import EndpointSpec, Fleet, LoadReport
+from services.scheduler.core.service import CoreLimits, GatewayCore, SLOTargets
+from services.scheduler.routing.config import DEFAULT_PROFILES_PATH, load_config
+from services.scheduler.routing.registry import PluginEnv, PrefillModel
+
+__all__ = [
+    "CoreLimits",
+    "EndpointSpec",
+    "Fleet",
+    "GatewayCore",
+    "LoadReport",
+    "SLOTargets",
+    "build_core",
+]
+
+
+def build_core(
+    endpoints: Sequence[EndpointSpec] = (),
+    *,
+    profiles: Path | None = None,
+    seed: int = 0,
+    block_size: int = 16,
+    perf_profile: str = "",
+    queue: QueueConfig | None = None,
+    limits: CoreLimits | None = None,
+    slo: SLOTargets | None = None,
+    decode_can_prefill: bool = True,
+) -> GatewayCore:
+    """A ready core. Raises ``ConfigError`` for a bad profiles file.
+
+    ``perf_profile`` names the performance profile for ``ttft-cost`` plugins that do not
+    name one themselves. ``decode_can_prefill``: whether decode-role instances can compute
+    a prompt without a prefill peer (false for SGLang decode servers; see
+    ``services.scheduler.routing.registry.PluginEnv``)."""
+    base = PluginEnv()
+
+    def resolve(name: str) -> PrefillModel:
+        return base.perf_profile(name or perf_profile)
+
+    env = PluginEnv(
+        perf_profile=resolve, block_size=block_size, decode_can_prefill=decode_can_prefill
+    )
+    sched = load_config(profiles or DEFAULT_PROFILES_PATH, env=env, rng=random.Random(seed))
+    fleet = Fleet()
+    for e in endpoints:
+        fleet.upsert(e)
+    return GatewayCore(sched, fleet, AdmissionQueue(queue), limits=limits, slo=slo)

@@ -1,0 +1,79 @@
+"""Which load figures an endpoint view uses (pure: no I/O, time is a parameter).
+
+Two sources report an engine's load:
+
+- ``stream``: the engine's own ``LoadSnapshot`` on ``{prefix}:load:{deployment}`` (every
+  ~250 ms; running, waiting, KV usage, tokens in flight, pending prefill tokens,
+  prefill/decode throughput), read by :mod:`services.scheduler.feeds.load_stream`;
+- ``scrape``: the gateway's own ``GET /metrics`` poll (running, waiting, KV usage only).
+
+Rule: a stream snapshot wins while it is fresh (received at most ``stream_stale_s`` ago);
+otherwise a fresh scrape (at most ``scrape_stale_s`` old); otherwise nothing is known and
+the view trusts only the gateway's own reservations. Scraping is only needed for endpoints
+whose stream is not fresh (:func:`needs_scrape`). Snapshots are ordered by
+``(epoch, ts_ms)``: an older or repeated one is ignored (:func:`newer`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["LoadReport", "Sample", "Source", "merge_load", "needs_scrape", "newer"]
+
+Source = Literal["stream", "scrape", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    running: int = 0
+    waiting: int = 0
+    tokens_in_flight: int = 0
+    pending_prefill_tokens: int = 0
+    kv_usage: float = 0.0
+    prefill_tokens_per_s: float = 0.0
+    decode_tokens_per_s: float = 0.0
+
+
+EMPTY = LoadReport()
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """A load report and when the gateway received it (its own clock, seconds)."""
+
+    load: LoadReport
+    at: float
+
+
+def _fresh(s: Sample | None, now: float, stale_s: float) -> bool:
+    return s is not None and now - s.at <= stale_s
+
+
+def merge_load(
+    stream: Sample | None,
+    scrape: Sample | None,
+    now: float,
+    *,
+    stream_stale_s: float,
+    scrape_stale_s: float,
+) -> tuple[LoadReport, Source, float]:
+    """``(load, source, valid_until)``: the figures to use at ``now``, where they came
+    from, and the time after which the answer may change by the passage of time alone
+    (``inf`` when only a new sample can change it)."""
+    if stream is not None and _fresh(stream, now, stream_stale_s):
+        return stream.load, "stream", stream.at + stream_stale_s
+    if scrape is not None and _fresh(scrape, now, scrape_stale_s):
+        return scrape.load, "scrape", scrape.at + scrape_stale_s
+    return EMPTY, "none", float("inf")
+
+
+def needs_scrape(stream: Sample | None, now: float, stream_stale_s: float) -> bool:
+    """True when the endpoint has no fresh stream snapshot (scrape ``/metrics`` instead)."""
+    return not _fresh(stream, now, stream_stale_s)
+
+
+def newer(last: tuple[int, int] | None, epoch: int, ts_ms: int) -> bool:
+    """True when a snapshot stamped ``(epoch, ts_ms)`` is newer than the last one applied
+    (a restarted engine has a higher epoch; equal stamps are a repeat)."""
+    return last is None or (epoch, ts_ms) > last

@@ -1,0 +1,303 @@
+"""Active-active gateway replicas over Redis (the shell; decisions in ``shared_core``).
+
+- Routed prefixes: a pick listener on the core queues a ``RoutedPrefix`` in a bounded
+  buffer (never blocks the request path; a full buffer drops and counts); a task XADDs the
+  buffer to ``{prefix}:routed:{deployment}``. Every replica reads that stream itself with
+  plain XREAD (no consumer group: every replica needs every entry), starting ``catchup_s``
+  back, and applies the other replicas' entries to its approximate-prefix plugins. A pick
+  settled as failed before its first byte is published again as ``retracted``. The stream
+  is trimmed to about ``maxlen`` entries.
+- In-flight load: every ``heartbeat_s`` a replica writes its ``ReplicaInFlight`` into the
+  hash ``{prefix}:inflight:{deployment}`` (field = replica id), reads the whole hash and
+  hands the other replicas' fresh counts (younger than ``heartbeat_ttl_s``) to the fleet.
+  A replica that dies stops heart-beating and its counts drop out after the TTL; a
+  replica that stops cleanly deletes its field at once.
+
+Redis outages are counted in :attr:`SharedState.stats` and retried; routing goes on with
+local knowledge only. The Redis client must use ``decode_responses=False`` and no
+``socket_timeout`` shorter than ``block_ms``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+from google.protobuf.message import DecodeError
+from redis.exceptions import RedisError
+from tideserve.v1 import events_pb2
+
+from services.common.streams import PayloadError, StreamProducer, decode_entry, stream_name
+from services.scheduler.core.service import GatewayCore
+from services.scheduler.feeds.shared_core import (
+    apply_routed,
+    approx_plugins,
+    catchup_start_id,
+    dead_replicas,
+    heartbeat,
+    merge_in_flight,
+    routed_entry,
+    routed_plugins,
+)
+from services.scheduler.routing.types import Pick, RequestView
+
+__all__ = ["SharedState"]
+
+log = logging.getLogger(__name__)
+
+
+class SharedState:
+    """Shares one replica's routed prefixes and in-flight load with the others.
+
+    ``clock`` must be the clock the gateway passes to ``core.pick`` (the prefix index
+    needs one time base); ``wall`` is epoch seconds (compared across replicas).
+    :meth:`start` attaches to the core and starts the tasks; :meth:`stop` is idempotent.
+    """
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        core: GatewayCore,
+        *,
+        deployment: str,
+        replica_id: str,
+        prefix: str = "ts",
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        heartbeat_s: float = 0.5,
+        heartbeat_ttl_s: float = 3.0,
+        catchup_s: float = 600.0,
+        buffer: int = 10_000,
+        maxlen: int = 20_000,
+        block_ms: int = 500,
+    ) -> None:
+        if not replica_id:
+            raise ValueError("replica_id must be non-empty")
+        if heartbeat_ttl_s <= heartbeat_s:
+            raise ValueError("heartbeat_ttl_s must exceed heartbeat_s")
+        self.redis = redis
+        self.core = core
+        self.deployment = deployment
+        self.replica_id = replica_id
+        self.stream = stream_name(prefix, "routed", deployment)
+        self.hash_key = stream_name(prefix, "inflight", deployment)
+        self.clock = clock
+        self.wall = wall
+        self.heartbeat_s = heartbeat_s
+        self.heartbeat_ttl_s = heartbeat_ttl_s
+        self.catchup_s = catchup_s
+        self.block_ms = block_ms
+        self._producer = StreamProducer(redis, maxlen=maxlen)
+        self._buffer: deque[events_pb2.RoutedPrefix] = deque()
+        self._buffer_max = buffer
+        self._wake = asyncio.Event()
+        self._plugins = approx_plugins(core.scheduler)
+        self._max_age_s = max((p.index.ttl_s for p in self._plugins.values()), default=0.0)
+        self._beats: list[events_pb2.ReplicaInFlight] = []
+        self._last_id: str | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+        self.stats: dict[str, int] = {
+            "published": 0,
+            "dropped": 0,
+            "applied": 0,
+            "ignored": 0,
+            "undecodable": 0,
+            "redis_errors": 0,
+            "heartbeats": 0,
+        }
+
+    # -- request path ---------------------------------------------------------------------
+    def on_pick(self, request: RequestView, pick: Pick, now: float) -> None:
+        """Pick listener: queue the routed prefix (O(1), never blocks or raises)."""
+        self._queue(request, pick, retracted=False)
+
+    def on_settle(self, request: RequestView, pick: Pick, ok: bool) -> None:
+        """Settle listener: a pick that failed before its first byte is retracted."""
+        if not ok:
+            self._queue(request, pick, retracted=True)
+
+    def _queue(self, request: RequestView, pick: Pick, *, retracted: bool) -> None:
+        entry = routed_entry(
+            request,
+            pick,
+            routed_plugins(self.core.scheduler, pick),
+            deployment=self.deployment,
+            replica_id=self.replica_id,
+            ts_ms=int(self.wall() * 1000),
+            retracted=retracted,
+        )
+        if entry is None:
+            return
+        if len(self._buffer) >= self._buffer_max:
+            self.stats["dropped"] += 1
+            return
+        self._buffer.append(entry)
+        self._wake.set()
+
+    # -- one step each (the loops call these; tests may too) ------------------------------
+    async def publish_once(self) -> int:
+        """XADD everything buffered in one round trip; returns how many. On a Redis error
+        the batch is dropped (counted) and the error re-raised."""
+        batch = list(self._buffer)
+        self._buffer.clear()
+        if not batch:
+            return 0
+        try:
+            await self._producer.publish_many(self.stream, batch)
+        except (RedisError, OSError):
+            self.stats["dropped"] += len(batch)
+            raise
+        self.stats["published"] += len(batch)
+        return len(batch)
+
+    async def read_once(self, block_ms: int | None = None) -> int:
+        """Read the next entries of the routed stream (blocking up to ``block_ms``) and
+        apply the other replicas' ones; returns how many entries were read."""
+        if self._last_id is None:
+            self._last_id = catchup_start_id(int(self.wall() * 1000), self.catchup_s)
+        block = self.block_ms if block_ms is None else block_ms
+        reply: Any = await self.redis.xread(
+            {self.stream: self._last_id}, count=512, block=block or None
+        )
+        n = 0
+        for _stream, entries in reply or []:
+            for eid, fields in entries:
+                self._last_id = eid.decode() if isinstance(eid, bytes) else str(eid)
+                n += 1
+                try:
+                    msg = decode_entry(fields, events_pb2.RoutedPrefix)
+                except PayloadError:
+                    self.stats["undecodable"] += 1
+                    continue
+                ok = apply_routed(
+                    self._plugins,
+                    msg,
+                    replica_id=self.replica_id,
+                    now=self.clock(),
+                    wall_ms=int(self.wall() * 1000),
+                    max_age_s=self._max_age_s,
+                )
+                self.stats["applied" if ok else "ignored"] += 1
+        return n
+
+    async def heartbeat_once(self) -> None:
+        """Write this replica's in-flight counts, read every replica's, update the fleet.
+        On a Redis error the last heartbeats read are re-merged (so they still expire) and
+        the error re-raised."""
+        now_ms = int(self.wall() * 1000)
+        try:
+            beat = heartbeat(
+                self.core.fleet.own_in_flight(),
+                deployment=self.deployment,
+                replica_id=self.replica_id,
+                ts_ms=now_ms,
+            )
+            ttl_ms = int(self.heartbeat_ttl_s * 1000)
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hset(self.hash_key, self.replica_id, beat.SerializeToString())
+            pipe.pexpire(self.hash_key, max(ttl_ms * 20, 60_000))
+            pipe.hgetall(self.hash_key)
+            res = await pipe.execute()
+            self._beats = _parse_beats(res[2], self.stats)
+            self.stats["heartbeats"] += 1
+            dead = dead_replicas(self._beats, now_ms=now_ms, forget_ms=ttl_ms * 20)
+            if dead:
+                await self.redis.hdel(self.hash_key, *dead)
+        finally:
+            self._merge(now_ms)
+
+    def _merge(self, now_ms: int) -> None:
+        self.core.fleet.set_remote_in_flight(
+            merge_in_flight(
+                self._beats,
+                replica_id=self.replica_id,
+                now_ms=now_ms,
+                ttl_ms=int(self.heartbeat_ttl_s * 1000),
+            )
+        )
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Attach the pick listener and start the publish, read and heartbeat tasks."""
+        if self.on_pick not in self.core.pick_listeners:
+            self.core.pick_listeners.append(self.on_pick)
+        if self.on_settle not in self.core.settle_listeners:
+            self.core.settle_listeners.append(self.on_settle)
+        if not self._tasks:
+            self._stopping.clear()
+            self._tasks = [
+                asyncio.create_task(self._publish_loop()),
+                asyncio.create_task(self._loop(self.read_once, 0.0)),
+                asyncio.create_task(self._loop(self.heartbeat_once, self.heartbeat_s)),
+            ]
+
+    async def stop(self) -> None:
+        """Detach, flush what is buffered (best effort) and leave the in-flight hash."""
+        with contextlib.suppress(ValueError):
+            self.core.pick_listeners.remove(self.on_pick)
+        with contextlib.suppress(ValueError):
+            self.core.settle_listeners.remove(self.on_settle)
+        # Let the loops finish their current Redis call (a blocking XREAD returns within
+        # block_ms): cancelling a redis-py command mid-read can leave it hanging.
+        self._stopping.set()
+        self._wake.set()
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=self.block_ms / 1000 + 2.0)
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)
+        self._tasks.clear()
+        with contextlib.suppress(RedisError, OSError):
+            await self.publish_once()
+        with contextlib.suppress(RedisError, OSError):
+            await self.redis.hdel(self.hash_key, self.replica_id)
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    async def _publish_loop(self) -> None:
+        while not self._stopping.is_set():
+            await self._wake.wait()
+            self._wake.clear()
+            if self._stopping.is_set():
+                return  # stop() flushes what is left
+            try:
+                await self.publish_once()
+            except (RedisError, OSError) as e:
+                self.stats["redis_errors"] += 1
+                log.warning("routed-prefix publish failed: %s", e)
+                await self._pause(0.5)
+
+    async def _loop(self, step: Callable[[], Any], period: float) -> None:
+        while not self._stopping.is_set():
+            try:
+                await step()
+            except (RedisError, OSError) as e:
+                self.stats["redis_errors"] += 1
+                log.warning("active-active %s failed: %s", getattr(step, "__name__", ""), e)
+                await self._pause(max(period, 0.5))
+                continue
+            if period > 0:
+                await self._pause(period)
+
+
+def _parse_beats(raw: Any, stats: dict[str, int]) -> list[events_pb2.ReplicaInFlight]:
+    out: list[events_pb2.ReplicaInFlight] = []
+    for _field, value in (raw or {}).items():
+        msg = events_pb2.ReplicaInFlight()
+        try:
+            msg.ParseFromString(value if isinstance(value, bytes) else str(value).encode())
+        except (DecodeError, ValueError):
+            stats["undecodable"] += 1
+            continue
+        out.append(msg)
+    return out

@@ -1,0 +1,199 @@
+"""Active-active gateway replicas: what they share, as pure functions (no I/O, no clock).
+
+Two things cross replicas (the Redis shell is :mod:`services.scheduler.feeds.shared`):
+
+- Routed prefixes. After every pick a replica publishes a ``RoutedPrefix`` (block hashes,
+  chosen instances, the approximate-prefix plugins that took the pick); every other replica
+  applies it to its own plugins through the plugin's ``on_pick`` — the same code path as a
+  local pick — so cache affinity survives losing the replica that routed a conversation.
+  A pick that fails before its first byte is settled as not ok locally (the plugin drops
+  the entries it created); a ``retracted`` entry makes every other replica do the same.
+- In-flight load. Each replica heartbeats a ``ReplicaInFlight`` (its own per-instance
+  in-flight requests and pending prefill tokens, stamped with wall-clock ms); readers add
+  the other replicas' counts whose heartbeat is younger than a TTL, so a dead replica's
+  load drops out when its heartbeat expires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from tideserve.v1 import events_pb2
+
+from services.scheduler.routing.framework import Scheduler, Settle
+from services.scheduler.routing.plugins.prefix import ApproxPrefix
+from services.scheduler.routing.types import Choice, EndpointView, Pick, RequestView
+
+__all__ = [
+    "InFlight",
+    "apply_routed",
+    "approx_plugins",
+    "catchup_start_id",
+    "dead_replicas",
+    "heartbeat",
+    "merge_in_flight",
+    "routed_entry",
+    "routed_plugins",
+]
+
+InFlight = tuple[int, int]
+"""(requests, pending prefill tokens) one replica has in flight on one instance."""
+
+
+def approx_plugins(scheduler: Scheduler) -> dict[str, ApproxPrefix]:
+    """Every approximate-prefix plugin instance of the scheduler's profiles, by name."""
+    out: dict[str, ApproxPrefix] = {}
+    for prof in scheduler.profiles.values():
+        for hook in prof.post_pick:
+            if isinstance(hook, ApproxPrefix):
+                out[hook.name] = hook
+    return out
+
+
+def routed_plugins(scheduler: Scheduler, pick: Pick) -> list[str]:
+    """Names of the approximate-prefix plugins that observed ``pick`` (the decode profile,
+    plus its prefill profile when the pick is disaggregated), in first-seen order."""
+    prof = scheduler.profiles.get(pick.profile)
+    if prof is None:
+        return []
+    used = [prof]
+    if pick.prefill is not None and prof.prefill_profile in scheduler.profiles:
+        used.append(scheduler.profiles[prof.prefill_profile])
+    names: dict[str, None] = {}
+    for p in used:
+        for hook in p.post_pick:
+            if isinstance(hook, ApproxPrefix):
+                names[hook.name] = None
+    return list(names)
+
+
+def routed_entry(
+    request: RequestView,
+    pick: Pick,
+    plugins: Sequence[str],
+    *,
+    deployment: str,
+    replica_id: str,
+    ts_ms: int,
+    retracted: bool = False,
+) -> events_pb2.RoutedPrefix | None:
+    """The stream entry for a local pick (or, ``retracted``, for its failure before the
+    first byte: no hashes needed); None when there is nothing to share (no block hashes,
+    or no approximate-prefix plugin took the pick)."""
+    if not request.block_hashes or not plugins:
+        return None
+    ids = [pick.decode.endpoint.instance_id]
+    if pick.prefill is not None:
+        ids.append(pick.prefill.endpoint.instance_id)
+    return events_pb2.RoutedPrefix(
+        deployment=deployment,
+        replica_id=replica_id,
+        block_hashes=() if retracted else request.block_hashes,
+        instance_ids=ids,
+        ts_ms=ts_ms,
+        plugins=plugins,
+        request_id=request.request_id,
+        retracted=retracted,
+    )
+
+
+def apply_routed(
+    plugins: Mapping[str, ApproxPrefix],
+    entry: events_pb2.RoutedPrefix,
+    *,
+    replica_id: str,
+    now: float,
+    wall_ms: int,
+    max_age_s: float,
+) -> bool:
+    """Apply another replica's pick to the named local plugins at local time ``now``.
+
+    Returns False (nothing changed) for this replica's own entries, entries without hashes
+    or instances, and entries older than ``max_age_s`` by wall clock (a backlog read at
+    start-up). Applying the same entry twice only refreshes its recency (idempotent for
+    matching purposes). A ``retracted`` entry settles the earlier entry of the same
+    (replica, request) as not ok: the plugins drop what that entry created, if they still
+    remember it (unknown or already retracted: nothing happens).
+    """
+    if entry.replica_id == replica_id or not entry.instance_ids:
+        return False
+    if not entry.retracted and not entry.block_hashes:
+        return False
+    if wall_ms - entry.ts_ms > max_age_s * 1000.0:
+        return False
+    targets = [plugins[n] for n in entry.plugins if n in plugins]
+    if not targets:
+        return False
+    hashes = tuple(entry.block_hashes)
+    view = RequestView(
+        request_id=f"routed:{entry.replica_id}:{entry.request_id or entry.ts_ms}",
+        prompt_tokens=0,
+        block_hashes=hashes,
+    )
+    ids = list(entry.instance_ids)
+    pick = Pick(
+        decode=Choice(EndpointView(instance_id=ids[0]), 0.0),
+        prefill=Choice(EndpointView(instance_id=ids[1]), 0.0) if len(ids) > 1 else None,
+        profile="",
+    )
+    for plugin in targets:
+        if not entry.retracted:
+            plugin.on_pick(now, view, pick)
+        elif isinstance(plugin, Settle):
+            plugin.on_settle(view, pick, False)
+    return True
+
+
+def heartbeat(
+    own: Mapping[str, InFlight], *, deployment: str, replica_id: str, ts_ms: int
+) -> events_pb2.ReplicaInFlight:
+    """This replica's heartbeat; instances with nothing in flight are left out."""
+    return events_pb2.ReplicaInFlight(
+        deployment=deployment,
+        replica_id=replica_id,
+        ts_ms=ts_ms,
+        instances=[
+            events_pb2.InstanceInFlight(
+                instance_id=iid, requests=req, pending_prefill_tokens=max(0, toks)
+            )
+            for iid, (req, toks) in sorted(own.items())
+            if req > 0 or toks > 0
+        ],
+    )
+
+
+def merge_in_flight(
+    beats: Iterable[events_pb2.ReplicaInFlight],
+    *,
+    replica_id: str,
+    now_ms: int,
+    ttl_ms: int,
+) -> dict[str, InFlight]:
+    """Sum of the other replicas' in-flight counts per instance, from heartbeats younger
+    than ``ttl_ms`` (a heartbeat from the future by clock skew counts as fresh). This
+    replica's own heartbeat is skipped (its counts are already local)."""
+    out: dict[str, InFlight] = {}
+    for b in beats:
+        if b.replica_id == replica_id or now_ms - b.ts_ms > ttl_ms:
+            continue
+        for i in b.instances:
+            req, toks = out.get(i.instance_id, (0, 0))
+            out[i.instance_id] = (
+                req + max(0, i.requests),
+                toks + max(0, i.pending_prefill_tokens),
+            )
+    return out
+
+
+def dead_replicas(
+    beats: Iterable[events_pb2.ReplicaInFlight], *, now_ms: int, forget_ms: int
+) -> list[str]:
+    """Replicas whose last heartbeat is older than ``forget_ms`` (their hash fields may be
+    deleted; much longer than the TTL so a slow replica is not erased while alive)."""
+    return sorted({b.replica_id for b in beats if now_ms - b.ts_ms > forget_ms})
+
+
+def catchup_start_id(wall_ms: int, window_s: float) -> str:
+    """Stream id to start reading from so a replica that starts late still learns the
+    prefixes routed in the last ``window_s`` seconds."""
+    return f"{max(0, wall_ms - int(window_s * 1000.0))}-0"

@@ -1,0 +1,190 @@
+"""Forwarding one pick to its engines (aiohttp I/O only): the P/D flows and the decode call.
+
+An aggregated pick (no prefill endpoint) sends the client's body to the decode endpoint.
+A disaggregated pick follows the deployment's ``pd_protocol``:
+
+- ``sglang``: the same body plus ``bootstrap_host``, ``bootstrap_port`` and
+  ``bootstrap_room`` goes to the prefill and the decode instance at once; the prefill
+  answer is drained in the background (its failure surfaces only when the decode side
+  fails too).
+- ``vllm``: the prefill runs first (``max_tokens=1``, ``kv_transfer_params``;
+  :mod:`services.scheduler.http.pd_vllm`), then the decode with the returned
+  parameters; a 4xx from the prefill is handed back to the client unchanged.
+
+Either way the decode answer is relayed (:mod:`services.scheduler.http.relay`).
+Raises :class:`~services.scheduler.http.upstream.UpstreamFailure` before the first
+byte (the caller retries elsewhere); cancellation (pre-emption, client gone) leaves no
+orphan prefill task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from typing import Any, Literal
+
+import aiohttp
+from aiohttp import web
+
+from services.scheduler.core.service import GatewayCore
+from services.scheduler.http import pd_vllm, records, upstream
+from services.scheduler.http.metrics import GatewayMetrics
+from services.scheduler.http.openai import Kind, ParsedRequest
+from services.scheduler.http.relay import FirstByte, relay_body, relay_stream
+from services.scheduler.routing.types import EndpointView, Pick
+
+__all__ = ["PATHS", "Forwarder"]
+
+PATHS: dict[Kind, str] = {
+    "chat": "/v1/chat/completions",
+    "completion": "/v1/completions",
+    "generate": "/generate",
+}
+
+
+class Forwarder:
+    """Sends picks upstream; holds no per-request state."""
+
+    def __init__(
+        self,
+        core: GatewayCore,
+        *,
+        pd_protocol: Literal["sglang", "vllm"],
+        upstream_timeout_s: float,
+        connect_timeout_s: float,
+        clock: Callable[[], float],
+        rng: random.Random,
+        metrics: GatewayMetrics,
+        first_byte: FirstByte,
+    ) -> None:
+        self.core = core
+        self.pd_protocol = pd_protocol
+        self.upstream_timeout_s = upstream_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.clock = clock
+        self.rng = rng
+        self.metrics = metrics
+        self.first_byte = first_byte
+
+    async def forward(
+        self,
+        session: aiohttp.ClientSession,
+        req: web.Request,
+        p: ParsedRequest,
+        d: Pick,
+        pick_id: str,
+    ) -> web.StreamResponse:
+        """The client's answer for pick ``d`` (see the module docstring)."""
+        path = PATHS[p.kind]
+        body: dict[str, Any] = dict(p.forward_body)
+        headers = {"Content-Type": "application/json"}
+        traceparent = records.outgoing_traceparent(req)
+        if traceparent:
+            headers["traceparent"] = traceparent
+        timeout = aiohttp.ClientTimeout(
+            total=self.upstream_timeout_s, sock_connect=self.connect_timeout_s
+        )
+        decode = d.decode.endpoint
+        prefill_task: asyncio.Task[None] | None = None
+        if d.prefill is not None and self.pd_protocol == "vllm":
+            headers["X-Request-Id"] = pick_id
+            step = await self._prefill_vllm(
+                session, req, d.prefill.endpoint, p.kind, path, body, headers, timeout, pick_id
+            )
+            if isinstance(step, web.Response):
+                return step
+            body = step
+        elif d.prefill is not None:
+            prefill_task = self._prefill_sglang(
+                session, d.prefill.endpoint, path, body, headers, timeout
+            )
+        try:
+            resp = await upstream.open_upstream(session, decode, path, body, headers, timeout)
+        except upstream.UpstreamFailure as f:
+            if prefill_task is not None and prefill_task.done() and prefill_task.exception():
+                exc = prefill_task.exception()
+                if isinstance(exc, upstream.UpstreamFailure):
+                    raise exc from None
+            await upstream.cancel_quietly(prefill_task)
+            raise f from None
+        except BaseException:  # cancelled (pre-empted, client gone): no orphan prefill
+            await upstream.cancel_quietly(prefill_task)
+            raise
+        try:
+            if not p.stream or resp.status != 200:
+                return await relay_body(
+                    req,
+                    resp,
+                    decode.instance_id,
+                    pick_id,
+                    core=self.core,
+                    clock=self.clock,
+                    first_byte=self.first_byte,
+                )
+            return await relay_stream(
+                req,
+                resp,
+                decode.instance_id,
+                pick_id,
+                core=self.core,
+                clock=self.clock,
+                metrics=self.metrics,
+                first_byte=self.first_byte,
+            )
+        except BaseException:
+            resp.close()  # e.g. pre-empted before the first byte: the engine aborts it
+            if prefill_task is not None:
+                prefill_task.cancel()
+            raise
+        finally:
+            resp.release()
+            if prefill_task is not None and not prefill_task.done():
+                # The decode side answered; let the prefill half finish in the background.
+                prefill_task.add_done_callback(_swallow)
+
+    async def _prefill_vllm(
+        self,
+        session: aiohttp.ClientSession,
+        req: web.Request,
+        prefill: EndpointView,
+        kind: Kind,
+        path: str,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        client_timeout: aiohttp.ClientTimeout,
+        pick_id: str,
+    ) -> dict[str, Any] | web.Response:
+        """The decode body after a finished prefill, or the client's answer when the
+        prefill refused the request (4xx)."""
+        step = await pd_vllm.run_prefill(
+            session, prefill, kind, path, body, headers, client_timeout
+        )
+        if isinstance(step, pd_vllm.PrefillRefused):
+            self.first_byte(pick_id)
+            records.note_body(req, step.body)
+            return web.Response(status=step.status, body=step.body, content_type=step.content_type)
+        self.core.fleet.first_token(pick_id)  # the prompt is computed: no pending prefill
+        self.core.fleet.upstream_result(prefill.instance_id, True, self.clock())
+        return step
+
+    def _prefill_sglang(
+        self,
+        session: aiohttp.ClientSession,
+        prefill: EndpointView,
+        path: str,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        timeout: aiohttp.ClientTimeout,
+    ) -> asyncio.Task[None]:
+        """Adds the bootstrap fields to ``body`` (in place: the decode call sends the same
+        body) and starts the prefill half in the background."""
+        body.update(upstream.bootstrap_fields(prefill, self.rng.getrandbits(62)))
+        return asyncio.create_task(
+            upstream.drain_prefill(session, prefill, path, body, headers, timeout)
+        )
+
+
+def _swallow(t: asyncio.Task[None]) -> None:
+    if not t.cancelled():
+        t.exception()

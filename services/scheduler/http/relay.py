@@ -1,0 +1,120 @@
+"""Relaying an opened upstream answer to the client (aiohttp I/O only).
+
+:func:`relay_body` hands back a whole (non-streamed or non-200) answer; :func:`relay_stream`
+passes an SSE stream through chunk by chunk. Both call ``first_byte(pick_id)`` once, before
+the first byte goes to the client and before any await after it (from then on the request
+can no longer be pre-empted), and report the upstream's health to the fleet.
+
+Before the first byte, a read error or an empty stream raises
+:class:`~services.scheduler.http.upstream.UpstreamFailure` (the caller may retry on
+another endpoint). After it, a broken stream or one that ends without ``[DONE]`` ends the
+client's stream with an OpenAI-style error event and ``data: [DONE]``; the endpoint is
+marked failed. A client that goes away stops the relay (recorded as cancelled).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+
+import aiohttp
+from aiohttp import web
+
+from services.scheduler.core.service import GatewayCore
+from services.scheduler.http import records, upstream
+from services.scheduler.http.metrics import GatewayMetrics
+
+__all__ = ["FirstByte", "relay_body", "relay_stream"]
+
+FirstByte = Callable[[str], None]
+"""``first_byte(pick_id)``: the answer of ``pick_id`` starts reaching the client."""
+
+
+async def relay_body(
+    req: web.Request,
+    resp: aiohttp.ClientResponse,
+    instance_id: str,
+    pick_id: str,
+    *,
+    core: GatewayCore,
+    clock: Callable[[], float],
+    first_byte: FirstByte,
+) -> web.Response:
+    """The whole upstream answer, status and content type unchanged."""
+    try:
+        data = await resp.read()
+    except (aiohttp.ClientError, TimeoutError, OSError) as e:
+        raise upstream.UpstreamFailure(instance_id, f"read: {e!r}") from None
+    first_byte(pick_id)
+    records.note_body(req, data)
+    core.fleet.upstream_result(instance_id, True, clock())
+    return web.Response(
+        status=resp.status,
+        body=data,
+        content_type=resp.content_type or "application/json",
+    )
+
+
+async def relay_stream(
+    req: web.Request,
+    resp: aiohttp.ClientResponse,
+    instance_id: str,
+    pick_id: str,
+    *,
+    core: GatewayCore,
+    clock: Callable[[], float],
+    metrics: GatewayMetrics,
+    first_byte: FirstByte,
+) -> web.StreamResponse:
+    """The upstream SSE stream, token by token (see the module docstring for failures)."""
+    out = web.StreamResponse(
+        status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    started = False
+    tail = b""
+    error = ""
+    try:
+        async for chunk in resp.content.iter_any():
+            if not started:
+                first_byte(pick_id)  # before any await: no pre-emption from here
+                started = True
+                await out.prepare(req)
+                records.note_first_byte(req, True)
+            records.note_chunk(req, chunk)
+            try:
+                await out.write(chunk)
+            except (ConnectionError, RuntimeError):
+                # client went away: stop reading upstream (counted as cancelled)
+                records.note_cancelled(req)
+                core.fleet.upstream_result(instance_id, True, clock())
+                return out
+            tail = (tail + chunk)[-64:]
+    except (aiohttp.ClientError, TimeoutError, OSError) as e:
+        if not started:
+            raise upstream.UpstreamFailure(instance_id, f"stream: {e!r}") from None
+        error = f"upstream stream broke: {e!r}"
+    if not started:
+        raise upstream.UpstreamFailure(instance_id, "empty stream")
+    if not error and b"[DONE]" not in tail:
+        error = "upstream stream ended without [DONE]"
+    now = clock()
+    if error:
+        metrics.upstream_failed(instance_id, "stream broken", False)
+        records.note_error(req, error)
+        core.fleet.upstream_result(instance_id, False, now)
+        evt = {
+            "error": {
+                "message": error,
+                "type": "server_error",
+                "param": None,
+                "code": "upstream_error",
+            }
+        }
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await out.write(f"data: {json.dumps(evt)}\n\ndata: [DONE]\n\n".encode())
+    else:
+        core.fleet.upstream_result(instance_id, True, now)
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await out.write_eof()
+    return out

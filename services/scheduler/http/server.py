@@ -1,0 +1,417 @@
+"""The OpenAI-compatible HTTP gateway (aiohttp shell over :class:`GatewayCore`).
+
+Per request: validate (400/404/413) → admission (fast path when nothing is queued and the
+fleet has capacity; otherwise the classed queue; 429 + ``Retry-After`` when shed or timed
+out in the queue) → pick (429 when the SLO filter sheds, 503 when no endpoint) → forward.
+Before the first byte reaches the client, upstream connection errors, 5xx answers and
+empty streams are retried on another endpoint (``retries`` times, exponential backoff
+with jitter); after it, a failure ends the SSE stream with an error event and ``[DONE]``.
+Forwarding a pick (the P/D flows per ``pd_protocol``, the decode call) is
+:mod:`services.scheduler.http.forward`; relaying the answer (whole or SSE token by
+token) is :mod:`services.scheduler.http.relay`.
+
+Pre-emption (:mod:`services.scheduler.http.preemption`): when a higher class waits and
+no capacity is left, a lower-class dispatch that has not received its first byte is
+cancelled upstream and requeued with its original arrival time. A pick that fails before
+its first byte (or is pre-empted) is abandoned: routing plugins undo what they recorded.
+
+Background tasks (started/stopped with the aiohttp app): active health probes
+(``GET /health``), load scraping (``GET /metrics``, SGLang or vLLM names; only endpoints
+without a fresh load snapshot from the stream) and the queue pump.
+
+``GET /metrics`` serves the gateway's Prometheus registry (``gateway.metrics``; see
+:mod:`services.scheduler.http.metrics`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import aiohttp
+from aiohttp import web
+
+from services.common.metrics import metrics_handler
+from services.common.tokens import block_hashes
+from services.scheduler.admission import QueuedRequest, Shed
+from services.scheduler.core.service import GatewayCore
+from services.scheduler.http import records, upstream
+from services.scheduler.http.forward import Forwarder
+from services.scheduler.http.metrics import GatewayMetrics
+from services.scheduler.http.openai import ApiError, Kind, Limits, ParsedRequest, parse_request
+from services.scheduler.http.preemption import Preempted, Preemptor
+from services.scheduler.routing.types import (
+    NoEndpoint,
+    PrefixMatch,
+    RequestView,
+)
+from services.scheduler.routing.types import Shed as RouteShed
+
+# (view, deployment, cache_salt, profile) -> per-instance matches, or None (best effort;
+# e.g. services.scheduler.feeds.kvmeta_client.KVMetaLookup).
+PrefixLookup = Callable[[RequestView, str, str, str], Awaitable[Mapping[str, PrefixMatch] | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayOptions:
+    models: tuple[str, ...] = ()
+    deployment: str = ""
+    block_size: int = 16
+    retries: int = 2
+    backoff_ms: float = 20.0
+    health_interval_s: float = 1.0
+    load_interval_s: float = 0.5
+    probe_timeout_s: float = 1.0
+    connect_timeout_s: float = 3.0
+    upstream_timeout_s: float = 600.0
+    queue_tick_s: float = 0.05
+    limits: Limits = field(default_factory=Limits)
+    tenants: frozenset[str] | None = None
+    background: bool = True
+    # Scheduler profile for requests that do not name one ("" = the config's default).
+    profile: str = ""
+    # How disaggregated picks talk to the engines (per deployment).
+    pd_protocol: Literal["sglang", "vllm"] = "sglang"
+    # Pre-empt lower classes before their first byte when a higher class waits.
+    preemption: bool = True
+
+
+class Overloaded(ApiError):
+    """429; ``where``: admission (queue full / deadline passed), queue_timeout, routing."""
+
+    def __init__(self, message: str, retry_after_ms: int, where: str = "admission") -> None:
+        super().__init__(429, message, None, "overloaded", "rate_limit_error")
+        self.retry_after_ms = retry_after_ms
+        self.where = where
+
+
+def _error(e: ApiError) -> web.Response:
+    resp = web.json_response(e.body(), status=e.status)
+    if isinstance(e, Overloaded):
+        resp.headers["Retry-After"] = str(max(1, math.ceil(e.retry_after_ms / 1000)))
+        resp.headers["Retry-After-Ms"] = str(e.retry_after_ms)
+    return resp
+
+
+class Gateway:
+    def __init__(
+        self,
+        core: GatewayCore,
+        options: GatewayOptions | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+        prefix_lookup: PrefixLookup | None = None,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
+        """``metrics``: the families in the registry ``main`` passes down (default: a
+        private registry of this gateway)."""
+        self.core = core
+        self.opts = options or GatewayOptions()
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.prefix_lookup = prefix_lookup
+        self.models: set[str] = set(self.opts.models)
+        self.metrics = metrics or GatewayMetrics()
+        self.metrics.attach(core, clock)
+        self._waiters: dict[str, asyncio.Future[bool]] = {}
+        self._released = 0  # released from the queue, not yet picked
+        self.preemptor = Preemptor(core, clock, enabled=self.opts.preemption)
+        self.forwarder = Forwarder(
+            core,
+            pd_protocol=self.opts.pd_protocol,
+            upstream_timeout_s=self.opts.upstream_timeout_s,
+            connect_timeout_s=self.opts.connect_timeout_s,
+            clock=clock,
+            rng=self.rng,
+            metrics=self.metrics,
+            first_byte=self._first_byte,
+        )
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- app ------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(
+            client_max_size=self.opts.limits.max_body_bytes + 1,
+            middlewares=[
+                self.metrics.middleware(
+                    default_class=lambda: self.core.queue.config.default_class,
+                    clock=self.clock,
+                    rng=self.rng,
+                )
+            ],
+        )
+        r = app.router
+        r.add_post("/v1/chat/completions", self._chat)
+        r.add_post("/v1/completions", self._completions)
+        r.add_post("/generate", self._generate)
+        r.add_get("/v1/models", self._models)
+        r.add_get("/health", self._health)
+        r.add_get("/metrics", metrics_handler(self.metrics.registry))
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, _app: web.Application) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+        )
+        if self.opts.background:
+            self._tasks = [
+                asyncio.create_task(self._every(self.opts.health_interval_s, self.check_health)),
+                asyncio.create_task(self._every(self.opts.load_interval_s, self.poll_load)),
+                asyncio.create_task(self._every(self.opts.queue_tick_s, self._tick)),
+            ]
+
+    async def _stop(self, _app: web.Application) -> None:
+        for t in self._tasks:
+            await upstream.cancel_quietly(t)
+        self._tasks.clear()
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.set_result(False)
+        if self._session is not None:
+            await self._session.close()
+
+    @staticmethod
+    async def _every(period: float, fn: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await fn()
+            await asyncio.sleep(period)
+
+    # -- background -----------------------------------------------------------------------
+    async def check_health(self) -> None:
+        assert self._session is not None
+        fleet = self.core.fleet
+        ids = fleet.ids()
+        oks = await asyncio.gather(
+            *(
+                upstream.probe(self._session, fleet.spec(i).url, self.opts.probe_timeout_s)
+                for i in ids
+            )
+        )
+        now = self.clock()
+        for i, ok in zip(ids, oks, strict=True):
+            fleet.probe(i, ok, now)
+
+    async def poll_load(self) -> None:
+        assert self._session is not None
+        fleet = self.core.fleet
+        before = self.clock()
+        ids = [i for i in fleet.ids() if fleet.needs_scrape(i, before)]
+        loads = await asyncio.gather(
+            *(
+                upstream.scrape_load(self._session, fleet.spec(i).url, self.opts.probe_timeout_s)
+                for i in ids
+            )
+        )
+        now = self.clock()
+        for i, ld in zip(ids, loads, strict=True):
+            if ld is not None:
+                fleet.report_load(i, ld, now)
+        if not self.models and fleet.ids():
+            for i in fleet.ids():
+                self.models.update(
+                    await upstream.list_models(
+                        self._session, fleet.spec(i).url, self.opts.probe_timeout_s
+                    )
+                )
+
+    async def _tick(self) -> None:
+        self.core.tick(self.clock())
+        self._pump()
+
+    def _pump(self) -> None:
+        now = self.clock()
+        q = self.core.queue
+        for r in q.expire(now):
+            fut = self._waiters.pop(r.request_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(False)
+        if not len(q):
+            return
+        cap = self.core.capacity(now) - self._released
+        if cap <= 0:
+            self.metrics.preempted(len(self.preemptor.consider(now, cap)))
+            return
+        for r in q.next(now, cap):
+            fut = self._waiters.pop(r.request_id, None)
+            if fut is not None and not fut.done():
+                self._released += 1
+                fut.set_result(True)
+
+    # -- handlers -------------------------------------------------------------------------
+    async def _health(self, _req: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _models(self, _req: web.Request) -> web.Response:
+        data = [{"id": m, "object": "model", "owned_by": "tideserve"} for m in sorted(self.models)]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _chat(self, req: web.Request) -> web.StreamResponse:
+        return await self.handle(req, "chat")
+
+    async def _completions(self, req: web.Request) -> web.StreamResponse:
+        return await self.handle(req, "completion")
+
+    async def _generate(self, req: web.Request) -> web.StreamResponse:
+        return await self.handle(req, "generate")
+
+    async def handle(self, req: web.Request, kind: Kind) -> web.StreamResponse:
+        rid = uuid.uuid4().hex
+        slo_class = ""
+        arrival = self.clock()
+        try:
+            if (req.content_length or 0) > self.opts.limits.max_body_bytes:
+                raise ApiError(413, "request body too large", None, "body_too_large")
+            try:
+                raw = await req.read()
+            except web.HTTPRequestEntityTooLarge:
+                raise ApiError(413, "request body too large", None, "body_too_large") from None
+            parsed = parse_request(
+                kind,
+                raw,
+                req.headers,
+                models=self.models,
+                classes=[c.name for c in self.core.queue.config.classes],
+                tenants=self.opts.tenants,
+                limits=self.opts.limits,
+            )
+            if not parsed.profile and self.opts.profile:
+                parsed = replace(parsed, profile=self.opts.profile)
+            slo_class = parsed.slo_class
+            if parsed.profile and parsed.profile not in self.core.scheduler.profiles:
+                raise ApiError(400, f"unknown scheduler profile {parsed.profile!r}", "profile")
+            view = self._view(rid, parsed)
+            records.note_request(req, rid, parsed)
+            if self.prefix_lookup is not None and view.block_hashes:
+                with contextlib.suppress(Exception):
+                    found = await self.prefix_lookup(
+                        view, self.opts.deployment, parsed.cache_salt, parsed.profile
+                    )
+                    view = replace(view, prefix_matches=found)
+            await self._admit(rid, parsed, arrival)
+            records.note_admitted(req)
+            while True:
+                try:
+                    return await self._route(req, rid, parsed, view)
+                except Preempted:
+                    # Back in line with its original arrival; its slot went to a higher class.
+                    self.core.queue.requeue(self._queued(rid, parsed, arrival), arrival)
+                    await self._wait(rid, parsed)
+        except ApiError as e:
+            if isinstance(e, Overloaded):
+                cls = slo_class or self.core.queue.config.default_class
+                self.metrics.shed_request(cls, e.where)
+            elif e.status in (400, 404, 413):
+                self.metrics.bad_request(e.code, e.param)
+            return _error(e)
+
+    def _view(self, rid: str, p: ParsedRequest) -> RequestView:
+        return RequestView(
+            request_id=rid,
+            prompt_tokens=len(p.prompt_ids),
+            block_hashes=tuple(
+                block_hashes(p.prompt_ids, self.opts.block_size, tenant=p.cache_salt)
+            ),
+            block_size=self.opts.block_size,
+            max_tokens=p.max_tokens,
+            tenant=p.tenant,
+            slo_class=p.slo_class,
+            session_id=p.session_id,
+            ttft_slo_ms=self.core.ttft_budget_ms(p.slo_class, p.deadline_ms),
+        )
+
+    @staticmethod
+    def _queued(rid: str, p: ParsedRequest, arrival: float) -> QueuedRequest:
+        deadline = arrival + p.deadline_ms / 1000.0 if p.deadline_ms else None
+        return QueuedRequest(rid, p.tenant, p.slo_class, len(p.prompt_ids), deadline)
+
+    async def _admit(self, rid: str, p: ParsedRequest, arrival: float) -> None:
+        now = self.clock()
+        q = self.core.queue
+        if not len(q) and self.core.capacity(now) - self._released > 0:
+            return
+        res = q.offer(self._queued(rid, p, arrival), now)
+        if isinstance(res, Shed):
+            raise Overloaded(f"overloaded: {res.reason}", res.retry_after_ms)
+        await self._wait(rid, p)
+
+    async def _wait(self, rid: str, p: ParsedRequest) -> None:
+        """Wait until the queued ``rid`` is released; Overloaded when it timed out."""
+        q = self.core.queue
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiters[rid] = fut
+        self._pump()
+        try:
+            go = await fut
+        except asyncio.CancelledError:
+            self._waiters.pop(rid, None)
+            q.cancel(rid)
+            raise
+        if not go:
+            cls = p.slo_class or q.config.default_class
+            raise Overloaded(
+                "timed out in the admission queue", q.retry_after_ms(cls), "queue_timeout"
+            )
+        self._released -= 1
+
+    async def _route(
+        self, req: web.Request, rid: str, p: ParsedRequest, view: RequestView
+    ) -> web.StreamResponse:
+        exclude: set[str] = set()
+        last = ""
+        for attempt in range(self.opts.retries + 1):
+            now = self.clock()
+            pick_id = f"{rid}.{attempt}"
+            d = self.core.pick(
+                replace(view, exclude=frozenset(exclude)),
+                now,
+                pick_id,
+                p.profile,
+                self.opts.deployment,
+            )
+            records.note_pick(req, d, attempt)
+            if isinstance(d, RouteShed):
+                raise Overloaded(d.reason, d.retry_after_ms, "routing")
+            if isinstance(d, NoEndpoint):
+                msg = d.reason + (f" (last upstream error: {last})" if last else "")
+                raise ApiError(503, msg, None, "no_endpoint", "service_unavailable")
+            try:
+                assert self._session is not None
+                return await self.preemptor.run(
+                    pick_id,
+                    p.slo_class,
+                    self.forwarder.forward(self._session, req, p, d, pick_id),
+                )
+            except Preempted:
+                self.core.abandon(pick_id)
+                raise
+            except upstream.UpstreamFailure as f:
+                self.core.abandon(pick_id)
+                self.metrics.upstream_failed(f.instance_id, f.reason, attempt < self.opts.retries)
+                self.core.fleet.upstream_result(f.instance_id, False, self.clock())
+                exclude.add(f.instance_id)
+                last = f.reason
+                if attempt < self.opts.retries:
+                    delay = self.opts.backoff_ms * 2**attempt * (0.5 + self.rng.random())
+                    await asyncio.sleep(delay / 1000.0)
+            finally:
+                self.core.release(pick_id)
+                self._pump()
+        raise ApiError(
+            502, f"upstream failed after retries: {last}", None, "upstream_error", "server_error"
+        )
+
+    def _first_byte(self, pick_id: str) -> None:
+        self.preemptor.started(pick_id)
+        self.core.first_token(pick_id)

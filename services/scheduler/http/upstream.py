@@ -1,0 +1,155 @@
+"""Talking to engines: probes, load scraping and request forwarding (aiohttp I/O only)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from services.scheduler.core.fleet import LoadReport
+from services.scheduler.routing.types import EndpointView
+
+_METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)")
+
+# (running, waiting, kv usage) metric names per engine dialect.
+_DIALECTS = (
+    ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage"),
+    ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"),
+    ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:gpu_cache_usage_perc"),
+)
+
+
+def parse_metrics(text: str) -> LoadReport | None:
+    """Load figures from a Prometheus text page of SGLang or vLLM (sums over label sets).
+    None when neither dialect is present."""
+    vals: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _METRIC.match(line)
+        if m:
+            try:
+                vals[m.group(1)] = vals.get(m.group(1), 0.0) + float(m.group(3))
+            except ValueError:
+                continue
+    for run, wait, kv in _DIALECTS:
+        if run in vals or wait in vals:
+            return LoadReport(
+                running=int(vals.get(run, 0)),
+                waiting=int(vals.get(wait, 0)),
+                kv_usage=float(vals.get(kv, 0.0)),
+            )
+    return None
+
+
+async def probe(session: aiohttp.ClientSession, url: str, timeout_s: float) -> bool:
+    try:
+        async with session.get(
+            url + "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as r:
+            await r.read()
+            return r.status == 200
+    except (aiohttp.ClientError, TimeoutError, OSError):
+        return False
+
+
+async def scrape_load(
+    session: aiohttp.ClientSession, url: str, timeout_s: float
+) -> LoadReport | None:
+    try:
+        async with session.get(
+            url + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as r:
+            if r.status != 200:
+                return None
+            return parse_metrics(await r.text())
+    except (aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError):
+        return None
+
+
+async def list_models(session: aiohttp.ClientSession, url: str, timeout_s: float) -> list[str]:
+    try:
+        async with session.get(
+            url + "/v1/models", timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as r:
+            body = await r.json(content_type=None)
+            return [str(m["id"]) for m in body.get("data", []) if isinstance(m, dict)]
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError, AttributeError):
+        return []
+
+
+def bootstrap_fields(prefill: EndpointView, room: int) -> dict[str, Any]:
+    """SGLang bootstrap values for a prefill instance (its HTTP port when it has no
+    dedicated bootstrap port: the simulator serves ``/bootstrap/{room}`` there too)."""
+    parts = urlsplit(prefill.url)
+    host = prefill.bootstrap_host or parts.hostname or "127.0.0.1"
+    port = prefill.bootstrap_port or parts.port or 80
+    return {"bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": room}
+
+
+@dataclass(slots=True)
+class UpstreamFailure(Exception):
+    """The upstream failed before any byte reached the client (safe to retry)."""
+
+    instance_id: str
+    reason: str
+    status: int = 502
+
+
+async def open_upstream(
+    session: aiohttp.ClientSession,
+    endpoint: EndpointView,
+    path: str,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str],
+    client_timeout: aiohttp.ClientTimeout,
+) -> aiohttp.ClientResponse:
+    """POST and return the response once headers arrived; 5xx and connection errors raise
+    :class:`UpstreamFailure` (the response is released). 4xx responses are returned."""
+    try:
+        resp = await session.post(
+            endpoint.url + path,
+            data=json.dumps(body),
+            headers=dict(headers),
+            timeout=client_timeout,
+        )
+    except (aiohttp.ClientError, TimeoutError, OSError) as e:
+        raise UpstreamFailure(endpoint.instance_id, f"connect: {e!r}") from None
+    if resp.status >= 500:
+        text = (await resp.text(errors="replace"))[:300]
+        resp.release()
+        raise UpstreamFailure(endpoint.instance_id, f"HTTP {resp.status}: {text}", resp.status)
+    return resp
+
+
+async def drain_prefill(
+    session: aiohttp.ClientSession,
+    endpoint: EndpointView,
+    path: str,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str],
+    client_timeout: aiohttp.ClientTimeout,
+) -> None:
+    """Send the prefill half of a disaggregated request and read its answer to the end.
+    Raises :class:`UpstreamFailure` on a connection error or a 5xx."""
+    resp = await open_upstream(session, endpoint, path, body, headers, client_timeout)
+    try:
+        await resp.read()
+    except (aiohttp.ClientError, TimeoutError, OSError) as e:
+        raise UpstreamFailure(endpoint.instance_id, f"prefill read: {e!r}") from None
+    finally:
+        resp.release()
+
+
+async def cancel_quietly(task: asyncio.Task[Any] | None) -> None:
+    if task is None or task.done():
+        return
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):
+        return
