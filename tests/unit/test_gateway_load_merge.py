@@ -8,8 +8,10 @@ import pytest
 
 from services.scheduler.core.fleet import EndpointSpec, Fleet
 from services.scheduler.core.load_merge import (
+    Gone,
     LoadReport,
     Sample,
+    discount,
     merge_load,
     needs_scrape,
     newer,
@@ -127,3 +129,45 @@ def test_readding_a_retiring_endpoint_keeps_its_counts() -> None:
     assert not f.retiring("a") and f.in_flight("a") == 1
     f.release("p1")
     assert "a" in f and f.in_flight("a") == 0 and f.view("a", 0.0).eligible
+
+
+@pytest.mark.parametrize(
+    ("gone", "expected"),
+    [
+        (Gone(), ST),
+        (
+            Gone(2, 100),
+            LoadReport(running=3, waiting=1, tokens_in_flight=800, pending_prefill_tokens=200),
+        ),
+        (
+            Gone(6, 0),
+            LoadReport(running=0, waiting=0, tokens_in_flight=900, pending_prefill_tokens=300),
+        ),
+        (Gone(9, 5000), LoadReport()),
+    ],
+    ids=["nothing-gone", "some-gone", "running-then-waiting", "never-below-zero"],
+)
+def test_discount(gone: Gone, expected: LoadReport) -> None:
+    assert discount(ST, gone) == expected
+
+
+@pytest.mark.parametrize("source", ["stream", "scrape"])
+def test_fleet_takes_ended_work_off_the_stream_snapshot_that_held_it(source: str) -> None:
+    """A request dispatched before a stream snapshot and seen to end after it comes off that
+    snapshot; one dispatched after it (the snapshot cannot hold it) does not; a new snapshot
+    starts afresh. Scrapes are used as reported."""
+    f = Fleet()
+    f.upsert(EndpointSpec("a", "http://a"))
+    f.reserve("old", ["a"], {"a": 640}, 1.0)
+    f.report_load("a", LoadReport(running=3, pending_prefill_tokens=1920), 1.5, source=source)  # type: ignore[arg-type]
+    f.reserve("new", ["a"], {"a": 640}, 2.0)
+    f.first_token("old")
+    v = f.view("a", 2.1)
+    stream = source == "stream"
+    assert (v.running, v.pending_prefill_tokens) == (3, 1280 if stream else 1920)
+    f.release("old")
+    f.release("new")  # dispatched after the report: not in it
+    v = f.view("a", 2.2)
+    assert (v.running, v.pending_prefill_tokens) == ((2, 1280) if stream else (3, 1920))
+    f.report_load("a", LoadReport(running=1), 2.5, source=source)  # type: ignore[arg-type]
+    assert f.view("a", 2.6).running == 1

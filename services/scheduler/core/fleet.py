@@ -21,7 +21,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from services.scheduler.core.load_merge import LoadReport, Sample, Source, merge_load, newer
+from services.scheduler.core.load_merge import (
+    Gone,
+    LoadReport,
+    Sample,
+    Source,
+    discount,
+    merge_load,
+    newer,
+)
 from services.scheduler.core.load_merge import needs_scrape as _needs_scrape
 from services.scheduler.routing.types import Circuit, EndpointSnapshot, EndpointView, Role
 
@@ -78,6 +86,16 @@ class _Live:
     retiring: bool = False
     ours: int = 0
     ours_pending_tokens: int = 0
+    # What this gateway saw end since the last stream snapshot (see load_merge.Gone).
+    stream_gone: Gone = field(default_factory=Gone)
+
+    def ended(self, dispatched_at: float, requests: int, prefill_tokens: int) -> None:
+        """Work dispatched at ``dispatched_at`` ended: count it against the stream snapshot
+        if that arrived after the dispatch (only then can it hold it)."""
+        s = self.streamed
+        if s is not None and dispatched_at <= s.at:
+            self.stream_gone.requests += requests
+            self.stream_gone.prefill_tokens += prefill_tokens
 
 
 @dataclass(slots=True)
@@ -209,6 +227,7 @@ class Fleet:
                     return False
                 live.stream_seq = seq
             live.streamed = Sample(load, now)
+            live.stream_gone = Gone()
         else:
             live.scraped = Sample(load, now)
         self._dirty(instance_id)
@@ -226,13 +245,16 @@ class Fleet:
         return self._merged(live, now)[1]
 
     def _merged(self, live: _Live, now: float) -> tuple[LoadReport, Source, float]:
-        return merge_load(
+        load, source, until = merge_load(
             live.streamed,
             live.scraped,
             now,
             stream_stale_s=self.stream_stale_s,
             scrape_stale_s=self.load_stale_s,
         )
+        if source != "stream":
+            return load, source, until
+        return discount(load, live.stream_gone), source, until
 
     def probe(self, instance_id: str, ok: bool, now: float) -> None:
         """Active health check result: unhealthy after ``unhealthy_after`` failures in a
@@ -292,8 +314,10 @@ class Fleet:
         if r is None:
             return
         for i, n in r.pending_tokens.items():
-            if n and i in self._eps:
-                self._eps[i].ours_pending_tokens -= n
+            live = self._eps.get(i)
+            if n and live is not None:
+                live.ours_pending_tokens -= n
+                live.ended(r.at, 0, n)
                 self._dirty(i)
         r.pending_tokens = {}
 
@@ -308,6 +332,7 @@ class Fleet:
             if live is not None:
                 live.ours -= 1
                 live.ours_pending_tokens -= r.pending_tokens.get(i, 0)
+                live.ended(r.at, 1, r.pending_tokens.get(i, 0))
                 if live.retiring and live.ours <= 0:
                     self.remove(i)
         return True

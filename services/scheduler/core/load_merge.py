@@ -12,14 +12,31 @@ otherwise a fresh scrape (at most ``scrape_stale_s`` old); otherwise nothing is 
 the view trusts only the gateway's own reservations. Scraping is only needed for endpoints
 whose stream is not fresh (:func:`needs_scrape`). Snapshots are ordered by
 ``(epoch, ts_ms)``: an older or repeated one is ignored (:func:`newer`).
+
+A stream snapshot counts work the gateway may since have seen end. What this gateway
+dispatched before the snapshot arrived and has seen finish after it (:class:`Gone`:
+requests released, prefill tokens whose first token came back) is taken off it
+(:func:`discount`), so a conversation's next turn is not pushed off the instance holding
+its prefix by the previous turn's pending prefill, still in a snapshot up to a reporting
+interval old. Scrapes carry no pending prefill and are left as reported: taking ended
+requests off their running counts cost goodput in routing_sim (benchmarks/README.md).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
-__all__ = ["LoadReport", "Sample", "Source", "merge_load", "needs_scrape", "newer"]
+__all__ = [
+    "Gone",
+    "LoadReport",
+    "Sample",
+    "Source",
+    "discount",
+    "merge_load",
+    "needs_scrape",
+    "newer",
+]
 
 Source = Literal["stream", "scrape", "none"]
 
@@ -44,6 +61,33 @@ class Sample:
 
     load: LoadReport
     at: float
+
+
+@dataclass(slots=True)
+class Gone:
+    """Work counted in a report that this gateway has since seen end: its requests
+    (released) and prefill tokens (first token back) dispatched before the report arrived.
+    Reset with every new report of that source."""
+
+    requests: int = 0
+    prefill_tokens: int = 0
+
+
+def discount(load: LoadReport, gone: Gone) -> LoadReport:
+    """``load`` without what is ``gone`` (never below zero): ended requests come off
+    ``running`` first, then ``waiting``; prefilled tokens off the pending prefill tokens and
+    the tokens in flight."""
+    if not gone.requests and not gone.prefill_tokens:
+        return load
+    running = max(0, load.running - gone.requests)
+    waiting = max(0, load.waiting - max(0, gone.requests - load.running))
+    return replace(
+        load,
+        running=running,
+        waiting=waiting,
+        pending_prefill_tokens=max(0, load.pending_prefill_tokens - gone.prefill_tokens),
+        tokens_in_flight=max(0, load.tokens_in_flight - gone.prefill_tokens),
+    )
 
 
 def _fresh(s: Sample | None, now: float, stale_s: float) -> bool:

@@ -1,14 +1,16 @@
-"""Session/agent affinity: stick a session to the instance that served it, with a load escape."""
+"""Session/agent affinity: a session's rendezvous home, which every gateway replica computes
+alike, and stickiness to the instance that last served it, with a load escape."""
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 from pydantic import Field
 
 from services.scheduler.routing.framework import CycleContext
-from services.scheduler.routing.registry import Params, PluginEnv, register
+from services.scheduler.routing.registry import NoParams, Params, PluginEnv, register
 from services.scheduler.routing.types import EndpointView, Pick, RequestView
 
 
@@ -59,3 +61,41 @@ class SessionAffinity:
         self._sessions.move_to_end(request.session_id)
         while len(self._sessions) > self.p.max_sessions:
             self._sessions.popitem(last=False)
+
+
+def rendezvous_home(key: str, instance_ids: Sequence[str]) -> str | None:
+    """The highest-random-weight (rendezvous) choice of ``key`` among ``instance_ids``:
+    the id with the largest keyed hash of ``(key, id)``. Independent of order and of the
+    process, so every replica computes the same home; losing an instance moves only the
+    keys whose home it was. None for no ids."""
+    best: tuple[bytes, str] | None = None
+    k = key.encode() + b"\0"
+    for iid in instance_ids:
+        h = hashlib.blake2b(k + iid.encode(), digest_size=8).digest()
+        if best is None or (h, iid) > best:
+            best = (h, iid)
+    return best[1] if best else None
+
+
+@register("session-home", NoParams)
+class SessionHome:
+    """Scores 1 for the request's session home among the candidates (:func:`rendezvous_home`
+    of ``request.session_id``), 0 elsewhere; nothing without a session id.
+
+    Active-active gateway replicas learn where a session went only through shared state,
+    which arrives after the fact. This scorer needs no state: every replica ranks the same
+    home first, so a session's turns land together even when consecutive turns reach
+    different replicas before the first replica's routed prefix has reached the others.
+    Weighted as a tie-break: a known prefix elsewhere or a clear load difference still wins.
+    """
+
+    def __init__(self, name: str, params: NoParams, env: PluginEnv) -> None:
+        self.name = name
+
+    def score(
+        self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
+    ) -> Mapping[str, float]:
+        if not request.session_id:
+            return {}
+        home = rendezvous_home(request.session_id, [c.instance_id for c in candidates])
+        return {home: 1.0} if home is not None else {}

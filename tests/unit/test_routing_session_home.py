@@ -1,0 +1,93 @@
+"""session-home: every replica computes the same rendezvous home for a session."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from services.scheduler.core import EndpointSpec, build_core
+from services.scheduler.routing.plugins.affinity import rendezvous_home
+from services.scheduler.routing.types import Pick, RequestView
+from tests.unit._routing_helpers import ctx, ep, make, req
+
+IDS = [f"e{i}" for i in range(8)]
+
+
+@pytest.mark.parametrize(
+    ("ids", "expect_none"),
+    [pytest.param([], True, id="no-ids"), pytest.param(["only"], False, id="one-id")],
+)
+def test_home_of_empty_and_single(ids: list[str], expect_none: bool) -> None:
+    home = rendezvous_home("s", ids)
+    assert (home is None) == expect_none
+    if ids:
+        assert home == ids[0]
+
+
+def test_home_is_independent_of_order() -> None:
+    for s in range(200):
+        homes = {
+            rendezvous_home(f"s{s}", order)
+            for order in (IDS, IDS[::-1], sorted(IDS)[3:] + sorted(IDS)[:3])
+        }
+        assert len(homes) == 1
+
+
+def test_losing_an_instance_moves_only_its_sessions() -> None:
+    before = {s: rendezvous_home(f"s{s}", IDS) for s in range(2000)}
+    after = {s: rendezvous_home(f"s{s}", [i for i in IDS if i != "e3"]) for s in range(2000)}
+    moved = {s for s in before if before[s] != after[s]}
+    assert moved == {s for s in before if before[s] == "e3"}
+
+
+def test_homes_spread_over_the_instances() -> None:
+    counts = Counter(rendezvous_home(f"session-{s}", IDS) for s in range(8000))
+    assert set(counts) == set(IDS)
+    assert max(counts.values()) < 1.25 * min(counts.values())
+
+
+def test_long_session_ids_sharing_a_prefix_get_different_homes() -> None:
+    base = "x" * 200
+    homes = {rendezvous_home(f"{base}{s}", IDS) for s in range(200)}
+    assert len(homes) == len(IDS)
+
+
+@pytest.mark.parametrize(
+    ("session", "scored"),
+    [
+        pytest.param("", 0, id="no-session-scores-nothing"),
+        pytest.param("s1", 1, id="session-scores-its-home"),
+    ],
+)
+def test_scorer(session: str, scored: int) -> None:
+    plugin = make("session-home")
+    cands = [ep(i) for i in IDS]
+    out = plugin.score(ctx(), req(session_id=session), cands)
+    assert len(out) == scored
+    if scored:
+        assert out == {rendezvous_home(session, IDS): 1.0}
+
+
+def _replica() -> object:
+    return build_core(
+        [EndpointSpec(i, f"http://{i}") for i in IDS], perf_profile="test", block_size=16
+    )
+
+
+def test_two_replicas_without_shared_state_agree_on_every_session() -> None:
+    """Two cores that share nothing send each session's turn to the same instance on an
+    idle fleet (the default profile's tie-break), and the home is not always the lowest id."""
+    a, b = _replica(), _replica()
+    chosen = []
+    for s in range(40):
+        picks = []
+        for core, rid in ((a, f"a{s}"), (b, f"b{s}")):
+            v = RequestView(request_id=rid, prompt_tokens=64, session_id=f"sess-{s}", block_size=16)
+            d = core.pick(v, 0.0, rid)  # type: ignore[attr-defined]
+            assert isinstance(d, Pick), d
+            core.release(rid)  # type: ignore[attr-defined]
+            picks.append(d.decode.endpoint.instance_id)
+        assert picks[0] == picks[1], (s, picks)
+        chosen.append(picks[0])
+    assert len(set(chosen)) > 2
