@@ -113,6 +113,12 @@ class ModelTokenizer:
     def __init__(self, model_dir: Path) -> None:
         self.model_dir = model_dir
         tok_file, cfg_file = model_dir / "tokenizer.json", model_dir / "tokenizer_config.json"
+        for f in (tok_file, cfg_file):
+            if not f.is_file():
+                raise ModelDirError(
+                    f"model directory {model_dir} has no {f.name} (it needs tokenizer.json "
+                    "and tokenizer_config.json)"
+                )
         try:
             self._tok = HFTokenizer.from_file(str(tok_file))
             config = json.loads(cfg_file.read_text(encoding="utf-8"))
