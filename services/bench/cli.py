@@ -110,6 +110,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "targets run time faster by the same --speedup (simulated engines)",
     )
     p.add_argument("--seed", type=_non_negative_int, default=0, help="prompt synthesis seed")
+    p.add_argument(
+        "--model-path",
+        metavar="DIR",
+        help="served model's directory (tokenizer.json): build prompts of its single-token "
+        "words, so a trace block is block-size model tokens (default: whitespace words)",
+    )
     p.add_argument("--timeout", type=_positive_float, default=600.0, help="per-request timeout (s)")
     p.add_argument("--out", metavar="FILE.json", help="write the summary JSON here")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table on stdout")
@@ -155,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
             slo_ttft_ms=args.slo_ttft_ms,
             slo_tpot_ms=args.slo_tpot_ms,
             trace_time=args.trace_time,
+            model_path=args.model_path,
         )
         summary, results = asyncio.run(run_bench(cfg, trace))
     except (TraceError, BenchError) as exc:

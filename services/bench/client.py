@@ -28,6 +28,7 @@ from services.bench.prompts import PromptSynthesizer
 from services.bench.sse import StreamError, StreamState
 from services.bench.stats import RequestResult, infinite_cache_hit_ratio, summarize
 from services.bench.traces import Trace, TraceRequest
+from services.common.tokens import ModelDirError, load_model_tokenizer
 
 Api = Literal["chat", "completions"]
 
@@ -55,6 +56,8 @@ class BenchConfig:
     trace_time: bool = False
     cpu_interval_s: float = 1.0
     extra_body: dict[str, Any] = field(default_factory=dict)
+    # The served model's directory: prompts of its single-token words (see prompts.py).
+    model_path: str | None = None
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -68,6 +71,20 @@ class BenchConfig:
                 raise BenchError(f"{name} must be positive, got {v}")
         if self.duration_s is not None and self.duration_s <= 0:
             raise BenchError(f"duration_s must be positive, got {self.duration_s}")
+
+
+def model_words(model_path: str | None) -> list[str] | None:
+    """The single-token words of the model at ``model_path`` (None = no model). Raises
+    BenchError for an unusable directory."""
+    if model_path is None:
+        return None
+    try:
+        words = load_model_tokenizer(model_path).single_token_words()
+    except ModelDirError as e:
+        raise BenchError(str(e)) from None
+    if not words:
+        raise BenchError(f"the tokenizer at {model_path} has no single-token words")
+    return words
 
 
 def normalize_target(url: str) -> str:
@@ -301,7 +318,9 @@ async def run_bench(
     """Run the benchmark; returns (summary dict, per-request results). Raises BenchError."""
     targets = tuple(normalize_target(t) for t in cfg.targets)
     requests = select_requests(trace, cfg.max_requests)
-    synth = PromptSynthesizer(seed=cfg.seed, block_tokens=trace.block_tokens)
+    synth = PromptSynthesizer(
+        seed=cfg.seed, block_tokens=trace.block_tokens, words=model_words(cfg.model_path)
+    )
     connector = aiohttp.TCPConnector(limit=0)
     # No session-wide total timeout (aiohttp's default is 300 s): send_one bounds each
     # request by --timeout itself.

@@ -14,6 +14,15 @@ whitespace-separated word):
 * Azure (no hash ids): ``input_length`` words ``u{seed:x}.{index:x}.{i:x}``, unique per
   request index, so no two requests share a prefix.
 
+With a model's tokenizer (``tideserve bench --model-path DIR``, the directory the gateway and
+the engines tokenize with), those words would be several tokens each. The synthesizer then
+draws every word from the model's single-token words
+(:meth:`services.common.tokens.ModelTokenizer.single_token_words`: one token each after a
+space) with a PRNG keyed by the same name (``s{seed:x}.{h:x}`` per block, ``u{seed:x}.{index:x}``
+per Azure request; ``random.Random`` of a string is the same in every process), so a block
+is still ``block_tokens`` tokens (give or take the prompt's first word, which follows no
+space) and equal hash ids still give equal blocks.
+
 The engine applies its chat template around the user message, which may add a few tokens
 (role markers) before and after the prompt; the ``usage.prompt_tokens`` an engine reports can
 therefore exceed ``input_length`` by that constant (the built-in engine simulator renders
@@ -28,7 +37,9 @@ strings are cached by hash id in a bounded LRU.
 
 from __future__ import annotations
 
+import random
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from services.bench.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest
 
@@ -37,13 +48,20 @@ class PromptSynthesizer:
     """Builds prompt text for trace requests; see the module docstring for the contract."""
 
     def __init__(
-        self, seed: int = 0, block_tokens: int = MOONCAKE_BLOCK_TOKENS, cache_blocks: int = 4096
+        self,
+        seed: int = 0,
+        block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+        cache_blocks: int = 4096,
+        words: Sequence[str] | None = None,
     ) -> None:
+        """``words``: the model's single-token words (None = the whitespace tokenizer's
+        numbered words; see the module doc)."""
         if block_tokens <= 0:
             raise ValueError(f"block_tokens must be positive, got {block_tokens}")
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
         self.seed = seed
+        self.words = tuple(words) if words else None
         self.block_tokens = block_tokens
         self._cache_blocks = max(0, cache_blocks)
         self._blocks: OrderedDict[int, str] = OrderedDict()
@@ -54,8 +72,7 @@ class PromptSynthesizer:
         if cached is not None:
             self._blocks.move_to_end(hash_id)
             return cached
-        prefix = f"s{self.seed:x}.{hash_id:x}."
-        text = " ".join(f"{prefix}{i:x}" for i in range(self.block_tokens))
+        text = self._words(f"s{self.seed:x}.{hash_id:x}.", self.block_tokens)
         if self._cache_blocks:
             self._blocks[hash_id] = text
             if len(self._blocks) > self._cache_blocks:
@@ -65,8 +82,7 @@ class PromptSynthesizer:
     def prompt(self, req: TraceRequest) -> str:
         """The prompt text of ``req``: exactly ``req.input_length`` words."""
         if req.hash_ids is None:
-            prefix = f"u{self.seed:x}.{req.index:x}."
-            return " ".join(f"{prefix}{i:x}" for i in range(req.input_length))
+            return self._words(f"u{self.seed:x}.{req.index:x}.", req.input_length)
         parts: list[str] = []
         remaining = req.input_length
         for h in req.hash_ids:
@@ -84,6 +100,13 @@ class PromptSynthesizer:
                 f"{len(req.hash_ids)} blocks of {self.block_tokens}"
             )
         return " ".join(parts)
+
+    def _words(self, prefix: str, n: int) -> str:
+        """``n`` words named by ``prefix``: numbered, or drawn from the model's words."""
+        if self.words is None:
+            return " ".join(f"{prefix}{i:x}" for i in range(n))
+        rng = random.Random(prefix)
+        return " ".join(rng.choices(self.words, k=n))
 
     @property
     def cached_blocks(self) -> int:

@@ -7,9 +7,11 @@ Three entry points, one internal form (:class:`GenRequest`):
 * ``POST /v1/completions``: ``prompt`` (a string or a list of token ids), ``max_tokens``.
 * ``POST /v1/chat/completions``: ``messages``, ``max_tokens`` / ``max_completion_tokens``.
 
-Chat template (documented, deterministic): each message becomes the line
-``"<role>: <content>"`` (content parts of type ``text`` are joined by a space), lines are
-joined with ``"\\n"`` and the result is tokenized with :mod:`services.common.tokens`.
+Prompts are tokenized by the engine's :class:`services.common.tokens.TokenPath`, the same path
+the gateway uses: by default the simulator's whitespace tokenizer and chat template
+(:func:`services.common.tokens.chat_prompt`: each message becomes the line
+``"<role>: <content>"``, lines joined with ``"\\n"``), or, with ``--model-path``, the model's
+tokenizer and chat template. Content parts other than text are a 400.
 
 Every request may carry ``cache_salt`` (vLLM's name; alias ``tenant``) to namespace its
 prefix cache, and SGLang's disaggregation fields ``bootstrap_host``, ``bootstrap_port``,
@@ -27,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from services.common.tokens import render_token, tokenize
+from services.common.tokens import ChatError, TokenPath, chat_prompt, render_token
 
 __all__ = [
     "BadRequest",
@@ -202,7 +204,7 @@ def _nonempty(ids: tuple[int, ...], param: str) -> tuple[int, ...]:
     return ids
 
 
-def parse_generate(body: Any, default_max: int) -> GenRequest:
+def parse_generate(body: Any, default_max: int, tokens: TokenPath | None = None) -> GenRequest:
     body = _common(body)
     sp = _opt(body, "sampling_params", (dict,), "an object") or {}
     for key in ("temperature", "top_p"):
@@ -214,7 +216,7 @@ def parse_generate(body: Any, default_max: int) -> GenRequest:
         text = _opt(body, "text", (str,), "a string")
         if text is None:
             raise BadRequest("one of 'text' or 'input_ids' is required", "text", "missing")
-        ids = tuple(tokenize(text))
+        ids = tuple((tokens or TokenPath()).encode(text))
     rid = _opt(body, "rid", (str,), "a string")
     stream = bool(_opt(body, "stream", (bool,), "a boolean"))
     return GenRequest(
@@ -231,15 +233,16 @@ def parse_generate(body: Any, default_max: int) -> GenRequest:
     )
 
 
-def parse_completion(body: Any, default_max: int) -> GenRequest:
+def parse_completion(body: Any, default_max: int, tokens: TokenPath | None = None) -> GenRequest:
     body = _common(body)
+    tokens = tokens or TokenPath()
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        ids = tuple(tokenize(prompt))
+        ids = tuple(tokens.encode(prompt))
     elif isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
         ids = _token_ids(prompt, "prompt")
     elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        ids = tuple(tokenize(prompt[0]))
+        ids = tuple(tokens.encode(prompt[0]))
     elif prompt is None:
         raise BadRequest("'prompt' is required", "prompt", "missing")
     else:
@@ -261,43 +264,12 @@ def parse_completion(body: Any, default_max: int) -> GenRequest:
     )
 
 
-def chat_prompt(messages: Any) -> str:
-    """The documented chat template: ``"role: content"`` lines. Raises ``BadRequest``."""
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list", "messages", "invalid_type")
-    lines = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise BadRequest(
-                f"messages[{i}] must be an object with a 'role'", "messages", "invalid_type"
-            )
-        content = m.get("content")
-        if content is None:
-            text = ""
-        elif isinstance(content, str):
-            text = content
-        elif isinstance(content, list):
-            parts = [
-                p.get("text", "")
-                for p in content
-                if isinstance(p, dict) and p.get("type") == "text"
-            ]
-            if not all(isinstance(p, str) for p in parts):
-                raise BadRequest(
-                    f"messages[{i}].content parts must be text", "messages", "invalid_type"
-                )
-            text = " ".join(parts)
-        else:
-            raise BadRequest(
-                f"messages[{i}].content must be a string or a list", "messages", "invalid_type"
-            )
-        lines.append(f"{m['role']}: {text}")
-    return "\n".join(lines)
-
-
-def parse_chat(body: Any, default_max: int) -> GenRequest:
+def parse_chat(body: Any, default_max: int, tokens: TokenPath | None = None) -> GenRequest:
     body = _common(body)
-    ids = tuple(tokenize(chat_prompt(body.get("messages"))))
+    try:
+        ids = tuple((tokens or TokenPath()).encode_chat(body.get("messages")))
+    except ChatError as e:
+        raise BadRequest(e.message, e.param, e.code) from None
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     stream, include = _stream(body)
     return GenRequest(

@@ -29,6 +29,9 @@ examples:
       --redis-url redis://127.0.0.1:6379/0 --deployment llama
   tideserve engine --port 30002 --role decode --redis-url redis://127.0.0.1:6379/0
 
+  # prompts tokenized like the served model (the gateway's --model-path gives equal counts)
+  tideserve engine --port 30001 --model-path /models/llama
+
   # vLLM metric names, a small KV cache, 10% of requests fail with HTTP 500
   tideserve engine --metrics-dialect vllm --kv-blocks 2048 --fail-rate 0.1
 
@@ -42,6 +45,12 @@ _FLAGS: list[tuple[str, type, str]] = [
     ("--instance-id", str, "instance id in events (default host:port)"),
     ("--profile", str, "performance profile (see below)"),
     ("--model", str, "served model name (default tideserve-sim)"),
+    (
+        "--model-path",
+        str,
+        "model directory: count prompt tokens with its tokenizer and chat "
+        "template (default: whitespace words)",
+    ),
     ("--kv-blocks", int, "KV capacity in blocks (default: what fits the profile's HBM)"),
     ("--block-size", int, "tokens per KV block (default 64; must divide 512)"),
     ("--max-batch", int, "max running sequences (default 256)"),
@@ -93,8 +102,10 @@ def run(args: argparse.Namespace) -> int:
         if 512 % settings.block_size:
             raise ValueError(f"--block-size {settings.block_size} must divide 512")
         from services.common.perfmodel import get_profile
+        from services.common.tokens import token_path
 
         get_profile(settings.profile)
+        token_path(settings.model_path)  # a bad model directory fails here (ValueError)
     except ValidationError as err:
         first = err.errors()[0]
         print(

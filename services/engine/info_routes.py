@@ -1,5 +1,8 @@
 """Info and admin endpoints of the engine simulator (:class:`services.engine.server.EngineServer`).
 
+The routes read the engine through :class:`EngineView` (a protocol the server satisfies), so
+this module does not import the server: ``server`` imports ``info_routes``, never the reverse.
+
 Info (read-only, SGLang/vLLM shapes): ``/health`` and ``/health_generate``, ``/server_info``
 (``/get_server_info``), ``/model_info`` (``/get_model_info``), ``/v1/models``, ``/metrics``.
 
@@ -18,18 +21,18 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from aiohttp import web
 
+from services.common.perfmodel import PerfProfile
 from services.engine import api
-from services.engine.core import EngineRole
-from services.engine.metrics import CONTENT_TYPE_LATEST, Gauges
+from services.engine.core import EngineCore, EngineRole
+from services.engine.events import LoadFigures
+from services.engine.metrics import CONTENT_TYPE_LATEST, EngineMetrics, Gauges
+from services.engine.settings import EngineSettings
 
-if TYPE_CHECKING:
-    from services.engine.server import EngineServer
-
-__all__ = ["Faults", "InfoRoutes", "bad_request", "write_model_dir"]
+__all__ = ["EngineView", "Faults", "InfoRoutes", "bad_request", "write_model_dir"]
 
 
 @dataclass
@@ -66,11 +69,27 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     )
 
 
+class EngineView(Protocol):
+    """What the info and admin routes read of an engine (``EngineServer`` provides it)."""
+
+    settings: EngineSettings
+    profile: PerfProfile
+    role: EngineRole
+    core: EngineCore
+    metrics: EngineMetrics
+    faults: Faults
+    model_dir: Path
+    instance_id: str
+    epoch: int
+
+    def figures(self) -> LoadFigures: ...
+
+
 class InfoRoutes:
     """Handlers of the info and admin endpoints of one engine; they read the engine's
     current state at request time (e.g. its instance id once the port is bound)."""
 
-    def __init__(self, engine: EngineServer) -> None:
+    def __init__(self, engine: EngineView) -> None:
         self._e = engine
 
     def add_to(self, r: web.UrlDispatcher) -> None:

@@ -43,6 +43,7 @@ from aiohttp import web
 
 from services.common.perfmodel import get_profile
 from services.common.tasks import stop_tasks
+from services.common.tokens import TokenPath, token_path
 from services.engine import api, pd_sglang, pd_vllm, respond
 from services.engine.core import (
     AdmissionError,
@@ -68,8 +69,12 @@ class EngineServer:
     """One simulated engine. ``app()`` builds the aiohttp application; its startup/cleanup
     hooks start and stop the stepping loop and the event publisher."""
 
-    def __init__(self, settings: EngineSettings, *, redis: Any | None = None) -> None:
+    def __init__(
+        self, settings: EngineSettings, *, redis: Any | None = None, tokens: TokenPath | None = None
+    ) -> None:
+        """``tokens``: how prompts become token ids (default: from ``settings.model_path``)."""
         self.settings = settings
+        self.tokens = tokens or token_path(settings.model_path)
         self.profile = get_profile(settings.profile)
         blocks = settings.kv_blocks or max(
             1, self.profile.kv_capacity_tokens // settings.block_size
@@ -87,7 +92,7 @@ class EngineServer:
         self.epoch = int(time.time() * 1000)
         self.instance_id = settings.instance_id or f"{settings.host}:{settings.port}"
         self.url = f"http://{settings.host}:{settings.port}"
-        self.model_dir = write_model_dir(
+        self.model_dir = settings.model_path or write_model_dir(
             settings.state_dir, settings.model, self.profile.max_context
         )
         self._redis = redis
@@ -319,7 +324,7 @@ class EngineServer:
         except (json.JSONDecodeError, UnicodeDecodeError):
             return bad_request("the request body is not valid JSON", code="invalid_json")
         try:
-            gen: api.GenRequest = parse(body, self.settings.default_max_tokens)
+            gen: api.GenRequest = parse(body, self.settings.default_max_tokens, self.tokens)
             self.core.check(len(gen.prompt_ids), gen.max_new_tokens)
         except api.BadRequest as err:
             return bad_request(err.message, err.param, err.code)

@@ -24,6 +24,11 @@ class EngineSettings(BaseSettings):
     role: Literal["aggregated", "prefill", "decode"] = "aggregated"
     profile: str = "h200-llama3.1-8b"
     model: str = "tideserve-sim"
+    model_path: Path | None = Field(
+        None,
+        description="model directory (tokenizer.json, tokenizer_config.json): tokenize prompts "
+        "with its tokenizer and chat template; None = the whitespace tokenizer",
+    )
     kv_blocks: int = Field(0, ge=0, description="KV capacity in blocks; 0 = what fits the profile")
     block_size: int = Field(64, ge=1, description="tokens per KV block (divides 512)")
     max_batch: int = Field(256, ge=1, description="max running sequences")

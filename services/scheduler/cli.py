@@ -28,6 +28,11 @@ examples:
   # a baseline profile, for comparisons
   tideserve gateway --endpoints http://127.0.0.1:30001 http://127.0.0.1:30002 --profile cache_aware
 
+  # vLLM engines serving a model: tokenize with its tokenizer and chat template, hash blocks
+  # like vLLM, so precise prefix data (kvmeta, fed by kv-bridge) matches their KV events
+  tideserve gateway --endpoints URL... --model-path /models/llama --hash-scheme vllm \
+      --kvmeta-address 127.0.0.1:50052
+
   # P/D: prefill engines with their bootstrap port, decode engines (SGLang-style hand-off)
   tideserve gateway --prefill http://127.0.0.1:30001 8998 --decode http://127.0.0.1:30002
 
@@ -74,6 +79,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--profiles-file", default=None, help="profiles YAML (default: shipped)")
     p.add_argument("--model", action="append", default=[], help="accepted model names")
     p.add_argument("--block-size", type=int, default=64, help="prefix hashing block (default 64)")
+    p.add_argument(
+        "--model-path",
+        default=None,
+        metavar="DIR",
+        help="served model's directory (tokenizer.json, tokenizer_config.json): tokenize with "
+        "its tokenizer and chat template (default: the simulator's whitespace tokenizer)",
+    )
+    p.add_argument(
+        "--hash-scheme",
+        choices=["tideserve", "vllm", "sglang"],
+        default="tideserve",
+        help="block hashes as this engine kind computes them (default tideserve, the "
+        "simulator's; vllm/sglang equal their KV events, with --model-path)",
+    )
     p.add_argument("--perf-profile", default="", help="perfmodel profile for TTFT cost")
     p.add_argument("--retries", type=int, default=2, help="retries before the first byte")
     p.add_argument(
@@ -133,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from services.common.errors import StartupError
+    from services.common.tokens import token_path
     from services.scheduler.core import CoreLimits, build_core
     from services.scheduler.feeds.fleet_feeds import FleetFeeds
     from services.scheduler.feeds.integrations import Integrations
@@ -158,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         if args.profile and args.profile not in core.scheduler.profiles:
             known = ", ".join(sorted(core.scheduler.profiles))
             raise ValueError(f"unknown profile {args.profile!r} (known: {known})")
+        tokens = token_path(args.model_path, args.hash_scheme)  # ModelDirError is a ValueError
     except (ValueError, KeyError, ConfigError) as err:
         print(f"tideserve gateway: {err}", file=sys.stderr)
         return 2
@@ -172,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
         profile=args.profile,
         pd_protocol=args.pd_protocol,
         preemption=not args.no_preemption,
+        tokens=tokens,
     )
     gateway = Gateway(core, opts, rng=random.Random(args.seed + 1))
     try:

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from services.common.errors import StartupError
 from services.common.server import ServiceHooks, run_service
+from services.common.tokens import ModelDirError, token_path
 from services.scheduler.core import CoreLimits, EndpointSpec, GatewayCore, build_core
 from services.scheduler.feeds.fleet_feeds import FleetFeeds
 from services.scheduler.feeds.integrations import Integrations
@@ -65,6 +66,10 @@ def build_gateway(
         )
     except (ConfigError, KeyError) as e:
         raise StartupError(f"scheduler profiles: {e}") from None
+    try:
+        tokens = token_path(settings.model_path, settings.hash_scheme)
+    except ModelDirError as e:
+        raise StartupError(f"model_path: {e}") from None
     opts = GatewayOptions(
         models=tuple(settings.models),
         deployment=settings.deployment,
@@ -76,6 +81,7 @@ def build_gateway(
         tenants=known_tenants(settings.tenants),
         pd_protocol=settings.pd_protocol,
         preemption=settings.preemption,
+        tokens=tokens,
     )
     metrics = GatewayMetrics(registry)
     return core, Gateway(core, opts, rng=random.Random(settings.seed + 1), metrics=metrics)
@@ -113,6 +119,7 @@ def build(settings: SchedulerSettings) -> ServiceHooks:
         prefix_lookup=extras.lookup,
         records=extras.sink.offer if extras.sink is not None else None,
         replica_id=extras.replica_id,
+        tokens=gateway.opts.tokens,
     )
     runner: list[web.AppRunner] = []
 

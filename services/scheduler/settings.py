@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from services.common.settings import ServiceSettings
+from services.common.tokens import HashScheme
 from services.scheduler.slo import DEFAULT_SLO_CLASSES, SLOClassConfig, queue_config
 
 __all__ = ["SchedulerSettings", "parse_endpoint"]
@@ -42,6 +43,17 @@ class SchedulerSettings(ServiceSettings):
         None, description="scheduler profiles YAML; None = the shipped default_profiles.yaml"
     )
     block_size: int = Field(64, ge=1, description="tokens per KV block for prefix hashing")
+    model_path: Path | None = Field(
+        None,
+        description="model directory (tokenizer.json, tokenizer_config.json with its chat "
+        "template): tokenize as the served model does; None = the simulator's whitespace "
+        "tokenizer",
+    )
+    hash_scheme: HashScheme = Field(
+        "tideserve",
+        description="block hashes as this engine kind computes them: tideserve (the engine "
+        "simulator), vllm or sglang (equal to their KV events; needs model_path)",
+    )
     perf_profile: str = Field("", description="perfmodel profile for ttft-cost; '' = default")
     seed: int = Field(0, description="seed of the routing RNG (random ties, power-of-two)")
     retries: int = Field(2, ge=0, le=10, description="upstream retries before the first byte")

@@ -314,7 +314,7 @@ async def test_bridged_vllm_events_match_router_hashes_in_kvmeta_index(
     vllm_block_hashes over the same token ids finds them in kvmeta's prefix index."""
     import pickle
 
-    from services.kvbridge.hashes import vllm_block_hashes, vllm_none_hash
+    from services.common.tokens.hashing import vllm_block_hashes, vllm_none_hash
     from services.kvmeta.index import PrefixIndex
 
     tokens = list(range(1000, 1064))  # 4 blocks of 16

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from services.common.tokens import block_hashes as tideserve_block_hashes
-from services.kvbridge.hashes import (
+from services.common.tokens.hashing import (
     sglang_block_hashes,
     vllm_block_hashes,
     vllm_none_hash,

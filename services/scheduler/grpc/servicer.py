@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import grpc
 from tideserve.v1 import common_pb2, events_pb2, scheduler_pb2, scheduler_pb2_grpc
 
-from services.common.tokens import block_hashes, tokenize
+from services.common.tokens import TokenPath
 from services.scheduler.core.pick_records import PickMemo, record_from_report
 from services.scheduler.core.service import GatewayCore
 from services.scheduler.http.records import parse_traceparent
@@ -137,9 +137,12 @@ class SchedulerServicer(_Base):
         records: Callable[[events_pb2.RequestRecord], object] | None = None,
         replica_id: str = "",
         wall: Callable[[], float] = time.time,
+        tokens: TokenPath | None = None,
     ) -> None:
         """``records``: where the record of each settled pick goes (e.g. a RecordSink's
-        ``offer``; it must not block); None = no records."""
+        ``offer``; it must not block); None = no records. ``tokens``: how ``prompt_text``
+        becomes token ids and token ids block hashes (the gateway's; None = the
+        simulator's)."""
         self.core = core
         self.records = records
         self.replica_id = replica_id
@@ -147,6 +150,7 @@ class SchedulerServicer(_Base):
         self.prefix_lookup = prefix_lookup
         self.deployment = deployment
         self.block_size = block_size
+        self.tokens = tokens or TokenPath()
         self.clock = clock
         self.rng = rng or random.Random()
         # id → (decode instance, settled, what its record needs (None: records off))
@@ -217,8 +221,8 @@ class SchedulerServicer(_Base):
             hashes = tuple(r.block_hashes)
             n_tokens = r.prompt_tokens or len(hashes) * self.block_size
         else:
-            ids = list(r.prompt_token_ids) or tokenize(r.prompt_text)
-            hashes = tuple(block_hashes(ids, self.block_size, tenant=""))
+            ids = list(r.prompt_token_ids) or self.tokens.encode(r.prompt_text)
+            hashes = tuple(self.tokens.block_hashes(ids, self.block_size, tenant=""))
             n_tokens = r.prompt_tokens or len(ids)
         now = self.clock()
         deadline_in = r.deadline_ms - time.time() * 1000.0 if r.deadline_ms else None

@@ -13,8 +13,10 @@ Request metadata, header first, then body field (headers win):
 These fields are removed before the body is forwarded. The prefix-cache namespace is the
 body's ``cache_salt`` (vLLM's name), forwarded unchanged and used to salt block hashes.
 
-Chat prompts are rendered like the engine simulator does: one ``"<role>: <content>"`` line
-per message, joined by newlines, tokenized with ``services.common.tokens``.
+Prompts are tokenized by the deployment's :class:`services.common.tokens.TokenPath` (the
+simulator's whitespace tokenizer and ``"<role>: <content>"`` template by default, or the
+model's tokenizer and chat template); content parts other than text are a 400
+(``services.common.tokens.chat``).
 Every problem raises :class:`ApiError` (400/404/413) with an OpenAI-style body.
 """
 
@@ -25,7 +27,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from services.common.tokens import tokenize
+from services.common.tokens import ChatError, TokenPath
 
 Kind = Literal["chat", "completion", "generate"]
 
@@ -111,42 +113,20 @@ def _int_field(body: Mapping[str, Any], key: str) -> int | None:
     return v
 
 
-def chat_prompt(messages: Any) -> str:
-    if not isinstance(messages, list) or not messages:
-        raise _bad("'messages' must be a non-empty list", "messages", "invalid_type")
-    lines = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
-            raise _bad(f"messages[{i}] must be an object with a 'role'", "messages", "invalid_type")
-        content = m.get("content")
-        if content is None:
-            text = ""
-        elif isinstance(content, str):
-            text = content
-        elif isinstance(content, list):
-            parts = [
-                p.get("text", "")
-                for p in content
-                if isinstance(p, Mapping) and p.get("type") == "text"
-            ]
-            text = " ".join(str(p) for p in parts)
-        else:
-            raise _bad(f"messages[{i}].content must be a string or a list", "messages")
-        lines.append(f"{m['role']}: {text}")
-    return "\n".join(lines)
-
-
-def _prompt_ids(kind: Kind, body: Mapping[str, Any]) -> tuple[int, ...]:
+def _prompt_ids(kind: Kind, body: Mapping[str, Any], tokens: TokenPath) -> tuple[int, ...]:
     if kind == "chat":
-        return tuple(tokenize(chat_prompt(body.get("messages"))))
+        try:
+            return tuple(tokens.encode_chat(body.get("messages")))
+        except ChatError as e:
+            raise _bad(e.message, e.param, e.code) from None
     key = "prompt" if kind == "completion" else "text"
     p = body.get(key)
     if kind == "generate" and p is None and body.get("input_ids") is not None:
         key, p = "input_ids", body.get("input_ids")
     if isinstance(p, str):
-        return tuple(tokenize(p))
+        return tuple(tokens.encode(p))
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
-        return tuple(tokenize(p[0]))
+        return tuple(tokens.encode(p[0]))
     if (
         isinstance(p, list)
         and p
@@ -167,9 +147,11 @@ def parse_request(
     classes: Collection[str],
     tenants: Collection[str] | None = None,
     limits: Limits | None = None,
+    tokens: TokenPath | None = None,
 ) -> ParsedRequest:
     """Validate one request. ``models`` empty = accept any model name; ``tenants`` None =
-    any tenant. Raises :class:`ApiError`."""
+    any tenant; ``tokens`` = the deployment's tokenization path (None = the simulator's).
+    Raises :class:`ApiError`."""
     lim = limits or Limits()
     if len(raw) > lim.max_body_bytes:
         raise ApiError(413, f"request body over {lim.max_body_bytes} bytes", None, "body_too_large")
@@ -198,7 +180,7 @@ def parse_request(
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("'stream' must be a boolean", "stream", "invalid_type")
-    ids = _prompt_ids(kind, body)
+    ids = _prompt_ids(kind, body, tokens or TokenPath())
     if not ids:
         raise _bad("the prompt is empty", "messages" if kind == "chat" else "prompt", "empty")
     if len(ids) > lim.max_prompt_tokens:

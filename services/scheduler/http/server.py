@@ -39,7 +39,7 @@ import aiohttp
 from aiohttp import web
 
 from services.common.metrics import metrics_handler
-from services.common.tokens import block_hashes
+from services.common.tokens import TokenPath
 from services.scheduler.admission import QueuedRequest, Shed
 from services.scheduler.core.service import GatewayCore
 from services.scheduler.http import records, upstream
@@ -81,6 +81,8 @@ class GatewayOptions:
     pd_protocol: Literal["sglang", "vllm"] = "sglang"
     # Pre-empt lower classes before their first byte when a higher class waits.
     preemption: bool = True
+    # Tokenizer + block-hash scheme of this deployment (default: the simulator's).
+    tokens: TokenPath = field(default_factory=TokenPath)
 
 
 class Overloaded(ApiError):
@@ -285,6 +287,7 @@ class Gateway:
                 classes=[c.name for c in self.core.queue.config.classes],
                 tenants=self.opts.tenants,
                 limits=self.opts.limits,
+                tokens=self.opts.tokens,
             )
             if not parsed.profile and self.opts.profile:
                 parsed = replace(parsed, profile=self.opts.profile)
@@ -321,7 +324,9 @@ class Gateway:
             request_id=rid,
             prompt_tokens=len(p.prompt_ids),
             block_hashes=tuple(
-                block_hashes(p.prompt_ids, self.opts.block_size, tenant=p.cache_salt)
+                self.opts.tokens.block_hashes(
+                    p.prompt_ids, self.opts.block_size, tenant=p.cache_salt
+                )
             ),
             block_size=self.opts.block_size,
             max_tokens=p.max_tokens,

@@ -1,4 +1,4 @@
-"""Deterministic tokenizer and chained KV block hashes, shared by every component.
+"""The simulator's deterministic tokenizer and its chained KV block hashes (the defaults).
 
 The engine simulator, the benchmark's prompt synthesis, the scheduler's prefix scorers and
 kvmeta must agree on how text becomes tokens and tokens become block hashes, across

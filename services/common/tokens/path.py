@@ -1,0 +1,93 @@
+"""The one tokenization path: a :class:`Tokenizer` plus the engine kind's block hashing.
+
+The gateway (HTTP and the gRPC Pick API), the engine simulator and the bench all turn text
+into token ids and block hashes through a :class:`TokenPath`, built once in ``main``/``cli``
+from settings (:func:`token_path`) and passed down:
+
+- ``TokenPath()`` (the default): the simulator's whitespace tokenizer, its ``"role: content"``
+  chat template and its own ``tideserve`` block hashes: what the engine simulator computes.
+- ``token_path(model_dir, "vllm" | "sglang")``: the model's tokenizer and chat template and
+  that engine's block hashes, which equal the hashes in that engine's KV events (as the
+  kv-bridge republishes them), so precise prefix matching finds the engine's blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from services.common.tokens.chat import ChatMessage, chat_messages, chat_prompt
+from services.common.tokens.hashing import HashScheme, scheme_block_hashes
+from services.common.tokens.model import load_model_tokenizer
+from services.common.tokens.whitespace import count_tokens, tokenize
+
+__all__ = ["TokenPath", "Tokenizer", "WhitespaceTokenizer", "part_separator", "token_path"]
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Text → token ids, the way one model does it."""
+
+    @property
+    def name(self) -> str: ...
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a completion prompt."""
+        ...
+
+    def count(self, text: str) -> int: ...
+
+    def encode_chat(self, messages: list[ChatMessage], part_sep: str = " ") -> list[int]:
+        """Token ids of validated chat messages after the chat template; ``part_sep`` joins
+        text content parts for templates that take a string. Raises ``ChatError``."""
+        ...
+
+
+class WhitespaceTokenizer:
+    """The simulator's tokenizer (one id per whitespace-separated word) and chat template."""
+
+    name = "whitespace"
+
+    def encode(self, text: str) -> list[int]:
+        return tokenize(text)
+
+    def count(self, text: str) -> int:
+        return count_tokens(text)
+
+    def encode_chat(self, messages: list[ChatMessage], part_sep: str = " ") -> list[int]:
+        # The separator is whitespace either way: the ids do not depend on it.
+        return tokenize(chat_prompt(messages))
+
+
+def part_separator(scheme: HashScheme) -> str:
+    """How engine kind ``scheme`` joins text content parts for a string-content template."""
+    return "\n" if scheme == "vllm" else " "
+
+
+@dataclass(frozen=True, slots=True)
+class TokenPath:
+    """A tokenizer and the block-hash scheme of the engines behind it."""
+
+    tokenizer: Tokenizer = field(default_factory=WhitespaceTokenizer)
+    scheme: HashScheme = "tideserve"
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def encode_chat(self, messages: Any) -> list[int]:
+        """Token ids of raw OpenAI ``messages``. Raises ``ChatError`` (→ HTTP 400)."""
+        return self.tokenizer.encode_chat(chat_messages(messages), part_separator(self.scheme))
+
+    def block_hashes(
+        self, token_ids: Sequence[int], block_size: int, *, tenant: str = ""
+    ) -> list[int]:
+        return scheme_block_hashes(self.scheme, token_ids, block_size, tenant=tenant)
+
+
+def token_path(model_dir: str | Path | None = None, scheme: HashScheme = "tideserve") -> TokenPath:
+    """The path for ``model_dir`` (None = the whitespace tokenizer) and engine kind ``scheme``.
+    The model's tokenizer is loaded once per directory. Raises ``ModelDirError``."""
+    tok: Tokenizer = WhitespaceTokenizer() if model_dir is None else load_model_tokenizer(model_dir)
+    return TokenPath(tok, scheme)
