@@ -264,7 +264,7 @@ class Sim:
                 self.push(now + a.scrape_lag_ms, "load", (p, self.report(p, now)))
                 self.push(now + a.scrape_interval_ms, "scrape", p)
             elif kind == "load":
-                self.gw.fleet.report_load(p[0], p[1], now / 1000.0)
+                self.gw.fleet.report_load(p[0], p[1], now / 1000.0, source=a.load_source)
             elif kind == "wake":
                 self.wake_at.pop(p, None)
                 self.kick(p, now)
