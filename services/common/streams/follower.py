@@ -117,7 +117,8 @@ class StreamFollower(Generic[M]):
     their own names), so a shell keeps its own counter names. ``after_poll(n)`` (optional)
     runs in :meth:`run` after each read of ``n`` entries, e.g. for periodic housekeeping;
     a Redis error it raises is counted and retried like a failed read. ``wall`` is epoch
-    seconds (for :meth:`Start.seconds_back`); ``name`` prefixes log lines.
+    seconds (for :meth:`Start.seconds_back`); ``name`` prefixes log lines; ``stopping`` is
+    the event that ends :meth:`run` (default: its own), to share with the caller's loops.
 
     :meth:`start` / :meth:`stop` (idempotent) run :meth:`run` as a task; :meth:`run` may
     also be awaited in a task of the caller's, ended by :meth:`request_stop`.
@@ -144,6 +145,7 @@ class StreamFollower(Generic[M]):
         stat_names: Mapping[str, str] | None = None,
         wall: Callable[[], float] = time.time,
         name: str = "",
+        stopping: asyncio.Event | None = None,
     ) -> None:
         if count <= 0 or block_ms < 0:
             raise ValueError("count must be > 0 and block_ms >= 0")
@@ -174,7 +176,7 @@ class StreamFollower(Generic[M]):
             self.stats.setdefault(key, 0)
         self.position: str | None = None  # the last entry read; None until the start resolves
         self.caught_up = False  # a read came back with fewer than `count` entries
-        self.stopping = asyncio.Event()
+        self.stopping = asyncio.Event() if stopping is None else stopping
         self._task: asyncio.Task[None] | None = None
 
     def _count(self, counter: str, n: int = 1) -> None:
@@ -269,6 +271,11 @@ class StreamFollower(Generic[M]):
                 delay = min(delay * 2, self.max_retry_s)
                 continue
             delay = self.retry_s
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The task of :meth:`start` (None before it and after :meth:`stop`)."""
+        return self._task
 
     def start(self) -> None:
         """Run :meth:`run` in a task (no-op while one runs)."""
