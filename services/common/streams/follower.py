@@ -261,7 +261,7 @@ class StreamFollower(Generic[M]):
             except (RedisError, OSError) as exc:
                 self._count("errors")
                 log.warning(
-                    "%s: reading %s failed (retried in %.1fs): %s",
+                    "%s: reading %s failed (retried in %.3gs): %s",
                     self.name,
                     self.stream,
                     delay,

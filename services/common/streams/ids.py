@@ -35,9 +35,13 @@ def as_id(raw: object) -> str:
 def parse_id(entry_id: str) -> tuple[int, int]:
     """``"ms-seq"`` (or ``"ms"``, seq 0) as a comparable ``(ms, seq)``; ValueError otherwise."""
     ms, sep, seq = entry_id.partition("-")
-    if not ms.isdigit() or (sep and not seq.isdigit()):
+    if not _digits(ms) or (sep and not _digits(seq)):
         raise ValueError(f"not a stream entry id: {entry_id!r}")
     return int(ms), int(seq or 0)
+
+
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
 
 
 def format_id(ms: int, seq: int = 0) -> str:

@@ -20,7 +20,6 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from tideserve.v1 import events_pb2
 
-from services.common.streams.ids import catchup_start_id
 from services.scheduler.routing.framework import Scheduler, Settle
 from services.scheduler.routing.plugins.prefix import ApproxPrefix
 from services.scheduler.routing.types import Choice, EndpointView, Pick, RequestView
@@ -29,7 +28,6 @@ __all__ = [
     "InFlight",
     "apply_routed",
     "approx_plugins",
-    "catchup_start_id",
     "dead_replicas",
     "heartbeat",
     "merge_in_flight",
