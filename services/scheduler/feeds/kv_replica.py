@@ -1,11 +1,11 @@
 """Shell of the scheduler-local KV index replica (:mod:`kv_replica_core`): stream in,
 lookups out.
 
-:class:`KVReplicaFeed` reads the deployment's KV-event stream ``{prefix}:kv:{deployment}``
-with plain ``XREAD`` and its own cursor — not a consumer group: every scheduler replica
-needs every event, and a group would take entries from kvmeta's consumers. On start it
-replays the stream from its first retained entry (``XRANGE``, bounded by the producers'
-MAXLEN), then follows new entries. Consistency contract (a routing hint, never a source of
+:class:`KVReplicaFeed` follows the deployment's KV-event stream ``{prefix}:kv:{deployment}``
+with a :class:`~services.common.streams.StreamFollower` (plain ``XREAD``, its own cursor) —
+not a consumer group: every scheduler replica needs every event, and a group would take
+entries from kvmeta's consumers. On start it replays the stream from its first retained
+entry (pages of ``count``, bounded by the producers' MAXLEN), then follows new entries. Consistency contract (a routing hint, never a source of
 truth; kvmeta is that):
 
 - an instance whose retained batches start at seq 1 of its epoch, or with a full state, is
