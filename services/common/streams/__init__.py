@@ -3,7 +3,8 @@
 - :mod:`.codec`: the entry format (``"t"`` = full protobuf name, ``"p"`` = bytes), stream
   names, dead-letter records (pure);
 - :mod:`.ids`: stream entry ids: parse, format, compare, time <-> id (pure);
-- :mod:`.producer`: :class:`StreamProducer` (XADD one or many, trimmed);
+- :mod:`.producer`: :class:`StreamProducer` (XADD one or many, trimmed) and
+  :class:`DeadLetters` (entries a reader gives up on, to ``{stream}:dead``);
 - :mod:`.group`: :class:`StreamConsumer`, one member of a consumer group (at-least-once,
   shared work, reclaim, dead letters);
 - :mod:`.follower`: :class:`StreamFollower`, a plain-XREAD cursor for readers that each
@@ -31,12 +32,13 @@ from services.common.streams.follower import (
 )
 from services.common.streams.group import ConsumerStats, StreamConsumer
 from services.common.streams.health import check_redis
-from services.common.streams.producer import StreamProducer
+from services.common.streams.producer import DeadLetters, StreamProducer
 
 __all__ = [
     "DEAD_SUFFIX",
     "FOLLOWER_COUNTERS",
     "ConsumerStats",
+    "DeadLetters",
     "PayloadError",
     "Start",
     "StreamConsumer",

@@ -39,17 +39,9 @@ import redis.asyncio as aioredis
 from google.protobuf.message import Message
 from redis.exceptions import RedisError
 
-from services.common.streams.codec import (
-    PayloadError,
-    dead_letter,
-    dead_letter_stream,
-    decode_entry,
-    one_line,
-    require_bytes_client,
-    stream_entries,
-)
+from services.common.streams import codec
 from services.common.streams.ids import NEWEST, ZERO, as_id, catchup_start_id, parse_id
-from services.common.streams.producer import StreamProducer
+from services.common.streams.producer import DeadLetters
 from services.common.tasks import pause, stop_tasks
 
 __all__ = ["FOLLOWER_COUNTERS", "Start", "StreamFollower", "newest_id"]
@@ -155,7 +147,7 @@ class StreamFollower(Generic[M]):
         unknown = sorted(set(names) - set(FOLLOWER_COUNTERS))
         if unknown:
             raise ValueError(f"unknown follower counters {unknown}; known: {FOLLOWER_COUNTERS}")
-        require_bytes_client(redis)
+        codec.require_bytes_client(redis)
         self.redis = redis
         self.stream = stream
         self.message_type = message_type
@@ -166,7 +158,7 @@ class StreamFollower(Generic[M]):
         self.retry_s = retry_s
         self.max_retry_s = max_retry_s
         self.dead_letter = dead_letter
-        self._dead = StreamProducer(redis, maxlen=dead_maxlen)
+        self._dead = DeadLetters(redis, stream, "", maxlen=dead_maxlen, clock=wall)
         self._after_poll = after_poll
         self._wall = wall
         self.name = name or stream
@@ -215,7 +207,7 @@ class StreamFollower(Generic[M]):
             {self.stream: after}, count=self.count, block=block or None
         )
         n = 0
-        for _stream, rows in stream_entries(reply):
+        for _stream, rows in codec.stream_entries(reply):
             for raw_id, fields in rows:
                 await self._take(as_id(raw_id), fields)
                 n += 1
@@ -224,14 +216,11 @@ class StreamFollower(Generic[M]):
 
     async def _take(self, entry_id: str, fields: Any) -> None:
         try:
-            msg = decode_entry(fields, self.message_type)
-        except PayloadError as exc:
+            msg = codec.decode_entry(fields, self.message_type)
+        except codec.PayloadError as exc:
             if self.dead_letter:
-                now_ms = int(self._wall() * 1000)
-                record = dead_letter(self.stream, entry_id, "", str(exc), fields, now_ms)
-                await self._dead.publish(dead_letter_stream(self.stream), record)
+                await self._dead.put(entry_id, fields, str(exc))
                 self._count("dead_lettered")
-                log.warning("%s: entry %s dead-lettered: %s", self.name, entry_id, exc)
             else:
                 log.debug("%s: entry %s skipped: %s", self.name, entry_id, exc)
             self._count("undecodable")
@@ -265,7 +254,7 @@ class StreamFollower(Generic[M]):
                     self.name,
                     self.stream,
                     delay,
-                    one_line(exc),
+                    codec.one_line(exc),
                 )
                 await pause(self.stopping, delay)
                 delay = min(delay * 2, self.max_retry_s)

@@ -30,15 +30,13 @@ from redis.exceptions import RedisError, ResponseError
 
 from services.common.streams.codec import (
     PayloadError,
-    dead_letter,
-    dead_letter_stream,
     decode_entry,
     one_line,
     require_bytes_client,
     stream_entries,
 )
 from services.common.streams.ids import as_id
-from services.common.streams.producer import StreamProducer
+from services.common.streams.producer import DeadLetters
 from services.common.tasks import pause
 
 __all__ = ["ConsumerStats", "StreamConsumer"]
@@ -103,7 +101,7 @@ class StreamConsumer(Generic[M]):
         self.block_ms = block_ms
         self.claim_idle_ms = claim_idle_ms
         self.start_id = start_id
-        self._dead = StreamProducer(redis, maxlen=dead_maxlen)
+        self._dead = DeadLetters(redis, stream, group, maxlen=dead_maxlen, clock=clock)
         if max_attempts is not None and max_attempts < 1:
             raise ValueError("max_attempts must be >= 1 (or None for unlimited)")
         self._max_attempts = max_attempts
@@ -252,19 +250,7 @@ class StreamConsumer(Generic[M]):
 
     async def _dead_letter(self, entry_id: str, fields: Any, error: str) -> None:
         self.stats.dead += 1
-        dead = dead_letter_stream(self.stream)
-        log.error(
-            "stream %s group %s: entry %s given up (%s); moved to %s",
-            self.stream,
-            self.group,
-            entry_id,
-            error,
-            dead,
-        )
-        record = dead_letter(
-            self.stream, entry_id, self.group, error, fields, int(self._clock() * 1000)
-        )
-        await self._dead.publish(dead, record)
+        await self._dead.put(entry_id, fields, error)
 
     async def run(self, stop: asyncio.Event, *, retry_s: float = 1.0) -> None:
         """Poll until ``stop`` is set. Redis errors and outages are logged and retried

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import redis.asyncio as aioredis
 from google.protobuf.message import Message
 
-from services.common.streams.codec import encode_entry, require_bytes_client
+from services.common.streams.codec import (
+    dead_letter,
+    dead_letter_stream,
+    encode_entry,
+    require_bytes_client,
+)
 from services.common.streams.ids import as_id
 
-__all__ = ["StreamProducer"]
+__all__ = ["DeadLetters", "StreamProducer"]
+
+log = logging.getLogger(__name__)
 
 
 class StreamProducer:
@@ -47,3 +57,38 @@ class StreamProducer:
             return []
         ids = await pipe.execute()
         return [as_id(i) for i in ids]
+
+
+class DeadLetters:
+    """Copies the entries of ``stream`` that ``reader`` gives up on (undecodable, or a
+    handler that keeps failing) as ``tideserve.v1.DeadLetter`` records to ``{stream}:dead``.
+    ``reader`` is the consumer group's name, or ``""`` for a plain follower."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        stream: str,
+        reader: str,
+        *,
+        maxlen: int = 100_000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._producer = StreamProducer(redis, maxlen=maxlen)
+        self.stream = stream
+        self.dead_stream = dead_letter_stream(stream)
+        self.reader = reader
+        self._clock = clock
+
+    async def put(self, entry_id: str, fields: Any, error: str) -> str:
+        """Log and XADD one record; returns its id. Raises RedisError/OSError."""
+        log.error(
+            "stream %s%s: entry %s given up (%s); moved to %s",
+            self.stream,
+            f" group {self.reader}" if self.reader else "",
+            entry_id,
+            error,
+            self.dead_stream,
+        )
+        now_ms = int(self._clock() * 1000)
+        record = dead_letter(self.stream, entry_id, self.reader, error, fields, now_ms)
+        return await self._producer.publish(self.dead_stream, record)
