@@ -28,6 +28,7 @@ from services.bench.prompts import PromptSynthesizer
 from services.bench.sse import StreamError, StreamState
 from services.bench.stats import RequestResult, infinite_cache_hit_ratio, summarize
 from services.bench.traces import Trace, TraceRequest
+from services.common.tasks import pause
 from services.common.tokens import ModelDirError, load_model_tokenizer
 
 Api = Literal["chat", "completions"]
@@ -262,10 +263,7 @@ async def _replay(
     async def ticker() -> None:
         while not stop_ticker.is_set():
             on_tick(time.perf_counter() - t0)
-            try:
-                await asyncio.wait_for(stop_ticker.wait(), cfg.cpu_interval_s)
-            except TimeoutError:
-                pass
+            await pause(stop_ticker, cfg.cpu_interval_s)
 
     async def run_one(payload: bytes, req: TraceRequest, target: str, at: float) -> None:
         try:

@@ -1,4 +1,4 @@
-"""Bounded shutdown of background asyncio tasks."""
+"""Background asyncio tasks: stoppable pauses and bounded shutdown."""
 
 from __future__ import annotations
 
@@ -7,9 +7,28 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["stop_tasks"]
+__all__ = ["pause", "stop_tasks"]
 
 log = logging.getLogger(__name__)
+
+
+async def pause(stopping: asyncio.Event, seconds: float | None) -> bool:
+    """Wait up to ``seconds`` (None: without limit), returning early once ``stopping`` is
+    set; returns whether it is set.
+
+    Built on ``asyncio.wait``, not ``asyncio.wait_for(stopping.wait(), seconds)``: on 3.11
+    ``wait_for`` can swallow a cancellation that races with the event being set, and the
+    loop that called it then runs on and hangs whoever waits for it to stop. Here a
+    cancellation always propagates and the inner waiter never outlives the call.
+    """
+    if stopping.is_set():
+        return True
+    waiter = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait({waiter}, timeout=seconds)
+    finally:
+        waiter.cancel()
+    return stopping.is_set()
 
 
 async def stop_tasks(

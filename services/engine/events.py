@@ -18,7 +18,6 @@ batches with the next seqs whose first event is ALL_CLEARED, split into chunks o
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -28,7 +27,7 @@ from typing import Any
 from redis.exceptions import RedisError
 from tideserve.v1 import common_pb2, events_pb2
 
-from services.common.streams import PayloadError, StreamProducer, decode_entry, stream_name
+from services.common.streams import Start, StreamFollower, StreamProducer, stream_name
 from services.engine.kvcache import KVCache, KVEventKind, KVEventRecord
 
 __all__ = [
@@ -334,57 +333,47 @@ class ResyncListener:
         on_request: Callable[[events_pb2.ResyncRequest], None],
         block_ms: int = 1000,
     ) -> None:
-        self.redis = redis
         self.stream = stream_name(prefix, "resync", deployment)
         self.deployment = deployment
         self._instance_id = instance_id
         self._on_request = on_request
         self.block_ms = block_ms
-        self.last_id: str | None = None  # None: not started (take the newest entry's id)
         self.received = 0
-        self.stopping = False
+        self._follower = StreamFollower(
+            redis,
+            self.stream,
+            events_pb2.ResyncRequest,
+            self._take,
+            start=Start.newest(),
+            block_ms=block_ms,
+            name="resync requests",
+        )
 
-    async def start_position(self) -> str:
-        """The newest entry's id ("0-0" if none): requests after it are read."""
-        rows: Any = await self.redis.xrevrange(self.stream, count=1)
-        if not rows:
-            return "0-0"
-        raw = rows[0][0]
-        return raw.decode() if isinstance(raw, bytes) else str(raw)
+    @property
+    def last_id(self) -> str | None:
+        """The last entry read; None before the first read."""
+        return self._follower.position
+
+    def _take(self, req: events_pb2.ResyncRequest, _entry_id: str) -> None:
+        if req.instance_id != self._instance_id() or (
+            req.deployment and req.deployment != self.deployment
+        ):
+            return
+        self.received += 1
+        self._on_request(req)
 
     async def poll_once(self) -> int:
         """Read one reply (waiting up to ``block_ms``); returns requests for this instance.
         Raises RedisError/OSError."""
-        if self.last_id is None:
-            self.last_id = await self.start_position()
-        reply: Any = await self.redis.xread({self.stream: self.last_id}, block=self.block_ms)
-        mine = 0
-        for _stream, entries in reply or []:
-            for eid, fields in entries:
-                self.last_id = eid.decode() if isinstance(eid, bytes) else str(eid)
-                try:
-                    req = decode_entry(fields, events_pb2.ResyncRequest)
-                except PayloadError:
-                    continue
-                if req.instance_id != self._instance_id() or (
-                    req.deployment and req.deployment != self.deployment
-                ):
-                    continue
-                mine += 1
-                self.received += 1
-                self._on_request(req)
-        return mine
+        before = self.received
+        await self._follower.poll_once()
+        return self.received - before
 
     def stop(self) -> None:
         """Ask :meth:`run` to return after the current read (at most ``block_ms``). Preferred
         to cancelling it: cancelling a blocking redis-py read mid-command can hang."""
-        self.stopping = True
+        self._follower.request_stop()
 
     async def run(self) -> None:
-        """Poll until :meth:`stop`; Redis errors are logged and retried after a second."""
-        while not self.stopping:
-            try:
-                await self.poll_once()
-            except (RedisError, OSError) as err:
-                log.warning("resync requests: reading %s failed: %s", self.stream, err)
-                await asyncio.sleep(1.0)
+        """Poll until :meth:`stop`; Redis errors are logged and retried with back-off."""
+        await self._follower.run()

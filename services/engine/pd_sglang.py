@@ -23,6 +23,7 @@ import aiohttp
 from aiohttp import web
 
 from services.common.perfmodel import PerfProfile
+from services.common.tasks import pause
 from services.engine import api
 from services.engine.core import EngineCore, Request, SeqOutput
 
@@ -111,9 +112,7 @@ class Rendezvous:
                 status=400,
             )
         room = self._rooms.setdefault(room_id, _Room())
-        try:
-            await asyncio.wait_for(room.done.wait(), self.bootstrap_timeout_s)
-        except TimeoutError:
+        if not await pause(room.done, self.bootstrap_timeout_s):
             self._rooms.pop(room_id, None)
             return web.json_response(
                 api.error_body(f"room {room_id}: no prefill finished in time", "timeout"),

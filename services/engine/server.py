@@ -42,7 +42,7 @@ import aiohttp
 from aiohttp import web
 
 from services.common.perfmodel import get_profile
-from services.common.tasks import stop_tasks
+from services.common.tasks import pause, stop_tasks
 from services.common.tokens import TokenPath, token_path
 from services.engine import api, pd_sglang, pd_vllm, respond
 from services.engine.core import (
@@ -215,8 +215,7 @@ class EngineServer:
                 self._kick.clear()
                 wake = self.core.next_wakeup(now)
                 timeout = None if wake is None else self._real_s(wake - now) + 1e-4
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._kick.wait(), timeout)
+                await pause(self._kick, timeout)
                 continue
             if res.duration_ms > 0:
                 await asyncio.sleep(self._real_s(res.duration_ms))

@@ -11,7 +11,6 @@ messages wait in the ZMQ receive queue meanwhile).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -23,6 +22,7 @@ from tideserve.v1 import events_pb2
 
 from services.common.clock import Clock, SystemClock
 from services.common.streams import StreamProducer, dead_letter_stream, stream_name
+from services.common.tasks import pause
 from services.kvbridge.core import BridgeCore
 from services.kvbridge.settings import KVBridgeSettings
 from services.kvbridge.translate import TranslateConfig
@@ -204,8 +204,7 @@ class KVBridge:
                     return
                 self.stats.redis_retries += 1
                 log.warning("kv-bridge: Redis publish failed (%s); retrying in %.1fs", exc, delay)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), timeout=delay)
+                await pause(self._stop, delay)
                 delay = min(delay * 2, 2.0)
 
     async def _dead_letter(self, entry: str, error: str, fields: dict[str, bytes]) -> None:

@@ -36,7 +36,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from tideserve.v1 import common_pb2, events_pb2
 
 from services.common.streams import StreamConsumer, StreamProducer, decode_entry, stream_name
-from services.common.tasks import stop_tasks
+from services.common.streams.ids import NEWEST, ZERO, as_id, compare_ids, exclusive
+from services.common.tasks import pause, stop_tasks
 from services.kvmeta.checkpoint import KVMetaStore
 from services.kvmeta.index import Outcome, PrefixIndex
 from services.kvmeta.index_codec import compress_snapshot
@@ -47,18 +48,12 @@ from services.kvmeta.resync import (
     plan_resyncs,
 )
 
-__all__ = ["IndexFeeder", "parse_id"]
+__all__ = ["IndexFeeder"]
 
 log = logging.getLogger(__name__)
 
 _CHECKPOINT_DUTY = 20.0  # periodic checkpoints block the loop at most ~1/20 of the time
 _GONE_STATES = (common_pb2.INSTANCE_STATE_STOPPED, common_pb2.INSTANCE_STATE_FAILED)
-
-
-def parse_id(entry_id: str) -> tuple[int, int]:
-    """Redis stream id ``"ms-seq"`` as a comparable tuple."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 class IndexFeeder:
@@ -150,7 +145,7 @@ class IndexFeeder:
     async def _on_kv(self, deployment: str, msg: events_pb2.KVEventBatch, entry_id: str) -> None:
         outcome = self.apply(msg, deployment)
         pos = self.positions.get(deployment)
-        if pos is None or parse_id(entry_id) > parse_id(pos):
+        if pos is None or compare_ids(entry_id, pos) > 0:
             self.positions[deployment] = entry_id
         if outcome is Outcome.RESYNC_NEEDED:
             log.warning(
@@ -204,7 +199,7 @@ class IndexFeeder:
                 stream_name(self.prefix, "membership"),
                 self._on_membership,
                 events_pb2.MembershipEvent,
-                "$",
+                NEWEST,
             )
         log.info(
             "index ready: %d entries in %.3fs (checkpoints %.3fs, stream replay %.3fs)",
@@ -250,7 +245,7 @@ class IndexFeeder:
                     await self._replay(name, dep)
                     self._start_consumer(name, self._kv_handler(dep), events_pb2.KVEventBatch, "0")
                 else:
-                    self._start_consumer(name, self._on_load, events_pb2.LoadSnapshot, "$")
+                    self._start_consumer(name, self._on_load, events_pb2.LoadSnapshot, NEWEST)
                     # An engine's load snapshots come before its first KV event: watch its
                     # KV stream now rather than one discovery period after that event.
                     await self.watch(dep)
@@ -290,7 +285,7 @@ class IndexFeeder:
     async def _replay(self, stream: str, dep: str) -> int:
         """Apply every entry after the checkpoint position (XRANGE, acknowledged ones too)."""
         assert self._redis is not None
-        pos = self.positions.get(dep, "0-0")  # no checkpoint: the whole stream is the state
+        pos = self.positions.get(dep, ZERO)  # no checkpoint: the whole stream is the state
         if await self._trimmed_past(stream, pos):
             stale = self.index.mark_stale(dep)
             for iid in stale:
@@ -305,11 +300,11 @@ class IndexFeeder:
         n = 0
         cursor = pos
         while True:
-            rows = await self._redis.xrange(stream, min=f"({cursor}", max="+", count=1000)
+            rows = await self._redis.xrange(stream, min=exclusive(cursor), max="+", count=1000)
             if not rows:
                 break
             for raw_id, fields in rows:
-                eid = _sid(raw_id)
+                eid = as_id(raw_id)
                 try:
                     msg = decode_entry(fields, events_pb2.KVEventBatch)
                 except ValueError:
@@ -331,12 +326,12 @@ class IndexFeeder:
         info = {(k.decode() if isinstance(k, bytes) else str(k)): v for k, v in info.items()}
         deleted = info.get("max-deleted-entry-id")
         if deleted is not None:  # Redis >= 7
-            return parse_id(_sid(deleted)) > parse_id(pos)
+            return compare_ids(as_id(deleted), pos) > 0
         first: Any = info.get("first-entry")
         # Redis 6: only a checkpointed position older than the first entry is detectable
-        if not first or pos == "0-0":
+        if not first or pos == ZERO:
             return False
-        return parse_id(_sid(first[0])) > parse_id(pos)
+        return compare_ids(as_id(first[0]), pos) > 0
 
     async def checkpoint(self, *, force: bool = True) -> int:
         """Snapshot each deployment changed since its last checkpoint; returns how many.
@@ -354,7 +349,7 @@ class IndexFeeder:
             self._dirty.discard(dep)
             t0 = time.monotonic()
             raw = self.index.snapshot_raw([dep])
-            pos = self.positions.get(dep, "0-0")
+            pos = self.positions.get(dep, ZERO)
             spent = time.monotonic() - t0
             self._next_checkpoint[dep] = time.monotonic() + spent * _CHECKPOINT_DUTY
             try:
@@ -432,13 +427,7 @@ class IndexFeeder:
         # Every loop here ends when _stop is set, even if a cancellation was swallowed on the
         # way (3.11's wait_for and redis-py commands can swallow one): stop() never hangs.
         while not self._stop.is_set():
-            # asyncio.wait, not wait_for: 3.11's wait_for can swallow a cancellation that
-            # races with the event being set
-            waiter = asyncio.ensure_future(self._resync_due.wait())
-            try:
-                await asyncio.wait({waiter}, timeout=self.resync_check_s)
-            finally:
-                waiter.cancel()
+            await pause(self._resync_due, self.resync_check_s)
             if self._stop.is_set():
                 return
             self._resync_due.clear()
@@ -449,7 +438,7 @@ class IndexFeeder:
 
     async def _discover_loop(self) -> None:
         while not self._stop.is_set():
-            await self._pause(self.discover_interval_s)
+            await pause(self._stop, self.discover_interval_s)
             if self._stop.is_set():
                 return
             try:
@@ -457,17 +446,9 @@ class IndexFeeder:
             except RedisError as exc:
                 log.warning("stream discovery failed: %s", exc)
 
-    async def _pause(self, seconds: float) -> None:
-        """Sleep up to ``seconds``, waking early when stop() is called."""
-        waiter = asyncio.ensure_future(self._stop.wait())
-        try:
-            await asyncio.wait({waiter}, timeout=seconds)
-        finally:
-            waiter.cancel()
-
     async def _every(self, period: float, fn: Callable[[], object]) -> None:
         while not self._stop.is_set():
-            await self._pause(period)
+            await pause(self._stop, period)
             if self._stop.is_set():
                 return
             try:
@@ -479,7 +460,3 @@ class IndexFeeder:
 
     def stale(self, deployments: Sequence[str]) -> list[str]:
         return [i for d in deployments for i in self.index.stale_instances(d)]
-
-
-def _sid(raw: object) -> str:
-    return raw.decode() if isinstance(raw, bytes) else str(raw)

@@ -14,7 +14,6 @@ from services.scheduler.core.fleet import Fleet
 from services.scheduler.feeds.shared_core import (
     apply_routed,
     approx_plugins,
-    catchup_start_id,
     dead_replicas,
     heartbeat,
     merge_in_flight,
@@ -72,15 +71,6 @@ def test_merge_in_flight(
 def test_dead_replicas_only_long_expired() -> None:
     beats = [beat("alive", 100_000), beat("late", 95_000), beat("gone", 10_000)]
     assert dead_replicas(beats, now_ms=100_000, forget_ms=60_000) == ["gone"]
-
-
-@pytest.mark.parametrize(
-    ("wall_ms", "window_s", "expected"),
-    [(1_000_000, 600.0, "400000-0"), (1_000, 600.0, "0-0"), (5_000, 0.0, "5000-0")],
-    ids=["window", "clamped", "no-catchup"],
-)
-def test_catchup_start_id(wall_ms: int, window_s: float, expected: str) -> None:
-    assert catchup_start_id(wall_ms, window_s) == expected
 
 
 def test_routed_plugins_follow_the_profiles_of_the_pick() -> None:

@@ -1,11 +1,11 @@
 """Shell of the scheduler-local KV index replica (:mod:`kv_replica_core`): stream in,
 lookups out.
 
-:class:`KVReplicaFeed` reads the deployment's KV-event stream ``{prefix}:kv:{deployment}``
-with plain ``XREAD`` and its own cursor — not a consumer group: every scheduler replica
-needs every event, and a group would take entries from kvmeta's consumers. On start it
-replays the stream from its first retained entry (``XRANGE``, bounded by the producers'
-MAXLEN), then follows new entries. Consistency contract (a routing hint, never a source of
+:class:`KVReplicaFeed` follows the deployment's KV-event stream ``{prefix}:kv:{deployment}``
+with a :class:`~services.common.streams.StreamFollower` (plain ``XREAD``, its own cursor) —
+not a consumer group: every scheduler replica needs every event, and a group would take
+entries from kvmeta's consumers. On start it replays the stream from its first retained
+entry (pages of ``count``, bounded by the producers' MAXLEN), then follows new entries. Consistency contract (a routing hint, never a source of
 truth; kvmeta is that):
 
 - an instance whose retained batches start at seq 1 of its epoch, or with a full state, is
@@ -34,24 +34,18 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 from tideserve.v1 import events_pb2
 
-from services.common.streams import PayloadError, StreamProducer, decode_entry, stream_name
-from services.common.tasks import stop_tasks
+from services.common.streams import Start, StreamFollower, StreamProducer, stream_name
+from services.common.streams.ids import ZERO
 from services.scheduler.feeds.kv_replica_core import Applied, KVReplica
 from services.scheduler.routing.types import PrefixMatch, RequestView
 
 __all__ = ["KVReplicaFeed", "LocalLookup"]
 
 log = logging.getLogger(__name__)
-
-
-def _sid(raw: object) -> str:
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
 class KVReplicaFeed:
@@ -82,7 +76,6 @@ class KVReplicaFeed:
         compact_at: int = 16,
         forget_after_s: float = 60.0,
     ) -> None:
-        self.redis = redis
         self.replica = replica
         self.deployment = deployment
         self.stream = stream_name(prefix, "kv", deployment)
@@ -90,13 +83,10 @@ class KVReplicaFeed:
         self.clock = clock
         self.candidates = candidates
         self.block_ms = block_ms
-        self.count = count
         self.resync = resync
         self.resync_check_s = resync_check_s
         self.compact_at = compact_at
         self.forget_after_s = forget_after_s
-        self.last_id = "0-0"
-        self.caught_up = False
         self.stats: dict[str, int] = dict.fromkeys(
             (
                 "batches",
@@ -113,59 +103,61 @@ class KVReplicaFeed:
             0,
         )
         self._producer = StreamProducer(redis)
-        self._stopping = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._follower = StreamFollower(
+            redis,
+            self.stream,
+            events_pb2.KVEventBatch,
+            self._apply,
+            start=Start.beginning(),
+            count=count,
+            block_ms=block_ms,
+            after_poll=self._after_poll,
+            stats=self.stats,
+            stat_names={"read": "batches", "undecodable": "undecodable", "errors": "errors"},
+            name="kv replica",
+        )
+        self._asked_unknown = False
+        self._next_check = 0.0
+
+    @property
+    def last_id(self) -> str:
+        """The last entry read (``"0-0"``: none yet)."""
+        return self._follower.position or ZERO
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether the replay of the retained entries has reached the end of the stream."""
+        return self._follower.caught_up
 
     # ------------------------------------------------------------------ steps
-    def _apply(self, entries: Sequence[tuple[Any, Any]]) -> int:
-        stats, replica, dep = self.stats, self.replica, self.deployment
-        for raw_id, fields in entries:
-            self.last_id = _sid(raw_id)
-            stats["batches"] += 1
-            try:
-                b = decode_entry(fields, events_pb2.KVEventBatch)
-            except PayloadError:
-                stats["undecodable"] += 1
-                continue
-            if b.deployment and b.deployment != dep:
-                stats["other_deployment"] += 1
-                continue
-            res = replica.apply(b.instance_id, b.epoch, b.seq, b.events, b.full_state_continues)
-            stats[res.value] += 1
-            if res is Applied.GAP:
-                log.info(
-                    "kv replica: gap for %s at epoch %d seq %d; stale until its full state",
-                    b.instance_id,
-                    b.epoch,
-                    b.seq,
-                )
-        return len(entries)
+    def _apply(self, b: events_pb2.KVEventBatch, _entry_id: str) -> None:
+        if b.deployment and b.deployment != self.deployment:
+            self.stats["other_deployment"] += 1
+            return
+        res = self.replica.apply(b.instance_id, b.epoch, b.seq, b.events, b.full_state_continues)
+        self.stats[res.value] += 1
+        if res is Applied.GAP:
+            log.info(
+                "kv replica: gap for %s at epoch %d seq %d; stale until its full state",
+                b.instance_id,
+                b.epoch,
+                b.seq,
+            )
 
     async def catch_up(self) -> int:
-        """Apply every retained entry after the cursor (``XRANGE``, pages of ``count``);
+        """Apply every retained entry after the cursor (pages of ``count``, no waiting);
         returns how many. Raises RedisError/OSError (the cursor keeps what was applied)."""
         n = 0
         while True:
-            rows: Any = await self.redis.xrange(
-                self.stream, min=f"({self.last_id}", max="+", count=self.count
-            )
-            if not rows:
-                break
-            n += self._apply(rows)
-        self.caught_up = True
-        return n
+            read = await self._follower.poll_once(block_ms=0)
+            n += read
+            if read < self._follower.count:
+                return n
 
     async def poll_once(self, block_ms: int | None = None) -> int:
         """Read and apply one batch of new entries, waiting up to ``block_ms`` (0 = answer
         at once). Returns the entries read. Raises RedisError/OSError."""
-        block = self.block_ms if block_ms is None else block_ms
-        reply: Any = await self.redis.xread(
-            {self.stream: self.last_id}, count=self.count, block=block or None
-        )
-        n = 0
-        for _stream, entries in reply or []:
-            n += self._apply(entries)
-        return n
+        return await self._follower.poll_once(block_ms)
 
     async def request_resyncs(self, extra: Sequence[str] = ()) -> list[str]:
         """Publish a ResyncRequest for each stale instance due one (and for ``extra``
@@ -205,50 +197,35 @@ class KVReplicaFeed:
             self.stats["compactions"] += 1
 
     # -------------------------------------------------------------- lifecycle
-    async def _pause(self, seconds: float) -> None:
-        waiter = asyncio.ensure_future(self._stopping.wait())
-        try:
-            await asyncio.wait({waiter}, timeout=seconds)
-        finally:
-            waiter.cancel()
-
-    async def _run(self) -> None:
-        while not self._stopping.is_set() and not self.caught_up:
-            try:
-                await self.catch_up()
-                if self.resync and self.candidates is not None:
-                    known = {i.instance_id for i in self.replica.instances()}
-                    await self.request_resyncs([c for c in self.candidates() if c not in known])
-            except (RedisError, OSError) as e:
-                self.stats["errors"] += 1
-                log.warning("kv replica: replaying %s failed (retried): %s", self.stream, e)
-                await self._pause(1.0)
-        next_check = self.clock() + self.resync_check_s
-        while not self._stopping.is_set():
-            try:
-                await self.poll_once()
-                now = self.clock()
-                if now >= next_check:
-                    next_check = now + self.resync_check_s
-                    self.housekeeping()
-                    if self.resync:
-                        await self.request_resyncs()
-            except (RedisError, OSError) as e:
-                self.stats["errors"] += 1
-                log.warning("kv replica: reading %s failed (retried): %s", self.stream, e)
-                await self._pause(1.0)
+    async def _after_poll(self, _n: int) -> None:
+        """After each read of the running feed: once the replay is done, ask the fleet's
+        instances with no retained batch for their state, then every ``resync_check_s``
+        forget departed instances and ask stale ones again."""
+        if not self.caught_up:
+            return
+        now = self.clock()
+        if not self._asked_unknown:
+            if self.resync and self.candidates is not None:
+                known = {i.instance_id for i in self.replica.instances()}
+                await self.request_resyncs([c for c in self.candidates() if c not in known])
+            self._asked_unknown = True
+            self._next_check = now + self.resync_check_s
+        elif now >= self._next_check:
+            self._next_check = now + self.resync_check_s
+            self.housekeeping()
+            if self.resync:
+                await self.request_resyncs()
 
     def start(self) -> None:
-        if self._task is None:
-            self._stopping.clear()
-            self._task = asyncio.create_task(self._run(), name="kv-replica-feed")
+        self._follower.start()
 
     async def stop(self) -> None:
         """Let the current read return (within ``block_ms``), then end the task; bounded."""
-        self._stopping.set()
-        if self._task is not None:
-            await stop_tasks([self._task], grace_s=self.block_ms / 1000.0 + 1.0)
-            self._task = None
+        await self._follower.stop()
+
+    @property
+    def _task(self) -> asyncio.Task[None] | None:  # tests check that stop() ended it
+        return self._follower.task
 
 
 class LocalLookup:

@@ -28,8 +28,6 @@ non-routable roles (``ROLE_KVCACHE``) are ignored.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,9 +37,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 from tideserve.v1 import autoscaler_pb2, autoscaler_pb2_grpc, common_pb2, events_pb2
 
-from services.common.streams import PayloadError, decode_entry, stream_name
+from services.common.streams import Start, StreamFollower, newest_id, stream_name
+from services.common.streams.ids import ZERO
 from services.scheduler.core.fleet import EndpointSpec, Fleet
-from services.scheduler.feeds.load_stream import finish_reader
 from services.scheduler.routing.types import Role
 
 __all__ = ["Membership", "apply_event", "apply_instance"]
@@ -148,10 +146,27 @@ class Membership:
         self.autoscaler = autoscaler
         self.deadline_s = deadline_s
         self.block_ms = block_ms
-        self.last_id = "0-0"
         self.stats: dict[str, int] = {"seeded": 0, "seed_failed": 0, "undecodable": 0, "errors": 0}
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
+        self._follower: StreamFollower[events_pb2.MembershipEvent] | None = None
+        if redis is not None:
+            self._follower = StreamFollower(
+                redis,
+                self.stream,
+                events_pb2.MembershipEvent,
+                self._apply,
+                start=Start.beginning(),
+                count=512,
+                block_ms=block_ms,
+                stats=self.stats,
+                stat_names={"undecodable": "undecodable", "errors": "errors"},
+                name="membership",
+            )
+
+    @property
+    def last_id(self) -> str:
+        """The last entry read."""
+        pos = self._follower.position if self._follower is not None else None
+        return pos or ZERO
 
     def _count(self, key: str) -> None:
         self.stats[key] = self.stats.get(key, 0) + 1
@@ -182,64 +197,33 @@ class Membership:
         log.info("autoscaler: %d instances of %s", len(resp.instances), self.deployment)
         return True
 
-    async def _stream_tail(self) -> str:
-        assert self.redis is not None
-        last: Any = await self.redis.xrevrange(self.stream, count=1)
-        if not last:
-            return "0-0"
-        eid = last[0][0]
-        return eid.decode() if isinstance(eid, bytes) else str(eid)
+    def _apply(self, ev: events_pb2.MembershipEvent, _entry_id: str) -> None:
+        result = apply_event(self.fleet, ev, deployment=self.deployment)
+        self._count(result)
+        if result in ("ready", "starting", "draining", "removed", "retiring"):
+            log.info("membership: %s %s (%s)", ev.instance.instance_id, result, ev.reason)
 
     async def poll_once(self, block_ms: int | None = None) -> int:
         """Read and apply one batch after :attr:`last_id` (waits up to ``block_ms``; 0 =
         answer at once). Returns entries read. Raises ``RedisError``/``OSError``."""
-        assert self.redis is not None
-        block = self.block_ms if block_ms is None else block_ms
-        reply: Any = await self.redis.xread(
-            {self.stream: self.last_id}, count=512, block=block or None
-        )
-        n = 0
-        for _stream, entries in reply or []:
-            for eid, fields in entries:
-                self.last_id = eid.decode() if isinstance(eid, bytes) else str(eid)
-                n += 1
-                try:
-                    ev = decode_entry(fields, events_pb2.MembershipEvent)
-                except PayloadError:
-                    self._count("undecodable")
-                    continue
-                result = apply_event(self.fleet, ev, deployment=self.deployment)
-                self._count(result)
-                if result in ("ready", "starting", "draining", "removed", "retiring"):
-                    log.info("membership: %s %s (%s)", ev.instance.instance_id, result, ev.reason)
-        return n
+        assert self._follower is not None
+        return await self._follower.poll_once(block_ms)
 
     async def start(self) -> None:
         """Seed, then follow the stream (from just before the seed, or from the start
         when there was no seed). Never raises for an unreachable Redis or autoscaler."""
-        tail = "0-0"
+        tail = ZERO
         if self.redis is not None:
             try:
-                tail = await self._stream_tail()
+                tail = await newest_id(self.redis, self.stream)
             except (RedisError, OSError) as e:
                 self._count("errors")
                 log.warning("membership: reading %s failed: %s", self.stream, e)
         seeded = await self.seed()
-        self.last_id = tail if seeded else "0-0"
-        if self.redis is not None and self._task is None:
-            self._stopping.clear()
-            self._task = asyncio.create_task(self._run())
-
-    async def _run(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                await self.poll_once()
-            except (RedisError, OSError) as e:
-                self._count("errors")
-                log.warning("membership: reading %s failed: %s", self.stream, e)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), 1.0)
+        if self._follower is not None and self._follower.task is None:
+            self._follower.seek(tail if seeded else ZERO)
+            self._follower.start()
 
     async def stop(self) -> None:
-        await finish_reader(self._task, self._stopping, self.block_ms)
-        self._task = None
+        if self._follower is not None:
+            await self._follower.stop()

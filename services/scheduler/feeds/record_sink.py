@@ -14,6 +14,7 @@ from redis.exceptions import RedisError
 from tideserve.v1 import events_pb2
 
 from services.common.streams import StreamProducer, stream_name
+from services.common.tasks import pause, stop_tasks
 
 __all__ = ["RecordSink", "make_sink"]
 
@@ -79,18 +80,14 @@ class RecordSink:
             done += n
         return done
 
-    async def _pause(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), seconds)
-
     async def _run(self) -> None:
         while not self._stopping.is_set():
-            await self._pause(self.flush_s)
+            await pause(self._stopping, self.flush_s)
             try:
                 await self.flush()
             except (RedisError, OSError) as e:
                 log.warning("request records: publish to %s failed: %s", self.stream, e)
-                await self._pause(0.5)
+                await pause(self._stopping, 0.5)
 
     def start(self) -> None:
         if self._task is None:
@@ -102,10 +99,7 @@ class RecordSink:
         if self._task is not None:
             # Let a running publish finish (cancelling redis-py mid-command can hang it).
             self._stopping.set()
-            done, _ = await asyncio.wait([self._task], timeout=5.0)
-            if not done:
-                self._task.cancel()
-                await asyncio.wait([self._task], timeout=1.0)
+            await stop_tasks([self._task], grace_s=5.0, cancel_wait_s=1.0)
             self._task = None
         with contextlib.suppress(RedisError, OSError):
             await self.flush()

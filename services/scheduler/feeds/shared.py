@@ -33,12 +33,12 @@ from google.protobuf.message import DecodeError
 from redis.exceptions import RedisError
 from tideserve.v1 import events_pb2
 
-from services.common.streams import PayloadError, StreamProducer, decode_entry, stream_name
+from services.common.streams import Start, StreamFollower, StreamProducer, stream_name
+from services.common.tasks import pause, stop_tasks
 from services.scheduler.core.service import GatewayCore
 from services.scheduler.feeds.shared_core import (
     apply_routed,
     approx_plugins,
-    catchup_start_id,
     dead_replicas,
     heartbeat,
     merge_in_flight,
@@ -100,7 +100,6 @@ class SharedState:
         self._plugins = approx_plugins(core.scheduler)
         self._max_age_s = max((p.index.ttl_s for p in self._plugins.values()), default=0.0)
         self._beats: list[events_pb2.ReplicaInFlight] = []
-        self._last_id: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
         self.stats: dict[str, int] = {
@@ -112,6 +111,21 @@ class SharedState:
             "redis_errors": 0,
             "heartbeats": 0,
         }
+        self._follower = StreamFollower(
+            redis,
+            self.stream,
+            events_pb2.RoutedPrefix,
+            self._apply,
+            start=Start.seconds_back(catchup_s),
+            count=512,
+            block_ms=block_ms,
+            retry_s=0.5,
+            stats=self.stats,
+            stat_names={"undecodable": "undecodable", "errors": "redis_errors"},
+            wall=wall,
+            name="active-active",
+            stopping=self._stopping,
+        )
 
     # -- request path ---------------------------------------------------------------------
     def on_pick(self, request: RequestView, pick: Pick, now: float) -> None:
@@ -160,32 +174,18 @@ class SharedState:
     async def read_once(self, block_ms: int | None = None) -> int:
         """Read the next entries of the routed stream (blocking up to ``block_ms``) and
         apply the other replicas' ones; returns how many entries were read."""
-        if self._last_id is None:
-            self._last_id = catchup_start_id(int(self.wall() * 1000), self.catchup_s)
-        block = self.block_ms if block_ms is None else block_ms
-        reply: Any = await self.redis.xread(
-            {self.stream: self._last_id}, count=512, block=block or None
+        return await self._follower.poll_once(block_ms)
+
+    def _apply(self, msg: events_pb2.RoutedPrefix, _entry_id: str) -> None:
+        ok = apply_routed(
+            self._plugins,
+            msg,
+            replica_id=self.replica_id,
+            now=self.clock(),
+            wall_ms=int(self.wall() * 1000),
+            max_age_s=self._max_age_s,
         )
-        n = 0
-        for _stream, entries in reply or []:
-            for eid, fields in entries:
-                self._last_id = eid.decode() if isinstance(eid, bytes) else str(eid)
-                n += 1
-                try:
-                    msg = decode_entry(fields, events_pb2.RoutedPrefix)
-                except PayloadError:
-                    self.stats["undecodable"] += 1
-                    continue
-                ok = apply_routed(
-                    self._plugins,
-                    msg,
-                    replica_id=self.replica_id,
-                    now=self.clock(),
-                    wall_ms=int(self.wall() * 1000),
-                    max_age_s=self._max_age_s,
-                )
-                self.stats["applied" if ok else "ignored"] += 1
-        return n
+        self.stats["applied" if ok else "ignored"] += 1
 
     async def heartbeat_once(self) -> None:
         """Write this replica's in-flight counts, read every replica's, update the fleet.
@@ -234,7 +234,7 @@ class SharedState:
             self._stopping.clear()
             self._tasks = [
                 asyncio.create_task(self._publish_loop()),
-                asyncio.create_task(self._loop(self.read_once, 0.0)),
+                asyncio.create_task(self._follower.run()),
                 asyncio.create_task(self._loop(self.heartbeat_once, self.heartbeat_s)),
             ]
 
@@ -248,21 +248,12 @@ class SharedState:
         # block_ms): cancelling a redis-py command mid-read can leave it hanging.
         self._stopping.set()
         self._wake.set()
-        if self._tasks:
-            _, pending = await asyncio.wait(self._tasks, timeout=self.block_ms / 1000 + 2.0)
-            for t in pending:
-                t.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=1.0)
+        await stop_tasks(self._tasks, grace_s=self.block_ms / 1000 + 2.0, cancel_wait_s=1.0)
         self._tasks.clear()
         with contextlib.suppress(RedisError, OSError):
             await self.publish_once()
         with contextlib.suppress(RedisError, OSError):
             await self.redis.hdel(self.hash_key, self.replica_id)
-
-    async def _pause(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), seconds)
 
     async def _publish_loop(self) -> None:
         while not self._stopping.is_set():
@@ -275,7 +266,7 @@ class SharedState:
             except (RedisError, OSError) as e:
                 self.stats["redis_errors"] += 1
                 log.warning("routed-prefix publish failed: %s", e)
-                await self._pause(0.5)
+                await pause(self._stopping, 0.5)
 
     async def _loop(self, step: Callable[[], Any], period: float) -> None:
         while not self._stopping.is_set():
@@ -284,10 +275,9 @@ class SharedState:
             except (RedisError, OSError) as e:
                 self.stats["redis_errors"] += 1
                 log.warning("active-active %s failed: %s", getattr(step, "__name__", ""), e)
-                await self._pause(max(period, 0.5))
+                await pause(self._stopping, max(period, 0.5))
                 continue
-            if period > 0:
-                await self._pause(period)
+            await pause(self._stopping, period)
 
 
 def _parse_beats(raw: Any, stats: dict[str, int]) -> list[events_pb2.ReplicaInFlight]:

@@ -28,7 +28,6 @@ __all__ = [
     "InFlight",
     "apply_routed",
     "approx_plugins",
-    "catchup_start_id",
     "dead_replicas",
     "heartbeat",
     "merge_in_flight",
@@ -191,9 +190,3 @@ def dead_replicas(
     """Replicas whose last heartbeat is older than ``forget_ms`` (their hash fields may be
     deleted; much longer than the TTL so a slow replica is not erased while alive)."""
     return sorted({b.replica_id for b in beats if now_ms - b.ts_ms > forget_ms})
-
-
-def catchup_start_id(wall_ms: int, window_s: float) -> str:
-    """Stream id to start reading from so a replica that starts late still learns the
-    prefixes routed in the last ``window_s`` seconds."""
-    return f"{max(0, wall_ms - int(window_s * 1000.0))}-0"

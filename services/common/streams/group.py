@@ -1,7 +1,5 @@
-"""Redis streams carrying protobuf payloads, with consumer groups (at-least-once).
-
-Entry format: two fields, ``"t"`` = the message's full protobuf name (e.g.
-``tideserve.v1.KVEventBatch``) and ``"p"`` = its serialized bytes.
+"""Consumer-group reader (at-least-once): one member of a group shares a stream's entries
+with the other members.
 
 Delivery is **at least once**: an entry is acknowledged only after its handler returned.
 If a consumer dies or its handler raises, the entry stays pending and is reclaimed
@@ -22,183 +20,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 from redis.exceptions import RedisError, ResponseError
-from tideserve.v1 import events_pb2
 
-__all__ = [
-    "DEAD_SUFFIX",
-    "ConsumerStats",
-    "PayloadError",
-    "StreamConsumer",
-    "StreamProducer",
-    "check_redis",
-    "dead_letter",
-    "dead_letter_stream",
-    "decode_entry",
-    "encode_entry",
-    "stream_name",
-]
+from services.common.streams.codec import (
+    PayloadError,
+    decode_entry,
+    one_line,
+    require_bytes_client,
+    stream_entries,
+)
+from services.common.streams.ids import as_id
+from services.common.streams.producer import DeadLetters
+from services.common.tasks import pause
+
+__all__ = ["ConsumerStats", "StreamConsumer"]
 
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
-
-DEAD_SUFFIX = ":dead"
-TYPE_FIELD = b"t"
-PAYLOAD_FIELD = b"p"
-
-
-# --------------------------------------------------------------------------- pure codec
-
-
-def stream_name(prefix: str, kind: str, deployment: str | None = None) -> str:
-    """``{prefix}:{kind}`` or ``{prefix}:{kind}:{deployment}`` (e.g. ``ts:kv:llama``)."""
-    if not prefix or not kind:
-        raise ValueError("stream prefix and kind must be non-empty")
-    return f"{prefix}:{kind}" if deployment is None else f"{prefix}:{kind}:{deployment}"
-
-
-def dead_letter_stream(stream: str) -> str:
-    """Where undecodable entries of ``stream`` go."""
-    return stream + DEAD_SUFFIX
-
-
-class PayloadError(ValueError):
-    """A stream entry that is not a valid encoding of the expected message type."""
-
-
-def encode_entry(msg: Message) -> dict[bytes, bytes]:
-    """Fields of the stream entry carrying ``msg``."""
-    return {
-        TYPE_FIELD: msg.DESCRIPTOR.full_name.encode(),
-        PAYLOAD_FIELD: msg.SerializeToString(),
-    }
-
-
-def _field(fields: Mapping[Any, Any], name: bytes) -> bytes | None:
-    value = fields.get(name)
-    if value is None:
-        value = fields.get(name.decode())
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value.encode()
-    if isinstance(value, bytes):
-        return value
-    return None
-
-
-def decode_entry(fields: Mapping[Any, Any] | None, message_type: type[M]) -> M:
-    """Parse an entry's fields into ``message_type``.
-
-    Raises ``PayloadError`` (one-line message) when the fields are missing, name another
-    type, or the bytes do not parse.
-    """
-    if fields is None:
-        raise PayloadError("entry has no fields")
-    type_name = _field(fields, TYPE_FIELD)
-    payload = _field(fields, PAYLOAD_FIELD)
-    expected = message_type.DESCRIPTOR.full_name
-    if type_name is None or payload is None:
-        raise PayloadError('entry lacks the "t" or "p" field')
-    if type_name.decode(errors="replace") != expected:
-        raise PayloadError(f"type {type_name.decode(errors='replace')!r}, expected {expected!r}")
-    msg = message_type()
-    try:
-        msg.ParseFromString(payload)
-    except (DecodeError, ValueError) as exc:
-        raise PayloadError(f"payload does not parse as {expected}: {exc}") from exc
-    return msg
-
-
-def dead_letter(
-    stream: str,
-    entry_id: str,
-    group: str,
-    error: str,
-    fields: Mapping[Any, Any] | None,
-    now_ms: int,
-) -> events_pb2.DeadLetter:
-    """The DeadLetter record for an undecodable entry (field values kept as bytes)."""
-    raw: dict[str, bytes] = {}
-    for key, value in (fields or {}).items():
-        k = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
-        raw[k] = value if isinstance(value, bytes) else str(value).encode()
-    return events_pb2.DeadLetter(
-        stream=stream, entry_id=entry_id, group=group, error=error, fields=raw, ts_ms=now_ms
-    )
-
-
-def _id(entry_id: Any) -> str:
-    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-
-
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
-def _require_bytes_client(client: aioredis.Redis) -> None:
-    kwargs = client.connection_pool.connection_kwargs
-    if kwargs.get("decode_responses"):
-        raise ValueError("streams need a Redis client with decode_responses=False")
-
-
-# --------------------------------------------------------------------------- producer
-
-
-class StreamProducer:
-    """Publishes protobuf messages with XADD, trimming each stream to about ``maxlen``."""
-
-    def __init__(self, redis: aioredis.Redis, maxlen: int = 100_000) -> None:
-        if maxlen <= 0:
-            raise ValueError("maxlen must be positive")
-        _require_bytes_client(redis)
-        self._redis = redis
-        self.maxlen = maxlen
-
-    async def publish(self, stream: str, msg: Message) -> str:
-        """XADD ``msg`` to ``stream`` (MAXLEN ~ maxlen); returns the entry id.
-
-        Raises ``redis.exceptions.RedisError`` when Redis is unreachable.
-        """
-        entry_id = await self._redis.xadd(
-            stream,
-            encode_entry(msg),  # type: ignore[arg-type]
-            maxlen=self.maxlen,
-            approximate=True,
-        )
-        return _id(entry_id)
-
-    async def publish_many(self, stream: str, msgs: Iterable[Message]) -> list[str]:
-        """XADD every message in order in one pipelined round trip; returns their ids."""
-        pipe = self._redis.pipeline(transaction=False)
-        count = 0
-        for msg in msgs:
-            pipe.xadd(stream, encode_entry(msg), maxlen=self.maxlen, approximate=True)  # type: ignore[arg-type]
-            count += 1
-        if count == 0:
-            return []
-        ids = await pipe.execute()
-        return [_id(i) for i in ids]
-
-
-# --------------------------------------------------------------------------- consumer
 
 
 @dataclass
@@ -245,7 +90,7 @@ class StreamConsumer(Generic[M]):
     ) -> None:
         if batch <= 0 or block_ms < 0 or claim_idle_ms < 0:
             raise ValueError("batch must be > 0, block_ms and claim_idle_ms >= 0")
-        _require_bytes_client(redis)
+        require_bytes_client(redis)
         self._redis = redis
         self.stream = stream
         self.group = group
@@ -256,7 +101,7 @@ class StreamConsumer(Generic[M]):
         self.block_ms = block_ms
         self.claim_idle_ms = claim_idle_ms
         self.start_id = start_id
-        self._dead_maxlen = dead_maxlen
+        self._dead = DeadLetters(redis, stream, group, maxlen=dead_maxlen, clock=clock)
         if max_attempts is not None and max_attempts < 1:
             raise ValueError("max_attempts must be >= 1 (or None for unlimited)")
         self._max_attempts = max_attempts
@@ -304,8 +149,8 @@ class StreamConsumer(Generic[M]):
         reply = await self._redis.xreadgroup(
             self.group, self.consumer, {self.stream: ">"}, count=self.batch, block=block
         )
-        for _name, stream_entries in _stream_reply(reply):
-            entries.extend((_id(eid), fields) for eid, fields in stream_entries)
+        for _name, rows in stream_entries(reply):
+            entries.extend((as_id(eid), fields) for eid, fields in rows)
         if not entries:
             return 0
         await self._process(entries)
@@ -328,8 +173,8 @@ class StreamConsumer(Generic[M]):
         )
         if not reply:
             return []
-        self._claim_cursor = _id(reply[0])
-        entries = [(_id(eid), fields) for eid, fields in reply[1] if eid is not None]
+        self._claim_cursor = as_id(reply[0])
+        entries = [(as_id(eid), fields) for eid, fields in reply[1] if eid is not None]
         missing = len(reply[1]) - len(entries)
         if missing:
             await self._ack_vanished(start, {eid for eid, _ in entries})
@@ -346,7 +191,7 @@ class StreamConsumer(Generic[M]):
             count=self.batch * 4,
             consumername=self.consumer,
         )
-        ids = [_id(p["message_id"]) for p in pending]
+        ids = [as_id(p["message_id"]) for p in pending]
         ids = [i for i in ids if i not in claimed]
         if not ids:
             return
@@ -384,7 +229,7 @@ class StreamConsumer(Generic[M]):
                     failures = self._failures.get(entry_id, 0) + 1
                     if self._max_attempts is not None and failures >= self._max_attempts:
                         self._failures.pop(entry_id, None)
-                        error = f"handler failed {failures} times: {_one_line(exc)}"
+                        error = f"handler failed {failures} times: {one_line(exc)}"
                         await self._dead_letter(entry_id, fields, error)
                         acks.append(entry_id)
                         continue
@@ -405,24 +250,7 @@ class StreamConsumer(Generic[M]):
 
     async def _dead_letter(self, entry_id: str, fields: Any, error: str) -> None:
         self.stats.dead += 1
-        dead = dead_letter_stream(self.stream)
-        log.error(
-            "stream %s group %s: entry %s given up (%s); moved to %s",
-            self.stream,
-            self.group,
-            entry_id,
-            error,
-            dead,
-        )
-        record = dead_letter(
-            self.stream, entry_id, self.group, error, fields, int(self._clock() * 1000)
-        )
-        await self._redis.xadd(
-            dead,
-            encode_entry(record),  # type: ignore[arg-type]
-            maxlen=self._dead_maxlen,
-            approximate=True,
-        )
+        await self._dead.put(entry_id, fields, error)
 
     async def run(self, stop: asyncio.Event, *, retry_s: float = 1.0) -> None:
         """Poll until ``stop`` is set. Redis errors and outages are logged and retried
@@ -431,42 +259,6 @@ class StreamConsumer(Generic[M]):
             try:
                 await self.poll_once()
             except (RedisError, OSError) as exc:
-                log.warning("stream %s: redis error (%s); retrying", self.stream, _one_line(exc))
+                log.warning("stream %s: redis error (%s); retrying", self.stream, one_line(exc))
                 self._group_ready = False
-                try:
-                    await asyncio.wait_for(stop.wait(), timeout=retry_s)
-                except TimeoutError:
-                    pass
-
-
-def _stream_reply(reply: Any) -> list[tuple[Any, list[Any]]]:
-    """Normalise XREADGROUP replies (RESP2 list or RESP3 dict) to [(stream, entries)]."""
-    if not reply:
-        return []
-    if isinstance(reply, dict):
-        return [(k, v[0] if v and isinstance(v[0], list) else v) for k, v in reply.items()]
-    return [(name, entries) for name, entries in reply]
-
-
-def _next_id(entry_id: str) -> str:
-    ms, _, seq = entry_id.partition("-")
-    return f"{ms}-{int(seq or 0) + 1}"
-
-
-# --------------------------------------------------------------------------- health
-
-
-async def check_redis(url: str, timeout_s: float = 5.0) -> None:
-    """PING the Redis at ``url``; raises ``ConnectionError`` with a one-line message."""
-    try:
-        client = aioredis.Redis.from_url(
-            url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s
-        )
-    except (ValueError, RedisError) as exc:
-        raise ConnectionError(f"redis_url {_redact(url)!r} is invalid: {_one_line(exc)}") from None
-    try:
-        await client.ping()
-    except (RedisError, OSError) as exc:
-        raise ConnectionError(f"cannot reach Redis at {_redact(url)}: {_one_line(exc)}") from None
-    finally:
-        await client.aclose()
+                await pause(stop, retry_s)
