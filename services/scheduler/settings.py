@@ -11,7 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from services.common.settings import ServiceSettings
 from services.scheduler.slo import DEFAULT_SLO_CLASSES, SLOClassConfig, queue_config
 
-__all__ = ["SchedulerSettings", "parse_endpoint"]
+__all__ = ["SchedulerSettings", "parse_endpoint", "split_bootstrap"]
 
 
 class SchedulerSettings(ServiceSettings):
@@ -33,13 +33,17 @@ class SchedulerSettings(ServiceSettings):
     deployment: str = Field("default", min_length=1, description="deployment this serves")
     endpoints: list[str] = Field(
         default_factory=list,
-        description="static engines: URL or ROLE=URL (ROLE worker, prefill or decode)",
+        description="static engines: URL or ROLE=URL (ROLE worker, prefill or decode); a "
+        "prefill engine's SGLang bootstrap port as a suffix: prefill=URL#bootstrap=PORT",
     )
     models: list[str] = Field(
         default_factory=list, description="model names accepted; empty = ask the engines"
     )
     profiles_file: Path | None = Field(
         None, description="scheduler profiles YAML; None = the shipped default_profiles.yaml"
+    )
+    profile: str = Field(
+        "", description="scheduler profile of requests that name none; '' = the config's default"
     )
     block_size: int = Field(64, ge=1, description="tokens per KV block for prefix hashing")
     perf_profile: str = Field("", description="perfmodel profile for ttft-cost; '' = default")
@@ -126,9 +130,20 @@ class SchedulerSettings(ServiceSettings):
     @field_validator("endpoints")
     @classmethod
     def _check_endpoints(cls, value: list[str]) -> list[str]:
-        for item in value:
-            parse_endpoint(item)
+        ids = [parse_endpoint(split_bootstrap(item)[0])[0] for item in value]
+        if len(set(ids)) != len(ids):
+            raise ValueError("the same engine is listed twice")
         return value
+
+
+def split_bootstrap(item: str) -> tuple[str, int]:
+    """``ENTRY#bootstrap=PORT`` → (ENTRY, PORT); (item, 0) without the suffix."""
+    base, sep, port = item.partition("#bootstrap=")
+    if not sep:
+        return item, 0
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"endpoint {item!r}: bootstrap port must be 1..65535")
+    return base, int(port)
 
 
 def parse_endpoint(item: str) -> tuple[str, str, str]:
