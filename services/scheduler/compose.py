@@ -129,7 +129,7 @@ class Scheduler:
             self.core,
             deployment=settings.deployment,
             block_size=settings.block_size,
-            prefix_lookup=self.integrations.lookup,
+            gate=self.gateway.gate,  # one admission queue for HTTP and gRPC
             records=self.integrations.sink.offer if self.integrations.sink else None,
             replica_id=self.integrations.replica_id,
         )

@@ -88,3 +88,8 @@ def test_unknown_profile_and_duplicates_are_refused() -> None:
         cli.settings_from_args(_args("--endpoints", "http://a:1", "worker=http://a:1"))
     with pytest.raises(ValueError, match="bootstrap port"):
         SchedulerSettings(endpoints=["prefill=http://a:1#bootstrap=x"])
+
+
+def test_http_and_grpc_share_one_admission_gate() -> None:
+    s = Scheduler(SchedulerSettings(endpoints=["http://a:1"]))
+    assert s.servicer.gate is s.gateway.gate

@@ -37,6 +37,8 @@ class PickMemo:
     """Wall-clock seconds when the Pick arrived."""
     trace_id: str = ""
     """From the Pick's ``traceparent`` (32 hex chars), "" without a valid one."""
+    queue_ms: float = 0.0
+    """Arrival → admitted (prefix lookup and the wait in the admission queue)."""
 
 
 def record_from_report(
@@ -51,7 +53,7 @@ def record_from_report(
     """The record of a gRPC-served decision once its outcome is known.
 
     ``request_id`` is the pick id; ``trace_id`` is the one of the Pick's ``traceparent``
-    (the caller's trace), else empty; ``queue_ms`` is 0 (a pick is decided at once or refused, never queued);
+    (the caller's trace), else empty; ``queue_ms`` is the Pick's intake (lookup and admission wait);
     prompt tokens are the reported ones, else those the pick was asked with.
     """
     rec = events_pb2.RequestRecord(
@@ -61,6 +63,7 @@ def record_from_report(
         tenant=memo.tenant,
         slo_class=memo.slo_class,
         session_id=memo.session_id,
+        queue_ms=memo.queue_ms,
         prompt_tokens=report.prompt_tokens or memo.prompt_tokens,
         completion_tokens=report.completion_tokens,
         cached_tokens=report.cached_tokens,

@@ -31,7 +31,7 @@ import math
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -39,24 +39,22 @@ import aiohttp
 from aiohttp import web
 
 from services.common.metrics import metrics_handler
-from services.common.tokens import block_hashes
-from services.scheduler.admission import QueuedRequest, Shed
+from services.scheduler.admission.gate import AdmissionGate, PrefixLookup
+from services.scheduler.core.intake import (
+    Intake,
+    Refused,
+    check_names,
+    prompt_hashes,
+    request_view,
+)
 from services.scheduler.core.service import GatewayCore
 from services.scheduler.http import records, upstream
 from services.scheduler.http.forward import Forwarder
 from services.scheduler.http.metrics import GatewayMetrics
 from services.scheduler.http.openai import ApiError, Kind, Limits, ParsedRequest, parse_request
 from services.scheduler.http.preemption import Preempted, Preemptor
-from services.scheduler.routing.types import (
-    NoEndpoint,
-    PrefixMatch,
-    RequestView,
-)
+from services.scheduler.routing.types import NoEndpoint, RequestView
 from services.scheduler.routing.types import Shed as RouteShed
-
-# (view, deployment, cache_salt, profile) -> per-instance matches, or None (best effort;
-# e.g. services.scheduler.feeds.kvmeta_client.KVMetaLookup).
-PrefixLookup = Callable[[RequestView, str, str, str], Awaitable[Mapping[str, PrefixMatch] | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +90,12 @@ class Overloaded(ApiError):
         self.where = where
 
 
+def _api_error(r: Refused) -> ApiError:
+    if r.kind == "overloaded":
+        return Overloaded(r.message, r.retry_after_ms, r.where)
+    return ApiError(400, r.message, r.param or None)
+
+
 def _error(e: ApiError) -> web.Response:
     resp = web.json_response(e.body(), status=e.status)
     if isinstance(e, Overloaded):
@@ -117,13 +121,20 @@ class Gateway:
         self.opts = options or GatewayOptions()
         self.clock = clock
         self.rng = rng or random.Random()
-        self.prefix_lookup = prefix_lookup
         self.models: set[str] = set(self.opts.models)
         self.metrics = metrics or GatewayMetrics()
         self.metrics.attach(core, clock)
-        self._waiters: dict[str, asyncio.Future[bool]] = {}
-        self._released = 0  # released from the queue, not yet picked
+        self.gate = AdmissionGate(
+            core,
+            clock,
+            deployment=self.opts.deployment,
+            prefix_lookup=prefix_lookup,
+            tick_s=self.opts.queue_tick_s,
+        )
         self.preemptor = Preemptor(core, clock, enabled=self.opts.preemption)
+        self.gate.on_full = lambda now, cap: self.metrics.preempted(
+            len(self.preemptor.consider(now, cap))
+        )
         self.forwarder = Forwarder(
             core,
             pd_protocol=self.opts.pd_protocol,
@@ -136,6 +147,15 @@ class Gateway:
         )
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def prefix_lookup(self) -> PrefixLookup | None:
+        """The precise-prefix lookup of the admission gate (shared with the servicer)."""
+        return self.gate.prefix_lookup
+
+    @prefix_lookup.setter
+    def prefix_lookup(self, lookup: PrefixLookup | None) -> None:
+        self.gate.prefix_lookup = lookup
 
     # -- app ------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -175,9 +195,7 @@ class Gateway:
         for t in self._tasks:
             await upstream.cancel_quietly(t)
         self._tasks.clear()
-        for fut in self._waiters.values():
-            if not fut.done():
-                fut.set_result(False)
+        await self.gate.close()
         if self._session is not None:
             await self._session.close()
 
@@ -228,26 +246,7 @@ class Gateway:
 
     async def _tick(self) -> None:
         self.core.tick(self.clock())
-        self._pump()
-
-    def _pump(self) -> None:
-        now = self.clock()
-        q = self.core.queue
-        for r in q.expire(now):
-            fut = self._waiters.pop(r.request_id, None)
-            if fut is not None and not fut.done():
-                fut.set_result(False)
-        if not len(q):
-            return
-        cap = self.core.capacity(now) - self._released
-        if cap <= 0:
-            self.metrics.preempted(len(self.preemptor.consider(now, cap)))
-            return
-        for r in q.next(now, cap):
-            fut = self._waiters.pop(r.request_id, None)
-            if fut is not None and not fut.done():
-                self._released += 1
-                fut.set_result(True)
+        self.gate.pump()
 
     # -- handlers -------------------------------------------------------------------------
     async def _health(self, _req: web.Request) -> web.Response:
@@ -289,26 +288,20 @@ class Gateway:
             if not parsed.profile and self.opts.profile:
                 parsed = replace(parsed, profile=self.opts.profile)
             slo_class = parsed.slo_class
-            if parsed.profile and parsed.profile not in self.core.scheduler.profiles:
-                raise ApiError(400, f"unknown scheduler profile {parsed.profile!r}", "profile")
-            view = self._view(rid, parsed)
+            check_names(self.core, parsed.profile, slo_class, parsed.tenant)
+            intake = self._intake(rid, parsed)
+            view = request_view(self.core, intake, self.opts.block_size)
             records.note_request(req, rid, parsed)
-            if self.prefix_lookup is not None and view.block_hashes:
-                with contextlib.suppress(Exception):
-                    found = await self.prefix_lookup(
-                        view, self.opts.deployment, parsed.cache_salt, parsed.profile
-                    )
-                    view = replace(view, prefix_matches=found)
-            await self._admit(rid, parsed, arrival)
+            view = await self.gate.take_in(intake, view, arrival)
             records.note_admitted(req)
             while True:
                 try:
                     return await self._route(req, rid, parsed, view)
                 except Preempted:
                     # Back in line with its original arrival; its slot went to a higher class.
-                    self.core.queue.requeue(self._queued(rid, parsed, arrival), arrival)
-                    await self._wait(rid, parsed)
-        except ApiError as e:
+                    await self.gate.requeue(intake, arrival)
+        except (ApiError, Refused) as err:
+            e = _api_error(err) if isinstance(err, Refused) else err
             if isinstance(e, Overloaded):
                 cls = slo_class or self.core.queue.config.default_class
                 self.metrics.shed_request(cls, e.where)
@@ -316,54 +309,20 @@ class Gateway:
                 self.metrics.bad_request(e.code, e.param)
             return _error(e)
 
-    def _view(self, rid: str, p: ParsedRequest) -> RequestView:
-        return RequestView(
+    def _intake(self, rid: str, p: ParsedRequest) -> Intake:
+        bs = self.opts.block_size
+        return Intake(
             request_id=rid,
             prompt_tokens=len(p.prompt_ids),
-            block_hashes=tuple(
-                block_hashes(p.prompt_ids, self.opts.block_size, tenant=p.cache_salt)
-            ),
-            block_size=self.opts.block_size,
+            block_hashes=prompt_hashes(p.prompt_ids, bs, p.cache_salt),
             max_tokens=p.max_tokens,
             tenant=p.tenant,
             slo_class=p.slo_class,
             session_id=p.session_id,
-            ttft_slo_ms=self.core.ttft_budget_ms(p.slo_class, p.deadline_ms),
+            profile=p.profile,
+            cache_salt=p.cache_salt,
+            deadline_in_ms=p.deadline_ms,
         )
-
-    @staticmethod
-    def _queued(rid: str, p: ParsedRequest, arrival: float) -> QueuedRequest:
-        deadline = arrival + p.deadline_ms / 1000.0 if p.deadline_ms else None
-        return QueuedRequest(rid, p.tenant, p.slo_class, len(p.prompt_ids), deadline)
-
-    async def _admit(self, rid: str, p: ParsedRequest, arrival: float) -> None:
-        now = self.clock()
-        q = self.core.queue
-        if not len(q) and self.core.capacity(now) - self._released > 0:
-            return
-        res = q.offer(self._queued(rid, p, arrival), now)
-        if isinstance(res, Shed):
-            raise Overloaded(f"overloaded: {res.reason}", res.retry_after_ms)
-        await self._wait(rid, p)
-
-    async def _wait(self, rid: str, p: ParsedRequest) -> None:
-        """Wait until the queued ``rid`` is released; Overloaded when it timed out."""
-        q = self.core.queue
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._waiters[rid] = fut
-        self._pump()
-        try:
-            go = await fut
-        except asyncio.CancelledError:
-            self._waiters.pop(rid, None)
-            q.cancel(rid)
-            raise
-        if not go:
-            cls = p.slo_class or q.config.default_class
-            raise Overloaded(
-                "timed out in the admission queue", q.retry_after_ms(cls), "queue_timeout"
-            )
-        self._released -= 1
 
     async def _route(
         self, req: web.Request, rid: str, p: ParsedRequest, view: RequestView
@@ -407,7 +366,7 @@ class Gateway:
                     await asyncio.sleep(delay / 1000.0)
             finally:
                 self.core.release(pick_id)
-                self._pump()
+                self.gate.pump()
         raise ApiError(
             502, f"upstream failed after retries: {last}", None, "upstream_error", "server_error"
         )
