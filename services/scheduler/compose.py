@@ -136,9 +136,8 @@ class Scheduler:
         self._runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
-        """The gateway's aiohttp app with the records middleware and the replica header."""
+        """The gateway's aiohttp app with the replica header."""
         app = self.gateway.app()
-        self.integrations.install(app)
         app.on_response_prepare.append(_replica_header(self.integrations.replica_id))
         return app
 

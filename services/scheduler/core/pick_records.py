@@ -1,7 +1,7 @@
 """Request records for decisions served over gRPC (``Pick``/``PickStream`` + ``ReportOutcome``).
 
 The HTTP gateway sees a request from its first byte to its last and records it itself
-(:mod:`services.scheduler.http.records`). A platform that only asks for a decision carries
+(one :class:`~services.scheduler.core.records.RequestContext` per request). A platform that only asks for a decision carries
 the request on its own data path; what it reports back (``ReportOutcomeRequest`` or
 ``PickRequest.report_outcomes``) completes the record: the decision and why (endpoints,
 plugin scores, predicted cached tokens and TTFT) from the pick, the outcome, tokens and
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from tideserve.v1 import events_pb2, scheduler_pb2
 
-from services.scheduler.http.records import fill_decision
+from services.scheduler.core.records import fill_decision
 from services.scheduler.routing.types import Pick
 
 __all__ = ["PickMemo", "record_from_report"]

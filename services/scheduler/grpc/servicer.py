@@ -41,8 +41,8 @@ from services.scheduler.core.intake import (
     request_view,
 )
 from services.scheduler.core.pick_records import PickMemo, record_from_report
+from services.scheduler.core.records import parse_traceparent
 from services.scheduler.core.service import GatewayCore
-from services.scheduler.http.records import parse_traceparent
 from services.scheduler.http.upstream import bootstrap_fields
 from services.scheduler.routing.types import (
     Choice,

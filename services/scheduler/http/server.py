@@ -47,12 +47,14 @@ from services.scheduler.core.intake import (
     prompt_hashes,
     request_view,
 )
+from services.scheduler.core.records import RequestContext
 from services.scheduler.core.service import GatewayCore
 from services.scheduler.http import records, upstream
 from services.scheduler.http.forward import Forwarder
 from services.scheduler.http.metrics import GatewayMetrics
 from services.scheduler.http.openai import ApiError, Kind, Limits, ParsedRequest, parse_request
 from services.scheduler.http.preemption import Preempted, Preemptor
+from services.scheduler.http.records import Finished
 from services.scheduler.routing.types import NoEndpoint, RequestView
 from services.scheduler.routing.types import Shed as RouteShed
 
@@ -111,6 +113,7 @@ class Gateway:
         options: GatewayOptions | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
         rng: random.Random | None = None,
         prefix_lookup: PrefixLookup | None = None,
         metrics: GatewayMetrics | None = None,
@@ -120,6 +123,7 @@ class Gateway:
         self.core = core
         self.opts = options or GatewayOptions()
         self.clock = clock
+        self.wall = wall
         self.rng = rng or random.Random()
         self.models: set[str] = set(self.opts.models)
         self.metrics = metrics or GatewayMetrics()
@@ -131,6 +135,10 @@ class Gateway:
             prefix_lookup=prefix_lookup,
             tick_s=self.opts.queue_tick_s,
         )
+        # Told how each request ended (metrics; request records when integrations are on).
+        self.finished: list[Finished] = [
+            self.metrics.finished(lambda: self.core.queue.config.default_class)
+        ]
         self.preemptor = Preemptor(core, clock, enabled=self.opts.preemption)
         self.gate.on_full = lambda now, cap: self.metrics.preempted(
             len(self.preemptor.consider(now, cap))
@@ -162,10 +170,8 @@ class Gateway:
         app = web.Application(
             client_max_size=self.opts.limits.max_body_bytes + 1,
             middlewares=[
-                self.metrics.middleware(
-                    default_class=lambda: self.core.queue.config.default_class,
-                    clock=self.clock,
-                    rng=self.rng,
+                records.request_contexts(
+                    self.finished, clock=self.clock, wall=self.wall, rng=self.rng
                 )
             ],
         )
@@ -266,6 +272,7 @@ class Gateway:
         return await self.handle(req, "generate")
 
     async def handle(self, req: web.Request, kind: Kind) -> web.StreamResponse:
+        ctx = req[records.CONTEXT_KEY]
         rid = uuid.uuid4().hex
         slo_class = ""
         arrival = self.clock()
@@ -291,12 +298,12 @@ class Gateway:
             check_names(self.core, parsed.profile, slo_class, parsed.tenant)
             intake = self._intake(rid, parsed)
             view = request_view(self.core, intake, self.opts.block_size)
-            records.note_request(req, rid, parsed)
+            ctx.taken_in(rid, parsed, self.clock())
             view = await self.gate.take_in(intake, view, arrival)
-            records.note_admitted(req)
+            ctx.admitted(self.clock())
             while True:
                 try:
-                    return await self._route(req, rid, parsed, view)
+                    return await self._route(req, ctx, parsed, view)
                 except Preempted:
                     # Back in line with its original arrival; its slot went to a higher class.
                     await self.gate.requeue(intake, arrival)
@@ -325,8 +332,9 @@ class Gateway:
         )
 
     async def _route(
-        self, req: web.Request, rid: str, p: ParsedRequest, view: RequestView
+        self, req: web.Request, ctx: RequestContext, p: ParsedRequest, view: RequestView
     ) -> web.StreamResponse:
+        rid = ctx.request_id
         exclude: set[str] = set()
         last = ""
         for attempt in range(self.opts.retries + 1):
@@ -339,7 +347,7 @@ class Gateway:
                 p.profile,
                 self.opts.deployment,
             )
-            records.note_pick(req, d, attempt)
+            ctx.picked(d, attempt)
             if isinstance(d, RouteShed):
                 raise Overloaded(d.reason, d.retry_after_ms, "routing")
             if isinstance(d, NoEndpoint):
@@ -350,7 +358,7 @@ class Gateway:
                 return await self.preemptor.run(
                     pick_id,
                     p.slo_class,
-                    self.forwarder.forward(self._session, req, p, d, pick_id),
+                    self.forwarder.forward(self._session, req, ctx, p, d, pick_id),
                 )
             except Preempted:
                 self.core.abandon(pick_id)
