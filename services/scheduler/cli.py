@@ -86,6 +86,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--pd-protocol; sglang: no, so every request on a decode engine is disaggregated; "
         "vllm: yes)",
     )
+    p.add_argument(
+        "--forward-authorization",
+        action="store_true",
+        help="pass the client's Authorization header on to the engines",
+    )
+    p.add_argument(
+        "--engine-api-key",
+        default="",
+        help="send 'Authorization: Bearer KEY' to the engines (started with --api-key)",
+    )
     p.add_argument("--no-preemption", action="store_true", help="never pre-empt lower classes")
     p.add_argument("--max-in-flight", type=int, default=256, help="per engine (default 256)")
     p.add_argument("--seed", type=int, default=0, help="routing RNG seed")
@@ -136,6 +146,8 @@ def settings_from_args(args: argparse.Namespace) -> SchedulerSettings:
         "pd_protocol": args.pd_protocol,
         "decode_can_prefill": args.decode_can_prefill,
         "preemption": not args.no_preemption,
+        "forward_authorization": args.forward_authorization,
+        "engine_api_key": args.engine_api_key,
         "max_in_flight_per_endpoint": args.max_in_flight,
         "seed": args.seed,
         "deployment": args.deployment,

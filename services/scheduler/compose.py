@@ -94,6 +94,8 @@ def build_gateway(
         profile=settings.profile,
         pd_protocol=settings.pd_protocol,
         preemption=settings.preemption,
+        forward_authorization=settings.forward_authorization,
+        engine_api_key=settings.engine_api_key.get_secret_value(),
     )
     metrics = GatewayMetrics(registry)
     return core, Gateway(core, opts, rng=random.Random(settings.seed + 1), metrics=metrics)

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from services.common.settings import ServiceSettings
 from services.scheduler.slo import DEFAULT_SLO_CLASSES, SLOClassConfig, queue_config
@@ -63,6 +63,14 @@ class SchedulerSettings(ServiceSettings):
     )
     preemption: bool = Field(
         True, description="pre-empt lower classes before their first byte for higher ones"
+    )
+    forward_authorization: bool = Field(
+        False, description="pass the client's Authorization header on to the engines"
+    )
+    engine_api_key: SecretStr = Field(
+        SecretStr(""),
+        description="sent to the engines as 'Authorization: Bearer KEY' (engines started "
+        "with --api-key); overrides forward_authorization; '' = none",
     )
     health_interval_s: float = Field(1.0, gt=0, description="active health probe period")
     load_interval_s: float = Field(0.5, gt=0, description="engine /metrics scrape period")

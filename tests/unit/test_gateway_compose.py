@@ -93,3 +93,15 @@ def test_unknown_profile_and_duplicates_are_refused() -> None:
 def test_http_and_grpc_share_one_admission_gate() -> None:
     s = Scheduler(SchedulerSettings(endpoints=["http://a:1"]))
     assert s.servicer.gate is s.gateway.gate
+
+
+def test_engine_authorization_flags_reach_the_gateway() -> None:
+    s = cli.settings_from_args(
+        _args(
+            "--endpoints", "http://a:1", "--forward-authorization", "--engine-api-key", "sekrit-42"
+        )
+    )
+    assert "sekrit-42" not in repr(s)  # a secret: not in logs
+    gw = Scheduler(s).gateway
+    assert gw.opts.forward_authorization is True and gw.opts.engine_api_key == "sekrit-42"
+    assert gw.forwarder.authorization == "Bearer sekrit-42"

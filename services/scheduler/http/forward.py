@@ -58,8 +58,12 @@ class Forwarder:
         rng: random.Random,
         metrics: GatewayMetrics,
         first_byte: FirstByte,
+        authorization: str | bool = False,
     ) -> None:
+        """``authorization``: the engines' ``Authorization`` header: a fixed value, True
+        (the client's, when it sent one) or False (none)."""
         self.core = core
+        self.authorization = authorization
         self.pd_protocol = pd_protocol
         self.upstream_timeout_s = upstream_timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -81,6 +85,11 @@ class Forwarder:
         path = PATHS[p.kind]
         body: dict[str, Any] = dict(p.forward_body)
         headers = {"Content-Type": "application/json", "traceparent": ctx.traceparent}
+        auth = self.authorization
+        if isinstance(auth, str):
+            headers["Authorization"] = auth
+        elif auth and "Authorization" in req.headers:
+            headers["Authorization"] = req.headers["Authorization"]
         timeout = aiohttp.ClientTimeout(
             total=self.upstream_timeout_s, sock_connect=self.connect_timeout_s
         )

@@ -81,6 +81,10 @@ class GatewayOptions:
     pd_protocol: Literal["sglang", "vllm"] = "sglang"
     # Pre-empt lower classes before their first byte when a higher class waits.
     preemption: bool = True
+    # Engine authorization: the client's Authorization header passed on, or (overriding
+    # it) a fixed key sent as "Authorization: Bearer KEY".
+    forward_authorization: bool = False
+    engine_api_key: str = field(default="", repr=False)
 
 
 class Overloaded(ApiError):
@@ -90,6 +94,14 @@ class Overloaded(ApiError):
         super().__init__(429, message, None, "overloaded", "rate_limit_error")
         self.retry_after_ms = retry_after_ms
         self.where = where
+
+
+def _authorization(opts: GatewayOptions) -> str | bool:
+    """The Forwarder's ``authorization``: a fixed header value, True (the client's), or
+    False (none)."""
+    if opts.engine_api_key:
+        return f"Bearer {opts.engine_api_key}"
+    return opts.forward_authorization
 
 
 def _api_error(r: Refused) -> ApiError:
@@ -152,6 +164,7 @@ class Gateway:
             rng=self.rng,
             metrics=self.metrics,
             first_byte=self._first_byte,
+            authorization=_authorization(self.opts),
         )
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
