@@ -15,6 +15,10 @@ when tenants are configured, pick or instance), RESOURCE_EXHAUSTED where HTTP an
 PickStream decides each request of a bidirectional stream exactly as Pick would, one after
 another, answering in request order; a refused request gets a ``PickResponse`` whose
 ``error`` carries Pick's status code, message and retry hint, and the stream goes on.
+Drain/Undrain act on this replica's fleet, in memory: they do not survive a restart and do
+not reach other replicas (a drain every replica follows is the autoscaler's ``DRAINING``
+membership event on ``{prefix}:membership``).
+
 ``PickRequest.report_outcomes`` settles earlier picks (as ReportOutcome) before deciding;
 unknown or already reported pick ids there are ignored.
 """
