@@ -130,7 +130,9 @@ async def test_engine_uses_service_search_path_and_models_roundtrip(
         await engine.dispose()
 
 
-def test_scheduler_head_has_no_drain_state(postgres_db_url: str) -> None:
+def test_scheduler_0002_drops_the_unused_drain_state(postgres_db_url: str) -> None:
+    migrate(postgres_db_url, "scheduler", "0001")
+    assert "drain_state" in tables_in(postgres_db_url, "scheduler")
     migrate(postgres_db_url, "scheduler")
     assert "drain_state" not in tables_in(postgres_db_url, "scheduler")
     assert current_revision(postgres_db_url, "scheduler") == "0002"

@@ -9,9 +9,9 @@ Revises: 0001
 Create Date: 2026-12-10
 """
 
+import importlib
 from collections.abc import Sequence
 
-import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0002"
@@ -27,12 +27,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.create_table(
-        "drain_state",
-        sa.Column("instance_id", sa.Text(), primary_key=True),
-        sa.Column("draining", sa.Boolean(), nullable=False),
-        sa.Column(
-            "updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
-        ),
-        schema=SCHEMA,
-    )
+    # the table exactly as revision 0001 created it
+    importlib.import_module("services.scheduler.migrations.versions.0001_initial").upgrade()
