@@ -6,19 +6,15 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import random
 import signal
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from services.scheduler.core import EndpointSpec
-    from services.scheduler.feeds.fleet_feeds import FleetFeeds
-    from services.scheduler.feeds.integrations import Integrations
-    from services.scheduler.http.server import Gateway
+    from services.scheduler.compose import Scheduler
+    from services.scheduler.settings import SchedulerSettings
 
-__all__ = ["register", "run"]
+__all__ = ["register", "run", "settings_from_args"]
 
 _EPILOG = """\
 examples:
@@ -109,6 +105,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--pd-protocol; sglang: no, so every request on a decode engine is disaggregated; "
         "vllm: yes)",
     )
+    p.add_argument(
+        "--forward-authorization",
+        action="store_true",
+        help="pass the client's Authorization header on to the engines",
+    )
+    p.add_argument(
+        "--engine-api-key",
+        default="",
+        help="send 'Authorization: Bearer KEY' to the engines (started with --api-key)",
+    )
     p.add_argument("--no-preemption", action="store_true", help="never pre-empt lower classes")
     p.add_argument("--max-in-flight", type=int, default=256, help="per engine (default 256)")
     p.add_argument("--seed", type=int, default=0, help="routing RNG seed")
@@ -123,131 +129,98 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run)
 
 
-def _specs(args: argparse.Namespace) -> list[EndpointSpec]:
-    from services.scheduler.core import EndpointSpec
+def _endpoints(args: argparse.Namespace) -> list[str]:
+    """The engine flags as ``SchedulerSettings.endpoints`` entries."""
     from services.scheduler.settings import parse_endpoint
 
-    out: list[EndpointSpec] = []
-    for item in args.endpoints:
-        iid, role, url = parse_endpoint(item)
-        out.append(EndpointSpec(iid, url, role))  # type: ignore[arg-type]
+    out: list[str] = list(args.endpoints)
     for entry in args.prefill:
         if len(entry) > 2:
             raise ValueError(f"--prefill takes URL [BOOTSTRAP_PORT], got {entry}")
-        iid, _, url = parse_endpoint(entry[0])
+        url = parse_endpoint(entry[0])[2]
         port = int(entry[1]) if len(entry) == 2 and entry[1].lower() != "none" else 0
-        out.append(EndpointSpec(iid, url, "prefill", bootstrap_port=port))
-    for item in args.decode:
-        iid, _, url = parse_endpoint(item)
-        out.append(EndpointSpec(iid, url, "decode"))
+        out.append(f"prefill={url}" + (f"#bootstrap={port}" if port else ""))
+    out += [f"decode={parse_endpoint(item)[2]}" for item in args.decode]
     if not out:
         raise ValueError("no engines: give --endpoints, or --prefill and --decode")
-    ids = [s.instance_id for s in out]
-    if len(set(ids)) != len(ids):
-        raise ValueError("the same engine is listed twice")
     return out
 
 
-def run(args: argparse.Namespace) -> int:
+def settings_from_args(args: argparse.Namespace) -> SchedulerSettings:
+    """The flags as the scheduler's settings (no file, no env: flags and defaults only).
+    ValueError (one line) for bad flags."""
     from pydantic import ValidationError
 
-    from services.common.errors import StartupError
-    from services.common.tokens import token_path
-    from services.scheduler.core import CoreLimits, build_core
-    from services.scheduler.feeds.fleet_feeds import FleetFeeds
-    from services.scheduler.feeds.integrations import Integrations
-    from services.scheduler.http.server import Gateway, GatewayOptions
-    from services.scheduler.routing.config import ConfigError
     from services.scheduler.settings import SchedulerSettings
 
+    values = {
+        "host": args.host,
+        "endpoints": _endpoints(args),
+        "profile": args.profile,
+        "profiles_file": args.profiles_file,
+        "models": args.model,
+        "block_size": args.block_size,
+        "perf_profile": args.perf_profile,
+        "model_path": args.model_path,
+        "hash_scheme": args.hash_scheme,
+        "retries": args.retries,
+        "pd_protocol": args.pd_protocol,
+        "decode_can_prefill": args.decode_can_prefill,
+        "preemption": not args.no_preemption,
+        "forward_authorization": args.forward_authorization,
+        "engine_api_key": args.engine_api_key,
+        "max_in_flight_per_endpoint": args.max_in_flight,
+        "seed": args.seed,
+        "deployment": args.deployment,
+        "redis_url": args.redis_url or None,
+        "stream_prefix": args.stream_prefix,
+        "share_state": args.share_state,
+        "replica_id": args.replica_id,
+        "request_records": not args.no_records,
+        "kvmeta_address": args.kvmeta_address,
+    }
     try:
-        specs = _specs(args)
-        core = build_core(
-            specs,
-            profiles=Path(args.profiles_file) if args.profiles_file else None,
-            seed=args.seed,
-            block_size=args.block_size,
-            perf_profile=args.perf_profile,
-            limits=CoreLimits(max_in_flight_per_endpoint=args.max_in_flight),
-            decode_can_prefill=(
-                args.pd_protocol == "vllm"
-                if args.decode_can_prefill is None
-                else args.decode_can_prefill
-            ),
-        )
-        if args.profile and args.profile not in core.scheduler.profiles:
-            known = ", ".join(sorted(core.scheduler.profiles))
-            raise ValueError(f"unknown profile {args.profile!r} (known: {known})")
-        tokens = token_path(args.model_path, args.hash_scheme)  # ModelDirError is a ValueError
-    except (ValueError, KeyError, ConfigError) as err:
-        print(f"tideserve gateway: {err}", file=sys.stderr)
+        return SchedulerSettings.model_validate(values)
+    except ValidationError as err:
+        e = err.errors()[0]
+        where = ".".join(str(x) for x in e["loc"])
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        raise ValueError(f"{where}: {msg}" if where else msg) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.common.errors import StartupError
+    from services.scheduler.compose import Scheduler
+
+    try:
+        settings = settings_from_args(args)
+        scheduler = Scheduler(settings)
+        if settings.redis_url:
+            from services.common.streams import check_redis
+
+            asyncio.run(check_redis(settings.redis_url))
+    except (ValueError, StartupError, ConnectionError) as err:
+        print(f"tideserve gateway: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s"
     )
-    opts = GatewayOptions(
-        models=tuple(args.model),
-        deployment=args.deployment,
-        block_size=args.block_size,
-        retries=args.retries,
-        profile=args.profile,
-        pd_protocol=args.pd_protocol,
-        preemption=not args.no_preemption,
-        tokens=tokens,
-    )
-    gateway = Gateway(core, opts, rng=random.Random(args.seed + 1))
     try:
-        settings = SchedulerSettings.model_validate(
-            {
-                "deployment": args.deployment,
-                "redis_url": args.redis_url or None,
-                "stream_prefix": args.stream_prefix,
-                "share_state": args.share_state,
-                "replica_id": args.replica_id,
-                "request_records": not args.no_records,
-                "kvmeta_address": args.kvmeta_address,
-            }
-        )
-        extras = Integrations(settings, core, gateway, registry=gateway.metrics.registry)
-        feeds = FleetFeeds(settings, gateway)  # load snapshots + membership via --redis-url
-        if args.redis_url:
-            from services.common.streams import check_redis
-
-            asyncio.run(check_redis(args.redis_url))
-    except (StartupError, ValidationError, ConnectionError) as err:
-        print(f"tideserve gateway: {str(err).splitlines()[0]}", file=sys.stderr)
-        return 2
-    try:
-        asyncio.run(_serve(gateway, args.host, args.port, extras, feeds))
-    except OSError as err:
-        print(
-            f"tideserve gateway: cannot listen on {args.host}:{args.port}: {err.strerror}",
-            file=sys.stderr,
-        )
+        asyncio.run(_serve(scheduler, args.host, args.port))
+    except StartupError as err:
+        print(f"tideserve gateway: {err}", file=sys.stderr)
         return 2
     return 0
 
 
-async def _serve(
-    gateway: Gateway, host: str, port: int, extras: Integrations, feeds: FleetFeeds
-) -> None:
-    from aiohttp import web
-
+async def _serve(scheduler: Scheduler, host: str, port: int) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    app = gateway.app()
-    extras.install(app)
-    runner = web.AppRunner(app, handle_signals=False)
-    await runner.setup()
-    await extras.start()
-    await feeds.start()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await scheduler.start((host, port, False))
         await stop.wait()
     finally:
-        await runner.cleanup()
-        await feeds.stop()
-        await extras.stop()
+        await scheduler.stop()

@@ -6,13 +6,13 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from services.common.settings import ServiceSettings
 from services.common.tokens import HashScheme
 from services.scheduler.slo import DEFAULT_SLO_CLASSES, SLOClassConfig, queue_config
 
-__all__ = ["SchedulerSettings", "parse_endpoint"]
+__all__ = ["SchedulerSettings", "parse_endpoint", "split_bootstrap"]
 
 
 class SchedulerSettings(ServiceSettings):
@@ -34,13 +34,17 @@ class SchedulerSettings(ServiceSettings):
     deployment: str = Field("default", min_length=1, description="deployment this serves")
     endpoints: list[str] = Field(
         default_factory=list,
-        description="static engines: URL or ROLE=URL (ROLE worker, prefill or decode)",
+        description="static engines: URL or ROLE=URL (ROLE worker, prefill or decode); a "
+        "prefill engine's SGLang bootstrap port as a suffix: prefill=URL#bootstrap=PORT",
     )
     models: list[str] = Field(
         default_factory=list, description="model names accepted; empty = ask the engines"
     )
     profiles_file: Path | None = Field(
         None, description="scheduler profiles YAML; None = the shipped default_profiles.yaml"
+    )
+    profile: str = Field(
+        "", description="scheduler profile of requests that name none; '' = the config's default"
     )
     block_size: int = Field(64, ge=1, description="tokens per KV block for prefix hashing")
     model_path: Path | None = Field(
@@ -71,6 +75,14 @@ class SchedulerSettings(ServiceSettings):
     )
     preemption: bool = Field(
         True, description="pre-empt lower classes before their first byte for higher ones"
+    )
+    forward_authorization: bool = Field(
+        False, description="pass the client's Authorization header on to the engines"
+    )
+    engine_api_key: SecretStr = Field(
+        SecretStr(""),
+        description="sent to the engines as 'Authorization: Bearer KEY' (engines started "
+        "with --api-key); overrides forward_authorization; '' = none",
     )
     health_interval_s: float = Field(1.0, gt=0, description="active health probe period")
     load_interval_s: float = Field(0.5, gt=0, description="engine /metrics scrape period")
@@ -138,9 +150,20 @@ class SchedulerSettings(ServiceSettings):
     @field_validator("endpoints")
     @classmethod
     def _check_endpoints(cls, value: list[str]) -> list[str]:
-        for item in value:
-            parse_endpoint(item)
+        ids = [parse_endpoint(split_bootstrap(item)[0])[0] for item in value]
+        if len(set(ids)) != len(ids):
+            raise ValueError("the same engine is listed twice")
         return value
+
+
+def split_bootstrap(item: str) -> tuple[str, int]:
+    """``ENTRY#bootstrap=PORT`` → (ENTRY, PORT); (item, 0) without the suffix."""
+    base, sep, port = item.partition("#bootstrap=")
+    if not sep:
+        return item, 0
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"endpoint {item!r}: bootstrap port must be 1..65535")
+    return base, int(port)
 
 
 def parse_endpoint(item: str) -> tuple[str, str, str]:

@@ -22,9 +22,10 @@ from services.common.db import (
     to_libpq_url,
 )
 
-# Tables of the initial revisions; later revisions may add more (never remove these).
+# Tables at head; later revisions may add more (a table is removed only by a revision that
+# drops it: scheduler 0002 dropped the never-written drain_state).
 EXPECTED_TABLES = {
-    "scheduler": {"alembic_version", "drain_state"},
+    "scheduler": {"alembic_version"},
     "autoscaler": {"alembic_version", "deployments", "instances"},
     "kvmeta": {"alembic_version", "index_checkpoints"},
     "telemetry": {"alembic_version", "request_records"},
@@ -107,26 +108,34 @@ def test_concurrent_migrations_from_threads(postgres_db_url: str) -> None:
 async def test_engine_uses_service_search_path_and_models_roundtrip(
     postgres_db_url: str,
 ) -> None:
-    from services.scheduler.models import DrainState
+    from services.kvmeta.models import IndexCheckpoint
 
-    migrate(postgres_db_url, "scheduler")
-    engine = create_engine(postgres_db_url, "scheduler")
+    migrate(postgres_db_url, "kvmeta")
+    engine = create_engine(postgres_db_url, "kvmeta")
     try:
         async with engine.connect() as conn:
             path = (await conn.execute(sa.text("SHOW search_path"))).scalar()
-            assert path is not None and path.startswith("scheduler")
+            assert path is not None and path.startswith("kvmeta")
             # Unqualified names resolve in the service schema.
-            count = (await conn.execute(sa.text("SELECT count(*) FROM drain_state"))).scalar()
+            count = (await conn.execute(sa.text("SELECT count(*) FROM index_checkpoints"))).scalar()
             assert count == 0
         sessions = session_factory(engine)
         async with sessions() as session, session.begin():
-            session.add(DrainState(instance_id="i-1", draining=True))
+            session.add(IndexCheckpoint(deployment="d", stream_id="1-0", snapshot=b"x"))
         async with sessions() as session:
-            row = await session.get(DrainState, "i-1")
-            assert row is not None and row.draining is True
-            assert row.updated_at is not None
+            row = await session.get(IndexCheckpoint, 1)
+            assert row is not None and row.snapshot == b"x"
+            assert row.created_at is not None
     finally:
         await engine.dispose()
+
+
+def test_scheduler_0002_drops_the_unused_drain_state(postgres_db_url: str) -> None:
+    migrate(postgres_db_url, "scheduler", "0001")
+    assert "drain_state" in tables_in(postgres_db_url, "scheduler")
+    migrate(postgres_db_url, "scheduler")
+    assert "drain_state" not in tables_in(postgres_db_url, "scheduler")
+    assert current_revision(postgres_db_url, "scheduler") == "0002"
 
 
 async def test_check_postgres_ok(postgres_url: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -10,9 +11,11 @@ import grpc
 import pytest
 from tideserve.v1 import events_pb2, scheduler_pb2
 
+from services.scheduler.admission import QueueConfig
 from services.scheduler.core import EndpointSpec, LoadReport, build_core
 from services.scheduler.core.service import GatewayCore
 from services.scheduler.grpc.servicer import SchedulerServicer
+from tests.helpers.engines import until
 from tests.helpers.scheduler import scheduler_stub, two_workers
 
 LONG = " ".join(f"w{i}" for i in range(2000))
@@ -118,9 +121,15 @@ async def test_slo_infeasible_and_saturation_are_resource_exhausted(
     assert dict(info.value.trailing_metadata() or ())["retry-after-ms"]
     for iid in ("w1", "w2"):
         core.fleet.report_load(iid, LoadReport(kv_usage=0.99), time.monotonic())
+    # a saturated fleet queues the request (as HTTP does): refused once its deadline passes
+    deadline = int(time.time() * 1000) + 300
     with pytest.raises(grpc.aio.AioRpcError) as info:
-        await stub.Pick(scheduler_pb2.PickRequest(deployment="d", prompt_text="x"))
+        await stub.Pick(
+            scheduler_pb2.PickRequest(deployment="d", prompt_text="x", deadline_ms=deadline)
+        )
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "retry_after_ms=" in (info.value.details() or "")
+    assert not len(core.queue)
 
 
 async def test_drain_undrain_and_unknowns(stack: tuple[Any, GatewayCore]) -> None:
@@ -155,3 +164,44 @@ async def test_upstream_error_before_any_token_undoes_the_routed_prefix(
     )
     again = await stub.Pick(scheduler_pb2.PickRequest(deployment="d", prompt_text=LONG))
     assert again.predicted_cached_tokens == 0  # the failed pick left no routed prefix
+
+
+async def test_pick_waits_in_the_admission_queue_then_is_served() -> None:
+    """A saturated fleet queues a Pick (as the HTTP gateway queues a request); freed
+    capacity releases it and the call returns its decision."""
+    core = two_workers()
+    async with scheduler_stub(SchedulerServicer(core, deployment="d", block_size=16)) as stub:
+        for iid in ("w1", "w2"):
+            core.fleet.report_load(iid, LoadReport(kv_usage=0.99), time.monotonic())
+        call = asyncio.ensure_future(
+            stub.Pick(scheduler_pb2.PickRequest(deployment="d", prompt_text="a b c"))
+        )
+        await until(lambda: len(core.queue) == 1, "the Pick waits in the admission queue")
+        assert not call.done()
+        core.fleet.report_load("w2", LoadReport(kv_usage=0.1), time.monotonic())
+        resp = await asyncio.wait_for(call, 10)
+    assert resp.pick_id and resp.decode.instance.instance_id == "w2"
+    assert not len(core.queue)
+
+
+async def test_pick_shed_by_a_full_queue_is_resource_exhausted() -> None:
+    core = build_core(
+        [EndpointSpec("w1", "http://127.0.0.1:1", deployment="d")],
+        perf_profile="test",
+        block_size=16,
+        queue=QueueConfig(max_total=1),
+    )
+    async with scheduler_stub(SchedulerServicer(core, deployment="d", block_size=16)) as stub:
+        core.fleet.report_load("w1", LoadReport(kv_usage=0.99), time.monotonic())
+        first = asyncio.ensure_future(
+            stub.Pick(scheduler_pb2.PickRequest(deployment="d", prompt_text="a"))
+        )
+        await until(lambda: len(core.queue) == 1, "the first Pick is queued")
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Pick(scheduler_pb2.PickRequest(deployment="d", prompt_text="b"))
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "overloaded" in (info.value.details() or "")
+        retry = dict(info.value.trailing_metadata() or ())["retry-after-ms"]
+        assert f"retry_after_ms={retry}" in (info.value.details() or "")
+        first.cancel()
+        await until(lambda: not len(core.queue), "a cancelled Pick leaves the queue")

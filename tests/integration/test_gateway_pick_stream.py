@@ -116,7 +116,16 @@ async def test_resource_exhausted_carries_retry_hint(stack: tuple[Any, GatewayCo
     stub, core = stack
     for iid in ("w1", "w2"):
         core.fleet.report_load(iid, LoadReport(kv_usage=0.99), time.monotonic())
-    got = await _all(stub, [req(prompt_text="x"), req(prompt_text="y")])
+    # saturated: queued (as HTTP requests are) and refused when its deadline passes; the
+    # stream answers in order, so the second is decided after the first was refused
+    now_ms = int(time.time() * 1000)
+    got = await _all(
+        stub,
+        [
+            req(prompt_text="x", deadline_ms=now_ms + 300),
+            req(prompt_text="y", deadline_ms=now_ms + 2000),
+        ],
+    )
     assert [_code(r) for r in got] == [Code.RESOURCE_EXHAUSTED] * 2
     assert got[0].error.retry_after_ms > 0
     assert f"retry_after_ms={got[0].error.retry_after_ms}" in got[0].error.message

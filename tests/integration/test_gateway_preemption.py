@@ -108,7 +108,7 @@ async def test_a_request_that_started_streaming_is_never_preempted(
             await fault(http, eurl, 30)  # stalled mid-stream
             inter = asyncio.create_task(stream(http, url, body("hello there", "interactive")))
             await until(lambda: len(gw.core.queue) == 1, "the interactive request is queued")
-            gw._pump()  # a pump with a higher class waiting and no capacity left
+            gw.gate.pump()  # a pump with a higher class waiting and no capacity left
             assert gw.preemptor.total == 0 and gw.core.fleet.in_flight("e1") == 1
             await fault(http, eurl, 0)
             rest = await r.content.read()

@@ -20,8 +20,9 @@ from services.common.streams import decode_entry
 from services.engine.server import EngineServer
 from services.engine.settings import EngineSettings
 from services.scheduler.core import EndpointSpec, build_core
+from services.scheduler.core.records import parse_traceparent
 from services.scheduler.feeds.record_sink import RecordSink
-from services.scheduler.http.records import parse_traceparent, record_requests
+from services.scheduler.http.records import record_requests
 from services.scheduler.http.server import Gateway, GatewayOptions
 
 Seen = list[dict[str, str]]
@@ -57,8 +58,8 @@ async def stack(
         gw = Gateway(core, GatewayOptions(background=False, block_size=16, backoff_ms=1, retries=1))
         sink = RecordSink(redis_client, f"ts:requests:{uuid.uuid4().hex[:6]}", flush_s=0.01)
         sinks.append(sink)
+        gw.finished.append(record_requests(sink, deployment="dep"))
         gapp = gw.app()
-        gapp.middlewares.append(record_requests(sink, deployment="dep"))
         gs = TestServer(gapp, host="127.0.0.1")
         await gs.start_server()
         servers.append(gs)

@@ -11,6 +11,7 @@ from tideserve.v1 import events_pb2
 
 from services.scheduler.admission import QueuedRequest
 from services.scheduler.core import EndpointSpec, LoadReport, build_core
+from services.scheduler.core.records import RequestContext
 from services.scheduler.http.metrics import (
     GatewayMetrics,
     observe,
@@ -18,7 +19,6 @@ from services.scheduler.http.metrics import (
     upstream_kind,
 )
 from services.scheduler.http.openai import parse_request
-from services.scheduler.http.records import RequestTrace
 
 
 def _sse_usage(completion: int) -> bytes:
@@ -36,8 +36,8 @@ def _trace(
     slo: str = "",
     error: str = "",
     cancelled: bool = False,
-) -> RequestTrace:
-    t = RequestTrace("r", "0" * 31 + "1", "0" * 15 + "1", "01", arrival=10.0, arrival_wall=0.0)
+) -> RequestContext:
+    t = RequestContext("r", "0" * 31 + "1", "0" * 15 + "1", "01", arrival=10.0, arrival_wall=0.0)
     t.first_byte, t.streamed, t.tail = first, streamed, bytearray(tail)
     t.parsed_at, t.admitted_at = parsed_at, admitted_at
     t.error, t.cancelled = error, cancelled
@@ -109,7 +109,7 @@ def _trace(
     ],
 )
 def test_observe(
-    trace: RequestTrace,
+    trace: RequestContext,
     status: int,
     finish: float,
     expected: tuple[str, str, float | None, float | None, float | None, float],

@@ -9,9 +9,8 @@ import pytest
 from tideserve.v1 import common_pb2, events_pb2, kvmeta_pb2
 
 from services.scheduler.core import EndpointSpec, build_core
-from services.scheduler.feeds.kvmeta_client import precise_profiles, to_matches
-from services.scheduler.http.records import (
-    RequestTrace,
+from services.scheduler.core.records import (
+    RequestContext,
     Usage,
     build_record,
     outcome_for,
@@ -19,6 +18,7 @@ from services.scheduler.http.records import (
     usage_from_body,
     usage_from_sse,
 )
+from services.scheduler.feeds.kvmeta_client import precise_profiles, to_matches
 from services.scheduler.routing.types import Choice, EndpointView, Pick, PrefixMatch
 
 T = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -105,7 +105,7 @@ def test_build_record_times_and_scores() -> None:
         predicted_cached_tokens=64,
         predicted_ttft_ms=12.5,
     )
-    t = RequestTrace(
+    t = RequestContext(
         request_id="r",
         trace_id=T,
         span_id=S,

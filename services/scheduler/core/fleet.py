@@ -337,9 +337,6 @@ class Fleet:
                     self.remove(i)
         return True
 
-    def has_reservation(self, pick_id: str) -> bool:
-        return pick_id in self._res
-
     def expire_reservations(self, now: float, max_age_s: float) -> list[str]:
         """Release reservations older than ``max_age_s`` (a caller never reported)."""
         old = [p for p, r in self._res.items() if now - r.at > max_age_s]

@@ -1,7 +1,7 @@
 """Request records for decisions served over gRPC (``Pick``/``PickStream`` + ``ReportOutcome``).
 
 The HTTP gateway sees a request from its first byte to its last and records it itself
-(:mod:`services.scheduler.http.records`). A platform that only asks for a decision carries
+(one :class:`~services.scheduler.core.records.RequestContext` per request). A platform that only asks for a decision carries
 the request on its own data path; what it reports back (``ReportOutcomeRequest`` or
 ``PickRequest.report_outcomes``) completes the record: the decision and why (endpoints,
 plugin scores, predicted cached tokens and TTFT) from the pick, the outcome, tokens and
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from tideserve.v1 import events_pb2, scheduler_pb2
 
-from services.scheduler.http.records import fill_decision
+from services.scheduler.core.records import fill_decision
 from services.scheduler.routing.types import Pick
 
 __all__ = ["PickMemo", "record_from_report"]
@@ -37,6 +37,8 @@ class PickMemo:
     """Wall-clock seconds when the Pick arrived."""
     trace_id: str = ""
     """From the Pick's ``traceparent`` (32 hex chars), "" without a valid one."""
+    queue_ms: float = 0.0
+    """Arrival → admitted (prefix lookup and the wait in the admission queue)."""
 
 
 def record_from_report(
@@ -51,7 +53,7 @@ def record_from_report(
     """The record of a gRPC-served decision once its outcome is known.
 
     ``request_id`` is the pick id; ``trace_id`` is the one of the Pick's ``traceparent``
-    (the caller's trace), else empty; ``queue_ms`` is 0 (a pick is decided at once or refused, never queued);
+    (the caller's trace), else empty; ``queue_ms`` is the Pick's intake (lookup and admission wait);
     prompt tokens are the reported ones, else those the pick was asked with.
     """
     rec = events_pb2.RequestRecord(
@@ -61,6 +63,7 @@ def record_from_report(
         tenant=memo.tenant,
         slo_class=memo.slo_class,
         session_id=memo.session_id,
+        queue_ms=memo.queue_ms,
         prompt_tokens=report.prompt_tokens or memo.prompt_tokens,
         completion_tokens=report.completion_tokens,
         cached_tokens=report.cached_tokens,

@@ -104,21 +104,6 @@ class GatewayCore:
         self._capacity = (snap, cap)
         return cap
 
-    def has_capacity(self, now: float) -> bool:
-        """``capacity(now) > 0``, stopping at the first endpoint with a free slot."""
-        snap = self.fleet.snapshot(now)
-        hit = self._capacity
-        if hit is not None and hit[0] is snap:
-            return hit[1] > 0
-        lim = self.limits
-        kv_max, wait_max = lim.saturation_kv_usage, lim.saturation_waiting
-        per = lim.max_in_flight_per_endpoint
-        in_flight = self.fleet.in_flight
-        return any(
-            e.kv_usage < kv_max and e.waiting < wait_max and in_flight(e.instance_id) < per
-            for e in snap.pools()[1]
-        )
-
     def pick(
         self, view: RequestView, now: float, pick_id: str, profile: str = "", deployment: str = ""
     ) -> Decision:

@@ -8,9 +8,8 @@
   ``redis_url``) or ``off``. Either way ``lookup`` is the ``prefix_lookup`` hook the HTTP
   gateway and the gRPC servicer share.
 
-``Integrations(settings, core, gateway)`` builds everything without I/O; ``install(app)``
-adds the records middleware to the gateway's aiohttp app (before it starts);
-``start()``/``stop()`` run and end the background tasks and connections (``stop`` is
+``Integrations(settings, core, gateway)`` builds everything without I/O (with records on,
+it adds the record builder to the gateway's ``finished`` listeners); ``start()``/``stop()`` run and end the background tasks and connections (``stop`` is
 idempotent and never raises for a dead Redis or kvmeta). While started, their counters are
 exported to Prometheus: ``tideserve_gateway_records_total{event}``,
 ``tideserve_gateway_shared_total{event}``, ``tideserve_gateway_kvmeta_lookups_total{result}``
@@ -23,12 +22,10 @@ import contextlib
 import logging
 import os
 import socket
-import time
 import uuid
 
 import grpc
 import redis.asyncio as aioredis
-from aiohttp import web
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
@@ -130,17 +127,10 @@ class Integrations:
             )
             gateway.prefix_lookup = self.lookup
         self.gateway = gateway
-
-    def install(self, app: web.Application) -> None:
-        """Add the request-records middleware (call before the app starts)."""
         if self.sink is not None:
-            app.middlewares.append(
+            gateway.finished.append(
                 record_requests(
-                    self.sink,
-                    deployment=self.settings.deployment,
-                    replica_id=self.replica_id,
-                    clock=self.gateway.clock,
-                    wall=time.time,
+                    self.sink, deployment=settings.deployment, replica_id=self.replica_id
                 )
             )
 

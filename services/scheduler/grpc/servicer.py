@@ -1,15 +1,24 @@
 """gRPC servicer of ``tideserve.v1.SchedulerService``: a thin translation layer over
 :class:`services.scheduler.core.service.GatewayCore` (the same core the HTTP gateway uses).
 
-Pick reserves load on the chosen endpoints until ReportOutcome releases it (or the core's
-reservation TTL does). Errors: INVALID_ARGUMENT (bad fields), NOT_FOUND (unknown deployment,
-profile, class, tenant when tenants are configured, pick or instance), RESOURCE_EXHAUSTED
-(saturated fleet or TTFT SLO infeasible; ``retry_after_ms`` in the message and trailing
-metadata ``retry-after-ms``), UNAVAILABLE (no eligible endpoint).
+Pick takes the request in exactly as the HTTP gateway does (:mod:`services.scheduler.core.intake`
+and the shared :class:`~services.scheduler.admission.gate.AdmissionGate`): the prefix lookup,
+then admission: at once when nothing is queued and a slot is free, else a wait in the classed
+queue (the call returns when the request is released). Pick reserves load on the chosen
+endpoints until ReportOutcome releases it (or the core's reservation TTL does).
+Errors: INVALID_ARGUMENT (bad fields), NOT_FOUND (unknown deployment, profile, class, tenant
+when tenants are configured, pick or instance), RESOURCE_EXHAUSTED where HTTP answers 429
+(queue full, deadline unreachable, timed out in the queue, or TTFT SLO infeasible;
+``retry_after_ms`` in the message and trailing metadata ``retry-after-ms``), UNAVAILABLE
+(no eligible endpoint).
 
 PickStream decides each request of a bidirectional stream exactly as Pick would, one after
 another, answering in request order; a refused request gets a ``PickResponse`` whose
 ``error`` carries Pick's status code, message and retry hint, and the stream goes on.
+Drain/Undrain act on this replica's fleet, in memory: they do not survive a restart and do
+not reach other replicas (a drain every replica follows is the autoscaler's ``DRAINING``
+membership event on ``{prefix}:membership``).
+
 ``PickRequest.report_outcomes`` settles earlier picks (as ReportOutcome) before deciding;
 unknown or already reported pick ids there are ignored.
 """
@@ -20,30 +29,31 @@ import random
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 import grpc
 from tideserve.v1 import common_pb2, events_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 from services.common.tokens import TokenPath
+from services.scheduler.admission.gate import AdmissionGate, PrefixLookup
+from services.scheduler.core.intake import (
+    Intake,
+    Refused,
+    check_names,
+    request_view,
+)
 from services.scheduler.core.pick_records import PickMemo, record_from_report
+from services.scheduler.core.records import parse_traceparent
 from services.scheduler.core.service import GatewayCore
-from services.scheduler.http.records import parse_traceparent
 from services.scheduler.http.upstream import bootstrap_fields
 from services.scheduler.routing.types import (
     Choice,
     EndpointView,
     NoEndpoint,
-    PrefixMatch,
-    RequestView,
     Role,
     Shed,
 )
-
-# (view, deployment, cache_salt, profile) -> kvmeta matches or None (see the HTTP gateway's).
-PrefixLookup = Callable[[RequestView, str, str, str], Awaitable[Mapping[str, PrefixMatch] | None]]
 
 __all__ = ["SERVICE_NAME", "SchedulerServicer", "add_to_server"]
 
@@ -113,6 +123,12 @@ def _exhausted(why: str, retry_ms: int) -> _Refused:
     )
 
 
+def _refused(e: Refused) -> _Refused:
+    if e.kind == "overloaded":
+        return _exhausted(e.message, e.retry_after_ms)
+    return _Refused(grpc.StatusCode.NOT_FOUND, e.message)
+
+
 def _picked(c: Choice, instances: _Instances, out: scheduler_pb2.PickedEndpoint) -> None:
     out.instance.CopyFrom(instances.get(c.endpoint))
     out.score = c.score
@@ -137,17 +153,21 @@ class SchedulerServicer(_Base):
         records: Callable[[events_pb2.RequestRecord], object] | None = None,
         replica_id: str = "",
         wall: Callable[[], float] = time.time,
+        gate: AdmissionGate | None = None,
         tokens: TokenPath | None = None,
     ) -> None:
         """``records``: where the record of each settled pick goes (e.g. a RecordSink's
-        ``offer``; it must not block); None = no records. ``tokens``: how ``prompt_text``
-        becomes token ids and token ids block hashes (the gateway's; None = the
-        simulator's)."""
+        ``offer``; it must not block); None = no records. ``gate``: the admission gate
+        shared with the HTTP gateway of the same core (None = one of its own, with
+        ``prefix_lookup``). ``tokens``: how ``prompt_text`` becomes token ids and token ids
+        block hashes (the gateway's; None = the simulator's)."""
         self.core = core
         self.records = records
         self.replica_id = replica_id
         self.wall = wall
-        self.prefix_lookup = prefix_lookup
+        self.gate = gate or AdmissionGate(
+            core, clock, deployment=deployment, prefix_lookup=prefix_lookup
+        )
         self.deployment = deployment
         self.block_size = block_size
         self.tokens = tokens or TokenPath()
@@ -157,14 +177,6 @@ class SchedulerServicer(_Base):
         self._picks: OrderedDict[str, tuple[str, bool, PickMemo | None]] = OrderedDict()
         self._remember = remember_picks
         self._instances = _Instances(deployment)
-        self._classes: tuple[object, frozenset[str]] | None = None
-
-    def _class_names(self) -> frozenset[str]:
-        config = self.core.queue.config
-        hit = self._classes
-        if hit is None or hit[0] is not config:
-            hit = self._classes = (config, frozenset(c.name for c in config.classes))
-        return hit[1]
 
     async def Pick(
         self, request: scheduler_pb2.PickRequest, context: grpc.aio.ServicerContext
@@ -200,61 +212,16 @@ class SchedulerServicer(_Base):
         for o in r.report_outcomes:
             if o.pick_id in self._picks:
                 self._settle(o)
-        if not r.deployment:
-            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "deployment is required")
-        if r.deployment != self.deployment:
-            raise _Refused(grpc.StatusCode.NOT_FOUND, f"unknown deployment {r.deployment!r}")
-        if r.profile and r.profile not in self.core.scheduler.profiles:
-            raise _Refused(grpc.StatusCode.NOT_FOUND, f"unknown profile {r.profile!r}")
-        if r.slo_class and r.slo_class not in self._class_names():
-            raise _Refused(grpc.StatusCode.NOT_FOUND, f"unknown SLO class {r.slo_class!r}")
-        tenants = self.core.queue.config.tenant_weights  # configured = the only ones accepted
-        if tenants and r.tenant not in tenants:
-            raise _Refused(grpc.StatusCode.NOT_FOUND, f"unknown tenant {r.tenant!r}")
-        if r.prompt_tokens < 0 or r.max_tokens < 0:
-            raise _Refused(
-                grpc.StatusCode.INVALID_ARGUMENT, "prompt_tokens and max_tokens must be >= 0"
-            )
-        if len(r.block_hashes) > _MAX_HASHES:
-            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "too many block_hashes")
-        if r.block_hashes:
-            hashes = tuple(r.block_hashes)
-            n_tokens = r.prompt_tokens or len(hashes) * self.block_size
-        else:
-            ids = list(r.prompt_token_ids) or self.tokens.encode(r.prompt_text)
-            hashes = tuple(self.tokens.block_hashes(ids, self.block_size, tenant=""))
-            n_tokens = r.prompt_tokens or len(ids)
-        now = self.clock()
-        deadline_in = r.deadline_ms - time.time() * 1000.0 if r.deadline_ms else None
-        if deadline_in is not None and deadline_in <= 0:
-            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "deadline_ms is in the past")
-        if not self.core.has_capacity(now):
-            retry = self.core.queue.retry_after_ms(
-                r.slo_class or self.core.queue.config.default_class
-            )
-            raise _exhausted("fleet saturated", retry)
-        pick_id = uuid.uuid4().hex
-        view = RequestView(
-            request_id=pick_id,
-            prompt_tokens=n_tokens,
-            block_hashes=hashes,
-            block_size=self.block_size,
-            max_tokens=r.max_tokens,
-            tenant=r.tenant,
-            slo_class=r.slo_class,
-            session_id=r.session_id,
-            ttft_slo_ms=self.core.ttft_budget_ms(r.slo_class, deadline_in),
-            exclude=frozenset(r.exclude_instances) if r.exclude_instances else frozenset(),
-        )
-        if self.prefix_lookup is not None and hashes:
-            try:
-                found = await self.prefix_lookup(view, self.deployment, "", r.profile)
-            except Exception:  # best effort: route without precise data
-                found = None
-            if found is not None:
-                view = replace(view, prefix_matches=found)
-            now = self.clock()
-        d = self.core.pick(view, now, pick_id, r.profile)
+        arrival = self.clock()
+        intake = self._intake(r)
+        view = request_view(self.core, intake, self.block_size)
+        try:
+            view = await self.gate.take_in(intake, view, arrival)
+        except Refused as e:
+            raise _refused(e) from None
+        admitted = self.clock()
+        pick_id = intake.request_id
+        d = self.core.pick(view, admitted, pick_id, r.profile)
         if isinstance(d, Shed):
             raise _exhausted(d.reason, d.retry_after_ms)
         if isinstance(d, NoEndpoint):
@@ -263,7 +230,14 @@ class SchedulerServicer(_Base):
         if self.records is not None:
             tp = parse_traceparent(r.traceparent) if r.traceparent else None
             memo = PickMemo(
-                d, r.tenant, r.slo_class, r.session_id, n_tokens, self.wall(), tp[0] if tp else ""
+                d,
+                r.tenant,
+                r.slo_class,
+                r.session_id,
+                intake.prompt_tokens,
+                self.wall(),
+                tp[0] if tp else "",
+                queue_ms=(admitted - arrival) * 1000.0,
             )
         self._remember_pick(pick_id, d.decode.endpoint.instance_id, memo)
         resp = scheduler_pb2.PickResponse(
@@ -282,6 +256,45 @@ class SchedulerServicer(_Base):
             resp.bootstrap_room = b["bootstrap_room"]
         return resp
 
+    def _intake(self, r: scheduler_pb2.PickRequest) -> Intake:
+        """The request as the core's intake; raises :class:`_Refused` for bad fields."""
+        if not r.deployment:
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "deployment is required")
+        if r.deployment != self.deployment:
+            raise _Refused(grpc.StatusCode.NOT_FOUND, f"unknown deployment {r.deployment!r}")
+        try:
+            check_names(self.core, r.profile, r.slo_class, r.tenant)
+        except Refused as e:
+            raise _refused(e) from None
+        if r.prompt_tokens < 0 or r.max_tokens < 0:
+            raise _Refused(
+                grpc.StatusCode.INVALID_ARGUMENT, "prompt_tokens and max_tokens must be >= 0"
+            )
+        if len(r.block_hashes) > _MAX_HASHES:
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "too many block_hashes")
+        if r.block_hashes:
+            hashes = tuple(r.block_hashes)
+            n_tokens = r.prompt_tokens or len(hashes) * self.block_size
+        else:
+            ids = list(r.prompt_token_ids) or self.tokens.encode(r.prompt_text)
+            hashes = tuple(self.tokens.block_hashes(ids, self.block_size, tenant=""))
+            n_tokens = r.prompt_tokens or len(ids)
+        deadline_in = r.deadline_ms - self.wall() * 1000.0 if r.deadline_ms else None
+        if deadline_in is not None and deadline_in <= 0:
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "deadline_ms is in the past")
+        return Intake(
+            request_id=uuid.uuid4().hex,
+            prompt_tokens=n_tokens,
+            block_hashes=hashes,
+            max_tokens=r.max_tokens,
+            tenant=r.tenant,
+            slo_class=r.slo_class,
+            session_id=r.session_id,
+            profile=r.profile,
+            deadline_in_ms=deadline_in,
+            exclude=frozenset(r.exclude_instances),
+        )
+
     def _remember_pick(self, pick_id: str, decode: str, memo: PickMemo | None) -> None:
         self._picks[pick_id] = (decode, False, memo)
         while len(self._picks) > self._remember:
@@ -298,6 +311,7 @@ class SchedulerServicer(_Base):
             # Failed before any token: routing plugins undo what they recorded.
             self.core.abandon(request.pick_id)
         self.core.release(request.pick_id)
+        self.gate.pump()  # a slot is free: the next queued request may go
         self._picks[request.pick_id] = (decode, True, None)
         if memo is not None and self.records is not None:
             self.records(

@@ -27,8 +27,9 @@ from typing import Any, Literal
 import aiohttp
 from aiohttp import web
 
+from services.scheduler.core.records import RequestContext
 from services.scheduler.core.service import GatewayCore
-from services.scheduler.http import pd_vllm, records, upstream
+from services.scheduler.http import pd_vllm, upstream
 from services.scheduler.http.metrics import GatewayMetrics
 from services.scheduler.http.openai import Kind, ParsedRequest
 from services.scheduler.http.relay import FirstByte, relay_body, relay_stream
@@ -57,8 +58,12 @@ class Forwarder:
         rng: random.Random,
         metrics: GatewayMetrics,
         first_byte: FirstByte,
+        authorization: str | bool = False,
     ) -> None:
+        """``authorization``: the engines' ``Authorization`` header: a fixed value, True
+        (the client's, when it sent one) or False (none)."""
         self.core = core
+        self.authorization = authorization
         self.pd_protocol = pd_protocol
         self.upstream_timeout_s = upstream_timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -71,6 +76,7 @@ class Forwarder:
         self,
         session: aiohttp.ClientSession,
         req: web.Request,
+        ctx: RequestContext,
         p: ParsedRequest,
         d: Pick,
         pick_id: str,
@@ -78,10 +84,12 @@ class Forwarder:
         """The client's answer for pick ``d`` (see the module docstring)."""
         path = PATHS[p.kind]
         body: dict[str, Any] = dict(p.forward_body)
-        headers = {"Content-Type": "application/json"}
-        traceparent = records.outgoing_traceparent(req)
-        if traceparent:
-            headers["traceparent"] = traceparent
+        headers = {"Content-Type": "application/json", "traceparent": ctx.traceparent}
+        auth = self.authorization
+        if isinstance(auth, str):
+            headers["Authorization"] = auth
+        elif auth and "Authorization" in req.headers:
+            headers["Authorization"] = req.headers["Authorization"]
         timeout = aiohttp.ClientTimeout(
             total=self.upstream_timeout_s, sock_connect=self.connect_timeout_s
         )
@@ -90,7 +98,7 @@ class Forwarder:
         if d.prefill is not None and self.pd_protocol == "vllm":
             headers["X-Request-Id"] = pick_id
             step = await self._prefill_vllm(
-                session, req, d.prefill.endpoint, p.kind, path, body, headers, timeout, pick_id
+                session, ctx, d.prefill.endpoint, p.kind, path, body, headers, timeout, pick_id
             )
             if isinstance(step, web.Response):
                 return step
@@ -114,7 +122,7 @@ class Forwarder:
         try:
             if not p.stream or resp.status != 200:
                 return await relay_body(
-                    req,
+                    ctx,
                     resp,
                     decode.instance_id,
                     pick_id,
@@ -124,6 +132,7 @@ class Forwarder:
                 )
             return await relay_stream(
                 req,
+                ctx,
                 resp,
                 decode.instance_id,
                 pick_id,
@@ -146,7 +155,7 @@ class Forwarder:
     async def _prefill_vllm(
         self,
         session: aiohttp.ClientSession,
-        req: web.Request,
+        ctx: RequestContext,
         prefill: EndpointView,
         kind: Kind,
         path: str,
@@ -162,7 +171,7 @@ class Forwarder:
         )
         if isinstance(step, pd_vllm.PrefillRefused):
             self.first_byte(pick_id)
-            records.note_body(req, step.body)
+            ctx.whole(self.clock(), step.body)
             return web.Response(status=step.status, body=step.body, content_type=step.content_type)
         self.core.fleet.first_token(pick_id)  # the prompt is computed: no pending prefill
         self.core.fleet.upstream_result(prefill.instance_id, True, self.clock())

@@ -26,36 +26,25 @@ Gauges of the queue and the endpoints are read from the core at scrape time (not
 request path). The kvmeta lookup, request-record and sharing counters are exported by
 :mod:`services.scheduler.feeds.integrations` into the same registry.
 
-The request-level figures come from the per-request :class:`~records.RequestTrace`
-(:func:`observe` is pure); :meth:`GatewayMetrics.middleware` opens one when the records
-middleware is not installed (it then replaces it with its own, inner one).
+The request-level figures come from the per-request
+:class:`~services.scheduler.core.records.RequestContext` (:func:`observe` is pure), handed
+to :meth:`GatewayMetrics.finished` when the request ends.
 """
 
 from __future__ import annotations
 
-import asyncio
-import random
 import time
-import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from tideserve.v1 import events_pb2
 
+from services.scheduler.core.records import RequestContext, outcome_for, usage_from_sse
 from services.scheduler.core.service import GatewayCore
-from services.scheduler.http.records import (
-    RECORDED_PATHS,
-    TRACE_KEY,
-    RequestTrace,
-    outcome_for,
-    parse_traceparent,
-    usage_from_sse,
-)
+from services.scheduler.http.records import Ending, Finished
 
 __all__ = [
     "GatewayMetrics",
@@ -93,7 +82,7 @@ def outcome_name(outcome: events_pb2.RequestOutcome) -> str:
     return name.removeprefix("REQUEST_OUTCOME_").lower()
 
 
-def observe(t: RequestTrace, *, status: int, finish: float, default_class: str) -> Observation:
+def observe(t: RequestContext, *, status: int, finish: float, default_class: str) -> Observation:
     """The metrics of a finished request from its trace (pure). TTFT only when a first byte
     reached the client with a 200; TPOT only for streamed answers whose usage says more
     than one completion token; queue time only when the request was admitted."""
@@ -137,7 +126,6 @@ def upstream_kind(reason: str) -> str:
 
 # --------------------------------------------------------------------------- shell
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 StatsSource = Callable[[], Mapping[str, int]]
 
 
@@ -257,56 +245,17 @@ class GatewayMetrics:
             raise RuntimeError("attach() a core before adding feeds")
         self._collector.feeds[feed] = stats
 
-    # -- middleware -----------------------------------------------------------------------
-    def middleware(
-        self,
-        *,
-        default_class: Callable[[], str],
-        clock: Callable[[], float] = time.monotonic,
-        rng: random.Random | None = None,
-        paths: Iterable[str] = RECORDED_PATHS,
-    ) -> Any:
-        """aiohttp middleware observing every request to ``paths`` (install it first, so
-        it is the outermost)."""
-        rand = rng or random.Random()
-        wanted = frozenset(paths)
+    # -- finished requests --------------------------------------------------------------
+    def finished(self, default_class: Callable[[], str]) -> Finished:
+        """The listener observing every finished request (a cancelled handler counts
+        with status 499)."""
 
-        @web.middleware
-        async def mw(request: web.Request, handler: Handler) -> web.StreamResponse:
-            if request.path not in wanted:
-                return await handler(request)
-            incoming = parse_traceparent(request.headers.get("traceparent"))
-            mine = RequestTrace(
-                request_id=uuid.uuid4().hex,
-                trace_id=incoming[0] if incoming else f"{rand.getrandbits(128):032x}",
-                span_id=f"{rand.getrandbits(64) or 1:016x}",
-                flags=incoming[2] if incoming else "01",
-                arrival=clock(),
-                arrival_wall=0.0,
-                clock=clock,
-            )
-            request[TRACE_KEY] = mine
-            status = 500
-            try:
-                resp = await handler(request)
-                status = resp.status
-                return resp
-            except web.HTTPException as e:
-                status = e.status
-                raise
-            except asyncio.CancelledError:
-                status = 499
-                t = request.get(TRACE_KEY)
-                if isinstance(t, RequestTrace):
-                    t.cancelled = True
-                raise
-            finally:
-                t = request.get(TRACE_KEY)
-                if isinstance(t, RequestTrace):
-                    o = observe(t, status=status, finish=clock(), default_class=default_class())
-                    self.request_done(request.path, status, o)
+        def done(ctx: RequestContext, end: Ending) -> None:
+            status = 499 if end.aborted else end.status
+            o = observe(ctx, status=status, finish=end.finish, default_class=default_class())
+            self.request_done(ctx.path, status, o)
 
-        return mw
+        return done
 
 
 class _Collector(Collector):

@@ -21,8 +21,9 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp import web
 
+from services.scheduler.core.records import RequestContext
 from services.scheduler.core.service import GatewayCore
-from services.scheduler.http import records, upstream
+from services.scheduler.http import upstream
 from services.scheduler.http.metrics import GatewayMetrics
 
 __all__ = ["FirstByte", "relay_body", "relay_stream"]
@@ -32,7 +33,7 @@ FirstByte = Callable[[str], None]
 
 
 async def relay_body(
-    req: web.Request,
+    ctx: RequestContext,
     resp: aiohttp.ClientResponse,
     instance_id: str,
     pick_id: str,
@@ -47,8 +48,9 @@ async def relay_body(
     except (aiohttp.ClientError, TimeoutError, OSError) as e:
         raise upstream.UpstreamFailure(instance_id, f"read: {e!r}") from None
     first_byte(pick_id)
-    records.note_body(req, data)
-    core.fleet.upstream_result(instance_id, True, clock())
+    now = clock()
+    ctx.whole(now, data)
+    core.fleet.upstream_result(instance_id, True, now)
     return web.Response(
         status=resp.status,
         body=data,
@@ -58,6 +60,7 @@ async def relay_body(
 
 async def relay_stream(
     req: web.Request,
+    ctx: RequestContext,
     resp: aiohttp.ClientResponse,
     instance_id: str,
     pick_id: str,
@@ -80,13 +83,13 @@ async def relay_stream(
                 first_byte(pick_id)  # before any await: no pre-emption from here
                 started = True
                 await out.prepare(req)
-                records.note_first_byte(req, True)
-            records.note_chunk(req, chunk)
+                ctx.answering(clock(), True)
+            ctx.chunk(chunk)
             try:
                 await out.write(chunk)
             except (ConnectionError, RuntimeError):
                 # client went away: stop reading upstream (counted as cancelled)
-                records.note_cancelled(req)
+                ctx.cancelled = True
                 core.fleet.upstream_result(instance_id, True, clock())
                 return out
             tail = (tail + chunk)[-64:]
@@ -101,7 +104,7 @@ async def relay_stream(
     now = clock()
     if error:
         metrics.upstream_failed(instance_id, "stream broken", False)
-        records.note_error(req, error)
+        ctx.error = error
         core.fleet.upstream_result(instance_id, False, now)
         evt = {
             "error": {

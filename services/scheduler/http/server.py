@@ -31,7 +31,7 @@ import math
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -40,23 +40,23 @@ from aiohttp import web
 
 from services.common.metrics import metrics_handler
 from services.common.tokens import TokenPath
-from services.scheduler.admission import QueuedRequest, Shed
+from services.scheduler.admission.gate import AdmissionGate, PrefixLookup
+from services.scheduler.core.intake import (
+    Intake,
+    Refused,
+    check_names,
+    request_view,
+)
+from services.scheduler.core.records import RequestContext
 from services.scheduler.core.service import GatewayCore
 from services.scheduler.http import records, upstream
 from services.scheduler.http.forward import Forwarder
 from services.scheduler.http.metrics import GatewayMetrics
 from services.scheduler.http.openai import ApiError, Kind, Limits, ParsedRequest, parse_request
 from services.scheduler.http.preemption import Preempted, Preemptor
-from services.scheduler.routing.types import (
-    NoEndpoint,
-    PrefixMatch,
-    RequestView,
-)
+from services.scheduler.http.records import Finished
+from services.scheduler.routing.types import NoEndpoint, RequestView
 from services.scheduler.routing.types import Shed as RouteShed
-
-# (view, deployment, cache_salt, profile) -> per-instance matches, or None (best effort;
-# e.g. services.scheduler.feeds.kvmeta_client.KVMetaLookup).
-PrefixLookup = Callable[[RequestView, str, str, str], Awaitable[Mapping[str, PrefixMatch] | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +83,10 @@ class GatewayOptions:
     preemption: bool = True
     # Tokenizer + block-hash scheme of this deployment (default: the simulator's).
     tokens: TokenPath = field(default_factory=TokenPath)
+    # Engine authorization: the client's Authorization header passed on, or (overriding
+    # it) a fixed key sent as "Authorization: Bearer KEY".
+    forward_authorization: bool = False
+    engine_api_key: str = field(default="", repr=False)
 
 
 class Overloaded(ApiError):
@@ -92,6 +96,20 @@ class Overloaded(ApiError):
         super().__init__(429, message, None, "overloaded", "rate_limit_error")
         self.retry_after_ms = retry_after_ms
         self.where = where
+
+
+def _authorization(opts: GatewayOptions) -> str | bool:
+    """The Forwarder's ``authorization``: a fixed header value, True (the client's), or
+    False (none)."""
+    if opts.engine_api_key:
+        return f"Bearer {opts.engine_api_key}"
+    return opts.forward_authorization
+
+
+def _api_error(r: Refused) -> ApiError:
+    if r.kind == "overloaded":
+        return Overloaded(r.message, r.retry_after_ms, r.where)
+    return ApiError(400, r.message, r.param or None)
 
 
 def _error(e: ApiError) -> web.Response:
@@ -109,6 +127,7 @@ class Gateway:
         options: GatewayOptions | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
         rng: random.Random | None = None,
         prefix_lookup: PrefixLookup | None = None,
         metrics: GatewayMetrics | None = None,
@@ -118,14 +137,26 @@ class Gateway:
         self.core = core
         self.opts = options or GatewayOptions()
         self.clock = clock
+        self.wall = wall
         self.rng = rng or random.Random()
-        self.prefix_lookup = prefix_lookup
         self.models: set[str] = set(self.opts.models)
         self.metrics = metrics or GatewayMetrics()
         self.metrics.attach(core, clock)
-        self._waiters: dict[str, asyncio.Future[bool]] = {}
-        self._released = 0  # released from the queue, not yet picked
+        self.gate = AdmissionGate(
+            core,
+            clock,
+            deployment=self.opts.deployment,
+            prefix_lookup=prefix_lookup,
+            tick_s=self.opts.queue_tick_s,
+        )
+        # Told how each request ended (metrics; request records when integrations are on).
+        self.finished: list[Finished] = [
+            self.metrics.finished(lambda: self.core.queue.config.default_class)
+        ]
         self.preemptor = Preemptor(core, clock, enabled=self.opts.preemption)
+        self.gate.on_full = lambda now, cap: self.metrics.preempted(
+            len(self.preemptor.consider(now, cap))
+        )
         self.forwarder = Forwarder(
             core,
             pd_protocol=self.opts.pd_protocol,
@@ -135,19 +166,27 @@ class Gateway:
             rng=self.rng,
             metrics=self.metrics,
             first_byte=self._first_byte,
+            authorization=_authorization(self.opts),
         )
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def prefix_lookup(self) -> PrefixLookup | None:
+        """The precise-prefix lookup of the admission gate (shared with the servicer)."""
+        return self.gate.prefix_lookup
+
+    @prefix_lookup.setter
+    def prefix_lookup(self, lookup: PrefixLookup | None) -> None:
+        self.gate.prefix_lookup = lookup
 
     # -- app ------------------------------------------------------------------------------
     def app(self) -> web.Application:
         app = web.Application(
             client_max_size=self.opts.limits.max_body_bytes + 1,
             middlewares=[
-                self.metrics.middleware(
-                    default_class=lambda: self.core.queue.config.default_class,
-                    clock=self.clock,
-                    rng=self.rng,
+                records.request_contexts(
+                    self.finished, clock=self.clock, wall=self.wall, rng=self.rng
                 )
             ],
         )
@@ -177,9 +216,7 @@ class Gateway:
         for t in self._tasks:
             await upstream.cancel_quietly(t)
         self._tasks.clear()
-        for fut in self._waiters.values():
-            if not fut.done():
-                fut.set_result(False)
+        await self.gate.close()
         if self._session is not None:
             await self._session.close()
 
@@ -230,26 +267,7 @@ class Gateway:
 
     async def _tick(self) -> None:
         self.core.tick(self.clock())
-        self._pump()
-
-    def _pump(self) -> None:
-        now = self.clock()
-        q = self.core.queue
-        for r in q.expire(now):
-            fut = self._waiters.pop(r.request_id, None)
-            if fut is not None and not fut.done():
-                fut.set_result(False)
-        if not len(q):
-            return
-        cap = self.core.capacity(now) - self._released
-        if cap <= 0:
-            self.metrics.preempted(len(self.preemptor.consider(now, cap)))
-            return
-        for r in q.next(now, cap):
-            fut = self._waiters.pop(r.request_id, None)
-            if fut is not None and not fut.done():
-                self._released += 1
-                fut.set_result(True)
+        self.gate.pump()
 
     # -- handlers -------------------------------------------------------------------------
     async def _health(self, _req: web.Request) -> web.Response:
@@ -269,6 +287,7 @@ class Gateway:
         return await self.handle(req, "generate")
 
     async def handle(self, req: web.Request, kind: Kind) -> web.StreamResponse:
+        ctx = req[records.CONTEXT_KEY]
         rid = uuid.uuid4().hex
         slo_class = ""
         arrival = self.clock()
@@ -292,26 +311,20 @@ class Gateway:
             if not parsed.profile and self.opts.profile:
                 parsed = replace(parsed, profile=self.opts.profile)
             slo_class = parsed.slo_class
-            if parsed.profile and parsed.profile not in self.core.scheduler.profiles:
-                raise ApiError(400, f"unknown scheduler profile {parsed.profile!r}", "profile")
-            view = self._view(rid, parsed)
-            records.note_request(req, rid, parsed)
-            if self.prefix_lookup is not None and view.block_hashes:
-                with contextlib.suppress(Exception):
-                    found = await self.prefix_lookup(
-                        view, self.opts.deployment, parsed.cache_salt, parsed.profile
-                    )
-                    view = replace(view, prefix_matches=found)
-            await self._admit(rid, parsed, arrival)
-            records.note_admitted(req)
+            check_names(self.core, parsed.profile, slo_class, parsed.tenant)
+            intake = self._intake(rid, parsed)
+            view = request_view(self.core, intake, self.opts.block_size)
+            ctx.taken_in(rid, parsed, self.clock())
+            view = await self.gate.take_in(intake, view, arrival)
+            ctx.admitted(self.clock())
             while True:
                 try:
-                    return await self._route(req, rid, parsed, view)
+                    return await self._route(req, ctx, parsed, view)
                 except Preempted:
                     # Back in line with its original arrival; its slot went to a higher class.
-                    self.core.queue.requeue(self._queued(rid, parsed, arrival), arrival)
-                    await self._wait(rid, parsed)
-        except ApiError as e:
+                    await self.gate.requeue(intake, arrival)
+        except (ApiError, Refused) as err:
+            e = _api_error(err) if isinstance(err, Refused) else err
             if isinstance(e, Overloaded):
                 cls = slo_class or self.core.queue.config.default_class
                 self.metrics.shed_request(cls, e.where)
@@ -319,60 +332,27 @@ class Gateway:
                 self.metrics.bad_request(e.code, e.param)
             return _error(e)
 
-    def _view(self, rid: str, p: ParsedRequest) -> RequestView:
-        return RequestView(
+    def _intake(self, rid: str, p: ParsedRequest) -> Intake:
+        bs = self.opts.block_size
+        return Intake(
             request_id=rid,
             prompt_tokens=len(p.prompt_ids),
             block_hashes=tuple(
-                self.opts.tokens.block_hashes(
-                    p.prompt_ids, self.opts.block_size, tenant=p.cache_salt
-                )
+                self.opts.tokens.block_hashes(p.prompt_ids, bs, tenant=p.cache_salt)
             ),
-            block_size=self.opts.block_size,
             max_tokens=p.max_tokens,
             tenant=p.tenant,
             slo_class=p.slo_class,
             session_id=p.session_id,
-            ttft_slo_ms=self.core.ttft_budget_ms(p.slo_class, p.deadline_ms),
+            profile=p.profile,
+            cache_salt=p.cache_salt,
+            deadline_in_ms=p.deadline_ms,
         )
 
-    @staticmethod
-    def _queued(rid: str, p: ParsedRequest, arrival: float) -> QueuedRequest:
-        deadline = arrival + p.deadline_ms / 1000.0 if p.deadline_ms else None
-        return QueuedRequest(rid, p.tenant, p.slo_class, len(p.prompt_ids), deadline)
-
-    async def _admit(self, rid: str, p: ParsedRequest, arrival: float) -> None:
-        now = self.clock()
-        q = self.core.queue
-        if not len(q) and self.core.capacity(now) - self._released > 0:
-            return
-        res = q.offer(self._queued(rid, p, arrival), now)
-        if isinstance(res, Shed):
-            raise Overloaded(f"overloaded: {res.reason}", res.retry_after_ms)
-        await self._wait(rid, p)
-
-    async def _wait(self, rid: str, p: ParsedRequest) -> None:
-        """Wait until the queued ``rid`` is released; Overloaded when it timed out."""
-        q = self.core.queue
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._waiters[rid] = fut
-        self._pump()
-        try:
-            go = await fut
-        except asyncio.CancelledError:
-            self._waiters.pop(rid, None)
-            q.cancel(rid)
-            raise
-        if not go:
-            cls = p.slo_class or q.config.default_class
-            raise Overloaded(
-                "timed out in the admission queue", q.retry_after_ms(cls), "queue_timeout"
-            )
-        self._released -= 1
-
     async def _route(
-        self, req: web.Request, rid: str, p: ParsedRequest, view: RequestView
+        self, req: web.Request, ctx: RequestContext, p: ParsedRequest, view: RequestView
     ) -> web.StreamResponse:
+        rid = ctx.request_id
         exclude: set[str] = set()
         last = ""
         for attempt in range(self.opts.retries + 1):
@@ -385,7 +365,7 @@ class Gateway:
                 p.profile,
                 self.opts.deployment,
             )
-            records.note_pick(req, d, attempt)
+            ctx.picked(d, attempt)
             if isinstance(d, RouteShed):
                 raise Overloaded(d.reason, d.retry_after_ms, "routing")
             if isinstance(d, NoEndpoint):
@@ -396,7 +376,7 @@ class Gateway:
                 return await self.preemptor.run(
                     pick_id,
                     p.slo_class,
-                    self.forwarder.forward(self._session, req, p, d, pick_id),
+                    self.forwarder.forward(self._session, req, ctx, p, d, pick_id),
                 )
             except Preempted:
                 self.core.abandon(pick_id)
@@ -412,7 +392,7 @@ class Gateway:
                     await asyncio.sleep(delay / 1000.0)
             finally:
                 self.core.release(pick_id)
-                self._pump()
+                self.gate.pump()
         raise ApiError(
             502, f"upstream failed after retries: {last}", None, "upstream_error", "server_error"
         )

@@ -161,9 +161,6 @@ class EndpointSnapshot:
     def endpoints(self) -> tuple[EndpointView, ...]:
         return self._items
 
-    def with_role(self, *roles: Role) -> tuple[EndpointView, ...]:
-        return tuple(e for e in self._items if e.role in roles)
-
 
 @dataclass(frozen=True, slots=True)
 class PrefixMatch:

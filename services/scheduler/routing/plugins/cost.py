@@ -9,7 +9,7 @@ from pydantic import Field
 
 from services.scheduler.routing.framework import CycleContext, by_instance
 from services.scheduler.routing.plugins.pending import PendingPicks
-from services.scheduler.routing.registry import Params, PluginEnv, PrefillModel, register
+from services.scheduler.routing.registry import Params, PluginEnv, register
 from services.scheduler.routing.types import EndpointView, Pick, RequestView, Shed
 
 
@@ -33,22 +33,6 @@ class TTFTCostParams(Params):
     recompute: float = Field(0.0, ge=0)
     # Picks not settled after this long stop counting (their outcome was never reported).
     awaiting_ttl_s: float = Field(600.0, gt=0)
-
-
-def predict_ttft_ms(
-    model: PrefillModel,
-    model_tokens_per_s: float,
-    e: EndpointView,
-    prompt_tokens: int,
-    cached_tokens: int,
-    use_engine_throughput: bool = True,
-) -> float:
-    """Queue wait (prefill tokens ahead / prefill throughput) + prefill of the uncached suffix."""
-    cached = max(0, min(cached_tokens, prompt_tokens))
-    tput = e.prefill_tokens_per_s if use_engine_throughput and e.prefill_tokens_per_s > 0 else 0.0
-    tput = tput or model_tokens_per_s
-    wait_ms = 1000.0 * e.pending_prefill / tput if tput > 0 else 0.0
-    return wait_ms + model.prefill_ms(prompt_tokens - cached, cached)
 
 
 @register("ttft-cost", TTFTCostParams)

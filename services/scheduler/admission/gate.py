@@ -1,0 +1,148 @@
+"""The admission gate (asyncio shell over the pure queue): the one waiting room of a core.
+
+The HTTP gateway and the gRPC servicer of one process share one gate, as they share one
+core and its :class:`~services.scheduler.admission.queue.AdmissionQueue`. :meth:`take_in` is
+the asynchronous step of the intake (:mod:`services.scheduler.core.intake`): the best-effort
+precise-prefix lookup, then admission: at once when nothing is queued and a slot is free,
+else a place in the classed queue until :meth:`pump` releases it (capacity freed) or the
+queue expires it (class ``max_queue_ms`` or the request's deadline). A shed or expired
+request raises :class:`~services.scheduler.core.intake.Refused` (``overloaded``, with a
+retry hint). While anyone waits, the gate pumps itself every ``tick_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
+
+from services.scheduler.admission.queue import Shed
+from services.scheduler.core.intake import Intake, Refused, admit_at_once, queued
+from services.scheduler.core.service import GatewayCore
+from services.scheduler.routing.types import PrefixMatch, RequestView
+
+__all__ = ["AdmissionGate", "PrefixLookup"]
+
+PrefixLookup = Callable[[RequestView, str, str, str], Awaitable[Mapping[str, PrefixMatch] | None]]
+"""(view, deployment, cache_salt, profile) → per-instance matches, or None (best effort;
+e.g. :class:`services.scheduler.feeds.kvmeta_client.KVMetaLookup`)."""
+
+
+class AdmissionGate:
+    def __init__(
+        self,
+        core: GatewayCore,
+        clock: Callable[[], float],
+        *,
+        deployment: str = "",
+        prefix_lookup: PrefixLookup | None = None,
+        tick_s: float = 0.05,
+    ) -> None:
+        self.core = core
+        self.clock = clock
+        self.deployment = deployment
+        self.prefix_lookup = prefix_lookup
+        self.tick_s = tick_s
+        # Called with (now, capacity) when requests wait and no capacity is left; returns
+        # how many dispatches it pre-empted (the HTTP gateway's pre-emption).
+        self.on_full: Callable[[float, int], object] | None = None
+        self._waiters: dict[str, asyncio.Future[bool]] = {}
+        self._released = 0  # released from the queue, not yet picked
+        self._ticker: asyncio.Task[None] | None = None
+
+    async def take_in(self, intake: Intake, view: RequestView, arrival: float) -> RequestView:
+        """Look the prefix up, then admit (see the module doc); the view to route with."""
+        view = await self.lookup(view, intake)
+        await self.admit(intake, arrival)
+        return view
+
+    async def lookup(self, view: RequestView, intake: Intake) -> RequestView:
+        """``view`` with the precise-prefix matches, when a lookup is wired and answers."""
+        if self.prefix_lookup is None or not view.block_hashes:
+            return view
+        with contextlib.suppress(Exception):  # best effort: route without precise data
+            found = await self.prefix_lookup(
+                view, self.deployment, intake.cache_salt, intake.profile
+            )
+            if found is not None:
+                view = replace(view, prefix_matches=found)
+        return view
+
+    async def admit(self, intake: Intake, arrival: float) -> None:
+        now = self.clock()
+        if admit_at_once(self.core, now, self._released):
+            return
+        res = self.core.queue.offer(queued(intake, arrival), now)
+        if isinstance(res, Shed):
+            raise Refused(
+                "overloaded", f"overloaded: {res.reason}", retry_after_ms=res.retry_after_ms
+            )
+        await self.wait(intake)
+
+    async def requeue(self, intake: Intake, arrival: float) -> None:
+        """Back in line with its original arrival (pre-empted), then wait again."""
+        self.core.queue.requeue(queued(intake, arrival), arrival)
+        await self.wait(intake)
+
+    async def wait(self, intake: Intake) -> None:
+        """Wait until the queued request is released; Refused when it timed out."""
+        rid, q = intake.request_id, self.core.queue
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiters[rid] = fut
+        if self._ticker is None or self._ticker.done():
+            self._ticker = asyncio.create_task(self._tick_while_waiting())
+        self.pump()
+        try:
+            go = await fut
+        except asyncio.CancelledError:
+            self._waiters.pop(rid, None)
+            q.cancel(rid)
+            raise
+        if not go:
+            cls = intake.slo_class or q.config.default_class
+            raise Refused(
+                "overloaded",
+                "timed out in the admission queue",
+                retry_after_ms=q.retry_after_ms(cls),
+                where="queue_timeout",
+            )
+        self._released -= 1
+
+    def pump(self) -> None:
+        """Expire overdue waiters, then release as many as there is capacity for."""
+        now = self.clock()
+        q = self.core.queue
+        for r in q.expire(now):
+            fut = self._waiters.pop(r.request_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(False)
+        if not len(q):
+            return
+        cap = self.core.capacity(now) - self._released
+        if cap <= 0:
+            if self.on_full is not None:
+                self.on_full(now, cap)
+            return
+        for r in q.next(now, cap):
+            fut = self._waiters.pop(r.request_id, None)
+            if fut is not None and not fut.done():
+                self._released += 1
+                fut.set_result(True)
+
+    async def _tick_while_waiting(self) -> None:
+        while self._waiters:
+            await asyncio.sleep(self.tick_s)
+            self.pump()
+
+    async def close(self) -> None:
+        """Refuse every waiter (shutting down) and stop the ticker."""
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.set_result(False)
+        self._waiters.clear()
+        task, self._ticker = self._ticker, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,177 @@
+"""The scheduler's one composition root: settings → core, HTTP gateway, integrations, fleet
+feeds and gRPC servicer, and their lifecycle.
+
+Both entry points use it: ``python -m services.scheduler`` (:mod:`.main`, which also serves
+the gRPC servicer) and ``tideserve gateway`` (:mod:`.cli`, which translates its flags into
+:class:`SchedulerSettings` and serves the HTTP gateway alone). Every default that depends
+on other settings (e.g. ``decode_can_prefill`` from ``pd_protocol``) is resolved here, once.
+
+Construction does no I/O; :meth:`Scheduler.start` starts integrations and feeds and (when
+asked) the HTTP listener, :meth:`Scheduler.stop` undoes it in reverse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from services.common.errors import StartupError
+from services.common.tokens import ModelDirError, token_path
+from services.scheduler.core import CoreLimits, EndpointSpec, GatewayCore, build_core
+from services.scheduler.feeds.fleet_feeds import FleetFeeds
+from services.scheduler.feeds.integrations import Integrations
+from services.scheduler.grpc.servicer import SchedulerServicer
+from services.scheduler.http.metrics import GatewayMetrics
+from services.scheduler.http.openai import Limits
+from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.routing.config import ConfigError
+from services.scheduler.settings import SchedulerSettings, parse_endpoint, split_bootstrap
+from services.scheduler.slo import known_tenants, queue_config, slo_targets
+
+__all__ = ["REPLICA_HEADER", "Scheduler", "build_gateway", "endpoint_specs"]
+
+REPLICA_HEADER = "x-tideserve-replica"
+"""Response header naming the gateway replica that answered (its ``replica_id``)."""
+
+
+def endpoint_specs(settings: SchedulerSettings) -> list[EndpointSpec]:
+    """The static engines of ``settings.endpoints`` (``[ROLE=]URL[#bootstrap=PORT]``)."""
+    out = []
+    for item in settings.endpoints:
+        base, port = split_bootstrap(item)
+        iid, role, url = parse_endpoint(base)
+        out.append(
+            EndpointSpec(
+                iid,
+                url,
+                role,  # type: ignore[arg-type]
+                bootstrap_port=port,
+                deployment=settings.deployment,
+            )
+        )
+    return out
+
+
+def build_gateway(
+    settings: SchedulerSettings, registry: CollectorRegistry | None = None
+) -> tuple[GatewayCore, Gateway]:
+    """The core and the HTTP gateway from settings; its metrics go to ``registry`` (None =
+    a private one). StartupError for a bad profiles file or an unknown ``profile``."""
+    try:
+        core = build_core(
+            endpoint_specs(settings),
+            profiles=settings.profiles_file,
+            seed=settings.seed,
+            block_size=settings.block_size,
+            perf_profile=settings.perf_profile,
+            decode_can_prefill=settings.decode_computes_prompts(),
+            limits=CoreLimits(max_in_flight_per_endpoint=settings.max_in_flight_per_endpoint),
+            queue=queue_config(
+                settings.slo_classes,
+                default_class=settings.default_slo_class,
+                tenants=settings.tenants,
+                max_total=settings.queue_max_total,
+            ),
+            slo=slo_targets(settings.slo_classes),
+        )
+    except (ConfigError, KeyError) as e:
+        raise StartupError(f"scheduler profiles: {e}") from None
+    if settings.profile and settings.profile not in core.scheduler.profiles:
+        known = ", ".join(sorted(core.scheduler.profiles))
+        raise StartupError(f"unknown profile {settings.profile!r} (known: {known})")
+    try:
+        tokens = token_path(settings.model_path, settings.hash_scheme)
+    except ModelDirError as e:
+        raise StartupError(f"model_path: {e}") from None
+    opts = GatewayOptions(
+        models=tuple(settings.models),
+        deployment=settings.deployment,
+        block_size=settings.block_size,
+        retries=settings.retries,
+        health_interval_s=settings.health_interval_s,
+        load_interval_s=settings.load_interval_s,
+        limits=Limits(max_body_bytes=settings.max_body_bytes),
+        tenants=known_tenants(settings.tenants),
+        profile=settings.profile,
+        pd_protocol=settings.pd_protocol,
+        preemption=settings.preemption,
+        forward_authorization=settings.forward_authorization,
+        engine_api_key=settings.engine_api_key.get_secret_value(),
+        tokens=tokens,
+    )
+    metrics = GatewayMetrics(registry)
+    return core, Gateway(core, opts, rng=random.Random(settings.seed + 1), metrics=metrics)
+
+
+def _replica_header(
+    replica_id: str,
+) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
+    """An ``on_response_prepare`` hook: every gateway response (streamed ones too) carries
+    :data:`REPLICA_HEADER` unless a handler set it already."""
+
+    async def add(request: web.Request, response: web.StreamResponse) -> None:
+        response.headers.setdefault(REPLICA_HEADER, replica_id)
+
+    return add
+
+
+class Scheduler:
+    """Everything the scheduler runs, wired from ``settings`` on one Prometheus registry
+    (gateway, integrations, feeds; ``main`` adds the gRPC server's). Raises
+    :class:`StartupError` for settings that cannot work."""
+
+    def __init__(
+        self, settings: SchedulerSettings, registry: CollectorRegistry | None = None
+    ) -> None:
+        self.settings = settings
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.core, self.gateway = build_gateway(settings, self.registry)
+        # records, active-active, precise prefix lookups
+        self.integrations = Integrations(settings, self.core, self.gateway, registry=self.registry)
+        self.feeds = FleetFeeds(settings, self.gateway)  # load snapshots, membership
+        self.servicer = SchedulerServicer(
+            self.core,
+            deployment=settings.deployment,
+            block_size=settings.block_size,
+            gate=self.gateway.gate,  # one admission queue for HTTP and gRPC
+            records=self.integrations.sink.offer if self.integrations.sink else None,
+            replica_id=self.integrations.replica_id,
+            tokens=self.gateway.opts.tokens,
+        )
+        self._runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        """The gateway's aiohttp app with the replica header."""
+        app = self.gateway.app()
+        app.on_response_prepare.append(_replica_header(self.integrations.replica_id))
+        return app
+
+    async def start(self, http: tuple[str, int, bool] | None = None) -> None:
+        """Start integrations and feeds, then (``http`` = host, port, reuse_port) listen
+        for HTTP; StartupError when the address is taken."""
+        await self.integrations.start()
+        await self.feeds.start()
+        if http is None:
+            return
+        host, port, reuse = http
+        runner = web.AppRunner(self.app(), handle_signals=False)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port, reuse_port=reuse or None).start()
+        except OSError as e:
+            await runner.cleanup()
+            raise StartupError(f"cannot listen on {host}:{port} (http): {e.strerror}") from None
+        self._runner = runner
+
+    async def stop(self) -> None:
+        """Idempotent: the HTTP listener (in-flight requests get ``shutdown_grace_s``),
+        then feeds and integrations."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await asyncio.wait_for(runner.cleanup(), self.settings.shutdown_grace_s + 1.0)
+        await self.feeds.stop()
+        await self.integrations.stop()

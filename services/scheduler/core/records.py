@@ -1,0 +1,270 @@
+"""Request records (pure): the per-request context and the ``tideserve.v1.RequestRecord``
+built from it, shared by both shells.
+
+The HTTP gateway carries one :class:`RequestContext` per request (intake → route → forward
+→ relay) and builds its record once, at the end (:func:`build_record`); gRPC-served
+decisions build theirs from the pick and the reported outcome
+(:mod:`services.scheduler.core.pick_records`). Both copy the decision with one
+:func:`fill_decision`. Also the W3C ``traceparent`` helpers, token usage from engine
+answers, and the outcome of a finished request.
+
+Times: ``queue_ms`` is admission (parsed → admitted), ``ttft_ms`` arrival → first byte to
+the client (for a non-streamed answer, the whole answer), ``tpot_ms`` the mean time per
+output token after the first (streamed answers only), ``e2e_ms`` arrival → handler done.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tideserve.v1 import events_pb2
+
+from services.scheduler.routing.types import Decision, Pick
+
+__all__ = [
+    "RequestContext",
+    "RequestFacts",
+    "Usage",
+    "build_record",
+    "fill_decision",
+    "format_traceparent",
+    "outcome_for",
+    "parse_traceparent",
+    "usage_from_body",
+    "usage_from_sse",
+]
+
+_TAIL_BYTES = 8192
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
+
+
+def parse_traceparent(value: str | None) -> tuple[str, str, str] | None:
+    """(trace id, parent span id, flags) of a valid W3C ``traceparent``; None otherwise
+    (absent, malformed, version ff, or an all-zero id)."""
+    if not value:
+        return None
+    m = _TRACEPARENT.match(value.strip().lower())
+    if m is None:
+        return None
+    version, trace_id, parent, flags, rest = m.groups()
+    if version == "ff" or (version == "00" and rest):
+        return None
+    if trace_id == "0" * 32 or parent == "0" * 16:
+        return None
+    return trace_id, parent, flags
+
+
+def format_traceparent(trace_id: str, span_id: str, flags: str = "01") -> str:
+    return f"00-{trace_id}-{span_id}-{flags}"
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+def _usage_of(obj: Any) -> Usage | None:
+    if not isinstance(obj, dict):
+        return None
+    u = obj.get("usage")
+    if isinstance(u, dict):
+        details = u.get("prompt_tokens_details")
+        cached = details.get("cached_tokens", 0) if isinstance(details, dict) else 0
+        return Usage(
+            int(u.get("prompt_tokens") or 0),
+            int(u.get("completion_tokens") or 0),
+            int(cached or 0),
+        )
+    meta = obj.get("meta_info")  # SGLang /generate
+    if isinstance(meta, dict) and "prompt_tokens" in meta:
+        return Usage(
+            int(meta.get("prompt_tokens") or 0),
+            int(meta.get("completion_tokens") or 0),
+            int(meta.get("cached_tokens") or 0),
+        )
+    return None
+
+
+def usage_from_body(body: bytes) -> Usage | None:
+    """Token usage of a whole JSON answer (OpenAI ``usage`` or SGLang ``meta_info``)."""
+    try:
+        return _usage_of(json.loads(body))
+    except (ValueError, TypeError):
+        return None
+
+
+def usage_from_sse(tail: bytes) -> Usage | None:
+    """The last token usage in the tail of an SSE stream (None if none is complete)."""
+    for event in reversed(tail.split(b"\n\n")):
+        line = event.strip()
+        if not line.startswith(b"data:") or (b"usage" not in line and b"meta_info" not in line):
+            continue
+        u = usage_from_body(line[5:].strip())
+        if u is not None:
+            return u
+    return None
+
+
+def outcome_for(status: int, error: str, cancelled: bool) -> events_pb2.RequestOutcome:
+    if cancelled:
+        return events_pb2.REQUEST_OUTCOME_CANCELLED
+    if status == 200:
+        return events_pb2.REQUEST_OUTCOME_UPSTREAM_ERROR if error else events_pb2.REQUEST_OUTCOME_OK
+    if status == 429:
+        return events_pb2.REQUEST_OUTCOME_SHED
+    if status in (408, 504):
+        return events_pb2.REQUEST_OUTCOME_TIMEOUT
+    if 400 <= status < 500:
+        return events_pb2.REQUEST_OUTCOME_CLIENT_ERROR
+    return events_pb2.REQUEST_OUTCOME_UPSTREAM_ERROR
+
+
+class RequestFacts(Protocol):
+    """What the record needs of a parsed request (the HTTP shell's ``ParsedRequest``)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def slo_class(self) -> str: ...
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def profile(self) -> str: ...
+    @property
+    def prompt_ids(self) -> tuple[int, ...]: ...
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """One request from arrival to its last byte (times: monotonic seconds, passed in).
+    The shell opens it on arrival and carries it through intake, routing, forwarding and
+    relaying; :func:`build_record` turns it into the record once, at the end."""
+
+    request_id: str
+    trace_id: str
+    span_id: str
+    flags: str
+    arrival: float
+    arrival_wall: float
+    path: str = ""
+    parsed: RequestFacts | None = None
+    parsed_at: float | None = None
+    admitted_at: float | None = None
+    pick: Pick | None = None
+    retries: int = 0
+    first_byte: float | None = None
+    streamed: bool = False
+    tail: bytearray = field(default_factory=bytearray)
+    body: bytes = b""
+    error: str = ""
+    cancelled: bool = False
+
+    @property
+    def traceparent(self) -> str:
+        """``traceparent`` for the engines: this trace, the gateway's span as the parent."""
+        return format_traceparent(self.trace_id, self.span_id, self.flags)
+
+    def taken_in(self, request_id: str, parsed: RequestFacts, now: float) -> None:
+        self.request_id, self.parsed, self.parsed_at = request_id, parsed, now
+
+    def admitted(self, now: float) -> None:
+        self.admitted_at = now
+
+    def picked(self, decision: Decision, attempt: int) -> None:
+        if isinstance(decision, Pick):
+            self.pick, self.retries = decision, attempt
+
+    def answering(self, now: float, streamed: bool) -> None:
+        """The first byte of the answer goes to the client (once)."""
+        if self.first_byte is None:
+            self.first_byte, self.streamed = now, streamed
+
+    def chunk(self, data: bytes) -> None:
+        """A streamed chunk (the tail is kept for the usage of the last event)."""
+        self.tail += data
+        if len(self.tail) > _TAIL_BYTES:
+            del self.tail[: len(self.tail) - _TAIL_BYTES]
+
+    def whole(self, now: float, body: bytes) -> None:
+        """A whole (non-streamed) answer."""
+        self.answering(now, False)
+        self.body = body
+
+
+def _ms(a: float | None, b: float | None) -> float:
+    return max(0.0, (b - a) * 1000.0) if a is not None and b is not None else 0.0
+
+
+def build_record(
+    t: RequestContext,
+    *,
+    status: int,
+    finish: float,
+    finish_wall: float,
+    deployment: str,
+    error: str = "",
+    replica_id: str = "",
+) -> events_pb2.RequestRecord:
+    """The record of a finished request (pure)."""
+    p = t.parsed
+    usage = usage_from_sse(bytes(t.tail)) if t.streamed else usage_from_body(t.body)
+    completion = usage.completion_tokens if usage else 0
+    tpot = 0.0
+    if t.streamed and completion > 1 and t.first_byte is not None:
+        tpot = _ms(t.first_byte, finish) / (completion - 1)
+    rec = events_pb2.RequestRecord(
+        request_id=t.request_id,
+        trace_id=t.trace_id,
+        deployment=deployment,
+        prompt_tokens=usage.prompt_tokens if usage and usage.prompt_tokens else 0,
+        completion_tokens=completion,
+        cached_tokens=usage.cached_tokens if usage else 0,
+        queue_ms=_ms(t.parsed_at, t.admitted_at),
+        ttft_ms=_ms(t.arrival, t.first_byte),
+        tpot_ms=tpot,
+        e2e_ms=_ms(t.arrival, finish),
+        outcome=outcome_for(status, t.error, t.cancelled),
+        http_status=status,
+        error=(t.error or error)[:500],
+        retries=t.retries,
+        arrival_ms=int(t.arrival_wall * 1000),
+        finish_ms=int(finish_wall * 1000),
+        replica_id=replica_id,
+        source="http",
+    )
+    if p is not None:
+        rec.model = p.model
+        rec.tenant = p.tenant
+        rec.slo_class = p.slo_class
+        rec.session_id = p.session_id
+        rec.profile = p.profile
+        if not rec.prompt_tokens:
+            rec.prompt_tokens = len(p.prompt_ids)
+    if t.pick is not None:
+        fill_decision(rec, t.pick)
+    return rec
+
+
+def fill_decision(rec: events_pb2.RequestRecord, d: Pick) -> None:
+    """Copy what routing decided and why (endpoints, plugin scores, predictions) into
+    ``rec``; prefill-side scores are named ``prefill/<plugin>``."""
+    rec.profile = d.profile
+    rec.decode_instance = d.decode.endpoint.instance_id
+    rec.disaggregated = d.prefill is not None
+    rec.predicted_cached_tokens = d.predicted_cached_tokens
+    rec.predicted_ttft_ms = d.predicted_ttft_ms
+    scores = [events_pb2.PluginScore(plugin=n, score=s, weight=w) for n, s, w in d.decode.scores]
+    if d.prefill is not None:
+        rec.prefill_instance = d.prefill.endpoint.instance_id
+        scores += [
+            events_pb2.PluginScore(plugin=f"prefill/{n}", score=s, weight=w)
+            for n, s, w in d.prefill.scores
+        ]
+    rec.scores.extend(scores)

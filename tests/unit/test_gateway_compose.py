@@ -1,0 +1,107 @@
+"""One composition root: `tideserve gateway` flags become the scheduler's settings, and the
+service and the CLI build the same gateway from them."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from services.common.errors import StartupError
+from services.scheduler import cli
+from services.scheduler.compose import Scheduler, endpoint_specs
+from services.scheduler.settings import SchedulerSettings
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    return parser.parse_args(["gateway", *argv])
+
+
+def test_cli_engines_become_endpoint_entries_with_bootstrap_ports() -> None:
+    s = cli.settings_from_args(
+        _args(
+            "--prefill",
+            "http://127.0.0.1:30001",
+            "8998",
+            "--prefill",
+            "http://127.0.0.1:30003",
+            "--decode",
+            "http://127.0.0.1:30002",
+            "--deployment",
+            "dep",
+        )
+    )
+    specs = {e.instance_id: e for e in endpoint_specs(s)}
+    assert specs["127.0.0.1:30001"].role == "prefill"
+    assert specs["127.0.0.1:30001"].bootstrap_port == 8998
+    assert specs["127.0.0.1:30001"].url == "http://127.0.0.1:30001"
+    assert specs["127.0.0.1:30003"].bootstrap_port == 0
+    assert specs["127.0.0.1:30002"].role == "decode"
+    assert {e.deployment for e in specs.values()} == {"dep"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ((), False),
+        (("--pd-protocol", "vllm"), True),
+        (("--decode-can-prefill",), True),
+        (("--pd-protocol", "vllm", "--no-decode-can-prefill"), False),
+    ],
+)
+def test_decode_can_prefill_has_one_default(argv: tuple[str, ...], expected: bool) -> None:
+    s = cli.settings_from_args(_args("--endpoints", "http://a:1", *argv))
+    assert s.decode_computes_prompts() is expected
+    assert Scheduler(s).core.scheduler.decode_can_prefill is expected
+
+
+def test_cli_flags_reach_the_gateway() -> None:
+    s = cli.settings_from_args(
+        _args(
+            "--endpoints",
+            "http://a:1",
+            "--profile",
+            "least_load",
+            "--model",
+            "m",
+            "--retries",
+            "4",
+            "--no-preemption",
+            "--max-in-flight",
+            "7",
+        )
+    )
+    gw = Scheduler(s).gateway
+    assert gw.opts.profile == "least_load"
+    assert gw.opts.models == ("m",)
+    assert gw.opts.retries == 4
+    assert gw.opts.preemption is False
+    assert gw.core.limits.max_in_flight_per_endpoint == 7
+
+
+def test_unknown_profile_and_duplicates_are_refused() -> None:
+    with pytest.raises(StartupError, match="unknown profile 'nope'"):
+        Scheduler(SchedulerSettings(endpoints=["http://a:1"], profile="nope"))
+    with pytest.raises(ValueError, match="listed twice"):
+        cli.settings_from_args(_args("--endpoints", "http://a:1", "worker=http://a:1"))
+    with pytest.raises(ValueError, match="bootstrap port"):
+        SchedulerSettings(endpoints=["prefill=http://a:1#bootstrap=x"])
+
+
+def test_http_and_grpc_share_one_admission_gate() -> None:
+    s = Scheduler(SchedulerSettings(endpoints=["http://a:1"]))
+    assert s.servicer.gate is s.gateway.gate
+
+
+def test_engine_authorization_flags_reach_the_gateway() -> None:
+    s = cli.settings_from_args(
+        _args(
+            "--endpoints", "http://a:1", "--forward-authorization", "--engine-api-key", "sekrit-42"
+        )
+    )
+    assert "sekrit-42" not in repr(s)  # a secret: not in logs
+    gw = Scheduler(s).gateway
+    assert gw.opts.forward_authorization is True and gw.opts.engine_api_key == "sekrit-42"
+    assert gw.forwarder.authorization == "Bearer sekrit-42"
