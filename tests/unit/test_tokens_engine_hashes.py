@@ -151,7 +151,7 @@ def test_gateway_hashes_equal_engine_kv_event_hashes(
         .ids
     )
     assert list(parsed.prompt_ids) == engine_ids
-    view = gateway._view("r1", parsed)
+    view = gateway._intake("r1", parsed)
     assert len(view.block_hashes) == len(engine_ids) // BLOCK >= 8
     assert view.block_hashes == _engine_event_hashes(wire, engine_ids, salt)
 
