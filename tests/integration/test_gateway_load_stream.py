@@ -34,13 +34,6 @@ class Clock:
 
 
 @pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    r = aioredis.Redis.from_url(redis_url, decode_responses=False)
-    yield r
-    await r.aclose()
-
-
-@pytest.fixture
 async def servers() -> AsyncIterator[Callable[[Any], Any]]:
     started: list[TestServer] = []
 

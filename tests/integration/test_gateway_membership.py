@@ -93,13 +93,6 @@ async def servers() -> AsyncIterator[Callable[[web.Application], Any]]:
         await s.close()
 
 
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    r = aioredis.Redis.from_url(redis_url, decode_responses=False)
-    yield r
-    await r.aclose()
-
-
 def _event(kind: int, iid: str, url: str, state: int = common_pb2.INSTANCE_STATE_READY) -> ME:
     return ME(
         kind=kind,  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +49,6 @@ async def eventually(pred: Callable[[], Awaitable[bool]], within_s: float = 20.0
 
 async def kv_batches(redis: Any, stream: str) -> list[events_pb2.KVEventBatch]:
     return [events_pb2.KVEventBatch.FromString(f[b"p"]) for _, f in await redis.xrange(stream)]
-
-
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_url, decode_responses=False)
-    yield client
-    await client.aclose()
 
 
 @pytest.mark.parametrize(
