@@ -20,6 +20,8 @@ Fixtures are lazy: a test that asks for none of them (all of ``tests/unit``) sta
 - ``redis`` (function): ``redis.asyncio.Redis`` on ``redis_url`` (bytes responses), closed
   after the test; nothing is flushed (tests keep to their own stream names).
 - ``http`` (function): an ``aiohttp.ClientSession`` with a 60 s total timeout.
+- ``servers`` (function): ``await servers(app)`` serves an aiohttp app on 127.0.0.1 and
+  returns its base URL (no trailing slash); every server is closed after the test.
 """
 
 from __future__ import annotations
@@ -194,3 +196,21 @@ async def http_session() -> AsyncIterator[Any]:
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
         yield s
+
+
+@pytest.fixture(name="servers")
+async def aiohttp_servers() -> AsyncIterator[Callable[[Any], Any]]:
+    """``await servers(app)`` -> base URL of ``app`` served on 127.0.0.1; all closed after."""
+    from aiohttp.test_utils import TestServer
+
+    started: list[TestServer] = []
+
+    async def start(app: Any) -> str:
+        s = TestServer(app, host="127.0.0.1")
+        await s.start_server()
+        started.append(s)
+        return str(s.make_url("")).rstrip("/")
+
+    yield start
+    for s in started:
+        await s.close()
