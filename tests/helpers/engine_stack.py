@@ -10,10 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
-import signal
 import subprocess
-import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
 
-from services.stack.procs import is_alive, stop_processes
+from services.stack.procs import is_alive
 from services.stack.state import ProcEntry, StackState, read_state
 from tests.helpers.ports import free_ports
-from tests.helpers.stack import cli, wait_running
+from tests.helpers.stack import running_stack
 
 START_TIMEOUT_S = 180.0  # 2 shared cores: the services can be slow to import
 REQUEST_TIMEOUT_S = 60.0  # a client timeout: no request may hang
@@ -57,7 +53,10 @@ def start_engine_stack(
     kv_blocks: int = 512,
     health_interval_s: float = 0.5,
 ) -> Iterator[EngineStack]:
-    state_dir = Path(tempfile.mkdtemp(prefix="tseng-"))
+    """`tideserve up` (through :func:`tests.helpers.stack.running_stack`) with the four
+    services and ``n_engines`` engine ports, all ephemeral, the scheduler on its own
+    deployment (own KV streams in the shared Redis); after the block, `down` stopped it all
+    and `up` printed the gateway and every engine."""
     ports = iter(free_ports(6 + n_engines))
     layout: dict[str, Any] = {
         name: {"grpc_port": next(ports), "metrics_port": 0} for name in SERVICES
@@ -70,74 +69,28 @@ def start_engine_stack(
         health_interval_s=health_interval_s,
     )
     layout["kvmeta"]["metadata_http_port"] = next(ports)
-    config = state_dir / "tideserve.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                **layout,
-                "stack": {"engine_ports": [next(ports) for _ in range(n_engines)]},
-                "log_format": "text",
-            }
-        )
-    )
-    up = subprocess.Popen(
-        [
-            *cli(),
-            "up",
-            "--state-dir",
-            str(state_dir),
-            "--config",
-            str(config),
-            "--postgres-url",
-            postgres_url,
-            "--redis-url",
-            redis_url,
-            "--start-timeout",
-            str(START_TIMEOUT_S),
-            "--engine-profile",
-            "test",
-            "--engine-kv-blocks",
-            str(kv_blocks),
-            *engine_flags,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        state = wait_running(up, state_dir, START_TIMEOUT_S + 30)
+    config = {**layout, "stack": {"engine_ports": [next(ports) for _ in range(n_engines)]}}
+    flags = ["--engine-profile", "test", "--engine-kv-blocks", str(kv_blocks), *engine_flags]
+    with running_stack(
+        config,
+        flags,
+        postgres_url=postgres_url,
+        redis_url=redis_url,
+        start_timeout_s=START_TIMEOUT_S,
+    ) as running:
+        state = running.state
         assert state.gateway_url == f"http://127.0.0.1:{http_port}/v1"
         yield EngineStack(
-            state_dir,
-            up,
+            running.state_dir,
+            running.up,
             f"http://127.0.0.1:{http_port}",
             deployment,
             {p.name: p for p in state.engines()},
         )
-        down = subprocess.run(
-            [*cli(), "down", "--state-dir", str(state_dir)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert down.returncode == 0, down.stdout + down.stderr
-        out, _ = up.communicate(timeout=60)
-        assert f"gateway (OpenAI API): http://127.0.0.1:{http_port}/v1" in out
-        for name, entry in {p.name: p for p in state.engines()}.items():
-            assert f"{name:<11} {entry.role} engine {entry.url}" in out
-        assert [p.name for p in state.processes if is_alive(p.ref)] == []
-        assert read_state(state_dir) is None
-    finally:
-        if up.poll() is None:
-            up.send_signal(signal.SIGTERM)
-            try:
-                up.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                up.kill()
-        leftover = read_state(state_dir)
-        if leftover is not None:
-            stop_processes([leftover.up.ref, *(p.ref for p in leftover.processes)], 5.0)
-        shutil.rmtree(state_dir, ignore_errors=True)
+    assert f"gateway (OpenAI API): http://127.0.0.1:{http_port}/v1" in running.out
+    for name, entry in {p.name: p for p in state.engines()}.items():
+        assert f"{name:<11} {entry.role} engine {entry.url}" in running.out
+    assert [p.name for p in state.processes if is_alive(p.ref)] == []
 
 
 def words(n: int, salt: str) -> str:
