@@ -45,14 +45,11 @@ Every figure comes from the run. Exit code 0 (a failed measurement is recorded w
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any, Literal
 
@@ -68,8 +65,19 @@ from _harness import (
     free_port,
     machine,
 )
+from _pick_client import client_main
+from _pick_feeds import (
+    DEPLOYMENT,
+    _LivePublisher,
+    _stored_batches,
+    _wait_grpc,
+    instance_ids,
+    placements,
+    start_kvmeta,
+    start_redis_fed,
+    workload,
+)
 
-DEPLOYMENT = "default"
 TIER_NAMES: dict[int, Literal["gpu", "cpu", "ssd", "remote"]] = {
     1: "gpu",
     2: "cpu",
@@ -111,30 +119,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="pick_rate.json")
     p.add_argument("--log-dir", default=None)
     return p.parse_args(argv)
-
-
-def workload(trace: str, n: int, block_size: int) -> list[tuple[int, tuple[int, ...]]]:
-    """(prompt_tokens, block hashes) of the first ``n`` trace requests."""
-    from services.common.tokens import block_hashes
-
-    out: list[tuple[int, tuple[int, ...]]] = []
-    with open(trace, encoding="utf-8") as f:
-        for line in f:
-            if len(out) >= n:
-                break
-            row = json.loads(line)
-            ids: list[int] = []
-            for h in row["hash_ids"]:
-                base = (int(h) * 7919) % 100_000_000
-                ids.extend((base + j) & 0xFFFFFFFF for j in range(512))
-            ids = ids[: int(row["input_length"])]
-            out.append((len(ids), tuple(block_hashes(ids, block_size))))
-    return out
-
-
-def instance_ids(n: int) -> list[tuple[str, str]]:
-    """(instance_id, url) of the static endpoints (never contacted with the gateway off)."""
-    return [(f"127.0.0.1:{20000 + i}", f"http://127.0.0.1:{20000 + i}") for i in range(n)]
 
 
 # -- in-process cycles ------------------------------------------------------------------------
@@ -180,20 +164,6 @@ class _Stored:
 
     def __init__(self, kind: int, hashes: tuple[int, ...]) -> None:
         self.kind, self.block_hashes, self.tier, self.tenant, self.lora = kind, hashes, 1, "", ""
-
-
-def _stored_batches(args: argparse.Namespace, work: list[tuple[int, tuple[int, ...]]]
-                    ) -> list[tuple[str, int, tuple[int, ...]]]:  # fmt: skip
-    """(instance, seq, chain) of the seed batches: request i on instance i % N, every 7th
-    also on the next one; seqs contiguous per instance from 1."""
-    ids = [iid for iid, _ in instance_ids(args.endpoints)]
-    seqs = dict.fromkeys(ids, 0)
-    out = []
-    for (_, hashes), where in zip(work, placements(len(work), len(ids)), strict=True):
-        for k in where:
-            seqs[ids[k]] += 1
-            out.append((ids[k], seqs[ids[k]], hashes))
-    return out
 
 
 def pure_cycle(args: argparse.Namespace, work: list[tuple[int, tuple[int, ...]]],
@@ -258,279 +228,6 @@ def pure_cycle(args: argparse.Namespace, work: list[tuple[int, tuple[int, ...]]]
 
 
 # -- gRPC ------------------------------------------------------------------------------------
-
-
-async def _client(port: int, work: list[tuple[int, tuple[int, ...]]], duration: float,
-                  concurrency: int, profile: str, rpc: str = "unary",
-                  streams: int = 1) -> dict[str, Any]:  # fmt: skip
-    import grpc
-    from tideserve.v1 import events_pb2, scheduler_pb2, scheduler_pb2_grpc
-
-    reqs = [scheduler_pb2.PickRequest(deployment=DEPLOYMENT, block_hashes=list(h),
-                                      prompt_tokens=t, max_tokens=128, profile=profile)
-            for t, h in work]  # fmt: skip
-    ok = errors = kv_scored = 0
-    codes: dict[str, int] = {}
-    lat: list[float] = []
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-        await asyncio.wait_for(ch.channel_ready(), 30.0)
-        stub = scheduler_pb2_grpc.SchedulerServiceStub(ch)
-        print("ready", flush=True)  # the parent starts metering the server here
-        loop = asyncio.get_running_loop()
-        warm_end = loop.time() + 1.0
-        end = warm_end + duration
-
-        def scored(resp: Any) -> bool:
-            return any(sc.plugin == "kv-index" and sc.score > 0 for sc in resp.decode.scores)
-
-        async def worker(k: int) -> None:
-            nonlocal ok, errors, kv_scored
-            i = k
-            while loop.time() < end:
-                measuring = loop.time() >= warm_end
-                t0 = time.perf_counter()
-                try:
-                    resp = await stub.Pick(reqs[i % len(reqs)])
-                    dt = time.perf_counter() - t0
-                    if measuring and scored(resp):
-                        kv_scored += 1
-                    await stub.ReportOutcome(scheduler_pb2.ReportOutcomeRequest(
-                        pick_id=resp.pick_id, outcome=events_pb2.REQUEST_OUTCOME_OK))  # fmt: skip
-                    if measuring:
-                        ok += 1
-                        lat.append(dt)
-                except grpc.aio.AioRpcError as e:
-                    if measuring:
-                        errors += 1
-                        codes[e.code().name] = codes.get(e.code().name, 0) + 1
-                i += concurrency
-
-        async def stream_worker(k: int, depth: int) -> None:
-            """One PickStream with ``depth`` requests in flight; each answer's outcome rides
-            on the next request written (PickRequest.report_outcomes)."""
-            nonlocal ok, errors, kv_scored
-            call = stub.PickStream()
-            sent: deque[float] = deque()
-            i = k
-
-            async def send(outcome_of: str) -> None:
-                nonlocal i
-                r = reqs[i % len(reqs)]
-                if outcome_of:
-                    r = scheduler_pb2.PickRequest()
-                    r.CopyFrom(reqs[i % len(reqs)])
-                    r.report_outcomes.add(pick_id=outcome_of,
-                                          outcome=events_pb2.REQUEST_OUTCOME_OK)  # fmt: skip
-                sent.append(time.perf_counter())
-                await call.write(r)
-                i += streams
-
-            for _ in range(depth):
-                await send("")
-            while sent:
-                resp = await call.read()
-                if resp is grpc.aio.EOF:
-                    break
-                dt = time.perf_counter() - sent.popleft()
-                measuring = warm_end <= loop.time()
-                if resp.HasField("error"):
-                    if measuring:
-                        errors += 1
-                        name = _code_of(resp.error.code).name
-                        codes[name] = codes.get(name, 0) + 1
-                elif measuring:
-                    ok += 1
-                    lat.append(dt)
-                    if scored(resp):
-                        kv_scored += 1
-                if loop.time() < end:
-                    await send(resp.pick_id)
-            await call.done_writing()
-
-        if rpc == "stream":
-            depth = max(1, concurrency // streams)
-            await asyncio.gather(*(stream_worker(k, depth) for k in range(streams)))
-        else:
-            await asyncio.gather(*(worker(k) for k in range(concurrency)))
-    lat.sort()
-
-    def q(p: float) -> float | None:
-        return round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 3) if lat else None
-
-    return {"picks_ok": ok, "errors": errors, "error_codes": codes, "seconds": duration,
-            "picks_with_kv_index_score_above_0": kv_scored,
-            "pick_latency_ms": {"p50": q(0.5), "p99": q(0.99)}}  # fmt: skip
-
-
-def _code_of(number: int) -> Any:
-    import grpc
-
-    return next((c for c in grpc.StatusCode if c.value[0] == number), grpc.StatusCode.UNKNOWN)
-
-
-def client_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="pick_rate.py _client")
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--trace", required=True)
-    p.add_argument("--requests", type=int, required=True)
-    p.add_argument("--block-size", type=int, required=True)
-    p.add_argument("--duration", type=float, required=True)
-    p.add_argument("--concurrency", type=int, required=True)
-    p.add_argument("--profile", default="")
-    p.add_argument("--rpc", choices=("unary", "stream"), default="unary")
-    p.add_argument("--streams", type=int, default=1)
-    a = p.parse_args(argv)
-    work = workload(a.trace, a.requests, a.block_size)
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    out = asyncio.run(_client(a.port, work, a.duration, a.concurrency, a.profile, a.rpc,
-                              a.streams))  # fmt: skip
-    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-    out["client_cpu_during_rpcs"] = {"cpu_s": round(cpu, 2),
-                                     "percent_of_one_core": round(100 * cpu / wall, 1)}  # fmt: skip
-    print(json.dumps(out))
-    return 0
-
-
-def placements(n_requests: int, n_endpoints: int) -> list[list[int]]:
-    """Endpoint indexes holding request i's chain: i % N, and every 7th also on the next."""
-    return [
-        [i % n_endpoints] + ([(i + 1) % n_endpoints] if i % 7 == 0 else [])
-        for i in range(n_requests)
-    ]
-
-
-def _wait_grpc(port: int, group: ProcGroup, timeout_s: float = 60.0) -> None:
-    import grpc
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        group.check()
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-            try:
-                grpc.channel_ready_future(ch).result(timeout=1.0)
-                return
-            except grpc.FutureTimeoutError:
-                pass
-    raise RuntimeError(f"gRPC server on port {port} not ready after {timeout_s:g}s")
-
-
-def start_kvmeta(args: argparse.Namespace, work: list[tuple[int, tuple[int, ...]]],
-                 group: ProcGroup, log_dir: Path) -> tuple[int, dict[str, Any]]:  # fmt: skip
-    """A kvmeta process (no Redis, no Postgres) fed the workload's chains through
-    IngestEvents, as the 64 engines would report them. Returns (port, ingest summary)."""
-    import grpc
-    from tideserve.v1 import common_pb2, events_pb2, kvmeta_pb2, kvmeta_pb2_grpc
-
-    cfg = log_dir / "kvmeta.yaml"
-    cfg.write_text(json.dumps({"kvmeta": {"metadata_http_port": 0}}), encoding="utf-8")
-    port = free_port()
-    group.start("kvmeta", [sys.executable, "-m", "services.kvmeta", "--config", str(cfg),
-                           "--grpc-port", str(port), "--metrics-port", "0",
-                           "--log-level", "WARNING"])  # fmt: skip
-    _wait_grpc(port, group)
-    ids = [iid for iid, _ in instance_ids(args.endpoints)]
-    seqs = dict.fromkeys(ids, 0)
-    batches = []
-    for (_, hashes), where in zip(work, placements(len(work), len(ids)), strict=True):
-        for k in where:
-            iid = ids[k]
-            seqs[iid] += 1
-            ev = events_pb2.KVEvent(kind=events_pb2.KVEvent.KIND_BLOCK_STORED,
-                                    tier=common_pb2.TIER_GPU, block_hashes=list(hashes),
-                                    token_count=len(hashes) * args.block_size)  # fmt: skip
-            batches.append(events_pb2.KVEventBatch(deployment=DEPLOYMENT, instance_id=iid,
-                                                   epoch=1, seq=seqs[iid], events=[ev],
-                                                   block_size=args.block_size))  # fmt: skip
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-        stub = kvmeta_pb2_grpc.KVMetaServiceStub(ch)
-        resp = stub.IngestEvents(iter(batches), timeout=120)
-        listed = stub.ListIndexedInstances(
-            kvmeta_pb2.ListIndexedInstancesRequest(deployment=DEPLOYMENT), timeout=10
-        )
-    return port, {"batches_applied": resp.batches_applied,
-                  "instances_indexed": len(listed.instances)}  # fmt: skip
-
-
-def start_redis_fed(args: argparse.Namespace, work: list[tuple[int, tuple[int, ...]]],
-                    log_dir: Path) -> tuple[Any, dict[str, Any]]:  # fmt: skip
-    """An embedded Redis holding the workload's chains as KVEventBatch entries on
-    ``ts:kv:default``, as the 64 engines would have published them. Returns (server, info)."""
-    import redis
-    from tideserve.v1 import common_pb2, events_pb2
-
-    from services.common.embedded import start_redis
-    from services.common.streams import encode_entry, stream_name
-
-    server = start_redis(Path(tempfile.mkdtemp(prefix="redis-", dir=log_dir)), 0)
-    client = redis.Redis.from_url(server.url)
-    stream = stream_name("ts", "kv", DEPLOYMENT)
-    pipe = client.pipeline(transaction=False)
-    batches = _stored_batches(args, work)
-    for iid, seq, hashes in batches:
-        ev = events_pb2.KVEvent(kind=events_pb2.KVEvent.KIND_BLOCK_STORED,
-                                tier=common_pb2.TIER_GPU, block_hashes=list(hashes),
-                                token_count=len(hashes) * args.block_size)  # fmt: skip
-        b = events_pb2.KVEventBatch(deployment=DEPLOYMENT, instance_id=iid, epoch=1, seq=seq,
-                                    events=[ev], block_size=args.block_size)  # fmt: skip
-        pipe.xadd(stream, encode_entry(b))  # type: ignore[arg-type]
-    pipe.execute()
-    client.close()
-    return server, {"batches_published": len(batches), "stream": stream}
-
-
-class _LivePublisher:
-    """Publishes ``rate`` more KVEventBatch entries per second on the KV stream from a
-    thread of this (bench) process: re-stored workload chains with the next seqs of their
-    instances, so the scheduler's replica applies them in full."""
-
-    def __init__(self, url: str, args: argparse.Namespace,
-                 work: list[tuple[int, tuple[int, ...]]], rate: float) -> None:  # fmt: skip
-        self.url, self.rate, self.published = url, rate, 0
-        self.batches = _stored_batches(args, work)
-        self.seqs: dict[str, int] = {}
-        for iid, seq, _ in self.batches:
-            self.seqs[iid] = max(self.seqs.get(iid, 0), seq)
-        self.block_size = args.block_size
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kv-publisher")
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        import redis
-        from tideserve.v1 import common_pb2, events_pb2
-
-        from services.common.streams import encode_entry, stream_name
-
-        client = redis.Redis.from_url(self.url)
-        stream = stream_name("ts", "kv", DEPLOYMENT)
-        t0, k = time.monotonic(), 0
-        try:
-            while not self._stop.is_set():
-                due = int((time.monotonic() - t0) * self.rate) - self.published
-                if due <= 0:
-                    self._stop.wait(0.01)
-                    continue
-                pipe = client.pipeline(transaction=False)
-                for _ in range(min(due, 200)):
-                    iid, _, hashes = self.batches[k % len(self.batches)]
-                    k += 1
-                    self.seqs[iid] += 1
-                    ev = events_pb2.KVEvent(kind=events_pb2.KVEvent.KIND_BLOCK_STORED,
-                                            tier=common_pb2.TIER_GPU, block_hashes=list(hashes))  # fmt: skip
-                    b = events_pb2.KVEventBatch(deployment=DEPLOYMENT, instance_id=iid, epoch=1,
-                                                seq=self.seqs[iid], events=[ev],
-                                                block_size=self.block_size)  # fmt: skip
-                    pipe.xadd(stream, encode_entry(b), maxlen=100_000, approximate=True)  # type: ignore[arg-type]
-                    self.published += 1
-                pipe.execute()
-        finally:
-            client.close()
 
 
 def grpc_pick(args: argparse.Namespace, log_dir: Path, source: str,

@@ -17,6 +17,11 @@ Fixtures are lazy: a test that asks for none of them (all of ``tests/unit``) sta
 - ``redis_url`` (session): ``redis://host:port/0``.
 - ``redis_client`` (function): ``redis.asyncio.Redis`` on ``redis_url``; its DB is flushed
   after the test.
+- ``redis`` (function): ``redis.asyncio.Redis`` on ``redis_url`` (bytes responses), closed
+  after the test; nothing is flushed (tests keep to their own stream names).
+- ``http`` (function): an ``aiohttp.ClientSession`` with a 60 s total timeout.
+- ``servers`` (function): ``await servers(app)`` serves an aiohttp app on 127.0.0.1 and
+  returns its base URL (no trailing slash); every server is closed after the test.
 """
 
 from __future__ import annotations
@@ -172,3 +177,40 @@ async def redis_client(redis_url: str) -> AsyncIterator[Any]:
     finally:
         await client.flushdb()
         await client.aclose()
+
+
+@pytest.fixture(name="redis")
+async def redis_conn(redis_url: str) -> AsyncIterator[Any]:
+    """``redis.asyncio.Redis`` (bytes responses), closed after the test; no flush."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(redis_url, decode_responses=False)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture(name="http")
+async def http_session() -> AsyncIterator[Any]:
+    """``aiohttp.ClientSession`` with a 60 s total timeout, closed after the test."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
+        yield s
+
+
+@pytest.fixture(name="servers")
+async def aiohttp_servers() -> AsyncIterator[Callable[[Any], Any]]:
+    """``await servers(app)`` -> base URL of ``app`` served on 127.0.0.1; all closed after."""
+    from aiohttp.test_utils import TestServer
+
+    started: list[TestServer] = []
+
+    async def start(app: Any) -> str:
+        s = TestServer(app, host="127.0.0.1")
+        await s.start_server()
+        started.append(s)
+        return str(s.make_url("")).rstrip("/")
+
+    yield start
+    for s in started:
+        await s.close()

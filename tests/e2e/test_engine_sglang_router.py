@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -111,12 +111,6 @@ async def _wait_ok(http: aiohttp.ClientSession, url: str, procs: Procs, timeout_
             pass
         await asyncio.sleep(0.2)
     raise AssertionError(f"{url} not ready after {timeout_s}s")
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
-        yield s
 
 
 async def _chat(

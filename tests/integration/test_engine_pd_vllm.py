@@ -35,12 +35,6 @@ async def make_engine(tmp_path: Path) -> AsyncIterator[Factory]:
     await fleet.close()
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
-        yield s
-
-
 @pytest.mark.parametrize(
     ("path", "body"),
     [

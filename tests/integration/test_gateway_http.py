@@ -29,12 +29,6 @@ async def engines(tmp_path: Path) -> AsyncIterator[Engines]:
     await fleet.close()
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
-        yield s
-
-
 GatewayFactory = Callable[..., Awaitable[tuple[Gateway, str]]]
 
 

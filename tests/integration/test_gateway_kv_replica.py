@@ -6,7 +6,6 @@ gateway and the servicer (``precise_source="local"``)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
@@ -27,13 +26,6 @@ from tests.helpers.engines import until
 DEP = "dep"
 CHAIN = [101, 102, 103, 104, 105]
 Kind = events_pb2.KVEvent
-
-
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    r = aioredis.Redis.from_url(redis_url, decode_responses=False)
-    yield r
-    await r.aclose()
 
 
 def batch(iid: str, seq: int, *events: events_pb2.KVEvent, epoch: int = 1,

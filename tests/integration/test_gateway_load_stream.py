@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import redis.asyncio as aioredis
-from aiohttp.test_utils import TestServer
 from tideserve.v1 import common_pb2, events_pb2
 
 from services.common.streams import StreamProducer, stream_name
@@ -31,28 +29,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
-
-
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    r = aioredis.Redis.from_url(redis_url, decode_responses=False)
-    yield r
-    await r.aclose()
-
-
-@pytest.fixture
-async def servers() -> AsyncIterator[Callable[[Any], Any]]:
-    started: list[TestServer] = []
-
-    async def start(app: Any) -> str:
-        s = TestServer(app, host="127.0.0.1")
-        await s.start_server()
-        started.append(s)
-        return str(s.make_url("")).rstrip("/")
-
-    yield start
-    for s in started:
-        await s.close()
 
 
 async def test_engine_snapshots_win_while_fresh_then_scraping_takes_over(

@@ -10,7 +10,7 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,6 @@ import grpc
 import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 from tideserve.v1 import autoscaler_pb2, autoscaler_pb2_grpc, common_pb2, events_pb2
 
 from services.autoscaler.servicer import AutoscalerServicer
@@ -76,28 +75,6 @@ class FakeEngine:
         await out.write(f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode())
         await out.write_eof()
         return out
-
-
-@pytest.fixture
-async def servers() -> AsyncIterator[Callable[[web.Application], Any]]:
-    started: list[TestServer] = []
-
-    async def start(app: web.Application) -> str:
-        s = TestServer(app, host="127.0.0.1")
-        await s.start_server()
-        started.append(s)
-        return str(s.make_url("")).rstrip("/")
-
-    yield start
-    for s in started:
-        await s.close()
-
-
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    r = aioredis.Redis.from_url(redis_url, decode_responses=False)
-    yield r
-    await r.aclose()
 
 
 def _event(kind: int, iid: str, url: str, state: int = common_pb2.INSTANCE_STATE_READY) -> ME:

@@ -49,12 +49,6 @@ async def gateway() -> AsyncIterator[Callable[..., Awaitable[tuple[Gateway, str]
         await s.close()
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
-        yield s
-
-
 @pytest.mark.parametrize(
     ("path", "body", "prompt"),
     [

@@ -6,10 +6,8 @@ prefix, including the one only the lost batch announced."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ from services.kvmeta.ingest import IndexFeeder
 from services.kvmeta.objects import ObjectMaster
 from services.kvmeta.resync import ResyncPolicy
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
+from tests.helpers.waits import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -39,23 +38,8 @@ PROMPTS = [" ".join(f"p{k}w{i}" for i in range(5 * BS)) for k in range(3)]  # 5 
 CLEARED = events_pb2.KVEvent.KIND_ALL_CLEARED
 
 
-async def eventually(pred: Callable[[], Awaitable[bool]], within_s: float = 20.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not await pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.05)
-
-
 async def kv_batches(redis: Any, stream: str) -> list[events_pb2.KVEventBatch]:
     return [events_pb2.KVEventBatch.FromString(f[b"p"]) for _, f in await redis.xrange(stream)]
-
-
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_url, decode_responses=False)
-    yield client
-    await client.aclose()
 
 
 @pytest.mark.parametrize(
@@ -101,7 +85,7 @@ async def test_gap_resync_request_and_answer_restore_the_instance(
                         sum(b.instance_id == "e1" for b in await kv_batches(redis, kv_stream)) == n
                     )
 
-                await eventually(published)
+                await eventually(published, within_s=20.0)
             url = str(servers[1].make_url("/v1/completions"))
             async with http.post(url, json={"prompt": PROMPTS[0], "max_tokens": 1}) as resp:
                 assert resp.status == 200
@@ -109,7 +93,7 @@ async def test_gap_resync_request_and_answer_restore_the_instance(
         async def e2_published() -> bool:
             return any(b.instance_id == "e2" for b in await kv_batches(redis, kv_stream))
 
-        await eventually(e2_published)
+        await eventually(e2_published, within_s=20.0)
         # lose e1's second batch before kvmeta reads it
         entries = await redis.xrange(kv_stream)
         lost = [
@@ -147,7 +131,7 @@ async def test_gap_resync_request_and_answer_restore_the_instance(
                 e1 = insts.get("e1")
                 return e1 is not None and not e1.stale and e1.last_seq == 3 + answer_batches
 
-            await eventually(e1_restored)
+            await eventually(e1_restored, within_s=20.0)
             assert kv.outcomes["resync_needed"] == 1  # the gap was seen (and only that one)
 
             # exactly one request (one outstanding per instance), addressed to e1
@@ -268,7 +252,7 @@ async def test_unanswered_request_is_retried_until_a_full_state_arrives(
             sent = kv.resync_outstanding.get((DEP, "x"))
             return sent is not None and sent.attempts >= 3
 
-        await eventually(asked_thrice)
+        await eventually(asked_thrice, within_s=20.0)
         rows = await redis.xrange(rs_stream)
         reqs = [events_pb2.ResyncRequest.FromString(f[b"p"]) for _, f in rows]
         assert len(reqs) >= 3 and {(r.instance_id, r.epoch) for r in reqs} == {("x", 3)}
@@ -285,7 +269,7 @@ async def test_unanswered_request_is_retried_until_a_full_state_arrives(
             info = kv.index.instances(DEP)[0]
             return not info.stale and not kv.resync_outstanding
 
-        await eventually(answered)
+        await eventually(answered, within_s=20.0)
         assert [m.matched_blocks for m in kv.index.match_prefix(DEP, "", h)] == [4]
     finally:
         await kv.stop(checkpoint=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -30,6 +30,7 @@ from services.kvmeta.ingest import IndexFeeder
 from services.kvmeta.metadata_http import MetadataServer
 from services.kvmeta.objects import ObjectMaster
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
+from tests.helpers.waits import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -91,14 +92,6 @@ async def kvmeta(
         await feeder.stop(checkpoint=not crash)
         await redis.aclose()
         await engine.dispose()
-
-
-async def eventually(pred: Callable[[], Awaitable[bool]], within_s: float = 15.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not await pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.05)
 
 
 def batch(

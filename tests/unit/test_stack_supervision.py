@@ -9,7 +9,6 @@ External database URLs are given so no embedded server starts and no migration r
 from __future__ import annotations
 
 import dataclasses
-import http.server
 import io
 import os
 import signal
@@ -21,52 +20,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.stack.control import stack_down
-from services.stack.health import Health, check_grpc_health, check_http_ready
 from services.stack.plan import ChildSpec, PortClaim
 from services.stack.ports import port_is_free
-from services.stack.procs import ProcRef, Supervisor, is_alive, stop_processes
+from services.stack.procs import ProcRef, is_alive, stop_processes
 from services.stack.state import ProcEntry, StackState, read_state, write_state
-from services.stack.up import Infra, StackRunner, UpOptions
+from services.stack.up import StackRunner
 from tests.helpers.ports import free_port
-
-STANDIN = r"""
-import signal, sys, time
-from concurrent import futures
-import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-port, mode = int(sys.argv[1]), sys.argv[2]
-if mode == "exit3":
-    print("stand-in: configured to fail", flush=True)
-    sys.exit(3)
-server = grpc.server(futures.ThreadPoolExecutor(2))
-h = health.HealthServicer()
-health_pb2_grpc.add_HealthServicer_to_server(h, server)
-server.add_insecure_port(f"127.0.0.1:{port}")
-server.start()
-status = health_pb2.HealthCheckResponse.NOT_SERVING if mode == "not-serving" else health_pb2.HealthCheckResponse.SERVING
-h.set("", status)
-def stop(*_):
-    server.stop(0)
-    sys.exit(0)
-signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore-term" else stop)
-t0 = time.monotonic()
-while True:
-    time.sleep(0.1)
-    if mode.startswith("die-later") and time.monotonic() - t0 > float((mode + ":1").split(":")[1]):
-        print("stand-in: dying", flush=True)
-        sys.exit(4)
-"""
-
-NO_INFRA = Infra(
-    start_postgres=lambda d: pytest.fail("no embedded postgres expected"),
-    start_redis=lambda d, p: pytest.fail("no embedded redis expected"),
-    migrate=lambda u, s: pytest.fail("no migration expected"),
-)
+from tests.helpers.supervision import NO_INFRA, STANDIN, options, run, spec
 
 
 @pytest.fixture
@@ -74,59 +37,6 @@ def standin(tmp_path: Path) -> Path:
     path = tmp_path / "standin.py"
     path.write_text(STANDIN)
     return path
-
-
-def spec(standin: Path, state: Path, name: str, port: int, mode: str = "serving") -> ChildSpec:
-    return ChildSpec(
-        name=name,
-        argv=(sys.executable, str(standin), str(port), mode),
-        env=dict(os.environ),
-        log_path=state / "logs" / f"{name}.log",
-        grpc_address=f"127.0.0.1:{port}",
-        ports=(PortClaim(name, "gRPC", "127.0.0.1", port, "grpc_port"),),
-    )
-
-
-def options(state: Path, **kw: object) -> UpOptions:
-    base: dict[str, object] = dict(
-        state_dir=state,
-        postgres_url="postgresql://u:pw@db.invalid/x",
-        redis_url="redis://db.invalid:1/0",
-        migrate_services=(),
-        start_timeout_s=60.0,
-        stop_timeout_s=3.0,
-    )
-    base.update(kw)
-    return UpOptions(**base)  # type: ignore[arg-type]
-
-
-def run(runner: StackRunner, *, stop_when_running: bool) -> tuple[int, list[ProcEntry]]:
-    """Run in the main thread; a helper thread SIGTERMs us once the state says running and
-    remembers the recorded processes."""
-    seen: list[ProcEntry] = []
-    done = threading.Event()
-
-    def stopper() -> None:
-        while not done.is_set():
-            try:
-                st = read_state(runner.opts.state_dir)
-            except ValueError:
-                st = None
-            if st is not None and st.phase == "running":
-                seen.extend(st.processes)
-                if stop_when_running:
-                    os.kill(os.getpid(), signal.SIGTERM)
-                return
-            time.sleep(0.05)
-
-    t = threading.Thread(target=stopper)
-    t.start()
-    try:
-        rc = runner.run()
-    finally:
-        done.set()
-        t.join()
-    return rc, seen
 
 
 @pytest.fixture
@@ -315,97 +225,6 @@ def test_down_signals_up_and_waits(tmp_path: Path, no_leftovers: list[ProcRef]) 
     assert stack_down(tmp_path).was_running is False  # nothing running: a no-op
 
 
-def test_stop_processes_kills_what_ignores_sigterm() -> None:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(60)",
-        ],
-        stdout=subprocess.PIPE,
-    )
-    assert proc.stdout is not None
-    proc.stdout.readline()  # handler installed
-    ref = ProcRef.of("stubborn", proc.pid)
-    assert stop_processes([ref], 0.5) == [ref]
-    proc.wait(5)
-    assert not is_alive(ref)
-    assert stop_processes([ref], 0.5) == []  # idempotent
-
-
-def test_recycled_pid_is_not_ours() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        real = ProcRef.of("x", proc.pid)
-        assert real.create_time is not None
-        impostor = ProcRef("x", proc.pid, real.create_time - 1000.0)
-        assert is_alive(real) and not is_alive(impostor)
-        assert stop_processes([impostor], 0.5) == []
-        assert proc.poll() is None
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-def test_supervisor_writes_child_output_to_its_log(tmp_path: Path) -> None:
-    sup = Supervisor(stop_timeout_s=1.0)
-    child = sup.start(
-        ChildSpec(
-            "echo",
-            (sys.executable, "-c", "import sys; print('hi'); print('oops', file=sys.stderr)"),
-            dict(os.environ),
-            tmp_path / "logs" / "echo.log",
-        )
-    )
-    child.popen.wait(10)
-    assert sup.exited() == [(child, 0)]
-    assert (tmp_path / "logs" / "echo.log").read_text().split() == ["hi", "oops"]
-
-
-class _Server:
-    def __init__(self, status: int) -> None:
-        from concurrent import futures
-
-        self.server = grpc.server(futures.ThreadPoolExecutor(2))
-        self.health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
-        self.server.start()
-        self.health.set("", status)
-        self.health.set("tideserve.v1.KVMetaService", status)
-
-
-@pytest.mark.parametrize(
-    ("status", "service", "expected"),
-    [
-        (health_pb2.HealthCheckResponse.SERVING, "", Health.SERVING),
-        (health_pb2.HealthCheckResponse.SERVING, "tideserve.v1.KVMetaService", Health.SERVING),
-        (health_pb2.HealthCheckResponse.NOT_SERVING, "", Health.NOT_SERVING),
-        (health_pb2.HealthCheckResponse.SERVING, "tideserve.v1.Nope", Health.SERVICE_UNKNOWN),
-    ],
-    ids=["serving", "named-service", "not-serving", "unknown-service"],
-)
-def test_check_grpc_health(status: int, service: str, expected: Health) -> None:
-    srv = _Server(status)
-    try:
-        assert check_grpc_health(f"127.0.0.1:{srv.port}", service, 5.0) is expected
-    finally:
-        srv.server.stop(0)
-
-
-def test_check_grpc_health_unreachable() -> None:
-    assert check_grpc_health(f"127.0.0.1:{free_port()}", "", 0.5) is Health.UNREACHABLE
-
-
-def test_port_is_free() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.listen(1)
-        assert not port_is_free("127.0.0.1", port)
-    assert port_is_free("127.0.0.1", port)
-
-
 def test_stop_signal_during_start_stops_what_was_started(
     tmp_path: Path, standin: Path, no_leftovers: list[ProcRef]
 ) -> None:
@@ -491,36 +310,6 @@ def test_http_and_plain_children_join_the_stack(
     assert not any(is_alive(c.ref) for c in runner.supervisor.children)
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(200 if self.path == "/ok" else 503)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.mark.parametrize(
-    ("path", "expected"),
-    [("/ok", Health.SERVING), ("/busy", Health.NOT_SERVING)],
-    ids=["2xx", "503"],
-)
-def test_check_http_ready(path: str, expected: Health) -> None:
-    server = http.server.HTTPServer(("127.0.0.1", 0), _Handler)
-    t = threading.Thread(target=server.serve_forever)
-    t.start()
-    try:
-        assert check_http_ready(f"http://127.0.0.1:{server.server_port}{path}", 5.0) is expected
-    finally:
-        server.shutdown()
-        server.server_close()
-        t.join()
-
-
-def test_check_http_ready_unreachable() -> None:
-    assert check_http_ready(f"http://127.0.0.1:{free_port()}/", 0.5) is Health.UNREACHABLE
-
-
 def test_engine_dying_is_reported_and_the_stack_keeps_running(
     tmp_path: Path, standin: Path, no_leftovers: list[ProcRef]
 ) -> None:
@@ -551,51 +340,6 @@ def test_engine_dying_is_reported_and_the_stack_keeps_running(
     )
     assert err.getvalue().count("engine-1 exited") == 1  # reported once
     assert "stop requested; stopping" in err.getvalue()
-
-
-ORDER_PROBE = r"""
-import signal, sys, time
-peer_log = sys.argv[1] if len(sys.argv) > 1 else ""
-def stop(*_):
-    if peer_log:  # an engine: give a service stopped at the same time the chance to log it
-        time.sleep(0.5)
-        with open(peer_log) as fh:
-            print(f"stopping; service stopped before me: {'stopped' in fh.read()}", flush=True)
-    else:
-        print("stopped", flush=True)
-    sys.exit(0)
-signal.signal(signal.SIGTERM, stop)
-print("ready", flush=True)
-while True:
-    time.sleep(0.05)
-"""
-
-
-def test_supervisor_stops_engines_before_services(tmp_path: Path) -> None:
-    probe = tmp_path / "probe.py"
-    probe.write_text(ORDER_PROBE)
-    sup = Supervisor(stop_timeout_s=5.0)
-    service = sup.start(
-        ChildSpec("svc", (sys.executable, str(probe)), dict(os.environ), tmp_path / "svc.log")
-    )
-    engine = sup.start(
-        ChildSpec(
-            "engine-1",
-            (sys.executable, str(probe), str(tmp_path / "svc.log")),
-            dict(os.environ),
-            tmp_path / "engine-1.log",
-            kind="engine",
-        )
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not all(
-        "ready" in (tmp_path / n).read_text() for n in ("svc.log", "engine-1.log")
-    ):
-        time.sleep(0.05)
-    assert sup.stop_all() == []
-    assert "service stopped before me: False" in (tmp_path / "engine-1.log").read_text()
-    assert "stopped" in (tmp_path / "svc.log").read_text()  # then the service
-    assert not is_alive(engine.ref) and not is_alive(service.ref)
 
 
 @pytest.mark.parametrize(
