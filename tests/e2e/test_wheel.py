@@ -45,7 +45,8 @@ def test_wheel_ships_protos_generated_code_and_migrations(wheel: Path) -> None:
         assert f"tideserve/v1/{stem}.proto" in names
         assert f"tideserve/v1/{stem}_pb2.py" in names
         assert f"tideserve/v1/{stem}_pb2.pyi" in names
-    assert "services/common/tokens.py" in names
+    assert "services/common/tokens/__init__.py" in names
+    assert "services/common/streams/follower.py" in names
     for svc in ("scheduler", "autoscaler", "kvmeta", "telemetry"):
         assert any(n.startswith(f"services/{svc}/migrations/") for n in names), svc
 
