@@ -167,6 +167,9 @@ async def test_sglang_router_routes_streamed_chat_to_both_engines(
             str(router_python), "-m", "sglang_router.launch_router",
             "--host", "127.0.0.1", "--port", router.rsplit(":", 1)[1],
             "--worker-urls", *engines, "--policy", "cache_aware", "--log-level", "warn",
+            # its metrics exporter defaults to port 29000: a second run beside this one
+            # (or anything else on 29000) would make the router exit
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
         ],
     )  # fmt: skip
     loop = asyncio.get_running_loop()
@@ -227,6 +230,7 @@ async def test_sglang_router_pd_mode_uses_the_bootstrap_handshake(
             str(router_python), "-m", "sglang_router.launch_router",
             "--host", "127.0.0.1", "--port", router.rsplit(":", 1)[1], "--pd-disaggregation",
             "--prefill", prefill, str(bootstrap), "--decode", decode, "--log-level", "warn",
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
         ],
     )  # fmt: skip
     loop = asyncio.get_running_loop()
