@@ -1,4 +1,6 @@
-"""Pure prefix index: sequencing, chain matching, tiers, tenants, membership, snapshots."""
+"""kvmeta's prefix index over the shared core: several deployments, InstanceMatch answers
+(longest first, tiers by number), expiry, instance listing, snapshots. The core itself
+(sequencing, matching, slots) is tested in tests/unit/test_kvindex_*.py."""
 
 from __future__ import annotations
 
@@ -10,9 +12,9 @@ from services.kvmeta.index import (
     REMOVED,
     STORED,
     BlockEvent,
-    Outcome,
     PrefixIndex,
     UnknownDeploymentError,
+    Verdict,
 )
 
 GPU, CPU, SSD = 1, 2, 3
@@ -29,86 +31,6 @@ def removed(hashes: list[int], tier: int = GPU, tenant: str = "") -> BlockEvent:
 
 def lengths(idx: PrefixIndex, hashes: list[int], tenant: str = "", **kw: object) -> dict[str, int]:
     return {m.instance_id: m.matched_blocks for m in idx.match_prefix("d", tenant, hashes, **kw)}  # type: ignore[arg-type]
-
-
-# Each step: (instance, epoch, seq, events); expected outcomes per step and final match of H.
-SEQ_CASES = [
-    ([("a", 1, 1, [stored(H[:4])])], [Outcome.APPLIED], {"a": 4}),
-    (
-        [("a", 1, 1, [stored(H[:4])]), ("a", 1, 1, [stored(H[:8])])],
-        [Outcome.APPLIED, Outcome.SKIPPED],
-        {"a": 4},
-    ),
-    (
-        [("a", 1, 1, [stored(H[:4])]), ("a", 1, 2, [stored(H[4:6])])],
-        [Outcome.APPLIED, Outcome.APPLIED],
-        {"a": 6},
-    ),
-    (
-        [("a", 1, 1, [stored(H[:4])]), ("a", 2, 1, [stored(H[:2])])],
-        [Outcome.APPLIED, Outcome.APPLIED],
-        {"a": 2},
-    ),
-    (
-        [("a", 2, 1, [stored(H[:4])]), ("a", 1, 5, [stored(H[:8])])],
-        [Outcome.APPLIED, Outcome.SKIPPED],
-        {"a": 4},
-    ),
-    (
-        [("a", 1, 1, [stored(H[:4])]), ("a", 1, 3, [stored(H[4:5])])],
-        [Outcome.APPLIED, Outcome.RESYNC_NEEDED],
-        {},
-    ),
-    (
-        [
-            ("a", 1, 1, [stored(H[:4])]),
-            ("a", 1, 3, [stored(H[4:5])]),
-            ("a", 1, 4, [BlockEvent(ALL_CLEARED), stored(H[:3])]),
-        ],
-        [Outcome.APPLIED, Outcome.RESYNC_NEEDED, Outcome.APPLIED],
-        {"a": 3},
-    ),
-    ([("a", 1, 7, [stored(H[:4])])], [Outcome.RESYNC_NEEDED], {}),
-    (
-        [("a", 1, 1, [stored(H[:6])]), ("a", 1, 2, [removed(H[2:3])])],
-        [Outcome.APPLIED, Outcome.APPLIED],
-        {"a": 2},
-    ),
-    (
-        [("a", 1, 1, [stored(H[:6]), BlockEvent(ALL_CLEARED), stored(H[:1])])],
-        [Outcome.APPLIED],
-        {"a": 1},
-    ),
-    (
-        [("a", 1, 1, [stored(H[:6])]), ("b", 1, 1, [stored(H[:3])]), ("b", 1, 2, [removed(H)])],
-        [Outcome.APPLIED] * 3,
-        {"a": 6},
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    ("steps", "outcomes", "expect"),
-    SEQ_CASES,
-    ids=[
-        "first-batch",
-        "duplicate-seq-skipped",
-        "contiguous",
-        "new-epoch-resets",
-        "old-epoch-skipped",
-        "gap-marks-stale",
-        "full-resync-clears-stale",
-        "first-seen-mid-stream-is-gap",
-        "removed-breaks-chain",
-        "all-cleared-mid-batch",
-        "remove-only-own-blocks",
-    ],
-)
-def test_sequencing(steps: list, outcomes: list[Outcome], expect: dict[str, int]) -> None:
-    idx = PrefixIndex()
-    got = [idx.apply_batch("d", i, e, s, evs, 1.0) for i, e, s, evs in steps]
-    assert got == outcomes
-    assert lengths(idx, H) == expect
 
 
 @pytest.mark.parametrize(
@@ -213,7 +135,7 @@ def test_snapshot_roundtrip_preserves_matches_and_sequencing() -> None:
     for dep, tenant, q in [("d", "", H), ("e", "t", ha)]:
         assert again.match_prefix(dep, tenant, q) == idx.match_prefix(dep, tenant, q)
     assert again.instances("d") == idx.instances("d")
-    assert again.apply_batch("d", "i1", 1, 1, [stored(H)], 60.0) is Outcome.SKIPPED
+    assert again.apply_batch("d", "i1", 1, 1, [stored(H)], 60.0) is Verdict.DUPLICATE
     assert again.entry_count() == idx.entry_count()
 
 

@@ -42,7 +42,7 @@ from tideserve.v1 import events_pb2
 
 from services.common.streams import PayloadError, StreamProducer, decode_entry, stream_name
 from services.common.tasks import stop_tasks
-from services.scheduler.feeds.kv_replica_core import Applied, KVReplica
+from services.scheduler.feeds.kv_replica_core import KVReplica, Verdict
 from services.scheduler.routing.types import PrefixMatch, RequestView
 
 __all__ = ["KVReplicaFeed", "LocalLookup"]
@@ -132,7 +132,7 @@ class KVReplicaFeed:
                 continue
             res = replica.apply(b.instance_id, b.epoch, b.seq, b.events, b.full_state_continues)
             stats[res.value] += 1
-            if res is Applied.GAP:
+            if res is Verdict.GAP:
                 log.info(
                     "kv replica: gap for %s at epoch %d seq %d; stale until its full state",
                     b.instance_id,
