@@ -81,7 +81,7 @@ class PrefixIndex:
         dep = self._deps.get(deployment)
         if dep is None:
             dep = self._deps[deployment] = ChainIndex()
-        return dep.apply(instance_id, epoch, seq, events, now, continues)
+        return dep.apply(instance_id, epoch, seq, events, continues, now=now)
 
     # ------------------------------------------------------------ membership
 
@@ -153,7 +153,7 @@ class PrefixIndex:
         Only instances with at least one matched block are returned; stale instances never.
         Raises UnknownDeploymentError for a deployment never seen.
         """
-        m = self._dep(deployment).match(block_hashes, tenant, lora, candidates)
+        m = self._dep(deployment).lookup(block_hashes, tenant, lora, candidates)
         out: list[InstanceMatch] = []
         tier, tiers = m.tier, m.tiers
         for ids, k in reversed(m.runs):

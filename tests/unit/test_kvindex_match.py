@@ -50,8 +50,8 @@ def test_tier_split(
     events: list[BlockEvent], expect_len: int, expect_tiers: dict[int, int]
 ) -> None:
     idx = ChainIndex()
-    idx.apply("a", 1, 1, events, 0.0)
-    m = idx.match(H)
+    idx.apply("a", 1, 1, events, now=0.0)
+    m = idx.lookup(H)
     assert m.lengths() == ({"a": expect_len} if expect_len else {})
     if not expect_len:
         return
@@ -67,9 +67,9 @@ def test_tier_split(
 def test_namespaces_are_isolated(tenant: str, lora: str, expect: dict[str, int]) -> None:
     ha = block_hashes(list(range(32)), 8, tenant="acme")
     idx = ChainIndex()
-    idx.apply("a", 1, 1, [stored(ha, tenant="acme")], 0.0)
-    idx.apply("b", 1, 1, [stored(ha[:2], tenant="acme", lora="l1")], 0.0)
-    assert idx.match(ha, tenant, lora).lengths() == expect
+    idx.apply("a", 1, 1, [stored(ha, tenant="acme")], now=0.0)
+    idx.apply("b", 1, 1, [stored(ha[:2], tenant="acme", lora="l1")], now=0.0)
+    assert idx.lookup(ha, tenant, lora).lengths() == expect
 
 
 @pytest.mark.parametrize("n", [3, 64, 65, 300], ids=["few", "one-word", "past-pack", "many"])
@@ -77,46 +77,46 @@ def test_many_holders_runs_and_candidates(n: int) -> None:
     """Several holders per block (single, pair, packed pair and mask encodings)."""
     idx = ChainIndex()
     for k in range(n):
-        idx.apply(f"i{k:03d}", 1, 1, [stored(H[: 1 + k % 8])], 0.0)
-    m = idx.match(H)
+        idx.apply(f"i{k:03d}", 1, 1, [stored(H[: 1 + k % 8])], now=0.0)
+    m = idx.lookup(H)
     assert [k for _, k in m.runs] == sorted({1 + k % 8 for k in range(n)})
     assert m.lengths() == {f"i{k:03d}": 1 + k % 8 for k in range(n)}
     cands = ["i000", "i001", "nope"]
-    assert idx.match(H, candidates=cands).lengths() == {"i000": 1, "i001": 2}
+    assert idx.lookup(H, candidates=cands).lengths() == {"i000": 1, "i001": 2}
     for k in range(2, n):  # holders fall back to the compact encodings
-        idx.apply(f"i{k:03d}", 1, 2, [removed(H[:1])], 0.0)
-    assert idx.match(H).lengths() == {"i000": 1, "i001": 2}
+        idx.apply(f"i{k:03d}", 1, 2, [removed(H[:1])], now=0.0)
+    assert idx.lookup(H).lengths() == {"i000": 1, "i001": 2}
     assert idx.entry_count() == sum(1 + k % 8 for k in range(n)) - (n - 2)
 
 
 def test_empty_queries() -> None:
     idx = ChainIndex()
-    assert idx.match(H).runs == ()
-    idx.apply("a", 1, 1, [stored(H)], 0.0)
-    assert idx.match([]).runs == ()
-    assert idx.match(H, candidates=[]).runs == ()
+    assert idx.lookup(H).runs == ()
+    idx.apply("a", 1, 1, [stored(H)], now=0.0)
+    assert idx.lookup([]).runs == ()
+    assert idx.lookup(H, candidates=[]).runs == ()
 
 
 def test_drop_and_compact_recycle_slots() -> None:
     idx = ChainIndex()
-    idx.apply("a", 1, 1, [stored(H)], 0.0)
-    idx.apply("b", 1, 1, [stored(H[:5])], 0.0)
-    idx.apply("c", 1, 1, [stored(H[:2])], 0.0)
+    idx.apply("a", 1, 1, [stored(H)], now=0.0)
+    idx.apply("b", 1, 1, [stored(H[:5])], now=0.0)
+    idx.apply("c", 1, 1, [stored(H[:2])], now=0.0)
     assert idx.drop("b") and not idx.drop("b")
-    idx.apply("a", 1, 2, [BlockEvent(ALL_CLEARED), stored(H[:3])], 0.0)  # a's old slot retired
+    idx.apply("a", 1, 2, [BlockEvent(ALL_CLEARED), stored(H[:3])], now=0.0)  # a's old slot retired
     assert idx.retired_slots == 2
-    before = idx.match(H).lengths()
+    before = idx.lookup(H).lengths()
     assert before == {"a": 3, "c": 2}
     assert idx.compact() > 0 and idx.retired_slots == 0 and idx.compact() == 0
-    assert idx.match(H).lengths() == before
-    idx.apply("e", 1, 1, [stored(H[:1])], 0.0)  # reuses a scrubbed slot: no stale bit leaks
-    assert idx.match(H).lengths() == {"a": 3, "c": 2, "e": 1}
+    assert idx.lookup(H).lengths() == before
+    idx.apply("e", 1, 1, [stored(H[:1])], now=0.0)  # reuses a scrubbed slot: no stale bit leaks
+    assert idx.lookup(H).lengths() == {"a": 3, "c": 2, "e": 1}
     assert idx.entry_count() == 3 + 2 + 1
 
 
 def test_touch_and_last_seen_only_move_forward() -> None:
     idx = ChainIndex()
-    idx.apply("a", 1, 1, [stored(H[:1])], 10.0)
+    idx.apply("a", 1, 1, [stored(H[:1])], now=10.0)
     idx.touch("a", 5.0)
     idx.touch("nope", 5.0)
     assert idx.instances()[0].last_seen == 10.0

@@ -134,9 +134,9 @@ def test_index_sequencing(
     expect: dict[str, int],
 ) -> None:
     idx = ChainIndex()
-    got = [idx.apply(i, e, s, evs, 1.0) for i, e, s, evs in steps]
+    got = [idx.apply(i, e, s, evs, now=1.0) for i, e, s, evs in steps]
     assert got == verdicts
-    assert idx.match(H).lengths() == expect
+    assert idx.lookup(H).lengths() == expect
 
 
 # Steps: (seq, events, continues) for instance "a" epoch 1 after seq 1 stored H[:2] and a gap
@@ -207,29 +207,29 @@ def test_multi_batch_full_state(
     final: tuple[bool, bool, int],
 ) -> None:
     idx = ChainIndex()
-    idx.apply("a", 1, 1, [stored(H[:2])], 1.0)
-    assert idx.apply("a", 1, 3, [stored(H[7:8])], 1.0) is GAP
-    got = [idx.apply("a", 1, seq, evs, 2.0, more) for seq, evs, more in steps]
+    idx.apply("a", 1, 1, [stored(H[:2])], now=1.0)
+    assert idx.apply("a", 1, 3, [stored(H[7:8])], now=1.0) is GAP
+    got = [idx.apply("a", 1, seq, evs, more, now=2.0) for seq, evs, more in steps]
     assert got == verdicts
     info = idx.instances()[0]
-    assert (info.stale, info.syncing, idx.match(H).lengths().get("a", 0)) == final
+    assert (info.stale, info.syncing, idx.lookup(H).lengths().get("a", 0)) == final
 
 
 def test_new_epoch_ends_an_unfinished_full_state() -> None:
     idx = ChainIndex()
-    idx.apply("a", 1, 4, [FULL, stored(H[:3])], 1.0, True)
+    idx.apply("a", 1, 4, [FULL, stored(H[:3])], True, now=1.0)
     assert idx.instances()[0].syncing
-    assert idx.apply("a", 2, 1, [stored(H[:2])], 2.0) is APPLIED
+    assert idx.apply("a", 2, 1, [stored(H[:2])], now=2.0) is APPLIED
     info = idx.instances()[0]
     assert (info.stale, info.syncing, info.epoch, info.blocks) == (False, False, 2, 2)
 
 
 def test_mark_stale_voids_matches_until_a_full_state() -> None:
     idx = ChainIndex()
-    idx.apply("a", 1, 1, [stored(H[:3])], 1.0)
-    idx.apply("b", 1, 4, [FULL, stored(H[:2])], 1.0, True)
+    idx.apply("a", 1, 1, [stored(H[:3])], now=1.0)
+    idx.apply("b", 1, 4, [FULL, stored(H[:2])], True, now=1.0)
     assert idx.mark_stale() == ["a", "b"]
     assert [(i.stale, i.syncing) for i in idx.instances()] == [(True, False), (True, False)]
-    assert idx.match(H).lengths() == {}
-    assert idx.apply("a", 1, 2, [FULL, stored(H[:1])], 2.0) is APPLIED
-    assert idx.match(H).lengths() == {"a": 1}
+    assert idx.lookup(H).lengths() == {}
+    assert idx.apply("a", 1, 2, [FULL, stored(H[:1])], now=2.0) is APPLIED
+    assert idx.lookup(H).lengths() == {"a": 1}

@@ -6,7 +6,7 @@ resets, a gap applies but makes the instance stale, a full state heals it) and a
 events to the slot tables of :mod:`~services.common.kvindex.slots`: STORED adds the
 instance to each block's holders, REMOVED takes it out (a no-op for blocks not held),
 ALL_CLEARED forgets all its blocks; other kinds are ignored. :meth:`ChainIndex.match`
-answers with :func:`~services.common.kvindex.match.match_chain`. Stale instances never
+answers (:meth:`ChainIndex.lookup`) with :func:`~services.common.kvindex.match.match_chain`. Stale instances never
 match. Forgetting an instance is O(1); :meth:`ChainIndex.compact` scrubs later.
 
 Pure: no I/O, no clock (``now``, seconds, is passed in and only kept as ``last_seen``). Not
@@ -63,13 +63,15 @@ class ChainIndex:
         epoch: int,
         seq: int,
         events: Sequence[EventLike],
-        now: float = 0.0,
         continues: bool = False,
+        *,
+        now: float = 0.0,
     ) -> Verdict:
         """Apply one batch of one instance. Idempotent per (instance, epoch, seq).
 
         ``continues``: the batch belongs to a full state (first batch: ALL_CLEARED first)
-        that goes on in batch ``seq + 1``.
+        that goes on in batch ``seq + 1``. Events of unknown kinds are ignored; REMOVED of
+        blocks not held is a no-op. ``now`` is kept as the instance's last sign of life.
         """
         st = self.state
         inst = st.instances.get(instance_id)
@@ -125,7 +127,7 @@ class ChainIndex:
         return self.state.retired.bit_count()
 
     # ------------------------------------------------------------------- query
-    def match(
+    def lookup(
         self,
         block_hashes: Sequence[int],
         tenant: str = "",

@@ -52,8 +52,11 @@ __all__ = [
 TIER_NAMES: dict[int, Tier] = {0: "gpu", 1: "gpu", 2: "cpu", 3: "ssd", 4: "remote"}
 
 
-class KVReplica:
-    """The replica of one deployment's KV index. Not thread-safe: one owner mutates it.
+class KVReplica(ChainIndex):
+    """The replica of one deployment's KV index: the shared :class:`ChainIndex` (``apply``,
+    ``instances``, ``stale_instances``, ``entry_count``, ``compact``, ``retired_slots``) plus
+    routing answers, fleet retention and resync bookkeeping. Not thread-safe: one owner
+    mutates it.
 
     ``resync_after_s`` / ``max_resync_after_s``: a stale instance is asked for its full
     state at once, then again after ``resync_after_s`` doubling per attempt up to the max,
@@ -61,30 +64,16 @@ class KVReplica:
     """
 
     def __init__(self, *, resync_after_s: float = 5.0, max_resync_after_s: float = 60.0) -> None:
+        super().__init__()
         self.policy = ResyncPolicy(resync_after_s, max_resync_after_s)
-        self.index = ChainIndex()
         self._asked: dict[tuple[str, str], Outstanding] = {}
         self._absent: dict[str, float] = {}  # instance -> when it was first seen absent
         self._single: dict[tuple[int, Tier], PrefixMatch] = {}
 
-    # ----------------------------------------------------------------- ingest
-    def apply(
-        self,
-        instance_id: str,
-        epoch: int,
-        seq: int,
-        events: Sequence[EventLike],
-        continues: bool = False,
-        now: float = 0.0,
-    ) -> Verdict:
-        """Apply one batch of one instance (see :meth:`ChainIndex.apply`). Events of unknown
-        kinds are ignored; REMOVED of blocks not held is a no-op."""
-        return self.index.apply(instance_id, epoch, seq, events, now, continues)
-
     def drop_instance(self, instance_id: str) -> bool:
         """Forget an instance and its blocks (it left the fleet). Idempotent."""
         self._asked.pop(("", instance_id), None)
-        return self.index.drop(instance_id)
+        return self.drop(instance_id)
 
     def retain(self, present: Iterable[str], now: float, grace_s: float) -> list[str]:
         """Drop instances missing from ``present`` (e.g. the fleet's ids) at every call for
@@ -92,7 +81,7 @@ class KVReplica:
         in time is kept; one dropped and seen again in KV events starts over (its next
         batch is a gap, so it is stale until its full state)."""
         keep = set(present)
-        known = self.index.state.instances
+        known = self.state.instances
         gone: list[str] = []
         for iid in sorted(known):
             if iid in keep:
@@ -105,16 +94,6 @@ class KVReplica:
         for iid in [i for i in self._absent if i not in known]:
             del self._absent[iid]
         return gone
-
-    def compact(self) -> int:
-        """Scrub retired slots' bits from every table and free those slots; returns the
-        entries rewritten or deleted."""
-        return self.index.compact()
-
-    @property
-    def retired_slots(self) -> int:
-        """Slots waiting for :meth:`compact` (a cue for when to call it)."""
-        return self.index.retired_slots
 
     # ----------------------------------------------------------------- query
     def match(
@@ -129,7 +108,7 @@ class KVReplica:
         instances with at least one matched block appear; ``candidates`` (ids) narrows
         them. A block held in several tiers counts in each. The returned PrefixMatch
         objects may be shared between answers: read-only."""
-        m = self.index.match(block_hashes, tenant, lora, candidates)
+        m = self.lookup(block_hashes, tenant, lora, candidates)
         out: dict[str, PrefixMatch] = {}
         if m.tier:
             # one shared PrefixMatch per matched length
@@ -148,25 +127,14 @@ class KVReplica:
                 out[iid] = PrefixMatch(matched_blocks=k, tiers=_named(m.tiers[iid]))
         return out
 
-    # ----------------------------------------------------------- bookkeeping
-    def instances(self) -> list[InstanceInfo]:
-        """Known instances, sorted by id."""
-        return self.index.instances()
-
-    def stale_instances(self) -> list[str]:
-        return self.index.stale_instances()
-
-    def entry_count(self) -> int:
-        """(block, tier, namespace, instance) entries of live or stale instances."""
-        return self.index.entry_count()
-
+    # ----------------------------------------------------------------- resync
     def due_resyncs(self, now: float) -> list[tuple[str, int]]:
         """(instance id, epoch) of the stale instances to ask for a full state at ``now``,
         sorted by id, and records them as asked (``plan_resyncs``: one outstanding request
         per instance, repeated with back-off while it stays stale, at once if its epoch
         changed). A failed publish should be followed by :meth:`forget_asked`."""
         stale = [StaleInstance("", i.instance_id, i.seq.epoch)
-                 for i in self.index.state.instances.values() if i.seq.stale]  # fmt: skip
+                 for i in self.state.instances.values() if i.seq.stale]  # fmt: skip
         plan = plan_resyncs(stale, self._asked, now, self.policy)
         self._asked = plan.outstanding
         return [(s.instance_id, s.epoch) for s in plan.send]
