@@ -93,7 +93,7 @@ def match_chain(
     del acc[0]
     owners = st.owners
     runs: list[tuple[tuple[str, ...], int]] = []
-    slots: dict[int, int] = {}  # slot -> matched blocks (several tiers only)
+    drops: list[tuple[int, int]] = []  # (slots that drop out after j blocks, j)
     i, n = 0, len(acc)
     while i < n:
         v = acc[i]
@@ -101,13 +101,12 @@ def match_chain(
             break
         j = bisect_left(acc, True, i + 1, n, key=v.__ne__)
         lost = v ^ acc[j] if j < n else v
+        drops.append((lost, j))
         ids: list[str] = []
+        add = ids.append
         while lost:
             low = lost & -lost
-            s = low.bit_length() - 1
-            ids.append(owners[s].instance_id)
-            if multi:
-                slots[s] = j
+            add(owners[low.bit_length() - 1].instance_id)
             lost ^= low
         runs.append((tuple(ids), j))
         i = j
@@ -115,6 +114,12 @@ def match_chain(
         return NO_MATCH
     if not multi:
         return ChainMatch(tuple(runs), tables[0][0])
+    slots: dict[int, int] = {}  # slot -> matched blocks
+    for lost, j in drops:
+        while lost:
+            low = lost & -lost
+            slots[low.bit_length() - 1] = j
+            lost ^= low
     top = runs[-1][1]
     planes = {t: _count_bits([m & a for m, a in zip(col[:top], acc, strict=False)])
               for (t, _), col in zip(tables, cols, strict=True)}  # fmt: skip
