@@ -145,3 +145,38 @@ def test_snapshot_roundtrip_preserves_matches_and_sequencing() -> None:
 def test_restore_rejects_corrupt_snapshot(blob: bytes) -> None:
     with pytest.raises(ValueError):
         PrefixIndex.restore(blob)
+
+
+@pytest.mark.parametrize("n", [40, 300], ids=["plain-pairs", "packed-pairs"])
+def test_snapshot_roundtrip_with_many_holders(n: int) -> None:
+    idx = PrefixIndex()
+    for k in range(n):
+        idx.apply_batch("d", f"i{k:03d}", 1, 1, [stored(H[: 1 + k % 8])], 0.0)
+    for k in range(2, n, 2):  # pairs and singles next to masks
+        idx.apply_batch("d", f"i{k:03d}", 1, 2, [removed(H[:1])], 0.0)
+    again = PrefixIndex.restore(idx.snapshot())
+    assert again.match_prefix("d", "", H) == idx.match_prefix("d", "", H)
+    assert again.entry_count() == idx.entry_count()
+
+
+def test_snapshots_of_the_previous_holder_encoding_restore() -> None:
+    """Before the shared core, a pair of low slots was stored packed and singles as ``~s``:
+    restored, they match as before (and in the canonical encoding)."""
+    from services.common.kvindex import SeqState
+    from services.common.kvindex.slots import PAIR_BASE, IndexState, InstState, slot_bit
+    from services.kvmeta.index_codec import compress_snapshot, encode
+
+    st = IndexState(next_slot=3)
+    for s, iid in enumerate(["a", "b", "c"]):
+        st.instances[iid] = st.owners[s] = InstState(iid, s, SeqState(1, 1), 0.0, 0)
+        st.live |= 1 << s
+    st.spaces[("", "")] = {GPU: {H[0]: 0b111, H[1]: -(PAIR_BASE + (0 << 16 | 2)), H[2]: ~0}}
+    for iid, blocks in [("a", 3), ("b", 1), ("c", 2)]:
+        st.instances[iid].blocks = blocks
+    idx = PrefixIndex.restore(compress_snapshot(encode({"d": st})))
+    assert lengths(idx, H) == {"a": 3, "b": 1, "c": 2}
+    table = idx._deps["d"].state.spaces[("", "")][GPU]
+    assert table == {H[0]: 0b111, H[1]: 0b101, H[2]: 0b1}
+    assert table[H[2]] is slot_bit(0)  # singles are the shared objects again
+    again = PrefixIndex.restore(idx.snapshot())
+    assert again._deps["d"].state.spaces == idx._deps["d"].state.spaces

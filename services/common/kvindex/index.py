@@ -36,6 +36,8 @@ from services.common.kvindex.slots import (
 
 __all__ = ["ChainIndex", "InstanceInfo"]
 
+_DUPLICATE = Verdict.DUPLICATE
+
 
 @dataclass(frozen=True)
 class InstanceInfo:
@@ -77,8 +79,8 @@ class ChainIndex:
         inst = st.instances.get(instance_id)
         full = bool(events) and events[0].kind == ALL_CLEARED
         step = sequence(None if inst is None else inst.seq, epoch, seq, full, continues)
-        if step.verdict is Verdict.DUPLICATE:
-            return Verdict.DUPLICATE
+        if step.verdict is _DUPLICATE:
+            return _DUPLICATE
         if inst is None:
             inst = new_instance(st, instance_id, step.after)
         elif step.reset:

@@ -14,13 +14,15 @@ Contract (``tideserve.v1.KVEventBatch``): each batch of an instance carries (epo
   partial state is never matched.
 
 Pure: :func:`sequence` takes the instance's :class:`SeqState` (None if never seen) and the
-batch header, and returns a :class:`Step`; no I/O, no clock.
+batch header, and returns a :class:`Step`; no I/O, no clock. Both are immutable records
+(``NamedTuple`` rather than frozen dataclasses: one of each is built per ingested batch, and
+a tuple is built in a third of the time).
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["SeqState", "Step", "Verdict", "mark_stale", "sequence"]
 
@@ -33,8 +35,7 @@ class Verdict(enum.Enum):
     GAP = "gap"  # applied, but batches are missing: stale until a full state (ask a resync)
 
 
-@dataclass(frozen=True, slots=True)
-class SeqState:
+class SeqState(NamedTuple):
     """Sequencing state of one instance."""
 
     epoch: int
@@ -43,13 +44,15 @@ class SeqState:
     syncing: bool = False  # inside a multi-batch full state (stale until its last batch)
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
+class Step(NamedTuple):
     """The sequencer's decision on one batch."""
 
     verdict: Verdict
     after: SeqState  # the instance's state once the batch is applied (``prev`` if duplicate)
     reset: bool = False  # a newer epoch: forget the instance's blocks before applying
+
+
+_APPLIED, _DUPLICATE, _GAP = Verdict.APPLIED, Verdict.DUPLICATE, Verdict.GAP
 
 
 def sequence(prev: SeqState | None, epoch: int, seq: int, full: bool, continues: bool) -> Step:
@@ -62,11 +65,11 @@ def sequence(prev: SeqState | None, epoch: int, seq: int, full: bool, continues:
     if prev is None:
         last, stale, syncing = 0, False, False
     elif epoch < prev.epoch:
-        return Step(Verdict.DUPLICATE, prev)
+        return Step(_DUPLICATE, prev)
     elif epoch > prev.epoch:
         last, stale, syncing, reset = 0, False, False, True
     elif seq <= prev.last_seq:
-        return Step(Verdict.DUPLICATE, prev)
+        return Step(_DUPLICATE, prev)
     else:
         last, stale, syncing = prev.last_seq, prev.stale, prev.syncing
     gap = not full and seq != last + 1

@@ -33,6 +33,7 @@ from services.common.kvindex import (
     ResyncPolicy,
     StaleInstance,
     Verdict,
+    match_chain,
     plan_resyncs,
 )
 from services.scheduler.routing.types import PrefixMatch, Tier
@@ -108,7 +109,7 @@ class KVReplica(ChainIndex):
         instances with at least one matched block appear; ``candidates`` (ids) narrows
         them. A block held in several tiers counts in each. The returned PrefixMatch
         objects may be shared between answers: read-only."""
-        m = self.lookup(block_hashes, tenant, lora, candidates)
+        m = match_chain(self.state, tenant, lora, block_hashes, candidates)
         out: dict[str, PrefixMatch] = {}
         if m.tier:
             # one shared PrefixMatch per matched length
@@ -120,7 +121,10 @@ class KVReplica(ChainIndex):
                     if len(single) >= 65_536:
                         single.clear()
                     pm = single[(k, name)] = PrefixMatch(matched_blocks=k, tiers={name: k})
-                out.update(zip(ids, repeat(pm)))
+                if out:
+                    out.update(zip(ids, repeat(pm)))
+                else:
+                    out = dict.fromkeys(ids, pm)
             return out
         for ids, k in m.runs:
             for iid in ids:
