@@ -9,7 +9,8 @@ frozen :class:`ChainMatch`; the caller converts it to its own types.
 
 How: the holder masks along the chain are ANDed in C (``itertools.accumulate``) starting
 from the live mask, and the points where instances drop out are found by bisection; per-tier
-counts are bit-sliced (one int per bit of the count, all slots at once). Pure: no I/O.
+counts are bit-sliced (one int per bit of the count, all slots at once); the owner ids of a
+run's slot mask are memoized in the state until its owners change. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class ChainMatch:
 
 
 NO_MATCH = ChainMatch()
+_MEMO_MAX = 4096  # slot masks whose owner ids are remembered (typical runs recur)
 
 
 def _column(d: dict[int, int], hashes: Sequence[int], packed: bool) -> list[int]:
@@ -91,7 +93,7 @@ def match_chain(
             masks = map(or_, masks, col)
         acc = list(accumulate(masks, and_, initial=alive))
     del acc[0]
-    owners = st.owners
+    owners, memo = st.owners, st.ids_memo
     runs: list[tuple[tuple[str, ...], int]] = []
     drops: list[tuple[int, int]] = []  # (slots that drop out after j blocks, j)
     i, n = 0, len(acc)
@@ -102,13 +104,18 @@ def match_chain(
         j = bisect_left(acc, True, i + 1, n, key=v.__ne__)
         lost = v ^ acc[j] if j < n else v
         drops.append((lost, j))
-        ids: list[str] = []
-        add = ids.append
-        while lost:
-            low = lost & -lost
-            add(owners[low.bit_length() - 1].instance_id)
-            lost ^= low
-        runs.append((tuple(ids), j))
+        ids = memo.get(lost)
+        if ids is None:
+            found: list[str] = []
+            add, rest = found.append, lost
+            while rest:
+                low = rest & -rest
+                add(owners[low.bit_length() - 1].instance_id)
+                rest ^= low
+            if len(memo) >= _MEMO_MAX:
+                memo.clear()
+            ids = memo[lost] = tuple(found)
+        runs.append((ids, j))
         i = j
     if not runs:
         return NO_MATCH

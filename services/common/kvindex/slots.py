@@ -105,6 +105,8 @@ class IndexState:
     retired: int = 0  # slots whose bits still need scrubbing
     free: list[int] = field(default_factory=list)
     next_slot: int = 0
+    # slot mask -> its owners' ids in slot order (a memo of the match; emptied when owners change)
+    ids_memo: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 def table(st: IndexState, tenant: str, lora: str, tier: int) -> dict[int, int]:
@@ -133,6 +135,7 @@ def new_instance(st: IndexState, instance_id: str, seq: SeqState) -> InstState:
     inst = InstState(instance_id, alloc_slot(st), seq)
     st.instances[instance_id] = inst
     st.owners[inst.slot] = inst
+    st.ids_memo.clear()
     return inst
 
 
@@ -141,6 +144,7 @@ def retire_slot(st: IndexState, slot: int) -> None:
     st.owners.pop(slot, None)
     st.live &= ~(1 << slot)
     st.retired |= 1 << slot
+    st.ids_memo.clear()
 
 
 def reset_instance(st: IndexState, inst: InstState) -> None:
@@ -150,6 +154,7 @@ def reset_instance(st: IndexState, inst: InstState) -> None:
     inst.slot = alloc_slot(st)
     inst.blocks = 0
     st.owners[inst.slot] = inst
+    st.ids_memo.clear()
 
 
 def compact(st: IndexState) -> int:
