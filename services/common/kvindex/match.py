@@ -104,8 +104,12 @@ def match_chain(
         j = bisect_left(acc, True, i + 1, n, key=v.__ne__)
         lost = v ^ acc[j] if j < n else v
         drops.append((lost, j))
-        ids = memo.get(lost)
-        if ids is None:
+        ids: tuple[str, ...]
+        if lost & (lost - 1) == 0:  # one slot: not worth memoizing
+            ids = (owners[lost.bit_length() - 1].instance_id,)
+        elif (memoized := memo.get(lost)) is not None:
+            ids = memoized
+        else:
             found: list[str] = []
             add, rest = found.append, lost
             while rest:
