@@ -85,7 +85,10 @@ def build_index(
     stats: dict[str, object] = {
         "entries": idx.entry_count(),
         "distinct_blocks": sum(
-            len(d) for dep in idx._deps.values() for sp in dep.spaces.values() for d in sp.values()
+            len(d)
+            for dep in idx._deps.values()
+            for sp in dep.state.spaces.values()
+            for d in sp.values()
         ),
         "block_events": block_events,
         "ingest_seconds": round(apply_s, 3),

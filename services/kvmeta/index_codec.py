@@ -3,8 +3,9 @@
 Layout (little-endian, zlib-compressed): magic, then per deployment its slot bookkeeping,
 instances (slot, epoch, last seq, stale | syncing << 1, last seen, block count) and tables; a table is
 (tenant, lora, tier), its keys as ``array('Q')``, holder values as ``array('q')`` (negative:
-the single/pair encodings themselves; non-negative: an index into the table's bitmasks,
-stored as length-prefixed little-endian bytes).
+``~slot`` for a single slot, or a packed pair as in :mod:`services.common.kvindex.slots`;
+non-negative: an index into the table's bitmasks, stored as length-prefixed little-endian
+bytes). Decoding gives the holder values of :mod:`services.common.kvindex.slots` (canonical).
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ import struct
 import zlib
 from array import array
 
-from services.kvmeta.index_state import PAIR_BASE, DepState, InstState, slot_holder
+from services.common.kvindex.sequencer import SeqState
+from services.common.kvindex.slots import (
+    PAIR_BASE,
+    IndexState,
+    InstState,
+    holder_from_mask,
+    holder_mask,
+    slot_bit,
+)
 
 __all__ = ["compress_snapshot", "decode", "encode"]
 
@@ -32,7 +41,7 @@ def _pack_str(out: list[bytes], s: str) -> None:
     out.append(b)
 
 
-def encode(deps: dict[str, DepState]) -> bytes:
+def encode(deps: dict[str, IndexState]) -> bytes:
     """Uncompressed snapshot bytes of ``deps`` (see ``compress_snapshot``)."""
     out: list[bytes] = [_MAGIC, struct.pack("<I", len(deps))]
     for name, dep in deps.items():
@@ -46,13 +55,14 @@ def encode(deps: dict[str, DepState]) -> bytes:
         out.append(struct.pack("<I", len(dep.instances)))
         for inst in dep.instances.values():
             _pack_str(out, inst.instance_id)
+            sq = inst.seq
             out.append(
                 struct.pack(
                     "<IqqBdq",
                     inst.slot,
-                    inst.epoch,
-                    inst.last_seq,
-                    inst.stale | inst.syncing << 1,  # old readers: bool(byte) = stale
+                    sq.epoch,
+                    sq.last_seq,
+                    sq.stale | sq.syncing << 1,  # old readers: bool(byte) = stale
                     inst.last_seen,
                     inst.blocks,
                 )
@@ -68,6 +78,8 @@ def encode(deps: dict[str, DepState]) -> bytes:
             for v in d.values():
                 if v < 0:
                     vals.append(v)
+                elif v & (v - 1) == 0:
+                    vals.append(~(v.bit_length() - 1))
                 else:
                     vals.append(len(masks))
                     masks.append(v.to_bytes((v.bit_length() + 7) // 8, "little"))
@@ -101,7 +113,16 @@ class _Reader:
         return bytes(self.take(n)).decode("utf-8")
 
 
-def decode(data: bytes) -> dict[str, DepState]:
+def _holder(v: int) -> int:
+    """Canonical holder value of a stored negative value (a single slot or a pair)."""
+    if v > -PAIR_BASE:
+        return slot_bit(~v)
+    m = holder_from_mask(holder_mask(v))
+    assert m is not None
+    return m
+
+
+def decode(data: bytes) -> dict[str, IndexState]:
     """Deployments from ``compress_snapshot(encode(...))`` bytes. Raises ValueError."""
     try:
         raw = zlib.decompress(data)
@@ -111,12 +132,12 @@ def decode(data: bytes) -> dict[str, DepState]:
         raise ValueError("not an index snapshot")
     r = _Reader(raw)
     r.take(len(_MAGIC))
-    deps: dict[str, DepState] = {}
+    deps: dict[str, IndexState] = {}
     try:
         (ndeps,) = r.unpack("<I")
         for _ in range(ndeps):
             name = r.string()
-            dep = DepState()
+            dep = IndexState()
             dep.next_slot, rlen = r.unpack("<II")
             dep.retired = int.from_bytes(r.take(rlen), "little")
             (nfree,) = r.unpack("<I")
@@ -127,11 +148,11 @@ def decode(data: bytes) -> dict[str, DepState]:
                 slot, epoch, last_seq, stale, seen, blocks = struct.unpack(
                     "<IqqBdq", r.take(struct.calcsize("<IqqBdq"))
                 )
-                inst = InstState(iid, slot, epoch, last_seq, bool(stale & 1), seen, blocks)
-                inst.syncing = bool(stale & 2)
+                sq = SeqState(epoch, last_seq, bool(stale & 1), bool(stale & 2))
+                inst = InstState(iid, slot, sq, seen, blocks)
                 dep.instances[iid] = inst
                 dep.owners[slot] = inst
-                if not inst.stale:
+                if not sq.stale:
                     dep.live |= 1 << slot
             (ntables,) = r.unpack("<I")
             for _ in range(ntables):
@@ -143,8 +164,7 @@ def decode(data: bytes) -> dict[str, DepState]:
                 masks: list[int] = []
                 for ml in mlens:
                     masks.append(int.from_bytes(r.take(ml), "little"))
-                values = [slot_holder(~v) if 0 > v > -PAIR_BASE else v for v in vals]
-                values = [masks[v] if v >= 0 else v for v in values]
+                values = [masks[v] if v >= 0 else _holder(v) for v in vals]
                 space = dep.spaces.setdefault((tenant, lora), {})
                 space[tier] = dict(zip(keys, values, strict=True))
             deps[name] = dep

@@ -15,7 +15,7 @@ configured), so they are as durable as engine-published ones.
 
 Resync: a stale instance (a gap in its seqs, or a trimmed stream) is asked for its full
 state with a ``tideserve.v1.ResyncRequest`` on ``{prefix}:resync:{deployment}``; which
-instances to ask and when is decided by the pure :func:`services.kvmeta.resync.plan_resyncs`
+instances to ask and when is decided by the pure :func:`services.common.kvindex.plan_resyncs`
 (one outstanding request per instance, retried with backoff while still stale), checked at
 once after a gap and every ``resync_check_s``. The engine's answer is an ordinary full-state
 batch on the KV stream, which clears the stale flag when applied.
@@ -35,24 +35,31 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 from tideserve.v1 import common_pb2, events_pb2
 
+from services.common.kvindex import (
+    Outstanding,
+    ResyncPolicy,
+    StaleInstance,
+    Verdict,
+    plan_resyncs,
+)
 from services.common.streams import StreamConsumer, StreamProducer, decode_entry, stream_name
 from services.common.streams.ids import NEWEST, ZERO, as_id, compare_ids, exclusive
 from services.common.tasks import pause, stop_tasks
 from services.kvmeta.checkpoint import KVMetaStore
-from services.kvmeta.index import Outcome, PrefixIndex
+from services.kvmeta.index import PrefixIndex
 from services.kvmeta.index_codec import compress_snapshot
-from services.kvmeta.resync import (
-    Outstanding,
-    ResyncPolicy,
-    StaleInstance,
-    plan_resyncs,
-)
 
 __all__ = ["IndexFeeder"]
 
 log = logging.getLogger(__name__)
 
 _CHECKPOINT_DUTY = 20.0  # periodic checkpoints block the loop at most ~1/20 of the time
+# label of each verdict in ``outcomes`` (and the ingest metric): kvmeta's names since v1
+OUTCOME_LABELS = {
+    Verdict.APPLIED: "applied",
+    Verdict.DUPLICATE: "skipped",
+    Verdict.GAP: "resync_needed",
+}
 _GONE_STATES = (common_pb2.INSTANCE_STATE_STOPPED, common_pb2.INSTANCE_STATE_FAILED)
 
 
@@ -93,7 +100,9 @@ class IndexFeeder:
         self.positions: dict[str, str] = {}  # deployment -> newest applied kv entry id
         self.block_sizes: dict[str, int] = {}
         self._dirty: set[str] = set()
-        self.outcomes: dict[str, int] = {o.value: 0 for o in Outcome}  # batches by outcome
+        self.outcomes: dict[str, int] = dict.fromkeys(
+            OUTCOME_LABELS.values(), 0
+        )  # batches by outcome
         self._next_checkpoint: dict[str, float] = {}  # deployment -> monotonic time
         self._consumers: dict[str, StreamConsumer[events_pb2.KVEventBatch]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -107,7 +116,7 @@ class IndexFeeder:
 
     # ------------------------------------------------------------------ apply
 
-    def apply(self, batch: events_pb2.KVEventBatch, deployment: str = "") -> Outcome:
+    def apply(self, batch: events_pb2.KVEventBatch, deployment: str = "") -> Verdict:
         """Apply one batch (protobuf events are passed through, no copy)."""
         dep = batch.deployment or deployment
         if batch.block_size > 0:
@@ -122,15 +131,15 @@ class IndexFeeder:
             self._clock(),
             batch.full_state_continues,
         )
-        self.outcomes[outcome.value] += 1
-        if outcome is Outcome.RESYNC_NEEDED:
+        self.outcomes[OUTCOME_LABELS[outcome]] += 1
+        if outcome is Verdict.GAP:
             self._resync_reasons[(dep, batch.instance_id)] = (
                 f"seq gap: batches before epoch {batch.epoch} seq {batch.seq} are missing"
             )
             self._resync_due.set()
         return outcome
 
-    async def ingest(self, batch: events_pb2.KVEventBatch) -> Outcome:
+    async def ingest(self, batch: events_pb2.KVEventBatch) -> Verdict:
         """A batch from gRPC: applied, then appended to the deployment's stream (the WAL).
 
         Appended even when skipped as a duplicate, so a client retrying after a failed append
@@ -147,7 +156,7 @@ class IndexFeeder:
         pos = self.positions.get(deployment)
         if pos is None or compare_ids(entry_id, pos) > 0:
             self.positions[deployment] = entry_id
-        if outcome is Outcome.RESYNC_NEEDED:
+        if outcome is Verdict.GAP:
             log.warning(
                 "kv events: gap for %s/%s at epoch %d seq %d; instance stale until resync",
                 deployment,

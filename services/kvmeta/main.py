@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
 from services.common.clock import SystemClock
+from services.common.kvindex import ResyncPolicy
 from services.common.server import ServiceHooks, run_service
 from services.kvmeta.checkpoint import KVMetaStore
 from services.kvmeta.index import PrefixIndex
@@ -24,7 +25,6 @@ from services.kvmeta.ingest import IndexFeeder
 from services.kvmeta.metadata_http import MetadataServer
 from services.kvmeta.metrics import KVMetaCollector
 from services.kvmeta.objects import ObjectMaster
-from services.kvmeta.resync import ResyncPolicy
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
 from services.kvmeta.settings import KVMetaSettings
 

@@ -17,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from tideserve.v1 import events_pb2, kvmeta_pb2, kvmeta_pb2_grpc
 
 from services.kvmeta.checkpoint import KVMetaStore
-from services.kvmeta.index import InstanceMatch, Outcome, UnknownDeploymentError
+from services.kvmeta.index import InstanceMatch, UnknownDeploymentError, Verdict
 from services.kvmeta.ingest import IndexFeeder
 from services.kvmeta.objects import (
     ObjectError,
@@ -213,11 +213,11 @@ class KVMetaServicer(_Base):
                     f"batch {applied + skipped + 1} applied but not logged to the stream "
                     f"({exc}); retry it",
                 )
-            if outcome is Outcome.SKIPPED:
+            if outcome is Verdict.DUPLICATE:
                 skipped += 1
             else:
                 applied += 1
-                if outcome is Outcome.RESYNC_NEEDED and batch.instance_id not in resync:
+                if outcome is Verdict.GAP and batch.instance_id not in resync:
                     resync.append(batch.instance_id)
         return kvmeta_pb2.IngestEventsResponse(
             batches_applied=applied, batches_skipped=skipped, resync_requested=resync

@@ -19,6 +19,7 @@ from aiohttp.test_utils import TestServer
 from tideserve.v1 import events_pb2, kvmeta_pb2, kvmeta_pb2_grpc
 
 from services.common.clock import ManualClock
+from services.common.kvindex import ResyncPolicy
 from services.common.streams import stream_name
 from services.common.tokens import block_hashes, tokenize
 from services.engine.server import EngineServer
@@ -26,7 +27,6 @@ from services.engine.settings import EngineSettings
 from services.kvmeta.index import PrefixIndex
 from services.kvmeta.ingest import IndexFeeder
 from services.kvmeta.objects import ObjectMaster
-from services.kvmeta.resync import ResyncPolicy
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
 from tests.helpers.waits import eventually
 

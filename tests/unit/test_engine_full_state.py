@@ -11,7 +11,7 @@ from tideserve.v1 import events_pb2
 from services.common.tokens import block_hashes
 from services.engine.events import chunk_full_state, full_state_batches
 from services.engine.kvcache import KVCache, KVEventKind, KVEventRecord
-from services.kvmeta.index import Outcome, PrefixIndex
+from services.kvmeta.index import PrefixIndex, Verdict
 
 BS = 4
 STORED, CLEARED = KVEventKind.STORED, KVEventKind.ALL_CLEARED
@@ -153,7 +153,7 @@ def test_index_rebuilt_from_full_state_equals_the_cache(seed: int, max_blocks: i
         block_size=BS,
     ):
         outcome = idx.apply_batch("d", "i", b.epoch, b.seq, b.events, 0.0, b.full_state_continues)
-        assert outcome is Outcome.APPLIED
+        assert outcome is Verdict.APPLIED
     info = idx.instances("d")[0]
     assert not info.stale and not info.syncing
     assert info.blocks == sum(len(v) for v in cache.resident().values())

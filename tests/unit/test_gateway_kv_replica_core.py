@@ -14,8 +14,8 @@ from services.scheduler.feeds.kv_replica_core import (
     REMOVED,
     STORED,
     TIER_NAMES,
-    Applied,
     KVReplica,
+    Verdict,
 )
 from services.scheduler.routing.types import PrefixMatch
 
@@ -44,7 +44,7 @@ CHAIN = (11, 12, 13, 14, 15)
 Batch = tuple[Any, ...]
 
 
-def run(batches: list[Batch]) -> tuple[KVReplica, list[Applied]]:
+def run(batches: list[Batch]) -> tuple[KVReplica, list[Verdict]]:
     r = KVReplica()
     out = [r.apply(b[0], b[1], b[2], b[3], *(b[4:] or (False,))) for b in batches]
     return r, out
@@ -272,7 +272,7 @@ def test_random_operations_agree_with_a_naive_model(seed: int) -> None:
             else:
                 tab.difference_update(hs)
         seq[iid] += 1
-        assert r.apply(iid, epoch[iid], seq[iid], events) is Applied.APPLIED
+        assert r.apply(iid, epoch[iid], seq[iid], events) is Verdict.APPLIED
         if step % 50 == 0:
             r.compact()
         chain = rng.choice(chains)[: rng.randrange(1, 13)]

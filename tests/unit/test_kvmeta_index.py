@@ -1,4 +1,6 @@
-"""Pure prefix index: sequencing, chain matching, tiers, tenants, membership, snapshots."""
+"""kvmeta's prefix index over the shared core: several deployments, InstanceMatch answers
+(longest first, tiers by number), expiry, instance listing, snapshots. The core itself
+(sequencing, matching, slots) is tested in tests/unit/test_kvindex_*.py."""
 
 from __future__ import annotations
 
@@ -10,9 +12,9 @@ from services.kvmeta.index import (
     REMOVED,
     STORED,
     BlockEvent,
-    Outcome,
     PrefixIndex,
     UnknownDeploymentError,
+    Verdict,
 )
 
 GPU, CPU, SSD = 1, 2, 3
@@ -29,86 +31,6 @@ def removed(hashes: list[int], tier: int = GPU, tenant: str = "") -> BlockEvent:
 
 def lengths(idx: PrefixIndex, hashes: list[int], tenant: str = "", **kw: object) -> dict[str, int]:
     return {m.instance_id: m.matched_blocks for m in idx.match_prefix("d", tenant, hashes, **kw)}  # type: ignore[arg-type]
-
-
-# Each step: (instance, epoch, seq, events); expected outcomes per step and final match of H.
-SEQ_CASES = [
-    ([("a", 1, 1, [stored(H[:4])])], [Outcome.APPLIED], {"a": 4}),
-    (
-        [("a", 1, 1, [stored(H[:4])]), ("a", 1, 1, [stored(H[:8])])],
-        [Outcome.APPLIED, Outcome.SKIPPED],
-        {"a": 4},
-    ),
-    (
-        [("a", 1, 1, [stored(H[:4])]), ("a", 1, 2, [stored(H[4:6])])],
-        [Outcome.APPLIED, Outcome.APPLIED],
-        {"a": 6},
-    ),
-    (
-        [("a", 1, 1, [stored(H[:4])]), ("a", 2, 1, [stored(H[:2])])],
-        [Outcome.APPLIED, Outcome.APPLIED],
-        {"a": 2},
-    ),
-    (
-        [("a", 2, 1, [stored(H[:4])]), ("a", 1, 5, [stored(H[:8])])],
-        [Outcome.APPLIED, Outcome.SKIPPED],
-        {"a": 4},
-    ),
-    (
-        [("a", 1, 1, [stored(H[:4])]), ("a", 1, 3, [stored(H[4:5])])],
-        [Outcome.APPLIED, Outcome.RESYNC_NEEDED],
-        {},
-    ),
-    (
-        [
-            ("a", 1, 1, [stored(H[:4])]),
-            ("a", 1, 3, [stored(H[4:5])]),
-            ("a", 1, 4, [BlockEvent(ALL_CLEARED), stored(H[:3])]),
-        ],
-        [Outcome.APPLIED, Outcome.RESYNC_NEEDED, Outcome.APPLIED],
-        {"a": 3},
-    ),
-    ([("a", 1, 7, [stored(H[:4])])], [Outcome.RESYNC_NEEDED], {}),
-    (
-        [("a", 1, 1, [stored(H[:6])]), ("a", 1, 2, [removed(H[2:3])])],
-        [Outcome.APPLIED, Outcome.APPLIED],
-        {"a": 2},
-    ),
-    (
-        [("a", 1, 1, [stored(H[:6]), BlockEvent(ALL_CLEARED), stored(H[:1])])],
-        [Outcome.APPLIED],
-        {"a": 1},
-    ),
-    (
-        [("a", 1, 1, [stored(H[:6])]), ("b", 1, 1, [stored(H[:3])]), ("b", 1, 2, [removed(H)])],
-        [Outcome.APPLIED] * 3,
-        {"a": 6},
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    ("steps", "outcomes", "expect"),
-    SEQ_CASES,
-    ids=[
-        "first-batch",
-        "duplicate-seq-skipped",
-        "contiguous",
-        "new-epoch-resets",
-        "old-epoch-skipped",
-        "gap-marks-stale",
-        "full-resync-clears-stale",
-        "first-seen-mid-stream-is-gap",
-        "removed-breaks-chain",
-        "all-cleared-mid-batch",
-        "remove-only-own-blocks",
-    ],
-)
-def test_sequencing(steps: list, outcomes: list[Outcome], expect: dict[str, int]) -> None:
-    idx = PrefixIndex()
-    got = [idx.apply_batch("d", i, e, s, evs, 1.0) for i, e, s, evs in steps]
-    assert got == outcomes
-    assert lengths(idx, H) == expect
 
 
 @pytest.mark.parametrize(
@@ -213,7 +135,7 @@ def test_snapshot_roundtrip_preserves_matches_and_sequencing() -> None:
     for dep, tenant, q in [("d", "", H), ("e", "t", ha)]:
         assert again.match_prefix(dep, tenant, q) == idx.match_prefix(dep, tenant, q)
     assert again.instances("d") == idx.instances("d")
-    assert again.apply_batch("d", "i1", 1, 1, [stored(H)], 60.0) is Outcome.SKIPPED
+    assert again.apply_batch("d", "i1", 1, 1, [stored(H)], 60.0) is Verdict.DUPLICATE
     assert again.entry_count() == idx.entry_count()
 
 
@@ -223,3 +145,38 @@ def test_snapshot_roundtrip_preserves_matches_and_sequencing() -> None:
 def test_restore_rejects_corrupt_snapshot(blob: bytes) -> None:
     with pytest.raises(ValueError):
         PrefixIndex.restore(blob)
+
+
+@pytest.mark.parametrize("n", [40, 300], ids=["plain-pairs", "packed-pairs"])
+def test_snapshot_roundtrip_with_many_holders(n: int) -> None:
+    idx = PrefixIndex()
+    for k in range(n):
+        idx.apply_batch("d", f"i{k:03d}", 1, 1, [stored(H[: 1 + k % 8])], 0.0)
+    for k in range(2, n, 2):  # pairs and singles next to masks
+        idx.apply_batch("d", f"i{k:03d}", 1, 2, [removed(H[:1])], 0.0)
+    again = PrefixIndex.restore(idx.snapshot())
+    assert again.match_prefix("d", "", H) == idx.match_prefix("d", "", H)
+    assert again.entry_count() == idx.entry_count()
+
+
+def test_snapshots_of_the_previous_holder_encoding_restore() -> None:
+    """Before the shared core, a pair of low slots was stored packed and singles as ``~s``:
+    restored, they match as before (and in the canonical encoding)."""
+    from services.common.kvindex import SeqState
+    from services.common.kvindex.slots import PAIR_BASE, IndexState, InstState, slot_bit
+    from services.kvmeta.index_codec import compress_snapshot, encode
+
+    st = IndexState(next_slot=3)
+    for s, iid in enumerate(["a", "b", "c"]):
+        st.instances[iid] = st.owners[s] = InstState(iid, s, SeqState(1, 1), 0.0, 0)
+        st.live |= 1 << s
+    st.spaces[("", "")] = {GPU: {H[0]: 0b111, H[1]: -(PAIR_BASE + (0 << 16 | 2)), H[2]: ~0}}
+    for iid, blocks in [("a", 3), ("b", 1), ("c", 2)]:
+        st.instances[iid].blocks = blocks
+    idx = PrefixIndex.restore(compress_snapshot(encode({"d": st})))
+    assert lengths(idx, H) == {"a": 3, "b": 1, "c": 2}
+    table = idx._deps["d"].state.spaces[("", "")][GPU]
+    assert table == {H[0]: 0b111, H[1]: 0b101, H[2]: 0b1}
+    assert table[H[2]] is slot_bit(0)  # singles are the shared objects again
+    again = PrefixIndex.restore(idx.snapshot())
+    assert again._deps["d"].state.spaces == idx._deps["d"].state.spaces

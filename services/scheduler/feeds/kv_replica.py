@@ -40,7 +40,7 @@ from tideserve.v1 import events_pb2
 
 from services.common.streams import Start, StreamFollower, StreamProducer, stream_name
 from services.common.streams.ids import ZERO
-from services.scheduler.feeds.kv_replica_core import Applied, KVReplica
+from services.scheduler.feeds.kv_replica_core import KVReplica, Verdict
 from services.scheduler.routing.types import PrefixMatch, RequestView
 
 __all__ = ["KVReplicaFeed", "LocalLookup"]
@@ -136,7 +136,7 @@ class KVReplicaFeed:
             return
         res = self.replica.apply(b.instance_id, b.epoch, b.seq, b.events, b.full_state_continues)
         self.stats[res.value] += 1
-        if res is Applied.GAP:
+        if res is Verdict.GAP:
             log.info(
                 "kv replica: gap for %s at epoch %d seq %d; stale until its full state",
                 b.instance_id,

@@ -1,9 +1,10 @@
 """Pure decision: which stale instances should be asked for a full resync now.
 
-No I/O, no clock: ``now`` (seconds) is a parameter. The shell (``IndexFeeder``) collects the
-stale instances from the prefix index, calls :func:`plan_resyncs` with the requests it has
-outstanding, publishes a ``tideserve.v1.ResyncRequest`` for each instance in ``plan.send`` and
-keeps ``plan.outstanding`` (only once the publish succeeded, so a failed publish is retried).
+No I/O, no clock: ``now`` (seconds) is a parameter. A shell (kvmeta's ``IndexFeeder``, the
+scheduler's KV replica) collects the stale instances from its index, calls
+:func:`plan_resyncs` with the requests it has outstanding, publishes a
+``tideserve.v1.ResyncRequest`` for each instance in ``plan.send`` and keeps
+``plan.outstanding`` (only once the publish succeeded, so a failed publish is retried).
 
 Rate limit: at most one outstanding request per instance. While the instance stays stale,
 the request is repeated after ``retry_after_s``, doubling with each attempt up to
