@@ -23,7 +23,7 @@ from operator import and_, or_
 
 from services.common.kvindex.slots import PACK_FROM, IndexState, holder_mask
 
-__all__ = ["NO_MATCH", "ChainMatch", "match_chain"]
+__all__ = ["NO_MATCH", "ChainMatch", "mask_drops", "match_chain"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +53,23 @@ def _column(d: dict[int, int], hashes: Sequence[int], packed: bool) -> list[int]
     if packed and min(col) < 0:
         col = [v if v >= 0 else holder_mask(v) for v in col]
     return col
+
+
+def mask_drops(acc: Sequence[int]) -> list[tuple[int, int]]:
+    """The runs of a running AND of holder bitmasks along a block chain: ``(lost, j)`` per
+    run, the slots that hold the first ``j`` blocks and not block ``j``. The AND only ever
+    loses bits, so each distinct value is one contiguous run, found by bisection (the
+    approximate routed-prefix index of the scheduler uses the same rule)."""
+    out: list[tuple[int, int]] = []
+    i, n = 0, len(acc)
+    while i < n:
+        v = acc[i]
+        if not v:
+            break
+        j = bisect_left(acc, True, i + 1, n, key=v.__ne__)
+        out.append((v ^ acc[j] if j < n else v, j))
+        i = j
+    return out
 
 
 def match_chain(
@@ -95,15 +112,8 @@ def match_chain(
     del acc[0]
     owners, memo = st.owners, st.ids_memo
     runs: list[tuple[tuple[str, ...], int]] = []
-    drops: list[tuple[int, int]] = []  # (slots that drop out after j blocks, j)
-    i, n = 0, len(acc)
-    while i < n:
-        v = acc[i]
-        if not v:
-            break
-        j = bisect_left(acc, True, i + 1, n, key=v.__ne__)
-        lost = v ^ acc[j] if j < n else v
-        drops.append((lost, j))
+    drops = mask_drops(acc)  # (slots that drop out after j blocks, j)
+    for lost, j in drops:
         ids: tuple[str, ...]
         if lost & (lost - 1) == 0:  # one slot: not worth memoizing
             ids = (owners[lost.bit_length() - 1].instance_id,)
@@ -120,7 +130,6 @@ def match_chain(
                 memo.clear()
             ids = memo[lost] = tuple(found)
         runs.append((ids, j))
-        i = j
     if not runs:
         return NO_MATCH
     if not multi:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import Counter, OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from itertools import accumulate, repeat
@@ -11,6 +10,7 @@ from operator import and_
 
 from pydantic import Field
 
+from services.common.kvindex.match import mask_drops
 from services.scheduler.routing.framework import CycleContext, by_instance
 from services.scheduler.routing.registry import Params, PluginEnv, register
 from services.scheduler.routing.types import EndpointView, Pick, PrefixMatch, RequestView, Tier
@@ -227,18 +227,11 @@ class RoutedPrefixIndex:
         acc = list(accumulate(map(self._masks.get, hs, repeat(0)), and_))
         iids = self._iids
         out: dict[str, int] = {}
-        i, n = 0, len(acc)
-        while i < n:
-            v = acc[i]
-            if not v:
-                break
-            j = bisect_left(acc, True, i + 1, n, key=v.__ne__)
-            lost = v ^ acc[j] if j < n else v
+        for lost, j in mask_drops(acc):
             while lost:
                 low = lost & -lost
                 out[iids[low.bit_length() - 1]] = j * stride
                 lost ^= low
-            i = j
         return out
 
     def remove_instance(self, instance_id: str) -> int:
