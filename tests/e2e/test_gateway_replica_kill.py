@@ -99,6 +99,17 @@ async def _applied(http: aiohttp.ClientSession, base: str, replica: str) -> floa
     return -1.0
 
 
+def _describe(recs: list[events_pb2.RequestRecord]) -> str:
+    """One line per record, by session and arrival: what a failure needs to be explained."""
+    rows = sorted(recs, key=lambda r: (r.session_id, r.arrival_ms))
+    return "\n".join(
+        f"{r.session_id} t={r.arrival_ms} replica={r.replica_id} engine={r.decode_instance} "
+        f"cached={r.cached_tokens} predicted={r.predicted_cached_tokens} queue_ms={r.queue_ms:.0f} "
+        f"scores={[(s.plugin, round(s.score, 3)) for s in r.scores]}"
+        for r in rows
+    )
+
+
 def _exists(ref: ProcRef) -> bool:
     """True while ``ref``'s process exists at all, zombies included."""
     try:
@@ -152,7 +163,14 @@ async def _run(stack: RunningStack, config: dict[str, Any], dep: str, redis_url:
         await asyncio.gather(*(turn(s, "hello") for s in range(sessions)))
         second = await asyncio.gather(*(turn(s, "and then") for s in range(EARLY)))
         # affinity across replicas already: the second turn hit the first turn's cache
-        assert all(d["usage"]["prompt_tokens_details"]["cached_tokens"] > 0 for d in second)
+        missed = [
+            s
+            for s, d in enumerate(second)
+            if not d["usage"]["prompt_tokens_details"]["cached_tokens"]
+        ]
+        if missed:  # say why: each turn's replica, engine and the chosen engine's scores
+            recs = await _records(redis_url, dep, EARLY * 2 + LATE)
+            raise AssertionError(f"second turns {missed} missed; {served_by}\n{_describe(recs)}")
         before = EARLY * 2 + LATE
         assert {n for r in served_by.values() for n in r} <= set(REPLICAS), served_by
 
