@@ -1,33 +1,17 @@
-"""Injectable clocks: pure cores take time as a parameter; shells read it from a ``Clock``.
+"""Time in Tideserve, one convention everywhere.
 
-``SystemClock`` reads the real clocks; ``ManualClock`` only moves when told (tests, simulation).
+- Pure cores never read a clock: time is a parameter (``now``, seconds).
+- Shells take the clocks they read as plain callables, injected with defaults:
+  ``clock: Callable[[], float] = time.monotonic`` for intervals, deadlines and TTLs within one
+  process, and ``wall: Callable[[], float] = time.time`` (epoch seconds) for anything stamped,
+  persisted or compared across processes (stream entries, heartbeats, leases, records).
+- Tests and simulations drive both with :class:`ManualClock` (``clock=mc.monotonic``,
+  ``wall=mc.now``).
 """
 
 from __future__ import annotations
 
-import time
-from typing import Protocol, runtime_checkable
-
-__all__ = ["Clock", "ManualClock", "SystemClock"]
-
-
-@runtime_checkable
-class Clock(Protocol):
-    """Source of time. ``now`` is wall time (epoch seconds); ``monotonic`` never goes back."""
-
-    def now(self) -> float: ...
-
-    def monotonic(self) -> float: ...
-
-
-class SystemClock:
-    """The real clocks: ``time.time()`` and ``time.monotonic()``."""
-
-    def now(self) -> float:
-        return time.time()
-
-    def monotonic(self) -> float:
-        return time.monotonic()
+__all__ = ["ManualClock"]
 
 
 class ManualClock:

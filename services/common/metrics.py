@@ -22,7 +22,15 @@ from typing import Any
 
 import grpc
 from aiohttp import web
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    GC_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 __all__ = [
@@ -33,12 +41,25 @@ __all__ = [
     "is_port_in_use",
     "iterate_behavior",
     "metrics_handler",
+    "service_registry",
     "wrap_rpc_handler",
 ]
 
 
+def service_registry() -> CollectorRegistry:
+    """A service's own Prometheus registry, with the process, platform and GC collectors
+    the default registry would have had. Convention: each service builds one in ``main``
+    (or its composition root) and passes it down; nothing registers in the process-global
+    default registry, so two services or tests in one process never share metrics."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    registry.register(GC_COLLECTOR)
+    return registry
+
+
 def metrics_handler(
-    registry: CollectorRegistry = REGISTRY,
+    registry: CollectorRegistry,
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     """An aiohttp handler answering with the text exposition of ``registry``."""
 
@@ -78,7 +99,7 @@ def is_port_in_use(err: OSError) -> bool:
 class MetricsServer:
     """``GET /metrics`` for ``registry`` on ``host:port``; ``start`` raises ``OSError`` on bind."""
 
-    def __init__(self, host: str, port: int, registry: CollectorRegistry = REGISTRY) -> None:
+    def __init__(self, host: str, port: int, registry: CollectorRegistry) -> None:
         self.host = host
         self.port = port
         self._registry = registry
@@ -214,7 +235,7 @@ def _final_code(context: Any, err: BaseException | None) -> str:
 class GrpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Counts calls by final status, times them and tracks in-flight calls in ``registry``."""
 
-    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         self._families = _families(registry)
 
     async def intercept_service(

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -22,7 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace import TracerProvider
-from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client import CollectorRegistry
 
 from services.common import otel
 from services.common.errors import PortInUseError, StartupError, one_line, report
@@ -34,6 +34,7 @@ from services.common.metrics import (
     call_behavior,
     is_port_in_use,
     iterate_behavior,
+    service_registry,
     wrap_rpc_handler,
 )
 from services.common.settings import (
@@ -206,7 +207,7 @@ async def serve(
     ready: asyncio.Event | None = None,
     stop: asyncio.Event | None = None,
     tracer_provider: TracerProvider | None = None,
-    registry: CollectorRegistry = REGISTRY,
+    registry: CollectorRegistry | None = None,
 ) -> None:
     """Run ``service_name`` until SIGTERM/SIGINT or ``stop`` is set, then shut down gracefully.
 
@@ -216,8 +217,10 @@ async def serve(
     in-flight calls get ``shutdown_grace_s`` to finish, then ``on_stop``, then return.
 
     Raises :class:`PortInUseError` when a port is taken and :class:`StartupError` for other
-    bind failures; nothing is left listening when it raises.
+    bind failures; nothing is left listening when it raises. ``registry``: the service's
+    Prometheus registry (None = a private :func:`service_registry`).
     """
+    registry = registry if registry is not None else service_registry()
     stop = stop if stop is not None else asyncio.Event()
     own_provider = tracer_provider is None
     provider = tracer_provider or otel.configure_tracing(settings, service_name)
@@ -350,12 +353,14 @@ async def check_dependencies(settings: ServiceSettings, service: str) -> None:
 @dataclass(frozen=True)
 class ServiceHooks:
     """What a service contributes to :func:`serve`: its servicers and lifecycle hooks, and
-    optionally its own Prometheus registry (served on ``metrics_port``; None = the default)."""
+    the Prometheus registry its metrics are in (served on ``metrics_port`` with the gRPC
+    server's own). Convention: a service builds its registry in ``main`` and passes it
+    down; nothing uses the process-global default registry."""
 
     register: Register
     on_start: Hook | None = None
     on_stop: Hook | None = None
-    registry: CollectorRegistry | None = None
+    registry: CollectorRegistry = field(default_factory=service_registry)
 
 
 def run_service(
@@ -390,7 +395,7 @@ def run_service(
                 hooks.register,
                 on_start=hooks.on_start,
                 on_stop=hooks.on_stop,
-                registry=hooks.registry if hooks.registry is not None else REGISTRY,
+                registry=hooks.registry,
             )
 
         asyncio.run(amain())

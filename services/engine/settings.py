@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
+
 __all__ = ["EngineSettings"]
 
 
@@ -30,7 +32,9 @@ class EngineSettings(BaseSettings):
         "with its tokenizer and chat template; None = the whitespace tokenizer",
     )
     kv_blocks: int = Field(0, ge=0, description="KV capacity in blocks; 0 = what fits the profile")
-    block_size: int = Field(64, ge=1, description="tokens per KV block (divides 512)")
+    block_size: int = Field(
+        DEFAULT_BLOCK_SIZE, ge=1, description="tokens per KV block (divides 512)"
+    )
     max_batch: int = Field(256, ge=1, description="max running sequences")
     max_batched_tokens: int = Field(8192, ge=1, description="token budget per step")
     speedup: float = Field(1.0, gt=0.0, description="modelled time runs this much faster")

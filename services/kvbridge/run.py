@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -20,7 +22,6 @@ import zmq.asyncio
 from redis.exceptions import RedisError
 from tideserve.v1 import events_pb2
 
-from services.common.clock import Clock, SystemClock
 from services.common.streams import StreamProducer, dead_letter_stream, stream_name
 from services.common.tasks import pause
 from services.kvbridge.core import BridgeCore
@@ -64,11 +65,11 @@ class KVBridge:
         settings: KVBridgeSettings,
         redis: aioredis.Redis,
         *,
-        clock: Clock | None = None,
+        wall: Callable[[], float] = time.time,
         context: zmq.asyncio.Context | None = None,
     ) -> None:
         self.settings = settings
-        self.clock = clock or SystemClock()
+        self.wall = wall
         self.stream = stream_name(settings.stream_prefix, "kv", settings.deployment)
         self.producer = StreamProducer(redis, maxlen=settings.stream_maxlen)
         self._ctx = context or zmq.asyncio.Context.instance()
@@ -86,7 +87,7 @@ class KVBridge:
         self._stop = asyncio.Event()
 
     def _now_ms(self) -> int:
-        return int(self.clock.now() * 1000)
+        return int(self.wall() * 1000)
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
         """Bridge until ``stop`` is set. ``ready`` is set once the SUB socket is connected."""

@@ -69,7 +69,7 @@ class IndexFeeder:
     def __init__(
         self,
         index: PrefixIndex,
-        clock: Callable[[], float],
+        wall: Callable[[], float],
         *,
         redis: aioredis.Redis | None = None,
         store: KVMetaStore | None = None,
@@ -85,7 +85,7 @@ class IndexFeeder:
         resync_check_s: float = 1.0,
     ) -> None:
         self.index = index
-        self._clock = clock
+        self._wall = wall
         self._redis = redis
         self._producer = StreamProducer(redis) if redis is not None else None
         self._store = store
@@ -128,7 +128,7 @@ class IndexFeeder:
             batch.epoch,
             batch.seq,
             batch.events,
-            self._clock(),
+            self._wall(),
             batch.full_state_continues,
         )
         self.outcomes[OUTCOME_LABELS[outcome]] += 1
@@ -166,7 +166,7 @@ class IndexFeeder:
             )
 
     async def _on_load(self, msg: events_pb2.LoadSnapshot, entry_id: str) -> None:
-        self.index.touch(msg.deployment, msg.instance_id, self._clock())
+        self.index.touch(msg.deployment, msg.instance_id, self._wall())
 
     async def _on_membership(self, msg: events_pb2.MembershipEvent, entry_id: str) -> None:
         inst = msg.instance
@@ -374,7 +374,7 @@ class IndexFeeder:
         await self.checkpoint(force=False)
 
     async def _expire(self) -> None:
-        for dep, iid in self.index.expire(self._clock(), self.expire_after_s):
+        for dep, iid in self.index.expire(self._wall(), self.expire_after_s):
             self._dirty.add(dep)
             log.info(
                 "dropped %s/%s from the index: no load snapshot for %.1fs",
@@ -402,7 +402,7 @@ class IndexFeeder:
             for i in index.instances(dep)
             if i.stale
         ]
-        now = self._clock()
+        now = self._wall()
         plan = plan_resyncs(stale, self.resync_outstanding, now, self.resync_policy)
         streams: dict[str, list[events_pb2.ResyncRequest]] = {}
         for inst in plan.send:

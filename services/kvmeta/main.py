@@ -10,14 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 
 import grpc
 import redis.asyncio as aioredis
-from prometheus_client import REGISTRY
 
-from services.common.clock import SystemClock
 from services.common.kvindex import ResyncPolicy
+from services.common.metrics import service_registry
 from services.common.server import ServiceHooks, run_service
 from services.kvmeta.checkpoint import KVMetaStore
 from services.kvmeta.index import PrefixIndex
@@ -37,13 +37,12 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
     """Wire cores, stores, consumers and servicer from ``settings``."""
     from services.common import db
 
-    clock = SystemClock()
     redis = aioredis.from_url(settings.redis_url) if settings.redis_url else None
     engine = db.create_engine(settings.postgres_url, "kvmeta") if settings.postgres_url else None
     store = KVMetaStore(engine) if engine is not None else None
     feeder = IndexFeeder(
         PrefixIndex(),
-        clock.now,
+        time.time,
         redis=redis,
         store=store,
         prefix=settings.stream_prefix,
@@ -64,10 +63,11 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
             quotas=settings.tenant_quotas,
         ),
         store,
-        clock.now,
+        time.time,
     )
     metadata = MetadataServer(settings.host, settings.metadata_http_port)
-    collector = KVMetaCollector(feeder, objects.master)
+    registry = service_registry()
+    registry.register(KVMetaCollector(feeder, objects.master))
     tasks: list[asyncio.Task[None]] = []
 
     async def tick_objects() -> None:
@@ -87,13 +87,10 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
         gc.collect()
         gc.freeze()  # the loaded index is long-lived: keep it out of GC scans
         tasks.append(asyncio.create_task(tick_objects()))
-        REGISTRY.register(collector)
         if settings.metadata_http_port:
             await metadata.start()
 
     async def on_stop() -> None:
-        with contextlib.suppress(KeyError):
-            REGISTRY.unregister(collector)
         for t in tasks:
             t.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -111,7 +108,7 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
         servicer = KVMetaServicer(feeder, objects, max_match_blocks=settings.max_match_blocks)
         return [add_to_server(servicer, server)]
 
-    return ServiceHooks(register=register, on_start=on_start, on_stop=on_stop)
+    return ServiceHooks(register=register, on_start=on_start, on_stop=on_stop, registry=registry)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Prometheus view of kvmeta's state, read at scrape time (no counters on the hot path).
 
-Register with ``REGISTRY.register(KVMetaCollector(feeder, master))`` and unregister on stop.
+Register with ``registry.register(KVMetaCollector(feeder, master))`` on the service's registry.
 """
 
 from __future__ import annotations

@@ -45,14 +45,14 @@ T = TypeVar("T")
 class ObjectShell:
     """The object master plus write-through persistence (one writer at a time, in order)."""
 
-    def __init__(self, master: ObjectMaster, store: KVMetaStore | None, clock: Callable[[], float]):
+    def __init__(self, master: ObjectMaster, store: KVMetaStore | None, wall: Callable[[], float]):
         self.master = master
         self._store = store
-        self._clock = clock
+        self._wall = wall
         self._lock = asyncio.Lock()
 
     def now(self) -> float:
-        return self._clock()
+        return self._wall()
 
     async def persist(self) -> None:
         if self._store is None:
@@ -72,7 +72,7 @@ class ObjectShell:
             self.master.load(segments, objects)
 
     async def tick(self) -> None:
-        self.master.tick(self._clock())
+        self.master.tick(self._wall())
         await self.persist()
 
 

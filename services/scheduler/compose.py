@@ -20,6 +20,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from services.common.errors import StartupError
+from services.common.metrics import service_registry
 from services.common.tokens import ModelDirError, token_path
 from services.scheduler.core import CoreLimits, EndpointSpec, GatewayCore, build_core
 from services.scheduler.feeds.fleet_feeds import FleetFeeds
@@ -128,7 +129,7 @@ class Scheduler:
         self, settings: SchedulerSettings, registry: CollectorRegistry | None = None
     ) -> None:
         self.settings = settings
-        self.registry = registry if registry is not None else CollectorRegistry()
+        self.registry = registry if registry is not None else service_registry()
         self.core, self.gateway = build_gateway(settings, self.registry)
         # records, active-active, precise prefix lookups
         self.integrations = Integrations(settings, self.core, self.gateway, registry=self.registry)

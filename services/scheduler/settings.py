@@ -10,6 +10,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from services.common.settings import ServiceSettings
 from services.common.tokens import HashScheme
+from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
 from services.scheduler.slo import DEFAULT_SLO_CLASSES, SLOClassConfig, queue_config
 
 __all__ = ["SchedulerSettings", "parse_endpoint", "split_bootstrap"]
@@ -46,7 +47,9 @@ class SchedulerSettings(ServiceSettings):
     profile: str = Field(
         "", description="scheduler profile of requests that name none; '' = the config's default"
     )
-    block_size: int = Field(64, ge=1, description="tokens per KV block for prefix hashing")
+    block_size: int = Field(
+        DEFAULT_BLOCK_SIZE, ge=1, description="tokens per KV block for prefix hashing"
+    )
     model_path: Path | None = Field(
         None,
         description="model directory (tokenizer.json, tokenizer_config.json with its chat "

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
 from services.stack.plan import SERVICES, ChildSpec, build_service_children, choose_ports
 
 if TYPE_CHECKING:
@@ -256,7 +257,7 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
         profile=stack.engine_profile,
         speedup=stack.engine_speedup,
         kv_blocks=stack.engine_kv_blocks,
-        block_size=int(getattr(scheduler, "block_size", 64)),
+        block_size=int(getattr(scheduler, "block_size", DEFAULT_BLOCK_SIZE)),
         deployment=str(getattr(scheduler, "deployment", "default")),
         extra_args=split_engine_args(stack.engine_args),
     )

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
 from services.stack.plan import ChildSpec, PortClaim
 
 __all__ = [
@@ -77,7 +78,7 @@ class EngineFleet:
     profile: str | None = None
     speedup: float | None = None
     kv_blocks: int | None = None
-    block_size: int = 64
+    block_size: int = DEFAULT_BLOCK_SIZE
     deployment: str = "default"
     extra_args: tuple[str, ...] = ()
 

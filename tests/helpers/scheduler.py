@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
-from prometheus_client import REGISTRY
 from tideserve.v1 import scheduler_pb2_grpc
 
 from services.common.server import serve
@@ -62,7 +61,7 @@ async def scheduler_service(settings: SchedulerSettings) -> AsyncIterator[None]:
             on_stop=hooks.on_stop,
             ready=ready,
             stop=stop,
-            registry=hooks.registry or REGISTRY,
+            registry=hooks.registry,
         )
     )
     try:

@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client import CollectorRegistry
 from tideserve.v1 import events_pb2, kvmeta_pb2, kvmeta_pb2_grpc
 
 from services.common import otel
@@ -85,7 +85,7 @@ async def running(
     servicer: BareKVMeta | None = None,
     metrics_port: int = 0,
     on_stop: Callable[[], Awaitable[None]] | None = None,
-    registry: CollectorRegistry = REGISTRY,
+    registry: CollectorRegistry | None = None,
     tracer_provider: TracerProvider | None = None,
 ) -> AsyncIterator[Running]:
     port = free_port()
@@ -194,14 +194,15 @@ async def test_graceful_shutdown_finishes_in_flight_call() -> None:
     assert order == ["on_stop finished=True"]
 
 
-async def test_metrics_endpoint_default_registry() -> None:
+async def test_metrics_endpoint_serves_a_private_service_registry() -> None:
     metrics_port = free_port()
     async with running(metrics_port=metrics_port), aiohttp.ClientSession() as session:
         async with session.get(f"http://127.0.0.1:{metrics_port}/metrics") as response:
             body = await response.text()
             assert response.status == 200
             assert response.headers["Content-Type"].startswith("text/plain")
-    assert "python_info" in body
+    assert "python_info" in body and "process_cpu_seconds_total" in body
+    assert "tideserve_grpc_server_in_flight" in body
 
 
 async def test_grpc_call_metrics() -> None:

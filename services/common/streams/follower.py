@@ -158,7 +158,7 @@ class StreamFollower(Generic[M]):
         self.retry_s = retry_s
         self.max_retry_s = max_retry_s
         self.dead_letter = dead_letter
-        self._dead = DeadLetters(redis, stream, "", maxlen=dead_maxlen, clock=wall)
+        self._dead = DeadLetters(redis, stream, "", maxlen=dead_maxlen, wall=wall)
         self._after_poll = after_poll
         self._wall = wall
         self.name = name or stream

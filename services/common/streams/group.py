@@ -86,7 +86,7 @@ class StreamConsumer(Generic[M]):
         start_id: str = "0",
         dead_maxlen: int = 100_000,
         max_attempts: int | None = None,
-        clock: Callable[[], float] = time.time,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         if batch <= 0 or block_ms < 0 or claim_idle_ms < 0:
             raise ValueError("batch must be > 0, block_ms and claim_idle_ms >= 0")
@@ -101,12 +101,12 @@ class StreamConsumer(Generic[M]):
         self.block_ms = block_ms
         self.claim_idle_ms = claim_idle_ms
         self.start_id = start_id
-        self._dead = DeadLetters(redis, stream, group, maxlen=dead_maxlen, clock=clock)
+        self._dead = DeadLetters(redis, stream, group, maxlen=dead_maxlen, wall=wall)
         if max_attempts is not None and max_attempts < 1:
             raise ValueError("max_attempts must be >= 1 (or None for unlimited)")
         self._max_attempts = max_attempts
         self._failures: dict[str, int] = {}
-        self._clock = clock
+        self._wall = wall
         self._group_ready = False
         self._claim_cursor = "0-0"
         self.stats = ConsumerStats()

@@ -71,13 +71,13 @@ class DeadLetters:
         reader: str,
         *,
         maxlen: int = 100_000,
-        clock: Callable[[], float] = time.time,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._producer = StreamProducer(redis, maxlen=maxlen)
         self.stream = stream
         self.dead_stream = dead_letter_stream(stream)
         self.reader = reader
-        self._clock = clock
+        self._wall = wall
 
     async def put(self, entry_id: str, fields: Any, error: str) -> str:
         """Log and XADD one record; returns its id. Raises RedisError/OSError."""
@@ -89,6 +89,6 @@ class DeadLetters:
             error,
             self.dead_stream,
         )
-        now_ms = int(self._clock() * 1000)
+        now_ms = int(self._wall() * 1000)
         record = dead_letter(self.stream, entry_id, self.reader, error, fields, now_ms)
         return await self._producer.publish(self.dead_stream, record)

@@ -12,6 +12,7 @@
 
 from services.common.tokens.chat import ChatError, ChatMessage, chat_messages, chat_prompt
 from services.common.tokens.hashing import (
+    DEFAULT_BLOCK_SIZE,
     HASH_SCHEMES,
     HashScheme,
     scheme_block_hashes,
@@ -41,6 +42,7 @@ from services.common.tokens.whitespace import (
 
 __all__ = [
     "BOS_ID",
+    "DEFAULT_BLOCK_SIZE",
     "EOS_ID",
     "FIRST_WORD_ID",
     "HASH_SCHEMES",

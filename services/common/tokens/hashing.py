@@ -39,6 +39,7 @@ from typing import Literal, get_args
 from services.common.tokens.whitespace import block_hashes as tideserve_block_hashes
 
 __all__ = [
+    "DEFAULT_BLOCK_SIZE",
     "HASH_SCHEMES",
     "MASK64",
     "VLLM_DEFAULT_SEED",
@@ -48,6 +49,11 @@ __all__ = [
     "vllm_block_hashes",
     "vllm_none_hash",
 ]
+
+DEFAULT_BLOCK_SIZE = 64
+"""Tokens per KV block wherever a block size is not configured: the engine simulator's
+cache, the gateway's prefix hashing, request views and routing plugins (one default, so
+that hashes computed on both sides of a request agree out of the box)."""
 
 MASK64 = (1 << 64) - 1
 VLLM_DEFAULT_SEED = "vllm-none-hash"

@@ -8,6 +8,7 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
+from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
 from services.scheduler.admission import AdmissionQueue, QueueConfig
 from services.scheduler.core.fleet import EndpointSpec, Fleet, LoadReport
 from services.scheduler.core.service import CoreLimits, GatewayCore, SLOTargets
@@ -30,7 +31,7 @@ def build_core(
     *,
     profiles: Path | None = None,
     seed: int = 0,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     perf_profile: str = "",
     queue: QueueConfig | None = None,
     limits: CoreLimits | None = None,

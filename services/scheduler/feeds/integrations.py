@@ -26,7 +26,7 @@ import uuid
 
 import grpc
 import redis.asyncio as aioredis
-from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
@@ -54,7 +54,8 @@ def default_replica_id() -> str:
 
 class Integrations:
     """Raises :class:`StartupError` for settings that cannot work together (e.g.
-    ``share_state`` without ``redis_url``, a heartbeat TTL not above its period)."""
+    ``share_state`` without ``redis_url``, a heartbeat TTL not above its period). Its
+    metrics go to ``registry`` (default: the gateway's, which is the service's)."""
 
     def __init__(
         self,
@@ -62,7 +63,7 @@ class Integrations:
         core: GatewayCore,
         gateway: Gateway,
         *,
-        registry: CollectorRegistry = REGISTRY,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         if settings.share_state and not settings.redis_url:
             raise StartupError("share_state: needs redis_url (replicas share state through Redis)")
@@ -74,7 +75,7 @@ class Integrations:
                 f"({settings.share_heartbeat_ttl_s} <= {settings.share_heartbeat_s})"
             )
         self.settings = settings
-        self.registry = registry
+        self.registry = registry if registry is not None else gateway.metrics.registry
         self._collector: _Collector | None = None
         self.replica_id = settings.replica_id or default_replica_id()
         self.redis: aioredis.Redis | None = None

@@ -36,6 +36,7 @@ import grpc
 from tideserve.v1 import common_pb2, events_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 from services.common.tokens import TokenPath
+from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
 from services.scheduler.admission.gate import AdmissionGate, PrefixLookup
 from services.scheduler.core.intake import (
     Intake,
@@ -145,7 +146,7 @@ class SchedulerServicer(_Base):
         core: GatewayCore,
         *,
         deployment: str = "default",
-        block_size: int = 64,
+        block_size: int = DEFAULT_BLOCK_SIZE,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         remember_picks: int = 100_000,

@@ -40,6 +40,7 @@ from aiohttp import web
 
 from services.common.metrics import metrics_handler
 from services.common.tokens import TokenPath
+from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
 from services.scheduler.admission.gate import AdmissionGate, PrefixLookup
 from services.scheduler.core.intake import (
     Intake,
@@ -63,7 +64,7 @@ from services.scheduler.routing.types import Shed as RouteShed
 class GatewayOptions:
     models: tuple[str, ...] = ()
     deployment: str = ""
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     retries: int = 2
     backoff_ms: float = 20.0
     health_interval_s: float = 1.0

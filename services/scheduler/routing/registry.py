@@ -13,6 +13,8 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
+
 
 class PrefillModel(Protocol):
     """The part of ``services.common.perfmodel.PerfProfile`` the scheduler uses."""
@@ -37,7 +39,7 @@ class PluginEnv:
     disaggregation mode cannot run a request without a prefill peer)."""
 
     perf_profile: Callable[[str], PrefillModel] = field(default=_default_perf_resolver)
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     decode_can_prefill: bool = True
 
 

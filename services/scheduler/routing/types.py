@@ -15,6 +15,8 @@ from operator import itemgetter
 from types import MappingProxyType
 from typing import Literal
 
+from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
+
 Role = Literal["worker", "prefill", "decode"]
 Circuit = Literal["closed", "open", "half-open"]
 Tier = Literal["gpu", "cpu", "ssd", "remote"]
@@ -182,7 +184,7 @@ class RequestView:
     request_id: str
     prompt_tokens: int
     block_hashes: tuple[int, ...] = ()
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     max_tokens: int = 0
     tenant: str = ""
     slo_class: str = ""
