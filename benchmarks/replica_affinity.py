@@ -73,27 +73,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--share-delay-ms", type=float, default=5.0)
     p.add_argument("--heartbeat-s", type=float, default=0.5)
     p.add_argument("--seeds", type=int, default=5)
+    p.add_argument(
+        "--home-weight", type=float, default=None, help="session-home weight (default: as shipped)"
+    )
     return p.parse_args(argv)
 
 
-def _core(engines: int, seed: int, home: bool) -> GatewayCore:
+def _core(engines: int, seed: int, home: bool, home_weight: float | None = None) -> GatewayCore:
     core = build_core(
         [EndpointSpec(f"e{i}", f"http://e{i}") for i in range(engines)],
         perf_profile="test",
         block_size=BLOCK,
         seed=seed,
     )
+    prof = core.scheduler.profiles["default"]
     if not home:
-        prof = core.scheduler.profiles["default"]
         kept = tuple(s for s in prof.scorers if s[0].name != "home")
         core.scheduler.profiles["default"] = dataclasses.replace(prof, scorers=kept)
+    elif home_weight is not None:
+        w = tuple((s, home_weight if s.name == "home" else x) for s, x in prof.scorers)
+        core.scheduler.profiles["default"] = dataclasses.replace(prof, scorers=w)
     return core
 
 
 def run(a: argparse.Namespace, seed: int, share: bool, home: bool) -> dict[str, float]:
     rng = random.Random(seed)
     perf = get_profile("test")
-    reps = [_core(a.engines, seed, home) for _ in range(a.replicas)]
+    reps = [_core(a.engines, seed, home, a.home_weight) for _ in range(a.replicas)]
     plugins = [approx_plugins(c.scheduler) for c in reps]
     cache: dict[str, set[int]] = {f"e{i}": set() for i in range(a.engines)}
     ev: list[tuple[float, int, str, Any]] = []

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from services.common.flags import Flag, add_flags, flag_overrides
 from services.common.perfmodel import DEFAULT_PROFILE, PROFILES
 from services.engine.settings import EngineSettings
 
@@ -39,7 +40,7 @@ environment: TIDESERVE_ENGINE_<SETTING> (e.g. TIDESERVE_ENGINE_SPEEDUP=10); flag
 """
 
 # flag -> (settings field, type, help)
-_FLAGS: list[tuple[str, type, str]] = [
+_FLAGS: list[Flag] = [
     ("--host", str, "interface to bind (default 127.0.0.1)"),
     ("--port", int, "HTTP port (default 30001; 0 = any free port)"),
     ("--instance-id", str, "instance id in events (default host:port)"),
@@ -82,17 +83,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--role", choices=["aggregated", "prefill", "decode"], default=None)
     p.add_argument("--metrics-dialect", choices=["sglang", "vllm"], default=None)
     p.add_argument("--refuse-health", action="store_true", default=None, help="fault: /health 503")
-    for flag, typ, help_ in _FLAGS:
-        p.add_argument(flag, type=typ, default=None, help=help_)
+    add_flags(p, _FLAGS)
     p.set_defaults(func=run)
 
 
 def settings_from_args(args: argparse.Namespace) -> EngineSettings:
-    keys = [f.lstrip("-").replace("-", "_") for f, _, _ in _FLAGS]
-    keys += ["role", "metrics_dialect", "refuse_health"]
-    overrides: dict[str, Any] = {
-        k: getattr(args, k) for k in keys if getattr(args, k, None) is not None
-    }
+    overrides = flag_overrides(args, _FLAGS, ["role", "metrics_dialect", "refuse_health"])
     return EngineSettings(**overrides)
 
 

@@ -7,8 +7,8 @@ import asyncio
 import contextlib
 import signal
 import sys
-from typing import Any
 
+from services.common.flags import Flag, add_flags, flag_overrides
 from services.common.logs import configure_logging
 from services.common.settings import SettingsError, load_settings
 from services.common.streams import check_redis
@@ -32,7 +32,7 @@ Block hashes are the engine's own (see services/kvbridge/README.md).
 """
 
 # flag -> (settings field, type, help)
-_FLAGS: list[tuple[str, type, str]] = [
+_FLAGS: list[Flag] = [
     ("--endpoint", str, "engine ZMQ PUB endpoint (default tcp://127.0.0.1:5557)"),
     ("--replay-endpoint", str, "engine ZMQ ROUTER replay endpoint (enables gap replay)"),
     ("--topic", str, "ZMQ topic the engine publishes on (default: all)"),
@@ -59,17 +59,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--engine", choices=["vllm", "sglang"], default=None, help="wire dialect")
     p.add_argument("--config", default=None, help="tideserve.yaml (section kv_bridge)")
-    for flag, typ, help_ in _FLAGS:
-        p.add_argument(flag, type=typ, default=None, help=help_)
+    add_flags(p, _FLAGS)
     p.set_defaults(func=run)
 
 
 def settings_from_args(args: argparse.Namespace) -> KVBridgeSettings:
     """Settings from file < env < flags; raises SettingsError (one line)."""
-    keys = [f.lstrip("-").replace("-", "_") for f, _, _ in _FLAGS] + ["engine"]
-    overrides: dict[str, Any] = {
-        k: getattr(args, k) for k in keys if getattr(args, k, None) is not None
-    }
+    overrides = flag_overrides(args, _FLAGS, ["engine"])
     return load_settings(KVBridgeSettings, "kv_bridge", getattr(args, "config", None), overrides)
 
 

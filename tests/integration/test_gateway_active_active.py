@@ -14,10 +14,10 @@ import pytest
 from tideserve.v1 import events_pb2
 
 from services.common.streams import encode_entry
-from services.common.tokens import block_hashes
 from services.scheduler.core import EndpointSpec, GatewayCore, build_core
 from services.scheduler.feeds.shared import SharedState
 from services.scheduler.routing.types import Pick, RequestView
+from tests.helpers.views import request_view
 
 IDS = ["a", "b", "c"]
 TURN1 = list(range(1, 257))
@@ -36,10 +36,7 @@ class Wall:
 
 
 def view(rid: str, tokens: list[int], **kw: Any) -> RequestView:
-    hashes = tuple(block_hashes(tokens, 16))
-    return RequestView(
-        request_id=rid, prompt_tokens=len(tokens), block_hashes=hashes, block_size=16, **kw
-    )
+    return request_view(rid, tokens=tokens, block_size=16, **kw)
 
 
 Replica = Callable[..., SharedState]

@@ -22,6 +22,7 @@ from services.scheduler.main import build_gateway
 from services.scheduler.routing.types import RequestView
 from services.scheduler.settings import SchedulerSettings
 from tests.helpers.engines import until
+from tests.helpers.views import request_view
 
 DEP = "dep"
 CHAIN = [101, 102, 103, 104, 105]
@@ -47,8 +48,7 @@ CLEARED = Kind(kind=Kind.KIND_ALL_CLEARED)
 
 
 def view(hashes: list[int] = CHAIN) -> RequestView:
-    return RequestView(request_id="r", prompt_tokens=64 * len(hashes),
-                       block_hashes=tuple(hashes), block_size=64)  # fmt: skip
+    return request_view(hashes=hashes, block_size=64)
 
 
 def shape(found: Any) -> dict[str, tuple[int, dict[str, int]]]:

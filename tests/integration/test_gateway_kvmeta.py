@@ -33,6 +33,7 @@ from services.scheduler.feeds.kvmeta_client import KVMetaLookup, precise_profile
 from services.scheduler.http.server import Gateway, GatewayOptions
 from services.scheduler.routing.types import RequestView
 from tests.helpers.ports import free_port
+from tests.helpers.views import request_view
 
 BS = 16
 SHARED = " ".join(f"doc{i}" for i in range(400))  # 25 blocks
@@ -205,9 +206,7 @@ async def test_without_the_lookup_the_prefix_is_not_found(env: Env) -> None:
 
 
 def view() -> RequestView:
-    return RequestView(
-        request_id="r", prompt_tokens=400, block_hashes=tuple(block_hashes(tokenize(SHARED), BS))
-    )
+    return request_view(tokens=tokenize(SHARED), block_size=BS, prompt_tokens=400)
 
 
 async def test_lookup_failures_fall_back_and_are_counted(env: Env) -> None:
@@ -268,8 +267,13 @@ async def test_grpc_pick_uses_kvmeta_too(env: Env, kvmeta: tuple[str, IndexFeede
         [EndpointSpec(i, u) for i, u in env.engines.items()], perf_profile="test", block_size=BS
     )
     async with grpc.aio.insecure_channel(address) as kv_channel:
+        # the first call also connects the channel: the product's 20 ms default deadline is
+        # for a warm channel, and a loaded machine misses it (the Pick then has no kvmeta data)
         lookup = KVMetaLookup(
-            kv_channel, candidates=core.fleet.ids, profiles=precise_profiles(core.scheduler)
+            kv_channel,
+            candidates=core.fleet.ids,
+            profiles=precise_profiles(core.scheduler),
+            deadline_s=5.0,
         )
         servicer = SchedulerServicer(
             core, deployment=env.deployment, block_size=BS, prefix_lookup=lookup

@@ -21,6 +21,7 @@ from services.scheduler.feeds.shared_core import (
     routed_plugins,
 )
 from services.scheduler.routing.types import Pick, RequestView
+from tests.helpers.views import request_view
 
 IDS = ["a", "b", "c"]
 HASHES = tuple(block_hashes(list(range(1, 257)), 16))  # 16 blocks
@@ -33,13 +34,7 @@ def core() -> GatewayCore:
 
 
 def view(rid: str = "r1", hashes: tuple[int, ...] = HASHES, **kw: object) -> RequestView:
-    return RequestView(
-        request_id=rid,
-        prompt_tokens=len(hashes) * 16,
-        block_hashes=hashes,
-        block_size=16,
-        **kw,  # type: ignore[arg-type]
-    )
+    return request_view(rid, hashes=hashes, block_size=16, **kw)
 
 
 def beat(replica: str, ts_ms: int, **inst: tuple[int, int]) -> events_pb2.ReplicaInFlight:

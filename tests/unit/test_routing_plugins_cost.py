@@ -19,8 +19,17 @@ from tests.unit._routing_helpers import ctx, ep, make, req
         (ep("a", pending_prefill_tokens=10_000), 0, 1000, 1100.0),
         (ep("a", pending_prefill_tokens=5_000, reserved_tokens=5_000), 0, 1000, 1100.0),
         (ep("a", pending_prefill_tokens=10_000, prefill_tokens_per_s=20_000), 0, 1000, 600.0),
+        (ep("a", pending_prefill_tokens=10_000, prefill_tokens_per_s=1_000), 0, 1000, 1100.0),
     ],
-    ids=["idle", "cached-suffix", "cap", "queue-wait", "reserved-wait", "engine-throughput"],
+    ids=[
+        "idle",
+        "cached-suffix",
+        "cap",
+        "queue-wait",
+        "reserved-wait",
+        "engine-faster-than-model",
+        "engine-rate-below-model-is-not-capacity",
+    ],
 )
 def test_ttft_prediction(
     endpoint: EndpointView, cached: int, prompt: int, expected_ms: float

@@ -9,6 +9,7 @@ from services.common.tokens import block_hashes
 from services.scheduler.core import EndpointSpec, GatewayCore, build_core
 from services.scheduler.routing.plugins.prefix import ApproxPrefix, RoutedPrefixIndex
 from services.scheduler.routing.types import Choice, Pick, RequestView
+from tests.helpers.views import request_view
 from tests.unit._routing_helpers import ep, make, req
 
 H = block_hashes(list(range(1000, 1032)), 4)  # 8 chained blocks
@@ -66,9 +67,7 @@ def test_undo_records_are_bounded() -> None:
 
 
 def view(rid: str) -> RequestView:
-    return RequestView(
-        request_id=rid, prompt_tokens=32, block_hashes=tuple(H), block_size=4, max_tokens=4
-    )
+    return request_view(rid, hashes=H, block_size=4, max_tokens=4)
 
 
 def _routed(core: GatewayCore) -> ApproxPrefix:

@@ -18,7 +18,10 @@ class TTFTCostParams(Params):
     perf_profile: str = ""
     # Smoothing added to costs before taking min/cost (keeps near-zero costs comparable).
     epsilon_ms: float = Field(5.0, gt=0)
-    # Prefer the engine-reported prefill throughput over the model's when it is > 0.
+    # Let an engine-reported prefill throughput raise the model's. Engines report what they
+    # achieved over a recent window (idle time included), a lower bound of their capacity:
+    # below the model's it says the engine was not busy, not that it is slow, so the larger
+    # of the two prices the queue.
     use_engine_throughput: bool = True
     # Chunk size used to derive the model's prefill throughput.
     chunk_tokens: int = Field(4096, gt=0)
@@ -38,11 +41,12 @@ class TTFTCostParams(Params):
 @register("ttft-cost", TTFTCostParams)
 class TTFTCost:
     """Predicted time to first token per endpoint: wait for the prefill tokens queued ahead
-    (engine + this gateway's reservations) at the endpoint's prefill throughput, plus the
-    model's prefill time of the prompt minus the cached tokens estimated by the prefix
-    plugins (so list a prefix plugin in the same profile). Score = (min + eps) / (cost + eps)
-    over the candidates: the cheapest scores 1, twice as slow about 0.5. Records the
-    prediction in ``ctx.predicted_ttft_ms`` for the SLO filter and the response.
+    (engine + this gateway's reservations) at the larger of the engine's reported and the
+    model's prefill throughput, plus the model's prefill time of the prompt minus the cached
+    tokens estimated by the prefix plugins (so list a prefix plugin in the same profile).
+    Score = (min + eps) / (cost + eps) over the candidates: the cheapest scores 1, twice as
+    slow about 0.5. Records the prediction in ``ctx.predicted_ttft_ms`` for the SLO filter
+    and the response.
 
     With ``interference > 0`` the cost also counts the delay this prompt's prefill adds to
     the first responses of the requests this gateway sent to the endpoint that have not
@@ -100,8 +104,9 @@ class TTFTCost:
                 owns.append(p)
             pending = e.pending_prefill_tokens + e.reserved_tokens
             if pending:
-                tput = e.prefill_tokens_per_s if use_engine else 0.0
-                tput = tput if tput > 0 else model_tps
+                tput = model_tps
+                if use_engine and e.prefill_tokens_per_s > tput:
+                    tput = e.prefill_tokens_per_s
                 out[e.instance_id] = (1000.0 * pending / tput if tput > 0 else 0.0) + p
             else:
                 out[e.instance_id] = 0.0 + p
