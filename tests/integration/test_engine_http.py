@@ -13,6 +13,7 @@ import pytest
 
 from services.common.tokens import block_hashes, render_token, tokenize
 from tests.helpers.engines import EngineFactory, EngineFleet, sse
+from tests.helpers.waits import eventually
 
 Factory = EngineFactory
 
@@ -309,6 +310,10 @@ async def test_prefill_decode_handshake(make_engine: Factory, http: aiohttp.Clie
     assert decode.core.cache.usage == 0.0
 
 
+async def _has_entries(redis_client: Any, stream: str) -> bool:
+    return bool(await redis_client.xlen(stream))
+
+
 async def test_kv_events_and_load_snapshots_reach_redis(
     make_engine: Factory, http: aiohttp.ClientSession, redis_client: Any
 ) -> None:
@@ -346,6 +351,8 @@ async def test_kv_events_and_load_snapshots_reach_redis(
     assert stored == first + second
     assert set(removed) <= set(first) and removed
     assert events[-1].kind == events_pb2.KVEvent.KIND_ALL_CLEARED
+    # the load publisher runs on its own 10 ms timer: wait for its first snapshot
+    await eventually(lambda: _has_entries(redis_client, "ts:load:evt"))
     snaps = await redis_client.xrange("ts:load:evt")
     snap = events_pb2.LoadSnapshot.FromString(snaps[-1][1][b"p"])
     assert snap.instance_id == engine.instance_id and snap.kv_capacity_blocks == 8
