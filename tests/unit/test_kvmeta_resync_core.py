@@ -6,79 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.tokens import block_hashes
-from services.kvmeta.index import ALL_CLEARED, STORED, BlockEvent, PrefixIndex, Verdict
-
-H = block_hashes(list(range(64)), 8)  # 8 chained blocks
-
-
-def stored(hashes: list[int]) -> BlockEvent:
-    return BlockEvent(STORED, hashes)
-
-
-FULL = BlockEvent(ALL_CLEARED)
-
-# Steps: (seq, events, continues) for instance "a" epoch 1 after seq 1 stored H[:2] and a gap
-# at seq 3; expected outcome per step, then (stale, syncing, matched blocks of H).
-MULTI_CASES = [
-    ([(4, [FULL, stored(H[:5])], False)], [Verdict.APPLIED], (False, False, 5)),
-    (
-        [(4, [FULL, stored(H[:3])], True), (5, [stored(H[3:6])], False)],
-        [Verdict.APPLIED, Verdict.APPLIED],
-        (False, False, 6),
-    ),
-    ([(4, [FULL, stored(H[:3])], True)], [Verdict.APPLIED], (True, True, 0)),
-    (
-        [
-            (4, [FULL, stored(H[:2])], True),
-            (5, [stored(H[2:4])], True),
-            (6, [stored(H[4:7])], False),
-        ],
-        [Verdict.APPLIED] * 3,
-        (False, False, 7),
-    ),
-    (
-        [(4, [FULL, stored(H[:3])], True), (6, [stored(H[3:6])], False)],
-        [Verdict.APPLIED, Verdict.GAP],
-        (True, False, 0),
-    ),
-    (
-        [
-            (4, [FULL, stored(H[:3])], True),
-            (6, [stored(H[3:6])], False),
-            (7, [FULL, stored(H[:4])], False),
-        ],
-        [Verdict.APPLIED, Verdict.GAP, Verdict.APPLIED],
-        (False, False, 4),
-    ),
-    (
-        [(4, [FULL, stored(H[:3])], True), (5, [stored(H[3:4])], True)],
-        [Verdict.APPLIED, Verdict.APPLIED],
-        (True, True, 0),
-    ),
-    (
-        [(4, [FULL, stored(H[:3])], True), (4, [FULL, stored(H[:3])], True)],
-        [Verdict.APPLIED, Verdict.DUPLICATE],
-        (True, True, 0),
-    ),
-    ([(4, [stored(H[2:5])], False)], [Verdict.APPLIED], (True, False, 0)),
-]
+from services.kvmeta.index import BlockEvent, PrefixIndex, Verdict
+from tests.helpers.full_state_cases import FULL, MULTI_CASES, MULTI_IDS, H, stored
 
 
 @pytest.mark.parametrize(
     ("steps", "outcomes", "final"),
     MULTI_CASES,
-    ids=[
-        "one-batch-full-state",
-        "two-batches",
-        "first-chunk-only-stays-stale",
-        "three-batches",
-        "gap-inside-full-state-needs-new-resync",
-        "new-full-state-after-broken-one",
-        "unfinished-full-state-stays-stale",
-        "duplicate-chunk-skipped",
-        "ordinary-batch-keeps-stale",
-    ],
+    ids=MULTI_IDS,
 )
 def test_multi_batch_full_state(
     steps: list[tuple[int, list[BlockEvent], bool]],
