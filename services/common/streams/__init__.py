@@ -31,7 +31,7 @@ from services.common.streams.follower import (
     newest_id,
 )
 from services.common.streams.group import ConsumerStats, StreamConsumer
-from services.common.streams.health import check_redis
+from services.common.streams.health import check_redis, close_quietly
 from services.common.streams.producer import DeadLetters, StreamProducer
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "StreamFollower",
     "StreamProducer",
     "check_redis",
+    "close_quietly",
     "dead_letter",
     "dead_letter_stream",
     "decode_entry",

@@ -9,7 +9,7 @@ from redis.exceptions import RedisError
 
 from services.common.streams.codec import one_line
 
-__all__ = ["check_redis"]
+__all__ = ["check_redis", "close_quietly"]
 
 
 def _redact(url: str) -> str:
@@ -34,3 +34,13 @@ async def check_redis(url: str, timeout_s: float = 5.0) -> None:
         raise ConnectionError(f"cannot reach Redis at {_redact(url)}: {one_line(exc)}") from None
     finally:
         await client.aclose()
+
+
+async def close_quietly(client: aioredis.Redis | None) -> None:
+    """Close a client at shutdown; a Redis that is already gone is not an error then."""
+    if client is None:
+        return
+    try:
+        await client.aclose()
+    except (RedisError, OSError):
+        pass

@@ -13,13 +13,11 @@ metrics as ``tideserve_gateway_feed_total{feed="load"|"membership", event}``.
 
 from __future__ import annotations
 
-import contextlib
-
 import grpc
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from services.common.otel import insecure_channel
+from services.common.streams import close_quietly
 from services.scheduler.feeds.load_stream import LoadStream
 from services.scheduler.feeds.membership import Membership
 from services.scheduler.http.server import Gateway
@@ -79,7 +77,5 @@ class FleetFeeds:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
-        if self.redis is not None:
-            with contextlib.suppress(RedisError, OSError):
-                await self.redis.aclose()
-            self.redis = None
+        await close_quietly(self.redis)
+        self.redis = None

@@ -18,7 +18,6 @@ and ``tideserve_gateway_kv_replica_total{event}``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
@@ -29,10 +28,10 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
-from redis.exceptions import RedisError
 
 from services.common.errors import StartupError
 from services.common.otel import insecure_channel
+from services.common.streams import close_quietly
 from services.scheduler.core.service import GatewayCore
 from services.scheduler.feeds.kv_replica import KVReplicaFeed, LocalLookup
 from services.scheduler.feeds.kv_replica_core import KVReplica
@@ -154,19 +153,15 @@ class Integrations:
             await self.shared.stop()
         if self.kv_feed is not None:
             await self.kv_feed.stop()
-        if self._kv_redis is not None:
-            with contextlib.suppress(RedisError, OSError):
-                await self._kv_redis.aclose()
-            self._kv_redis = None
+        await close_quietly(self._kv_redis)
+        self._kv_redis = None
         if self.sink is not None:
             await self.sink.stop()
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
-        if self.redis is not None:
-            with contextlib.suppress(RedisError, OSError):
-                await self.redis.aclose()
-            self.redis = None
+        await close_quietly(self.redis)
+        self.redis = None
 
 
 def _resolve(profiles: frozenset[str], gateway: Gateway) -> frozenset[str]:
