@@ -10,10 +10,13 @@ import argparse
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["Flag", "add_flags", "flag_overrides"]
+__all__ = ["LOG_LEVEL", "STREAM_PREFIX", "Flag", "add_flags", "flag_overrides"]
 
 Flag = tuple[str, type, str]
 """``("--block-size", int, "help")``: the settings key is the flag without dashes."""
+
+STREAM_PREFIX: Flag = ("--stream-prefix", str, "stream name prefix (default ts)")
+LOG_LEVEL: Flag = ("--log-level", str, "DEBUG, INFO, WARNING, ERROR")
 
 
 def add_flags(parser: argparse.ArgumentParser, flags: Sequence[Flag]) -> None:

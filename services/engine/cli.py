@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from services.common.flags import Flag, add_flags, flag_overrides
+from services.common.flags import LOG_LEVEL, STREAM_PREFIX, Flag, add_flags, flag_overrides
 from services.common.perfmodel import DEFAULT_PROFILE, PROFILES
 from services.engine.settings import EngineSettings
 
@@ -61,13 +61,13 @@ _FLAGS: list[Flag] = [
     ("--default-max-tokens", int, "max tokens when a request gives none (default 128)"),
     ("--redis-url", str, "publish KV events and load snapshots to this Redis"),
     ("--deployment", str, "deployment name in stream names (default 'default')"),
-    ("--stream-prefix", str, "stream name prefix (default ts)"),
+    STREAM_PREFIX,
     ("--bootstrap-port", int, "prefill role: also serve the KV rendezvous on this port"),
     ("--state-dir", str, "where the stub model directory is written"),
     ("--fail-rate", float, "fault: fraction of requests answered HTTP 500"),
     ("--die-after-tokens", int, "fault: close each stream abruptly after N tokens"),
     ("--seed", int, "seed of the fault injector"),
-    ("--log-level", str, "DEBUG, INFO, WARNING, ERROR"),
+    LOG_LEVEL,
 ]
 
 

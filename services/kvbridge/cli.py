@@ -8,7 +8,7 @@ import contextlib
 import signal
 import sys
 
-from services.common.flags import Flag, add_flags, flag_overrides
+from services.common.flags import LOG_LEVEL, STREAM_PREFIX, Flag, add_flags, flag_overrides
 from services.common.logs import configure_logging
 from services.common.settings import SettingsError, load_settings
 from services.common.streams import check_redis
@@ -43,8 +43,8 @@ _FLAGS: list[Flag] = [
     ("--block-size", int, "block size when events carry none"),
     ("--replay-timeout-s", float, "silence that ends a replay (default 2)"),
     ("--redis-url", str, "Redis to publish to (required)"),
-    ("--stream-prefix", str, "stream name prefix (default ts)"),
-    ("--log-level", str, "DEBUG, INFO, WARNING, ERROR"),
+    STREAM_PREFIX,
+    LOG_LEVEL,
 ]
 
 
