@@ -132,7 +132,7 @@ class PluginScore(_message.Message):
     def __init__(self, plugin: _Optional[str] = ..., score: _Optional[float] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class RequestRecord(_message.Message):
-    __slots__ = ("request_id", "trace_id", "deployment", "model", "tenant", "slo_class", "session_id", "profile", "prefill_instance", "decode_instance", "scores", "prompt_tokens", "completion_tokens", "predicted_cached_tokens", "cached_tokens", "predicted_ttft_ms", "queue_ms", "ttft_ms", "tpot_ms", "e2e_ms", "outcome", "http_status", "error", "retries", "arrival_ms", "finish_ms", "disaggregated", "replica_id", "source")
+    __slots__ = ("request_id", "trace_id", "deployment", "model", "tenant", "slo_class", "session_id", "profile", "prefill_instance", "decode_instance", "scores", "prompt_tokens", "completion_tokens", "predicted_cached_tokens", "cached_tokens", "predicted_ttft_ms", "queue_ms", "ttft_ms", "tpot_ms", "e2e_ms", "outcome", "http_status", "error", "retries", "arrival_ms", "finish_ms", "disaggregated", "replica_id", "source", "tools_offered", "tool_results", "tool_calls", "kv_transfer_ms", "engine_pending_prefill_tokens", "engine_running", "engine_tokens_in_flight")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +162,13 @@ class RequestRecord(_message.Message):
     DISAGGREGATED_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_OFFERED_FIELD_NUMBER: _ClassVar[int]
+    TOOL_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_MS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_PENDING_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_TOKENS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     trace_id: str
     deployment: str
@@ -191,7 +198,38 @@ class RequestRecord(_message.Message):
     disaggregated: bool
     replica_id: str
     source: str
-    def __init__(self, request_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., deployment: _Optional[str] = ..., model: _Optional[str] = ..., tenant: _Optional[str] = ..., slo_class: _Optional[str] = ..., session_id: _Optional[str] = ..., profile: _Optional[str] = ..., prefill_instance: _Optional[str] = ..., decode_instance: _Optional[str] = ..., scores: _Optional[_Iterable[_Union[PluginScore, _Mapping]]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., predicted_cached_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., predicted_ttft_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., e2e_ms: _Optional[float] = ..., outcome: _Optional[_Union[RequestOutcome, str]] = ..., http_status: _Optional[int] = ..., error: _Optional[str] = ..., retries: _Optional[int] = ..., arrival_ms: _Optional[int] = ..., finish_ms: _Optional[int] = ..., disaggregated: _Optional[bool] = ..., replica_id: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+    tools_offered: int
+    tool_results: _containers.RepeatedCompositeFieldContainer[ToolResult]
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    kv_transfer_ms: float
+    engine_pending_prefill_tokens: int
+    engine_running: int
+    engine_tokens_in_flight: int
+    def __init__(self, request_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., deployment: _Optional[str] = ..., model: _Optional[str] = ..., tenant: _Optional[str] = ..., slo_class: _Optional[str] = ..., session_id: _Optional[str] = ..., profile: _Optional[str] = ..., prefill_instance: _Optional[str] = ..., decode_instance: _Optional[str] = ..., scores: _Optional[_Iterable[_Union[PluginScore, _Mapping]]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., predicted_cached_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., predicted_ttft_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., e2e_ms: _Optional[float] = ..., outcome: _Optional[_Union[RequestOutcome, str]] = ..., http_status: _Optional[int] = ..., error: _Optional[str] = ..., retries: _Optional[int] = ..., arrival_ms: _Optional[int] = ..., finish_ms: _Optional[int] = ..., disaggregated: _Optional[bool] = ..., replica_id: _Optional[str] = ..., source: _Optional[str] = ..., tools_offered: _Optional[int] = ..., tool_results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., kv_transfer_ms: _Optional[float] = ..., engine_pending_prefill_tokens: _Optional[int] = ..., engine_running: _Optional[int] = ..., engine_tokens_in_flight: _Optional[int] = ...) -> None: ...
+
+class ToolCall(_message.Message):
+    __slots__ = ("id", "name", "argument_bytes", "arguments")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    argument_bytes: int
+    arguments: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., argument_bytes: _Optional[int] = ..., arguments: _Optional[str] = ...) -> None: ...
+
+class ToolResult(_message.Message):
+    __slots__ = ("tool_call_id", "name", "content_bytes", "content")
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    tool_call_id: str
+    name: str
+    content_bytes: int
+    content: str
+    def __init__(self, tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., content_bytes: _Optional[int] = ..., content: _Optional[str] = ...) -> None: ...
 
 class MembershipEvent(_message.Message):
     __slots__ = ("kind", "instance", "ts_ms", "reason")

@@ -22,34 +22,43 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from tideserve.v1 import common_pb2 as tideserve_dot_v1_dot_common__pb2
 from tideserve.v1 import events_pb2 as tideserve_dot_v1_dot_events__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctideserve/v1/telemetry.proto\x12\x0ctideserve.v1\x1a\x19tideserve/v1/events.proto\"=\n\x15ReportRecordsResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x03\x12\x12\n\nduplicates\x18\x02 \x01(\x03\"B\n\x0bPercentiles\x12\x0c\n\x04mean\x18\x01 \x01(\x01\x12\x0b\n\x03p50\x18\x02 \x01(\x01\x12\x0b\n\x03p90\x18\x03 \x01(\x01\x12\x0b\n\x03p99\x18\x04 \x01(\x01\"m\n\x12QueryWindowRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x10\n\x08window_s\x18\x02 \x01(\x01\x12\x0e\n\x06\x65nd_ms\x18\x03 \x01(\x03\x12\x11\n\tslo_class\x18\x04 \x01(\t\x12\x0e\n\x06tenant\x18\x05 \x01(\t\"\xa6\x03\n\x13QueryWindowResponse\x12\x10\n\x08requests\x18\x01 \x01(\x03\x12\x18\n\x10request_rate_rps\x18\x02 \x01(\x01\x12\x1a\n\x12input_tokens_per_s\x18\x03 \x01(\x01\x12\x1b\n\x13output_tokens_per_s\x18\x04 \x01(\x01\x12*\n\x07ttft_ms\x18\x05 \x01(\x0b\x32\x19.tideserve.v1.Percentiles\x12*\n\x07tpot_ms\x18\x06 \x01(\x0b\x32\x19.tideserve.v1.Percentiles\x12)\n\x06\x65\x32\x65_ms\x18\x07 \x01(\x0b\x32\x19.tideserve.v1.Percentiles\x12+\n\x08queue_ms\x18\x08 \x01(\x0b\x32\x19.tideserve.v1.Percentiles\x12\x17\n\x0f\x63\x61\x63he_hit_ratio\x18\t \x01(\x01\x12\x16\n\x0eslo_attainment\x18\n \x01(\x01\x12\x12\n\nerror_rate\x18\x0b \x01(\x01\x12\x19\n\x11mean_input_tokens\x18\x0c \x01(\x01\x12\x1a\n\x12mean_output_tokens\x18\r \x01(\x01\"\xf0\x01\n\tPerfModel\x12\x0f\n\x07profile\x18\x01 \x01(\t\x12\x17\n\x0fprefill_base_ms\x18\x02 \x01(\x01\x12\x1c\n\x14prefill_ms_per_token\x18\x03 \x01(\x01\x12\x1d\n\x15prefill_ms_per_token2\x18\x04 \x01(\x01\x12\x16\n\x0e\x64\x65\x63ode_base_ms\x18\x05 \x01(\x01\x12\x19\n\x11\x64\x65\x63ode_ms_per_seq\x18\x06 \x01(\x01\x12\x1c\n\x14\x64\x65\x63ode_ms_per_ktoken\x18\x07 \x01(\x01\x12\x1a\n\x12kv_bytes_per_token\x18\x08 \x01(\x03\x12\x0f\n\x07samples\x18\t \x01(\x03\")\n\x13GetPerfModelRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\">\n\x14GetPerfModelResponse\x12&\n\x05model\x18\x01 \x01(\x0b\x32\x17.tideserve.v1.PerfModel\"@\n\x18GetRecommendationRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x10\n\x08window_s\x18\x02 \x01(\x01\"x\n\x19GetRecommendationResponse\x12\x18\n\x10prefill_replicas\x18\x01 \x01(\x05\x12\x17\n\x0f\x64\x65\x63ode_replicas\x18\x02 \x01(\x05\x12\x17\n\x0fworker_replicas\x18\x03 \x01(\x05\x12\x0f\n\x07reasons\x18\x04 \x03(\t2\xf8\x02\n\x10TelemetryService\x12S\n\rReportRecords\x12\x1b.tideserve.v1.RequestRecord\x1a#.tideserve.v1.ReportRecordsResponse(\x01\x12R\n\x0bQueryWindow\x12 .tideserve.v1.QueryWindowRequest\x1a!.tideserve.v1.QueryWindowResponse\x12U\n\x0cGetPerfModel\x12!.tideserve.v1.GetPerfModelRequest\x1a\".tideserve.v1.GetPerfModelResponse\x12\x64\n\x11GetRecommendation\x12&.tideserve.v1.GetRecommendationRequest\x1a\'.tideserve.v1.GetRecommendationResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctideserve/v1/telemetry.proto\x12\x0ctideserve.v1\x1a\x19tideserve/v1/common.proto\x1a\x19tideserve/v1/events.proto\"_\n\x15ReportRecordsResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x03\x12\x12\n\nduplicates\x18\x02 \x01(\x03\x12\x10\n\x08rejected\x18\x03 \x01(\x03\x12\x0e\n\x06\x65rrors\x18\x04 \x03(\t\"B\n\x0bPercentiles\x12\x0c\n\x04mean\x18\x01 \x01(\x01\x12\x0b\n\x03p50\x18\x02 \x01(\x01\x12\x0b\n\x03p90\x18\x03 \x01(\x01\x12\x0b\n\x03p99\x18\x04 \x01(\x01\"{\n\x12QueryWindowRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x10\n\x08window_s\x18\x02 \x01(\x01\x12\x0e\n\x06\x65nd_ms\x18\x03 \x01(\x03\x12\x11\n\tslo_class\x18\x04 \x01(\t\x12\x0e\n\x06tenant\x18\x05 \x01(\t\x12\x0c\n\x04role\x18\x06 \x01(\t\"\xc9\x01\n\x0f\x43lassAttainment\x12\x11\n\tslo_class\x18\x01 \x01(\t\x12\x12\n\npercentile\x18\x02 \x01(\x01\x12\x16\n\x0ettft_target_ms\x18\x03 \x01(\x01\x12\x16\n\x0etpot_target_ms\x18\x04 \x01(\x01\x12\x0f\n\x07ttft_ms\x18\x05 \x01(\x01\x12\x0f\n\x07tpot_ms\x18\x06 \x01(\x01\x12\x17\n\x0fttft_attainment\x18\x07 \x01(\x01\x12\x17\n\x0ftpot_attainment\x18\x08 \x01(\x01\x12\x0b\n\x03met\x18\t \x01(\x08\"\x80\x06\n\x0bWindowStats\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x11\n\tslo_class\x18\x03 \x01(\t\x12\x0e\n\x06tenant\x18\x04 \x01(\t\x12\x10\n\x08start_ms\x18\x05 \x01(\x03\x12\x0e\n\x06\x65nd_ms\x18\x06 \x01(\x03\x12\x10\n\x08requests\x18\x07 \x01(\x03\x12\x18\n\x10request_rate_rps\x18\x08 \x01(\x01\x12\x1a\n\x12input_tokens_per_s\x18\t \x01(\x01\x12\x1b\n\x13output_tokens_per_s\x18\n \x01(\x01\x12/\n\x0cinput_tokens\x18\x0b \x01(\x0b\x32\x19.tideserve.v1.Percentiles\x12\x30\n\routput_tokens\x18\x0c \x01(\x0b\x32\x19.tideserve.v1.Percentiles\x12+\n\x08queue_ms\x18\r \x01(\x0b\x32\x19.tideserve.v1.Percentiles\x12*\n\x07ttft_ms\x18\x0e \x01(\x0b\x32\x19.tideserve.v1.Percentiles\x12*\n\x07tpot_ms\x18\x0f \x01(\x0b\x32\x19.tideserve.v1.Percentiles\x12)\n\x06\x65\x32\x65_ms\x18\x10 \x01(\x0b\x32\x19.tideserve.v1.Percentiles\x12\x31\n\x0ekv_transfer_ms\x18\x11 \x01(\x0b\x32\x19.tideserve.v1.Percentiles\x12\x17\n\x0f\x63\x61\x63he_hit_ratio\x18\x12 \x01(\x01\x12\x1f\n\x17\x63\x61\x63hed_tokens_abs_error\x18\x13 \x01(\x01\x12!\n\x19\x63\x61\x63hed_tokens_error_ratio\x18\x14 \x01(\x01\x12\x13\n\x0bgoodput_rps\x18\x15 \x01(\x01\x12\x16\n\x0eslo_attainment\x18\x16 \x01(\x01\x12\x12\n\nerror_rate\x18\x17 \x01(\x01\x12\x11\n\tshed_rate\x18\x18 \x01(\x01\x12.\n\x07\x63lasses\x18\x19 \x03(\x0b\x32\x1d.tideserve.v1.ClassAttainment\"\x95\x01\n\x13QueryWindowResponse\x12(\n\x05total\x18\x01 \x01(\x0b\x32\x19.tideserve.v1.WindowStats\x12)\n\x06slices\x18\x02 \x03(\x0b\x32\x19.tideserve.v1.WindowStats\x12\x19\n\x11relative_accuracy\x18\x03 \x01(\x01\x12\x0e\n\x06source\x18\x04 \x01(\t\"\xff\x03\n\tPerfModel\x12\x0f\n\x07profile\x18\x01 \x01(\t\x12\x17\n\x0fprefill_base_ms\x18\x02 \x01(\x01\x12\x1c\n\x14prefill_ms_per_token\x18\x03 \x01(\x01\x12\x1d\n\x15prefill_ms_per_token2\x18\x04 \x01(\x01\x12\x16\n\x0e\x64\x65\x63ode_base_ms\x18\x05 \x01(\x01\x12\x19\n\x11\x64\x65\x63ode_ms_per_seq\x18\x06 \x01(\x01\x12\x1c\n\x14\x64\x65\x63ode_ms_per_ktoken\x18\x07 \x01(\x01\x12\x1a\n\x12kv_bytes_per_token\x18\x08 \x01(\x03\x12\x0f\n\x07samples\x18\t \x01(\x03\x12\x12\n\ndeployment\x18\n \x01(\t\x12 \n\x04role\x18\x0b \x01(\x0e\x32\x12.tideserve.v1.Role\x12\x18\n\x10transfer_base_ms\x18\x0c \x01(\x01\x12\x1a\n\x12transfer_ms_per_mb\x18\r \x01(\x01\x12\x11\n\tstartup_s\x18\x0e \x01(\x01\x12\x17\n\x0fstartup_samples\x18\x0f \x01(\x03\x12\x1a\n\x12prefill_confidence\x18\x10 \x01(\x01\x12\x19\n\x11\x64\x65\x63ode_confidence\x18\x11 \x01(\x01\x12\x15\n\rprefill_error\x18\x12 \x01(\x01\x12\x14\n\x0c\x64\x65\x63ode_error\x18\x13 \x01(\x01\x12\x11\n\tfitted_ms\x18\x14 \x01(\x03\"K\n\x13GetPerfModelRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12 \n\x04role\x18\x02 \x01(\x0e\x32\x12.tideserve.v1.Role\">\n\x14GetPerfModelResponse\x12&\n\x05model\x18\x01 \x01(\x0b\x32\x17.tideserve.v1.PerfModel\"W\n\x18GetRecommendationRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x10\n\x08window_s\x18\x02 \x01(\x01\x12\x15\n\rdisaggregated\x18\x03 \x01(\x08\"\x90\x02\n\x19GetRecommendationResponse\x12\x18\n\x10prefill_replicas\x18\x01 \x01(\x05\x12\x17\n\x0f\x64\x65\x63ode_replicas\x18\x02 \x01(\x05\x12\x17\n\x0fworker_replicas\x18\x03 \x01(\x05\x12\x0f\n\x07reasons\x18\x04 \x03(\t\x12\x1a\n\x12\x62inding_constraint\x18\x05 \x01(\t\x12\x10\n\x08pd_ratio\x18\x06 \x01(\x01\x12\x18\n\x10request_rate_rps\x18\x07 \x01(\x01\x12\x19\n\x11mean_input_tokens\x18\x08 \x01(\x01\x12\x1a\n\x12mean_output_tokens\x18\t \x01(\x01\x12\x17\n\x0f\x63\x61\x63he_hit_ratio\x18\n \x01(\x01\"6\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"@\n\x12GetSessionResponse\x12*\n\x05turns\x18\x01 \x03(\x0b\x32\x1b.tideserve.v1.RequestRecord2\xc9\x03\n\x10TelemetryService\x12S\n\rReportRecords\x12\x1b.tideserve.v1.RequestRecord\x1a#.tideserve.v1.ReportRecordsResponse(\x01\x12R\n\x0bQueryWindow\x12 .tideserve.v1.QueryWindowRequest\x1a!.tideserve.v1.QueryWindowResponse\x12U\n\x0cGetPerfModel\x12!.tideserve.v1.GetPerfModelRequest\x1a\".tideserve.v1.GetPerfModelResponse\x12\x64\n\x11GetRecommendation\x12&.tideserve.v1.GetRecommendationRequest\x1a\'.tideserve.v1.GetRecommendationResponse\x12O\n\nGetSession\x12\x1f.tideserve.v1.GetSessionRequest\x1a .tideserve.v1.GetSessionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tideserve.v1.telemetry_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REPORTRECORDSRESPONSE']._serialized_start=73
-  _globals['_REPORTRECORDSRESPONSE']._serialized_end=134
-  _globals['_PERCENTILES']._serialized_start=136
-  _globals['_PERCENTILES']._serialized_end=202
-  _globals['_QUERYWINDOWREQUEST']._serialized_start=204
-  _globals['_QUERYWINDOWREQUEST']._serialized_end=313
-  _globals['_QUERYWINDOWRESPONSE']._serialized_start=316
-  _globals['_QUERYWINDOWRESPONSE']._serialized_end=738
-  _globals['_PERFMODEL']._serialized_start=741
-  _globals['_PERFMODEL']._serialized_end=981
-  _globals['_GETPERFMODELREQUEST']._serialized_start=983
-  _globals['_GETPERFMODELREQUEST']._serialized_end=1024
-  _globals['_GETPERFMODELRESPONSE']._serialized_start=1026
-  _globals['_GETPERFMODELRESPONSE']._serialized_end=1088
-  _globals['_GETRECOMMENDATIONREQUEST']._serialized_start=1090
-  _globals['_GETRECOMMENDATIONREQUEST']._serialized_end=1154
-  _globals['_GETRECOMMENDATIONRESPONSE']._serialized_start=1156
-  _globals['_GETRECOMMENDATIONRESPONSE']._serialized_end=1276
-  _globals['_TELEMETRYSERVICE']._serialized_start=1279
-  _globals['_TELEMETRYSERVICE']._serialized_end=1655
+  _globals['_REPORTRECORDSRESPONSE']._serialized_start=100
+  _globals['_REPORTRECORDSRESPONSE']._serialized_end=195
+  _globals['_PERCENTILES']._serialized_start=197
+  _globals['_PERCENTILES']._serialized_end=263
+  _globals['_QUERYWINDOWREQUEST']._serialized_start=265
+  _globals['_QUERYWINDOWREQUEST']._serialized_end=388
+  _globals['_CLASSATTAINMENT']._serialized_start=391
+  _globals['_CLASSATTAINMENT']._serialized_end=592
+  _globals['_WINDOWSTATS']._serialized_start=595
+  _globals['_WINDOWSTATS']._serialized_end=1363
+  _globals['_QUERYWINDOWRESPONSE']._serialized_start=1366
+  _globals['_QUERYWINDOWRESPONSE']._serialized_end=1515
+  _globals['_PERFMODEL']._serialized_start=1518
+  _globals['_PERFMODEL']._serialized_end=2029
+  _globals['_GETPERFMODELREQUEST']._serialized_start=2031
+  _globals['_GETPERFMODELREQUEST']._serialized_end=2106
+  _globals['_GETPERFMODELRESPONSE']._serialized_start=2108
+  _globals['_GETPERFMODELRESPONSE']._serialized_end=2170
+  _globals['_GETRECOMMENDATIONREQUEST']._serialized_start=2172
+  _globals['_GETRECOMMENDATIONREQUEST']._serialized_end=2259
+  _globals['_GETRECOMMENDATIONRESPONSE']._serialized_start=2262
+  _globals['_GETRECOMMENDATIONRESPONSE']._serialized_end=2534
+  _globals['_GETSESSIONREQUEST']._serialized_start=2536
+  _globals['_GETSESSIONREQUEST']._serialized_end=2590
+  _globals['_GETSESSIONRESPONSE']._serialized_start=2592
+  _globals['_GETSESSIONRESPONSE']._serialized_end=2656
+  _globals['_TELEMETRYSERVICE']._serialized_start=2659
+  _globals['_TELEMETRYSERVICE']._serialized_end=3116
 # @@protoc_insertion_point(module_scope)

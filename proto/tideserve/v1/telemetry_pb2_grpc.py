@@ -55,34 +55,55 @@ class TelemetryServiceStub:
                 request_serializer=tideserve_dot_v1_dot_telemetry__pb2.GetRecommendationRequest.SerializeToString,
                 response_deserializer=tideserve_dot_v1_dot_telemetry__pb2.GetRecommendationResponse.FromString,
                 _registered_method=True)
+        self.GetSession = channel.unary_unary(
+                '/tideserve.v1.TelemetryService/GetSession',
+                request_serializer=tideserve_dot_v1_dot_telemetry__pb2.GetSessionRequest.SerializeToString,
+                response_deserializer=tideserve_dot_v1_dot_telemetry__pb2.GetSessionResponse.FromString,
+                _registered_method=True)
 
 
 class TelemetryServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def ReportRecords(self, request_iterator, context):
-        """Ingests request records (for producers without Redis). Idempotent per request_id.
+        """Ingests request records (for platforms that route with the gRPC Pick API and report
+        outcomes themselves). Idempotent per request_id: a record already stored counts as a
+        duplicate. A record that fails validation is rejected alone (counted in `rejected`, its
+        reason in `errors`, dead-lettered); the others are kept. The response is sent once every
+        accepted record is committed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def QueryWindow(self, request, context):
-        """Statistics over a time window. INVALID_ARGUMENT if window_s <= 0.
+        """Statistics over a window ending at end_ms: the total over the filters and one slice per
+        deployment x role x SLO class x tenant. Recent windows come from memory, older ones from
+        persisted 1-minute rollups; both merge exactly. INVALID_ARGUMENT if window_s <= 0.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetPerfModel(self, request, context):
-        """The performance model fitted from observed requests (prior: the named profile).
+        """The performance model fitted from observed requests for one deployment and role; the
+        named engine profile is the prior until the fit has enough samples. Read-only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetRecommendation(self, request, context):
-        """Recommended prefill/decode replica counts for the observed load and SLOs.
+        """Prefill/decode (or worker) replica counts that meet every SLO class's TTFT and TPOT
+        targets for the observed traffic mix at least cost, with the constraint that binds.
+        Read-only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSession(self, request, context):
+        """One agent session's turns in arrival order. NOT_FOUND if no record carries the id.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -110,6 +131,11 @@ def add_TelemetryServiceServicer_to_server(servicer, server):
                     servicer.GetRecommendation,
                     request_deserializer=tideserve_dot_v1_dot_telemetry__pb2.GetRecommendationRequest.FromString,
                     response_serializer=tideserve_dot_v1_dot_telemetry__pb2.GetRecommendationResponse.SerializeToString,
+            ),
+            'GetSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSession,
+                    request_deserializer=tideserve_dot_v1_dot_telemetry__pb2.GetSessionRequest.FromString,
+                    response_serializer=tideserve_dot_v1_dot_telemetry__pb2.GetSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -220,6 +246,33 @@ class TelemetryService:
             '/tideserve.v1.TelemetryService/GetRecommendation',
             tideserve_dot_v1_dot_telemetry__pb2.GetRecommendationRequest.SerializeToString,
             tideserve_dot_v1_dot_telemetry__pb2.GetRecommendationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tideserve.v1.TelemetryService/GetSession',
+            tideserve_dot_v1_dot_telemetry__pb2.GetSessionRequest.SerializeToString,
+            tideserve_dot_v1_dot_telemetry__pb2.GetSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
