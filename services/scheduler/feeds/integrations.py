@@ -144,6 +144,10 @@ class Integrations:
             await self.shared.start()
         if self.kv_feed is not None:
             self.kv_feed.start()
+        if self._channel is not None:
+            # Start connecting now, without waiting: the first lookups would otherwise spend
+            # their short deadline on the TCP/HTTP2 handshake and route without precise data.
+            self._channel.get_state(try_to_connect=True)
 
     async def stop(self) -> None:
         if self._collector is not None:
