@@ -131,6 +131,33 @@ async def test_resource_exhausted_carries_retry_hint(stack: tuple[Any, GatewayCo
     assert f"retry_after_ms={got[0].error.retry_after_ms}" in got[0].error.message
 
 
+async def test_tagged_request_is_not_held_up_by_one_waiting(
+    stack: tuple[Any, GatewayCore],
+) -> None:
+    """A tagged request waiting in admission (saturated fleet) does not hold up the tagged
+    one behind it: that one is answered first, each answer echoes its tag; untagged requests
+    keep their order around them."""
+    stub, core = stack
+    for iid in ("w1", "w2"):
+        core.fleet.report_load(iid, LoadReport(kv_usage=0.99), time.monotonic())
+    now_ms = int(time.time() * 1000)
+    got = await _all(
+        stub,
+        [
+            req(prompt_text="x", deadline_ms=now_ms + 1500, tag="waits"),
+            req(deployment="zz", tag="refused"),
+            req(slo_class="gold"),
+            req(deployment=""),
+        ],
+    )
+    assert [(r.tag, _code(r)) for r in got] == [
+        ("refused", Code.NOT_FOUND),
+        ("", Code.NOT_FOUND),
+        ("", Code.INVALID_ARGUMENT),
+        ("waits", Code.RESOURCE_EXHAUSTED),
+    ]
+
+
 async def test_outcomes_ride_on_later_requests(stack: tuple[Any, GatewayCore]) -> None:
     stub, core = stack
     first = await stub.Pick(req(prompt_text=LONG))

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PickRequest(_message.Message):
-    __slots__ = ("deployment", "prompt_token_ids", "prompt_text", "block_hashes", "prompt_tokens", "max_tokens", "tenant", "slo_class", "session_id", "profile", "deadline_ms", "exclude_instances", "report_outcomes", "traceparent")
+    __slots__ = ("deployment", "prompt_token_ids", "prompt_text", "block_hashes", "prompt_tokens", "max_tokens", "tenant", "slo_class", "session_id", "profile", "deadline_ms", "exclude_instances", "report_outcomes", "traceparent", "tag")
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,7 @@ class PickRequest(_message.Message):
     EXCLUDE_INSTANCES_FIELD_NUMBER: _ClassVar[int]
     REPORT_OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
     deployment: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     prompt_text: str
@@ -38,7 +39,8 @@ class PickRequest(_message.Message):
     exclude_instances: _containers.RepeatedScalarFieldContainer[str]
     report_outcomes: _containers.RepeatedCompositeFieldContainer[ReportOutcomeRequest]
     traceparent: str
-    def __init__(self, deployment: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., tenant: _Optional[str] = ..., slo_class: _Optional[str] = ..., session_id: _Optional[str] = ..., profile: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., exclude_instances: _Optional[_Iterable[str]] = ..., report_outcomes: _Optional[_Iterable[_Union[ReportOutcomeRequest, _Mapping]]] = ..., traceparent: _Optional[str] = ...) -> None: ...
+    tag: str
+    def __init__(self, deployment: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., tenant: _Optional[str] = ..., slo_class: _Optional[str] = ..., session_id: _Optional[str] = ..., profile: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., exclude_instances: _Optional[_Iterable[str]] = ..., report_outcomes: _Optional[_Iterable[_Union[ReportOutcomeRequest, _Mapping]]] = ..., traceparent: _Optional[str] = ..., tag: _Optional[str] = ...) -> None: ...
 
 class PickError(_message.Message):
     __slots__ = ("code", "message", "retry_after_ms")
@@ -61,7 +63,7 @@ class PickedEndpoint(_message.Message):
     def __init__(self, instance: _Optional[_Union[_common_pb2.Instance, _Mapping]] = ..., score: _Optional[float] = ..., scores: _Optional[_Iterable[_Union[_events_pb2.PluginScore, _Mapping]]] = ...) -> None: ...
 
 class PickResponse(_message.Message):
-    __slots__ = ("pick_id", "prefill", "decode", "disaggregated", "bootstrap_host", "bootstrap_port", "bootstrap_room", "predicted_cached_tokens", "predicted_ttft_ms", "profile", "error")
+    __slots__ = ("pick_id", "prefill", "decode", "disaggregated", "bootstrap_host", "bootstrap_port", "bootstrap_room", "predicted_cached_tokens", "predicted_ttft_ms", "profile", "error", "tag")
     PICK_ID_FIELD_NUMBER: _ClassVar[int]
     PREFILL_FIELD_NUMBER: _ClassVar[int]
     DECODE_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +75,7 @@ class PickResponse(_message.Message):
     PREDICTED_TTFT_MS_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
     pick_id: str
     prefill: PickedEndpoint
     decode: PickedEndpoint
@@ -84,7 +87,8 @@ class PickResponse(_message.Message):
     predicted_ttft_ms: float
     profile: str
     error: PickError
-    def __init__(self, pick_id: _Optional[str] = ..., prefill: _Optional[_Union[PickedEndpoint, _Mapping]] = ..., decode: _Optional[_Union[PickedEndpoint, _Mapping]] = ..., disaggregated: _Optional[bool] = ..., bootstrap_host: _Optional[str] = ..., bootstrap_port: _Optional[int] = ..., bootstrap_room: _Optional[int] = ..., predicted_cached_tokens: _Optional[int] = ..., predicted_ttft_ms: _Optional[float] = ..., profile: _Optional[str] = ..., error: _Optional[_Union[PickError, _Mapping]] = ...) -> None: ...
+    tag: str
+    def __init__(self, pick_id: _Optional[str] = ..., prefill: _Optional[_Union[PickedEndpoint, _Mapping]] = ..., decode: _Optional[_Union[PickedEndpoint, _Mapping]] = ..., disaggregated: _Optional[bool] = ..., bootstrap_host: _Optional[str] = ..., bootstrap_port: _Optional[int] = ..., bootstrap_room: _Optional[int] = ..., predicted_cached_tokens: _Optional[int] = ..., predicted_ttft_ms: _Optional[float] = ..., profile: _Optional[str] = ..., error: _Optional[_Union[PickError, _Mapping]] = ..., tag: _Optional[str] = ...) -> None: ...
 
 class ReportOutcomeRequest(_message.Message):
     __slots__ = ("pick_id", "outcome", "prompt_tokens", "completion_tokens", "cached_tokens", "ttft_ms", "tpot_ms", "e2e_ms")

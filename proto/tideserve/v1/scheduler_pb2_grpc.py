@@ -82,12 +82,13 @@ class SchedulerServiceServicer:
 
     def PickStream(self, request_iterator, context):
         """Pick over one long-lived bidirectional stream (no per-call overhead, in the manner of
-        Envoy ext_proc endpoint pickers). Contract: exactly one PickResponse per PickRequest, in
-        request order; requests are decided one after another, as each arrives (a client may
-        pipeline several). Each decision is the same as Pick's. A request Pick would refuse
-        (any of Pick's errors) does NOT end the stream: its PickResponse carries `error` (code
-        and message, retry_after_ms for RESOURCE_EXHAUSTED) and nothing else, and the next
-        request is decided. The stream ends with a status only for transport failures,
+        Envoy ext_proc endpoint pickers). Contract: exactly one PickResponse per PickRequest.
+        Untagged requests are decided one after another, as each arrives (a client may pipeline
+        several), and answered in request order; a tagged request (PickRequest.tag) is decided
+        beside the others and answered, with its tag, as soon as it is decided. Each decision
+        is the same as Pick's. A request Pick would refuse (any of Pick's errors) does NOT end
+        the stream: its PickResponse carries `error` (code and message, retry_after_ms for
+        RESOURCE_EXHAUSTED) and the tag, nothing else, and the stream goes on. The stream ends with a status only for transport failures,
         cancellation or server shutdown; outcomes may ride on the next request
         (PickRequest.report_outcomes) instead of separate ReportOutcome calls.
         """

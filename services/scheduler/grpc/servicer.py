@@ -12,9 +12,11 @@ when tenants are configured, pick or instance), RESOURCE_EXHAUSTED where HTTP an
 ``retry_after_ms`` in the message and trailing metadata ``retry-after-ms``), UNAVAILABLE
 (no eligible endpoint).
 
-PickStream decides each request of a bidirectional stream exactly as Pick would, one after
-another, answering in request order; a refused request gets a ``PickResponse`` whose
-``error`` carries Pick's status code, message and retry hint, and the stream goes on.
+PickStream decides each request of a bidirectional stream exactly as Pick would: untagged
+requests one after another, answered in request order; tagged ones (``PickRequest.tag``)
+beside them, each answered as soon as it is decided. A refused request gets a
+``PickResponse`` whose ``error`` carries Pick's status code, message and retry hint, and
+the stream goes on.
 Drain/Undrain act on this replica's fleet, in memory: they do not survive a restart and do
 not reach other replicas (a drain every replica follows is the autoscaler's ``DRAINING``
 membership event on ``{prefix}:membership``).
@@ -25,6 +27,7 @@ unknown or already reported pick ids there are ignored.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 import uuid
@@ -195,18 +198,59 @@ class SchedulerServicer(_Base):
         request_iterator: AsyncIterator[scheduler_pb2.PickRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[scheduler_pb2.PickResponse]:
-        """One response per request, in order; a refused request gets a response carrying
-        ``error`` (Pick's code and message) and the stream goes on."""
-        async for request in request_iterator:
+        """One response per request. Untagged requests are decided one after another and
+        answered in order; a tagged one is decided beside them and answered as soon as it is
+        decided. A refused request gets a response carrying ``error`` (Pick's code and
+        message) and the stream goes on."""
+        answers: asyncio.Queue[scheduler_pb2.PickResponse | BaseException | None]
+        answers = asyncio.Queue()
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def answer(r: scheduler_pb2.PickRequest, after: asyncio.Task[None] | None) -> None:
+            if after is not None:
+                await asyncio.wait([after])
             try:
-                resp = await self._decide(request)
-            except _Refused as e:
-                resp = scheduler_pb2.PickResponse(
-                    error=scheduler_pb2.PickError(
-                        code=e.code.value[0], message=e.message, retry_after_ms=e.retry_after_ms
-                    )
+                answers.put_nowait(await self._answer(r))
+            except Exception as e:  # not a refusal: the stream ends with it
+                answers.put_nowait(e)
+
+        async def read() -> None:
+            last: asyncio.Task[None] | None = None
+            try:
+                async for r in request_iterator:
+                    t = asyncio.create_task(answer(r, None if r.tag else last))
+                    if not r.tag:
+                        last = t
+                    tasks.add(t)
+                    t.add_done_callback(tasks.discard)
+                while tasks:
+                    await asyncio.wait(tasks)
+            except Exception as e:  # the transport failed: end the stream
+                answers.put_nowait(e)
+            answers.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (item := await answers.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            for t in (reader, *tasks):
+                t.cancel()
+
+    async def _answer(self, r: scheduler_pb2.PickRequest) -> scheduler_pb2.PickResponse:
+        """PickStream's answer to one request: the decision, or Pick's refusal as ``error``."""
+        try:
+            resp = await self._decide(r)
+        except _Refused as e:
+            resp = scheduler_pb2.PickResponse(
+                error=scheduler_pb2.PickError(
+                    code=e.code.value[0], message=e.message, retry_after_ms=e.retry_after_ms
                 )
-            yield resp
+            )
+        resp.tag = r.tag
+        return resp
 
     async def _decide(self, r: scheduler_pb2.PickRequest) -> scheduler_pb2.PickResponse:
         """Pick's decision; raises :class:`_Refused` with Pick's status code."""
