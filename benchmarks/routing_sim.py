@@ -67,7 +67,13 @@ from services.bench.stats import infinite_cache_hit_ratio  # noqa: E402
 from services.bench.traces import TraceRequest, load_trace  # noqa: E402
 from services.common.perfmodel import get_profile  # noqa: E402
 from services.common.tokens import block_hashes, tokenize  # noqa: E402
-from services.engine.core import CoreConfig, EngineCore, EngineRole, Request  # noqa: E402
+from services.engine.core import (  # noqa: E402
+    AdmissionError,
+    CoreConfig,
+    EngineCore,
+    EngineRole,
+    Request,
+)
 from services.engine.kvcache import KVCache  # noqa: E402
 from services.scheduler.core import EndpointSpec, GatewayCore, LoadReport, build_core  # noqa: E402
 from services.scheduler.routing.plugins.prefix import ApproxPrefix  # noqa: E402
@@ -208,6 +214,7 @@ class Sim:
         self.wake_at: dict[str, float] = {}
         self.reqs: dict[str, _Req] = {}
         self.shed = 0
+        self.failed = 0
         self.diag = _Diag()
         prof = self.gw.scheduler.profiles[profile]
         self.approx = next((p for p in prof.preparers if isinstance(p, ApproxPrefix)), None)
@@ -293,14 +300,15 @@ class Sim:
             raise RuntimeError(f"{rid}: {d}")
         req.pick = d
         self.note(match, d)
-        if d.prefill is not None:
-            piid = d.prefill.endpoint.instance_id
-            self.cores[piid].submit(Request(rid, toks, req.out, hold_kv=True), now)
-            self.kick(piid, now)
-        else:
-            diid = d.decode.endpoint.instance_id
-            self.cores[diid].submit(Request(rid, toks, req.out), now)
-            self.kick(diid, now)
+        first = d.prefill or d.decode
+        iid = first.endpoint.instance_id
+        try:  # the live engine answers 400 here (and the bench counts it failed)
+            self.cores[iid].submit(Request(rid, toks, req.out, hold_kv=d.prefill is not None), now)
+        except AdmissionError:
+            self.failed += 1
+            self.gw.release(rid)
+            return 1
+        self.kick(iid, now)
         return 0
 
     def precise(self, hashes: tuple[int, ...]) -> dict[str, PrefixMatch] | None:
@@ -415,6 +423,8 @@ class Sim:
             "profile": self.profile,
             "completed": len(done),
             "shed": self.shed,
+            # refused by the engine (prompt + max_tokens past its context or KV capacity)
+            "failed": self.failed,
             "duration_s": round(dur_s, 3),
             "ttft_ms": dist(ttft),
             "tpot_ms": dist(tpot),
