@@ -18,7 +18,7 @@ in its own session with its output in ``<state_dir>/<instance>.log``, on a free 
   SIGKILL after ``stop_grace_s``.
 
 :meth:`close` stops every process (SIGTERM, SIGKILL after the grace) without draining: the
-driver's processes do not outlive it.
+driver's processes do not outlive it. The driver owns the drainer it is given and closes it.
 """
 
 from __future__ import annotations
@@ -384,6 +384,7 @@ class LocalDriver:
             inst.stopping = True
             await self._set(inst, "driver closed", state=InstanceState.STOPPED)
         self._instances.clear()
+        await self.drainer.close()
         if self._http is not None:
             await self._http.close()
             self._http = None
