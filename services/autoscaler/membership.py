@@ -17,6 +17,7 @@ the next publish or :meth:`~MembershipPublisher.flush`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import deque
 
@@ -88,6 +89,7 @@ class MembershipPublisher:
         self.published = 0
         self.dropped = 0
         self.failures = 0
+        self._lock = asyncio.Lock()  # one flush at a time: order kept, nothing sent twice
 
     @property
     def pending(self) -> int:
@@ -103,18 +105,19 @@ class MembershipPublisher:
 
     async def flush(self) -> bool:
         """Send what waits, in order; False (one log line) when Redis fails."""
-        while self._outbox:
-            try:
-                await self.producer.publish(self.stream, self._outbox[0])
-            except (RedisError, OSError) as e:
-                self.failures += 1
-                log.warning(
-                    "membership: %d event(s) wait, %s unreachable: %s",
-                    len(self._outbox),
-                    self.stream,
-                    e,
-                )
-                return False
-            self._outbox.popleft()
-            self.published += 1
-        return True
+        async with self._lock:
+            while self._outbox:
+                try:
+                    await self.producer.publish(self.stream, self._outbox[0])
+                except (RedisError, OSError) as e:
+                    self.failures += 1
+                    log.warning(
+                        "membership: %d event(s) wait, %s unreachable: %s",
+                        len(self._outbox),
+                        self.stream,
+                        e,
+                    )
+                    return False
+                self._outbox.popleft()
+                self.published += 1
+            return True
