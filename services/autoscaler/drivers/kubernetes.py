@@ -22,6 +22,8 @@ else :func:`~.base.choose_victims`; for a StatefulSet always the highest ordinal
 what its controller removes): DRAINING is announced, the scheduler drains it
 (:class:`~.drain.Drainer`), the pod is annotated ``controller.kubernetes.io/pod-deletion-cost:
 "-1000"`` so the ReplicaSet deletes exactly it, and only then is ``spec.replicas`` lowered.
+A scale-in that fails after draining (an API error) leaves its victims DRAINING: the retry
+takes them first; a scale-out instead puts them back (READY again, announced ADDED).
 API errors become :class:`~.base.DriverError` naming the call, status and message.
 
 The API calls, all namespaced: get/patch ``<target>/scale``, list/watch ``pods``, patch
@@ -412,7 +414,12 @@ class KubernetesDriver:
         async with self._lock:
             current = await self._get_scale(role)
             w = await self._ensure_watch(role, current.selector)
+            # drained earlier by a scale-in that failed before lowering replicas
+            leftover = sorted(n for n in w.pods if n in self._draining)
             if replicas >= current.replicas:
+                for name in leftover:  # kept after all: serving again (ADDED)
+                    self._draining.discard(name)
+                    await self._update(w, w.pods[name])
                 if replicas > current.replicas:
                     await self._set_scale(role, replicas)
                 return
@@ -421,10 +428,12 @@ class KubernetesDriver:
                 if s.instance_id not in self._draining
             ]  # fmt: skip
             n = current.replicas - replicas
+            doomed = leftover[:n]
             if self.settings.target == "statefulset":
-                doomed = sorted((s.instance_id for s in have), key=_ordinal, reverse=True)[:n]
+                by_ordinal = sorted((s.instance_id for s in have), key=_ordinal, reverse=True)
+                doomed += by_ordinal[: n - len(doomed)]
             else:
-                doomed = choose_victims(have, n, victims)
+                doomed += choose_victims(have, n - len(doomed), victims)
             for name in doomed:
                 self._draining.add(name)
                 await self._update(w, w.pods[name])  # now DRAINING, announced
