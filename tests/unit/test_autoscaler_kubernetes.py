@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from aiohttp.test_utils import TestServer
 from kubernetes.aio import client as kclient
 
@@ -275,3 +277,43 @@ def test_pod_status(
     )  # fmt: skip
     assert st.endpoint == "http://10.0.0.7:8000"
     assert (st.instance_id, st.role_name, st.role) == ("p-0", "decode", Role.DECODE)
+
+
+RBAC = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "rbac" / "autoscaler.yaml"
+
+
+def _permission(call: Call) -> tuple[str, str, str]:
+    """(apiGroup, resource, verb) a recorded call needs."""
+    path = call.path.split("?", 1)[0]
+    if path.startswith("/api/v1/namespaces/default/pods"):
+        if call.method == "PATCH":
+            return ("", "pods", "patch")
+        return ("", "pods", "watch" if "watch=true" in call.path else "list")
+    parts = path.split("/")  # /apis/<group>/<version>/namespaces/<ns>/<plural>/<name>/scale
+    return (parts[2], f"{parts[6]}/scale", "get" if call.method == "GET" else "patch")
+
+
+async def test_rbac_grants_exactly_what_the_driver_uses() -> None:
+    used: set[tuple[str, str, str]] = set()
+    for target, kind in (("adapter", "adapter"), ("deployment", "deployments"),
+                         ("statefulset", "statefulsets")):  # fmt: skip
+        async with _rig(target, kind, "llm-decode", 2) as rig:
+            await rig.driver.scale(ROLE, 3)
+            await rig.driver.scale(ROLE, 1)
+            await eventually(lambda r=rig: _watched(r))  # type: ignore[misc]
+            used |= {_permission(c) for c in rig.fake.calls if c.method != "EVENT"}
+    role = next(d for d in yaml.safe_load_all(RBAC.read_text()) if d["kind"] == "Role")
+    granted = {
+        (group, res, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for res in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    adapter = ("workloads.x-k8s.io", "rolebasedgroupscalingadapters/scale")
+    assert {(g, r) for g, r, _ in used} >= {adapter, ("apps", "deployments/scale")}
+    assert used == granted
+
+
+async def _watched(rig: Rig) -> bool:
+    return any("watch=true" in c.path for c in rig.fake.calls)
