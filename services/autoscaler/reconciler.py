@@ -33,6 +33,7 @@ from services.autoscaler.drivers.base import (
     DeploymentTarget,
     Driver,
     DriverError,
+    InstanceState,
     InstanceStatus,
     backoff_s,
 )
@@ -44,12 +45,15 @@ __all__ = ["DeploymentStatus", "Reconciler", "RoleStatus"]
 
 log = logging.getLogger(__name__)
 
+_NOT_SERVING = frozenset({InstanceState.STARTING, InstanceState.FAILED})
+
 
 @dataclass(frozen=True)
 class RoleStatus:
     """One role: ``desired`` replicas, its instances by state, why it waits (if it does),
-    the last driver error ("" after a success) and when it is retried (monotonic s, 0 = not
-    scheduled)."""
+    the last driver error ("" after a success), when it is retried (monotonic s, 0 = not
+    scheduled), and ``instance_errors`` ("id: error" of instances not serving because of a
+    failure: a crash loop, a process that will not start, a pod stuck Pending)."""
 
     name: str
     desired: int
@@ -58,6 +62,7 @@ class RoleStatus:
     last_error: str = ""
     failures: int = 0
     retry_at: float = 0.0
+    instance_errors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,10 +75,7 @@ class DeploymentStatus:
 
     @property
     def converged(self) -> bool:
-        return all(
-            r.count.ready == r.desired and r.count.current == r.desired and not r.last_error
-            for r in self.roles
-        )
+        return all(_settled(r) for r in self.roles)
 
     @property
     def summary(self) -> str:
@@ -85,7 +87,7 @@ class DeploymentStatus:
         broken = False
         for r in self.roles:
             c = r.count
-            if c.ready == r.desired and c.current == r.desired and not r.last_error:
+            if _settled(r):
                 continue
             part = f"{r.name} {c.ready}/{r.desired} ready"
             extra = [f"{n} {k}" for k, n in (("starting", c.starting), ("draining", c.draining),
@@ -96,10 +98,17 @@ class DeploymentStatus:
                 part += f"; {r.waiting}"
             if r.last_error:
                 part += f"; error x{r.failures}: {r.last_error}"
-                broken = True
-            broken = broken or c.failed > 0
+            if r.instance_errors:
+                part += "; " + "; ".join(r.instance_errors)
+            broken = broken or bool(r.last_error or r.instance_errors) or c.failed > 0
             parts.append(part)
         return ("half-applied: " if broken else "applying: ") + "; ".join(parts)
+
+
+def _settled(r: RoleStatus) -> bool:
+    """Every desired replica serves, nothing else exists (none draining), no error."""
+    c = r.count
+    return c.ready == r.desired == c.current and not c.draining and not r.last_error
 
 
 @dataclass
@@ -179,10 +188,16 @@ class Reconciler:
         dep = self._deployments.get(deployment)
         if dep is None:
             return None
-        counts = count_roles(dep.target, self.driver.instances(deployment))
+        instances = self.driver.instances(deployment)
+        counts = count_roles(dep.target, instances)
         roles = []
         for r in dep.target.roles:
             run = dep.roles.get(r.name, _RoleRun())
+            errors = tuple(
+                f"{i.instance_id}: {i.last_error}"
+                for i in instances
+                if i.role_name == r.name and i.last_error and i.state in _NOT_SERVING
+            )
             roles.append(
                 RoleStatus(
                     r.name,
@@ -192,6 +207,7 @@ class Reconciler:
                     run.last_error,
                     run.failures,
                     run.retry_at,
+                    errors,
                 )
             )
         return DeploymentStatus(deployment, tuple(roles), dep.target.reason)

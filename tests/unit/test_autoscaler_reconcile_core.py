@@ -143,8 +143,36 @@ def test_scale_in_step_carries_the_callers_victims() -> None:
             (RoleStatus("prefill", 2, RoleCount(), "waits for decode to serve"),),
             "applying: prefill 0/2 ready; waits for decode to serve",
         ),
+        (
+            (
+                RoleStatus(
+                    "decode",
+                    2,
+                    RoleCount(ready=1, starting=1),
+                    "",
+                    "",
+                    0,
+                    0.0,
+                    ("p-3: stuck Pending 130s: Unschedulable: no gpu",),
+                ),
+            ),
+            "half-applied: decode 1/2 ready (1 starting); p-3: stuck Pending 130s: "
+            "Unschedulable: no gpu",
+        ),
+        (
+            (RoleStatus("w", 1, RoleCount(ready=1, draining=1)),),
+            "applying: w 1/1 ready (1 draining)",
+        ),
     ],
-    ids=["converged", "starting", "failed-instance", "driver-error", "waiting"],
+    ids=[
+        "converged",
+        "starting",
+        "failed-instance",
+        "driver-error",
+        "waiting",
+        "stuck-pending",
+        "draining",
+    ],
 )
 def test_status_summary(roles: tuple[RoleStatus, ...], summary: str) -> None:
     status = DeploymentStatus("d", roles)
