@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 from tideserve.v1 import common_pb2, events_pb2
 
 from services.autoscaler.drivers.base import (
@@ -20,7 +21,7 @@ from services.autoscaler.drivers.base import (
 from services.autoscaler.drivers.drain import is_drained
 from services.autoscaler.drivers.dryrun import DryRunAction, DryRunDriver
 from services.autoscaler.drivers.local import render_argv
-from services.autoscaler.membership import to_event
+from services.autoscaler.membership import MembershipPublisher, to_event
 
 ME = events_pb2.MembershipEvent
 S, R, F = InstanceState.STARTING, InstanceState.READY, InstanceState.FAILED
@@ -188,3 +189,36 @@ async def test_dry_run_records_changes_once_and_changes_nothing() -> None:
     assert driver.instances("d") == ()
     with pytest.raises(DriverError):
         await driver.scale(role, -1)
+
+
+class FlakyProducer:
+    """A StreamProducer stand-in: fails while ``down``, else records (stream, event)."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.sent: list[tuple[str, str]] = []
+
+    async def publish(self, stream: str, msg: events_pb2.MembershipEvent) -> str:
+        if self.down:
+            raise RedisConnectionError("connection refused")
+        self.sent.append((stream, msg.instance.instance_id))
+        return "1-0"
+
+
+async def test_membership_outbox_keeps_order_through_an_outage() -> None:
+    producer = FlakyProducer()
+    pub = MembershipPublisher(producer, "pfx", outbox=2)  # type: ignore[arg-type]
+
+    def ev(iid: str) -> events_pb2.MembershipEvent:
+        return ME(kind=ME.KIND_ADDED, instance=common_pb2.Instance(instance_id=iid))
+
+    assert await pub.publish(ev("a"))
+    producer.down = True
+    assert not await pub.publish(ev("b"))
+    assert not await pub.publish(ev("c"))
+    assert not await pub.publish(ev("d"))  # outbox of 2: "b" dropped, counted
+    assert (pub.pending, pub.dropped) == (2, 1)
+    producer.down = False
+    assert await pub.flush()
+    assert producer.sent == [("pfx:membership", i) for i in ("a", "c", "d")]
+    assert (pub.pending, pub.published) == (0, 3)
