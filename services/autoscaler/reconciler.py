@@ -150,6 +150,7 @@ class Reconciler:
         self._wall = wall
         self._deployments: dict[str, _Deployment] = {}
         self._running = False
+        self._steps: set[asyncio.Task[None]] = set()
         driver.set_listener(self._on_change)
 
     # -- public surface ------------------------------------------------------------------
@@ -213,18 +214,15 @@ class Reconciler:
         return DeploymentStatus(deployment, tuple(roles), dep.target.reason)
 
     async def stop(self) -> None:
-        """Stop reconciling (role tasks are cancelled), then close the driver."""
+        """Stop reconciling (every step still running is cancelled), then close the driver."""
         self._running = False
-        tasks = []
-        for dep in self._deployments.values():
-            tasks += [dep.task] + [r.task for r in dep.roles.values()]
+        tasks = [d.task for d in self._deployments.values() if d.task is not None]
+        tasks += self._steps
         for t in tasks:
-            if t is not None:
-                t.cancel()
+            t.cancel()
         for t in tasks:
-            if t is not None:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
         await self.driver.close()
         if self.publisher is not None:
             await self.publisher.flush()
@@ -278,6 +276,8 @@ class Reconciler:
             run.task = asyncio.create_task(
                 self._scale(dep, run, step), name=f"scale-{target.name}-{step.role}"
             )
+            self._steps.add(run.task)  # an older step of the role may still run (a drain)
+            run.task.add_done_callback(self._steps.discard)
 
     async def _scale(self, dep: _Deployment, run: _RoleRun, step: Step) -> None:
         role = dep.target.role(step.role)
