@@ -27,7 +27,7 @@ from tideserve.v1 import common_pb2, events_pb2
 from services.autoscaler.drivers.base import InstanceState, InstanceStatus, Role
 from services.common.streams import StreamProducer, stream_name
 
-__all__ = ["MembershipPublisher", "to_event"]
+__all__ = ["MembershipPublisher", "to_event", "to_instance"]
 
 log = logging.getLogger(__name__)
 
@@ -44,27 +44,30 @@ _KIND = {
     "sglang": common_pb2.ENGINE_KIND_SGLANG,
     "vllm": common_pb2.ENGINE_KIND_VLLM,
 }
-_EVENT = {
-    InstanceState.READY: (ME.KIND_ADDED, common_pb2.INSTANCE_STATE_READY),
-    InstanceState.DRAINING: (ME.KIND_STATE_CHANGED, common_pb2.INSTANCE_STATE_DRAINING),
-    InstanceState.STOPPED: (ME.KIND_REMOVED, common_pb2.INSTANCE_STATE_STOPPED),
-    InstanceState.FAILED: (ME.KIND_STATE_CHANGED, common_pb2.INSTANCE_STATE_FAILED),
+_STATE = {
+    InstanceState.STARTING: common_pb2.INSTANCE_STATE_STARTING,
+    InstanceState.READY: common_pb2.INSTANCE_STATE_READY,
+    InstanceState.DRAINING: common_pb2.INSTANCE_STATE_DRAINING,
+    InstanceState.STOPPED: common_pb2.INSTANCE_STATE_STOPPED,
+    InstanceState.FAILED: common_pb2.INSTANCE_STATE_FAILED,
+}
+_EVENT_KIND = {
+    InstanceState.READY: ME.KIND_ADDED,
+    InstanceState.DRAINING: ME.KIND_STATE_CHANGED,
+    InstanceState.STOPPED: ME.KIND_REMOVED,
+    InstanceState.FAILED: ME.KIND_STATE_CHANGED,
 }
 
 
-def to_event(status: InstanceStatus, reason: str, now_ms: int) -> events_pb2.MembershipEvent | None:
-    """The event announcing ``status`` (None for STARTING); see the module docstring."""
-    kind_state = _EVENT.get(status.state)
-    if kind_state is None:
-        return None
-    kind, state = kind_state
-    inst = common_pb2.Instance(
+def to_instance(status: InstanceStatus, now_ms: int) -> common_pb2.Instance:
+    """``status`` as a ``tideserve.v1.Instance`` (membership events, ``ListInstances``)."""
+    return common_pb2.Instance(
         instance_id=status.instance_id,
         deployment=status.deployment,
         role=_ROLE[status.role],
         engine_kind=_KIND.get(status.engine_kind, common_pb2.ENGINE_KIND_UNSPECIFIED),
         endpoint=common_pb2.Endpoint(url=status.endpoint),
-        state=state,
+        state=_STATE[status.state],
         epoch=status.restarts,
         labels={
             "role_name": status.role_name,
@@ -73,7 +76,14 @@ def to_event(status: InstanceStatus, reason: str, now_ms: int) -> events_pb2.Mem
         },
         updated_ms=now_ms,
     )
-    return ME(kind=kind, instance=inst, ts_ms=now_ms, reason=reason)
+
+
+def to_event(status: InstanceStatus, reason: str, now_ms: int) -> events_pb2.MembershipEvent | None:
+    """The event announcing ``status`` (None for STARTING); see the module docstring."""
+    kind = _EVENT_KIND.get(status.state)
+    if kind is None:
+        return None
+    return ME(kind=kind, instance=to_instance(status, now_ms), ts_ms=now_ms, reason=reason)
 
 
 class MembershipPublisher:

@@ -10,6 +10,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from tideserve.v1 import common_pb2, events_pb2
 
 from services.autoscaler.drivers.base import (
+    Driver,
     DriverError,
     InstanceState,
     InstanceStatus,
@@ -18,9 +19,12 @@ from services.autoscaler.drivers.base import (
     backoff_s,
     choose_victims,
 )
+from services.autoscaler.drivers.build import build_driver, build_reconciler
 from services.autoscaler.drivers.drain import is_drained
 from services.autoscaler.drivers.dryrun import DryRunAction, DryRunDriver
-from services.autoscaler.drivers.local import render_argv
+from services.autoscaler.drivers.kubernetes import KubernetesDriver
+from services.autoscaler.drivers.local import LocalDriver, render_argv
+from services.autoscaler.drivers.settings import DriverSettings, LocalSettings
 from services.autoscaler.membership import MembershipPublisher, to_event
 
 ME = events_pb2.MembershipEvent
@@ -222,3 +226,17 @@ async def test_membership_outbox_keeps_order_through_an_outage() -> None:
     assert await pub.flush()
     assert producer.sent == [("pfx:membership", i) for i in ("a", "c", "d")]
     assert (pub.pending, pub.published) == (0, 3)
+
+
+@pytest.mark.parametrize(
+    ("kind", "cls"),
+    [("dry-run", DryRunDriver), ("local", LocalDriver), ("kubernetes", KubernetesDriver)],
+    ids=["dry-run", "local", "kubernetes"],
+)
+async def test_build_reconciler_picks_the_driver(kind: str, cls: type, tmp_path: Path) -> None:
+    settings = DriverSettings(kind=kind, local=LocalSettings(state_dir=str(tmp_path)))  # type: ignore[arg-type]
+    rec = build_reconciler(settings, None)
+    assert isinstance(rec.driver, cls)
+    assert rec.driver.name == kind
+    assert rec.publisher is None
+    assert isinstance(build_driver(settings), Driver)
