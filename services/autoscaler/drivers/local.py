@@ -1,0 +1,395 @@
+"""The ``local`` driver: engine processes on this machine.
+
+Each instance is one process (the tideserve engine simulator, or the role's own command line
+with ``{port}``/``{host}``/``{instance_id}``/``{role}``/``{deployment}`` substituted, e.g.
+``python -m sglang.launch_server --port {port}`` or ``vllm serve M --port {port}``), started
+in its own session with its output in ``<state_dir>/<instance>.log``, on a free port from
+``port_min..port_max``. One asyncio task supervises them all (no threads):
+
+- STARTING -> READY when ``GET {endpoint}{readiness_path}`` answers 2xx (``ready_ms`` minus
+  ``started_ms`` is the measured start-up time); not ready within ``startup_timeout_s``:
+  stopped and handled as a crash;
+- a crash (the process exits while not being stopped) -> FAILED with the exit code and the
+  log's last line as ``last_error``; restarted on the same port and id after an exponential
+  back-off (``restart_base_s`` doubling to ``restart_max_s``), forever: a role that never
+  starts shows FAILED with its ``restarts`` and error, and never blocks :meth:`scale`;
+- scale-in: victims are drained first (DRAINING announced, the scheduler's ``Drain``, a
+  bounded wait until nothing is in flight: :class:`~.drain.Drainer`), then SIGTERM, then
+  SIGKILL after ``stop_grace_s``.
+
+:meth:`close` stops every process (SIGTERM, SIGKILL after the grace) without draining: the
+driver's processes do not outlive it. The driver owns the drainer it is given and closes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import aiohttp
+
+from services.autoscaler.drivers.base import (
+    DriverError,
+    InstanceState,
+    InstanceStatus,
+    Listener,
+    Role,
+    RoleTarget,
+    backoff_s,
+    choose_victims,
+    counted,
+)
+from services.autoscaler.drivers.drain import Drainer
+from services.autoscaler.drivers.settings import LocalSettings
+from services.stack.plan import ChildSpec
+from services.stack.ports import port_is_free
+from services.stack.procs import Child, Supervisor, log_tail, signal_process
+
+__all__ = ["LocalDriver", "render_argv"]
+
+log = logging.getLogger(__name__)
+
+_SIM_ROLE = {Role.WORKER: "aggregated", Role.PREFILL: "prefill", Role.DECODE: "decode"}
+
+
+def render_argv(
+    target: RoleTarget,
+    *,
+    host: str,
+    port: int,
+    instance_id: str,
+    state_dir: Path,
+    python: str = sys.executable,
+) -> tuple[str, ...]:
+    """The command line of one instance (pure). The role's ``command`` with placeholders
+    substituted, then its ``args``; without a command, the tideserve engine simulator on
+    ``host:port`` with the role, deployment and id, then ``args``. DriverError for a
+    placeholder that does not exist or a role the simulator cannot play."""
+    values = {
+        "port": str(port),
+        "host": host,
+        "instance_id": instance_id,
+        "role": target.role.value,
+        "deployment": target.deployment,
+    }
+    try:
+        words = [w.format(**values) for w in (*target.command, *target.args)]
+    except (KeyError, IndexError, ValueError) as e:
+        raise DriverError(f"role {target.name}: bad placeholder in the command line: {e}") from e
+    if target.command:
+        return tuple(words)
+    sim_role = _SIM_ROLE.get(target.role)
+    if sim_role is None:
+        raise DriverError(f"role {target.name}: the simulator cannot play {target.role.value}")
+    return (
+        python, "-m", "services.cli", "engine",
+        "--host", host, "--port", str(port), "--instance-id", instance_id,
+        "--role", sim_role, "--deployment", target.deployment,
+        "--state-dir", str(state_dir / instance_id),
+        "--log-level", "WARNING",
+        *words,
+    )  # fmt: skip
+
+
+@dataclass
+class _Instance:
+    """What the driver keeps per instance (mutable shell state; ``status`` is frozen)."""
+
+    status: InstanceStatus
+    target: RoleTarget
+    port: int
+    child: Child | None = None
+    failures: int = 0  # consecutive
+    restart_at: float = 0.0  # monotonic; when a FAILED instance is started again
+    started_at: float = 0.0  # monotonic
+    stopping: bool = False
+
+
+class LocalDriver:
+    """Engine processes supervised by one asyncio task; see the module docstring."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        settings: LocalSettings,
+        drainer: Drainer,
+        *,
+        python: str = sys.executable,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.drainer = drainer
+        self.python = python
+        self._clock = clock
+        self._wall = wall
+        self._listener: Listener | None = None
+        self._instances: dict[str, _Instance] = {}
+        self._procs = Supervisor(stop_timeout_s=settings.stop_grace_s)
+        self._seq = itertools.count(1)
+        self._task: asyncio.Task[None] | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._state_dir = Path(settings.state_dir or tempfile.mkdtemp(prefix="ts-local-"))
+        self._lock = asyncio.Lock()  # one scale() at a time: counts stay consistent
+
+    def set_listener(self, listener: Listener) -> None:
+        self._listener = listener
+
+    @property
+    def state_dir(self) -> Path:
+        return self._state_dir
+
+    def instances(self, deployment: str) -> Sequence[InstanceStatus]:
+        return [
+            i.status
+            for i in self._instances.values()
+            if i.status.deployment == deployment and i.status.state != InstanceState.STOPPED
+        ]
+
+    def log_path(self, instance_id: str) -> Path:
+        return self._state_dir / "logs" / f"{instance_id}.log"
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._http = aiohttp.ClientSession()
+            self._task = asyncio.create_task(self._supervise(), name="local-driver")
+
+    # -- state changes -------------------------------------------------------------------
+
+    async def _set(self, inst: _Instance, reason: str, **changes: object) -> None:
+        inst.status = replace(inst.status, **changes)  # type: ignore[arg-type]
+        if self._listener is not None:
+            try:
+                await self._listener(inst.status, reason)
+            except Exception:  # a listener failure must not stop supervision
+                log.exception("local driver: listener failed for %s", inst.status.instance_id)
+
+    def _now_ms(self) -> int:
+        return int(self._wall() * 1000)
+
+    # -- scale ---------------------------------------------------------------------------
+
+    async def scale(self, role: RoleTarget, replicas: int, victims: Sequence[str] = ()) -> None:
+        if replicas < 0:
+            raise DriverError(f"role {role.name}: replicas {replicas} is negative")
+        async with self._lock:
+            mine = [i.status for i in self._instances.values() if not i.stopping]
+            have = counted([i for i in mine if i.deployment == role.deployment], role.name)
+            if len(have) < replicas:
+                for _ in range(replicas - len(have)):
+                    await self._launch_new(role)
+                return
+            doomed = choose_victims(have, len(have) - replicas, victims)
+        await asyncio.gather(*(self._remove(self._instances[v]) for v in doomed))
+
+    def _free_port(self) -> int:
+        taken = {i.port for i in self._instances.values() if not i.stopping}
+        s = self.settings
+        for port in range(s.port_min, s.port_max + 1):
+            if port not in taken and port_is_free(s.host, port):
+                return port
+        raise DriverError(f"no free port in {s.port_min}..{s.port_max} on {s.host}")
+
+    async def _launch_new(self, role: RoleTarget) -> None:
+        port = self._free_port()
+        iid = f"{role.deployment}-{role.name}-{next(self._seq)}"
+        status = InstanceStatus(
+            instance_id=iid,
+            deployment=role.deployment,
+            role_name=role.name,
+            role=role.role,
+            state=InstanceState.STARTING,
+            endpoint=f"http://{self.settings.host}:{port}",
+            engine_kind=role.engine_kind,
+        )
+        inst = _Instance(status, role, port)
+        self._exec(inst)  # raises DriverError before the instance is recorded
+        self._instances[iid] = inst
+        await self._set(inst, "launched", started_ms=self._now_ms())
+
+    def _exec(self, inst: _Instance) -> None:
+        iid = inst.status.instance_id
+        argv = render_argv(
+            inst.target,
+            host=self.settings.host,
+            port=inst.port,
+            instance_id=iid,
+            state_dir=self._state_dir / "engines",
+            python=self.python,
+        )
+        spec = ChildSpec(
+            name=iid,
+            argv=argv,
+            env={**_base_env(), **inst.target.env, "PYTHONUNBUFFERED": "1"},
+            log_path=self.log_path(iid),
+            kind="engine",
+        )
+        try:
+            inst.child = self._procs.start(spec)
+        except OSError as e:
+            raise DriverError(f"{iid}: cannot start {argv[0]!r}: {e}") from e
+        inst.started_at = self._clock()
+
+    async def _remove(self, inst: _Instance) -> None:
+        """Drain (when it may be serving), then stop; STOPPED at the end."""
+        if inst.stopping:
+            return
+        inst.stopping = True
+        iid = inst.status.instance_id
+        if inst.status.state == InstanceState.READY:
+            await self._set(inst, "scale-in: draining", state=InstanceState.DRAINING)
+            res = await self.drainer.drain(iid, inst.status.endpoint)
+            if not res.drained:
+                log.warning(
+                    "%s: still %d in flight after %.1fs of draining; stopping anyway",
+                    iid,
+                    res.in_flight,
+                    res.waited_s,
+                )
+            why = (
+                f"scale-in: drained in {res.waited_s:.1f}s"
+                if res.drained
+                else (
+                    f"scale-in: drain timed out after {res.waited_s:.1f}s ({res.in_flight} in flight)"
+                )
+            )
+        else:
+            why = f"scale-in: removed while {inst.status.state.value}"
+        await self._terminate(inst)
+        await self._set(inst, why, state=InstanceState.STOPPED)
+        self._instances.pop(iid, None)
+
+    async def _terminate(self, inst: _Instance) -> None:
+        """SIGTERM, wait ``stop_grace_s``, SIGKILL; returns once the process is gone."""
+        child = inst.child
+        if child is None or child.exit_code() is not None:
+            return
+        signal_process(child.ref, signal.SIGTERM)
+        if not await self._exited(child, self.settings.stop_grace_s):
+            log.warning(
+                "%s: no exit %gs after SIGTERM; SIGKILL",
+                child.spec.name,
+                self.settings.stop_grace_s,
+            )
+            signal_process(child.ref, signal.SIGKILL)
+            await self._exited(child, 30.0)
+
+    async def _exited(self, child: Child, within_s: float) -> bool:
+        """Poll (and reap) ``child`` until it exits or ``within_s`` passes."""
+        deadline = self._clock() + within_s
+        while True:
+            if child.exit_code() is not None:
+                return True
+            if self._clock() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+
+    # -- supervision ---------------------------------------------------------------------
+
+    async def _supervise(self) -> None:
+        while True:
+            for inst in list(self._instances.values()):
+                try:
+                    await self._check(inst)
+                except Exception:  # never let one instance stop the supervision of all
+                    log.exception("local driver: checking %s failed", inst.status.instance_id)
+            await asyncio.sleep(self.settings.probe_interval_s)
+
+    async def _check(self, inst: _Instance) -> None:
+        if inst.stopping:
+            return
+        state = inst.status.state
+        if state == InstanceState.FAILED:
+            if self._clock() >= inst.restart_at:
+                await self._restart(inst)
+            return
+        assert inst.child is not None
+        code = inst.child.exit_code()
+        if code is not None:
+            tail = log_tail(self.log_path(inst.status.instance_id), 1)
+            await self._crashed(inst, f"exited with code {code}" + (f": {tail}" if tail else ""))
+            return
+        if state == InstanceState.STARTING:
+            if await self._ready(inst):
+                await self._set(inst, "ready", state=InstanceState.READY, ready_ms=self._now_ms())
+                inst.failures = 0
+            elif self._clock() - inst.started_at > inst.target.startup_timeout_s:
+                await self._terminate(inst)
+                await self._crashed(inst, f"not ready within {inst.target.startup_timeout_s:g}s")
+
+    async def _ready(self, inst: _Instance) -> bool:
+        assert self._http is not None
+        url = inst.status.endpoint + inst.target.readiness_path
+        try:
+            async with self._http.get(url, timeout=aiohttp.ClientTimeout(total=1.0)) as r:
+                return 200 <= r.status < 300
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+
+    async def _crashed(self, inst: _Instance, error: str) -> None:
+        inst.failures += 1
+        s = self.settings
+        delay = backoff_s(inst.failures, s.restart_base_s, s.restart_max_s)
+        inst.restart_at = self._clock() + delay
+        level = logging.ERROR if inst.failures >= s.failures_to_surface else logging.WARNING
+        log.log(
+            level,
+            "%s: %s (failure %d in a row; restart in %.1fs)",
+            inst.status.instance_id,
+            error,
+            inst.failures,
+            delay,
+        )
+        await self._set(
+            inst,
+            f"crashed: {error}",
+            state=InstanceState.FAILED,
+            last_error=error,
+            ready_ms=0,
+        )
+
+    async def _restart(self, inst: _Instance) -> None:
+        try:
+            self._exec(inst)
+        except DriverError as e:
+            await self._crashed(inst, str(e))
+            return
+        await self._set(
+            inst,
+            f"restarted after failure {inst.failures}",
+            state=InstanceState.STARTING,
+            started_ms=self._now_ms(),
+            restarts=inst.status.restarts + 1,
+        )
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await asyncio.gather(*(self._terminate(i) for i in self._instances.values()))
+        for inst in self._instances.values():
+            inst.stopping = True
+            await self._set(inst, "driver closed", state=InstanceState.STOPPED)
+        self._instances.clear()
+        await self.drainer.close()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+
+def _base_env() -> dict[str, str]:
+    """The environment engines inherit (read at launch, never at import)."""
+    return dict(os.environ)
