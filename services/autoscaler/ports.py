@@ -19,6 +19,7 @@ __all__ = [
     "InstanceView",
     "ReconcileError",
     "Reconciler",
+    "UnwiredReconciler",
 ]
 
 InstanceState = Literal["starting", "ready", "draining", "stopped", "failed"]
@@ -110,3 +111,19 @@ class InMemoryReconciler:
 
     def set_state(self, instance_id: str, state: InstanceState) -> None:
         self._instances[instance_id] = replace(self._instances[instance_id], state=state)
+
+
+class UnwiredReconciler:
+    """The reconciler until a driver is wired in: no instances, and every change refused
+    (decisions are stored as "failed: no reconciler wired"). Run with ``advisory`` to
+    record the planner's advice without this error."""
+
+    async def apply(
+        self, spec: DeploymentSpec, targets: Mapping[str, int], victims: Sequence[str]
+    ) -> None:
+        del targets, victims
+        raise ReconcileError(f"no reconciler wired: cannot scale {spec.name!r}")
+
+    def instances(self, deployment: str = "") -> Sequence[InstanceView]:
+        del deployment
+        return []

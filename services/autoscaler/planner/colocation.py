@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from services.autoscaler.spec import DeploymentSpec
 
-__all__ = ["Claim", "allocate", "fit_roles"]
+__all__ = ["Claim", "allocate", "fit_roles", "ratio_ok"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,8 @@ def allocate(budget: int, claims: Sequence[Claim]) -> dict[str, int]:
     return out
 
 
-def _ratio_ok(spec: DeploymentSpec, targets: Mapping[str, int]) -> bool:
+def ratio_ok(spec: DeploymentSpec, targets: Mapping[str, int]) -> bool:
+    """Whether ``targets`` keep the P:D ratio bounds (true without bounds)."""
     lo, hi = spec.coordination.min_pd_ratio, spec.coordination.max_pd_ratio
     if not (lo or hi):
         return True
@@ -60,7 +61,7 @@ def fit_roles(spec: DeploymentSpec, targets: Mapping[str, int], limit: int) -> d
         )
         if not movable:
             break
-        keeping = [n for n in movable if _ratio_ok(spec, {**out, n: out[n] - 1})]
+        keeping = [n for n in movable if ratio_ok(spec, {**out, n: out[n] - 1})]
         pick = (keeping or movable)[0]
         out[pick] -= 1
     return out
