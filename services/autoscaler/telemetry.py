@@ -15,13 +15,27 @@ from tideserve.v1 import common_pb2, telemetry_pb2, telemetry_pb2_grpc
 
 from services.autoscaler.planner.inputs import ClassView, PerfView, WindowView
 
-__all__ = ["GrpcTelemetry", "TelemetryReader", "perf_from_proto", "window_from_proto"]
+__all__ = [
+    "GrpcTelemetry",
+    "TelemetryReader",
+    "TelemetryUnavailable",
+    "perf_from_proto",
+    "window_from_proto",
+]
 
 _KIND = {
     "worker": common_pb2.ROLE_WORKER,
     "prefill": common_pb2.ROLE_PREFILL,
     "decode": common_pb2.ROLE_DECODE,
 }
+
+
+class TelemetryUnavailable(RuntimeError):
+    """A telemetry RPC failed; the message is ``<STATUS>: <details>``."""
+
+
+def _unavailable(exc: grpc.aio.AioRpcError) -> TelemetryUnavailable:
+    return TelemetryUnavailable(f"{exc.code().name}: {exc.details() or ''}".rstrip(": "))
 
 
 class TelemetryReader(Protocol):
@@ -63,10 +77,13 @@ class GrpcTelemetry:
         self._timeout = timeout_s
 
     async def window(self, deployment: str, window_s: float) -> WindowView:
-        resp = await self._stub.QueryWindow(
-            telemetry_pb2.QueryWindowRequest(deployment=deployment, window_s=window_s),
-            timeout=self._timeout,
-        )
+        try:
+            resp = await self._stub.QueryWindow(
+                telemetry_pb2.QueryWindowRequest(deployment=deployment, window_s=window_s),
+                timeout=self._timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise _unavailable(exc) from None
         return window_from_proto(resp.total)
 
     async def perf(self, deployment: str, kind: str) -> PerfView | None:
@@ -79,5 +96,5 @@ class GrpcTelemetry:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 return None
-            raise
+            raise _unavailable(exc) from None
         return perf_from_proto(resp.model)

@@ -117,6 +117,13 @@ CASES = [
         "prefill: 4 -> 1 (down)",
     ),
     Case(
+        "at-min-zero-traffic-holds",
+        _window(0, requests=0),
+        {"prefill": 1, "decode": 1},
+        {"prefill": 1, "decode": 1},
+        "prefill: 1 -> 1 (hold)",
+    ),
+    Case(
         "zero-traffic-first-tick-stabilises",
         _window(0, requests=0),
         {"prefill": 4, "decode": 3},

@@ -220,7 +220,16 @@ def on_tick(now: float, inputs: PlannerInputs, cfg: PlannerConfig | None = None)
         up = _ceil(need) + boost
         down = _ceil(need * (1 + cfg.hysteresis)) + boost
         idle = w.rate_rps <= 0 and not ahead
-        step = stabilise(now, desired[role.name], up, down, idle, replace(rs, boost=boost), cfg)
+        step = stabilise(
+            now,
+            desired[role.name],
+            up,
+            down,
+            idle,
+            replace(rs, boost=boost),
+            cfg,
+            role.min_replicas,
+        )
         roles_state[role.name] = step.state
         targets[role.name] = _clamp(role, step.target)
         if targets[role.name] != step.target:

@@ -45,14 +45,16 @@ def stabilise(
     idle: bool,
     state: RoleState,
     cfg: PlannerConfig,
+    floor: int = 0,
 ) -> Step:
+    """The role's next target (``floor``: its min_replicas; never planned below)."""
     first = now if state.first_seen is None else state.first_seen
     kept = [(ts, v) for ts, v in state.history if now - ts < cfg.scale_down_window_s]
     history = (*kept, (now, down))
     st = replace(state, first_seen=first, history=history)
     if up > desired:
         return Step(up, replace(st, last_change=now), "up")
-    candidate = max(v for _, v in history)
+    candidate = max(floor, *(v for _, v in history))
     if candidate >= desired:
         return Step(desired, st, "hold")
     if now - first < cfg.scale_down_window_s:
