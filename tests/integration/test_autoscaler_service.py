@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from services.autoscaler.spec import load_spec_file
 from services.autoscaler.store import AutoscalerStore
 from services.autoscaler.telemetry import GrpcTelemetry
 from services.autoscaler.translate import spec_to_proto
+from services.cli import main as cli
 from services.common.db import create_engine, migrate
 
 pytestmark = pytest.mark.integration
@@ -83,6 +85,7 @@ class Harness:
     reconciler: InMemoryReconciler
     loop: PlannerLoop
     registry: CollectorRegistry
+    address: str = ""
     clock: list[float] = field(default_factory=lambda: [0.0])
 
 
@@ -121,6 +124,7 @@ async def _harness(url: str, advisory: bool) -> AsyncIterator[Harness]:
             autoscaler_pb2_grpc.AutoscalerServiceStub(client), telemetry, reconciler, loop, registry
         )
         h.clock = clock
+        h.address = f"127.0.0.1:{port}"
         yield h
     finally:
         await client.close()
@@ -274,3 +278,36 @@ async def test_advisory_mode_records_dry_run_and_changes_nothing(advisory: Harne
         autoscaler_pb2.ListDecisionsRequest(deployment="chat-pd", limit=5)
     )
     assert [d.status for d in listed.decisions] == ["dry-run"]
+
+
+async def test_cli_apply_get_describe_plan(h: Harness, capsys: pytest.CaptureFixture[str]) -> None:
+    addr = ["--autoscaler", h.address]
+
+    async def run(*argv: str) -> tuple[int, str, str]:
+        code = await asyncio.to_thread(cli, [*argv, *addr])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    assert await run("apply", "-f", str(PD)) == (
+        0,
+        "deployment chat-pd configured (generation 1)\n",
+        "",
+    )
+    code, out, _ = await run("apply", "-f", str(PD), "--json")
+    assert code == 0 and json.loads(out)["changed"] is False
+    h.telemetry.window = window(30)
+    await h.loop.tick()
+    code, out, _ = await run("get", "deployments")
+    assert code == 0 and "chat-pd" in out and "prefill=4/4" in out
+    code, out, _ = await run("get", "deployments", "--json")
+    assert json.loads(out)["deployments"][0]["spec"]["name"] == "chat-pd"
+    code, out, _ = await run("describe", "deployment", "chat-pd")
+    assert code == 0
+    assert "prefill" in out and "[applied]" in out and "prefill: 1 -> 4 (up)" in out
+    code, out, _ = await run("plan", "--deployment", "chat-pd", "--json")
+    assert code == 0 and json.loads(out)["status"] == "plan"
+    code, out, err = await run("describe", "deployment", "nope")
+    assert code == 1 and "NOT_FOUND" in err
+    bad = PD.parent.parent.parent / "pyproject.toml"
+    code, _, err = await run("apply", "-f", str(bad))
+    assert code == 1 and "invalid spec" in err
