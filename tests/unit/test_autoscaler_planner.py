@@ -8,7 +8,6 @@ and TPOT 50 ms at p90, 10 req/s of 1,000 in / 100 out tokens needs 1.26 prefill 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,6 +22,7 @@ from services.autoscaler.planner import (
     WindowView,
     on_tick,
 )
+from services.autoscaler.planner.forecast import Forecaster, HoltWinters
 from services.autoscaler.planner.stability import RoleState
 from services.autoscaler.ports import InstanceView
 from services.autoscaler.spec import parse_spec
@@ -186,7 +186,7 @@ CASES = [
         _window(10, ttft_ms={90: 1500.0}),
         {"prefill": 3, "decode": 1},
         {"prefill": 3, "decode": 1},
-        "instances still starting, no extra",
+        "capacity still arriving, no extra",
         state=PlannerState(
             roles={
                 "prefill": RoleState(first_seen=0.0, boost=1),
@@ -224,8 +224,8 @@ CASES = [
         _window(10),
         {"prefill": 2, "decode": 1},
         {"prefill": 4, "decode": 1},
-        "backlog 20 req",
-        instances=_ready("prefill", 2, queued=10),
+        "backlog 600 req",  # drained within the 30 s lead (20 s start-up + a tick): +2
+        instances=_ready("prefill", 2, queued=300),
     ),
     Case(
         "warming-instances-backlog-ignored",
@@ -338,32 +338,36 @@ def test_the_spec_profile_is_the_prior_without_a_fitted_model() -> None:
     assert any("(prior:test)" in r for r in d.reasons)
 
 
-def test_lead_time_plans_for_the_forecast() -> None:
-    """A predictor that expects a rise makes the planner scale before the rise arrives."""
-    cfg = PlannerConfig(predictor="moving_average", bucket_s=60, moving_average_buckets=1)
-    state, desired = PlannerState(), {"prefill": 1, "decode": 1}
-    for t, rate in ((0.0, 30.0), (60.0, 30.0)):
-        d = on_tick(
-            t,
-            PlannerInputs(
-                _spec(), desired, (), _window(rate), {"prefill": PERF, "decode": PERF}, {}, state
-            ),
-            cfg,
-        )
-        state = d.state
-    # now quiet, but the forecaster's last bucket said 30 req/s: plan for it
-    d = on_tick(
-        120.0,
-        PlannerInputs(
-            _spec(),
-            {"prefill": 1, "decode": 1},
-            (),
-            _window(1),
-            {"prefill": PERF, "decode": PERF},
-            {},
-            state,
-        ),
-        cfg,
+def _rising() -> PlannerState:
+    """A forecaster whose season says the next bucket has 3x the current one's traffic
+    (buckets of 20 s; bucket 1 closed; the open bucket 2 forecast 5, bucket 3 forecast 15)."""
+    hw = HoltWinters(period=2, alpha=0.5, beta=0.0, gamma=0.3, level=10.0, season=(-5.0, 5.0))
+    return replace(_settled(), forecaster=Forecaster("holt_winters", 20.0, hw, last_closed=1))
+
+
+@pytest.mark.parametrize(
+    ("observed", "startup_s", "prefill"),
+    [(10.0, 15.0, 4), (10.0, 0.0, 2), (0.0, 15.0, 2)],
+    ids=["lead-reaches-the-rise", "no-lead-no-rise", "nothing-observed-plans-the-forecast"],
+)
+def test_lead_time_plans_for_the_forecast_growth(
+    observed: float, startup_s: float, prefill: int
+) -> None:
+    """At t=40 (bucket 2) a 15 s start-up + 10 s tick reaches bucket 3: plan for 3x the
+    observed 10 req/s (4 prefill replicas, as for 30 req/s). Without lead time, only the
+    observed rate (2). With nothing observed, the forecast's own 15 req/s (2)."""
+    cfg = PlannerConfig(
+        predictor="holt_winters", bucket_s=20.0, interval_s=10.0, startup_s_default=0.001
     )
-    assert d.targets["prefill"] == math.ceil(30 * 0.1 / (3.909 / 4.909))
-    assert d.forecast["horizons"]["prefill"]["rate_rps"] == pytest.approx(30.0)
+    window = _window(observed, requests=int(observed * 60))
+    inputs = PlannerInputs(
+        _spec(),
+        {"prefill": 1, "decode": 1},
+        (),
+        window,
+        {"prefill": PERF, "decode": PERF},
+        {"prefill": startup_s or 0.001, "decode": startup_s or 0.001},
+        _rising(),
+    )
+    d = on_tick(40.0, inputs, cfg)
+    assert d.targets["prefill"] == prefill, d.reasons

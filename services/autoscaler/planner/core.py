@@ -3,15 +3,18 @@
 Per tick, for each role of the deployment:
 
 1. Forecast: the window's request rate feeds the configured predictor
-   (:mod:`.forecast`); the role plans for ``max(rate now, forecast at now + lead)`` where
-   lead = the role's measured start-up time + one tick (scale ahead of the tide).
+   (:mod:`.forecast`); the role plans for the rate now times the growth the forecast
+   expects by now + lead (never less than now), where lead = the role's measured start-up
+   time + one tick (scale ahead of the tide).
 2. Capacity (:mod:`.capacity`): prefill from the uncached prompt tokens at the TTFT target
    plus the queue backlog (queued requests on ready instances; warming instances are
    ignored) drained within it; decode from concurrency and context at the TPOT target;
    workers both. Each SLO class is sized at its own percentile; the largest need binds.
 3. Attainment feedback: if the observed TTFT/TPOT at the class's percentile misses its
    target, the role gets a boost of replicas on top of the model (one step per tick, only
-   while nothing of that role is still starting, so a slow start never cascades); the boost
+   while nothing of that role is still starting and its last change is older than a window
+   plus the lead time — the window must show the current fleet — so a slow start never
+   cascades); the boost
    decays one replica per tick once the observed figure is under ``boost_relief`` x target.
 4. Stability (:mod:`.stability`): up at once, down stabilised, cooled down, with hysteresis
    and a step limit; zero traffic goes to min.
@@ -147,10 +150,22 @@ def _feedback(
         add = max(1, math.ceil(0.1 * desired))
         return boost + add, f"attainment: {missed[0]}: +{add}"
     if missed:
-        return boost, f"attainment: {missed[0]}: instances still starting, no extra"
+        return boost, f"attainment: {missed[0]}: capacity still arriving, no extra"
     if relieved and boost:
         return boost - 1, "attainment met with margin: boost -1"
     return boost, ""
+
+
+def _planned_rate(observed: float, ahead: float | None, current: float | None) -> float:
+    """The rate to plan for: the observed rate times the growth the forecast expects
+    between the current bucket and ``now + lead`` (never below observed). Applying the
+    forecast's growth rather than its level keeps a biased level from costing replicas;
+    with nothing observed (or no forecast of the current bucket) the forecast itself."""
+    if ahead is None:
+        return observed
+    if observed > 0 and current:
+        return max(observed, observed * ahead / current)
+    return max(observed, ahead)
 
 
 def _ratio(spec: DeploymentSpec, targets: dict[str, int]) -> str:
@@ -203,22 +218,27 @@ def on_tick(now: float, inputs: PlannerInputs, cfg: PlannerConfig | None = None)
         startup = inputs.startup_s.get(role.role) or cfg.startup_s_default
         lead = startup + cfg.interval_s
         ahead = predict(fc, now, lead)
-        rate = max(w.rate_rps, ahead or 0.0)
+        rate = _planned_rate(w.rate_rps, ahead, predict(fc, now, 0.0))
         horizons[role.name] = {"lead_s": lead, "rate_rps": ahead}
         ready = [i for i in active(inputs.instances, role.name) if i.state == "ready"]
         backlog = float(sum(i.queued for i in ready)) if role.role != "decode" else 0.0
-        demand = Demand(rate, w.input_tokens, w.output_tokens, w.hit_ratio, backlog)
+        demand = Demand(rate, w.input_tokens, w.output_tokens, w.hit_ratio, backlog, lead)
         need, binding, detail = _need(role, perf, demand, spec, cfg)
-        need /= len(spec.roles_of(role.role))
+        margin = replace(demand, rate_rps=rate * (1 + cfg.hysteresis))
+        need_down = _need(role, perf, margin, spec, cfg)[0]
+        share = len(spec.roles_of(role.role))
+        need, need_down = need / share, need_down / share
         rs = roles_state.get(role.name, RoleState())
         pending = any(i.state == "starting" for i in active(inputs.instances, role.name))
+        # capacity added within the last window + lead is not yet reflected in the window
+        pending = pending or now - rs.last_change < cfg.window_s + lead
         boost, boost_why = _feedback(
             role, w, spec, rs, desired[role.name], pending, cfg.boost_relief
         )
         if boost > rs.boost:
             binding = f"{role.name}:attainment"
         up = _ceil(need) + boost
-        down = _ceil(need * (1 + cfg.hysteresis)) + boost
+        down = _ceil(need_down) + boost
         idle = w.rate_rps <= 0 and not ahead
         step = stabilise(
             now,

@@ -5,8 +5,8 @@ Rule, per role, given its current target ``desired``:
 * ``up`` = the replicas the demand needs now (``ceil(need) + boost``). Above ``desired``,
   the role goes there at once (pending instances count as capacity on the way, so a slow
   start never asks for more twice: no cascade).
-* Below, scale-down is stabilised: its candidate is the largest ``down`` (need with a
-  ``hysteresis`` margin, ``ceil(need * (1 + hysteresis)) + boost``) seen over the last
+* Below, scale-down is stabilised: its candidate is the largest ``down`` (the replicas
+  the demand would need with ``hysteresis`` more traffic, + boost) seen over the last
   ``scale_down_window_s`` (nothing before the planner has watched a whole window), never
   within ``cooldown_s`` of the role's last change, and at most ``max_scale_down_step`` of the
   role per decision (at least 1) — except that zero traffic goes straight to the candidate.
