@@ -2,8 +2,9 @@
 
 Perf model used throughout (round numbers): a 1,000-token prompt prefills in 100 ms; a decode
 step is 10 ms + 0.5 ms per sequence + 0.1 ms per 1,000 context tokens. With TTFT 1,000 ms
-and TPOT 50 ms at p90, 10 req/s of 1,000 in / 100 out tokens needs 1.26 prefill replicas
-(utilisation 0.80) and 0.79 decode replicas (batch 57); 30 req/s needs 3.77 and 2.37.
+and TPOT 50 ms at p90, 10 req/s of 1,000 in / 100 out tokens offers a prefill load of 1.0
+busy replica, for which M/M/c needs 2 prefill replicas, and 0.79 decode replicas (batch 57);
+30 req/s needs 4 and 2.37.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from services.autoscaler.planner import Claim, PlannerConfig, allocate, fit_roles
+from services.autoscaler.planner.capacity import erlang_c
 from services.autoscaler.planner.forecast import error, new_forecaster, observe, predict
 from services.autoscaler.planner.victims import pick_victims
 from services.autoscaler.ports import InstanceView
@@ -138,3 +139,12 @@ def _inst(iid: str, state: str = "ready", **load: int) -> InstanceView:
 )
 def test_pick_victims(instances: list[InstanceView], target: int, expected: list[str]) -> None:
     assert pick_victims(instances, "p", target) == expected
+
+
+@pytest.mark.parametrize(
+    ("servers", "load", "expected"),
+    [(1, 0.5, 0.5), (2, 1.0, 1 / 3), (3, 2.0, 4 / 9), (2, 2.0, 1.0), (4, 0.0, 0.0)],
+    ids=["mm1-is-rho", "two-servers", "three-servers", "saturated", "idle"],
+)
+def test_erlang_c(servers: int, load: float, expected: float) -> None:
+    assert erlang_c(servers, load) == pytest.approx(expected)
