@@ -153,18 +153,20 @@ class AutoscalerServicer(_Base):
     async def ApplyDeployment(
         self, request: autoscaler_pb2.ApplyDeploymentRequest, context: Ctx
     ) -> autoscaler_pb2.ApplyDeploymentResponse:
+        deployments = await self._ready(context)
         try:
             spec = spec_from_proto(request.spec)
         except SpecError as exc:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        stored, changed = await (await self._ready(context)).apply(spec)
+        stored, changed = await deployments.apply(spec)
         return autoscaler_pb2.ApplyDeploymentResponse(spec=spec_to_proto(stored), changed=changed)
 
     async def GetDeployment(
         self, request: autoscaler_pb2.GetDeploymentRequest, context: Ctx
     ) -> autoscaler_pb2.GetDeploymentResponse:
+        deployments = await self._ready(context)
         try:
-            view = await (await self._ready(context)).get(request.name)
+            view = await deployments.get(request.name)
         except UnknownDeployment as exc:
             await _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
         return autoscaler_pb2.GetDeploymentResponse(
@@ -177,7 +179,8 @@ class AutoscalerServicer(_Base):
     async def ListDeployments(
         self, request: autoscaler_pb2.ListDeploymentsRequest, context: Ctx
     ) -> autoscaler_pb2.ListDeploymentsResponse:
-        views = await (await self._ready(context)).all()
+        deployments = await self._ready(context)
+        views = await deployments.all()
         return autoscaler_pb2.ListDeploymentsResponse(
             deployments=[spec_to_proto(v.spec) for v in views]
         )
@@ -185,8 +188,9 @@ class AutoscalerServicer(_Base):
     async def DeleteDeployment(
         self, request: autoscaler_pb2.DeleteDeploymentRequest, context: Ctx
     ) -> autoscaler_pb2.DeleteDeploymentResponse:
+        deployments = await self._ready(context)
         try:
-            await (await self._ready(context)).delete(request.name)
+            await deployments.delete(request.name)
         except ReconcileError as exc:
             await _abort(context, grpc.StatusCode.UNAVAILABLE, f"cannot drain: {exc}")
         return autoscaler_pb2.DeleteDeploymentResponse()
@@ -194,8 +198,9 @@ class AutoscalerServicer(_Base):
     async def ListInstances(
         self, request: autoscaler_pb2.ListInstancesRequest, context: Ctx
     ) -> autoscaler_pb2.ListInstancesResponse:
-        views = {v.spec.name: v.spec for v in await (await self._ready(context)).all()}
-        items = (await self._ready(context)).instances(request.deployment)
+        deployments = await self._ready(context)
+        views = {v.spec.name: v.spec for v in await deployments.all()}
+        items = deployments.instances(request.deployment)
         return autoscaler_pb2.ListInstancesResponse(
             instances=[instance_to_proto(i, views.get(i.deployment)) for i in items]
         )
@@ -203,8 +208,9 @@ class AutoscalerServicer(_Base):
     async def Plan(
         self, request: autoscaler_pb2.PlanRequest, context: Ctx
     ) -> autoscaler_pb2.PlanResponse:
+        deployments = await self._ready(context)
         try:
-            decision = await (await self._ready(context)).plan(request.deployment)
+            decision = await deployments.plan(request.deployment)
         except UnknownDeployment as exc:
             await _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
         return autoscaler_pb2.PlanResponse(decision=decision_to_proto(decision, self._wall_ms()))
@@ -212,10 +218,9 @@ class AutoscalerServicer(_Base):
     async def ScaleRole(
         self, request: autoscaler_pb2.ScaleRoleRequest, context: Ctx
     ) -> autoscaler_pb2.ScaleRoleResponse:
+        deployments = await self._ready(context)
         try:
-            record = await (await self._ready(context)).scale(
-                request.deployment, request.role, request.replicas
-            )
+            record = await deployments.scale(request.deployment, request.role, request.replicas)
         except UnknownDeployment as exc:
             await _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
         except ScaleRefused as exc:
@@ -225,11 +230,10 @@ class AutoscalerServicer(_Base):
     async def ListDecisions(
         self, request: autoscaler_pb2.ListDecisionsRequest, context: Ctx
     ) -> autoscaler_pb2.ListDecisionsResponse:
+        deployments = await self._ready(context)
         if request.limit < 0:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "limit must be >= 0")
-        records = await (await self._ready(context)).decisions(
-            request.deployment, request.limit or 20
-        )
+        records = await deployments.decisions(request.deployment, request.limit or 20)
         return autoscaler_pb2.ListDecisionsResponse(decisions=[record_to_proto(r) for r in records])
 
 

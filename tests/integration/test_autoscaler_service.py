@@ -16,7 +16,6 @@ from prometheus_client import CollectorRegistry
 from tideserve.v1 import (
     autoscaler_pb2,
     autoscaler_pb2_grpc,
-    telemetry_pb2,
     telemetry_pb2_grpc,
 )
 
@@ -32,50 +31,11 @@ from services.autoscaler.telemetry import GrpcTelemetry
 from services.autoscaler.translate import spec_to_proto
 from services.cli import main as cli
 from services.common.db import create_engine, migrate
+from tests.helpers.telemetry_double import ScriptedTelemetry, window
 
 pytestmark = pytest.mark.integration
 
 PD = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "pd.yaml"
-
-
-class ScriptedTelemetry(telemetry_pb2_grpc.TelemetryServiceServicer):  # type: ignore[misc]
-    """Answers QueryWindow with ``window`` (or UNAVAILABLE when ``down``) and GetPerfModel
-    with a fixed model: a 1,000-token prompt prefills in 100 ms; decode 10 ms + 0.5 ms/seq."""
-
-    def __init__(self) -> None:
-        self.down = False
-        self.window = telemetry_pb2.WindowStats()
-        self.queries: list[telemetry_pb2.QueryWindowRequest] = []
-
-    async def QueryWindow(self, request: Any, context: Any) -> Any:
-        self.queries.append(request)
-        if self.down:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "telemetry is down")
-        return telemetry_pb2.QueryWindowResponse(total=self.window)
-
-    async def GetPerfModel(self, request: Any, context: Any) -> Any:
-        return telemetry_pb2.GetPerfModelResponse(
-            model=telemetry_pb2.PerfModel(
-                prefill_ms_per_token=0.1,
-                decode_base_ms=10.0,
-                decode_ms_per_seq=0.5,
-                decode_ms_per_ktoken=0.1,
-                startup_s=5.0,
-                startup_samples=3,
-                role=request.role,
-            )
-        )
-
-
-def window(rate: float, ttft_p90: float = 300.0) -> telemetry_pb2.WindowStats:
-    return telemetry_pb2.WindowStats(
-        requests=int(rate * 60),
-        request_rate_rps=rate,
-        input_tokens=telemetry_pb2.Percentiles(mean=1000),
-        output_tokens=telemetry_pb2.Percentiles(mean=100),
-        ttft_ms=telemetry_pb2.Percentiles(p50=100, p90=ttft_p90, p99=ttft_p90),
-        tpot_ms=telemetry_pb2.Percentiles(p50=10, p90=20, p99=30),
-    )
 
 
 @dataclass
@@ -311,3 +271,19 @@ async def test_cli_apply_get_describe_plan(h: Harness, capsys: pytest.CaptureFix
     bad = PD.parent.parent.parent / "pyproject.toml"
     code, _, err = await run("apply", "-f", str(bad))
     assert code == 1 and "invalid spec" in err
+
+
+async def test_without_postgres_rpcs_say_so() -> None:
+    server = grpc.aio.server()
+    add_to_server(AutoscalerServicer(None, lambda: 0), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = autoscaler_pb2_grpc.AutoscalerServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ListDeployments(autoscaler_pb2.ListDeploymentsRequest())
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "postgres_url" in (info.value.details() or "")
+    finally:
+        await server.stop(None)
