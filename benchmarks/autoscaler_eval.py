@@ -83,6 +83,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=("constant", "moving_average", "holt_winters"),
     )
     p.add_argument("--max-replicas", type=int, default=32, help="per role")
+    p.add_argument(
+        "--max-utilization",
+        type=float,
+        default=PlannerConfig().max_utilization,
+        help="planner: ceiling on prefill utilisation (headroom for bursts)",
+    )
     p.add_argument("--policies", default="planner,static,kpa")
     p.add_argument(
         "--colocation-budget",
@@ -126,6 +132,7 @@ def planner_config(args: argparse.Namespace) -> PlannerConfig:
         scale_down_window_s=60.0,
         cooldown_s=30.0,
         startup_s_default=args.startup_s,
+        max_utilization=args.max_utilization,
     )
 
 
