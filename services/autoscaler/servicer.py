@@ -8,7 +8,7 @@ outside bounds FAILED_PRECONDITION; a reconciler refusing a delete UNAVAILABLE.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
 import grpc
@@ -54,9 +54,10 @@ _STATE = {
 }
 
 
-def instance_to_proto(i: InstanceView, spec: DeploymentSpec | None) -> common_pb2.Instance:
-    msg = spec_to_proto(spec) if spec is not None else None
-    role = next((r for r in msg.roles if r.name == i.role), None) if msg is not None else None
+def instance_to_proto(
+    i: InstanceView, role: common_pb2.RoleSpec | None = None
+) -> common_pb2.Instance:
+    """``role``: the instance's role in its spec (kind and engine), when known."""
     labels = {"role_name": i.role}
     if i.detail:
         labels["detail"] = i.detail
@@ -71,6 +72,13 @@ def instance_to_proto(i: InstanceView, spec: DeploymentSpec | None) -> common_pb
         labels=labels,
         updated_ms=i.updated_ms,
     )
+
+
+def _instances(
+    items: Sequence[InstanceView], specs: Mapping[str, DeploymentSpec]
+) -> list[common_pb2.Instance]:
+    roles = {(name, r.name): r for name, spec in specs.items() for r in spec_to_proto(spec).roles}
+    return [instance_to_proto(i, roles.get((i.deployment, i.role))) for i in items]
 
 
 def record_to_proto(r: DecisionRecord) -> autoscaler_pb2.ScalingDecision:
@@ -130,10 +138,6 @@ async def _abort(context: Ctx, code: grpc.StatusCode, message: str) -> NoReturn:
     raise AssertionError("unreachable")  # context.abort raises
 
 
-def _instances(items: Sequence[InstanceView], spec: DeploymentSpec | None) -> list[Any]:
-    return [instance_to_proto(i, spec) for i in items]
-
-
 class AutoscalerServicer(_Base):
     """``AutoscalerService``: deployments, instances and scaling decisions."""
 
@@ -171,7 +175,7 @@ class AutoscalerServicer(_Base):
             await _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
         return autoscaler_pb2.GetDeploymentResponse(
             spec=spec_to_proto(view.spec),
-            instances=_instances(view.instances, view.spec),
+            instances=_instances(view.instances, {view.spec.name: view.spec}),
             roles=[_role_status(s) for s in view.roles],
             recent_decisions=[record_to_proto(r) for r in view.decisions],
         )
@@ -199,11 +203,9 @@ class AutoscalerServicer(_Base):
         self, request: autoscaler_pb2.ListInstancesRequest, context: Ctx
     ) -> autoscaler_pb2.ListInstancesResponse:
         deployments = await self._ready(context)
-        views = {v.spec.name: v.spec for v in await deployments.all()}
+        specs = {v.spec.name: v.spec for v in await deployments.all()}
         items = deployments.instances(request.deployment)
-        return autoscaler_pb2.ListInstancesResponse(
-            instances=[instance_to_proto(i, views.get(i.deployment)) for i in items]
-        )
+        return autoscaler_pb2.ListInstancesResponse(instances=_instances(items, specs))
 
     async def Plan(
         self, request: autoscaler_pb2.PlanRequest, context: Ctx

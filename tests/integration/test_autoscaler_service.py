@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from tideserve.v1 import (
     autoscaler_pb2,
     autoscaler_pb2_grpc,
+    common_pb2,
     telemetry_pb2_grpc,
 )
 
@@ -219,7 +220,11 @@ async def test_plan_scale_and_delete(h: Harness) -> None:
     instances = await h.stub.ListInstances(
         autoscaler_pb2.ListInstancesRequest(deployment="chat-pd")
     )
-    assert len(instances.instances) == 3
+    assert sorted((i.role, i.state, i.labels["role_name"]) for i in instances.instances) == [
+        (common_pb2.ROLE_PREFILL, common_pb2.INSTANCE_STATE_READY, "prefill"),
+        (common_pb2.ROLE_DECODE, common_pb2.INSTANCE_STATE_READY, "decode"),
+        (common_pb2.ROLE_DECODE, common_pb2.INSTANCE_STATE_READY, "decode"),
+    ]
     await h.stub.DeleteDeployment(autoscaler_pb2.DeleteDeploymentRequest(name="chat-pd"))
     await h.stub.DeleteDeployment(autoscaler_pb2.DeleteDeploymentRequest(name="chat-pd"))
     assert h.reconciler.instances("chat-pd") == []
