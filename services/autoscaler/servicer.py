@@ -1,17 +1,39 @@
 """gRPC servicer of ``tideserve.v1.AutoscalerService``: a thin translation layer.
 
-Nothing is implemented yet: every RPC falls through to the generated base class, which the
-runner reports as UNIMPLEMENTED. Implementations translate protobuf ⇄ pure core calls only.
+Protobuf ⇄ :class:`services.autoscaler.deployments.Deployments`. A refused spec is
+INVALID_ARGUMENT naming the field; an unknown deployment or role NOT_FOUND; a manual scale
+outside bounds FAILED_PRECONDITION; a reconciler refusing a delete UNAVAILABLE.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
 import grpc
-from tideserve.v1 import autoscaler_pb2, autoscaler_pb2_grpc
+from tideserve.v1 import autoscaler_pb2, autoscaler_pb2_grpc, common_pb2
 
-__all__ = ["SERVICE_NAME", "AutoscalerServicer", "add_to_server"]
+from services.autoscaler.deployments import (
+    Deployments,
+    RoleStatus,
+    ScaleRefused,
+    UnknownDeployment,
+)
+from services.autoscaler.planner import Decision
+from services.autoscaler.ports import InstanceView, ReconcileError
+from services.autoscaler.records import DecisionRecord
+from services.autoscaler.spec import DeploymentSpec, SpecError
+from services.autoscaler.translate import spec_from_proto, spec_to_proto
+
+__all__ = [
+    "SERVICE_NAME",
+    "AutoscalerServicer",
+    "add_to_server",
+    "decision_to_proto",
+    "instance_to_proto",
+    "record_to_proto",
+]
 
 SERVICE_NAME: str = autoscaler_pb2.DESCRIPTOR.services_by_name["AutoscalerService"].full_name
 """Full gRPC name, ``tideserve.v1.AutoscalerService`` (health and reflection use it)."""
@@ -21,9 +43,200 @@ if TYPE_CHECKING:  # the generated grpc module is untyped; keep ``Any`` out of t
 else:
     _Base = autoscaler_pb2_grpc.AutoscalerServiceServicer
 
+Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+
+_STATE = {
+    "starting": common_pb2.INSTANCE_STATE_STARTING,
+    "ready": common_pb2.INSTANCE_STATE_READY,
+    "draining": common_pb2.INSTANCE_STATE_DRAINING,
+    "stopped": common_pb2.INSTANCE_STATE_STOPPED,
+    "failed": common_pb2.INSTANCE_STATE_FAILED,
+}
+
+
+def instance_to_proto(
+    i: InstanceView, role: common_pb2.RoleSpec | None = None
+) -> common_pb2.Instance:
+    """``role``: the instance's role in its spec (kind and engine), when known."""
+    labels = {"role_name": i.role}
+    if i.detail:
+        labels["detail"] = i.detail
+    return common_pb2.Instance(
+        instance_id=i.instance_id,
+        deployment=i.deployment,
+        role=role.role if role is not None else common_pb2.ROLE_UNSPECIFIED,
+        engine_kind=role.engine_kind if role is not None else common_pb2.ENGINE_KIND_UNSPECIFIED,
+        endpoint=common_pb2.Endpoint(url=i.url),
+        state=_STATE.get(i.state, common_pb2.INSTANCE_STATE_UNSPECIFIED),
+        epoch=i.epoch,
+        labels=labels,
+        updated_ms=i.updated_ms,
+    )
+
+
+def _instances(
+    items: Sequence[InstanceView], specs: Mapping[str, DeploymentSpec]
+) -> list[common_pb2.Instance]:
+    roles = {(name, r.name): r for name, spec in specs.items() for r in spec_to_proto(spec).roles}
+    return [instance_to_proto(i, roles.get((i.deployment, i.role))) for i in items]
+
+
+def record_to_proto(r: DecisionRecord) -> autoscaler_pb2.ScalingDecision:
+    return autoscaler_pb2.ScalingDecision(
+        decision_id=r.decision_id,
+        deployment=r.deployment,
+        ts_ms=r.ts_ms,
+        changes=[
+            autoscaler_pb2.RoleChange(
+                role=c.role, from_replicas=c.from_replicas, to_replicas=c.to_replicas
+            )
+            for c in r.changes
+        ],
+        reasons=list(r.reasons),
+        status=r.status,
+        binding_constraint=r.binding_constraint,
+        victims=list(r.victims),
+        generation=r.generation,
+        inputs_json=json.dumps(dict(r.inputs), sort_keys=True, default=str),
+        forecast_json=json.dumps(dict(r.forecast), sort_keys=True, default=str),
+    )
+
+
+def decision_to_proto(d: Decision, ts_ms: int) -> autoscaler_pb2.ScalingDecision:
+    """The Plan RPC's answer: every role, changed or not, status "plan"."""
+    msg = record_to_proto(
+        DecisionRecord(
+            decision_id="",
+            deployment=d.deployment,
+            generation=d.generation,
+            ts_ms=ts_ms,
+            changes=d.changes,
+            reasons=d.reasons,
+            binding_constraint=d.binding,
+            status="plan",
+            victims=d.victims,
+            inputs=d.inputs,
+            forecast=d.forecast,
+        )
+    )
+    return msg
+
+
+def _role_status(s: RoleStatus) -> autoscaler_pb2.RoleStatus:
+    return autoscaler_pb2.RoleStatus(
+        role=s.role,
+        desired=s.desired,
+        ready=s.ready,
+        starting=s.starting,
+        draining=s.draining,
+        failed=s.failed,
+    )
+
+
+async def _abort(context: Ctx, code: grpc.StatusCode, message: str) -> NoReturn:
+    await context.abort(code, message)
+    raise AssertionError("unreachable")  # context.abort raises
+
 
 class AutoscalerServicer(_Base):
     """``AutoscalerService``: deployments, instances and scaling decisions."""
+
+    def __init__(self, deployments: Deployments | None, wall_ms: Callable[[], int]) -> None:
+        self._deployments = deployments
+        self._wall_ms = wall_ms
+
+    async def _ready(self, context: Ctx) -> Deployments:
+        if self._deployments is None:
+            await _abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "the autoscaler runs without postgres_url: deployments need Postgres",
+            )
+        return self._deployments
+
+    async def ApplyDeployment(
+        self, request: autoscaler_pb2.ApplyDeploymentRequest, context: Ctx
+    ) -> autoscaler_pb2.ApplyDeploymentResponse:
+        deployments = await self._ready(context)
+        try:
+            spec = spec_from_proto(request.spec)
+        except SpecError as exc:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        stored, changed = await deployments.apply(spec)
+        return autoscaler_pb2.ApplyDeploymentResponse(spec=spec_to_proto(stored), changed=changed)
+
+    async def GetDeployment(
+        self, request: autoscaler_pb2.GetDeploymentRequest, context: Ctx
+    ) -> autoscaler_pb2.GetDeploymentResponse:
+        deployments = await self._ready(context)
+        try:
+            view = await deployments.get(request.name)
+        except UnknownDeployment as exc:
+            await _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        return autoscaler_pb2.GetDeploymentResponse(
+            spec=spec_to_proto(view.spec),
+            instances=_instances(view.instances, {view.spec.name: view.spec}),
+            roles=[_role_status(s) for s in view.roles],
+            recent_decisions=[record_to_proto(r) for r in view.decisions],
+        )
+
+    async def ListDeployments(
+        self, request: autoscaler_pb2.ListDeploymentsRequest, context: Ctx
+    ) -> autoscaler_pb2.ListDeploymentsResponse:
+        deployments = await self._ready(context)
+        views = await deployments.all()
+        return autoscaler_pb2.ListDeploymentsResponse(
+            deployments=[spec_to_proto(v.spec) for v in views]
+        )
+
+    async def DeleteDeployment(
+        self, request: autoscaler_pb2.DeleteDeploymentRequest, context: Ctx
+    ) -> autoscaler_pb2.DeleteDeploymentResponse:
+        deployments = await self._ready(context)
+        try:
+            await deployments.delete(request.name)
+        except ReconcileError as exc:
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, f"cannot drain: {exc}")
+        return autoscaler_pb2.DeleteDeploymentResponse()
+
+    async def ListInstances(
+        self, request: autoscaler_pb2.ListInstancesRequest, context: Ctx
+    ) -> autoscaler_pb2.ListInstancesResponse:
+        deployments = await self._ready(context)
+        specs = {v.spec.name: v.spec for v in await deployments.all()}
+        items = deployments.instances(request.deployment)
+        return autoscaler_pb2.ListInstancesResponse(instances=_instances(items, specs))
+
+    async def Plan(
+        self, request: autoscaler_pb2.PlanRequest, context: Ctx
+    ) -> autoscaler_pb2.PlanResponse:
+        deployments = await self._ready(context)
+        try:
+            decision = await deployments.plan(request.deployment)
+        except UnknownDeployment as exc:
+            await _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        return autoscaler_pb2.PlanResponse(decision=decision_to_proto(decision, self._wall_ms()))
+
+    async def ScaleRole(
+        self, request: autoscaler_pb2.ScaleRoleRequest, context: Ctx
+    ) -> autoscaler_pb2.ScaleRoleResponse:
+        deployments = await self._ready(context)
+        try:
+            record = await deployments.scale(request.deployment, request.role, request.replicas)
+        except UnknownDeployment as exc:
+            await _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        except ScaleRefused as exc:
+            await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return autoscaler_pb2.ScaleRoleResponse(decision=record_to_proto(record))
+
+    async def ListDecisions(
+        self, request: autoscaler_pb2.ListDecisionsRequest, context: Ctx
+    ) -> autoscaler_pb2.ListDecisionsResponse:
+        deployments = await self._ready(context)
+        if request.limit < 0:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "limit must be >= 0")
+        records = await deployments.decisions(request.deployment, request.limit or 20)
+        return autoscaler_pb2.ListDecisionsResponse(decisions=[record_to_proto(r) for r in records])
 
 
 def add_to_server(servicer: AutoscalerServicer, server: grpc.aio.Server) -> str:

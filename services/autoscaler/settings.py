@@ -4,13 +4,32 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from services.autoscaler.planner.config import PlannerConfig
 from services.common.settings import ServiceSettings
 
 __all__ = ["AutoscalerSettings"]
 
 
 class AutoscalerSettings(ServiceSettings):
-    """autoscaler: gRPC on 50053, metrics on 9103 by default."""
+    """autoscaler: gRPC on 50053, metrics on 9103 by default. Deployments, revisions and
+    decisions need ``postgres_url``; without it every deployment RPC answers
+    FAILED_PRECONDITION and the planner loop does not run."""
 
     grpc_port: int = Field(50053, ge=0, le=65535, description="gRPC port; 0 picks a free port")
     metrics_port: int = Field(9103, ge=0, le=65535, description="Prometheus /metrics; 0 = off")
+    telemetry_address: str = Field(
+        "127.0.0.1:50054", min_length=1, description="TelemetryService host:port"
+    )
+    telemetry_timeout_s: float = Field(2.0, gt=0, description="per telemetry RPC")
+    planner: PlannerConfig = Field(default_factory=PlannerConfig, description="SLA planner")
+    planner_enabled: bool = Field(True, description="run the planner loop (else RPCs only)")
+    advisory: bool = Field(
+        False, description="dry-run: decide and record, never hand targets to the reconciler"
+    )
+    budget_groups: dict[str, int] = Field(
+        default_factory=dict,
+        description="shared replica budgets for tidal co-location: group -> replicas",
+    )
+    hold_record_s: float = Field(
+        300.0, ge=0, description="store a decision that changes nothing at most this often"
+    )

@@ -27,13 +27,33 @@ class GetDeploymentRequest(_message.Message):
     name: str
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
+class RoleStatus(_message.Message):
+    __slots__ = ("role", "desired", "ready", "starting", "draining", "failed")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    STARTING_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    desired: int
+    ready: int
+    starting: int
+    draining: int
+    failed: int
+    def __init__(self, role: _Optional[str] = ..., desired: _Optional[int] = ..., ready: _Optional[int] = ..., starting: _Optional[int] = ..., draining: _Optional[int] = ..., failed: _Optional[int] = ...) -> None: ...
+
 class GetDeploymentResponse(_message.Message):
-    __slots__ = ("spec", "instances")
+    __slots__ = ("spec", "instances", "roles", "recent_decisions")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
+    RECENT_DECISIONS_FIELD_NUMBER: _ClassVar[int]
     spec: _common_pb2.DeploymentSpec
     instances: _containers.RepeatedCompositeFieldContainer[_common_pb2.Instance]
-    def __init__(self, spec: _Optional[_Union[_common_pb2.DeploymentSpec, _Mapping]] = ..., instances: _Optional[_Iterable[_Union[_common_pb2.Instance, _Mapping]]] = ...) -> None: ...
+    roles: _containers.RepeatedCompositeFieldContainer[RoleStatus]
+    recent_decisions: _containers.RepeatedCompositeFieldContainer[ScalingDecision]
+    def __init__(self, spec: _Optional[_Union[_common_pb2.DeploymentSpec, _Mapping]] = ..., instances: _Optional[_Iterable[_Union[_common_pb2.Instance, _Mapping]]] = ..., roles: _Optional[_Iterable[_Union[RoleStatus, _Mapping]]] = ..., recent_decisions: _Optional[_Iterable[_Union[ScalingDecision, _Mapping]]] = ...) -> None: ...
 
 class ListDeploymentsRequest(_message.Message):
     __slots__ = ()
@@ -78,20 +98,30 @@ class RoleChange(_message.Message):
     def __init__(self, role: _Optional[str] = ..., from_replicas: _Optional[int] = ..., to_replicas: _Optional[int] = ...) -> None: ...
 
 class ScalingDecision(_message.Message):
-    __slots__ = ("decision_id", "deployment", "ts_ms", "changes", "reasons", "status")
+    __slots__ = ("decision_id", "deployment", "ts_ms", "changes", "reasons", "status", "binding_constraint", "victims", "generation", "inputs_json", "forecast_json")
     DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
     TS_MS_FIELD_NUMBER: _ClassVar[int]
     CHANGES_FIELD_NUMBER: _ClassVar[int]
     REASONS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    BINDING_CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    VICTIMS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    FORECAST_JSON_FIELD_NUMBER: _ClassVar[int]
     decision_id: str
     deployment: str
     ts_ms: int
     changes: _containers.RepeatedCompositeFieldContainer[RoleChange]
     reasons: _containers.RepeatedScalarFieldContainer[str]
     status: str
-    def __init__(self, decision_id: _Optional[str] = ..., deployment: _Optional[str] = ..., ts_ms: _Optional[int] = ..., changes: _Optional[_Iterable[_Union[RoleChange, _Mapping]]] = ..., reasons: _Optional[_Iterable[str]] = ..., status: _Optional[str] = ...) -> None: ...
+    binding_constraint: str
+    victims: _containers.RepeatedScalarFieldContainer[str]
+    generation: int
+    inputs_json: str
+    forecast_json: str
+    def __init__(self, decision_id: _Optional[str] = ..., deployment: _Optional[str] = ..., ts_ms: _Optional[int] = ..., changes: _Optional[_Iterable[_Union[RoleChange, _Mapping]]] = ..., reasons: _Optional[_Iterable[str]] = ..., status: _Optional[str] = ..., binding_constraint: _Optional[str] = ..., victims: _Optional[_Iterable[str]] = ..., generation: _Optional[int] = ..., inputs_json: _Optional[str] = ..., forecast_json: _Optional[str] = ...) -> None: ...
 
 class PlanRequest(_message.Message):
     __slots__ = ("deployment",)

@@ -81,15 +81,19 @@ class AutoscalerServiceServicer:
 
     def ApplyDeployment(self, request, context):
         """Creates or updates a deployment. Idempotent: applying an identical spec is a no-op and
-        keeps the generation. INVALID_ARGUMENT for a malformed spec (bad name, min > max,
-        replicas outside [min, max], unknown role).
+        keeps the generation; a changed spec gets generation + 1 and every revision is kept.
+        The request's generation is ignored. INVALID_ARGUMENT naming the field for a malformed
+        spec: bad name, min > max, replicas outside [min, max], unknown role kind or engine
+        kind, ratio bounds contradicting min/max, negative SLO targets, dependencies on
+        unknown roles or in a cycle, an unknown perf profile.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetDeployment(self, request, context):
-        """NOT_FOUND for an unknown deployment.
+        """The spec, desired vs actual per role, the instances and the last decisions.
+        NOT_FOUND for an unknown deployment.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -116,15 +120,17 @@ class AutoscalerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Plan(self, request, context):
-        """What the planner would do now and why, without doing it. Read-only.
+        """What the planner would do now and why, without doing it (status "plan"; not stored).
+        NOT_FOUND for an unknown deployment. Read-only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ScaleRole(self, request, context):
-        """Sets a role's replica count (manual override within [min, max]).
-        FAILED_PRECONDITION if outside bounds or violating coordination rules.
+        """Sets a role's replica count (manual override within [min, max]); stored as a decision
+        with reason "manual" and handed to the reconciler. NOT_FOUND for an unknown deployment
+        or role; FAILED_PRECONDITION if outside bounds or violating the ratio bounds.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tideserve/v1/common.proto\x12\x0ctideserve.v1\"a\n\x08\x45ndpoint\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x16\n\x0e\x62ootstrap_host\x18\x02 \x01(\t\x12\x16\n\x0e\x62ootstrap_port\x18\x03 \x01(\x05\x12\x18\n\x10transfer_address\x18\x04 \x01(\t\"\xe0\x02\n\x08Instance\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x12\n\ndeployment\x18\x02 \x01(\t\x12 \n\x04role\x18\x03 \x01(\x0e\x32\x12.tideserve.v1.Role\x12-\n\x0b\x65ngine_kind\x18\x04 \x01(\x0e\x32\x18.tideserve.v1.EngineKind\x12(\n\x08\x65ndpoint\x18\x05 \x01(\x0b\x32\x16.tideserve.v1.Endpoint\x12*\n\x05state\x18\x06 \x01(\x0e\x32\x1b.tideserve.v1.InstanceState\x12\r\n\x05\x65poch\x18\x07 \x01(\x03\x12\x32\n\x06labels\x18\x08 \x03(\x0b\x32\".tideserve.v1.Instance.LabelsEntry\x12\x12\n\nupdated_ms\x18\t \x01(\x03\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"v\n\x08SLOClass\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08priority\x18\x02 \x01(\x05\x12\x0f\n\x07ttft_ms\x18\x03 \x01(\x01\x12\x0f\n\x07tpot_ms\x18\x04 \x01(\x01\x12\x12\n\npercentile\x18\x05 \x01(\x01\x12\x14\n\x0cmax_queue_ms\x18\x06 \x01(\x01\"\x88\x01\n\x0c\x43oordination\x12\x14\n\x0cmin_pd_ratio\x18\x01 \x01(\x01\x12\x14\n\x0cmax_pd_ratio\x18\x02 \x01(\x01\x12\x16\n\x0escale_together\x18\x03 \x03(\t\x12\x1b\n\x13\x64rain_before_remove\x18\x04 \x01(\x08\x12\x17\n\x0f\x64rain_timeout_s\x18\x05 \x01(\x01\"\xb7\x02\n\x08RoleSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x04role\x18\x02 \x01(\x0e\x32\x12.tideserve.v1.Role\x12\x10\n\x08replicas\x18\x03 \x01(\x05\x12\x14\n\x0cmin_replicas\x18\x04 \x01(\x05\x12\x14\n\x0cmax_replicas\x18\x05 \x01(\x05\x12-\n\x0b\x65ngine_kind\x18\x06 \x01(\x0e\x32\x18.tideserve.v1.EngineKind\x12\x13\n\x0b\x65ngine_args\x18\x07 \x03(\t\x12\r\n\x05image\x18\x08 \x01(\t\x12\x38\n\tresources\x18\t \x03(\x0b\x32%.tideserve.v1.RoleSpec.ResourcesEntry\x1a\x30\n\x0eResourcesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xbe\x02\n\x0e\x44\x65ploymentSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12%\n\x05roles\x18\x03 \x03(\x0b\x32\x16.tideserve.v1.RoleSpec\x12\x30\n\x0c\x63oordination\x18\x04 \x01(\x0b\x32\x1a.tideserve.v1.Coordination\x12+\n\x0bslo_classes\x18\x05 \x03(\x0b\x32\x16.tideserve.v1.SLOClass\x12-\n\x0bpd_protocol\x18\x06 \x01(\x0e\x32\x18.tideserve.v1.PDProtocol\x12\x19\n\x11scheduler_profile\x18\x07 \x01(\t\x12\x15\n\rkv_block_size\x18\x08 \x01(\x05\x12\x14\n\x0cperf_profile\x18\t \x01(\t\x12\x12\n\ngeneration\x18\n \x01(\x03*b\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_WORKER\x10\x01\x12\x10\n\x0cROLE_PREFILL\x10\x02\x12\x0f\n\x0bROLE_DECODE\x10\x03\x12\x10\n\x0cROLE_KVCACHE\x10\x04*W\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\x0c\n\x08TIER_GPU\x10\x01\x12\x0c\n\x08TIER_CPU\x10\x02\x12\x0c\n\x08TIER_SSD\x10\x03\x12\x0f\n\x0bTIER_REMOTE\x10\x04*l\n\nEngineKind\x12\x1b\n\x17\x45NGINE_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x45NGINE_KIND_SIM\x10\x01\x12\x16\n\x12\x45NGINE_KIND_SGLANG\x10\x02\x12\x14\n\x10\x45NGINE_KIND_VLLM\x10\x03*j\n\nPDProtocol\x12\x1b\n\x17PD_PROTOCOL_UNSPECIFIED\x10\x00\x12 \n\x1cPD_PROTOCOL_SGLANG_BOOTSTRAP\x10\x01\x12\x1d\n\x19PD_PROTOCOL_VLLM_TWO_STEP\x10\x02*\xba\x01\n\rInstanceState\x12\x1e\n\x1aINSTANCE_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17INSTANCE_STATE_STARTING\x10\x01\x12\x18\n\x14INSTANCE_STATE_READY\x10\x02\x12\x1b\n\x17INSTANCE_STATE_DRAINING\x10\x03\x12\x1a\n\x16INSTANCE_STATE_STOPPED\x10\x04\x12\x19\n\x15INSTANCE_STATE_FAILED\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tideserve/v1/common.proto\x12\x0ctideserve.v1\"a\n\x08\x45ndpoint\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x16\n\x0e\x62ootstrap_host\x18\x02 \x01(\t\x12\x16\n\x0e\x62ootstrap_port\x18\x03 \x01(\x05\x12\x18\n\x10transfer_address\x18\x04 \x01(\t\"\xe0\x02\n\x08Instance\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x12\n\ndeployment\x18\x02 \x01(\t\x12 \n\x04role\x18\x03 \x01(\x0e\x32\x12.tideserve.v1.Role\x12-\n\x0b\x65ngine_kind\x18\x04 \x01(\x0e\x32\x18.tideserve.v1.EngineKind\x12(\n\x08\x65ndpoint\x18\x05 \x01(\x0b\x32\x16.tideserve.v1.Endpoint\x12*\n\x05state\x18\x06 \x01(\x0e\x32\x1b.tideserve.v1.InstanceState\x12\r\n\x05\x65poch\x18\x07 \x01(\x03\x12\x32\n\x06labels\x18\x08 \x03(\x0b\x32\".tideserve.v1.Instance.LabelsEntry\x12\x12\n\nupdated_ms\x18\t \x01(\x03\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"v\n\x08SLOClass\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08priority\x18\x02 \x01(\x05\x12\x0f\n\x07ttft_ms\x18\x03 \x01(\x01\x12\x0f\n\x07tpot_ms\x18\x04 \x01(\x01\x12\x12\n\npercentile\x18\x05 \x01(\x01\x12\x14\n\x0cmax_queue_ms\x18\x06 \x01(\x01\"\xa2\x01\n\x0c\x43oordination\x12\x14\n\x0cmin_pd_ratio\x18\x01 \x01(\x01\x12\x14\n\x0cmax_pd_ratio\x18\x02 \x01(\x01\x12\x16\n\x0escale_together\x18\x03 \x03(\t\x12\x1b\n\x13\x64rain_before_remove\x18\x04 \x01(\x08\x12\x17\n\x0f\x64rain_timeout_s\x18\x05 \x01(\x01\x12\x18\n\x10max_skew_percent\x18\x06 \x01(\x01\"F\n\rReplicaBudget\x12\x14\n\x0cmax_replicas\x18\x01 \x01(\x05\x12\r\n\x05group\x18\x02 \x01(\t\x12\x10\n\x08priority\x18\x03 \x01(\x05\"\xdf\x02\n\x08RoleSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x04role\x18\x02 \x01(\x0e\x32\x12.tideserve.v1.Role\x12\x10\n\x08replicas\x18\x03 \x01(\x05\x12\x14\n\x0cmin_replicas\x18\x04 \x01(\x05\x12\x14\n\x0cmax_replicas\x18\x05 \x01(\x05\x12-\n\x0b\x65ngine_kind\x18\x06 \x01(\x0e\x32\x18.tideserve.v1.EngineKind\x12\x13\n\x0b\x65ngine_args\x18\x07 \x03(\t\x12\r\n\x05image\x18\x08 \x01(\t\x12\x38\n\tresources\x18\t \x03(\x0b\x32%.tideserve.v1.RoleSpec.ResourcesEntry\x12\x14\n\x0c\x64\x65pendencies\x18\n \x03(\t\x12\x10\n\x08template\x18\x0b \x01(\t\x1a\x30\n\x0eResourcesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xeb\x02\n\x0e\x44\x65ploymentSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12%\n\x05roles\x18\x03 \x03(\x0b\x32\x16.tideserve.v1.RoleSpec\x12\x30\n\x0c\x63oordination\x18\x04 \x01(\x0b\x32\x1a.tideserve.v1.Coordination\x12+\n\x0bslo_classes\x18\x05 \x03(\x0b\x32\x16.tideserve.v1.SLOClass\x12-\n\x0bpd_protocol\x18\x06 \x01(\x0e\x32\x18.tideserve.v1.PDProtocol\x12\x19\n\x11scheduler_profile\x18\x07 \x01(\t\x12\x15\n\rkv_block_size\x18\x08 \x01(\x05\x12\x14\n\x0cperf_profile\x18\t \x01(\t\x12\x12\n\ngeneration\x18\n \x01(\x03\x12+\n\x06\x62udget\x18\x0b \x01(\x0b\x32\x1b.tideserve.v1.ReplicaBudget*b\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_WORKER\x10\x01\x12\x10\n\x0cROLE_PREFILL\x10\x02\x12\x0f\n\x0bROLE_DECODE\x10\x03\x12\x10\n\x0cROLE_KVCACHE\x10\x04*W\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\x0c\n\x08TIER_GPU\x10\x01\x12\x0c\n\x08TIER_CPU\x10\x02\x12\x0c\n\x08TIER_SSD\x10\x03\x12\x0f\n\x0bTIER_REMOTE\x10\x04*l\n\nEngineKind\x12\x1b\n\x17\x45NGINE_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x45NGINE_KIND_SIM\x10\x01\x12\x16\n\x12\x45NGINE_KIND_SGLANG\x10\x02\x12\x14\n\x10\x45NGINE_KIND_VLLM\x10\x03*j\n\nPDProtocol\x12\x1b\n\x17PD_PROTOCOL_UNSPECIFIED\x10\x00\x12 \n\x1cPD_PROTOCOL_SGLANG_BOOTSTRAP\x10\x01\x12\x1d\n\x19PD_PROTOCOL_VLLM_TWO_STEP\x10\x02*\xba\x01\n\rInstanceState\x12\x1e\n\x1aINSTANCE_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17INSTANCE_STATE_STARTING\x10\x01\x12\x18\n\x14INSTANCE_STATE_READY\x10\x02\x12\x1b\n\x17INSTANCE_STATE_DRAINING\x10\x03\x12\x1a\n\x16INSTANCE_STATE_STOPPED\x10\x04\x12\x19\n\x15INSTANCE_STATE_FAILED\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,16 +35,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INSTANCE_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_ROLESPEC_RESOURCESENTRY']._loaded_options = None
   _globals['_ROLESPEC_RESOURCESENTRY']._serialized_options = b'8\001'
-  _globals['_ROLE']._serialized_start=1391
-  _globals['_ROLE']._serialized_end=1489
-  _globals['_TIER']._serialized_start=1491
-  _globals['_TIER']._serialized_end=1578
-  _globals['_ENGINEKIND']._serialized_start=1580
-  _globals['_ENGINEKIND']._serialized_end=1688
-  _globals['_PDPROTOCOL']._serialized_start=1690
-  _globals['_PDPROTOCOL']._serialized_end=1796
-  _globals['_INSTANCESTATE']._serialized_start=1799
-  _globals['_INSTANCESTATE']._serialized_end=1985
+  _globals['_ROLE']._serialized_start=1574
+  _globals['_ROLE']._serialized_end=1672
+  _globals['_TIER']._serialized_start=1674
+  _globals['_TIER']._serialized_end=1761
+  _globals['_ENGINEKIND']._serialized_start=1763
+  _globals['_ENGINEKIND']._serialized_end=1871
+  _globals['_PDPROTOCOL']._serialized_start=1873
+  _globals['_PDPROTOCOL']._serialized_end=1979
+  _globals['_INSTANCESTATE']._serialized_start=1982
+  _globals['_INSTANCESTATE']._serialized_end=2168
   _globals['_ENDPOINT']._serialized_start=43
   _globals['_ENDPOINT']._serialized_end=140
   _globals['_INSTANCE']._serialized_start=143
@@ -54,11 +54,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SLOCLASS']._serialized_start=497
   _globals['_SLOCLASS']._serialized_end=615
   _globals['_COORDINATION']._serialized_start=618
-  _globals['_COORDINATION']._serialized_end=754
-  _globals['_ROLESPEC']._serialized_start=757
-  _globals['_ROLESPEC']._serialized_end=1068
-  _globals['_ROLESPEC_RESOURCESENTRY']._serialized_start=1020
-  _globals['_ROLESPEC_RESOURCESENTRY']._serialized_end=1068
-  _globals['_DEPLOYMENTSPEC']._serialized_start=1071
-  _globals['_DEPLOYMENTSPEC']._serialized_end=1389
+  _globals['_COORDINATION']._serialized_end=780
+  _globals['_REPLICABUDGET']._serialized_start=782
+  _globals['_REPLICABUDGET']._serialized_end=852
+  _globals['_ROLESPEC']._serialized_start=855
+  _globals['_ROLESPEC']._serialized_end=1206
+  _globals['_ROLESPEC_RESOURCESENTRY']._serialized_start=1158
+  _globals['_ROLESPEC_RESOURCESENTRY']._serialized_end=1206
+  _globals['_DEPLOYMENTSPEC']._serialized_start=1209
+  _globals['_DEPLOYMENTSPEC']._serialized_end=1572
 # @@protoc_insertion_point(module_scope)

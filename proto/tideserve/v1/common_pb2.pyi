@@ -126,21 +126,33 @@ class SLOClass(_message.Message):
     def __init__(self, name: _Optional[str] = ..., priority: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., percentile: _Optional[float] = ..., max_queue_ms: _Optional[float] = ...) -> None: ...
 
 class Coordination(_message.Message):
-    __slots__ = ("min_pd_ratio", "max_pd_ratio", "scale_together", "drain_before_remove", "drain_timeout_s")
+    __slots__ = ("min_pd_ratio", "max_pd_ratio", "scale_together", "drain_before_remove", "drain_timeout_s", "max_skew_percent")
     MIN_PD_RATIO_FIELD_NUMBER: _ClassVar[int]
     MAX_PD_RATIO_FIELD_NUMBER: _ClassVar[int]
     SCALE_TOGETHER_FIELD_NUMBER: _ClassVar[int]
     DRAIN_BEFORE_REMOVE_FIELD_NUMBER: _ClassVar[int]
     DRAIN_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_SKEW_PERCENT_FIELD_NUMBER: _ClassVar[int]
     min_pd_ratio: float
     max_pd_ratio: float
     scale_together: _containers.RepeatedScalarFieldContainer[str]
     drain_before_remove: bool
     drain_timeout_s: float
-    def __init__(self, min_pd_ratio: _Optional[float] = ..., max_pd_ratio: _Optional[float] = ..., scale_together: _Optional[_Iterable[str]] = ..., drain_before_remove: _Optional[bool] = ..., drain_timeout_s: _Optional[float] = ...) -> None: ...
+    max_skew_percent: float
+    def __init__(self, min_pd_ratio: _Optional[float] = ..., max_pd_ratio: _Optional[float] = ..., scale_together: _Optional[_Iterable[str]] = ..., drain_before_remove: _Optional[bool] = ..., drain_timeout_s: _Optional[float] = ..., max_skew_percent: _Optional[float] = ...) -> None: ...
+
+class ReplicaBudget(_message.Message):
+    __slots__ = ("max_replicas", "group", "priority")
+    MAX_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    max_replicas: int
+    group: str
+    priority: int
+    def __init__(self, max_replicas: _Optional[int] = ..., group: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class RoleSpec(_message.Message):
-    __slots__ = ("name", "role", "replicas", "min_replicas", "max_replicas", "engine_kind", "engine_args", "image", "resources")
+    __slots__ = ("name", "role", "replicas", "min_replicas", "max_replicas", "engine_kind", "engine_args", "image", "resources", "dependencies", "template")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +169,8 @@ class RoleSpec(_message.Message):
     ENGINE_ARGS_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    DEPENDENCIES_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     name: str
     role: Role
     replicas: int
@@ -166,10 +180,12 @@ class RoleSpec(_message.Message):
     engine_args: _containers.RepeatedScalarFieldContainer[str]
     image: str
     resources: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., replicas: _Optional[int] = ..., min_replicas: _Optional[int] = ..., max_replicas: _Optional[int] = ..., engine_kind: _Optional[_Union[EngineKind, str]] = ..., engine_args: _Optional[_Iterable[str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    dependencies: _containers.RepeatedScalarFieldContainer[str]
+    template: str
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., replicas: _Optional[int] = ..., min_replicas: _Optional[int] = ..., max_replicas: _Optional[int] = ..., engine_kind: _Optional[_Union[EngineKind, str]] = ..., engine_args: _Optional[_Iterable[str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Mapping[str, str]] = ..., dependencies: _Optional[_Iterable[str]] = ..., template: _Optional[str] = ...) -> None: ...
 
 class DeploymentSpec(_message.Message):
-    __slots__ = ("name", "model", "roles", "coordination", "slo_classes", "pd_protocol", "scheduler_profile", "kv_block_size", "perf_profile", "generation")
+    __slots__ = ("name", "model", "roles", "coordination", "slo_classes", "pd_protocol", "scheduler_profile", "kv_block_size", "perf_profile", "generation", "budget")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ROLES_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +196,7 @@ class DeploymentSpec(_message.Message):
     KV_BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     PERF_PROFILE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     roles: _containers.RepeatedCompositeFieldContainer[RoleSpec]
@@ -190,4 +207,5 @@ class DeploymentSpec(_message.Message):
     kv_block_size: int
     perf_profile: str
     generation: int
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., roles: _Optional[_Iterable[_Union[RoleSpec, _Mapping]]] = ..., coordination: _Optional[_Union[Coordination, _Mapping]] = ..., slo_classes: _Optional[_Iterable[_Union[SLOClass, _Mapping]]] = ..., pd_protocol: _Optional[_Union[PDProtocol, str]] = ..., scheduler_profile: _Optional[str] = ..., kv_block_size: _Optional[int] = ..., perf_profile: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+    budget: ReplicaBudget
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., roles: _Optional[_Iterable[_Union[RoleSpec, _Mapping]]] = ..., coordination: _Optional[_Union[Coordination, _Mapping]] = ..., slo_classes: _Optional[_Iterable[_Union[SLOClass, _Mapping]]] = ..., pd_protocol: _Optional[_Union[PDProtocol, str]] = ..., scheduler_profile: _Optional[str] = ..., kv_block_size: _Optional[int] = ..., perf_profile: _Optional[str] = ..., generation: _Optional[int] = ..., budget: _Optional[_Union[ReplicaBudget, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,200 @@
+"""Deployment operations behind the RPCs (the shell the servicer translates to).
+
+Apply, get (desired vs actual), list, delete (every instance drained through the
+reconciler first), manual scale (a decision with reason "manual", checked against min/max
+and the P:D ratio bounds by the pure :func:`manual_targets`), plan, instances, decisions.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from services.autoscaler.loop import PlannerLoop
+from services.autoscaler.planner import Decision
+from services.autoscaler.planner.colocation import ratio_ok
+from services.autoscaler.planner.victims import active, pick_victims
+from services.autoscaler.ports import InstanceView, ReconcileError, Reconciler
+from services.autoscaler.records import DecisionRecord, RoleChange
+from services.autoscaler.spec import DeploymentSpec
+from services.autoscaler.store import AutoscalerStore
+
+__all__ = [
+    "DeploymentView",
+    "Deployments",
+    "RoleStatus",
+    "ScaleRefused",
+    "UnknownDeployment",
+    "manual_targets",
+]
+
+
+class UnknownDeployment(LookupError):
+    """No such deployment (or role)."""
+
+
+class ScaleRefused(ValueError):
+    """A manual scale outside the role's bounds or the ratio bounds."""
+
+
+@dataclass(frozen=True)
+class RoleStatus:
+    role: str
+    desired: int
+    ready: int
+    starting: int
+    draining: int
+    failed: int
+
+
+@dataclass(frozen=True)
+class DeploymentView:
+    spec: DeploymentSpec
+    roles: tuple[RoleStatus, ...]
+    instances: tuple[InstanceView, ...]
+    decisions: tuple[DecisionRecord, ...]
+
+
+def role_status(
+    spec: DeploymentSpec, desired: Mapping[str, int], instances: Sequence[InstanceView]
+) -> tuple[RoleStatus, ...]:
+    def count(role: str, state: str) -> int:
+        return sum(1 for i in instances if i.role == role and i.state == state)
+
+    return tuple(
+        RoleStatus(
+            r.name,
+            desired.get(r.name, r.replicas),
+            count(r.name, "ready"),
+            count(r.name, "starting"),
+            count(r.name, "draining"),
+            count(r.name, "failed"),
+        )
+        for r in spec.roles
+    )
+
+
+def manual_targets(
+    spec: DeploymentSpec, desired: Mapping[str, int], role: str, replicas: int
+) -> dict[str, int]:
+    """Targets with ``role`` at ``replicas``; :class:`UnknownDeployment` for an unknown role,
+    :class:`ScaleRefused` outside [min, max] or the P:D ratio bounds. Pure."""
+    try:
+        r = spec.role(role)
+    except KeyError:
+        raise UnknownDeployment(f"deployment {spec.name!r} has no role {role!r}") from None
+    if not r.min_replicas <= replicas <= r.max_replicas:
+        raise ScaleRefused(
+            f"replicas {replicas} outside [{r.min_replicas}, {r.max_replicas}] of role {role!r}"
+        )
+    targets = {x.name: desired.get(x.name, x.replicas) for x in spec.roles}
+    targets[role] = replicas
+    if not ratio_ok(spec, targets):
+        c = spec.coordination
+        raise ScaleRefused(
+            f"{role}={replicas} breaks the P:D ratio bounds [{c.min_pd_ratio:g}, "
+            f"{c.max_pd_ratio:g}] with {targets}"
+        )
+    return targets
+
+
+class Deployments:
+    def __init__(
+        self,
+        store: AutoscalerStore,
+        reconciler: Reconciler,
+        loop: PlannerLoop,
+        *,
+        advisory: bool,
+        wall: Callable[[], float],
+    ) -> None:
+        self._store = store
+        self._reconciler = reconciler
+        self._loop = loop
+        self._advisory = advisory
+        self._wall = wall
+
+    async def apply(self, spec: DeploymentSpec) -> tuple[DeploymentSpec, bool]:
+        return await self._store.apply(spec)
+
+    async def get(self, name: str, decisions: int = 5) -> DeploymentView:
+        stored = await self._store.get(name)
+        if stored is None:
+            raise UnknownDeployment(f"no deployment {name!r}")
+        instances = tuple(self._reconciler.instances(name))
+        return DeploymentView(
+            stored.spec,
+            role_status(stored.spec, stored.desired, instances),
+            instances,
+            tuple(await self._store.decisions(name, decisions)),
+        )
+
+    async def all(self) -> list[DeploymentView]:
+        out = []
+        for d in await self._store.all():
+            instances = tuple(self._reconciler.instances(d.spec.name))
+            out.append(
+                DeploymentView(d.spec, role_status(d.spec, d.desired, instances), instances, ())
+            )
+        return out
+
+    async def delete(self, name: str) -> None:
+        """Drain and remove every instance, then forget the spec. Idempotent."""
+        stored = await self._store.get(name)
+        if stored is None:
+            return
+        victims = [
+            i.instance_id
+            for r in stored.spec.roles
+            for i in active(self._reconciler.instances(name), r.name)
+        ]
+        if not self._advisory:
+            await self._reconciler.apply(
+                stored.spec, {r.name: 0 for r in stored.spec.roles}, victims
+            )
+        await self._store.delete(name)
+
+    async def scale(self, name: str, role: str, replicas: int) -> DecisionRecord:
+        stored = await self._store.get(name)
+        if stored is None:
+            raise UnknownDeployment(f"no deployment {name!r}")
+        targets = manual_targets(stored.spec, stored.desired, role, replicas)
+        instances = self._reconciler.instances(name)
+        victims = tuple(pick_victims(instances, role, replicas))
+        before = stored.desired.get(role, stored.spec.role(role).replicas)
+        reasons = [f"manual: {role} {before} -> {replicas}"]
+        status = "dry-run" if self._advisory else "applied"
+        if not self._advisory:
+            try:
+                await self._reconciler.apply(stored.spec, targets, victims)
+            except ReconcileError as exc:
+                status = "failed"
+                reasons.append(f"reconciler: {exc}")
+        if status != "failed":
+            await self._store.set_desired(name, targets)
+        record = DecisionRecord(
+            decision_id=uuid.uuid4().hex,
+            deployment=name,
+            generation=stored.spec.generation,
+            ts_ms=int(self._wall() * 1000),
+            changes=(RoleChange(role, before, replicas),) if before != replicas else (),
+            reasons=tuple(reasons),
+            binding_constraint="manual",
+            status=status,
+            victims=victims,
+        )
+        await self._store.add_decision(record)
+        return record
+
+    async def plan(self, name: str) -> Decision:
+        decision = await self._loop.plan(name)
+        if decision is None:
+            raise UnknownDeployment(f"no deployment {name!r}")
+        return decision
+
+    def instances(self, name: str) -> Sequence[InstanceView]:
+        return self._reconciler.instances(name)
+
+    async def decisions(self, name: str, limit: int) -> list[DecisionRecord]:
+        return await self._store.decisions(name, limit)

@@ -1,0 +1,51 @@
+"""Planner configuration (one frozen model; the autoscaler settings embed it as ``planner``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["PlannerConfig", "PredictorName"]
+
+PredictorName = Literal["constant", "moving_average", "holt_winters"]
+
+
+class PlannerConfig(BaseModel):
+    """Knobs of the SLA planner. Times are seconds of the clock the planner is given."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    interval_s: float = Field(default=10.0, gt=0, description="seconds between ticks")
+    window_s: float = Field(default=60.0, gt=0, description="telemetry window per tick")
+    predictor: PredictorName = Field(default="holt_winters", description="load predictor")
+    bucket_s: float = Field(
+        default=600.0, gt=0, description="forecast resolution: observations are averaged per bucket"
+    )
+    season_s: float = Field(default=86_400.0, gt=0, description="seasonal period (the daily tide)")
+    moving_average_buckets: int = Field(default=6, ge=1, description="moving_average: buckets")
+    hw_alpha: float = Field(default=0.5, gt=0, le=1, description="Holt-Winters level smoothing")
+    hw_beta: float = Field(default=0.05, ge=0, le=1, description="Holt-Winters trend smoothing")
+    hw_gamma: float = Field(default=0.3, ge=0, le=1, description="Holt-Winters season smoothing")
+    max_utilization: float = Field(
+        default=0.85, gt=0, lt=1, description="ceiling on per-replica prefill utilisation"
+    )
+    decode_headroom: float = Field(
+        default=0.9, gt=0, le=1, description="share of the TPOT target a decode step may use"
+    )
+    scale_down_window_s: float = Field(
+        default=300.0, ge=0, description="stabilisation: scale down to the window's max need"
+    )
+    cooldown_s: float = Field(default=120.0, ge=0, description="no scale-down after a change")
+    hysteresis: float = Field(
+        default=0.1, ge=0, lt=1, description="scale down only with this much spare capacity"
+    )
+    max_scale_down_step: float = Field(
+        default=0.25, gt=0, le=1, description="share of a role removed per decision (>= 1)"
+    )
+    startup_s_default: float = Field(
+        default=30.0, ge=0, description="lead time when the perf model has no startup_s"
+    )
+    boost_relief: float = Field(
+        default=0.7, gt=0, lt=1, description="attainment boost decays below this share of target"
+    )

@@ -1,0 +1,107 @@
+"""What the planner core sees on a tick (frozen snapshots; built by the loop shell)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from services.autoscaler.planner.capacity import PerfLike
+from services.autoscaler.planner.forecast import Forecaster
+from services.autoscaler.planner.stability import RoleState
+from services.autoscaler.ports import InstanceView
+from services.autoscaler.spec import DeploymentSpec
+
+__all__ = ["ClassView", "PerfView", "PlannerInputs", "PlannerState", "WindowView"]
+
+
+@dataclass(frozen=True)
+class ClassView:
+    """Observed latency of one SLO class at the percentile it names."""
+
+    name: str
+    ttft_ms: float
+    tpot_ms: float
+
+
+@dataclass(frozen=True)
+class WindowView:
+    """Telemetry over the last window (a deployment's total)."""
+
+    requests: int
+    rate_rps: float
+    input_tokens: float  # mean per request
+    output_tokens: float
+    hit_ratio: float = 0.0
+    ttft_ms: Mapping[int, float] = field(default_factory=dict)  # {50: p50, 90: p90, 99: p99}
+    tpot_ms: Mapping[int, float] = field(default_factory=dict)
+    classes: tuple[ClassView, ...] = ()
+
+    def at(self, metric: str, percentile: float, slo_class: str = "") -> float | None:
+        """Observed ``metric`` ("ttft"/"tpot") at ``percentile``: the class's own figure
+        when telemetry reports it, else the nearest reported percentile at or above it."""
+        for c in self.classes:
+            if c.name == slo_class:
+                return c.ttft_ms if metric == "ttft" else c.tpot_ms
+        table = self.ttft_ms if metric == "ttft" else self.tpot_ms
+        above = sorted(p for p in table if p >= percentile)
+        if above:
+            return table[above[0]]
+        return table[max(table)] if table else None
+
+
+@dataclass(frozen=True)
+class PerfView:
+    """Telemetry's fitted performance model of a role (coefficients as on the proto)."""
+
+    prefill_base_ms: float
+    prefill_ms_per_token: float
+    prefill_ms_per_token2: float
+    decode_base_ms: float
+    decode_ms_per_seq: float
+    decode_ms_per_ktoken: float
+    startup_s: float = 0.0
+
+    def prefill_ms(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
+        del cached_tokens
+        n = max(0, uncached_tokens)
+        if n == 0:
+            return 0.0
+        return (
+            self.prefill_base_ms
+            + self.prefill_ms_per_token * n
+            + self.prefill_ms_per_token2 * n * n
+        )
+
+    def decode_step_ms(self, batch: int, context_tokens: int) -> float:
+        if batch <= 0:
+            return 0.0
+        return (
+            self.decode_base_ms
+            + self.decode_ms_per_seq * batch
+            + self.decode_ms_per_ktoken * context_tokens / 1000.0
+        )
+
+
+@dataclass(frozen=True)
+class PlannerState:
+    """What the planner carries from one tick to the next (a value, never mutated)."""
+
+    forecaster: Forecaster | None = None
+    roles: Mapping[str, RoleState] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PlannerInputs:
+    """A tick's snapshot. ``window`` None = telemetry unreachable (``telemetry_error`` says
+    why); ``perf`` maps role kind ("prefill", "decode", "worker") to its model, and a kind
+    without one falls back to the spec's ``perf_profile`` prior; ``startup_s`` is each role
+    kind's measured start-up time (lead time)."""
+
+    spec: DeploymentSpec
+    desired: Mapping[str, int]
+    instances: tuple[InstanceView, ...]
+    window: WindowView | None
+    perf: Mapping[str, PerfLike] = field(default_factory=dict)
+    startup_s: Mapping[str, float] = field(default_factory=dict)
+    state: PlannerState = PlannerState()
+    telemetry_error: str = ""

@@ -1,0 +1,294 @@
+"""The autoscaler's RPCs and planner loop against real Postgres, a scripted in-process
+``TelemetryService`` (grpc.aio, our own test double) and the in-memory reconciler fake."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry
+from tideserve.v1 import (
+    autoscaler_pb2,
+    autoscaler_pb2_grpc,
+    common_pb2,
+    telemetry_pb2_grpc,
+)
+
+from services.autoscaler.deployments import Deployments
+from services.autoscaler.loop import LoopOptions, PlannerLoop
+from services.autoscaler.metrics import AutoscalerMetrics
+from services.autoscaler.planner import PlannerConfig
+from services.autoscaler.ports import InMemoryReconciler
+from services.autoscaler.servicer import AutoscalerServicer, add_to_server
+from services.autoscaler.spec import load_spec_file
+from services.autoscaler.store import AutoscalerStore
+from services.autoscaler.telemetry import GrpcTelemetry
+from services.autoscaler.translate import spec_to_proto
+from services.cli import main as cli
+from services.common.db import create_engine, migrate
+from tests.helpers.telemetry_double import ScriptedTelemetry, window
+
+pytestmark = pytest.mark.integration
+
+PD = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "pd.yaml"
+
+
+@dataclass
+class Harness:
+    stub: Any
+    telemetry: ScriptedTelemetry
+    reconciler: InMemoryReconciler
+    loop: PlannerLoop
+    registry: CollectorRegistry
+    address: str = ""
+    clock: list[float] = field(default_factory=lambda: [0.0])
+
+
+async def _harness(url: str, advisory: bool) -> AsyncIterator[Harness]:
+    await asyncio.to_thread(migrate, url, "autoscaler")
+    engine = create_engine(url, "autoscaler")
+    telemetry = ScriptedTelemetry()
+    tserver = grpc.aio.server()
+    telemetry_pb2_grpc.add_TelemetryServiceServicer_to_server(telemetry, tserver)
+    tport = tserver.add_insecure_port("127.0.0.1:0")
+    await tserver.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{tport}")
+    store = AutoscalerStore(engine)
+    reconciler = InMemoryReconciler()
+    registry = CollectorRegistry()
+    clock = [0.0]
+    cfg = PlannerConfig(predictor="constant", scale_down_window_s=60, cooldown_s=0)
+    loop = PlannerLoop(
+        store,
+        reconciler,
+        GrpcTelemetry(channel),
+        cfg,
+        LoopOptions(advisory=advisory, hold_record_s=0),
+        AutoscalerMetrics(registry),
+        clock=lambda: clock[0],
+        wall=lambda: 1_700_000_000 + clock[0],
+    )
+    deployments = Deployments(store, reconciler, loop, advisory=advisory, wall=lambda: clock[0])
+    server = grpc.aio.server()
+    add_to_server(AutoscalerServicer(deployments, lambda: int(clock[0] * 1000)), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    client = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        h = Harness(
+            autoscaler_pb2_grpc.AutoscalerServiceStub(client), telemetry, reconciler, loop, registry
+        )
+        h.clock = clock
+        h.address = f"127.0.0.1:{port}"
+        yield h
+    finally:
+        await client.close()
+        await server.stop(None)
+        await channel.close()
+        await tserver.stop(None)
+        await engine.dispose()
+
+
+@pytest.fixture
+async def h(postgres_db_url: str) -> AsyncIterator[Harness]:
+    async for x in _harness(postgres_db_url, advisory=False):
+        yield x
+
+
+@pytest.fixture
+async def advisory(postgres_db_url: str) -> AsyncIterator[Harness]:
+    async for x in _harness(postgres_db_url, advisory=True):
+        yield x
+
+
+async def _apply(h: Harness) -> Any:
+    spec = spec_to_proto(load_spec_file(PD.read_text()))
+    return await h.stub.ApplyDeployment(autoscaler_pb2.ApplyDeploymentRequest(spec=spec))
+
+
+async def test_apply_validates_and_is_idempotent(h: Harness) -> None:
+    bad = spec_to_proto(load_spec_file(PD.read_text()))
+    bad.roles[0].min_replicas = 9
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await h.stub.ApplyDeployment(autoscaler_pb2.ApplyDeploymentRequest(spec=bad))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "roles[0]: min_replicas (9) > max_replicas (6)" in (info.value.details() or "")
+    first, again = await _apply(h), await _apply(h)
+    assert (first.changed, first.spec.generation) == (True, 1)
+    assert (again.changed, again.spec.generation) == (False, 1)
+    listed = await h.stub.ListDeployments(autoscaler_pb2.ListDeploymentsRequest())
+    assert [d.name for d in listed.deployments] == ["chat-pd"]
+
+
+async def test_loop_scales_up_stores_decisions_and_exports_metrics(h: Harness) -> None:
+    await _apply(h)
+    h.telemetry.window = window(30)
+    stored = await h.loop.tick()
+    assert [r.status for r in stored] == ["applied"]
+    assert h.reconciler.calls[-1][1] == {"prefill": 4, "decode": 3}
+    got = await h.stub.GetDeployment(autoscaler_pb2.GetDeploymentRequest(name="chat-pd"))
+    assert {(r.role, r.desired, r.ready) for r in got.roles} == {
+        ("prefill", 4, 4),
+        ("decode", 3, 3),
+    }
+    decision = got.recent_decisions[0]
+    assert "prefill:ttft:interactive" in decision.binding_constraint
+    assert any(r.startswith("prefill: 1 -> 4 (up)") for r in decision.reasons)
+    assert '"rate_rps": 30.0' in decision.inputs_json
+    assert '"predictor": "constant"' in decision.forecast_json
+    assert h.telemetry.queries[-1].deployment == "chat-pd"
+    sample = h.registry.get_sample_value
+    assert (
+        sample(
+            "tideserve_autoscaler_replicas",
+            {"deployment": "chat-pd", "role": "prefill", "state": "desired"},
+        )
+        == 4
+    )
+    assert (
+        sample(
+            "tideserve_autoscaler_decisions_total",
+            {"deployment": "chat-pd", "role": "prefill", "direction": "up"},
+        )
+        == 1
+    )
+
+
+async def test_telemetry_outage_holds_and_says_so(h: Harness) -> None:
+    await _apply(h)
+    h.telemetry.window = window(30)
+    await h.loop.tick()
+    h.telemetry.down = True
+    h.clock[0] = 100.0
+    stored = await h.loop.tick()
+    assert stored and stored[0].binding_constraint == "telemetry-outage"
+    assert "telemetry unavailable" in stored[0].reasons[0]
+    assert "telemetry is down" in stored[0].reasons[0]
+    assert h.reconciler.calls[-1][1] == {"prefill": 4, "decode": 3}  # no new call
+    assert len(h.reconciler.calls) == 1
+
+
+async def test_scale_in_names_victims_and_reconciler_removes_them(h: Harness) -> None:
+    await _apply(h)
+    h.telemetry.window = window(30)
+    await h.loop.tick()
+    h.telemetry.window = window(0)
+    for t in (30.0, 61.0, 62.0, 63.0, 64.0):
+        h.clock[0] = t
+        await h.loop.tick()
+    got = await h.stub.GetDeployment(autoscaler_pb2.GetDeploymentRequest(name="chat-pd"))
+    assert {(r.role, r.desired, r.ready) for r in got.roles} == {
+        ("prefill", 1, 1),
+        ("decode", 1, 1),
+    }
+    downs = [d for d in got.recent_decisions if any("(down)" in r for r in d.reasons)]
+    assert downs and all(d.victims for d in downs)
+
+
+async def test_plan_scale_and_delete(h: Harness) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await h.stub.Plan(autoscaler_pb2.PlanRequest(deployment="nope"))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    await _apply(h)
+    h.telemetry.window = window(30)
+    plan = await h.stub.Plan(autoscaler_pb2.PlanRequest(deployment="chat-pd"))
+    assert plan.decision.status == "plan"
+    assert {(c.role, c.to_replicas) for c in plan.decision.changes} == {
+        ("prefill", 4),
+        ("decode", 3),
+    }
+    assert h.reconciler.calls == []  # Plan changes nothing
+    for role, n, code in (
+        ("prefill", 7, grpc.StatusCode.FAILED_PRECONDITION),
+        ("router", 1, grpc.StatusCode.NOT_FOUND),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await h.stub.ScaleRole(
+                autoscaler_pb2.ScaleRoleRequest(deployment="chat-pd", role=role, replicas=n)
+            )
+        assert info.value.code() == code
+    scaled = await h.stub.ScaleRole(
+        autoscaler_pb2.ScaleRoleRequest(deployment="chat-pd", role="decode", replicas=2)
+    )
+    assert (scaled.decision.status, scaled.decision.binding_constraint) == ("applied", "manual")
+    instances = await h.stub.ListInstances(
+        autoscaler_pb2.ListInstancesRequest(deployment="chat-pd")
+    )
+    assert sorted((i.role, i.state, i.labels["role_name"]) for i in instances.instances) == [
+        (common_pb2.ROLE_PREFILL, common_pb2.INSTANCE_STATE_READY, "prefill"),
+        (common_pb2.ROLE_DECODE, common_pb2.INSTANCE_STATE_READY, "decode"),
+        (common_pb2.ROLE_DECODE, common_pb2.INSTANCE_STATE_READY, "decode"),
+    ]
+    await h.stub.DeleteDeployment(autoscaler_pb2.DeleteDeploymentRequest(name="chat-pd"))
+    await h.stub.DeleteDeployment(autoscaler_pb2.DeleteDeploymentRequest(name="chat-pd"))
+    assert h.reconciler.instances("chat-pd") == []
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await h.stub.GetDeployment(autoscaler_pb2.GetDeploymentRequest(name="chat-pd"))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_advisory_mode_records_dry_run_and_changes_nothing(advisory: Harness) -> None:
+    await _apply(advisory)
+    advisory.telemetry.window = window(30)
+    stored = await advisory.loop.tick()
+    assert [r.status for r in stored] == ["dry-run"]
+    assert advisory.reconciler.calls == []
+    listed = await advisory.stub.ListDecisions(
+        autoscaler_pb2.ListDecisionsRequest(deployment="chat-pd", limit=5)
+    )
+    assert [d.status for d in listed.decisions] == ["dry-run"]
+
+
+async def test_cli_apply_get_describe_plan(h: Harness, capsys: pytest.CaptureFixture[str]) -> None:
+    addr = ["--autoscaler", h.address]
+
+    async def run(*argv: str) -> tuple[int, str, str]:
+        code = await asyncio.to_thread(cli, [*argv, *addr])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    assert await run("apply", "-f", str(PD)) == (
+        0,
+        "deployment chat-pd configured (generation 1)\n",
+        "",
+    )
+    code, out, _ = await run("apply", "-f", str(PD), "--json")
+    assert code == 0 and json.loads(out)["changed"] is False
+    h.telemetry.window = window(30)
+    await h.loop.tick()
+    code, out, _ = await run("get", "deployments")
+    assert code == 0 and "chat-pd" in out and "prefill=4/4" in out
+    code, out, _ = await run("get", "deployments", "--json")
+    assert json.loads(out)["deployments"][0]["spec"]["name"] == "chat-pd"
+    code, out, _ = await run("describe", "deployment", "chat-pd")
+    assert code == 0
+    assert "prefill" in out and "[applied]" in out and "prefill: 1 -> 4 (up)" in out
+    code, out, _ = await run("plan", "--deployment", "chat-pd", "--json")
+    assert code == 0 and json.loads(out)["status"] == "plan"
+    code, out, err = await run("describe", "deployment", "nope")
+    assert code == 1 and "NOT_FOUND" in err
+    bad = PD.parent.parent.parent / "pyproject.toml"
+    code, _, err = await run("apply", "-f", str(bad))
+    assert code == 1 and "invalid spec" in err
+
+
+async def test_without_postgres_rpcs_say_so() -> None:
+    server = grpc.aio.server()
+    add_to_server(AutoscalerServicer(None, lambda: 0), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = autoscaler_pb2_grpc.AutoscalerServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ListDeployments(autoscaler_pb2.ListDeploymentsRequest())
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "postgres_url" in (info.value.details() or "")
+    finally:
+        await server.stop(None)

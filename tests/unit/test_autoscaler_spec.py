@@ -1,0 +1,134 @@
+"""Deployment spec validation and proto round trip (pure)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.autoscaler.spec import SpecError, load_spec_file, parse_spec
+from services.autoscaler.translate import spec_from_proto, spec_to_proto
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "examples"
+
+
+def _pd() -> dict[str, Any]:
+    return {
+        "name": "chat",
+        "model": "llama",
+        "roles": [
+            {
+                "name": "prefill",
+                "role": "prefill",
+                "replicas": 2,
+                "min_replicas": 1,
+                "max_replicas": 8,
+            },
+            {
+                "name": "decode",
+                "role": "decode",
+                "replicas": 2,
+                "min_replicas": 1,
+                "max_replicas": 8,
+                "dependencies": ["prefill"],
+            },
+        ],
+        "coordination": {
+            "min_pd_ratio": 0.25,
+            "max_pd_ratio": 4,
+            "scale_together": ["prefill", "decode"],
+        },
+        "slo_classes": [{"name": "interactive", "ttft_ms": 1000, "tpot_ms": 50}],
+        "budget": {"max_replicas": 12},
+    }
+
+
+def _with(path: str, value: Any) -> dict[str, Any]:
+    data = copy.deepcopy(_pd())
+    node: Any = data
+    parts = path.split(".")
+    for part in parts[:-1]:
+        node = node[int(part)] if part.isdigit() else node[part]
+    last = parts[-1]
+    if last.isdigit():
+        node[int(last)] = value
+    else:
+        node[last] = value
+    return data
+
+
+BAD = [
+    ("min-over-max", _with("roles.0.min_replicas", 9), "roles[0]: min_replicas (9) > max_replicas"),
+    ("replicas-outside", _with("roles.1.replicas", 0), "roles[1]: replicas (0) outside"),
+    ("unknown-role-kind", _with("roles.0.role", "router"), "roles[0].role"),
+    ("unknown-engine", _with("roles.0.engine", "trt"), "roles[0].engine"),
+    ("negative-ttft", _with("slo_classes.0.ttft_ms", -1), "slo_classes[0].ttft_ms"),
+    ("negative-tpot", _with("slo_classes.0.tpot_ms", -5), "slo_classes[0].tpot_ms"),
+    ("bad-percentile", _with("slo_classes.0.percentile", 120), "slo_classes[0].percentile"),
+    (
+        "ratio-min-over-max",
+        _with("coordination.min_pd_ratio", 5),
+        "coordination.min_pd_ratio: 5.0 > max_pd_ratio",
+    ),
+    (
+        "ratio-unreachable-high",
+        _with("coordination.min_pd_ratio", 3.5)
+        | {"roles": [_pd()["roles"][0] | {"max_replicas": 2}, _pd()["roles"][1]]},
+        "coordination.min_pd_ratio: 3.5 unreachable",
+    ),
+    (
+        "ratio-unreachable-low",
+        _with("coordination", {"max_pd_ratio": 0.1}),
+        "coordination.max_pd_ratio: 0.1 unreachable",
+    ),
+    (
+        "unknown-dependency",
+        _with("roles.1.dependencies", ["router"]),
+        "roles[1].dependencies: unknown role 'router'",
+    ),
+    ("dependency-cycle", _with("roles.0.dependencies", ["decode"]), "roles.dependencies: cycle"),
+    (
+        "unknown-scale-together",
+        _with("coordination.scale_together", ["prefill", "x"]),
+        "coordination.scale_together: unknown role 'x'",
+    ),
+    ("duplicate-role", _with("roles.1.name", "prefill"), "roles: duplicate role names"),
+    ("bad-name", _with("name", "Chat_1"), "name: 'Chat_1' is not a DNS label"),
+    ("unknown-profile", _with("perf_profile", "a100"), "perf_profile: unknown profile"),
+    ("budget-below-min", _with("budget", {"max_replicas": 1}), "budget.max_replicas: 1 <"),
+    ("unknown-field", _with("replica", 3), "replica: Extra inputs are not permitted"),
+    ("no-roles", _with("roles", []), "roles: Tuple should have at least 1 item"),
+]
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"), [(d, n) for _, d, n in BAD], ids=[i for i, _, _ in BAD]
+)
+def test_bad_specs_are_refused_naming_the_field(data: dict[str, Any], needle: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec(data)
+    assert needle in str(info.value)
+
+
+def test_a_good_spec_round_trips_through_protobuf() -> None:
+    spec = parse_spec(_pd())
+    assert spec_from_proto(spec_to_proto(spec)) == spec
+
+
+def test_a_bad_protobuf_spec_is_refused_like_yaml() -> None:
+    msg = spec_to_proto(parse_spec(_pd()))
+    msg.roles[0].min_replicas = 9
+    with pytest.raises(SpecError, match=r"roles\[0\]: min_replicas \(9\)"):
+        spec_from_proto(msg)
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_example_specs_are_valid(path: Path) -> None:
+    spec = load_spec_file(path.read_text())
+    assert spec.name
+
+
+def test_examples_exist() -> None:
+    assert {p.name for p in EXAMPLES.glob("*.yaml")} >= {"aggregated.yaml", "pd.yaml"}
