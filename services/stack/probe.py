@@ -4,8 +4,9 @@ The image has no ``grpc_health_probe`` binary; this verb is it. A target is
 ``[grpc://]HOST:PORT`` (grpc.health.v1 Check, SERVING = healthy) or an ``http(s)://`` URL
 (GET answering 2xx = healthy, e.g. a simulated engine's ``/health``). Without a target it
 probes ``$TIDESERVE_PROBE`` if set, else gRPC ``127.0.0.1:$TIDESERVE_GRPC_PORT`` (the port the
-service in this container serves), so one ``HEALTHCHECK`` line fits every service. Exit 0
-when healthy, 1 otherwise (one line on stdout saying what was seen).
+service in this container serves), else the scheduler's default gRPC port (the image's default
+command), so one ``HEALTHCHECK`` line fits every service. Exit 0 when healthy, 1 otherwise
+(one line on stdout saying what was seen), 2 for an unusable target.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from services.stack.health import Health, check_grpc_health, check_http_ready
+from services.stack.plan import SERVICES
 
 __all__ = ["ProbeTarget", "parse_target", "register"]
 
 _EXAMPLES = """\
 examples:
-  tideserve probe                                 # gRPC 127.0.0.1:$TIDESERVE_GRPC_PORT
+  tideserve probe                                 # gRPC 127.0.0.1:$TIDESERVE_GRPC_PORT (50051)
   tideserve probe 127.0.0.1:50052                 # grpc.health.v1 Check, whole server
   tideserve probe grpc://kvmeta:50052 --service tideserve.v1.KVMetaService
   tideserve probe http://127.0.0.1:30001/health   # an engine: GET answering 2xx
@@ -41,12 +43,11 @@ class ProbeTarget:
 
 def parse_target(target: str | None, env: Mapping[str, str]) -> ProbeTarget:
     """The probe target from the argument, else ``TIDESERVE_PROBE``, else gRPC on
-    ``127.0.0.1:$TIDESERVE_GRPC_PORT``. ValueError with a clear message when it is unusable."""
+    ``127.0.0.1:$TIDESERVE_GRPC_PORT``, else on the scheduler's default gRPC port. ValueError
+    with a clear message when it is unusable."""
     raw = (target or env.get("TIDESERVE_PROBE", "")).strip()
     if not raw:
-        port = env.get("TIDESERVE_GRPC_PORT", "").strip()
-        if not port:
-            raise ValueError("no target: give HOST:PORT or a URL, or set TIDESERVE_GRPC_PORT")
+        port = env.get("TIDESERVE_GRPC_PORT", "").strip() or str(_default_grpc_port())
         raw = f"127.0.0.1:{port}"
     if raw.startswith(("http://", "https://")):
         return ProbeTarget("http", raw)
@@ -55,6 +56,10 @@ def parse_target(target: str | None, env: Mapping[str, str]) -> ProbeTarget:
     if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise ValueError(f"target {raw!r}: expected HOST:PORT (port 1..65535) or an http(s) URL")
     return ProbeTarget("grpc", address)
+
+
+def _default_grpc_port() -> int:
+    return next(s for s in SERVICES if s.name == "scheduler").port("grpc_port").default
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -21,8 +21,9 @@ from services.stack.probe import ProbeTarget, parse_target
         ("http://e:30001/health", {}, ProbeTarget("http", "http://e:30001/health")),
         (None, {"TIDESERVE_PROBE": "http://x/h"}, ProbeTarget("http", "http://x/h")),
         (None, {"TIDESERVE_GRPC_PORT": "50053"}, ProbeTarget("grpc", "127.0.0.1:50053")),
+        (None, {}, ProbeTarget("grpc", "127.0.0.1:50051")),
     ],
-    ids=["host-port", "grpc-scheme", "http", "env-probe", "env-grpc-port"],
+    ids=["host-port", "grpc-scheme", "http", "env-probe", "env-grpc-port", "scheduler-default"],
 )
 def test_parse_target(target: str | None, env: dict[str, str], want: ProbeTarget) -> None:
     assert parse_target(target, env) == want
@@ -31,12 +32,11 @@ def test_parse_target(target: str | None, env: dict[str, str], want: ProbeTarget
 @pytest.mark.parametrize(
     ("target", "env", "message"),
     [
-        (None, {}, "no target"),
         ("kvmeta", {}, "expected HOST:PORT"),
         ("kvmeta:0", {}, "expected HOST:PORT"),
         ("kvmeta:http", {}, "expected HOST:PORT"),
     ],
-    ids=["nothing", "no-port", "port-zero", "port-not-number"],
+    ids=["no-port", "port-zero", "port-not-number"],
 )
 def test_parse_target_rejects(target: str | None, env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
