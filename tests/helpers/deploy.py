@@ -430,3 +430,19 @@ def configmap_settings_files() -> list[Path]:
             for entry in gen.get("files") or []:
                 files.append(directory / str(entry).rpartition("=")[2])
     return files
+
+
+def settings_load_error(process: str, config_path: Path | None = None) -> str | None:
+    """Build ``process``'s settings from the current environment (and ``config_path``) with
+    the real loader; the error, if any. The caller sets the environment."""
+    cls = settings_classes()[process]
+    try:
+        if issubclass(cls, ServiceSettings):
+            load_settings(cls, process, config_path)
+        else:
+            cls()
+    except SettingsError as exc:
+        return str(exc)
+    except ValueError as exc:  # pydantic's ValidationError (the engine's plain BaseSettings)
+        return f"invalid setting {process}: {exc}"
+    return None

@@ -5,11 +5,14 @@ settings files that ConfigMaps are generated from. Checked through the classes t
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
+from services.stack.plan import SERVICE_NAMES
 from tests.helpers.deploy import (
     COMPOSE_FILE,
     K8S,
@@ -24,7 +27,10 @@ from tests.helpers.deploy import (
     kustomizations,
     load_docs,
     manifest_files,
+    pod_containers,
+    process_of,
     render,
+    settings_load_error,
 )
 
 
@@ -132,3 +138,75 @@ def test_a_broken_settings_file_is_caught(tmp_path: Path, patch: dict, message: 
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
     errors = config_errors(data, "f") + config_load_errors(path)
     assert any(message in e for e in errors), errors
+
+
+def _compose_processes(env_file: Path | None) -> list[tuple[str, str, dict[str, str]]]:
+    model, error = compose_config(COMPOSE_FILE, env_file)
+    assert model is not None, error
+    out = []
+    for name, svc in model["services"].items():
+        process = process_of(svc.get("command") or [])
+        if process is not None:
+            out.append((name, process, dict(svc.get("environment") or {})))
+    return out
+
+
+@pytest.mark.parametrize(
+    "env_file", [None, COMPOSE_FILE.parent / "pd.env"], ids=["aggregated", "prefill-decode"]
+)
+def test_compose_environment_values_load(
+    env_file: Path | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    processes = _compose_processes(env_file)
+    assert {p for _, p, _ in processes} == {
+        "scheduler",
+        "kvmeta",
+        "autoscaler",
+        "telemetry",
+        "engine",
+    }
+    for name, process, env in processes:
+        with monkeypatch.context() as m:
+            for key in [k for k in os.environ if k.startswith("TIDESERVE_")]:
+                m.delenv(key)
+            for key, value in env.items():
+                m.setenv(key, value)
+            assert settings_load_error(process) is None, name
+
+
+def test_a_wrong_value_in_the_environment_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIDESERVE_SCHEDULER__ENDPOINTS", '["ftp://engine-1:30001"]')
+    error = settings_load_error("scheduler")
+    assert error is not None and "endpoints" in error
+    monkeypatch.setenv("TIDESERVE_ENGINE_PORT", "thirty")
+    error = settings_load_error("engine")
+    assert error is not None and "port" in error
+
+
+@pytest.mark.skipif(kubectl() is None, reason="kubectl not found (see test_deploy_k8s.py)")
+@pytest.mark.parametrize("overlay", ["kind", "production"])
+def test_overlay_settings_load(overlay: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each Tideserve container's settings, built as in the pod: the ConfigMap's file plus
+    the literal environment (Secrets left out; `$(VAR)` references stood in for)."""
+    docs, error = render(K8S / "overlays" / overlay)
+    assert error == ""
+    config = K8S / "base" / "config" / "tideserve.yaml"
+    seen = set()
+    for doc in docs:
+        for c in pod_containers(doc):
+            process = process_of([*c.get("command", []), *c.get("args", [])])
+            if process is None:
+                continue
+            seen.add(process)
+            with monkeypatch.context() as m:
+                for key in [k for k in os.environ if k.startswith("TIDESERVE_")]:
+                    m.delenv(key)
+                for env in c.get("env") or []:
+                    if "value" in env and env["name"] != "TIDESERVE_CONFIG":
+                        m.setenv(env["name"], re.sub(r"\$\((\w+)\)", "x", env["value"]))
+                path = config if process in SERVICE_NAMES else None
+                assert settings_load_error(process, path) is None, (
+                    doc["metadata"]["name"],
+                    c["name"],
+                )
+    assert set(SERVICE_NAMES) <= seen
