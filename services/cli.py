@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 COMMAND_MODULES: list[str] = [
     "services.stack.cli",
+    "services.stack.probe",
     "services.engine.cli",
     "services.bench.cli",
     "services.sim.cli",
