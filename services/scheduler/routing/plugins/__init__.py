@@ -7,7 +7,8 @@ from services.scheduler.routing.plugins import (
     load,
     pd,
     pickers,
+    placement,
     prefix,
 )
 
-__all__ = ["affinity", "buckets", "cost", "load", "pd", "pickers", "prefix"]
+__all__ = ["affinity", "buckets", "cost", "load", "pd", "pickers", "placement", "prefix"]

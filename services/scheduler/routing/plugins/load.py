@@ -73,13 +73,18 @@ class LoadGuardParams(Params):
     abs_threshold: float = Field(16.0, ge=0)
     rel_threshold: float = Field(1.5, ge=1.0)
     metric: Literal["requests", "tokens"] = "requests"
+    # Never remove an instance estimated to hold at least this many of the request's prompt
+    # tokens (0 = off): moving a long session re-prefills its whole context, fleet work a
+    # request count cannot weigh; the cost plugins price that choice instead.
+    keep_cached_tokens: int = Field(0, ge=0)
 
 
 @register("load-guard", LoadGuardParams)
 class LoadGuard:
     """Spill off hot instances (like sglang-router's balance thresholds): an endpoint is
     removed when its load exceeds the least-loaded candidate's by more than
-    ``abs_threshold`` AND is more than ``rel_threshold`` times it. Never empties the set."""
+    ``abs_threshold`` AND is more than ``rel_threshold`` times it, unless it holds at least
+    ``keep_cached_tokens`` of the request's prompt. Never empties the set."""
 
     def __init__(self, name: str, params: LoadGuardParams, env: PluginEnv) -> None:
         self.name = name
@@ -102,4 +107,12 @@ class LoadGuard:
         lo = min(loads)
         # Removed iff x - lo > abs AND x > rel * lo, i.e. kept iff x <= max(lo + abs, rel * lo).
         cut = max(lo + self.p.abs_threshold, self.p.rel_threshold * lo)
+        keep = self.p.keep_cached_tokens
+        if keep:
+            cached = ctx.cached_tokens.get
+            return [
+                e
+                for e, x in zip(candidates, loads, strict=True)
+                if x <= cut or cached(e.instance_id, 0) >= keep
+            ]
         return [e for e, x in zip(candidates, loads, strict=True) if x <= cut]
