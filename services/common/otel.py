@@ -284,19 +284,24 @@ def insecure_channel(
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def server_middleware(provider: TracerProvider, *, exclude: Iterable[str] = ()) -> Any:
+def server_middleware(
+    provider: TracerProvider, *, exclude: Iterable[str] = (), only: Iterable[str] | None = None
+) -> Any:
     """An aiohttp middleware: one SERVER span per request (name ``METHOD /route``, HTTP
     semantic-convention attributes and status from the instrumentation package's helpers),
     child of the incoming ``traceparent`` (and carrying its ``baggage``), current while the
-    handler runs. Paths in ``exclude`` (health checks, scrapes) are not traced."""
+    handler runs. Paths in ``exclude`` (health checks, scrapes), or not in ``only`` when it
+    is given, are not traced."""
     tracer = provider.get_tracer(_AIOHTTP_SERVER.__name__, _AIOHTTP_SERVER.__version__)
     skip = frozenset(exclude)
+    wanted = frozenset(only) if only is not None else None
     getter = _AIOHTTP_SERVER.getter
     set_status = _AIOHTTP_SERVER.set_status_code
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in skip:
+        path = request.path
+        if path in skip or (wanted is not None and path not in wanted):
             return await handler(request)
         attrs = _AIOHTTP_SERVER.collect_request_attributes(request)
         with tracer.start_as_current_span(

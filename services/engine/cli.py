@@ -149,7 +149,19 @@ async def serve(settings: EngineSettings, stop: asyncio.Event | None = None) -> 
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    engine = EngineServer(settings, redis=redis)
+    provider = None
+    if settings.trace_exporter != "none":
+        from services.common.errors import SettingsError
+        from services.common.otel import configure_tracing
+
+        try:
+            provider = configure_tracing(settings, "engine")
+        except SettingsError as err:
+            print(f"tideserve engine: {err}", file=sys.stderr)
+            if redis is not None:
+                await redis.aclose()
+            return 2
+    engine = EngineServer(settings, redis=redis, tracer_provider=provider)
     runner = web.AppRunner(engine.app(), handle_signals=False)
     await runner.setup()
     try:
@@ -169,6 +181,8 @@ async def serve(settings: EngineSettings, stop: asyncio.Event | None = None) -> 
         await runner.cleanup()
         if redis is not None:
             await redis.aclose()
+        if provider is not None:
+            provider.shutdown()
     return 0
 
 

@@ -84,7 +84,8 @@ class Forwarder:
         """The client's answer for pick ``d`` (see the module docstring)."""
         path = PATHS[p.kind]
         body: dict[str, Any] = dict(p.forward_body)
-        headers = {"Content-Type": "application/json", "traceparent": ctx.traceparent}
+        # traceparent (and baggage) come from the session's traced client (the call's span).
+        headers = {"Content-Type": "application/json"}
         auth = self.authorization
         if isinstance(auth, str):
             headers["Authorization"] = auth
