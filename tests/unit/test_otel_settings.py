@@ -100,7 +100,7 @@ def test_otlp_options_refused(overrides: dict[str, Any], error: str) -> None:
 
 
 def test_timeout_must_be_positive() -> None:
-    with pytest.raises(SettingsError, match="kvmeta.otlp_timeout_s"):
+    with pytest.raises(SettingsError, match=r"kvmeta\.otlp_timeout_s"):
         settings(otlp_endpoint="c:1", otlp_timeout_s=0)
 
 
@@ -119,9 +119,7 @@ def test_unreadable_ca_file_is_a_settings_error(tmp_path: Path) -> None:
     ],
     ids=["plaintext", "tls-with-ca"],
 )
-def test_otlp_provider_builds_without_connecting(
-    overrides: dict[str, Any], tmp_path: Path
-) -> None:
+def test_otlp_provider_builds_without_connecting(overrides: dict[str, Any], tmp_path: Path) -> None:
     if overrides.get("otlp_ca_file") == "CA":
         ca = tmp_path / "ca.pem"
         ca.write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")

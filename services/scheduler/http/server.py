@@ -243,26 +243,34 @@ class Gateway:
     @staticmethod
     async def _every(period: float, fn: Callable[[], Awaitable[None]]) -> None:
         while True:
-            with contextlib.suppress(Exception), otel.untraced():
+            with contextlib.suppress(Exception):
                 await fn()
             await asyncio.sleep(period)
 
     # -- background -----------------------------------------------------------------------
     async def check_health(self) -> None:
+        """Probe every endpoint's ``/health`` (not traced)."""
         assert self._session is not None
         fleet = self.core.fleet
         ids = fleet.ids()
-        oks = await asyncio.gather(
-            *(
-                upstream.probe(self._session, fleet.spec(i).url, self.opts.probe_timeout_s)
-                for i in ids
+        with otel.untraced():
+            oks = await asyncio.gather(
+                *(
+                    upstream.probe(self._session, fleet.spec(i).url, self.opts.probe_timeout_s)
+                    for i in ids
+                )
             )
-        )
         now = self.clock()
         for i, ok in zip(ids, oks, strict=True):
             fleet.probe(i, ok, now)
 
     async def poll_load(self) -> None:
+        """Scrape the endpoints without a fresh load snapshot, learn the model names (not
+        traced)."""
+        with otel.untraced():
+            await self._poll_load()
+
+    async def _poll_load(self) -> None:
         assert self._session is not None
         fleet = self.core.fleet
         before = self.clock()
