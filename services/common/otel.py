@@ -51,6 +51,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from services.common.errors import SettingsError
@@ -71,6 +72,7 @@ __all__ = [
     "conversation",
     "insecure_channel",
     "otlp_options",
+    "quiet_provider",
     "server_interceptor",
     "server_middleware",
     "trace_ids",
@@ -203,10 +205,14 @@ def configure_tracing(settings: TracingSettings, service: str) -> TracerProvider
     :func:`otlp_options`) or an unreadable certificate file. The caller owns the provider
     and should ``shutdown()`` it on exit (which flushes batched spans).
     """
+    exporting = settings.trace_exporter != "none"
     provider = TracerProvider(
         resource=Resource.create(
             {"service.name": f"tideserve-{service}", "service.namespace": "tideserve"}
-        )
+        ),
+        sampler=ParentBased(
+            TraceIdRatioBased(settings.trace_sample_ratio) if exporting else ALWAYS_OFF
+        ),
     )
     add_processors(provider)
     if settings.trace_exporter == "console":
@@ -215,6 +221,12 @@ def configure_tracing(settings: TracingSettings, service: str) -> TracerProvider
         exporter = _otlp_exporter(otlp_options(settings, service), service)
         provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
+
+
+def quiet_provider() -> TracerProvider:
+    """A provider exporting nothing (what ``trace_exporter: none`` builds): trace context
+    and propagation, spans recorded only under a caller's sampled ``traceparent``."""
+    return add_processors(TracerProvider(sampler=ParentBased(ALWAYS_OFF)))
 
 
 def add_processors(provider: TracerProvider) -> TracerProvider:
@@ -303,15 +315,17 @@ def server_middleware(
         path = request.path
         if path in skip or (wanted is not None and path not in wanted):
             return await handler(request)
-        attrs = _AIOHTTP_SERVER.collect_request_attributes(request)
         with tracer.start_as_current_span(
             _AIOHTTP_SERVER.get_default_span_name(request),
             context=_PROPAGATOR.extract(request, getter=getter),
             kind=trace.SpanKind.SERVER,
-            attributes=attrs,
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
+            if not span.is_recording():  # unsampled: context and propagation only
+                return await handler(request)
+            attrs = _AIOHTTP_SERVER.collect_request_attributes(request)
+            span.set_attributes(attrs)
             try:
                 resp = await handler(request)
             except web.HTTPException as ex:

@@ -53,9 +53,12 @@ class TracingSettings(BaseSettings):
     """OpenTelemetry tracing, shared by the services and the engine simulator
     (:func:`services.common.otel.configure_tracing` builds the tracer provider from it).
 
-    ``trace_exporter``: ``none`` (spans are created and W3C ``traceparent`` propagates, so
-    request records and log lines carry trace ids, but nothing is exported), ``console``
-    (spans as JSON on stdout) or ``otlp`` (OTLP/gRPC to ``otlp_endpoint``).
+    ``trace_exporter``: ``none`` (trace context is created and W3C ``traceparent``
+    propagates, so request records and log lines carry trace ids, but spans are recorded
+    only when a caller's ``traceparent`` asks for it, and nothing is exported), ``console``
+    (spans as JSON on stdout) or ``otlp`` (OTLP/gRPC to ``otlp_endpoint``). With an
+    exporter, ``trace_sample_ratio`` of the new traces are recorded (parent-based: a caller's
+    sampling decision is followed).
 
     OTLP transport: ``https://host:port`` means TLS and ``http://host:port`` plaintext; a bare
     ``host:port`` is plaintext unless ``otlp_insecure`` is false or a CA / client certificate
@@ -92,6 +95,13 @@ class TracingSettings(BaseSettings):
         default_factory=dict, repr=False, description="metadata sent with every export"
     )
     otlp_timeout_s: float = Field(10.0, gt=0.0, description="deadline of one export call")
+    trace_sample_ratio: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="fraction of new traces recorded (console/otlp); a caller's sampled "
+        "traceparent is always followed",
+    )
 
     @field_validator("otlp_endpoint", mode="before")
     @classmethod

@@ -22,7 +22,7 @@ without a fresh load snapshot from the stream) and the queue pump.
 ``GET /metrics`` serves the gateway's Prometheus registry (``gateway.metrics``; see
 :mod:`services.scheduler.http.metrics`).
 
-Tracing (the ``tracer_provider`` passed in; default: a private one exporting nothing): one
+Tracing (the ``tracer_provider`` passed in; default: one exporting nothing): one
 SERVER span per request (``/health`` and ``/metrics`` excepted), the kvmeta lookup's gRPC
 client span and one CLIENT span per upstream call (``traceparent`` injected) under it, and
 a session's id as ``gen_ai.conversation.id`` baggage from the parsed request on, so every
@@ -144,15 +144,15 @@ class Gateway:
         tracer_provider: TracerProvider | None = None,
     ) -> None:
         """``metrics``: the families in the registry ``main`` passes down (default: a
-        private registry of this gateway); ``tracer_provider``: the service's (default: a
-        private one that exports nothing)."""
+        private registry of this gateway); ``tracer_provider``: the service's (default:
+        :func:`~services.common.otel.quiet_provider`)."""
         self.core = core
         self.opts = options or GatewayOptions()
         self.clock = clock
         self.wall = wall
         self.rng = rng or random.Random()
         self.models: set[str] = set(self.opts.models)
-        self.tracer_provider = tracer_provider or otel.add_processors(TracerProvider())
+        self.tracer_provider = tracer_provider or otel.quiet_provider()
         self.metrics = metrics or GatewayMetrics()
         self.metrics.attach(core, clock)
         self.gate = AdmissionGate(
