@@ -129,3 +129,31 @@ def test_otlp_provider_builds_without_connecting(overrides: dict[str, Any], tmp_
         assert provider.resource.attributes["service.name"] == "tideserve-kvmeta"
     finally:
         provider.shutdown()
+
+
+SAMPLED_PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "traceparent", "recorded"),
+    [
+        ({"trace_exporter": "none"}, None, False),
+        ({"trace_exporter": "none"}, SAMPLED_PARENT, True),
+        ({"trace_exporter": "console"}, None, True),
+        ({"trace_exporter": "console", "trace_sample_ratio": 0.0}, None, False),
+        ({"trace_exporter": "console", "trace_sample_ratio": 0.0}, SAMPLED_PARENT, True),
+    ],
+    ids=["none", "none-sampled-caller", "console", "ratio-0", "ratio-0-sampled-caller"],
+)
+def test_sampling(overrides: dict[str, Any], traceparent: str | None, recorded: bool) -> None:
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    provider = configure_tracing(load_settings(KVMetaSettings, "kvmeta", None, overrides), "kvmeta")
+    parent = TraceContextTextMapPropagator().extract(
+        {"traceparent": traceparent} if traceparent else {}
+    )
+    span = provider.get_tracer("t").start_span("req", context=parent)
+    assert span.is_recording() == recorded
+    assert span.get_span_context().is_valid  # trace ids for records and logs either way
+    span.end()
+    provider.shutdown()
