@@ -40,7 +40,10 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.instrumentation import aiohttp_client as _otel_aiohttp_client
 from opentelemetry.instrumentation import aiohttp_server as _otel_aiohttp_server
 from opentelemetry.instrumentation import grpc as _otel_grpc_module
-from opentelemetry.instrumentation.utils import suppress_http_instrumentation
+from opentelemetry.instrumentation.utils import (
+    is_http_instrumentation_enabled,
+    suppress_http_instrumentation,
+)
 from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.resources import Resource
@@ -344,11 +347,25 @@ def server_middleware(
 def client_trace_config(provider: TracerProvider) -> aiohttp.TraceConfig:
     """An aiohttp ``TraceConfig``: one CLIENT span per call made with the session, child of
     the current span, ``traceparent`` (and ``baggage``) injected into the request headers.
-    Calls made under :func:`untraced` are left alone. HTTP client duration metrics go
-    nowhere (no meter provider)."""
+    Under an unrecorded span the call gets no span of its own (the instrumentation's
+    attribute work is skipped): the current context is injected as is, so the callee still
+    continues the trace. Calls made under :func:`untraced` are left alone. HTTP client
+    duration metrics go nowhere (no meter provider)."""
     config: aiohttp.TraceConfig = _AIOHTTP_CLIENT.create_trace_config(
         tracer_provider=provider, meter_provider=NoOpMeterProvider()
     )
+    (instrumented,) = config.on_request_start
+    config.on_request_start.clear()
+
+    async def on_request_start(
+        session: aiohttp.ClientSession, ctx: Any, params: aiohttp.TraceRequestStartParams
+    ) -> None:
+        if trace.get_current_span().is_recording():
+            await instrumented(session, ctx, params)
+        elif is_http_instrumentation_enabled():
+            _PROPAGATOR.inject(params.headers)
+
+    config.on_request_start.append(on_request_start)
     return config
 
 
