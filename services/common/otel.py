@@ -9,7 +9,8 @@ certificate files).
 
 HTTP: :func:`server_middleware` gives an aiohttp server one SERVER span per request (remote
 parent from the incoming ``traceparent``); :func:`client_trace_config` gives an aiohttp
-client session one CLIENT span per call and injects ``traceparent`` (and ``baggage``).
+client session one CLIENT span per call and injects ``traceparent`` (and ``baggage``);
+:func:`inject` adds the current context to headers for calls made without a traced session.
 Both are built on ``opentelemetry-instrumentation-aiohttp-server`` / ``-aiohttp-client``
 with the provider passed in. The client one takes a provider as is
 (``create_trace_config``); the server instrumentation's middleware reads module globals
@@ -40,10 +41,7 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.instrumentation import aiohttp_client as _otel_aiohttp_client
 from opentelemetry.instrumentation import aiohttp_server as _otel_aiohttp_server
 from opentelemetry.instrumentation import grpc as _otel_grpc_module
-from opentelemetry.instrumentation.utils import (
-    is_http_instrumentation_enabled,
-    suppress_http_instrumentation,
-)
+from opentelemetry.instrumentation.utils import is_http_instrumentation_enabled
 from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.resources import Resource
@@ -73,13 +71,14 @@ __all__ = [
     "client_trace_config",
     "configure_tracing",
     "conversation",
+    "inject",
     "insecure_channel",
     "otlp_options",
     "quiet_provider",
+    "recording",
     "server_interceptor",
     "server_middleware",
     "trace_ids",
-    "untraced",
 ]
 
 CONVERSATION_ID = "gen_ai.conversation.id"
@@ -253,6 +252,18 @@ def conversation(session_id: str) -> Iterator[None]:
         otel_context.detach(token)
 
 
+def recording() -> bool:
+    """Whether the current span is recorded (sampled, with a recording provider)."""
+    return trace.get_current_span().is_recording()
+
+
+def inject(headers: dict[str, str]) -> dict[str, str]:
+    """``headers`` plus the current context's W3C ``traceparent`` (and ``baggage``);
+    returns ``headers``."""
+    _PROPAGATOR.inject(headers)
+    return headers
+
+
 def trace_ids(span: trace.Span | None = None) -> tuple[str, str, bool]:
     """(trace id, span id, sampled) of ``span`` (default: the current one) as W3C hex;
     ``("", "", False)`` when there is no valid span."""
@@ -299,6 +310,19 @@ def insecure_channel(
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+_METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"})
+
+
+def _span_name(request: web.Request) -> str:
+    """``METHOD /route`` (the instrumentation's naming, without its per-call environment
+    reads)."""
+    method = request.method if request.method in _METHODS else "HTTP"
+    try:
+        return f"{method} {request.match_info.route.resource.canonical}"  # type: ignore[union-attr]
+    except AttributeError:
+        return method
+
+
 def server_middleware(
     provider: TracerProvider, *, exclude: Iterable[str] = (), only: Iterable[str] | None = None
 ) -> Any:
@@ -319,7 +343,7 @@ def server_middleware(
         if path in skip or (wanted is not None and path not in wanted):
             return await handler(request)
         with tracer.start_as_current_span(
-            _AIOHTTP_SERVER.get_default_span_name(request),
+            _span_name(request),
             context=_PROPAGATOR.extract(request, getter=getter),
             kind=trace.SpanKind.SERVER,
             record_exception=False,
@@ -349,8 +373,8 @@ def client_trace_config(provider: TracerProvider) -> aiohttp.TraceConfig:
     the current span, ``traceparent`` (and ``baggage``) injected into the request headers.
     Under an unrecorded span the call gets no span of its own (the instrumentation's
     attribute work is skipped): the current context is injected as is, so the callee still
-    continues the trace. Calls made under :func:`untraced` are left alone. HTTP client
-    duration metrics go nowhere (no meter provider)."""
+    continues the trace. Calls made while HTTP instrumentation is suppressed are left alone.
+    HTTP client duration metrics go nowhere (no meter provider)."""
     config: aiohttp.TraceConfig = _AIOHTTP_CLIENT.create_trace_config(
         tracer_provider=provider, meter_provider=NoOpMeterProvider()
     )
@@ -367,10 +391,3 @@ def client_trace_config(provider: TracerProvider) -> aiohttp.TraceConfig:
 
     config.on_request_start.append(on_request_start)
     return config
-
-
-@contextlib.contextmanager
-def untraced() -> Iterator[None]:
-    """Within the block, traced aiohttp clients make no spans (health probes, scrapes)."""
-    with suppress_http_instrumentation():
-        yield

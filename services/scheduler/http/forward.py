@@ -27,6 +27,7 @@ from typing import Any, Literal
 import aiohttp
 from aiohttp import web
 
+from services.common import otel
 from services.scheduler.core.records import RequestContext
 from services.scheduler.core.service import GatewayCore
 from services.scheduler.http import pd_vllm, upstream
@@ -84,8 +85,9 @@ class Forwarder:
         """The client's answer for pick ``d`` (see the module docstring)."""
         path = PATHS[p.kind]
         body: dict[str, Any] = dict(p.forward_body)
-        # traceparent (and baggage) come from the session's traced client (the call's span).
-        headers = {"Content-Type": "application/json"}
+        # The current trace context (traceparent, baggage); a traced session replaces it
+        # with its client span's.
+        headers = otel.inject({"Content-Type": "application/json"})
         auth = self.authorization
         if isinstance(auth, str):
             headers["Authorization"] = auth

@@ -26,7 +26,9 @@ Tracing (the ``tracer_provider`` passed in; default: one exporting nothing): one
 SERVER span per request (``/health`` and ``/metrics`` excepted), the kvmeta lookup's gRPC
 client span and one CLIENT span per upstream call (``traceparent`` injected) under it, and
 a session's id as ``gen_ai.conversation.id`` baggage from the parsed request on, so every
-span of the turn carries it. Background probes and scrapes are not traced.
+span of the turn carries it. An unrecorded request (not sampled) makes no client span: its
+context is injected as is (:func:`~services.common.otel.inject`), so engines still continue
+the trace. Background probes and scrapes are not traced.
 """
 
 from __future__ import annotations
@@ -183,6 +185,7 @@ class Gateway:
             authorization=_authorization(self.opts),
         )
         self._session: aiohttp.ClientSession | None = None
+        self._traced: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -222,6 +225,11 @@ class Gateway:
 
     async def _start(self, _app: web.Application) -> None:
         self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+        )
+        # Recorded requests go upstream through a traced session (a CLIENT span per call);
+        # the rest through the plain one, which aiohttp's tracing signals would only slow.
+        self._traced = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
             trace_configs=[otel.client_trace_config(self.tracer_provider)],
         )
@@ -239,6 +247,8 @@ class Gateway:
         await self.gate.close()
         if self._session is not None:
             await self._session.close()
+        if self._traced is not None:
+            await self._traced.close()
 
     @staticmethod
     async def _every(period: float, fn: Callable[[], Awaitable[None]]) -> None:
@@ -249,28 +259,21 @@ class Gateway:
 
     # -- background -----------------------------------------------------------------------
     async def check_health(self) -> None:
-        """Probe every endpoint's ``/health`` (not traced)."""
+        """Probe every endpoint's ``/health``."""
         assert self._session is not None
         fleet = self.core.fleet
         ids = fleet.ids()
-        with otel.untraced():
-            oks = await asyncio.gather(
-                *(
-                    upstream.probe(self._session, fleet.spec(i).url, self.opts.probe_timeout_s)
-                    for i in ids
-                )
+        oks = await asyncio.gather(
+            *(
+                upstream.probe(self._session, fleet.spec(i).url, self.opts.probe_timeout_s)
+                for i in ids
             )
+        )
         now = self.clock()
         for i, ok in zip(ids, oks, strict=True):
             fleet.probe(i, ok, now)
 
     async def poll_load(self) -> None:
-        """Scrape the endpoints without a fresh load snapshot, learn the model names (not
-        traced)."""
-        with otel.untraced():
-            await self._poll_load()
-
-    async def _poll_load(self) -> None:
         assert self._session is not None
         fleet = self.core.fleet
         before = self.clock()
@@ -403,11 +406,12 @@ class Gateway:
                 msg = d.reason + (f" (last upstream error: {last})" if last else "")
                 raise ApiError(503, msg, None, "no_endpoint", "service_unavailable")
             try:
-                assert self._session is not None
+                session = self._traced if otel.recording() else self._session
+                assert session is not None
                 return await self.preemptor.run(
                     pick_id,
                     p.slo_class,
-                    self.forwarder.forward(self._session, req, ctx, p, d, pick_id),
+                    self.forwarder.forward(session, req, ctx, p, d, pick_id),
                 )
             except Preempted:
                 self.core.abandon(pick_id)
