@@ -111,9 +111,10 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, KeyError) as err:
         print(f"tideserve engine: {str(err).strip(chr(39))}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    # Text lines on stderr; inside a traced request they carry its trace and span ids.
+    from services.common.logs import configure_logging
+
+    configure_logging(settings.log_level, "text", "engine")
     try:
         return asyncio.run(serve(settings))
     except OSError as err:

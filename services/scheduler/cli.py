@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import signal
 import sys
 from typing import TYPE_CHECKING
@@ -202,9 +201,10 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, StartupError, ConnectionError) as err:
         print(f"tideserve gateway: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s"
-    )
+    # Text lines on stderr; a request's lines carry its trace id and request id.
+    from services.common.logs import configure_logging
+
+    configure_logging(args.log_level, "text", "gateway")
     try:
         asyncio.run(_serve(scheduler, args.host, args.port))
     except StartupError as err:
