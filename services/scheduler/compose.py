@@ -28,6 +28,7 @@ from services.scheduler.core import CoreLimits, EndpointSpec, GatewayCore, build
 from services.scheduler.feeds.fleet_feeds import FleetFeeds
 from services.scheduler.feeds.integrations import Integrations
 from services.scheduler.grpc.servicer import SchedulerServicer
+from services.scheduler.http import records
 from services.scheduler.http.metrics import GatewayMetrics
 from services.scheduler.http.openai import Limits
 from services.scheduler.http.server import Gateway, GatewayOptions
@@ -179,7 +180,9 @@ class Scheduler:
         if http is None:
             return
         host, port, reuse = http
-        runner = web.AppRunner(self.app(), handle_signals=False)
+        runner = web.AppRunner(
+            self.app(), handle_signals=False, access_log_class=records.AccessLogger
+        )
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port, reuse_port=reuse or None).start()

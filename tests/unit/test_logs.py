@@ -131,3 +131,21 @@ def test_explicit_extra_wins() -> None:
     with request_scope("bound"):
         logging.getLogger("t.corr").info("x", extra={"request_id": "given"})
     assert json.loads(out.getvalue())["request_id"] == "given"
+
+
+def test_gateway_access_lines_carry_the_requests_ids() -> None:
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+
+    from services.scheduler.core.records import RequestContext
+    from services.scheduler.http.records import CONTEXT_KEY, AccessLogger
+
+    out = io.StringIO()
+    configure_logging("INFO", "json", "scheduler", stream=out)
+    req = make_mocked_request("POST", "/v1/chat/completions")
+    req[CONTEXT_KEY] = RequestContext("rid-1", "ab" * 16, 0.0, 0.0)
+    AccessLogger(logging.getLogger("aiohttp.access"), "").log(req, web.Response(status=429), 0.0015)
+    entry = json.loads(out.getvalue())
+    assert entry["msg"] == "POST /v1/chat/completions 429"
+    assert (entry["trace_id"], entry["request_id"], entry["status"]) == ("ab" * 16, "rid-1", 429)
+    assert entry["ms"] == 1.5

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 from opentelemetry import trace
 
 from services.common.logs import request_scope
@@ -43,6 +44,7 @@ from services.scheduler.feeds.record_sink import RecordSink
 __all__ = [
     "CONTEXT_KEY",
     "RECORDED_PATHS",
+    "AccessLogger",
     "Ending",
     "Finished",
     "annotate_span",
@@ -168,3 +170,24 @@ def record_requests(sink: RecordSink, *, deployment: str = "", replica_id: str =
         )
 
     return record
+
+
+class AccessLogger(AbstractAccessLogger):
+    """aiohttp's access log line (``METHOD path status``), written after the request's own
+    context is gone, with the request's ``trace_id`` and ``request_id`` (recorded paths)
+    and its status, size and time as fields."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.logger.isEnabledFor(logging.INFO)
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        extra: dict[str, object] = {
+            "status": response.status,
+            "bytes": response.body_length,
+            "ms": round(time * 1000.0, 3),
+        }
+        ctx = request.get(CONTEXT_KEY)
+        if isinstance(ctx, RequestContext):
+            extra["trace_id"], extra["request_id"] = ctx.trace_id, ctx.request_id
+        self.logger.info("%s %s %s", request.method, request.path, response.status, extra=extra)
