@@ -1,11 +1,12 @@
 """OpenTelemetry: a tracer provider per service, gRPC interceptors and aiohttp tracing.
 
 The provider is built from settings (:class:`~services.common.settings.TracingSettings`)
-and passed down, never installed as a global: ``trace_exporter`` ``none`` (spans are
-created and W3C ``traceparent`` propagates, nothing is exported), ``console`` (spans as
-JSON on stdout) or ``otlp`` (OTLP/gRPC; endpoint, TLS, headers and timeout from settings:
-:func:`otlp_options` is the pure rule, :func:`configure_tracing` the shell that reads the
-certificate files).
+and passed down, never installed as a global: ``trace_exporter`` ``none`` (trace context
+is created and W3C ``traceparent`` propagates, spans are recorded only under a caller's
+sampled ``traceparent``, nothing is exported), ``console`` (spans as JSON on stdout) or
+``otlp`` (OTLP/gRPC; endpoint, TLS, headers and timeout from settings: :func:`otlp_options`
+is the pure rule, :func:`configure_tracing` the shell that reads the certificate files);
+with an exporter, ``trace_sample_ratio`` of new traces are recorded (parent-based).
 
 HTTP: :func:`server_middleware` gives an aiohttp server one SERVER span per request (remote
 parent from the incoming ``traceparent``); :func:`client_trace_config` gives an aiohttp
