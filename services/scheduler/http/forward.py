@@ -85,9 +85,11 @@ class Forwarder:
         """The client's answer for pick ``d`` (see the module docstring)."""
         path = PATHS[p.kind]
         body: dict[str, Any] = dict(p.forward_body)
-        # The current trace context (traceparent, baggage); a traced session replaces it
-        # with its client span's.
-        headers = otel.inject({"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if not otel.recording():
+            # No client span (the session is the plain one): the current trace context
+            # (traceparent, baggage). A recorded request's traced session injects its span's.
+            otel.inject(headers)
         auth = self.authorization
         if isinstance(auth, str):
             headers["Authorization"] = auth
