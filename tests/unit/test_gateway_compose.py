@@ -127,3 +127,23 @@ def test_bad_otlp_settings_stop_the_scheduler() -> None:
     s = SchedulerSettings(endpoints=["http://a:1"], trace_exporter="otlp")
     with pytest.raises(SettingsError, match=r"scheduler\.otlp_endpoint: required"):
         Scheduler(s)
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ([], ("none", None, 1.0, False)),
+        (
+            [
+                *("--trace-exporter", "otlp", "--otlp-endpoint", "https://c:4317"),
+                *("--trace-sample-ratio", "0.1", "--record-tool-contents"),
+            ],
+            ("otlp", "https://c:4317", 0.1, True),
+        ),
+    ],
+    ids=["defaults", "otlp"],
+)
+def test_cli_tracing_and_tool_flags(flags: list[str], expected: tuple[object, ...]) -> None:
+    s = cli.settings_from_args(_args("--endpoints", "http://a:1", *flags))
+    got = (s.trace_exporter, s.otlp_endpoint, s.trace_sample_ratio, s.record_tool_contents)
+    assert got == expected
