@@ -49,7 +49,7 @@ def main() -> int:
     )
     pick = core.pick(view, 1.0, "p")
     assert isinstance(pick, Pick)
-    trace = RequestContext("r", "a" * 32, "b" * 16, "01", 1.0, 1000.0, pick=pick, streamed=True)
+    trace = RequestContext("r", "a" * 32, 1.0, 1000.0, pick=pick, streamed=True)
     trace.parsed_at, trace.admitted_at, trace.first_byte = 1.0, 1.0, 1.1
     chunk = b'data: {"id":"x","choices":[{"delta":{"content":"tok"}}]}\n\n'
     usage = {"prompt_tokens": args.tokens, "completion_tokens": 200}

@@ -2,17 +2,61 @@
 
 ``configure_logging`` replaces the root handlers it installed before, so it is idempotent.
 Extra fields passed as ``logger.info("msg", extra={"deployment": "d1"})`` become JSON keys.
+
+Correlation: every line logged while an OpenTelemetry span is current carries its
+``trace_id`` and ``span_id`` (W3C hex), and every line logged inside
+:func:`request_scope` (the gateway opens one per request) its ``request_id`` — as JSON keys,
+or ``key=value`` in text. Lines outside a request or span (startup, background loops) have
+none. Explicit ``extra=`` values of the same names win.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
+from collections.abc import Iterator
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, Literal, TextIO
 
-__all__ = ["JsonFormatter", "TextFormatter", "configure_logging"]
+from opentelemetry import trace
+
+__all__ = [
+    "CorrelationFilter",
+    "JsonFormatter",
+    "TextFormatter",
+    "configure_logging",
+    "request_scope",
+]
+
+_REQUEST_ID: ContextVar[str] = ContextVar("tideserve_request_id", default="")
+
+
+@contextlib.contextmanager
+def request_scope(request_id: str) -> Iterator[None]:
+    """Log lines within the block (in this task and tasks it starts) carry ``request_id``."""
+    token = _REQUEST_ID.set(request_id)
+    try:
+        yield
+    finally:
+        _REQUEST_ID.reset(token)
+
+
+class CorrelationFilter(logging.Filter):
+    """Adds ``trace_id``/``span_id`` of the current span and the bound ``request_id``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ctx = trace.get_current_span().get_span_context()
+        if ctx.is_valid and not hasattr(record, "trace_id"):
+            record.trace_id = f"{ctx.trace_id:032x}"
+            record.span_id = f"{ctx.span_id:016x}"
+        rid = _REQUEST_ID.get()
+        if rid and not hasattr(record, "request_id"):
+            record.request_id = rid
+        return True
+
 
 # Attributes every LogRecord has; anything else on a record came from ``extra=``.
 _STANDARD = frozenset(
@@ -106,6 +150,7 @@ def configure_logging(
         old.close()
     handler = _TideserveHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(formatter)
+    handler.addFilter(CorrelationFilter())
     root.addHandler(handler)
     root.setLevel(numeric)
     for name, quiet in _QUIET_LOGGERS.items():

@@ -361,6 +361,9 @@ class ServiceHooks:
     on_start: Hook | None = None
     on_stop: Hook | None = None
     registry: CollectorRegistry = field(default_factory=service_registry)
+    tracer_provider: TracerProvider | None = None
+    """The service's tracer provider when it builds one itself (its ``on_stop`` shuts it
+    down); None = :func:`serve` builds one from the settings for the gRPC server."""
 
 
 def run_service(
@@ -396,6 +399,7 @@ def run_service(
                 on_start=hooks.on_start,
                 on_stop=hooks.on_stop,
                 registry=hooks.registry,
+                tracer_provider=hooks.tracer_provider,
             )
 
         asyncio.run(amain())

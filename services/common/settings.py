@@ -33,6 +33,7 @@ __all__ = [
     "ENV_PREFIX",
     "ServiceSettings",
     "SettingsError",
+    "TracingSettings",
     "add_common_arguments",
     "load_settings",
     "overrides_from_args",
@@ -48,7 +49,67 @@ def _default_state_dir() -> Path:
     return Path.home() / ".local" / "share" / "tideserve"
 
 
-class ServiceSettings(BaseSettings):
+class TracingSettings(BaseSettings):
+    """OpenTelemetry tracing, shared by the services and the engine simulator
+    (:func:`services.common.otel.configure_tracing` builds the tracer provider from it).
+
+    ``trace_exporter``: ``none`` (trace context is created and W3C ``traceparent``
+    propagates, so request records and log lines carry trace ids, but spans are recorded
+    only when a caller's ``traceparent`` asks for it, and nothing is exported), ``console``
+    (spans as JSON on stdout) or ``otlp`` (OTLP/gRPC to ``otlp_endpoint``). With an
+    exporter, ``trace_sample_ratio`` of the new traces are recorded (parent-based: a caller's
+    sampling decision is followed).
+
+    OTLP transport: ``https://host:port`` means TLS and ``http://host:port`` plaintext; a bare
+    ``host:port`` is plaintext unless ``otlp_insecure`` is false or a CA / client certificate
+    is given. TLS verifies the collector against ``otlp_ca_file`` (default: the system roots)
+    and authenticates with ``otlp_client_cert_file`` + ``otlp_client_key_file`` (both or
+    neither). ``otlp_headers`` go with every export (e.g. ``{authorization: "Bearer ..."}``;
+    keys are lower-cased, as gRPC metadata needs). OTLP over HTTP/protobuf is not supported
+    (it would need ``opentelemetry-exporter-otlp-proto-http``); run a collector's gRPC
+    receiver. Contradictions (``https://`` with ``otlp_insecure: true``, a key without a
+    certificate, an unreadable file) are a :class:`SettingsError` at startup.
+    """
+
+    trace_exporter: Literal["none", "console", "otlp"] = Field(
+        "none", description="where OpenTelemetry spans go; otlp needs otlp_endpoint"
+    )
+    otlp_endpoint: str | None = Field(
+        None, description="OTLP/gRPC collector: host:port, http://host:port or https://host:port"
+    )
+    otlp_insecure: bool | None = Field(
+        None,
+        description="plaintext (true) or TLS (false); None = from the endpoint's scheme and "
+        "whether TLS files are given",
+    )
+    otlp_ca_file: Path | None = Field(
+        None, description="PEM CA bundle the collector's certificate is checked against"
+    )
+    otlp_client_cert_file: Path | None = Field(
+        None, description="PEM client certificate (mutual TLS; needs otlp_client_key_file)"
+    )
+    otlp_client_key_file: Path | None = Field(
+        None, description="PEM private key of otlp_client_cert_file"
+    )
+    otlp_headers: dict[str, str] = Field(
+        default_factory=dict, repr=False, description="metadata sent with every export"
+    )
+    otlp_timeout_s: float = Field(10.0, gt=0.0, description="deadline of one export call")
+    trace_sample_ratio: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="fraction of new traces recorded (console/otlp); a caller's sampled "
+        "traceparent is always followed",
+    )
+
+    @field_validator("otlp_endpoint", mode="before")
+    @classmethod
+    def _blank_endpoint_is_none(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
+
+class ServiceSettings(TracingSettings):
     """Settings common to every service. Subclasses set per-service defaults and add fields."""
 
     model_config = SettingsConfigDict(
@@ -68,10 +129,6 @@ class ServiceSettings(BaseSettings):
     log_format: Literal["json", "text"] = "json"
     shutdown_grace_s: float = Field(5.0, ge=0.0, description="time in-flight calls get to finish")
     state_dir: Path = Field(default_factory=_default_state_dir)
-    trace_exporter: Literal["none", "console", "otlp"] = Field(
-        "none", description="where OpenTelemetry spans go; otlp needs otlp_endpoint"
-    )
-    otlp_endpoint: str | None = Field(None, description="OTLP/gRPC collector, e.g. localhost:4317")
 
     @field_validator("log_level")
     @classmethod
@@ -86,7 +143,7 @@ class ServiceSettings(BaseSettings):
     def _expand_state_dir(cls, value: Path) -> Path:
         return value.expanduser()
 
-    @field_validator("postgres_url", "redis_url", "otlp_endpoint", mode="before")
+    @field_validator("postgres_url", "redis_url", mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value

@@ -111,9 +111,10 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, KeyError) as err:
         print(f"tideserve engine: {str(err).strip(chr(39))}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    # Text lines on stderr; inside a traced request they carry its trace and span ids.
+    from services.common.logs import configure_logging
+
+    configure_logging(settings.log_level, "text", "engine")
     try:
         return asyncio.run(serve(settings))
     except OSError as err:
@@ -149,7 +150,19 @@ async def serve(settings: EngineSettings, stop: asyncio.Event | None = None) -> 
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    engine = EngineServer(settings, redis=redis)
+    provider = None
+    if settings.trace_exporter != "none":
+        from services.common.errors import SettingsError
+        from services.common.otel import configure_tracing
+
+        try:
+            provider = configure_tracing(settings, "engine")
+        except SettingsError as err:
+            print(f"tideserve engine: {err}", file=sys.stderr)
+            if redis is not None:
+                await redis.aclose()
+            return 2
+    engine = EngineServer(settings, redis=redis, tracer_provider=provider)
     runner = web.AppRunner(engine.app(), handle_signals=False)
     await runner.setup()
     try:
@@ -169,6 +182,8 @@ async def serve(settings: EngineSettings, stop: asyncio.Event | None = None) -> 
         await runner.cleanup()
         if redis is not None:
             await redis.aclose()
+        if provider is not None:
+            provider.shutdown()
     return 0
 
 

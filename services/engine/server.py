@@ -40,7 +40,9 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from opentelemetry.sdk.trace import TracerProvider
 
+from services.common import otel
 from services.common.perfmodel import get_profile
 from services.common.tasks import pause, stop_tasks
 from services.common.tokens import TokenPath, token_path
@@ -60,9 +62,14 @@ from services.engine.metrics import EngineMetrics
 from services.engine.respond import Live
 from services.engine.settings import EngineSettings
 
-__all__ = ["EngineServer", "write_model_dir"]
+__all__ = ["TRACED_PATHS", "EngineServer", "write_model_dir"]
 
 log = logging.getLogger(__name__)
+
+TRACED_PATHS = frozenset(
+    {"/generate", "/v1/completions", "/v1/chat/completions", pd_vllm.NOTIFY_PATH}
+)
+"""The API requests a traced engine makes spans of (not probes, scrapes, info, admin)."""
 
 
 class EngineServer:
@@ -70,10 +77,18 @@ class EngineServer:
     hooks start and stop the stepping loop and the event publisher."""
 
     def __init__(
-        self, settings: EngineSettings, *, redis: Any | None = None, tokens: TokenPath | None = None
+        self,
+        settings: EngineSettings,
+        *,
+        redis: Any | None = None,
+        tokens: TokenPath | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
-        """``tokens``: how prompts become token ids (default: from ``settings.model_path``)."""
+        """``tokens``: how prompts become token ids (default: from ``settings.model_path``);
+        ``tracer_provider``: trace the API requests (and the P/D calls this engine makes)
+        with it (None = no tracing)."""
         self.settings = settings
+        self.tracer_provider = tracer_provider
         self.tokens = tokens or token_path(settings.model_path)
         self.profile = get_profile(settings.profile)
         blocks = settings.kv_blocks or max(
@@ -128,7 +143,10 @@ class EngineServer:
 
     # -- application ---------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        middlewares = []
+        if self.tracer_provider is not None:
+            middlewares.append(otel.server_middleware(self.tracer_provider, only=TRACED_PATHS))
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
         r = app.router
         info = InfoRoutes(self)
         info.add_to(r)
@@ -144,7 +162,10 @@ class EngineServer:
 
     async def _on_startup(self, _app: web.Application) -> None:
         self._t0 = time.monotonic()
-        self._http = aiohttp.ClientSession()
+        p = self.tracer_provider
+        self._http = aiohttp.ClientSession(
+            trace_configs=[otel.client_trace_config(p)] if p is not None else None
+        )
         if self._redis is not None:
             from services.common.streams import StreamProducer
 

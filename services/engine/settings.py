@@ -10,14 +10,19 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
+from services.common.settings import TracingSettings
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
 
 __all__ = ["EngineSettings"]
 
 
-class EngineSettings(BaseSettings):
+class EngineSettings(TracingSettings):
+    """Tracing (``trace_exporter``, ``otlp_*``; environment only, e.g.
+    ``TIDESERVE_ENGINE_TRACE_EXPORTER=otlp``): with an exporter, each API request is a SERVER
+    span continuing the caller's ``traceparent`` (the gateway's upstream call)."""
+
     model_config = SettingsConfigDict(env_prefix="TIDESERVE_ENGINE_", extra="ignore")
 
     host: str = "127.0.0.1"

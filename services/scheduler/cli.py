@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import signal
 import sys
 from typing import TYPE_CHECKING
@@ -35,6 +34,9 @@ examples:
   # P/D with vLLM's hand-off (prefill max_tokens=1, then decode with kv_transfer_params)
   tideserve gateway --prefill http://127.0.0.1:30001 --decode http://127.0.0.1:30002 \
       --pd-protocol vllm
+
+  # spans of every request to an OpenTelemetry collector (one trace: gateway, kvmeta, engine)
+  tideserve gateway --endpoints URL... --trace-exporter otlp --otlp-endpoint localhost:4317
 
   # two active-active replicas sharing prefix affinity and load through Redis (request
   # records go to ts:requests), with precise prefix data from kvmeta
@@ -126,6 +128,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--replica-id", default="", help="this replica's id (default generated)")
     p.add_argument("--no-records", action="store_true", help="no RequestRecord per request")
     p.add_argument("--kvmeta-address", default="", help="kvmeta gRPC host:port (MatchPrefix)")
+    p.add_argument(
+        "--record-tool-contents",
+        action="store_true",
+        help="agent tool calls on record with their contents, not only names and sizes",
+    )
+    p.add_argument(
+        "--trace-exporter",
+        choices=["none", "console", "otlp"],
+        default="none",
+        help="where OpenTelemetry spans go (default none: trace ids and traceparent only)",
+    )
+    p.add_argument(
+        "--otlp-endpoint",
+        default=None,
+        metavar="URL",
+        help="OTLP/gRPC collector: host:port, http://... (plaintext) or https://... (TLS)",
+    )
+    p.add_argument("--otlp-ca-file", default=None, metavar="PEM", help="CA of the collector")
+    p.add_argument(
+        "--trace-sample-ratio", type=float, default=1.0, help="new traces recorded (default 1)"
+    )
     p.set_defaults(func=run)
 
 
@@ -178,6 +201,11 @@ def settings_from_args(args: argparse.Namespace) -> SchedulerSettings:
         "replica_id": args.replica_id,
         "request_records": not args.no_records,
         "kvmeta_address": args.kvmeta_address,
+        "record_tool_contents": args.record_tool_contents,
+        "trace_exporter": args.trace_exporter,
+        "otlp_endpoint": args.otlp_endpoint,
+        "otlp_ca_file": args.otlp_ca_file,
+        "trace_sample_ratio": args.trace_sample_ratio,
     }
     try:
         return SchedulerSettings.model_validate(values)
@@ -202,9 +230,10 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, StartupError, ConnectionError) as err:
         print(f"tideserve gateway: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s"
-    )
+    # Text lines on stderr; a request's lines carry its trace id and request id.
+    from services.common.logs import configure_logging
+
+    configure_logging(args.log_level, "text", "gateway")
     try:
         asyncio.run(_serve(scheduler, args.host, args.port))
     except StartupError as err:

@@ -17,8 +17,10 @@ import random
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
+from services.common import otel
 from services.common.errors import StartupError
 from services.common.metrics import service_registry
 from services.common.tokens import ModelDirError, token_path
@@ -26,6 +28,7 @@ from services.scheduler.core import CoreLimits, EndpointSpec, GatewayCore, build
 from services.scheduler.feeds.fleet_feeds import FleetFeeds
 from services.scheduler.feeds.integrations import Integrations
 from services.scheduler.grpc.servicer import SchedulerServicer
+from services.scheduler.http import records
 from services.scheduler.http.metrics import GatewayMetrics
 from services.scheduler.http.openai import Limits
 from services.scheduler.http.server import Gateway, GatewayOptions
@@ -58,10 +61,13 @@ def endpoint_specs(settings: SchedulerSettings) -> list[EndpointSpec]:
 
 
 def build_gateway(
-    settings: SchedulerSettings, registry: CollectorRegistry | None = None
+    settings: SchedulerSettings,
+    registry: CollectorRegistry | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> tuple[GatewayCore, Gateway]:
     """The core and the HTTP gateway from settings; its metrics go to ``registry`` (None =
-    a private one). StartupError for a bad profiles file or an unknown ``profile``."""
+    a private one), its spans to ``tracer_provider`` (None = a private one exporting
+    nothing). StartupError for a bad profiles file or an unknown ``profile``."""
     try:
         core = build_core(
             endpoint_specs(settings),
@@ -103,9 +109,17 @@ def build_gateway(
         forward_authorization=settings.forward_authorization,
         engine_api_key=settings.engine_api_key.get_secret_value(),
         tokens=tokens,
+        record_tool_contents=settings.record_tool_contents,
     )
     metrics = GatewayMetrics(registry)
-    return core, Gateway(core, opts, rng=random.Random(settings.seed + 1), metrics=metrics)
+    gateway = Gateway(
+        core,
+        opts,
+        rng=random.Random(settings.seed + 1),
+        metrics=metrics,
+        tracer_provider=tracer_provider,
+    )
+    return core, gateway
 
 
 def _replica_header(
@@ -122,15 +136,22 @@ def _replica_header(
 
 class Scheduler:
     """Everything the scheduler runs, wired from ``settings`` on one Prometheus registry
-    (gateway, integrations, feeds; ``main`` adds the gRPC server's). Raises
-    :class:`StartupError` for settings that cannot work."""
+    (gateway, integrations, feeds; ``main`` adds the gRPC server's) and one tracer provider
+    (``tracer_provider``, else one built from the tracing settings, owned and shut down by
+    :meth:`stop`; ``main`` gives it to the gRPC server too). Raises :class:`StartupError`
+    (:class:`SettingsError` for tracing) for settings that cannot work."""
 
     def __init__(
-        self, settings: SchedulerSettings, registry: CollectorRegistry | None = None
+        self,
+        settings: SchedulerSettings,
+        registry: CollectorRegistry | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         self.settings = settings
         self.registry = registry if registry is not None else service_registry()
-        self.core, self.gateway = build_gateway(settings, self.registry)
+        self._own_provider = tracer_provider is None
+        self.tracer_provider = tracer_provider or otel.configure_tracing(settings, "scheduler")
+        self.core, self.gateway = build_gateway(settings, self.registry, self.tracer_provider)
         # records, active-active, precise prefix lookups
         self.integrations = Integrations(settings, self.core, self.gateway, registry=self.registry)
         self.feeds = FleetFeeds(settings, self.gateway)  # load snapshots, membership
@@ -159,7 +180,9 @@ class Scheduler:
         if http is None:
             return
         host, port, reuse = http
-        runner = web.AppRunner(self.app(), handle_signals=False)
+        runner = web.AppRunner(
+            self.app(), handle_signals=False, access_log_class=records.AccessLogger
+        )
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port, reuse_port=reuse or None).start()
@@ -176,3 +199,6 @@ class Scheduler:
             await asyncio.wait_for(runner.cleanup(), self.settings.shutdown_grace_s + 1.0)
         await self.feeds.stop()
         await self.integrations.stop()
+        if self._own_provider:
+            self._own_provider = False  # stop is idempotent
+            self.tracer_provider.shutdown()

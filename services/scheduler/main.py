@@ -35,7 +35,13 @@ def build(settings: SchedulerSettings) -> ServiceHooks:
         http = settings.host, settings.http_port, settings.http_reuse_port
         await s.start(http if settings.http_port else None)
 
-    return ServiceHooks(register=register, on_start=on_start, on_stop=s.stop, registry=s.registry)
+    return ServiceHooks(
+        register=register,
+        on_start=on_start,
+        on_stop=s.stop,
+        registry=s.registry,
+        tracer_provider=s.tracer_provider,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

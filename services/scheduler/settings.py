@@ -108,6 +108,11 @@ class SchedulerSettings(ServiceSettings):
     share_heartbeat_s: float = Field(0.5, gt=0, description="in-flight heartbeat period")
     share_heartbeat_ttl_s: float = Field(3.0, gt=0, description="a replica's load expires after")
     request_records: bool = Field(True, description="RequestRecord per request (needs redis_url)")
+    record_tool_contents: bool = Field(
+        False,
+        description="agent tool calls on record and on spans with their contents (tool-result "
+        "text, call arguments), not only names and sizes; off: contents never leave the gateway",
+    )
 
     # --- SLO classes, tenants, queue bounds (see services/scheduler/slo.py) --------------
     slo_classes: list[SLOClassConfig] = Field(

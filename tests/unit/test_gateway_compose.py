@@ -105,3 +105,45 @@ def test_engine_authorization_flags_reach_the_gateway() -> None:
     gw = Scheduler(s).gateway
     assert gw.opts.forward_authorization is True and gw.opts.engine_api_key == "sekrit-42"
     assert gw.forwarder.authorization == "Bearer sekrit-42"
+
+
+def test_one_tracer_provider_and_tool_contents_from_settings() -> None:
+    from services.scheduler.main import build
+
+    s = SchedulerSettings(
+        endpoints=["http://a:1"], trace_exporter="console", record_tool_contents=True
+    )
+    sch = Scheduler(s)
+    assert sch.gateway.tracer_provider is sch.tracer_provider
+    assert sch.gateway.opts.record_tool_contents
+    hooks = build(s)  # the gRPC server gets the provider the gateway traces with
+    assert hooks.tracer_provider is not None
+    assert hooks.tracer_provider.resource.attributes["service.name"] == "tideserve-scheduler"
+
+
+def test_bad_otlp_settings_stop_the_scheduler() -> None:
+    from services.common.errors import SettingsError
+
+    s = SchedulerSettings(endpoints=["http://a:1"], trace_exporter="otlp")
+    with pytest.raises(SettingsError, match=r"scheduler\.otlp_endpoint: required"):
+        Scheduler(s)
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ([], ("none", None, 1.0, False)),
+        (
+            [
+                *("--trace-exporter", "otlp", "--otlp-endpoint", "https://c:4317"),
+                *("--trace-sample-ratio", "0.1", "--record-tool-contents"),
+            ],
+            ("otlp", "https://c:4317", 0.1, True),
+        ),
+    ],
+    ids=["defaults", "otlp"],
+)
+def test_cli_tracing_and_tool_flags(flags: list[str], expected: tuple[object, ...]) -> None:
+    s = cli.settings_from_args(_args("--endpoints", "http://a:1", *flags))
+    got = (s.trace_exporter, s.otlp_endpoint, s.trace_sample_ratio, s.record_tool_contents)
+    assert got == expected

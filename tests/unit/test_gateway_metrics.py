@@ -37,7 +37,7 @@ def _trace(
     error: str = "",
     cancelled: bool = False,
 ) -> RequestContext:
-    t = RequestContext("r", "0" * 31 + "1", "0" * 15 + "1", "01", arrival=10.0, arrival_wall=0.0)
+    t = RequestContext("r", "0" * 31 + "1", arrival=10.0, arrival_wall=0.0)
     t.first_byte, t.streamed, t.tail = first, streamed, bytearray(tail)
     t.parsed_at, t.admitted_at = parsed_at, admitted_at
     t.error, t.cancelled = error, cancelled

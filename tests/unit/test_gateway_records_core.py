@@ -108,8 +108,6 @@ def test_build_record_times_and_scores() -> None:
     t = RequestContext(
         request_id="r",
         trace_id=T,
-        span_id=S,
-        flags="01",
         arrival=10.0,
         arrival_wall=1000.0,
         parsed_at=10.001,

@@ -80,3 +80,72 @@ def test_configure_twice_replaces_handler() -> None:
 def test_bad_arguments(level: str, fmt: str) -> None:
     with pytest.raises(ValueError, match="unknown log"):
         configure_logging(level, fmt, "kvmeta", stream=io.StringIO())
+
+
+def _traced_line(fmt: str, request_id: str | None) -> tuple[str, str, str]:
+    """One line logged inside a recorded span (and a request scope when ``request_id``);
+    returns (output, trace id, span id)."""
+    import contextlib
+
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from services.common.logs import request_scope
+
+    out = io.StringIO()
+    configure_logging("INFO", fmt, "scheduler", stream=out)
+    tracer = TracerProvider().get_tracer("t")
+    scope = request_scope(request_id) if request_id else contextlib.nullcontext()
+    with tracer.start_as_current_span("req") as span, scope:
+        logging.getLogger("t.corr").info("routed")
+    ctx = span.get_span_context()
+    return out.getvalue(), f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
+
+
+@pytest.mark.parametrize("request_id", ["r-42", None], ids=["in-request", "span-only"])
+def test_json_lines_carry_trace_and_request_ids(request_id: str | None) -> None:
+    out, trace_id, span_id = _traced_line("json", request_id)
+    entry = json.loads(out)
+    assert (entry["trace_id"], entry["span_id"]) == (trace_id, span_id)
+    assert entry.get("request_id") == request_id
+
+
+def test_text_lines_carry_trace_and_request_ids() -> None:
+    out, trace_id, span_id = _traced_line("text", "r-7")
+    assert f"trace_id={trace_id}" in out and f"span_id={span_id}" in out
+    assert "request_id=r-7" in out
+
+
+def test_lines_outside_a_request_have_no_ids() -> None:
+    out = io.StringIO()
+    configure_logging("INFO", "json", "scheduler", stream=out)
+    logging.getLogger("t.corr").info("startup")
+    entry = json.loads(out.getvalue())
+    assert "trace_id" not in entry and "request_id" not in entry
+
+
+def test_explicit_extra_wins() -> None:
+    from services.common.logs import request_scope
+
+    out = io.StringIO()
+    configure_logging("INFO", "json", "scheduler", stream=out)
+    with request_scope("bound"):
+        logging.getLogger("t.corr").info("x", extra={"request_id": "given"})
+    assert json.loads(out.getvalue())["request_id"] == "given"
+
+
+def test_gateway_access_lines_carry_the_requests_ids() -> None:
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+
+    from services.scheduler.core.records import RequestContext
+    from services.scheduler.http.records import CONTEXT_KEY, AccessLogger
+
+    out = io.StringIO()
+    configure_logging("INFO", "json", "scheduler", stream=out)
+    req = make_mocked_request("POST", "/v1/chat/completions")
+    req[CONTEXT_KEY] = RequestContext("rid-1", "ab" * 16, 0.0, 0.0)
+    AccessLogger(logging.getLogger("aiohttp.access"), "").log(req, web.Response(status=429), 0.0015)
+    entry = json.loads(out.getvalue())
+    assert entry["msg"] == "POST /v1/chat/completions 429"
+    assert (entry["trace_id"], entry["request_id"], entry["status"]) == ("ab" * 16, "rid-1", 429)
+    assert entry["ms"] == 1.5

@@ -5,8 +5,9 @@ The HTTP gateway carries one :class:`RequestContext` per request (intake → rou
 → relay) and builds its record once, at the end (:func:`build_record`); gRPC-served
 decisions build theirs from the pick and the reported outcome
 (:mod:`services.scheduler.core.pick_records`). Both copy the decision with one
-:func:`fill_decision`. Also the W3C ``traceparent`` helpers, token usage from engine
-answers, and the outcome of a finished request.
+:func:`fill_decision`. Also the W3C ``traceparent`` parser (for the gRPC ``Pick``'s; the
+HTTP gateway's trace context is OpenTelemetry's), token usage and tool calls from engine
+answers (:meth:`RequestContext.answer`, parsed once), and the outcome of a finished request.
 
 Times: ``queue_ms`` is admission (parsed → admitted), ``ttft_ms`` arrival → first byte to
 the client (for a non-streamed answer, the whole answer), ``tpot_ms`` the mean time per
@@ -22,17 +23,24 @@ from typing import Any, Protocol
 
 from tideserve.v1 import events_pb2
 
+from services.scheduler.core.tools import (
+    StreamToolCalls,
+    ToolCallFact,
+    ToolResultFact,
+    tool_calls_of,
+)
 from services.scheduler.routing.types import Decision, Pick
 
 __all__ = [
+    "Answer",
     "RequestContext",
     "RequestFacts",
     "Usage",
     "build_record",
     "fill_decision",
-    "format_traceparent",
     "outcome_for",
     "parse_traceparent",
+    "tpot_ms",
     "usage_from_body",
     "usage_from_sse",
 ]
@@ -55,10 +63,6 @@ def parse_traceparent(value: str | None) -> tuple[str, str, str] | None:
     if trace_id == "0" * 32 or parent == "0" * 16:
         return None
     return trace_id, parent, flags
-
-
-def format_traceparent(trace_id: str, span_id: str, flags: str = "01") -> str:
-    return f"00-{trace_id}-{span_id}-{flags}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,12 +94,16 @@ def _usage_of(obj: Any) -> Usage | None:
     return None
 
 
-def usage_from_body(body: bytes) -> Usage | None:
-    """Token usage of a whole JSON answer (OpenAI ``usage`` or SGLang ``meta_info``)."""
+def _json(body: bytes) -> Any:
     try:
-        return _usage_of(json.loads(body))
+        return json.loads(body)
     except (ValueError, TypeError):
         return None
+
+
+def usage_from_body(body: bytes) -> Usage | None:
+    """Token usage of a whole JSON answer (OpenAI ``usage`` or SGLang ``meta_info``)."""
+    return _usage_of(_json(body))
 
 
 def usage_from_sse(tail: bytes) -> Usage | None:
@@ -139,6 +147,18 @@ class RequestFacts(Protocol):
     def profile(self) -> str: ...
     @property
     def prompt_ids(self) -> tuple[int, ...]: ...
+    @property
+    def tools_offered(self) -> int: ...
+    @property
+    def tool_results(self) -> tuple[ToolResultFact, ...]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What the engine's answer said: token usage (None when it gave none) and tool calls."""
+
+    usage: Usage | None
+    tool_calls: tuple[ToolCallFact, ...] = ()
 
 
 @dataclass(slots=True)
@@ -149,11 +169,11 @@ class RequestContext:
 
     request_id: str
     trace_id: str
-    span_id: str
-    flags: str
     arrival: float
     arrival_wall: float
     path: str = ""
+    tool_contents: bool = False
+    """Keep tool-call arguments (not only names and sizes) of the answer."""
     parsed: RequestFacts | None = None
     parsed_at: float | None = None
     admitted_at: float | None = None
@@ -165,11 +185,8 @@ class RequestContext:
     body: bytes = b""
     error: str = ""
     cancelled: bool = False
-
-    @property
-    def traceparent(self) -> str:
-        """``traceparent`` for the engines: this trace, the gateway's span as the parent."""
-        return format_traceparent(self.trace_id, self.span_id, self.flags)
+    _tools: StreamToolCalls | None = field(default=None, init=False, repr=False)
+    _answer: Answer | None = field(default=None, init=False, repr=False)
 
     def taken_in(self, request_id: str, parsed: RequestFacts, now: float) -> None:
         self.request_id, self.parsed, self.parsed_at = request_id, parsed, now
@@ -187,19 +204,42 @@ class RequestContext:
             self.first_byte, self.streamed = now, streamed
 
     def chunk(self, data: bytes) -> None:
-        """A streamed chunk (the tail is kept for the usage of the last event)."""
+        """A streamed chunk (the tail is kept for the usage of the last event; tool-call
+        fragments are accumulated)."""
         self.tail += data
         if len(self.tail) > _TAIL_BYTES:
             del self.tail[: len(self.tail) - _TAIL_BYTES]
+        if self._tools is None:
+            self._tools = StreamToolCalls(keep=self.tool_contents)
+        self._tools.feed(data)
 
     def whole(self, now: float, body: bytes) -> None:
         """A whole (non-streamed) answer."""
         self.answering(now, False)
         self.body = body
 
+    def answer(self) -> Answer:
+        """Usage and tool calls of the answer, parsed once (call when the answer is
+        complete: the first call's result is kept)."""
+        if self._answer is None:
+            if self.streamed:
+                calls = self._tools.calls() if self._tools is not None else ()
+                self._answer = Answer(usage_from_sse(bytes(self.tail)), calls)
+            else:
+                obj = _json(self.body)
+                self._answer = Answer(_usage_of(obj), tool_calls_of(obj, self.tool_contents))
+        return self._answer
+
 
 def _ms(a: float | None, b: float | None) -> float:
     return max(0.0, (b - a) * 1000.0) if a is not None and b is not None else 0.0
+
+
+def tpot_ms(t: RequestContext, finish: float, completion_tokens: int) -> float:
+    """Mean time per output token after the first, of a streamed answer (0 otherwise)."""
+    if t.streamed and completion_tokens > 1 and t.first_byte is not None:
+        return _ms(t.first_byte, finish) / (completion_tokens - 1)
+    return 0.0
 
 
 def build_record(
@@ -214,11 +254,9 @@ def build_record(
 ) -> events_pb2.RequestRecord:
     """The record of a finished request (pure)."""
     p = t.parsed
-    usage = usage_from_sse(bytes(t.tail)) if t.streamed else usage_from_body(t.body)
+    answer = t.answer()
+    usage = answer.usage
     completion = usage.completion_tokens if usage else 0
-    tpot = 0.0
-    if t.streamed and completion > 1 and t.first_byte is not None:
-        tpot = _ms(t.first_byte, finish) / (completion - 1)
     rec = events_pb2.RequestRecord(
         request_id=t.request_id,
         trace_id=t.trace_id,
@@ -228,7 +266,7 @@ def build_record(
         cached_tokens=usage.cached_tokens if usage else 0,
         queue_ms=_ms(t.parsed_at, t.admitted_at),
         ttft_ms=_ms(t.arrival, t.first_byte),
-        tpot_ms=tpot,
+        tpot_ms=tpot_ms(t, finish, completion),
         e2e_ms=_ms(t.arrival, finish),
         outcome=outcome_for(status, t.error, t.cancelled),
         http_status=status,
@@ -247,6 +285,22 @@ def build_record(
         rec.profile = p.profile
         if not rec.prompt_tokens:
             rec.prompt_tokens = len(p.prompt_ids)
+        rec.tools_offered = p.tools_offered
+        rec.tool_results.extend(
+            events_pb2.ToolResult(
+                tool_call_id=r.tool_call_id,
+                name=r.name,
+                content_bytes=r.content_bytes,
+                content=r.content,
+            )
+            for r in p.tool_results
+        )
+    rec.tool_calls.extend(
+        events_pb2.ToolCall(
+            id=c.id, name=c.name, argument_bytes=c.argument_bytes, arguments=c.arguments
+        )
+        for c in answer.tool_calls
+    )
     if t.pick is not None:
         fill_decision(rec, t.pick)
     return rec

@@ -118,7 +118,7 @@ class Integrations:
             self.lookup = LocalLookup(replica, deployment=settings.deployment, profiles=wanted)
             gateway.prefix_lookup = self.lookup
         elif source == "kvmeta" and settings.kvmeta_address and profiles:
-            self._channel = insecure_channel(settings.kvmeta_address)
+            self._channel = insecure_channel(settings.kvmeta_address, gateway.tracer_provider)
             self.lookup = KVMetaLookup(
                 self._channel,
                 candidates=core.fleet.ids,

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import aiohttp
 from aiohttp import web
 
+from services.common import otel
 from services.scheduler.core.records import RequestContext
 from services.scheduler.core.service import GatewayCore
 from services.scheduler.http import pd_vllm, upstream
@@ -84,7 +85,11 @@ class Forwarder:
         """The client's answer for pick ``d`` (see the module docstring)."""
         path = PATHS[p.kind]
         body: dict[str, Any] = dict(p.forward_body)
-        headers = {"Content-Type": "application/json", "traceparent": ctx.traceparent}
+        headers = {"Content-Type": "application/json"}
+        if not otel.recording():
+            # No client span (the session is the plain one): the current trace context
+            # (traceparent, baggage). A recorded request's traced session injects its span's.
+            otel.inject(headers)
         auth = self.authorization
         if isinstance(auth, str):
             headers["Authorization"] = auth

@@ -42,7 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from tideserve.v1 import events_pb2
 
-from services.scheduler.core.records import RequestContext, outcome_for, usage_from_sse
+from services.scheduler.core.records import RequestContext, outcome_for
 from services.scheduler.core.service import GatewayCore
 from services.scheduler.http.records import Ending, Finished
 
@@ -90,7 +90,7 @@ def observe(t: RequestContext, *, status: int, finish: float, default_class: str
     ttft = t.first_byte - t.arrival if ok_bytes and t.first_byte is not None else None
     tpot = None
     if ok_bytes and t.streamed and t.first_byte is not None:
-        usage = usage_from_sse(bytes(t.tail))
+        usage = t.answer().usage
         if usage is not None and usage.completion_tokens > 1:
             tpot = max(0.0, finish - t.first_byte) / (usage.completion_tokens - 1)
     queue = None

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from services.common.tokens import ChatError, TokenPath
+from services.scheduler.core.tools import ToolResultFact, tool_results_of, tools_offered
 
 Kind = Literal["chat", "completion", "generate"]
 
@@ -89,6 +90,8 @@ class ParsedRequest:
     profile: str
     deadline_ms: float | None
     forward_body: dict[str, Any]
+    tools_offered: int = 0
+    tool_results: tuple[ToolResultFact, ...] = ()
 
 
 def _bad(msg: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
@@ -148,9 +151,12 @@ def parse_request(
     tenants: Collection[str] | None = None,
     limits: Limits | None = None,
     tokens: TokenPath | None = None,
+    tool_contents: bool = False,
 ) -> ParsedRequest:
     """Validate one request. ``models`` empty = accept any model name; ``tenants`` None =
     any tenant; ``tokens`` = the deployment's tokenization path (None = the simulator's).
+    A chat request's tools offered and tool results (:mod:`services.scheduler.core.tools`)
+    are taken, with the results' contents only when ``tool_contents``.
     Raises :class:`ApiError`."""
     lim = limits or Limits()
     if len(raw) > lim.max_body_bytes:
@@ -216,4 +222,6 @@ def parse_request(
         profile=headers.get(H_PROFILE, ""),
         deadline_ms=deadline,
         forward_body=fwd,
+        tools_offered=tools_offered(body) if kind == "chat" else 0,
+        tool_results=tool_results_of(body.get("messages"), tool_contents) if kind == "chat" else (),
     )

@@ -21,6 +21,14 @@ without a fresh load snapshot from the stream) and the queue pump.
 
 ``GET /metrics`` serves the gateway's Prometheus registry (``gateway.metrics``; see
 :mod:`services.scheduler.http.metrics`).
+
+Tracing (the ``tracer_provider`` passed in; default: one exporting nothing): one
+SERVER span per request (``/health`` and ``/metrics`` excepted), the kvmeta lookup's gRPC
+client span and one CLIENT span per upstream call (``traceparent`` injected) under it, and
+a session's id as ``gen_ai.conversation.id`` baggage from the parsed request on, so every
+span of the turn carries it. An unrecorded request (not sampled) makes no client span: its
+context is injected as is (:func:`~services.common.otel.inject`), so engines still continue
+the trace. Background probes and scrapes are not traced.
 """
 
 from __future__ import annotations
@@ -30,14 +38,15 @@ import contextlib
 import math
 import random
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import aiohttp
 from aiohttp import web
+from opentelemetry.sdk.trace import TracerProvider
 
+from services.common import otel
 from services.common.metrics import metrics_handler
 from services.common.tokens import TokenPath
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
@@ -88,6 +97,8 @@ class GatewayOptions:
     # it) a fixed key sent as "Authorization: Bearer KEY".
     forward_authorization: bool = False
     engine_api_key: str = field(default="", repr=False)
+    # Agent tool calls on record: contents too (not only names and sizes).
+    record_tool_contents: bool = False
 
 
 class Overloaded(ApiError):
@@ -132,15 +143,18 @@ class Gateway:
         rng: random.Random | None = None,
         prefix_lookup: PrefixLookup | None = None,
         metrics: GatewayMetrics | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         """``metrics``: the families in the registry ``main`` passes down (default: a
-        private registry of this gateway)."""
+        private registry of this gateway); ``tracer_provider``: the service's (default:
+        :func:`~services.common.otel.quiet_provider`)."""
         self.core = core
         self.opts = options or GatewayOptions()
         self.clock = clock
         self.wall = wall
         self.rng = rng or random.Random()
         self.models: set[str] = set(self.opts.models)
+        self.tracer_provider = tracer_provider or otel.quiet_provider()
         self.metrics = metrics or GatewayMetrics()
         self.metrics.attach(core, clock)
         self.gate = AdmissionGate(
@@ -152,7 +166,8 @@ class Gateway:
         )
         # Told how each request ended (metrics; request records when integrations are on).
         self.finished: list[Finished] = [
-            self.metrics.finished(lambda: self.core.queue.config.default_class)
+            self.metrics.finished(lambda: self.core.queue.config.default_class),
+            records.annotate_span,
         ]
         self.preemptor = Preemptor(core, clock, enabled=self.opts.preemption)
         self.gate.on_full = lambda now, cap: self.metrics.preempted(
@@ -170,6 +185,7 @@ class Gateway:
             authorization=_authorization(self.opts),
         )
         self._session: aiohttp.ClientSession | None = None
+        self._traced: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -186,9 +202,14 @@ class Gateway:
         app = web.Application(
             client_max_size=self.opts.limits.max_body_bytes + 1,
             middlewares=[
+                otel.server_middleware(self.tracer_provider, exclude=("/health", "/metrics")),
                 records.request_contexts(
-                    self.finished, clock=self.clock, wall=self.wall, rng=self.rng
-                )
+                    self.finished,
+                    clock=self.clock,
+                    wall=self.wall,
+                    rng=self.rng,
+                    tool_contents=self.opts.record_tool_contents,
+                ),
             ],
         )
         r = app.router
@@ -206,6 +227,12 @@ class Gateway:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
         )
+        # Recorded requests go upstream through a traced session (a CLIENT span per call);
+        # the rest through the plain one, which aiohttp's tracing signals would only slow.
+        self._traced = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+            trace_configs=[otel.client_trace_config(self.tracer_provider)],
+        )
         if self.opts.background:
             self._tasks = [
                 asyncio.create_task(self._every(self.opts.health_interval_s, self.check_health)),
@@ -220,6 +247,8 @@ class Gateway:
         await self.gate.close()
         if self._session is not None:
             await self._session.close()
+        if self._traced is not None:
+            await self._traced.close()
 
     @staticmethod
     async def _every(period: float, fn: Callable[[], Awaitable[None]]) -> None:
@@ -230,6 +259,7 @@ class Gateway:
 
     # -- background -----------------------------------------------------------------------
     async def check_health(self) -> None:
+        """Probe every endpoint's ``/health``."""
         assert self._session is not None
         fleet = self.core.fleet
         ids = fleet.ids()
@@ -289,7 +319,7 @@ class Gateway:
 
     async def handle(self, req: web.Request, kind: Kind) -> web.StreamResponse:
         ctx = req[records.CONTEXT_KEY]
-        rid = uuid.uuid4().hex
+        rid = ctx.request_id
         slo_class = ""
         arrival = self.clock()
         try:
@@ -308,6 +338,7 @@ class Gateway:
                 tenants=self.opts.tenants,
                 limits=self.opts.limits,
                 tokens=self.opts.tokens,
+                tool_contents=self.opts.record_tool_contents,
             )
             if not parsed.profile and self.opts.profile:
                 parsed = replace(parsed, profile=self.opts.profile)
@@ -316,14 +347,16 @@ class Gateway:
             intake = self._intake(rid, parsed)
             view = request_view(self.core, intake, self.opts.block_size)
             ctx.taken_in(rid, parsed, self.clock())
-            view = await self.gate.take_in(intake, view, arrival)
-            ctx.admitted(self.clock())
-            while True:
-                try:
-                    return await self._route(req, ctx, parsed, view)
-                except Preempted:
-                    # Back in line with its original arrival; its slot went to a higher class.
-                    await self.gate.requeue(intake, arrival)
+            with otel.conversation(parsed.session_id):
+                view = await self.gate.take_in(intake, view, arrival)
+                ctx.admitted(self.clock())
+                while True:
+                    try:
+                        return await self._route(req, ctx, parsed, view)
+                    except Preempted:
+                        # Back in line with its original arrival; its slot went to a higher
+                        # class.
+                        await self.gate.requeue(intake, arrival)
         except (ApiError, Refused) as err:
             e = _api_error(err) if isinstance(err, Refused) else err
             if isinstance(e, Overloaded):
@@ -373,11 +406,12 @@ class Gateway:
                 msg = d.reason + (f" (last upstream error: {last})" if last else "")
                 raise ApiError(503, msg, None, "no_endpoint", "service_unavailable")
             try:
-                assert self._session is not None
+                session = self._traced if otel.recording() else self._session
+                assert session is not None
                 return await self.preemptor.run(
                     pick_id,
                     p.slo_class,
-                    self.forwarder.forward(self._session, req, ctx, p, d, pick_id),
+                    self.forwarder.forward(session, req, ctx, p, d, pick_id),
                 )
             except Preempted:
                 self.core.abandon(pick_id)

@@ -1,0 +1,200 @@
+"""Agent tool calls of one turn (pure): what an OpenAI chat request offered and carried back,
+and what the model answered with. Names and sizes always; contents only with ``keep``
+(the gateway's ``record_tool_contents``).
+
+- :func:`tools_offered`: the number of entries in the request's ``tools``.
+- :func:`tool_results_of`: the ``tool`` messages after the last ``assistant`` message (the
+  results of the tool calls it made); each result's tool name is resolved from that
+  assistant message's ``tool_calls`` by ``tool_call_id`` ("" when it is not there).
+- :func:`tool_calls_of`: the ``tool_calls`` of a whole answer's ``choices[].message``.
+- :class:`StreamToolCalls`: the same from an SSE stream: the ``delta.tool_calls`` fragments,
+  accumulated by (choice, tool) index; id and name come in the first fragment, the
+  arguments in pieces. Fed raw chunks (events may straddle chunks); a chunk whose
+  complete lines do not mention ``tool_calls`` costs one byte search.
+
+Sizes are UTF-8 bytes of the argument string / of the message's text content.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "StreamToolCalls",
+    "ToolCallFact",
+    "ToolResultFact",
+    "tool_calls_of",
+    "tool_results_of",
+    "tools_offered",
+]
+
+_MARK = b'"tool_calls"'
+_MAX_CARRY = 1 << 20  # an unterminated line longer than this is dropped
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallFact:
+    """A tool call the model made (``arguments`` only when contents are kept)."""
+
+    id: str
+    name: str
+    argument_bytes: int
+    arguments: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResultFact:
+    """A tool result the client sent back (``content`` only when contents are kept)."""
+
+    tool_call_id: str
+    name: str
+    content_bytes: int
+    content: str = ""
+
+
+def _str(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
+def tools_offered(body: dict[str, Any]) -> int:
+    tools = body.get("tools")
+    return len(tools) if isinstance(tools, list) else 0
+
+
+def _text(content: Any) -> str:
+    """A message's text: the string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            _str(p.get("text")) for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return ""
+
+
+def tool_results_of(messages: Any, keep: bool = False) -> tuple[ToolResultFact, ...]:
+    """The tool results of this turn (see the module docstring); () for anything else."""
+    if not isinstance(messages, list):
+        return ()
+    trailing: list[dict[str, Any]] = []
+    caller: dict[str, Any] | None = None
+    for m in reversed(messages):
+        if not isinstance(m, dict):
+            continue
+        role = m.get("role")
+        if role == "assistant":
+            caller = m
+            break
+        if role == "tool":
+            trailing.append(m)
+    if not trailing:
+        return ()
+    names: dict[str, str] = {}
+    calls = caller.get("tool_calls") if caller is not None else None
+    if isinstance(calls, list):
+        for c in calls:
+            if isinstance(c, dict) and isinstance(c.get("function"), dict):
+                names[_str(c.get("id"))] = _str(c["function"].get("name"))
+    out = []
+    for m in reversed(trailing):
+        call_id = _str(m.get("tool_call_id"))
+        text = _text(m.get("content"))
+        out.append(
+            ToolResultFact(
+                tool_call_id=call_id,
+                name=names.get(call_id, "") or _str(m.get("name")),
+                content_bytes=len(text.encode()),
+                content=text if keep else "",
+            )
+        )
+    return tuple(out)
+
+
+def _call(c: Any, keep: bool) -> ToolCallFact | None:
+    if not isinstance(c, dict):
+        return None
+    fn = c.get("function")
+    fn = fn if isinstance(fn, dict) else {}
+    args = _str(fn.get("arguments"))
+    return ToolCallFact(
+        _str(c.get("id")), _str(fn.get("name")), len(args.encode()), args if keep else ""
+    )
+
+
+def tool_calls_of(answer: Any, keep: bool = False) -> tuple[ToolCallFact, ...]:
+    """The tool calls of a whole chat answer (every choice, in order)."""
+    if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
+        return ()
+    out: list[ToolCallFact] = []
+    for choice in answer["choices"]:
+        msg = choice.get("message") if isinstance(choice, dict) else None
+        calls = msg.get("tool_calls") if isinstance(msg, dict) else None
+        if isinstance(calls, list):
+            out.extend(x for x in (_call(c, keep) for c in calls) if x is not None)
+    return tuple(out)
+
+
+@dataclass(slots=True)
+class _Partial:
+    id: str = ""
+    name: str = ""
+    argument_bytes: int = 0
+    pieces: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StreamToolCalls:
+    """Accumulates a chat stream's tool calls; :meth:`calls` gives them at any point."""
+
+    keep: bool = False
+    _carry: bytes = b""
+    _calls: dict[tuple[int, int], _Partial] = field(default_factory=dict)
+
+    def feed(self, data: bytes) -> None:
+        if self._carry:
+            data = self._carry + data
+        end = data.rfind(b"\n")
+        if end < 0:
+            self._carry = data if len(data) <= _MAX_CARRY else b""
+            return
+        rest = data[end + 1 :]
+        self._carry = rest if len(rest) <= _MAX_CARRY else b""
+        if _MARK not in data[:end]:
+            return
+        for line in data[:end].split(b"\n"):
+            if line.startswith(b"data:") and _MARK in line:
+                try:
+                    self._event(json.loads(line[5:]))
+                except (ValueError, UnicodeDecodeError):
+                    continue
+
+    def _event(self, evt: Any) -> None:
+        choices = evt.get("choices") if isinstance(evt, dict) else None
+        for ci, choice in enumerate(choices if isinstance(choices, list) else ()):
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            frags = delta.get("tool_calls") if isinstance(delta, dict) else None
+            if not isinstance(frags, list):
+                continue
+            cidx = choice.get("index", ci)
+            for ti, frag in enumerate(frags):
+                if not isinstance(frag, dict):
+                    continue
+                tidx = frag.get("index", ti)
+                key = (cidx if isinstance(cidx, int) else ci, tidx if isinstance(tidx, int) else ti)
+                part = self._calls.setdefault(key, _Partial())
+                part.id = part.id or _str(frag.get("id"))
+                fn = frag.get("function")
+                if isinstance(fn, dict):
+                    part.name = part.name or _str(fn.get("name"))
+                    args = _str(fn.get("arguments"))
+                    part.argument_bytes += len(args.encode())
+                    if self.keep and args:
+                        part.pieces.append(args)
+
+    def calls(self) -> tuple[ToolCallFact, ...]:
+        return tuple(
+            ToolCallFact(p.id, p.name, p.argument_bytes, "".join(p.pieces))
+            for _, p in sorted(self._calls.items())
+        )
