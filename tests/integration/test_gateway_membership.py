@@ -197,7 +197,8 @@ async def test_seed_from_list_instances_then_follow_from_the_tail(
 async def test_unimplemented_autoscaler_falls_back_to_the_static_list(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    server, addr = await _grpc_server(AutoscalerServicer(), real=True)
+    # an autoscaler without ListInstances (the generated base class answers UNIMPLEMENTED)
+    server, addr = await _grpc_server(autoscaler_pb2_grpc.AutoscalerServiceServicer(), real=False)
     core = build_core([EndpointSpec("s", "http://127.0.0.1:30070")], perf_profile="test")
     caplog.set_level(logging.WARNING, logger="services.scheduler.feeds.membership")
     async with grpc.aio.insecure_channel(addr) as ch:
@@ -214,11 +215,12 @@ async def test_unimplemented_autoscaler_falls_back_to_the_static_list(
 async def test_service_follows_membership_and_load_snapshots(
     redis: aioredis.Redis, redis_url: str, tmp_path: Path
 ) -> None:
-    """The scheduler service from settings: the autoscaler answers UNIMPLEMENTED, there is
+    """The scheduler service from settings: the autoscaler has no Postgres (ListInstances fails), there is
     no static endpoint, a simulated engine is ADDED on the stream and publishes its load
     snapshots; requests are served through it and /metrics shows where load came from."""
     prefix = f"t{uuid.uuid4().hex[:8]}"
-    auto, auto_addr = await _grpc_server(AutoscalerServicer(), real=True)
+    # the real autoscaler without Postgres: ListInstances answers FAILED_PRECONDITION
+    auto, auto_addr = await _grpc_server(AutoscalerServicer(None, lambda: 0), real=True)
     eng_args = ["--instance-id", "eng-1", "--redis-url", redis_url]
     eng_args += ["--deployment", DEP, "--stream-prefix", prefix]
     try:
