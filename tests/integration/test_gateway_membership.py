@@ -215,8 +215,8 @@ async def test_unimplemented_autoscaler_falls_back_to_the_static_list(
 async def test_service_follows_membership_and_load_snapshots(
     redis: aioredis.Redis, redis_url: str, tmp_path: Path
 ) -> None:
-    """The scheduler service from settings: the autoscaler has no Postgres (ListInstances fails), there is
-    no static endpoint, a simulated engine is ADDED on the stream and publishes its load
+    """The scheduler service from settings: the autoscaler has no Postgres (ListInstances
+    fails), there is no static endpoint, a simulated engine is ADDED on the stream and publishes its load
     snapshots; requests are served through it and /metrics shows where load came from."""
     prefix = f"t{uuid.uuid4().hex[:8]}"
     # the real autoscaler without Postgres: ListInstances answers FAILED_PRECONDITION
