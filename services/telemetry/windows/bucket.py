@@ -1,0 +1,213 @@
+"""Per-slice buckets of finished requests and the rule that spreads a record over them (pure).
+
+A slice is deployment x role x SLO class x tenant (:class:`SliceKey`); a bucket is one slice
+over ``bucket_ms`` (1 minute by default) of **finish** time (a record exists once the request
+has finished; its partition in Postgres is keyed the same way). Arrivals are counted in the
+bucket of their **arrival** time, so the arrival rate of a window is exact.
+
+Roles (the rule): an aggregated record goes whole to role ``"worker"``. A disaggregated one
+is split by phase: role ``"prefill"`` gets the queue, TTFT, KV-transfer and input-token
+sketches and the cache/router figures; role ``"decode"`` gets the TPOT, end-to-end and
+output-token sketches. Request-level counters (count, arrivals, errors, sheds, SLO counts,
+token sums) are kept in both halves, so a prefill or decode slice on its own reads as the
+whole traffic it served; a total over all roles counts them once (from the non-decode slices,
+see :func:`services.telemetry.windows.stats.window_stats`).
+
+Buckets merge exactly: counters and sums add, sketches merge (DDSketch, relative accuracy
+:data:`RELATIVE_ACCURACY`: every quantile it returns is within 1% of a value of the data at
+that rank), so buckets of several replicas and persisted rollups combine into the same
+window one replica would have computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from ddsketch import DDSketch
+from ddsketch.ddsketch import BaseDDSketch
+from tideserve.v1 import events_pb2
+
+from services.telemetry.windows.classes import SLOClass
+
+__all__ = [
+    "COUNTERS",
+    "DECODE_SKETCHES",
+    "PREFILL_SKETCHES",
+    "RELATIVE_ACCURACY",
+    "SKETCHES",
+    "Bucket",
+    "BucketKey",
+    "SliceKey",
+    "add_records",
+    "align",
+]
+
+RELATIVE_ACCURACY = 0.01
+"""DDSketch relative accuracy of every percentile (±1%)."""
+
+PREFILL_SKETCHES = ("input_tokens", "queue_ms", "ttft_ms", "kv_transfer_ms")
+DECODE_SKETCHES = ("output_tokens", "tpot_ms", "e2e_ms")
+SKETCHES = PREFILL_SKETCHES + DECODE_SKETCHES
+
+COUNTERS = (
+    "count",
+    "arrivals",
+    "ok",
+    "errors",
+    "sheds",
+    "input_tokens_sum",
+    "output_tokens_sum",
+    "prompt_tokens_sum",
+    "cached_tokens_sum",
+    "router_samples",
+    "router_abs_error_sum",
+    "ttft_met",
+    "tpot_met",
+    "slo_met",
+)
+"""Request-level counters (ints, or float sums), in the rollup encoding's order."""
+
+_OK = events_pb2.REQUEST_OUTCOME_OK
+_SHED = events_pb2.REQUEST_OUTCOME_SHED
+_ERRORS = frozenset({events_pb2.REQUEST_OUTCOME_TIMEOUT, events_pb2.REQUEST_OUTCOME_UPSTREAM_ERROR})
+
+
+@dataclass(frozen=True, order=True)
+class SliceKey:
+    deployment: str
+    role: str
+    slo_class: str
+    tenant: str
+
+
+BucketKey = tuple[SliceKey, int]
+"""A slice and its bucket's start (ms, aligned to the bucket length)."""
+
+
+def align(ts_ms: int, bucket_ms: int) -> int:
+    """Start of the bucket holding ``ts_ms``."""
+    return ts_ms - ts_ms % bucket_ms
+
+
+def new_sketch() -> DDSketch:
+    return DDSketch(relative_accuracy=RELATIVE_ACCURACY)
+
+
+@dataclass
+class Bucket:
+    """One slice over one bucket. ``count`` = records that finished in it (any outcome);
+    ``arrivals`` = records of the slice that arrived in it; ``ok``/``errors``/``sheds`` split
+    ``count`` by outcome (errors = timeout or upstream failure; client errors and
+    cancellations are neither). Sums, cache and router figures and the latency/token sketches
+    come from successful records only. ``ttft_met``/``tpot_met``/``slo_met`` count successful
+    records meeting their class's TTFT, TPOT, and both targets (a target of 0 is always met)."""
+
+    count: int = 0
+    arrivals: int = 0
+    ok: int = 0
+    errors: int = 0
+    sheds: int = 0
+    input_tokens_sum: float = 0.0
+    output_tokens_sum: float = 0.0
+    prompt_tokens_sum: float = 0.0
+    cached_tokens_sum: float = 0.0
+    router_samples: int = 0
+    router_abs_error_sum: float = 0.0
+    ttft_met: int = 0
+    tpot_met: int = 0
+    slo_met: int = 0
+    sketches: dict[str, BaseDDSketch] = field(default_factory=dict)
+
+    def sketch(self, name: str) -> BaseDDSketch:
+        sk = self.sketches.get(name)
+        if sk is None:
+            sk = self.sketches[name] = new_sketch()
+        return sk
+
+    def merge(self, other: Bucket, *, counters: bool = True) -> None:
+        """Add ``other`` into this bucket (sketches always; counters unless told not to)."""
+        if counters:
+            for name in COUNTERS:
+                setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name, sk in other.sketches.items():
+            if sk.count:
+                self.sketch(name).merge(sk)
+
+    def copy(self) -> Bucket:
+        out = Bucket()
+        out.merge(self)
+        return out
+
+
+def add_records(
+    buckets: dict[BucketKey, Bucket],
+    records: Iterable[events_pb2.RequestRecord],
+    classes: Mapping[str, SLOClass],
+    bucket_ms: int,
+) -> None:
+    """Add validated ``records`` into ``buckets`` (created as needed), by the module's rule."""
+    for rec in records:
+        finish = align(rec.finish_ms, bucket_ms)
+        arrival = align(rec.arrival_ms, bucket_ms)
+        roles = ("prefill", "decode") if rec.disaggregated else ("worker",)
+        for role in roles:
+            key = SliceKey(rec.deployment, role, rec.slo_class, rec.tenant)
+            b = buckets.get((key, finish))
+            if b is None:
+                b = buckets[(key, finish)] = Bucket()
+            _add_counters(b, rec, classes.get(rec.slo_class))
+            if arrival == finish:
+                b.arrivals += 1
+            else:
+                a = buckets.get((key, arrival))
+                if a is None:
+                    a = buckets[(key, arrival)] = Bucket()
+                a.arrivals += 1
+            if rec.outcome == _OK:
+                names = (
+                    SKETCHES
+                    if role == "worker"
+                    else PREFILL_SKETCHES
+                    if role == "prefill"
+                    else DECODE_SKETCHES
+                )
+                _add_sketches(b, rec, names)
+
+
+def _add_counters(b: Bucket, rec: events_pb2.RequestRecord, cls: SLOClass | None) -> None:
+    b.count += 1
+    if rec.outcome == _SHED:
+        b.sheds += 1
+    elif rec.outcome in _ERRORS:
+        b.errors += 1
+    if rec.outcome != _OK:
+        return
+    b.ok += 1
+    b.input_tokens_sum += rec.prompt_tokens
+    b.output_tokens_sum += rec.completion_tokens
+    b.prompt_tokens_sum += rec.prompt_tokens
+    b.cached_tokens_sum += rec.cached_tokens
+    b.router_samples += 1
+    b.router_abs_error_sum += abs(rec.predicted_cached_tokens - rec.cached_tokens)
+    ttft_ok = cls is None or cls.ttft_ms <= 0 or rec.ttft_ms <= cls.ttft_ms
+    tpot_ok = cls is None or cls.tpot_ms <= 0 or rec.tpot_ms <= cls.tpot_ms
+    b.ttft_met += ttft_ok
+    b.tpot_met += tpot_ok
+    b.slo_met += ttft_ok and tpot_ok
+
+
+def _add_sketches(b: Bucket, rec: events_pb2.RequestRecord, names: tuple[str, ...]) -> None:
+    for name in names:
+        if name == "input_tokens":
+            b.sketch(name).add(rec.prompt_tokens)
+        elif name == "output_tokens":
+            b.sketch(name).add(rec.completion_tokens)
+        elif name == "tpot_ms":
+            if rec.completion_tokens > 1:  # one token has no inter-token time
+                b.sketch(name).add(rec.tpot_ms)
+        elif name == "kv_transfer_ms":
+            if rec.kv_transfer_ms > 0:
+                b.sketch(name).add(rec.kv_transfer_ms)
+        else:
+            b.sketch(name).add(getattr(rec, name))

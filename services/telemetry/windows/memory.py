@@ -1,0 +1,81 @@
+"""The recent buckets one telemetry replica holds in memory (pure: ``now`` is passed in).
+
+Memory covers the buckets starting at or after :meth:`WindowMemory.floor` (``now -
+memory_ms``, aligned); older ones are answered from the persisted rollups. The buckets hold
+exactly what this replica committed (ingest applies a batch's delta only after its
+transaction committed, and loads its own rollup rows back at start), so they equal this
+replica's rollup rows for the same buckets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+
+from services.telemetry.windows.bucket import Bucket, BucketKey, align
+
+__all__ = ["WindowMemory", "split_window"]
+
+
+class WindowMemory:
+    def __init__(self, bucket_ms: int, memory_ms: int) -> None:
+        if bucket_ms <= 0 or memory_ms < bucket_ms:
+            raise ValueError("bucket_ms must be > 0 and memory_ms >= bucket_ms")
+        self.bucket_ms = bucket_ms
+        self.memory_ms = memory_ms
+        self._buckets: dict[BucketKey, Bucket] = {}
+
+    def floor(self, now_ms: int) -> int:
+        """Start of the oldest bucket memory answers for."""
+        return align(now_ms - self.memory_ms, self.bucket_ms)
+
+    def held(self, key: BucketKey, now_ms: int) -> bool:
+        """Whether ``key``'s bucket belongs in memory (not older than the floor)."""
+        return key[1] >= self.floor(now_ms)
+
+    def get(self, key: BucketKey) -> Bucket | None:
+        return self._buckets.get(key)
+
+    def apply(self, delta: Mapping[BucketKey, Bucket], now_ms: int) -> None:
+        """Merge a committed delta (buckets older than the floor are not kept)."""
+        for key, b in delta.items():
+            if not self.held(key, now_ms):
+                continue
+            cur = self._buckets.get(key)
+            if cur is None:
+                self._buckets[key] = b.copy()
+            else:
+                cur.merge(b)
+
+    def replace(self, rows: Iterable[tuple[BucketKey, Bucket]]) -> None:
+        """Set buckets wholesale (start-up: this replica's own rollup rows)."""
+        for key, b in rows:
+            self._buckets[key] = b
+
+    def clear(self) -> None:
+        self._buckets.clear()
+
+    def evict(self, now_ms: int) -> int:
+        """Drop buckets older than the floor; returns how many."""
+        floor = self.floor(now_ms)
+        old = [k for k in self._buckets if k[1] < floor]
+        for k in old:
+            del self._buckets[k]
+        return len(old)
+
+    def items(
+        self, start_ms: int = 0, end_ms: int | None = None
+    ) -> Iterator[tuple[BucketKey, Bucket]]:
+        for key, b in self._buckets.items():
+            if key[1] >= start_ms and (end_ms is None or key[1] < end_ms):
+                yield key, b
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+
+def split_window(
+    start_ms: int, end_ms: int, floor_ms: int
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``(memory, rollups)`` half-open ranges of ``[start_ms, end_ms)`` around ``floor_ms``
+    (an empty range has start >= end)."""
+    return (max(start_ms, floor_ms), end_ms), (start_ms, min(end_ms, floor_ms))
