@@ -1,13 +1,23 @@
 """Tables of the telemetry schema (typed SQLAlchemy 2 models; migrations in ./migrations).
 
 ``request_records`` (partitioned by RANGE of ``finish_ms``, one partition per
-``partition_s``) has no model: it is written with COPY and read with Core SQL
+``partition_s``) is a Core table: it is written with COPY and read with SQL
 (services/telemetry/store/). See migration 0002 for why idempotence lives in ``request_ids``.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Index, LargeBinary, MetaData, Text
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Index,
+    LargeBinary,
+    MetaData,
+    SmallInteger,
+    Table,
+    Text,
+    text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 SCHEMA = "telemetry"
@@ -41,3 +51,26 @@ class RollupRow(Base):
     tenant: Mapped[str] = mapped_column(Text, primary_key=True)
     data: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
     updated_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+request_records = Table(
+    "request_records",
+    Base.metadata,
+    Column("request_id", Text, nullable=False),
+    Column("finish_ms", BigInteger, nullable=False),
+    Column("arrival_ms", BigInteger, nullable=False),
+    Column("deployment", Text, nullable=False),
+    Column("tenant", Text, nullable=False),
+    Column("slo_class", Text, nullable=False),
+    Column("session_id", Text, nullable=False),
+    Column("outcome", SmallInteger, nullable=False),
+    Column("record", LargeBinary, nullable=False),
+    Index(
+        "ix_request_records_session",
+        "session_id",
+        "arrival_ms",
+        postgresql_where=text("session_id <> ''"),
+    ),
+    postgresql_partition_by="RANGE (finish_ms)",
+)
+"""One finished request (``record`` = serialized ``tideserve.v1.RequestRecord``)."""
