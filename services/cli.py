@@ -19,6 +19,7 @@ COMMAND_MODULES: list[str] = [
     "services.sim.cli",
     "services.scheduler.cli",
     "services.kvbridge.cli",
+    "services.telemetry.cli",
 ]
 
 _EPILOG = """\

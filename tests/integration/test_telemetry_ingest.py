@@ -228,9 +228,13 @@ async def test_partitions_created_ahead_and_dropped_by_retention(db: str) -> Non
 
 
 @pytest.fixture
-async def stub(
-    db: str, redis_client: aioredis.Redis
-) -> AsyncIterator[telemetry_pb2_grpc.TelemetryServiceStub]:
+async def stub(address: str) -> AsyncIterator[telemetry_pb2_grpc.TelemetryServiceStub]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        yield telemetry_pb2_grpc.TelemetryServiceStub(channel)
+
+
+@pytest.fixture
+async def address(db: str, redis_client: aioredis.Redis) -> AsyncIterator[str]:
     clock = Clock()
     r = replica(db, clock)
     from services.common.streams import DeadLetters
@@ -240,8 +244,7 @@ async def stub(
     add_to_server(TelemetryServicer(r.query, r.ingest, dead=dead, wall=clock), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        yield telemetry_pb2_grpc.TelemetryServiceStub(channel)
+    yield f"127.0.0.1:{port}"
     await server.stop(None)
     await r.store.close()
 
@@ -306,3 +309,32 @@ async def test_model_rpcs_unimplemented_without_a_model(
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stub.GetPerfModel(telemetry_pb2.GetPerfModelRequest(deployment="llama"))
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_cli_views_read_the_service(
+    stub: telemetry_pb2_grpc.TelemetryServiceStub, address: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+    import json
+
+    from services.cli import main as cli
+
+    await stub.ReportRecords(iter([*good(4, session_id="s9"), record("pd", disaggregated=True)]))
+    args = ["--address", address]
+    assert (
+        await asyncio.to_thread(cli, ["get", "windows", "--deployment", "llama", "--json", *args])
+        == 0
+    )
+    data = json.loads(capsys.readouterr().out)
+    assert data["total"]["requests"] == "5" and data["source"] == "memory"
+    assert await asyncio.to_thread(cli, ["get", "session", "s9", *args]) == 0
+    assert "session s9: 4 turns" in capsys.readouterr().out
+    assert await asyncio.to_thread(cli, ["top", "--once", *args]) == 0
+    top = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in top[2:]] == [
+        ["llama", "decode"],
+        ["llama", "prefill"],
+        ["llama", "worker"],
+    ]
+    assert await asyncio.to_thread(cli, ["get", "session", "nope", *args]) == 1
+    assert "NOT_FOUND" in capsys.readouterr().err
