@@ -13,7 +13,6 @@ Gauges per slice (deployment, role, slo_class; tenants merged) over the last
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import replace
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -53,7 +52,7 @@ class TelemetryCollector(Collector):
         start, end = window_bounds(now, self._window_s, self._memory.bucket_ms)
         slices: dict[SliceKey, Bucket] = {}
         for (key, _bucket), b in self._memory.items(start, end):
-            k = replace(key, tenant="")
+            k = key._replace(tenant="")
             slices.setdefault(k, Bucket()).merge(b)
         _total, stats = window_stats(slices, start, end, Filters(), self._classes)
         fams = {

@@ -60,7 +60,7 @@ class TelemetrySettings(ServiceSettings):
     partitions_ahead: int = Field(2, ge=1, description="partitions created ahead of now")
     maintenance_interval_s: float = Field(300.0, gt=0.0, description="partitions + retention")
     ingest_group: str = Field("telemetry", min_length=1, description="consumer group")
-    ingest_batch: int = Field(2000, ge=1, le=50_000, description="records per transaction")
+    ingest_batch: int = Field(5000, ge=1, le=50_000, description="records per transaction")
     ingest_block_ms: int = Field(1000, ge=0)
     ingest_claim_idle_ms: int = Field(30_000, ge=0, description="reclaim a dead member's")
     gauge_window_s: float = Field(60.0, gt=0.0, description="window of the Prometheus gauges")

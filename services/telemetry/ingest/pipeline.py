@@ -7,10 +7,11 @@ contribution to the rollups is committed exactly when the record is, and a redel
 (its id already in the ledger) adds nothing anywhere: windows never double count, and nothing
 committed is missing from them after a crash.
 
-The in-memory windows get the delta before the upsert (the rows written are memory's
-buckets); if the transaction fails they are marked stale and reloaded from this replica's
-rollup rows before the next batch. Buckets older than memory's floor ("late" records) are
-read from the rollups, merged and written back in the same transaction.
+The new records are added straight into the in-memory buckets before the upsert (the rows
+written are memory's buckets); if the transaction fails, memory is marked stale and reloaded
+from this replica's rollup rows before the next batch (or query through ingest). Buckets
+older than memory's floor ("late" records) are read from the rollups, merged and written back
+in the same transaction.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tideserve.v1 import events_pb2
 
 from services.telemetry.ports import RecordObserver
 from services.telemetry.store.pg import RecordStore
-from services.telemetry.windows.bucket import Bucket, BucketKey, add_records
+from services.telemetry.windows.bucket import Bucket, BucketKey, add_records_to
 from services.telemetry.windows.classes import SLOClass
 from services.telemetry.windows.memory import WindowMemory
 from services.telemetry.windows.stats import Filters
@@ -138,18 +139,25 @@ class Ingest:
             async with self.store.transaction() as cur:
                 idx = await self.store.insert_new(cur, valid)
                 new = [valid[i] for i in idx]
-                delta: dict[BucketKey, Bucket] = {}
-                add_records(delta, new, self.classes, self.memory.bucket_ms)
-                late = [k for k in delta if not self.memory.held(k, now)]
+                touched: set[BucketKey] = set()
+                late: dict[BucketKey, Bucket] = {}
+
+                def bucket(key: BucketKey) -> Bucket:
+                    if self.memory.held(key, now):
+                        touched.add(key)
+                        return self.memory.bucket(key)
+                    b = late.get(key)
+                    if b is None:
+                        b = late[key] = Bucket()
+                    return b
+
+                self._stale = True  # until committed: memory holds uncommitted records
+                add_records_to(bucket, new, self.classes, self.memory.bucket_ms)
                 rows = await self.store.fetch_rollups(cur, self.replica_id, late)
-                for k in late:
-                    rows.setdefault(k, Bucket()).merge(delta[k])
-                self._stale = True  # until committed: memory holds the uncommitted delta
-                self.memory.apply(delta, now)
-                for k in delta:
-                    b = self.memory.get(k)
-                    if b is not None:
-                        rows[k] = b
+                for k, delta in late.items():
+                    rows.setdefault(k, Bucket()).merge(delta)
+                for k in touched:
+                    rows[k] = self.memory.bucket(k)
                 await self.store.upsert_rollups(cur, self.replica_id, rows, now)
         except BaseException:
             log.warning("telemetry ingest: batch of %d not committed", len(valid))

@@ -21,8 +21,9 @@ window one replica would have computed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ddsketch import DDSketch
 from ddsketch.ddsketch import BaseDDSketch
@@ -40,6 +41,7 @@ __all__ = [
     "BucketKey",
     "SliceKey",
     "add_records",
+    "add_records_to",
     "align",
 ]
 
@@ -73,8 +75,7 @@ _SHED = events_pb2.REQUEST_OUTCOME_SHED
 _ERRORS = frozenset({events_pb2.REQUEST_OUTCOME_TIMEOUT, events_pb2.REQUEST_OUTCOME_UPSTREAM_ERROR})
 
 
-@dataclass(frozen=True, order=True)
-class SliceKey:
+class SliceKey(NamedTuple):
     deployment: str
     role: str
     slo_class: str
@@ -147,32 +148,72 @@ def add_records(
     bucket_ms: int,
 ) -> None:
     """Add validated ``records`` into ``buckets`` (created as needed), by the module's rule."""
+
+    def get(key: BucketKey) -> Bucket:
+        b = buckets.get(key)
+        if b is None:
+            b = buckets[key] = Bucket()
+        return b
+
+    add_records_to(get, records, classes, bucket_ms)
+
+
+def add_records_to(
+    bucket: Callable[[BucketKey], Bucket],
+    records: Iterable[events_pb2.RequestRecord],
+    classes: Mapping[str, SLOClass],
+    bucket_ms: int,
+) -> None:
+    """:func:`add_records` into whatever ``bucket(key)`` returns (get-or-create)."""
+    cache: dict[tuple[str, str, str, str, int], Bucket] = {}
+
+    def get(dep: str, role: str, cls: str, tenant: str, start: int) -> Bucket:
+        raw = (dep, role, cls, tenant, start)
+        b = cache.get(raw)
+        if b is None:
+            b = cache[raw] = bucket((SliceKey(dep, role, cls, tenant), start))
+        return b
+
     for rec in records:
-        finish = align(rec.finish_ms, bucket_ms)
-        arrival = align(rec.arrival_ms, bucket_ms)
-        roles = ("prefill", "decode") if rec.disaggregated else ("worker",)
-        for role in roles:
-            key = SliceKey(rec.deployment, role, rec.slo_class, rec.tenant)
-            b = buckets.get((key, finish))
-            if b is None:
-                b = buckets[(key, finish)] = Bucket()
-            _add_counters(b, rec, classes.get(rec.slo_class))
+        finish = rec.finish_ms - rec.finish_ms % bucket_ms
+        arrival = rec.arrival_ms - rec.arrival_ms % bucket_ms
+        dep, cls_name, tenant = rec.deployment, rec.slo_class, rec.tenant
+        cls = classes.get(cls_name)
+        values = _values(rec) if rec.outcome == _OK else None
+        for role in _ROLES[rec.disaggregated]:
+            b = get(dep, role, cls_name, tenant, finish)
+            _add_counters(b, rec, cls)
             if arrival == finish:
                 b.arrivals += 1
             else:
-                a = buckets.get((key, arrival))
-                if a is None:
-                    a = buckets[(key, arrival)] = Bucket()
-                a.arrivals += 1
-            if rec.outcome == _OK:
-                names = (
-                    SKETCHES
-                    if role == "worker"
-                    else PREFILL_SKETCHES
-                    if role == "prefill"
-                    else DECODE_SKETCHES
-                )
-                _add_sketches(b, rec, names)
+                get(dep, role, cls_name, tenant, arrival).arrivals += 1
+            if values is not None:
+                sketches = b.sketches
+                for name in _ROLE_SKETCHES[role]:
+                    v = values[name]
+                    if v is not None:
+                        sk = sketches.get(name)
+                        if sk is None:
+                            sk = sketches[name] = new_sketch()
+                        sk.add(v)
+
+
+_ROLES = {False: ("worker",), True: ("prefill", "decode")}
+_ROLE_SKETCHES = {"worker": SKETCHES, "prefill": PREFILL_SKETCHES, "decode": DECODE_SKETCHES}
+
+
+def _values(rec: events_pb2.RequestRecord) -> dict[str, float | None]:
+    """What each sketch gets from a successful record (None = nothing: TPOT of a single
+    token, no KV transfer)."""
+    return {
+        "input_tokens": rec.prompt_tokens,
+        "queue_ms": rec.queue_ms,
+        "ttft_ms": rec.ttft_ms,
+        "kv_transfer_ms": rec.kv_transfer_ms if rec.kv_transfer_ms > 0 else None,
+        "output_tokens": rec.completion_tokens,
+        "tpot_ms": rec.tpot_ms if rec.completion_tokens > 1 else None,
+        "e2e_ms": rec.e2e_ms,
+    }
 
 
 def _add_counters(b: Bucket, rec: events_pb2.RequestRecord, cls: SLOClass | None) -> None:
@@ -195,19 +236,3 @@ def _add_counters(b: Bucket, rec: events_pb2.RequestRecord, cls: SLOClass | None
     b.ttft_met += ttft_ok
     b.tpot_met += tpot_ok
     b.slo_met += ttft_ok and tpot_ok
-
-
-def _add_sketches(b: Bucket, rec: events_pb2.RequestRecord, names: tuple[str, ...]) -> None:
-    for name in names:
-        if name == "input_tokens":
-            b.sketch(name).add(rec.prompt_tokens)
-        elif name == "output_tokens":
-            b.sketch(name).add(rec.completion_tokens)
-        elif name == "tpot_ms":
-            if rec.completion_tokens > 1:  # one token has no inter-token time
-                b.sketch(name).add(rec.tpot_ms)
-        elif name == "kv_transfer_ms":
-            if rec.kv_transfer_ms > 0:
-                b.sketch(name).add(rec.kv_transfer_ms)
-        else:
-            b.sketch(name).add(getattr(rec, name))

@@ -35,6 +35,13 @@ class WindowMemory:
     def get(self, key: BucketKey) -> Bucket | None:
         return self._buckets.get(key)
 
+    def bucket(self, key: BucketKey) -> Bucket:
+        """The bucket of ``key``, created empty if missing (ingest adds records into it)."""
+        b = self._buckets.get(key)
+        if b is None:
+            b = self._buckets[key] = Bucket()
+        return b
+
     def apply(self, delta: Mapping[BucketKey, Bucket], now_ms: int) -> None:
         """Merge a committed delta (buckets older than the floor are not kept)."""
         for key, b in delta.items():
