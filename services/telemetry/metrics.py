@@ -18,10 +18,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from services.telemetry.ingest.pipeline import IngestCounts
-from services.telemetry.windows.bucket import Bucket, SliceKey
 from services.telemetry.windows.classes import SLOClass
 from services.telemetry.windows.memory import WindowMemory
-from services.telemetry.windows.stats import Filters, Percentiles, window_bounds, window_stats
+from services.telemetry.windows.stats import (
+    Filters,
+    Percentiles,
+    merge_slices,
+    window_bounds,
+    window_stats,
+)
 from services.telemetry.windows.validate import REASONS
 
 __all__ = ["TelemetryCollector"]
@@ -50,10 +55,11 @@ class TelemetryCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         now = int(self._wall() * 1000)
         start, end = window_bounds(now, self._window_s, self._memory.bucket_ms)
-        slices: dict[SliceKey, Bucket] = {}
-        for (key, _bucket), b in self._memory.items(start, end):
-            k = key._replace(tenant="")
-            slices.setdefault(k, Bucket()).merge(b)
+        untenanted = (
+            ((key._replace(tenant=""), bstart), b)
+            for (key, bstart), b in self._memory.summaries(start, end)
+        )
+        slices = merge_slices(untenanted, start, end, Filters())
         _total, stats = window_stats(slices, start, end, Filters(), self._classes)
         fams = {
             name: GaugeMetricFamily(

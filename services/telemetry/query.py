@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from itertools import chain
 
 from services.telemetry.store.pg import RecordStore
-from services.telemetry.windows.bucket import Bucket, BucketKey
+from services.telemetry.windows.bucket import BucketKey, Summary
 from services.telemetry.windows.classes import SLOClass
 from services.telemetry.windows.memory import WindowMemory, split_window
 from services.telemetry.windows.stats import (
@@ -54,9 +54,9 @@ class WindowQuery:
         now = int(self._wall() * 1000)
         start, end = window_bounds(end_ms or now, window_s, self.memory.bucket_ms)
         (m_start, m_end), (r_start, r_end) = split_window(start, end, self.memory.floor(now))
-        own = list(self.memory.items(m_start, m_end)) if m_start < m_end else []
-        old: list[tuple[BucketKey, Bucket]] = []
-        peers: list[tuple[BucketKey, Bucket]] = []
+        own = self.memory.summaries(m_start, m_end) if m_start < m_end else []
+        old: list[tuple[BucketKey, Summary]] = []
+        peers: list[tuple[BucketKey, Summary]] = []
         if self.store is not None:
             old = await self.store.read_rollups(r_start, r_end, filters)
             peers = await self.store.read_rollups(
@@ -85,6 +85,6 @@ def memory_window(
 ) -> Window:
     """The window from this replica's memory alone (no I/O: gauges, the model side)."""
     start, end = window_bounds(now_ms, window_s, memory.bucket_ms)
-    slices = merge_slices(memory.items(start, end), start, end, filters)
+    slices = merge_slices(memory.summaries(start, end), start, end, filters)
     total, per_slice = window_stats(slices, start, end, filters, classes)
     return Window(total, tuple(per_slice), "memory")

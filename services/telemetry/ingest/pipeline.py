@@ -88,7 +88,7 @@ class Ingest:
             self.memory.floor(now), now + 86_400_000, _ALL, replica_id=self.replica_id
         )
         self.memory.clear()
-        self.memory.replace(rows)
+        self.memory.replace((key, summary.bucket()) for key, summary in rows)
         self._stale = False
 
     async def ingest(self, records: Sequence[events_pb2.RequestRecord]) -> IngestResult:

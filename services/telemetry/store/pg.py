@@ -18,7 +18,7 @@ from tideserve.v1 import events_pb2
 
 from services.common.db import to_libpq_url
 from services.telemetry.store import partitions
-from services.telemetry.windows.bucket import Bucket, BucketKey, SliceKey
+from services.telemetry.windows.bucket import Bucket, BucketKey, SliceKey, Summary
 from services.telemetry.windows.codec import decode_bucket, encode_bucket
 from services.telemetry.windows.stats import Filters
 
@@ -194,7 +194,7 @@ class RecordStore:
             )
             row = await cur.fetchone()
             if row is not None:
-                out[(key, start)] = decode_bucket(_bytes(row[0]))[0]
+                out[(key, start)] = decode_bucket(_bytes(row[0]))[0].bucket()
         return out
 
     async def upsert_rollups(
@@ -267,7 +267,7 @@ class RecordStore:
         *,
         replica_id: str | None = None,
         exclude_replica: str | None = None,
-    ) -> list[tuple[BucketKey, Bucket]]:
+    ) -> list[tuple[BucketKey, Summary]]:
         """Rows with ``bucket_ms`` in ``[start_ms, end_ms)`` passing ``filters`` (all replicas,
         one, or all but one)."""
         if start_ms >= end_ms:
@@ -291,7 +291,7 @@ class RecordStore:
         )
         async with self._use("read") as conn:
             rows = await (await conn.execute(query, params)).fetchall()
-        out: list[tuple[BucketKey, Bucket]] = []
+        out: list[tuple[BucketKey, Summary]] = []
         for dep, role, cls, tenant, bucket, data in rows:
             key = SliceKey(str(dep), str(role), str(cls), str(tenant))
             out.append(((key, _int(bucket)), decode_bucket(_bytes(data))[0]))

@@ -30,6 +30,7 @@ from ddsketch.ddsketch import BaseDDSketch
 from tideserve.v1 import events_pb2
 
 from services.telemetry.windows.classes import SLOClass
+from services.telemetry.windows.dense import Dense, dense_of, merge_dense, sketch_of
 
 __all__ = [
     "COUNTERS",
@@ -40,9 +41,12 @@ __all__ = [
     "Bucket",
     "BucketKey",
     "SliceKey",
+    "Summary",
+    "Tally",
     "add_records",
     "add_records_to",
     "align",
+    "merge_summaries",
 ]
 
 RELATIVE_ACCURACY = 0.01
@@ -96,12 +100,12 @@ def new_sketch() -> DDSketch:
 
 
 @dataclass
-class Bucket:
-    """One slice over one bucket. ``count`` = records that finished in it (any outcome);
-    ``arrivals`` = records of the slice that arrived in it; ``ok``/``errors``/``sheds`` split
-    ``count`` by outcome (errors = timeout or upstream failure; client errors and
-    cancellations are neither). Sums, cache and router figures and the latency/token sketches
-    come from successful records only. ``ttft_met``/``tpot_met``/``slo_met`` count successful
+class Tally:
+    """The request-level counters of a slice over some time. ``count`` = records that
+    finished (any outcome); ``arrivals`` = records of the slice that arrived in it;
+    ``ok``/``errors``/``sheds`` split ``count`` by outcome (errors = timeout or upstream
+    failure; client errors and cancellations are neither). Sums and cache/router figures come
+    from successful records only; ``ttft_met``/``tpot_met``/``slo_met`` count successful
     records meeting their class's TTFT, TPOT, and both targets (a target of 0 is always met)."""
 
     count: int = 0
@@ -118,7 +122,20 @@ class Bucket:
     ttft_met: int = 0
     tpot_met: int = 0
     slo_met: int = 0
+
+    def add_counters(self, other: Tally) -> None:
+        for name in COUNTERS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass
+class Bucket(Tally):
+    """One slice over one bucket, as ingest fills it: counters and ``ddsketch`` sketches of
+    the successful records. ``version`` changes whenever records are added (caches of its
+    query form key on it)."""
+
     sketches: dict[str, BaseDDSketch] = field(default_factory=dict)
+    version: int = 0
 
     def sketch(self, name: str) -> BaseDDSketch:
         sk = self.sketches.get(name)
@@ -129,16 +146,54 @@ class Bucket:
     def merge(self, other: Bucket, *, counters: bool = True) -> None:
         """Add ``other`` into this bucket (sketches always; counters unless told not to)."""
         if counters:
-            for name in COUNTERS:
-                setattr(self, name, getattr(self, name) + getattr(other, name))
+            self.add_counters(other)
         for name, sk in other.sketches.items():
             if sk.count:
                 self.sketch(name).merge(sk)
+        self.version += 1
 
     def copy(self) -> Bucket:
         out = Bucket()
         out.merge(self)
         return out
+
+    def summary(self) -> Summary:
+        """The query form of this bucket."""
+        out = Summary()
+        out.add_counters(self)
+        out.sketches = {
+            n: dense_of(sk, RELATIVE_ACCURACY) for n, sk in self.sketches.items() if sk.count
+        }
+        return out
+
+
+@dataclass
+class Summary(Tally):
+    """A slice over a span, as queries merge it: counters and :class:`Dense` sketches."""
+
+    sketches: dict[str, Dense] = field(default_factory=dict)
+
+    def bucket(self) -> Bucket:
+        """Back to the ingest form (memory reloaded from rollups)."""
+        out = Bucket()
+        out.add_counters(self)
+        out.sketches = {n: sketch_of(d) for n, d in self.sketches.items()}
+        return out
+
+
+def merge_summaries(
+    parts: Iterable[Summary], *, counters_of: Callable[[int], bool] | None = None
+) -> Summary:
+    """One summary of ``parts`` (``counters_of(i)`` False: take only part i's sketches)."""
+    out = Summary()
+    lists: dict[str, list[Dense]] = {}
+    for i, p in enumerate(parts):
+        if counters_of is None or counters_of(i):
+            out.add_counters(p)
+        for n, d in p.sketches.items():
+            lists.setdefault(n, []).append(d)
+    out.sketches = {n: merge_dense(ds) for n, ds in lists.items()}
+    return out
 
 
 def add_records(
@@ -172,6 +227,7 @@ def add_records_to(
         b = cache.get(raw)
         if b is None:
             b = cache[raw] = bucket((SliceKey(dep, role, cls, tenant), start))
+            b.version += 1
         return b
 
     for rec in records:

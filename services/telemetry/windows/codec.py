@@ -1,68 +1,60 @@
 """A bucket <-> bytes, for the persisted 1-minute rollups (pure; exact round trip).
 
-Layout (little-endian): magic ``b"TSB1"``; the :data:`~.bucket.COUNTERS` as float64 (integers
-up to 2**53 are exact); the sketches' relative accuracy (float64); the number of sketches
-(uint16); per sketch: its name (uint8 length + ASCII), ``count, sum, min, max`` (4 x float64)
-and its bins as a ``DDSketch`` protobuf (ddsketch's own ``DDSketchProto``; uint32 length +
-bytes). The protobuf carries neither sum, min nor max, hence the four floats; the index
-mapping is rebuilt from the relative accuracy (not from the serialized gamma, which would
-round), so decoded sketches answer every quantile bit for bit as the encoded ones did.
+Layout (little-endian): magic ``b"TSB2"``; the :data:`~.bucket.COUNTERS` as float64
+(integers up to 2**53 are exact); the sketches' relative accuracy (float64); the number of
+sketches (uint16); per sketch: its name (uint8 length + ASCII), ``count, sum, min, max,
+zero_count`` (5 x float64), the first bin's key (int32), the number of bins (uint32) and the
+bins (float64 each). Decoding gives the query form (:class:`~.bucket.Summary`, whose bins are
+a zero-copy view of the bytes); ``Summary.bucket()`` rebuilds ``ddsketch`` sketches that
+answer every quantile bit for bit as the encoded ones did.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Any
 
-from ddsketch.ddsketch import BaseDDSketch
-from ddsketch.mapping import LogarithmicMapping
-from ddsketch.pb import proto as _ddproto
+import numpy as np
 
-from services.telemetry.windows.bucket import COUNTERS, Bucket
+from services.telemetry.windows.bucket import COUNTERS, Bucket, Summary, Tally
+from services.telemetry.windows.dense import Dense, dense_of
 
 __all__ = ["CodecError", "decode_bucket", "encode_bucket"]
 
-# ddsketch's protobuf helpers are untyped.
-_SKETCH_PROTO: Any = _ddproto.DDSketchProto
-_STORE_PROTO: Any = _ddproto.StoreProto
-_PB: Any = getattr(_ddproto, "pb")  # noqa: B009 (not re-exported)
-
-_MAGIC = b"TSB1"
+_MAGIC = b"TSB2"
 _HEAD = struct.Struct("<" + "d" * len(COUNTERS) + "dH")
-_SKETCH = struct.Struct("<ddddI")
-_INT_COUNTERS = frozenset(n for n in COUNTERS if isinstance(getattr(Bucket(), n), int))
+_SKETCH = struct.Struct("<dddddiI")
+_INT_COUNTERS = frozenset(n for n in COUNTERS if isinstance(getattr(Tally(), n), int))
 
 
 class CodecError(ValueError):
     """Bytes that are not an encoded bucket."""
 
 
-def encode_bucket(b: Bucket, relative_accuracy: float) -> bytes:
-    parts = [
-        _MAGIC,
-        _HEAD.pack(*(float(getattr(b, n)) for n in COUNTERS), relative_accuracy, len(b.sketches)),
-    ]
+def encode_bucket(b: Bucket | Summary, relative_accuracy: float) -> bytes:
+    head = _HEAD.pack(*(float(getattr(b, n)) for n in COUNTERS), relative_accuracy, len(b.sketches))
+    parts = [_MAGIC, head]
     for name in sorted(b.sketches):
         sk = b.sketches[name]
-        if sk._mapping.relative_accuracy != relative_accuracy:
+        d = sk if isinstance(sk, Dense) else dense_of(sk, relative_accuracy)
+        if d.accuracy != relative_accuracy:
             raise ValueError(f"sketch {name} has another relative accuracy")
-        body = _SKETCH_PROTO.to_proto(sk).SerializeToString()
         raw = name.encode()
+        bins = np.ascontiguousarray(d.bins, dtype="<f8")
         parts.append(bytes([len(raw)]) + raw)
-        # count/sum/min/max are the sketch's own; ddsketch has no public setter for them.
-        parts.append(_SKETCH.pack(sk.count, sk.sum, sk._min, sk._max, len(body)))
-        parts.append(body)
+        parts.append(_SKETCH.pack(d.count, d.sum, d.lo, d.hi, d.zero, d.offset, len(bins)))
+        parts.append(bins.tobytes())
     return b"".join(parts)
 
 
-def decode_bucket(data: bytes) -> tuple[Bucket, float]:
-    """The bucket and the relative accuracy it was encoded with; CodecError if malformed."""
+def decode_bucket(data: bytes) -> tuple[Summary, float]:
+    """The bucket (query form) and the relative accuracy it was encoded with; CodecError if
+    malformed."""
     if not data.startswith(_MAGIC):
         raise CodecError("not an encoded bucket (bad magic)")
     try:
         values = _HEAD.unpack_from(data, len(_MAGIC))
         pos = len(_MAGIC) + _HEAD.size
-        b = Bucket()
+        b = Summary()
         for name, value in zip(COUNTERS, values, strict=False):
             setattr(b, name, int(value) if name in _INT_COUNTERS else value)
         accuracy, n = values[-2], values[-1]
@@ -70,28 +62,20 @@ def decode_bucket(data: bytes) -> tuple[Bucket, float]:
             size = data[pos]
             name = data[pos + 1 : pos + 1 + size].decode()
             pos += 1 + size
-            count, total, lo, hi, length = _SKETCH.unpack_from(data, pos)
+            count, total, lo, hi, zero, offset, nbins = _SKETCH.unpack_from(data, pos)
             pos += _SKETCH.size
-            proto = _PB.DDSketch.FromString(data[pos : pos + length])
-            pos += length
-            b.sketches[name] = _sketch(proto, accuracy, count, total, lo, hi)
-    except (struct.error, IndexError, UnicodeDecodeError) as exc:
+            if pos + 8 * nbins > len(data):
+                raise CodecError("truncated bins")
+            bins = np.frombuffer(data, dtype="<f8", count=nbins, offset=pos)
+            pos += 8 * nbins
+            d = Dense(accuracy, offset, bins, zero, count, total, lo, hi)
+            if abs(float(bins.sum()) + zero - count) > 1e-6 * max(count, 1.0):
+                raise CodecError(f"sketch {name}: bins do not add up to its count")
+            b.sketches[name] = d
+    except (struct.error, IndexError, UnicodeDecodeError, ValueError) as exc:
+        if isinstance(exc, CodecError):
+            raise
         raise CodecError(f"truncated or corrupt bucket: {exc}") from exc
     if pos != len(data):
         raise CodecError(f"{len(data) - pos} trailing bytes")
     return b, accuracy
-
-
-def _sketch(
-    proto: Any, accuracy: float, count: float, total: float, lo: float, hi: float
-) -> BaseDDSketch:
-    sk = BaseDDSketch(
-        mapping=LogarithmicMapping(accuracy),
-        store=_STORE_PROTO.from_proto(proto.positiveValues),
-        negative_store=_STORE_PROTO.from_proto(proto.negativeValues),
-        zero_count=proto.zeroCount,
-    )
-    if sk.count != count:
-        raise CodecError(f"sketch count {sk.count} != recorded {count}")
-    sk._sum, sk._min, sk._max = total, lo, hi
-    return sk

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 
-from services.telemetry.windows.bucket import Bucket, BucketKey, align
+from services.telemetry.windows.bucket import Bucket, BucketKey, Summary, align
 
 __all__ = ["WindowMemory", "split_window"]
 
@@ -23,6 +23,7 @@ class WindowMemory:
         self.bucket_ms = bucket_ms
         self.memory_ms = memory_ms
         self._buckets: dict[BucketKey, Bucket] = {}
+        self._summaries: dict[BucketKey, tuple[int, Summary]] = {}
 
     def floor(self, now_ms: int) -> int:
         """Start of the oldest bucket memory answers for."""
@@ -57,9 +58,11 @@ class WindowMemory:
         """Set buckets wholesale (start-up: this replica's own rollup rows)."""
         for key, b in rows:
             self._buckets[key] = b
+            self._summaries.pop(key, None)
 
     def clear(self) -> None:
         self._buckets.clear()
+        self._summaries.clear()
 
     def evict(self, now_ms: int) -> int:
         """Drop buckets older than the floor; returns how many."""
@@ -67,6 +70,7 @@ class WindowMemory:
         old = [k for k in self._buckets if k[1] < floor]
         for k in old:
             del self._buckets[k]
+            self._summaries.pop(k, None)
         return len(old)
 
     def items(
@@ -75,6 +79,17 @@ class WindowMemory:
         for key, b in self._buckets.items():
             if key[1] >= start_ms and (end_ms is None or key[1] < end_ms):
                 yield key, b
+
+    def summaries(self, start_ms: int, end_ms: int) -> list[tuple[BucketKey, Summary]]:
+        """The query form of the buckets in ``[start_ms, end_ms)``, each converted once per
+        change (closed minutes are not converted again on every query)."""
+        out = []
+        for key, b in self.items(start_ms, end_ms):
+            cached = self._summaries.get(key)
+            if cached is None or cached[0] != b.version:
+                cached = self._summaries[key] = (b.version, b.summary())
+            out.append((key, cached[1]))
+        return out
 
     def __len__(self) -> int:
         return len(self._buckets)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from services.telemetry.windows.bucket import Bucket, BucketKey, SliceKey, align
+from services.telemetry.windows.bucket import BucketKey, SliceKey, Summary, align, merge_summaries
 from services.telemetry.windows.classes import SLOClass
 
 __all__ = [
@@ -107,21 +107,18 @@ def window_bounds(end_ms: int, window_s: float, bucket_ms: int) -> tuple[int, in
 
 
 def merge_slices(
-    buckets: Iterable[tuple[BucketKey, Bucket]], start_ms: int, end_ms: int, filters: Filters
-) -> dict[SliceKey, Bucket]:
+    buckets: Iterable[tuple[BucketKey, Summary]], start_ms: int, end_ms: int, filters: Filters
+) -> dict[SliceKey, Summary]:
     """Merge the buckets in ``[start_ms, end_ms)`` passing ``filters``, per slice."""
-    out: dict[SliceKey, Bucket] = {}
+    groups: dict[SliceKey, list[Summary]] = {}
     for (key, bstart), b in buckets:
         if start_ms <= bstart < end_ms and filters.admits(key):
-            acc = out.get(key)
-            if acc is None:
-                acc = out[key] = Bucket()
-            acc.merge(b)
-    return out
+            groups.setdefault(key, []).append(b)
+    return {key: merge_summaries(parts) for key, parts in groups.items()}
 
 
 def window_stats(
-    slices: Mapping[SliceKey, Bucket],
+    slices: Mapping[SliceKey, Summary],
     start_ms: int,
     end_ms: int,
     filters: Filters,
@@ -129,20 +126,20 @@ def window_stats(
 ) -> tuple[WindowStats, list[WindowStats]]:
     """The total over ``slices`` (keyed by the filters) and one stats per slice, sorted."""
     span_s = max(end_ms - start_ms, 1) / 1000.0
-    total = Bucket()
-    per_class: dict[str, Bucket] = {}
-    for key, b in slices.items():
-        counters = bool(filters.role) or key.role != "decode"
-        total.merge(b, counters=counters)
-        per_class.setdefault(key.slo_class, Bucket()).merge(b, counters=counters)
+    keys = sorted(slices)
+    counted = [bool(filters.role) or k.role != "decode" for k in keys]
+    total = merge_summaries((slices[k] for k in keys), counters_of=counted.__getitem__)
+    attain = []
+    for name in sorted({k.slo_class for k in keys}):
+        if name not in classes:
+            continue
+        idx = [i for i, k in enumerate(keys) if k.slo_class == name]
+        of_class = [counted[i] for i in idx]
+        part = merge_summaries((slices[keys[i]] for i in idx), counters_of=of_class.__getitem__)
+        attain.append(_attainment(name, part, classes[name]))
     key = SliceKey(filters.deployment, filters.role, filters.slo_class, filters.tenant)
-    attain = tuple(
-        _attainment(name, per_class[name], classes[name])
-        for name in sorted(per_class)
-        if name in classes
-    )
-    out_total = _stats(key, total, start_ms, end_ms, span_s, attain)
-    out_slices = [_stats(k, slices[k], start_ms, end_ms, span_s, ()) for k in sorted(slices)]
+    out_total = _stats(key, total, start_ms, end_ms, span_s, tuple(attain))
+    out_slices = [_stats(k, slices[k], start_ms, end_ms, span_s, ()) for k in keys]
     return out_total, out_slices
 
 
@@ -150,7 +147,7 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den else 0.0
 
 
-def percentiles(b: Bucket, name: str) -> Percentiles:
+def percentiles(b: Summary, name: str) -> Percentiles:
     sk = b.sketches.get(name)
     if sk is None or not sk.count:
         return Percentiles()
@@ -158,14 +155,14 @@ def percentiles(b: Bucket, name: str) -> Percentiles:
     return Percentiles(sk.sum / sk.count, q(0.5) or 0.0, q(0.9) or 0.0, q(0.99) or 0.0)
 
 
-def quantile(b: Bucket, name: str, q: float) -> float:
+def quantile(b: Summary, name: str, q: float) -> float:
     sk = b.sketches.get(name)
     if sk is None or not sk.count:
         return 0.0
     return float(sk.get_quantile_value(q) or 0.0)
 
 
-def _attainment(name: str, b: Bucket, cls: SLOClass) -> ClassAttainment:
+def _attainment(name: str, b: Summary, cls: SLOClass) -> ClassAttainment:
     ttft_att = _ratio(b.ttft_met, b.count)
     tpot_att = _ratio(b.tpot_met, b.count)
     need = cls.percentile / 100.0
@@ -184,7 +181,7 @@ def _attainment(name: str, b: Bucket, cls: SLOClass) -> ClassAttainment:
 
 def _stats(
     key: SliceKey,
-    b: Bucket,
+    b: Summary,
     start_ms: int,
     end_ms: int,
     span_s: float,
