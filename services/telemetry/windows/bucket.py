@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+import numpy as np
 from ddsketch import DDSketch
 from ddsketch.ddsketch import BaseDDSketch
 from tideserve.v1 import events_pb2
@@ -159,24 +160,33 @@ class Bucket(Tally):
 
     def summary(self) -> Summary:
         """The query form of this bucket."""
-        out = Summary()
-        out.add_counters(self)
-        out.sketches = {
-            n: dense_of(sk, RELATIVE_ACCURACY) for n, sk in self.sketches.items() if sk.count
-        }
-        return out
+        return Summary(
+            np.array([getattr(self, n) for n in COUNTERS], dtype=np.float64),
+            {n: dense_of(sk, RELATIVE_ACCURACY) for n, sk in self.sketches.items() if sk.count},
+        )
+
+
+_INT_COUNTERS = frozenset(n for n in COUNTERS if isinstance(getattr(Tally(), n), int))
 
 
 @dataclass
-class Summary(Tally):
-    """A slice over a span, as queries merge it: counters and :class:`Dense` sketches."""
+class Summary:
+    """A slice over a span, as queries merge it: the :data:`COUNTERS` as one float64 array
+    (merging many is one vector sum) and :class:`Dense` sketches."""
 
+    counters: np.ndarray[Any, np.dtype[np.float64]] = field(
+        default_factory=lambda: np.zeros(len(COUNTERS))
+    )
     sketches: dict[str, Dense] = field(default_factory=dict)
+
+    def values(self) -> dict[str, float]:
+        return dict(zip(COUNTERS, self.counters.tolist(), strict=True))
 
     def bucket(self) -> Bucket:
         """Back to the ingest form (memory reloaded from rollups)."""
         out = Bucket()
-        out.add_counters(self)
+        for name, value in self.values().items():
+            setattr(out, name, int(value) if name in _INT_COUNTERS else value)
         out.sketches = {n: sketch_of(d) for n, d in self.sketches.items()}
         return out
 
@@ -185,15 +195,15 @@ def merge_summaries(
     parts: Iterable[Summary], *, counters_of: Callable[[int], bool] | None = None
 ) -> Summary:
     """One summary of ``parts`` (``counters_of(i)`` False: take only part i's sketches)."""
-    out = Summary()
+    counted: list[np.ndarray[Any, np.dtype[np.float64]]] = []
     lists: dict[str, list[Dense]] = {}
     for i, p in enumerate(parts):
         if counters_of is None or counters_of(i):
-            out.add_counters(p)
+            counted.append(p.counters)
         for n, d in p.sketches.items():
             lists.setdefault(n, []).append(d)
-    out.sketches = {n: merge_dense(ds) for n, ds in lists.items()}
-    return out
+    total = np.add.reduce(counted) if counted else np.zeros(len(COUNTERS))
+    return Summary(total, {n: merge_dense(ds) for n, ds in lists.items()})
 
 
 def add_records(

@@ -3,9 +3,9 @@
 Layout (little-endian): magic ``b"TSB2"``; the :data:`~.bucket.COUNTERS` as float64
 (integers up to 2**53 are exact); the sketches' relative accuracy (float64); the number of
 sketches (uint16); per sketch: its name (uint8 length + ASCII), ``count, sum, min, max,
-zero_count`` (5 x float64), the first bin's key (int32), the number of bins (uint32) and the
-bins (float64 each). Decoding gives the query form (:class:`~.bucket.Summary`, whose bins are
-a zero-copy view of the bytes); ``Summary.bucket()`` rebuilds ``ddsketch`` sketches that
+zero_count`` (5 x float64), the first bin's key (int32), the number of bins (uint32), the
+bins' width (uint8: 4 = uint32 counts, the usual case, or 8 = float64) and the bins. Decoding
+gives the query form (:class:`~.bucket.Summary`, numpy bins); ``Summary.bucket()`` rebuilds ``ddsketch`` sketches that
 answer every quantile bit for bit as the encoded ones did.
 """
 
@@ -15,7 +15,7 @@ import struct
 
 import numpy as np
 
-from services.telemetry.windows.bucket import COUNTERS, Bucket, Summary, Tally
+from services.telemetry.windows.bucket import COUNTERS, Bucket, Summary
 from services.telemetry.windows.dense import Dense, dense_of
 
 __all__ = ["CodecError", "decode_bucket", "encode_bucket"]
@@ -23,7 +23,6 @@ __all__ = ["CodecError", "decode_bucket", "encode_bucket"]
 _MAGIC = b"TSB2"
 _HEAD = struct.Struct("<" + "d" * len(COUNTERS) + "dH")
 _SKETCH = struct.Struct("<dddddiI")
-_INT_COUNTERS = frozenset(n for n in COUNTERS if isinstance(getattr(Tally(), n), int))
 
 
 class CodecError(ValueError):
@@ -31,7 +30,10 @@ class CodecError(ValueError):
 
 
 def encode_bucket(b: Bucket | Summary, relative_accuracy: float) -> bytes:
-    head = _HEAD.pack(*(float(getattr(b, n)) for n in COUNTERS), relative_accuracy, len(b.sketches))
+    counters = (
+        b.counters.tolist() if isinstance(b, Summary) else [float(getattr(b, n)) for n in COUNTERS]
+    )
+    head = _HEAD.pack(*counters, relative_accuracy, len(b.sketches))
     parts = [_MAGIC, head]
     for name in sorted(b.sketches):
         sk = b.sketches[name]
@@ -39,9 +41,12 @@ def encode_bucket(b: Bucket | Summary, relative_accuracy: float) -> bytes:
         if d.accuracy != relative_accuracy:
             raise ValueError(f"sketch {name} has another relative accuracy")
         raw = name.encode()
-        bins = np.ascontiguousarray(d.bins, dtype="<f8")
+        # whole counts below 2**32 (always, for unweighted adds) as uint32: half the bytes
+        whole = bool(np.all((d.bins == np.floor(d.bins)) & (d.bins < 2**32)))
+        bins = np.ascontiguousarray(d.bins, dtype="<u4" if whole else "<f8")
         parts.append(bytes([len(raw)]) + raw)
         parts.append(_SKETCH.pack(d.count, d.sum, d.lo, d.hi, d.zero, d.offset, len(bins)))
+        parts.append(b"\x04" if whole else b"\x08")
         parts.append(bins.tobytes())
     return b"".join(parts)
 
@@ -54,24 +59,21 @@ def decode_bucket(data: bytes) -> tuple[Summary, float]:
     try:
         values = _HEAD.unpack_from(data, len(_MAGIC))
         pos = len(_MAGIC) + _HEAD.size
-        b = Summary()
-        for name, value in zip(COUNTERS, values, strict=False):
-            setattr(b, name, int(value) if name in _INT_COUNTERS else value)
+        b = Summary(np.array(values[: len(COUNTERS)], dtype=np.float64))
         accuracy, n = values[-2], values[-1]
         for _ in range(n):
             size = data[pos]
             name = data[pos + 1 : pos + 1 + size].decode()
             pos += 1 + size
             count, total, lo, hi, zero, offset, nbins = _SKETCH.unpack_from(data, pos)
-            pos += _SKETCH.size
-            if pos + 8 * nbins > len(data):
-                raise CodecError("truncated bins")
-            bins = np.frombuffer(data, dtype="<f8", count=nbins, offset=pos)
-            pos += 8 * nbins
-            d = Dense(accuracy, offset, bins, zero, count, total, lo, hi)
-            if abs(float(bins.sum()) + zero - count) > 1e-6 * max(count, 1.0):
-                raise CodecError(f"sketch {name}: bins do not add up to its count")
-            b.sketches[name] = d
+            width = data[pos + _SKETCH.size]
+            pos += _SKETCH.size + 1
+            if width not in (4, 8) or pos + width * nbins > len(data):
+                raise CodecError("bad or truncated bins")
+            raw_bins = np.frombuffer(data, "<u4" if width == 4 else "<f8", nbins, pos)
+            bins = raw_bins.astype(np.float64)
+            pos += width * nbins
+            b.sketches[name] = Dense(accuracy, offset, bins, zero, count, total, lo, hi)
     except (struct.error, IndexError, UnicodeDecodeError, ValueError) as exc:
         if isinstance(exc, CodecError):
             raise

@@ -67,8 +67,9 @@ class Dense:
             return 0.0
         cum = np.cumsum(self.bins)
         idx = int(np.searchsorted(cum, rank - self.zero, side="right"))
-        nonzero = np.flatnonzero(self.bins)
-        idx = min(idx, int(nonzero[-1])) if nonzero.size else 0
+        if idx >= len(cum):  # rounding at the very top: the highest non-empty bin
+            nonzero = np.flatnonzero(self.bins)
+            idx = int(nonzero[-1]) if nonzero.size else 0
         return float(mapping(self.accuracy).value(self.offset + idx))
 
 
@@ -78,10 +79,13 @@ def dense_of(sk: BaseDDSketch, accuracy: float) -> Dense:
     if proto.negativeValues.contiguousBinCounts and any(proto.negativeValues.contiguousBinCounts):
         raise ValueError("negative values are not supported")
     pos = proto.positiveValues
+    bins = np.array(pos.contiguousBinCounts, dtype=np.float64)
+    nonzero = np.flatnonzero(bins)
+    first, last = (int(nonzero[0]), int(nonzero[-1]) + 1) if nonzero.size else (0, 0)
     return Dense(
         accuracy,
-        int(pos.contiguousBinIndexOffset),
-        np.array(pos.contiguousBinCounts, dtype=np.float64),
+        int(pos.contiguousBinIndexOffset) + first,
+        bins[first:last],  # the store's zero padding trimmed
         float(proto.zeroCount),
         float(sk.count),
         float(sk.sum),

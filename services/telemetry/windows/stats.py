@@ -163,8 +163,9 @@ def quantile(b: Summary, name: str, q: float) -> float:
 
 
 def _attainment(name: str, b: Summary, cls: SLOClass) -> ClassAttainment:
-    ttft_att = _ratio(b.ttft_met, b.count)
-    tpot_att = _ratio(b.tpot_met, b.count)
+    c = b.values()
+    ttft_att = _ratio(c["ttft_met"], c["count"])
+    tpot_att = _ratio(c["tpot_met"], c["count"])
     need = cls.percentile / 100.0
     return ClassAttainment(
         slo_class=name,
@@ -175,7 +176,7 @@ def _attainment(name: str, b: Summary, cls: SLOClass) -> ClassAttainment:
         tpot_ms=quantile(b, "tpot_ms", need),
         ttft_attainment=ttft_att,
         tpot_attainment=tpot_att,
-        met=b.count > 0 and ttft_att >= need and tpot_att >= need,
+        met=c["count"] > 0 and ttft_att >= need and tpot_att >= need,
     )
 
 
@@ -187,6 +188,7 @@ def _stats(
     span_s: float,
     classes: Sequence[ClassAttainment],
 ) -> WindowStats:
+    c = b.values()
     return WindowStats(
         deployment=key.deployment,
         role=key.role,
@@ -194,10 +196,10 @@ def _stats(
         tenant=key.tenant,
         start_ms=start_ms,
         end_ms=end_ms,
-        requests=b.count,
-        request_rate_rps=b.arrivals / span_s,
-        input_tokens_per_s=b.input_tokens_sum / span_s,
-        output_tokens_per_s=b.output_tokens_sum / span_s,
+        requests=int(c["count"]),
+        request_rate_rps=c["arrivals"] / span_s,
+        input_tokens_per_s=c["input_tokens_sum"] / span_s,
+        output_tokens_per_s=c["output_tokens_sum"] / span_s,
         input_tokens=percentiles(b, "input_tokens"),
         output_tokens=percentiles(b, "output_tokens"),
         queue_ms=percentiles(b, "queue_ms"),
@@ -205,12 +207,12 @@ def _stats(
         tpot_ms=percentiles(b, "tpot_ms"),
         e2e_ms=percentiles(b, "e2e_ms"),
         kv_transfer_ms=percentiles(b, "kv_transfer_ms"),
-        cache_hit_ratio=_ratio(b.cached_tokens_sum, b.prompt_tokens_sum),
-        cached_tokens_abs_error=_ratio(b.router_abs_error_sum, b.router_samples),
-        cached_tokens_error_ratio=_ratio(b.router_abs_error_sum, b.prompt_tokens_sum),
-        goodput_rps=b.slo_met / span_s,
-        slo_attainment=_ratio(b.slo_met, b.count),
-        error_rate=_ratio(b.errors, b.count),
-        shed_rate=_ratio(b.sheds, b.count),
+        cache_hit_ratio=_ratio(c["cached_tokens_sum"], c["prompt_tokens_sum"]),
+        cached_tokens_abs_error=_ratio(c["router_abs_error_sum"], c["router_samples"]),
+        cached_tokens_error_ratio=_ratio(c["router_abs_error_sum"], c["prompt_tokens_sum"]),
+        goodput_rps=c["slo_met"] / span_s,
+        slo_attainment=_ratio(c["slo_met"], c["count"]),
+        error_rate=_ratio(c["errors"], c["count"]),
+        shed_rate=_ratio(c["sheds"], c["count"]),
         classes=tuple(classes),
     )
