@@ -2,7 +2,8 @@
 replicas' from the rollups, merged exactly (:func:`~.windows.stats.merge_slices`).
 
 ``source`` says where the buckets came from: ``"memory"`` when every bucket of the window
-is within memory's range and no other replica has rows in it, ``"rollups"`` when the window
+is within memory's range and no other replica has rows in it (whether other replicas
+exist is checked at most every ``peer_check_s``, so a new replica's rows show up within that), ``"rollups"`` when the window
 is entirely older than memory, ``"memory+rollups"`` otherwise.
 """
 
@@ -42,12 +43,28 @@ class WindowQuery:
         classes: Mapping[str, SLOClass],
         replica_id: str,
         wall: Callable[[], float],
+        *,
+        peer_check_s: float = 10.0,
     ) -> None:
         self.store = store
         self.memory = memory
         self.classes = dict(classes)
         self.replica_id = replica_id
         self._wall = wall
+        self._peer_check_ms = int(peer_check_s * 1000)
+        self._peers_checked_ms: int | None = None
+        self._peers = True
+
+    async def _peers_present(self, now_ms: int) -> bool:
+        """Whether other replicas wrote rollups within memory's range (asked at most every
+        ``peer_check_s``; until then the last answer holds)."""
+        assert self.store is not None
+        checked = self._peers_checked_ms
+        if checked is None or now_ms - checked >= self._peer_check_ms:
+            floor = self.memory.floor(now_ms)
+            self._peers = await self.store.has_other_replicas(self.replica_id, floor)
+            self._peers_checked_ms = now_ms
+        return self._peers
 
     async def query(self, filters: Filters, window_s: float, end_ms: int = 0) -> Window:
         """ValueError for ``window_s <= 0``."""
@@ -59,9 +76,10 @@ class WindowQuery:
         peers: list[tuple[BucketKey, Summary]] = []
         if self.store is not None:
             old = await self.store.read_rollups(r_start, r_end, filters)
-            peers = await self.store.read_rollups(
-                m_start, m_end, filters, exclude_replica=self.replica_id
-            )
+            if m_start < m_end and await self._peers_present(now):
+                peers = await self.store.read_rollups(
+                    m_start, m_end, filters, exclude_replica=self.replica_id
+                )
         in_memory = m_start < m_end
         from_rollups = r_start < r_end or bool(peers)
         source = (

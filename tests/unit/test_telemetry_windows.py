@@ -328,3 +328,22 @@ def test_partitions_needed_and_droppable() -> None:
     ]
     assert partitions.parse_name(partitions.partition_name(8 * day)) == 8 * day
     assert partitions.parse_name("request_records") is None
+
+
+def test_dense_sketches_answer_exactly_as_ddsketch() -> None:
+    from ddsketch import DDSketch
+
+    from services.telemetry.windows.dense import dense_of, merge_dense, sketch_of
+
+    rng = random.Random(5)
+    a, b = DDSketch(RELATIVE_ACCURACY), DDSketch(RELATIVE_ACCURACY)
+    for i in range(4000):
+        (a if i % 2 else b).add(0.0 if i % 9 == 0 else rng.lognormvariate(4, 1.5))
+    merged = merge_dense([dense_of(a, RELATIVE_ACCURACY), dense_of(b, RELATIVE_ACCURACY)])
+    a.merge(b)
+    qs = (0.0, 0.05, 0.5, 0.9, 0.99, 1.0)
+    assert merged.quantiles(qs) == [a.get_quantile_value(q) for q in qs]
+    assert [merged.get_quantile_value(q) for q in qs] == [a.get_quantile_value(q) for q in qs]
+    back = sketch_of(merged)
+    assert [back.get_quantile_value(q) for q in qs] == [a.get_quantile_value(q) for q in qs]
+    assert (back.count, back.sum) == (a.count, a.sum)

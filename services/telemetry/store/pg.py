@@ -297,6 +297,17 @@ class RecordStore:
             out.append(((key, _int(bucket)), decode_bucket(_bytes(data))[0]))
         return out
 
+    async def has_other_replicas(self, replica_id: str, since_ms: int) -> bool:
+        """Whether a replica other than ``replica_id`` has rollup rows from ``since_ms`` on."""
+        async with self._use("read") as conn:
+            cur = await conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM telemetry.rollups WHERE bucket_ms >= %s "
+                "AND replica_id <> %s)",
+                (since_ms, replica_id),
+            )
+            row = await cur.fetchone()
+        return bool(row and row[0])
+
     async def session(self, session_id: str, limit: int) -> list[events_pb2.RequestRecord]:
         """A session's records in arrival order (the most recent ``limit``; 0 = all)."""
         query = (

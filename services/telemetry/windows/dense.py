@@ -58,6 +58,26 @@ class Dense:
         self.lo = lo
         self.hi = hi
 
+    def quantiles(self, qs: Sequence[float]) -> list[float]:
+        """:meth:`get_quantile_value` of each of ``qs`` (0.0 when empty), one cumulative sum."""
+        if self.count == 0:
+            return [0.0 for _ in qs]
+        cum = np.cumsum(self.bins)
+        ranks = np.array([q * (self.count - 1) - self.zero for q in qs])
+        idx = np.searchsorted(cum, ranks, side="right").tolist()
+        m = mapping(self.accuracy)
+        top = len(cum) - 1
+        out = []
+        for rank, i in zip(ranks.tolist(), idx, strict=True):
+            if rank < 0:
+                out.append(0.0)
+                continue
+            if i > top:
+                nonzero = np.flatnonzero(self.bins)
+                i = int(nonzero[-1]) if nonzero.size else 0
+            out.append(float(m.value(self.offset + i)))
+        return out
+
     def get_quantile_value(self, q: float) -> float | None:
         """As ``DDSketch.get_quantile_value``: None when empty or ``q`` outside [0, 1]."""
         if q < 0 or q > 1 or self.count == 0:

@@ -151,8 +151,8 @@ def percentiles(b: Summary, name: str) -> Percentiles:
     sk = b.sketches.get(name)
     if sk is None or not sk.count:
         return Percentiles()
-    q = sk.get_quantile_value
-    return Percentiles(sk.sum / sk.count, q(0.5) or 0.0, q(0.9) or 0.0, q(0.99) or 0.0)
+    p50, p90, p99 = sk.quantiles((0.5, 0.9, 0.99))
+    return Percentiles(sk.sum / sk.count, p50, p90, p99)
 
 
 def quantile(b: Summary, name: str, q: float) -> float:
