@@ -286,15 +286,19 @@ def test_codec_rejects_trailing_bytes() -> None:
 # ----------------------------------------------------------------------------- memory, partitions
 
 
-def test_memory_keeps_recent_buckets_and_evicts_old() -> None:
+def test_memory_holds_buckets_from_its_floor_and_evicts_older() -> None:
     mem = WindowMemory(MIN, 5 * MIN)
     key = SliceKey("llama", "worker", "interactive", "acme")
     old, new = (key, mem.floor(NOW_MS) - MIN), (key, mem.floor(NOW_MS))
-    b = Bucket(count=1)
-    mem.apply({old: b, new: b}, NOW_MS)
-    assert mem.get(old) is None and mem.get(new) is not None
-    mem.apply({new: b}, NOW_MS)
-    assert mem.get(new) is not None and mem.get(new).count == 2  # type: ignore[union-attr]
+    assert not mem.held(old, NOW_MS) and mem.held(new, NOW_MS)
+    mem.bucket(new).count += 2
+    mem.replace([(old, Bucket(count=1))])
+    assert [k for k, _ in mem.items()] == [new, old]
+    first = mem.summaries(0, NOW_MS + MIN)
+    assert mem.summaries(0, NOW_MS + MIN)[0][1] is first[0][1]  # cached while unchanged
+    mem.bucket(new).version += 1
+    assert mem.summaries(0, NOW_MS + MIN)[0][1] is not first[0][1]
+    assert mem.evict(NOW_MS) == 1 and len(mem) == 1
     assert mem.evict(NOW_MS + 10 * MIN) == 1 and len(mem) == 0
 
 

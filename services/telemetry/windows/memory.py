@@ -9,7 +9,7 @@ replica's rollup rows for the same buckets.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 
 from services.telemetry.windows.bucket import Bucket, BucketKey, Summary, align
 
@@ -42,17 +42,6 @@ class WindowMemory:
         if b is None:
             b = self._buckets[key] = Bucket()
         return b
-
-    def apply(self, delta: Mapping[BucketKey, Bucket], now_ms: int) -> None:
-        """Merge a committed delta (buckets older than the floor are not kept)."""
-        for key, b in delta.items():
-            if not self.held(key, now_ms):
-                continue
-            cur = self._buckets.get(key)
-            if cur is None:
-                self._buckets[key] = b.copy()
-            else:
-                cur.merge(b)
 
     def replace(self, rows: Iterable[tuple[BucketKey, Bucket]]) -> None:
         """Set buckets wholesale (start-up: this replica's own rollup rows)."""
