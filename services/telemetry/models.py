@@ -51,6 +51,8 @@ class RollupRow(Base):
     tenant: Mapped[str] = mapped_column(Text, primary_key=True)
     data: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
     updated_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    # +1 on every rewrite: readers cache decoded rows by (key, version)
+    version: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("1"))
 
 
 request_records = Table(

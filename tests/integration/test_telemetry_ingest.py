@@ -182,9 +182,11 @@ async def test_late_record_merges_into_its_persisted_rollup(db: str) -> None:
     a = replica(db, clock)
     await a.ingest.ingest(good(5, finish_ms=NOW_MS - MIN))
     clock.now_ms += 3_600_000  # the bucket has left memory
+    before = await a.query.query(Filters(), 120, end_ms=NOW_MS)
+    assert before.source == "rollups" and before.total.requests == 5  # decoded and cached
     assert (await a.ingest.ingest(good(3, "late", finish_ms=NOW_MS - MIN))).accepted == 3
     old = await a.query.query(Filters(), 120, end_ms=NOW_MS)
-    assert old.total.requests == 8
+    assert old.total.requests == 8  # the rewritten row's new version, not the cached one
 
 
 async def test_two_replicas_rollups_merge_into_one_window(db: str) -> None:

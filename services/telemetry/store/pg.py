@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 
 import psycopg
@@ -53,7 +54,8 @@ _UPSERT = (
     "(replica_id, bucket_ms, deployment, role, slo_class, tenant, data, updated_ms) "
     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
     "ON CONFLICT (replica_id, bucket_ms, deployment, role, slo_class, tenant) "
-    "DO UPDATE SET data = EXCLUDED.data, updated_ms = EXCLUDED.updated_ms"
+    "DO UPDATE SET data = EXCLUDED.data, updated_ms = EXCLUDED.updated_ms, "
+    "version = telemetry.rollups.version + 1"
 )
 _PARTITIONS = """
     SELECT c.relname FROM pg_inherits i
@@ -64,9 +66,35 @@ _PARTITIONS = """
 """
 
 
+_RowId = tuple[str, SliceKey, int]
+"""A rollup row: (replica_id, slice, bucket_ms)."""
+
+
+class _RowCache:
+    """Decoded rollup rows by (row, version), least recently used first out."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._rows: OrderedDict[_RowId, tuple[int, Summary]] = OrderedDict()
+
+    def get(self, rid: _RowId, version: int) -> Summary | None:
+        hit = self._rows.get(rid)
+        if hit is None or hit[0] != version:
+            return None
+        self._rows.move_to_end(rid)
+        return hit[1]
+
+    def put(self, rid: _RowId, version: int, summary: Summary) -> None:
+        self._rows[rid] = (version, summary)
+        self._rows.move_to_end(rid)
+        while len(self._rows) > self.capacity:
+            self._rows.popitem(last=False)
+
+
 class RecordStore:
     """``partition_ms``/``retention_ms``/``ahead``: see :mod:`.partitions`;
-    ``rollup_retention_ms``: rollup rows older than that are deleted by :meth:`maintain`."""
+    ``rollup_retention_ms``: rollup rows older than that are deleted by :meth:`maintain`;
+    ``cache_rows``: decoded rollup rows kept for queries (least recently used dropped)."""
 
     def __init__(
         self,
@@ -77,6 +105,7 @@ class RecordStore:
         rollup_retention_ms: int,
         ahead: int,
         accuracy: float,
+        cache_rows: int = 20_000,
     ) -> None:
         self._conninfo = to_libpq_url(url)
         self.partition_ms = partition_ms
@@ -87,6 +116,7 @@ class RecordStore:
         self._conns: dict[str, Conn] = {}
         self._locks = {"write": asyncio.Lock(), "read": asyncio.Lock()}
         self._partitions: set[int] = set()
+        self._cache = _RowCache(cache_rows)
 
     # ------------------------------------------------------------------ connections
 
@@ -269,7 +299,9 @@ class RecordStore:
         exclude_replica: str | None = None,
     ) -> list[tuple[BucketKey, Summary]]:
         """Rows with ``bucket_ms`` in ``[start_ms, end_ms)`` passing ``filters`` (all replicas,
-        one, or all but one)."""
+        one, or all but one). Decoded rows are cached by (row, version): a query first lists
+        the rows and their versions, then fetches only the rows it has not decoded yet (a
+        closed minute is decoded once, not on every query)."""
         if start_ms >= end_ms:
             return []
         where = ["bucket_ms >= %s", "bucket_ms < %s"]
@@ -285,16 +317,49 @@ class RecordStore:
         if exclude_replica is not None:
             where.append("replica_id <> %s")
             params.append(exclude_replica)
-        query = (
-            "SELECT deployment, role, slo_class, tenant, bucket_ms, data FROM telemetry.rollups "
-            "WHERE " + " AND ".join(where)
+        listing = (
+            "SELECT replica_id, deployment, role, slo_class, tenant, bucket_ms, version "
+            "FROM telemetry.rollups WHERE " + " AND ".join(where)
         )
         async with self._use("read") as conn:
-            rows = await (await conn.execute(query, params)).fetchall()
+            rows = await (await conn.execute(listing, params)).fetchall()
+            wanted: list[tuple[_RowId, int]] = []
+            for rep, dep, role, cls, tenant, bucket, version in rows:
+                rid = (str(rep), SliceKey(str(dep), str(role), str(cls), str(tenant)), _int(bucket))
+                wanted.append((rid, _int(version)))
+            hits = {rid: self._cache.get(rid, v) for rid, v in wanted}
+            missing = [rid for rid, hit in hits.items() if hit is None]
+            # a row rewritten between the two queries comes back in its newer version
+            fetched = await self._fetch_rows(conn, missing) if missing else {}
         out: list[tuple[BucketKey, Summary]] = []
-        for dep, role, cls, tenant, bucket, data in rows:
-            key = SliceKey(str(dep), str(role), str(cls), str(tenant))
-            out.append(((key, _int(bucket)), decode_bucket(_bytes(data))[0]))
+        for rid, _version in wanted:
+            summary = hits[rid] or fetched.get(rid)
+            if summary is not None:  # None only if deleted (retention) in between
+                out.append(((rid[1], rid[2]), summary))
+        return out
+
+    async def _fetch_rows(self, conn: Conn, ids: Sequence[_RowId]) -> dict[_RowId, Summary]:
+        query = (
+            "SELECT r.replica_id, r.deployment, r.role, r.slo_class, r.tenant, r.bucket_ms, "
+            "r.version, r.data FROM telemetry.rollups r JOIN unnest("
+            "%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::int8[]) "
+            "AS k(replica_id, deployment, role, slo_class, tenant, bucket_ms) "
+            "USING (replica_id, deployment, role, slo_class, tenant, bucket_ms)"
+        )
+        columns = (
+            [i[0] for i in ids],
+            [i[1].deployment for i in ids],
+            [i[1].role for i in ids],
+            [i[1].slo_class for i in ids],
+            [i[1].tenant for i in ids],
+            [i[2] for i in ids],
+        )
+        rows = await (await conn.execute(query, columns)).fetchall()
+        out: dict[_RowId, Summary] = {}
+        for rep, dep, role, cls, tenant, bucket, version, data in rows:
+            rid = (str(rep), SliceKey(str(dep), str(role), str(cls), str(tenant)), _int(bucket))
+            out[rid] = decode_bucket(_bytes(data))[0]
+            self._cache.put(rid, _int(version), out[rid])
         return out
 
     async def has_other_replicas(self, replica_id: str, since_ms: int) -> bool:

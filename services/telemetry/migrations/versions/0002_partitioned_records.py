@@ -63,6 +63,7 @@ def upgrade() -> None:
             tenant text NOT NULL,
             data bytea NOT NULL,
             updated_ms bigint NOT NULL,
+            version bigint NOT NULL DEFAULT 1,
             PRIMARY KEY (replica_id, bucket_ms, deployment, role, slo_class, tenant)
         )
         """
