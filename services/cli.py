@@ -25,6 +25,7 @@ COMMAND_MODULES: list[str] = [
     "services.scheduler.cli",
     "services.kvbridge.cli",
     "services.autoscaler.cli",
+    "services.telemetry.cli",
 ]
 
 _EPILOG = """\

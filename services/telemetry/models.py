@@ -1,21 +1,22 @@
-"""Tables of the telemetry schema (typed SQLAlchemy 2 models; migrations in ./migrations)."""
+"""Tables of the telemetry schema (typed SQLAlchemy 2 models; migrations in ./migrations).
+
+``request_records`` (partitioned by RANGE of ``finish_ms``, one partition per
+``partition_s``) is a Core table: it is written with COPY and read with SQL
+(services/telemetry/store/). See migration 0002 for why idempotence lives in ``request_ids``.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from sqlalchemy import (
     BigInteger,
-    DateTime,
-    Double,
-    Identity,
+    Column,
     Index,
-    Integer,
     LargeBinary,
     MetaData,
+    SmallInteger,
+    Table,
     Text,
-    UniqueConstraint,
-    func,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -26,35 +27,52 @@ class Base(DeclarativeBase):
     metadata = MetaData(schema=SCHEMA)
 
 
-class RequestRecordRow(Base):
-    """One finished request (``record`` = serialized ``tideserve.v1.RequestRecord``), with
-    the columns windows filter and aggregate on. ``request_id`` is unique, so inserting
-    with ``ON CONFLICT (request_id) DO NOTHING`` makes at-least-once delivery idempotent."""
+class RequestIdRow(Base):
+    """The idempotence ledger: one row per stored request (``ON CONFLICT DO NOTHING``)."""
 
-    __tablename__ = "request_records"
-    __table_args__ = (
-        UniqueConstraint("request_id", name="uq_request_records_request_id"),
-        Index("ix_request_records_deployment_finish", "deployment", "finish_ms"),
-        {"schema": SCHEMA},
-    )
+    __tablename__ = "request_ids"
+    __table_args__ = (Index("ix_request_ids_finish", "finish_ms"), {"schema": SCHEMA})
 
-    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
-    request_id: Mapped[str] = mapped_column(Text, nullable=False)
-    deployment: Mapped[str] = mapped_column(Text, nullable=False)
-    model: Mapped[str] = mapped_column(Text, nullable=False, default="")
-    tenant: Mapped[str] = mapped_column(Text, nullable=False, default="")
-    slo_class: Mapped[str] = mapped_column(Text, nullable=False, default="")
-    outcome: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
-    arrival_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    request_id: Mapped[str] = mapped_column(Text, primary_key=True)
     finish_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    prompt_tokens: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
-    cached_tokens: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
-    completion_tokens: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
-    queue_ms: Mapped[float] = mapped_column(Double, nullable=False, default=0.0)
-    ttft_ms: Mapped[float] = mapped_column(Double, nullable=False, default=0.0)
-    tpot_ms: Mapped[float] = mapped_column(Double, nullable=False, default=0.0)
-    e2e_ms: Mapped[float] = mapped_column(Double, nullable=False, default=0.0)
-    record: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
+
+
+class RollupRow(Base):
+    """One replica's bucket of one slice (``data`` = services.telemetry.windows.codec)."""
+
+    __tablename__ = "rollups"
+    __table_args__ = (Index("ix_rollups_bucket", "bucket_ms"), {"schema": SCHEMA})
+
+    replica_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    bucket_ms: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    deployment: Mapped[str] = mapped_column(Text, primary_key=True)
+    role: Mapped[str] = mapped_column(Text, primary_key=True)
+    slo_class: Mapped[str] = mapped_column(Text, primary_key=True)
+    tenant: Mapped[str] = mapped_column(Text, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    updated_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    # +1 on every rewrite: readers cache decoded rows by (key, version)
+    version: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("1"))
+
+
+request_records = Table(
+    "request_records",
+    Base.metadata,
+    Column("request_id", Text, nullable=False),
+    Column("finish_ms", BigInteger, nullable=False),
+    Column("arrival_ms", BigInteger, nullable=False),
+    Column("deployment", Text, nullable=False),
+    Column("tenant", Text, nullable=False),
+    Column("slo_class", Text, nullable=False),
+    Column("session_id", Text, nullable=False),
+    Column("outcome", SmallInteger, nullable=False),
+    Column("record", LargeBinary, nullable=False),
+    Index(
+        "ix_request_records_session",
+        "session_id",
+        "arrival_ms",
+        postgresql_where=text("session_id <> ''"),
+    ),
+    postgresql_partition_by="RANGE (finish_ms)",
+)
+"""One finished request (``record`` = serialized ``tideserve.v1.RequestRecord``)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -284,3 +285,43 @@ async def test_run_survives_a_redis_restart_and_keeps_the_group(tmp_path: Any) -
         await client.aclose()
         server.stop()
     assert set(seen) == {"before", "after"}
+
+
+async def test_batch_handler_gets_a_read_at_once_and_acks_only_after_it_returns(
+    redis_client: Any,
+) -> None:
+    calls: list[list[str]] = []
+    fail = [True]
+
+    async def handle(entries: Sequence[tuple[str, Rec]]) -> None:
+        calls.append([msg.request_id for _, msg in entries])
+        if fail[0]:
+            raise RuntimeError("database down")
+
+    producer = StreamProducer(redis_client)
+    await producer.publish_many("ts:requests", [Rec(request_id=f"r{i}") for i in range(5)])
+    await redis_client.xadd("ts:requests", {b"t": b"nope", b"p": b""})
+    c: StreamConsumer[Rec] = StreamConsumer(
+        redis_client, "ts:requests", "g", "c1", None, Rec, batch_handler=handle, block_ms=0,
+        claim_idle_ms=0,
+    )  # fmt: skip
+    assert await c.poll_once() == 6
+    assert calls == [["r0", "r1", "r2", "r3", "r4"]]
+    assert await pending_count(redis_client) == 5  # the undecodable one was dead-lettered
+    fail[0] = False
+    assert await c.poll_once() == 5  # reclaimed as a whole, handled, acknowledged
+    assert calls[-1] == ["r0", "r1", "r2", "r3", "r4"]
+    assert await pending_count(redis_client) == 0
+    assert (c.stats.failed, c.stats.handled, c.stats.dead) == (5, 5, 1)
+
+
+@pytest.mark.parametrize("both", [True, False], ids=["both", "neither"])
+async def test_exactly_one_of_handler_and_batch_handler(redis_client: Any, both: bool) -> None:
+    async def handle(entries: Sequence[tuple[str, Rec]]) -> None:
+        return None
+
+    with pytest.raises(ValueError, match="exactly one"):
+        StreamConsumer(
+            redis_client, "ts:requests", "g", "c1", Recorder() if both else None, Rec,
+            batch_handler=handle if both else None,
+        )  # fmt: skip

@@ -58,6 +58,8 @@ class ConsumerStats:
 
 
 Handler = Callable[[M, str], Awaitable[None]]
+BatchHandler = Callable[[Sequence[tuple[str, M]]], Awaitable[None]]
+"""``handler([(entry_id, msg), ...])``: a whole read's decoded entries at once."""
 
 
 class StreamConsumer(Generic[M]):
@@ -69,6 +71,12 @@ class StreamConsumer(Generic[M]):
     an entry whose handler failed that many times in this consumer is dead-lettered and
     acknowledged instead (poison message); default: retried forever. ``start_id`` is where
     a newly created group starts (``"0"`` = the whole stream, ``"$"`` = only new entries).
+
+    With ``batch_handler`` instead of ``handler`` (pass ``handler=None``), each read's
+    decodable entries go to one call (e.g. one database transaction) and are acknowledged
+    together after it returns; if it raises, all of them stay pending for a retry (the
+    handler rejects bad entries itself; ``max_attempts`` does not apply). Undecodable
+    entries are dead-lettered as above.
     """
 
     def __init__(
@@ -77,9 +85,10 @@ class StreamConsumer(Generic[M]):
         stream: str,
         group: str,
         consumer: str,
-        handler: Handler[M],
+        handler: Handler[M] | None,
         message_type: type[M],
         *,
+        batch_handler: BatchHandler[M] | None = None,
         batch: int = 256,
         block_ms: int = 1000,
         claim_idle_ms: int = 30_000,
@@ -90,12 +99,15 @@ class StreamConsumer(Generic[M]):
     ) -> None:
         if batch <= 0 or block_ms < 0 or claim_idle_ms < 0:
             raise ValueError("batch must be > 0, block_ms and claim_idle_ms >= 0")
+        if (handler is None) == (batch_handler is None):
+            raise ValueError("pass exactly one of handler and batch_handler")
         require_bytes_client(redis)
         self._redis = redis
         self.stream = stream
         self.group = group
         self.consumer = consumer
         self._handler = handler
+        self._batch_handler = batch_handler
         self._type = message_type
         self.batch = batch
         self.block_ms = block_ms
@@ -211,6 +223,10 @@ class StreamConsumer(Generic[M]):
             self.stats.vanished += len(gone)
 
     async def _process(self, entries: Sequence[tuple[str, Any]]) -> None:
+        if self._batch_handler is not None:
+            await self._process_batch(self._batch_handler, entries)
+            return
+        assert self._handler is not None
         acks: list[str] = []
         try:
             for entry_id, fields in entries:
@@ -247,6 +263,37 @@ class StreamConsumer(Generic[M]):
         finally:
             if acks:
                 await self._redis.xack(self.stream, self.group, *acks)
+
+    async def _process_batch(
+        self, handler: BatchHandler[M], entries: Sequence[tuple[str, Any]]
+    ) -> None:
+        decoded: list[tuple[str, M]] = []
+        acks: list[str] = []
+        for entry_id, fields in entries:
+            try:
+                decoded.append((entry_id, decode_entry(fields, self._type)))
+            except PayloadError as exc:
+                await self._dead_letter(entry_id, fields, str(exc))
+                acks.append(entry_id)
+        if acks:
+            await self._redis.xack(self.stream, self.group, *acks)
+        if not decoded:
+            return
+        try:
+            await handler(decoded)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.stats.failed += len(decoded)
+            log.exception(
+                "stream %s group %s: batch handler failed on %d entries; left pending for retry",
+                self.stream,
+                self.group,
+                len(decoded),
+            )
+            return
+        self.stats.handled += len(decoded)
+        await self._redis.xack(self.stream, self.group, *(eid for eid, _ in decoded))
 
     async def _dead_letter(self, entry_id: str, fields: Any, error: str) -> None:
         self.stats.dead += 1

@@ -1,0 +1,104 @@
+"""Validation of one ``RequestRecord`` (pure): accepted, or a :class:`Rejection` with a reason.
+
+Rules, in order (the first that fails is the reason):
+
+- ``empty_request_id``: ``request_id`` is empty (idempotence is keyed on it);
+- ``unknown_deployment``: ``deployment`` is empty, or ``known_deployments`` is non-empty and
+  does not list it. "Known" means: named in the telemetry setting ``deployments``; an empty
+  setting (the default, and the local stack) knows every non-empty deployment name;
+- ``missing_timing``: ``arrival_ms`` or ``finish_ms`` is not set (<= 0), a latency is NaN or
+  infinite, or a request that succeeded (``REQUEST_OUTCOME_OK``) has no ``ttft_ms`` or
+  ``e2e_ms`` (a failed or shed request may lack them);
+- ``negative_timing``: ``queue_ms``, ``ttft_ms``, ``tpot_ms``, ``e2e_ms`` or
+  ``kv_transfer_ms`` is below 0, or a token count is below 0;
+- ``finish_before_arrival``: ``finish_ms < arrival_ms``;
+- ``future``: ``finish_ms`` later than ``now_ms + max_skew_ms`` (clocks of gateways and
+  telemetry differ by at most the skew);
+- ``too_old``: ``finish_ms`` earlier than ``now_ms - max_age_ms`` (it would land in a
+  partition retention has already dropped).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from tideserve.v1 import events_pb2
+
+__all__ = ["REASONS", "Rejection", "ValidationRules", "validate"]
+
+REASONS = (
+    "empty_request_id",
+    "unknown_deployment",
+    "missing_timing",
+    "negative_timing",
+    "finish_before_arrival",
+    "future",
+    "too_old",
+)
+"""Every rejection code (bounded: a Prometheus label)."""
+
+_LATENCIES = ("queue_ms", "ttft_ms", "tpot_ms", "e2e_ms", "kv_transfer_ms")
+_COUNTS = ("prompt_tokens", "completion_tokens", "cached_tokens", "predicted_cached_tokens")
+_OK = events_pb2.REQUEST_OUTCOME_OK
+
+
+@dataclass(frozen=True)
+class ValidationRules:
+    known_deployments: frozenset[str] = frozenset()
+    max_skew_ms: int = 60_000
+    max_age_ms: int = 7 * 86_400_000
+
+    @classmethod
+    def of(cls, deployments: Collection[str], max_skew_ms: int, max_age_ms: int) -> ValidationRules:
+        return cls(frozenset(deployments), max_skew_ms, max_age_ms)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    code: str
+    detail: str
+
+    def line(self, request_id: str) -> str:
+        """``"<request_id>: <code>: <detail>"`` (ReportRecords errors, dead letters)."""
+        return f"{request_id or '<no request_id>'}: {self.code}: {self.detail}"
+
+
+def validate(
+    record: events_pb2.RequestRecord, rules: ValidationRules, now_ms: int
+) -> Rejection | None:
+    """None when ``record`` is accepted, else the first rule it breaks (module doc)."""
+    if not record.request_id:
+        return Rejection("empty_request_id", "request_id is empty")
+    dep = record.deployment
+    if not dep or (rules.known_deployments and dep not in rules.known_deployments):
+        return Rejection("unknown_deployment", f"deployment {dep!r} is not known")
+    missing = _missing(record)
+    if missing:
+        return Rejection("missing_timing", missing)
+    negative = [f for f in (*_LATENCIES, *_COUNTS) if getattr(record, f) < 0]
+    if negative:
+        return Rejection("negative_timing", f"{negative[0]} is negative")
+    if record.finish_ms < record.arrival_ms:
+        return Rejection(
+            "finish_before_arrival",
+            f"finish_ms {record.finish_ms} < arrival_ms {record.arrival_ms}",
+        )
+    if record.finish_ms > now_ms + rules.max_skew_ms:
+        ahead = record.finish_ms - now_ms
+        return Rejection("future", f"finish_ms is {ahead} ms in the future")
+    if record.finish_ms < now_ms - rules.max_age_ms:
+        return Rejection("too_old", "finish_ms is older than the retention")
+    return None
+
+
+def _missing(record: events_pb2.RequestRecord) -> str:
+    if record.arrival_ms <= 0 or record.finish_ms <= 0:
+        return "arrival_ms or finish_ms is not set"
+    for field in _LATENCIES:
+        if not math.isfinite(getattr(record, field)):
+            return f"{field} is not a finite number"
+    if record.outcome == _OK and (record.ttft_ms <= 0 or record.e2e_ms <= 0):
+        return "a successful request without ttft_ms or e2e_ms"
+    return ""
