@@ -159,7 +159,7 @@ class PlannerPolicy:
                 state = "ready" if at <= t else "starting"
                 queued = round(w.backlog / ready_p) if role == "prefill" and state == "ready" else 0
                 instances.append(
-                    InstanceView(f"{role}-{k}", self.spec.name, role, state, queued=queued)
+                    InstanceView.of(f"{role}-{k}", self.spec.name, role, state, queued=queued)
                 )
         return PlannerInputs(
             spec=self.spec,

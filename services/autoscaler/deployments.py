@@ -116,7 +116,28 @@ class Deployments:
         self._wall = wall
 
     async def apply(self, spec: DeploymentSpec) -> tuple[DeploymentSpec, bool]:
-        return await self._store.apply(spec)
+        """Store ``spec`` (a new generation when it changed) and hand its desired counts
+        (the spec's replicas before any decision) to the reconciler, so the deployment
+        exists at once, with or without the planner loop (not in advisory mode)."""
+        stored, changed = await self._store.apply(spec)
+        if changed:
+            await self._hand_over(stored.name, f"apply: generation {stored.generation}")
+        return stored, changed
+
+    async def resume(self) -> int:
+        """Hand every stored deployment's desired counts to the reconciler (service start:
+        the reconciler starts empty). Returns how many."""
+        stored = await self._store.all()
+        for d in stored:
+            await self._hand_over(d.spec.name, "resume: autoscaler started")
+        return len(stored)
+
+    async def _hand_over(self, name: str, reason: str) -> None:
+        stored = await self._store.get(name)
+        if stored is None or self._advisory:
+            return
+        targets = {r.name: stored.desired.get(r.name, r.replicas) for r in stored.spec.roles}
+        await self._reconciler.apply(stored.spec, targets, (), reason=reason)
 
     async def get(self, name: str, decisions: int = 5) -> DeploymentView:
         stored = await self._store.get(name)
@@ -151,7 +172,7 @@ class Deployments:
         ]
         if not self._advisory:
             await self._reconciler.apply(
-                stored.spec, {r.name: 0 for r in stored.spec.roles}, victims
+                stored.spec, {r.name: 0 for r in stored.spec.roles}, victims, reason="delete"
             )
         await self._store.delete(name)
 
@@ -167,7 +188,7 @@ class Deployments:
         status = "dry-run" if self._advisory else "applied"
         if not self._advisory:
             try:
-                await self._reconciler.apply(stored.spec, targets, victims)
+                await self._reconciler.apply(stored.spec, targets, victims, reason=reasons[0])
             except ReconcileError as exc:
                 status = "failed"
                 reasons.append(f"reconciler: {exc}")
