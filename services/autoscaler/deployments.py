@@ -54,6 +54,7 @@ class DeploymentView:
     roles: tuple[RoleStatus, ...]
     instances: tuple[InstanceView, ...]
     decisions: tuple[DecisionRecord, ...]
+    progress: str = ""
 
 
 def role_status(
@@ -149,6 +150,7 @@ class Deployments:
             role_status(stored.spec, stored.desired, instances),
             instances,
             tuple(await self._store.decisions(name, decisions)),
+            self._reconciler.progress(name),
         )
 
     async def all(self) -> list[DeploymentView]:

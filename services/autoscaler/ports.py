@@ -104,6 +104,8 @@ class Reconciler(Protocol):
       Every role at 0 with every instance a victim removes the deployment's instances.
     * ``instances(deployment)``: the instances of ``deployment`` ("" = all) in every state,
       with their current load. Cheap and non-blocking (a snapshot the reconciler keeps).
+    * ``progress(deployment)``: one line for ``describe``: "converged", "applying: ...",
+      "half-applied: <error>"; "" for a deployment it was never given.
     """
 
     async def apply(
@@ -115,6 +117,8 @@ class Reconciler(Protocol):
     ) -> None: ...
 
     def instances(self, deployment: str = "") -> Sequence[InstanceView]: ...
+
+    def progress(self, deployment: str) -> str: ...
 
 
 @dataclass
@@ -154,6 +158,9 @@ class InMemoryReconciler:
 
     def instances(self, deployment: str = "") -> Sequence[InstanceView]:
         return [i for i in self._instances.values() if not deployment or i.deployment == deployment]
+
+    def progress(self, deployment: str) -> str:
+        return "converged" if any(c[0] == deployment for c in self.calls) else ""
 
     def put(self, instance: InstanceView) -> None:
         """Add or replace an instance (tests: set load or state)."""

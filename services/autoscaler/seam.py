@@ -18,7 +18,7 @@ Pure translations:
 
 :class:`DriverReconciler` implements the port over the real reconciler: ``apply`` returns
 once the target is recorded (the reconciler drives it in its own tasks), ``instances`` is the
-driver's snapshot with the last scraped load, ``summary`` is the reconciler's
+driver's snapshot with the last scraped load, ``progress`` is the reconciler's
 "converged"/"applying: ..."/"half-applied: ..." line for ``describe``.
 """
 
@@ -176,7 +176,7 @@ class DriverReconciler:
                 out.append(InstanceView(s, r.running, r.waiting) if r else InstanceView(s))
         return out
 
-    def summary(self, deployment: str) -> str:
+    def progress(self, deployment: str) -> str:
         """The reconciler's progress line ("" for a deployment it never saw)."""
         status = self.loop.status(deployment)
         return status.summary if status is not None else ""

@@ -165,6 +165,7 @@ class AutoscalerServicer(_Base):
             instances=_instances(view.instances, {view.spec.name: view.spec}, self._wall_ms()),
             roles=[_role_status(s) for s in view.roles],
             recent_decisions=[record_to_proto(r) for r in view.decisions],
+            progress=view.progress,
         )
 
     async def ListDeployments(
