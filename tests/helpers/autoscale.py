@@ -45,6 +45,7 @@ __all__ = [
     "Rig",
     "autoscaled_gateway",
     "autoscaler_service",
+    "gateway_settings",
     "tideserve",
 ]
 
@@ -93,6 +94,26 @@ class Rig:
         return {e.instance.instance_id for e in resp.endpoints if e.healthy and not e.draining}
 
 
+def gateway_settings(
+    redis_url: str, state_dir: Path, prefix: str, deployment: str, grpc_port: int, http_port: int
+) -> SchedulerSettings:
+    """A scheduler serving ``deployment`` from membership events alone (no static engines)."""
+    return SchedulerSettings(
+        grpc_port=grpc_port,
+        http_port=http_port,
+        metrics_port=0,
+        deployment=deployment,
+        redis_url=redis_url,
+        stream_prefix=prefix,
+        request_records=False,
+        models=["tideserve-sim"],
+        perf_profile="test",
+        block_size=16,
+        state_dir=state_dir / "scheduler",
+        health_interval_s=0.5,
+    )
+
+
 @contextlib.asynccontextmanager
 async def autoscaled_gateway(
     redis_url: str,
@@ -108,20 +129,7 @@ async def autoscaled_gateway(
     prefix = f"t{uuid.uuid4().hex[:8]}"
     deployment = f"as-{uuid.uuid4().hex[:6]}"
     grpc_port, http_port, base = free_ports(3)
-    settings = SchedulerSettings(
-        grpc_port=grpc_port,
-        http_port=http_port,
-        metrics_port=0,
-        deployment=deployment,
-        redis_url=redis_url,
-        stream_prefix=prefix,
-        request_records=False,
-        models=["tideserve-sim"],
-        perf_profile="test",
-        block_size=16,
-        state_dir=state_dir / "scheduler",
-        health_interval_s=0.5,
-    )
+    settings = gateway_settings(redis_url, state_dir, prefix, deployment, grpc_port, http_port)
     redis = aioredis.Redis.from_url(redis_url, decode_responses=False)
     scheduler = f"127.0.0.1:{grpc_port}"
     drv_settings = DriverSettings(kind="local", scheduler_addresses=[scheduler], resync_s=0.5,
