@@ -16,6 +16,8 @@ from services.autoscaler.planner import Decision
 from services.autoscaler.planner.colocation import ratio_ok
 from services.autoscaler.planner.victims import active, pick_victims
 from services.autoscaler.ports import InstanceView, ReconcileError, Reconciler
+from services.autoscaler.reconcile_core import count_of
+from services.autoscaler.reconciler import RoleStatus
 from services.autoscaler.records import DecisionRecord, RoleChange
 from services.autoscaler.spec import DeploymentSpec
 from services.autoscaler.store import AutoscalerStore
@@ -23,7 +25,6 @@ from services.autoscaler.store import AutoscalerStore
 __all__ = [
     "DeploymentView",
     "Deployments",
-    "RoleStatus",
     "ScaleRefused",
     "UnknownDeployment",
     "manual_targets",
@@ -39,16 +40,6 @@ class ScaleRefused(ValueError):
 
 
 @dataclass(frozen=True)
-class RoleStatus:
-    role: str
-    desired: int
-    ready: int
-    starting: int
-    draining: int
-    failed: int
-
-
-@dataclass(frozen=True)
 class DeploymentView:
     spec: DeploymentSpec
     roles: tuple[RoleStatus, ...]
@@ -60,18 +51,10 @@ class DeploymentView:
 def role_status(
     spec: DeploymentSpec, desired: Mapping[str, int], instances: Sequence[InstanceView]
 ) -> tuple[RoleStatus, ...]:
-    def count(role: str, state: str) -> int:
-        return sum(1 for i in instances if i.role == role and i.state == state)
-
+    """Desired (the stored target) vs actual (instances by state) per role of ``spec``."""
+    statuses = [i.status for i in instances]
     return tuple(
-        RoleStatus(
-            r.name,
-            desired.get(r.name, r.replicas),
-            count(r.name, "ready"),
-            count(r.name, "starting"),
-            count(r.name, "draining"),
-            count(r.name, "failed"),
-        )
+        RoleStatus(r.name, desired.get(r.name, r.replicas), count_of(statuses, r.name))
         for r in spec.roles
     )
 

@@ -16,13 +16,13 @@ from tideserve.v1 import autoscaler_pb2, autoscaler_pb2_grpc, common_pb2
 
 from services.autoscaler.deployments import (
     Deployments,
-    RoleStatus,
     ScaleRefused,
     UnknownDeployment,
 )
 from services.autoscaler.membership import to_instance
 from services.autoscaler.planner import Decision
 from services.autoscaler.ports import InstanceView, ReconcileError
+from services.autoscaler.reconciler import RoleStatus
 from services.autoscaler.records import DecisionRecord
 from services.autoscaler.spec import DeploymentSpec, SpecError
 from services.autoscaler.translate import spec_from_proto, spec_to_proto
@@ -110,13 +110,14 @@ def decision_to_proto(d: Decision, ts_ms: int) -> autoscaler_pb2.ScalingDecision
 
 
 def _role_status(s: RoleStatus) -> autoscaler_pb2.RoleStatus:
+    c = s.count
     return autoscaler_pb2.RoleStatus(
-        role=s.role,
+        role=s.name,
         desired=s.desired,
-        ready=s.ready,
-        starting=s.starting,
-        draining=s.draining,
-        failed=s.failed,
+        ready=c.ready,
+        starting=c.starting,
+        draining=c.draining,
+        failed=c.failed,
     )
 
 
