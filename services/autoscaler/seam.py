@@ -19,7 +19,8 @@ Pure translations:
 :class:`DriverReconciler` implements the port over the real reconciler: ``apply`` returns
 once the target is recorded (the reconciler drives it in its own tasks), ``instances`` is the
 driver's snapshot with the last scraped load, ``progress`` is the reconciler's
-"converged"/"applying: ..."/"half-applied: ..." line for ``describe``.
+"converged"/"applying: ..."/"half-applied: ..." line for ``describe`` (with the
+``dry-run`` driver, which owns nothing: "dry-run: desired recorded (...), nothing changed").
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from collections.abc import Mapping, Sequence
 import aiohttp
 
 from services.autoscaler.drivers.base import DeploymentTarget, InstanceState, Role, RoleTarget
+from services.autoscaler.drivers.dryrun import DryRunDriver
 from services.autoscaler.ports import InstanceView
 from services.autoscaler.reconciler import Reconciler as DriverLoop
 from services.autoscaler.spec import DeploymentSpec, RoleSpec
@@ -179,4 +181,9 @@ class DriverReconciler:
     def progress(self, deployment: str) -> str:
         """The reconciler's progress line ("" for a deployment it never saw)."""
         status = self.loop.status(deployment)
-        return status.summary if status is not None else ""
+        if status is None:
+            return ""
+        if isinstance(self.loop.driver, DryRunDriver):  # it owns nothing: never converges
+            wanted = ", ".join(f"{r.name} {r.desired}" for r in status.roles)
+            return f"dry-run: desired recorded ({wanted}), nothing changed"
+        return status.summary

@@ -16,6 +16,7 @@ from services.autoscaler.drivers.base import (
     Role,
     RoleTarget,
 )
+from services.autoscaler.drivers.dryrun import DryRunDriver
 from services.autoscaler.drivers.settings import DriverSettings
 from services.autoscaler.ports import InstanceView
 from services.autoscaler.reconciler import Reconciler
@@ -148,3 +149,17 @@ async def test_driver_reconciler_drives_and_reports_progress() -> None:
 
 async def _is(got: str, want: str) -> bool:
     return got == want
+
+
+async def test_dry_run_progress_says_nothing_changed() -> None:
+    spec = load_spec_file(PD.read_text())
+    port = DriverReconciler(Reconciler(DryRunDriver(), DriverSettings(resync_s=0.05)))
+    await port.start()
+    try:
+        await port.apply(spec, {"prefill": 3}, ())
+        assert port.progress("chat-pd") == (
+            "dry-run: desired recorded (prefill 3, decode 1), nothing changed"
+        )
+        assert port.instances("chat-pd") == []
+    finally:
+        await port.stop()
