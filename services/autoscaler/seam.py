@@ -26,7 +26,6 @@ driver's snapshot with the last scraped load, ``progress`` is the reconciler's
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shlex
 from collections.abc import Mapping, Sequence
 
@@ -37,6 +36,7 @@ from services.autoscaler.drivers.dryrun import DryRunDriver
 from services.autoscaler.ports import InstanceView
 from services.autoscaler.reconciler import Reconciler as DriverLoop
 from services.autoscaler.spec import DeploymentSpec, RoleSpec
+from services.common.tasks import pause, stop_tasks
 from services.scheduler.core.load_merge import LoadReport
 from services.scheduler.http.upstream import scrape_load
 
@@ -106,6 +106,7 @@ class LoadPoller:
         self._timeout_s = timeout_s
         self.loads: dict[str, LoadReport] = {}
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     async def poll_once(self, session: aiohttp.ClientSession) -> None:
         ready = [
@@ -121,19 +122,19 @@ class LoadPoller:
 
     async def _run(self) -> None:
         async with aiohttp.ClientSession() as session:
-            while True:
+            while not self._stopping.is_set():
                 await self.poll_once(session)
-                await asyncio.sleep(self._interval_s)
+                await pause(self._stopping, self._interval_s)
 
     def start(self) -> None:
         if self._task is None:
+            self._stopping.clear()
             self._task = asyncio.create_task(self._run(), name="instance-load")
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            self._stopping.set()
+            await stop_tasks([self._task])
             self._task = None
 
 

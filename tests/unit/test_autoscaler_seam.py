@@ -4,9 +4,11 @@ the planner's flat victims -> per role; and DriverReconciler's view of the recon
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from services.autoscaler.drivers.base import (
     DriverError,
@@ -23,11 +25,13 @@ from services.autoscaler.reconciler import Reconciler
 from services.autoscaler.seam import (
     ENGINE_COMMANDS,
     DriverReconciler,
+    LoadPoller,
     deployment_target,
     role_target,
     victims_by_role,
 )
 from services.autoscaler.spec import RoleSpec, load_spec_file
+from tests.helpers.ports import free_port
 from tests.helpers.waits import eventually
 
 PD = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "pd.yaml"
@@ -163,3 +167,41 @@ async def test_dry_run_progress_says_nothing_changed() -> None:
         assert port.instances("chat-pd") == []
     finally:
         await port.stop()
+
+
+async def test_instances_carry_the_engines_scraped_load() -> None:
+    """A READY instance's ``/metrics`` (running, queued) becomes its view's in_flight and
+    queued; an instance whose engine does not answer keeps 0."""
+    app = web.Application()
+    metrics = "sglang:num_running_reqs 3\nsglang:num_queue_reqs 2\nsglang:token_usage 0.5\n"
+
+    async def serve_metrics(_request: web.Request) -> web.Response:
+        return web.Response(text=metrics)
+
+    app.router.add_get("/metrics", serve_metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    driver = _Driver()
+    loop = Reconciler(driver, DriverSettings(resync_s=0.05))
+    poller = LoadPoller(loop, interval_s=0.05, timeout_s=1.0)
+    port_ = DriverReconciler(loop, poller)
+    await port_.start()
+    try:
+        spec = load_spec_file(PD.read_text())
+        await port_.apply(spec, {"prefill": 2, "decode": 0}, ())
+        await eventually(lambda: _is(port_.progress("chat-pd"), "converged"))
+        driver.made["prefill-0"] = replace(
+            driver.made["prefill-0"], endpoint=f"http://127.0.0.1:{port}"
+        )
+        driver.made["prefill-1"] = replace(driver.made["prefill-1"], endpoint="http://127.0.0.1:1")
+
+        async def loaded() -> bool:
+            got = {v.instance_id: (v.in_flight, v.queued) for v in port_.instances("chat-pd")}
+            return got == {"prefill-0": (3, 2), "prefill-1": (0, 0)}
+
+        await eventually(loaded)
+    finally:
+        await port_.stop()
+        await runner.cleanup()
