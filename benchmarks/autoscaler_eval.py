@@ -19,7 +19,7 @@ at the percentile meet the targets), replica-hours (virtual, and in trace hours)
 actions, instances started; the planner's online forecast error; and co-location: two
 anti-phased tides (12 h apart) sharing one budget of ``--colocation-budget`` x the sum of
 their separate static peaks. Lost requests and decision-to-serving time are NOT measured
-here: no process runs; the live replay through the local stack is the drivers' part.
+here: no process runs; the live replay through the local stack is ``autoscaler_live.py``.
 
     .venv/bin/python benchmarks/autoscaler_eval.py --out /tmp/autoscaler_eval.json
 """
@@ -159,7 +159,7 @@ class PlannerPolicy:
                 state = "ready" if at <= t else "starting"
                 queued = round(w.backlog / ready_p) if role == "prefill" and state == "ready" else 0
                 instances.append(
-                    InstanceView(f"{role}-{k}", self.spec.name, role, state, queued=queued)
+                    InstanceView.of(f"{role}-{k}", self.spec.name, role, state, queued=queued)
                 )
         return PlannerInputs(
             spec=self.spec,

@@ -169,6 +169,7 @@ def render_describe(r: autoscaler_pb2.GetDeploymentResponse) -> str:
             f"{st.role:<12} {kinds_by_name.get(st.role, ''):<8} {lo:>4} {hi:>4} {st.desired:>8} "
             f"{st.ready:>6} {st.starting:>9} {st.draining:>9} {st.failed:>7}"
         )
+    out.append(f"Progress:    {r.progress or '-'}")
     out.append("Instances:")
     state = common_pb2.InstanceState.Name
     for i in r.instances:

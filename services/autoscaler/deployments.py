@@ -16,6 +16,8 @@ from services.autoscaler.planner import Decision
 from services.autoscaler.planner.colocation import ratio_ok
 from services.autoscaler.planner.victims import active, pick_victims
 from services.autoscaler.ports import InstanceView, ReconcileError, Reconciler
+from services.autoscaler.reconcile_core import count_of
+from services.autoscaler.reconciler import RoleStatus
 from services.autoscaler.records import DecisionRecord, RoleChange
 from services.autoscaler.spec import DeploymentSpec
 from services.autoscaler.store import AutoscalerStore
@@ -23,7 +25,6 @@ from services.autoscaler.store import AutoscalerStore
 __all__ = [
     "DeploymentView",
     "Deployments",
-    "RoleStatus",
     "ScaleRefused",
     "UnknownDeployment",
     "manual_targets",
@@ -39,38 +40,21 @@ class ScaleRefused(ValueError):
 
 
 @dataclass(frozen=True)
-class RoleStatus:
-    role: str
-    desired: int
-    ready: int
-    starting: int
-    draining: int
-    failed: int
-
-
-@dataclass(frozen=True)
 class DeploymentView:
     spec: DeploymentSpec
     roles: tuple[RoleStatus, ...]
     instances: tuple[InstanceView, ...]
     decisions: tuple[DecisionRecord, ...]
+    progress: str = ""
 
 
 def role_status(
     spec: DeploymentSpec, desired: Mapping[str, int], instances: Sequence[InstanceView]
 ) -> tuple[RoleStatus, ...]:
-    def count(role: str, state: str) -> int:
-        return sum(1 for i in instances if i.role == role and i.state == state)
-
+    """Desired (the stored target) vs actual (instances by state) per role of ``spec``."""
+    statuses = [i.status for i in instances]
     return tuple(
-        RoleStatus(
-            r.name,
-            desired.get(r.name, r.replicas),
-            count(r.name, "ready"),
-            count(r.name, "starting"),
-            count(r.name, "draining"),
-            count(r.name, "failed"),
-        )
+        RoleStatus(r.name, desired.get(r.name, r.replicas), count_of(statuses, r.name))
         for r in spec.roles
     )
 
@@ -116,7 +100,28 @@ class Deployments:
         self._wall = wall
 
     async def apply(self, spec: DeploymentSpec) -> tuple[DeploymentSpec, bool]:
-        return await self._store.apply(spec)
+        """Store ``spec`` (a new generation when it changed) and hand its desired counts
+        (the spec's replicas before any decision) to the reconciler, so the deployment
+        exists at once, with or without the planner loop (not in advisory mode)."""
+        stored, changed = await self._store.apply(spec)
+        if changed:
+            await self._hand_over(stored.name, f"apply: generation {stored.generation}")
+        return stored, changed
+
+    async def resume(self) -> int:
+        """Hand every stored deployment's desired counts to the reconciler (service start:
+        the reconciler starts empty). Returns how many."""
+        stored = await self._store.all()
+        for d in stored:
+            await self._hand_over(d.spec.name, "resume: autoscaler started")
+        return len(stored)
+
+    async def _hand_over(self, name: str, reason: str) -> None:
+        stored = await self._store.get(name)
+        if stored is None or self._advisory:
+            return
+        targets = {r.name: stored.desired.get(r.name, r.replicas) for r in stored.spec.roles}
+        await self._reconciler.apply(stored.spec, targets, (), reason=reason)
 
     async def get(self, name: str, decisions: int = 5) -> DeploymentView:
         stored = await self._store.get(name)
@@ -128,6 +133,7 @@ class Deployments:
             role_status(stored.spec, stored.desired, instances),
             instances,
             tuple(await self._store.decisions(name, decisions)),
+            self._reconciler.progress(name),
         )
 
     async def all(self) -> list[DeploymentView]:
@@ -151,7 +157,7 @@ class Deployments:
         ]
         if not self._advisory:
             await self._reconciler.apply(
-                stored.spec, {r.name: 0 for r in stored.spec.roles}, victims
+                stored.spec, {r.name: 0 for r in stored.spec.roles}, victims, reason="delete"
             )
         await self._store.delete(name)
 
@@ -167,7 +173,7 @@ class Deployments:
         status = "dry-run" if self._advisory else "applied"
         if not self._advisory:
             try:
-                await self._reconciler.apply(stored.spec, targets, victims)
+                await self._reconciler.apply(stored.spec, targets, victims, reason=reasons[0])
             except ReconcileError as exc:
                 status = "failed"
                 reasons.append(f"reconciler: {exc}")

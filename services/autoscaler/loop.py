@@ -182,7 +182,9 @@ class PlannerLoop:
         reasons = d.reasons
         if acts and not self._opts.advisory:
             try:
-                await self._reconciler.apply(inputs.spec, d.targets, d.victims)
+                await self._reconciler.apply(
+                    inputs.spec, d.targets, d.victims, reason=f"planner: {'; '.join(d.reasons)}"
+                )
                 await self._store.set_desired(d.deployment, d.targets)
             except ReconcileError as exc:
                 status, reasons = "failed", (*reasons, f"reconciler: {exc}")

@@ -2,22 +2,29 @@
 
 Wiring: Postgres (required for deployments; migrated by the runner) holds specs, revisions
 and decisions; the planner loop reads the ``TelemetryService`` at ``telemetry_address`` and
-hands decisions to a :class:`~services.autoscaler.ports.Reconciler`. ``build`` takes the
-reconciler factory; the default is :class:`UnwiredReconciler` until the drivers land.
+hands decisions to a :class:`~services.autoscaler.ports.Reconciler`: by default the drivers'
+reconciler over ``settings.driver`` (:class:`~services.autoscaler.seam.DriverReconciler`,
+started and stopped with the service; stopping the local driver stops its engines),
+publishing membership on ``{stream_prefix}:membership`` when ``redis_url`` is set. Tests
+pass their own ``reconciler_factory`` (a fake, nothing started).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 
 import grpc
+import redis.asyncio as aioredis
 
 from services.autoscaler.deployments import Deployments
+from services.autoscaler.drivers.build import build_reconciler
 from services.autoscaler.loop import LoopOptions, PlannerLoop
 from services.autoscaler.metrics import AutoscalerMetrics
-from services.autoscaler.ports import Reconciler, UnwiredReconciler
+from services.autoscaler.ports import Reconciler
+from services.autoscaler.seam import DriverReconciler, LoadPoller
 from services.autoscaler.servicer import AutoscalerServicer, add_to_server
 from services.autoscaler.settings import AutoscalerSettings
 from services.autoscaler.store import AutoscalerStore
@@ -27,6 +34,8 @@ from services.common.server import ServiceHooks, run_service
 from services.common.tasks import stop_tasks
 
 __all__ = ["build", "main"]
+
+log = logging.getLogger(__name__)
 
 
 def _wall_ms() -> int:
@@ -51,7 +60,20 @@ def build(
 
     engine = db.create_engine(settings.postgres_url, "autoscaler")
     store = AutoscalerStore(engine)
-    reconciler = (reconciler_factory or (lambda _s: UnwiredReconciler()))(settings)
+    redis = (
+        aioredis.Redis.from_url(settings.redis_url, decode_responses=False)
+        if settings.redis_url and reconciler_factory is None
+        else None
+    )
+    driven: DriverReconciler | None = None
+    if reconciler_factory is None:
+        rec = build_reconciler(settings.driver, redis, settings.stream_prefix)
+        driven = DriverReconciler(
+            rec, LoadPoller(rec, settings.load_poll_s, timeout_s=min(1.0, settings.load_poll_s))
+        )
+        reconciler: Reconciler = driven
+    else:
+        reconciler = reconciler_factory(settings)
     channel = grpc.aio.insecure_channel(settings.telemetry_address)
     loop = PlannerLoop(
         store,
@@ -68,12 +90,22 @@ def build(
     tasks: list[asyncio.Task[None]] = []
 
     async def on_start() -> None:
+        if driven is not None:
+            await driven.start()
+            try:  # the reconciler starts empty: every stored deployment back to desired
+                await deployments.resume()
+            except Exception:  # Postgres away: the planner's first tick hands targets over
+                log.exception("could not resume the stored deployments")
         if settings.planner_enabled:
             tasks.append(asyncio.create_task(loop.run(stopping), name="planner-loop"))
 
     async def on_stop() -> None:
         stopping.set()
         await stop_tasks(tasks)
+        if driven is not None:
+            await driven.stop()
+        if redis is not None:
+            await redis.aclose()
         await channel.close()
         await engine.dispose()
 

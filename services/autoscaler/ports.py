@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from typing import Protocol
 
+from services.autoscaler.drivers.base import InstanceState, InstanceStatus, Role
 from services.autoscaler.spec import DeploymentSpec
 
 __all__ = [
@@ -19,28 +20,67 @@ __all__ = [
     "InstanceView",
     "ReconcileError",
     "Reconciler",
-    "UnwiredReconciler",
 ]
-
-InstanceState = Literal["starting", "ready", "draining", "stopped", "failed"]
 
 
 @dataclass(frozen=True)
 class InstanceView:
-    """One engine instance as the reconciler knows it, with the load the planner weighs
-    (victim cost, queue backlog). ``role`` is the role's name in the spec."""
+    """One instance as the planner weighs it: the driver's :class:`InstanceStatus` (the one
+    instance type: id, deployment, role name and kind, state, endpoint, restarts, last
+    error) plus the load the planner needs for backlog and victim cost, which the driver
+    does not know (the seam fills it from the engine's ``/metrics``). The properties keep
+    the planner's vocabulary: ``role`` is the role's *name* in the spec."""
 
-    instance_id: str
-    deployment: str
-    role: str
-    state: InstanceState
-    url: str = ""
-    epoch: int = 0
+    status: InstanceStatus
     in_flight: int = 0
     queued: int = 0
     cached_blocks: int = 0
-    updated_ms: int = 0
-    detail: str = ""  # e.g. the last driver error of a failed instance
+
+    @classmethod
+    def of(
+        cls,
+        instance_id: str,
+        deployment: str,
+        role: str,
+        state: InstanceState | str,
+        *,
+        url: str = "",
+        in_flight: int = 0,
+        queued: int = 0,
+        cached_blocks: int = 0,
+        detail: str = "",
+    ) -> InstanceView:
+        """A view built by hand (fakes, tests, the virtual-time benchmark): the role kind
+        is unknown (``worker``); ListInstances takes the kind from the spec."""
+        status = InstanceStatus(
+            instance_id, deployment, role, Role.WORKER, InstanceState(state), endpoint=url,
+            last_error=detail,
+        )  # fmt: skip
+        return cls(status, in_flight, queued, cached_blocks)
+
+    @property
+    def instance_id(self) -> str:
+        return self.status.instance_id
+
+    @property
+    def deployment(self) -> str:
+        return self.status.deployment
+
+    @property
+    def role(self) -> str:
+        return self.status.role_name
+
+    @property
+    def state(self) -> InstanceState:
+        return self.status.state
+
+    @property
+    def url(self) -> str:
+        return self.status.endpoint
+
+    @property
+    def detail(self) -> str:
+        return self.status.last_error
 
 
 class ReconcileError(RuntimeError):
@@ -60,16 +100,25 @@ class Reconciler(Protocol):
       accepted, not when it is done; progress is visible through ``instances``. Idempotent
       for the same arguments. Raises :class:`ReconcileError` with a one-line reason when
       it cannot accept the change (the planner records the decision as "failed").
+      ``reason`` (the decision's reasons, one line) is carried into membership events.
       Every role at 0 with every instance a victim removes the deployment's instances.
     * ``instances(deployment)``: the instances of ``deployment`` ("" = all) in every state,
       with their current load. Cheap and non-blocking (a snapshot the reconciler keeps).
+    * ``progress(deployment)``: one line for ``describe``: "converged", "applying: ...",
+      "half-applied: <error>"; "" for a deployment it was never given.
     """
 
     async def apply(
-        self, spec: DeploymentSpec, targets: Mapping[str, int], victims: Sequence[str]
+        self,
+        spec: DeploymentSpec,
+        targets: Mapping[str, int],
+        victims: Sequence[str],
+        reason: str = "",
     ) -> None: ...
 
     def instances(self, deployment: str = "") -> Sequence[InstanceView]: ...
+
+    def progress(self, deployment: str) -> str: ...
 
 
 @dataclass
@@ -77,15 +126,20 @@ class InMemoryReconciler:
     """A fake reconciler: instances appear at once (``start_state``), victims are removed
     at once. Records every call in ``calls``; ``fail_with`` makes ``apply`` refuse."""
 
-    start_state: InstanceState = "ready"
+    start_state: InstanceState = InstanceState.READY
     fail_with: str = ""
     calls: list[tuple[str, dict[str, int], tuple[str, ...]]] = field(default_factory=list)
     _instances: dict[str, InstanceView] = field(default_factory=dict)
     _next: int = 0
 
     async def apply(
-        self, spec: DeploymentSpec, targets: Mapping[str, int], victims: Sequence[str]
+        self,
+        spec: DeploymentSpec,
+        targets: Mapping[str, int],
+        victims: Sequence[str],
+        reason: str = "",
     ) -> None:
+        del reason
         self.calls.append((spec.name, dict(targets), tuple(victims)))
         if self.fail_with:
             raise ReconcileError(self.fail_with)
@@ -100,30 +154,19 @@ class InMemoryReconciler:
             for _ in range(want - len(have)):
                 self._next += 1
                 iid = f"{spec.name}-{role}-{self._next}"
-                self._instances[iid] = InstanceView(iid, spec.name, role, self.start_state)
+                self._instances[iid] = InstanceView.of(iid, spec.name, role, self.start_state)
 
     def instances(self, deployment: str = "") -> Sequence[InstanceView]:
         return [i for i in self._instances.values() if not deployment or i.deployment == deployment]
+
+    def progress(self, deployment: str) -> str:
+        return "converged" if any(c[0] == deployment for c in self.calls) else ""
 
     def put(self, instance: InstanceView) -> None:
         """Add or replace an instance (tests: set load or state)."""
         self._instances[instance.instance_id] = instance
 
-    def set_state(self, instance_id: str, state: InstanceState) -> None:
-        self._instances[instance_id] = replace(self._instances[instance_id], state=state)
-
-
-class UnwiredReconciler:
-    """The reconciler until a driver is wired in: no instances, and every change refused
-    (decisions are stored as "failed: no reconciler wired"). Run with ``advisory`` to
-    record the planner's advice without this error."""
-
-    async def apply(
-        self, spec: DeploymentSpec, targets: Mapping[str, int], victims: Sequence[str]
-    ) -> None:
-        del targets, victims
-        raise ReconcileError(f"no reconciler wired: cannot scale {spec.name!r}")
-
-    def instances(self, deployment: str = "") -> Sequence[InstanceView]:
-        del deployment
-        return []
+    def set_state(self, instance_id: str, state: InstanceState | str) -> None:
+        view = self._instances[instance_id]
+        status = replace(view.status, state=InstanceState(state))
+        self._instances[instance_id] = replace(view, status=status)

@@ -29,7 +29,7 @@ from services.autoscaler.drivers.base import (
     InstanceStatus,
 )
 
-__all__ = ["RoleCount", "Step", "StepPlan", "count_roles", "plan_steps"]
+__all__ = ["RoleCount", "Step", "StepPlan", "count_of", "count_roles", "plan_steps"]
 
 
 @dataclass(frozen=True)
@@ -67,20 +67,22 @@ class StepPlan:
         return not self.steps and not self.waiting
 
 
+def count_of(instances: Sequence[InstanceStatus], role_name: str) -> RoleCount:
+    """The instances of ``role_name`` by state."""
+    mine = [i for i in instances if i.role_name == role_name]
+    return RoleCount(
+        starting=sum(i.state == InstanceState.STARTING for i in mine),
+        ready=sum(i.state == InstanceState.READY for i in mine),
+        draining=sum(i.state == InstanceState.DRAINING for i in mine),
+        failed=sum(i.state == InstanceState.FAILED for i in mine),
+    )
+
+
 def count_roles(
     target: DeploymentTarget, instances: Sequence[InstanceStatus]
 ) -> dict[str, RoleCount]:
     """Per role of ``target``, its instances by state."""
-    out = {}
-    for r in target.roles:
-        mine = [i for i in instances if i.role_name == r.name]
-        out[r.name] = RoleCount(
-            starting=sum(i.state == InstanceState.STARTING for i in mine),
-            ready=sum(i.state == InstanceState.READY for i in mine),
-            draining=sum(i.state == InstanceState.DRAINING for i in mine),
-            failed=sum(i.state == InstanceState.FAILED for i in mine),
-        )
-    return out
+    return {r.name: count_of(instances, r.name) for r in target.roles}
 
 
 def _skew_cap(target: int, slowest: float, max_skew: float) -> int:

@@ -16,12 +16,13 @@ from tideserve.v1 import autoscaler_pb2, autoscaler_pb2_grpc, common_pb2
 
 from services.autoscaler.deployments import (
     Deployments,
-    RoleStatus,
     ScaleRefused,
     UnknownDeployment,
 )
+from services.autoscaler.membership import to_instance
 from services.autoscaler.planner import Decision
 from services.autoscaler.ports import InstanceView, ReconcileError
+from services.autoscaler.reconciler import RoleStatus
 from services.autoscaler.records import DecisionRecord
 from services.autoscaler.spec import DeploymentSpec, SpecError
 from services.autoscaler.translate import spec_from_proto, spec_to_proto
@@ -45,40 +46,26 @@ else:
 
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
-_STATE = {
-    "starting": common_pb2.INSTANCE_STATE_STARTING,
-    "ready": common_pb2.INSTANCE_STATE_READY,
-    "draining": common_pb2.INSTANCE_STATE_DRAINING,
-    "stopped": common_pb2.INSTANCE_STATE_STOPPED,
-    "failed": common_pb2.INSTANCE_STATE_FAILED,
-}
-
 
 def instance_to_proto(
-    i: InstanceView, role: common_pb2.RoleSpec | None = None
+    i: InstanceView, now_ms: int, role: common_pb2.RoleSpec | None = None
 ) -> common_pb2.Instance:
-    """``role``: the instance's role in its spec (kind and engine), when known."""
-    labels = {"role_name": i.role}
+    """The driver's status as membership events carry it (:func:`to_instance`), with the
+    role kind and engine taken from the spec (``role``) when known (a hand-built view does
+    not know its kind), and the last error as the ``detail`` label."""
+    msg = to_instance(i.status, now_ms)
+    if role is not None:
+        msg.role, msg.engine_kind = role.role, role.engine_kind
     if i.detail:
-        labels["detail"] = i.detail
-    return common_pb2.Instance(
-        instance_id=i.instance_id,
-        deployment=i.deployment,
-        role=role.role if role is not None else common_pb2.ROLE_UNSPECIFIED,
-        engine_kind=role.engine_kind if role is not None else common_pb2.ENGINE_KIND_UNSPECIFIED,
-        endpoint=common_pb2.Endpoint(url=i.url),
-        state=_STATE.get(i.state, common_pb2.INSTANCE_STATE_UNSPECIFIED),
-        epoch=i.epoch,
-        labels=labels,
-        updated_ms=i.updated_ms,
-    )
+        msg.labels["detail"] = i.detail
+    return msg
 
 
 def _instances(
-    items: Sequence[InstanceView], specs: Mapping[str, DeploymentSpec]
+    items: Sequence[InstanceView], specs: Mapping[str, DeploymentSpec], now_ms: int
 ) -> list[common_pb2.Instance]:
     roles = {(name, r.name): r for name, spec in specs.items() for r in spec_to_proto(spec).roles}
-    return [instance_to_proto(i, roles.get((i.deployment, i.role))) for i in items]
+    return [instance_to_proto(i, now_ms, roles.get((i.deployment, i.role))) for i in items]
 
 
 def record_to_proto(r: DecisionRecord) -> autoscaler_pb2.ScalingDecision:
@@ -123,13 +110,14 @@ def decision_to_proto(d: Decision, ts_ms: int) -> autoscaler_pb2.ScalingDecision
 
 
 def _role_status(s: RoleStatus) -> autoscaler_pb2.RoleStatus:
+    c = s.count
     return autoscaler_pb2.RoleStatus(
-        role=s.role,
+        role=s.name,
         desired=s.desired,
-        ready=s.ready,
-        starting=s.starting,
-        draining=s.draining,
-        failed=s.failed,
+        ready=c.ready,
+        starting=c.starting,
+        draining=c.draining,
+        failed=c.failed,
     )
 
 
@@ -175,9 +163,10 @@ class AutoscalerServicer(_Base):
             await _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
         return autoscaler_pb2.GetDeploymentResponse(
             spec=spec_to_proto(view.spec),
-            instances=_instances(view.instances, {view.spec.name: view.spec}),
+            instances=_instances(view.instances, {view.spec.name: view.spec}, self._wall_ms()),
             roles=[_role_status(s) for s in view.roles],
             recent_decisions=[record_to_proto(r) for r in view.decisions],
+            progress=view.progress,
         )
 
     async def ListDeployments(
@@ -205,7 +194,9 @@ class AutoscalerServicer(_Base):
         deployments = await self._ready(context)
         specs = {v.spec.name: v.spec for v in await deployments.all()}
         items = deployments.instances(request.deployment)
-        return autoscaler_pb2.ListInstancesResponse(instances=_instances(items, specs))
+        return autoscaler_pb2.ListInstancesResponse(
+            instances=_instances(items, specs, self._wall_ms())
+        )
 
     async def Plan(
         self, request: autoscaler_pb2.PlanRequest, context: Ctx

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from services.autoscaler.drivers.settings import DriverSettings
 from services.autoscaler.planner.config import PlannerConfig
 from services.common.settings import ServiceSettings
 
@@ -13,7 +14,9 @@ __all__ = ["AutoscalerSettings"]
 class AutoscalerSettings(ServiceSettings):
     """autoscaler: gRPC on 50053, metrics on 9103 by default. Deployments, revisions and
     decisions need ``postgres_url``; without it every deployment RPC answers
-    FAILED_PRECONDITION and the planner loop does not run."""
+    FAILED_PRECONDITION and the planner loop does not run. ``driver`` says what carries out
+    the decisions (``TIDESERVE_AUTOSCALER__DRIVER__KIND=local``); membership events go to
+    ``{stream_prefix}:membership`` on ``redis_url`` (none without it)."""
 
     grpc_port: int = Field(50053, ge=0, le=65535, description="gRPC port; 0 picks a free port")
     metrics_port: int = Field(9103, ge=0, le=65535, description="Prometheus /metrics; 0 = off")
@@ -32,4 +35,11 @@ class AutoscalerSettings(ServiceSettings):
     )
     hold_record_s: float = Field(
         300.0, ge=0, description="store a decision that changes nothing at most this often"
+    )
+    driver: DriverSettings = Field(
+        default_factory=DriverSettings,  # type: ignore[arg-type]
+        description="driver (local, kubernetes, dry-run), drain and reconciler retries",
+    )
+    load_poll_s: float = Field(
+        1.0, gt=0, description="how often each ready instance's /metrics load is scraped"
     )

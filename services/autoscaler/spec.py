@@ -13,7 +13,7 @@ YAML shape (RoleBasedGroup v1alpha2 roles plus SLO classes, P:D ratio bounds, a 
     model: llama
     roles:
       - {name: prefill, role: prefill, replicas: 2, min_replicas: 1, max_replicas: 8,
-         engine: sim, args: [--perf-profile, test]}
+         engine: sim, args: [--profile, test]}
       - {name: decode, role: decode, replicas: 2, min_replicas: 1, max_replicas: 8,
          dependencies: [prefill]}
     coordination: {min_pd_ratio: 0.25, max_pd_ratio: 4, max_skew_percent: 50,

@@ -7,6 +7,7 @@ specs appended to the same list, so the supervisor never needs to know what it r
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -190,6 +191,19 @@ def service_env(
     return env
 
 
+def autoscaler_env(
+    ports: Mapping[str, Mapping[str, int]], host: str, gateways: Sequence[Mapping[str, int]]
+) -> dict[str, str]:
+    """Where the stack's autoscaler finds its peers (pure): the telemetry service it plans
+    from, and every gateway replica's gRPC address for ``Drain`` before a scale-in."""
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # bound everywhere
+    grpc_of = [f"{host}:{g['grpc_port']}" for g in gateways]
+    return {
+        "TIDESERVE_AUTOSCALER__TELEMETRY_ADDRESS": f"{host}:{ports['telemetry']['grpc_port']}",
+        "TIDESERVE_AUTOSCALER__DRIVER__SCHEDULER_ADDRESSES": json.dumps(grpc_of),
+    }
+
+
 def build_service_children(
     *,
     ports: Mapping[str, Mapping[str, int]],
@@ -208,7 +222,10 @@ def build_service_children(
     children = []
     for svc in SERVICES:
         plans: list[tuple[str, dict[str, int], dict[str, str]]]
-        if svc.name != GATEWAY_SERVICE:
+        if svc.name == "autoscaler":
+            extra_env = autoscaler_env(ports, host, replica_ports(ports[GATEWAY_SERVICE], gw))
+            plans = [(svc.name, dict(ports[svc.name]), extra_env)]
+        elif svc.name != GATEWAY_SERVICE:
             plans = [(svc.name, dict(ports[svc.name]), {})]
         else:
             names = replica_names(gw.count)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -27,15 +28,26 @@ from services.autoscaler.drivers.base import DeploymentTarget, Role, RoleTarget
 from services.autoscaler.drivers.drain import Drainer, DrainResult
 from services.autoscaler.drivers.local import LocalDriver
 from services.autoscaler.drivers.settings import DriverSettings, LocalSettings
+from services.autoscaler.main import build as build_autoscaler
 from services.autoscaler.membership import MembershipPublisher
 from services.autoscaler.reconciler import Reconciler
+from services.autoscaler.settings import AutoscalerSettings
+from services.common.server import serve
 from services.common.streams import StreamProducer
 from services.scheduler.settings import SchedulerSettings
 from tests.helpers.engine_stack import Outcome, stream_sse
 from tests.helpers.ports import free_ports
 from tests.helpers.scheduler import scheduler_service
 
-__all__ = ["ClosedLoop", "RecordingDrainer", "Rig", "autoscaled_gateway"]
+__all__ = [
+    "ClosedLoop",
+    "RecordingDrainer",
+    "Rig",
+    "autoscaled_gateway",
+    "autoscaler_service",
+    "gateway_settings",
+    "tideserve",
+]
 
 SIM_ARGS = ("--profile", "test", "--kv-blocks", "512")
 
@@ -82,6 +94,26 @@ class Rig:
         return {e.instance.instance_id for e in resp.endpoints if e.healthy and not e.draining}
 
 
+def gateway_settings(
+    redis_url: str, state_dir: Path, prefix: str, deployment: str, grpc_port: int, http_port: int
+) -> SchedulerSettings:
+    """A scheduler serving ``deployment`` from membership events alone (no static engines)."""
+    return SchedulerSettings(
+        grpc_port=grpc_port,
+        http_port=http_port,
+        metrics_port=0,
+        deployment=deployment,
+        redis_url=redis_url,
+        stream_prefix=prefix,
+        request_records=False,
+        models=["tideserve-sim"],
+        perf_profile="test",
+        block_size=16,
+        state_dir=state_dir / "scheduler",
+        health_interval_s=0.5,
+    )
+
+
 @contextlib.asynccontextmanager
 async def autoscaled_gateway(
     redis_url: str,
@@ -97,20 +129,7 @@ async def autoscaled_gateway(
     prefix = f"t{uuid.uuid4().hex[:8]}"
     deployment = f"as-{uuid.uuid4().hex[:6]}"
     grpc_port, http_port, base = free_ports(3)
-    settings = SchedulerSettings(
-        grpc_port=grpc_port,
-        http_port=http_port,
-        metrics_port=0,
-        deployment=deployment,
-        redis_url=redis_url,
-        stream_prefix=prefix,
-        request_records=False,
-        models=["tideserve-sim"],
-        perf_profile="test",
-        block_size=16,
-        state_dir=state_dir / "scheduler",
-        health_interval_s=0.5,
-    )
+    settings = gateway_settings(redis_url, state_dir, prefix, deployment, grpc_port, http_port)
     redis = aioredis.Redis.from_url(redis_url, decode_responses=False)
     scheduler = f"127.0.0.1:{grpc_port}"
     drv_settings = DriverSettings(kind="local", scheduler_addresses=[scheduler], resync_s=0.5,
@@ -179,3 +198,38 @@ class ClosedLoop:
 
     def failures(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.status != 200 or not o.done or o.error]
+
+
+@contextlib.asynccontextmanager
+async def autoscaler_service(settings: AutoscalerSettings) -> AsyncIterator[str]:
+    """The autoscaler service as ``python -m services.autoscaler`` runs it (``main.build``
+    with its real reconciler over ``settings.driver``, migrations as the runner does them),
+    serving on ``settings.grpc_port`` until the block ends; yields its gRPC address. On
+    exit the service stops, and with it the local driver's engines."""
+    from services.common import db
+
+    assert settings.postgres_url is not None
+    await asyncio.to_thread(db.migrate, settings.postgres_url, "autoscaler")
+    hooks = build_autoscaler(settings)
+    ready, stop = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(
+        serve(settings, "autoscaler", hooks.register, on_start=hooks.on_start,
+              on_stop=hooks.on_stop, ready=ready, stop=stop, registry=hooks.registry)
+    )  # fmt: skip
+    try:
+        await asyncio.wait_for(ready.wait(), 30)
+        yield f"127.0.0.1:{settings.grpc_port}"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+
+
+async def tideserve(*argv: str) -> tuple[int, str, str]:
+    """``tideserve ARGV`` as a process (the CLI is synchronous: it must not share the test's
+    event loop with the services it calls); (exit code, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.cli", *argv,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    return proc.returncode or 0, out.decode(), err.decode()

@@ -66,7 +66,11 @@ async def test_built_service_plans_on_its_own(postgres_db_url: str) -> None:
                 return any(d.status == "applied" for d in got.decisions)
 
             await eventually(scaled)
-        assert reconciler.calls[0][1] == {"prefill": 4, "decode": 3}
+        # apply hands the spec's replicas over, then the planner's first decision
+        assert [c[1] for c in reconciler.calls[:2]] == [
+            {"prefill": 1, "decode": 1},
+            {"prefill": 4, "decode": 3},
+        ]
     finally:
         stop.set()
         await asyncio.wait_for(task, 60)

@@ -77,7 +77,7 @@ def _settled() -> PlannerState:
 
 
 def _ready(role: str, n: int, **load: int) -> tuple[InstanceView, ...]:
-    return tuple(InstanceView(f"{role}-{i}", "chat", role, "ready", **load) for i in range(n))
+    return tuple(InstanceView.of(f"{role}-{i}", "chat", role, "ready", **load) for i in range(n))
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ CASES = [
         ),
         instances=(
             *_ready("prefill", 2),
-            InstanceView("prefill-new", "chat", "prefill", "starting"),
+            InstanceView.of("prefill-new", "chat", "prefill", "starting"),
         ),
     ),
     Case(
@@ -217,7 +217,7 @@ CASES = [
         "prefill: 4 -> 4 (hold)",
         instances=(
             *_ready("prefill", 2),
-            *(InstanceView(f"p-new-{i}", "chat", "prefill", "starting") for i in range(2)),
+            *(InstanceView.of(f"p-new-{i}", "chat", "prefill", "starting") for i in range(2)),
         ),
     ),
     Case(
@@ -234,7 +234,7 @@ CASES = [
         {"prefill": 2, "decode": 1},
         {"prefill": 2, "decode": 1},
         "prefill: 2 -> 2 (hold)",
-        instances=(InstanceView("p-w", "chat", "prefill", "starting", queued=50),),
+        instances=(InstanceView.of("p-w", "chat", "prefill", "starting", queued=50),),
     ),
     Case(
         "max-replicas-binds",
@@ -268,10 +268,10 @@ CASES = [
         {"prefill": 3, "decode": 1},
         "prefill: 4 -> 3 (down)",
         instances=(
-            InstanceView("p-busy", "chat", "prefill", "ready", in_flight=3),
-            InstanceView("p-cached", "chat", "prefill", "ready", cached_blocks=500),
-            InstanceView("p-idle", "chat", "prefill", "ready"),
-            InstanceView("p-warm", "chat", "prefill", "ready", cached_blocks=5),
+            InstanceView.of("p-busy", "chat", "prefill", "ready", in_flight=3),
+            InstanceView.of("p-cached", "chat", "prefill", "ready", cached_blocks=500),
+            InstanceView.of("p-idle", "chat", "prefill", "ready"),
+            InstanceView.of("p-warm", "chat", "prefill", "ready", cached_blocks=5),
         ),
         victims=("p-idle",),
     ),

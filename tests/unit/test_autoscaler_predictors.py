@@ -117,7 +117,7 @@ def test_fit_roles(
 
 
 def _inst(iid: str, state: str = "ready", **load: int) -> InstanceView:
-    return InstanceView(iid, "x", "p", state, **load)  # type: ignore[arg-type]
+    return InstanceView.of(iid, "x", "p", state, **load)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

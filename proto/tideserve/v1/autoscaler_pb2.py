@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tideserve.v1 import common_pb2 as tideserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtideserve/v1/autoscaler.proto\x12\x0ctideserve.v1\x1a\x19tideserve/v1/common.proto\"D\n\x16\x41pplyDeploymentRequest\x12*\n\x04spec\x18\x01 \x01(\x0b\x32\x1c.tideserve.v1.DeploymentSpec\"V\n\x17\x41pplyDeploymentResponse\x12*\n\x04spec\x18\x01 \x01(\x0b\x32\x1c.tideserve.v1.DeploymentSpec\x12\x0f\n\x07\x63hanged\x18\x02 \x01(\x08\"$\n\x14GetDeploymentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"n\n\nRoleStatus\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65sired\x18\x02 \x01(\x05\x12\r\n\x05ready\x18\x03 \x01(\x05\x12\x10\n\x08starting\x18\x04 \x01(\x05\x12\x10\n\x08\x64raining\x18\x05 \x01(\x05\x12\x0e\n\x06\x66\x61iled\x18\x06 \x01(\x05\"\xd0\x01\n\x15GetDeploymentResponse\x12*\n\x04spec\x18\x01 \x01(\x0b\x32\x1c.tideserve.v1.DeploymentSpec\x12)\n\tinstances\x18\x02 \x03(\x0b\x32\x16.tideserve.v1.Instance\x12\'\n\x05roles\x18\x03 \x03(\x0b\x32\x18.tideserve.v1.RoleStatus\x12\x37\n\x10recent_decisions\x18\x04 \x03(\x0b\x32\x1d.tideserve.v1.ScalingDecision\"\x18\n\x16ListDeploymentsRequest\"L\n\x17ListDeploymentsResponse\x12\x31\n\x0b\x64\x65ployments\x18\x01 \x03(\x0b\x32\x1c.tideserve.v1.DeploymentSpec\"\'\n\x17\x44\x65leteDeploymentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x1a\n\x18\x44\x65leteDeploymentResponse\"*\n\x14ListInstancesRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\"B\n\x15ListInstancesResponse\x12)\n\tinstances\x18\x01 \x03(\x0b\x32\x16.tideserve.v1.Instance\"F\n\nRoleChange\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x15\n\rfrom_replicas\x18\x02 \x01(\x05\x12\x13\n\x0bto_replicas\x18\x03 \x01(\x05\"\x82\x02\n\x0fScalingDecision\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12\x12\n\ndeployment\x18\x02 \x01(\t\x12\r\n\x05ts_ms\x18\x03 \x01(\x03\x12)\n\x07\x63hanges\x18\x04 \x03(\x0b\x32\x18.tideserve.v1.RoleChange\x12\x0f\n\x07reasons\x18\x05 \x03(\t\x12\x0e\n\x06status\x18\x06 \x01(\t\x12\x1a\n\x12\x62inding_constraint\x18\x07 \x01(\t\x12\x0f\n\x07victims\x18\x08 \x03(\t\x12\x12\n\ngeneration\x18\t \x01(\x03\x12\x13\n\x0binputs_json\x18\n \x01(\t\x12\x15\n\rforecast_json\x18\x0b \x01(\t\"!\n\x0bPlanRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\"?\n\x0cPlanResponse\x12/\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x1d.tideserve.v1.ScalingDecision\"F\n\x10ScaleRoleRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x10\n\x08replicas\x18\x03 \x01(\x05\"D\n\x11ScaleRoleResponse\x12/\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x1d.tideserve.v1.ScalingDecision\"9\n\x14ListDecisionsRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"I\n\x15ListDecisionsResponse\x12\x30\n\tdecisions\x18\x01 \x03(\x0b\x32\x1d.tideserve.v1.ScalingDecision2\xd1\x05\n\x11\x41utoscalerService\x12^\n\x0f\x41pplyDeployment\x12$.tideserve.v1.ApplyDeploymentRequest\x1a%.tideserve.v1.ApplyDeploymentResponse\x12X\n\rGetDeployment\x12\".tideserve.v1.GetDeploymentRequest\x1a#.tideserve.v1.GetDeploymentResponse\x12^\n\x0fListDeployments\x12$.tideserve.v1.ListDeploymentsRequest\x1a%.tideserve.v1.ListDeploymentsResponse\x12\x61\n\x10\x44\x65leteDeployment\x12%.tideserve.v1.DeleteDeploymentRequest\x1a&.tideserve.v1.DeleteDeploymentResponse\x12X\n\rListInstances\x12\".tideserve.v1.ListInstancesRequest\x1a#.tideserve.v1.ListInstancesResponse\x12=\n\x04Plan\x12\x19.tideserve.v1.PlanRequest\x1a\x1a.tideserve.v1.PlanResponse\x12L\n\tScaleRole\x12\x1e.tideserve.v1.ScaleRoleRequest\x1a\x1f.tideserve.v1.ScaleRoleResponse\x12X\n\rListDecisions\x12\".tideserve.v1.ListDecisionsRequest\x1a#.tideserve.v1.ListDecisionsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtideserve/v1/autoscaler.proto\x12\x0ctideserve.v1\x1a\x19tideserve/v1/common.proto\"D\n\x16\x41pplyDeploymentRequest\x12*\n\x04spec\x18\x01 \x01(\x0b\x32\x1c.tideserve.v1.DeploymentSpec\"V\n\x17\x41pplyDeploymentResponse\x12*\n\x04spec\x18\x01 \x01(\x0b\x32\x1c.tideserve.v1.DeploymentSpec\x12\x0f\n\x07\x63hanged\x18\x02 \x01(\x08\"$\n\x14GetDeploymentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"n\n\nRoleStatus\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65sired\x18\x02 \x01(\x05\x12\r\n\x05ready\x18\x03 \x01(\x05\x12\x10\n\x08starting\x18\x04 \x01(\x05\x12\x10\n\x08\x64raining\x18\x05 \x01(\x05\x12\x0e\n\x06\x66\x61iled\x18\x06 \x01(\x05\"\xe2\x01\n\x15GetDeploymentResponse\x12*\n\x04spec\x18\x01 \x01(\x0b\x32\x1c.tideserve.v1.DeploymentSpec\x12)\n\tinstances\x18\x02 \x03(\x0b\x32\x16.tideserve.v1.Instance\x12\'\n\x05roles\x18\x03 \x03(\x0b\x32\x18.tideserve.v1.RoleStatus\x12\x37\n\x10recent_decisions\x18\x04 \x03(\x0b\x32\x1d.tideserve.v1.ScalingDecision\x12\x10\n\x08progress\x18\x05 \x01(\t\"\x18\n\x16ListDeploymentsRequest\"L\n\x17ListDeploymentsResponse\x12\x31\n\x0b\x64\x65ployments\x18\x01 \x03(\x0b\x32\x1c.tideserve.v1.DeploymentSpec\"\'\n\x17\x44\x65leteDeploymentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x1a\n\x18\x44\x65leteDeploymentResponse\"*\n\x14ListInstancesRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\"B\n\x15ListInstancesResponse\x12)\n\tinstances\x18\x01 \x03(\x0b\x32\x16.tideserve.v1.Instance\"F\n\nRoleChange\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x15\n\rfrom_replicas\x18\x02 \x01(\x05\x12\x13\n\x0bto_replicas\x18\x03 \x01(\x05\"\x82\x02\n\x0fScalingDecision\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12\x12\n\ndeployment\x18\x02 \x01(\t\x12\r\n\x05ts_ms\x18\x03 \x01(\x03\x12)\n\x07\x63hanges\x18\x04 \x03(\x0b\x32\x18.tideserve.v1.RoleChange\x12\x0f\n\x07reasons\x18\x05 \x03(\t\x12\x0e\n\x06status\x18\x06 \x01(\t\x12\x1a\n\x12\x62inding_constraint\x18\x07 \x01(\t\x12\x0f\n\x07victims\x18\x08 \x03(\t\x12\x12\n\ngeneration\x18\t \x01(\x03\x12\x13\n\x0binputs_json\x18\n \x01(\t\x12\x15\n\rforecast_json\x18\x0b \x01(\t\"!\n\x0bPlanRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\"?\n\x0cPlanResponse\x12/\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x1d.tideserve.v1.ScalingDecision\"F\n\x10ScaleRoleRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x10\n\x08replicas\x18\x03 \x01(\x05\"D\n\x11ScaleRoleResponse\x12/\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x1d.tideserve.v1.ScalingDecision\"9\n\x14ListDecisionsRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"I\n\x15ListDecisionsResponse\x12\x30\n\tdecisions\x18\x01 \x03(\x0b\x32\x1d.tideserve.v1.ScalingDecision2\xd1\x05\n\x11\x41utoscalerService\x12^\n\x0f\x41pplyDeployment\x12$.tideserve.v1.ApplyDeploymentRequest\x1a%.tideserve.v1.ApplyDeploymentResponse\x12X\n\rGetDeployment\x12\".tideserve.v1.GetDeploymentRequest\x1a#.tideserve.v1.GetDeploymentResponse\x12^\n\x0fListDeployments\x12$.tideserve.v1.ListDeploymentsRequest\x1a%.tideserve.v1.ListDeploymentsResponse\x12\x61\n\x10\x44\x65leteDeployment\x12%.tideserve.v1.DeleteDeploymentRequest\x1a&.tideserve.v1.DeleteDeploymentResponse\x12X\n\rListInstances\x12\".tideserve.v1.ListInstancesRequest\x1a#.tideserve.v1.ListInstancesResponse\x12=\n\x04Plan\x12\x19.tideserve.v1.PlanRequest\x1a\x1a.tideserve.v1.PlanResponse\x12L\n\tScaleRole\x12\x1e.tideserve.v1.ScaleRoleRequest\x1a\x1f.tideserve.v1.ScaleRoleResponse\x12X\n\rListDecisions\x12\".tideserve.v1.ListDecisionsRequest\x1a#.tideserve.v1.ListDecisionsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,35 +41,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROLESTATUS']._serialized_start=270
   _globals['_ROLESTATUS']._serialized_end=380
   _globals['_GETDEPLOYMENTRESPONSE']._serialized_start=383
-  _globals['_GETDEPLOYMENTRESPONSE']._serialized_end=591
-  _globals['_LISTDEPLOYMENTSREQUEST']._serialized_start=593
-  _globals['_LISTDEPLOYMENTSREQUEST']._serialized_end=617
-  _globals['_LISTDEPLOYMENTSRESPONSE']._serialized_start=619
-  _globals['_LISTDEPLOYMENTSRESPONSE']._serialized_end=695
-  _globals['_DELETEDEPLOYMENTREQUEST']._serialized_start=697
-  _globals['_DELETEDEPLOYMENTREQUEST']._serialized_end=736
-  _globals['_DELETEDEPLOYMENTRESPONSE']._serialized_start=738
-  _globals['_DELETEDEPLOYMENTRESPONSE']._serialized_end=764
-  _globals['_LISTINSTANCESREQUEST']._serialized_start=766
-  _globals['_LISTINSTANCESREQUEST']._serialized_end=808
-  _globals['_LISTINSTANCESRESPONSE']._serialized_start=810
-  _globals['_LISTINSTANCESRESPONSE']._serialized_end=876
-  _globals['_ROLECHANGE']._serialized_start=878
-  _globals['_ROLECHANGE']._serialized_end=948
-  _globals['_SCALINGDECISION']._serialized_start=951
-  _globals['_SCALINGDECISION']._serialized_end=1209
-  _globals['_PLANREQUEST']._serialized_start=1211
-  _globals['_PLANREQUEST']._serialized_end=1244
-  _globals['_PLANRESPONSE']._serialized_start=1246
-  _globals['_PLANRESPONSE']._serialized_end=1309
-  _globals['_SCALEROLEREQUEST']._serialized_start=1311
-  _globals['_SCALEROLEREQUEST']._serialized_end=1381
-  _globals['_SCALEROLERESPONSE']._serialized_start=1383
-  _globals['_SCALEROLERESPONSE']._serialized_end=1451
-  _globals['_LISTDECISIONSREQUEST']._serialized_start=1453
-  _globals['_LISTDECISIONSREQUEST']._serialized_end=1510
-  _globals['_LISTDECISIONSRESPONSE']._serialized_start=1512
-  _globals['_LISTDECISIONSRESPONSE']._serialized_end=1585
-  _globals['_AUTOSCALERSERVICE']._serialized_start=1588
-  _globals['_AUTOSCALERSERVICE']._serialized_end=2309
+  _globals['_GETDEPLOYMENTRESPONSE']._serialized_end=609
+  _globals['_LISTDEPLOYMENTSREQUEST']._serialized_start=611
+  _globals['_LISTDEPLOYMENTSREQUEST']._serialized_end=635
+  _globals['_LISTDEPLOYMENTSRESPONSE']._serialized_start=637
+  _globals['_LISTDEPLOYMENTSRESPONSE']._serialized_end=713
+  _globals['_DELETEDEPLOYMENTREQUEST']._serialized_start=715
+  _globals['_DELETEDEPLOYMENTREQUEST']._serialized_end=754
+  _globals['_DELETEDEPLOYMENTRESPONSE']._serialized_start=756
+  _globals['_DELETEDEPLOYMENTRESPONSE']._serialized_end=782
+  _globals['_LISTINSTANCESREQUEST']._serialized_start=784
+  _globals['_LISTINSTANCESREQUEST']._serialized_end=826
+  _globals['_LISTINSTANCESRESPONSE']._serialized_start=828
+  _globals['_LISTINSTANCESRESPONSE']._serialized_end=894
+  _globals['_ROLECHANGE']._serialized_start=896
+  _globals['_ROLECHANGE']._serialized_end=966
+  _globals['_SCALINGDECISION']._serialized_start=969
+  _globals['_SCALINGDECISION']._serialized_end=1227
+  _globals['_PLANREQUEST']._serialized_start=1229
+  _globals['_PLANREQUEST']._serialized_end=1262
+  _globals['_PLANRESPONSE']._serialized_start=1264
+  _globals['_PLANRESPONSE']._serialized_end=1327
+  _globals['_SCALEROLEREQUEST']._serialized_start=1329
+  _globals['_SCALEROLEREQUEST']._serialized_end=1399
+  _globals['_SCALEROLERESPONSE']._serialized_start=1401
+  _globals['_SCALEROLERESPONSE']._serialized_end=1469
+  _globals['_LISTDECISIONSREQUEST']._serialized_start=1471
+  _globals['_LISTDECISIONSREQUEST']._serialized_end=1528
+  _globals['_LISTDECISIONSRESPONSE']._serialized_start=1530
+  _globals['_LISTDECISIONSRESPONSE']._serialized_end=1603
+  _globals['_AUTOSCALERSERVICE']._serialized_start=1606
+  _globals['_AUTOSCALERSERVICE']._serialized_end=2327
 # @@protoc_insertion_point(module_scope)

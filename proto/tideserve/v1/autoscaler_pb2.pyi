@@ -44,16 +44,18 @@ class RoleStatus(_message.Message):
     def __init__(self, role: _Optional[str] = ..., desired: _Optional[int] = ..., ready: _Optional[int] = ..., starting: _Optional[int] = ..., draining: _Optional[int] = ..., failed: _Optional[int] = ...) -> None: ...
 
 class GetDeploymentResponse(_message.Message):
-    __slots__ = ("spec", "instances", "roles", "recent_decisions")
+    __slots__ = ("spec", "instances", "roles", "recent_decisions", "progress")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     ROLES_FIELD_NUMBER: _ClassVar[int]
     RECENT_DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     spec: _common_pb2.DeploymentSpec
     instances: _containers.RepeatedCompositeFieldContainer[_common_pb2.Instance]
     roles: _containers.RepeatedCompositeFieldContainer[RoleStatus]
     recent_decisions: _containers.RepeatedCompositeFieldContainer[ScalingDecision]
-    def __init__(self, spec: _Optional[_Union[_common_pb2.DeploymentSpec, _Mapping]] = ..., instances: _Optional[_Iterable[_Union[_common_pb2.Instance, _Mapping]]] = ..., roles: _Optional[_Iterable[_Union[RoleStatus, _Mapping]]] = ..., recent_decisions: _Optional[_Iterable[_Union[ScalingDecision, _Mapping]]] = ...) -> None: ...
+    progress: str
+    def __init__(self, spec: _Optional[_Union[_common_pb2.DeploymentSpec, _Mapping]] = ..., instances: _Optional[_Iterable[_Union[_common_pb2.Instance, _Mapping]]] = ..., roles: _Optional[_Iterable[_Union[RoleStatus, _Mapping]]] = ..., recent_decisions: _Optional[_Iterable[_Union[ScalingDecision, _Mapping]]] = ..., progress: _Optional[str] = ...) -> None: ...
 
 class ListDeploymentsRequest(_message.Message):
     __slots__ = ()

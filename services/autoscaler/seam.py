@@ -1,0 +1,190 @@
+"""The seam between the planner's :class:`~services.autoscaler.ports.Reconciler` port and the
+drivers' :class:`~services.autoscaler.reconciler.Reconciler`.
+
+One instance type: a driver's :class:`~services.autoscaler.drivers.base.InstanceStatus`. The
+planner sees it as an :class:`~services.autoscaler.ports.InstanceView`: the status plus the
+load the driver does not know (running and queued requests from the engine's ``/metrics``,
+scraped by :class:`LoadPoller`). ``cached_blocks`` stays 0: no engine reports a count of
+cached blocks it would lose (``kv_usage`` is a fraction of its pool, not a prefix cache).
+
+Pure translations:
+
+- :func:`role_target` / :func:`deployment_target`: a spec role and its target replicas ->
+  ``RoleTarget`` (engine ``sim``: the simulator with the role's ``args``; ``sglang``/``vllm``:
+  the role's ``template`` as a command line with ``{host}``/``{port}``/... placeholders, else
+  :data:`ENGINE_COMMANDS`), ``coordination.max_skew_percent`` -> ``max_skew`` as a fraction
+  (0 = uncoordinated, 1.0), ``coordination.drain_timeout_s`` is the driver's setting;
+- :func:`victims_by_role`: the planner's flat victim list -> ``{role: [ids]}``.
+
+:class:`DriverReconciler` implements the port over the real reconciler: ``apply`` returns
+once the target is recorded (the reconciler drives it in its own tasks), ``instances`` is the
+driver's snapshot with the last scraped load, ``progress`` is the reconciler's
+"converged"/"applying: ..."/"half-applied: ..." line for ``describe`` (with the
+``dry-run`` driver, which owns nothing: "dry-run: desired recorded (...), nothing changed").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+from collections.abc import Mapping, Sequence
+
+import aiohttp
+
+from services.autoscaler.drivers.base import DeploymentTarget, InstanceState, Role, RoleTarget
+from services.autoscaler.drivers.dryrun import DryRunDriver
+from services.autoscaler.ports import InstanceView
+from services.autoscaler.reconciler import Reconciler as DriverLoop
+from services.autoscaler.spec import DeploymentSpec, RoleSpec
+from services.common.tasks import pause, stop_tasks
+from services.scheduler.core.load_merge import LoadReport
+from services.scheduler.http.upstream import scrape_load
+
+__all__ = [
+    "ENGINE_COMMANDS",
+    "DriverReconciler",
+    "LoadPoller",
+    "deployment_target",
+    "role_target",
+    "victims_by_role",
+]
+
+ENGINE_COMMANDS: Mapping[str, tuple[str, ...]] = {
+    "sglang": ("python", "-m", "sglang.launch_server", "--host", "{host}", "--port", "{port}"),
+    "vllm": ("vllm", "serve", "--host", "{host}", "--port", "{port}"),
+}
+"""Command lines of real engines when a role gives no ``template`` (its ``args`` follow)."""
+
+
+def role_target(deployment: str, role: RoleSpec, replicas: int) -> RoleTarget:
+    """``role`` of ``deployment`` at ``replicas`` as a driver needs it (pure)."""
+    command: tuple[str, ...] = ()
+    if role.engine != "sim":
+        command = tuple(shlex.split(role.template)) or ENGINE_COMMANDS[role.engine]
+    return RoleTarget(
+        deployment=deployment,
+        name=role.name,
+        role=Role(role.role),
+        replicas=replicas,
+        engine_kind=role.engine,
+        command=command,
+        args=role.args,
+        image=role.image,
+        resources=dict(role.resources),
+        dependencies=role.dependencies,
+    )
+
+
+def deployment_target(
+    spec: DeploymentSpec, targets: Mapping[str, int], reason: str = ""
+) -> DeploymentTarget:
+    """Every role of ``spec`` at ``targets[role]`` (the spec's replicas when absent)."""
+    roles = tuple(role_target(spec.name, r, targets.get(r.name, r.replicas)) for r in spec.roles)
+    skew = spec.coordination.max_skew_percent / 100.0
+    return DeploymentTarget(spec.name, roles, max_skew=skew if skew > 0 else 1.0, reason=reason)
+
+
+def victims_by_role(
+    victims: Sequence[str], instances: Sequence[InstanceView]
+) -> dict[str, list[str]]:
+    """The flat victim list grouped by each victim's role (unknown ids dropped: gone)."""
+    role_of = {i.instance_id: i.role for i in instances}
+    out: dict[str, list[str]] = {}
+    for v in victims:
+        if v in role_of:
+            out.setdefault(role_of[v], []).append(v)
+    return out
+
+
+class LoadPoller:
+    """Scrapes every READY instance's ``/metrics`` each ``interval_s`` and keeps the last
+    :class:`LoadReport` per instance (instances that disappeared are forgotten)."""
+
+    def __init__(self, loop: DriverLoop, interval_s: float, timeout_s: float) -> None:
+        self._loop = loop
+        self._interval_s = interval_s
+        self._timeout_s = timeout_s
+        self.loads: dict[str, LoadReport] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+
+    async def poll_once(self, session: aiohttp.ClientSession) -> None:
+        ready = [
+            s
+            for d in self._loop.deployments()
+            for s in self._loop.instances(d)
+            if s.state == InstanceState.READY and s.endpoint
+        ]
+        reports = await asyncio.gather(
+            *(scrape_load(session, s.endpoint, self._timeout_s) for s in ready)
+        )
+        self.loads = {s.instance_id: r for s, r in zip(ready, reports, strict=True) if r}
+
+    async def _run(self) -> None:
+        async with aiohttp.ClientSession() as session:
+            while not self._stopping.is_set():
+                await self.poll_once(session)
+                await pause(self._stopping, self._interval_s)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._stopping.clear()
+            self._task = asyncio.create_task(self._run(), name="instance-load")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._stopping.set()
+            await stop_tasks([self._task])
+            self._task = None
+
+
+class DriverReconciler:
+    """The port over the drivers' reconciler (``loop``); see the module docstring."""
+
+    def __init__(self, loop: DriverLoop, load: LoadPoller | None = None) -> None:
+        self.loop = loop
+        self._load = load
+
+    async def start(self) -> None:
+        await self.loop.start()
+        if self._load is not None:
+            self._load.start()
+
+    async def stop(self) -> None:
+        """Stop polling and reconciling; the local driver stops its engines."""
+        if self._load is not None:
+            await self._load.stop()
+        await self.loop.stop()
+
+    async def apply(
+        self,
+        spec: DeploymentSpec,
+        targets: Mapping[str, int],
+        victims: Sequence[str],
+        reason: str = "",
+    ) -> None:
+        status = self.loop.status(spec.name)
+        previous = {r.name: r.desired for r in status.roles} if status is not None else {}
+        full = {r.name: targets.get(r.name, previous.get(r.name, r.replicas)) for r in spec.roles}
+        grouped = victims_by_role(victims, self.instances(spec.name))
+        self.loop.apply(deployment_target(spec, full, reason), grouped)
+
+    def instances(self, deployment: str = "") -> Sequence[InstanceView]:
+        names = [deployment] if deployment else self.loop.deployments()
+        loads = self._load.loads if self._load is not None else {}
+        out = []
+        for name in names:
+            for s in self.loop.instances(name):
+                r = loads.get(s.instance_id)
+                out.append(InstanceView(s, r.running, r.waiting) if r else InstanceView(s))
+        return out
+
+    def progress(self, deployment: str) -> str:
+        """The reconciler's progress line ("" for a deployment it never saw)."""
+        status = self.loop.status(deployment)
+        if status is None:
+            return ""
+        if isinstance(self.loop.driver, DryRunDriver):  # it owns nothing: never converges
+            wanted = ", ".join(f"{r.name} {r.desired}" for r in status.roles)
+            return f"dry-run: desired recorded ({wanted}), nothing changed"
+        return status.summary

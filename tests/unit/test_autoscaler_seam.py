@@ -1,0 +1,207 @@
+"""The seam's pure translations: spec role -> RoleTarget, spec + targets -> DeploymentTarget,
+the planner's flat victims -> per role; and DriverReconciler's view of the reconciler."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from services.autoscaler.drivers.base import (
+    DriverError,
+    InstanceState,
+    InstanceStatus,
+    Listener,
+    Role,
+    RoleTarget,
+)
+from services.autoscaler.drivers.dryrun import DryRunDriver
+from services.autoscaler.drivers.settings import DriverSettings
+from services.autoscaler.ports import InstanceView
+from services.autoscaler.reconciler import Reconciler
+from services.autoscaler.seam import (
+    ENGINE_COMMANDS,
+    DriverReconciler,
+    LoadPoller,
+    deployment_target,
+    role_target,
+    victims_by_role,
+)
+from services.autoscaler.spec import RoleSpec, load_spec_file
+from tests.helpers.ports import free_port
+from tests.helpers.waits import eventually
+
+PD = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "pd.yaml"
+
+
+@pytest.mark.parametrize(
+    ("role", "command"),
+    [
+        (RoleSpec(name="w", role="worker", engine="sim", args=("--profile", "test")), ()),
+        (RoleSpec(name="p", role="prefill", engine="sglang"), ENGINE_COMMANDS["sglang"]),
+        (RoleSpec(name="d", role="decode", engine="vllm"), ENGINE_COMMANDS["vllm"]),
+        (
+            RoleSpec(name="p", role="prefill", engine="sglang", template="my-sglang --port {port}"),
+            ("my-sglang", "--port", "{port}"),
+        ),
+    ],
+    ids=["sim-no-command", "sglang-default", "vllm-default", "template-is-the-command"],
+)
+def test_role_target(role: RoleSpec, command: tuple[str, ...]) -> None:
+    t = role_target("chat", role, 3)
+    assert (t.deployment, t.name, t.role, t.replicas) == ("chat", role.name, Role(role.role), 3)
+    assert (t.engine_kind, t.command, t.args) == (role.engine, command, role.args)
+
+
+@pytest.mark.parametrize(
+    ("skew_percent", "targets", "want_skew", "want"),
+    [
+        (0.0, {"prefill": 4, "decode": 3}, 1.0, {"prefill": 4, "decode": 3}),
+        (50.0, {"prefill": 2}, 0.5, {"prefill": 2, "decode": 1}),
+    ],
+    ids=["uncoordinated-all-roles", "skew-fraction-missing-role-keeps-spec"],
+)
+def test_deployment_target(
+    skew_percent: float, targets: dict[str, int], want_skew: float, want: dict[str, int]
+) -> None:
+    spec = load_spec_file(PD.read_text())
+    spec = spec.model_copy(
+        update={
+            "coordination": spec.coordination.model_copy(update={"max_skew_percent": skew_percent})
+        }
+    )
+    t = deployment_target(spec, targets, "planner: up")
+    assert {r.name: r.replicas for r in t.roles} == want
+    assert (t.max_skew, t.reason) == (want_skew, "planner: up")
+    assert t.role("prefill") is not None and t.role("prefill").dependencies == ()  # type: ignore[union-attr]
+
+
+def test_victims_by_role_groups_and_drops_unknown() -> None:
+    views = [
+        InstanceView.of("p1", "chat", "prefill", "ready"),
+        InstanceView.of("d1", "chat", "decode", "ready"),
+        InstanceView.of("d2", "chat", "decode", "ready"),
+    ]
+    assert victims_by_role(["d2", "gone", "p1", "d1"], views) == {
+        "decode": ["d2", "d1"],
+        "prefill": ["p1"],
+    }
+
+
+class _Driver:
+    """Instances appear READY at once; ``fail`` makes scale-out raise DriverError."""
+
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.fail = ""
+        self.made: dict[str, InstanceStatus] = {}
+        self._listener: Listener | None = None
+
+    def set_listener(self, listener: Listener) -> None:
+        self._listener = listener
+
+    async def start(self) -> None:
+        return None
+
+    async def scale(self, role: RoleTarget, replicas: int, victims: Sequence[str] = ()) -> None:
+        if self.fail:
+            raise DriverError(self.fail)
+        for v in victims:
+            self.made.pop(v, None)
+        mine = [i for i in self.made.values() if i.role_name == role.name]
+        for k in range(len(mine), replicas):
+            iid = f"{role.name}-{k}"
+            self.made[iid] = InstanceStatus(
+                iid, role.deployment, role.name, role.role, InstanceState.READY
+            )
+
+    def instances(self, deployment: str) -> Sequence[InstanceStatus]:
+        return [i for i in self.made.values() if i.deployment == deployment]
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_driver_reconciler_drives_and_reports_progress() -> None:
+    spec = load_spec_file(PD.read_text())
+    driver = _Driver()
+    settings = DriverSettings(resync_s=0.05, retry_base_s=0.05, retry_max_s=0.05)
+    port = DriverReconciler(Reconciler(driver, settings))
+    await port.start()
+    try:
+        assert port.progress("chat-pd") == ""
+        await port.apply(spec, {"prefill": 2, "decode": 1}, ())
+        await eventually(lambda: _is(port.progress("chat-pd"), "converged"))
+        views = port.instances("chat-pd")
+        assert sorted((v.role, v.state) for v in views) == [
+            ("decode", "ready"),
+            ("prefill", "ready"),
+            ("prefill", "ready"),
+        ]
+        driver.fail = "cannot exec sglang"
+        await port.apply(spec, {"decode": 2}, ())  # prefill keeps its 2
+        await eventually(lambda: _is(port.progress("chat-pd")[:13], "half-applied:"))
+        assert "cannot exec sglang" in port.progress("chat-pd")
+        assert port.loop.status("chat-pd").roles[0].desired == 2  # type: ignore[union-attr]
+    finally:
+        await port.stop()
+
+
+async def _is(got: str, want: str) -> bool:
+    return got == want
+
+
+async def test_dry_run_progress_says_nothing_changed() -> None:
+    spec = load_spec_file(PD.read_text())
+    port = DriverReconciler(Reconciler(DryRunDriver(), DriverSettings(resync_s=0.05)))
+    await port.start()
+    try:
+        await port.apply(spec, {"prefill": 3}, ())
+        assert port.progress("chat-pd") == (
+            "dry-run: desired recorded (prefill 3, decode 1), nothing changed"
+        )
+        assert port.instances("chat-pd") == []
+    finally:
+        await port.stop()
+
+
+async def test_instances_carry_the_engines_scraped_load() -> None:
+    """A READY instance's ``/metrics`` (running, queued) becomes its view's in_flight and
+    queued; an instance whose engine does not answer keeps 0."""
+    app = web.Application()
+    metrics = "sglang:num_running_reqs 3\nsglang:num_queue_reqs 2\nsglang:token_usage 0.5\n"
+
+    async def serve_metrics(_request: web.Request) -> web.Response:
+        return web.Response(text=metrics)
+
+    app.router.add_get("/metrics", serve_metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    driver = _Driver()
+    loop = Reconciler(driver, DriverSettings(resync_s=0.05))
+    poller = LoadPoller(loop, interval_s=0.05, timeout_s=1.0)
+    port_ = DriverReconciler(loop, poller)
+    await port_.start()
+    try:
+        spec = load_spec_file(PD.read_text())
+        await port_.apply(spec, {"prefill": 2, "decode": 0}, ())
+        await eventually(lambda: _is(port_.progress("chat-pd"), "converged"))
+        driver.made["prefill-0"] = replace(
+            driver.made["prefill-0"], endpoint=f"http://127.0.0.1:{port}"
+        )
+        driver.made["prefill-1"] = replace(driver.made["prefill-1"], endpoint="http://127.0.0.1:1")
+
+        async def loaded() -> bool:
+            got = {v.instance_id: (v.in_flight, v.queued) for v in port_.instances("chat-pd")}
+            return got == {"prefill-0": (3, 2), "prefill-1": (0, 0)}
+
+        await eventually(loaded)
+    finally:
+        await port_.stop()
+        await runner.cleanup()
