@@ -126,6 +126,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--replica-id", default="", help="this replica's id (default generated)")
     p.add_argument("--no-records", action="store_true", help="no RequestRecord per request")
     p.add_argument("--kvmeta-address", default="", help="kvmeta gRPC host:port (MatchPrefix)")
+    p.add_argument(
+        "--telemetry-address", default="",
+        help="telemetry gRPC host:port: price TTFT with its fitted model (GetPerfModel)",
+    )  # fmt: skip
+    p.add_argument("--perf-model-refresh", type=float, default=10.0, help="GetPerfModel period (s)")
+    p.add_argument(
+        "--perf-model-min-confidence", type=float, default=0.5,
+        help="fit confidence from which it replaces --perf-profile (default 0.5)",
+    )  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -178,6 +187,9 @@ def settings_from_args(args: argparse.Namespace) -> SchedulerSettings:
         "replica_id": args.replica_id,
         "request_records": not args.no_records,
         "kvmeta_address": args.kvmeta_address,
+        "telemetry_address": args.telemetry_address,
+        "perf_model_refresh_s": args.perf_model_refresh,
+        "perf_model_min_confidence": args.perf_model_min_confidence,
     }
     try:
         return SchedulerSettings.model_validate(values)

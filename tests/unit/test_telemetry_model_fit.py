@@ -9,7 +9,7 @@ import pytest
 from tideserve.v1 import common_pb2, events_pb2
 
 from services.common.perfmodel import get_profile
-from services.telemetry.model.coefficients import prior_coefficients
+from services.common.perfcoef import prior_coefficients
 from services.telemetry.model.fit import FitConfig, RoleSamples, fit_role
 from services.telemetry.model.state import ModelState
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from services.common.perfmodel import get_profile
-from services.telemetry.model.coefficients import prior_coefficients
+from services.common.perfcoef import prior_coefficients
 from services.telemetry.model.recommend import (
     Capacity,
     Recommendation,

@@ -37,6 +37,7 @@ def build_core(
     limits: CoreLimits | None = None,
     slo: SLOTargets | None = None,
     decode_can_prefill: bool = True,
+    perf_model: PrefillModel | None = None,
 ) -> GatewayCore:
     """A ready core. Raises ``ConfigError`` for a bad profiles file.
 

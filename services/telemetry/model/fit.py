@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from services.telemetry.model.coefficients import Coefficients
+from services.common.perfcoef import Coefficients
 from services.telemetry.model.robust import Array, median_rel_error, robust_fit
 
 __all__ = ["FitConfig", "PartFit", "RoleFit", "RoleSamples", "fit_role"]

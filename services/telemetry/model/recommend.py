@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from services.telemetry.model.coefficients import Coefficients
+from services.common.perfcoef import Coefficients
 
 __all__ = ["Capacity", "Recommendation", "SloClass", "TrafficMix", "recommend"]
 

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tideserve.v1 import telemetry_pb2
+
 from services.common.perfmodel import PerfProfile
 
-__all__ = ["Coefficients", "prior_coefficients"]
+__all__ = ["Coefficients", "from_pb", "prior_coefficients"]
 
 
 @dataclass(frozen=True)
@@ -77,4 +79,18 @@ def prior_coefficients(p: PerfProfile) -> Coefficients:
         decode_ms_per_ktoken=1e6 * p.kv_bytes_per_token / bytes_s,
         transfer_base_ms=p.link_latency_ms,
         transfer_ms_per_mb=1e9 / p.link_bandwidth,
+    )
+
+
+def from_pb(m: telemetry_pb2.PerfModel) -> Coefficients:
+    """The coefficients of a ``PerfModel`` message."""
+    return Coefficients(
+        prefill_base_ms=m.prefill_base_ms,
+        prefill_ms_per_token=m.prefill_ms_per_token,
+        prefill_ms_per_token2=m.prefill_ms_per_token2,
+        decode_base_ms=m.decode_base_ms,
+        decode_ms_per_seq=m.decode_ms_per_seq,
+        decode_ms_per_ktoken=m.decode_ms_per_ktoken,
+        transfer_base_ms=m.transfer_base_ms,
+        transfer_ms_per_mb=m.transfer_ms_per_mb,
     )
