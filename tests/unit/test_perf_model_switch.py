@@ -74,7 +74,7 @@ class FakeChannel:
     def unary_unary(self, method: str, **_: Any) -> Any:
         assert method == "/tideserve.v1.TelemetryService/GetPerfModel"
 
-        async def call(req: telemetry_pb2.GetPerfModelRequest, timeout: float) -> Any:
+        async def call(req: telemetry_pb2.GetPerfModelRequest, **_kw: Any) -> Any:
             self.requests.append(req)
             a = self.answers.pop(0)
             if isinstance(a, Exception):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from tideserve.v1 import common_pb2, events_pb2
 
-from services.common.perfmodel import get_profile
 from services.common.perfcoef import prior_coefficients
+from services.common.perfmodel import get_profile
 from services.telemetry.model.fit import FitConfig, RoleSamples, fit_role
 from services.telemetry.model.state import ModelState
 

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from services.common.perfmodel import get_profile
 from services.common.perfcoef import prior_coefficients
+from services.common.perfmodel import get_profile
 from services.telemetry.model.recommend import (
     Capacity,
     Recommendation,

@@ -21,11 +21,11 @@ import aiohttp
 import redis.asyncio as aioredis
 from tideserve.v1 import common_pb2, events_pb2, telemetry_pb2
 
+from services.common.perfcoef import prior_coefficients
 from services.common.perfmodel import get_profile
 from services.common.streams import Start, StreamFollower, stream_name
 from services.common.streams.ids import NEWEST
 from services.common.tasks import pause, stop_tasks
-from services.common.perfcoef import prior_coefficients
 from services.telemetry.model.fit import RoleFit, RoleSamples, fit_role
 from services.telemetry.model.recommend import Capacity, SloClass, recommend
 from services.telemetry.model.scrape import EngineFigures, decode_between, parse_engine_page
