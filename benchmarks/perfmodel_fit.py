@@ -182,6 +182,8 @@ def _spread(values: list[float]) -> dict[str, float | None]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from google.protobuf import json_format
+
     from services.common.embedded import start_redis
 
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="tideserve-perfmodel-fit-"))
@@ -232,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
                 subprocess.run(bench, cwd=ROOT, stdout=blog, stderr=subprocess.STDOUT, check=False)
             time.sleep(1.5)  # the gateway's record sink flushes
             records, last = read_records(redis_server.url, f"{prefix}:requests", last)
+            dump = log_dir / f"records-{off}.jsonl"
+            dump.write_text("".join(json_format.MessageToJson(r, indent=None) + "\n"
+                                    for r in records))  # fmt: skip
             summary = json.loads(out.read_text()) if out.exists() else {}
             res = {
                 "slice": {"offset": off, "requests": cnt, "rate_scale": rate},
