@@ -62,6 +62,7 @@ async def serve(args: argparse.Namespace) -> None:
         profile=args.profile,
         deployments=[args.deployment],
         min_samples=args.min_samples,
+        confident_samples=args.confident_samples,
         refit_interval_s=args.refit_s,
     )
     svc = ModelService(settings, windows=_NoWindows(), redis=redis, prefix=args.prefix)
@@ -102,6 +103,7 @@ def main() -> int:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--profile", default="h200-llama3.1-8b", help="the prior")
     p.add_argument("--min-samples", type=int, default=50)
+    p.add_argument("--confident-samples", type=int, default=50)
     p.add_argument("--refit-s", type=float, default=2.0)
     asyncio.run(serve(p.parse_args()))
     return 0

@@ -45,6 +45,7 @@ from _harness import (
     command_line,
     free_port,
     machine,
+    read_records,
     tideserve,
     wait_http,
 )
@@ -75,27 +76,6 @@ def write_slice(trace: Path, offset: int, count: int, dest: Path) -> Path:
     lines = [ln for ln in trace.read_text(encoding="utf-8").splitlines() if ln.strip()]
     dest.write_text("\n".join(lines[offset : offset + count]) + "\n", encoding="utf-8")
     return dest
-
-
-def read_records(redis_url: str, stream: str, after: str) -> tuple[list[Any], str]:
-    """The RequestRecords on ``stream`` after entry ``after``, and the last entry id."""
-    import redis
-    from tideserve.v1 import events_pb2
-
-    from services.common.streams.codec import decode_entry
-
-    client = redis.Redis.from_url(redis_url, decode_responses=False)
-    out, last = [], after
-    try:
-        while True:
-            batch = client.xrange(stream, min=f"({last}" if last != "-" else "-", count=1000)
-            if not batch:
-                return out, last
-            for entry_id, fields in batch:
-                out.append(decode_entry(fields, events_pb2.RequestRecord))
-                last = entry_id.decode()
-    finally:
-        client.close()
 
 
 def _median_err(pred: list[float], actual: list[float]) -> float | None:

@@ -68,6 +68,7 @@ from _harness import (
     has_verb,
     http_get,
     machine,
+    read_records,
     sglang_router_python,
     tideserve,
     wait_http,
@@ -324,6 +325,10 @@ def run_router(
         result["requests_per_engine"] = engine_requests(plan)
         if v.get("fit"):
             result["fitted_model"] = perf_model_of(v["model_address"])
+        if v.get("redis_url"):
+            time.sleep(1.0)  # the gateway's record sink flushes
+            recs, _ = read_records(v["redis_url"], f"{v['prefix']}:requests", "-")
+            result["gateway_ttft_prediction_error"] = prediction_error(recs)
         result["roles"] = [e["role"] for e in plan]
         result["bench_json"] = str(out)
         return result
@@ -370,6 +375,21 @@ def perf_model_of(address: str) -> dict[str, Any] | None:
         except grpc.RpcError:
             return None
     return MessageToDict(resp.model, preserving_proto_field_name=True)
+
+
+def prediction_error(records: list[Any]) -> dict[str, Any]:
+    """Median |predicted - actual| / actual TTFT of the gateway's own predictions (the
+    records' ``predicted_ttft_ms``), over the run and over its second half by arrival."""
+    ok = sorted((r for r in records if r.ttft_ms > 0 and r.predicted_ttft_ms > 0),
+                key=lambda r: r.arrival_ms)  # fmt: skip
+
+    def med(rs: list[Any]) -> float | None:
+        if not rs:
+            return None
+        errs = sorted(abs(r.predicted_ttft_ms - r.ttft_ms) / r.ttft_ms for r in rs)
+        return round(errs[len(errs) // 2], 4)
+
+    return {"records": len(ok), "all": med(ok), "second_half": med(ok[len(ok) // 2 :])}
 
 
 def closed_loop_targets(results: list[dict[str, Any]]) -> dict[str, Any]:
