@@ -16,13 +16,11 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable
 
-import grpc
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from services.common.errors import StartupError
 from services.common.metrics import service_registry
-from services.common.otel import insecure_channel
 from services.common.perfmodel import DEFAULT_PROFILE, get_profile
 from services.common.tokens import ModelDirError, token_path
 from services.scheduler.core import CoreLimits, EndpointSpec, GatewayCore, build_core
@@ -166,12 +164,10 @@ class Scheduler:
             tokens=self.gateway.opts.tokens,
         )
         self._runner: web.AppRunner | None = None
-        self._telemetry: grpc.aio.Channel | None = None
         self.perf_feed: PerfModelFeed | None = None
         if self.perf_model is not None:
-            self._telemetry = insecure_channel(settings.telemetry_address)
             self.perf_feed = PerfModelFeed(
-                self._telemetry,
+                settings.telemetry_address,
                 self.perf_model,
                 deployment=settings.deployment,
                 interval_s=settings.perf_model_refresh_s,
@@ -210,8 +206,5 @@ class Scheduler:
             await asyncio.wait_for(runner.cleanup(), self.settings.shutdown_grace_s + 1.0)
         if self.perf_feed is not None:
             await self.perf_feed.stop()
-        if self._telemetry is not None:
-            await self._telemetry.close()
-            self._telemetry = None
         await self.feeds.stop()
         await self.integrations.stop()

@@ -4,6 +4,7 @@ the request record."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import grpc
@@ -16,6 +17,7 @@ from services.scheduler.core.records import fill_decision
 from services.scheduler.feeds.perf_model import PerfModelFeed
 from services.scheduler.routing.registry import REGISTRY, PluginEnv
 from services.scheduler.routing.types import Choice, Pick
+from tests.helpers.waits import eventually
 from tests.unit._routing_helpers import LinearModel, ctx, ep, req
 
 # The fleet is twice as slow as LinearModel (0.1 ms/token) says: 0.2 ms per token.
@@ -71,6 +73,11 @@ class FakeChannel:
         self.answers = answers
         self.requests: list[telemetry_pb2.GetPerfModelRequest] = []
 
+    closed = False
+
+    async def close(self) -> None:
+        self.closed = True
+
     def unary_unary(self, method: str, **_: Any) -> Any:
         assert method == "/tideserve.v1.TelemetryService/GetPerfModel"
 
@@ -95,12 +102,44 @@ async def test_feed_offers_each_answer_and_survives_errors() -> None:
                                grpc.aio.Metadata(), "down")  # fmt: skip
     chan = FakeChannel([_pb(0.2), err, _pb(0.9), _pb(0.9)])
     sw = PerfModelSwitch(LinearModel(), min_confidence=0.5)
-    feed = PerfModelFeed(chan, sw, deployment="d", interval_s=1.0)  # type: ignore[arg-type]
+    opened: list[str] = []
+
+    def channel(address: str) -> Any:
+        opened.append(address)
+        return chan
+
+    feed = PerfModelFeed("telemetry:1", sw, deployment="d", interval_s=1.0, channel=channel)
     changed = [await feed.refresh_once() for _ in range(4)]
+    assert opened == ["telemetry:1"]  # opened once, on first use
     assert changed == [False, False, True, False]
     assert feed.stats == {"refreshed": 3, "switched": 1, "errors": 1}
     assert sw.fitted == from_pb(_pb(0.9)) and sw.source == "fitted"
     assert {r.deployment for r in chan.requests} == {"d"}
+    await feed.stop()
+    assert chan.closed
+
+
+async def test_feed_started_outside_a_loop_opens_its_channel_inside() -> None:
+    """The CLI builds the Scheduler before its event loop runs: the feed's channel must be
+    made in the loop that uses it."""
+    loop = asyncio.get_running_loop()
+    chan = FakeChannel([_pb(0.9)])
+    made_in: list[asyncio.AbstractEventLoop] = []
+
+    def channel(address: str) -> Any:
+        made_in.append(asyncio.get_running_loop())
+        return chan
+
+    feed = PerfModelFeed("t:1", PerfModelSwitch(LinearModel(), 0.5), deployment="d",
+                         interval_s=60.0, channel=channel)  # fmt: skip
+    feed.start()
+    await eventually(lambda: _done(feed.stats["refreshed"] == 1))
+    await feed.stop()
+    assert made_in == [loop]
+
+
+async def _done(value: bool) -> bool:
+    return value
 
 
 @pytest.mark.parametrize(
