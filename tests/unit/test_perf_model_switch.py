@@ -161,3 +161,27 @@ def test_record_carries_the_engine_load_at_pick(disaggregated: bool, pending: in
     assert (rec.engine_pending_prefill_tokens, rec.engine_running, rec.engine_tokens_in_flight) == (
         pending, 12, 4000,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("telemetry", ["127.0.0.1:9", ""], ids=["telemetry-on", "off"])
+def test_gateway_plugins_price_with_the_switch_when_telemetry_is_set(telemetry: str) -> None:
+    from services.scheduler.compose import Scheduler
+    from services.scheduler.routing.plugins.cost import TTFTCost
+    from services.scheduler.routing.plugins.pd import PDDecider
+    from services.scheduler.settings import SchedulerSettings
+
+    settings = SchedulerSettings(endpoints=["http://127.0.0.1:1"], telemetry_address=telemetry)
+    sch = Scheduler(settings)
+    priced = [
+        x
+        for prof in sch.core.scheduler.profiles.values()
+        for x in [*prof.preparers, *(p for p, _ in prof.scorers), prof.decider]
+        if isinstance(x, TTFTCost | PDDecider)
+    ]
+    assert priced  # the shipped profiles use ttft-cost and pd-decider
+    if telemetry:
+        assert sch.perf_model is not None and sch.perf_feed is not None
+        assert all(x.model is sch.perf_model for x in priced)
+    else:
+        assert sch.perf_model is None and sch.perf_feed is None
+        assert not any(isinstance(x.model, PerfModelSwitch) for x in priced)
