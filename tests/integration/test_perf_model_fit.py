@@ -1,6 +1,7 @@
 """The performance model against real simulated engines: records a gateway (in process)
 writes to a real Redis while proxying to in-process simulated engines are fed to the
-ModelService, whose fit moves from a wrong prior to the engines' profile; and the service's
+ModelService, whose fit moves from a wrong prior to the engines' profile and whose
+recommendation, sized with that fit, moves the right way when the mix shifts; and the service's
 stream feeds (membership start-up times, load snapshots' roles) on a real Redis."""
 
 from __future__ import annotations
@@ -39,6 +40,27 @@ SPEEDUP = 0.5  # modelled time runs 2x slower than the wall clock: overheads wei
 class NoWindows:
     def window(self, deployment: str, window_s: float, now_ms: int) -> Any:
         return telemetry_pb2.QueryWindowResponse()
+
+
+class MixWindows:
+    """A window source answering one traffic mix (set ``total``)."""
+
+    def __init__(self) -> None:
+        self.total = telemetry_pb2.WindowStats()
+
+    def window(self, deployment: str, window_s: float, now_ms: int) -> Any:
+        return telemetry_pb2.QueryWindowResponse(total=self.total)
+
+
+def _mix(prompt: float, output: float) -> telemetry_pb2.WindowStats:
+    return telemetry_pb2.WindowStats(
+        request_rate_rps=50.0,
+        input_tokens=telemetry_pb2.Percentiles(mean=prompt, p50=prompt * 0.8, p90=prompt * 2),
+        output_tokens=telemetry_pb2.Percentiles(mean=output, p50=output, p90=output * 2),
+        cache_hit_ratio=0.2,
+        classes=[telemetry_pb2.ClassAttainment(slo_class="chat", percentile=90,
+                                               ttft_target_ms=2000, tpot_target_ms=5)],
+    )  # fmt: skip
 
 
 @pytest.fixture
@@ -93,7 +115,8 @@ async def test_fit_converges_to_the_simulators_profile(
     settings = ModelSettings(
         profile="test*3", deployments=["dep"], min_samples=30, confident_samples=60
     )
-    svc = ModelService(settings, windows=NoWindows())
+    windows = MixWindows()
+    svc = ModelService(settings, windows=windows)
     before = svc.perf_model(telemetry_pb2.GetPerfModelRequest(deployment="dep"), 0).model
     svc.observe_records(1, recs)
     m = svc.perf_model(telemetry_pb2.GetPerfModelRequest(deployment="dep"), 10**9).model
@@ -112,6 +135,17 @@ async def test_fit_converges_to_the_simulators_profile(
         assert abs(fitted - truth) < 0.25 * abs(prior.prefill_ms(n) / SPEEDUP - truth)
     assert m.prefill_confidence > 0.6
     assert m.prefill_error < 0.2
+
+    # the recommendation, sized with this fit, moves the right way when the mix shifts
+    def rec(prompt: float, output: float) -> telemetry_pb2.GetRecommendationResponse:
+        windows.total = _mix(prompt, output)
+        req = telemetry_pb2.GetRecommendationRequest(deployment="dep", disaggregated=True)
+        return svc.recommendation(req, 10**9)
+
+    base, longer_prompts, longer_outputs = rec(2000, 200), rec(8000, 200), rec(2000, 800)
+    assert longer_prompts.prefill_replicas > base.prefill_replicas
+    assert longer_outputs.decode_replicas > base.decode_replicas
+    assert longer_outputs.prefill_replicas == base.prefill_replicas
 
 
 async def test_feeds_follow_membership_and_load_streams(redis_client: Any) -> None:
