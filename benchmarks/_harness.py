@@ -21,7 +21,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import psutil
 
@@ -217,3 +217,24 @@ def machine() -> dict[str, object]:
 def command_line() -> str:
     """The command that produced this run, relative to the repo when possible."""
     return shlex.join([".venv/bin/python", *sys.argv])
+
+
+def read_records(redis_url: str, stream: str, after: str) -> tuple[list[Any], str]:
+    """The RequestRecords on ``stream`` after entry ``after``, and the last entry id."""
+    import redis
+    from tideserve.v1 import events_pb2
+
+    from services.common.streams.codec import decode_entry
+
+    client = redis.Redis.from_url(redis_url, decode_responses=False)
+    out, last = [], after
+    try:
+        while True:
+            batch = client.xrange(stream, min=f"({last}" if last != "-" else "-", count=1000)
+            if not batch:
+                return out, last
+            for entry_id, fields in batch:
+                out.append(decode_entry(fields, events_pb2.RequestRecord))
+                last = entry_id.decode()
+    finally:
+        client.close()

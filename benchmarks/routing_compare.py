@@ -24,6 +24,17 @@ P/D decider keep prompts on the simulated decode engines, which real SGLang ones
 per wall second as ``--speedup 2.5 --rate-scale 1`` while the modelled fleet is 2.5x busier.
 Figures and why these settings: benchmarks/README.md.)
 
+Closed loop (issue 10): engines run ``--profile`` while the gateway is told another
+(``--gateway-perf-profile``); ``--closed-loop`` runs ``tideserve:default`` three times —
+believing the true profile, the wrong one, and the wrong one with telemetry's fitted model
+on (``--telemetry-address`` to a model process fed from the gateway's records; see
+``benchmarks/_model_server.py``) — all on one embedded Redis (engines publish load
+snapshots, the gateway records requests), each run on its own stream prefix:
+
+    .venv/bin/python benchmarks/routing_compare.py --closed-loop --engines 4 \
+        --profile 'h200-llama3.1-8b*2' --gateway-perf-profile h200-llama3.1-8b \
+        --max-requests 400 --speedup 1 --rate-scale 1 --out /tmp/closed_loop.json
+
 Routers are ``tideserve:<profile>`` (``tideserve gateway --endpoints ...``) and
 ``sglang:<policy>`` (sglang-router 0.3.2 from PyPI, installed into a throwaway venv under the
 temp dir on first use; never a project dependency). A router that cannot be started is
@@ -57,6 +68,7 @@ from _harness import (
     has_verb,
     http_get,
     machine,
+    read_records,
     sglang_router_python,
     tideserve,
     wait_http,
@@ -105,6 +117,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--gateway-arg", action="append", default=[],
         help="extra flag for every `tideserve gateway` (repeatable, shell-split)",
     )  # fmt: skip
+    p.add_argument(
+        "--gateway-perf-profile", default="",
+        help="the perf profile Tideserve gateways believe (default: the engines' --profile)",
+    )  # fmt: skip
+    p.add_argument(
+        "--redis", action="store_true",
+        help="an embedded Redis: engines publish load/KV events, gateways write records",
+    )  # fmt: skip
+    p.add_argument(
+        "--closed-loop", action="store_true",
+        help="run tideserve:default believing the true profile, --gateway-perf-profile, and "
+        "--gateway-perf-profile with the fitted model (implies --redis)",
+    )  # fmt: skip
+    p.add_argument("--fit-min-confidence", type=float, default=0.5)
+    p.add_argument("--fit-refresh-s", type=float, default=2.0)
     p.add_argument("--out", default="routing_compare.json", help="summary JSON path")
     p.add_argument("--log-dir", default=None, help="process logs and bench JSONs (default: temp)")
     return p.parse_args(argv)
@@ -131,8 +158,13 @@ def fleet_plan(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def start_fleet(
-    group: ProcGroup, args: argparse.Namespace, plan: list[dict[str, Any]], tag: str
+    group: ProcGroup,
+    args: argparse.Namespace,
+    plan: list[dict[str, Any]],
+    tag: str,
+    streams: list[str] | None = None,
 ) -> None:
+    """``streams``: ``--redis-url``/``--stream-prefix`` flags for every engine (or none)."""
     for i, e in enumerate(plan):
         cmd = tideserve(
             "engine", "--role", e["role"], "--port", str(e["port"]),
@@ -140,6 +172,7 @@ def start_fleet(
             "--kv-blocks", str(args.kv_blocks), "--speedup", str(args.speedup),
             "--stream-interval", str(args.stream_interval),
             "--state-dir", str(group.log_dir / f"engine-{i}"), "--log-level", "WARNING",
+            *(streams or []),
         )  # fmt: skip
         if e["bootstrap_port"]:
             cmd += ["--bootstrap-port", str(e["bootstrap_port"])]
@@ -225,17 +258,37 @@ def wait_router(name: str, url: str, n: int, group: ProcGroup) -> None:
 
 
 def run_router(
-    name: str, args: argparse.Namespace, log_dir: Path, py: Path | None
+    name: str,
+    args: argparse.Namespace,
+    log_dir: Path,
+    py: Path | None,
+    variant: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    tag = name.replace(":", "-")
+    """One router on a fresh fleet. ``variant`` (Tideserve only): ``label``,
+    ``perf_profile`` the gateway believes, ``fit`` (telemetry's fitted model on), and
+    ``redis_url`` + ``prefix`` (streams of this run)."""
+    v = variant or {}
+    label = v.get("label", name)
+    tag = label.replace(":", "-").replace("+", "-")
     group = ProcGroup(log_dir)
     plan = fleet_plan(args)
-    result: dict[str, Any] = {"router": name}
+    result: dict[str, Any] = {"router": label}
+    streams: list[str] = []
+    if v.get("redis_url"):
+        streams = ["--redis-url", v["redis_url"], "--stream-prefix", v["prefix"]]
     try:
-        start_fleet(group, args, plan, tag)
+        start_fleet(group, args, plan, tag, streams)
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         cmd = router_cmd(name, port, plan, args, py)
+        if name.startswith("tideserve:"):
+            cmd += streams
+            if v.get("perf_profile"):
+                cmd += ["--perf-profile", v["perf_profile"]]
+            if v.get("fit"):
+                cmd += ["--telemetry-address", start_model_server(group, v, tag),
+                        "--perf-model-refresh", str(args.fit_refresh_s),
+                        "--perf-model-min-confidence", str(args.fit_min_confidence)]  # fmt: skip
         result["router_command"] = shlex.join(cmd)
         router = group.start(f"{tag}-router", cmd)
         wait_router(name, url, len(plan), group)
@@ -270,6 +323,12 @@ def run_router(
                       "longest_busy_window_s", "bench_process_mean_percent")
         }  # fmt: skip
         result["requests_per_engine"] = engine_requests(plan)
+        if v.get("fit"):
+            result["fitted_model"] = perf_model_of(v["model_address"])
+        if v.get("redis_url"):
+            time.sleep(1.0)  # the gateway's record sink flushes
+            recs, _ = read_records(v["redis_url"], f"{v['prefix']}:requests", "-")
+            result["gateway_ttft_prediction_error"] = prediction_error(recs)
         result["roles"] = [e["role"] for e in plan]
         result["bench_json"] = str(out)
         return result
@@ -278,6 +337,74 @@ def run_router(
         return result
     finally:
         group.stop()
+
+
+def start_model_server(group: ProcGroup, v: dict[str, Any], tag: str) -> str:
+    """The model stand-in process for this run (``benchmarks/_model_server.py``); returns
+    its gRPC address (also stored in ``v["model_address"]``)."""
+    port = free_port()
+    cmd = [sys.executable, str(Path(__file__).resolve().parent / "_model_server.py"),
+           "--redis-url", v["redis_url"], "--prefix", v["prefix"], "--port", str(port),
+           "--profile", v.get("perf_profile") or "h200-llama3.1-8b"]  # fmt: skip
+    group.start(f"{tag}-model", cmd)
+    addr = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 60.0
+    while time.monotonic() < deadline:
+        group.check()
+        if perf_model_of(addr) is not None:
+            v["model_address"] = addr
+            return addr
+        time.sleep(0.5)
+    raise RuntimeError("model server did not answer GetPerfModel within 60s")
+
+
+def perf_model_of(address: str) -> dict[str, Any] | None:
+    """The model process's current fit (prefill part), or None when it does not answer."""
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+    from tideserve.v1 import telemetry_pb2
+
+    with grpc.insecure_channel(address) as ch:
+        call = ch.unary_unary(
+            "/tideserve.v1.TelemetryService/GetPerfModel",
+            request_serializer=telemetry_pb2.GetPerfModelRequest.SerializeToString,
+            response_deserializer=telemetry_pb2.GetPerfModelResponse.FromString,
+        )
+        try:
+            resp = call(telemetry_pb2.GetPerfModelRequest(deployment="default"), timeout=2.0)
+        except grpc.RpcError:
+            return None
+    return MessageToDict(resp.model, preserving_proto_field_name=True)
+
+
+def prediction_error(records: list[Any]) -> dict[str, Any]:
+    """Median |predicted - actual| / actual TTFT of the gateway's own predictions (the
+    records' ``predicted_ttft_ms``), over the run and over its second half by arrival."""
+    ok = sorted((r for r in records if r.ttft_ms > 0 and r.predicted_ttft_ms > 0),
+                key=lambda r: r.arrival_ms)  # fmt: skip
+
+    def med(rs: list[Any]) -> float | None:
+        if not rs:
+            return None
+        errs = sorted(abs(r.predicted_ttft_ms - r.ttft_ms) / r.ttft_ms for r in rs)
+        return round(errs[len(errs) // 2], 4)
+
+    return {"records": len(ok), "all": med(ok), "second_half": med(ok[len(ok) // 2 :])}
+
+
+def closed_loop_targets(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Issue 10: with the fit, mean TTFT within 10% of the run believing the true profile."""
+    ok = {r["router"]: r for r in results if "error" not in r}
+    true, wrong, fit = (ok.get(k) for k in ("true-profile", "wrong-profile", "wrong-profile+fit"))
+    out: dict[str, Any] = {
+        "ttft_mean_ms": {k: _get(r, "ttft_ms", "mean") for k, r in ok.items()},
+        "wrong_vs_true": _ratio(_get(wrong, "ttft_ms", "mean"), _get(true, "ttft_ms", "mean")),
+        "fit_vs_true": _ratio(_get(fit, "ttft_ms", "mean"), _get(true, "ttft_ms", "mean")),
+        "target": "fit_vs_true <= 1.10",
+    }
+    f = out["fit_vs_true"]
+    out["met"] = f is not None and f <= 1.10
+    return out
 
 
 # -- ratios --------------------------------------------------------------------------------
@@ -347,15 +474,39 @@ def main(argv: list[str] | None = None) -> int:
     gateway_ok = has_verb("gateway") if any(r.startswith("tideserve:") for r in routers) else True
     results: list[dict[str, Any]] = []
     env = machine()
-    for name in routers:
-        if name.startswith("sglang:") and py is None:
-            results.append({"router": name, "error": sglang_reason})
-        elif name.startswith("tideserve:") and not gateway_ok:
-            results.append({"router": name, "error": "`tideserve gateway` is not available"})
-        else:
-            results.append(run_router(name, args, log_dir, py))
-        print(f"[{name}] done: {json.dumps(results[-1].get('ttft_ms', results[-1].get('error')))}",
-              file=sys.stderr)  # fmt: skip
+    redis_server = None
+    variants: list[dict[str, Any] | None] = [None] * len(routers)
+    if args.closed_loop or args.redis:
+        from services.common.embedded import start_redis
+
+        redis_server = start_redis(log_dir / "redis", 0)
+    if args.closed_loop:
+        wrong = args.gateway_perf_profile or args.profile
+        routers = ["tideserve:default"] * 3
+        variants = [
+            {"label": "true-profile", "perf_profile": args.profile},
+            {"label": "wrong-profile", "perf_profile": wrong},
+            {"label": "wrong-profile+fit", "perf_profile": wrong, "fit": True},
+        ]
+    elif args.gateway_perf_profile:
+        variants = [{"perf_profile": args.gateway_perf_profile} for _ in routers]
+    for i, v in enumerate(variants):
+        if redis_server is not None:
+            variants[i] = {**(v or {}), "redis_url": redis_server.url, "prefix": f"rc{i}"}
+    try:
+        for name, variant in zip(routers, variants, strict=True):
+            if name.startswith("sglang:") and py is None:
+                results.append({"router": name, "error": sglang_reason})
+            elif name.startswith("tideserve:") and not gateway_ok:
+                results.append({"router": name, "error": "`tideserve gateway` is not available"})
+            else:
+                results.append(run_router(name, args, log_dir, py, variant))
+            print(f"[{results[-1]['router']}] done: "
+                  f"{json.dumps(results[-1].get('ttft_ms', results[-1].get('error')))}",
+                  file=sys.stderr)  # fmt: skip
+    finally:
+        if redis_server is not None:
+            redis_server.stop()
     summary = {
         "benchmark": "routing_compare",
         "mode": "pd" if args.pd else "aggregated",
@@ -384,8 +535,9 @@ def main(argv: list[str] | None = None) -> int:
         },
         "machine": env,
         "sglang_router": sglang_reason or "0.3.2 (throwaway venv)",
+        "gateway_perf_profile": args.gateway_perf_profile or args.profile,
         "results": results,
-        "targets": targets(results),
+        "targets": closed_loop_targets(results) if args.closed_loop else targets(results),
         "log_dir": str(log_dir),
     }
     text = json.dumps(summary, indent=2)

@@ -34,7 +34,7 @@ calibrations (stated per profile), not datasheet values.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 __all__ = ["DEFAULT_PROFILE", "PROFILES", "PerfProfile", "get_profile"]
@@ -131,6 +131,25 @@ class PerfProfile:
         if tokens <= 0:
             return 0.0
         return self.link_latency_ms + tokens * self.kv_bytes_per_token / self.link_bandwidth * 1e3
+
+    def slowed(self, factor: float) -> PerfProfile:
+        """This hardware ``factor`` times slower (``factor < 1``: faster): every step and
+        transfer time above is multiplied by ``factor`` (achieved FLOP/s, bytes/s and link
+        bandwidth divided by it, overheads and link latency multiplied), capacities
+        unchanged. Named ``{name}*{factor}``."""
+        if factor <= 0:
+            raise ValueError("slow-down factor must be > 0")
+        return replace(
+            self,
+            name=f"{self.name}*{factor:g}",
+            description=f"{self.description}, {factor:g}x slower",
+            mfu=self.mfu / factor,
+            bw_eff=self.bw_eff / factor,
+            overhead_ms=self.overhead_ms * factor,
+            per_seq_ms=self.per_seq_ms * factor,
+            link_bandwidth=self.link_bandwidth / factor,
+            link_latency_ms=self.link_latency_ms * factor,
+        )
 
     def prefill_tokens_per_s(self, chunk: int = 4096) -> float:
         """Prefill throughput on uncached ``chunk``-token prompts (for planners/priors)."""
@@ -235,9 +254,17 @@ DEFAULT_PROFILE = "h200-llama3.1-8b"
 
 
 def get_profile(name: str) -> PerfProfile:
-    """The profile called ``name``; ``KeyError`` naming the known profiles otherwise."""
+    """The profile called ``name``, or ``NAME*FACTOR`` for that profile
+    :meth:`~PerfProfile.slowed` by ``FACTOR`` (e.g. ``h200-llama3.1-8b*2``: the same device
+    twice as slow, to run engines slower than a gateway believes); ``KeyError`` naming the
+    known profiles otherwise."""
+    base, star, factor = name.partition("*")
     try:
-        return PROFILES[name]
-    except KeyError:
+        profile = PROFILES[base]
+        return profile.slowed(float(factor)) if star else profile
+    except (KeyError, ValueError):
         known = ", ".join(sorted(PROFILES))
-        raise KeyError(f"unknown performance profile {name!r}; known: {known}") from None
+        raise KeyError(
+            f"unknown performance profile {name!r}; known: {known} (each as NAME*FACTOR "
+            "for a slower or faster device)"
+        ) from None

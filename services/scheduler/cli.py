@@ -149,6 +149,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--trace-sample-ratio", type=float, default=1.0, help="new traces recorded (default 1)"
     )
+    p.add_argument(
+        "--telemetry-address", default="",
+        help="telemetry gRPC host:port: price TTFT with its fitted model (GetPerfModel)",
+    )  # fmt: skip
+    p.add_argument("--perf-model-refresh", type=float, default=10.0, help="GetPerfModel period (s)")
+    p.add_argument(
+        "--perf-model-min-confidence", type=float, default=0.5,
+        help="fit confidence from which it replaces --perf-profile (default 0.5)",
+    )  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -206,6 +215,9 @@ def settings_from_args(args: argparse.Namespace) -> SchedulerSettings:
         "otlp_endpoint": args.otlp_endpoint,
         "otlp_ca_file": args.otlp_ca_file,
         "trace_sample_ratio": args.trace_sample_ratio,
+        "telemetry_address": args.telemetry_address,
+        "perf_model_refresh_s": args.perf_model_refresh,
+        "perf_model_min_confidence": args.perf_model_min_confidence,
     }
     try:
         return SchedulerSettings.model_validate(values)

@@ -23,10 +23,13 @@ from prometheus_client import CollectorRegistry
 from services.common import otel
 from services.common.errors import StartupError
 from services.common.metrics import service_registry
+from services.common.perfmodel import DEFAULT_PROFILE, get_profile
 from services.common.tokens import ModelDirError, token_path
 from services.scheduler.core import CoreLimits, EndpointSpec, GatewayCore, build_core
+from services.scheduler.core.perf_switch import PerfModelSwitch
 from services.scheduler.feeds.fleet_feeds import FleetFeeds
 from services.scheduler.feeds.integrations import Integrations
+from services.scheduler.feeds.perf_model import PerfModelFeed
 from services.scheduler.grpc.servicer import SchedulerServicer
 from services.scheduler.http import records
 from services.scheduler.http.metrics import GatewayMetrics
@@ -36,7 +39,7 @@ from services.scheduler.routing.config import ConfigError
 from services.scheduler.settings import SchedulerSettings, parse_endpoint, split_bootstrap
 from services.scheduler.slo import known_tenants, queue_config, slo_targets
 
-__all__ = ["REPLICA_HEADER", "Scheduler", "build_gateway", "endpoint_specs"]
+__all__ = ["REPLICA_HEADER", "Scheduler", "build_gateway", "endpoint_specs", "perf_switch"]
 
 REPLICA_HEADER = "x-tideserve-replica"
 """Response header naming the gateway replica that answered (its ``replica_id``)."""
@@ -60,14 +63,28 @@ def endpoint_specs(settings: SchedulerSettings) -> list[EndpointSpec]:
     return out
 
 
+def perf_switch(settings: SchedulerSettings) -> PerfModelSwitch | None:
+    """The switch between the static profile and telemetry's fit (``telemetry_address``
+    set), else None. StartupError for an unknown ``perf_profile``."""
+    if not settings.telemetry_address:
+        return None
+    try:
+        static = get_profile(settings.perf_profile or DEFAULT_PROFILE)
+    except KeyError as e:
+        raise StartupError(f"perf_profile: {e}") from None
+    return PerfModelSwitch(static, settings.perf_model_min_confidence)
+
+
 def build_gateway(
     settings: SchedulerSettings,
     registry: CollectorRegistry | None = None,
     tracer_provider: TracerProvider | None = None,
+    perf_model: PerfModelSwitch | None = None,
 ) -> tuple[GatewayCore, Gateway]:
     """The core and the HTTP gateway from settings; its metrics go to ``registry`` (None =
     a private one), its spans to ``tracer_provider`` (None = a private one exporting
-    nothing). StartupError for a bad profiles file or an unknown ``profile``."""
+    nothing); ``perf_model`` prices predicted TTFT instead of the static profile.
+    StartupError for a bad profiles file or an unknown ``profile``."""
     try:
         core = build_core(
             endpoint_specs(settings),
@@ -84,6 +101,7 @@ def build_gateway(
                 max_total=settings.queue_max_total,
             ),
             slo=slo_targets(settings.slo_classes),
+            perf_model=perf_model,
         )
     except (ConfigError, KeyError) as e:
         raise StartupError(f"scheduler profiles: {e}") from None
@@ -151,7 +169,10 @@ class Scheduler:
         self.registry = registry if registry is not None else service_registry()
         self._own_provider = tracer_provider is None
         self.tracer_provider = tracer_provider or otel.configure_tracing(settings, "scheduler")
-        self.core, self.gateway = build_gateway(settings, self.registry, self.tracer_provider)
+        self.perf_model = perf_switch(settings)
+        self.core, self.gateway = build_gateway(
+            settings, self.registry, self.tracer_provider, self.perf_model
+        )
         # records, active-active, precise prefix lookups
         self.integrations = Integrations(settings, self.core, self.gateway, registry=self.registry)
         self.feeds = FleetFeeds(settings, self.gateway)  # load snapshots, membership
@@ -165,6 +186,14 @@ class Scheduler:
             tokens=self.gateway.opts.tokens,
         )
         self._runner: web.AppRunner | None = None
+        self.perf_feed: PerfModelFeed | None = None
+        if self.perf_model is not None:
+            self.perf_feed = PerfModelFeed(
+                settings.telemetry_address,
+                self.perf_model,
+                deployment=settings.deployment,
+                interval_s=settings.perf_model_refresh_s,
+            )
 
     def app(self) -> web.Application:
         """The gateway's aiohttp app with the replica header."""
@@ -177,6 +206,8 @@ class Scheduler:
         for HTTP; StartupError when the address is taken."""
         await self.integrations.start()
         await self.feeds.start()
+        if self.perf_feed is not None:
+            self.perf_feed.start()
         if http is None:
             return
         host, port, reuse = http
@@ -197,6 +228,8 @@ class Scheduler:
         runner, self._runner = self._runner, None
         if runner is not None:
             await asyncio.wait_for(runner.cleanup(), self.settings.shutdown_grace_s + 1.0)
+        if self.perf_feed is not None:
+            await self.perf_feed.stop()
         await self.feeds.stop()
         await self.integrations.stop()
         if self._own_provider:

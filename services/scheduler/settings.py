@@ -135,6 +135,17 @@ class SchedulerSettings(ServiceSettings):
         "", description="autoscaler gRPC host:port; ListInstances seeds the fleet once; '' = off"
     )
     autoscaler_deadline_s: float = Field(3.0, gt=0, description="ListInstances deadline")
+    telemetry_address: str = Field(
+        "",
+        description="telemetry gRPC host:port: price predicted TTFT with its fitted model; '' = off",
+    )
+    perf_model_refresh_s: float = Field(10.0, gt=0, description="GetPerfModel period")
+    perf_model_min_confidence: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="fitted prefill confidence from which the fit replaces the profile",
+    )
 
     def decode_computes_prompts(self) -> bool:
         """``decode_can_prefill``, or its default for ``pd_protocol``."""

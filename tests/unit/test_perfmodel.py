@@ -85,3 +85,23 @@ def test_published_order_of_magnitude(
     assert lo_tok_s < p.prefill_tokens_per_s(4096) < hi_tok_s
     assert lo_ms < p.decode_step_ms(1, 1000) < hi_ms
     assert p.kv_capacity_tokens > p.max_context
+
+
+@pytest.mark.parametrize("factor", [2.0, 0.5], ids=["twice-as-slow", "twice-as-fast"])
+def test_slowed_profile_scales_every_time(factor: float) -> None:
+    base = get_profile("h200-llama3.1-8b")
+    slow = get_profile(f"h200-llama3.1-8b*{factor:g}")
+    assert slow.name == f"h200-llama3.1-8b*{factor:g}"
+    for n, c in ((64, 0), (4096, 1000)):
+        assert slow.prefill_ms(n, c) == pytest.approx(factor * base.prefill_ms(n, c))
+    assert slow.decode_step_ms(32, 64_000) == pytest.approx(
+        factor * base.decode_step_ms(32, 64_000)
+    )
+    assert slow.transfer_ms(1000) == pytest.approx(factor * base.transfer_ms(1000))
+    assert slow.kv_capacity_tokens == base.kv_capacity_tokens
+
+
+@pytest.mark.parametrize("name", ["nope", "h200-llama3.1-8b*x", "h200-llama3.1-8b*0"])
+def test_unknown_or_bad_scaled_profile(name: str) -> None:
+    with pytest.raises(KeyError, match="NAME\\*FACTOR"):
+        get_profile(name)

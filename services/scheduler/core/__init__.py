@@ -37,16 +37,21 @@ def build_core(
     limits: CoreLimits | None = None,
     slo: SLOTargets | None = None,
     decode_can_prefill: bool = True,
+    perf_model: PrefillModel | None = None,
 ) -> GatewayCore:
     """A ready core. Raises ``ConfigError`` for a bad profiles file.
 
     ``perf_profile`` names the performance profile for ``ttft-cost`` plugins that do not
     name one themselves. ``decode_can_prefill``: whether decode-role instances can compute
     a prompt without a prefill peer (false for SGLang decode servers; see
-    ``services.scheduler.routing.registry.PluginEnv``)."""
+    ``services.scheduler.routing.registry.PluginEnv``). ``perf_model`` (e.g. the
+    :class:`~services.scheduler.core.perf_switch.PerfModelSwitch` that telemetry's fit
+    feeds) replaces the default profile for plugins that do not name one."""
     base = PluginEnv()
 
     def resolve(name: str) -> PrefillModel:
+        if not name and perf_model is not None:
+            return perf_model
         return base.perf_profile(name or perf_profile)
 
     env = PluginEnv(

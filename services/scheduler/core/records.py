@@ -308,8 +308,15 @@ def build_record(
 
 def fill_decision(rec: events_pb2.RequestRecord, d: Pick) -> None:
     """Copy what routing decided and why (endpoints, plugin scores, predictions) into
-    ``rec``; prefill-side scores are named ``prefill/<plugin>``."""
+    ``rec``; prefill-side scores are named ``prefill/<plugin>``. The engine load at pick
+    (for the performance-model fit): the prefill queued ahead on the engine that computes
+    the prompt (the prefill instance when disaggregated; engine-reported + this gateway's
+    unreported picks), the running batch and tokens in flight of the decoding one."""
     rec.profile = d.profile
+    computes = (d.prefill or d.decode).endpoint
+    rec.engine_pending_prefill_tokens = computes.pending_prefill
+    rec.engine_running = d.decode.endpoint.running
+    rec.engine_tokens_in_flight = d.decode.endpoint.tokens_in_flight
     rec.decode_instance = d.decode.endpoint.instance_id
     rec.disaggregated = d.prefill is not None
     rec.predicted_cached_tokens = d.predicted_cached_tokens

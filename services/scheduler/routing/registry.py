@@ -22,6 +22,13 @@ class PrefillModel(Protocol):
     def prefill_ms(self, uncached_tokens: int, cached_tokens: int = 0) -> float: ...
 
 
+def model_version(model: PrefillModel) -> int:
+    """A model that can change under a plugin (the fitted one,
+    ``services.scheduler.core.perf_switch``) carries a ``version`` that changes with it;
+    a static profile has none (0). Plugins that derive figures from the model compare it."""
+    return int(getattr(model, "version", 0))
+
+
 def _default_perf_resolver(name: str) -> PrefillModel:
     import importlib
 

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from services.scheduler.routing.framework import CycleContext, by_instance
 from services.scheduler.routing.plugins.pending import PendingPicks
-from services.scheduler.routing.registry import Params, PluginEnv, register
+from services.scheduler.routing.registry import Params, PluginEnv, model_version, register
 from services.scheduler.routing.types import EndpointView, Pick, RequestView, Shed
 
 
@@ -65,12 +65,23 @@ class TTFTCost:
         self.name = name
         self.p = params
         self.model = env.perf_profile(params.perf_profile)
-        self.model_tps = 1000.0 * params.chunk_tokens / self.model.prefill_ms(params.chunk_tokens)
         self._memo: dict[tuple[int, int], float] = {}
+        self._version = -1
+        self.model_tps = 0.0
+        self._sync()
         # interference: this gateway's picks per instance not answered yet
         self._awaiting = PendingPicks(params.awaiting_ttl_s)
         # This cycle's ranking cost per instance (interference or recompute > 0).
         self._cost: dict[str, float] = {}
+
+    def _sync(self) -> None:
+        """Recompute what derives from the model when it changed (the fitted model)."""
+        v = model_version(self.model)
+        if v != self._version:
+            self._version = v
+            self._memo.clear()
+            c = self.p.chunk_tokens
+            self.model_tps = 1000.0 * c / self.model.prefill_ms(c)
 
     def _prefill_ms(self, uncached: int, cached: int) -> float:
         key = (uncached, cached)
@@ -84,6 +95,7 @@ class TTFTCost:
     def prepare(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
     ) -> None:
+        self._sync()
         # prefill_ms depends only on the cached count, shared by most candidates.
         prefill: dict[int, float] = {}
         ctx.prefill_ms_by_cached = prefill

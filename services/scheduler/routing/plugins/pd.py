@@ -8,7 +8,7 @@ from pydantic import Field
 
 from services.scheduler.routing.framework import CycleContext
 from services.scheduler.routing.plugins.pending import PendingPicks
-from services.scheduler.routing.registry import Params, PluginEnv, register
+from services.scheduler.routing.registry import Params, PluginEnv, model_version, register
 from services.scheduler.routing.types import Choice, Pick, RequestView
 
 
@@ -50,10 +50,22 @@ class PDDecider:
         self.threshold = params.threshold_tokens
         self.decode_can_prefill = env.decode_can_prefill
         self.model = env.perf_profile(params.perf_profile)
-        c = params.chunk_tokens
-        self.tps = 1000.0 * c / self.model.prefill_ms(c)
+        self._version = model_version(self.model)
+        self._tps = self._throughput()
         # prefill instance -> uncached tokens of its unanswered disaggregated picks
         self._backlog = PendingPicks(params.backlog_ttl_s)
+
+    def _throughput(self) -> float:
+        c = self.p.chunk_tokens
+        return 1000.0 * c / self.model.prefill_ms(c)
+
+    @property
+    def tps(self) -> float:
+        """The model's prefill throughput (recomputed when the fitted model changes)."""
+        v = model_version(self.model)
+        if v != self._version:
+            self._version, self._tps = v, self._throughput()
+        return self._tps
 
     def prefill_wait_ms(self) -> float:
         """Predicted wait on the least backlogged prefill instance seen so far (0 if none)."""

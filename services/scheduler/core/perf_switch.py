@@ -1,0 +1,52 @@
+"""The prefill model the predicted-TTFT plugins price with: the static profile, or the model
+telemetry fitted from the deployment's requests once its confidence passes a setting
+(pure; :mod:`services.scheduler.feeds.perf_model` refreshes it).
+
+Rule (:meth:`PerfModelSwitch.offer`): a fit whose prefill confidence is at least
+``min_confidence`` replaces the current model; one below it (or none: telemetry
+unreachable or not yet fitted) leaves the static profile in place, or goes back to it
+when a fitted model was in use (a confidence that fell means the fleet changed under the
+fit). The fitted model prices with the ``PerfModel`` contract's formula,
+``prefill_base_ms + prefill_ms_per_token * n + prefill_ms_per_token2 * n^2`` for ``n``
+uncached tokens (the contract has no cached-context term, so ``cached_tokens`` is not
+priced). Each change increments :attr:`version`, so plugins that derive figures from
+the model (a throughput, a memo) recompute them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from services.common.perfcoef import Coefficients
+from services.scheduler.routing.registry import PrefillModel
+
+__all__ = ["PerfModelSwitch"]
+
+
+class PerfModelSwitch:
+    def __init__(self, static: PrefillModel, min_confidence: float) -> None:
+        self.static = static
+        self.min_confidence = min_confidence
+        self.fitted: Coefficients | None = None
+        self.version = 0
+
+    @property
+    def source(self) -> Literal["profile", "fitted"]:
+        return "fitted" if self.fitted is not None else "profile"
+
+    def prefill_ms(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
+        f = self.fitted
+        if f is None:
+            return self.static.prefill_ms(uncached_tokens, cached_tokens)
+        if uncached_tokens <= 0:
+            return 0.0
+        return max(0.0, f.prefill_ms(uncached_tokens))
+
+    def offer(self, fitted: Coefficients | None, confidence: float) -> bool:
+        """Apply the rule above; whether the model in use changed."""
+        new = fitted if fitted is not None and confidence >= self.min_confidence else None
+        if new == self.fitted:
+            return False
+        self.fitted = new
+        self.version += 1
+        return True

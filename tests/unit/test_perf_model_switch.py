@@ -1,0 +1,187 @@
+"""The gateway side of the fitted performance model: the switch rule, the predicted-TTFT
+plugins repricing when it switches, the GetPerfModel feed, and the engine load at pick in
+the request record."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+import pytest
+from tideserve.v1 import events_pb2, telemetry_pb2
+
+from services.common.perfcoef import Coefficients, from_pb
+from services.scheduler.core.perf_switch import PerfModelSwitch
+from services.scheduler.core.records import fill_decision
+from services.scheduler.feeds.perf_model import PerfModelFeed
+from services.scheduler.routing.registry import REGISTRY, PluginEnv
+from services.scheduler.routing.types import Choice, Pick
+from tests.helpers.waits import eventually
+from tests.unit._routing_helpers import LinearModel, ctx, ep, req
+
+# The fleet is twice as slow as LinearModel (0.1 ms/token) says: 0.2 ms per token.
+SLOW = Coefficients(0.0, 0.2, 0.0, 1.0, 0.01, 0.01, 0.2, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("offers", "source", "version"),
+    [
+        ([(SLOW, 0.4)], "profile", 0),
+        ([(SLOW, 0.5)], "fitted", 1),
+        ([(SLOW, 0.9), (SLOW, 0.95)], "fitted", 1),  # same model: no change
+        ([(SLOW, 0.9), (SLOW, 0.1)], "profile", 2),  # confidence fell: back to the profile
+        ([(SLOW, 0.9), (None, 0.0)], "profile", 2),
+    ],
+    ids=["below", "at-threshold", "unchanged", "fell-back", "gone"],
+)
+def test_switch_rule(offers: list[tuple[Coefficients | None, float]], source: str,
+                     version: int) -> None:  # fmt: skip
+    sw = PerfModelSwitch(LinearModel(), min_confidence=0.5)
+    for coef, conf in offers:
+        sw.offer(coef, conf)
+    assert (sw.source, sw.version) == (source, version)
+    assert sw.prefill_ms(1000) == pytest.approx(200.0 if source == "fitted" else 100.0)
+
+
+@pytest.mark.parametrize("plugin", ["ttft-cost", "pd-decider"])
+def test_plugins_reprice_when_the_fit_passes_the_confidence(plugin: str) -> None:
+    sw = PerfModelSwitch(LinearModel(), min_confidence=0.5)
+    env = PluginEnv(perf_profile=lambda name: sw, block_size=4)
+    spec = REGISTRY[plugin]
+    p: Any = spec.factory(plugin, spec.params.model_validate({}), env)
+    e = ep("a", pending_prefill_tokens=10_000)
+
+    def predicted() -> float:
+        if plugin == "pd-decider":
+            return float(1000.0 * 10_000 / p.tps)
+        c = ctx()
+        p.prepare(c, req(prompt_tokens=1000), [e])
+        return float(c.predicted_ttft_ms["a"])
+
+    before = predicted()  # 10k queued at 10k tok/s + 1000 tokens at 0.1 ms
+    sw.offer(SLOW, 0.3)
+    assert predicted() == before
+    sw.offer(SLOW, 0.8)
+    assert predicted() == pytest.approx(2 * before)
+
+
+class FakeChannel:
+    """A grpc.aio channel whose GetPerfModel answers from a list (an exception = error)."""
+
+    def __init__(self, answers: list[telemetry_pb2.PerfModel | Exception]) -> None:
+        self.answers = answers
+        self.requests: list[telemetry_pb2.GetPerfModelRequest] = []
+
+    closed = False
+
+    async def close(self) -> None:
+        self.closed = True
+
+    def unary_unary(self, method: str, **_: Any) -> Any:
+        assert method == "/tideserve.v1.TelemetryService/GetPerfModel"
+
+        async def call(req: telemetry_pb2.GetPerfModelRequest, **_kw: Any) -> Any:
+            self.requests.append(req)
+            a = self.answers.pop(0)
+            if isinstance(a, Exception):
+                raise a
+            return telemetry_pb2.GetPerfModelResponse(model=a)
+
+        return call
+
+
+def _pb(conf: float) -> telemetry_pb2.PerfModel:
+    return telemetry_pb2.PerfModel(
+        prefill_ms_per_token=0.2, decode_base_ms=1.0, prefill_confidence=conf, samples=500
+    )
+
+
+async def test_feed_offers_each_answer_and_survives_errors() -> None:
+    err = grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(),
+                               grpc.aio.Metadata(), "down")  # fmt: skip
+    chan = FakeChannel([_pb(0.2), err, _pb(0.9), _pb(0.9)])
+    sw = PerfModelSwitch(LinearModel(), min_confidence=0.5)
+    opened: list[str] = []
+
+    def channel(address: str) -> Any:
+        opened.append(address)
+        return chan
+
+    feed = PerfModelFeed("telemetry:1", sw, deployment="d", interval_s=1.0, channel=channel)
+    changed = [await feed.refresh_once() for _ in range(4)]
+    assert opened == ["telemetry:1"]  # opened once, on first use
+    assert changed == [False, False, True, False]
+    assert feed.stats == {"refreshed": 3, "switched": 1, "errors": 1}
+    assert sw.fitted == from_pb(_pb(0.9)) and sw.source == "fitted"
+    assert {r.deployment for r in chan.requests} == {"d"}
+    await feed.stop()
+    assert chan.closed
+
+
+async def test_feed_started_outside_a_loop_opens_its_channel_inside() -> None:
+    """The CLI builds the Scheduler before its event loop runs: the feed's channel must be
+    made in the loop that uses it."""
+    loop = asyncio.get_running_loop()
+    chan = FakeChannel([_pb(0.9)])
+    made_in: list[asyncio.AbstractEventLoop] = []
+
+    def channel(address: str) -> Any:
+        made_in.append(asyncio.get_running_loop())
+        return chan
+
+    feed = PerfModelFeed("t:1", PerfModelSwitch(LinearModel(), 0.5), deployment="d",
+                         interval_s=60.0, channel=channel)  # fmt: skip
+    feed.start()
+    await eventually(lambda: _done(feed.stats["refreshed"] == 1))
+    await feed.stop()
+    assert made_in == [loop]
+
+
+async def _done(value: bool) -> bool:
+    return value
+
+
+@pytest.mark.parametrize(
+    ("disaggregated", "pending"),
+    [(False, 300 + 50), (True, 7000 + 0)],
+    ids=["aggregated", "disaggregated"],
+)
+def test_record_carries_the_engine_load_at_pick(disaggregated: bool, pending: int) -> None:
+    decode = ep("d1", pending_prefill_tokens=300, reserved_tokens=50, running=12,
+                tokens_in_flight=4000)  # fmt: skip
+    prefill = ep("p1", pending_prefill_tokens=7000, running=2)
+    pick = Pick(
+        decode=Choice(decode, 1.0),
+        prefill=Choice(prefill, 1.0) if disaggregated else None,
+        profile="default",
+    )
+    rec = events_pb2.RequestRecord()
+    fill_decision(rec, pick)
+    assert (rec.engine_pending_prefill_tokens, rec.engine_running, rec.engine_tokens_in_flight) == (
+        pending, 12, 4000,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("telemetry", ["127.0.0.1:9", ""], ids=["telemetry-on", "off"])
+def test_gateway_plugins_price_with_the_switch_when_telemetry_is_set(telemetry: str) -> None:
+    from services.scheduler.compose import Scheduler
+    from services.scheduler.routing.plugins.cost import TTFTCost
+    from services.scheduler.routing.plugins.pd import PDDecider
+    from services.scheduler.settings import SchedulerSettings
+
+    settings = SchedulerSettings(endpoints=["http://127.0.0.1:1"], telemetry_address=telemetry)
+    sch = Scheduler(settings)
+    priced = [
+        x
+        for prof in sch.core.scheduler.profiles.values()
+        for x in [*prof.preparers, *(p for p, _ in prof.scorers), prof.decider]
+        if isinstance(x, TTFTCost | PDDecider)
+    ]
+    assert priced  # the shipped profiles use ttft-cost and pd-decider
+    if telemetry:
+        assert sch.perf_model is not None and sch.perf_feed is not None
+        assert all(x.model is sch.perf_model for x in priced)
+    else:
+        assert sch.perf_model is None and sch.perf_feed is None
+        assert not any(isinstance(x.model, PerfModelSwitch) for x in priced)
