@@ -204,6 +204,15 @@ def autoscaler_env(
     }
 
 
+def scheduler_env(ports: Mapping[str, Mapping[str, int]], host: str) -> dict[str, str]:
+    """Where the stack's gateway replicas find telemetry (pure): its fitted performance model
+    prices their predicted TTFT once confident (GetPerfModel)."""
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # bound everywhere
+    return {
+        "TIDESERVE_SCHEDULER__TELEMETRY_ADDRESS": f"{host}:{ports['telemetry']['grpc_port']}"
+    }
+
+
 def build_service_children(
     *,
     ports: Mapping[str, Mapping[str, int]],
@@ -230,7 +239,11 @@ def build_service_children(
         else:
             names = replica_names(gw.count)
             per = replica_ports(ports[svc.name], gw)
-            plans = [(n, p, replica_env(n, gw)) for n, p in zip(names, per, strict=True)]
+            to_telemetry = scheduler_env(ports, host)
+            plans = [
+                (n, p, {**replica_env(n, gw), **to_telemetry})
+                for n, p in zip(names, per, strict=True)
+            ]
         for name, chosen, extra in plans:
             children.append(
                 _service_child(

@@ -3,10 +3,11 @@
 Composition root: one :class:`WindowMemory`, the Postgres :class:`RecordStore` and the
 :class:`Ingest` path (when ``postgres_url`` is set), the ``{prefix}:requests`` consumer
 (when ``redis_url`` is set too), a maintenance loop (partitions ahead, retention), the
-Prometheus collector and the servicer. The model side plugs in through ``build``'s
-``observers`` (called with newly committed records) and ``model`` (GetPerfModel and
-GetRecommendation; None = UNIMPLEMENTED); :func:`window_source` is what it reads windows
-from.
+Prometheus collector, the servicer, and the performance-model side: a
+:class:`ModelService` (``model_enabled``) that observes newly committed records, follows the
+engines' load and membership streams and answers GetPerfModel and GetRecommendation from
+the same windows (:func:`window_source`). ``build``'s ``observers`` and ``model`` replace or
+extend it (tests).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from services.common.tasks import pause, stop_tasks
 from services.telemetry.ingest.pipeline import Ingest, IngestCounts
 from services.telemetry.ingest.stream import records_consumer
 from services.telemetry.metrics import TelemetryCollector
+from services.telemetry.model.service import ModelService
 from services.telemetry.ports import ModelRpc, RecordObserver
 from services.telemetry.query import WindowQuery
 from services.telemetry.servicer import TelemetryServicer, add_to_server
@@ -64,6 +66,18 @@ def build(
     replica_id = settings.replica_id or socket.gethostname()
     memory = memory if memory is not None else new_memory(settings)
     classes = settings.classes()
+    redis = aioredis.from_url(settings.redis_url) if settings.redis_url else None
+    fitted: ModelService | None = None
+    if model is None and settings.model_enabled:
+        fitted = ModelService(
+            settings.model,
+            windows=window_source(settings, memory),
+            redis=redis,
+            prefix=settings.stream_prefix,
+            wall=wall,
+        )
+        model = fitted
+        observers = [*observers, fitted]
     store = (
         RecordStore(
             settings.postgres_url,
@@ -93,7 +107,6 @@ def build(
         if store is not None
         else None
     )
-    redis = aioredis.from_url(settings.redis_url) if settings.redis_url else None
     consumer = (
         records_consumer(
             redis,
@@ -138,6 +151,8 @@ def build(
             await pause(stop, settings.maintenance_interval_s)
 
     async def on_start() -> None:
+        if fitted is not None:
+            await fitted.start()
         if store is not None and ingest is not None:
             await store.maintain(int(wall() * 1000))
             await ingest.load()
@@ -148,6 +163,8 @@ def build(
     async def on_stop() -> None:
         stop.set()
         await stop_tasks(tasks, grace_s=settings.ingest_block_ms / 1000 + 2.0)
+        if fitted is not None:
+            await fitted.stop()
         if store is not None:
             await store.close()
         if redis is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.common.settings import ServiceSettings
+from services.telemetry.model.settings import ModelSettings
 from services.telemetry.windows.classes import SLOClass
 
 __all__ = ["DEFAULT_TELEMETRY_CLASSES", "TelemetrySLOClass", "TelemetrySettings"]
@@ -64,6 +65,12 @@ class TelemetrySettings(ServiceSettings):
     ingest_block_ms: int = Field(1000, ge=0)
     ingest_claim_idle_ms: int = Field(30_000, ge=0, description="reclaim a dead member's")
     gauge_window_s: float = Field(60.0, gt=0.0, description="window of the Prometheus gauges")
+    # the fitted performance model and recommendations (GetPerfModel, GetRecommendation)
+    model_enabled: bool = Field(True, description="fit the performance model; off = UNIMPLEMENTED")
+    model: ModelSettings = Field(
+        default_factory=ModelSettings,  # type: ignore[arg-type]
+        description="the fit's prior, sample counts, feeds and recommendation bounds",
+    )
 
     def classes(self) -> dict[str, SLOClass]:
         return {c.name: c.core() for c in self.slo_classes}
