@@ -14,6 +14,7 @@ import grpc
 from tideserve.v1 import common_pb2, telemetry_pb2, telemetry_pb2_grpc
 
 from services.autoscaler.planner.inputs import ClassView, PerfView, WindowView
+from services.common.perfcoef import from_pb
 
 __all__ = [
     "GrpcTelemetry",
@@ -58,15 +59,7 @@ def window_from_proto(w: telemetry_pb2.WindowStats) -> WindowView:
 
 
 def perf_from_proto(m: telemetry_pb2.PerfModel) -> PerfView:
-    return PerfView(
-        prefill_base_ms=m.prefill_base_ms,
-        prefill_ms_per_token=m.prefill_ms_per_token,
-        prefill_ms_per_token2=m.prefill_ms_per_token2,
-        decode_base_ms=m.decode_base_ms,
-        decode_ms_per_seq=m.decode_ms_per_seq,
-        decode_ms_per_ktoken=m.decode_ms_per_ktoken,
-        startup_s=m.startup_s if m.startup_samples > 0 else 0.0,
-    )
+    return PerfView(from_pb(m), startup_s=m.startup_s if m.startup_samples > 0 else 0.0)
 
 
 class GrpcTelemetry:

@@ -27,8 +27,9 @@ from services.autoscaler.planner.forecast import Forecaster, HoltWinters
 from services.autoscaler.planner.stability import RoleState
 from services.autoscaler.ports import InstanceView
 from services.autoscaler.spec import parse_spec
+from services.common.perfcoef import Coefficients
 
-PERF = PerfView(0.0, 0.1, 0.0, 10.0, 0.5, 0.1, startup_s=20.0)
+PERF = PerfView(Coefficients(0.0, 0.1, 0.0, 10.0, 0.5, 0.1, 0.0, 0.0), startup_s=20.0)
 CFG = PlannerConfig(predictor="constant")
 NOW = 10_000.0
 

@@ -10,6 +10,7 @@ from services.autoscaler.planner.forecast import Forecaster
 from services.autoscaler.planner.stability import RoleState
 from services.autoscaler.ports import InstanceView
 from services.autoscaler.spec import DeploymentSpec
+from services.common.perfcoef import Coefficients
 
 __all__ = ["ClassView", "PerfView", "PlannerInputs", "PlannerState", "WindowView"]
 
@@ -51,35 +52,19 @@ class WindowView:
 
 @dataclass(frozen=True)
 class PerfView:
-    """Telemetry's fitted performance model of a role (coefficients as on the proto)."""
+    """Telemetry's fitted performance model of a role: the ``PerfModel`` proto's
+    coefficients (:class:`~services.common.perfcoef.Coefficients`) and the measured
+    start-up time. A prompt with nothing uncached costs no prefill."""
 
-    prefill_base_ms: float
-    prefill_ms_per_token: float
-    prefill_ms_per_token2: float
-    decode_base_ms: float
-    decode_ms_per_seq: float
-    decode_ms_per_ktoken: float
+    coef: Coefficients
     startup_s: float = 0.0
 
     def prefill_ms(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
         del cached_tokens
-        n = max(0, uncached_tokens)
-        if n == 0:
-            return 0.0
-        return (
-            self.prefill_base_ms
-            + self.prefill_ms_per_token * n
-            + self.prefill_ms_per_token2 * n * n
-        )
+        return self.coef.prefill_ms(uncached_tokens) if uncached_tokens > 0 else 0.0
 
     def decode_step_ms(self, batch: int, context_tokens: int) -> float:
-        if batch <= 0:
-            return 0.0
-        return (
-            self.decode_base_ms
-            + self.decode_ms_per_seq * batch
-            + self.decode_ms_per_ktoken * context_tokens / 1000.0
-        )
+        return self.coef.decode_step_ms(batch, context_tokens)
 
 
 @dataclass(frozen=True)
