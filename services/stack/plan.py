@@ -208,9 +208,7 @@ def scheduler_env(ports: Mapping[str, Mapping[str, int]], host: str) -> dict[str
     """Where the stack's gateway replicas find telemetry (pure): its fitted performance model
     prices their predicted TTFT once confident (GetPerfModel)."""
     host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # bound everywhere
-    return {
-        "TIDESERVE_SCHEDULER__TELEMETRY_ADDRESS": f"{host}:{ports['telemetry']['grpc_port']}"
-    }
+    return {"TIDESERVE_SCHEDULER__TELEMETRY_ADDRESS": f"{host}:{ports['telemetry']['grpc_port']}"}
 
 
 def build_service_children(
