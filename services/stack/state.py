@@ -95,13 +95,17 @@ def state_path(state_dir: Path) -> Path:
     return state_dir / STATE_FILE
 
 
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Replace ``path`` with ``data`` as JSON (temp file + rename: readers never see half)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp.{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
 def write_state(state_dir: Path, state: StackState) -> None:
     """Atomically replace the state file."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    path = state_path(state_dir)
-    tmp = path.with_suffix(f".tmp.{os.getpid()}")
-    tmp.write_text(json.dumps(state.to_json(), indent=2) + "\n")
-    tmp.replace(path)
+    write_json_atomic(state_path(state_dir), state.to_json())
 
 
 def read_state(state_dir: Path) -> StackState | None:
