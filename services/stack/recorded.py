@@ -18,7 +18,14 @@ from pathlib import Path
 from services.stack.procs import ProcRef, is_alive, stop_processes
 from services.stack.state import write_json_atomic
 
-__all__ = ["RECORD_FILE", "RecordedEngine", "read_recorded", "stop_recorded", "write_recorded"]
+__all__ = [
+    "RECORD_FILE",
+    "RecordedEngine",
+    "clear_recorded",
+    "read_recorded",
+    "stop_recorded",
+    "write_recorded",
+]
 
 RECORD_FILE = "instances.json"
 RECORD_VERSION = 1
@@ -77,5 +84,10 @@ def stop_recorded(directory: Path, timeout_s: float) -> tuple[list[str], list[st
     record. Returns (stopped, killed) instance ids. ValueError as :func:`read_recorded`."""
     alive = [e for e in read_recorded(directory) if is_alive(e.ref)]
     killed = [r.name for r in stop_processes([e.ref for e in alive], timeout_s)]
-    (directory / RECORD_FILE).unlink(missing_ok=True)
+    clear_recorded(directory)
     return [e.instance_id for e in alive], killed
+
+
+def clear_recorded(directory: Path) -> None:
+    """Delete the record (idempotent): call it once every recorded engine is gone."""
+    (directory / RECORD_FILE).unlink(missing_ok=True)

@@ -62,6 +62,9 @@ class StackState:
     version: int = STATE_VERSION
     gateway_url: str | None = None
     """The OpenAI-compatible gateway (``http://host:port/v1``) once it answers."""
+    engine_dir: str | None = None
+    """Where the autoscaler's local driver records the engines it runs for the stack
+    (services.stack.recorded); ``down`` and ``status`` find them there. None: no such engines."""
 
     def services(self) -> list[ProcEntry]:
         return [p for p in self.processes if p.grpc_address is not None]
@@ -86,6 +89,7 @@ class StackState:
                 redis_url=data.get("redis_url"),
                 processes=[ProcEntry(**p) for p in data.get("processes", [])],
                 gateway_url=data.get("gateway_url"),
+                engine_dir=data.get("engine_dir"),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed state file: {exc}") from exc
