@@ -189,6 +189,9 @@ async def test_restart_policy_never_leaves_a_crash_failed(
         "exited with code 3",
     )
     assert _states(seen, dead.instance_id) == ["starting", "failed"]
+    # the record keeps the dead one (its last pid), so `tideserve status` shows it dead
+    rec = {e.instance_id: e for e in read_recorded(drv.state_dir)}
+    assert not is_alive(rec[dead.instance_id].ref)
     await drv.scale(never, 1)  # counted: no replacement
     assert [i.instance_id for i in drv.instances("dep") if i.role_name == "never"] == [
         dead.instance_id
@@ -204,6 +207,7 @@ async def test_role_ports_first_then_the_range(
     mine = (free_port(), free_port())
     role = RoleTarget("dep", "w", Role.WORKER, 3, command=SLEEPER, ports=mine)
     await drv.scale(role, 3)
+    assert sorted(i.instance_id for i in drv.instances("dep")) == ["dep-w-1", "dep-w-2", "dep-w-3"]
     ports = sorted(int(i.endpoint.rsplit(":", 1)[1]) for i in drv.instances("dep"))
     s = drv.settings
     assert set(mine) <= set(ports)
@@ -215,6 +219,24 @@ async def test_role_ports_first_then_the_range(
     await drv.scale(role, 2, victims=[first.instance_id])
     await drv.scale(role, 3)
     assert any(i.endpoint.endswith(f":{mine[0]}") for i in drv.instances("dep"))
+    assert first.instance_id not in {i.instance_id for i in drv.instances("dep")}  # new id
+
+
+async def test_instance_id_format(tmp_path: Path) -> None:
+    """``{role}-{n}`` (the local stack's names): numbered per role, unique across roles."""
+    base = free_port()
+    settings = LocalSettings(
+        port_min=base, port_max=base + 10, state_dir=str(tmp_path), instance_id_format="{role}-{n}"
+    )
+    drv = LocalDriver(settings, Drainer([], timeout_s=1.0, poll_s=0.1))
+    await drv.start()
+    try:
+        await drv.scale(RoleTarget("d", "prefill", Role.PREFILL, 1, command=SLEEPER), 1)
+        await drv.scale(RoleTarget("d", "decode", Role.DECODE, 2, command=SLEEPER), 2)
+        ids = sorted(i.instance_id for i in drv.instances("d"))
+        assert ids == ["decode-1", "decode-2", "prefill-1"]
+    finally:
+        await drv.close()
 
 
 async def test_a_role_port_held_by_another_process_is_refused(

@@ -3,9 +3,11 @@
 Each instance is one process (the tideserve engine simulator, or the role's own command line
 with ``{port}``/``{host}``/``{instance_id}``/``{role}``/``{deployment}`` substituted, e.g.
 ``python -m sglang.launch_server --port {port}`` or ``vllm serve M --port {port}``), started
-in its own session with its output in ``<state_dir>/logs/<instance>.log``, on the first of
-the role's own ``ports`` no live instance holds, else a free port from ``port_min..port_max``.
-Every live process is recorded (pid and start time) in ``<state_dir>/instances.json``
+in its own session with its output in ``<state_dir>/logs/<instance>.log``, with the id
+``instance_id_format`` (default ``{deployment}-{role}-{n}``, ``n`` counting per role), on
+the first of the role's own ``ports`` no live instance holds, else a free port from ``port_min..port_max``.
+Every instance's latest process is recorded (pid and start time) in
+``<state_dir>/instances.json``
 (:mod:`services.stack.recorded`): engines outlive a SIGKILLed driver and nothing adopts them,
 so :meth:`start` first stops the ones an earlier run recorded, and ``tideserve down`` stops
 them from the same record. One asyncio task supervises them all (no threads):
@@ -144,7 +146,7 @@ class LocalDriver:
         self._listener: Listener | None = None
         self._instances: dict[str, _Instance] = {}
         self._procs = Supervisor(stop_timeout_s=settings.stop_grace_s)
-        self._seq = itertools.count(1)
+        self._seq: dict[tuple[str, str], itertools.count[int]] = {}
         self._task: asyncio.Task[None] | None = None
         self._http: aiohttp.ClientSession | None = None
         self._state_dir = Path(settings.state_dir or tempfile.mkdtemp(prefix="ts-local-"))
@@ -189,7 +191,8 @@ class LocalDriver:
             )
 
     def _record(self) -> None:
-        """Rewrite ``instances.json`` with every live process (after each start and stop)."""
+        """Rewrite ``instances.json`` with every instance's latest process (after each start,
+        crash and stop): a FAILED one keeps its dead pid, so a reader sees it is not alive."""
         live = [
             RecordedEngine(
                 instance_id=i.status.instance_id,
@@ -202,7 +205,7 @@ class LocalDriver:
                 log=str(self.log_path(i.status.instance_id)),
             )
             for i in self._instances.values()
-            if i.child is not None and i.child.exit_code() is None
+            if i.child is not None
         ]
         try:
             write_recorded(self._state_dir, os.getpid(), live)
@@ -254,9 +257,20 @@ class LocalDriver:
                 return port
         raise DriverError(f"no free port in {s.port_min}..{s.port_max} on {s.host}")
 
+    def _new_id(self, role: RoleTarget) -> str:
+        """``instance_id_format`` with the role's next number (never reused while the driver
+        runs, so a new instance never takes over an old one's id; skips ids in use)."""
+        seq = self._seq.setdefault((role.deployment, role.name), itertools.count(1))
+        while True:
+            iid = self.settings.instance_id_format.format(
+                deployment=role.deployment, role=role.name, n=next(seq)
+            )
+            if iid not in self._instances:
+                return iid
+
     async def _launch_new(self, role: RoleTarget) -> None:
         port = self._free_port(role)
-        iid = f"{role.deployment}-{role.name}-{next(self._seq)}"
+        iid = self._new_id(role)
         status = InstanceStatus(
             instance_id=iid,
             deployment=role.deployment,
