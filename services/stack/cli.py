@@ -14,6 +14,7 @@ from services.stack.plan import SERVICES, ChildSpec, build_service_children, cho
 
 if TYPE_CHECKING:
     from services.common.settings import ServiceSettings
+    from services.stack.engines import EngineFleet
 
 _UP_EXAMPLES = """\
 examples:
@@ -184,17 +185,18 @@ def _settings_class(service: str) -> type[ServiceSettings]:
 def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
     """Settings + flags → (UpOptions, children: engines then services). Raises SettingsError /
     ValueError (one line)."""
-    from services.common.perfmodel import get_profile
     from services.common.settings import load_settings
+    from services.stack.deployment import (
+        autoscaler_driver_env,
+        engine_port_claims,
+        stack_deployment,
+    )
     from services.stack.engines import (
-        EngineFleet,
-        build_engine_children,
         scheduler_engine_env,
-        split_engine_args,
         wire_scheduler,
     )
     from services.stack.gateways import GatewayReplicas
-    from services.stack.plan import shift_port
+    from services.stack.plan import reachable, shift_port
     from services.stack.settings import StackSettings
     from services.stack.up import UpOptions
 
@@ -221,10 +223,13 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
     )
     configured: dict[str, dict[str, int]] = {}
     scheduler: Any = None
+    autoscaler: Any = None
     for spec in SERVICES:
         svc = load_settings(_settings_class(spec.name), spec.name, config, {})
         if spec.name == "scheduler":
             scheduler = svc
+        if spec.name == "autoscaler":
+            autoscaler = svc
         configured[spec.name] = {
             pd.setting: int(getattr(svc, pd.setting))
             for pd in spec.ports
@@ -233,6 +238,8 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
     offset = int(args.base_port_offset)
     ports = choose_ports(configured, offset)
     state_dir = Path(stack.state_dir).expanduser().resolve()
+    fleet = _fleet(stack, scheduler, offset)
+    deployment = stack_deployment(fleet)
     opts = UpOptions(
         state_dir=state_dir,
         host=stack.host,
@@ -242,27 +249,9 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
         start_timeout_s=stack.start_timeout_s,
         stop_timeout_s=stack.stop_timeout_s,
         json_output=bool(args.json),
-    )
-    if stack.engine_profile is not None:
-        try:
-            get_profile(stack.engine_profile)
-        except KeyError as exc:
-            raise ValueError(f"--engine-profile: {str(exc).strip(chr(39))}") from None
-    fleet = EngineFleet(
-        workers=stack.engines,
-        prefill=stack.prefill,
-        decode=stack.decode,
-        base_port=shift_port(stack.engine_base_port, offset, "stack.engine_base_port"),
-        ports=tuple(stack.engine_ports),
-        profile=stack.engine_profile,
-        speedup=stack.engine_speedup,
-        kv_blocks=stack.engine_kv_blocks,
-        block_size=int(getattr(scheduler, "block_size", DEFAULT_BLOCK_SIZE)),
-        deployment=str(getattr(scheduler, "deployment", "default")),
-        extra_args=split_engine_args(stack.engine_args),
-    )
-    engines = build_engine_children(
-        fleet, host=stack.host, state_dir=state_dir, base_env=os.environ
+        deployment=deployment,
+        autoscaler_address=f"{reachable(stack.host)}:{ports['autoscaler']['grpc_port']}",
+        engine_claims=engine_port_claims(fleet, stack.host),
     )
     services = build_service_children(
         ports=ports,
@@ -283,7 +272,9 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
     perf = None
     if stack.engine_profile and "perf_profile" not in scheduler.model_fields_set:
         perf = stack.engine_profile
-    wiring = scheduler_engine_env(fleet, stack.host, perf_profile=perf)
+    wiring = scheduler_engine_env(
+        fleet, autoscaler_address=opts.autoscaler_address, perf_profile=perf
+    )
     if wiring and "kvmeta_address" not in scheduler.model_fields_set:
         # Precise prefix scoring: the gateway asks this stack's kvmeta, which indexes the
         # engines' KV events from Redis.
@@ -291,7 +282,42 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
             f"{stack.host}:{ports['kvmeta']['grpc_port']}"
         )
     services = wire_scheduler(services, wiring)
-    return opts, (*engines, *services)
+    if deployment is not None:  # the autoscaler runs the engines with its local driver
+        driver_env = autoscaler_driver_env(
+            fleet,
+            host=stack.host,
+            state_dir=state_dir,
+            stop_grace_s=stack.stop_timeout_s,
+            planner_configured="planner_enabled" in autoscaler.model_fields_set,
+        )
+        services = wire_scheduler(services, driver_env, scheduler="autoscaler")
+    return opts, services
+
+
+def _fleet(stack: Any, scheduler: Any, offset: int) -> EngineFleet:
+    """The stack's engines from its settings (ValueError, one line, for a bad one)."""
+    from services.common.perfmodel import get_profile
+    from services.stack.engines import EngineFleet, split_engine_args
+    from services.stack.plan import shift_port
+
+    if stack.engine_profile is not None:
+        try:
+            get_profile(stack.engine_profile)
+        except KeyError as exc:
+            raise ValueError(f"--engine-profile: {str(exc).strip(chr(39))}") from None
+    return EngineFleet(
+        workers=stack.engines,
+        prefill=stack.prefill,
+        decode=stack.decode,
+        base_port=shift_port(stack.engine_base_port, offset, "stack.engine_base_port"),
+        ports=tuple(stack.engine_ports),
+        profile=stack.engine_profile,
+        speedup=stack.engine_speedup,
+        kv_blocks=stack.engine_kv_blocks,
+        block_size=int(getattr(scheduler, "block_size", DEFAULT_BLOCK_SIZE)),
+        deployment=str(getattr(scheduler, "deployment", "default")),
+        extra_args=split_engine_args(stack.engine_args),
+    )
 
 
 def cmd_up(args: argparse.Namespace) -> int:

@@ -42,6 +42,10 @@ def stop_order(entries: Sequence[ProcRef], kinds: Sequence[str]) -> list[list[Pr
     return [waves[r] for r in sorted(waves)]
 
 
+_STACK_ROLE = {"worker": "aggregated"}
+"""The driver's role kinds in the stack's words (aggregated, prefill, decode)."""
+
+
 def recorded_engines(state: StackState) -> list[ProcEntry]:
     """The engines the autoscaler's local driver recorded for the stack (``engine_dir``), as
     entries of kind ``engine``: they are children of the autoscaler, not of ``up``, and
@@ -57,7 +61,7 @@ def recorded_engines(state: StackState) -> list[ProcEntry]:
             log=e.log or None,
             url=e.endpoint,
             ready_url=e.endpoint.rstrip("/") + "/health",
-            role=e.role,
+            role=_STACK_ROLE.get(e.role, e.role),
         )
         for e in read_recorded(Path(state.engine_dir))
     ]

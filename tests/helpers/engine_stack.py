@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from services.stack.control import recorded_engines
 from services.stack.procs import is_alive
 from services.stack.state import ProcEntry, StackState, read_state
 from tests.helpers.ports import free_ports
@@ -80,17 +81,19 @@ def start_engine_stack(
     ) as running:
         state = running.state
         assert state.gateway_url == f"http://127.0.0.1:{http_port}/v1"
+        engines = recorded_engines(state)  # the autoscaler's driver runs them
+        assert len(engines) == n_engines, engines
         yield EngineStack(
             running.state_dir,
             running.up,
             f"http://127.0.0.1:{http_port}",
             deployment,
-            {p.name: p for p in state.engines()},
+            {p.name: p for p in engines},
         )
     assert f"gateway (OpenAI API): http://127.0.0.1:{http_port}/v1" in running.out
-    for name, entry in {p.name: p for p in state.engines()}.items():
-        assert f"{name:<11} {entry.role} engine {entry.url}" in running.out
-    assert [p.name for p in state.processes if is_alive(p.ref)] == []
+    for entry in engines:
+        assert f"{entry.name:<11} {entry.role} engine {entry.url}" in running.out
+    assert [p.name for p in [*state.processes, *engines] if is_alive(p.ref)] == []
 
 
 def words(n: int, salt: str) -> str:

@@ -93,7 +93,7 @@ def test_status_lists_the_recorded_engines(
     (status,) = collect_engine_status(state, probe)
     assert (status.name, status.role, status.url, status.pid, status.alive, status.health) == (
         "default-engine-1",
-        "worker",
+        "aggregated",  # the stack's word for a worker
         "http://127.0.0.1:30001",
         engine.pid,
         True,
