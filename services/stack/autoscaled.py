@@ -82,8 +82,10 @@ def engines_progress(
 
 
 def apply_deployment(address: str, spec: Mapping[str, Any], timeout_s: float) -> None:
-    """``ApplyDeployment`` of ``spec`` (YAML data; SpecError/ValueError when it is refused
-    locally, grpc.RpcError when the autoscaler refuses it)."""
+    """``ApplyDeployment`` of ``spec`` (YAML data), then ``ScaleRole`` of each role to its
+    ``replicas``: a stored deployment keeps the desired count of an earlier run (the planner
+    owns counts), but the stack's flags say how many engines run now. SpecError/ValueError
+    when the spec is refused locally, grpc.RpcError when the autoscaler refuses it."""
     from services.autoscaler.spec import parse_spec
     from services.autoscaler.translate import spec_to_proto
 
@@ -91,6 +93,13 @@ def apply_deployment(address: str, spec: Mapping[str, Any], timeout_s: float) ->
     with grpc.insecure_channel(address) as channel:
         stub = autoscaler_pb2_grpc.AutoscalerServiceStub(channel)
         stub.ApplyDeployment(autoscaler_pb2.ApplyDeploymentRequest(spec=msg), timeout=timeout_s)
+        for role in msg.roles:  # the flags win over a count stored by an earlier run
+            stub.ScaleRole(
+                autoscaler_pb2.ScaleRoleRequest(
+                    deployment=msg.name, role=role.name, replicas=role.replicas
+                ),
+                timeout=timeout_s,
+            )
 
 
 def list_instances(address: str, deployment: str, timeout_s: float) -> list[EngineView]:

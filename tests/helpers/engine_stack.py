@@ -53,11 +53,11 @@ def start_engine_stack(
     *,
     kv_blocks: int = 512,
     health_interval_s: float = 0.5,
+    up_exit: int | None = 0,
 ) -> Iterator[EngineStack]:
     """`tideserve up` (through :func:`tests.helpers.stack.running_stack`) with the four
     services and ``n_engines`` engine ports, all ephemeral, the scheduler on its own
-    deployment (own KV streams in the shared Redis); after the block, `down` stopped it all
-    and `up` printed the gateway and every engine."""
+    deployment (own KV streams in the shared Redis); after the block, `down` stopped it all and `up` printed the gateway and every engine."""
     ports = iter(free_ports(6 + n_engines))
     layout: dict[str, Any] = {
         name: {"grpc_port": next(ports), "metrics_port": 0} for name in SERVICES
@@ -78,6 +78,7 @@ def start_engine_stack(
         postgres_url=postgres_url,
         redis_url=redis_url,
         start_timeout_s=START_TIMEOUT_S,
+        up_exit=up_exit,
     ) as running:
         state = running.state
         assert state.gateway_url == f"http://127.0.0.1:{http_port}/v1"
