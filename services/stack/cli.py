@@ -37,13 +37,17 @@ telemetry 50054; metrics 9101-9104; gateway HTTP 8000; kvmeta TE metadata HTTP 8
 embedded Redis 6380; engines 30001 upward. Per-service keys in the config file
 (`kvmeta: {grpc_port: N}`, `metrics_port`, `http_port`, `metadata_http_port`) and
 `stack: {redis_port: N}` override them. Only endpoints that answer are printed.
-Engines: `tideserve engine` processes started before the services (ready on GET /health),
-with the stack's Redis and the scheduler's deployment and block_size; the scheduler's gateway
-routes to exactly these (its `endpoints` setting is replaced). `stack:` keys engines, prefill,
-decode, engine_profile, engine_speedup, engine_kv_blocks, engine_args, engine_base_port and
-engine_ports (explicit list, no offset) set the same from the config file. An engine that dies
-is reported and the stack keeps running (the gateway routes around it); `down` stops engines
-first.
+Engines: a deployment of the stack's autoscaler (named after the scheduler's deployment;
+roles engine or prefill/decode), applied once the services are SERVING and run by its local
+driver as `tideserve engine` processes engine-1, prefill-1, ... (restart policy never), with
+the stack's Redis and the scheduler's block_size; `up` waits until the autoscaler lists them
+READY and every gateway routes to them (membership; the scheduler's `endpoints` setting is
+emptied). More engines: `tideserve apply -f` the deployment with higher replicas and
+min_replicas. `stack:` keys engines, prefill, decode, engine_profile, engine_speedup,
+engine_kv_blocks, engine_args, engine_base_port and engine_ports (explicit list, no offset)
+set the same from the config file. An engine that dies is reported and the stack keeps running
+(the gateway routes around it); `down` stops the engines, also those of a killed autoscaler
+(pids recorded in <state-dir>/instances.json).
 Gateways: `--gateways N` (or `stack: {gateways: N}`) runs N scheduler replicas, `scheduler`,
 `scheduler-2`, ..., all listening on the one gateway HTTP port (SO_REUSEPORT: the kernel
 spreads new connections over the live replicas) and sharing routed prefixes and in-flight
@@ -183,8 +187,8 @@ def _settings_class(service: str) -> type[ServiceSettings]:
 
 
 def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
-    """Settings + flags → (UpOptions, children: engines then services). Raises SettingsError /
-    ValueError (one line)."""
+    """Settings + flags → (UpOptions with the engines' deployment, the service children).
+    Raises SettingsError / ValueError (one line)."""
     from services.common.settings import load_settings
     from services.stack.deployment import (
         autoscaler_driver_env,
