@@ -31,13 +31,13 @@ import os
 import shutil
 import signal
 import tempfile
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+
+from tests.helpers.databases import fresh_database
 
 _PG_ENV = "TIDESERVE_TEST_POSTGRES_URL"
 _REDIS_ENV = "TIDESERVE_TEST_REDIS_URL"
@@ -128,26 +128,11 @@ def redis_url() -> Iterator[str]:
             server.stop()
 
 
-def with_database(url: str, database: str) -> str:
-    """``url`` pointing at another database on the same server (query, e.g. host=, kept)."""
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{database}"))
-
-
 @pytest.fixture
 def postgres_db_url(postgres_url: str) -> Iterator[str]:
     """A fresh empty database for this test only (dropped afterwards)."""
-    import psycopg
-
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    admin = postgres_url.replace("postgresql+psycopg://", "postgresql://", 1)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield with_database(postgres_url, name)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with fresh_database(postgres_url) as url:
+        yield url
 
 
 @pytest.fixture

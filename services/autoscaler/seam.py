@@ -72,6 +72,8 @@ def role_target(deployment: str, role: RoleSpec, replicas: int) -> RoleTarget:
         image=role.image,
         resources=dict(role.resources),
         dependencies=role.dependencies,
+        restart=role.restart_policy,
+        ports=role.ports,
     )
 
 

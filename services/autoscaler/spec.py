@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -52,6 +52,7 @@ _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 RoleKind = Literal["worker", "prefill", "decode", "kvcache"]
 EngineKind = Literal["sim", "sglang", "vllm"]
+RestartPolicy = Literal["always", "never"]
 
 
 class SpecError(ValueError):
@@ -87,6 +88,10 @@ class RoleSpec(_Frozen):
     image: str = ""
     resources: Mapping[str, str] = Field(default_factory=dict)
     dependencies: tuple[str, ...] = ()
+    restart_policy: RestartPolicy = "always"
+    """Local driver, on a crash: ``always`` restart with back-off; ``never`` leave it FAILED."""
+    ports: tuple[Annotated[int, Field(ge=1, le=65535)], ...] = ()
+    """Local driver: the instances' ports in launch order (beyond them: the driver's range)."""
 
     @model_validator(mode="after")
     def _bounds(self) -> RoleSpec:
@@ -96,6 +101,8 @@ class RoleSpec(_Frozen):
             raise ValueError(
                 f"min_replicas ({self.min_replicas}) > max_replicas ({self.max_replicas})"
             )
+        if len(set(self.ports)) != len(self.ports):
+            raise ValueError(f"ports {list(self.ports)} repeat a port")
         if not self.min_replicas <= self.replicas <= self.max_replicas:
             raise ValueError(
                 f"replicas ({self.replicas}) outside [min_replicas, max_replicas] "
@@ -171,6 +178,12 @@ def _problems(spec: DeploymentSpec) -> list[str]:
         for dep in r.dependencies:
             if dep not in known:
                 out.append(f"roles[{i}].dependencies: unknown role {dep!r}")
+    owner: dict[int, str] = {}
+    for i, r in enumerate(spec.roles):
+        for port in r.ports:
+            if port in owner:
+                out.append(f"roles[{i}].ports: {port} is also a port of role {owner[port]!r}")
+            owner.setdefault(port, r.name)
     cycle = _cycle({r.name: r.dependencies for r in spec.roles})
     if cycle:
         out.append(f"roles.dependencies: cycle {' -> '.join(cycle)}")

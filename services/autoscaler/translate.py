@@ -63,6 +63,8 @@ def spec_to_proto(spec: DeploymentSpec) -> common_pb2.DeploymentSpec:
                 resources=dict(r.resources),
                 dependencies=list(r.dependencies),
                 template=r.template,
+                restart_policy=r.restart_policy,
+                ports=list(r.ports),
             )
             for r in spec.roles
         ],
@@ -128,6 +130,8 @@ def spec_from_proto(msg: common_pb2.DeploymentSpec) -> DeploymentSpec:
                 "resources": dict(r.resources),
                 "dependencies": list(r.dependencies),
                 "template": r.template,
+                "restart_policy": r.restart_policy or "always",
+                "ports": list(r.ports),
             }
             for r in msg.roles
         ],

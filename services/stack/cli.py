@@ -14,6 +14,7 @@ from services.stack.plan import SERVICES, ChildSpec, build_service_children, cho
 
 if TYPE_CHECKING:
     from services.common.settings import ServiceSettings
+    from services.stack.engines import EngineFleet
 
 _UP_EXAMPLES = """\
 examples:
@@ -36,13 +37,17 @@ telemetry 50054; metrics 9101-9104; gateway HTTP 8000; kvmeta TE metadata HTTP 8
 embedded Redis 6380; engines 30001 upward. Per-service keys in the config file
 (`kvmeta: {grpc_port: N}`, `metrics_port`, `http_port`, `metadata_http_port`) and
 `stack: {redis_port: N}` override them. Only endpoints that answer are printed.
-Engines: `tideserve engine` processes started before the services (ready on GET /health),
-with the stack's Redis and the scheduler's deployment and block_size; the scheduler's gateway
-routes to exactly these (its `endpoints` setting is replaced). `stack:` keys engines, prefill,
-decode, engine_profile, engine_speedup, engine_kv_blocks, engine_args, engine_base_port and
-engine_ports (explicit list, no offset) set the same from the config file. An engine that dies
-is reported and the stack keeps running (the gateway routes around it); `down` stops engines
-first.
+Engines: a deployment of the stack's autoscaler (named after the scheduler's deployment;
+roles engine or prefill/decode), applied once the services are SERVING and run by its local
+driver as `tideserve engine` processes engine-1, prefill-1, ... (restart policy never), with
+the stack's Redis and the scheduler's block_size; `up` waits until the autoscaler lists them
+READY and every gateway routes to them (membership; the scheduler's `endpoints` setting is
+emptied). More engines: `tideserve apply -f` the deployment with higher replicas and
+min_replicas. `stack:` keys engines, prefill, decode, engine_profile, engine_speedup,
+engine_kv_blocks, engine_args, engine_base_port and engine_ports (explicit list, no offset)
+set the same from the config file. An engine that dies is reported and the stack keeps running
+(the gateway routes around it); `down` stops the engines, also those of a killed autoscaler
+(pids recorded in <state-dir>/instances.json).
 Gateways: `--gateways N` (or `stack: {gateways: N}`) runs N scheduler replicas, `scheduler`,
 `scheduler-2`, ..., all listening on the one gateway HTTP port (SO_REUSEPORT: the kernel
 spreads new connections over the live replicas) and sharing routed prefixes and in-flight
@@ -182,19 +187,20 @@ def _settings_class(service: str) -> type[ServiceSettings]:
 
 
 def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
-    """Settings + flags → (UpOptions, children: engines then services). Raises SettingsError /
-    ValueError (one line)."""
-    from services.common.perfmodel import get_profile
+    """Settings + flags → (UpOptions with the engines' deployment, the service children).
+    Raises SettingsError / ValueError (one line)."""
     from services.common.settings import load_settings
+    from services.stack.deployment import (
+        autoscaler_driver_env,
+        engine_port_claims,
+        stack_deployment,
+    )
     from services.stack.engines import (
-        EngineFleet,
-        build_engine_children,
         scheduler_engine_env,
-        split_engine_args,
         wire_scheduler,
     )
     from services.stack.gateways import GatewayReplicas
-    from services.stack.plan import shift_port
+    from services.stack.plan import reachable, shift_port
     from services.stack.settings import StackSettings
     from services.stack.up import UpOptions
 
@@ -221,10 +227,13 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
     )
     configured: dict[str, dict[str, int]] = {}
     scheduler: Any = None
+    autoscaler: Any = None
     for spec in SERVICES:
         svc = load_settings(_settings_class(spec.name), spec.name, config, {})
         if spec.name == "scheduler":
             scheduler = svc
+        if spec.name == "autoscaler":
+            autoscaler = svc
         configured[spec.name] = {
             pd.setting: int(getattr(svc, pd.setting))
             for pd in spec.ports
@@ -233,6 +242,8 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
     offset = int(args.base_port_offset)
     ports = choose_ports(configured, offset)
     state_dir = Path(stack.state_dir).expanduser().resolve()
+    fleet = _fleet(stack, scheduler, offset)
+    deployment = stack_deployment(fleet)
     opts = UpOptions(
         state_dir=state_dir,
         host=stack.host,
@@ -242,27 +253,9 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
         start_timeout_s=stack.start_timeout_s,
         stop_timeout_s=stack.stop_timeout_s,
         json_output=bool(args.json),
-    )
-    if stack.engine_profile is not None:
-        try:
-            get_profile(stack.engine_profile)
-        except KeyError as exc:
-            raise ValueError(f"--engine-profile: {str(exc).strip(chr(39))}") from None
-    fleet = EngineFleet(
-        workers=stack.engines,
-        prefill=stack.prefill,
-        decode=stack.decode,
-        base_port=shift_port(stack.engine_base_port, offset, "stack.engine_base_port"),
-        ports=tuple(stack.engine_ports),
-        profile=stack.engine_profile,
-        speedup=stack.engine_speedup,
-        kv_blocks=stack.engine_kv_blocks,
-        block_size=int(getattr(scheduler, "block_size", DEFAULT_BLOCK_SIZE)),
-        deployment=str(getattr(scheduler, "deployment", "default")),
-        extra_args=split_engine_args(stack.engine_args),
-    )
-    engines = build_engine_children(
-        fleet, host=stack.host, state_dir=state_dir, base_env=os.environ
+        deployment=deployment,
+        autoscaler_address=f"{reachable(stack.host)}:{ports['autoscaler']['grpc_port']}",
+        engine_claims=engine_port_claims(fleet, stack.host),
     )
     services = build_service_children(
         ports=ports,
@@ -283,7 +276,9 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
     perf = None
     if stack.engine_profile and "perf_profile" not in scheduler.model_fields_set:
         perf = stack.engine_profile
-    wiring = scheduler_engine_env(fleet, stack.host, perf_profile=perf)
+    wiring = scheduler_engine_env(
+        fleet, autoscaler_address=opts.autoscaler_address, perf_profile=perf
+    )
     if wiring and "kvmeta_address" not in scheduler.model_fields_set:
         # Precise prefix scoring: the gateway asks this stack's kvmeta, which indexes the
         # engines' KV events from Redis.
@@ -291,7 +286,42 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
             f"{stack.host}:{ports['kvmeta']['grpc_port']}"
         )
     services = wire_scheduler(services, wiring)
-    return opts, (*engines, *services)
+    if deployment is not None:  # the autoscaler runs the engines with its local driver
+        driver_env = autoscaler_driver_env(
+            fleet,
+            host=stack.host,
+            state_dir=state_dir,
+            stop_grace_s=stack.stop_timeout_s,
+            planner_configured="planner_enabled" in autoscaler.model_fields_set,
+        )
+        services = wire_scheduler(services, driver_env, scheduler="autoscaler")
+    return opts, services
+
+
+def _fleet(stack: Any, scheduler: Any, offset: int) -> EngineFleet:
+    """The stack's engines from its settings (ValueError, one line, for a bad one)."""
+    from services.common.perfmodel import get_profile
+    from services.stack.engines import EngineFleet, split_engine_args
+    from services.stack.plan import shift_port
+
+    if stack.engine_profile is not None:
+        try:
+            get_profile(stack.engine_profile)
+        except KeyError as exc:
+            raise ValueError(f"--engine-profile: {str(exc).strip(chr(39))}") from None
+    return EngineFleet(
+        workers=stack.engines,
+        prefill=stack.prefill,
+        decode=stack.decode,
+        base_port=shift_port(stack.engine_base_port, offset, "stack.engine_base_port"),
+        ports=tuple(stack.engine_ports),
+        profile=stack.engine_profile,
+        speedup=stack.engine_speedup,
+        kv_blocks=stack.engine_kv_blocks,
+        block_size=int(getattr(scheduler, "block_size", DEFAULT_BLOCK_SIZE)),
+        deployment=str(getattr(scheduler, "deployment", "default")),
+        extra_args=split_engine_args(stack.engine_args),
+    )
 
 
 def cmd_up(args: argparse.Namespace) -> int:

@@ -12,7 +12,8 @@ from typing import Any, TextIO
 
 from services.stack.health import Health, check_grpc_health, check_http_ready
 from services.stack.procs import ProcRef, is_alive, signal_process, stop_processes
-from services.stack.state import StackState, read_state, remove_state, state_path
+from services.stack.recorded import clear_recorded, read_recorded
+from services.stack.state import ProcEntry, StackState, read_state, remove_state, state_path
 
 _STOP_ORDER = ("service", "redis", "postgres")
 """Leftovers are stopped in this order of kinds (unknown kinds, e.g. engines, go first)."""
@@ -41,6 +42,31 @@ def stop_order(entries: Sequence[ProcRef], kinds: Sequence[str]) -> list[list[Pr
     return [waves[r] for r in sorted(waves)]
 
 
+_STACK_ROLE = {"worker": "aggregated"}
+"""The driver's role kinds in the stack's words (aggregated, prefill, decode)."""
+
+
+def recorded_engines(state: StackState) -> list[ProcEntry]:
+    """The engines the autoscaler's local driver recorded for the stack (``engine_dir``), as
+    entries of kind ``engine``: they are children of the autoscaler, not of ``up``, and
+    outlive a SIGKILLed autoscaler. ValueError for a record that cannot be read."""
+    if state.engine_dir is None:
+        return []
+    return [
+        ProcEntry(
+            e.instance_id,
+            e.pid,
+            e.create_time,
+            kind="engine",
+            log=e.log or None,
+            url=e.endpoint,
+            ready_url=e.endpoint.rstrip("/") + "/health",
+            role=_STACK_ROLE.get(e.role, e.role),
+        )
+        for e in read_recorded(Path(state.engine_dir))
+    ]
+
+
 def stack_down(
     state_dir: Path,
     *,
@@ -50,14 +76,16 @@ def stack_down(
 ) -> DownResult:
     """Ask the recorded ``up`` to stop (SIGTERM) and wait for it and every recorded process to
     be gone; after ``up_timeout_s`` stop leftovers directly (SIGTERM, ``stop_timeout_s``,
-    SIGKILL) in stop order. Idempotent. Raises ValueError for an unreadable state file."""
+    SIGKILL) in stop order. Engines the autoscaler recorded (:func:`recorded_engines`) are
+    waited for and stopped (first) the same way, so those of a SIGKILLed autoscaler do not
+    survive ``down``. Idempotent. Raises ValueError for an unreadable state file or record."""
     state = read_state(state_dir)
     if state is None:
         return DownResult(False, False, (), ())
-    recorded = list(state.processes)
+    recorded = [*state.processes, *recorded_engines(state)]
     everyone = [state.up.ref, *(p.ref for p in recorded)]
     if not any(is_alive(r) for r in everyone):
-        remove_state(state_dir)
+        _forget(state_dir, state)
         return DownResult(False, False, (), ())
     signalled = signal_process(state.up.ref, signal.SIGTERM)
     if signalled:
@@ -72,8 +100,15 @@ def stack_down(
         killed += [r.name for r in stop_processes(wave, stop_timeout_s)]
     still = tuple(r.name for r in everyone if is_alive(r))
     if not still:
-        remove_state(state_dir)
+        _forget(state_dir, state)
     return DownResult(True, signalled, tuple(killed), still, tuple(p.name for p in leftovers))
+
+
+def _forget(state_dir: Path, state: StackState) -> None:
+    """Everything recorded is gone: remove the engine record, then the state file."""
+    if state.engine_dir is not None:
+        clear_recorded(Path(state.engine_dir))
+    remove_state(state_dir)
 
 
 @dataclass(frozen=True)
@@ -125,9 +160,10 @@ def collect_engine_status(
     probe: Callable[[str, float], Health] = check_http_ready,
     timeout_s: float = 2.0,
 ) -> list[EngineStatus]:
-    """Probe every recorded engine over HTTP (its ``ready_url``)."""
+    """Probe every engine over HTTP (its ``ready_url``): those ``up`` started and those the
+    autoscaler's local driver recorded (:func:`recorded_engines`)."""
     out = []
-    for entry in state.engines():
+    for entry in [*state.engines(), *recorded_engines(state)]:
         target = entry.ready_url or ((entry.url or "").rstrip("/") + "/health")
         out.append(
             EngineStatus(
@@ -226,6 +262,7 @@ __all__ = [
     "collect_engine_status",
     "collect_status",
     "print_status",
+    "recorded_engines",
     "stack_down",
     "state_path",
     "status_report",

@@ -2,33 +2,30 @@
 scheduler learns about them. Pure: no I/O.
 
 ``tideserve up --engines N`` plans N aggregated engines; ``--prefill P --decode D`` plans a
-disaggregated fleet (both or neither). Each engine is one ``tideserve engine`` process (a
-:class:`ChildSpec` of kind ``engine``, ready when ``GET /health`` answers 2xx) on ports from
-the base port upward (30001 + offset by default, or explicit ports). The scheduler gets the
-list through its environment (``TIDESERVE_SCHEDULER__ENDPOINTS`` as a JSON list of
-``ROLE=URL``), so its gateway routes to exactly these engines. Redis comes from the stack at
-start (``TIDESERVE_ENGINE_REDIS_URL``, see :data:`ENGINE_REDIS_ENV`).
+disaggregated fleet (both or neither), on ports from the base port upward (30001 + offset by
+default, or explicit ports). The engines are a deployment of the stack's autoscaler (see
+:mod:`services.stack.deployment`), which runs them with its local driver; the scheduler
+learns them from membership (``ListInstances`` seed + ``{prefix}:membership``), its static
+``endpoints`` emptied, so its gateway routes to exactly these engines. Their Redis comes from
+the stack through the autoscaler's environment (:data:`ENGINE_REDIS_ENV`).
 """
 
 from __future__ import annotations
 
-import json
 import shlex
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
-from services.stack.plan import ChildSpec, PortClaim
+from services.stack.plan import ChildSpec
 
 __all__ = [
     "DEFAULT_ENGINE_BASE_PORT",
     "ENGINE_KIND",
     "ENGINE_REDIS_ENV",
+    "MAX_ENGINES",
     "EngineFleet",
     "EnginePlan",
-    "build_engine_children",
     "plan_engines",
     "scheduler_engine_env",
     "split_engine_args",
@@ -44,7 +41,6 @@ ENGINE_REDIS_ENV = "TIDESERVE_ENGINE_REDIS_URL"
 
 MAX_ENGINES = 256
 
-_ROLE_FOR_SCHEDULER = {"aggregated": "worker", "prefill": "prefill", "decode": "decode"}
 _NAME_PREFIX = {"aggregated": "engine", "prefill": "prefill", "decode": "decode"}
 _RESERVED_FLAGS = (
     "--host",
@@ -97,10 +93,6 @@ class EnginePlan:
 
     def url(self, host: str) -> str:
         return f"http://{host}:{self.port}"
-
-    def scheduler_endpoint(self, host: str) -> str:
-        """``ROLE=URL`` as the scheduler's ``endpoints`` setting reads it."""
-        return f"{_ROLE_FOR_SCHEDULER[self.role]}={self.url(host)}"
 
 
 def split_engine_args(values: Sequence[str]) -> tuple[str, ...]:
@@ -157,78 +149,18 @@ def plan_engines(fleet: EngineFleet) -> tuple[EnginePlan, ...]:
     return tuple(out)
 
 
-def build_engine_children(
-    fleet: EngineFleet,
-    *,
-    host: str,
-    state_dir: Path,
-    base_env: Mapping[str, str],
-    python: str = sys.executable,
-) -> tuple[ChildSpec, ...]:
-    """One ``tideserve engine`` child per planned engine (see :func:`plan_engines`, whose
-    ValueError passes through). The Redis URL is added at start under :data:`ENGINE_REDIS_ENV`;
-    logs go to ``<state_dir>/logs/<name>.log``."""
-    children = []
-    for plan in plan_engines(fleet):
-        argv = [
-            python,
-            "-m",
-            "services.cli",
-            "engine",
-            "--host",
-            host,
-            "--port",
-            str(plan.port),
-            "--instance-id",
-            f"{host}:{plan.port}",
-            "--role",
-            plan.role,
-            "--deployment",
-            fleet.deployment,
-            "--block-size",
-            str(fleet.block_size),
-            "--state-dir",
-            str(state_dir / "engines" / plan.name),
-            # health probes and load scrapes would flood INFO access logs; a later
-            # --engine-arg=--log-level=INFO wins
-            "--log-level",
-            "WARNING",
-        ]
-        if fleet.profile is not None:
-            argv += ["--profile", fleet.profile]
-        if fleet.speedup is not None:
-            argv += ["--speedup", f"{fleet.speedup:g}"]
-        if fleet.kv_blocks is not None:
-            argv += ["--kv-blocks", str(fleet.kv_blocks)]
-        argv += fleet.extra_args
-        env = dict(base_env)
-        env["PYTHONUNBUFFERED"] = "1"
-        url = plan.url(host)
-        children.append(
-            ChildSpec(
-                name=plan.name,
-                argv=tuple(argv),
-                env=env,
-                log_path=state_dir / "logs" / f"{plan.name}.log",
-                ready_url=url + "/health",
-                ports=(PortClaim(plan.name, plan.role, host, plan.port, "port", ""),),
-                kind=ENGINE_KIND,
-            )
-        )
-    return tuple(children)
-
-
 def scheduler_engine_env(
-    fleet: EngineFleet, host: str, *, perf_profile: str | None
+    fleet: EngineFleet, *, autoscaler_address: str, perf_profile: str | None
 ) -> dict[str, str]:
-    """The scheduler's environment additions for ``fleet``: ``endpoints`` (JSON list of
-    ``ROLE=URL``), ``deployment``, ``block_size`` and, when given, ``perf_profile``. Empty
-    when the stack runs no engines (the scheduler's own settings then apply)."""
-    plans = plan_engines(fleet)
-    if not plans:
+    """The scheduler's environment additions for ``fleet``: no static ``endpoints`` (the
+    engines come from membership), the ``autoscaler_address`` whose ``ListInstances`` seeds
+    them, ``deployment``, ``block_size`` and, when given, ``perf_profile``. Empty when the
+    stack runs no engines (the scheduler's own settings then apply)."""
+    if not plan_engines(fleet):
         return {}
     env = {
-        "TIDESERVE_SCHEDULER__ENDPOINTS": json.dumps([p.scheduler_endpoint(host) for p in plans]),
+        "TIDESERVE_SCHEDULER__ENDPOINTS": "[]",
+        "TIDESERVE_SCHEDULER__AUTOSCALER_ADDRESS": autoscaler_address,
         "TIDESERVE_SCHEDULER__DEPLOYMENT": fleet.deployment,
         "TIDESERVE_SCHEDULER__BLOCK_SIZE": str(fleet.block_size),
     }

@@ -191,12 +191,17 @@ def service_env(
     return env
 
 
+def reachable(host: str) -> str:
+    """An address that reaches a server bound to ``host`` (bound everywhere: loopback)."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
 def autoscaler_env(
     ports: Mapping[str, Mapping[str, int]], host: str, gateways: Sequence[Mapping[str, int]]
 ) -> dict[str, str]:
     """Where the stack's autoscaler finds its peers (pure): the telemetry service it plans
     from, and every gateway replica's gRPC address for ``Drain`` before a scale-in."""
-    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # bound everywhere
+    host = reachable(host)
     grpc_of = [f"{host}:{g['grpc_port']}" for g in gateways]
     return {
         "TIDESERVE_AUTOSCALER__TELEMETRY_ADDRESS": f"{host}:{ports['telemetry']['grpc_port']}",

@@ -62,6 +62,9 @@ class StackState:
     version: int = STATE_VERSION
     gateway_url: str | None = None
     """The OpenAI-compatible gateway (``http://host:port/v1``) once it answers."""
+    engine_dir: str | None = None
+    """Where the autoscaler's local driver records the engines it runs for the stack
+    (services.stack.recorded); ``down`` and ``status`` find them there. None: no such engines."""
 
     def services(self) -> list[ProcEntry]:
         return [p for p in self.processes if p.grpc_address is not None]
@@ -86,6 +89,7 @@ class StackState:
                 redis_url=data.get("redis_url"),
                 processes=[ProcEntry(**p) for p in data.get("processes", [])],
                 gateway_url=data.get("gateway_url"),
+                engine_dir=data.get("engine_dir"),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed state file: {exc}") from exc
@@ -95,13 +99,17 @@ def state_path(state_dir: Path) -> Path:
     return state_dir / STATE_FILE
 
 
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Replace ``path`` with ``data`` as JSON (temp file + rename: readers never see half)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp.{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
 def write_state(state_dir: Path, state: StackState) -> None:
     """Atomically replace the state file."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    path = state_path(state_dir)
-    tmp = path.with_suffix(f".tmp.{os.getpid()}")
-    tmp.write_text(json.dumps(state.to_json(), indent=2) + "\n")
-    tmp.replace(path)
+    write_json_atomic(state_path(state_dir), state.to_json())
 
 
 def read_state(state_dir: Path) -> StackState | None:

@@ -1,38 +1,41 @@
 """``tideserve up``: start the local stack, wait until it is SERVING, supervise, stop cleanly.
 
-Order: check ports → embedded Postgres → embedded Redis → migrations → simulated engines (wait
-for GET /health 200) → services (wait for grpc.health SERVING) → print endpoints → wait for
-SIGINT/SIGTERM or a service dying (an engine dying is reported, the stack keeps running: the
-gateway routes around it; so does a gateway replica while another replica of its group still
-runs, see ChildSpec.replica_of) → stop children (engines first; SIGTERM, grace, SIGKILL) → Redis →
-Postgres. Any failure part way
-stops what was started and exits non-zero; the state file records every pid as soon as it
-exists so ``tideserve down`` can clean up even after ``up`` itself was killed.
+Order: check ports → embedded Postgres → embedded Redis → migrations → services (wait for
+grpc.health SERVING) → the simulated engines as a deployment of the autoscaler (applied, then
+wait until it lists them READY and every gateway replica routes to them; its local driver runs
+them, see services.stack.deployment) → print endpoints → wait for SIGINT/SIGTERM or a service
+dying (an engine dying is reported, the stack keeps running: the gateway routes around it; so
+does a gateway replica while another replica of its group still runs, see
+ChildSpec.replica_of) → stop children (SIGTERM, grace, SIGKILL; the autoscaler stops its
+engines) → engines a killed autoscaler left → Redis → Postgres. Any failure part way stops
+what was started and exits non-zero; the state file records every pid as soon as it exists
+(and where the driver records its engines' pids) so ``tideserve down`` can clean up even
+after ``up`` or the autoscaler was killed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
-import fcntl
 import json
 import os
-import signal
 import sys
-import threading
 import time
-import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TextIO, TypeVar
+from typing import Any, TextIO, TypeVar
 
+from services.stack.autoscaled import EngineOps, EnginesFailed, start_engines
+from services.stack.control import recorded_engines
 from services.stack.engines import ENGINE_KIND, ENGINE_REDIS_ENV, start_waves
 from services.stack.health import Health, check_grpc_health, check_http_ready
+from services.stack.infra import Infra, Server, default_infra
 from services.stack.plan import SERVICE_NAMES, ChildSpec, PortClaim, duplicate_ports
 from services.stack.ports import busy_ports, tcp_accepts
 from services.stack.procs import Child, ProcRef, Supervisor, is_alive, log_tail
+from services.stack.recorded import stop_recorded
+from services.stack.signals import Signals, StartFailed, StopRequested, state_lock
 from services.stack.state import (
     ProcEntry,
     StackState,
@@ -42,65 +45,23 @@ from services.stack.state import (
     write_state,
 )
 
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "Infra",
+    "StackRunner",
+    "StartFailed",
+    "UpOptions",
+    "check_ports",
+    "default_infra",
+]
+
 T = TypeVar("T")
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-
-
-class Server(Protocol):
-    """An embedded server as returned by services.common.embedded."""
-
-    @property
-    def url(self) -> str: ...
-    @property
-    def pid(self) -> int: ...
-    def stop(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class Infra:
-    """How ``up`` gets Postgres and Redis and migrates (injectable for tests)."""
-
-    start_postgres: Callable[[Path], Server]
-    start_redis: Callable[[Path, int], Server]
-    migrate: Callable[[str, str], None]
-    check_postgres: Callable[[str], None] = lambda url: None
-    """Raise (one line) when an external Postgres URL does not answer."""
-    check_redis: Callable[[str], None] = lambda url: None
-    """Raise (one line) when an external Redis URL does not answer."""
-
-
-def default_infra() -> Infra:
-    """The real thing: services.common.embedded and services.common.db.migrate."""
-
-    def start_postgres(data_dir: Path) -> Server:
-        from services.common.embedded import start_postgres as start
-
-        return start(data_dir)
-
-    def start_redis(data_dir: Path, port: int) -> Server:
-        from services.common.embedded import start_redis as start
-
-        return start(data_dir, port)
-
-    def migrate(url: str, service: str) -> None:
-        from services.common.db import migrate as run
-
-        run(url, service)
-
-    def check_postgres(url: str) -> None:
-        from services.common.db import check_postgres as check
-
-        asyncio.run(check(url))
-
-    def check_redis(url: str) -> None:
-        from services.common.streams import check_redis as check
-
-        asyncio.run(check(url))
-
-    return Infra(start_postgres, start_redis, migrate, check_postgres, check_redis)
 
 
 @dataclass(frozen=True)
@@ -115,61 +76,11 @@ class UpOptions:
     json_output: bool = False
     migrate_services: tuple[str, ...] = SERVICE_NAMES
     probe_timeout_s: float = 2.0
-
-
-class StartFailed(Exception):
-    """Start-up cannot go on; the message is one line for the user."""
-
-
-class _StopRequested(Exception):
-    pass
-
-
-class _Signals:
-    """SIGINT, SIGTERM and SIGHUP (terminal closed) set ``event`` and nothing else: start-up
-    checks it between steps (:meth:`checkpoint`), so a signal never interrupts a step half way
-    (e.g. a server started but its handle not yet returned, which could then not be stopped)."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.name = ""
-        self._previous: dict[signal.Signals, object] = {}
-
-    def _handler(self, signum: int, frame: types.FrameType | None) -> None:
-        self.name = signal.Signals(signum).name
-        self.event.set()
-
-    def checkpoint(self) -> None:
-        """Raise _StopRequested once a stop signal has arrived."""
-        if self.event.is_set():
-            raise _StopRequested(self.name)
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[None]:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            self._previous[sig] = signal.signal(sig, self._handler)
-        try:
-            yield
-        finally:
-            for sig, prev in self._previous.items():
-                signal.signal(sig, prev)  # type: ignore[arg-type]
-
-
-@contextlib.contextmanager
-def _state_lock(state_dir: Path) -> Iterator[None]:
-    """Exclusive lock on ``<state_dir>/up.lock`` for the lifetime of ``up``."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    with (state_dir / "up.lock").open("a") as fh:
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise StartFailed(
-                f"another `tideserve up` is running with state dir {state_dir}"
-            ) from None
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    deployment: Mapping[str, Any] | None = None
+    """The engines as a deployment spec (services.stack.deployment); None = no engines."""
+    autoscaler_address: str = ""
+    engine_claims: tuple[PortClaim, ...] = ()
+    """The engines' planned ports (checked free before anything starts)."""
 
 
 def check_ports(claims: Sequence[PortClaim]) -> None:
@@ -199,6 +110,7 @@ class StackRunner:
         err: TextIO | None = None,
         probe: Callable[[str, str, float], Health] = check_grpc_health,
         http_probe: Callable[[str, float], Health] = check_http_ready,
+        engine_ops: EngineOps | None = None,
     ) -> None:
         self.opts = opts
         self.children = tuple(children)
@@ -207,8 +119,9 @@ class StackRunner:
         self.err = err if err is not None else sys.stderr
         self.probe = probe
         self.http_probe = http_probe
+        self.engine_ops = engine_ops if engine_ops is not None else EngineOps()
         self.supervisor = Supervisor(stop_timeout_s=opts.stop_timeout_s)
-        self.signals = _Signals()
+        self.signals = Signals()
         me = ProcRef.of("up", os.getpid())
         self.state = StackState(
             up=ProcEntry("up", me.pid, me.create_time, kind="up"),
@@ -230,6 +143,7 @@ class StackRunner:
 
     def _claims(self) -> list[PortClaim]:
         claims = [c for child in self.children for c in child.ports]
+        claims += self.opts.engine_claims
         if self.opts.redis_url is None:
             claims.insert(0, PortClaim("redis", "embedded", self.opts.host, self.opts.redis_port))
         return claims
@@ -239,7 +153,7 @@ class StackRunner:
         """Run until stopped: 0 after a requested stop (also during start-up), 1 when something
         failed (ports, a server, a migration, a child); everything started is stopped first."""
         try:
-            with _state_lock(self.opts.state_dir):
+            with state_lock(self.opts.state_dir):
                 return self._run_locked()
         except StartFailed as exc:
             self._say(str(exc))
@@ -257,9 +171,10 @@ class StackRunner:
                 for wave in start_waves(self.children):
                     started = self._start_children(wave, postgres_url, redis_url)
                     self._wait_serving(started)
+                self._start_engines()
                 self._announce()
                 rc = self._supervise()
-            except _StopRequested as exc:
+            except StopRequested as exc:
                 self._say(f"{exc} received before the stack was ready; stopping")
                 rc = EXIT_OK
             except StartFailed as exc:
@@ -278,7 +193,11 @@ class StackRunner:
             raise StartFailed(f"cannot read the state file: {exc}") from exc
         if old is None:
             return
-        alive = [p.name for p in [old.up, *old.processes] if is_alive(p.ref)]
+        try:
+            engines = recorded_engines(old)
+        except ValueError as exc:
+            raise StartFailed(f"cannot read the engine record: {exc}") from exc
+        alive = [p.name for p in [old.up, *old.processes, *engines] if is_alive(p.ref)]
         if alive:
             raise StartFailed(
                 f"a stack from {self.opts.state_dir} is still running ({', '.join(alive)}); "
@@ -330,7 +249,7 @@ class StackRunner:
         self.signals.checkpoint()
         try:
             result = fn(*args)
-        except (_StopRequested, StartFailed):
+        except (StopRequested, StartFailed):
             raise
         except Exception as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -351,6 +270,8 @@ class StackRunner:
         started = []
         for spec in specs:
             extra = {ENGINE_REDIS_ENV: redis_url} if spec.kind == ENGINE_KIND else urls
+            if spec.name == "autoscaler" and self.opts.deployment is not None:
+                extra = {**urls, ENGINE_REDIS_ENV: redis_url}  # its engines inherit it
             spec = dataclasses.replace(spec, env={**spec.env, **extra})
             self._say(f"starting {spec.name}")
             child = self._guarded(f"starting {spec.name}", self.supervisor.start, spec)
@@ -371,6 +292,41 @@ class StackRunner:
                 )
             )
         return started
+
+    def _start_engines(self) -> None:
+        """Apply the engines' deployment and wait for them (see services.stack.autoscaled)."""
+        spec = self.opts.deployment
+        if spec is None:
+            return
+        self.state.engine_dir = str(self.opts.state_dir)  # from now on `down` finds them
+        self._save()
+        gateways = [
+            c.grpc_address
+            for c in self.children
+            if "scheduler" in (c.name, c.replica_of) and c.grpc_address is not None
+        ]
+        self._say(f"starting the engines: deployment {spec['name']} on the autoscaler")
+        self.signals.checkpoint()
+        try:
+            views = start_engines(
+                self.engine_ops,
+                autoscaler=self.opts.autoscaler_address,
+                gateways=gateways,
+                spec=spec,
+                timeout_s=self.opts.start_timeout_s,
+                rpc_timeout_s=self.opts.probe_timeout_s,
+                pause=self._pause,
+                clock=time.monotonic,
+            )
+        except EnginesFailed as exc:
+            raise StartFailed(f"{exc} (logs in {self.opts.state_dir / 'logs'})") from exc
+        for v in views:
+            self._say(f"{v.instance_id} is READY on {v.url}")
+
+    def _pause(self, seconds: float) -> None:
+        self.signals.checkpoint()
+        self.signals.event.wait(seconds)
+        self.signals.checkpoint()
 
     def _died(self, child: Child, code: int) -> StartFailed:
         tail = log_tail(child.spec.log_path, 5)
@@ -434,8 +390,10 @@ class StackRunner:
                 self.state.gateway_url = entry.endpoints["gateway"]
         self.state.phase = "running"
         self._save()
+        engines = self._engines()
         if self.opts.json_output:
-            print(json.dumps(self.state.to_json()), file=self.out, flush=True)
+            doc = {**self.state.to_json(), "engines": [dataclasses.asdict(e) for e in engines]}
+            print(json.dumps(doc), file=self.out, flush=True)
             return
         lines = [f"tideserve stack is up (state dir {self.opts.state_dir})"]
         for entry in self.state.processes:
@@ -448,6 +406,8 @@ class StackRunner:
             else:
                 where = redact_url(entry.url or "")
             lines.append(f"  {entry.name:<11} {where}  (pid {entry.pid})")
+        for e in engines:
+            lines.append(f"  {e.name:<11} {e.role} engine {e.url or '?'}  (pid {e.pid})")
         if self.opts.postgres_url is not None:
             lines.append(f"  {'postgres':<11} external {self.state.postgres_url}")
         if self.opts.redis_url is not None:
@@ -458,8 +418,25 @@ class StackRunner:
         lines.append("Ctrl-C or `tideserve down` stops everything.")
         print("\n".join(lines), file=self.out, flush=True)
 
+    def _engines(self) -> list[ProcEntry]:
+        """The engines the autoscaler's driver recorded ([] when unreadable: said once)."""
+        try:
+            return recorded_engines(self.state)
+        except ValueError as exc:
+            if "engine-record" not in self._reported_dead:
+                self._reported_dead.add("engine-record")
+                self._say(f"cannot read the engine record: {exc}")
+            return []
+
     def _supervise(self) -> int:
         while not self.signals.event.wait(0.5):
+            for engine in self._engines():
+                if engine.name not in self._reported_dead and not is_alive(engine.ref):
+                    self._reported_dead.add(engine.name)
+                    self._say(
+                        f"{engine.name} (pid {engine.pid}) is gone (log: {engine.log}); "
+                        "the stack keeps running without it"
+                    )
             for child, code in self.supervisor.exited():
                 if child.spec.kind != ENGINE_KIND and not self._replica_left(child):
                     self._say(str(self._died(child, code)) + "; stopping the stack")
@@ -483,15 +460,26 @@ class StackRunner:
         )
 
     def _stop_children(self) -> None:
-        if not self.supervisor.children:
-            return
-        self._say("stopping services")
-        killed = self.supervisor.stop_all()
-        if killed:
-            self._say(f"killed after {self.opts.stop_timeout_s:g}s: {', '.join(killed)}")
+        if self.supervisor.children:
+            self._say("stopping services")
+            killed = self.supervisor.stop_all()
+            if killed:
+                self._say(f"killed after {self.opts.stop_timeout_s:g}s: {', '.join(killed)}")
+        if self.state.engine_dir is not None:  # the autoscaler stops its engines; if killed:
+            try:
+                left, _ = stop_recorded(Path(self.state.engine_dir), self.opts.stop_timeout_s)
+            except ValueError as exc:
+                self._say(f"cannot read the engine record: {exc}")
+                return
+            if left:
+                self._say(f"stopped engines the autoscaler left running: {', '.join(left)}")
 
     def _finish(self) -> None:
-        left = [p for p in self.state.processes if is_alive(p.ref)]
+        try:
+            engines = recorded_engines(self.state)
+        except ValueError:
+            engines = []
+        left = [p for p in [*self.state.processes, *engines] if is_alive(p.ref)]
         if left:
             names = ", ".join(f"{p.name} (pid {p.pid})" for p in left)
             self._say(f"still running after stop: {names}; the state file is kept")

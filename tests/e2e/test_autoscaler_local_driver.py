@@ -1,13 +1,16 @@
 """The local driver with real processes (the engine simulator and small Python commands):
 launch and readiness with a measured start-up time, a crash restarted with back-off, a
 command that keeps failing surfaced as FAILED without blocking ``scale``, one that cannot be
-exec'd refused with DriverError, and scale-in that drains (engine load 0) before SIGTERM.
+exec'd refused with DriverError, scale-in that drains (engine load 0) before SIGTERM, the
+``never`` restart policy, a role's own ports, and the pid record that lets the next driver
+stop the engines of one that was killed.
 No scheduler runs here (the drainer watches the engine's own load); the e2e test with a
 gateway under load is tests/e2e/test_autoscaler_scale_e2e.py."""
 
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,6 +28,7 @@ from services.autoscaler.drivers.drain import Drainer
 from services.autoscaler.drivers.local import LocalDriver
 from services.autoscaler.drivers.settings import LocalSettings
 from services.stack.procs import ProcRef, is_alive, signal_process
+from services.stack.recorded import read_recorded
 from tests.helpers.ports import free_port
 from tests.helpers.waits import eventually
 
@@ -154,3 +158,126 @@ async def test_not_ready_in_time_is_a_failed_start(
 
     await eventually(timed_out, within_s=30)
     assert not is_alive(ref)
+
+
+SLEEPER = (sys.executable, "-c", "import sys, time; time.sleep(600)", "{port}")
+DIES = (sys.executable, "-c", "import sys; sys.exit(3)")
+
+
+async def test_restart_policy_never_leaves_a_crash_failed(
+    driver: tuple[LocalDriver, list[tuple[str, str, str]]],
+) -> None:
+    """Two roles crash the same way under one supervisor: ``always`` is restarted again and
+    again while ``never`` stays FAILED, counted (not replaced) and removable."""
+    drv, seen = driver
+    never = RoleTarget("dep", "never", Role.WORKER, 1, command=DIES, restart="never")
+    always = RoleTarget("dep", "always", Role.WORKER, 1, command=DIES)
+    await drv.scale(never, 1)
+    await drv.scale(always, 1)
+
+    def by_role() -> dict[str, InstanceStatus]:
+        return {i.role_name: i for i in drv.instances("dep")}
+
+    async def always_restarted_twice() -> bool:
+        return by_role()["always"].restarts >= 2
+
+    await eventually(always_restarted_twice, within_s=30)
+    dead = by_role()["never"]
+    assert (dead.state, dead.restarts, dead.last_error) == (
+        InstanceState.FAILED,
+        0,
+        "exited with code 3",
+    )
+    assert _states(seen, dead.instance_id) == ["starting", "failed"]
+    # the record keeps the dead one (its last pid), so `tideserve status` shows it dead
+    rec = {e.instance_id: e for e in read_recorded(drv.state_dir)}
+    assert not is_alive(rec[dead.instance_id].ref)
+    await drv.scale(never, 1)  # counted: no replacement
+    assert [i.instance_id for i in drv.instances("dep") if i.role_name == "never"] == [
+        dead.instance_id
+    ]
+    await drv.scale(never, 0)
+    assert "never" not in by_role()
+
+
+async def test_role_ports_first_then_the_range(
+    driver: tuple[LocalDriver, list[tuple[str, str, str]]],
+) -> None:
+    drv, _ = driver
+    mine = (free_port(), free_port())
+    role = RoleTarget("dep", "w", Role.WORKER, 3, command=SLEEPER, ports=mine)
+    await drv.scale(role, 3)
+    assert sorted(i.instance_id for i in drv.instances("dep")) == ["dep-w-1", "dep-w-2", "dep-w-3"]
+    ports = sorted(int(i.endpoint.rsplit(":", 1)[1]) for i in drv.instances("dep"))
+    s = drv.settings
+    assert set(mine) <= set(ports)
+    (extra,) = set(ports) - set(mine)
+    assert s.port_min <= extra <= s.port_max
+
+    # scale in and out again: the freed role port is taken again before the range
+    first = next(i for i in drv.instances("dep") if i.endpoint.endswith(f":{mine[0]}"))
+    await drv.scale(role, 2, victims=[first.instance_id])
+    await drv.scale(role, 3)
+    assert any(i.endpoint.endswith(f":{mine[0]}") for i in drv.instances("dep"))
+    assert first.instance_id not in {i.instance_id for i in drv.instances("dep")}  # new id
+
+
+async def test_instance_id_format(tmp_path: Path) -> None:
+    """``{role}-{n}`` (the local stack's names): numbered per role, unique across roles."""
+    base = free_port()
+    settings = LocalSettings(
+        port_min=base, port_max=base + 10, state_dir=str(tmp_path), instance_id_format="{role}-{n}"
+    )
+    drv = LocalDriver(settings, Drainer([], timeout_s=1.0, poll_s=0.1))
+    await drv.start()
+    try:
+        await drv.scale(RoleTarget("d", "prefill", Role.PREFILL, 1, command=SLEEPER), 1)
+        await drv.scale(RoleTarget("d", "decode", Role.DECODE, 2, command=SLEEPER), 2)
+        ids = sorted(i.instance_id for i in drv.instances("d"))
+        assert ids == ["decode-1", "decode-2", "prefill-1"]
+    finally:
+        await drv.close()
+
+
+async def test_a_role_port_held_by_another_process_is_refused(
+    driver: tuple[LocalDriver, list[tuple[str, str, str]]],
+) -> None:
+    drv, _ = driver
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        role = RoleTarget("dep", "w", Role.WORKER, 1, command=SLEEPER, ports=(port,))
+        with pytest.raises(DriverError, match=f"its port 127.0.0.1:{port} is in use"):
+            await drv.scale(role, 1)
+    assert drv.instances("dep") == []
+
+
+async def test_engines_of_a_killed_driver_are_recorded_and_stopped_by_the_next(
+    driver: tuple[LocalDriver, list[tuple[str, str, str]]],
+) -> None:
+    """The record names every live process (pid + start time); a driver that died without
+    closing (its engines still run) is cleaned up by the next driver on the same state dir."""
+    drv, _ = driver
+    role = RoleTarget("dep", "w", Role.WORKER, 2, command=SLEEPER)
+    await drv.scale(role, 2)
+    recorded = read_recorded(drv.state_dir)
+    assert sorted(e.instance_id for e in recorded) == sorted(
+        i.instance_id for i in drv.instances("dep")
+    )
+    refs = [e.ref for e in recorded]
+    assert all(is_alive(r) for r in refs)
+
+    await drv.scale(role, 1)
+    assert len(read_recorded(drv.state_dir)) == 1
+
+    # as if drv had been SIGKILLed: its engines run on, and a new driver takes the dir over
+    survivor = read_recorded(drv.state_dir)[0].ref
+    drv._instances.clear()  # forget them, as a dead process would
+    nxt = LocalDriver(drv.settings, Drainer([], timeout_s=1.0, poll_s=0.1))
+    await nxt.start()
+    try:
+        assert not is_alive(survivor)
+        assert read_recorded(drv.state_dir) == []
+    finally:
+        await nxt.close()

@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from services.stack.control import recorded_engines
 from services.stack.procs import is_alive
 from services.stack.state import ProcEntry, StackState, read_state
 from tests.helpers.ports import free_ports
@@ -52,11 +53,11 @@ def start_engine_stack(
     *,
     kv_blocks: int = 512,
     health_interval_s: float = 0.5,
+    up_exit: int | None = 0,
 ) -> Iterator[EngineStack]:
     """`tideserve up` (through :func:`tests.helpers.stack.running_stack`) with the four
     services and ``n_engines`` engine ports, all ephemeral, the scheduler on its own
-    deployment (own KV streams in the shared Redis); after the block, `down` stopped it all
-    and `up` printed the gateway and every engine."""
+    deployment (own KV streams in the shared Redis); after the block, `down` stopped it all and `up` printed the gateway and every engine."""
     ports = iter(free_ports(6 + n_engines))
     layout: dict[str, Any] = {
         name: {"grpc_port": next(ports), "metrics_port": 0} for name in SERVICES
@@ -77,20 +78,23 @@ def start_engine_stack(
         postgres_url=postgres_url,
         redis_url=redis_url,
         start_timeout_s=START_TIMEOUT_S,
+        up_exit=up_exit,
     ) as running:
         state = running.state
         assert state.gateway_url == f"http://127.0.0.1:{http_port}/v1"
+        engines = recorded_engines(state)  # the autoscaler's driver runs them
+        assert len(engines) == n_engines, engines
         yield EngineStack(
             running.state_dir,
             running.up,
             f"http://127.0.0.1:{http_port}",
             deployment,
-            {p.name: p for p in state.engines()},
+            {p.name: p for p in engines},
         )
     assert f"gateway (OpenAI API): http://127.0.0.1:{http_port}/v1" in running.out
-    for name, entry in {p.name: p for p in state.engines()}.items():
-        assert f"{name:<11} {entry.role} engine {entry.url}" in running.out
-    assert [p.name for p in state.processes if is_alive(p.ref)] == []
+    for entry in engines:
+        assert f"{entry.name:<11} {entry.role} engine {entry.url}" in running.out
+    assert [p.name for p in [*state.processes, *engines] if is_alive(p.ref)] == []
 
 
 def words(n: int, salt: str) -> str:

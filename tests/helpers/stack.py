@@ -20,6 +20,7 @@ import yaml
 
 from services.stack.procs import stop_processes
 from services.stack.state import StackState, read_state
+from tests.helpers.databases import fresh_database
 
 __all__ = ["RunningStack", "cli", "running_stack", "status_json", "wait_running"]
 
@@ -79,12 +80,31 @@ def running_stack(
     postgres_url: str,
     redis_url: str,
     start_timeout_s: float = 180.0,
+    up_exit: int | None = 0,
 ) -> Iterator[RunningStack]:
     """``tideserve up`` with ``config`` (written as its YAML file), the external Postgres and
-    Redis and ``flags``, in a fresh short state dir; yields once the stack runs. On a normal
-    exit ``tideserve down`` must succeed and ``up`` must stop with 0 (its output is then in
-    the yielded object); on any exit nothing it recorded is left running and the state dir is
+    Redis and ``flags``, in a fresh short state dir and a fresh database of that Postgres (as
+    with the embedded one: its autoscaler resumes no other stack's stored deployments);
+    yields once the stack runs. On a normal
+    exit ``tideserve down`` must succeed and ``up`` must stop with ``up_exit`` (None: whatever,
+    e.g. the test killed it; its output is then in the yielded object); on any exit nothing it recorded is left running and the state dir is
     removed."""
+    with fresh_database(postgres_url) as own_db:
+        yield from _running_stack(
+            config, flags, postgres_url=own_db, redis_url=redis_url,
+            start_timeout_s=start_timeout_s, up_exit=up_exit,
+        )  # fmt: skip
+
+
+def _running_stack(
+    config: Mapping[str, Any],
+    flags: Sequence[str],
+    *,
+    postgres_url: str,
+    redis_url: str,
+    start_timeout_s: float,
+    up_exit: int | None,
+) -> Iterator[RunningStack]:
     state_dir = Path(tempfile.mkdtemp(prefix="tsstk-"))  # short: unix sockets live under it
     path = state_dir / "tideserve.yaml"
     path.write_text(yaml.safe_dump({**config, "log_format": "text"}))
@@ -107,7 +127,7 @@ def running_stack(
         )
         assert down.returncode == 0, down.stdout + down.stderr
         stack.out, stack.err = up.communicate(timeout=60)
-        assert up.returncode == 0, stack.err
+        assert up_exit is None or up.returncode == up_exit, stack.err
         assert read_state(state_dir) is None
     finally:
         if up.poll() is None:

@@ -3,9 +3,11 @@ the drain rule, membership events, and the dry-run driver's records."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from tideserve.v1 import common_pb2, events_pb2
 
@@ -240,3 +242,13 @@ async def test_build_reconciler_picks_the_driver(kind: str, cls: type, tmp_path:
     assert rec.driver.name == kind
     assert rec.publisher is None
     assert isinstance(build_driver(settings), Driver)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "needle"),
+    [("{role}", "must contain {n}"), ("{role}-{x}", "only {deployment}, {role}, {n}")],
+    ids=["no-number", "unknown-placeholder"],
+)
+def test_local_instance_id_format_is_checked(fmt: str, needle: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(needle)):
+        LocalSettings(instance_id_format=fmt)

@@ -54,6 +54,13 @@ def test_role_target(role: RoleSpec, command: tuple[str, ...]) -> None:
     t = role_target("chat", role, 3)
     assert (t.deployment, t.name, t.role, t.replicas) == ("chat", role.name, Role(role.role), 3)
     assert (t.engine_kind, t.command, t.args) == (role.engine, command, role.args)
+    assert (t.restart, t.ports) == (role.restart_policy, role.ports)
+
+
+def test_role_target_carries_restart_policy_and_ports() -> None:
+    role = RoleSpec(name="w", role="worker", restart_policy="never", ports=(30001, 30002))
+    t = role_target("stack", role, 1)
+    assert (t.restart, t.ports) == ("never", (30001, 30002))
 
 
 @pytest.mark.parametrize(

@@ -100,6 +100,18 @@ BAD = [
     ("budget-below-min", _with("budget", {"max_replicas": 1}), "budget.max_replicas: 1 <"),
     ("unknown-field", _with("replica", 3), "replica: Extra inputs are not permitted"),
     ("no-roles", _with("roles", []), "roles: Tuple should have at least 1 item"),
+    ("bad-restart-policy", _with("roles.0.restart_policy", "sometimes"), "roles[0].restart_policy"),
+    (
+        "port-out-of-range",
+        _with("roles.0.ports", [30001, 70000]),
+        "roles[0].ports[1]: Input should be less than or equal to 65535",
+    ),
+    ("port-repeated", _with("roles.0.ports", [30001, 30001]), "ports [30001, 30001] repeat"),
+    (
+        "port-of-two-roles",
+        {**_pd(), "roles": [r | {"ports": [30001]} for r in _pd()["roles"]]},
+        "roles[1].ports: 30001 is also a port of role 'prefill'",
+    ),
 ]
 
 
@@ -115,6 +127,18 @@ def test_bad_specs_are_refused_naming_the_field(data: dict[str, Any], needle: st
 def test_a_good_spec_round_trips_through_protobuf() -> None:
     spec = parse_spec(_pd())
     assert spec_from_proto(spec_to_proto(spec)) == spec
+
+
+def test_restart_policy_and_ports_round_trip_and_default() -> None:
+    data = _with("roles.0.ports", [30001, 30002])
+    data["roles"][1]["restart_policy"] = "never"
+    spec = parse_spec(data)
+    assert spec_from_proto(spec_to_proto(spec)) == spec
+    assert (spec.roles[0].restart_policy, spec.roles[0].ports) == ("always", (30001, 30002))
+    assert (spec.roles[1].restart_policy, spec.roles[1].ports) == ("never", ())
+    msg = spec_to_proto(spec)
+    msg.roles[0].restart_policy = ""  # an older client: the default
+    assert spec_from_proto(msg).roles[0].restart_policy == "always"
 
 
 def test_a_bad_protobuf_spec_is_refused_like_yaml() -> None:

@@ -1,20 +1,23 @@
-"""Simulated engines in the local stack: planning, argv, scheduler wiring, start/stop order,
-flags → children (pure; no process is started)."""
+"""Simulated engines in the local stack: planning, the deployment the autoscaler runs them
+as, scheduler and autoscaler wiring, start/stop order, flags → options and children (pure;
+no process is started)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import pytest
 
+from services.autoscaler.drivers.settings import DriverSettings
+from services.autoscaler.settings import AutoscalerSettings
+from services.autoscaler.spec import parse_spec
 from services.scheduler.settings import SchedulerSettings
 from services.stack.cli import register, resolve_up
+from services.stack.deployment import autoscaler_driver_env, stack_deployment
 from services.stack.engines import (
     ENGINE_KIND,
     EngineFleet,
-    build_engine_children,
     plan_engines,
     scheduler_engine_env,
     split_engine_args,
@@ -66,10 +69,10 @@ def test_plan_engines_refuses(fleet: EngineFleet, needle: str) -> None:
     assert needle in str(err.value)
 
 
-def test_engine_child_argv_env_and_readiness(tmp_path: Path) -> None:
+def test_stack_deployment_keeps_names_ports_and_args() -> None:
     fleet = EngineFleet(
         prefill=1,
-        decode=1,
+        decode=2,
         base_port=40000,
         profile="test",
         speedup=20.0,
@@ -78,38 +81,58 @@ def test_engine_child_argv_env_and_readiness(tmp_path: Path) -> None:
         deployment="demo",
         extra_args=("--max-batch", "8"),
     )
-    pre, dec = build_engine_children(
-        fleet, host="127.0.0.1", state_dir=tmp_path, base_env={"KEEP": "1"}, python="py"
-    )
-    assert pre.argv == (
-        "py", "-m", "services.cli", "engine",
-        "--host", "127.0.0.1", "--port", "40000", "--instance-id", "127.0.0.1:40000",
-        "--role", "prefill", "--deployment", "demo", "--block-size", "16",
-        "--state-dir", str(tmp_path / "engines" / "prefill-1"), "--log-level", "WARNING",
-        "--profile", "test", "--speedup", "20", "--kv-blocks", "512", "--max-batch", "8",
+    data = stack_deployment(fleet)
+    assert data is not None
+    spec = parse_spec(data)  # what the autoscaler accepts
+    assert (spec.name, spec.kv_block_size) == ("demo", 16)
+    args = (
+        "--block-size", "16", "--profile", "test", "--speedup", "20", "--kv-blocks", "512",
+        "--max-batch", "8",
     )  # fmt: skip
-    assert pre.kind == dec.kind == ENGINE_KIND
-    assert pre.ready_url == "http://127.0.0.1:40000/health"
-    assert dec.ready_url == "http://127.0.0.1:40001/health"
-    assert pre.grpc_address is None
-    assert pre.env["KEEP"] == "1"
-    assert pre.log_path == tmp_path / "logs" / "prefill-1.log"
-    claim = dec.ports[0]
-    assert (claim.owner, claim.purpose, claim.port, claim.url()) == (
-        "decode-1",
-        "decode",
-        40001,
-        "http://127.0.0.1:40001",
-    )
-    assert claim.describe() == "decode-1 decode port 127.0.0.1:40001"
+    assert [
+        (r.name, r.role, r.replicas, r.min_replicas, r.ports, r.restart_policy, r.args)
+        for r in spec.roles
+    ] == [
+        ("prefill", "prefill", 1, 1, (40000,), "never", args),
+        ("decode", "decode", 2, 2, (40001, 40002), "never", args),
+    ]
+    assert stack_deployment(EngineFleet()) is None
 
 
-def test_engine_defaults_are_left_to_the_engine(tmp_path: Path) -> None:
-    (child,) = build_engine_children(
-        EngineFleet(workers=1), host="127.0.0.1", state_dir=tmp_path, base_env={}
+def test_engine_defaults_are_left_to_the_engine() -> None:
+    data = stack_deployment(EngineFleet(workers=1))
+    assert data is not None
+    (role,) = data["roles"]
+    assert (role["name"], role["role"], role["args"]) == (
+        "engine",
+        "worker",
+        ["--block-size", "64"],
     )
-    for flag in ("--profile", "--speedup", "--kv-blocks"):
-        assert flag not in child.argv
+
+
+def test_autoscaler_driver_env_is_read_by_the_autoscaler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the stack writes is what the autoscaler's own settings loader reads: the local
+    driver in the stack's state dir, the stack's ids, ports after the planned ones."""
+    from services.common.settings import load_settings
+
+    fleet = EngineFleet(workers=2, base_port=30011)
+    env = autoscaler_driver_env(
+        fleet, host="127.0.0.1", state_dir=tmp_path, stop_grace_s=7, planner_configured=False
+    )
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = load_settings(AutoscalerSettings, "autoscaler", None, {})
+    driver: DriverSettings = settings.driver
+    assert driver.kind == "local" and not settings.planner_enabled
+    local = driver.local
+    assert (local.state_dir, local.instance_id_format) == (str(tmp_path), "{role}-{n}")
+    assert (local.port_min, local.port_max, local.stop_grace_s) == (30013, 30112, 7.0)
+    configured = autoscaler_driver_env(
+        fleet, host="h", state_dir=tmp_path, stop_grace_s=1, planner_configured=True
+    )
+    assert "TIDESERVE_AUTOSCALER__PLANNER_ENABLED" not in configured
 
 
 @pytest.mark.parametrize(
@@ -120,9 +143,8 @@ def test_engine_defaults_are_left_to_the_engine(tmp_path: Path) -> None:
             EngineFleet(workers=2, base_port=7000, block_size=32, deployment="d"),
             None,
             {
-                "TIDESERVE_SCHEDULER__ENDPOINTS": json.dumps(
-                    ["worker=http://h:7000", "worker=http://h:7001"]
-                ),
+                "TIDESERVE_SCHEDULER__ENDPOINTS": "[]",
+                "TIDESERVE_SCHEDULER__AUTOSCALER_ADDRESS": "h:50053",
                 "TIDESERVE_SCHEDULER__DEPLOYMENT": "d",
                 "TIDESERVE_SCHEDULER__BLOCK_SIZE": "32",
             },
@@ -131,9 +153,8 @@ def test_engine_defaults_are_left_to_the_engine(tmp_path: Path) -> None:
             EngineFleet(prefill=1, decode=1, base_port=7000),
             "test",
             {
-                "TIDESERVE_SCHEDULER__ENDPOINTS": json.dumps(
-                    ["prefill=http://h:7000", "decode=http://h:7001"]
-                ),
+                "TIDESERVE_SCHEDULER__ENDPOINTS": "[]",
+                "TIDESERVE_SCHEDULER__AUTOSCALER_ADDRESS": "h:50053",
                 "TIDESERVE_SCHEDULER__DEPLOYMENT": "default",
                 "TIDESERVE_SCHEDULER__BLOCK_SIZE": "64",
                 "TIDESERVE_SCHEDULER__PERF_PROFILE": "test",
@@ -145,7 +166,8 @@ def test_engine_defaults_are_left_to_the_engine(tmp_path: Path) -> None:
 def test_scheduler_engine_env(
     fleet: EngineFleet, perf: str | None, expected: dict[str, str]
 ) -> None:
-    assert scheduler_engine_env(fleet, "h", perf_profile=perf) == expected
+    got = scheduler_engine_env(fleet, autoscaler_address="h:50053", perf_profile=perf)
+    assert got == expected
 
 
 def test_scheduler_settings_read_the_wired_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,13 +176,14 @@ def test_scheduler_settings_read_the_wired_environment(monkeypatch: pytest.Monke
 
     env = scheduler_engine_env(
         EngineFleet(prefill=1, decode=1, base_port=7000, block_size=16, deployment="x"),
-        "127.0.0.1",
+        autoscaler_address="127.0.0.1:50053",
         perf_profile="test",
     )
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     settings = load_settings(SchedulerSettings, "scheduler", None, {})
-    assert settings.endpoints == ["prefill=http://127.0.0.1:7000", "decode=http://127.0.0.1:7001"]
+    assert settings.endpoints == []  # from membership only
+    assert settings.autoscaler_address == "127.0.0.1:50053" and settings.membership_stream
     assert (settings.deployment, settings.block_size, settings.perf_profile) == ("x", 16, "test")
 
 
@@ -239,32 +262,40 @@ def test_up_flags_become_engine_children_and_scheduler_wiring(
         "--base-port-offset",
         "10",
     )
-    _, children = resolve_up(args)
-    engines = [c for c in children if c.kind == ENGINE_KIND]
-    assert [(c.name, c.ports[0].port) for c in engines] == [
+    opts, children = resolve_up(args)
+    assert all(c.kind != ENGINE_KIND for c in children)  # the autoscaler runs them
+    assert [(c.owner, c.port) for c in opts.engine_claims] == [
         ("prefill-1", 30011),
         ("decode-1", 30012),
         ("decode-2", 30013),
     ]
-    argv = engines[0].argv
+    spec = parse_spec(dict(opts.deployment))
+    assert spec.name == "demo"
+    assert [(r.name, r.ports) for r in spec.roles] == [
+        ("prefill", (30011,)),
+        ("decode", (30012, 30013)),
+    ]
+    args_ = spec.roles[0].args
     for flag, value in [
         ("--block-size", "16"),
-        ("--deployment", "demo"),
         ("--profile", "test"),
         ("--speedup", "5"),
         ("--kv-blocks", "100"),
     ]:
-        assert argv[argv.index(flag) + 1] == value
-    assert argv[-1] == "--max-batch=4"
+        assert args_[args_.index(flag) + 1] == value
+    assert args_[-1] == "--max-batch=4"
+    assert opts.autoscaler_address == "127.0.0.1:50063"
     scheduler = next(c for c in children if c.name == "scheduler")
-    assert json.loads(scheduler.env["TIDESERVE_SCHEDULER__ENDPOINTS"]) == [
-        "prefill=http://127.0.0.1:30011",
-        "decode=http://127.0.0.1:30012",
-        "decode=http://127.0.0.1:30013",
-    ]
+    assert scheduler.env["TIDESERVE_SCHEDULER__ENDPOINTS"] == "[]"
+    assert scheduler.env["TIDESERVE_SCHEDULER__AUTOSCALER_ADDRESS"] == "127.0.0.1:50063"
     assert scheduler.env["TIDESERVE_SCHEDULER__PERF_PROFILE"] == "test"
-    assert (
-        "TIDESERVE_SCHEDULER__ENDPOINTS" not in next(c for c in children if c.name == "kvmeta").env
+    autoscaler = next(c for c in children if c.name == "autoscaler")
+    assert autoscaler.env["TIDESERVE_AUTOSCALER__DRIVER__KIND"] == "local"
+    assert autoscaler.env["TIDESERVE_AUTOSCALER__DRIVER__LOCAL__STATE_DIR"] == str(tmp_path)
+    assert autoscaler.env["TIDESERVE_AUTOSCALER__DRIVER__LOCAL__PORT_MIN"] == "30014"
+    kvmeta = next(c for c in children if c.name == "kvmeta")
+    assert not any(
+        k.startswith(("TIDESERVE_SCHEDULER__", "TIDESERVE_AUTOSCALER__DRIVER")) for k in kvmeta.env
     )
 
 
@@ -276,22 +307,25 @@ def test_up_engine_settings_from_the_config_file(
     config.write_text(
         "stack:\n  engines: 2\n  engine_ports: [4101, 4100]\n  engine_args: ['--seed 3']\n"
     )
-    _, children = resolve_up(_up_args(tmp_path, "--config", str(config)))
-    engines = [c for c in children if c.kind == ENGINE_KIND]
-    assert [c.ports[0].port for c in engines] == [4101, 4100]
-    assert engines[0].argv[-2:] == ("--seed", "3")
-    _, flagged = resolve_up(_up_args(tmp_path, "--config", str(config), "--engines", "1"))
-    assert [c.name for c in flagged if c.kind == ENGINE_KIND] == ["engine-1"]  # flags win
+    opts, _ = resolve_up(_up_args(tmp_path, "--config", str(config)))
+    (role,) = opts.deployment["roles"]
+    assert (role["replicas"], role["ports"]) == (2, [4101, 4100])
+    assert role["args"][-2:] == ["--seed", "3"]
+    flagged, _ = resolve_up(_up_args(tmp_path, "--config", str(config), "--engines", "1"))
+    assert [c.owner for c in flagged.engine_claims] == ["engine-1"]  # flags win
 
 
 def test_up_without_engines_leaves_the_scheduler_endpoints_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    _, children = resolve_up(_up_args(tmp_path))
+    opts, children = resolve_up(_up_args(tmp_path))
     assert all(c.kind != ENGINE_KIND for c in children)
+    assert opts.deployment is None and opts.engine_claims == ()
     scheduler = next(c for c in children if c.name == "scheduler")
     assert not any(k.startswith("TIDESERVE_SCHEDULER__") for k in scheduler.env)
+    autoscaler = next(c for c in children if c.name == "autoscaler")
+    assert "TIDESERVE_AUTOSCALER__DRIVER__KIND" not in autoscaler.env  # dry-run as configured
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,6 @@ one bind probe."""
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 from pathlib import Path
 
@@ -227,8 +226,11 @@ def test_up_gateways(
     _, children = resolve_up(_up_args(tmp_path, "--config", str(path), *argv))
     replicas = [c for c in children if c.name.startswith("scheduler")]
     assert [c.name for c in replicas] == names
-    endpoints = {c.env["TIDESERVE_SCHEDULER__ENDPOINTS"] for c in replicas}
-    assert len(endpoints) == 1 and json.loads(endpoints.pop())  # every replica is wired
+    # every replica is wired to membership: no static endpoints, the autoscaler's seed
+    assert {c.env["TIDESERVE_SCHEDULER__ENDPOINTS"] for c in replicas} == {"[]"}
+    assert {c.env["TIDESERVE_SCHEDULER__AUTOSCALER_ADDRESS"] for c in replicas} == {
+        "127.0.0.1:50053"
+    }
     assert {c.env.get("TIDESERVE_SCHEDULER__KVMETA_ADDRESS") for c in replicas} == {
         "127.0.0.1:50052"
     }

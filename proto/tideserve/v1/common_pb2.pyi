@@ -152,7 +152,7 @@ class ReplicaBudget(_message.Message):
     def __init__(self, max_replicas: _Optional[int] = ..., group: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class RoleSpec(_message.Message):
-    __slots__ = ("name", "role", "replicas", "min_replicas", "max_replicas", "engine_kind", "engine_args", "image", "resources", "dependencies", "template")
+    __slots__ = ("name", "role", "replicas", "min_replicas", "max_replicas", "engine_kind", "engine_args", "image", "resources", "dependencies", "template", "restart_policy", "ports")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +171,8 @@ class RoleSpec(_message.Message):
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     DEPENDENCIES_FIELD_NUMBER: _ClassVar[int]
     TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    RESTART_POLICY_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     role: Role
     replicas: int
@@ -182,7 +184,9 @@ class RoleSpec(_message.Message):
     resources: _containers.ScalarMap[str, str]
     dependencies: _containers.RepeatedScalarFieldContainer[str]
     template: str
-    def __init__(self, name: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., replicas: _Optional[int] = ..., min_replicas: _Optional[int] = ..., max_replicas: _Optional[int] = ..., engine_kind: _Optional[_Union[EngineKind, str]] = ..., engine_args: _Optional[_Iterable[str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Mapping[str, str]] = ..., dependencies: _Optional[_Iterable[str]] = ..., template: _Optional[str] = ...) -> None: ...
+    restart_policy: str
+    ports: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., replicas: _Optional[int] = ..., min_replicas: _Optional[int] = ..., max_replicas: _Optional[int] = ..., engine_kind: _Optional[_Union[EngineKind, str]] = ..., engine_args: _Optional[_Iterable[str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Mapping[str, str]] = ..., dependencies: _Optional[_Iterable[str]] = ..., template: _Optional[str] = ..., restart_policy: _Optional[str] = ..., ports: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DeploymentSpec(_message.Message):
     __slots__ = ("name", "model", "roles", "coordination", "slo_classes", "pd_protocol", "scheduler_profile", "kv_block_size", "perf_profile", "generation", "budget")

@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 __all__ = [
     "DeploymentTarget",
@@ -40,12 +40,17 @@ __all__ = [
     "InstanceState",
     "InstanceStatus",
     "Listener",
+    "RestartPolicy",
     "Role",
     "RoleTarget",
     "backoff_s",
     "choose_victims",
     "counted",
 ]
+
+
+RestartPolicy = Literal["always", "never"]
+"""What the local driver does with a crashed instance (see :class:`RoleTarget`)."""
 
 
 class Role(enum.StrEnum):
@@ -85,7 +90,10 @@ class RoleTarget:
     ``readiness_path`` is probed over HTTP (2xx = ready); an instance not ready within
     ``startup_timeout_s`` is stopped and counted as a failed start. ``dependencies``: roles
     that must have their replicas ready before this one scales out (and that scale in only
-    after it)."""
+    after it). ``restart`` (local driver): ``always`` restarts a crashed instance with
+    back-off, ``never`` leaves it FAILED; a FAILED instance counts towards ``replicas``
+    either way, so it is not replaced. ``ports`` (local driver): ports of the role's
+    instances in launch order, before the driver's range."""
 
     deployment: str
     name: str
@@ -100,6 +108,8 @@ class RoleTarget:
     readiness_path: str = "/health"
     startup_timeout_s: float = 120.0
     dependencies: tuple[str, ...] = ()
+    restart: RestartPolicy = "always"
+    ports: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -3,16 +3,24 @@
 Each instance is one process (the tideserve engine simulator, or the role's own command line
 with ``{port}``/``{host}``/``{instance_id}``/``{role}``/``{deployment}`` substituted, e.g.
 ``python -m sglang.launch_server --port {port}`` or ``vllm serve M --port {port}``), started
-in its own session with its output in ``<state_dir>/<instance>.log``, on a free port from
-``port_min..port_max``. One asyncio task supervises them all (no threads):
+in its own session with its output in ``<state_dir>/logs/<instance>.log``, with the id
+``instance_id_format`` (default ``{deployment}-{role}-{n}``, ``n`` counting per role), on
+the first of the role's own ``ports`` no live instance holds, else a free port from ``port_min..port_max``.
+Every instance's latest process is recorded (pid and start time) in
+``<state_dir>/instances.json``
+(:mod:`services.stack.recorded`): engines outlive a SIGKILLed driver and nothing adopts them,
+so :meth:`start` first stops the ones an earlier run recorded, and ``tideserve down`` stops
+them from the same record. One asyncio task supervises them all (no threads):
 
 - STARTING -> READY when ``GET {endpoint}{readiness_path}`` answers 2xx (``ready_ms`` minus
   ``started_ms`` is the measured start-up time); not ready within ``startup_timeout_s``:
   stopped and handled as a crash;
 - a crash (the process exits while not being stopped) -> FAILED with the exit code and the
-  log's last line as ``last_error``; restarted on the same port and id after an exponential
-  back-off (``restart_base_s`` doubling to ``restart_max_s``), forever: a role that never
-  starts shows FAILED with its ``restarts`` and error, and never blocks :meth:`scale`;
+  log's last line as ``last_error``; with the role's restart policy ``always`` restarted on
+  the same port and id after an exponential back-off (``restart_base_s`` doubling to
+  ``restart_max_s``), forever: a role that never starts shows FAILED with its ``restarts``
+  and error, and never blocks :meth:`scale`; with ``never`` it stays FAILED (and counted, so
+  it is not replaced either) until scaled away;
 - scale-in: victims are drained first (DRAINING announced, the scheduler's ``Drain``, a
   bounded wait until nothing is in flight: :class:`~.drain.Drainer`), then SIGTERM, then
   SIGKILL after ``stop_grace_s``.
@@ -54,6 +62,7 @@ from services.autoscaler.drivers.settings import LocalSettings
 from services.stack.plan import ChildSpec
 from services.stack.ports import port_is_free
 from services.stack.procs import Child, Supervisor, log_tail, signal_process
+from services.stack.recorded import RecordedEngine, stop_recorded, write_recorded
 
 __all__ = ["LocalDriver", "render_argv"]
 
@@ -137,7 +146,7 @@ class LocalDriver:
         self._listener: Listener | None = None
         self._instances: dict[str, _Instance] = {}
         self._procs = Supervisor(stop_timeout_s=settings.stop_grace_s)
-        self._seq = itertools.count(1)
+        self._seq: dict[tuple[str, str], itertools.count[int]] = {}
         self._task: asyncio.Task[None] | None = None
         self._http: aiohttp.ClientSession | None = None
         self._state_dir = Path(settings.state_dir or tempfile.mkdtemp(prefix="ts-local-"))
@@ -162,8 +171,46 @@ class LocalDriver:
 
     async def start(self) -> None:
         if self._task is None:
+            self._stop_orphans()
             self._http = aiohttp.ClientSession()
             self._task = asyncio.create_task(self._supervise(), name="local-driver")
+
+    def _stop_orphans(self) -> None:
+        """Stop the engines an earlier run of a driver on this state dir left running."""
+        try:
+            stopped, killed = stop_recorded(self._state_dir, self.settings.stop_grace_s)
+        except ValueError as e:
+            log.warning("local driver: ignoring an unreadable engine record: %s", e)
+            return
+        if stopped:
+            log.warning(
+                "local driver: stopped %d engine(s) an earlier run left behind: %s%s",
+                len(stopped),
+                ", ".join(stopped),
+                f" (killed: {', '.join(killed)})" if killed else "",
+            )
+
+    def _record(self) -> None:
+        """Rewrite ``instances.json`` with every instance's latest process (after each start,
+        crash and stop): a FAILED one keeps its dead pid, so a reader sees it is not alive."""
+        live = [
+            RecordedEngine(
+                instance_id=i.status.instance_id,
+                deployment=i.status.deployment,
+                role_name=i.status.role_name,
+                role=i.status.role.value,
+                endpoint=i.status.endpoint,
+                pid=i.child.ref.pid,
+                create_time=i.child.ref.create_time,
+                log=str(self.log_path(i.status.instance_id)),
+            )
+            for i in self._instances.values()
+            if i.child is not None
+        ]
+        try:
+            write_recorded(self._state_dir, os.getpid(), live)
+        except OSError as e:  # supervision goes on; only the after-SIGKILL clean-up suffers
+            log.error("local driver: cannot record engine pids in %s: %s", self._state_dir, e)
 
     # -- state changes -------------------------------------------------------------------
 
@@ -193,17 +240,37 @@ class LocalDriver:
             doomed = choose_victims(have, len(have) - replicas, victims)
         await asyncio.gather(*(self._remove(self._instances[v]) for v in doomed))
 
-    def _free_port(self) -> int:
+    def _free_port(self, role: RoleTarget) -> int:
+        """The first of the role's ports no live instance holds (DriverError when something
+        else holds it), else the first free port of the driver's range."""
         taken = {i.port for i in self._instances.values() if not i.stopping}
         s = self.settings
+        mine = [p for p in role.ports if p not in taken]
+        if mine:
+            if not port_is_free(s.host, mine[0]):
+                raise DriverError(
+                    f"role {role.name}: its port {s.host}:{mine[0]} is in use by another process"
+                )
+            return mine[0]
         for port in range(s.port_min, s.port_max + 1):
             if port not in taken and port_is_free(s.host, port):
                 return port
         raise DriverError(f"no free port in {s.port_min}..{s.port_max} on {s.host}")
 
+    def _new_id(self, role: RoleTarget) -> str:
+        """``instance_id_format`` with the role's next number (never reused while the driver
+        runs, so a new instance never takes over an old one's id; skips ids in use)."""
+        seq = self._seq.setdefault((role.deployment, role.name), itertools.count(1))
+        while True:
+            iid = self.settings.instance_id_format.format(
+                deployment=role.deployment, role=role.name, n=next(seq)
+            )
+            if iid not in self._instances:
+                return iid
+
     async def _launch_new(self, role: RoleTarget) -> None:
-        port = self._free_port()
-        iid = f"{role.deployment}-{role.name}-{next(self._seq)}"
+        port = self._free_port(role)
+        iid = self._new_id(role)
         status = InstanceStatus(
             instance_id=iid,
             deployment=role.deployment,
@@ -216,6 +283,7 @@ class LocalDriver:
         inst = _Instance(status, role, port)
         self._exec(inst)  # raises DriverError before the instance is recorded
         self._instances[iid] = inst
+        self._record()
         await self._set(inst, "launched", started_ms=self._now_ms())
 
     def _exec(self, inst: _Instance) -> None:
@@ -269,6 +337,7 @@ class LocalDriver:
         await self._terminate(inst)
         await self._set(inst, why, state=InstanceState.STOPPED)
         self._instances.pop(iid, None)
+        self._record()
 
     async def _terminate(self, inst: _Instance) -> None:
         """SIGTERM, wait ``stop_grace_s``, SIGKILL; returns once the process is gone."""
@@ -311,7 +380,7 @@ class LocalDriver:
             return
         state = inst.status.state
         if state == InstanceState.FAILED:
-            if self._clock() >= inst.restart_at:
+            if inst.target.restart == "always" and self._clock() >= inst.restart_at:
                 await self._restart(inst)
             return
         assert inst.child is not None
@@ -339,6 +408,15 @@ class LocalDriver:
 
     async def _crashed(self, inst: _Instance, error: str) -> None:
         inst.failures += 1
+        self._record()
+        if inst.target.restart == "never":
+            log.error(
+                "%s: %s (restart policy never: it stays FAILED)", inst.status.instance_id, error
+            )
+            await self._set(
+                inst, f"crashed: {error}", state=InstanceState.FAILED, last_error=error, ready_ms=0
+            )
+            return
         s = self.settings
         delay = backoff_s(inst.failures, s.restart_base_s, s.restart_max_s)
         inst.restart_at = self._clock() + delay
@@ -365,6 +443,7 @@ class LocalDriver:
         except DriverError as e:
             await self._crashed(inst, str(e))
             return
+        self._record()
         await self._set(
             inst,
             f"restarted after failure {inst.failures}",
@@ -384,6 +463,7 @@ class LocalDriver:
             inst.stopping = True
             await self._set(inst, "driver closed", state=InstanceState.STOPPED)
         self._instances.clear()
+        self._record()
         await self.drainer.close()
         if self._http is not None:
             await self._http.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 __all__ = ["DriverSettings", "KubernetesSettings", "LocalSettings"]
 
@@ -19,6 +19,11 @@ class LocalSettings(BaseModel):
     state_dir: str = Field(
         "", description="engine logs and state (<dir>/<instance>.log); '' = a temp dir"
     )
+    instance_id_format: str = Field(
+        "{deployment}-{role}-{n}",
+        description="instance ids: {deployment}, {role} (the role's name) and {n} (1, 2, ... "
+        "per role, never reused while the driver runs); must contain {n}",
+    )
     probe_interval_s: float = Field(0.25, gt=0, description="readiness/liveness poll period")
     stop_grace_s: float = Field(10.0, gt=0, description="SIGTERM -> SIGKILL grace period")
     restart_base_s: float = Field(1.0, gt=0, description="first restart back-off")
@@ -26,6 +31,18 @@ class LocalSettings(BaseModel):
     failures_to_surface: int = Field(
         3, ge=1, description="consecutive crashes after which the instance shows FAILED"
     )
+
+    @field_validator("instance_id_format")
+    @classmethod
+    def _id_format(cls, value: str) -> str:
+        try:
+            one = value.format(deployment="d", role="r", n=1)
+            two = value.format(deployment="d", role="r", n=2)
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"{value!r}: only {{deployment}}, {{role}}, {{n}} ({e})") from e
+        if one == two:
+            raise ValueError(f"{value!r} must contain {{n}}: ids would repeat")
+        return value
 
 
 class KubernetesSettings(BaseModel):
