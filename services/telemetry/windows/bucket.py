@@ -30,6 +30,7 @@ from ddsketch import DDSketch
 from ddsketch.ddsketch import BaseDDSketch
 from tideserve.v1 import events_pb2
 
+from services.telemetry.windows.batch import add_values
 from services.telemetry.windows.classes import SLOClass
 from services.telemetry.windows.dense import Dense, dense_of, merge_dense, sketch_of
 
@@ -229,8 +230,11 @@ def add_records_to(
     classes: Mapping[str, SLOClass],
     bucket_ms: int,
 ) -> None:
-    """:func:`add_records` into whatever ``bucket(key)`` returns (get-or-create)."""
+    """:func:`add_records` into whatever ``bucket(key)`` returns (get-or-create). The sketch
+    values are gathered per (bucket, sketch) and added at the end in one
+    :func:`~.batch.add_values` call (the same sketches as adding them one by one)."""
     cache: dict[tuple[str, str, str, str, int], Bucket] = {}
+    pending: dict[int, tuple[Bucket, dict[str, list[float]]]] = {}
 
     def get(dep: str, role: str, cls: str, tenant: str, start: int) -> Bucket:
         raw = (dep, role, cls, tenant, start)
@@ -254,14 +258,19 @@ def add_records_to(
             else:
                 get(dep, role, cls_name, tenant, arrival).arrivals += 1
             if values is not None:
-                sketches = b.sketches
+                held = pending.get(id(b))
+                if held is None:
+                    held = pending[id(b)] = (b, {})
+                lists = held[1]
                 for name in _ROLE_SKETCHES[role]:
                     v = values[name]
                     if v is not None:
-                        sk = sketches.get(name)
-                        if sk is None:
-                            sk = sketches[name] = new_sketch()
-                        sk.add(v)
+                        got = lists.get(name)
+                        if got is None:
+                            lists[name] = [v]
+                        else:
+                            got.append(v)
+    add_values([(b.sketch(n), vs) for b, lists in pending.values() for n, vs in lists.items()])
 
 
 _ROLES = {False: ("worker",), True: ("prefill", "decode")}
