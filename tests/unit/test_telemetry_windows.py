@@ -351,3 +351,41 @@ def test_dense_sketches_answer_exactly_as_ddsketch() -> None:
     back = sketch_of(merged)
     assert [back.get_quantile_value(q) for q in qs] == [a.get_quantile_value(q) for q in qs]
     assert (back.count, back.sum) == (a.count, a.sum)
+
+
+def _proto_dense(sk: Any) -> tuple[object, ...]:
+    """What ddsketch's own protobuf form says of a sketch: (first key, bins, zero count)."""
+    from ddsketch.pb.proto import DDSketchProto
+
+    pos = DDSketchProto.to_proto(sk).positiveValues
+    bins = list(pos.contiguousBinCounts)
+    nz = [i for i, c in enumerate(bins) if c]
+    first = nz[0] if nz else 0
+    return (
+        (pos.contiguousBinIndexOffset + first) if nz else 0,
+        bins[first : nz[-1] + 1] if nz else [],
+        DDSketchProto.to_proto(sk).zeroCount,
+    )
+
+
+DENSE_SOURCES = [
+    ("empty", []),
+    ("zeros_only", [0.0, 0.0]),
+    ("latencies_and_zeros", [0.0 if i % 7 == 0 else 1.5**i for i in range(-20, 40)]),
+    ("one_value", [250.0]),
+]
+
+
+@pytest.mark.parametrize("values", [v for _, v in DENSE_SOURCES], ids=[n for n, _ in DENSE_SOURCES])
+def test_dense_of_reads_the_bins_ddsketchs_protobuf_form_carries(values: list[float]) -> None:
+    from ddsketch import DDSketch
+
+    from services.telemetry.windows.dense import dense_of, sketch_of
+
+    sk = DDSketch(RELATIVE_ACCURACY)
+    for v in values:
+        sk.add(v)
+    for source in (sk, sketch_of(dense_of(sk, RELATIVE_ACCURACY))):
+        d = dense_of(source, RELATIVE_ACCURACY)
+        assert (d.offset if d.bins.size else 0, d.bins.tolist(), d.zero) == _proto_dense(source)
+        assert (d.count, d.sum) == (sk.count, sk.sum)
