@@ -1,4 +1,5 @@
-"""``windows.batch.add_values`` leaves sketches exactly as ``sk.add`` value by value would."""
+"""``windows.batch.add_values`` leaves sketches exactly as ``sk.add`` value by value would,
+and ``add_records`` fills the same buckets whatever the batch."""
 
 from __future__ import annotations
 
@@ -12,8 +13,17 @@ from ddsketch.ddsketch import BaseDDSketch
 from ddsketch.mapping import CubicallyInterpolatedMapping, LogarithmicMapping
 from ddsketch.store import DenseStore
 
+from benchmarks._telemetry_data import records as bench_records
+from services.telemetry.settings import TelemetrySettings
 from services.telemetry.windows.batch import add_values
-from services.telemetry.windows.bucket import RELATIVE_ACCURACY, new_sketch
+from services.telemetry.windows.bucket import (
+    RELATIVE_ACCURACY,
+    Bucket,
+    BucketKey,
+    add_records,
+    new_sketch,
+)
+from services.telemetry.windows.codec import encode_bucket
 from services.telemetry.windows.dense import dense_of, sketch_of
 
 Values = list[float]
@@ -110,3 +120,19 @@ def test_sketches_of_other_accuracies_in_one_call_stay_exact() -> None:
     got = [DDSketch(0.01), DDSketch(0.05)]
     add_values([(got[0], values), (got[1], values)])
     assert [_state(s) for s in got] == [_state(s) for s in want]
+
+
+def test_a_batch_of_records_fills_buckets_as_one_record_at_a_time_does() -> None:
+    now = 1_700_000_000_000
+    recs = bench_records(3000, now, 300_000, seed=7, prefix="b")
+    classes = TelemetrySettings().classes()
+    whole: dict[BucketKey, Bucket] = {}
+    add_records(whole, recs, classes, 60_000)
+    single: dict[BucketKey, Bucket] = {}
+    for rec in recs:
+        add_records(single, [rec], classes, 60_000)
+    assert whole.keys() == single.keys()
+    for key, b in whole.items():
+        assert encode_bucket(b, RELATIVE_ACCURACY) == encode_bucket(single[key], RELATIVE_ACCURACY)
+        for name, sk in b.sketches.items():
+            assert _state(sk) == _state(single[key].sketches[name])

@@ -12,7 +12,8 @@ whole batch are one numpy call; numpy's ``log`` may differ from the C library's 
 bit, which can change the ceiling only when ``log2(v) * multiplier`` is next to an integer, so
 those few values (within 1e-6 of one) get their key from the mapping itself. Counts per
 (sketch, key) come from one ``np.unique`` and go into each store as one weighted add per key
-(integer-valued float counts: adding 1.0 n times and adding n are the same float). A sketch
+(integer-valued float counts: adding 1.0 n times and adding n are the same float), the
+store's range grown once to cover the batch's lowest and highest key. A sketch
 with another mapping or store, or a value that is negative, NaN or infinite, is added to value
 by value (the exact path, never taken by validated records).
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from itertools import chain
+from itertools import chain, pairwise
 
 import numpy as np
 from ddsketch.ddsketch import BaseDDSketch
@@ -84,9 +85,15 @@ def _add_fast(pairs: list[tuple[BaseDDSketch, Sequence[float]]], m: LogarithmicM
         lo = int(ikeys.min())
         span = int(ikeys.max()) - lo + 1
         uniq, counts = np.unique(gpos * span + (ikeys - lo), return_counts=True)
-        for code, n in zip(uniq.tolist(), counts.tolist(), strict=True):
-            g, k = divmod(code, span)
-            pairs[g][0]._store.add(k + lo, float(n))
+        groups, keys = np.divmod(uniq, span)
+        cuts = [0, *(np.flatnonzero(np.diff(groups)) + 1).tolist(), len(uniq)]
+        all_keys, all_counts, all_groups = (keys + lo).tolist(), counts.tolist(), groups.tolist()
+        for start, end in pairwise(cuts):
+            _add_counts(
+                pairs[all_groups[start]][0]._store,
+                all_keys[start:end],
+                all_counts[start:end],
+            )
     for (sk, values), zero in zip(pairs, zeros, strict=True):
         sk._zero_count += float(zero)
         sk._count += float(len(values))
@@ -99,3 +106,12 @@ def _add_fast(pairs: list[tuple[BaseDDSketch, Sequence[float]]], m: LogarithmicM
             sk._min = lo_v
         if hi_v > sk._max:
             sk._max = hi_v
+
+
+def _add_counts(store: DenseStore, keys: list[int], counts: list[int]) -> None:
+    """``store.add(key, count)`` for each (ascending) key: the range grown once for all."""
+    store._extend_range(keys[0], keys[-1])
+    bins, offset = store.bins, store.offset
+    for key, n in zip(keys, counts, strict=True):
+        bins[key - offset] += n
+    store.count += float(sum(counts))
