@@ -73,6 +73,30 @@ def test_validate(fields: dict[str, Any], code: str | None) -> None:
     assert (why.code if why else None) == code
 
 
+FIELDS = (
+    "queue_ms",
+    "ttft_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "kv_transfer_ms",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "predicted_cached_tokens",
+)
+
+
+@pytest.mark.parametrize("field", FIELDS, ids=FIELDS)
+def test_validate_names_the_negative_or_infinite_field(field: str) -> None:
+    shed = events_pb2.REQUEST_OUTCOME_SHED  # a failed request may lack TTFT and e2e
+    why = validate(record("r1", outcome=shed, **{field: -1}), RULES, NOW_MS)
+    assert why is not None and (why.code, why.detail) == ("negative_timing", f"{field} is negative")
+    if field.endswith("_ms"):
+        why = validate(record("r1", outcome=shed, **{field: float("inf")}), RULES, NOW_MS)
+        assert why is not None
+        assert (why.code, why.detail) == ("missing_timing", f"{field} is not a finite number")
+
+
 def test_empty_known_deployments_accept_any_name() -> None:
     assert validate(record(deployment="anything"), ValidationRules(), NOW_MS) is None
 
