@@ -11,6 +11,10 @@ Two figures, on an embedded Postgres + Redis (or --postgres-url/--redis-url):
 * ``writer``: the same ``Ingest.ingest`` path on already decoded records, in batches, without
   Redis — what the database writer (+ validation + windows + rollups) sustains alone.
 
+Each figure also reports ``process_cpu_s``: CPU seconds this process spent over the timed
+span (the service's Python work; Postgres and Redis run in their own processes). On a shared
+machine the rate swings with the load; CPU per record is the steadier measure of the code.
+
 Run: .venv/bin/python benchmarks/telemetry_ingest.py --records 200000
 """
 
