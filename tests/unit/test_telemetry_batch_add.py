@@ -91,6 +91,7 @@ CASES: list[tuple[str, Callable[[], BaseDDSketch], list[Values]]] = [
     ("one_value", new_sketch, [[12.5]]),
     ("empty_list", new_sketch, [[], [1.0, 2.0]]),
     ("negative_falls_back", new_sketch, [[3.0, -2.0, 5.0], [1.0, 9.0]]),
+    ("nan_falls_back", new_sketch, [[math.nan, 1.0, 2.0], [4.0]]),
     ("other_mapping_falls_back", _cubic, [_lognormal(5, 300, 2.0, 1.0)]),
 ]
 

@@ -65,9 +65,9 @@ def _batchable(sk: BaseDDSketch, ref: LogarithmicMapping | None) -> bool:
 
 
 def _plain(values: Sequence[float]) -> bool:
-    """Finite and not negative (``min`` of an all-finite list is finite)."""
-    lo, hi = min(values), max(values)
-    return lo >= 0.0 and math.isfinite(hi)
+    """Not negative, and finite (a NaN or infinity makes the sum NaN or infinite; so does an
+    overflow, which only sends the values down the exact path)."""
+    return min(values) >= 0.0 and math.isfinite(sum(values))
 
 
 def _add_fast(pairs: list[tuple[BaseDDSketch, Sequence[float]]], m: LogarithmicMapping) -> None:
