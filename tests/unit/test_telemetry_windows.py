@@ -73,6 +73,30 @@ def test_validate(fields: dict[str, Any], code: str | None) -> None:
     assert (why.code if why else None) == code
 
 
+FIELDS = (
+    "queue_ms",
+    "ttft_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "kv_transfer_ms",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "predicted_cached_tokens",
+)
+
+
+@pytest.mark.parametrize("field", FIELDS, ids=FIELDS)
+def test_validate_names_the_negative_or_infinite_field(field: str) -> None:
+    shed = events_pb2.REQUEST_OUTCOME_SHED  # a failed request may lack TTFT and e2e
+    why = validate(record("r1", outcome=shed, **{field: -1}), RULES, NOW_MS)
+    assert why is not None and (why.code, why.detail) == ("negative_timing", f"{field} is negative")
+    if field.endswith("_ms"):
+        why = validate(record("r1", outcome=shed, **{field: float("inf")}), RULES, NOW_MS)
+        assert why is not None
+        assert (why.code, why.detail) == ("missing_timing", f"{field} is not a finite number")
+
+
 def test_empty_known_deployments_accept_any_name() -> None:
     assert validate(record(deployment="anything"), ValidationRules(), NOW_MS) is None
 
@@ -351,3 +375,41 @@ def test_dense_sketches_answer_exactly_as_ddsketch() -> None:
     back = sketch_of(merged)
     assert [back.get_quantile_value(q) for q in qs] == [a.get_quantile_value(q) for q in qs]
     assert (back.count, back.sum) == (a.count, a.sum)
+
+
+def _proto_dense(sk: Any) -> tuple[object, ...]:
+    """What ddsketch's own protobuf form says of a sketch: (first key, bins, zero count)."""
+    from ddsketch.pb.proto import DDSketchProto
+
+    pos = DDSketchProto.to_proto(sk).positiveValues
+    bins = list(pos.contiguousBinCounts)
+    nz = [i for i, c in enumerate(bins) if c]
+    first = nz[0] if nz else 0
+    return (
+        (pos.contiguousBinIndexOffset + first) if nz else 0,
+        bins[first : nz[-1] + 1] if nz else [],
+        DDSketchProto.to_proto(sk).zeroCount,
+    )
+
+
+DENSE_SOURCES = [
+    ("empty", []),
+    ("zeros_only", [0.0, 0.0]),
+    ("latencies_and_zeros", [0.0 if i % 7 == 0 else 1.5**i for i in range(-20, 40)]),
+    ("one_value", [250.0]),
+]
+
+
+@pytest.mark.parametrize("values", [v for _, v in DENSE_SOURCES], ids=[n for n, _ in DENSE_SOURCES])
+def test_dense_of_reads_the_bins_ddsketchs_protobuf_form_carries(values: list[float]) -> None:
+    from ddsketch import DDSketch
+
+    from services.telemetry.windows.dense import dense_of, sketch_of
+
+    sk = DDSketch(RELATIVE_ACCURACY)
+    for v in values:
+        sk.add(v)
+    for source in (sk, sketch_of(dense_of(sk, RELATIVE_ACCURACY))):
+        d = dense_of(source, RELATIVE_ACCURACY)
+        assert (d.offset if d.bins.size else 0, d.bins.tolist(), d.zero) == _proto_dense(source)
+        assert (d.count, d.sum) == (sk.count, sk.sum)

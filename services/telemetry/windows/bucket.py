@@ -30,6 +30,7 @@ from ddsketch import DDSketch
 from ddsketch.ddsketch import BaseDDSketch
 from tideserve.v1 import events_pb2
 
+from services.telemetry.windows.batch import add_values
 from services.telemetry.windows.classes import SLOClass
 from services.telemetry.windows.dense import Dense, dense_of, merge_dense, sketch_of
 
@@ -229,16 +230,20 @@ def add_records_to(
     classes: Mapping[str, SLOClass],
     bucket_ms: int,
 ) -> None:
-    """:func:`add_records` into whatever ``bucket(key)`` returns (get-or-create)."""
-    cache: dict[tuple[str, str, str, str, int], Bucket] = {}
+    """:func:`add_records` into whatever ``bucket(key)`` returns (get-or-create). The sketch
+    values are gathered per (bucket, sketch) and added at the end in one
+    :func:`~.batch.add_values` call (the same sketches as adding them one by one)."""
+    cache: dict[tuple[str, str, str, str, int], tuple[Bucket, list[list[float]]]] = {}
 
-    def get(dep: str, role: str, cls: str, tenant: str, start: int) -> Bucket:
-        raw = (dep, role, cls, tenant, start)
-        b = cache.get(raw)
-        if b is None:
-            b = cache[raw] = bucket((SliceKey(dep, role, cls, tenant), start))
+    def get(raw: tuple[str, str, str, str, int]) -> tuple[Bucket, list[list[float]]]:
+        """The bucket and its values gathered so far (one list per :data:`SKETCHES`)."""
+        hit = cache.get(raw)
+        if hit is None:
+            dep, role, cls, tenant, start = raw
+            b = bucket((SliceKey(dep, role, cls, tenant), start))
             b.version += 1
-        return b
+            hit = cache[raw] = (b, [[] for _ in SKETCHES])
+        return hit
 
     for rec in records:
         finish = rec.finish_ms - rec.finish_ms % bucket_ms
@@ -246,40 +251,50 @@ def add_records_to(
         dep, cls_name, tenant = rec.deployment, rec.slo_class, rec.tenant
         cls = classes.get(cls_name)
         values = _values(rec) if rec.outcome == _OK else None
-        for role in _ROLES[rec.disaggregated]:
-            b = get(dep, role, cls_name, tenant, finish)
+        for role, indexes in _ROLES[rec.disaggregated]:
+            b, lists = get((dep, role, cls_name, tenant, finish))
             _add_counters(b, rec, cls)
             if arrival == finish:
                 b.arrivals += 1
             else:
-                get(dep, role, cls_name, tenant, arrival).arrivals += 1
+                get((dep, role, cls_name, tenant, arrival))[0].arrivals += 1
             if values is not None:
-                sketches = b.sketches
-                for name in _ROLE_SKETCHES[role]:
-                    v = values[name]
+                for i in indexes:
+                    v = values[i]
                     if v is not None:
-                        sk = sketches.get(name)
-                        if sk is None:
-                            sk = sketches[name] = new_sketch()
-                        sk.add(v)
+                        lists[i].append(v)
+    add_values(
+        [
+            (b.sketch(name), vs)
+            for b, lists in cache.values()
+            for name, vs in zip(SKETCHES, lists, strict=True)
+            if vs
+        ]
+    )
 
 
-_ROLES = {False: ("worker",), True: ("prefill", "decode")}
-_ROLE_SKETCHES = {"worker": SKETCHES, "prefill": PREFILL_SKETCHES, "decode": DECODE_SKETCHES}
+_ROLES = {
+    False: (("worker", tuple(range(len(SKETCHES)))),),
+    True: (
+        ("prefill", tuple(range(len(PREFILL_SKETCHES)))),
+        ("decode", tuple(range(len(PREFILL_SKETCHES), len(SKETCHES)))),
+    ),
+}
+"""Per role: the positions in :data:`SKETCHES` (and :func:`_values`) of its sketches."""
 
 
-def _values(rec: events_pb2.RequestRecord) -> dict[str, float | None]:
-    """What each sketch gets from a successful record (None = nothing: TPOT of a single
-    token, no KV transfer)."""
-    return {
-        "input_tokens": rec.prompt_tokens,
-        "queue_ms": rec.queue_ms,
-        "ttft_ms": rec.ttft_ms,
-        "kv_transfer_ms": rec.kv_transfer_ms if rec.kv_transfer_ms > 0 else None,
-        "output_tokens": rec.completion_tokens,
-        "tpot_ms": rec.tpot_ms if rec.completion_tokens > 1 else None,
-        "e2e_ms": rec.e2e_ms,
-    }
+def _values(rec: events_pb2.RequestRecord) -> tuple[float | None, ...]:
+    """What each of :data:`SKETCHES` gets from a successful record, in that order (None =
+    nothing: TPOT of a single token, no KV transfer)."""
+    return (
+        rec.prompt_tokens,
+        rec.queue_ms,
+        rec.ttft_ms,
+        rec.kv_transfer_ms if rec.kv_transfer_ms > 0 else None,
+        rec.completion_tokens,
+        rec.tpot_ms if rec.completion_tokens > 1 else None,
+        rec.e2e_ms,
+    )
 
 
 def _add_counters(b: Bucket, rec: events_pb2.RequestRecord, cls: SLOClass | None) -> None:

@@ -18,12 +18,10 @@ from typing import Any
 import numpy as np
 from ddsketch.ddsketch import BaseDDSketch
 from ddsketch.mapping import LogarithmicMapping
-from ddsketch.pb import proto as _ddproto
 from ddsketch.store import DenseStore
 
 __all__ = ["Dense", "dense_of", "merge_dense", "sketch_of"]
 
-_SKETCH_PROTO: Any = _ddproto.DDSketchProto  # untyped in ddsketch
 _MAPPINGS: dict[float, LogarithmicMapping] = {}
 
 
@@ -94,19 +92,20 @@ class Dense:
 
 
 def dense_of(sk: BaseDDSketch, accuracy: float) -> Dense:
-    """The bins of a ``ddsketch`` sketch (through its public protobuf form)."""
-    proto = _SKETCH_PROTO.to_proto(sk)
-    if proto.negativeValues.contiguousBinCounts and any(proto.negativeValues.contiguousBinCounts):
+    """The bins of a ``ddsketch`` sketch, read from its stores (what its protobuf form,
+    ``DDSketchProto.to_proto``, would carry, without building that message: ingest converts
+    every bucket a batch touched)."""
+    if any(sk._negative_store.bins):
         raise ValueError("negative values are not supported")
-    pos = proto.positiveValues
-    bins = np.array(pos.contiguousBinCounts, dtype=np.float64)
+    store = sk._store
+    bins = np.array(store.bins, dtype=np.float64)
     nonzero = np.flatnonzero(bins)
     first, last = (int(nonzero[0]), int(nonzero[-1]) + 1) if nonzero.size else (0, 0)
     return Dense(
         accuracy,
-        int(pos.contiguousBinIndexOffset) + first,
+        int(store.offset) + first,
         bins[first:last],  # the store's zero padding trimmed
-        float(proto.zeroCount),
+        float(sk._zero_count),
         float(sk.count),
         float(sk.sum),
         float(sk._min),

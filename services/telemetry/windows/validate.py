@@ -41,6 +41,7 @@ REASONS = (
 
 _LATENCIES = ("queue_ms", "ttft_ms", "tpot_ms", "e2e_ms", "kv_transfer_ms")
 _COUNTS = ("prompt_tokens", "completion_tokens", "cached_tokens", "predicted_cached_tokens")
+_NAMED = (*_LATENCIES, *_COUNTS)
 _OK = events_pb2.REQUEST_OUTCOME_OK
 
 
@@ -74,31 +75,39 @@ def validate(
     dep = record.deployment
     if not dep or (rules.known_deployments and dep not in rules.known_deployments):
         return Rejection("unknown_deployment", f"deployment {dep!r} is not known")
-    missing = _missing(record)
-    if missing:
-        return Rejection("missing_timing", missing)
-    negative = [f for f in (*_LATENCIES, *_COUNTS) if getattr(record, f) < 0]
-    if negative:
-        return Rejection("negative_timing", f"{negative[0]} is negative")
-    if record.finish_ms < record.arrival_ms:
+    arrival, finish = record.arrival_ms, record.finish_ms
+    if arrival <= 0 or finish <= 0:
+        return Rejection("missing_timing", "arrival_ms or finish_ms is not set")
+    latencies = (
+        record.queue_ms,
+        record.ttft_ms,
+        record.tpot_ms,
+        record.e2e_ms,
+        record.kv_transfer_ms,
+    )
+    if not all(map(math.isfinite, latencies)):
+        bad = next(f for f, v in zip(_LATENCIES, latencies, strict=True) if not math.isfinite(v))
+        return Rejection("missing_timing", f"{bad} is not a finite number")
+    if record.outcome == _OK and (latencies[1] <= 0 or latencies[3] <= 0):
+        return Rejection("missing_timing", "a successful request without ttft_ms or e2e_ms")
+    counts = (
+        record.prompt_tokens,
+        record.completion_tokens,
+        record.cached_tokens,
+        record.predicted_cached_tokens,
+    )
+    if min(latencies) < 0 or min(counts) < 0:
+        values = (*latencies, *counts)
+        bad = next(f for f, v in zip(_NAMED, values, strict=True) if v < 0)
+        return Rejection("negative_timing", f"{bad} is negative")
+    if finish < arrival:
         return Rejection(
             "finish_before_arrival",
-            f"finish_ms {record.finish_ms} < arrival_ms {record.arrival_ms}",
+            f"finish_ms {finish} < arrival_ms {arrival}",
         )
-    if record.finish_ms > now_ms + rules.max_skew_ms:
-        ahead = record.finish_ms - now_ms
+    if finish > now_ms + rules.max_skew_ms:
+        ahead = finish - now_ms
         return Rejection("future", f"finish_ms is {ahead} ms in the future")
-    if record.finish_ms < now_ms - rules.max_age_ms:
+    if finish < now_ms - rules.max_age_ms:
         return Rejection("too_old", "finish_ms is older than the retention")
     return None
-
-
-def _missing(record: events_pb2.RequestRecord) -> str:
-    if record.arrival_ms <= 0 or record.finish_ms <= 0:
-        return "arrival_ms or finish_ms is not set"
-    for field in _LATENCIES:
-        if not math.isfinite(getattr(record, field)):
-            return f"{field} is not a finite number"
-    if record.outcome == _OK and (record.ttft_ms <= 0 or record.e2e_ms <= 0):
-        return "a successful request without ttft_ms or e2e_ms"
-    return ""
