@@ -323,7 +323,8 @@ def test_up_without_engines_leaves_the_scheduler_endpoints_alone(
     assert all(c.kind != ENGINE_KIND for c in children)
     assert opts.deployment is None and opts.engine_claims == ()
     scheduler = next(c for c in children if c.name == "scheduler")
-    assert not any(k.startswith("TIDESERVE_SCHEDULER__") for k in scheduler.env)
+    scheduler_keys = {k for k in scheduler.env if k.startswith("TIDESERVE_SCHEDULER__")}
+    assert scheduler_keys == {"TIDESERVE_SCHEDULER__TELEMETRY_ADDRESS"}  # no engine settings
     autoscaler = next(c for c in children if c.name == "autoscaler")
     assert "TIDESERVE_AUTOSCALER__DRIVER__KIND" not in autoscaler.env  # dry-run as configured
 

@@ -111,7 +111,9 @@ def test_one_gateway_is_exactly_the_plain_scheduler(tmp_path: Path) -> None:
     sched = _children(tmp_path, None)["scheduler"]
     assert sched.replica_of == ""
     assert not any(c.shared for c in sched.ports)
-    assert not any(k.startswith("TIDESERVE_SCHEDULER__") for k in sched.env)
+    # no replica settings: only where telemetry is (every gateway prices TTFT with its fit)
+    scheduler_keys = {k for k in sched.env if k.startswith("TIDESERVE_SCHEDULER__")}
+    assert scheduler_keys == {"TIDESERVE_SCHEDULER__TELEMETRY_ADDRESS"}
 
 
 def test_replicas_share_the_http_port_and_state(tmp_path: Path) -> None:
