@@ -58,6 +58,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _compare_targets import closed_loop_targets, prediction_error, targets
 from _harness import (
     MOONCAKE_CONVERSATION,
     ROOT,
@@ -73,6 +74,7 @@ from _harness import (
     tideserve,
     wait_http,
 )
+from _model_client import perf_model_of, start_model_server
 
 AGG_ROUTERS = (
     "tideserve:default,tideserve:least_load,tideserve:round_robin,"
@@ -337,128 +339,6 @@ def run_router(
         return result
     finally:
         group.stop()
-
-
-def start_model_server(group: ProcGroup, v: dict[str, Any], tag: str) -> str:
-    """The model stand-in process for this run (``benchmarks/_model_server.py``); returns
-    its gRPC address (also stored in ``v["model_address"]``)."""
-    port = free_port()
-    cmd = [sys.executable, str(Path(__file__).resolve().parent / "_model_server.py"),
-           "--redis-url", v["redis_url"], "--prefix", v["prefix"], "--port", str(port),
-           "--profile", v.get("perf_profile") or "h200-llama3.1-8b"]  # fmt: skip
-    group.start(f"{tag}-model", cmd)
-    addr = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 60.0
-    while time.monotonic() < deadline:
-        group.check()
-        if perf_model_of(addr) is not None:
-            v["model_address"] = addr
-            return addr
-        time.sleep(0.5)
-    raise RuntimeError("model server did not answer GetPerfModel within 60s")
-
-
-def perf_model_of(address: str) -> dict[str, Any] | None:
-    """The model process's current fit (prefill part), or None when it does not answer."""
-    import grpc
-    from google.protobuf.json_format import MessageToDict
-    from tideserve.v1 import telemetry_pb2
-
-    with grpc.insecure_channel(address) as ch:
-        call = ch.unary_unary(
-            "/tideserve.v1.TelemetryService/GetPerfModel",
-            request_serializer=telemetry_pb2.GetPerfModelRequest.SerializeToString,
-            response_deserializer=telemetry_pb2.GetPerfModelResponse.FromString,
-        )
-        try:
-            resp = call(telemetry_pb2.GetPerfModelRequest(deployment="default"), timeout=2.0)
-        except grpc.RpcError:
-            return None
-    return MessageToDict(resp.model, preserving_proto_field_name=True)
-
-
-def prediction_error(records: list[Any]) -> dict[str, Any]:
-    """Median |predicted - actual| / actual TTFT of the gateway's own predictions (the
-    records' ``predicted_ttft_ms``), over the run and over its second half by arrival."""
-    ok = sorted((r for r in records if r.ttft_ms > 0 and r.predicted_ttft_ms > 0),
-                key=lambda r: r.arrival_ms)  # fmt: skip
-
-    def med(rs: list[Any]) -> float | None:
-        if not rs:
-            return None
-        errs = sorted(abs(r.predicted_ttft_ms - r.ttft_ms) / r.ttft_ms for r in rs)
-        return round(errs[len(errs) // 2], 4)
-
-    return {"records": len(ok), "all": med(ok), "second_half": med(ok[len(ok) // 2 :])}
-
-
-def closed_loop_targets(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Issue 10: with the fit, mean TTFT within 10% of the run believing the true profile."""
-    ok = {r["router"]: r for r in results if "error" not in r}
-    true, wrong, fit = (ok.get(k) for k in ("true-profile", "wrong-profile", "wrong-profile+fit"))
-    out: dict[str, Any] = {
-        "ttft_mean_ms": {k: _get(r, "ttft_ms", "mean") for k, r in ok.items()},
-        "wrong_vs_true": _ratio(_get(wrong, "ttft_ms", "mean"), _get(true, "ttft_ms", "mean")),
-        "fit_vs_true": _ratio(_get(fit, "ttft_ms", "mean"), _get(true, "ttft_ms", "mean")),
-        "target": "fit_vs_true <= 1.10",
-    }
-    f = out["fit_vs_true"]
-    out["met"] = f is not None and f <= 1.10
-    return out
-
-
-# -- ratios --------------------------------------------------------------------------------
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None or b == 0:
-        return None
-    return round(a / b, 3)
-
-
-def _get(r: dict[str, Any] | None, *path: str) -> float | None:
-    cur: Any = r
-    for k in path:
-        if not isinstance(cur, dict) or k not in cur:
-            return None
-        cur = cur[k]
-    return float(cur) if isinstance(cur, int | float) else None
-
-
-def targets(results: list[dict[str, Any]], ours: str = "tideserve:default") -> dict[str, Any]:
-    """Issue 5's ratios for ``ours`` against each baseline that produced a result."""
-    ok = {r["router"]: r for r in results if "error" not in r}
-    me = ok.get(ours)
-    out: dict[str, Any] = {"ours": ours}
-    if me is None:
-        out["missing"] = f"{ours} has no result"
-        return out
-    for base, limit in (("sglang:cache_aware", 0.8), ("sglang:round_robin", 0.5),
-                        ("tideserve:round_robin", 0.5)):  # fmt: skip
-        b = ok.get(base)
-        if b is None:
-            continue
-        mean = _ratio(_get(me, "ttft_ms", "mean"), _get(b, "ttft_ms", "mean"))
-        p90 = _ratio(_get(me, "ttft_ms", "p90"), _get(b, "ttft_ms", "p90"))
-        out[f"vs_{base}"] = {
-            "ttft_mean_ratio": mean,
-            "ttft_p90_ratio": p90,
-            "ttft_target": f"<= {limit}",
-            "ttft_met": mean is not None and p90 is not None and mean <= limit and p90 <= limit,
-            "goodput_ratio": _ratio(_get(me, "goodput_rps"), _get(b, "goodput_rps")),
-        }
-        if "round_robin" in base:
-            g = out[f"vs_{base}"]["goodput_ratio"]
-            out[f"vs_{base}"]["goodput_target"] = ">= 2.0"
-            out[f"vs_{base}"]["goodput_met"] = g is not None and g >= 2.0
-    hit, inf = _get(me, "cache_hit_ratio"), _get(me, "infinite_cache_hit_ratio")
-    frac = _ratio(hit, inf)
-    out["cache_hit_vs_infinite"] = {
-        "cache_hit_ratio": hit, "infinite_cache_hit_ratio": inf, "fraction": frac,
-        "target": ">= 0.9 (within 10%)", "met": frac is not None and frac >= 0.9,
-    }  # fmt: skip
-    out["any_run_cpu_saturated"] = any(bool(_get(r, "cpu", "saturated")) for r in ok.values())
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
