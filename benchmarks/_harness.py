@@ -8,6 +8,7 @@ it started, never anything found by name.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import shutil
@@ -212,6 +213,14 @@ def machine() -> dict[str, object]:
         "git_commit": head.stdout.strip() or None,
         "uncommitted_changes_in_services_or_benchmarks": bool(dirty.stdout.strip()),
     }
+
+
+def emit_json(out: object, path: str | os.PathLike[str] | None) -> None:
+    """Print a benchmark's JSON result on stdout and, when ``path`` is given, write it there."""
+    text = json.dumps(out, indent=2)
+    print(text)
+    if path:
+        Path(path).write_text(text + "\n", encoding="utf-8")
 
 
 def command_line() -> str:

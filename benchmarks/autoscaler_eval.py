@@ -27,7 +27,6 @@ here: no process runs; the live replay through the local stack is ``autoscaler_l
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -40,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _autoscaler_sim import ROLES, Result, Sim, Tide, load_lengths, load_tide, score_window
+from _harness import emit_json
 
 from services.autoscaler.planner import (
     Claim,
@@ -340,10 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.colocation_budget > 0:
         out["colocation"] = colocation(args, tide, lengths, perf, static)
     out["elapsed_s"] = round(time.perf_counter() - started, 1)
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit_json(out, args.out)
     return 0
 
 

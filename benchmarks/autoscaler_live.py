@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import sys
@@ -51,7 +50,7 @@ import grpc
 import numpy as np
 import redis.asyncio as aioredis
 from _autoscaler_sim import Tide, load_tide
-from _harness import command_line, machine
+from _harness import command_line, emit_json, machine
 from tideserve.v1 import (
     autoscaler_pb2,
     autoscaler_pb2_grpc,
@@ -386,10 +385,7 @@ def main() -> int:
     finally:
         rd.stop()
         pg.stop()
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
+    emit_json(result, args.out)
     return 0
 
 

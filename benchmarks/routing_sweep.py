@@ -24,6 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import routing_sim
+from _harness import emit_json
 
 from services.bench.traces import load_trace
 
@@ -129,10 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": aggregate(runs, profiles, scales, a.baseline),
         "runs": runs,
     }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n", encoding="utf-8")
+    emit_json(out, a.out)
     return 0
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
@@ -34,7 +33,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _harness import command_line, machine
+from _harness import command_line, emit_json, machine
 
 from services.common.embedded import start_redis
 from tests.helpers.autoscale import ClosedLoop, Rig, autoscaled_gateway
@@ -147,10 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         **figures,
         "target_decision_to_serving_s": 10.0,
     }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit_json(out, args.out)
     return 0
 
 

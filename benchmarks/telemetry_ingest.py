@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import cProfile
 import io
-import json
 import pstats
 import sys
 import time
@@ -38,7 +37,7 @@ sys.path[:0] = [
 import psycopg  # noqa: E402
 import redis.asyncio as aioredis  # noqa: E402
 
-from benchmarks._harness import command_line, machine  # noqa: E402
+from benchmarks._harness import command_line, emit_json, machine  # noqa: E402
 from benchmarks._telemetry_data import infra, records  # noqa: E402
 from services.common.db import migrate, to_libpq_url  # noqa: E402
 from services.common.streams import StreamProducer, stream_name  # noqa: E402
@@ -183,10 +182,7 @@ def main() -> int:
         "target_records_per_s": 20_000,
         **asyncio.run(amain(args)),
     }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit_json(out, args.out)
     return 0
 
 

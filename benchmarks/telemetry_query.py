@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import statistics
 import sys
 import tempfile
@@ -38,7 +37,7 @@ sys.path[:0] = [
 import grpc  # noqa: E402
 from tideserve.v1 import events_pb2, telemetry_pb2, telemetry_pb2_grpc  # noqa: E402
 
-from benchmarks._harness import ProcGroup, command_line, free_port, machine  # noqa: E402
+from benchmarks._harness import ProcGroup, command_line, emit_json, free_port, machine  # noqa: E402
 from benchmarks._telemetry_data import infra, records  # noqa: E402
 from services.common.db import migrate  # noqa: E402
 from services.telemetry.ingest.pipeline import Ingest  # noqa: E402
@@ -189,10 +188,7 @@ def main() -> int:
         "target_p99_ms": 50,
         **run(args),
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit_json(result, args.out)
     return 0
 
 

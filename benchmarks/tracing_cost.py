@@ -36,7 +36,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import aiohttp
-from _harness import command_line, machine
+from _harness import command_line, emit_json, machine
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -157,10 +157,7 @@ def main() -> int:
         "(client + gateway + upstream)",
         "results": summary,
     }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit_json(out, args.out)
     return 0
 
 
