@@ -196,6 +196,11 @@ def reachable(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
+def telemetry_address(ports: Mapping[str, Mapping[str, int]], host: str) -> str:
+    """The stack's telemetry gRPC address as its peers dial it."""
+    return f"{reachable(host)}:{ports['telemetry']['grpc_port']}"
+
+
 def autoscaler_env(
     ports: Mapping[str, Mapping[str, int]], host: str, gateways: Sequence[Mapping[str, int]]
 ) -> dict[str, str]:
@@ -204,7 +209,7 @@ def autoscaler_env(
     host = reachable(host)
     grpc_of = [f"{host}:{g['grpc_port']}" for g in gateways]
     return {
-        "TIDESERVE_AUTOSCALER__TELEMETRY_ADDRESS": f"{host}:{ports['telemetry']['grpc_port']}",
+        "TIDESERVE_AUTOSCALER__TELEMETRY_ADDRESS": telemetry_address(ports, host),
         "TIDESERVE_AUTOSCALER__DRIVER__SCHEDULER_ADDRESSES": json.dumps(grpc_of),
     }
 
@@ -212,8 +217,7 @@ def autoscaler_env(
 def scheduler_env(ports: Mapping[str, Mapping[str, int]], host: str) -> dict[str, str]:
     """Where the stack's gateway replicas find telemetry (pure): its fitted performance model
     prices their predicted TTFT once confident (GetPerfModel)."""
-    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # bound everywhere
-    return {"TIDESERVE_SCHEDULER__TELEMETRY_ADDRESS": f"{host}:{ports['telemetry']['grpc_port']}"}
+    return {"TIDESERVE_SCHEDULER__TELEMETRY_ADDRESS": telemetry_address(ports, host)}
 
 
 def build_service_children(
