@@ -85,6 +85,19 @@ async def test_chat_completion_stream_and_models(
     assert gw.core.fleet.in_flight("e1") == 0 and gw.core.fleet.in_flight("e2") == 0
 
 
+async def test_models_of_an_endpoint_that_joined_since_the_last_poll(
+    engines: Engines, gateway: GatewayFactory, http: aiohttp.ClientSession
+) -> None:
+    """An endpoint added to the fleet after the last load poll (membership) is asked for its
+    models when /v1/models is requested, not only at the next poll."""
+    _, u1 = await engines()
+    gw, url = await gateway([])  # polled once, with nothing to ask
+    assert not gw.models
+    gw.core.fleet.upsert(EndpointSpec("e1", u1))
+    async with http.get(url + "/v1/models") as r:
+        assert r.status == 200 and [m["id"] for m in (await r.json())["data"]] == ["tideserve-sim"]
+
+
 @pytest.mark.parametrize(
     ("body", "headers", "status", "param"),
     [

@@ -288,13 +288,21 @@ class Gateway:
         for i, ld in zip(ids, loads, strict=True):
             if ld is not None:
                 fleet.report_load(i, ld, now)
-        if not self.models and fleet.ids():
-            for i in fleet.ids():
-                self.models.update(
-                    await upstream.list_models(
-                        self._session, fleet.spec(i).url, self.opts.probe_timeout_s
-                    )
+        await self.discover_models()
+
+    async def discover_models(self) -> None:
+        """While no model name is known (none configured), learn them from the endpoints'
+        ``/v1/models``. Runs with every load poll, and on a ``/v1/models`` request, so an
+        endpoint that joined since the last poll (membership) is asked before answering."""
+        fleet = self.core.fleet
+        if self.models or self._session is None:
+            return
+        for i in fleet.ids():
+            self.models.update(
+                await upstream.list_models(
+                    self._session, fleet.spec(i).url, self.opts.probe_timeout_s
                 )
+            )
 
     async def _tick(self) -> None:
         self.core.tick(self.clock())
@@ -305,6 +313,7 @@ class Gateway:
         return web.Response(text="ok")
 
     async def _models(self, _req: web.Request) -> web.Response:
+        await self.discover_models()
         data = [{"id": m, "object": "model", "owned_by": "tideserve"} for m in sorted(self.models)]
         return web.json_response({"object": "list", "data": data})
 
