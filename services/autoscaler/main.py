@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import grpc
 import redis.asyncio as aioredis
 
+from services.autoscaler.access import ACCESS
 from services.autoscaler.deployments import Deployments
 from services.autoscaler.drivers.build import build_reconciler
 from services.autoscaler.loop import LoopOptions, PlannerLoop
@@ -30,6 +31,7 @@ from services.autoscaler.settings import AutoscalerSettings
 from services.autoscaler.store import AutoscalerStore
 from services.autoscaler.telemetry import GrpcTelemetry
 from services.common.metrics import service_registry
+from services.common.security.channels import ClientSecurity, aio_channel
 from services.common.server import ServiceHooks, run_service
 from services.common.tasks import stop_tasks
 
@@ -51,12 +53,13 @@ def build(
 
     registry = service_registry()
     metrics = AutoscalerMetrics(registry)
+    security = ClientSecurity.of(settings)
     if settings.postgres_url is None:
 
         def register_only(server: grpc.aio.Server) -> list[str]:
             return [add_to_server(AutoscalerServicer(None, _wall_ms), server)]
 
-        return ServiceHooks(register=register_only, registry=registry)
+        return ServiceHooks(register=register_only, registry=registry, access=(ACCESS,))
 
     engine = db.create_engine(settings.postgres_url, "autoscaler")
     store = AutoscalerStore(engine)
@@ -67,14 +70,19 @@ def build(
     )
     driven: DriverReconciler | None = None
     if reconciler_factory is None:
-        rec = build_reconciler(settings.driver, redis, settings.stream_prefix)
+        rec = build_reconciler(
+            settings.driver,
+            redis,
+            settings.stream_prefix,
+            lambda address: aio_channel(address, security),
+        )
         driven = DriverReconciler(
             rec, LoadPoller(rec, settings.load_poll_s, timeout_s=min(1.0, settings.load_poll_s))
         )
         reconciler: Reconciler = driven
     else:
         reconciler = reconciler_factory(settings)
-    channel = grpc.aio.insecure_channel(settings.telemetry_address)
+    channel = aio_channel(settings.telemetry_address, security)
     loop = PlannerLoop(
         store,
         reconciler,
@@ -112,7 +120,9 @@ def build(
     def register(server: grpc.aio.Server) -> list[str]:
         return [add_to_server(AutoscalerServicer(deployments, _wall_ms), server)]
 
-    return ServiceHooks(register=register, on_start=on_start, on_stop=on_stop, registry=registry)
+    return ServiceHooks(
+        register=register, on_start=on_start, on_stop=on_stop, registry=registry, access=(ACCESS,)
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

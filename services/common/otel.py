@@ -298,12 +298,11 @@ def insecure_channel(
     provider: TracerProvider | None = None,
     options: Sequence[tuple[str, Any]] = (),
 ) -> grpc.aio.Channel:
-    """A grpc.aio channel to ``target`` (``host:port``), traced when ``provider`` is given."""
-    interceptors = client_interceptors(provider) if provider is not None else None
-    channel: grpc.aio.Channel = grpc.aio.insecure_channel(
-        target, options=list(options), interceptors=interceptors
-    )
-    return channel
+    """A plaintext grpc.aio channel to ``target`` (``host:port``), traced when ``provider``
+    is given (:func:`services.common.security.channels.aio_channel` with no security)."""
+    from services.common.security.channels import aio_channel
+
+    return aio_channel(target, None, provider, options)
 
 
 # --------------------------------------------------------------------------- aiohttp

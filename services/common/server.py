@@ -37,6 +37,8 @@ from services.common.metrics import (
     service_registry,
     wrap_rpc_handler,
 )
+from services.common.security.access import AccessTable
+from services.common.security.server import server_security
 from services.common.settings import (
     ServiceSettings,
     add_common_arguments,
@@ -208,6 +210,7 @@ async def serve(
     stop: asyncio.Event | None = None,
     tracer_provider: TracerProvider | None = None,
     registry: CollectorRegistry | None = None,
+    access: Sequence[AccessTable] = (),
 ) -> None:
     """Run ``service_name`` until SIGTERM/SIGINT or ``stop`` is set, then shut down gracefully.
 
@@ -218,7 +221,10 @@ async def serve(
 
     Raises :class:`PortInUseError` when a port is taken and :class:`StartupError` for other
     bind failures; nothing is left listening when it raises. ``registry``: the service's
-    Prometheus registry (None = a private :func:`service_registry`).
+    Prometheus registry (None = a private :func:`service_registry`). Security
+    (:mod:`services.common.security`): TLS, token auth over ``access`` (the service's access
+    tables; with ``auth.enabled`` a method in none of them is refused), list and message
+    limits, and reflection only when ``settings.reflection``.
     """
     registry = registry if registry is not None else service_registry()
     stop = stop if stop is not None else asyncio.Event()
@@ -227,19 +233,34 @@ async def serve(
     host = settings.host
     _check_port_free(service_name, "grpc_port", host, settings.grpc_port)
     _check_port_free(service_name, "metrics_port", host, settings.metrics_port)
+    try:
+        security = server_security(
+            settings.tls,
+            settings.auth,
+            settings.grpc_limits,
+            access,
+            reflection=settings.reflection,
+        )
+    except ValueError as err:
+        raise StartupError(str(err)) from err
 
     server = grpc.aio.server(
         interceptors=[
             otel.server_interceptor(provider),
             GrpcMetricsInterceptor(registry),
+            *security.interceptors,
             _UnimplementedInterceptor(),
         ],
-        options=[("grpc.so_reuseport", 0)],
+        options=[("grpc.so_reuseport", 0), *security.options],
     )
     health = HealthService()
     names = list(register(server))
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection([*names, _HEALTH_NAME, reflection.SERVICE_NAME], server)
+    if settings.reflection:
+        reflection.enable_server_reflection([*names, _HEALTH_NAME, reflection.SERVICE_NAME], server)
+    uncovered = sorted(set(names) - {t.service for t in access})
+    if settings.auth.enabled and uncovered:
+        log.warning("no access table: every call refused", extra={"services": uncovered})
     for name in ["", *names]:
         await health.set(name, _NOT_SERVING)
 
@@ -248,7 +269,7 @@ async def serve(
     started = False
     try:
         try:
-            grpc_port = int(server.add_insecure_port(f"{host}:{settings.grpc_port}"))
+            grpc_port = security.bind(server, f"{host}:{settings.grpc_port}")
         except RuntimeError as err:
             raise PortInUseError(service_name, "grpc_port", host, settings.grpc_port) from err
         if settings.metrics_port:
@@ -364,6 +385,8 @@ class ServiceHooks:
     tracer_provider: TracerProvider | None = None
     """The service's tracer provider when it builds one itself (its ``on_stop`` shuts it
     down); None = :func:`serve` builds one from the settings for the gRPC server."""
+    access: Sequence[AccessTable] = ()
+    """The access tables of the services ``register`` adds (who may call which method)."""
 
 
 def run_service(
@@ -400,6 +423,7 @@ def run_service(
                 on_stop=hooks.on_stop,
                 registry=hooks.registry,
                 tracer_provider=hooks.tracer_provider,
+                access=hooks.access,
             )
 
         asyncio.run(amain())

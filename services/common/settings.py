@@ -27,6 +27,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDic
 from pydantic_settings import SettingsError as PydanticSettingsError
 
 from services.common.errors import SettingsError
+from services.common.security.settings import AuthSettings, GrpcLimits, TlsSettings
 
 __all__ = [
     "DEFAULT_CONFIG_FILE",
@@ -129,6 +130,19 @@ class ServiceSettings(TracingSettings):
     log_format: Literal["json", "text"] = "json"
     shutdown_grace_s: float = Field(5.0, ge=0.0, description="time in-flight calls get to finish")
     state_dir: Path = Field(default_factory=_default_state_dir)
+    tls: TlsSettings = Field(
+        default_factory=TlsSettings,  # type: ignore[arg-type]
+        description="gRPC TLS / mutual TLS (services.common.security)",
+    )
+    auth: AuthSettings = Field(
+        default_factory=AuthSettings,  # type: ignore[arg-type]
+        description="gRPC token authentication with roles",
+    )
+    grpc_limits: GrpcLimits = Field(
+        default_factory=GrpcLimits,  # type: ignore[arg-type]
+        description="gRPC message sizes and list lengths",
+    )
+    reflection: bool = Field(True, description="serve gRPC server reflection")
 
     @field_validator("log_level")
     @classmethod

@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from services.common.kvindex import ResyncPolicy
 from services.common.metrics import service_registry
 from services.common.server import ServiceHooks, run_service
+from services.kvmeta.access import ACCESS
 from services.kvmeta.checkpoint import KVMetaStore
 from services.kvmeta.index import PrefixIndex
 from services.kvmeta.ingest import IndexFeeder
@@ -108,7 +109,9 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
         servicer = KVMetaServicer(feeder, objects, max_match_blocks=settings.max_match_blocks)
         return [add_to_server(servicer, server)]
 
-    return ServiceHooks(register=register, on_start=on_start, on_stop=on_stop, registry=registry)
+    return ServiceHooks(
+        register=register, on_start=on_start, on_stop=on_stop, registry=registry, access=(ACCESS,)
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

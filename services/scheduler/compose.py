@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
@@ -24,6 +25,7 @@ from services.common import otel
 from services.common.errors import StartupError
 from services.common.metrics import service_registry
 from services.common.perfmodel import DEFAULT_PROFILE, get_profile
+from services.common.security.channels import ClientSecurity, aio_channel
 from services.common.tokens import ModelDirError, token_path
 from services.scheduler.core import CoreLimits, EndpointSpec, GatewayCore, build_core
 from services.scheduler.core.perf_switch import PerfModelSwitch
@@ -193,6 +195,7 @@ class Scheduler:
                 self.perf_model,
                 deployment=settings.deployment,
                 interval_s=settings.perf_model_refresh_s,
+                channel=partial(aio_channel, security=ClientSecurity.of(settings)),
             )
 
     def app(self) -> web.Application:

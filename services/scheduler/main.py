@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import grpc
 
 from services.common.server import ServiceHooks, run_service
+from services.scheduler.access import ACCESS
 from services.scheduler.compose import REPLICA_HEADER, Scheduler, build_gateway
 from services.scheduler.grpc.servicer import add_to_server
 from services.scheduler.settings import SchedulerSettings
@@ -41,6 +42,7 @@ def build(settings: SchedulerSettings) -> ServiceHooks:
         on_stop=s.stop,
         registry=s.registry,
         tracer_provider=s.tracer_provider,
+        access=(ACCESS,),
     )
 
 

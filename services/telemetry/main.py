@@ -25,6 +25,7 @@ from services.common.metrics import service_registry
 from services.common.server import ServiceHooks, run_service
 from services.common.streams import DeadLetters, close_quietly, stream_name
 from services.common.tasks import pause, stop_tasks
+from services.telemetry.access import ACCESS
 from services.telemetry.ingest.pipeline import Ingest, IngestCounts
 from services.telemetry.ingest.stream import records_consumer
 from services.telemetry.metrics import TelemetryCollector
@@ -177,7 +178,9 @@ def build(
         )
         return [add_to_server(servicer, server)]
 
-    return ServiceHooks(register=register, on_start=on_start, on_stop=on_stop, registry=registry)
+    return ServiceHooks(
+        register=register, on_start=on_start, on_stop=on_stop, registry=registry, access=(ACCESS,)
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

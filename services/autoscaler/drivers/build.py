@@ -3,6 +3,9 @@ reconciler over it publishing membership on ``{prefix}:membership``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import grpc
 import redis.asyncio as aioredis
 
 from services.autoscaler.drivers.base import Driver
@@ -13,19 +16,24 @@ from services.autoscaler.drivers.local import LocalDriver
 from services.autoscaler.drivers.settings import DriverSettings
 from services.autoscaler.membership import MembershipPublisher
 from services.autoscaler.reconciler import Reconciler
+from services.common.security.channels import aio_channel
 from services.common.streams import StreamProducer
 
 __all__ = ["build_driver", "build_reconciler"]
 
 
-def build_driver(settings: DriverSettings) -> Driver:
-    """``local``, ``kubernetes`` (its API client is made at ``start``) or ``dry-run``."""
+def build_driver(
+    settings: DriverSettings, channel: Callable[[str], grpc.aio.Channel] = aio_channel
+) -> Driver:
+    """``local``, ``kubernetes`` (its API client is made at ``start``) or ``dry-run``;
+    ``channel`` dials the gateway replicas drained before a scale-in."""
     if settings.kind == "dry-run":
         return DryRunDriver()
     drainer = Drainer(
         settings.scheduler_addresses,
         timeout_s=settings.drain_timeout_s,
         poll_s=settings.drain_poll_s,
+        channel=channel,
     )
     if settings.kind == "local":
         return LocalDriver(settings.local, drainer)
@@ -33,7 +41,10 @@ def build_driver(settings: DriverSettings) -> Driver:
 
 
 def build_reconciler(
-    settings: DriverSettings, redis: aioredis.Redis | None, prefix: str = "ts"
+    settings: DriverSettings,
+    redis: aioredis.Redis | None,
+    prefix: str = "ts",
+    channel: Callable[[str], grpc.aio.Channel] = aio_channel,
 ) -> Reconciler:
     """A reconciler over :func:`build_driver`; ``redis`` (a bytes client) None = no
     membership events."""
@@ -42,4 +53,4 @@ def build_reconciler(
         if redis is not None
         else None
     )
-    return Reconciler(build_driver(settings), settings, publisher)
+    return Reconciler(build_driver(settings, channel), settings, publisher)

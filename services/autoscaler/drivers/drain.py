@@ -31,6 +31,7 @@ import aiohttp
 import grpc
 from tideserve.v1 import scheduler_pb2, scheduler_pb2_grpc
 
+from services.common.security.channels import aio_channel
 from services.scheduler.http.upstream import scrape_load
 
 __all__ = ["DrainResult", "Drainer", "is_drained"]
@@ -67,8 +68,10 @@ class Drainer:
         poll_s: float = 0.2,
         rpc_timeout_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        channel: Callable[[str], grpc.aio.Channel] = aio_channel,
     ) -> None:
         self.addresses = tuple(addresses)
+        self._make_channel = channel
         self.timeout_s = timeout_s
         self.poll_s = poll_s
         self.rpc_timeout_s = rpc_timeout_s
@@ -79,7 +82,7 @@ class Drainer:
     def _stub(self, address: str) -> scheduler_pb2_grpc.SchedulerServiceStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+            channel = self._channels[address] = self._make_channel(address)
         return scheduler_pb2_grpc.SchedulerServiceStub(channel)
 
     async def _ask(self, address: str, instance_id: str) -> int | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import grpc
 import redis.asyncio as aioredis
 
-from services.common.otel import insecure_channel
+from services.common.security.channels import ClientSecurity, aio_channel
 from services.common.streams import close_quietly
 from services.scheduler.feeds.load_stream import LoadStream
 from services.scheduler.feeds.membership import Membership
@@ -47,7 +47,7 @@ class FleetFeeds:
             gateway.metrics.add_feed("load", lambda: ls.stats)
         self._channel: grpc.aio.Channel | None = None
         if settings.autoscaler_address:
-            self._channel = insecure_channel(settings.autoscaler_address)
+            self._channel = aio_channel(settings.autoscaler_address, ClientSecurity.of(settings))
         self.membership: Membership | None = None
         follow = self.redis if settings.membership_stream else None
         if follow is not None or self._channel is not None:

@@ -30,7 +30,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from services.common.errors import StartupError
-from services.common.otel import insecure_channel
+from services.common.security.channels import ClientSecurity, aio_channel
 from services.common.streams import close_quietly
 from services.scheduler.core.service import GatewayCore
 from services.scheduler.feeds.kv_replica import KVReplicaFeed, LocalLookup
@@ -118,7 +118,9 @@ class Integrations:
             self.lookup = LocalLookup(replica, deployment=settings.deployment, profiles=wanted)
             gateway.prefix_lookup = self.lookup
         elif source == "kvmeta" and settings.kvmeta_address and profiles:
-            self._channel = insecure_channel(settings.kvmeta_address, gateway.tracer_provider)
+            self._channel = aio_channel(
+                settings.kvmeta_address, ClientSecurity.of(settings), gateway.tracer_provider
+            )
             self.lookup = KVMetaLookup(
                 self._channel,
                 candidates=core.fleet.ids,
