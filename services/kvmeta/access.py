@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from services.common.security.access import AccessTable, Role
 
-__all__ = ["ACCESS"]
+__all__ = ["ACCESS", "METADATA_ACCESS"]
 
 R, OP = Role.READ, Role.OPERATOR
 
@@ -31,3 +31,11 @@ ACCESS = AccessTable(
         "BatchGetReplicaList": R,
     },
 )
+
+
+METADATA_ACCESS = {
+    "GET /metadata": R,
+    "PUT /metadata": OP,
+    "DELETE /metadata": OP,
+}
+"""The Transfer Engine metadata HTTP endpoint (``METHOD /path`` -> least role)."""

@@ -18,8 +18,9 @@ import redis.asyncio as aioredis
 
 from services.common.kvindex import ResyncPolicy
 from services.common.metrics import service_registry
+from services.common.security.http import http_auth
 from services.common.server import ServiceHooks, run_service
-from services.kvmeta.access import ACCESS
+from services.kvmeta.access import ACCESS, METADATA_ACCESS
 from services.kvmeta.checkpoint import KVMetaStore
 from services.kvmeta.index import PrefixIndex
 from services.kvmeta.ingest import IndexFeeder
@@ -66,7 +67,11 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
         store,
         time.time,
     )
-    metadata = MetadataServer(settings.host, settings.metadata_http_port)
+    metadata = MetadataServer(
+        settings.host,
+        settings.metadata_http_port,
+        middlewares=http_auth(settings.auth, METADATA_ACCESS, time.monotonic),
+    )
     registry = service_registry()
     registry.register(KVMetaCollector(feeder, objects.master))
     tasks: list[asyncio.Task[None]] = []

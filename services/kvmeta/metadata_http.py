@@ -4,7 +4,9 @@
 ``PUT /metadata?key=K`` (body = value) → 200, except 400 for an existing ``.../rpc_meta/...``
 key (as Mooncake's own server: a second engine cannot take over a live segment name);
 ``DELETE /metadata?key=K`` → 200, 404 if absent.
-A missing ``key`` is 400; a body over ``max_value_bytes`` is 413. Values are opaque bytes
+A missing ``key`` is 400; a body over ``max_value_bytes`` is 413. With ``middlewares``
+(kvmeta passes services.common.security.http's token check when ``auth.enabled``, see
+:data:`services.kvmeta.access.METADATA_ACCESS`) writes need an operator token. Values are opaque bytes
 (the Transfer Engine stores JSON segment descriptors and RPC endpoints). The store is in
 memory: transfer engines re-register on start, as with Mooncake's own metadata server.
 """
@@ -12,6 +14,8 @@ memory: transfer engines re-register on start, as with Mooncake's own metadata s
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from typing import Any
 
 from aiohttp import web
 
@@ -57,7 +61,9 @@ class MetadataServer:
         port: int,
         store: MetadataStore | None = None,
         max_value_bytes: int = 16 << 20,
+        middlewares: Sequence[Any] = (),
     ) -> None:
+        self.middlewares = tuple(middlewares)
         self.host = host
         self.port = port
         self.store = store or MetadataStore()
@@ -66,7 +72,7 @@ class MetadataServer:
         self._runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_value_bytes)
+        app = web.Application(client_max_size=self.max_value_bytes, middlewares=self.middlewares)
         app.router.add_get("/metadata", self._get)
         app.router.add_put("/metadata", self._put)
         app.router.add_delete("/metadata", self._delete)
