@@ -156,7 +156,13 @@ def migrate(url: str, service: str, revision: str = "head") -> None:
             ) from None
         with _ALEMBIC_LOCK, conn, conn.begin():
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _lock_key(service)})
-            conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{service}"'))
+            # CREATE SCHEMA needs CREATE on the database even when the schema exists: a
+            # service role that owns only its (provisioned) schema must not need it.
+            exists = conn.execute(
+                sa.text("SELECT 1 FROM pg_namespace WHERE nspname = :s"), {"s": service}
+            ).scalar()
+            if exists is None:
+                conn.execute(sa.text(f'CREATE SCHEMA "{service}"'))
             cfg = alembic_config(service, conn)
             cfg.set_main_option("script_location", str(script_dir))
             command.upgrade(cfg, revision)
