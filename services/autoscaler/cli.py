@@ -61,6 +61,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--timeout", type=float, default=10.0, help="per call, seconds (default 10)")
+    p.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="the local stack whose admin token to use for its autoscaler (default: settings)",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -206,7 +211,12 @@ def render_plan(d: autoscaler_pb2.ScalingDecision) -> str:
 
 def _call(args: argparse.Namespace, fn: Callable[[Any], int]) -> int:
     try:
-        with grpc.insecure_channel(args.autoscaler) as channel:
+        from services.common.security.channels import sync_channel
+        from services.stack.secure import cli_security
+
+        with sync_channel(
+            args.autoscaler, cli_security(args.autoscaler, args.state_dir)
+        ) as channel:
             return fn(autoscaler_pb2_grpc.AutoscalerServiceStub(channel))
     except grpc.RpcError as exc:
         code = exc.code()

@@ -273,12 +273,16 @@ class EmbeddedRedis:
                 self._proc.wait(timeout=5)
 
 
-def _server_pid(port: int) -> int | None:
+def _server_pid(port: int, password: str | None = None) -> int | None:
     """The process id reported by the Redis answering on 127.0.0.1:port, or None."""
     import redis
 
     client = redis.Redis(
-        host="127.0.0.1", port=port, socket_timeout=1.0, socket_connect_timeout=0.5
+        host="127.0.0.1",
+        port=port,
+        password=password,
+        socket_timeout=1.0,
+        socket_connect_timeout=0.5,
     )
     try:
         return int(client.info("server")["process_id"])
@@ -288,9 +292,18 @@ def _server_pid(port: int) -> int | None:
         client.close()
 
 
-def start_redis(data_dir: Path, port: int, *, timeout_s: float = 20.0) -> EmbeddedRedis:
+def start_redis(
+    data_dir: Path,
+    port: int,
+    *,
+    timeout_s: float = 20.0,
+    aclfile: Path | None = None,
+    password: str | None = None,
+) -> EmbeddedRedis:
     """Start ``redis-server`` on ``127.0.0.1:port`` (0 = pick a free port) with its files in
     ``data_dir`` (created if missing; AOF on, no RDB snapshots). Blocks until PING answers.
+    ``aclfile``: its users (services.common.security.stores), kept across restarts;
+    ``password``: the ``default`` user's, which ``.url`` then carries.
 
     Raises ``EmbeddedStartError`` (one line, e.g. the port is in use) and leaves no process.
     """
@@ -312,13 +325,20 @@ def start_redis(data_dir: Path, port: int, *, timeout_s: float = 20.0) -> Embedd
         "--logfile", str(log_file),
         "--pidfile", "",
     ]  # fmt: skip
+    if aclfile is not None:
+        cmd += ["--aclfile", str(Path(aclfile).resolve())]
     # Own session: a terminal Ctrl-C goes to the owner, which stops us after its services.
     proc = subprocess.Popen(
         cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         start_new_session=True, cwd=data_dir,
     )  # fmt: skip
+    auth = f"default:{quote(password, safe='')}@" if password is not None else ""
     server = EmbeddedRedis(
-        url=f"redis://127.0.0.1:{port}/0", port=port, pid=proc.pid, data_dir=data_dir, _proc=proc
+        url=f"redis://{auth}127.0.0.1:{port}/0",
+        port=port,
+        pid=proc.pid,
+        data_dir=data_dir,
+        _proc=proc,
     )
     deadline = time.monotonic() + timeout_s
     while True:
@@ -328,7 +348,7 @@ def start_redis(data_dir: Path, port: int, *, timeout_s: float = 20.0) -> Embedd
             raise EmbeddedStartError(
                 f"embedded redis failed to start on 127.0.0.1:{port}: {tail.strip()}"
             )
-        answering = _server_pid(port)
+        answering = _server_pid(port, password)
         if answering == proc.pid:
             break
         if answering is not None:  # someone else's server holds the port

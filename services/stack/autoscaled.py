@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import grpc
@@ -20,6 +21,8 @@ from tideserve.v1 import (
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
+
+from services.common.security.channels import ClientSecurity, sync_channel
 
 __all__ = [
     "EngineOps",
@@ -81,7 +84,12 @@ def engines_progress(
     return Progress(done, failed, f"engines: {summary} of {want}")
 
 
-def apply_deployment(address: str, spec: Mapping[str, Any], timeout_s: float) -> None:
+def apply_deployment(
+    address: str,
+    spec: Mapping[str, Any],
+    timeout_s: float,
+    security: ClientSecurity | None = None,
+) -> None:
     """``ApplyDeployment`` of ``spec`` (YAML data), then ``ScaleRole`` of each role to its
     ``replicas``: a stored deployment keeps the desired count of an earlier run (the planner
     owns counts), but the stack's flags say how many engines run now. SpecError/ValueError
@@ -90,7 +98,7 @@ def apply_deployment(address: str, spec: Mapping[str, Any], timeout_s: float) ->
     from services.autoscaler.translate import spec_to_proto
 
     msg = spec_to_proto(parse_spec(dict(spec)))
-    with grpc.insecure_channel(address) as channel:
+    with sync_channel(address, security) as channel:
         stub = autoscaler_pb2_grpc.AutoscalerServiceStub(channel)
         stub.ApplyDeployment(autoscaler_pb2.ApplyDeploymentRequest(spec=msg), timeout=timeout_s)
         for role in msg.roles:  # the flags win over a count stored by an earlier run
@@ -102,9 +110,11 @@ def apply_deployment(address: str, spec: Mapping[str, Any], timeout_s: float) ->
             )
 
 
-def list_instances(address: str, deployment: str, timeout_s: float) -> list[EngineView]:
+def list_instances(
+    address: str, deployment: str, timeout_s: float, security: ClientSecurity | None = None
+) -> list[EngineView]:
     """The deployment's instances as the autoscaler lists them."""
-    with grpc.insecure_channel(address) as channel:
+    with sync_channel(address, security) as channel:
         stub = autoscaler_pb2_grpc.AutoscalerServiceStub(channel)
         resp = stub.ListInstances(
             autoscaler_pb2.ListInstancesRequest(deployment=deployment), timeout=timeout_s
@@ -115,9 +125,11 @@ def list_instances(address: str, deployment: str, timeout_s: float) -> list[Engi
     ]
 
 
-def gateway_ready(address: str, deployment: str, timeout_s: float) -> set[str]:
+def gateway_ready(
+    address: str, deployment: str, timeout_s: float, security: ClientSecurity | None = None
+) -> set[str]:
     """The instance ids one gateway replica routes to (healthy, not draining)."""
-    with grpc.insecure_channel(address) as channel:
+    with sync_channel(address, security) as channel:
         stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
         resp = stub.ListEndpoints(
             scheduler_pb2.ListEndpointsRequest(deployment=deployment), timeout=timeout_s
@@ -136,6 +148,15 @@ class EngineOps:
     apply: Callable[[str, Mapping[str, Any], float], None] = apply_deployment
     instances: Callable[[str, str, float], list[EngineView]] = list_instances
     routed: Callable[[str, str, float], set[str]] = gateway_ready
+
+    @classmethod
+    def secured(cls, security: ClientSecurity) -> EngineOps:
+        """The real calls, made with ``security`` (the stack's admin token)."""
+        return cls(
+            partial(apply_deployment, security=security),
+            partial(list_instances, security=security),
+            partial(gateway_ready, security=security),
+        )
 
 
 def start_engines(

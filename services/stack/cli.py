@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import os
 import sys
@@ -96,6 +97,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--start-timeout", type=float, metavar="S", help="seconds to wait for SERVING (60)"
     )
     up.add_argument("--json", action="store_true", help="print the endpoints as one JSON line")
+    up.add_argument(
+        "--insecure",
+        action="store_true",
+        help="no token auth and one store user for all (stack.secure: false)",
+    )
     up.add_argument(
         "--gateways",
         type=int,
@@ -201,6 +207,7 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
     )
     from services.stack.gateways import GatewayReplicas
     from services.stack.plan import reachable, shift_port
+    from services.stack.secure import auth_env, load_or_create
     from services.stack.settings import StackSettings
     from services.stack.up import UpOptions
 
@@ -223,6 +230,7 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
             "engine_kv_blocks": getattr(args, "engine_kv_blocks", None),
             "engine_args": list(engine_args) if engine_args else None,
             "gateways": getattr(args, "gateways", None),
+            "secure": False if getattr(args, "insecure", False) else None,
         },
     )
     configured: dict[str, dict[str, int]] = {}
@@ -256,6 +264,7 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
         deployment=deployment,
         autoscaler_address=f"{reachable(stack.host)}:{ports['autoscaler']['grpc_port']}",
         engine_claims=engine_port_claims(fleet, stack.host),
+        stream_prefix=stack.stream_prefix,
     )
     services = build_service_children(
         ports=ports,
@@ -295,6 +304,12 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
             planner_configured="planner_enabled" in autoscaler.model_fields_set,
         )
         services = wire_scheduler(services, driver_env, scheduler="autoscaler")
+    if stack.secure:  # last: flags refused above leave no state dir behind
+        secrets = load_or_create(state_dir)
+        opts = dataclasses.replace(opts, secrets=secrets)
+        services = tuple(
+            dataclasses.replace(c, env={**c.env, **auth_env(secrets)}) for c in services
+        )
     return opts, services
 
 
@@ -325,14 +340,20 @@ def _fleet(stack: Any, scheduler: Any, offset: int) -> EngineFleet:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from services.common.security.channels import ClientSecurity
     from services.common.settings import SettingsError
+    from services.stack.autoscaled import EngineOps
     from services.stack.up import StackRunner, default_infra
 
     try:
         opts, children = resolve_up(args)
     except (SettingsError, ValueError) as exc:
         return _fail("up", str(exc), 2)
-    return StackRunner(opts, children, default_infra()).run()
+    ops = EngineOps()
+    if opts.secrets is not None:
+        ops = EngineOps.secured(ClientSecurity(token=opts.secrets.admin_token()))
+    infra = default_infra(opts.secrets, opts.stream_prefix)
+    return StackRunner(opts, children, infra, engine_ops=ops).run()
 
 
 def cmd_down(args: argparse.Namespace) -> int:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from services.stack.secure import StackSecrets, provision_postgres, write_redis_acl
+
 __all__ = ["Infra", "Server", "default_infra"]
 
 
@@ -35,18 +37,31 @@ class Infra:
     """Raise (one line) when an external Redis URL does not answer."""
 
 
-def default_infra() -> Infra:
-    """The real thing: services.common.embedded and services.common.db.migrate."""
+def default_infra(secrets: StackSecrets | None = None, stream_prefix: str = "ts") -> Infra:
+    """The real thing: services.common.embedded and services.common.db.migrate. With
+    ``secrets`` the embedded Redis runs with one ACL user per service (and a password on
+    ``default``) and the embedded Postgres gets one role per service owning its schema
+    (services.stack.secure)."""
 
     def start_postgres(data_dir: Path) -> Server:
         from services.common.embedded import start_postgres as start
 
-        return start(data_dir)
+        server = start(data_dir)
+        if secrets is not None:
+            try:
+                provision_postgres(secrets, server.url)
+            except Exception:
+                server.stop()
+                raise
+        return server
 
     def start_redis(data_dir: Path, port: int) -> Server:
         from services.common.embedded import start_redis as start
 
-        return start(data_dir, port)
+        if secrets is None:
+            return start(data_dir, port)
+        acl = write_redis_acl(secrets, data_dir, stream_prefix)
+        return start(data_dir, port, aclfile=acl, password=secrets.redis_admin)
 
     def migrate(url: str, service: str) -> None:
         from services.common.db import migrate as run

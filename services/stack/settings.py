@@ -19,6 +19,11 @@ class StackSettings(ServiceSettings):
     """
 
     redis_port: int = Field(DEFAULT_REDIS_PORT, ge=1, le=65535, description="embedded Redis port")
+    secure: bool = Field(
+        True,
+        description="token auth on every service and per-service Redis users and Postgres "
+        "roles on the embedded servers, secrets in <state_dir>/secrets (services.stack.secure)",
+    )
     start_timeout_s: float = Field(
         60.0, gt=0, description="time every child gets to report SERVING"
     )

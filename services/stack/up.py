@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
+from services.common.security.stores import without_credentials
 from services.stack.autoscaled import EngineOps, EnginesFailed, start_engines
 from services.stack.control import recorded_engines
 from services.stack.engines import ENGINE_KIND, ENGINE_REDIS_ENV, start_waves
@@ -35,6 +36,7 @@ from services.stack.plan import SERVICE_NAMES, ChildSpec, PortClaim, duplicate_p
 from services.stack.ports import busy_ports, tcp_accepts
 from services.stack.procs import Child, ProcRef, Supervisor, is_alive, log_tail
 from services.stack.recorded import stop_recorded
+from services.stack.secure import StackSecrets, StoreUrls, child_store_env
 from services.stack.signals import Signals, StartFailed, StopRequested, state_lock
 from services.stack.state import (
     ProcEntry,
@@ -81,6 +83,10 @@ class UpOptions:
     autoscaler_address: str = ""
     engine_claims: tuple[PortClaim, ...] = ()
     """The engines' planned ports (checked free before anything starts)."""
+    secrets: StackSecrets | None = None
+    """Per-service store credentials on the embedded servers (services.stack.secure); the
+    infra must have been built with the same (default_infra(secrets))."""
+    stream_prefix: str = "ts"
 
 
 def check_ports(claims: Sequence[PortClaim]) -> None:
@@ -166,10 +172,10 @@ class StackRunner:
         with self.signals.installed(), contextlib.ExitStack() as teardown:
             try:
                 self._save()  # from now on `tideserve down` can reach us
-                postgres_url, redis_url = self._start_infra(teardown)
+                urls = self._start_infra(teardown)
                 teardown.callback(self._stop_children)
                 for wave in start_waves(self.children):
-                    started = self._start_children(wave, postgres_url, redis_url)
+                    started = self._start_children(wave, urls)
                     self._wait_serving(started)
                 self._start_engines()
                 self._announce()
@@ -205,7 +211,7 @@ class StackRunner:
             )
         remove_state(self.opts.state_dir)
 
-    def _start_infra(self, teardown: contextlib.ExitStack) -> tuple[str, str]:
+    def _start_infra(self, teardown: contextlib.ExitStack) -> StoreUrls:
         opts = self.opts
         postgres_url = opts.postgres_url
         if postgres_url is None:
@@ -233,15 +239,18 @@ class StackRunner:
             redis_url = rd.url
             ref = ProcRef.of("redis", rd.pid)
             self._infra_refs.append(ref)
-            self._record(ProcEntry("redis", ref.pid, ref.create_time, kind="redis", url=rd.url))
+            url = without_credentials(rd.url)  # the admin password stays out of the state file
+            self._record(ProcEntry("redis", ref.pid, ref.create_time, kind="redis", url=url))
         else:
             self._guarded("external Redis", self.infra.check_redis, redis_url)
         self.state.redis_url = redact_url(redis_url)
         self._save()
+        urls = StoreUrls(postgres_url, redis_url, opts.postgres_url is None, opts.redis_url is None)
         for service in opts.migrate_services:
             self._say(f"migrating {service}")
-            self._guarded(f"migration of {service}", self.infra.migrate, postgres_url, service)
-        return postgres_url, redis_url
+            own = child_store_env(opts.secrets, urls, service, None)["TIDESERVE_POSTGRES_URL"]
+            self._guarded(f"migration of {service}", self.infra.migrate, own, service)
+        return urls
 
     def _guarded(self, what: str, fn: Callable[..., T], *args: object) -> T:
         """Run one start-up step after honouring a pending stop (not after it: the caller must
@@ -263,15 +272,15 @@ class StackRunner:
         except Exception as exc:
             self._say(f"stopping {what} failed: {exc}")
 
-    def _start_children(
-        self, specs: Sequence[ChildSpec], postgres_url: str, redis_url: str
-    ) -> list[Child]:
-        urls = {"TIDESERVE_POSTGRES_URL": postgres_url, "TIDESERVE_REDIS_URL": redis_url}
+    def _start_children(self, specs: Sequence[ChildSpec], urls: StoreUrls) -> list[Child]:
         started = []
         for spec in specs:
-            extra = {ENGINE_REDIS_ENV: redis_url} if spec.kind == ENGINE_KIND else urls
-            if spec.name == "autoscaler" and self.opts.deployment is not None:
-                extra = {**urls, ENGINE_REDIS_ENV: redis_url}  # its engines inherit it
+            engine = spec.kind == ENGINE_KIND
+            service = None if engine else (spec.replica_of or spec.name)
+            # the autoscaler's engines inherit their Redis URL from it
+            starts_engines = spec.name == "autoscaler" and self.opts.deployment is not None
+            engine_env = ENGINE_REDIS_ENV if engine or starts_engines else None
+            extra = child_store_env(self.opts.secrets, urls, service, engine_env)
             spec = dataclasses.replace(spec, env={**spec.env, **extra})
             self._say(f"starting {spec.name}")
             child = self._guarded(f"starting {spec.name}", self.supervisor.start, spec)

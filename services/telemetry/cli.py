@@ -119,8 +119,12 @@ def _call(args: argparse.Namespace, verb: str, fn: Callable[[Any], Any]) -> Any:
     import grpc
     from tideserve.v1 import telemetry_pb2_grpc
 
+    from services.common.security.channels import sync_channel
+    from services.stack.cli import _state_dir
+    from services.stack.secure import cli_security
+
     address = _address(args)
-    with grpc.insecure_channel(address) as channel:
+    with sync_channel(address, cli_security(address, _state_dir(args))) as channel:
         stub = telemetry_pb2_grpc.TelemetryServiceStub(channel)
         try:
             return fn(stub)

@@ -18,14 +18,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import psutil
 import pytest
 import yaml
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from services.common.security.channels import sync_channel
 from services.stack.health import Health, check_grpc_health
 from services.stack.procs import ProcRef, is_alive, stop_processes
+from services.stack.secure import cli_security
 from services.stack.state import read_state
 from tests.helpers.ports import free_ports
 from tests.helpers.stack import cli, wait_running
@@ -99,8 +100,9 @@ def _stack_processes(state_dir: Path) -> list[psutil.Process]:
     return found
 
 
-def _reflected_services(address: str) -> set[str]:
-    with grpc.insecure_channel(address) as channel:
+def _reflected_services(address: str, state_dir: Path) -> set[str]:
+    """Reflection needs a read token on the secured stack: the CLI's, from its state dir."""
+    with sync_channel(address, cli_security(address, state_dir)) as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
         request = reflection_pb2.ServerReflectionRequest(list_services="")
         responses = stub.ServerReflectionInfo(iter([request]), timeout=10)
@@ -136,7 +138,7 @@ def test_up_status_down_leaves_nothing_running(stack_dirs: Stack) -> None:
             assert by_name[name].grpc_address == address
             assert check_grpc_health(address, "", 5.0) is Health.SERVING
             assert check_grpc_health(address, full_name, 5.0) is Health.SERVING
-            assert full_name in _reflected_services(address)
+            assert full_name in _reflected_services(address, state_dir)
             metrics = f"http://127.0.0.1:{stack_dirs.ports[name]['metrics_port']}/metrics"
             assert by_name[name].metrics_url == metrics
             # only endpoints that answer are announced, each on the port it was given

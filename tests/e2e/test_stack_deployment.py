@@ -18,15 +18,16 @@ import subprocess
 from pathlib import Path
 
 import aiohttp
-import grpc
 import pytest
 import yaml
 from tideserve.v1 import autoscaler_pb2, autoscaler_pb2_grpc
 
 from services.autoscaler.translate import spec_from_proto
+from services.common.security.channels import sync_channel
 from services.stack.autoscaled import gateway_ready
 from services.stack.control import recorded_engines
 from services.stack.procs import is_alive
+from services.stack.secure import cli_security
 from services.stack.state import StackState
 from tests.helpers.engine_stack import metric_total, start_engine_stack, stream_sse
 from tests.helpers.stack import cli, status_json
@@ -51,10 +52,13 @@ async def test_apply_adds_an_engine_the_gateway_serves_through(
         autoscaler = _address(state, "autoscaler")
         scheduler = _address(state, "scheduler")
         assert set(stack.engines) == {"engine-1"}
-        assert gateway_ready(scheduler, stack.deployment, 5.0) == {"engine-1"}
+        # the stack is secured: reads need its admin token too
+        security = cli_security(autoscaler, stack.state_dir)
+        assert security.token is not None
+        assert gateway_ready(scheduler, stack.deployment, 5.0, security) == {"engine-1"}
 
         # the stack's deployment as stored, with one more engine, through the CLI
-        with grpc.insecure_channel(autoscaler) as ch:
+        with sync_channel(autoscaler, security) as ch:
             got = autoscaler_pb2_grpc.AutoscalerServiceStub(ch).GetDeployment(
                 autoscaler_pb2.GetDeploymentRequest(name=stack.deployment), timeout=10
             )
@@ -64,11 +68,12 @@ async def test_apply_adds_an_engine_the_gateway_serves_through(
         # the planner owns a role's count (a changed `replicas` alone keeps the stored
         # desired count, clamped into [min, max]): one more engine = a raised floor
         role["replicas"] = role["min_replicas"] = 2
+        state_dir = ["--state-dir", str(stack.state_dir)]  # where the CLI finds the token
         spec_file = tmp_path / "more.yaml"
         spec_file.write_text(yaml.safe_dump(data))
         res = await asyncio.to_thread(
             subprocess.run,
-            [*cli(), "apply", "-f", str(spec_file), "--autoscaler", autoscaler],
+            [*cli(), "apply", "-f", str(spec_file), "--autoscaler", autoscaler, *state_dir],
             capture_output=True,
             text=True,
             timeout=60,
@@ -76,7 +81,7 @@ async def test_apply_adds_an_engine_the_gateway_serves_through(
         assert res.returncode == 0, res.stdout + res.stderr
 
         async def routed() -> bool:
-            ids = await asyncio.to_thread(gateway_ready, scheduler, stack.deployment, 5.0)
+            ids = await asyncio.to_thread(gateway_ready, scheduler, stack.deployment, 5.0, security)
             return ids == {"engine-1", "engine-2"}
 
         await eventually(routed, within_s=120)

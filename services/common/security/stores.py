@@ -27,7 +27,9 @@ __all__ = [
     "postgres_setup_sql",
     "redis_acl_file",
     "redis_user",
+    "redis_users",
     "with_credentials",
+    "without_credentials",
 ]
 
 SERVICES = ("scheduler", "kvmeta", "autoscaler", "telemetry")
@@ -65,18 +67,25 @@ def _sha(password: str) -> str:
     return hashlib.sha256(password.encode()).hexdigest()
 
 
-def redis_acl_file(prefix: str, passwords: Mapping[str, str], admin_password: str) -> str:
-    """An ACL file (``redis-server --aclfile``): passwords stored as SHA-256 only.
-    ``passwords``: user key of :data:`REDIS_KEYS` -> its password."""
-    lines = [f"user default on #{_sha(admin_password)} ~* &* +@all"]
+def redis_users(prefix: str, passwords: Mapping[str, str]) -> list[tuple[str, list[str]]]:
+    """``(user, ACL rules)`` of each user in ``passwords`` (a key of :data:`REDIS_KEYS` ->
+    its password), as ``ACL SETUSER user *rules`` takes them; passwords as SHA-256 only."""
+    out = []
     for who, patterns in REDIS_KEYS.items():
         if who not in passwords:
             continue
-        keys = " ".join(f"~{prefix}:{p}" for p in patterns)
-        lines.append(
-            f"user {redis_user(who)} on #{_sha(passwords[who])} resetkeys {keys} "
-            "resetchannels -@all +@all -@dangerous"
-        )
+        rules = ["reset", "on", f"#{_sha(passwords[who])}"]
+        rules += [f"~{prefix}:{p}" for p in patterns]
+        rules += ["resetchannels", "+@all", "-@dangerous"]
+        out.append((redis_user(who), rules))
+    return out
+
+
+def redis_acl_file(prefix: str, passwords: Mapping[str, str], admin_password: str) -> str:
+    """An ACL file for ``redis-server --aclfile``: :func:`redis_users` plus ``default``
+    (everything, behind ``admin_password``)."""
+    lines = [f"user default on #{_sha(admin_password)} ~* &* +@all"]
+    lines += [f"user {user} {' '.join(rules)}" for user, rules in redis_users(prefix, passwords)]
     return "\n".join(lines) + "\n"
 
 
@@ -109,8 +118,7 @@ def postgres_setup_sql(
             f"THEN CREATE ROLE {role}; END IF; END$$"
         )
         out.append(
-            f"ALTER ROLE {role} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT "
-            f"PASSWORD {pw}"
+            f"ALTER ROLE {role} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT PASSWORD {pw}"
         )
         out.append(f"GRANT CONNECT ON DATABASE {db} TO {role}")
         out.append(f"CREATE SCHEMA IF NOT EXISTS {schema} AUTHORIZATION {role}")
@@ -146,3 +154,9 @@ def with_credentials(url: str, user: str, password: str) -> str:
     host = parts.netloc.rsplit("@", 1)[-1]
     netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}"
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def without_credentials(url: str) -> str:
+    """``url`` with no user or password (safe to record)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]))
