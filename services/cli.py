@@ -26,6 +26,7 @@ COMMAND_MODULES: list[str] = [
     "services.kvbridge.cli",
     "services.autoscaler.cli",
     "services.telemetry.cli",
+    "services.common.security.cli",
 ]
 
 _EPILOG = """\

@@ -16,7 +16,7 @@ from tests.helpers.deploy import COMPOSE_FILE, compose_config, process_of
 
 COMPOSE_DIR = COMPOSE_FILE.parent
 PD_ENV = COMPOSE_DIR / "pd.env"
-INFRA = {"postgres", "redis", "otel-collector", "prometheus", "grafana"}
+INFRA = {"postgres", "redis", "stores-init", "otel-collector", "prometheus", "grafana"}
 
 
 @pytest.mark.parametrize(
@@ -86,3 +86,24 @@ def test_compose_config_rejects_a_broken_copy(
     model, error = compose_config(path)
     assert model is None
     assert message in error, error
+
+
+def test_each_service_uses_its_own_store_credentials() -> None:
+    """Least privilege: every service connects as its own Postgres role and Redis ACL user
+    (provisioned by stores-init), the engines as the engine user; Redis waits for the ACL
+    file and asks for a password."""
+    from urllib.parse import urlsplit
+
+    model, error = compose_config(COMPOSE_FILE, None)
+    assert model is not None, error
+    services = model["services"]
+    for svc in SERVICES:
+        env = services[svc.name]["environment"]
+        assert urlsplit(env["TIDESERVE_POSTGRES_URL"]).username == f"tideserve_{svc.name}"
+        assert urlsplit(env["TIDESERVE_REDIS_URL"]).username == f"tideserve-{svc.name}"
+    engine = services["engine-1"]["environment"]["TIDESERVE_ENGINE_REDIS_URL"]
+    assert urlsplit(engine).username == "tideserve-engine"
+    redis = services["redis"]
+    assert "--aclfile" in redis["command"]
+    assert redis["depends_on"]["stores-init"]["condition"] == "service_completed_successfully"
+    assert process_of(services["stores-init"]["command"]) == "tideserve stores"
