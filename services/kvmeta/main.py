@@ -70,7 +70,9 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
     metadata = MetadataServer(
         settings.host,
         settings.metadata_http_port,
-        middlewares=http_auth(settings.auth, METADATA_ACCESS, time.monotonic),
+        middlewares=[]
+        if settings.metadata_http_open
+        else http_auth(settings.auth, METADATA_ACCESS, time.monotonic),
     )
     registry = service_registry()
     registry.register(KVMetaCollector(feeder, objects.master))

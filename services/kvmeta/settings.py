@@ -18,6 +18,11 @@ class KVMetaSettings(ServiceSettings):
     metadata_http_port: int = Field(
         8081, ge=0, le=65535, description="Mooncake Transfer Engine HTTP metadata port (0 = off)"
     )
+    metadata_http_open: bool = Field(
+        False,
+        description="no token on the metadata endpoint even with auth.enabled: Mooncake's "
+        "Transfer Engine sends none (then let only the engines reach the port)",
+    )
 
     # prefix index
     consumer_name: str = Field("kvmeta-1", min_length=1, description="Redis consumer name")

@@ -196,7 +196,7 @@ def test_overlay_settings_load(overlay: str, monkeypatch: pytest.MonkeyPatch) ->
     for doc in docs:
         for c in pod_containers(doc):
             process = process_of([*c.get("command", []), *c.get("args", [])])
-            if process is None:
+            if process is None or process == "tideserve stores":  # a tool with no settings
                 continue
             seen.add(process)
             with monkeypatch.context() as m:
