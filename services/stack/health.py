@@ -9,6 +9,8 @@ import urllib.request
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.common.security.channels import ClientSecurity, sync_channel
+
 
 class Health(enum.StrEnum):
     """What a probe saw. Only SERVING is healthy."""
@@ -28,13 +30,18 @@ _FROM_PROTO = {
 }
 
 
-def check_grpc_health(address: str, service: str = "", timeout_s: float = 1.0) -> Health:
+def check_grpc_health(
+    address: str,
+    service: str = "",
+    timeout_s: float = 1.0,
+    security: ClientSecurity | None = None,
+) -> Health:
     """One grpc.health.v1 Check of ``service`` ("" = the server overall) at ``address``.
 
     Never raises for network trouble: an unanswered or failed call is UNREACHABLE, a server
     that does not know ``service`` is SERVICE_UNKNOWN.
     """
-    with grpc.insecure_channel(address) as channel:
+    with sync_channel(address, security) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)

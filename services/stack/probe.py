@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from services.common.security.channels import ClientSecurity
+from services.common.settings import ServiceSettings, SettingsError, load_settings
 from services.stack.health import Health, check_grpc_health, check_http_ready
 from services.stack.plan import SERVICES
 
@@ -71,7 +73,12 @@ def _run(args: argparse.Namespace) -> int:
     if target.kind == "http":
         seen = check_http_ready(target.address, timeout_s=args.timeout)
     else:
-        seen = check_grpc_health(target.address, args.service, timeout_s=args.timeout)
+        try:  # the process's own TLS settings (a server that needs TLS or a client certificate)
+            security = ClientSecurity.of(load_settings(ServiceSettings, "probe"))
+        except (SettingsError, ValueError) as exc:
+            print(f"tideserve probe: {exc}")
+            return 2
+        seen = check_grpc_health(target.address, args.service, args.timeout, security)
     print(f"{target.kind} {target.address}: {seen.value}")
     return 0 if seen is Health.SERVING else 1
 

@@ -64,5 +64,5 @@ async def test_metadata_writes_need_an_operator(
 
 async def test_unreadable_tokens_file_is_a_startup_error(tmp_path: Path) -> None:
     auth = AuthSettings(enabled=True, tokens_file=tmp_path / "missing")
-    with pytest.raises(StartupError, match="auth.tokens_file"):
+    with pytest.raises(StartupError, match=r"auth\.tokens_file"):
         http_auth(auth, METADATA_ACCESS, time.monotonic)

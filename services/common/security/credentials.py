@@ -10,13 +10,13 @@ not load keeps the previous one. Channel: :func:`channel_credentials` reads the 
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
 from services.common.security.settings import TlsSettings
+from services.common.security.tokens import file_stamp
 
 __all__ = ["CertificateFiles", "channel_credentials", "server_credentials", "tls_options"]
 
@@ -56,15 +56,7 @@ class CertificateFiles:
         return tuple(p for p in (self._cert, self._key, self._ca) if p is not None)
 
     def _files_stamp(self) -> _Stamp:
-        out = []
-        for path in self._paths():
-            try:
-                st = os.stat(path)
-            except OSError:
-                out.append((-1, -1, -1))
-                continue
-            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
-        return tuple(out)
+        return tuple(file_stamp(path) for path in self._paths())
 
     def _load(self) -> _Material:
         ca = _read(self._ca, "ca_file") if self._ca is not None else None

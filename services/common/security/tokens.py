@@ -25,6 +25,7 @@ from services.common.security.access import Role
 __all__ = [
     "TokenEntry",
     "TokenFile",
+    "file_stamp",
     "format_entry",
     "hash_token",
     "lookup",
@@ -97,6 +98,16 @@ def lookup(entries: Sequence[TokenEntry], token: str) -> TokenEntry | None:
     return found
 
 
+def file_stamp(path: Path) -> tuple[int, int, int]:
+    """(inode, size, mtime) of ``path``, (-1, -1, -1) when it cannot be read: a changed
+    stamp means the file was replaced or rewritten."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (-1, -1, -1)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def read_token(path: Path) -> str:
     """The token in ``path`` (its first non-blank line); ValueError when there is none."""
     try:
@@ -117,16 +128,9 @@ class TokenFile:
         self.path = path
         self._clock = clock
         self._recheck_s = recheck_s
-        self._stamp = self._stat()
+        self._stamp = file_stamp(self.path)
         self.entries = self._load()
         self._checked = clock()
-
-    def _stat(self) -> tuple[int, int, int]:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return (-1, -1, -1)
-        return (st.st_ino, st.st_size, st.st_mtime_ns)
 
     def _load(self) -> tuple[TokenEntry, ...]:
         try:
@@ -141,7 +145,7 @@ class TokenFile:
         if now - self._checked < self._recheck_s:
             return self.entries
         self._checked = now
-        stamp = self._stat()
+        stamp = file_stamp(self.path)
         if stamp != self._stamp:
             try:
                 self.entries = self._load()
