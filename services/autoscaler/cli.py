@@ -210,13 +210,17 @@ def render_plan(d: autoscaler_pb2.ScalingDecision) -> str:
 
 
 def _call(args: argparse.Namespace, fn: Callable[[Any], int]) -> int:
-    try:
-        from services.common.security.channels import sync_channel
-        from services.stack.secure import cli_security
+    from services.common.security.channels import sync_channel
+    from services.common.settings import SettingsError
+    from services.stack.secure import cli_security
 
-        with sync_channel(
-            args.autoscaler, cli_security(args.autoscaler, args.state_dir)
-        ) as channel:
+    try:
+        channel = sync_channel(args.autoscaler, cli_security(args.autoscaler, args.state_dir))
+    except (SettingsError, ValueError) as exc:  # a bad TLS/auth setting or file
+        print(f"tideserve: {exc}", file=sys.stderr)
+        return 2
+    try:
+        with channel:
             return fn(autoscaler_pb2_grpc.AutoscalerServiceStub(channel))
     except grpc.RpcError as exc:
         code = exc.code()

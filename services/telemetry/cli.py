@@ -120,11 +120,17 @@ def _call(args: argparse.Namespace, verb: str, fn: Callable[[Any], Any]) -> Any:
     from tideserve.v1 import telemetry_pb2_grpc
 
     from services.common.security.channels import sync_channel
+    from services.common.settings import SettingsError
     from services.stack.cli import _state_dir
     from services.stack.secure import cli_security
 
     address = _address(args)
-    with sync_channel(address, cli_security(address, _state_dir(args))) as channel:
+    try:
+        channel = sync_channel(address, cli_security(address, _state_dir(args)))
+    except (SettingsError, ValueError) as exc:  # a bad TLS/auth setting or file
+        print(f"tideserve {verb}: {exc}", file=sys.stderr)
+        return None
+    with channel:
         stub = telemetry_pb2_grpc.TelemetryServiceStub(channel)
         try:
             return fn(stub)

@@ -51,3 +51,13 @@ def test_stores_provision_writes_the_acl_file(
     text = acl.read_text()
     assert "user tideserve-autoscaler " in text and "~p:membership*" in text
     assert "pw-" not in text and ">" not in text  # hashes only (">pw" is a plaintext one)
+
+
+def test_cli_with_an_unreadable_token_file_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TIDESERVE_AUTH__TOKEN_FILE", str(tmp_path / "missing.token"))
+    monkeypatch.chdir(tmp_path)
+    code = main(["get", "deployments", "--autoscaler", "127.0.0.1:1", "--state-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "missing.token" in err and len(err.strip().splitlines()) == 1
