@@ -56,6 +56,10 @@ load through Redis (share_state; replica_id = the name; responses carry x-tidese
 Replica k has the scheduler's gRPC and metrics ports + k*100 (`stack: {gateway_port_step}`;
 explicit gRPC ports: `stack: {gateway_grpc_ports: [...]}`). A replica that dies is reported
 and the stack keeps running while another one lives.
+Security (README "Security"): every gRPC call but health checks needs a token (the CLI
+sends <state-dir>/secrets/admin.token to this stack's addresses); the embedded Redis and
+Postgres give each service its own ACL user and role. --insecure (`stack: {secure: false}`)
+runs the stack open, as before.
 Logs: <state-dir>/logs/<service>.log. Ctrl-C or `tideserve down` stops everything.
 """
 
