@@ -1,0 +1,94 @@
+"""Per-tenant rate limits: the window decision (pure).
+
+Rule: a sliding window of ``window_ms`` approximated by two fixed windows (the current one
+and the one before, weighted by how much of it still overlaps the sliding window):
+``estimate = previous x (1 - elapsed/window) + current``, where ``current`` already holds
+this request (one request, ``cost`` tokens). The request passes when both the request
+estimate is within ``rpm`` and the token estimate within ``tpm`` (per window; a limit of
+None is no limit). A refusal says when the estimate will be back within the limit
+(``retry_after_ms``, assuming no other traffic), and the caller takes the refused request
+back out of the counters. A request whose cost alone is over ``tpm`` can never pass:
+:class:`TooLarge` (a 400, not a 429 a client would retry forever).
+
+Tokens per request are charged at admission as prompt tokens + ``max_tokens`` (the most it
+may use; the completion's length is not known yet and nothing is refunded).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["Allow", "Limited", "TooLarge", "WindowCounts", "decide", "window_index"]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowCounts:
+    """A tenant's counters after adding this request: requests and tokens in the previous
+    and the current fixed window."""
+
+    prev_requests: int
+    cur_requests: int
+    prev_tokens: int
+    cur_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Allow:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Limited:
+    """Refused: ``what`` is ``requests`` or ``tokens``."""
+
+    what: str
+    limit: int
+    retry_after_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TooLarge:
+    cost: int
+    limit: int
+
+
+def window_index(now_ms: int, window_ms: int) -> tuple[int, float]:
+    """(index of the fixed window holding ``now_ms``, fraction of it elapsed)."""
+    return now_ms // window_ms, (now_ms % window_ms) / window_ms
+
+
+def _wait_ms(prev: int, cur: int, limit: int, elapsed: float, window_ms: int) -> int:
+    """Time until ``prev x (1 - t) + cur`` is within ``limit`` with no new traffic."""
+    if cur <= limit:
+        # within this window, once the previous window's weight has decayed enough
+        weight = (limit - cur) / prev if prev else 1.0
+        return max(1, math.ceil((1.0 - weight - elapsed) * window_ms))
+    # in the next window, once the current (then previous) window's weight has decayed
+    return max(1, math.ceil((1.0 - elapsed + 1.0 - limit / cur) * window_ms))
+
+
+def _estimate(prev: int, cur: int, elapsed: float) -> float:
+    return prev * (1.0 - elapsed) + cur
+
+
+def decide(
+    counts: WindowCounts,
+    *,
+    elapsed: float,
+    window_ms: int,
+    rpm: int | None,
+    tpm: int | None,
+    cost: int,
+) -> Allow | Limited | TooLarge:
+    """The decision for one request already counted in ``counts`` (see the module rule)."""
+    if tpm is not None and cost > tpm:
+        return TooLarge(cost, tpm)
+    c = counts
+    if rpm is not None and _estimate(c.prev_requests, c.cur_requests, elapsed) > rpm:
+        wait = _wait_ms(c.prev_requests, c.cur_requests, rpm, elapsed, window_ms)
+        return Limited("requests", rpm, wait)
+    if tpm is not None and _estimate(c.prev_tokens, c.cur_tokens, elapsed) > tpm:
+        wait = _wait_ms(c.prev_tokens, c.cur_tokens, tpm, elapsed, window_ms)
+        return Limited("tokens", tpm, wait)
+    return Allow()
