@@ -63,9 +63,14 @@ def _wait_ms(prev: int, cur: int, limit: int, elapsed: float, window_ms: int) ->
     if cur <= limit:
         # within this window, once the previous window's weight has decayed enough
         weight = (limit - cur) / prev if prev else 1.0
-        return max(1, math.ceil((1.0 - weight - elapsed) * window_ms))
+        return _ms(1.0 - weight - elapsed, window_ms)
     # in the next window, once the current (then previous) window's weight has decayed
-    return max(1, math.ceil((1.0 - elapsed + 1.0 - limit / cur) * window_ms))
+    return _ms(1.0 - elapsed + 1.0 - limit / cur, window_ms)
+
+
+def _ms(fraction: float, window_ms: int) -> int:
+    """``fraction`` of a window in whole ms, at least 1 (float noise rounded away)."""
+    return max(1, math.ceil(round(fraction * window_ms, 6)))
 
 
 def _estimate(prev: int, cur: int, elapsed: float) -> float:
