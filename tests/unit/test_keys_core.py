@@ -31,6 +31,7 @@ from services.scheduler.keys.ratelimit import (
     decide,
     window_index,
 )
+from tests.helpers.keys import FakeKeyStore
 
 CLASSES = ("interactive", "agent", "batch")
 
@@ -143,10 +144,10 @@ def test_resolve(key: ApiKey, tenant: str, cls: str, salt: str, want: Grant | De
     [
         (WindowCounts(0, 1, 0, 10), 0.0, 10, 100, 10, Allow()),
         (WindowCounts(0, 10, 0, 100), 0.5, 10, 100, 10, Allow()),
-        (WindowCounts(0, 11, 0, 110), 0.5, 10, None, 10, Limited("requests", 10, 35_455)),
+        (WindowCounts(0, 11, 0, 110), 0.5, 10, None, 10, Limited("requests", 10, 36_000)),
         (WindowCounts(10, 5, 0, 0), 0.25, 10, None, 0, Limited("requests", 10, 15_000)),
         (WindowCounts(10, 5, 0, 0), 0.6, 10, None, 0, Allow()),
-        (WindowCounts(0, 1, 0, 150), 0.0, None, 100, 50, Limited("tokens", 100, 80_000)),
+        (WindowCounts(0, 1, 0, 150), 0.0, None, 100, 50, Limited("tokens", 100, 90_000)),
         (WindowCounts(0, 1, 0, 500), 0.0, 1000, 100, 500, TooLarge(500, 100)),
         (WindowCounts(99, 99, 9_999, 9_999), 0.0, None, None, 1, Allow()),
     ],
@@ -172,16 +173,28 @@ def test_decide(
     assert decide(counts, elapsed=elapsed, window_ms=60_000, rpm=rpm, tpm=tpm, cost=cost) == want
 
 
-def test_retry_after_is_when_the_request_would_pass() -> None:
+def rpm10(counts: WindowCounts, elapsed: float) -> Allow | Limited | TooLarge:
+    return decide(counts, elapsed=elapsed, window_ms=60_000, rpm=10, tpm=None, cost=0)
+
+
+def test_retry_after_within_the_window_is_when_the_retry_passes() -> None:
     counts, w = WindowCounts(10, 5, 0, 0), 60_000
-    d = decide(counts, elapsed=0.25, window_ms=w, rpm=10, tpm=None, cost=0)
+    d = rpm10(counts, 0.25)
     assert isinstance(d, Limited)
-    later = 0.25 + d.retry_after_ms / w
-    assert decide(counts, elapsed=later, window_ms=w, rpm=10, tpm=None, cost=0) == Allow()
-    before = later - 0.01
-    assert isinstance(
-        decide(counts, elapsed=before, window_ms=w, rpm=10, tpm=None, cost=0), Limited
-    )
+    at = 0.25 + d.retry_after_ms / w  # the retry is counted again: same counts
+    assert rpm10(counts, at) == Allow()
+    assert isinstance(rpm10(counts, at - 0.01), Limited)
+
+
+def test_retry_after_in_the_next_window_is_when_the_retry_passes() -> None:
+    w = 60_000
+    d = rpm10(WindowCounts(0, 11, 0, 0), 0.5)
+    assert isinstance(d, Limited)
+    at = 0.5 + d.retry_after_ms / w - 1.0  # into the next window
+    # there: this window without the refused request is the previous one; the retry counts
+    after = WindowCounts(10, 1, 0, 0)
+    assert rpm10(after, at) == Allow()
+    assert isinstance(rpm10(after, at - 0.01), Limited)
 
 
 def test_window_index() -> None:
@@ -196,24 +209,6 @@ async def test_memory_counters_add_and_take_back() -> None:
     assert await c.add("b", 6, 1, 1, 60_000) == WindowCounts(0, 1, 0, 1)
 
 
-class FakeStore:
-    """Keys by hash; ``fail`` makes every fetch raise; counts fetches."""
-
-    def __init__(self) -> None:
-        self.keys: dict[bytes, ApiKey] = {}
-        self.fail = False
-        self.calls = 0
-        self.gate: asyncio.Event | None = None
-
-    async def by_hash(self, digest: bytes) -> ApiKey | None:
-        self.calls += 1
-        if self.gate is not None:
-            await self.gate.wait()
-        if self.fail:
-            raise OSError("connection refused")
-        return self.keys.get(digest)
-
-
 class Clock:
     def __init__(self) -> None:
         self.t = 1000.0
@@ -223,7 +218,7 @@ class Clock:
 
 
 async def test_cache_revocation_is_seen_within_the_ttl() -> None:
-    store, clock = FakeStore(), Clock()
+    store, clock = FakeKeyStore(), Clock()
     cache = KeyCache(store.by_hash, ttl_s=5.0, stale_s=60.0, clock=clock)
     d = hash_key("sk-ts-x")
     store.keys[d] = KEY
@@ -239,7 +234,7 @@ async def test_cache_revocation_is_seen_within_the_ttl() -> None:
 
 
 async def test_cache_remembers_unknown_keys_for_the_ttl() -> None:
-    store, clock = FakeStore(), Clock()
+    store, clock = FakeKeyStore(), Clock()
     cache = KeyCache(store.by_hash, ttl_s=5.0, clock=clock)
     d = hash_key("sk-ts-new")
     assert await cache.get(d) is None
@@ -251,7 +246,7 @@ async def test_cache_remembers_unknown_keys_for_the_ttl() -> None:
 
 
 async def test_cache_rides_out_store_failures_with_a_recent_answer() -> None:
-    store, clock = FakeStore(), Clock()
+    store, clock = FakeKeyStore(), Clock()
     cache = KeyCache(store.by_hash, ttl_s=5.0, stale_s=60.0, clock=clock)
     d, other = hash_key("sk-ts-a"), hash_key("sk-ts-b")
     store.keys[d] = KEY
@@ -267,7 +262,7 @@ async def test_cache_rides_out_store_failures_with_a_recent_answer() -> None:
 
 
 async def test_cache_concurrent_misses_share_one_fetch() -> None:
-    store = FakeStore()
+    store = FakeKeyStore()
     store.gate = asyncio.Event()
     cache = KeyCache(store.by_hash, ttl_s=5.0)
     d = hash_key("sk-ts-a")

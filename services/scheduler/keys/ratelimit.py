@@ -6,8 +6,8 @@ and the one before, weighted by how much of it still overlaps the sliding window
 this request (one request, ``cost`` tokens). The request passes when both the request
 estimate is within ``rpm`` and the token estimate within ``tpm`` (per window; a limit of
 None is no limit). A refusal says when the estimate will be back within the limit
-(``retry_after_ms``, assuming no other traffic), and the caller takes the refused request
-back out of the counters. A request whose cost alone is over ``tpm`` can never pass:
+(``retry_after_ms``: when the same request, retried with no other traffic, passes), and
+the caller takes the refused request back out of the counters. A request whose cost alone is over ``tpm`` can never pass:
 :class:`TooLarge` (a 400, not a 429 a client would retry forever).
 
 Tokens per request are charged at admission as prompt tokens + ``max_tokens`` (the most it
@@ -58,14 +58,17 @@ def window_index(now_ms: int, window_ms: int) -> tuple[int, float]:
     return now_ms // window_ms, (now_ms % window_ms) / window_ms
 
 
-def _wait_ms(prev: int, cur: int, limit: int, elapsed: float, window_ms: int) -> int:
-    """Time until ``prev x (1 - t) + cur`` is within ``limit`` with no new traffic."""
+def _wait_ms(prev: int, cur: int, limit: int, unit: int, elapsed: float, window_ms: int) -> int:
+    """Time until the same request (``unit``: 1 request, or its tokens), refused now and
+    taken back, would pass with no other traffic."""
     if cur <= limit:
-        # within this window, once the previous window's weight has decayed enough
+        # in this window (the retry adds back what was taken), once the previous window's
+        # weight has decayed: prev x (1 - t) + cur <= limit
         weight = (limit - cur) / prev if prev else 1.0
         return _ms(1.0 - weight - elapsed, window_ms)
-    # in the next window, once the current (then previous) window's weight has decayed
-    return _ms(1.0 - elapsed + 1.0 - limit / cur, window_ms)
+    # in the next one, where this window without the request weighs (1 - t) and the
+    # retry counts in full: (cur - unit) x (1 - t) + unit <= limit
+    return _ms(1.0 - elapsed + 1.0 - (limit - unit) / (cur - unit), window_ms)
 
 
 def _ms(fraction: float, window_ms: int) -> int:
@@ -91,9 +94,9 @@ def decide(
         return TooLarge(cost, tpm)
     c = counts
     if rpm is not None and _estimate(c.prev_requests, c.cur_requests, elapsed) > rpm:
-        wait = _wait_ms(c.prev_requests, c.cur_requests, rpm, elapsed, window_ms)
+        wait = _wait_ms(c.prev_requests, c.cur_requests, rpm, 1, elapsed, window_ms)
         return Limited("requests", rpm, wait)
     if tpm is not None and _estimate(c.prev_tokens, c.cur_tokens, elapsed) > tpm:
-        wait = _wait_ms(c.prev_tokens, c.cur_tokens, tpm, elapsed, window_ms)
+        wait = _wait_ms(c.prev_tokens, c.cur_tokens, tpm, cost, elapsed, window_ms)
         return Limited("tokens", tpm, wait)
     return Allow()
