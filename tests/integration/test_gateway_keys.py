@@ -19,8 +19,9 @@ from services.scheduler.core.records import RequestContext
 from services.scheduler.http.openai import Limits, ParsedRequest
 from services.scheduler.http.records import Ending
 from services.scheduler.http.server import Gateway, GatewayOptions
-from services.scheduler.keys.counters import RedisCounters
+from services.scheduler.keys.counters import Counters, MemoryCounters, RedisCounters
 from services.scheduler.keys.gate import KeyGate
+from services.scheduler.keys.ratelimit import WindowCounts
 from tests.helpers.engines import EngineFleet
 from tests.helpers.keys import FakeKeyStore, fake_gate
 from tests.helpers.ports import free_port
@@ -254,3 +255,27 @@ async def test_limits_by_settings(
         assert r.status == status and got["error"]["code"] == code, got
     async with http.post(url + "/v1/completions", json=completion()) as r:
         assert r.status == 200  # and the gateway still serves
+
+
+@pytest.mark.integration
+async def test_redis_counters_count_like_the_in_process_ones(redis_url: str) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    prefix = f"t{free_port()}"
+    try:
+        counters: list[Counters] = [MemoryCounters(), RedisCounters(client, prefix)]
+        steps = [("a", 5, 1, 10), ("a", 6, 1, 20), ("a", 6, -1, -20), ("b", 6, 1, 1)]
+        got = [[await c.add(t, i, r, k, 60_000) for t, i, r, k in steps] for c in counters]
+        assert (
+            got[0]
+            == got[1]
+            == [
+                WindowCounts(0, 1, 0, 10),
+                WindowCounts(1, 1, 10, 20),
+                WindowCounts(1, 0, 10, 0),
+                WindowCounts(0, 1, 0, 1),
+            ]
+        )
+        ttl = await client.pttl(f"{prefix}:rl:a:6")
+        assert 0 < ttl <= 120_000  # windows expire after two of them
+    finally:
+        await client.aclose()

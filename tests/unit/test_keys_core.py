@@ -10,7 +10,6 @@ from dataclasses import replace
 import pytest
 
 from services.scheduler.keys.cache import KeyCache, KeysUnavailable
-from services.scheduler.keys.counters import MemoryCounters
 from services.scheduler.keys.model import (
     ApiKey,
     Denied,
@@ -199,14 +198,6 @@ def test_retry_after_in_the_next_window_is_when_the_retry_passes() -> None:
 
 def test_window_index() -> None:
     assert window_index(125_000, 60_000) == (2, 5_000 / 60_000)
-
-
-async def test_memory_counters_add_and_take_back() -> None:
-    c = MemoryCounters()
-    assert await c.add("a", 5, 1, 10, 60_000) == WindowCounts(0, 1, 0, 10)
-    assert await c.add("a", 6, 1, 20, 60_000) == WindowCounts(1, 1, 10, 20)
-    assert await c.add("a", 6, -1, -20, 60_000) == WindowCounts(1, 0, 10, 0)
-    assert await c.add("b", 6, 1, 1, 60_000) == WindowCounts(0, 1, 0, 1)
 
 
 class Clock:

@@ -1,9 +1,11 @@
 """Rate-limit counters: per tenant, per fixed window, requests and tokens.
 
-:class:`RedisCounters` shares them across gateway replicas: one transactional pipeline (one
-round trip) adds the request to the current window's hash ``{prefix}:rl:{tenant}:{index}``
-(fields ``r`` and ``t``, expiring after two windows) and reads the previous window's. A
-refused request is taken back out (a second round trip, on refusals only). When Redis
+:class:`RedisCounters` shares them across gateway replicas: one Lua script (:data:`ADD`,
+one command, one round trip, atomic) adds the request to the current window's hash
+``{prefix}:rl:{tenant}:{index}`` (fields ``r`` and ``t``, expiring after two windows) and
+reads the previous window's. A refused request is taken back out (a second call, on
+refusals only). A script rather than a MULTI/EXEC pipeline: one command to pack and one
+reply to parse instead of six, which is most of the client's CPU per request. When Redis
 fails, the counting falls back to this replica's own :class:`MemoryCounters` (limits then
 hold per replica, not across them) until Redis answers again.
 """
@@ -18,7 +20,17 @@ from redis.exceptions import RedisError
 
 from services.scheduler.keys.ratelimit import WindowCounts
 
-__all__ = ["Counters", "MemoryCounters", "RedisCounters"]
+__all__ = ["ADD", "Counters", "MemoryCounters", "RedisCounters"]
+
+ADD = """
+local r = redis.call('HINCRBY', KEYS[1], 'r', ARGV[1])
+local t = redis.call('HINCRBY', KEYS[1], 't', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local p = redis.call('HMGET', KEYS[2], 'r', 't')
+return {tonumber(p[1]) or 0, r, tonumber(p[2]) or 0, t}
+"""
+"""KEYS: current window, previous window; ARGV: requests, tokens, TTL ms. Returns
+(previous requests, current requests, previous tokens, current tokens)."""
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +70,7 @@ class RedisCounters:
         self.prefix = prefix
         self.fallback = MemoryCounters()
         self.failures = 0
+        self._add = client.register_script(ADD)
 
     def _key(self, tenant: str, index: int) -> str:
         return f"{self.prefix}:rl:{tenant}:{index}"
@@ -65,18 +78,12 @@ class RedisCounters:
     async def add(
         self, tenant: str, index: int, requests: int, tokens: int, window_ms: int
     ) -> WindowCounts:
-        cur = self._key(tenant, index)
+        keys = [self._key(tenant, index), self._key(tenant, index - 1)]
         try:
-            async with self.client.pipeline(transaction=True) as p:
-                p.hincrby(cur, "r", requests)
-                p.hincrby(cur, "t", tokens)
-                p.pexpire(cur, 2 * window_ms)
-                p.hmget(self._key(tenant, index - 1), "r", "t")
-                r, t, _, prev = await p.execute()
+            pr, r, pt, t = await self._add(keys=keys, args=[requests, tokens, 2 * window_ms])
         except (RedisError, OSError) as e:
             self.failures += 1
             if self.failures == 1 or self.failures % 1000 == 0:
                 log.warning("rate limits: Redis failed (%s); counting in this replica", e)
             return await self.fallback.add(tenant, index, requests, tokens, window_ms)
-        pr, pt = (int(v) if v is not None else 0 for v in prev)
-        return WindowCounts(pr, int(r), pt, int(t))
+        return WindowCounts(int(pr), int(r), int(pt), int(t))
