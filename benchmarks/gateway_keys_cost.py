@@ -45,6 +45,7 @@ if __package__ in (None, ""):
 import aiohttp
 import psutil
 from _harness import ProcGroup, command_line, emit_json, free_port, machine, tideserve, wait_http
+from _telemetry_data import infra
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from gateway_overhead import nginx_config, open_loop
@@ -233,28 +234,12 @@ async def make_keys(pg: str) -> dict[str, str]:
 def main() -> int:
     args = parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="tideserve-keys-cost-"))
-    stops = []
-    pg, redis, redis_pid = args.postgres_url, args.redis_url, 0
-    try:
-        if not pg:
-            from services.common.embedded import start_postgres
-
-            server = start_postgres(workdir / "pg")
-            stops.append(server.stop)
-            pg = server.url
-        if not redis:
-            from services.common.embedded import start_redis
-
-            rs = start_redis(workdir / "redis", 0)
-            stops.append(rs.stop)
-            redis, redis_pid = rs.url, rs.pid
+    with infra(args.postgres_url or None, args.redis_url or None) as inf:
+        pg, redis, redis_pid = inf.postgres_url, inf.redis_url, inf.redis_pid
         keys = asyncio.run(make_keys(pg))
         load_before = os.getloadavg()
         cpu = cpu_part(args, keys, pg, redis, redis_pid)
         latency = latency_part(args, keys["keys_limits"], pg, redis, workdir)
-    finally:
-        for stop in reversed(stops):
-            stop()
     out = {
         "benchmark": "gateway_keys_cost",
         "command": command_line(),
