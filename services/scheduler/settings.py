@@ -118,6 +118,13 @@ class SchedulerSettings(ServiceSettings):
     rate_limit_window_s: float = Field(
         60.0, gt=0, description="rate-limit window; a key's rpm/tpm are per window"
     )
+    rate_limit_lease_fraction: float = Field(
+        0.02,
+        ge=0,
+        le=0.5,
+        description="share of a tenant's limit a replica reserves in Redis at once and admits "
+        "from locally (one round trip per lease, not per request); 0 = a round trip per request",
+    )
     rate_limit_redis_timeout_s: float = Field(
         0.25, gt=0, description="Redis socket timeout of the rate-limit counters"
     )

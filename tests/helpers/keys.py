@@ -54,6 +54,7 @@ def fake_gate(
     ttl_s: float = 5.0,
     classes: Sequence[str] = ("interactive", "agent", "batch"),
     default_class: str = "agent",
+    lease_fraction: float = 0.0,
 ) -> KeyGate:
     cache = KeyCache(store.by_hash, ttl_s=ttl_s, clock=clock or time.monotonic)
     return KeyGate(
@@ -62,4 +63,5 @@ def fake_gate(
         classes=classes,
         default_class=default_class,
         wall=wall or time.time,
+        lease_fraction=lease_fraction,
     )

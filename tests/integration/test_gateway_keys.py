@@ -279,3 +279,49 @@ async def test_redis_counters_count_like_the_in_process_ones(redis_url: str) -> 
         assert 0 < ttl <= 120_000  # windows expire after two of them
     finally:
         await client.aclose()
+
+
+class Counted:
+    """Counters that count the calls (round trips) made through them."""
+
+    def __init__(self, inner: Counters) -> None:
+        self.inner, self.calls = inner, 0
+
+    async def add(
+        self, tenant: str, index: int, requests: int, tokens: int, window_ms: int
+    ) -> WindowCounts:
+        self.calls += 1
+        return await self.inner.add(tenant, index, requests, tokens, window_ms)
+
+
+@pytest.mark.integration
+async def test_leases_admit_the_same_requests_with_few_round_trips(
+    make: Make, http: aiohttp.ClientSession, redis_url: str
+) -> None:
+    """Two replicas leasing 10 % of rpm=40 at a time admit exactly 40 requests of the
+    window, like per-request counting, in a fraction of the round trips; the unspent rest
+    of a lease goes back to its window when the next one starts."""
+    store, wall = FakeKeyStore(), Clock(4_000_020.0)
+    key = store.add("acme", rpm=40)
+    clients = [aioredis.Redis.from_url(redis_url) for _ in range(2)]
+    prefix = f"t{free_port()}"
+    try:
+        counted = [Counted(RedisCounters(c, prefix)) for c in clients]
+        urls = [
+            (await make(fake_gate(store, counters=c, wall=wall, lease_fraction=0.1)))[1]
+            for c in counted
+        ]
+        statuses = [(await post(http, urls[i % 2], completion(), auth(key)))[0] for i in range(43)]
+        assert statuses == [200] * 40 + [429] * 3
+        trips = sum(c.calls for c in counted)
+        assert trips < 25  # 8 leases of 4 + the exact decisions near the limit, not 43
+        wall.t += 90.0  # half into the next window: the last one weighs 20 of 40
+        assert (await post(http, urls[0], completion(), auth(key)))[0] == 200  # leases 4
+        wall.t += 60.0  # and the next: replica 0 gives back the 3 it did not spend
+        assert (await post(http, urls[0], completion(), auth(key)))[0] == 200
+        index = int(wall.t * 1000) // 60_000
+        served = await clients[0].hmget(f"{prefix}:rl:acme:{index - 1}", "r")
+        assert int(served[0]) == 1  # only what was served stays counted
+    finally:
+        for c in clients:
+            await c.aclose()

@@ -24,10 +24,13 @@ from services.scheduler.keys.model import (
 )
 from services.scheduler.keys.ratelimit import (
     Allow,
+    Lease,
     Limited,
     TooLarge,
     WindowCounts,
     decide,
+    lease_size,
+    spend,
     window_index,
 )
 from tests.helpers.keys import FakeKeyStore
@@ -194,6 +197,47 @@ def test_retry_after_in_the_next_window_is_when_the_retry_passes() -> None:
     after = WindowCounts(10, 1, 0, 0)
     assert rpm10(after, at) == Allow()
     assert isinstance(rpm10(after, at - 0.01), Limited)
+
+
+@pytest.mark.parametrize(
+    ("rpm", "tpm", "cost", "size"),
+    [
+        (600, 100_000, 50, (12, 2000)),
+        (10, 100_000, 50, (1, 2000)),
+        (600, 1000, 50, (12, 50)),
+        (None, 100_000, 50, (40, 2000)),
+        (600, None, 50, (12, 600)),
+    ],
+    ids=["both", "small-rpm-one-request", "small-tpm-this-request", "no-rpm", "no-tpm"],
+)
+def test_lease_size(rpm: int | None, tpm: int | None, cost: int, size: tuple[int, int]) -> None:
+    assert lease_size(rpm, tpm, cost, 0.02) == size
+
+
+@pytest.mark.parametrize(
+    ("lease", "rpm", "tpm", "cost", "left"),
+    [
+        (Lease(3, 2, 100), 10, 1000, 40, Lease(3, 1, 60)),
+        (Lease(3, 0, 100), 10, 1000, 40, None),
+        (Lease(3, 2, 30), 10, 1000, 40, None),
+        (Lease(3, 0, 100), None, 1000, 40, Lease(3, -1, 60)),
+        (Lease(3, 2, 0), 10, None, 40, Lease(3, 1, -40)),
+    ],
+    ids=["spends", "out-of-requests", "out-of-tokens", "requests-unlimited", "tokens-unlimited"],
+)
+def test_spend(
+    lease: Lease, rpm: int | None, tpm: int | None, cost: int, left: Lease | None
+) -> None:
+    assert spend(lease, rpm, tpm, cost) == left
+
+
+def test_a_lease_is_decided_as_one_request_of_its_size() -> None:
+    # 90 of 100 used: a lease of 12 does not fit, one request does
+    counts = WindowCounts(0, 90 + 12, 0, 0)
+    d = decide(counts, elapsed=0.0, window_ms=60_000, rpm=100, tpm=None, cost=0, requests=12)
+    assert isinstance(d, Limited)
+    one = WindowCounts(0, 91, 0, 0)
+    assert decide(one, elapsed=0.0, window_ms=60_000, rpm=100, tpm=None, cost=0) == Allow()
 
 
 def test_window_index() -> None:

@@ -50,6 +50,7 @@ def key_gate(
         classes=[c.name for c in slo],
         default_class=settings.default_slo_class,
         window_s=settings.rate_limit_window_s,
+        lease_fraction=settings.rate_limit_lease_fraction,
         registry=registry,
     )
     gate.closers.append(store.close)

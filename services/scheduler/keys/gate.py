@@ -35,7 +35,16 @@ from services.scheduler.keys.model import (
     looks_like_key,
     resolve,
 )
-from services.scheduler.keys.ratelimit import Limited, TooLarge, decide, window_index
+from services.scheduler.keys.ratelimit import (
+    Allow,
+    Lease,
+    Limited,
+    TooLarge,
+    decide,
+    lease_size,
+    spend,
+    window_index,
+)
 
 __all__ = ["KEY_KEY", "KeyGate", "RateLimited"]
 
@@ -66,8 +75,9 @@ def _refusal(status: int, message: str, code: str, etype: str) -> web.Response:
 
 class KeyGate:
     """``classes``: every SLO class, highest first; ``window_s``: the rate-limit window
-    (limits are per window: 60 s makes them per minute); ``wall``: the wall clock the
-    windows are cut on (shared by replicas)."""
+    (limits are per window: 60 s makes them per minute); ``lease_fraction``: the share of
+    a limit this replica reserves at once (0: one round trip per request); ``wall``: the
+    wall clock the windows are cut on (shared by replicas)."""
 
     def __init__(
         self,
@@ -77,6 +87,7 @@ class KeyGate:
         classes: Sequence[str],
         default_class: str,
         window_s: float = 60.0,
+        lease_fraction: float = 0.0,
         wall: Callable[[], float] = time.time,
         registry: CollectorRegistry | None = None,
     ) -> None:
@@ -86,6 +97,8 @@ class KeyGate:
         self.default_class = default_class
         self.window_ms = max(1, int(window_s * 1000))
         self.wall = wall
+        self.lease_fraction = lease_fraction
+        self._leases: dict[str, Lease] = {}  # per tenant
         # what close() releases (the store's pool, the Redis client)
         self.closers: list[Callable[[], Awaitable[None]]] = []
         self.refused = Counter(
@@ -154,8 +167,46 @@ class KeyGate:
             forward_body=body,
         )
 
+    async def _leased(self, key: ApiKey, index: int, elapsed: float, cost: int) -> bool:
+        """Admitted from this replica's lease of the tenant's budget (topped up with one
+        round trip when it runs out, :mod:`.ratelimit`); False: decide the request alone."""
+        tenant, w = key.tenant, self.window_ms
+        lease = self._leases.get(tenant)
+        if lease is not None and lease.index == index:
+            left = spend(lease, key.rpm, key.tpm, cost)
+            if left is not None:
+                self._leases[tenant] = left
+                return True
+            # short in one dimension: kept, and merged into the next lease below
+        elif lease is not None:
+            del self._leases[tenant]
+            if lease.requests or lease.tokens:
+                # unspent budget of a past window goes back to it (its weight in the
+                # sliding window still counts)
+                await self.counters.add(tenant, lease.index, -lease.requests, -lease.tokens, w)
+        if self.lease_fraction <= 0:
+            return False
+        r, t = lease_size(key.rpm, key.tpm, cost, self.lease_fraction)
+        if r <= 1:
+            return False  # no bigger than the request itself
+        counts = await self.counters.add(tenant, index, r, t, w)
+        d = decide(
+            counts, elapsed=elapsed, window_ms=w, rpm=key.rpm, tpm=key.tpm, cost=t, requests=r
+        )
+        if not isinstance(d, Allow):
+            await self.counters.add(tenant, index, -r, -t, w)
+            return False
+        got = Lease(index, r - 1, t - cost)
+        cur = self._leases.get(tenant)  # a lease another request took meanwhile
+        if cur is not None and cur.index == index:
+            got = Lease(index, cur.requests + got.requests, cur.tokens + got.tokens)
+        self._leases[tenant] = got
+        return True
+
     async def _count(self, key: ApiKey, cost: int) -> None:
         index, elapsed = window_index(int(self.wall() * 1000), self.window_ms)
+        if await self._leased(key, index, elapsed, cost):
+            return
         w = self.window_ms
         counts = await self.counters.add(key.tenant, index, 1, cost, w)
         d = decide(counts, elapsed=elapsed, window_ms=w, rpm=key.rpm, tpm=key.tpm, cost=cost)

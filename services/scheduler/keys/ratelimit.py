@@ -12,6 +12,14 @@ the caller takes the refused request back out of the counters. A request whose c
 
 Tokens per request are charged at admission as prompt tokens + ``max_tokens`` (the most it
 may use; the completion's length is not known yet and nothing is refunded).
+
+Leases (so the hot path needs no round trip per request): a replica reserves a
+:class:`Lease` of ``fraction`` of each limit at once (:func:`lease_size`; decided like one
+request of that size, ``requests`` = its size) and admits from it locally (:func:`spend`)
+until it runs out or the window changes; then its unspent rest is given back to the window
+it was taken in. Every admitted request was reserved beforehand, so leases never admit more
+than the per-request rule; they may refuse early by what other replicas hold unspent (at
+most ``fraction`` of a limit each). When a lease is refused, the request is decided alone.
 """
 
 from __future__ import annotations
@@ -19,7 +27,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Allow", "Limited", "TooLarge", "WindowCounts", "decide", "window_index"]
+__all__ = [
+    "Allow",
+    "Lease",
+    "Limited",
+    "TooLarge",
+    "WindowCounts",
+    "decide",
+    "lease_size",
+    "spend",
+    "window_index",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,15 +106,46 @@ def decide(
     rpm: int | None,
     tpm: int | None,
     cost: int,
+    requests: int = 1,
 ) -> Allow | Limited | TooLarge:
-    """The decision for one request already counted in ``counts`` (see the module rule)."""
+    """The decision for ``requests`` requests of ``cost`` tokens in all (one request, or a
+    lease), already counted in ``counts`` (see the module rule)."""
     if tpm is not None and cost > tpm:
         return TooLarge(cost, tpm)
     c = counts
     if rpm is not None and _estimate(c.prev_requests, c.cur_requests, elapsed) > rpm:
-        wait = _wait_ms(c.prev_requests, c.cur_requests, rpm, 1, elapsed, window_ms)
+        wait = _wait_ms(c.prev_requests, c.cur_requests, rpm, requests, elapsed, window_ms)
         return Limited("requests", rpm, wait)
     if tpm is not None and _estimate(c.prev_tokens, c.cur_tokens, elapsed) > tpm:
         wait = _wait_ms(c.prev_tokens, c.cur_tokens, tpm, cost, elapsed, window_ms)
         return Limited("tokens", tpm, wait)
     return Allow()
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Budget a replica reserved in window ``index`` and has not spent yet."""
+
+    index: int
+    requests: int
+    tokens: int
+
+
+def lease_size(rpm: int | None, tpm: int | None, cost: int, fraction: float) -> tuple[int, int]:
+    """(requests, tokens) to reserve at once: ``fraction`` of each limit, at least what this
+    request needs (an unlimited dimension: as many as the limited one implies)."""
+    r = max(1, int(rpm * fraction)) if rpm is not None else 0
+    t = max(cost, int(tpm * fraction)) if tpm is not None else 0
+    if rpm is None:
+        r = max(1, t // max(1, cost))
+    if tpm is None:
+        t = cost * r
+    return r, t
+
+
+def spend(lease: Lease, rpm: int | None, tpm: int | None, cost: int) -> Lease | None:
+    """``lease`` after admitting one request of ``cost`` tokens, or None when it cannot (a
+    dimension without a limit is not checked)."""
+    if (rpm is not None and lease.requests < 1) or (tpm is not None and lease.tokens < cost):
+        return None
+    return Lease(lease.index, lease.requests - 1, lease.tokens - cost)
