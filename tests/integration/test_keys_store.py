@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
+import aiohttp
 import psycopg
 import pytest
 
@@ -13,6 +15,10 @@ from services.cli import main as cli
 from services.common import db
 from services.scheduler.keys.model import hash_key, looks_like_key
 from services.scheduler.keys.store import AmbiguousKey, KeyStore
+from services.scheduler.settings import SchedulerSettings
+from tests.helpers.engines import EngineFleet
+from tests.helpers.ports import free_ports
+from tests.helpers.scheduler import scheduler_service
 
 pytestmark = pytest.mark.integration
 
@@ -100,3 +106,48 @@ def test_cli_create_list_revoke(postgres_db_url: str, capsys: pytest.CaptureFixt
     assert "no key" in capsys.readouterr().err
     assert cli(["keys", "create", "--tenant", "bad:name", *base]) == 2
     assert "tenant" in capsys.readouterr().err
+
+
+async def test_the_scheduler_service_checks_keys_from_postgres(
+    postgres_db_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """Settings to service: api_keys on, keys from Postgres (as ``tideserve keys`` writes
+    them), counted in Redis; a refusal is on the gateway's /metrics."""
+    fleet = EngineFleet(tmp_path, profile="test", speedup=50.0)
+    _, engine = await fleet.start()
+    db.migrate(postgres_db_url, "scheduler")  # run_service does it before serving
+    store = KeyStore(postgres_db_url)
+    _, key = await store.create("acme", rpm=2)
+    await store.close()
+    (http_port,) = free_ports(1)
+    settings = SchedulerSettings(
+        grpc_port=0,
+        http_port=http_port,
+        metrics_port=0,
+        endpoints=[engine],
+        perf_profile="test",
+        state_dir=tmp_path,
+        api_keys=True,
+        postgres_url=postgres_db_url,
+        redis_url=redis_url,
+        stream_prefix=f"t{http_port}",
+        request_records=False,
+    )
+    base = f"http://127.0.0.1:{http_port}"
+    body = {"model": "tideserve-sim", "prompt": "hello there", "max_tokens": 2}
+    auth = {"Authorization": f"Bearer {key}"}
+    try:
+        async with scheduler_service(settings), aiohttp.ClientSession() as http:
+
+            async def status(headers: dict[str, str]) -> int:
+                async with http.post(base + "/v1/completions", json=body, headers=headers) as r:
+                    return r.status
+
+            assert await status({}) == 401
+            assert [await status(auth) for _ in range(3)] == [200, 200, 429]
+            async with http.get(base + "/metrics") as r:
+                text = await r.text()
+            assert 'tideserve_gateway_auth_refused_total{reason="missing_key"} 1.0' in text
+            assert 'tideserve_gateway_auth_refused_total{reason="rate_requests"} 1.0' in text
+    finally:
+        await fleet.close()
