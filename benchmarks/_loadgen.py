@@ -9,6 +9,7 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Sequence
 from typing import Any
 
 MODEL = "tideserve-sim"
@@ -153,7 +154,10 @@ async def _loadgen(host: str, port: int, raw: bytes, rate: float, duration: floa
     }  # fmt: skip
 
 
-def request_bytes(host: str, port: int, stream: bool, prompt_words: int) -> bytes:
+def request_bytes(
+    host: str, port: int, stream: bool, prompt_words: int, headers: Sequence[str] = ()
+) -> bytes:
+    """One request's bytes; ``headers``: extra ``Name: value`` lines."""
     words = " ".join(f"w{i % 997}" for i in range(prompt_words))
     if stream:
         path = "/v1/chat/completions"
@@ -163,8 +167,9 @@ def request_bytes(host: str, port: int, stream: bool, prompt_words: int) -> byte
         path = "/v1/completions"
         body = {"model": MODEL, "prompt": words, "max_tokens": 8}
     data = json.dumps(body).encode()
+    extra = "".join(f"{h}\r\n" for h in headers)
     head = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\n\r\n")  # fmt: skip
+            f"{extra}Content-Length: {len(data)}\r\n\r\n")  # fmt: skip
     return head.encode() + data
 
 
@@ -176,8 +181,9 @@ def loadgen_main(argv: list[str]) -> int:
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--stream", action="store_true")
     p.add_argument("--prompt-words", type=int, default=128)
+    p.add_argument("--header", action="append", default=[], help="'Name: value' (repeatable)")
     a = p.parse_args(argv)
-    raw = request_bytes("127.0.0.1", a.port, a.stream, a.prompt_words)
+    raw = request_bytes("127.0.0.1", a.port, a.stream, a.prompt_words, a.header)
     pre = max(8, min(256, int(a.rate * 0.02)))
     out = asyncio.run(_loadgen("127.0.0.1", a.port, raw, a.rate, a.duration, a.warmup, pre))
     out["stream"] = a.stream

@@ -76,6 +76,7 @@ def records(
 class Infra:
     postgres_url: str
     redis_url: str
+    redis_pid: int = 0  # the embedded Redis server's (0: an external one)
 
 
 @contextlib.contextmanager
@@ -86,7 +87,11 @@ def infra(postgres_url: str | None, redis_url: str | None) -> Iterator[Infra]:
         pg = start_postgres(Path(tmp) / "pg") if not postgres_url else None
         rd = start_redis(Path(tmp) / "redis", 0) if not redis_url else None
         try:
-            yield Infra(postgres_url or pg.url, redis_url or rd.url)  # type: ignore[union-attr]
+            yield Infra(
+                postgres_url or pg.url,  # type: ignore[union-attr]
+                redis_url or rd.url,  # type: ignore[union-attr]
+                rd.pid if rd is not None else 0,
+            )
         finally:
             if rd is not None:
                 rd.stop()

@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -186,11 +187,15 @@ def _taskset(cpu: int | None, cmd: list[str]) -> list[str]:
 
 
 def open_loop(port: int, rate: float, stream: bool, args: argparse.Namespace,
-              cpu: int | None) -> dict[str, Any]:  # fmt: skip
+              cpu: int | None, headers: Sequence[str] = ()) -> dict[str, Any]:  # fmt: skip
+    """One open-loop run from a load-generator process; ``headers``: extra ``Name: value``
+    lines on every request."""
     cmd = _taskset(cpu, [sys.executable, str(Path(__file__).resolve()), "_loadgen",
                          "--port", str(port), "--rate", str(rate), "--duration",
                          str(args.duration), "--warmup", str(args.warmup),
                          "--prompt-words", str(args.prompt_words)])  # fmt: skip
+    for h in headers:
+        cmd += ["--header", h]
     if stream:
         cmd.append("--stream")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.duration + 120)

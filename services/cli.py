@@ -23,6 +23,7 @@ COMMAND_MODULES: list[str] = [
     "services.bench.cli",
     "services.sim.cli",
     "services.scheduler.cli",
+    "services.scheduler.keys.cli",
     "services.kvbridge.cli",
     "services.autoscaler.cli",
     "services.telemetry.cli",

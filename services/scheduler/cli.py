@@ -43,6 +43,11 @@ examples:
   tideserve gateway --port 8000 --endpoints URL... --redis-url redis://127.0.0.1:6379/0 \
       --share-state --replica-id a --kvmeta-address 127.0.0.1:50052
 
+  # API keys: tenant and SLO classes from each client's key, per-tenant rate limits
+  tideserve keys create --tenant acme --rpm 600 --postgres-url postgresql://u:p@db/ts
+  tideserve gateway --endpoints URL... --api-keys --postgres-url postgresql://u:p@db/ts \
+      --redis-url redis://127.0.0.1:6379/0
+
 profiles shipped: default, agent, slo, round_robin, least_load, power_of_two, cache_aware
 (services/scheduler/default_profiles.yaml; --profiles-file FILE for your own).
 request metadata headers: X-Tideserve-Class, X-Tideserve-Tenant, X-Tideserve-Session,
@@ -127,6 +132,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--share-state", action="store_true", help="active-active via --redis-url")
     p.add_argument("--replica-id", default="", help="this replica's id (default generated)")
     p.add_argument("--no-records", action="store_true", help="no RequestRecord per request")
+    p.add_argument(
+        "--api-keys",
+        action="store_true",
+        help="require API keys (tideserve keys create; stored in --postgres-url); rate limits "
+        "shared through --redis-url",
+    )
+    p.add_argument("--postgres-url", default="", help="Postgres holding the API keys")
     p.add_argument("--kvmeta-address", default="", help="kvmeta gRPC host:port (MatchPrefix)")
     p.add_argument(
         "--record-tool-contents",
@@ -209,6 +221,8 @@ def settings_from_args(args: argparse.Namespace) -> SchedulerSettings:
         "share_state": args.share_state,
         "replica_id": args.replica_id,
         "request_records": not args.no_records,
+        "api_keys": args.api_keys,
+        "postgres_url": args.postgres_url or None,
         "kvmeta_address": args.kvmeta_address,
         "record_tool_contents": args.record_tool_contents,
         "trace_exporter": args.trace_exporter,
@@ -235,10 +249,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
         scheduler = Scheduler(settings)
-        if settings.redis_url:
-            from services.common.streams import check_redis
+        if settings.redis_url or settings.postgres_url:
+            from services.common.server import check_dependencies
 
-            asyncio.run(check_redis(settings.redis_url))
+            # reach them; migrate the scheduler schema (the API keys' table)
+            asyncio.run(check_dependencies(settings, "scheduler"))
     except (ValueError, StartupError, ConnectionError) as err:
         print(f"tideserve gateway: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2

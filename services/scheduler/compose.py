@@ -37,6 +37,7 @@ from services.scheduler.http import records
 from services.scheduler.http.metrics import GatewayMetrics
 from services.scheduler.http.openai import Limits
 from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.keys.build import key_gate
 from services.scheduler.routing.config import ConfigError
 from services.scheduler.settings import SchedulerSettings, parse_endpoint, split_bootstrap
 from services.scheduler.slo import known_tenants, queue_config, slo_targets
@@ -121,7 +122,14 @@ def build_gateway(
         retries=settings.retries,
         health_interval_s=settings.health_interval_s,
         load_interval_s=settings.load_interval_s,
-        limits=Limits(max_body_bytes=settings.max_body_bytes),
+        limits=Limits(
+            max_body_bytes=settings.max_body_bytes,
+            max_tokens=settings.max_output_tokens,
+            default_max_tokens=min(Limits().default_max_tokens, settings.max_output_tokens),
+            max_prompt_tokens=settings.max_prompt_tokens,
+            max_messages=settings.max_messages,
+            max_header_bytes=settings.max_header_bytes,
+        ),
         tenants=known_tenants(settings.tenants),
         profile=settings.profile,
         pd_protocol=settings.pd_protocol,
@@ -138,6 +146,7 @@ def build_gateway(
         rng=random.Random(settings.seed + 1),
         metrics=metrics,
         tracer_provider=tracer_provider,
+        keys=key_gate(settings, metrics.registry),
     )
     return core, gateway
 
@@ -235,6 +244,8 @@ class Scheduler:
             await self.perf_feed.stop()
         await self.feeds.stop()
         await self.integrations.stop()
+        if self.gateway.keys is not None:
+            await self.gateway.keys.close()
         if self._own_provider:
             self._own_provider = False  # stop is idempotent
             self.tracer_provider.shutdown()

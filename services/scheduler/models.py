@@ -1,18 +1,42 @@
 """Tables of the scheduler schema (typed SQLAlchemy 2 models; migrations in ./migrations).
 
-None at present: the scheduler keeps no durable state. Drain is per replica and in memory
-(gRPC ``Drain``/``Undrain`` on one replica; the autoscaler's ``DRAINING`` membership events
-reach every replica through ``{prefix}:membership``); revision 0002 dropped the unused
-``drain_state`` table.
+``api_keys``: the gateway's API keys (services/scheduler/keys): the SHA-256 of each key,
+never the key, with a short visible prefix, the tenant, the SLO classes it may use and its
+rate limits. Drain is per replica and in memory (gRPC ``Drain``/``Undrain`` on one
+replica; the autoscaler's ``DRAINING`` membership events reach every replica through
+``{prefix}:membership``); revision 0002 dropped the unused ``drain_state`` table.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import MetaData
-from sqlalchemy.orm import DeclarativeBase
+from datetime import datetime
+
+from sqlalchemy import DateTime, Integer, LargeBinary, MetaData, Text, func
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 SCHEMA = "scheduler"
 
 
 class Base(DeclarativeBase):
     metadata = MetaData(schema=SCHEMA)
+
+
+class ApiKeyRow(Base):
+    """One gateway API key. ``slo_classes`` empty = every class; ``rpm``/``tpm`` NULL = no
+    limit; ``revoked_at`` NULL = live."""
+
+    __tablename__ = "api_keys"
+
+    key_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    prefix: Mapped[str] = mapped_column(Text, nullable=False)
+    key_hash: Mapped[bytes] = mapped_column(LargeBinary, nullable=False, unique=True)
+    tenant: Mapped[str] = mapped_column(Text, nullable=False)
+    slo_classes: Mapped[list[str]] = mapped_column(ARRAY(Text), nullable=False, server_default="{}")
+    rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    name: Mapped[str] = mapped_column(Text, nullable=False, server_default="")
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

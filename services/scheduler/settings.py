@@ -91,6 +91,43 @@ class SchedulerSettings(ServiceSettings):
     load_interval_s: float = Field(0.5, gt=0, description="engine /metrics scrape period")
     max_in_flight_per_endpoint: int = Field(256, ge=1, description="dispatch bound per engine")
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="larger bodies get 413")
+    max_prompt_tokens: int = Field(
+        1_000_000, ge=1, description="longer prompts (in tokens) get 413 prompt_too_long"
+    )
+    max_output_tokens: int = Field(
+        131_072, ge=1, description="largest max_tokens a request may ask for (else 400)"
+    )
+    max_messages: int = Field(10_000, ge=1, description="chat messages per request (else 400)")
+    max_header_bytes: int = Field(
+        32 * 1024, ge=1024, description="request headers, names + values (else 431)"
+    )
+
+    # --- API keys and rate limits (services/scheduler/keys) -------------------------------
+    api_keys: bool = Field(
+        False,
+        description="require an API key (Authorization: Bearer sk-ts-...) on the OpenAI "
+        "routes; tenant and SLO classes come from the key (tideserve keys create); needs "
+        "postgres_url; rate limits are shared through redis_url (else per replica)",
+    )
+    api_key_cache_ttl_s: float = Field(
+        5.0, gt=0, description="a key is re-read from Postgres after this: revocation delay"
+    )
+    api_key_stale_s: float = Field(
+        300.0, gt=0, description="while Postgres fails, keys seen this recently still work"
+    )
+    rate_limit_window_s: float = Field(
+        60.0, gt=0, description="rate-limit window; a key's rpm/tpm are per window"
+    )
+    rate_limit_lease_fraction: float = Field(
+        0.02,
+        ge=0,
+        le=0.5,
+        description="share of a tenant's limit a replica reserves in Redis at once and admits "
+        "from locally (one round trip per lease, not per request); 0 = a round trip per request",
+    )
+    rate_limit_redis_timeout_s: float = Field(
+        0.25, gt=0, description="Redis socket timeout of the rate-limit counters"
+    )
 
     # --- integrations (owner: gateway integrations; see gateway/integrations.py) ---------
     kvmeta_address: str = Field("", description="kvmeta gRPC host:port for MatchPrefix; '' = off")

@@ -69,6 +69,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     ses.add_argument("session_id", metavar="ID")
     ses.add_argument("--limit", type=int, default=0, help="the most recent N turns (0 = all)")
+    ses.add_argument("--tenant", default="", help="only this tenant's turns (default: all)")
     _common(ses)
     ses.set_defaults(func=cmd_session)
     top = subparsers.add_parser(
@@ -171,7 +172,9 @@ def cmd_windows(args: argparse.Namespace) -> int:
 def cmd_session(args: argparse.Namespace) -> int:
     from tideserve.v1 import telemetry_pb2
 
-    req = telemetry_pb2.GetSessionRequest(session_id=args.session_id, limit=args.limit)
+    req = telemetry_pb2.GetSessionRequest(
+        session_id=args.session_id, limit=args.limit, tenant=args.tenant
+    )
     resp = _call(args, "get session", lambda s: s.GetSession(req, timeout=args.timeout))
     if resp is None:
         return 1

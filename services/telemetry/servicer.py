@@ -130,7 +130,9 @@ class TelemetryServicer(_Base):
         if self._ingest is None:
             await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, _NO_DB)
         try:
-            turns = await self._ingest.store.session(request.session_id, request.limit)
+            turns = await self._ingest.store.session(
+                request.session_id, request.limit, request.tenant
+            )
         except psycopg.Error as exc:
             await _abort(context, grpc.StatusCode.UNAVAILABLE, f"postgres: {exc}".splitlines()[0])
         if not turns:

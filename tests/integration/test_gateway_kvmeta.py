@@ -19,7 +19,7 @@ import grpc
 import pytest
 import redis.asyncio as aioredis
 from aiohttp.test_utils import TestServer
-from tideserve.v1 import kvmeta_pb2_grpc
+from tideserve.v1 import kvmeta_pb2, kvmeta_pb2_grpc
 
 from services.common.tokens import block_hashes, tokenize
 from services.engine.server import EngineServer
@@ -31,7 +31,10 @@ from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
 from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.feeds.kvmeta_client import KVMetaLookup, precise_profiles
 from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.keys.gate import KeyGate
+from services.scheduler.keys.model import tenant_salt
 from services.scheduler.routing.types import RequestView
+from tests.helpers.keys import FakeKeyStore, fake_gate
 from tests.helpers.ports import free_port
 from tests.helpers.views import request_view
 
@@ -103,7 +106,9 @@ async def kvmeta(env: Env) -> AsyncIterator[tuple[str, IndexFeeder]]:
         await bounded(feeder.stop(checkpoint=False), "stopping the kvmeta feeder")
 
 
-async def make_gateway(env: Env, address: str, deadline_s: float = 0.5) -> tuple[Gateway, str]:
+async def make_gateway(
+    env: Env, address: str, deadline_s: float = 0.5, keys: KeyGate | None = None
+) -> tuple[Gateway, str]:
     core = build_core(
         [EndpointSpec(i, u) for i, u in env.engines.items()], perf_profile="test", block_size=BS
     )
@@ -118,6 +123,7 @@ async def make_gateway(env: Env, address: str, deadline_s: float = 0.5) -> tuple
         core,
         GatewayOptions(background=False, block_size=BS, deployment=env.deployment),
         prefix_lookup=lookup,
+        keys=keys,
     )
     srv = TestServer(gw.app(), host="127.0.0.1")
     await srv.start_server()
@@ -150,12 +156,16 @@ def body(prompt: str, **kw: Any) -> dict[str, Any]:
     return {"model": "tideserve-sim", "prompt": prompt, "max_tokens": 2, **kw}
 
 
-async def wait_indexed(feeder: IndexFeeder, env: Env, iid: str, blocks: int) -> None:
-    hashes = block_hashes(tokenize(SHARED), BS)
+async def wait_indexed(
+    feeder: IndexFeeder, env: Env, iid: str | None, blocks: int, salt: str = ""
+) -> None:
+    """Until kvmeta holds ``blocks`` of SHARED (in namespace ``salt``) on ``iid`` (None:
+    on any instance)."""
+    hashes = block_hashes(tokenize(SHARED), BS, tenant=salt)
     for _ in range(300):
         with_dep = env.deployment in feeder.block_sizes
         if with_dep:
-            got = feeder.index.match_prefix(env.deployment, "", hashes, [iid])
+            got = feeder.index.match_prefix(env.deployment, salt, hashes, [iid] if iid else None)
             if got and got[0].matched_blocks >= blocks:
                 return
         await asyncio.sleep(0.02)
@@ -293,3 +303,57 @@ async def test_grpc_pick_uses_kvmeta_too(env: Env, kvmeta: tuple[str, IndexFeede
     assert resp.decode.instance.instance_id == "e1"
     assert resp.predicted_cached_tokens == 25 * BS
     assert lookup.stats["ok"] == 1
+
+
+@pytest.mark.integration
+async def test_tenants_can_neither_reuse_nor_learn_of_each_others_prefix(
+    env: Env, kvmeta: tuple[str, IndexFeeder]
+) -> None:
+    """Keys on: globex's cached document helps globex (the control: reuse works) and
+    nobody else. kvmeta's index, asked in acme's namespace, knows of no block of it (only
+    globex's namespace does); acme, sending the same prompt (plain, with globex's salt, or
+    claiming to be globex), computes it from scratch wherever it lands."""
+    address, feeder = kvmeta
+    store = FakeKeyStore()
+    acme, globex = store.add("acme"), store.add("globex")
+    _, url = await make_gateway(env, address, keys=fake_gate(store))
+    prompt = SHARED + " question"
+    acme_ns, globex_ns = tenant_salt("acme", ""), tenant_salt("globex", "")
+
+    async def cached(key: str, headers: dict[str, str] | None = None, **kw: Any) -> Any:
+        h = {"Authorization": f"Bearer {key}", **(headers or {})}
+        async with http.post(url + "/v1/completions", json=body(prompt, **kw), headers=h) as r:
+            if r.status != 200:
+                return r.status
+            return (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    channel = grpc.aio.insecure_channel(address)
+    stub = kvmeta_pb2_grpc.KVMetaServiceStub(channel)
+
+    async def matched(namespace: str, hash_salt: str) -> int:
+        req = kvmeta_pb2.MatchPrefixRequest(
+            deployment=env.deployment,
+            tenant=namespace,
+            block_hashes=block_hashes(tokenize(SHARED), BS, tenant=hash_salt),
+        )
+        resp = await stub.MatchPrefix(req, timeout=5)
+        return max((m.matched_blocks for m in resp.matches), default=0)
+
+    try:
+        async with aiohttp.ClientSession() as http:
+            assert await cached(globex) == 0
+            await wait_indexed(feeder, env, None, 25, globex_ns)
+            assert await cached(globex) == 25 * BS  # the owner reuses it
+            # through the gRPC API: only globex's namespace holds the document
+            assert await matched(globex_ns, globex_ns) == 25  # control: the owner's view
+            assert await matched(acme_ns, acme_ns) == 0  # acme's own lookup of the prompt
+            assert await matched(acme_ns, globex_ns) == 0  # even holding globex's hashes
+            assert await matched("", "") == 0  # nothing in the unscoped namespace
+            # through the gateway: each probe in its own namespace (acme's earlier probe
+            # of the same namespace would be a hit of acme's own)
+            assert await cached(acme) == 0
+            assert await cached(acme, cache_salt=globex_ns) == 0
+            assert await cached(acme, {"X-Tideserve-Tenant": "globex"}) == 403
+            assert await cached(acme) == 25 * BS  # control: acme reuses its own
+    finally:
+        await channel.close()

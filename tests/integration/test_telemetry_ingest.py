@@ -305,6 +305,31 @@ async def test_get_session_turns_in_arrival_order(
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+async def test_get_session_of_one_tenant(stub: telemetry_pb2_grpc.TelemetryServiceStub) -> None:
+    """Session ids are the clients'; two tenants using one id see only their own turns
+    when the query names the tenant (the tenant on record is the API key's)."""
+    await stub.ReportRecords(
+        iter(
+            [
+                record("a1", session_id="shared", tenant="acme", arrival_ms=NOW_MS - 3000),
+                record("g1", session_id="shared", tenant="globex", arrival_ms=NOW_MS - 2000),
+                record("a2", session_id="shared", tenant="acme", arrival_ms=NOW_MS - 1500),
+            ]
+        )
+    )
+
+    async def turns(tenant: str) -> list[str]:
+        req = telemetry_pb2.GetSessionRequest(session_id="shared", tenant=tenant)
+        return [t.request_id for t in (await stub.GetSession(req)).turns]
+
+    assert await turns("") == ["a1", "g1", "a2"]  # control: the session holds both
+    assert await turns("acme") == ["a1", "a2"]
+    assert await turns("globex") == ["g1"]
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await turns("initech")
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
 async def test_model_rpcs_unimplemented_without_a_model(
     stub: telemetry_pb2_grpc.TelemetryServiceStub,
 ) -> None:

@@ -147,3 +147,36 @@ def test_cli_tracing_and_tool_flags(flags: list[str], expected: tuple[object, ..
     s = cli.settings_from_args(_args("--endpoints", "http://a:1", *flags))
     got = (s.trace_exporter, s.otlp_endpoint, s.trace_sample_ratio, s.record_tool_contents)
     assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        ({}, "api_keys: needs postgres_url"),
+        (
+            {"postgres_url": "postgresql://u@h/db", "forward_authorization": True},
+            "forward_authorization",
+        ),
+    ],
+    ids=["no-database", "would-forward-client-keys"],
+)
+def test_api_keys_refuse_settings_that_cannot_work(extra: dict[str, object], error: str) -> None:
+    with pytest.raises(StartupError, match=error):
+        Scheduler(SchedulerSettings(api_keys=True, **extra))  # type: ignore[arg-type]
+
+
+def test_api_keys_from_the_cli_flags_build_a_gate_without_io() -> None:
+    s = cli.settings_from_args(
+        _args(
+            "--endpoints",
+            "http://127.0.0.1:30001",
+            "--api-keys",
+            "--postgres-url",
+            "postgresql://u@127.0.0.1:1/db",
+        )
+    )
+    assert s.api_keys and s.postgres_url == "postgresql://u@127.0.0.1:1/db"
+    gw = Scheduler(s).gateway
+    assert gw.keys is not None and gw.keys.default_class == s.default_slo_class
+    assert gw.keys.classes == ("interactive", "agent", "batch")  # highest priority first
+    assert Scheduler(SchedulerSettings()).gateway.keys is None  # off by default

@@ -137,7 +137,7 @@ def _parse(body: Any, headers: dict[str, str] | None = None, kind: str = "chat")
         headers or {},
         models={"m"},
         classes={"interactive", "agent", "batch"},
-        limits=Limits(max_body_bytes=10_000, max_tokens=1000, max_prompt_tokens=50),
+        limits=Limits(max_body_bytes=10_000, max_tokens=1000, max_prompt_tokens=50, max_messages=3),
     )
 
 
@@ -165,7 +165,7 @@ def test_parse_chat_metadata_from_headers_and_body_and_stripped_from_forward() -
         ("chat", b"x" * 10_001, {}, 413, "body_too_large"),
         ("completion", {"model": "m"}, {}, 400, "missing"),
         ("completion", {"model": "m", "prompt": [1, -2]}, {}, 400, "invalid_type"),
-        ("completion", {"model": "m", "prompt": "w " * 51}, {}, 413, None),
+        ("completion", {"model": "m", "prompt": "w " * 51}, {}, 413, "prompt_too_long"),
         ("completion", {"model": "m", "prompt": "   "}, {}, 400, "empty"),
         ("chat", {"model": "m", "messages": [{"content": "x"}]}, {}, 400, "invalid_type"),
         (
@@ -189,6 +189,13 @@ def test_parse_chat_metadata_from_headers_and_body_and_stripped_from_forward() -
             400,
             "invalid_value",
         ),
+        (
+            "chat",
+            {"model": "m", "messages": [{"role": "u", "content": "x"}] * 4},
+            {},
+            400,
+            "too_many_messages",
+        ),
     ],
     ids=[
         "bad-utf8",
@@ -201,6 +208,7 @@ def test_parse_chat_metadata_from_headers_and_body_and_stripped_from_forward() -
         "zero-max-completion",
         "bad-deadline",
         "generate-max-new",
+        "too-many-messages",
     ],
 )
 def test_parse_errors(

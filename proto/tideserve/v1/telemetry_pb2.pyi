@@ -229,12 +229,14 @@ class GetRecommendationResponse(_message.Message):
     def __init__(self, prefill_replicas: _Optional[int] = ..., decode_replicas: _Optional[int] = ..., worker_replicas: _Optional[int] = ..., reasons: _Optional[_Iterable[str]] = ..., binding_constraint: _Optional[str] = ..., pd_ratio: _Optional[float] = ..., request_rate_rps: _Optional[float] = ..., mean_input_tokens: _Optional[float] = ..., mean_output_tokens: _Optional[float] = ..., cache_hit_ratio: _Optional[float] = ...) -> None: ...
 
 class GetSessionRequest(_message.Message):
-    __slots__ = ("session_id", "limit")
+    __slots__ = ("session_id", "limit", "tenant")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     limit: int
-    def __init__(self, session_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    tenant: str
+    def __init__(self, session_id: _Optional[str] = ..., limit: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class GetSessionResponse(_message.Message):
     __slots__ = ("turns",)

@@ -47,6 +47,7 @@ REDIS_KEYS: Mapping[str, tuple[str, ...]] = {
         "requests*",
         "routed:*",
         "inflight:*",
+        "rl:*",  # per-tenant rate-limit windows (scheduler/keys/counters.py)
     ),
     "kvmeta": ("kv:*", "load:*", "resync:*", "membership*"),
     "telemetry": ("requests*", "load:*", "membership*"),

@@ -70,10 +70,16 @@ def error_body(
 
 @dataclass(frozen=True, slots=True)
 class Limits:
+    """Request limits (all set by the scheduler's settings): body bytes (413), ``max_tokens``
+    (400), prompt tokens (413), chat messages (400) and request-header bytes (431, checked
+    by :func:`services.scheduler.http.limits.header_limit`)."""
+
     max_body_bytes: int = 32 * 1024 * 1024
     max_tokens: int = 131_072
     default_max_tokens: int = 256
     max_prompt_tokens: int = 1_000_000
+    max_messages: int = 10_000
+    max_header_bytes: int = 32 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,11 +192,23 @@ def parse_request(
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("'stream' must be a boolean", "stream", "invalid_type")
+    msgs = body.get("messages") if kind == "chat" else None
+    if isinstance(msgs, list) and len(msgs) > lim.max_messages:
+        raise _bad(
+            f"{len(msgs)} messages is over the limit of {lim.max_messages}",
+            "messages",
+            "too_many_messages",
+        )
     ids = _prompt_ids(kind, body, tokens or TokenPath())
     if not ids:
         raise _bad("the prompt is empty", "messages" if kind == "chat" else "prompt", "empty")
     if len(ids) > lim.max_prompt_tokens:
-        raise ApiError(413, f"prompt of {len(ids)} tokens is over {lim.max_prompt_tokens}")
+        raise ApiError(
+            413,
+            f"prompt of {len(ids)} tokens is over {lim.max_prompt_tokens}",
+            "messages" if kind == "chat" else "prompt",
+            "prompt_too_long",
+        )
     slo = headers.get(H_CLASS) or _str_field(body, "slo_class")
     if slo and slo not in classes:
         raise _bad(f"unknown SLO class {slo!r} (known: {sorted(classes)})", "slo_class")

@@ -61,10 +61,12 @@ from services.scheduler.core.records import RequestContext
 from services.scheduler.core.service import GatewayCore
 from services.scheduler.http import records, upstream
 from services.scheduler.http.forward import Forwarder
+from services.scheduler.http.limits import header_limit, parser_limits
 from services.scheduler.http.metrics import GatewayMetrics
 from services.scheduler.http.openai import ApiError, Kind, Limits, ParsedRequest, parse_request
 from services.scheduler.http.preemption import Preempted, Preemptor
 from services.scheduler.http.records import Finished
+from services.scheduler.keys.gate import KeyGate, RateLimited
 from services.scheduler.routing.types import NoEndpoint, RequestView
 from services.scheduler.routing.types import Shed as RouteShed
 
@@ -126,7 +128,7 @@ def _api_error(r: Refused) -> ApiError:
 
 def _error(e: ApiError) -> web.Response:
     resp = web.json_response(e.body(), status=e.status)
-    if isinstance(e, Overloaded):
+    if isinstance(e, Overloaded | RateLimited):
         resp.headers["Retry-After"] = str(max(1, math.ceil(e.retry_after_ms / 1000)))
         resp.headers["Retry-After-Ms"] = str(e.retry_after_ms)
     return resp
@@ -144,12 +146,15 @@ class Gateway:
         prefix_lookup: PrefixLookup | None = None,
         metrics: GatewayMetrics | None = None,
         tracer_provider: TracerProvider | None = None,
+        keys: KeyGate | None = None,
     ) -> None:
         """``metrics``: the families in the registry ``main`` passes down (default: a
         private registry of this gateway); ``tracer_provider``: the service's (default:
-        :func:`~services.common.otel.quiet_provider`)."""
+        :func:`~services.common.otel.quiet_provider`); ``keys``: API keys on (tenant and
+        classes from the key, rate limits; :mod:`services.scheduler.keys`)."""
         self.core = core
         self.opts = options or GatewayOptions()
+        self.keys = keys
         self.clock = clock
         self.wall = wall
         self.rng = rng or random.Random()
@@ -201,7 +206,9 @@ class Gateway:
     def app(self) -> web.Application:
         app = web.Application(
             client_max_size=self.opts.limits.max_body_bytes + 1,
+            handler_args=parser_limits(self.opts.limits),
             middlewares=[
+                header_limit(self.opts.limits.max_header_bytes),
                 otel.server_middleware(self.tracer_provider, exclude=("/health", "/metrics")),
                 records.request_contexts(
                     self.finished,
@@ -210,6 +217,7 @@ class Gateway:
                     rng=self.rng,
                     tool_contents=self.opts.record_tool_contents,
                 ),
+                *([self.keys.middleware] if self.keys else []),
             ],
         )
         r = app.router
@@ -344,11 +352,13 @@ class Gateway:
                 req.headers,
                 models=self.models,
                 classes=[c.name for c in self.core.queue.config.classes],
-                tenants=self.opts.tenants,
+                tenants=None if self.keys else self.opts.tenants,
                 limits=self.opts.limits,
                 tokens=self.opts.tokens,
                 tool_contents=self.opts.record_tool_contents,
             )
+            if self.keys is not None:
+                parsed = await self.keys.admit(req, parsed)
             if not parsed.profile and self.opts.profile:
                 parsed = replace(parsed, profile=self.opts.profile)
             slo_class = parsed.slo_class

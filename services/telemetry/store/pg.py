@@ -373,13 +373,17 @@ class RecordStore:
             row = await cur.fetchone()
         return bool(row and row[0])
 
-    async def session(self, session_id: str, limit: int) -> list[events_pb2.RequestRecord]:
-        """A session's records in arrival order (the most recent ``limit``; 0 = all)."""
+    async def session(
+        self, session_id: str, limit: int, tenant: str = ""
+    ) -> list[events_pb2.RequestRecord]:
+        """A session's records in arrival order (the most recent ``limit``; 0 = all), only
+        ``tenant``'s when it is set."""
+        scope = " AND tenant = %s" if tenant else ""
         query = (
             "SELECT record FROM telemetry.request_records WHERE session_id = %s AND "
-            "session_id <> '' ORDER BY arrival_ms DESC, request_id DESC"
+            f"session_id <> ''{scope} ORDER BY arrival_ms DESC, request_id DESC"
         )
-        params: list[object] = [session_id]
+        params: list[object] = [session_id, *([tenant] if tenant else [])]
         if limit > 0:
             query += " LIMIT %s"
             params.append(limit)
