@@ -118,6 +118,25 @@ def test_redis_consumer_group_flow_works_for_its_user(acl_redis: str) -> None:
         client.close()
 
 
+async def test_rate_limit_counters_work_for_the_scheduler_user(acl_redis: str) -> None:
+    """The gateway's per-tenant windows (a Lua script on ``{prefix}:rl:*``) run as the
+    scheduler's user; a refusal would only show as a silent per-replica fallback."""
+    import redis.asyncio as aioredis
+
+    from services.scheduler.keys.counters import RedisCounters
+
+    url = with_credentials(acl_redis, redis_user("scheduler"), PASSWORDS["scheduler"])
+    client = aioredis.Redis.from_url(url)
+    try:
+        counters = RedisCounters(client, prefix="ts")
+        first = await counters.add("tenant-a", 7, 1, 100, 60_000)
+        second = await counters.add("tenant-a", 7, 1, 50, 60_000)
+        assert counters.failures == 0
+        assert (first.cur_requests, second.cur_requests, second.cur_tokens) == (1, 2, 150)
+    finally:
+        await client.aclose()
+
+
 def _pg(url: str, service: str) -> psycopg.Connection:
     return psycopg.connect(
         db.to_libpq_url(with_credentials(url, pg_role(service), f"pg-{service}")), autocommit=True
