@@ -1,0 +1,87 @@
+"""The real Mooncake Transfer Engine in tests: why it is unavailable (for a skip that says
+so), and kvmeta's metadata endpoint in a child process.
+
+The endpoint cannot be served in the test's own process: ``TransferEngine.initialize`` holds
+the GIL while it PUTs its segment to the metadata server, so an in-process server never
+answers (curl times out after 3 s).
+
+``python -m tests.helpers.dataplane PORT`` serves :class:`MetadataServer` on 127.0.0.1:PORT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from functools import cache
+
+from tests.helpers.ports import free_port
+
+__all__ = ["metadata_process", "transfer_engine_unavailable"]
+
+
+@cache
+def transfer_engine_unavailable() -> str | None:
+    """None when ``mooncake.engine`` loads in a fresh interpreter, else the exact reason
+    (the data plane's own message, naming the package and the system libraries)."""
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from services.dataplane.transfer import load_transfer_engine as l; l()",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if probe.returncode == 0:
+        return None
+    return (probe.stderr.strip().splitlines() or ["(no output)"])[-1]
+
+
+@contextlib.contextmanager
+def metadata_process(start_timeout_s: float = 60.0) -> Iterator[str]:
+    """kvmeta's metadata endpoint in a child process on a free port; yields its URL once it
+    answers (404 for an unknown key)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.dataplane", str(port)])
+    url = f"http://127.0.0.1:{port}/metadata"
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            try:
+                urllib.request.urlopen(url + "?key=probe", timeout=2)
+            except urllib.error.HTTPError as err:
+                if err.code == 404:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"metadata server did not start (exit {proc.poll()})")
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def _serve(port: int) -> None:
+    from services.kvmeta.metadata_http import MetadataServer
+
+    server = MetadataServer("127.0.0.1", port)
+    await server.start()
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    asyncio.run(_serve(int(sys.argv[1])))
