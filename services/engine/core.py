@@ -27,6 +27,10 @@ samples its first token (vLLM discards the prefill's token). It reports ``prompt
 cached tokens (local hits + pulled), as vLLM's scheduler does. The step that ends a pull
 lists the request in ``StepResult.transferred`` (the shell tells the prefill peer it may
 free). A request with ``hold_kv`` keeps its KV after finishing on any role.
+
+Real KV bytes (``--kv-data-plane``): the shell pulls the bytes before it submits and passes
+the modelled time that took (``pulled_ms``, or a reduced ``kv_transfer_ms``), so the modelled
+hand-off lasts ``max(modelled transfer, real pull)``.
 """
 
 from __future__ import annotations
@@ -82,6 +86,9 @@ class Request:
     peer_cached_tokens: int = 0
     # vLLM-style: pull the prompt's KV from a prefill peer, then recompute the last token.
     remote_prefill: bool = False
+    # Modelled ms of the hand-off already spent by a real pull of the bytes (the shell pulled
+    # them before submitting): the modelled transfer waits only for what is left of it.
+    pulled_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -277,7 +284,8 @@ class EngineCore:
             # Pull what is not resident here; the last prompt token is recomputed locally.
             local = min(alloc.cached_blocks * self.cache.block_size, s.prompt_len)
             missing = s.prompt_len - local
-            s.ready_at = now + (self.profile.transfer_ms(missing) if missing else 0.0)
+            modelled = self.profile.transfer_ms(missing) if missing else 0.0
+            s.ready_at = now + max(0.0, modelled - s.req.pulled_ms)
             s.computed = s.cached = s.prompt_len - 1
             self.cached_tokens_total += s.cached
             self._transferring[s.req.rid] = s

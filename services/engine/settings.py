@@ -57,6 +57,25 @@ class EngineSettings(TracingSettings):
     bootstrap_port: int = Field(0, ge=0, le=65535, description="prefill: rendezvous port; 0 = none")
     bootstrap_timeout_s: float = Field(60.0, gt=0.0)
     hold_timeout_s: float = Field(30.0, gt=0.0, description="prefill frees unclaimed KV after")
+    # Real KV bytes over the Transfer Engine (services/dataplane).
+    kv_data_plane: bool = Field(
+        False, description="hold real KV bytes and move them over Mooncake's Transfer Engine"
+    )
+    te_metadata_url: str = Field(
+        "http://127.0.0.1:8081/metadata", description="kvmeta's Mooncake metadata endpoint"
+    )
+    te_protocol: Literal["tcp", "rdma"] = "tcp"
+    te_device: str = Field("", description="rdma: NIC names (mlx5_0,...); empty = discover")
+    te_hostname: str = Field(
+        "", description="segment name host:port; empty = host:<HTTP port> (or a free port)"
+    )
+    kv_bytes_scale: int = Field(
+        256, ge=1, description="a block holds profile KV bytes/token x block_size / this"
+    )
+    kv_staging_blocks: int = Field(
+        0, ge=0, description="arena slots receiving pulled blocks; 0 = the cache's capacity"
+    )
+    kv_transfer_timeout_s: float = Field(10.0, gt=0.0, description="a pull slower fails")
     state_dir: Path = Field(default_factory=lambda: Path.home() / ".local/share/tideserve")
     # Fault knobs.
     fail_rate: float = Field(0.0, ge=0.0, le=1.0, description="fraction of requests answered 500")
