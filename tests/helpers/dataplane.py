@@ -5,12 +5,10 @@ The endpoint cannot be served in the test's own process: ``TransferEngine.initia
 the GIL while it PUTs its segment to the metadata server, so an in-process server never
 answers (curl times out after 3 s).
 
-``python -m tests.helpers.dataplane PORT`` serves :class:`MetadataServer` on 127.0.0.1:PORT.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import subprocess
 import sys
@@ -50,7 +48,9 @@ def metadata_process(start_timeout_s: float = 60.0) -> Iterator[str]:
     """kvmeta's metadata endpoint in a child process on a free port; yields its URL once it
     answers (404 for an unknown key)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.dataplane", str(port)])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.kvmeta.metadata_http", "--port", str(port)]
+    )
     url = f"http://127.0.0.1:{port}/metadata"
     try:
         deadline = time.monotonic() + start_timeout_s
@@ -73,15 +73,3 @@ def metadata_process(start_timeout_s: float = 60.0) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-async def _serve(port: int) -> None:
-    from services.kvmeta.metadata_http import MetadataServer
-
-    server = MetadataServer("127.0.0.1", port)
-    await server.start()
-    await asyncio.Event().wait()
-
-
-if __name__ == "__main__":
-    asyncio.run(_serve(int(sys.argv[1])))
