@@ -5,7 +5,8 @@ plain memcpy as the ceiling. TCP over loopback, reads (what a decode instance do
 Layout: kvmeta's metadata endpoint (``python -m services.kvmeta.metadata_http``) and one
 target process (``transfer_engine_bench --mode=target``, a registered DRAM buffer of
 ``--buffer-mib``) for every initiator. Initiators, one at a time, for ``--duration`` seconds
-each, interleaved over ``--rounds`` rounds (median reported; the machine is shared):
+each, interleaved over ``--rounds`` rounds (median and best reported; the machine is
+shared, and the best run is the one least disturbed by other processes):
 
 * ``native``: ``transfer_engine_bench --mode=initiator --threads=1`` (the wheel ships it);
 * ``raw``: ``TransferEngine.batch_transfer_sync_read`` in a Python loop, no wrapper;
@@ -214,7 +215,10 @@ def run_memcpy(block: int, batch: int, buffer: int, d: float) -> dict[str, Any]:
 
 
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {"gbps": round(statistics.median(r["gbps"] for r in runs), 3)}
+    out: dict[str, Any] = {
+        "gbps": round(statistics.median(r["gbps"] for r in runs), 3),
+        "best_gbps": round(max(r["gbps"] for r in runs), 3),  # least disturbed by neighbours
+    }
     out["runs_gbps"] = [round(r["gbps"], 3) for r in runs]
     if "max_event_loop_stall_ms" in runs[0]:
         out["max_event_loop_stall_ms"] = max(r["max_event_loop_stall_ms"] for r in runs)
@@ -289,6 +293,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             summary["wrapper"]["gbps"] / summary["native"]["gbps"], 3
         )
         summary["wrapper_vs_raw"] = round(summary["wrapper"]["gbps"] / summary["raw"]["gbps"], 3)
+        summary["best_wrapper_vs_native"] = round(
+            summary["wrapper"]["best_gbps"] / summary["native"]["best_gbps"], 3
+        )
         summary["native_vs_memcpy"] = round(
             summary["native"]["gbps"] / summary["memcpy"]["gbps"], 3
         )
