@@ -18,9 +18,11 @@ import urllib.request
 from collections.abc import Iterator
 from functools import cache
 
+import pytest
+
 from tests.helpers.ports import free_port
 
-__all__ = ["metadata_process", "transfer_engine_unavailable"]
+__all__ = ["metadata_process", "metadata_url_or_skip", "transfer_engine_unavailable"]
 
 
 @cache
@@ -73,3 +75,13 @@ def metadata_process(start_timeout_s: float = 60.0) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def metadata_url_or_skip() -> Iterator[str]:
+    """For a module fixture (``yield from``): kvmeta's metadata endpoint in a child process;
+    skips, saying why, when the Transfer Engine cannot load."""
+    reason = transfer_engine_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    with metadata_process() as url:
+        yield url

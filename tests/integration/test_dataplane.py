@@ -15,7 +15,7 @@ import pytest
 
 from services.dataplane.settings import DataPlaneSettings
 from services.dataplane.transfer import Arena, DataPlane, TransferError, TransferTimeout
-from tests.helpers.dataplane import metadata_process, transfer_engine_unavailable
+from tests.helpers.dataplane import metadata_url_or_skip
 from tests.helpers.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -23,39 +23,29 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 SIZE = 1 << 20
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _native() -> None:
-    reason = transfer_engine_unavailable()
-    if reason is not None:
-        pytest.skip(reason)
-
-
 Pair = tuple[DataPlane, Arena, DataPlane, Arena]
 
 
 @pytest.fixture(scope="module")
 def metadata_url() -> Iterator[str]:
-    with metadata_process() as url:
-        yield url
+    yield from metadata_url_or_skip()
 
 
 @pytest.fixture
 async def pair(metadata_url: str) -> AsyncIterator[Pair]:
-    url = metadata_url
-    if True:
-        planes: list[tuple[DataPlane, Arena]] = []
-        try:
-            for _ in range(2):
-                dp = DataPlane(DataPlaneSettings(f"127.0.0.1:{free_port()}", url))
-                await dp.start()
-                arena = Arena(SIZE)
-                await dp.register(arena)
-                planes.append((dp, arena))
-            yield planes[0][0], planes[0][1], planes[1][0], planes[1][1]
-        finally:
-            for dp, arena in planes:
-                await dp.close()
-                arena.close()
+    planes: list[tuple[DataPlane, Arena]] = []
+    try:
+        for _ in range(2):
+            dp = DataPlane(DataPlaneSettings(f"127.0.0.1:{free_port()}", metadata_url))
+            await dp.start()
+            arena = Arena(SIZE)
+            await dp.register(arena)
+            planes.append((dp, arena))
+        yield planes[0][0], planes[0][1], planes[1][0], planes[1][1]
+    finally:
+        for dp, arena in planes:
+            await dp.close()
+            arena.close()
 
 
 BATCHES = [

@@ -21,7 +21,7 @@ import pytest
 
 from services.common.tokens import block_hashes, tokenize
 from services.dataplane.blocks import block_content
-from tests.helpers.dataplane import metadata_process, transfer_engine_unavailable
+from tests.helpers.dataplane import metadata_url_or_skip
 from tests.helpers.engines import EngineFactory, EngineFleet, until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -32,11 +32,7 @@ PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False}
 
 @pytest.fixture(scope="module")
 def metadata_url() -> Iterator[str]:
-    reason = transfer_engine_unavailable()
-    if reason is not None:
-        pytest.skip(reason)
-    with metadata_process() as url:
-        yield url
+    yield from metadata_url_or_skip()
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.helpers.dataplane import metadata_process, transfer_engine_unavailable
+from tests.helpers.dataplane import metadata_url_or_skip
 from tests.helpers.ports import free_port
 from tests.integration._engine_proc import engine_process
 
@@ -27,11 +27,7 @@ LONG = " ".join(f"w{i}" for i in range(700))
 
 @pytest.fixture(scope="module")
 def metadata_url() -> Iterator[str]:
-    reason = transfer_engine_unavailable()
-    if reason is not None:
-        pytest.skip(reason)
-    with metadata_process() as url:
-        yield url
+    yield from metadata_url_or_skip()
 
 
 async def _post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
