@@ -26,7 +26,7 @@ from services.dataplane.settings import DataPlaneSettings
 from services.dataplane.transfer import Arena, DataPlane, TransferError, TransferTimeout
 from services.engine.settings import EngineSettings
 
-__all__ = ["KVBytes", "Pull", "kv_bytes_for"]
+__all__ = ["KVBytes", "Pull", "data_plane_for", "kv_bytes_for"]
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +141,19 @@ def kv_bytes_for(settings: EngineSettings, cache_blocks: int, per_token: int) ->
     here: ``DataPlaneUnavailable`` names what to install)."""
     if not settings.kv_data_plane:
         return None
+    return KVBytes(
+        data_plane_for(settings),
+        cache_blocks=cache_blocks,
+        staging_blocks=settings.kv_staging_blocks or cache_blocks,
+        block_bytes=block_bytes(per_token, settings.block_size, settings.kv_bytes_scale),
+    )
+
+
+def data_plane_for(settings: EngineSettings) -> DataPlane:
+    """The engine's data plane (not started); segment name ``te_hostname``, else
+    ``host:<HTTP port>`` (a free port's number when the HTTP port is 0)."""
     name = settings.te_hostname or f"{settings.host}:{settings.port or _free_port(settings.host)}"
-    plane = DataPlane(
+    return DataPlane(
         DataPlaneSettings(
             hostname=name,
             metadata_url=settings.te_metadata_url,
@@ -150,12 +161,6 @@ def kv_bytes_for(settings: EngineSettings, cache_blocks: int, per_token: int) ->
             device=settings.te_device,
             transfer_timeout_s=settings.kv_transfer_timeout_s,
         )
-    )
-    return KVBytes(
-        plane,
-        cache_blocks=cache_blocks,
-        staging_blocks=settings.kv_staging_blocks or cache_blocks,
-        block_bytes=block_bytes(per_token, settings.block_size, settings.kv_bytes_scale),
     )
 
 

@@ -28,7 +28,9 @@ class EngineSettings(TracingSettings):
     host: str = "127.0.0.1"
     port: int = Field(30001, ge=0, le=65535, description="HTTP API port; 0 picks a free one")
     instance_id: str = ""
-    role: Literal["aggregated", "prefill", "decode"] = "aggregated"
+    role: Literal["aggregated", "prefill", "decode", "kvcache"] = Field(
+        "aggregated", description="kvcache: hold a DRAM segment of the KV-cache tier, no model"
+    )
     profile: str = "h200-llama3.1-8b"
     model: str = "tideserve-sim"
     model_path: Path | None = Field(
@@ -76,6 +78,8 @@ class EngineSettings(TracingSettings):
         0, ge=0, description="arena slots receiving pulled blocks; 0 = the cache's capacity"
     )
     kv_transfer_timeout_s: float = Field(10.0, gt=0.0, description="a pull slower fails")
+    kvmeta_address: str = Field("127.0.0.1:50052", description="kvcache role: kvmeta's gRPC")
+    kvcache_mib: int = Field(1024, ge=1, description="kvcache role: DRAM segment size (MiB)")
     state_dir: Path = Field(default_factory=lambda: Path.home() / ".local/share/tideserve")
     # Fault knobs.
     fail_rate: float = Field(0.0, ge=0.0, le=1.0, description="fraction of requests answered 500")
