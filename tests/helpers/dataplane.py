@@ -10,19 +10,22 @@ answers (curl times out after 3 s).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from functools import cache
+from typing import Any
 
 import pytest
 
 from tests.helpers.ports import free_port
 
-__all__ = ["metadata_process", "metadata_url_or_skip", "transfer_engine_unavailable"]
+__all__ = ["FakeNative", "metadata_process", "metadata_url_or_skip", "transfer_engine_unavailable"]
 
 
 @cache
@@ -85,3 +88,31 @@ def metadata_url_or_skip() -> Iterator[str]:
         pytest.skip(reason)
     with metadata_process() as url:
         yield url
+
+
+class FakeNative:
+    """The Transfer Engine's Python surface: copies between addresses in this process;
+    ``gate`` (when set) blocks every batch until it is set; ``rc`` is what batches return."""
+
+    gate: threading.Event | None = None
+    rc = 0
+    init_rc = 0
+
+    def initialize(self, host: str, url: str, protocol: str, device: str) -> int:
+        return self.init_rc
+
+    def register_memory(self, addr: int, size: int) -> int:
+        return 0
+
+    def unregister_memory(self, addr: int) -> int:
+        return 0
+
+    def batch_transfer_sync_read(self, peer: str, local: Any, remote: Any, lengths: Any) -> int:
+        if self.gate is not None:
+            self.gate.wait(10)
+        if self.rc == 0:
+            for lo, ro, n in zip(local, remote, lengths, strict=True):
+                ctypes.memmove(lo, ro, n)
+        return self.rc
+
+    batch_transfer_sync_write = batch_transfer_sync_read

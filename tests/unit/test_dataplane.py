@@ -20,6 +20,7 @@ from services.dataplane.transfer import (
     TransferError,
     TransferTimeout,
 )
+from tests.helpers.dataplane import FakeNative
 
 
 @pytest.mark.parametrize(
@@ -70,36 +71,6 @@ def test_arena_reads_back_what_was_written_and_bounds_checks() -> None:
             arena.write((1 << 16) - 1, b"xy")
     finally:
         arena.close()
-
-
-class FakeNative:
-    """The Transfer Engine's Python surface: copies between addresses in this process;
-    ``gate`` (when set) blocks every batch until it is set; ``rc`` is what batches return."""
-
-    gate: threading.Event | None = None
-    rc = 0
-    init_rc = 0
-
-    def initialize(self, host: str, url: str, protocol: str, device: str) -> int:
-        return self.init_rc
-
-    def register_memory(self, addr: int, size: int) -> int:
-        return 0
-
-    def unregister_memory(self, addr: int) -> int:
-        return 0
-
-    def batch_transfer_sync_read(self, peer: str, local: Any, remote: Any, lengths: Any) -> int:
-        import ctypes
-
-        if self.gate is not None:
-            self.gate.wait(10)
-        if self.rc == 0:
-            for lo, ro, n in zip(local, remote, lengths, strict=True):
-                ctypes.memmove(lo, ro, n)
-        return self.rc
-
-    batch_transfer_sync_write = batch_transfer_sync_read
 
 
 def _plane(native: type[Any], timeout_s: float = 5.0) -> DataPlane:

@@ -1,0 +1,93 @@
+"""The engine's KV bytes over a fake Transfer Engine (copies within this process): cached
+blocks get their contents, a pull is verified, and a failed or timed-out pull is reported
+(the caller recomputes) with the staging slots kept out of use until the native call ends."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from services.dataplane.blocks import block_content
+from services.dataplane.location import KVLocation
+from services.dataplane.settings import DataPlaneSettings
+from services.dataplane.transfer import DataPlane
+from services.engine.kvbytes import KVBytes
+from tests.helpers.dataplane import FakeNative
+from tests.helpers.waits import eventually
+
+BB = 256
+HASHES = [11, 22, 33, 44]
+
+
+async def _kvbytes(native: type[Any], timeout_s: float = 5.0) -> KVBytes:
+    plane = DataPlane(DataPlaneSettings("127.0.0.1:1", transfer_timeout_s=timeout_s), native=native)
+    kvb = KVBytes(plane, cache_blocks=4, staging_blocks=4, block_bytes=BB)
+    await kvb.start()
+    return kvb
+
+
+@pytest.fixture
+async def peer() -> AsyncIterator[KVBytes]:
+    kvb = await _kvbytes(FakeNative)
+    kvb.fill([(h, slot) for slot, h in enumerate(HASHES)])
+    yield kvb
+    await kvb.close()
+
+
+def _loc(peer: KVBytes, order: list[int] | None = None) -> KVLocation:
+    slots: list[int | None] = list(order if order is not None else range(len(HASHES)))
+    return peer.location(slots)
+
+
+async def test_pull_moves_and_verifies(peer: KVBytes) -> None:
+    me = await _kvbytes(FakeNative)
+    try:
+        res = await me.pull(_loc(peer), HASHES, 1, timeout_s=5)  # block 0 held locally
+        assert (res.ok, res.blocks, res.nbytes) == (True, 3, 3 * BB)
+        assert me._staging.free == 4  # given back
+        assert me.arena is not None
+        assert me.arena.read(4 * BB, BB) == block_content(HASHES[1], BB)  # first staging slot
+    finally:
+        await me.close()
+
+
+@pytest.mark.parametrize(
+    ("order", "bb", "error"),
+    [([1, 0, 2, 3], BB, "wrong bytes"), (None, 2 * BB, "peer blocks are")],
+    ids=["swapped-blocks", "block-size"],
+)
+async def test_bad_pull_is_reported(
+    peer: KVBytes, order: list[int] | None, bb: int, error: str
+) -> None:
+    me = await _kvbytes(FakeNative)
+    try:
+        loc = _loc(peer, order)
+        loc = KVLocation(loc.segment, bb, loc.addrs)
+        res = await me.pull(loc, HASHES, 0, timeout_s=5)
+        assert not res.ok and error in res.error
+        assert me.pulls_failed == 1 and me._staging.free == 4
+    finally:
+        await me.close()
+
+
+async def test_timed_out_pull_keeps_staging_until_the_call_returns(peer: KVBytes) -> None:
+    gate = threading.Event()
+    me = await _kvbytes(type("Stuck", (FakeNative,), {"gate": gate}))
+    try:
+        res = await me.pull(_loc(peer), HASHES, 0, timeout_s=0.05)
+        assert not res.ok and "not done after" in res.error
+        assert me._staging.free == 0  # the native call may still write them
+        assert (await me.pull(_loc(peer), HASHES, 0, timeout_s=0.05)).error.startswith(
+            "no staging space"
+        )
+        gate.set()
+
+        async def given_back() -> bool:  # once the native call has ended
+            return me._staging.free == 4
+
+        await eventually(given_back)
+    finally:
+        await me.close()
