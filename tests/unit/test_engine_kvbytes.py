@@ -4,8 +4,10 @@ blocks get their contents, a pull is verified, and a failed or timed-out pull is
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,3 +93,16 @@ async def test_timed_out_pull_keeps_staging_until_the_call_returns(peer: KVBytes
         await eventually(given_back)
     finally:
         await me.close()
+
+
+def test_engine_without_the_native_library_exits_naming_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from services.engine.cli import main
+
+    monkeypatch.setitem(sys.modules, "mooncake.engine", None)  # as without the wheel
+    code = main(["--kv-data-plane", "--port", "0", "--state-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "tideserve engine: data plane: the Mooncake Transfer Engine cannot be loaded" in err
+    assert "mooncake-transfer-engine-non-cuda" in err and "libibverbs1" in err
