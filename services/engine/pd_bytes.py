@@ -35,7 +35,10 @@ class PDBytes:
         now_ms: Callable[[], float],
         *,
         timeout_s: float,
+        on_pull: Callable[[bool, int, float], None] | None = None,
     ) -> None:
+        """``on_pull(ok, bytes, wall ms)`` after every pull (the engine's metrics)."""
+        self.on_pull = on_pull
         self.kvbytes = kvbytes
         self.cache = cache
         self.now_ms = now_ms
@@ -57,10 +60,18 @@ class PDBytes:
         t0 = self.now_ms()
         res = await self.kvbytes.pull(loc, hashes, self.cache.match(hashes), self.timeout_s)
         if not res.ok:
-            self.recomputed += 1
+            self.failed()
             return None
+        if self.on_pull is not None:
+            self.on_pull(True, res.nbytes, res.ms)
         self._ms[rid] = res.ms
         return self.now_ms() - t0
+
+    def failed(self) -> None:
+        """Count a hand-off that recomputes (a failed pull, or a location that is no good)."""
+        self.recomputed += 1
+        if self.on_pull is not None:
+            self.on_pull(False, 0, 0.0)
 
     def take_ms(self, rid: str) -> float:
         """Wall ms of the transfer of ``rid``'s pull (0.0 if none), forgotten after."""

@@ -139,6 +139,7 @@ class EngineServer:
                 self.core.cache,
                 self.now_ms,
                 timeout_s=settings.kv_transfer_timeout_s,
+                on_pull=self.metrics.on_kv_pull,
             )
             if self.kvbytes is not None
             else None

@@ -96,6 +96,10 @@ async def test_sglang_hand_off_moves_verified_bytes(
     assert decode.kvbytes.plane.bytes_moved == 10 * decode.kvbytes.block_bytes
     assert decode.core.prompt_tokens_total == 0  # nothing recomputed
     await until(lambda: prefill.core.num_held == 0, "the decode's notification freed the KV")
+    async with http.get(durl + "/metrics") as resp:
+        metrics = await resp.text()
+    assert 'tideserve:kv_pulls_total{model_name="tideserve-sim",outcome="ok"} 1.0' in metrics
+    assert 'tideserve:kv_pull_bytes_total{model_name="tideserve-sim"} 10240.0' in metrics
 
 
 async def test_vllm_hand_off_moves_verified_bytes(
@@ -149,5 +153,10 @@ async def test_failed_pull_recomputes_the_same_answer(
     assert got["choices"][0]["text"] == want["choices"][0]["text"]
     assert "kv_transfer_ms" not in got["usage"]
     assert decode.pd_bytes is not None and decode.pd_bytes.recomputed == 1
+    async with http.get(durl + "/metrics") as resp:
+        metrics = await resp.text()
+    assert (
+        'tideserve:kv_pulls_total{model_name="tideserve-sim",outcome="recomputed"} 1.0' in metrics
+    )
     assert decode.core.prompt_tokens_total == len(tokenize(LONG))  # recomputed here
     await until(lambda: prefill.core.num_held == 0, "the 'aborted' notification freed the KV")
