@@ -30,7 +30,9 @@ free). A request with ``hold_kv`` keeps its KV after finishing on any role.
 
 Real KV bytes (``--kv-data-plane``): the shell pulls the bytes before it submits and passes
 the modelled time that took (``pulled_ms``, or a reduced ``kv_transfer_ms``), so the modelled
-hand-off lasts ``max(modelled transfer, real pull)``.
+hand-off lasts ``max(modelled transfer, real pull)``. A request with ``fetched_tokens`` (the
+shell fetched that prefix from the KV-cache tier) counts them as cached, waits
+``fetch_wait_ms`` before its first prefill chunk, and computes only the rest.
 """
 
 from __future__ import annotations
@@ -89,6 +91,10 @@ class Request:
     # Modelled ms of the hand-off already spent by a real pull of the bytes (the shell pulled
     # them before submitting): the modelled transfer waits only for what is left of it.
     pulled_ms: float = 0.0
+    # KV-cache tier: the shell fetched the KV of this many leading prompt tokens (they count
+    # as cached, like local hits) and the modelled fetch still lasts ``fetch_wait_ms``.
+    fetched_tokens: int = 0
+    fetch_wait_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -297,9 +303,14 @@ class EngineCore:
             self._transferring[s.req.rid] = s
             return True
         # At least one prompt token is always computed (it yields the first logits).
-        s.cached = min(alloc.cached_blocks * self.cache.block_size, s.prompt_len - 1)
+        local = alloc.cached_blocks * self.cache.block_size
+        s.cached = min(max(local, s.req.fetched_tokens), s.prompt_len - 1)
         s.computed = s.cached
         self.cached_tokens_total += s.cached
+        if s.req.fetched_tokens > local and s.req.fetch_wait_ms > 0:
+            s.ready_at = now + s.req.fetch_wait_ms
+            self._transferring[s.req.rid] = s
+            return True
         self._running[s.req.rid] = s
         return True
 
@@ -310,6 +321,8 @@ class EngineCore:
                 self._running[rid] = s
                 if s.req.remote_prefill:
                     pulled.append(rid)  # the last prompt token is computed by this step
+                elif s.req.fetched_tokens:
+                    pass  # fetched from the tier: the rest of the prompt is computed here
                 else:
                     outputs.append(self._emit(s, 1, now))  # the first token came with the KV
 

@@ -17,13 +17,21 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+
+import grpc
 
 from services.dataplane.blocks import SlotPool, block_bytes, block_content, mismatched
 from services.dataplane.location import KVLocation
 from services.dataplane.settings import DataPlaneSettings
-from services.dataplane.transfer import Arena, DataPlane, TransferError, TransferTimeout
+from services.dataplane.transfer import (
+    Arena,
+    DataPlane,
+    Transfer,
+    TransferError,
+    TransferTimeout,
+)
 from services.engine.settings import EngineSettings
 
 __all__ = ["KVBytes", "Pull", "data_plane_for", "kv_bytes_for"]
@@ -72,6 +80,10 @@ class KVBytes:
             self.arena.close()
             self.arena = None
 
+    def addr(self, slot: int) -> int:
+        """Address of a cache slot (``0 .. cache_blocks-1``) in the arena."""
+        return self._addr(slot)
+
     def _addr(self, slot: int) -> int:
         assert self.arena is not None
         return self.arena.base + slot * self.block_bytes
@@ -103,6 +115,22 @@ class KVBytes:
         if loc.block_bytes != self.block_bytes:
             return self._failed(f"peer blocks are {loc.block_bytes} bytes, ours {self.block_bytes}")
         want = list(hashes[start : len(loc.addrs)])
+        remote = list(loc.addrs[start : start + len(want)])
+
+        async def read(local: list[int]) -> Transfer:
+            sizes = [self.block_bytes] * len(local)
+            return await self.plane.read(loc.segment, local, remote, sizes, timeout_s)
+
+        return await self.receive(want, read)
+
+    async def receive(
+        self, want: Sequence[int], read: Callable[[list[int]], Awaitable[Transfer]]
+    ) -> Pull:
+        """Receive the blocks ``want`` (hashes) into staging slots with ``await read(local
+        addresses)``, verify them and give the slots back. Never raises: a failure of
+        ``read`` (transfer error, timeout, kvmeta error, missing object) is a failed Pull."""
+        if self.arena is None:
+            return self._failed("the data plane is not started")
         if not want:
             self.pulls_ok += 1
             return Pull(True)
@@ -110,23 +138,19 @@ class KVBytes:
         if slots is None:
             return self._failed(f"no staging space for {len(want)} blocks")
         base = self.cache_blocks
-        local = [self._addr(base + s) for s in slots]
-        remote = list(loc.addrs[start : start + len(want)])
         try:
-            done = await self.plane.read(
-                loc.segment, local, remote, [self.block_bytes] * len(want), timeout_s
-            )
+            done = await read([self._addr(base + s) for s in slots])
         except TransferTimeout as err:
             err.pending.add_done_callback(lambda _f: self._staging.give(slots))
             return self._failed(str(err))
-        except TransferError as err:
+        except (TransferError, LookupError, grpc.aio.AioRpcError) as err:
             self._staging.give(slots)
             return self._failed(str(err))
         got = [self.arena.read((base + s) * self.block_bytes, self.block_bytes) for s in slots]
         self._staging.give(slots)
         bad = mismatched(want, got)
         if bad:
-            return self._failed(f"{len(bad)} of {len(want)} pulled blocks have wrong bytes")
+            return self._failed(f"{len(bad)} of {len(want)} received blocks have wrong bytes")
         self.pulls_ok += 1
         return Pull(True, len(want), done.nbytes, done.ms)
 
