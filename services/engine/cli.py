@@ -109,13 +109,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="hold real KV bytes and move them over Mooncake's Transfer Engine (P/D)",
     )
+    p.add_argument(
+        "--kvcache-tier",
+        action="store_true",
+        default=None,
+        help="write cached blocks through to the KV-cache tier and fetch prefixes from it "
+        "(kvmeta at --kvmeta-address; implies --kv-data-plane)",
+    )
     add_flags(p, _FLAGS)
     p.set_defaults(func=run)
 
 
 def settings_from_args(args: argparse.Namespace) -> EngineSettings:
     overrides = flag_overrides(
-        args, _FLAGS, ["role", "metrics_dialect", "refuse_health", "kv_data_plane"]
+        args,
+        _FLAGS,
+        ["role", "metrics_dialect", "refuse_health", "kv_data_plane", "kvcache_tier"],
     )
     return EngineSettings(**overrides)
 

@@ -163,7 +163,7 @@ class KVBytes:
 def kv_bytes_for(settings: EngineSettings, cache_blocks: int, per_token: int) -> KVBytes | None:
     """The engine's real KV bytes when ``kv_data_plane`` is on (the native library loads
     here: ``DataPlaneUnavailable`` names what to install)."""
-    if not settings.kv_data_plane:
+    if not (settings.kv_data_plane or settings.kvcache_tier):
         return None
     return KVBytes(
         data_plane_for(settings),

@@ -69,6 +69,7 @@ from services.engine.metrics import EngineMetrics
 from services.engine.pd_bytes import PDBytes
 from services.engine.respond import Live
 from services.engine.settings import EngineSettings
+from services.engine.tier_io import TierIO, tier_io_for
 
 __all__ = ["TRACED_PATHS", "EngineServer", "write_model_dir"]
 
@@ -144,6 +145,7 @@ class EngineServer:
             if self.kvbytes is not None
             else None
         )
+        self.tier_io: TierIO | None = None  # with --kvcache-tier, built at startup
         self.rendezvous = pd_sglang.Rendezvous(
             self.core,
             self.profile,
@@ -186,6 +188,8 @@ class EngineServer:
         self._t0 = time.monotonic()
         if self.kvbytes is not None:
             await self.kvbytes.start()  # DataPlaneError: the engine does not start
+            if self.settings.kvcache_tier:
+                self.tier_io = tier_io_for(self.settings, self.kvbytes, self.core, self.now_ms)
         p = self.tracer_provider
         self._http = aiohttp.ClientSession(
             trace_configs=[otel.client_trace_config(p)] if p is not None else None
@@ -238,6 +242,8 @@ class EngineServer:
         await self.remote_kv.close()
         if self._http is not None:
             await self._http.close()
+        if self.tier_io is not None:
+            await self.tier_io.close()
         if self.kvbytes is not None:
             await self.kvbytes.close()
 
@@ -262,6 +268,8 @@ class EngineServer:
             filled = self.core.cache.drain_filled()
             if self.kvbytes is not None:
                 self.kvbytes.fill(filled)  # before the outputs say the prompt is done
+            if self.tier_io is not None:
+                self.tier_io.written(filled)
             if res is None:
                 self._kick.clear()
                 wake = self.core.next_wakeup(now)
@@ -439,7 +447,7 @@ class EngineServer:
         b = gen.bootstrap
         base = Request(rid, gen.prompt_ids, gen.max_new_tokens, gen.tenant)
         if b is None:
-            return base
+            return base if self.tier_io is None else await self.tier_io.fetch(base, gen)
         if self.role is EngineRole.PREFILL:
             return self.rendezvous.prefill_request(rid, gen)
         if self.role is EngineRole.DECODE and b.port is not None:

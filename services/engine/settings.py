@@ -79,6 +79,12 @@ class EngineSettings(TracingSettings):
     )
     kv_transfer_timeout_s: float = Field(10.0, gt=0.0, description="a pull slower fails")
     kvmeta_address: str = Field("127.0.0.1:50052", description="kvcache role: kvmeta's gRPC")
+    kvcache_tier: bool = Field(
+        False,
+        description="write cached blocks through to the KV-cache tier (kvmeta at "
+        "kvmeta_address) and fetch prefixes from it instead of recomputing; implies "
+        "kv_data_plane",
+    )
     kvcache_mib: int = Field(1024, ge=1, description="kvcache role: DRAM segment size (MiB)")
     state_dir: Path = Field(default_factory=lambda: Path.home() / ".local/share/tideserve")
     # Fault knobs.

@@ -3,7 +3,9 @@ kvmeta's object master (served in this process over gRPC, no persistence); one d
 stores blocks into it through PutStart/PutEnd, another fetches them through GetReplicaList,
 and every byte is checked against the block hashes. A fetch held up past the lease keeps its
 objects leased (the keeper renews), so kvmeta refuses to remove them; without the keeper the
-lease lapses and the same Remove succeeds. The real Mooncake Transfer Engine, TCP on loopback.
+lease lapses and the same Remove succeeds. Two engines with ``kvcache_tier``: what the first
+computed is written through to the tier, and the second fetches that prefix (verified)
+instead of computing it. The real Mooncake Transfer Engine, TCP on loopback.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 from tideserve.v1 import kvmeta_pb2, kvmeta_pb2_grpc
 
+from services.common.tokens import block_hashes, tokenize
 from services.dataplane.blocks import block_content, mismatched
 from services.dataplane.settings import DataPlaneSettings
 from services.dataplane.tier import KVTier, block_key
@@ -26,6 +30,7 @@ from services.dataplane.transfer import Arena, DataPlane, Transfer
 from services.kvmeta.objects import ObjectMaster
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
 from tests.helpers.dataplane import metadata_url_or_skip
+from tests.helpers.engines import EngineFleet
 from tests.helpers.ports import free_port
 from tests.helpers.waits import eventually
 from tests.integration._engine_proc import engine_process
@@ -36,6 +41,7 @@ DEP = "tier"
 LEASE_S = 1.0
 BLOCK = 4096
 HASHES = [0x1234_5678_9ABC_DEF0 + i for i in range(12)]
+LONG = " ".join(f"w{i}" for i in range(700))  # 10 full blocks of 64 tokens + a tail
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +52,7 @@ def metadata_url() -> Iterator[str]:
 @dataclass
 class Tier:
     master: ObjectMaster
+    kvmeta_address: str
     stub: Any
     writer: KVTier
     reader: KVTier
@@ -81,7 +88,7 @@ async def tier(tmp_path: Path, metadata_url: str) -> AsyncIterator[Tier]:
                 await dp.register(arena)
                 arenas.append(arena)
                 tiers.append(KVTier(stub, dp, DEP))
-            yield Tier(master, stub, tiers[0], tiers[1], arenas[0], arenas[1])
+            yield Tier(master, f"127.0.0.1:{port}", stub, tiers[0], tiers[1], arenas[0], arenas[1])
         assert master.segments(DEP) == []  # the kvcache process unmounted on SIGTERM
     finally:
         for dp in planes:
@@ -159,3 +166,39 @@ async def test_lease_across_a_slow_fetch(tier: Tier, keep: bool) -> None:
         assert await _remove(tier) == grpc.StatusCode.OK  # the lease lapsed: removable
         held.go.set()
         await asyncio.wait_for(fetch, 30)
+
+
+async def test_engine_fetches_what_another_engine_wrote_through(
+    tier: Tier, tmp_path: Path, metadata_url: str, http: aiohttp.ClientSession
+) -> None:
+    fleet = EngineFleet(
+        tmp_path,
+        serve="runner",
+        profile="test",
+        speedup=20.0,
+        deployment=DEP,
+        kvcache_tier=True,
+        kvmeta_address=tier.kvmeta_address,
+        te_metadata_url=metadata_url,
+    )
+    try:
+        first, furl = await fleet.start()
+        second, surl = await fleet.start()
+        body = {"prompt": LONG, "max_tokens": 4}
+        async with http.post(furl + "/v1/completions", json=body) as resp:
+            want = await resp.json()
+        keys = [block_key(h) for h in block_hashes(tokenize(LONG), first.settings.block_size)]
+        assert len(keys) == 10
+
+        async def written_through() -> bool:
+            return all(tier.master.exist(DEP, "", keys))
+
+        await eventually(written_through)
+        async with http.post(surl + "/v1/completions", json=body) as resp:
+            got = await resp.json()
+        assert got["choices"][0]["text"] == want["choices"][0]["text"]
+        assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == 640  # fetched
+        assert second.tier_io is not None and second.tier_io.fetched_blocks == 10
+        assert second.core.prompt_tokens_total == len(tokenize(LONG)) - 640
+    finally:
+        await fleet.close()
