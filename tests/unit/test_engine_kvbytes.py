@@ -106,3 +106,32 @@ def test_engine_without_the_native_library_exits_naming_it(
     assert code == 2
     assert "tideserve engine: data plane: the Mooncake Transfer Engine cannot be loaded" in err
     assert "mooncake-transfer-engine-non-cuda" in err and "libibverbs1" in err
+
+
+@pytest.mark.parametrize(
+    ("profile", "cached", "fetch", "want"),
+    [
+        ("test", 0, 640, True),
+        ("test", 576, 64, True),
+        ("test", 0, 0, False),
+        ("h200-llama3.1-8b", 0, 640, True),
+    ],
+    ids=["long-prefix", "one-block-after-context", "nothing", "h200"],
+)
+def test_fetch_pays_when_the_transfer_beats_prefill(
+    profile: str, cached: int, fetch: int, want: bool
+) -> None:
+    from services.common.perfmodel import get_profile
+    from services.engine.tier_io import fetch_pays
+
+    assert fetch_pays(get_profile(profile), cached, fetch) is want
+
+
+def test_fetch_does_not_pay_over_a_slow_link() -> None:
+    import dataclasses
+
+    from services.common.perfmodel import get_profile
+    from services.engine.tier_io import fetch_pays
+
+    slow = dataclasses.replace(get_profile("test"), link_bandwidth=1e6)  # 1 MB/s
+    assert fetch_pays(slow, 0, 640) is False
