@@ -1,6 +1,6 @@
 """The data plane's pure bookkeeping (block bytes, contents, slots) and the wrapper's
 completion, error and timeout handling over a fake native engine (the real one is exercised
-in tests/integration/test_dataplane.py)."""
+in tests/integration/test_dataplane_native.py)."""
 
 from __future__ import annotations
 
