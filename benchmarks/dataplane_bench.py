@@ -43,6 +43,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._dataplane import start_metadata
 from benchmarks._harness import (
     ProcGroup,
     command_line,
@@ -93,17 +94,7 @@ def start_processes(
     group: ProcGroup, binary: str | None, buffer: int, env: dict[str, str]
 ) -> tuple[str, str, int]:
     """kvmeta's metadata endpoint and the target; (metadata URL, target segment, its base)."""
-    mport = free_port()
-    group.start(
-        "metadata", [sys.executable, "-m", "services.kvmeta.metadata_http", "--port", str(mport)]
-    )
-    meta = f"http://127.0.0.1:{mport}/metadata"
-    deadline = time.monotonic() + 60
-    while http_get(f"{meta}?key=probe")[0] != 404:  # up (404: no such key)
-        group.check()
-        if time.monotonic() > deadline:
-            raise RuntimeError("the metadata server did not start")
-        time.sleep(0.05)
+    meta = start_metadata(group)
     if binary is None:
         raise RuntimeError("the wheel ships no transfer_engine_bench (see README section)")
     target = f"127.0.0.1:{free_port()}"

@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +32,13 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._dataplane import pct, start_metadata, streamed
 from benchmarks._harness import (
     MOONCAKE_CONVERSATION,
     ProcGroup,
     command_line,
     emit_json,
     free_port,
-    http_get,
     machine,
     tideserve,
     wait_http,
@@ -51,17 +49,7 @@ from services.bench.traces import load_trace
 
 def start(group: ProcGroup, args: argparse.Namespace) -> tuple[str, str, int]:
     """Metadata server, prefill, decode; (prefill URL, decode URL, bootstrap port)."""
-    mport = free_port()
-    group.start(
-        "metadata", [sys.executable, "-m", "services.kvmeta.metadata_http", "--port", str(mport)]
-    )
-    meta = f"http://127.0.0.1:{mport}/metadata"
-    deadline = time.monotonic() + 60
-    while http_get(f"{meta}?key=probe")[0] != 404:
-        group.check()
-        if time.monotonic() > deadline:
-            raise RuntimeError("the metadata server did not start")
-        time.sleep(0.05)
+    meta = start_metadata(group)
     common = [
         "--profile", args.profile, "--speedup", "1", "--kv-data-plane",
         "--te-metadata-url", meta, "--kv-bytes-scale", str(args.kv_bytes_scale),
@@ -83,22 +71,11 @@ def start(group: ProcGroup, args: argparse.Namespace) -> tuple[str, str, int]:
 async def one(
     http: aiohttp.ClientSession, purl: str, durl: str, body: dict[str, Any]
 ) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    first: float | None = None
-    usage: dict[str, Any] = {}
+    out: tuple[float, dict[str, Any]] = (0.0, {})
 
     async def decode() -> None:
-        nonlocal first, usage
-        async with http.post(durl + "/v1/completions", json={**body, "stream": True}) as r:
-            r.raise_for_status()
-            async for raw in r.content:
-                line = raw.decode().strip()
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                if first is None:
-                    first = time.perf_counter()
-                chunk = json.loads(line[6:])
-                usage = chunk.get("usage") or usage
+        nonlocal out
+        out = await streamed(http, durl, body)
 
     async def prefill() -> None:
         async with http.post(purl + "/v1/completions", json=body) as r:
@@ -106,17 +83,12 @@ async def one(
             await r.read()
 
     await asyncio.gather(decode(), prefill())
-    assert first is not None
+    ttft_ms, usage = out
     return {
-        "ttft_ms": (first - t0) * 1000.0,
+        "ttft_ms": ttft_ms,
         "kv_transfer_ms": float(usage.get("kv_transfer_ms", 0.0)),
         "prompt_tokens": int(usage.get("prompt_tokens", 0)),
     }
-
-
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

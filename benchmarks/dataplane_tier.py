@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import socket
 import statistics
 import sys
@@ -36,13 +35,13 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._dataplane import pct, streamed, wait_metadata
 from benchmarks._harness import (
     MOONCAKE_CONVERSATION,
     ProcGroup,
     command_line,
     emit_json,
     free_port,
-    http_get,
     machine,
     tideserve,
     wait_http,
@@ -75,12 +74,7 @@ def start(group: ProcGroup, args: argparse.Namespace, kv_blocks: int, tier: bool
     }
     group.start("kvmeta", [sys.executable, "-m", "services.kvmeta"], env=env)
     meta = f"http://127.0.0.1:{mport}/metadata"
-    deadline = time.monotonic() + 120
-    while http_get(f"{meta}?key=probe")[0] != 404:
-        group.check()
-        if time.monotonic() > deadline:
-            raise RuntimeError("kvmeta's metadata endpoint did not start")
-        time.sleep(0.1)
+    wait_metadata(meta, group)
     wait_port(gport, group)
     te = ["--te-metadata-url", meta, "--kvmeta-address", f"127.0.0.1:{gport}"]
     common = ["--deployment", DEP, "--log-level", "WARNING", *te]
@@ -107,25 +101,6 @@ def start(group: ProcGroup, args: argparse.Namespace, kv_blocks: int, tier: bool
     return urls
 
 
-async def ttft(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[float, int]:
-    t0 = time.perf_counter()
-    first: float | None = None
-    cached = 0
-    async with http.post(url + "/v1/completions", json=body) as r:
-        r.raise_for_status()
-        async for raw in r.content:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            if first is None:
-                first = time.perf_counter()
-            usage = json.loads(line[6:]).get("usage")
-            if usage:
-                cached = int(usage["prompt_tokens_details"]["cached_tokens"])
-    assert first is not None
-    return (first - t0) * 1000.0, cached
-
-
 def multi_turn(requests: Sequence[TraceRequest], n: int) -> list[TraceRequest]:
     """The first ``n`` requests, in arrival order, of chains with two or more turns."""
     first: dict[tuple[int, ...], int] = {}
@@ -145,11 +120,6 @@ def multi_turn(requests: Sequence[TraceRequest], n: int) -> list[TraceRequest]:
     return [r for r in requests if sizes[root[r.index]] >= 2][:n]
 
 
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
 async def one_run(args: argparse.Namespace, kv_blocks: int, tier: bool) -> dict[str, Any]:
     reqs = multi_turn(load_trace(args.trace).requests, args.requests)
     prompts = PromptSynthesizer()
@@ -167,9 +137,9 @@ async def one_run(args: argparse.Namespace, kv_blocks: int, tier: bool) -> dict[
                     "stream": True,
                     "stream_options": {"include_usage": True},
                 }
-                t, c = await ttft(http, urls[i % 2], body)
+                t, usage = await streamed(http, urls[i % 2], body)
                 ttfts.append(t)
-                cached.append(c)
+                cached.append(int(usage["prompt_tokens_details"]["cached_tokens"]))
                 tokens += r.input_length
     finally:
         group.stop()
