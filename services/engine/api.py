@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from services.common.tokens import ChatError, TokenPath, chat_prompt, render_token
+from services.dataplane.location import KVLocation
 
 __all__ = [
     "BadRequest",
@@ -85,6 +86,8 @@ class KVTransferParams:
     remote_host: str | None = None
     remote_port: int | None = None
     tp_size: int | None = None
+    # Tideserve's extension: where the prefill holds the blocks (services.dataplane.location).
+    tideserve_kv: KVLocation | None = None
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,12 @@ def _kv_transfer(body: Mapping[str, Any]) -> KVTransferParams | None:
     if isinstance(tp, str) and tp.isdigit():
         tp = int(tp)
     engine = _opt(kv, "remote_engine_id", (str,), "a string")
+    loc = None
+    if kv.get("tideserve_kv") is not None:
+        try:
+            loc = KVLocation.from_json(kv["tideserve_kv"])
+        except ValueError as err:
+            raise BadRequest(f"'{key}.tideserve_kv' {err}", key, "invalid_type") from err
     return KVTransferParams(
         do_remote_decode=bool(_opt(kv, "do_remote_decode", (bool,), "a boolean")),
         do_remote_prefill=bool(_opt(kv, "do_remote_prefill", (bool,), "a boolean")),
@@ -188,6 +197,7 @@ def _kv_transfer(body: Mapping[str, Any]) -> KVTransferParams | None:
         remote_host=_opt(kv, "remote_host", (str,), "a string"),
         remote_port=_opt(kv, "remote_port", (int,), "an integer"),
         tp_size=tp if isinstance(tp, int) and not isinstance(tp, bool) else None,
+        tideserve_kv=loc,
     )
 
 
@@ -293,13 +303,18 @@ def render(token_ids: list[int] | tuple[int, ...], leading_space: bool) -> str:
     return (" " + text) if (leading_space and text) else text
 
 
-def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
-    return {
+def usage(prompt: int, completion: int, cached: int, kv_transfer_ms: float = 0.0) -> dict[str, Any]:
+    """OpenAI ``usage``; a decode that pulled its KV over the data plane adds
+    ``kv_transfer_ms`` (wall time of the transfer; the gateway records it)."""
+    out: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
+    if kv_transfer_ms > 0:
+        out["kv_transfer_ms"] = round(kv_transfer_ms, 3)
+    return out
 
 
 def completion_chunk(

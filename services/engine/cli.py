@@ -33,6 +33,13 @@ examples:
   # prompts tokenized like the served model (the gateway's --model-path gives equal counts)
   tideserve engine --port 30001 --model-path /models/llama
 
+  # a P/D pair moving real KV bytes over Mooncake's Transfer Engine (kvmeta on :8081)
+  tideserve engine --port 30001 --role prefill --bootstrap-port 8998 --kv-data-plane
+  tideserve engine --port 30002 --role decode --kv-data-plane
+
+  # a DRAM segment of the KV-cache tier, mounted in kvmeta
+  tideserve engine --role kvcache --port 30100 --kvcache-mib 4096 --kvmeta-address 127.0.0.1:50052
+
   # vLLM metric names, a small KV cache, 10% of requests fail with HTTP 500
   tideserve engine --metrics-dialect vllm --kv-blocks 2048 --fail-rate 0.1
 
@@ -64,6 +71,14 @@ _FLAGS: list[Flag] = [
     STREAM_PREFIX,
     ("--bootstrap-port", int, "prefill role: also serve the KV rendezvous on this port"),
     ("--state-dir", str, "where the stub model directory is written"),
+    ("--te-metadata-url", str, "data plane: kvmeta's metadata endpoint (http://H:8081/metadata)"),
+    ("--te-protocol", str, "data plane: tcp (default) or rdma"),
+    ("--te-device", str, "data plane, rdma: NIC names (default: discovered)"),
+    ("--te-hostname", str, "data plane: segment name host:port (default host:<port>)"),
+    ("--kv-bytes-scale", int, "data plane: KV bytes per block = profile's / this (default 256)"),
+    ("--kv-transfer-timeout-s", float, "data plane: a slower KV pull recomputes (default 10)"),
+    ("--kvmeta-address", str, "kvcache role: kvmeta's gRPC address (default 127.0.0.1:50052)"),
+    ("--kvcache-mib", int, "kvcache role: DRAM segment size in MiB (default 1024)"),
     ("--fail-rate", float, "fault: fraction of requests answered HTTP 500"),
     ("--die-after-tokens", int, "fault: close each stream abruptly after N tokens"),
     ("--seed", int, "seed of the fault injector"),
@@ -80,15 +95,37 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--role", choices=["aggregated", "prefill", "decode"], default=None)
+    p.add_argument(
+        "--role",
+        choices=["aggregated", "prefill", "decode", "kvcache"],
+        default=None,
+        help="kvcache: a DRAM segment of the KV-cache tier mounted in kvmeta (no model)",
+    )
     p.add_argument("--metrics-dialect", choices=["sglang", "vllm"], default=None)
     p.add_argument("--refuse-health", action="store_true", default=None, help="fault: /health 503")
+    p.add_argument(
+        "--kv-data-plane",
+        action="store_true",
+        default=None,
+        help="hold real KV bytes and move them over Mooncake's Transfer Engine (P/D)",
+    )
+    p.add_argument(
+        "--kvcache-tier",
+        action="store_true",
+        default=None,
+        help="write cached blocks through to the KV-cache tier and fetch prefixes from it "
+        "(kvmeta at --kvmeta-address; implies --kv-data-plane)",
+    )
     add_flags(p, _FLAGS)
     p.set_defaults(func=run)
 
 
 def settings_from_args(args: argparse.Namespace) -> EngineSettings:
-    overrides = flag_overrides(args, _FLAGS, ["role", "metrics_dialect", "refuse_health"])
+    overrides = flag_overrides(
+        args,
+        _FLAGS,
+        ["role", "metrics_dialect", "refuse_health", "kv_data_plane", "kvcache_tier"],
+    )
     return EngineSettings(**overrides)
 
 
@@ -115,8 +152,22 @@ def run(args: argparse.Namespace) -> int:
     from services.common.logs import configure_logging
 
     configure_logging(settings.log_level, "text", "engine")
+    import grpc
+
+    from services.dataplane.transfer import DataPlaneError
+
     try:
         return asyncio.run(serve(settings))
+    except DataPlaneError as err:
+        print(f"tideserve engine: data plane: {err}", file=sys.stderr)
+        return 2
+    except grpc.aio.AioRpcError as err:
+        print(
+            f"tideserve engine: kvmeta at {settings.kvmeta_address}: {err.code().name}: "
+            f"{err.details()}",
+            file=sys.stderr,
+        )
+        return 2
     except OSError as err:
         print(
             f"tideserve engine: cannot listen on {settings.host}:{settings.port}: {err.strerror}",
@@ -127,6 +178,15 @@ def run(args: argparse.Namespace) -> int:
 
 async def serve(settings: EngineSettings, stop: asyncio.Event | None = None) -> int:
     """Serve until SIGINT/SIGTERM (or ``stop`` is set). Returns the exit code."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    if settings.role == "kvcache":
+        from services.engine.kvcache_role import serve_kvcache
+
+        return await serve_kvcache(settings, stop)
     from aiohttp import web
 
     from services.engine.server import EngineServer
@@ -145,11 +205,6 @@ async def serve(settings: EngineSettings, stop: asyncio.Event | None = None) -> 
             )
             await redis.aclose()
             return 2
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
     provider = None
     if settings.trace_exporter != "none":
         from services.common.errors import SettingsError

@@ -27,6 +27,12 @@ samples its first token (vLLM discards the prefill's token). It reports ``prompt
 cached tokens (local hits + pulled), as vLLM's scheduler does. The step that ends a pull
 lists the request in ``StepResult.transferred`` (the shell tells the prefill peer it may
 free). A request with ``hold_kv`` keeps its KV after finishing on any role.
+
+Real KV bytes (``--kv-data-plane``): the shell pulls the bytes before it submits and passes
+the modelled time that took (``pulled_ms``, or a reduced ``kv_transfer_ms``), so the modelled
+hand-off lasts ``max(modelled transfer, real pull)``. A request with ``fetched_tokens`` (the
+shell fetched that prefix from the KV-cache tier) counts them as cached, waits
+``fetch_wait_ms`` before its first prefill chunk, and computes only the rest.
 """
 
 from __future__ import annotations
@@ -82,6 +88,13 @@ class Request:
     peer_cached_tokens: int = 0
     # vLLM-style: pull the prompt's KV from a prefill peer, then recompute the last token.
     remote_prefill: bool = False
+    # Modelled ms of the hand-off already spent by a real pull of the bytes (the shell pulled
+    # them before submitting): the modelled transfer waits only for what is left of it.
+    pulled_ms: float = 0.0
+    # KV-cache tier: the shell fetched the KV of this many leading prompt tokens (they count
+    # as cached, like local hits) and the modelled fetch still lasts ``fetch_wait_ms``.
+    fetched_tokens: int = 0
+    fetch_wait_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -277,7 +290,8 @@ class EngineCore:
             # Pull what is not resident here; the last prompt token is recomputed locally.
             local = min(alloc.cached_blocks * self.cache.block_size, s.prompt_len)
             missing = s.prompt_len - local
-            s.ready_at = now + (self.profile.transfer_ms(missing) if missing else 0.0)
+            modelled = self.profile.transfer_ms(missing) if missing else 0.0
+            s.ready_at = now + max(0.0, modelled - s.req.pulled_ms)
             s.computed = s.cached = s.prompt_len - 1
             self.cached_tokens_total += s.cached
             self._transferring[s.req.rid] = s
@@ -289,9 +303,14 @@ class EngineCore:
             self._transferring[s.req.rid] = s
             return True
         # At least one prompt token is always computed (it yields the first logits).
-        s.cached = min(alloc.cached_blocks * self.cache.block_size, s.prompt_len - 1)
+        local = alloc.cached_blocks * self.cache.block_size
+        s.cached = min(max(local, s.req.fetched_tokens), s.prompt_len - 1)
         s.computed = s.cached
         self.cached_tokens_total += s.cached
+        if s.req.fetched_tokens > local and s.req.fetch_wait_ms > 0:
+            s.ready_at = now + s.req.fetch_wait_ms
+            self._transferring[s.req.rid] = s
+            return True
         self._running[s.req.rid] = s
         return True
 
@@ -302,6 +321,8 @@ class EngineCore:
                 self._running[rid] = s
                 if s.req.remote_prefill:
                     pulled.append(rid)  # the last prompt token is computed by this step
+                elif s.req.fetched_tokens:
+                    pass  # fetched from the tier: the rest of the prompt is computed here
                 else:
                     outputs.append(self._emit(s, 1, now))  # the first token came with the KV
 

@@ -11,6 +11,12 @@ reference stays resident and is reused by later prompts until it is evicted.
 Eviction is LRU over unreferenced cached blocks only, leaf first (a released chain is queued
 child before parent, so a prefix outlives its extensions). Referenced blocks are never evicted.
 
+Every cached block has a *slot* in ``0 .. capacity_blocks-1`` (taken at commit, given back
+when the block is evicted or cleared; cached blocks never outnumber the capacity, so one is
+always free): where its bytes live when the engine holds real KV bytes
+(:mod:`services.engine.kvbytes`). ``drain_filled`` lists the (hash, slot) pairs committed
+since the last call, whose bytes the shell writes.
+
 Every residency change is appended to ``outbox`` as a :class:`KVEventRecord` (stored /
 removed / all-cleared); the shell drains it with :meth:`KVCache.drain_events` and publishes it.
 :meth:`KVCache.full_state` describes the whole resident set the same way (the answer to a
@@ -22,6 +28,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import Enum
+
+from services.dataplane.blocks import SlotPool
 
 __all__ = ["Allocation", "KVCache", "KVEventKind", "KVEventRecord"]
 
@@ -48,6 +56,7 @@ class KVEventRecord:
 class _Block:
     parent: int
     tenant: str
+    slot: int
     refs: int = 0
 
 
@@ -76,6 +85,8 @@ class KVCache:
         self._private = 0
         self._seqs: dict[str, Allocation] = {}
         self.outbox: list[KVEventRecord] = []
+        self._slots = SlotPool(capacity_blocks)
+        self._filled: list[tuple[int, int]] = []
         # Cumulative prefix-cache statistics (in tokens of full blocks).
         self.query_tokens = 0
         self.hit_tokens = 0
@@ -111,6 +122,16 @@ class KVCache:
                 break
             n += 1
         return n
+
+    def slot_of(self, h: int) -> int | None:
+        """The slot of a resident cached block (None if not resident)."""
+        b = self._blocks.get(h)
+        return None if b is None else b.slot
+
+    def drain_filled(self) -> list[tuple[int, int]]:
+        """(hash, slot) of the blocks committed since the last call, in commit order."""
+        out, self._filled = self._filled, []
+        return out
 
     def holds(self, seq_id: str) -> bool:
         return seq_id in self._seqs
@@ -163,7 +184,10 @@ class KVCache:
                 self._flush_run(run, run_parent, alloc.tenant)
                 run = []
                 continue
-            self._blocks[h] = _Block(parent, alloc.tenant, refs=1)
+            slot = self._slots.take(1)
+            assert slot is not None  # cached blocks never outnumber the slots
+            self._blocks[h] = _Block(parent, alloc.tenant, slot[0], refs=1)
+            self._filled.append((h, slot[0]))
             alloc.private -= 1
             self._private -= 1
             alloc.committed.append(h)
@@ -187,6 +211,8 @@ class KVCache:
         any sequence holds blocks, as engines refuse ``flush_cache`` with requests running."""
         if self._seqs:
             return False
+        self._slots.give([b.slot for b in self._blocks.values()])
+        self._filled.clear()
         self._blocks.clear()
         self._lru.clear()
         self.outbox.append(KVEventRecord(KVEventKind.ALL_CLEARED))
@@ -269,7 +295,7 @@ class KVCache:
         removed: list[int] = []
         while n > 0 and self._lru:
             h, _ = self._lru.popitem(last=False)
-            del self._blocks[h]
+            self._slots.give([self._blocks.pop(h).slot])
             removed.append(h)
             n -= 1
         if removed:

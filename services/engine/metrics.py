@@ -12,6 +12,10 @@ SGLang dialect: ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
 ``sglang:time_to_first_token_seconds``, ``sglang:inter_token_latency_seconds``,
 ``sglang:e2e_request_latency_seconds``.
 
+Both dialects, the data plane (``--kv-data-plane``; no engine has these names):
+``tideserve:kv_pull_bytes_total``, ``tideserve:kv_pulls_total{outcome="ok"|"recomputed"}``,
+``tideserve:kv_pull_seconds`` (wall time of verified pulls).
+
 vLLM dialect: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
 ``vllm:gpu_cache_usage_perc``, ``vllm:kv_cache_usage_perc``, ``vllm:prefix_cache_queries_total``,
 ``vllm:prefix_cache_hits_total``, ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
@@ -31,6 +35,7 @@ __all__ = ["CONTENT_TYPE_LATEST", "EngineMetrics", "Gauges"]
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 _ITL_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
+_PULL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 _E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 
 
@@ -94,6 +99,24 @@ class EngineMetrics:
             self._itl = hist("inter_token_latency_seconds", "Inter-token latency", _ITL_BUCKETS)
             self._e2e = hist("e2e_request_latency_seconds", "End-to-end latency", _E2E_BUCKETS)
 
+        self._pull_bytes = Counter(
+            "tideserve:kv_pull_bytes", "KV bytes pulled from peers", labels, registry=r
+        )
+        self._pulls = Counter(
+            "tideserve:kv_pulls", "KV pulls by outcome", [*labels, "outcome"], registry=r
+        )
+        self._pull_s = Histogram(
+            "tideserve:kv_pull_seconds",
+            "Wall time of verified KV pulls",
+            labels,
+            registry=r,
+            buckets=_PULL_BUCKETS,
+        )
+        self._pull_bytes.labels(model_name)
+        self._pull_s.labels(model_name)
+        for outcome in ("ok", "recomputed"):
+            self._pulls.labels(model_name, outcome)
+
         # Every series exists from the first scrape (zero), as in the real engines.
         for metric in (
             self._prompt, self._gen, self._cached, self._queries, self._done,
@@ -121,6 +144,13 @@ class EngineMetrics:
     def on_finished(self, e2e_s: float) -> None:
         self._done.labels(self._model).inc()
         self._e2e.labels(self._model).observe(e2e_s)
+
+    def on_kv_pull(self, ok: bool, nbytes: int, ms: float) -> None:
+        """A P/D pull ended: verified (``ok``) or failed (the request recomputes)."""
+        self._pulls.labels(self._model, "ok" if ok else "recomputed").inc()
+        if ok:
+            self._pull_bytes.labels(self._model).inc(nbytes)
+            self._pull_s.labels(self._model).observe(ms / 1000.0)
 
     def render(self, g: Gauges) -> bytes:
         m = self._model

@@ -9,11 +9,19 @@ port too), a long poll answered once the room's prefill is done with ``{"prompt_
 transfer time. The decode instance with the same room calls that endpoint, reserves the
 blocks, waits ``transfer_ms`` of modelled time, then decodes from the prefill's first token.
 A decode request without a ``bootstrap_port`` is prefilled locally.
+
+Real KV bytes (``--kv-data-plane`` on both; :mod:`services.engine.pd_bytes`): the room's
+answer adds ``"request_id"`` and ``"kv"`` (where the blocks are); the prefill no longer frees
+after the modelled transfer but when the decode side notifies ``POST /kv_transfer/notify``
+(served on the bootstrap port too) or after its hold timeout. The decode side pulls and
+verifies the blocks, notifies (``done``, or ``aborted`` when the pull failed) and then
+decodes, or prefills itself when the pull failed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,10 +32,14 @@ from aiohttp import web
 
 from services.common.perfmodel import PerfProfile
 from services.common.tasks import pause
+from services.dataplane.location import KVLocation
 from services.engine import api
 from services.engine.core import EngineCore, Request, SeqOutput
+from services.engine.pd_bytes import PDBytes
 
 __all__ = ["Rendezvous"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -50,7 +62,13 @@ class Rendezvous:
         *,
         bootstrap_timeout_s: float,
         hold_timeout_s: float,
+        kv: PDBytes | None = None,
+        release: Callable[[str, int, str, str], None] | None = None,
     ) -> None:
+        """``kv``: move real bytes (None = model the transfer only); ``release(host, port,
+        request_id, status)``: tell a prefill peer it may free (the vLLM notification)."""
+        self.kv = kv
+        self.release = release
         self.core = core
         self.profile = profile
         self.now_ms = now_ms
@@ -71,7 +89,13 @@ class Rendezvous:
             return
         room = self._rooms.setdefault(gen.bootstrap.room, _Room())
         room.rid = out.rid
-        room.info = {"prompt_tokens": out.prompt_tokens, "cached_tokens": out.cached_tokens}
+        room.info = {
+            "prompt_tokens": out.prompt_tokens,
+            "cached_tokens": out.cached_tokens,
+            "request_id": out.rid,
+        }
+        if self.kv is not None:
+            room.info["kv"] = self.kv.locate(gen).to_json()
         room.done.set()
 
     async def decode_request(
@@ -93,12 +117,28 @@ class Rendezvous:
             return web.json_response(
                 api.error_body(msg, "server_error", None, "bootstrap"), status=502
             )
+        transfer_ms = float(info["transfer_ms"])
+        if "kv" in info:  # the prefill holds real bytes until it hears from this side
+            spent: float | None = 0.0  # no data plane here: only the modelled transfer
+            if self.kv is not None:
+                try:
+                    spent = await self.kv.pull(rid, gen, KVLocation.from_json(info["kv"]))
+                except ValueError as err:
+                    log.warning("bootstrap room %s: bad 'kv' (%s), recomputing", b.room, err)
+                    self.kv.failed()
+                    spent = None
+            if self.release is not None and isinstance(info.get("request_id"), str):
+                status = "aborted" if spent is None else "done"
+                self.release(b.host, b.port, info["request_id"], status)
+            if spent is None:  # recompute here
+                return Request(rid, gen.prompt_ids, gen.max_new_tokens, gen.tenant)
+            transfer_ms = max(0.0, transfer_ms - spent)
         return Request(
             rid,
             gen.prompt_ids,
             gen.max_new_tokens,
             gen.tenant,
-            kv_transfer_ms=float(info["transfer_ms"]),
+            kv_transfer_ms=transfer_ms,
             peer_cached_tokens=int(info.get("cached_tokens", 0)),
         )
 
@@ -121,7 +161,7 @@ class Rendezvous:
         self._rooms.pop(room_id, None)
         info = dict(room.info or {})
         transfer = self.profile.transfer_ms(int(info.get("prompt_tokens", 0)))
-        if room.rid is not None:
+        if room.rid is not None and "kv" not in info:  # with real bytes: on notification
             self.core.hand_off(room.rid, self.now_ms() + transfer)
             self.kick()
         info.update(room=room_id, transfer_ms=transfer)

@@ -29,6 +29,11 @@ as an extension, ``/generate``):
    notifies ``"aborted"`` (vLLM instead waits ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT``). KV nobody
    claims is freed after the engine's ``hold_timeout_s``.
 
+Real KV bytes (``--kv-data-plane``; :mod:`services.engine.pd_bytes`): the prefill's answer
+adds ``"tideserve_kv"`` (where the blocks are: segment, block bytes, one address per full
+prompt block); the decode engine pulls and verifies them before it submits, and when the pull
+fails it notifies ``"aborted"`` and prefills locally.
+
 A decode request whose params lack ``remote_block_ids``, ``remote_host``, ``remote_port`` or
 ``remote_request_id`` is prefilled locally, as vLLM does when there is nothing to pull.
 """
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -86,9 +92,15 @@ class RemoteKV:
         return None
 
     def response_params(
-        self, rid: str, gen: GenRequest, host: str, port: int
+        self,
+        rid: str,
+        gen: GenRequest,
+        host: str,
+        port: int,
+        location: Callable[[], dict[str, Any]] | None = None,
     ) -> dict[str, Any] | None:
-        """``kv_transfer_params`` for the answer of a prefill request (None otherwise)."""
+        """``kv_transfer_params`` for the answer of a prefill request (None otherwise);
+        ``location()``: where the blocks are (real bytes), as ``tideserve_kv``."""
         kv = gen.kv_transfer
         if kv is None or not kv.do_remote_decode:
             return None
@@ -102,6 +114,7 @@ class RemoteKV:
             "remote_host": host,
             "remote_port": port,
             "tp_size": self.tp_size,
+            **({"tideserve_kv": location()} if location is not None else {}),
         }
 
     def pulled(self, session: aiohttp.ClientSession | None, rids: tuple[str, ...]) -> None:
@@ -113,13 +126,20 @@ class RemoteKV:
         """The local request ended; if its pull had not ended, the peer may free now."""
         self._notify(session, rid, "aborted")
 
-    def _notify(self, session: aiohttp.ClientSession | None, rid: str, status: str) -> None:
-        peer = self._pulls.pop(rid, None)
-        if peer is None or session is None:
+    def release(
+        self, session: aiohttp.ClientSession | None, host: str, port: int, remote: str, status: str
+    ) -> None:
+        """Tell the peer at ``host:port`` that it may free ``remote`` (best effort)."""
+        if session is None:
             return
-        task = asyncio.create_task(self._post(session, *peer, status))
+        task = asyncio.create_task(self._post(session, host, port, remote, status))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _notify(self, session: aiohttp.ClientSession | None, rid: str, status: str) -> None:
+        peer = self._pulls.pop(rid, None)
+        if peer is not None:
+            self.release(session, *peer, status)
 
     async def _post(
         self, session: aiohttp.ClientSession, host: str, port: int, remote: str, status: str

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -36,6 +36,7 @@ class Live:
     first_ms: float | None = None
     last_ms: float = 0.0
     done: bool = False
+    kv_transfer_ms: float = 0.0  # wall time of a real KV pull (decode side), 0 = none
 
 
 async def outputs(live: Live) -> AsyncIterator[list[SeqOutput]]:
@@ -61,10 +62,11 @@ async def unary(
     live: Live,
     model: str,
     die_after: int,
-    extra: Mapping[str, Any] | None = None,
+    extra: Callable[[], Mapping[str, Any] | None] | None = None,
 ) -> web.StreamResponse:
     """The whole answer as one JSON body (``die_after`` > 0: close abruptly after N tokens);
-    ``extra`` top-level fields are added to it (e.g. ``kv_transfer_params``)."""
+    the top-level fields ``extra()`` returns once the request is done are added to it (e.g.
+    ``kv_transfer_params``, which name the blocks the prompt now holds)."""
     tokens: list[int] = []
     last: SeqOutput | None = None
     async for group in outputs(live):
@@ -75,7 +77,7 @@ async def unary(
             die(req, live)
     assert last is not None
     g = live.gen
-    use = api.usage(len(g.prompt_ids), len(tokens), last.cached_tokens)
+    use = api.usage(len(g.prompt_ids), len(tokens), last.cached_tokens, live.kv_transfer_ms)
     text = api.render(tokens, False)
     if g.kind == "chat":
         body = api.chat_response("chatcmpl-" + live.rid, model, text, use)
@@ -83,7 +85,7 @@ async def unary(
         body = api.completion_response("cmpl-" + live.rid, model, text, use)
     else:
         body = {"text": text, "output_ids": tokens, "meta_info": meta(live, last, len(tokens))}
-    return web.json_response({**body, **(extra or {})})
+    return web.json_response({**body, **((extra() if extra else None) or {})})
 
 
 def meta(live: Live, last: SeqOutput, n: int) -> dict[str, Any]:
@@ -94,6 +96,7 @@ def meta(live: Live, last: SeqOutput, n: int) -> dict[str, Any]:
         "completion_tokens": n,
         "cached_tokens": last.cached_tokens,
         "e2e_latency": (live.last_ms - live.arrival_ms) / 1000.0,
+        **({"kv_transfer_ms": round(live.kv_transfer_ms, 3)} if live.kv_transfer_ms > 0 else {}),
     }
 
 
@@ -132,7 +135,7 @@ async def stream(
         buf = []
     assert last is not None
     if g.include_usage and g.kind != "generate":
-        use = api.usage(len(g.prompt_ids), len(sent), last.cached_tokens)
+        use = api.usage(len(g.prompt_ids), len(sent), last.cached_tokens, live.kv_transfer_ms)
         if g.kind == "chat":
             empty = api.chat_chunk(cid, model, None, None, use)
         else:
@@ -156,7 +159,11 @@ def chunk(
     final: bool,
 ) -> dict[str, Any]:
     finish = "length" if final else None
-    use = api.usage(len(g.prompt_ids), len(sent) + len(new), last.cached_tokens) if final else None
+    use = (
+        api.usage(len(g.prompt_ids), len(sent) + len(new), last.cached_tokens, live.kv_transfer_ms)
+        if final
+        else None
+    )
     if g.kind == "generate":
         ids = sent + new
         return {

@@ -15,6 +15,11 @@ vLLM disaggregation (``kv_transfer_params`` with ``do_remote_decode`` / ``do_rem
 see :mod:`services.engine.pd_vllm` for the convention; the prefill engine serves
 ``POST /kv_transfer/notify`` (the decode side's "you may free" message).
 
+Real KV bytes (``--kv-data-plane``): the engine starts a Transfer Engine on kvmeta's metadata
+endpoint, registers one arena (its cached blocks' slots, then staging slots for pulls; see
+:mod:`services.engine.kvbytes`) and writes each committed block's deterministic contents; P/D
+hand-offs move and verify the bytes (:mod:`services.engine.pd_bytes`).
+
 A request whose client went away is aborted (KV freed, no further work) within one
 ``kv_flush_ms`` even before anything was written to it.
 
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import random
@@ -57,10 +63,13 @@ from services.engine.core import (
 )
 from services.engine.events import EventPublisher, LoadFigures, ResyncListener, load_snapshot
 from services.engine.info_routes import Faults, InfoRoutes, bad_request, write_model_dir
+from services.engine.kvbytes import kv_bytes_for
 from services.engine.kvcache import KVCache
 from services.engine.metrics import EngineMetrics
+from services.engine.pd_bytes import PDBytes
 from services.engine.respond import Live
 from services.engine.settings import EngineSettings
+from services.engine.tier_io import TierIO, tier_io_for
 
 __all__ = ["TRACED_PATHS", "EngineServer", "write_model_dir"]
 
@@ -124,6 +133,19 @@ class EngineServer:
         self._http: aiohttp.ClientSession | None = None
         self._bootstrap_runner: web.AppRunner | None = None
         self.remote_kv = pd_vllm.RemoteKV(self.instance_id, self.profile.tp, settings.block_size)
+        self.kvbytes = kv_bytes_for(settings, blocks, self.profile.kv_bytes_per_token)
+        self.pd_bytes = (
+            PDBytes(
+                self.kvbytes,
+                self.core.cache,
+                self.now_ms,
+                timeout_s=settings.kv_transfer_timeout_s,
+                on_pull=self.metrics.on_kv_pull,
+            )
+            if self.kvbytes is not None
+            else None
+        )
+        self.tier_io: TierIO | None = None  # with --kvcache-tier, built at startup
         self.rendezvous = pd_sglang.Rendezvous(
             self.core,
             self.profile,
@@ -131,6 +153,8 @@ class EngineServer:
             self._kick.set,
             bootstrap_timeout_s=settings.bootstrap_timeout_s,
             hold_timeout_s=settings.hold_timeout_s,
+            kv=self.pd_bytes,
+            release=lambda h, p, r, st: self.remote_kv.release(self._http, h, p, r, st),
         )
         self._conns: dict[str, tuple[web.Request, asyncio.Task[Any]]] = {}
 
@@ -162,6 +186,10 @@ class EngineServer:
 
     async def _on_startup(self, _app: web.Application) -> None:
         self._t0 = time.monotonic()
+        if self.kvbytes is not None:
+            await self.kvbytes.start()  # DataPlaneError: the engine does not start
+            if self.settings.kvcache_tier:
+                self.tier_io = tier_io_for(self.settings, self.kvbytes, self.core, self.now_ms)
         p = self.tracer_provider
         self._http = aiohttp.ClientSession(
             trace_configs=[otel.client_trace_config(p)] if p is not None else None
@@ -180,6 +208,7 @@ class EngineServer:
         if self.role is EngineRole.PREFILL and self.settings.bootstrap_port:
             bapp = web.Application()
             bapp.router.add_get("/bootstrap/{room}", self.rendezvous.handler)
+            bapp.router.add_post(pd_vllm.NOTIFY_PATH, self._kv_notify)
             self._bootstrap_runner = web.AppRunner(bapp)
             await self._bootstrap_runner.setup()
             site = web.TCPSite(
@@ -213,6 +242,10 @@ class EngineServer:
         await self.remote_kv.close()
         if self._http is not None:
             await self._http.close()
+        if self.tier_io is not None:
+            await self.tier_io.close()
+        if self.kvbytes is not None:
+            await self.kvbytes.close()
 
     def bind(self, port: int) -> None:
         """The HTTP port is known (it was 0 = any): fix the URL and, unless configured, the
@@ -232,6 +265,11 @@ class EngineServer:
                 continue
             now = self.now_ms()
             res = self.core.step(now)
+            filled = self.core.cache.drain_filled()
+            if self.kvbytes is not None:
+                self.kvbytes.fill(filled)  # before the outputs say the prompt is done
+            if self.tier_io is not None:
+                self.tier_io.written(filled)
             if res is None:
                 self._kick.clear()
                 wake = self.core.next_wakeup(now)
@@ -361,6 +399,8 @@ class EngineServer:
         if isinstance(core_req, web.Response):
             return core_req
         live = Live(rid, gen, self.now_ms())
+        if self.pd_bytes is not None:
+            live.kv_transfer_ms = self.pd_bytes.take_ms(rid)
         model = gen.model or self.settings.model
         self._live[rid] = live
         task = asyncio.current_task()
@@ -376,8 +416,13 @@ class EngineServer:
                 )
             sock = req.transport.get_extra_info("sockname") if req.transport else None
             host, port = (sock[0], int(sock[1])) if sock else (self.settings.host, 0)
-            kv = self.remote_kv.response_params(rid, gen, host, port)
-            extra = {"kv_transfer_params": kv} if kv is not None else None
+            pd = self.pd_bytes
+
+            def extra() -> dict[str, Any] | None:  # once the prompt's blocks are cached
+                locate = (lambda: pd.locate(gen).to_json()) if pd else None
+                kv = self.remote_kv.response_params(rid, gen, host, port, locate)
+                return {"kv_transfer_params": kv} if kv is not None else None
+
             return await respond.unary(req, live, model, self.faults.die_after_tokens, extra)
         except AdmissionError as err:
             return bad_request(str(err), None, "context_length_exceeded")
@@ -391,11 +436,18 @@ class EngineServer:
     async def _core_request(self, rid: str, gen: api.GenRequest) -> Request | web.Response:
         remote = self.remote_kv.core_request(rid, gen)
         if remote is not None:
+            loc = gen.kv_transfer.tideserve_kv if gen.kv_transfer else None
+            if remote.remote_prefill and loc is not None and self.pd_bytes is not None:
+                spent = await self.pd_bytes.pull(rid, gen, loc)
+                if spent is None:  # the pull failed: the peer may free; recompute here
+                    self.remote_kv.finish(self._http, rid)
+                    return Request(rid, gen.prompt_ids, gen.max_new_tokens, gen.tenant)
+                return dataclasses.replace(remote, pulled_ms=spent)
             return remote
         b = gen.bootstrap
         base = Request(rid, gen.prompt_ids, gen.max_new_tokens, gen.tenant)
         if b is None:
-            return base
+            return base if self.tier_io is None else await self.tier_io.fetch(base, gen)
         if self.role is EngineRole.PREFILL:
             return self.rendezvous.prefill_request(rid, gen)
         if self.role is EngineRole.DECODE and b.port is not None:

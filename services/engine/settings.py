@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from services.common.security.settings import TlsSettings
 from services.common.settings import TracingSettings
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
 
@@ -28,7 +29,9 @@ class EngineSettings(TracingSettings):
     host: str = "127.0.0.1"
     port: int = Field(30001, ge=0, le=65535, description="HTTP API port; 0 picks a free one")
     instance_id: str = ""
-    role: Literal["aggregated", "prefill", "decode"] = "aggregated"
+    role: Literal["aggregated", "prefill", "decode", "kvcache"] = Field(
+        "aggregated", description="kvcache: hold a DRAM segment of the KV-cache tier, no model"
+    )
     profile: str = "h200-llama3.1-8b"
     model: str = "tideserve-sim"
     model_path: Path | None = Field(
@@ -57,6 +60,40 @@ class EngineSettings(TracingSettings):
     bootstrap_port: int = Field(0, ge=0, le=65535, description="prefill: rendezvous port; 0 = none")
     bootstrap_timeout_s: float = Field(60.0, gt=0.0)
     hold_timeout_s: float = Field(30.0, gt=0.0, description="prefill frees unclaimed KV after")
+    # Real KV bytes over the Transfer Engine (services/dataplane).
+    kv_data_plane: bool = Field(
+        False, description="hold real KV bytes and move them over Mooncake's Transfer Engine"
+    )
+    te_metadata_url: str = Field(
+        "http://127.0.0.1:8081/metadata", description="kvmeta's Mooncake metadata endpoint"
+    )
+    te_protocol: Literal["tcp", "rdma"] = "tcp"
+    te_device: str = Field("", description="rdma: NIC names (mlx5_0,...); empty = discover")
+    te_hostname: str = Field(
+        "", description="segment name host:port; empty = host:<HTTP port> (or a free port)"
+    )
+    kv_bytes_scale: int = Field(
+        256, ge=1, description="a block holds profile KV bytes/token x block_size / this"
+    )
+    kv_staging_blocks: int = Field(
+        0, ge=0, description="arena slots receiving pulled blocks; 0 = the cache's capacity"
+    )
+    kv_transfer_timeout_s: float = Field(10.0, gt=0.0, description="a pull slower fails")
+    kvmeta_address: str = Field("127.0.0.1:50052", description="kvcache role: kvmeta's gRPC")
+    kvmeta_token_file: Path | None = Field(
+        None, description="the token (operator) sent to kvmeta when its auth is on"
+    )
+    kvmeta_tls: TlsSettings = Field(
+        default_factory=TlsSettings,  # type: ignore[arg-type]
+        description="TLS toward kvmeta (ca_file verifies it; cert/key for mutual TLS)",
+    )
+    kvcache_tier: bool = Field(
+        False,
+        description="write cached blocks through to the KV-cache tier (kvmeta at "
+        "kvmeta_address) and fetch prefixes from it instead of recomputing; implies "
+        "kv_data_plane",
+    )
+    kvcache_mib: int = Field(1024, ge=1, description="kvcache role: DRAM segment size (MiB)")
     state_dir: Path = Field(default_factory=lambda: Path.home() / ".local/share/tideserve")
     # Fault knobs.
     fail_rate: float = Field(0.0, ge=0.0, le=1.0, description="fraction of requests answered 500")

@@ -9,10 +9,15 @@ A missing ``key`` is 400; a body over ``max_value_bytes`` is 413. With ``middlew
 :data:`services.kvmeta.access.METADATA_ACCESS`) writes need an operator token. Values are opaque bytes
 (the Transfer Engine stores JSON segment descriptors and RPC endpoints). The store is in
 memory: transfer engines re-register on start, as with Mooncake's own metadata server.
+
+Standalone (tests, benchmarks; kvmeta itself serves it on ``metadata_http_port``):
+``python -m services.kvmeta.metadata_http [--host 127.0.0.1] --port 8081``.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -122,3 +127,27 @@ class MetadataServer:
         if not self.store.delete(key):
             return _error(404, "metadata not found", "not_found")
         return web.Response(text="metadata deleted")
+
+
+async def _serve_forever(host: str, port: int) -> None:
+    server = MetadataServer(host, port)
+    await server.start()
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m services.kvmeta.metadata_http",
+        description="Serve only kvmeta's Mooncake metadata endpoint (in memory) until killed.",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8081)
+    args = parser.parse_args(argv)
+    asyncio.run(_serve_forever(args.host, args.port))
+
+
+if __name__ == "__main__":
+    main()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.common.perfmodel import get_profile
+from services.common.tokens import block_hashes
 from services.engine.core import (
     AdmissionError,
     CoreConfig,
@@ -247,3 +248,23 @@ def test_hold_kv_on_an_aggregated_engine_keeps_the_kv_until_hand_off() -> None:
     assert core.hand_off("a", t)
     core.step(t)
     assert core.num_held == 0 and core.cache.usage == 0.0
+
+
+@pytest.mark.parametrize("wait_ms", [0.0, 40.0], ids=["no-wait", "modelled-wait"])
+def test_tier_fetched_prefix_counts_as_cached_and_only_the_rest_is_computed(
+    wait_ms: float,
+) -> None:
+    core = make(block_size=16)
+    r = req("t", 100, 3, fetched_tokens=64, fetch_wait_ms=wait_ms)
+    core.submit(r, 0.0)
+    first = core.step(0.0)
+    if wait_ms:  # admitted, then nothing until the modelled fetch has ended
+        assert first is None and core.next_wakeup(0.0) == wait_ms
+    else:
+        assert first is not None and first.prefill_tokens == 100 - 64
+    _, steps = run(core, 0.0 if first is None else first.duration_ms)
+    outs = [o for s in ([first] if first else []) + steps for o in s.outputs if o.rid == "t"]
+    assert outs[-1].cached_tokens == 64 and outs[-1].completion_tokens == 3
+    assert core.prompt_tokens_total == 100 - 64
+    # every full prompt block, the fetched ones included, is now cached here
+    assert core.cache.match(block_hashes(r.prompt, 16)) == 100 // 16

@@ -116,3 +116,23 @@ def test_usage_counts_referenced_blocks_only() -> None:
     assert cache.usage == 0.0 and cache.used_blocks == 2
     assert cache.allocate("b", [], 5) is not None
     assert cache.usage == pytest.approx(0.5)
+
+
+def test_cached_blocks_get_distinct_slots_reused_after_eviction_and_clear() -> None:
+    cache = KVCache(capacity_blocks=4, block_size=BS)
+    old, new = list(range(8)), list(range(100, 108))
+    fill(cache, "old", old)
+    fill(cache, "old-again", old)  # shared, not committed twice
+    assert cache.drain_filled() == [(hashes(old)[0], 0), (hashes(old)[1], 1)]
+    fill(cache, "new", new)
+    assert cache.drain_filled() == [(hashes(new)[0], 2), (hashes(new)[1], 3)]
+    assert cache.allocate("x", [], 1) is not None  # evicts old's leaf: slot 1 is free
+    assert cache.slot_of(hashes(old)[1]) is None and cache.slot_of(hashes(old)[0]) == 0
+    cache.release("x")
+    third = list(range(200, 204))
+    fill(cache, "third", third)
+    assert cache.drain_filled() == [(hashes(third)[0], 1)]
+    assert cache.clear()
+    assert [cache.slot_of(h) for h in hashes(new)] == [None, None]
+    fill(cache, "after-clear", new)
+    assert cache.drain_filled() == [(hashes(new)[0], 0), (hashes(new)[1], 1)]

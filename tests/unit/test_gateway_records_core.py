@@ -62,11 +62,17 @@ USAGE = {"prompt_tokens": 10, "completion_tokens": 3, "prompt_tokens_details": {
         (sse({"usage": {"prompt_tokens": 4, "completion_tokens": 1}}), Usage(4, 1, 0)),
         (sse({"text": "x", "meta_info": {"prompt_tokens": 5, "completion_tokens": 2,
                                          "cached_tokens": 4}}), Usage(5, 2, 4)),
+        (sse({"usage": {**USAGE, "kv_transfer_ms": 2.5}}), Usage(10, 3, 8, 2.5)),
+        (sse({"usage": {**USAGE, "kv_transfer_ms": "x"}}), Usage(10, 3, 8)),
+        (sse({"meta_info": {"prompt_tokens": 5, "kv_transfer_ms": 1}}), Usage(5, 0, 0, 1.0)),
         (sse({"choices": []}), None),
         (b'ge": {"prompt_tokens": 1}}\n\ndata: [DONE]\n\n', None),
         (b"", None),
     ],
-    ids=["openai-usage-chunk", "no-details", "sglang-meta", "no-usage", "cut-off", "empty"],
+    ids=[
+        "openai-usage-chunk", "no-details", "sglang-meta", "kv-transfer-ms", "kv-transfer-ms-bad",
+        "sglang-meta-kv-transfer-ms", "no-usage", "cut-off", "empty",
+    ],
 )  # fmt: skip
 def test_usage_from_sse(tail: bytes, expected: Usage | None) -> None:
     assert usage_from_sse(tail) == expected

@@ -177,3 +177,31 @@ async def test_message_size_is_bounded() -> None:
                 await stub.QueryWindow(big)
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             await stub.QueryWindow(telemetry_pb2.QueryWindowRequest(deployment="d"))
+
+
+@pytest.mark.parametrize(
+    ("who", "expected"),
+    [("operator", OK), (None, UNAUTH)],
+    ids=["engine-token-file", "engine-no-token"],
+)
+async def test_engine_channel_to_kvmeta_sends_its_token(
+    tmp_path: Path, who: str | None, expected: grpc.StatusCode
+) -> None:
+    """The engine's kvmeta channel (kvcache role, write-through tier) carries the token in
+    ``kvmeta_token_file``: an operator RPC passes with it and is refused without it."""
+    from services.engine.settings import EngineSettings
+    from services.engine.tier_io import kvmeta_channel
+
+    token_file = None
+    if who is not None:
+        token_file = tmp_path / "engine-token"
+        token_file.write_text(TOKENS[who] + "\n")
+    async with secured(_auth(tmp_path), [TABLE]) as port:
+        settings = EngineSettings(kvmeta_address=f"127.0.0.1:{port}", kvmeta_token_file=token_file)
+        async with kvmeta_channel(settings) as ch:
+            try:
+                await telemetry_pb2_grpc.TelemetryServiceStub(ch).ReportRecords(_records(1))
+                got = OK
+            except grpc.aio.AioRpcError as err:
+                got = err.code()
+    assert got == expected

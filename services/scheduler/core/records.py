@@ -70,6 +70,8 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # P/D with real KV bytes: the decode engine's measured transfer (usage.kv_transfer_ms).
+    kv_transfer_ms: float = 0.0
 
 
 def _usage_of(obj: Any) -> Usage | None:
@@ -83,6 +85,7 @@ def _usage_of(obj: Any) -> Usage | None:
             int(u.get("prompt_tokens") or 0),
             int(u.get("completion_tokens") or 0),
             int(cached or 0),
+            _ms_field(u),
         )
     meta = obj.get("meta_info")  # SGLang /generate
     if isinstance(meta, dict) and "prompt_tokens" in meta:
@@ -90,8 +93,16 @@ def _usage_of(obj: Any) -> Usage | None:
             int(meta.get("prompt_tokens") or 0),
             int(meta.get("completion_tokens") or 0),
             int(meta.get("cached_tokens") or 0),
+            _ms_field(meta),
         )
     return None
+
+
+def _ms_field(obj: dict[str, Any]) -> float:
+    value = obj.get("kv_transfer_ms")
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return 0.0
 
 
 def _json(body: bytes) -> Any:
@@ -264,6 +275,7 @@ def build_record(
         prompt_tokens=usage.prompt_tokens if usage and usage.prompt_tokens else 0,
         completion_tokens=completion,
         cached_tokens=usage.cached_tokens if usage else 0,
+        kv_transfer_ms=usage.kv_transfer_ms if usage else 0.0,
         queue_ms=_ms(t.parsed_at, t.admitted_at),
         ttft_ms=_ms(t.arrival, t.first_byte),
         tpot_ms=tpot_ms(t, finish, completion),

@@ -1,0 +1,1 @@
+"""The native KV data plane: Mooncake Transfer Engine moving real KV bytes (see README.md)."""

@@ -1,0 +1,85 @@
+"""KV blocks as bytes (pure, no I/O): their deterministic contents, their size, and the
+slots of a registered arena they live in.
+
+Contents. A block's bytes are a keyed expansion of its chained hash: SHAKE-128 of a fixed
+key and the hash (8 bytes, two's complement, little-endian), read out to the block's length.
+Any receiver that knows the hash (it hashed the same prompt) recomputes the expected bytes
+and compares: a block shifted, truncated, swapped with another block or left stale fails.
+
+Size. ``block_bytes(kv_bytes_per_token, block_size, scale)`` = the profile's KV bytes per
+token times the tokens per block, divided by ``scale`` (at least 1 byte): the real KV of a
+Llama-3.1-8B block of 64 tokens is 8 MiB, so an engine holding a GPU's worth of blocks would
+need ~100 GiB; scale 256 makes it 32 KiB a block and ~400 MiB an engine.
+
+Slots. :class:`SlotPool` hands out fixed-size slots of one arena (lowest free first, so a
+lightly used arena touches few pages). ``addr(slot) = base + slot * block_bytes``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from collections.abc import Sequence
+
+__all__ = ["SlotPool", "block_bytes", "block_content", "mismatched"]
+
+_KEY = b"tideserve-kv-block-v1"
+
+
+def block_bytes(kv_bytes_per_token: int, block_size: int, scale: int) -> int:
+    """Bytes of one block of ``block_size`` tokens, scaled down by ``scale`` (>= 1 byte)."""
+    if kv_bytes_per_token <= 0 or block_size <= 0 or scale <= 0:
+        raise ValueError("kv_bytes_per_token, block_size and scale must be positive")
+    return max(1, kv_bytes_per_token * block_size // scale)
+
+
+def block_content(block_hash: int, nbytes: int) -> bytes:
+    """The ``nbytes`` bytes of the block whose chained hash is ``block_hash``."""
+    h = hashlib.shake_128(_KEY)
+    h.update((block_hash & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "little"))
+    return h.digest(nbytes)
+
+
+def mismatched(hashes: Sequence[int], data: Sequence[bytes]) -> list[int]:
+    """Indexes ``i`` where ``data[i]`` is not the content of ``hashes[i]`` (empty = all good)."""
+    if len(hashes) != len(data):
+        raise ValueError(f"{len(hashes)} hashes but {len(data)} blocks")
+    return [
+        i
+        for i, (h, d) in enumerate(zip(hashes, data, strict=True))
+        if d != block_content(h, len(d))
+    ]
+
+
+class SlotPool:
+    """Free slots ``0 .. capacity-1`` of an arena. Not thread-safe (the event loop owns it)."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError("capacity must be positive")
+        self.capacity = capacity
+        self._free = list(range(capacity))  # a heap; sorted is a valid heap
+        self._taken: set[int] = set()
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def take(self, n: int) -> list[int] | None:
+        """``n`` slots, or None (nothing taken) when fewer are free."""
+        if n < 0:
+            raise ValueError("n must be >= 0")
+        if n > len(self._free):
+            return None
+        out = [heapq.heappop(self._free) for _ in range(n)]
+        self._taken.update(out)
+        return out
+
+    def give(self, slots: Sequence[int]) -> None:
+        """Return slots; a slot not taken (or given twice) is a ValueError, nothing changes."""
+        bad = [s for s in slots if s not in self._taken]
+        if bad or len(set(slots)) != len(slots):
+            raise ValueError(f"slots not taken: {bad or sorted(slots)}")
+        for s in slots:
+            self._taken.discard(s)
+            heapq.heappush(self._free, s)

@@ -1,0 +1,180 @@
+"""An engine and the KV-cache tier (shell; ``--kvcache-tier``, needs ``--kv-data-plane``).
+
+Write-through: every block the engine commits is stored in the tier (``kvcache`` instances
+mounted in kvmeta) unless kvmeta already has it: ``Exist``, then :meth:`KVTier.store` from
+the block's cache slot. Stores run as background tasks, one at a time (a store that fails,
+e.g. RESOURCE_EXHAUSTED or a slot reused before it was read, is dropped: the tier is a
+cache). A stored block whose slot was reused before the write read it holds wrong bytes;
+every fetch verifies, so such a block costs a recompute, never a wrong answer.
+
+Fetch instead of recompute (:meth:`TierIO.fetch`, before a request is submitted): the prompt's
+full blocks beyond the local prefix hit that kvmeta holds (``Exist``, leading run) are fetched
+when :func:`fetch_pays` says the modelled transfer is faster than prefilling them, into
+staging slots, verified, and the request is submitted with ``fetched_tokens`` and the
+modelled fetch time left after the real one (``fetch_wait_ms``). Any failure: the request
+is submitted unchanged (it computes the prompt itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+
+import grpc
+from tideserve.v1 import kvmeta_pb2, kvmeta_pb2_grpc
+
+from services.common.perfmodel import PerfProfile
+from services.common.security.channels import ClientSecurity, aio_channel
+from services.common.security.tokens import read_token
+from services.common.tokens import block_hashes
+from services.dataplane.tier import KVTier, block_key
+from services.dataplane.transfer import Transfer, TransferError
+from services.engine.api import GenRequest
+from services.engine.core import EngineCore, Request
+from services.engine.kvbytes import KVBytes
+from services.engine.kvcache import KVCache
+from services.engine.settings import EngineSettings
+
+__all__ = ["TierIO", "fetch_pays", "tier_io_for"]
+
+log = logging.getLogger(__name__)
+
+
+def fetch_pays(profile: PerfProfile, cached_tokens: int, fetch_tokens: int) -> bool:
+    """Fetching ``fetch_tokens`` of KV is predicted faster than computing them after
+    ``cached_tokens`` of context (pure)."""
+    if fetch_tokens <= 0:
+        return False
+    return profile.transfer_ms(fetch_tokens) < profile.prefill_ms(fetch_tokens, cached_tokens)
+
+
+class TierIO:
+    def __init__(
+        self,
+        tier: KVTier,
+        kvbytes: KVBytes,
+        cache: KVCache,
+        profile: PerfProfile,
+        now_ms: Callable[[], float],
+        channel: grpc.aio.Channel | None = None,
+    ) -> None:
+        """``channel``: kvmeta's, closed with this object."""
+        self._channel = channel
+        self.tier = tier
+        self.kvbytes = kvbytes
+        self.cache = cache
+        self.profile = profile
+        self.now_ms = now_ms
+        self._pending: list[tuple[int, int]] = []
+        self._writer: asyncio.Task[None] | None = None
+        self.stored_blocks = 0
+        self.fetched_blocks = 0
+
+    # -- write-through -------------------------------------------------------------------
+    def written(self, filled: Sequence[tuple[int, int]]) -> None:
+        """Newly cached blocks ``(hash, slot)``: store them in the tier (in the background)."""
+        if not filled:
+            return
+        self._pending.extend(filled)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write(), name="engine-tier-write")
+
+    async def _write(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            with contextlib.suppress(grpc.aio.AioRpcError, TransferError, LookupError):
+                await self._store(batch)
+
+    async def _store(self, batch: list[tuple[int, int]]) -> None:
+        live = [(h, s) for h, s in batch if self.cache.slot_of(h) == s]  # not evicted since
+        if not live:
+            return
+        res = await self.tier.stub.Exist(
+            kvmeta_pb2.ExistRequest(
+                deployment=self.tier.deployment,
+                tenant=self.tier.tenant,
+                keys=[block_key(h) for h, _ in live],
+            )
+        )
+        new = [(h, s) for (h, s), there in zip(live, res.exists, strict=True) if not there]
+        if new:
+            addrs = [self.kvbytes.addr(s) for _, s in new]
+            await self.tier.store([h for h, _ in new], addrs, self.kvbytes.block_bytes)
+            self.stored_blocks += len(new)
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
+        if self._channel is not None:
+            await self._channel.close()
+
+    # -- fetch ---------------------------------------------------------------------------
+    async def fetch(self, base: Request, gen: GenRequest) -> Request:
+        """``base`` with the prefix the tier holds fetched (or ``base`` unchanged)."""
+        bs = self.cache.block_size
+        hashes = block_hashes(gen.prompt_ids, bs, tenant=gen.tenant)
+        local = self.cache.match(hashes)
+        rest = hashes[local:]
+        if not rest:
+            return base
+        try:
+            res = await self.tier.stub.Exist(
+                kvmeta_pb2.ExistRequest(
+                    deployment=self.tier.deployment,
+                    tenant=self.tier.tenant,
+                    keys=[block_key(h) for h in rest],
+                )
+            )
+        except grpc.aio.AioRpcError as err:
+            log.info("tier lookup failed, computing: %s", err.details())
+            return base
+        run = 0
+        for there in res.exists:
+            if not there:
+                break
+            run += 1
+        if not fetch_pays(self.profile, local * bs, run * bs):
+            return base
+        want = rest[:run]
+        t0 = self.now_ms()
+
+        async def read(addrs: list[int]) -> Transfer:
+            got = await self.tier.fetch(want, addrs, self.kvbytes.block_bytes)
+            return Transfer(got.nbytes, got.ms)
+
+        pulled = await self.kvbytes.receive(want, read)
+        if not pulled.ok:
+            return base
+        self.fetched_blocks += run
+        spent = self.now_ms() - t0
+        wait = max(0.0, self.profile.transfer_ms(run * bs) - spent)
+        return Request(
+            base.rid,
+            base.prompt,
+            base.max_new_tokens,
+            base.tenant,
+            fetched_tokens=(local + run) * bs,
+            fetch_wait_ms=wait,
+        )
+
+
+def kvmeta_channel(settings: EngineSettings) -> grpc.aio.Channel:
+    """The engine's channel to kvmeta: TLS and the operator token from its settings (kvmeta
+    refuses object and segment writes without one when its auth is on)."""
+    token = read_token(settings.kvmeta_token_file) if settings.kvmeta_token_file else None
+    return aio_channel(
+        settings.kvmeta_address, ClientSecurity(tls=settings.kvmeta_tls, token=token)
+    )
+
+
+def tier_io_for(
+    settings: EngineSettings, kvbytes: KVBytes, core: EngineCore, now_ms: Callable[[], float]
+) -> TierIO:
+    """The engine's link to the tier (call on the event loop: it opens kvmeta's channel)."""
+    channel = kvmeta_channel(settings)
+    tier = KVTier(kvmeta_pb2_grpc.KVMetaServiceStub(channel), kvbytes.plane, settings.deployment)
+    return TierIO(tier, kvbytes, core.cache, core.profile, now_ms, channel)
