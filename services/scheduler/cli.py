@@ -158,6 +158,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--perf-model-min-confidence", type=float, default=0.5,
         help="fit confidence from which it replaces --perf-profile (default 0.5)",
     )  # fmt: skip
+    p.add_argument(
+        "--event-loop",
+        choices=["uvloop", "asyncio"],
+        default="uvloop",
+        help="asyncio event loop implementation (default uvloop: less CPU per request)",
+    )
     p.set_defaults(func=run)
 
 
@@ -247,7 +253,12 @@ def run(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level, "text", "gateway")
     try:
-        asyncio.run(_serve(scheduler, args.host, args.port))
+        if args.event_loop == "uvloop":
+            import uvloop
+
+            uvloop.run(_serve(scheduler, args.host, args.port))
+        else:
+            asyncio.run(_serve(scheduler, args.host, args.port))
     except StartupError as err:
         print(f"tideserve gateway: {err}", file=sys.stderr)
         return 2
