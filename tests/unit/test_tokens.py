@@ -41,7 +41,15 @@ def _by_definition(text: str) -> list[int]:
         "",
         "   ",
     ],
-    ids=["ascii", "ascii-separators", "vt-ff", "utf8-words", "unicode-whitespace", "empty", "blank"],
+    ids=[
+        "ascii",
+        "ascii-separators",
+        "vt-ff",
+        "utf8-words",
+        "unicode-whitespace",
+        "empty",
+        "blank",
+    ],
 )
 def test_tokenize_equals_the_definition(text: str) -> None:
     assert tokens.tokenize(text) == _by_definition(text)
