@@ -10,6 +10,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
+from services.common import runtime
 from services.stack.gateways import GatewayCount, gateway_count, parse_gateway_count
 
 if TYPE_CHECKING:
@@ -331,13 +332,7 @@ def _replica(
 
     try:
         scheduler = Scheduler(settings)
-        main = _serve(scheduler, args.host, args.port, reuse, parent)
-        if args.event_loop == "uvloop":
-            import uvloop
-
-            uvloop.run(main)
-        else:
-            asyncio.run(main)
+        runtime.run(_serve(scheduler, args.host, args.port, reuse, parent), args.event_loop)
     except StartupError as err:
         print(f"tideserve gateway: {err}", file=sys.stderr)
         return 2
@@ -355,6 +350,7 @@ async def _serve(
     watch = _watch_parent(parent, stop) if parent is not None else None
     try:
         await scheduler.start((host, port, reuse))
+        runtime.settle_heap()
         await stop.wait()
     finally:
         if watch is not None:
