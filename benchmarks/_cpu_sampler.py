@@ -9,13 +9,19 @@ a wall-clock sampler such as py-spy, whose "active" samples on a loaded machine 
 syscall returns). Each signal records the Python stack it interrupted (the frame that made
 a long C call or syscall is the one on top when the handler runs). ``SIGUSR1`` writes the
 samples so far to ``OUT_PREFIX.<k>`` (k = 0, 1, ...) in the collapsed-stack format
-(``frame;frame;... count``, root first, a frame as ``qualname (path``) and starts afresh.
+(``frame;frame;... count``, root first, a frame as ``qualname (path``) and starts afresh,
+and the cyclic garbage collector's runs and CPU seconds per generation since the previous
+dump to ``OUT_PREFIX.<k>.gc`` (JSON; that time is inside the samples too: a collection runs
+when an object is allocated, and its samples land on the allocating frame).
 """
 
 from __future__ import annotations
 
+import gc
+import json
 import signal
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from types import CodeType, FrameType
@@ -27,6 +33,17 @@ class CpuSampler:
         self.interval_s = interval_s
         self.counts: Counter[tuple[CodeType, ...]] = Counter()
         self.dumps = 0
+        self.gc_runs = [0, 0, 0]
+        self.gc_cpu_s = [0.0, 0.0, 0.0]
+        self._gc_started = 0.0
+
+    def _gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_started = time.thread_time()
+        else:
+            gen = info["generation"]
+            self.gc_runs[gen] += 1
+            self.gc_cpu_s[gen] += time.thread_time() - self._gc_started
 
     def _sample(self, _signum: int, frame: FrameType | None) -> None:
         codes: list[CodeType] = []
@@ -42,11 +59,15 @@ class CpuSampler:
             frames = ";".join(f"{c.co_qualname} ({c.co_filename}" for c in reversed(codes))
             lines.append(f"{frames} {n}\n")
         Path(f"{self.prefix}.{self.dumps}").write_text("".join(lines), encoding="utf-8")
+        gc_stats = {"runs": self.gc_runs, "cpu_s": self.gc_cpu_s}
+        Path(f"{self.prefix}.{self.dumps}.gc").write_text(json.dumps(gc_stats), encoding="utf-8")
+        self.gc_runs, self.gc_cpu_s = [0, 0, 0], [0.0, 0.0, 0.0]
         self.dumps += 1
 
     def start(self) -> None:
         signal.signal(signal.SIGPROF, self._sample)
         signal.signal(signal.SIGUSR1, self._dump)
+        gc.callbacks.append(self._gc)
         signal.setitimer(signal.ITIMER_PROF, self.interval_s, self.interval_s)
 
 

@@ -274,6 +274,12 @@ def paired_open_loop(direct_port: int, router_port: int, router_pid: int,
         phase["router"]["cpu_percent_of_one_core"] = _med(
             [x["router"]["router_cpu"]["percent_of_one_core"] for x in ok]
         )
+        # CPU per request (robust to a loaded machine, unlike latency): the router's CPU
+        # over the run (warm-up included) / the requests sent in it.
+        sent = rate * (args.warmup + args.duration)
+        phase["router"]["cpu_us_per_request"] = _med(
+            [x["router"]["router_cpu"]["cpu_s"] * 1e6 / sent for x in ok]
+        )
         phase["added_latency_ms"] = {
             q: _med([x["router"]["latency_ms"][q] - x["direct"]["latency_ms"][q] for x in ok])
             for q in ("p50", "p90", "p99")

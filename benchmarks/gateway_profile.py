@@ -228,6 +228,9 @@ def measure(port: int, gw: Child, name: str, args: argparse.Namespace, workdir: 
         time.sleep(0.2)  # written in one call; let it finish
         shares, samples = stage_shares(raw.read_text(encoding="utf-8"))
         res["samples"] = samples
+        gcs = json.loads(Path(f"{raw}.gc").read_text(encoding="utf-8"))
+        res["gc_us_per_request_inside_stages"] = round(sum(gcs["cpu_s"]) / requests * 1e6, 1)
+        res["gc_runs_per_generation"] = gcs["runs"]
         res["stages_us_per_request"] = {k: round(v * per, 1) for k, v in shares.items()}
     return res
 
