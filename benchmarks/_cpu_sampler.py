@@ -81,6 +81,9 @@ def main(argv: list[str]) -> int:
     if "--interval-ms" in own:
         interval_ms = float(own[own.index("--interval-ms") + 1])
     CpuSampler(own[0], interval_ms / 1000.0).start()
+    # The tree this script belongs to (an exported copy, for before/after runs), not
+    # whatever the environment's editable install points at.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from services.cli import main as tideserve
 
     return tideserve(rest)

@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -52,7 +53,16 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psutil
-from _harness import Child, ProcGroup, command_line, emit_json, free_port, machine, wait_http
+from _harness import (
+    Child,
+    ProcGroup,
+    command_line,
+    emit_json,
+    free_port,
+    http_get,
+    machine,
+    wait_http,
+)
 from _loadgen import MODEL, _loadgen, request_bytes
 from gateway_overhead import nginx_config, router_cmd
 
@@ -197,6 +207,17 @@ def _cpu(pid: int) -> tuple[float, float]:
     return t.user, t.system
 
 
+def _statuses(port: int) -> dict[str, float]:
+    """The gateway's answers so far by HTTP status (its requests counter)."""
+    _, body = http_get(f"http://127.0.0.1:{port}/metrics")
+    out: dict[str, float] = {}
+    for line in body.decode(errors="replace").splitlines():
+        m = re.match(r'tideserve_gateway_requests_total\{.*status="(\d+)".*\} (\S+)', line)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
+
+
 def measure(port: int, gw: Child, name: str, args: argparse.Namespace, workdir: Path,
             idle_cpu_per_s: float, dumps: int) -> dict[str, Any]:  # fmt: skip
     """One workload's run: CPU per request and, with the sampler (``dumps``: how many
@@ -219,6 +240,7 @@ def measure(port: int, gw: Child, name: str, args: argparse.Namespace, workdir: 
                cpu_us_per_request=round(per, 1),
                system_share=round((s1 - s0) / max((u1 - u0) + (s1 - s0), 1e-9), 3),
                cpu_percent_of_one_core=round(100.0 * ((u1 - u0) + (s1 - s0)) / wall, 1))  # fmt: skip
+    res["gateway_statuses_so_far"] = _statuses(port)
     if dumps >= 0:
         os.kill(pid, signal.SIGUSR1)
         raw = Path(f"{workdir / 'samples'}.{dumps + 1}")
