@@ -349,8 +349,7 @@ async def _serve(
             loop.add_signal_handler(sig, stop.set)
     watch = _watch_parent(parent, stop) if parent is not None else None
     try:
-        await scheduler.start((host, port, reuse))
-        runtime.settle_heap()
+        await scheduler.start((host, port, reuse), settle_heap=True)
         await stop.wait()
     finally:
         if watch is not None:

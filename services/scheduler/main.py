@@ -33,7 +33,7 @@ def build(settings: SchedulerSettings) -> ServiceHooks:
 
     async def on_start() -> None:
         http = settings.host, settings.http_port, settings.http_reuse_port
-        await s.start(http if settings.http_port else None)
+        await s.start(http if settings.http_port else None, settle_heap=True)
 
     return ServiceHooks(
         register=register,
