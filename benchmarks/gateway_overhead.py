@@ -263,7 +263,14 @@ def paired_open_loop(direct_port: int, router_port: int, router_pid: int,
             r = open_loop(router_port, rate, stream, args, None)
             r["router_cpu"] = meter.read()
             runs.append({"direct": d, "router": r})
+        # A run whose every request failed (an overloaded router) has no quantiles: it
+        # counts its errors, not its latency.
         ok = [x for x in runs if "error" not in x["direct"] and "error" not in x["router"]]
+        measured = [
+            x for x in ok
+            if x["direct"]["latency_ms"]["p99"] is not None
+            and x["router"]["latency_ms"]["p99"] is not None
+        ]  # fmt: skip
         phase: dict[str, Any] = {"repeats": len(runs), "valid_repeats": len(ok)}
         for side in ("direct", "router"):
             phase[side] = {
@@ -279,13 +286,19 @@ def paired_open_loop(direct_port: int, router_port: int, router_pid: int,
         phase["router"]["cpu_percent_of_one_core"] = _med(
             [x["router"]["router_cpu"]["percent_of_one_core"] for x in ok]
         )
+        # CPU per request (robust to a loaded machine, unlike latency): the router's CPU
+        # over the run (warm-up included) / the requests sent in it.
+        sent = rate * (args.warmup + args.duration)
+        phase["router"]["cpu_us_per_request"] = _med(
+            [x["router"]["router_cpu"]["cpu_s"] * 1e6 / sent for x in ok]
+        )
         phase["added_latency_ms"] = {
-            q: _med([x["router"]["latency_ms"][q] - x["direct"]["latency_ms"][q] for x in ok])
+            q: _med([x["router"]["latency_ms"][q] - x["direct"]["latency_ms"][q] for x in measured])
             for q in ("p50", "p90", "p99")
         }
         phase["added_p99_per_repeat_ms"] = [
             round(x["router"]["latency_ms"]["p99"] - x["direct"]["latency_ms"]["p99"], 3)
-            for x in ok
+            for x in measured
         ]
         errs = [x[s]["error"] for x in runs for s in ("direct", "router") if "error" in x[s]]
         if errs:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from typing import TYPE_CHECKING
+
+from services.common import runtime
+from services.stack.gateways import GatewayCount, gateway_count, parse_gateway_count
 
 if TYPE_CHECKING:
     from services.scheduler.compose import Scheduler
@@ -47,6 +51,11 @@ examples:
   tideserve keys create --tenant acme --rpm 600 --postgres-url postgresql://u:p@db/ts
   tideserve gateway --endpoints URL... --api-keys --postgres-url postgresql://u:p@db/ts \
       --redis-url redis://127.0.0.1:6379/0
+
+  # one gateway process per core on port 8000 (--gateways auto with --share-state; one
+  # process saturates one core), sharing routing state through Redis
+  tideserve gateway --port 8000 --endpoints URL... --redis-url redis://127.0.0.1:6379/0 \
+      --share-state
 
 profiles shipped: default, agent, slo, round_robin, least_load, power_of_two, cache_aware
 (services/scheduler/default_profiles.yaml; --profiles-file FILE for your own).
@@ -170,6 +179,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--perf-model-min-confidence", type=float, default=0.5,
         help="fit confidence from which it replaces --perf-profile (default 0.5)",
     )  # fmt: skip
+    p.add_argument(
+        "--gateways",
+        type=parse_gateway_count,
+        default="auto",
+        metavar="N|auto",
+        help="gateway processes on --port (SO_REUSEPORT; one saturates one core). Default "
+        "auto: one per usable core with --share-state (replicas share routing state through "
+        "--redis-url), else 1",
+    )
+    p.add_argument(
+        "--event-loop",
+        choices=["uvloop", "asyncio"],
+        default="uvloop",
+        help="asyncio event loop implementation (default uvloop: less CPU per request)",
+    )
     p.set_defaults(func=run)
 
 
@@ -242,13 +266,30 @@ def settings_from_args(args: argparse.Namespace) -> SchedulerSettings:
         raise ValueError(f"{where}: {msg}" if where else msg) from None
 
 
+def processes(gateways: GatewayCount, *, share_state: bool, port: int, cores: int) -> int:
+    """How many gateway processes to run (pure): ``auto`` is one per usable core when the
+    replicas share routing state (``--share-state``), else one (independent replicas would
+    each learn their own prefix affinity and load); a number is itself. Several processes
+    need a fixed port (they all listen on it, SO_REUSEPORT). ValueError for a number with
+    port 0."""
+    if gateways == "auto":
+        return gateway_count("auto", cores) if share_state and port else 1
+    if gateways > 1 and not port:
+        raise ValueError(f"--gateways {gateways} needs a fixed --port (they share it)")
+    return gateways
+
+
 def run(args: argparse.Namespace) -> int:
     from services.common.errors import StartupError
-    from services.scheduler.compose import Scheduler
 
     try:
         settings = settings_from_args(args)
-        scheduler = Scheduler(settings)
+        count = processes(
+            args.gateways,
+            share_state=settings.share_state,
+            port=args.port,
+            cores=len(os.sched_getaffinity(0)),
+        )
         if settings.redis_url or settings.postgres_url:
             from services.common.server import check_dependencies
 
@@ -257,26 +298,88 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, StartupError, ConnectionError) as err:
         print(f"tideserve gateway: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
+    if count > 1 and not settings.share_state:
+        print(
+            f"tideserve gateway: {count} processes without --share-state: each routes with "
+            "its own prefix and load state",
+            file=sys.stderr,
+        )
     # Text lines on stderr; a request's lines carry its trace id and request id.
     from services.common.logs import configure_logging
 
     configure_logging(args.log_level, "text", "gateway")
+    # Replicas 2..N are forked before any event loop, thread or connection exists; each
+    # builds its own scheduler and stops when the first process goes away.
+    children: list[int] = []
+    parent = os.getpid()
+    for k in range(1, count):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(_replica(args, _replica_settings(settings, k), count > 1, parent))
+        children.append(pid)
     try:
-        asyncio.run(_serve(scheduler, args.host, args.port))
+        return _replica(args, _replica_settings(settings, 0), count > 1, None)
+    except StartupError:
+        return 2
+    finally:
+        for pid in children:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+        for pid in children:
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
+
+
+def _replica_settings(settings: SchedulerSettings, k: int) -> SchedulerSettings:
+    """Replica ``k``'s settings: an explicit replica id gets ``-<k+1>`` from the second on."""
+    if k == 0 or not settings.replica_id:
+        return settings
+    return settings.model_copy(update={"replica_id": f"{settings.replica_id}-{k + 1}"})
+
+
+def _replica(
+    args: argparse.Namespace, settings: SchedulerSettings, reuse: bool, parent: int | None
+) -> int:
+    """Serve one gateway process until a signal (or, ``parent`` given, until that process
+    is gone); 2 when it cannot start."""
+    from services.common.errors import StartupError
+    from services.scheduler.compose import Scheduler
+
+    try:
+        scheduler = Scheduler(settings)
+        runtime.run(_serve(scheduler, args.host, args.port, reuse, parent), args.event_loop)
     except StartupError as err:
         print(f"tideserve gateway: {err}", file=sys.stderr)
         return 2
     return 0
 
 
-async def _serve(scheduler: Scheduler, host: str, port: int) -> None:
+async def _serve(
+    scheduler: Scheduler, host: str, port: int, reuse: bool, parent: int | None
+) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    watch = _watch_parent(parent, stop) if parent is not None else None
     try:
-        await scheduler.start((host, port, False))
+        await scheduler.start((host, port, reuse), settle_heap=True)
         await stop.wait()
     finally:
+        if watch is not None:
+            loop.remove_reader(watch)
+            os.close(watch)
         await scheduler.stop()
+
+
+def _watch_parent(parent: int, stop: asyncio.Event) -> int | None:
+    """Set ``stop`` when process ``parent`` exits (its pidfd becomes readable); the fd to
+    close, None when it is already gone."""
+    try:
+        fd = os.pidfd_open(parent)
+    except ProcessLookupError:
+        stop.set()
+        return None
+    asyncio.get_running_loop().add_reader(fd, stop.set)
+    return fd

@@ -21,7 +21,7 @@ from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
-from services.common import otel
+from services.common import otel, runtime
 from services.common.errors import StartupError
 from services.common.metrics import service_registry
 from services.common.perfmodel import DEFAULT_PROFILE, get_profile
@@ -213,16 +213,23 @@ class Scheduler:
         app.on_response_prepare.append(_replica_header(self.integrations.replica_id))
         return app
 
-    async def start(self, http: tuple[str, int, bool] | None = None) -> None:
+    async def start(
+        self, http: tuple[str, int, bool] | None = None, *, settle_heap: bool = False
+    ) -> None:
         """Start integrations and feeds, then (``http`` = host, port, reuse_port) listen
-        for HTTP; StartupError when the address is taken."""
+        for HTTP; StartupError when the address is taken. ``settle_heap`` (the service
+        processes, not embedders or tests): then :func:`services.common.runtime.settle_heap`
+        (start-up's objects out of the collector's scans; ~5-20 % of a request's CPU)."""
         await self.integrations.start()
         await self.feeds.start()
         if self.perf_feed is not None:
             self.perf_feed.start()
-        if http is None:
-            return
-        host, port, reuse = http
+        if http is not None:
+            await self._listen(*http)
+        if settle_heap:
+            runtime.settle_heap()
+
+    async def _listen(self, host: str, port: int, reuse: bool) -> None:
         runner = web.AppRunner(
             self.app(), handle_signals=False, access_log_class=records.AccessLogger
         )

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import grpc
 
+from services.common import runtime
 from services.common.server import ServiceHooks, run_service
 from services.scheduler.access import ACCESS
 from services.scheduler.compose import REPLICA_HEADER, Scheduler, build_gateway
@@ -34,7 +35,7 @@ def build(settings: SchedulerSettings) -> ServiceHooks:
 
     async def on_start() -> None:
         http = settings.host, settings.http_port, settings.http_reuse_port
-        await s.start(http if settings.http_port else None)
+        await s.start(http if settings.http_port else None, settle_heap=True)
 
     return ServiceHooks(
         register=register,
@@ -47,7 +48,9 @@ def build(settings: SchedulerSettings) -> ServiceHooks:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run until SIGTERM/SIGINT; 0 on a clean stop, 2 (one stderr line) if it cannot start."""
+    """Run until SIGTERM/SIGINT; 0 on a clean stop, 2 (one stderr line) if it cannot start.
+    The event loop is uvloop (the gateway's hot path: less CPU per request)."""
+    runtime.use_uvloop()
     return run_service(
         "scheduler",
         SchedulerSettings,

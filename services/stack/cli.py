@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
+from services.stack.gateways import parse_gateway_count
 from services.stack.plan import SERVICES, ChildSpec, build_service_children, choose_ports
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ examples:
 
   # active-active: 2 gateway replicas (scheduler, scheduler-2) behind one address
   tideserve up --engines 3 --gateways 2
+  tideserve up --gateways 1                     # one gateway process (default: one per core)
 
 Ports (before --base-port-offset): gRPC scheduler 50051, kvmeta 50052, autoscaler 50053,
 telemetry 50054; metrics 9101-9104; gateway HTTP 8000; kvmeta TE metadata HTTP 8081;
@@ -49,7 +51,8 @@ engine_kv_blocks, engine_args, engine_base_port and engine_ports (explicit list,
 set the same from the config file. An engine that dies is reported and the stack keeps running
 (the gateway routes around it); `down` stops the engines, also those of a killed autoscaler
 (pids recorded in <state-dir>/instances.json).
-Gateways: `--gateways N` (or `stack: {gateways: N}`) runs N scheduler replicas, `scheduler`,
+Gateways: `--gateways N|auto` (or `stack: {gateways: N}`; default auto = one per usable core,
+as one gateway process saturates one core) runs N scheduler replicas, `scheduler`,
 `scheduler-2`, ..., all listening on the one gateway HTTP port (SO_REUSEPORT: the kernel
 spreads new connections over the live replicas) and sharing routed prefixes and in-flight
 load through Redis (share_state; replica_id = the name; responses carry x-tideserve-replica).
@@ -108,9 +111,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     up.add_argument(
         "--gateways",
-        type=int,
-        metavar="N",
-        help="N scheduler/gateway replicas sharing the gateway address and routing state (1)",
+        type=parse_gateway_count,
+        metavar="N|auto",
+        help="N scheduler/gateway replicas sharing the gateway address and routing state "
+        "(default auto: one per usable core)",
     )
     eng = up.add_argument_group("simulated engines (the gateway routes to them)")
     eng.add_argument("--engines", type=int, metavar="N", help="N aggregated engines")
@@ -209,7 +213,7 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
         scheduler_engine_env,
         wire_scheduler,
     )
-    from services.stack.gateways import GatewayReplicas
+    from services.stack.gateways import GatewayReplicas, gateway_count
     from services.stack.plan import reachable, shift_port
     from services.stack.secure import auth_env, load_or_create
     from services.stack.settings import StackSettings
@@ -277,7 +281,7 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
         config_path=config,
         base_env=os.environ,
         gateways=GatewayReplicas(
-            count=stack.gateways,
+            count=gateway_count(stack.gateways, len(os.sched_getaffinity(0))),
             port_step=stack.gateway_port_step,
             grpc_ports=tuple(stack.gateway_grpc_ports),
             # on for replicas unless the configuration says otherwise

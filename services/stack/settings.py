@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 from pydantic import Field
 
 from services.common.settings import ServiceSettings
@@ -45,8 +47,9 @@ class StackSettings(ServiceSettings):
         default_factory=list, description="extra `tideserve engine` arguments for every engine"
     )
 
-    gateways: int = Field(
-        1, ge=1, le=MAX_GATEWAYS, description="scheduler/gateway replicas on one HTTP address"
+    gateways: Annotated[int, Field(ge=1, le=MAX_GATEWAYS)] | Literal["auto"] = Field(
+        "auto",
+        description="scheduler/gateway replicas on one HTTP address (auto: one per core)",
     )
     gateway_port_step: int = Field(
         DEFAULT_GATEWAY_PORT_STEP,

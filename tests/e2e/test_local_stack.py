@@ -63,7 +63,10 @@ def stack_dirs() -> Iterator[Stack]:
     redis_port = next(ports)
     config = state_dir / "tideserve.yaml"
     config.write_text(
-        yaml.safe_dump({**layout, "stack": {"redis_port": redis_port}, "log_format": "text"})
+        # one gateway: the default (one per core) would depend on the machine
+        yaml.safe_dump(
+            {**layout, "stack": {"redis_port": redis_port, "gateways": 1}, "log_format": "text"}
+        )
     )
     stack = Stack(state_dir, config, layout, redis_port)
     try:

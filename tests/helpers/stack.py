@@ -107,7 +107,10 @@ def _running_stack(
 ) -> Iterator[RunningStack]:
     state_dir = Path(tempfile.mkdtemp(prefix="tsstk-"))  # short: unix sockets live under it
     path = state_dir / "tideserve.yaml"
-    path.write_text(yaml.safe_dump({**config, "log_format": "text"}))
+    # One gateway unless the test says otherwise (the default, one per core, would make the
+    # stack's size depend on the machine running the test).
+    stack_section = {"gateways": 1, **config.get("stack", {})}
+    path.write_text(yaml.safe_dump({**config, "stack": stack_section, "log_format": "text"}))
     up = subprocess.Popen(
         [*cli(), "up", "--state-dir", str(state_dir), "--config", str(path),
          "--postgres-url", postgres_url, "--redis-url", redis_url,

@@ -249,3 +249,60 @@ def test_saturated(loads: list[tuple[float, int]], expected: bool) -> None:
 def test_bad_config(kw: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         QueueConfig(**kw)  # type: ignore[arg-type]
+
+
+def _due(spec: dict[str, ClassSpec], entries: dict[str, tuple[QueuedRequest, float]],
+         now: float) -> list[str]:  # fmt: skip
+    """The expiry rule, by brute force over what is queued: ids in (arrival, offer) order."""
+    dead = [
+        (arrival, i, rid)
+        for i, (rid, (r, arrival)) in enumerate(entries.items())
+        if (now - arrival) * 1000.0 > spec[r.slo_class or "agent"].max_queue_ms
+        or (r.deadline is not None and r.deadline <= now)
+    ]
+    return [rid for *_, rid in sorted(dead)]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4], ids=["seed-1", "seed-2", "seed-3", "seed-4"])
+def test_expiry_and_starvation_follow_the_rules_through_any_sequence(seed: int) -> None:
+    """Random offers (with and without deadlines), releases, cancellations and expiry over
+    a long queue: every expire() returns exactly what the rule says, and a release gives the
+    oldest starved request first whenever one exists (the queue's indexes never drift)."""
+    import random
+
+    rng = random.Random(seed)
+    queue = q(max_total=100_000)
+    spec = {c.name: c for c in CLASSES}
+    queued: dict[str, tuple[QueuedRequest, float]] = {}  # insertion order = offer order
+    now = 0.0
+    for i in range(3000):
+        now += rng.random() * 0.05
+        op = rng.random()
+        if op < 0.6:
+            cls = rng.choice(["agent", "batch", "interactive", ""])
+            dl = now + rng.random() * 8 if rng.random() < 0.3 else None
+            r = QueuedRequest(f"r{i}", rng.choice(["a", "b"]), cls, 1, dl)
+            if isinstance(queue.offer(r, now), Admitted):
+                queued[r.request_id] = (r, now)
+        elif op < 0.75 and queued:
+            rid = rng.choice(list(queued))
+            assert queue.cancel(rid)
+            del queued[rid]
+        elif op < 0.9:
+            expected = _due(spec, queued, now)
+            assert [r.request_id for r in queue.expire(now)] == expected
+            for rid in expected:
+                del queued[rid]
+        else:
+            starved = [
+                (arrival, rid)
+                for rid, (r, arrival) in queued.items()
+                if (lim := spec[r.slo_class or "agent"].starve_after_ms)
+                and (now - arrival) * 1000.0 >= lim
+            ]
+            out = queue.next(now, 1)
+            if starved:
+                assert [r.request_id for r in out] == [min(starved)[1]]
+            for r in out:
+                del queued[r.request_id]
+        assert len(queue) == len(queued)

@@ -154,3 +154,62 @@ def test_open_loop_phases(argv: list[str], expect: list[str]) -> None:
 )
 def test_median_of_repeats(xs: list[float], expect: float | None) -> None:
     assert _load("gateway_overhead")._med(xs) == expect
+
+
+_W = "/w/services"
+
+
+@pytest.mark.parametrize(
+    ("frames", "stage"),
+    [
+        ([f"Gateway.handle ({_W}/scheduler/http/server.py", f"tokenize ({_W}/common/tokens/whitespace.py"],
+         "tokenize and hash"),
+        ([f"Gateway.handle ({_W}/scheduler/http/server.py", f"parse_request ({_W}/scheduler/http/openai.py",
+          "loads (/usr/lib/json/__init__.py"], "parse"),
+        ([f"AdmissionGate.take_in ({_W}/scheduler/admission/gate.py",
+          f"AdmissionGate.lookup ({_W}/scheduler/admission/gate.py"], "prefix lookup"),
+        ([f"AdmissionGate.take_in ({_W}/scheduler/admission/gate.py"], "admission"),
+        ([f"Gateway._route ({_W}/scheduler/http/server.py", f"GatewayCore.pick ({_W}/scheduler/core/service.py",
+          f"Scheduler._run ({_W}/scheduler/routing/framework.py"], "pick"),
+        ([f"open_upstream ({_W}/scheduler/http/upstream.py", "ClientSession._request (/x/aiohttp/client.py"],
+         "forward"),
+        ([f"middleware ({_W}/common/otel.py", f"middleware ({_W}/scheduler/http/records.py",
+          "MetricWrapperBase.labels (/x/prometheus_client/metrics.py"], "record"),
+        (["ResponseHandler.data_received (/x/aiohttp/client_proto.py"], "upstream client (aiohttp)"),
+        (["RequestHandler.data_received (/x/aiohttp/web_protocol.py"], "HTTP server (aiohttp)"),
+        (["run (/x/uvloop/__init__.py"], "event loop and other"),
+    ],
+    ids=["tokenize-inside-parse", "parse", "prefix-lookup", "admission", "pick", "forward",
+         "record-inside-tracing", "upstream-client", "http-server", "loop"],
+)  # fmt: skip
+def test_profile_stage_of_a_sample(frames: list[str], stage: str) -> None:
+    assert _load("gateway_profile").stage_of(frames) == stage
+
+
+def test_profile_stage_shares() -> None:
+    raw = (
+        f"a (/x/asyncio/events.py;tokenize ({_W}/common/tokens/whitespace.py 3\n"
+        f"pick ({_W}/scheduler/core/service.py 1\n"
+    )
+    shares, total = _load("gateway_profile").stage_shares(raw)
+    assert total == 4 and shares == {"tokenize and hash": 0.75, "pick": 0.25}
+
+
+@pytest.mark.parametrize(
+    ("workload", "tokens"),
+    [("short", 128), ("long_8k", 8192), ("long_64k", 65536)],
+    ids=["short", "8k", "64k"],
+)
+def test_profile_workload_prompts_have_their_size(workload: str, tokens: int) -> None:
+    raw = _load("gateway_profile").workload_request(workload, 80)
+    body = json.loads(raw.split(b"\r\n\r\n", 1)[1])
+    assert len(body["prompt"].split()) == tokens
+
+
+def test_profile_agentic_request_is_about_64k_tokens_of_tool_rounds() -> None:
+    from services.common.tokens import TokenPath
+
+    body = _load("gateway_profile").agentic_body(64 * 1024)
+    n = len(TokenPath().encode_chat(body["messages"]))
+    assert 60_000 <= n <= 70_000
+    assert sum(1 for m in body["messages"] if m["role"] == "tool") == 24 and body["stream"]

@@ -156,6 +156,27 @@ def test_parse_chat_metadata_from_headers_and_body_and_stripped_from_forward() -
     assert (p.tenant, p.slo_class, p.session_id, p.cache_salt) == ("hdr-t", "batch", "s1", "salt")
     assert p.deadline_ms == 250.0 and len(p.prompt_ids) == 3  # "user:", "hi", "there"
     assert "tenant" not in p.forward_body and p.forward_body["cache_salt"] == "salt"
+    assert p.raw_body == b""  # re-encoded without our fields
+
+
+@pytest.mark.parametrize(
+    ("extra", "raw_forwarded"),
+    [
+        ({}, True),
+        ({"session_id": "s"}, False),
+        ({"tenant": "t"}, False),
+        ({"slo_class": ""}, False),
+    ],
+    ids=["none-of-ours", "session", "tenant", "empty-class"],
+)
+def test_a_body_without_our_fields_is_forwarded_as_sent(
+    extra: dict[str, str], raw_forwarded: bool
+) -> None:
+    body = {"model": "m", "prompt": "a b c", "max_tokens": 4, **extra}
+    raw = json.dumps(body, indent=1).encode()
+    p = parse_request("completion", raw, {}, models=[], classes=["batch"])
+    assert (p.raw_body == raw) is raw_forwarded and bool(p.raw_body) is raw_forwarded
+    assert p.forward_body == {k: v for k, v in body.items() if k not in extra}
 
 
 @pytest.mark.parametrize(

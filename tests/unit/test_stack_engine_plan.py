@@ -319,7 +319,7 @@ def test_up_without_engines_leaves_the_scheduler_endpoints_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    opts, children = resolve_up(_up_args(tmp_path))
+    opts, children = resolve_up(_up_args(tmp_path, "--gateways", "1"))  # no replica settings
     assert all(c.kind != ENGINE_KIND for c in children)
     assert opts.deployment is None and opts.engine_claims == ()
     scheduler = next(c for c in children if c.name == "scheduler")

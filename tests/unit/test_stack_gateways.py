@@ -5,13 +5,23 @@ one bind probe."""
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from services.stack.cli import register, resolve_up
-from services.stack.gateways import GatewayReplicas, replica_names, replica_ports
+from services.stack.gateways import (
+    MAX_GATEWAYS,
+    GatewayCount,
+    GatewayReplicas,
+    gateway_count,
+    parse_gateway_count,
+    replica_names,
+    replica_ports,
+)
 from services.stack.plan import (
     ChildSpec,
     PortClaim,
@@ -20,6 +30,7 @@ from services.stack.plan import (
     duplicate_ports,
 )
 from services.stack.ports import busy_ports
+from services.stack.settings import StackSettings
 
 BASE = {"grpc_port": 50051, "metrics_port": 9101, "http_port": 8000}
 
@@ -203,7 +214,8 @@ def _up_args(tmp_path: Path, *argv: str) -> argparse.Namespace:
 @pytest.mark.parametrize(
     ("config", "argv", "names", "share"),
     [
-        ("", ["--engines", "2"], ["scheduler"], None),
+        ("", ["--engines", "2"], ["scheduler", "scheduler-2"], "true"),
+        ("", ["--engines", "2", "--gateways", "1"], ["scheduler"], None),
         ("", ["--engines", "2", "--gateways", "3"],
          ["scheduler", "scheduler-2", "scheduler-3"], "true"),
         ("stack:\n  gateways: 2\n", ["--engines", "1"], ["scheduler", "scheduler-2"], "true"),
@@ -212,7 +224,8 @@ def _up_args(tmp_path: Path, *argv: str) -> argparse.Namespace:
         ("scheduler:\n  share_state: false\n", ["--engines", "1", "--gateways", "2"],
          ["scheduler", "scheduler-2"], "false"),
     ],
-    ids=["default-one", "flag", "config-file", "flag-wins", "explicit-share-state-kept"],
+    ids=["default-one-per-core", "one", "flag", "config-file", "flag-wins",
+         "explicit-share-state-kept"],
 )  # fmt: skip
 def test_up_gateways(
     tmp_path: Path,
@@ -223,6 +236,7 @@ def test_up_gateways(
     share: str | None,
 ) -> None:
     monkeypatch.chdir(tmp_path)  # no stray ./tideserve.yaml
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})  # two usable cores
     path = tmp_path / "ts.yaml"
     path.write_text(config)
     _, children = resolve_up(_up_args(tmp_path, "--config", str(path), *argv))
@@ -249,3 +263,33 @@ def test_up_bad_gateways_is_one_line_exit_2(
     err = capsys.readouterr().err
     assert "gateways" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "st").exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "cores", "count"),
+    [("auto", 2, 2), ("auto", 1, 1), ("auto", 0, 1), ("auto", 64, MAX_GATEWAYS), (3, 2, 3)],
+    ids=["auto-2-cores", "auto-1-core", "auto-unknown", "auto-capped", "explicit"],
+)
+def test_gateway_count_auto_is_one_per_core(value: GatewayCount, cores: int, count: int) -> None:
+    assert gateway_count(value, cores) == count
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("auto", "auto"), ("AUTO", "auto"), ("4", 4)], ids=["auto", "case", "int"]
+)
+def test_parse_gateway_count(text: str, value: GatewayCount) -> None:
+    assert parse_gateway_count(text) == value
+
+
+@pytest.mark.parametrize(
+    ("given", "value"),
+    [({}, "auto"), ({"gateways": 2}, 2), ({"gateways": "auto"}, "auto")],
+    ids=["default-auto", "number", "auto"],
+)
+def test_stack_settings_gateways(given: dict[str, object], value: GatewayCount) -> None:
+    assert StackSettings.model_validate(given).gateways == value
+
+
+def test_stack_settings_refuse_a_bad_gateway_count() -> None:
+    with pytest.raises(ValidationError):
+        StackSettings.model_validate({"gateways": 0})

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import zlib
 
 import pytest
 
@@ -17,6 +19,41 @@ def test_tokenize_is_one_id_per_word_and_stable_across_processes() -> None:
     code = "from services.common import tokens; print(tokens.tokenize('hello  world\\nhello'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(ids)
+
+
+def _by_definition(text: str) -> list[int]:
+    """The module doc's rule, written the slow way: ``\\S+`` words, crc32 of their UTF-8."""
+    span = tokens.VOCAB_SIZE - tokens.FIRST_WORD_ID
+    return [
+        zlib.crc32(w.encode("utf-8")) % span + tokens.FIRST_WORD_ID
+        for w in re.findall(r"\S+", text)
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "plain ascii words  with\ttabs\nand\r\nnewlines ",
+        "ascii\x1cinformation\x1dseparators\x1eare\x1fwhitespace",
+        "\x0bvertical\x0cform feed",
+        "unicode caf\u00e9 na\u00efve \u65e5\u672c\u8a9e",
+        "no-break\u00a0space ideographic\u3000space line\u2028separator",
+        "",
+        "   ",
+    ],
+    ids=[
+        "ascii",
+        "ascii-separators",
+        "vt-ff",
+        "utf8-words",
+        "unicode-whitespace",
+        "empty",
+        "blank",
+    ],
+)
+def test_tokenize_equals_the_definition(text: str) -> None:
+    assert tokens.tokenize(text) == _by_definition(text)
+    assert tokens.count_tokens(text) == len(_by_definition(text))
 
 
 @pytest.mark.parametrize(

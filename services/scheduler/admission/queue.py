@@ -116,6 +116,9 @@ class _Class:
         self.tenants: dict[str, _Tenant] = {}
         self.active: deque[str] = deque()
         self.size = 0
+        # (arrival, seq, entry), oldest first, when the class promotes starved requests;
+        # entries that left the queue are dropped lazily (see AdmissionQueue._live).
+        self.by_age: list[tuple[float, int, _Entry]] = []
 
 
 class AdmissionQueue:
@@ -126,6 +129,11 @@ class AdmissionQueue:
         self._classes = {c.name: _Class(c) for c in self.config.classes}
         self._order = sorted(self._classes.values(), key=lambda c: -c.spec.priority)
         self._entries: dict[str, _Entry] = {}
+        # (time it expires, seq, entry), soonest first; left entries dropped lazily. With
+        # the classes' age heaps, expiry and starvation cost O(log n) per request instead of
+        # a scan of the whole queue on every pump (which made an overloaded gateway slower
+        # the longer its queue grew).
+        self._by_expiry: list[tuple[float, int, _Entry]] = []
         self._seq = itertools.count()
         self._rate = 0.0  # EWMA of released requests per second
         self._last_release: float | None = None
@@ -186,6 +194,21 @@ class AdmissionQueue:
         heapq.heappush(t.heap, (dl is None, dl if dl is not None else 0.0, e.seq, e))
         cls.size += 1
         self._entries[e.req.request_id] = e
+        expires = e.arrival + cls.spec.max_queue_ms / 1000.0
+        if dl is not None and dl < expires:
+            expires = dl
+        heapq.heappush(self._by_expiry, (expires, e.seq, e))
+        if len(self._by_expiry) > 2 * len(self._entries) + 64:
+            self._by_expiry = [x for x in self._by_expiry if self._live(x[2])]
+            heapq.heapify(self._by_expiry)
+        if cls.spec.starve_after_ms:
+            heapq.heappush(cls.by_age, (e.arrival, e.seq, e))
+            if len(cls.by_age) > 2 * cls.size + 64:
+                cls.by_age = [x for x in cls.by_age if self._live(x[2])]
+                heapq.heapify(cls.by_age)
+
+    def _live(self, e: _Entry) -> bool:
+        return self._entries.get(e.req.request_id) is e
 
     # ------------------------------------------------------------------ release
     def next(self, now: float, capacity: int) -> list[QueuedRequest]:
@@ -202,17 +225,20 @@ class AdmissionQueue:
         return out
 
     def _starved(self, now: float) -> _Entry | None:
+        """The oldest request (arrival, then seq) among the classes' starved ones."""
         best: _Entry | None = None
         for cls in self._order:
             lim = cls.spec.starve_after_ms
             if not lim or not cls.size:
                 continue
-            for t in cls.tenants.values():
-                for *_, e in t.heap:
-                    if (now - e.arrival) * 1000.0 >= lim and (
-                        best is None or (e.arrival, e.seq) < (best.arrival, best.seq)
-                    ):
-                        best = e
+            heap = cls.by_age
+            while not self._live(heap[0][2]):
+                heapq.heappop(heap)
+            e = heap[0][2]
+            if (now - e.arrival) * 1000.0 >= lim and (
+                best is None or (e.arrival, e.seq) < (best.arrival, best.seq)
+            ):
+                best = e
         return best
 
     def _drr_pop(self) -> _Entry | None:
@@ -271,12 +297,22 @@ class AdmissionQueue:
     def expire(self, now: float) -> list[QueuedRequest]:
         """Remove and return requests past their class's ``max_queue_ms`` or their deadline
         (the shell answers them with a timeout). Idempotent for a given ``now``."""
-        dead = [
-            e
-            for e in self._entries.values()
-            if (now - e.arrival) * 1000.0 > self._classes[e.cls].spec.max_queue_ms
-            or (e.req.deadline is not None and e.req.deadline <= now)
-        ]
+        heap = self._by_expiry
+        dead: list[_Entry] = []
+        kept: list[tuple[float, int, _Entry]] = []  # due by the float sum, not by the rule
+        while heap and heap[0][0] <= now:
+            item = heapq.heappop(heap)
+            e = item[2]
+            if not self._live(e):
+                continue
+            if (now - e.arrival) * 1000.0 > self._classes[e.cls].spec.max_queue_ms or (
+                e.req.deadline is not None and e.req.deadline <= now
+            ):
+                dead.append(e)
+            else:
+                kept.append(item)
+        for item in kept:
+            heapq.heappush(heap, item)
         dead.sort(key=lambda e: (e.arrival, e.seq))
         for e in dead:
             self._remove(e)

@@ -16,13 +16,13 @@ output token after the first (streamed answers only), ``e2e_ms`` arrival → han
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tideserve.v1 import events_pb2
 
+from services.common import jsonfast
 from services.scheduler.core.tools import (
     StreamToolCalls,
     ToolCallFact,
@@ -107,7 +107,7 @@ def _ms_field(obj: dict[str, Any]) -> float:
 
 def _json(body: bytes) -> Any:
     try:
-        return json.loads(body)
+        return jsonfast.loads(body)
     except (ValueError, TypeError):
         return None
 

@@ -68,6 +68,9 @@ class Forwarder:
         self.pd_protocol = pd_protocol
         self.upstream_timeout_s = upstream_timeout_s
         self.connect_timeout_s = connect_timeout_s
+        self.timeout = aiohttp.ClientTimeout(
+            total=upstream_timeout_s, sock_connect=connect_timeout_s
+        )
         self.clock = clock
         self.rng = rng
         self.metrics = metrics
@@ -84,7 +87,7 @@ class Forwarder:
     ) -> web.StreamResponse:
         """The client's answer for pick ``d`` (see the module docstring)."""
         path = PATHS[p.kind]
-        body: dict[str, Any] = dict(p.forward_body)
+        body: dict[str, Any] = p.forward_body if d.prefill is None else dict(p.forward_body)
         headers = {"Content-Type": "application/json"}
         if not otel.recording():
             # No client span (the session is the plain one): the current trace context
@@ -95,9 +98,7 @@ class Forwarder:
             headers["Authorization"] = auth
         elif auth and "Authorization" in req.headers:
             headers["Authorization"] = req.headers["Authorization"]
-        timeout = aiohttp.ClientTimeout(
-            total=self.upstream_timeout_s, sock_connect=self.connect_timeout_s
-        )
+        timeout = self.timeout
         decode = d.decode.endpoint
         prefill_task: asyncio.Task[None] | None = None
         if d.prefill is not None and self.pd_protocol == "vllm":
@@ -112,8 +113,12 @@ class Forwarder:
             prefill_task = self._prefill_sglang(
                 session, d.prefill.endpoint, path, body, headers, timeout
             )
+        # Aggregated and the client's body needs no change: its bytes as they came.
+        payload: bytes | dict[str, Any] = body
+        if d.prefill is None and p.raw_body:
+            payload = p.raw_body
         try:
-            resp = await upstream.open_upstream(session, decode, path, body, headers, timeout)
+            resp = await upstream.open_upstream(session, decode, path, payload, headers, timeout)
         except upstream.UpstreamFailure as f:
             if prefill_task is not None and prefill_task.done() and prefill_task.exception():
                 exc = prefill_task.exception()

@@ -36,6 +36,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -76,10 +77,15 @@ class Observation:
     e2e_s: float
 
 
+_OUTCOME_NAMES = {
+    value: name.removeprefix("REQUEST_OUTCOME_").lower()
+    for name, value in events_pb2.RequestOutcome.items()
+}
+
+
 def outcome_name(outcome: events_pb2.RequestOutcome) -> str:
     """``REQUEST_OUTCOME_UPSTREAM_ERROR`` → ``upstream_error``."""
-    name = events_pb2.RequestOutcome.Name(outcome)
-    return name.removeprefix("REQUEST_OUTCOME_").lower()
+    return _OUTCOME_NAMES[outcome]
 
 
 def observe(t: RequestContext, *, status: int, finish: float, default_class: str) -> Observation:
@@ -198,18 +204,28 @@ class GatewayMetrics:
             registry=r,
         )
         self._collector: _Collector | None = None
+        # Labelled children of the per-request families, looked up once per label set
+        # (``labels()`` validates and locks on every call).
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def _child(self, family: Any, *values: str) -> Any:
+        key = (family, *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = family.labels(*values)
+        return child
 
     # -- request path (one-liners for the gateway) ----------------------------------------
     def request_done(self, route: str, status: int, o: Observation) -> None:
-        self.requests.labels(route, o.outcome, str(status)).inc()
+        self._child(self.requests, route, o.outcome, str(status)).inc()
         c = o.slo_class
-        self.e2e.labels(c).observe(o.e2e_s)
+        self._child(self.e2e, c).observe(o.e2e_s)
         if o.ttft_s is not None:
-            self.ttft.labels(c).observe(o.ttft_s)
+            self._child(self.ttft, c).observe(o.ttft_s)
         if o.tpot_s is not None:
-            self.tpot.labels(c).observe(o.tpot_s)
+            self._child(self.tpot, c).observe(o.tpot_s)
         if o.queue_s is not None:
-            self.queue.labels(c).observe(o.queue_s)
+            self._child(self.queue, c).observe(o.queue_s)
 
     def bad_request(self, reason: str | None, param: str | None) -> None:
         self.bad_requests.labels(reason or "invalid", param or "").inc()

@@ -10,7 +10,8 @@ Request metadata, header first, then body field (headers win):
 | TTFT deadline, ms from now | ``X-Tideserve-Deadline-Ms`` | — |
 | scheduler profile | ``X-Tideserve-Profile`` | — |
 
-These fields are removed before the body is forwarded. The prefix-cache namespace is the
+These fields are removed before the body is forwarded (a body without them is forwarded as
+the client sent it: ``raw_body``, no re-encoding). The prefix-cache namespace is the
 body's ``cache_salt`` (vLLM's name), forwarded unchanged and used to salt block hashes.
 
 Prompts are tokenized by the deployment's :class:`services.common.tokens.TokenPath` (the
@@ -22,11 +23,11 @@ Every problem raises :class:`ApiError` (400/404/413) with an OpenAI-style body.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from services.common import jsonfast
 from services.common.tokens import ChatError, TokenPath
 from services.scheduler.core.tools import ToolResultFact, tool_results_of, tools_offered
 
@@ -98,6 +99,9 @@ class ParsedRequest:
     forward_body: dict[str, Any]
     tools_offered: int = 0
     tool_results: tuple[ToolResultFact, ...] = ()
+    raw_body: bytes = b""
+    """The client's body when it equals ``forward_body`` (none of our fields in it): sent
+    upstream as is; b"" when the forwarded body must be encoded from ``forward_body``."""
 
 
 def _bad(msg: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
@@ -168,7 +172,7 @@ def parse_request(
     if len(raw) > lim.max_body_bytes:
         raise ApiError(413, f"request body over {lim.max_body_bytes} bytes", None, "body_too_large")
     try:
-        body = json.loads(raw)
+        body = jsonfast.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise _bad(f"invalid JSON body: {e}", None, "invalid_json") from None
     if not isinstance(body, dict):
@@ -226,7 +230,8 @@ def parse_request(
             raise _bad(f"{H_DEADLINE} must be a number of milliseconds", H_DEADLINE) from None
         if not deadline > 0:
             raise _bad(f"{H_DEADLINE} must be positive", H_DEADLINE)
-    fwd = {k: v for k, v in body.items() if k not in _OURS}
+    ours = any(k in body for k in _OURS)
+    fwd = {k: v for k, v in body.items() if k not in _OURS} if ours else body
     return ParsedRequest(
         kind=kind,
         model=model,
@@ -242,4 +247,5 @@ def parse_request(
         forward_body=fwd,
         tools_offered=tools_offered(body) if kind == "chat" else 0,
         tool_results=tool_results_of(body.get("messages"), tool_contents) if kind == "chat" else (),
+        raw_body=b"" if ours else raw,
     )

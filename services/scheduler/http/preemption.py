@@ -12,6 +12,7 @@ first byte arrived) is never pre-empted.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -48,6 +49,9 @@ class Preemptor:
         self.enabled = enabled
         self.total = 0  # pre-emptions so far
         self._live: dict[str, _Dispatch] = {}
+        # Live dispatches without their first byte, by class priority: lets consider()
+        # answer "nothing to pre-empt" without a pass over every dispatch.
+        self._unstarted: Counter[int] = Counter()
         self._in_progress = 0  # cancelled, not yet unwound
         self._top = max(c.priority for c in core.queue.config.classes)
 
@@ -64,6 +68,7 @@ class Preemptor:
         task = asyncio.create_task(coro)
         d = _Dispatch(prio, self.clock(), task)
         self._live[pick_id] = d
+        self._unstarted[prio] += 1
         try:
             return await task
         except asyncio.CancelledError:
@@ -73,20 +78,26 @@ class Preemptor:
             raise
         finally:
             del self._live[pick_id]
+            if not d.started:
+                self._unstarted[prio] -= 1
             if d.preempted:
                 self._in_progress -= 1
 
     def started(self, pick_id: str) -> None:
         """The first byte of ``pick_id`` arrived: never pre-empt it. Unknown ids: no-op."""
         d = self._live.get(pick_id)
-        if d is not None:
+        if d is not None and not d.started:
             d.started = True
+            self._unstarted[d.priority] -= 1
 
     def consider(self, now: float, capacity: int) -> list[str]:
         """Pre-empt what :func:`plan_preemptions` says for the current queue and capacity
         (call when ``capacity`` <= 0 and the queue is not empty). Returns the pick ids."""
         if not self.enabled or not self._live:
             return []
+        waiting = self.core.queue.waiting_priorities()
+        if not waiting or not any(n for p, n in self._unstarted.items() if p < max(waiting)):
+            return []  # no dispatch of a class below the best waiting one can be taken back
         cands = [
             InFlight(pid, d.priority, d.started, d.released_at)
             for pid, d in self._live.items()

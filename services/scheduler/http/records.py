@@ -26,7 +26,6 @@ import json
 import logging
 import random
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -103,6 +102,9 @@ def request_contexts(
     middleware in front) the trace id is a random one from ``rng``. ``tool_contents``:
     keep the answer's tool-call arguments."""
     rand = rng or random.Random()
+    # Request ids: 128 random bits from a generator seeded from os.urandom (unique across
+    # replicas, unlike ``rng``, which may be seeded; cheaper than uuid4's urandom call).
+    ids = random.Random()
     wanted = frozenset(paths)
 
     @web.middleware
@@ -112,7 +114,7 @@ def request_contexts(
         span = trace.get_current_span()
         trace_id = trace_ids(span)[0]
         ctx = RequestContext(
-            request_id=uuid.uuid4().hex,
+            request_id=f"{ids.getrandbits(128):032x}",
             trace_id=trace_id or f"{rand.getrandbits(128) or 1:032x}",
             arrival=clock(),
             arrival_wall=wall(),

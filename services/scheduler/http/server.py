@@ -412,7 +412,7 @@ class Gateway:
             now = self.clock()
             pick_id = f"{rid}.{attempt}"
             d = self.core.pick(
-                replace(view, exclude=frozenset(exclude)),
+                replace(view, exclude=frozenset(exclude)) if exclude else view,
                 now,
                 pick_id,
                 p.profile,

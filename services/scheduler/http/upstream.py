@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+from yarl import URL
 
+from services.common import jsonfast
 from services.scheduler.core.fleet import LoadReport
 from services.scheduler.routing.types import EndpointView
 
@@ -100,21 +102,28 @@ class UpstreamFailure(Exception):
     status: int = 502
 
 
+@lru_cache(maxsize=4096)
+def _url(base: str, path: str) -> URL:
+    """The parsed URL of ``base + path`` (parsed once per endpoint and path)."""
+    return URL(base + path)
+
+
 async def open_upstream(
     session: aiohttp.ClientSession,
     endpoint: EndpointView,
     path: str,
-    body: Mapping[str, Any],
+    body: Mapping[str, Any] | bytes,
     headers: Mapping[str, str],
     client_timeout: aiohttp.ClientTimeout,
 ) -> aiohttp.ClientResponse:
-    """POST and return the response once headers arrived; 5xx and connection errors raise
-    :class:`UpstreamFailure` (the response is released). 4xx responses are returned."""
+    """POST ``body`` (JSON-encoded; bytes are sent as they are) and return the response
+    once headers arrived; 5xx and connection errors raise :class:`UpstreamFailure` (the
+    response is released). 4xx responses are returned."""
     try:
         resp = await session.post(
-            endpoint.url + path,
-            data=json.dumps(body),
-            headers=dict(headers),
+            _url(endpoint.url, path),
+            data=body if isinstance(body, bytes) else jsonfast.dumps(body),
+            headers=headers,
             timeout=client_timeout,
         )
     except (aiohttp.ClientError, TimeoutError, OSError) as e:
