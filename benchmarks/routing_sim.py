@@ -163,6 +163,7 @@ class _Req:
     cached: int = 0
     prompt_tokens: int = 0
     ntok: int = 0
+    prefilled_at: float | None = None  # the engine's first token (end of the prefill)
 
 
 @dataclass
@@ -176,6 +177,12 @@ class _Diag:
     guard_removed_best: int = 0  # the load guard removed every best-match instance
     disaggregated: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
+    # engine steps (aggregated/decode engines): count, ms, and those carrying prefill chunks
+    steps: int = 0
+    step_ms: float = 0.0
+    mixed_steps: int = 0
+    mixed_ms: float = 0.0
+    decode_seqs: int = 0  # decoding sequences summed over steps (mean batch = / steps)
 
 
 class Sim:
@@ -352,6 +359,14 @@ class Sim:
         core = self.cores[iid]
         finished = 0
         prefill_role = core.config.role is EngineRole.PREFILL
+        if not prefill_role and res.duration_ms > 0:
+            g = self.diag
+            g.steps += 1
+            g.step_ms += res.duration_ms
+            g.decode_seqs += res.decode_tokens
+            if res.prefill_tokens:
+                g.mixed_steps += 1
+                g.mixed_ms += res.duration_ms
         for o in res.outputs:
             req = self.reqs[o.rid]
             if prefill_role:
@@ -370,6 +385,8 @@ class Sim:
                 self.kick(diid, now)
                 self.push(now + xfer, "wake", iid)  # the held KV frees then
                 continue
+            if req.prefilled_at is None:
+                req.prefilled_at = now
             req.ntok += len(o.tokens)
             # The engine's first SSE chunk carries --stream-interval tokens (or the last):
             # that is the client's first token and the gateway's first byte.
@@ -448,7 +465,37 @@ class Sim:
                 "prompt_tokens": sum(r.prompt_tokens for r in done),
                 "lost_to_top_scorer": g.reasons,
             },
+            "time_split_ms": self.time_split(done),
             "sim_cpu_s": round(cpu_s, 2),
+        }
+
+    def time_split(self, done: list[_Req]) -> dict[str, float]:
+        """Where the mean TTFT goes, per completed request (ms, means): ``own_prefill`` =
+        the model's prefill of the uncached suffix on an idle engine; ``wait`` = the rest up
+        to the engine's first token (queueing ahead, and prefill slowed by sharing steps);
+        ``first_chunk`` = from there to the first streamed chunk (the stream-interval decode
+        steps, stretched by other prompts' prefill chunks); ``uncached_tokens`` = the
+        prompt not served from cache. The engines' steps: share of decode-step time spent in
+        steps that also carried prefill chunks (what stretches TPOT), and the mean decode
+        batch."""
+        if not done:
+            return {}
+        own = wait = chunk = unc = 0.0
+        for r in done:
+            first, pre = float(r.first or 0.0), float(r.prefilled_at or r.first or 0.0)
+            p = self.perf.prefill_ms(r.prompt_tokens - r.cached, r.cached)
+            own += p
+            wait += pre - r.arrival - p
+            chunk += first - pre
+            unc += r.prompt_tokens - r.cached
+        n, g = len(done), self.diag
+        return {
+            "own_prefill": round(own / n, 1),
+            "wait": round(wait / n, 1),
+            "first_chunk": round(chunk / n, 1),
+            "uncached_tokens": round(unc / n),
+            "mixed_step_share": round(g.mixed_ms / g.step_ms, 3) if g.step_ms else 0.0,
+            "mean_decode_batch": round(g.decode_seqs / g.steps, 2) if g.steps else 0.0,
         }
 
 

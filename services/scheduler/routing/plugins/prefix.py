@@ -439,6 +439,50 @@ class PrecisePrefix:
         return [get(e.instance_id, 0.0) / total for e in candidates]
 
 
+class PrefixEstimateParams(ApproxPrefixParams):
+    tier_weights: dict[Tier, float] = Field(default_factory=_default_tier_weights)
+
+
+@register("prefix-estimate", PrefixEstimateParams)
+class PrefixEstimate(ApproxPrefix):
+    """ONE prefix estimate from both signals, and one score: per candidate the larger of
+
+    * the routed (approximate) match: what this gateway sent there recently, including
+      requests still in flight that no engine has reported yet (:class:`ApproxPrefix`), and
+    * the precise match: what the engines report holding (kvmeta ``MatchPrefix`` or the
+      local KV replica, tier-weighted as :class:`PrecisePrefix` does),
+
+    recorded as the cycle's cached-token estimate; score = that estimate / prompt tokens
+    (below ``threshold``: 0). Two scorers over the same prefix counted it twice (an instance
+    known to both ranked above one known to either by the same amount of cache), and each
+    cost a pass over the candidates."""
+
+    def __init__(self, name: str, params: PrefixEstimateParams, env: PluginEnv) -> None:
+        super().__init__(name, params, env)
+        self.precise = PrecisePrefix(
+            name, PrecisePrefixParams(tier_weights=params.tier_weights), env
+        )
+
+    def prepare(
+        self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
+    ) -> None:
+        super().prepare(ctx, request, candidates)
+        self.precise.prepare(ctx, request, candidates)
+
+    def score_list(
+        self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
+    ) -> list[float]:
+        """:meth:`score` aligned with ``candidates``: the cycle's cached-token estimate
+        (the larger of the two signals; read after every preparer ran) / prompt tokens."""
+        n = request.prompt_tokens
+        cached = ctx.cached_tokens
+        if n <= 0 or not cached or not request.block_hashes:
+            return [0.0] * len(candidates)
+        get, thr = cached.get, self.threshold
+        out = [min(get(e.instance_id, 0) / n, 1.0) for e in candidates]
+        return [r if r >= thr else 0.0 for r in out] if thr > 0 else out
+
+
 def _note_cached(
     ctx: CycleContext,
     blocks: Mapping[str, float] | Mapping[str, int],
