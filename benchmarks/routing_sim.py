@@ -465,19 +465,19 @@ class Sim:
                 "prompt_tokens": sum(r.prompt_tokens for r in done),
                 "lost_to_top_scorer": g.reasons,
             },
-            "time_split_ms": self.time_split(done),
+            "time_split_ms": self.time_split(done, dur_s),
             "sim_cpu_s": round(cpu_s, 2),
         }
 
-    def time_split(self, done: list[_Req]) -> dict[str, float]:
+    def time_split(self, done: list[_Req], dur_s: float) -> dict[str, float]:
         """Where the mean TTFT goes, per completed request (ms, means): ``own_prefill`` =
         the model's prefill of the uncached suffix on an idle engine; ``wait`` = the rest up
         to the engine's first token (queueing ahead, and prefill slowed by sharing steps);
         ``first_chunk`` = from there to the first streamed chunk (the stream-interval decode
         steps, stretched by other prompts' prefill chunks); ``uncached_tokens`` = the
         prompt not served from cache. The engines' steps: share of decode-step time spent in
-        steps that also carried prefill chunks (what stretches TPOT), and the mean decode
-        batch."""
+        steps that also carried prefill chunks (what stretches TPOT), the mean decode batch,
+        and ``busy_share``: engine-time in steps / (engines x the run's duration)."""
         if not done:
             return {}
         own = wait = chunk = unc = 0.0
@@ -496,6 +496,9 @@ class Sim:
             "uncached_tokens": round(unc / n),
             "mixed_step_share": round(g.mixed_ms / g.step_ms, 3) if g.step_ms else 0.0,
             "mean_decode_batch": round(g.decode_seqs / g.steps, 2) if g.steps else 0.0,
+            "busy_share": round(g.step_ms / (1000.0 * dur_s * len(self.cores)), 3)
+            if dur_s > 0
+            else 0.0,
         }
 
 

@@ -41,6 +41,7 @@ METRICS = (
     "wait_ms",
     "first_chunk_ms",
     "mixed_step_share",
+    "busy_share",
     "spills",
 )
 
@@ -78,6 +79,7 @@ def cell(res: dict[str, Any]) -> dict[str, float]:
         "wait_ms": split.get("wait", 0.0),
         "first_chunk_ms": split.get("first_chunk", 0.0),
         "mixed_step_share": split.get("mixed_step_share", 0.0),
+        "busy_share": split.get("busy_share", 0.0),
         "spills": res["routing"]["with_routed_prefix"] - res["routing"]["kept_best_prefix"],
     }
 
