@@ -466,8 +466,26 @@ class PrefixEstimate(ApproxPrefix):
     def prepare(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
     ) -> None:
-        super().prepare(ctx, request, candidates)
-        self.precise.prepare(ctx, request, candidates)
+        routed = self._match(ctx, request) if request.block_hashes else {}
+        known = self.precise._effective_blocks(request)
+        if not known:
+            if routed:
+                _note_cached(ctx, routed, candidates, request.block_size)
+            return
+        if not routed:
+            _note_cached(ctx, known, candidates, request.block_size)
+            return
+        # Both: the larger per candidate, in one pass.
+        cached, bs = ctx.cached_tokens, request.block_size
+        r_get, k_get = routed.get, known.get
+        for e in candidates:
+            iid = e.instance_id
+            a, b = r_get(iid, 0), k_get(iid, 0.0)
+            best = a if a >= b else b
+            if best:
+                tokens = int(best * bs)
+                if tokens > cached.get(iid, 0):
+                    cached[iid] = tokens
 
     def score_list(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
