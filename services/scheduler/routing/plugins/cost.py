@@ -64,7 +64,11 @@ class TTFTCost:
     picks per target instance (``on_pick``) until they settle (``on_settle``: first byte,
     failure or release), or for at most ``awaiting_ttl_s``. With ``recompute > 0`` it adds
     ``recompute * (own prefill - cheapest own prefill)``: the fleet pays for a cache miss
-    with capacity too. Both only change the ranking, never ``ctx.predicted_ttft_ms``."""
+    with capacity too. With ``decode > 0`` it adds ``decode * (running + unreported picks) *
+    own prefill`` (the prompt's prefill chunks stall every decode there), and with
+    ``kv_pressure > 0`` ``kv_pressure *`` the whole prompt's prefill where prompt +
+    max_tokens does not fit in the free KV. All of them only change the ranking, never
+    ``ctx.predicted_ttft_ms``."""
 
     phase = 1  # after the prefix preparers
 
