@@ -16,7 +16,8 @@ import grpc
 from tideserve.v1 import common_pb2, kvmeta_pb2
 
 from services.scheduler.routing.framework import Scheduler
-from services.scheduler.routing.plugins.prefix import PrecisePrefix, PrefixEstimate
+from services.scheduler.routing.plugins.estimate import PrefixEstimate
+from services.scheduler.routing.plugins.prefix import PrecisePrefix
 from services.scheduler.routing.types import PrefixMatch, RequestView, Tier
 
 __all__ = ["MATCH_PREFIX", "KVMetaLookup", "precise_profiles", "to_matches"]

@@ -300,7 +300,7 @@ class ApproxPrefix:
     ) -> None:
         m = self._match(ctx, request)
         if m:
-            _note_cached(ctx, m, candidates, request.block_size)
+            note_cached(ctx, m, candidates, request.block_size)
 
     def score(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
@@ -357,12 +357,12 @@ class ApproxPrefix:
             self.index.retract(rec[1], rec[0])
 
 
-def _default_tier_weights() -> dict[Tier, float]:
+def default_tier_weights() -> dict[Tier, float]:
     return {"gpu": 1.0, "cpu": 0.8, "ssd": 0.5, "remote": 0.3}
 
 
 class PrecisePrefixParams(Params):
-    tier_weights: dict[Tier, float] = Field(default_factory=_default_tier_weights)
+    tier_weights: dict[Tier, float] = Field(default_factory=default_tier_weights)
 
 
 @register("precise-prefix", PrecisePrefixParams)
@@ -418,7 +418,7 @@ class PrecisePrefix:
     ) -> None:
         eff = self._effective_blocks(request)
         if eff:
-            _note_cached(ctx, eff, candidates, request.block_size)
+            note_cached(ctx, eff, candidates, request.block_size)
 
     def score(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
@@ -439,69 +439,7 @@ class PrecisePrefix:
         return [get(e.instance_id, 0.0) / total for e in candidates]
 
 
-class PrefixEstimateParams(ApproxPrefixParams):
-    tier_weights: dict[Tier, float] = Field(default_factory=_default_tier_weights)
-
-
-@register("prefix-estimate", PrefixEstimateParams)
-class PrefixEstimate(ApproxPrefix):
-    """ONE prefix estimate from both signals, and one score: per candidate the larger of
-
-    * the routed (approximate) match: what this gateway sent there recently, including
-      requests still in flight that no engine has reported yet (:class:`ApproxPrefix`), and
-    * the precise match: what the engines report holding (kvmeta ``MatchPrefix`` or the
-      local KV replica, tier-weighted as :class:`PrecisePrefix` does),
-
-    recorded as the cycle's cached-token estimate; score = that estimate / prompt tokens
-    (below ``threshold``: 0). Two scorers over the same prefix counted it twice (an instance
-    known to both ranked above one known to either by the same amount of cache), and each
-    cost a pass over the candidates."""
-
-    def __init__(self, name: str, params: PrefixEstimateParams, env: PluginEnv) -> None:
-        super().__init__(name, params, env)
-        self.precise = PrecisePrefix(
-            name, PrecisePrefixParams(tier_weights=params.tier_weights), env
-        )
-
-    def prepare(
-        self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
-    ) -> None:
-        routed = self._match(ctx, request) if request.block_hashes else {}
-        known = self.precise._effective_blocks(request)
-        if not known:
-            if routed:
-                _note_cached(ctx, routed, candidates, request.block_size)
-            return
-        if not routed:
-            _note_cached(ctx, known, candidates, request.block_size)
-            return
-        # Both: the larger per candidate, in one pass.
-        cached, bs = ctx.cached_tokens, request.block_size
-        r_get, k_get = routed.get, known.get
-        for e in candidates:
-            iid = e.instance_id
-            a, b = r_get(iid, 0), k_get(iid, 0.0)
-            best = a if a >= b else b
-            if best:
-                tokens = int(best * bs)
-                if tokens > cached.get(iid, 0):
-                    cached[iid] = tokens
-
-    def score_list(
-        self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
-    ) -> list[float]:
-        """:meth:`score` aligned with ``candidates``: the cycle's cached-token estimate
-        (the larger of the two signals; read after every preparer ran) / prompt tokens."""
-        n = request.prompt_tokens
-        cached = ctx.cached_tokens
-        if n <= 0 or not cached or not request.block_hashes:
-            return [0.0] * len(candidates)
-        get, thr = cached.get, self.threshold
-        out = [min(get(e.instance_id, 0) / n, 1.0) for e in candidates]
-        return [r if r >= thr else 0.0 for r in out] if thr > 0 else out
-
-
-def _note_cached(
+def note_cached(
     ctx: CycleContext,
     blocks: Mapping[str, float] | Mapping[str, int],
     candidates: Sequence[EndpointView],
