@@ -50,17 +50,18 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
-import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from _sim_stats import Diag, dist, time_split  # noqa: E402
 
 from services.bench.prompts import PromptSynthesizer  # noqa: E402
 from services.bench.stats import infinite_cache_hit_ratio  # noqa: E402
@@ -166,25 +167,6 @@ class _Req:
     prefilled_at: float | None = None  # the engine's first token (end of the prefill)
 
 
-@dataclass
-class _Diag:
-    picks: int = 0
-    with_prefix: int = 0  # some instance had a routed-prefix match
-    kept_best: int = 0  # ... and the pick went to an instance with the longest match
-    lost_blocks: int = 0  # matched blocks given up (best - chosen), summed
-    best_blocks: int = 0  # longest routed-prefix match per pick, summed
-    predicted_cached: int = 0  # Pick.predicted_cached_tokens, summed
-    guard_removed_best: int = 0  # the load guard removed every best-match instance
-    disaggregated: int = 0
-    reasons: dict[str, int] = field(default_factory=dict)
-    # engine steps (aggregated/decode engines): count, ms, and those carrying prefill chunks
-    steps: int = 0
-    step_ms: float = 0.0
-    mixed_steps: int = 0
-    mixed_ms: float = 0.0
-    decode_seqs: int = 0  # decoding sequences summed over steps (mean batch = / steps)
-
-
 class Sim:
     """One profile on one fresh fleet. ``run`` returns the summary dict."""
 
@@ -222,7 +204,7 @@ class Sim:
         self.reqs: dict[str, _Req] = {}
         self.shed = 0
         self.failed = 0
-        self.diag = _Diag()
+        self.diag = Diag()
         prof = self.gw.scheduler.profiles[profile]
         self.approx = next((p for p in prof.preparers if isinstance(p, ApproxPrefix)), None)
 
@@ -465,51 +447,9 @@ class Sim:
                 "prompt_tokens": sum(r.prompt_tokens for r in done),
                 "lost_to_top_scorer": g.reasons,
             },
-            "time_split_ms": self.time_split(done, dur_s),
+            "time_split_ms": time_split(done, self.perf, self.diag, dur_s, len(self.cores)),
             "sim_cpu_s": round(cpu_s, 2),
         }
-
-    def time_split(self, done: list[_Req], dur_s: float) -> dict[str, float]:
-        """Where the mean TTFT goes, per completed request (ms, means): ``own_prefill`` =
-        the model's prefill of the uncached suffix on an idle engine; ``wait`` = the rest up
-        to the engine's first token (queueing ahead, and prefill slowed by sharing steps);
-        ``first_chunk`` = from there to the first streamed chunk (the stream-interval decode
-        steps, stretched by other prompts' prefill chunks); ``uncached_tokens`` = the
-        prompt not served from cache. The engines' steps: share of decode-step time spent in
-        steps that also carried prefill chunks (what stretches TPOT), the mean decode batch,
-        and ``busy_share``: engine-time in steps / (engines x the run's duration)."""
-        if not done:
-            return {}
-        own = wait = chunk = unc = 0.0
-        for r in done:
-            first, pre = float(r.first or 0.0), float(r.prefilled_at or r.first or 0.0)
-            p = self.perf.prefill_ms(r.prompt_tokens - r.cached, r.cached)
-            own += p
-            wait += pre - r.arrival - p
-            chunk += first - pre
-            unc += r.prompt_tokens - r.cached
-        n, g = len(done), self.diag
-        return {
-            "own_prefill": round(own / n, 1),
-            "wait": round(wait / n, 1),
-            "first_chunk": round(chunk / n, 1),
-            "uncached_tokens": round(unc / n),
-            "mixed_step_share": round(g.mixed_ms / g.step_ms, 3) if g.step_ms else 0.0,
-            "mean_decode_batch": round(g.decode_seqs / g.steps, 2) if g.steps else 0.0,
-            "busy_share": round(g.step_ms / (1000.0 * dur_s * len(self.cores)), 3)
-            if dur_s > 0
-            else 0.0,
-        }
-
-
-def dist(xs: list[float]) -> dict[str, float] | None:
-    if not xs:
-        return None
-
-    def q(f: float) -> float:
-        return round(xs[min(len(xs) - 1, int(len(xs) * f))], 1)
-
-    return {"mean": round(statistics.fmean(xs), 1), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99)}
 
 
 def main(argv: list[str] | None = None) -> int:
