@@ -48,7 +48,7 @@ class PrefixEstimate(ApproxPrefix):
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
     ) -> None:
         routed = self._match(ctx, request) if request.block_hashes else {}
-        known = self.precise._effective_blocks(request)
+        known = self.precise.effective_blocks(request)
         if not known:
             if routed:
                 note_cached(ctx, routed, candidates, request.block_size)

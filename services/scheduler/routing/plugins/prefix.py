@@ -383,7 +383,8 @@ class PrecisePrefix:
         # (the request's prefix_matches object, its effective blocks per instance)
         self._last: tuple[Mapping[str, PrefixMatch], dict[str, float]] | None = None
 
-    def _effective_blocks(self, request: RequestView) -> dict[str, float]:
+    def effective_blocks(self, request: RequestView) -> dict[str, float]:
+        """Tier-weighted matched blocks per instance from ``request.prefix_matches``."""
         found = request.prefix_matches
         if not found:
             return {}
@@ -416,7 +417,7 @@ class PrecisePrefix:
     def prepare(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
     ) -> None:
-        eff = self._effective_blocks(request)
+        eff = self.effective_blocks(request)
         if eff:
             note_cached(ctx, eff, candidates, request.block_size)
 
@@ -432,7 +433,7 @@ class PrecisePrefix:
     ) -> list[float]:
         """:meth:`score` aligned with ``candidates``."""
         total = len(request.block_hashes)
-        eff = self._effective_blocks(request) if total else None
+        eff = self.effective_blocks(request) if total else None
         if not eff:
             return [0.0] * len(candidates)
         get = eff.get
