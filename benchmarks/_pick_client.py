@@ -1,6 +1,7 @@
 """The gRPC load client of `pick_rate.py` (its `_client` subcommand, run in a process of its
 own): unary Pick + ReportOutcome or PickStream calls against a scheduler, with latency and
-the share of picks the kv-index plugin scored."""
+the share of picks a prefix scorer scored: ``prefix`` (the default profile's one estimate,
+routed or precise) or ``kv-index`` (the precise-only profile's)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from collections import deque
 from typing import Any
 
 from _pick_feeds import DEPLOYMENT, workload
+
+PREFIX_SCORERS = ("prefix", "kv-index")
 
 
 async def _client(port: int, work: list[tuple[int, tuple[int, ...]]], duration: float,
@@ -35,7 +38,7 @@ async def _client(port: int, work: list[tuple[int, tuple[int, ...]]], duration: 
         end = warm_end + duration
 
         def scored(resp: Any) -> bool:
-            return any(sc.plugin == "kv-index" and sc.score > 0 for sc in resp.decode.scores)
+            return any(sc.plugin in PREFIX_SCORERS and sc.score > 0 for sc in resp.decode.scores)
 
         async def worker(k: int) -> None:
             nonlocal ok, errors, kv_scored
@@ -112,7 +115,7 @@ async def _client(port: int, work: list[tuple[int, tuple[int, ...]]], duration: 
         return round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 3) if lat else None
 
     return {"picks_ok": ok, "errors": errors, "error_codes": codes, "seconds": duration,
-            "picks_with_kv_index_score_above_0": kv_scored,
+            "picks_with_prefix_score_above_0": kv_scored,
             "pick_latency_ms": {"p50": q(0.5), "p99": q(0.99)}}  # fmt: skip
 
 

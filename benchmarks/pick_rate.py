@@ -15,8 +15,9 @@ Measurements (each labelled in the JSON exactly as what it is):
   scraping, ``kvmeta_address`` set) that asks kvmeta ``MatchPrefix`` before each cycle. A
   separate client process does Pick (block hashes in the request) then ReportOutcome, with
   ``--concurrency`` calls in flight, for ``--duration`` s. Decisions/s = successful Picks/s;
-  the JSON also counts picks whose ``kv-index`` (precise prefix) score was above 0.
-- ``grpc_pick``: the same without kvmeta (``kv-index`` scores 0; the gateway-side
+  the JSON also counts picks whose prefix score was above 0 (``prefix``, the default
+  profile's one estimate, routed or precise; ``kv-index`` in the precise-only profile).
+- ``grpc_pick``: the same without kvmeta (no precise data; the gateway-side
   approximate prefix index, TTFT cost and load scorers still run).
 - ``pure_cycle``: the same core in-process, no gRPC: ``GatewayCore.pick`` + ``release``.
 - ``pure_cycle_precise``: in-process, precise prefix scoring fed for real: a kvmeta
@@ -325,13 +326,13 @@ def _what(source: str, rpc: str, args: argparse.Namespace) -> str:
                  "on a later request of its stream, no ReportOutcome calls)")  # fmt: skip
     data = {
         "kvmeta": "the scheduler asks a real kvmeta process (MatchPrefix over gRPC) before "
-                  "each cycle, so the kv-index precise-prefix plugin scores",
+                  "each cycle, so the prefix estimate holds precise matches",
         "local": "precise_source=local: the scheduler's own replica of the KV index, replayed "
                  "from KVEventBatch entries on ts:kv:default in an embedded Redis (no kvmeta), "
-                 "feeds the kv-index precise-prefix plugin"
+                 "feeds the prefix estimate's precise matches"
                  + (f"; {args.kv_batches_per_s:g} more batches/s published during the run"
                     if args.kv_batches_per_s > 0 else "; no new KV events during the run"),
-        "off": "no kvmeta address, so the kv-index precise-prefix plugin scores 0 "
+        "off": "no kvmeta address, so no precise matches "
                "(approximate prefix, TTFT cost and load still run)",
     }[source]  # fmt: skip
     return f"{call} on a real scheduler process, block hashes in the request; {data}"

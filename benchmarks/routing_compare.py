@@ -94,6 +94,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engines", type=int, default=8, help="aggregated engines (default 8)")
     p.add_argument("--pd", action="store_true", help="P/D mode: --prefill + --decode engines")
     p.add_argument("--prefill", type=int, default=3, help="prefill engines in --pd mode")
+    p.add_argument(
+        "--bootstrap-timeout-s", type=float, default=300.0,
+        help="P/D: how long a decode engine waits for its prefill peer before answering 502 "
+        "(default 300 s: SGLang's own SGLANG_DISAGGREGATION_WAITING_TIMEOUT and "
+        "_BOOTSTRAP_TIMEOUT defaults; the simulated engine's own default is 60 s)",
+    )  # fmt: skip
     p.add_argument("--decode", type=int, default=5, help="decode engines in --pd mode")
     p.add_argument(
         "--decode-can-prefill", action="store_true",
@@ -178,7 +184,8 @@ def start_fleet(
         )  # fmt: skip
         if e["bootstrap_port"]:
             cmd += ["--bootstrap-port", str(e["bootstrap_port"])]
-        group.start(f"{tag}-engine-{i}", cmd)
+        env = {"TIDESERVE_ENGINE_BOOTSTRAP_TIMEOUT_S": str(args.bootstrap_timeout_s)}
+        group.start(f"{tag}-engine-{i}", cmd, env=env)
     for e in plan:
         wait_http(e["url"] + "/health", group, 90.0)
 

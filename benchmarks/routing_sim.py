@@ -50,17 +50,18 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
-import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from _sim_stats import Diag, dist, time_split  # noqa: E402
 
 from services.bench.prompts import PromptSynthesizer  # noqa: E402
 from services.bench.stats import infinite_cache_hit_ratio  # noqa: E402
@@ -163,19 +164,7 @@ class _Req:
     cached: int = 0
     prompt_tokens: int = 0
     ntok: int = 0
-
-
-@dataclass
-class _Diag:
-    picks: int = 0
-    with_prefix: int = 0  # some instance had a routed-prefix match
-    kept_best: int = 0  # ... and the pick went to an instance with the longest match
-    lost_blocks: int = 0  # matched blocks given up (best - chosen), summed
-    best_blocks: int = 0  # longest routed-prefix match per pick, summed
-    predicted_cached: int = 0  # Pick.predicted_cached_tokens, summed
-    guard_removed_best: int = 0  # the load guard removed every best-match instance
-    disaggregated: int = 0
-    reasons: dict[str, int] = field(default_factory=dict)
+    prefilled_at: float | None = None  # the engine's first token (end of the prefill)
 
 
 class Sim:
@@ -215,7 +204,7 @@ class Sim:
         self.reqs: dict[str, _Req] = {}
         self.shed = 0
         self.failed = 0
-        self.diag = _Diag()
+        self.diag = Diag()
         prof = self.gw.scheduler.profiles[profile]
         self.approx = next((p for p in prof.preparers if isinstance(p, ApproxPrefix)), None)
 
@@ -352,6 +341,14 @@ class Sim:
         core = self.cores[iid]
         finished = 0
         prefill_role = core.config.role is EngineRole.PREFILL
+        if not prefill_role and res.duration_ms > 0:
+            g = self.diag
+            g.steps += 1
+            g.step_ms += res.duration_ms
+            g.decode_seqs += res.decode_tokens
+            if res.prefill_tokens:
+                g.mixed_steps += 1
+                g.mixed_ms += res.duration_ms
         for o in res.outputs:
             req = self.reqs[o.rid]
             if prefill_role:
@@ -370,6 +367,8 @@ class Sim:
                 self.kick(diid, now)
                 self.push(now + xfer, "wake", iid)  # the held KV frees then
                 continue
+            if req.prefilled_at is None:
+                req.prefilled_at = now
             req.ntok += len(o.tokens)
             # The engine's first SSE chunk carries --stream-interval tokens (or the last):
             # that is the client's first token and the gateway's first byte.
@@ -448,18 +447,9 @@ class Sim:
                 "prompt_tokens": sum(r.prompt_tokens for r in done),
                 "lost_to_top_scorer": g.reasons,
             },
+            "time_split_ms": time_split(done, self.perf, self.diag, dur_s, len(self.cores)),
             "sim_cpu_s": round(cpu_s, 2),
         }
-
-
-def dist(xs: list[float]) -> dict[str, float] | None:
-    if not xs:
-        return None
-
-    def q(f: float) -> float:
-        return round(xs[min(len(xs) - 1, int(len(xs) * f))], 1)
-
-    return {"mean": round(statistics.fmean(xs), 1), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,22 @@ from _harness import emit_json
 
 from services.bench.traces import load_trace
 
-METRICS = ("ttft_mean", "ttft_p90", "tpot_mean", "goodput_rps", "cache_hit_ratio", "failed")
+METRICS = (
+    "ttft_mean",
+    "ttft_p90",
+    "tpot_mean",
+    "goodput_rps",
+    "cache_hit_ratio",
+    "failed",
+    # where the mean TTFT goes (routing_sim's time_split) and the picks that left the
+    # instance holding the longest routed prefix
+    "own_prefill_ms",
+    "wait_ms",
+    "first_chunk_ms",
+    "mixed_step_share",
+    "busy_share",
+    "spills",
+)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
@@ -52,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
 def cell(res: dict[str, Any]) -> dict[str, float]:
     """The figures of one run that the sweep aggregates."""
     ttft, tpot = res["ttft_ms"] or {}, res["tpot_ms"] or {}
+    split = res.get("time_split_ms") or {}
     return {
         "ttft_mean": ttft.get("mean", float("nan")),
         "ttft_p90": ttft.get("p90", float("nan")),
@@ -59,6 +75,12 @@ def cell(res: dict[str, Any]) -> dict[str, float]:
         "goodput_rps": res["goodput_rps"] or 0.0,
         "cache_hit_ratio": res["cache_hit_ratio"],
         "failed": res["failed"] + res["shed"],
+        "own_prefill_ms": split.get("own_prefill", 0.0),
+        "wait_ms": split.get("wait", 0.0),
+        "first_chunk_ms": split.get("first_chunk", 0.0),
+        "mixed_step_share": split.get("mixed_step_share", 0.0),
+        "busy_share": split.get("busy_share", 0.0),
+        "spills": res["routing"]["with_routed_prefix"] - res["routing"]["kept_best_prefix"],
     }
 
 

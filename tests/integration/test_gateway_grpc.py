@@ -35,7 +35,7 @@ async def test_pick_report_list(stack: tuple[Any, GatewayCore]) -> None:
     )
     assert resp.pick_id and resp.decode.instance.instance_id in ("w1", "w2")
     assert not resp.disaggregated and resp.profile == "default" and resp.predicted_ttft_ms > 0
-    assert {s.plugin for s in resp.decode.scores} >= {"ttft", "routed-prefix"}
+    assert {s.plugin for s in resp.decode.scores} >= {"ttft", "prefix"}
     listed = await stub.ListEndpoints(scheduler_pb2.ListEndpointsRequest(deployment="d"))
     assert sum(e.in_flight for e in listed.endpoints) == 1
     again = await stub.Pick(scheduler_pb2.PickRequest(deployment="d", prompt_text=LONG + " x"))

@@ -168,10 +168,11 @@ async def test_settings_wire_the_local_replica_into_gateway_and_servicer(
         await until(lambda: bool(lookup.lookup(view(), DEP)), "the event reached the replica")
         found = await lookup(view(), DEP, "", "")
         assert shape(found) == {"127.0.0.1:2": (5, {"gpu": 5})}
-        # the routing core scores it (precise-prefix plugin "kv-index")
+        # the routing core scores it (the prefix-estimate plugin "prefix"; its routed index is
+        # still empty, so the score is the precise match)
         d = core.pick(replace(view(), prefix_matches=found), 0.0, "p1", "")
         assert d.decode.endpoint.instance_id == "127.0.0.1:2"  # type: ignore[union-attr]
-        assert any(n == "kv-index" and s > 0 for n, s, _ in d.decode.scores)  # type: ignore[union-attr]
+        assert any(n == "prefix" and s > 0 for n, s, _ in d.decode.scores)  # type: ignore[union-attr]
     finally:
         await extras.stop()
         await extras.stop()  # idempotent

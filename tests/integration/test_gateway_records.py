@@ -117,7 +117,7 @@ async def test_streamed_and_whole_answers_are_recorded_with_trace_ids(
     assert s.model == "tideserve-sim" and s.deployment == "dep" and s.profile == "default"
     assert s.outcome == events_pb2.REQUEST_OUTCOME_OK and s.http_status == 200
     assert s.decode_instance == "e1" and not s.prefill_instance and not s.disaggregated
-    assert {p.plugin for p in s.scores} >= {"routed-prefix", "ttft"}
+    assert {p.plugin for p in s.scores} >= {"prefix", "ttft"}
     assert s.completion_tokens == 5 and s.prompt_tokens > 200
     assert s.ttft_ms > 0 and s.tpot_ms > 0 and s.e2e_ms >= s.ttft_ms
     assert s.arrival_ms > 0 and s.finish_ms >= s.arrival_ms

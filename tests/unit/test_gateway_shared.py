@@ -71,10 +71,10 @@ def test_dead_replicas_only_long_expired() -> None:
 def test_routed_plugins_follow_the_profiles_of_the_pick() -> None:
     c = core()
     names = approx_plugins(c.scheduler)
-    assert set(names) == {"routed-prefix", "cache-aware-prefix"}
+    assert set(names) == {"prefix", "cache-aware-prefix"}
     d = c.pick(view(), 0.0, "p1")
     assert isinstance(d, Pick)
-    assert routed_plugins(c.scheduler, d) == ["routed-prefix"]
+    assert routed_plugins(c.scheduler, d) == ["prefix"]
     d2 = c.pick(view("r2"), 0.0, "p2", profile="round_robin")
     assert isinstance(d2, Pick) and routed_plugins(c.scheduler, d2) == []
     d3 = c.pick(view("r3"), 0.0, "p3", profile="cache_aware")
@@ -88,7 +88,7 @@ def entry(**kw: object) -> events_pb2.RoutedPrefix:
         "block_hashes": HASHES,
         "instance_ids": ["c"],
         "ts_ms": 100_000,
-        "plugins": ["routed-prefix"],
+        "plugins": ["prefix"],
     }
     base.update(kw)
     return events_pb2.RoutedPrefix(**base)  # type: ignore[arg-type]
@@ -113,7 +113,7 @@ def test_apply_routed(msg: events_pb2.RoutedPrefix, applied: bool, matched: dict
     plugins = approx_plugins(c.scheduler)
     ok = apply_routed(plugins, msg, replica_id="me", now=5.0, wall_ms=100_000, max_age_s=600.0)
     assert ok is applied
-    assert plugins["routed-prefix"].index.match(HASHES, 5.0) == matched
+    assert plugins["prefix"].index.match(HASHES, 5.0) == matched
     assert plugins["cache-aware-prefix"].index.match(HASHES, 5.0) == {}
 
 
@@ -122,9 +122,9 @@ def test_routed_entry_skips_requests_without_hashes_or_plugins() -> None:
     d = c.pick(view(), 0.0, "p1")
     assert isinstance(d, Pick)
     args = {"deployment": "d", "replica_id": "me", "ts_ms": 7}
-    assert routed_entry(view(hashes=()), d, ["routed-prefix"], **args) is None  # type: ignore[arg-type]
+    assert routed_entry(view(hashes=()), d, ["prefix"], **args) is None  # type: ignore[arg-type]
     assert routed_entry(view(), d, [], **args) is None  # type: ignore[arg-type]
-    e = routed_entry(view(), d, ["routed-prefix"], **args)  # type: ignore[arg-type]
+    e = routed_entry(view(), d, ["prefix"], **args)  # type: ignore[arg-type]
     assert e is not None
     assert list(e.instance_ids) == [d.decode.endpoint.instance_id]
     assert tuple(e.block_hashes) == HASHES and e.replica_id == "me" and e.ts_ms == 7
@@ -254,7 +254,7 @@ def test_apply_routed_retraction(steps: list[str], matched: dict[str, int]) -> N
             assert isinstance(d, Pick) and d.decode.endpoint.instance_id == "c"
             continue
         assert apply_routed(plugins, msg, replica_id="me", now=now, wall_ms=100_000, max_age_s=600)
-    assert plugins["routed-prefix"].index.match(HASHES, now) == matched
+    assert plugins["prefix"].index.match(HASHES, now) == matched
 
 
 def test_abandoned_pick_is_retracted_on_the_other_replica() -> None:
@@ -284,5 +284,5 @@ def test_abandoned_pick_is_retracted_on_the_other_replica() -> None:
     plugins = approx_plugins(b.scheduler)
     for e in entries:
         assert apply_routed(plugins, e, replica_id="B", now=2.0, wall_ms=1_500, max_age_s=600)
-    assert plugins["routed-prefix"].index.match(HASHES, 2.0) == {}
+    assert plugins["prefix"].index.match(HASHES, 2.0) == {}
     assert a.scheduler.profiles["default"].post_pick  # sanity: the plugin took part

@@ -72,6 +72,12 @@ def test_routing_sim_runs(
         assert r["ttft_ms"]["mean"] > 0 and r["tpot_ms"]["mean"] > 0
         assert r["routing"]["picks"] == 24
         assert (r["routing"]["disaggregated"] > 0) == disaggregates
+        # where the mean TTFT goes: the three parts add up to it
+        split = r["time_split_ms"]
+        parts = split["own_prefill"] + split["wait"] + split["first_chunk"]
+        assert parts == pytest.approx(r["ttft_ms"]["mean"], abs=0.3)
+        assert split["own_prefill"] > 0 and split["first_chunk"] >= 0
+        assert 0.0 < split["busy_share"] <= 1.0 and 0.0 <= split["mixed_step_share"] <= 1.0
     # Deterministic: the same inputs give the same JSON results.
     again = run(tmp_path, [*argv, "--rate-scale", "1"])
     strip = [{k: v for k, v in r.items() if k != "sim_cpu_s"} for r in doc["results"]]

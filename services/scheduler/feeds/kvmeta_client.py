@@ -16,6 +16,7 @@ import grpc
 from tideserve.v1 import common_pb2, kvmeta_pb2
 
 from services.scheduler.routing.framework import Scheduler
+from services.scheduler.routing.plugins.estimate import PrefixEstimate
 from services.scheduler.routing.plugins.prefix import PrecisePrefix
 from services.scheduler.routing.types import PrefixMatch, RequestView, Tier
 
@@ -32,8 +33,8 @@ _TIERS: dict[int, Tier] = {
 
 
 def precise_profiles(scheduler: Scheduler) -> frozenset[str]:
-    """Names of the profiles whose cycle reads precise prefix data (a ``precise-prefix``
-    plugin in the profile or in its prefill profile); ``""`` stands for the default."""
+    """Names of the profiles whose cycle reads precise prefix data (a ``precise-prefix`` or
+    ``prefix-estimate`` plugin in the profile or in its prefill profile); ``""`` stands for the default."""
     out: set[str] = set()
     for name, prof in scheduler.profiles.items():
         used = [prof]
@@ -41,7 +42,7 @@ def precise_profiles(scheduler: Scheduler) -> frozenset[str]:
             used.append(scheduler.profiles[prof.prefill_profile])
         for p in used:
             plugins = [*p.preparers, *(s for s, _ in p.scorers)]
-            if any(isinstance(x, PrecisePrefix) for x in plugins):
+            if any(isinstance(x, PrecisePrefix | PrefixEstimate) for x in plugins):
                 out.add(name)
     if scheduler.default_profile in out:
         out.add("")

@@ -4,6 +4,7 @@ from services.scheduler.routing.plugins import (
     affinity,
     buckets,
     cost,
+    estimate,
     load,
     pd,
     pickers,
@@ -11,4 +12,14 @@ from services.scheduler.routing.plugins import (
     prefix,
 )
 
-__all__ = ["affinity", "buckets", "cost", "load", "pd", "pickers", "placement", "prefix"]
+__all__ = [
+    "affinity",
+    "buckets",
+    "cost",
+    "estimate",
+    "load",
+    "pd",
+    "pickers",
+    "placement",
+    "prefix",
+]

@@ -34,6 +34,16 @@ class TTFTCostParams(Params):
     # Recompute (0 = off): also add recompute * (own prefill - the cheapest candidate's own
     # prefill): prefill work a cache miss adds is fleet capacity later requests wait for.
     recompute: float = Field(0.0, ge=0)
+    # Decode contention (0 = off): also add decode * running * own prefill: the engine
+    # batches this prompt's prefill chunks with the decode steps of the requests it runs, so
+    # each of them streams that much later (with long contexts, their TPOT is mostly this).
+    decode: float = Field(0.0, ge=0)
+    # KV pressure (0 = off): when the prompt plus its output does not fit in the instance's
+    # free KV (1 - kv_usage of ``kv_capacity_tokens``, 0 = the perf model's), add
+    # kv_pressure * the prefill of the whole prompt: it waits for memory, or evicts cached
+    # prefixes that later requests recompute.
+    kv_pressure: float = Field(0.0, ge=0)
+    kv_capacity_tokens: int = Field(0, ge=0)
     # Picks not settled after this long stop counting (their outcome was never reported).
     awaiting_ttl_s: float = Field(600.0, gt=0)
 
@@ -54,7 +64,11 @@ class TTFTCost:
     picks per target instance (``on_pick``) until they settle (``on_settle``: first byte,
     failure or release), or for at most ``awaiting_ttl_s``. With ``recompute > 0`` it adds
     ``recompute * (own prefill - cheapest own prefill)``: the fleet pays for a cache miss
-    with capacity too. Both only change the ranking, never ``ctx.predicted_ttft_ms``."""
+    with capacity too. With ``decode > 0`` it adds ``decode * (running + unreported picks) *
+    own prefill`` (the prompt's prefill chunks stall every decode there), and with
+    ``kv_pressure > 0`` ``kv_pressure *`` the whole prompt's prefill where prompt +
+    max_tokens does not fit in the free KV. All of them only change the ranking, never
+    ``ctx.predicted_ttft_ms``."""
 
     phase = 1  # after the prefix preparers
 
@@ -68,6 +82,13 @@ class TTFTCost:
         self._memo: dict[tuple[int, int], float] = {}
         self._version = -1
         self.model_tps = 0.0
+        # KV pressure: the instance's KV capacity in tokens (0: unknown, the term is off)
+        self.kv_capacity = params.kv_capacity_tokens or int(
+            getattr(self.model, "kv_capacity_tokens", 0)
+        )
+        # Whether the ranking cost differs from the predicted TTFT (any extra term on).
+        p = params
+        self.ranked = p.interference > 0 or p.recompute > 0 or p.decode > 0 or p.kv_pressure > 0
         self._sync()
         # interference: this gateway's picks per instance not answered yet
         self._awaiting = PendingPicks(params.awaiting_ttl_s)
@@ -104,7 +125,7 @@ class TTFTCost:
         out = ctx.predicted_ttft_ms
         use_engine = self.p.use_engine_throughput
         model_tps = self.model_tps
-        ranked = self.p.interference > 0 or self.p.recompute > 0
+        ranked = self.ranked
         owns: list[float] = []  # each candidate's own prefill (ranking only)
         for e in candidates:
             cached = get(e.instance_id, 0)
@@ -125,12 +146,31 @@ class TTFTCost:
         if ranked:
             cost = self._cost
             cost.clear()
-            beta, gamma = self.p.interference, self.p.recompute
+            beta, gamma, delta = self.p.interference, self.p.recompute, self.p.decode
             k = self._awaiting.totals.get
             least = min(prefill.values(), default=0.0)
             for e, own in zip(candidates, owns, strict=True):
                 iid = e.instance_id
-                cost[iid] = out[iid] + beta * k(iid, 0) * own + gamma * (own - least)
+                c = out[iid] + beta * k(iid, 0) * own + gamma * (own - least)
+                if delta:
+                    c += delta * (e.running + e.reserved_requests) * own
+                cost[iid] = c
+            if self.p.kv_pressure:
+                self._add_kv_pressure(request, candidates, cost)
+
+    def _add_kv_pressure(
+        self, request: RequestView, candidates: Sequence[EndpointView], cost: dict[str, float]
+    ) -> None:
+        """+ kv_pressure * the whole prompt's prefill where it does not fit in free KV."""
+        n = request.prompt_tokens
+        need = n + request.max_tokens
+        cap = self.kv_capacity
+        if cap <= 0:
+            return
+        penalty = self.p.kv_pressure * self._prefill_ms(n, 0)
+        for e in candidates:
+            if need > (1.0 - e.kv_usage) * cap:
+                cost[e.instance_id] += penalty
 
     def awaiting(self, instance_id: str) -> int:
         """This gateway's picks on ``instance_id`` not settled yet (interference only)."""
@@ -159,8 +199,7 @@ class TTFTCost:
         """:meth:`score` aligned with ``candidates``."""
         if not candidates:
             return []
-        ranked = self.p.interference > 0 or self.p.recompute > 0
-        get = self._cost.get if ranked else ctx.predicted_ttft_ms.get
+        get = self._cost.get if self.ranked else ctx.predicted_ttft_ms.get
         eps = self.p.epsilon_ms
         costs = [get(e.instance_id, 0.0) + eps for e in candidates]
         lo = min(costs)

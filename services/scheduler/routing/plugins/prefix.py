@@ -300,7 +300,7 @@ class ApproxPrefix:
     ) -> None:
         m = self._match(ctx, request)
         if m:
-            _note_cached(ctx, m, candidates, request.block_size)
+            note_cached(ctx, m, candidates, request.block_size)
 
     def score(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
@@ -357,12 +357,12 @@ class ApproxPrefix:
             self.index.retract(rec[1], rec[0])
 
 
-def _default_tier_weights() -> dict[Tier, float]:
+def default_tier_weights() -> dict[Tier, float]:
     return {"gpu": 1.0, "cpu": 0.8, "ssd": 0.5, "remote": 0.3}
 
 
 class PrecisePrefixParams(Params):
-    tier_weights: dict[Tier, float] = Field(default_factory=_default_tier_weights)
+    tier_weights: dict[Tier, float] = Field(default_factory=default_tier_weights)
 
 
 @register("precise-prefix", PrecisePrefixParams)
@@ -383,7 +383,8 @@ class PrecisePrefix:
         # (the request's prefix_matches object, its effective blocks per instance)
         self._last: tuple[Mapping[str, PrefixMatch], dict[str, float]] | None = None
 
-    def _effective_blocks(self, request: RequestView) -> dict[str, float]:
+    def effective_blocks(self, request: RequestView) -> dict[str, float]:
+        """Tier-weighted matched blocks per instance from ``request.prefix_matches``."""
         found = request.prefix_matches
         if not found:
             return {}
@@ -416,9 +417,9 @@ class PrecisePrefix:
     def prepare(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
     ) -> None:
-        eff = self._effective_blocks(request)
+        eff = self.effective_blocks(request)
         if eff:
-            _note_cached(ctx, eff, candidates, request.block_size)
+            note_cached(ctx, eff, candidates, request.block_size)
 
     def score(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
@@ -432,14 +433,14 @@ class PrecisePrefix:
     ) -> list[float]:
         """:meth:`score` aligned with ``candidates``."""
         total = len(request.block_hashes)
-        eff = self._effective_blocks(request) if total else None
+        eff = self.effective_blocks(request) if total else None
         if not eff:
             return [0.0] * len(candidates)
         get = eff.get
         return [get(e.instance_id, 0.0) / total for e in candidates]
 
 
-def _note_cached(
+def note_cached(
     ctx: CycleContext,
     blocks: Mapping[str, float] | Mapping[str, int],
     candidates: Sequence[EndpointView],

@@ -1,0 +1,75 @@
+"""Statistics of `routing_sim.py` runs: routing diagnostics, distributions and where the
+time to first token goes (pure functions over the simulator's records)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.common.perfmodel import PerfProfile
+
+
+@dataclass
+class Diag:
+    """Routing diagnostics and engine-step totals of one simulated run."""
+
+    picks: int = 0
+    with_prefix: int = 0  # some instance had a routed-prefix match
+    kept_best: int = 0  # ... and the pick went to an instance with the longest match
+    lost_blocks: int = 0  # matched blocks given up (best - chosen), summed
+    best_blocks: int = 0  # longest routed-prefix match per pick, summed
+    predicted_cached: int = 0  # Pick.predicted_cached_tokens, summed
+    guard_removed_best: int = 0  # the load guard removed every best-match instance
+    disaggregated: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+    # engine steps (aggregated/decode engines): count, ms, and those carrying prefill chunks
+    steps: int = 0
+    step_ms: float = 0.0
+    mixed_steps: int = 0
+    mixed_ms: float = 0.0
+    decode_seqs: int = 0  # decoding sequences summed over steps (mean batch = / steps)
+
+
+def time_split(
+    done: Sequence[Any], perf: PerfProfile, g: Diag, dur_s: float, engines: int
+) -> dict[str, float]:
+    """Where the mean TTFT goes, per completed request (ms, means): ``own_prefill`` =
+    the model's prefill of the uncached suffix on an idle engine; ``wait`` = the rest up
+    to the engine's first token (queueing ahead, and prefill slowed by sharing steps);
+    ``first_chunk`` = from there to the first streamed chunk (the stream-interval decode
+    steps, stretched by other prompts' prefill chunks); ``uncached_tokens`` = the
+    prompt not served from cache. The engines' steps: share of decode-step time spent in
+    steps that also carried prefill chunks (what stretches TPOT), the mean decode batch,
+    and ``busy_share``: engine-time in steps / (engines x the run's duration)."""
+    if not done:
+        return {}
+    own = wait = chunk = unc = 0.0
+    for r in done:
+        first, pre = float(r.first or 0.0), float(r.prefilled_at or r.first or 0.0)
+        p = perf.prefill_ms(r.prompt_tokens - r.cached, r.cached)
+        own += p
+        wait += pre - r.arrival - p
+        chunk += first - pre
+        unc += r.prompt_tokens - r.cached
+    n = len(done)
+    return {
+        "own_prefill": round(own / n, 1),
+        "wait": round(wait / n, 1),
+        "first_chunk": round(chunk / n, 1),
+        "uncached_tokens": round(unc / n),
+        "mixed_step_share": round(g.mixed_ms / g.step_ms, 3) if g.step_ms else 0.0,
+        "mean_decode_batch": round(g.decode_seqs / g.steps, 2) if g.steps else 0.0,
+        "busy_share": round(g.step_ms / (1000.0 * dur_s * engines), 3) if dur_s > 0 else 0.0,
+    }
+
+
+def dist(xs: list[float]) -> dict[str, float] | None:
+    if not xs:
+        return None
+
+    def q(f: float) -> float:
+        return round(xs[min(len(xs) - 1, int(len(xs) * f))], 1)
+
+    return {"mean": round(statistics.fmean(xs), 1), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99)}
