@@ -340,3 +340,30 @@ async def test_cli_views_read_the_service(
     ]
     assert await asyncio.to_thread(cli, ["get", "session", "nope", *args]) == 1
     assert "NOT_FOUND" in capsys.readouterr().err
+
+
+async def test_poison_record_is_isolated_dead_lettered_and_the_rest_stored(
+    db: str, redis_client: aioredis.Redis
+) -> None:
+    """A record Postgres refuses (a NUL byte in a text field) fails its whole transaction: the
+    consumer isolates it, stores the others, and dead-letters it after max_attempts
+    deliveries instead of retrying the read forever."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    stream = stream_name(prefix, "requests")
+    poison = record("poison", tenant="a\x00b")
+    await StreamProducer(redis_client).publish_many(stream, [*good(3), poison, *good(2, "s")])
+    rep = replica(db, Clock())
+    kw = {"prefix": prefix, "group": "telemetry", "consumer": "r1", "batch": 1000, "block_ms": 0}
+    consumer = records_consumer(redis_client, rep.ingest, claim_idle_ms=0, max_attempts=2, **kw)
+    await consumer.poll_once()
+    assert scalar(db, "SELECT count(*) FROM telemetry.request_records") == 5
+    assert (await redis_client.xpending(stream, "telemetry"))["pending"] == 1
+    await consumer.poll_once()  # redelivered (delivery 2 of 2), fails again: given up
+    assert (await redis_client.xpending(stream, "telemetry"))["pending"] == 0
+    dead = [
+        events_pb2.DeadLetter.FromString(f[b"p"])
+        for _, f in await redis_client.xrange(stream + ":dead")
+    ]
+    assert len(dead) == 1
+    assert "delivery 2" in dead[0].error
+    assert events_pb2.RequestRecord.FromString(dead[0].fields["p"]).request_id == "poison"

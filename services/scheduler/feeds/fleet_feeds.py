@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 
 from services.common.otel import insecure_channel
 from services.common.streams import close_quietly
+from services.common.streams.client import redis_client
 from services.scheduler.feeds.load_stream import LoadStream
 from services.scheduler.feeds.membership import Membership
 from services.scheduler.http.server import Gateway
@@ -33,7 +34,7 @@ class FleetFeeds:
         want_redis = settings.load_stream or settings.membership_stream
         self.redis: aioredis.Redis | None = None
         if settings.redis_url and want_redis:
-            self.redis = aioredis.Redis.from_url(settings.redis_url, decode_responses=False)
+            self.redis = redis_client(settings.redis_url, settings.redis_client)
         self.load: LoadStream | None = None
         if self.redis is not None and settings.load_stream:
             self.load = LoadStream(
