@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
 from services.stack.plan import SERVICES, ChildSpec, build_service_children, choose_ports
+from services.stack.restarts import RestartPolicy
 
 if TYPE_CHECKING:
     from services.common.settings import ServiceSettings
@@ -256,6 +257,7 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
         deployment=deployment,
         autoscaler_address=f"{reachable(stack.host)}:{ports['autoscaler']['grpc_port']}",
         engine_claims=engine_port_claims(fleet, stack.host),
+        restarts=RestartPolicy(max_restarts=stack.service_restarts),
     )
     services = build_service_children(
         ports=ports,
