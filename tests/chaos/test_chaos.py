@@ -1,0 +1,239 @@
+"""The chaos suite: the local stack (``tideserve up``, simulated engines) under steady
+streaming load while services are kill -9ed (and restarted by ``up``), an engine is killed,
+and Redis and Postgres are restarted under it.
+
+Invariants asserted (correctness only, never timing): no accepted request is lost (each
+completed, or was retried until it did: see tests/chaos/load.py), every answer is a
+response or a well-formed error, the stack survives (``down`` stops it cleanly), and after
+each fault the stack recovers: every service SERVING again, the gateway's fleet view lists
+exactly the live engines as healthy, kvmeta's index lists every live engine, not stale, and
+a fresh request completes. The time to recover from each fault is measured and reported in
+the JSON summary (printed, and written to ``$TIDESERVE_CHAOS_REPORT`` when set).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+from tideserve.v1 import kvmeta_pb2, kvmeta_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+
+from services.common.embedded import EmbeddedPostgres, EmbeddedRedis, start_postgres, start_redis
+from services.stack.control import recorded_engines
+from services.stack.health import Health, check_grpc_health
+from services.stack.procs import is_alive
+from services.stack.state import ProcEntry, read_state
+from tests.chaos.load import Load
+from tests.chaos.profiles import SERVICES, Profile
+from tests.helpers.ports import free_ports
+from tests.helpers.stack import RunningStack, running_stack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
+
+RECOVERY_BOUND_S = 120.0  # a fault not recovered from by then is a failure (not a timing test)
+
+
+def _config(profile: Profile, deployment: str) -> dict[str, Any]:
+    ports = iter(free_ports(10 + profile.engines))
+    layout: dict[str, Any] = {s: {"grpc_port": next(ports), "metrics_port": 0} for s in SERVICES}
+    layout["scheduler"].update(http_port=next(ports), deployment=deployment, health_interval_s=0.5)
+    layout["kvmeta"]["metadata_http_port"] = next(ports)
+    layout["stack"] = {
+        "engine_ports": [next(ports) for _ in range(profile.engines)],
+        "service_restarts": 20,
+    }
+    return layout
+
+
+@dataclass
+class Infra:
+    """The Postgres and Redis the stack uses, owned by the test so it can restart them."""
+
+    root: Path
+    redis: EmbeddedRedis
+    postgres: EmbeddedPostgres
+
+    async def restart_redis(self) -> None:
+        port = self.redis.port
+        await asyncio.to_thread(self.redis.stop)
+        self.redis = await asyncio.to_thread(start_redis, self.root / "redis", port)
+
+    async def restart_postgres(self) -> None:
+        await asyncio.to_thread(self.postgres.restart)
+
+
+class Chaos:
+    def __init__(self, stack: RunningStack, config: dict[str, Any], dep: str, infra: Infra):
+        self.stack = stack
+        self.config = config
+        self.dep = dep
+        self.infra = infra
+        self.base = f"http://127.0.0.1:{config['scheduler']['http_port']}"
+        self.probe = Load(self.base, workers=0, give_up_s=5.0)
+        self.dead_engines: set[str] = set()
+
+    def _address(self, service: str) -> str:
+        return f"127.0.0.1:{self.config[service]['grpc_port']}"
+
+    def _state_entry(self, name: str) -> ProcEntry:
+        state = read_state(self.stack.state_dir)
+        assert state is not None
+        return next(p for p in state.processes if p.name == name)
+
+    def live_engines(self) -> list[ProcEntry]:
+        state = read_state(self.stack.state_dir)
+        assert state is not None
+        return [e for e in recorded_engines(state) if is_alive(e.ref)]
+
+    async def inject(self, fault: str) -> str:
+        """Inject ``fault``; returns what was done, for the report."""
+        if fault.startswith("kill:"):
+            entry = self._state_entry(fault.split(":", 1)[1])
+            os.kill(entry.pid, signal.SIGKILL)
+            return f"kill -9 {entry.name} (pid {entry.pid})"
+        if fault == "kill-engine":
+            victim = self.live_engines()[0]
+            os.kill(victim.pid, signal.SIGKILL)
+            self.dead_engines.add(victim.name)
+            return f"kill -9 {victim.name} (pid {victim.pid})"
+        if fault == "restart:redis":
+            await self.infra.restart_redis()
+            return "restart Redis"
+        if fault == "restart:postgres":
+            await self.infra.restart_postgres()
+            return "restart Postgres"
+        raise AssertionError(f"unknown fault {fault}")
+
+    async def missing(self, http: aiohttp.ClientSession) -> str | None:
+        """What is not yet recovered (None: everything is)."""
+        for service in SERVICES:
+            entry = self._state_entry(service)
+            if not is_alive(entry.ref):
+                return f"{service} not running"
+            health = await asyncio.to_thread(check_grpc_health, self._address(service), "", 2.0)
+            if health is not Health.SERVING:
+                return f"{service} {health.value}"
+        live = {e.name for e in self.live_engines()}
+        async with grpc.aio.insecure_channel(self._address("scheduler")) as ch:
+            resp = await scheduler_pb2_grpc.SchedulerServiceStub(ch).ListEndpoints(
+                scheduler_pb2.ListEndpointsRequest(deployment=self.dep), timeout=5
+            )
+        healthy = {e.instance.instance_id for e in resp.endpoints if e.healthy}
+        if healthy != live:
+            return f"fleet view: healthy {sorted(healthy)}, live engines {sorted(live)}"
+        async with grpc.aio.insecure_channel(self._address("kvmeta")) as ch:
+            idx = await kvmeta_pb2_grpc.KVMetaServiceStub(ch).ListIndexedInstances(
+                kvmeta_pb2.ListIndexedInstancesRequest(deployment=self.dep), timeout=5
+            )
+        fresh = {i.instance_id for i in idx.instances if not i.stale}
+        if not live <= fresh:
+            return f"KV index: not stale {sorted(fresh)}, live engines {sorted(live)}"
+        prompt = " ".join(f"probe{uuid.uuid4().hex[:6]}w{i}" for i in range(64))
+        if await self.probe.request(http, prompt) != "ok":
+            return "a probe request did not complete"
+        return None
+
+    async def recover(self, since: float) -> tuple[float, str]:
+        """Wait (bounded) until nothing is missing; the seconds since ``since``, and the last
+        thing that was missing."""
+        last = "nothing"
+        timeout = aiohttp.ClientTimeout(total=20)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            while True:
+                try:
+                    why = await self.missing(http)
+                except (grpc.aio.AioRpcError, OSError) as exc:
+                    why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+                if why is None:
+                    return time.monotonic() - since, last
+                last = why
+                if time.monotonic() - since > RECOVERY_BOUND_S:
+                    raise AssertionError(f"not recovered after {RECOVERY_BOUND_S:g}s: {why}")
+                await asyncio.sleep(0.1)
+
+
+async def _until(pred: Callable[[], bool], within_s: float = RECOVERY_BOUND_S) -> None:
+    deadline = time.monotonic() + within_s
+    while not pred():
+        assert time.monotonic() < deadline, "load made no progress"
+        await asyncio.sleep(0.05)
+
+
+async def _run(chaos: Chaos, profile: Profile) -> dict[str, Any]:
+    load = Load(chaos.base, workers=profile.workers)
+    load.start()
+    faults: list[dict[str, Any]] = []
+    try:
+        await _until(lambda: load.report.completed >= profile.workers)
+        for fault in profile.faults:
+            t0 = time.monotonic()
+            what = await chaos.inject(fault)
+            recovery_s, last_missing = await chaos.recover(t0)
+            faults.append(
+                {"fault": what, "recovery_s": round(recovery_s, 2), "last_missing": last_missing}
+            )
+            done = load.report.completed
+            settle = time.monotonic() + profile.settle_s
+            await _until(
+                lambda d=done, s=settle: (
+                    load.report.completed >= d + profile.workers  # type: ignore[misc]
+                    and time.monotonic() >= s
+                )
+            )
+    finally:
+        report = await load.stop()
+    return {
+        "profile": profile.name,
+        "faults_injected": len(faults),
+        "faults": faults,
+        "max_recovery_s": max(f["recovery_s"] for f in faults),
+        **report.as_json(),
+        "probe_errors_by_kind": dict(chaos.probe.report.attempt_errors),
+    }
+
+
+def _emit(summary: dict[str, Any]) -> None:
+    text = json.dumps(summary, indent=2)
+    print(text)
+    out = os.environ.get("TIDESERVE_CHAOS_REPORT")
+    if out:
+        Path(out).write_text(text + "\n")
+
+
+async def test_stack_survives_faults_under_load(chaos_profile: Profile) -> None:
+    root = Path(tempfile.mkdtemp(prefix="tschaos-"))  # short: unix sockets live under it
+    os.chmod(root, 0o755)  # the embedded postgres system user must reach it (as root)
+    redis = await asyncio.to_thread(start_redis, root / "redis", free_ports(1)[0])
+    postgres: EmbeddedPostgres | None = None
+    try:
+        postgres = await asyncio.to_thread(start_postgres, root / "pg")
+        infra = Infra(root, redis, postgres)
+        dep = f"chaos-{uuid.uuid4().hex[:6]}"
+        config = _config(chaos_profile, dep)
+        flags = ["--engines", str(chaos_profile.engines), "--engine-profile", "test",
+                 "--engine-speedup", "20", "--engine-kv-blocks", "512"]  # fmt: skip
+        with running_stack(config, flags, postgres_url=postgres.url, redis_url=redis.url) as stack:
+            summary = await _run(Chaos(stack, config, dep, infra), chaos_profile)
+        _emit(summary)
+    finally:
+        infra_redis = locals().get("infra")
+        await asyncio.to_thread((infra_redis.redis if infra_redis else redis).stop)
+        if postgres is not None:
+            await asyncio.to_thread(postgres.stop)
+        shutil.rmtree(root, ignore_errors=True)
+    assert summary["lost"] == 0, summary
+    assert summary["malformed"] == 0, summary
+    assert summary["faults_injected"] == len(chaos_profile.faults)
