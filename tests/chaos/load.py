@@ -71,7 +71,11 @@ class LoadReport:
     interrupted: int = 0
     malformed: int = 0
     attempt_errors: Counter[str] = field(default_factory=Counter)  # failed attempts by kind
-    last_ok: float = 0.0  # monotonic time of the latest completion
+    ok_starts: list[float] = field(default_factory=list)  # when each completed one was sent
+
+    def completed_since(self, t: float) -> int:
+        """Requests sent at or after ``t`` (monotonic) that completed."""
+        return sum(1 for s in self.ok_starts if s >= t)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -135,7 +139,8 @@ class Load:
             "stream_options": {"include_usage": True},
         }
         self.report.sent += 1
-        deadline = time.monotonic() + self.give_up_s
+        started = time.monotonic()
+        deadline = started + self.give_up_s
         attempts = 0
         delay = 0.1
         while True:
@@ -149,7 +154,7 @@ class Load:
             self.report.retried += 1
         if kind == "ok":
             self.report.completed += 1
-            self.report.last_ok = time.monotonic()
+            self.report.ok_starts.append(started)
         elif kind == "retry":
             self.report.lost += 1
         elif kind == "final":

@@ -11,35 +11,45 @@ SERVICES = ("scheduler", "kvmeta", "telemetry", "autoscaler")
 class Profile:
     name: str
     faults: tuple[str, ...]
-    """``kill:<service>``, ``kill-engine``, ``restart:redis``, ``restart:postgres``."""
+    """``kill:<service>`` (kill -9; ``up`` restarts it), ``kill-engine`` (it stays dead),
+    ``down:redis`` (stopped while the load must go on, then started again),
+    ``down:postgres`` (hung: every postgres process SIGSTOPped while the load must go on,
+    then resumed and restarted), ``hang:<service>`` (SIGSTOPped while the load must go on,
+    then resumed): the last three are the degraded modes."""
     workers: int
     engines: int
     settle_s: float
     """Load kept on between a recovery and the next fault."""
+    down_s: float
+    """How long a degraded mode lasts at least (and until requests sent after it began
+    have completed)."""
 
 
+DEGRADED = ("hang:kvmeta", "hang:telemetry", "down:redis", "down:postgres")
 SHORT = Profile(
     "short",
-    (*(f"kill:{s}" for s in SERVICES), "kill-engine", "restart:redis", "restart:postgres"),
+    (*(f"kill:{s}" for s in SERVICES), "kill-engine", *DEGRADED),
     workers=3,
     engines=3,
     settle_s=0.5,
+    down_s=3.0,
 )
 LONG = Profile(
     "long",
     (
         *(f"kill:{s}" for s in SERVICES),
-        "restart:redis",
-        "restart:postgres",
+        *DEGRADED,
         *(f"kill:{s}" for s in SERVICES),
         "kill-engine",
-        "restart:redis",
+        "down:redis",
         "kill:scheduler",
-        "restart:postgres",
+        "down:postgres",
         "kill-engine",
+        "hang:autoscaler",
     ),
     workers=6,
     engines=4,
     settle_s=5.0,
+    down_s=20.0,
 )
 PROFILES = {p.name: p for p in (SHORT, LONG)}

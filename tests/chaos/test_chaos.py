@@ -1,6 +1,7 @@
 """The chaos suite: the local stack (``tideserve up``, simulated engines) under steady
 streaming load while services are kill -9ed (and restarted by ``up``), an engine is killed,
-and Redis and Postgres are restarted under it.
+and, for the degraded modes, kvmeta and telemetry hang (SIGSTOP), Redis is stopped and
+Postgres hangs, each until the load has made progress without it, then comes back.
 
 Invariants asserted (correctness only, never timing): no accepted request is lost (each
 completed, or was retried until it did: see tests/chaos/load.py), every answer is a
@@ -14,6 +15,7 @@ the JSON summary (printed, and written to ``$TIDESERVE_CHAOS_REPORT`` when set).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -21,13 +23,14 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import grpc
+import psutil
 import pytest
 from tideserve.v1 import kvmeta_pb2, kvmeta_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
@@ -66,10 +69,15 @@ class Infra:
     redis: EmbeddedRedis
     postgres: EmbeddedPostgres
 
-    async def restart_redis(self) -> None:
-        port = self.redis.port
+    async def stop_redis(self) -> None:
         await asyncio.to_thread(self.redis.stop)
+
+    async def start_redis(self, port: int) -> None:
         self.redis = await asyncio.to_thread(start_redis, self.root / "redis", port)
+
+    def postgres_processes(self) -> list[psutil.Process]:
+        main = psutil.Process(self.postgres.pid)
+        return [main, *main.children(recursive=True)]
 
     async def restart_postgres(self) -> None:
         await asyncio.to_thread(self.postgres.restart)
@@ -98,8 +106,36 @@ class Chaos:
         assert state is not None
         return [e for e in recorded_engines(state) if is_alive(e.ref)]
 
-    async def inject(self, fault: str) -> str:
-        """Inject ``fault``; returns what was done, for the report."""
+    async def inject(self, fault: str) -> tuple[str, Callable[[], Awaitable[None]] | None]:
+        """Inject ``fault``; returns what was done, for the report, and for a degraded mode
+        how to end it."""
+        if fault.startswith("hang:"):
+            entry = self._state_entry(fault.split(":", 1)[1])
+            os.kill(entry.pid, signal.SIGSTOP)
+
+            async def resume() -> None:
+                os.kill(entry.pid, signal.SIGCONT)
+
+            return f"{entry.name} hung (SIGSTOP)", resume
+        if fault == "down:redis":
+            port = self.infra.redis.port
+            await self.infra.stop_redis()
+            return "Redis stopped", lambda: self.infra.start_redis(port)
+        if fault == "down:postgres":
+            procs = self.infra.postgres_processes()
+            for p in procs:
+                p.suspend()
+
+            async def resume_and_restart() -> None:
+                for p in procs:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        p.resume()
+                await self.infra.restart_postgres()
+
+            return "Postgres hung (SIGSTOP), then restarted", resume_and_restart
+        return await self._kill(fault), None
+
+    async def _kill(self, fault: str) -> str:
         if fault.startswith("kill:"):
             entry = self._state_entry(fault.split(":", 1)[1])
             os.kill(entry.pid, signal.SIGKILL)
@@ -109,12 +145,6 @@ class Chaos:
             os.kill(victim.pid, signal.SIGKILL)
             self.dead_engines.add(victim.name)
             return f"kill -9 {victim.name} (pid {victim.pid})"
-        if fault == "restart:redis":
-            await self.infra.restart_redis()
-            return "restart Redis"
-        if fault == "restart:postgres":
-            await self.infra.restart_postgres()
-            return "restart Postgres"
         raise AssertionError(f"unknown fault {fault}")
 
     async def missing(self, http: aiohttp.ClientSession) -> str | None:
@@ -165,11 +195,37 @@ class Chaos:
                 await asyncio.sleep(0.1)
 
 
-async def _until(pred: Callable[[], bool], within_s: float = RECOVERY_BOUND_S) -> None:
+async def _until(
+    pred: Callable[[], bool], what: str = "", within_s: float = RECOVERY_BOUND_S
+) -> None:
     deadline = time.monotonic() + within_s
     while not pred():
-        assert time.monotonic() < deadline, "load made no progress"
+        assert time.monotonic() < deadline, f"the load made no progress {what}".strip()
         await asyncio.sleep(0.05)
+
+
+async def _progress(load: Load, since: float, n: int, hold_s: float, what: str) -> None:
+    """Until ``n`` requests sent after ``since`` completed, and ``hold_s`` passed."""
+    hold = since + hold_s
+    await _until(lambda: load.report.completed_since(since) >= n and time.monotonic() >= hold, what)
+
+
+async def _fault(chaos: Chaos, load: Load, profile: Profile, fault: str) -> dict[str, Any]:
+    t0 = time.monotonic()
+    what, heal = await chaos.inject(fault)
+    row: dict[str, Any] = {"fault": what}
+    if heal is not None:
+        # the degraded mode: requests sent while it lasts must complete without what is down
+        try:
+            await _progress(load, t0, 2 * profile.workers, profile.down_s, f"while {what}")
+        finally:
+            row["completed_while_down"] = load.report.completed_since(t0)
+            row["down_s"] = round(time.monotonic() - t0, 2)
+            await heal()
+        t0 = time.monotonic()
+    recovery_s, last_missing = await chaos.recover(t0)
+    row.update(recovery_s=round(recovery_s, 2), last_missing=last_missing)
+    return row
 
 
 async def _run(chaos: Chaos, profile: Profile) -> dict[str, Any]:
@@ -177,22 +233,11 @@ async def _run(chaos: Chaos, profile: Profile) -> dict[str, Any]:
     load.start()
     faults: list[dict[str, Any]] = []
     try:
-        await _until(lambda: load.report.completed >= profile.workers)
+        await _progress(load, 0.0, profile.workers, 0.0, "before the first fault")
         for fault in profile.faults:
-            t0 = time.monotonic()
-            what = await chaos.inject(fault)
-            recovery_s, last_missing = await chaos.recover(t0)
-            faults.append(
-                {"fault": what, "recovery_s": round(recovery_s, 2), "last_missing": last_missing}
-            )
-            done = load.report.completed
-            settle = time.monotonic() + profile.settle_s
-            await _until(
-                lambda d=done, s=settle: (
-                    load.report.completed >= d + profile.workers  # type: ignore[misc]
-                    and time.monotonic() >= s
-                )
-            )
+            faults.append(await _fault(chaos, load, profile, fault))
+            now = time.monotonic()
+            await _progress(load, now, profile.workers, profile.settle_s, f"after {fault}")
     finally:
         report = await load.stop()
     return {
@@ -226,7 +271,12 @@ async def test_stack_survives_faults_under_load(chaos_profile: Profile) -> None:
         flags = ["--engines", str(chaos_profile.engines), "--engine-profile", "test",
                  "--engine-speedup", "20", "--engine-kv-blocks", "512"]  # fmt: skip
         with running_stack(config, flags, postgres_url=postgres.url, redis_url=redis.url) as stack:
-            summary = await _run(Chaos(stack, config, dep, infra), chaos_profile)
+            try:
+                summary = await _run(Chaos(stack, config, dep, infra), chaos_profile)
+            finally:
+                keep = os.environ.get("TIDESERVE_CHAOS_LOGS")
+                if keep:  # the services' and engines' logs, for a failure's post-mortem
+                    shutil.copytree(stack.state_dir / "logs", keep, dirs_exist_ok=True)
         _emit(summary)
     finally:
         infra_redis = locals().get("infra")
