@@ -14,8 +14,8 @@ class Profile:
     """``kill:<service>`` (kill -9; ``up`` restarts it), ``kill-engine`` (it stays dead),
     ``down:redis`` (stopped while the load must go on, then started again),
     ``down:postgres`` (hung: every postgres process SIGSTOPped while the load must go on,
-    then resumed and restarted), ``hang:<service>`` (SIGSTOPped while the load must go on,
-    then resumed): the last three are the degraded modes."""
+    then resumed and restarted), ``hang:<service>`` or ``hang:redis`` (SIGSTOPped while the
+    load must go on, then resumed): the last three are the degraded modes."""
     workers: int
     engines: int
     settle_s: float
@@ -46,6 +46,7 @@ LONG = Profile(
         "down:postgres",
         "kill-engine",
         "hang:autoscaler",
+        "hang:redis",
     ),
     workers=6,
     engines=4,

@@ -110,13 +110,14 @@ class Chaos:
         """Inject ``fault``; returns what was done, for the report, and for a degraded mode
         how to end it."""
         if fault.startswith("hang:"):
-            entry = self._state_entry(fault.split(":", 1)[1])
-            os.kill(entry.pid, signal.SIGSTOP)
+            name = fault.split(":", 1)[1]
+            pid = self.infra.redis.pid if name == "redis" else self._state_entry(name).pid
+            os.kill(pid, signal.SIGSTOP)
 
             async def resume() -> None:
-                os.kill(entry.pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGCONT)
 
-            return f"{entry.name} hung (SIGSTOP)", resume
+            return f"{name} hung (SIGSTOP)", resume
         if fault == "down:redis":
             port = self.infra.redis.port
             await self.infra.stop_redis()
