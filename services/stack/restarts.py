@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from services.autoscaler.drivers.base import backoff_s
+
 __all__ = ["RestartPlan", "RestartPolicy", "plan_restart"]
 
 
@@ -44,7 +46,5 @@ def plan_restart(history: Sequence[float], now: float, policy: RestartPolicy) ->
     recent = tuple(t for t in history if now - t < policy.window_s)
     if len(recent) >= policy.max_restarts:
         return RestartPlan(False, 0.0, recent)
-    delay = (
-        0.0 if not recent else min(policy.max_delay_s, policy.base_delay_s * 2 ** (len(recent) - 1))
-    )
+    delay = backoff_s(len(recent), policy.base_delay_s, policy.max_delay_s)
     return RestartPlan(True, delay, (*recent, now + delay))

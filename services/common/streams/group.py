@@ -284,8 +284,12 @@ class StreamConsumer(Generic[M]):
         if self._batch_handler is not None:
             await self._process_batch(self._batch_handler, entries)
             return
-        handler = self._handler
-        assert handler is not None
+        assert self._handler is not None
+        await self._each(entries, self._handler)
+
+    async def _each(self, entries: Sequence[tuple[str, Any]], handler: Handler[M]) -> None:
+        """Handle ``entries`` one at a time, in order; a HOLD verdict holds the entry and
+        those after it. Acknowledges the handled and the dead-lettered ones."""
         acks: list[str] = []
         try:
             for i, (entry_id, fields) in enumerate(entries):
@@ -410,18 +414,10 @@ class StreamConsumer(Generic[M]):
     async def _one_by_one(
         self, handler: BatchHandler[M], decoded: Sequence[tuple[str, M]], raw: dict[str, Any]
     ) -> None:
-        acks: list[str] = []
-        try:
-            for i, (entry_id, msg) in enumerate(decoded):
-                verdict = await self._attempt(handler([(entry_id, msg)]), entry_id, raw[entry_id])
-                if verdict is Verdict.HOLD:
-                    self._held = [(eid, raw[eid]) for eid, _ in decoded[i:]]
-                    return
-                if verdict is not Verdict.PENDING:
-                    acks.append(entry_id)
-        finally:
-            if acks:
-                await self._redis.xack(self.stream, self.group, *acks)
+        async def alone(msg: M, entry_id: str) -> None:
+            await handler([(entry_id, msg)])
+
+        await self._each([(eid, raw[eid]) for eid, _ in decoded], alone)
 
     async def _dead_letter(self, entry_id: str, fields: Any, error: str) -> None:
         self.stats.dead += 1
