@@ -15,7 +15,9 @@ class Profile:
     ``down:redis`` (stopped while the load must go on, then started again),
     ``down:postgres`` (hung: every postgres process SIGSTOPped while the load must go on,
     then resumed and restarted), ``hang:<service>`` or ``hang:redis`` (SIGSTOPped while the
-    load must go on, then resumed): the last three are the degraded modes."""
+    load must go on, then resumed), ``cut:gateway`` (the second gateway replica's
+    connections to Redis reset and refused while the load must go on, then healed): the
+    last four are the degraded modes."""
     workers: int
     engines: int
     settle_s: float
@@ -25,7 +27,7 @@ class Profile:
     have completed)."""
 
 
-DEGRADED = ("hang:kvmeta", "hang:telemetry", "down:redis", "down:postgres")
+DEGRADED = ("hang:kvmeta", "hang:telemetry", "cut:gateway", "down:redis", "down:postgres")
 SHORT = Profile(
     "short",
     (*(f"kill:{s}" for s in SERVICES), "kill-engine", *DEGRADED),

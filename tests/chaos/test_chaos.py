@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 import uuid
@@ -41,6 +42,7 @@ from services.stack.procs import is_alive
 from services.stack.state import ProcEntry, read_state
 from tests.chaos.load import Load
 from tests.chaos.profiles import SERVICES, Profile
+from tests.chaos.proxy import CuttableProxy
 from tests.helpers.ports import free_ports
 from tests.helpers.stack import RunningStack, running_stack
 
@@ -52,13 +54,62 @@ RECOVERY_BOUND_S = 120.0  # a fault not recovered from by then is a failure (not
 def _config(profile: Profile, deployment: str) -> dict[str, Any]:
     ports = iter(free_ports(10 + profile.engines))
     layout: dict[str, Any] = {s: {"grpc_port": next(ports), "metrics_port": 0} for s in SERVICES}
-    layout["scheduler"].update(http_port=next(ports), deployment=deployment, health_interval_s=0.5)
+    # one address for two gateway replicas: the stack's and the one the test cuts off Redis
+    layout["scheduler"].update(
+        http_port=next(ports),
+        deployment=deployment,
+        health_interval_s=0.5,
+        http_reuse_port=True,
+        share_state=True,
+    )
+    layout["cut_replica_grpc_port"] = next(ports)
     layout["kvmeta"]["metadata_http_port"] = next(ports)
     layout["stack"] = {
         "engine_ports": [next(ports) for _ in range(profile.engines)],
         "service_restarts": 20,
     }
     return layout
+
+
+class CutReplica:
+    """A second gateway replica on the stack's HTTP address (SO_REUSEPORT, shared state),
+    started by the test as the stack starts its own, but reaching Redis through a proxy the
+    test can cut: a gateway partitioned from Redis while the rest of the stack is not."""
+
+    def __init__(self, root: Path, redis_port: int, grpc_port: int) -> None:
+        self.proxy = CuttableProxy("127.0.0.1", redis_port)
+        self.grpc_port = grpc_port
+        self.log = root / "scheduler-cut.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    async def start(self, model: ProcEntry) -> None:
+        """Run it like ``model`` (the stack's scheduler): same command line and environment
+        but its own gRPC port, no metrics port, its replica id and the proxy's Redis URL."""
+        self._spawn(model, await self.proxy.start())
+
+    def _spawn(self, model: ProcEntry, port: int) -> None:
+        src = psutil.Process(model.pid)
+        argv = src.cmdline()
+        argv[argv.index("--grpc-port") + 1] = str(self.grpc_port)
+        env = src.environ() | {
+            "TIDESERVE_GRPC_PORT": str(self.grpc_port),
+            "TIDESERVE_METRICS_PORT": "0",
+            "TIDESERVE_REDIS_URL": f"redis://127.0.0.1:{port}/0",
+            "TIDESERVE_SCHEDULER__REPLICA_ID": "scheduler-cut",
+        }
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
 
 
 @dataclass
@@ -84,8 +135,16 @@ class Infra:
 
 
 class Chaos:
-    def __init__(self, stack: RunningStack, config: dict[str, Any], dep: str, infra: Infra):
+    def __init__(
+        self,
+        stack: RunningStack,
+        config: dict[str, Any],
+        dep: str,
+        infra: Infra,
+        replica: CutReplica,
+    ):
         self.stack = stack
+        self.replica = replica
         self.config = config
         self.dep = dep
         self.infra = infra
@@ -118,6 +177,9 @@ class Chaos:
                 os.kill(pid, signal.SIGCONT)
 
             return f"{name} hung (SIGSTOP)", resume
+        if fault == "cut:gateway":
+            await self.replica.proxy.cut()
+            return "gateway replica cut off from Redis", self._restore_proxy
         if fault == "down:redis":
             port = self.infra.redis.port
             await self.infra.stop_redis()
@@ -136,6 +198,9 @@ class Chaos:
             return "Postgres hung (SIGSTOP), then restarted", resume_and_restart
         return await self._kill(fault), None
 
+    async def _restore_proxy(self) -> None:
+        await self.replica.proxy.start()
+
     async def _kill(self, fault: str) -> str:
         if fault.startswith("kill:"):
             entry = self._state_entry(fault.split(":", 1)[1])
@@ -148,8 +213,9 @@ class Chaos:
             return f"kill -9 {victim.name} (pid {victim.pid})"
         raise AssertionError(f"unknown fault {fault}")
 
-    async def missing(self, http: aiohttp.ClientSession) -> str | None:
-        """What is not yet recovered (None: everything is)."""
+    async def missing(self, http: aiohttp.ClientSession, kv: bool = True) -> str | None:
+        """What is not yet recovered (None: everything is); ``kv``: kvmeta's index too (it
+        knows a deployment once its engines have published KV events)."""
         for service in SERVICES:
             entry = self._state_entry(service)
             if not is_alive(entry.ref):
@@ -157,14 +223,21 @@ class Chaos:
             health = await asyncio.to_thread(check_grpc_health, self._address(service), "", 2.0)
             if health is not Health.SERVING:
                 return f"{service} {health.value}"
+        cut = f"127.0.0.1:{self.replica.grpc_port}"
+        health = await asyncio.to_thread(check_grpc_health, cut, "", 2.0)
+        if health is not Health.SERVING:
+            return f"scheduler-cut {health.value}"
         live = {e.name for e in self.live_engines()}
-        async with grpc.aio.insecure_channel(self._address("scheduler")) as ch:
-            resp = await scheduler_pb2_grpc.SchedulerServiceStub(ch).ListEndpoints(
-                scheduler_pb2.ListEndpointsRequest(deployment=self.dep), timeout=5
-            )
-        healthy = {e.instance.instance_id for e in resp.endpoints if e.healthy}
-        if healthy != live:
-            return f"fleet view: healthy {sorted(healthy)}, live engines {sorted(live)}"
+        for name, address in (("scheduler", self._address("scheduler")), ("scheduler-cut", cut)):
+            async with grpc.aio.insecure_channel(address) as ch:
+                resp = await scheduler_pb2_grpc.SchedulerServiceStub(ch).ListEndpoints(
+                    scheduler_pb2.ListEndpointsRequest(deployment=self.dep), timeout=5
+                )
+            healthy = {e.instance.instance_id for e in resp.endpoints if e.healthy}
+            if healthy != live:
+                return f"{name}'s fleet view: healthy {sorted(healthy)}, live {sorted(live)}"
+        if not kv:
+            return None
         async with grpc.aio.insecure_channel(self._address("kvmeta")) as ch:
             idx = await kvmeta_pb2_grpc.KVMetaServiceStub(ch).ListIndexedInstances(
                 kvmeta_pb2.ListIndexedInstancesRequest(deployment=self.dep), timeout=5
@@ -177,7 +250,7 @@ class Chaos:
             return "a probe request did not complete"
         return None
 
-    async def recover(self, since: float) -> tuple[float, str]:
+    async def recover(self, since: float, kv: bool = True) -> tuple[float, str]:
         """Wait (bounded) until nothing is missing; the seconds since ``since``, and the last
         thing that was missing."""
         last = "nothing"
@@ -185,9 +258,11 @@ class Chaos:
         async with aiohttp.ClientSession(timeout=timeout) as http:
             while True:
                 try:
-                    why = await self.missing(http)
-                except (grpc.aio.AioRpcError, OSError) as exc:
-                    why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+                    why = await self.missing(http, kv)
+                except grpc.aio.AioRpcError as exc:
+                    why = f"{exc.code().name}: {exc.details()}"
+                except OSError as exc:
+                    why = f"{type(exc).__name__}: {exc}"
                 if why is None:
                     return time.monotonic() - since, last
                 last = why
@@ -230,6 +305,8 @@ async def _fault(chaos: Chaos, load: Load, profile: Profile, fault: str) -> dict
 
 
 async def _run(chaos: Chaos, profile: Profile) -> dict[str, Any]:
+    await chaos.replica.start(chaos._state_entry("scheduler"))
+    await chaos.recover(time.monotonic(), kv=False)  # the second replica serves, sees the fleet
     load = Load(chaos.base, workers=profile.workers)
     load.start()
     faults: list[dict[str, Any]] = []
@@ -271,10 +348,13 @@ async def test_stack_survives_faults_under_load(chaos_profile: Profile) -> None:
         config = _config(chaos_profile, dep)
         flags = ["--engines", str(chaos_profile.engines), "--engine-profile", "test",
                  "--engine-speedup", "20", "--engine-kv-blocks", "512"]  # fmt: skip
+        replica = CutReplica(root, redis.port, config.pop("cut_replica_grpc_port"))
         with running_stack(config, flags, postgres_url=postgres.url, redis_url=redis.url) as stack:
             try:
-                summary = await _run(Chaos(stack, config, dep, infra), chaos_profile)
+                summary = await _run(Chaos(stack, config, dep, infra, replica), chaos_profile)
             finally:
+                replica.stop()
+                await replica.proxy.cut()
                 keep = os.environ.get("TIDESERVE_CHAOS_LOGS")
                 if keep:  # the services' and engines' logs, for a failure's post-mortem
                     shutil.copytree(stack.state_dir / "logs", keep, dirs_exist_ok=True)
