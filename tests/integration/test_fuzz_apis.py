@@ -1,4 +1,4 @@
-"""The gateway's HTTP API and the scheduler's gRPC API fed malformed input (hypothesis):
+"""The gateway's HTTP API and the scheduler's and kvmeta's gRPC APIs fed malformed input (hypothesis):
 no crash, no hang, no 5xx / INTERNAL for a client's mistake, and every HTTP error is an
 OpenAI-style body.
 
@@ -12,6 +12,7 @@ import asyncio
 import http.client
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,13 @@ import pytest
 from aiohttp.test_utils import TestServer
 from hypothesis import example, given
 from hypothesis import strategies as st
-from tideserve.v1 import scheduler_pb2, scheduler_pb2_grpc
+from tideserve.v1 import events_pb2, kvmeta_pb2, kvmeta_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
+from services.kvmeta.index import PrefixIndex
+from services.kvmeta.ingest import IndexFeeder
+from services.kvmeta.objects import ObjectMaster
+from services.kvmeta.servicer import KVMetaServicer, ObjectShell
+from services.kvmeta.servicer import add_to_server as add_kvmeta
 from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.grpc.servicer import SchedulerServicer, add_to_server
 from services.scheduler.http.server import Gateway, GatewayOptions
@@ -66,6 +72,9 @@ class Served:
         await gw.poll_load()
         self.grpc_server = grpc.aio.server()
         add_to_server(SchedulerServicer(core, deployment="d", block_size=16), self.grpc_server)
+        feeder = IndexFeeder(PrefixIndex(), time.time)  # no Redis, no Postgres: in memory
+        objects = ObjectShell(ObjectMaster(), None, time.time)
+        add_kvmeta(KVMetaServicer(feeder, objects, max_match_blocks=64), self.grpc_server)
         grpc_port = self.grpc_server.add_insecure_port("127.0.0.1:0")
         await self.grpc_server.start()
         assert self.server.port is not None
@@ -184,3 +193,51 @@ def test_grpc_pick_never_fails_internally_or_hangs(served: Served, req: Any) -> 
             return
         if resp.pick_id:  # release what the pick holds
             stub.ReportOutcome(scheduler_pb2.ReportOutcomeRequest(pick_id=resp.pick_id), timeout=60)
+
+
+def _check_rpc(call: Any) -> None:
+    try:
+        call()
+    except grpc.RpcError as exc:
+        assert exc.code() in CLIENT_MISTAKE_CODES, (exc.code(), exc.details())
+        assert exc.details(), exc.code()
+
+
+TEXT = st.text(max_size=8)
+EVENTS = st.builds(
+    events_pb2.KVEvent,
+    kind=st.integers(0, 5),
+    tier=st.integers(0, 6),
+    block_hashes=st.lists(st.integers(0, 2**64 - 1), max_size=6),
+    tenant=TEXT,
+    lora=TEXT,
+)
+BATCHES = st.builds(
+    events_pb2.KVEventBatch,
+    deployment=st.sampled_from(["d", "", "x"]),
+    instance_id=st.sampled_from(["i1", "", "i2"]),
+    epoch=st.integers(-(2**63), 2**63 - 1),
+    seq=st.integers(-(2**63), 2**63 - 1),
+    events=st.lists(EVENTS, max_size=4),
+    block_size=INT32,
+)
+
+
+@given(
+    st.lists(BATCHES, max_size=4),
+    st.builds(
+        kvmeta_pb2.MatchPrefixRequest,
+        deployment=st.sampled_from(["d", "", "x"]),
+        tenant=TEXT,
+        block_hashes=st.lists(st.integers(0, 2**64 - 1), max_size=80),
+        candidate_instances=st.lists(TEXT, max_size=3),
+        lora=TEXT,
+    ),
+)
+def test_kvmeta_ingest_and_match_never_fail_internally(
+    served: Served, batches: list[Any], match: Any
+) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{served.grpc_port}") as channel:
+        stub = kvmeta_pb2_grpc.KVMetaServiceStub(channel)
+        _check_rpc(lambda: stub.IngestEvents(iter(batches), timeout=60))
+        _check_rpc(lambda: stub.MatchPrefix(match, timeout=60))
