@@ -90,11 +90,14 @@ class LoadReport:
         }
 
 
-def _error_kind(status: int | None, exc: BaseException | None, stream_error: str | None) -> str:
+def _error_kind(
+    status: int | None, exc: BaseException | None, stream_error: str | None, started: bool
+) -> str:
     if status is None:
         return f"connection: {type(exc).__name__}" if exc is not None else "connection"
     if status == 200:
-        return "stream: " + (stream_error or "?").split(":")[0]
+        when = "after" if started else "before"
+        return f"stream: {(stream_error or '?').split(':')[0]} {when} the first token"
     return f"http {status}"
 
 
@@ -191,5 +194,5 @@ class Load:
         started = outcome.ttft_s is not None
         kind = classify(status, text, started, outcome.error if status == 200 else None)
         if kind != "ok":
-            self.report.attempt_errors[_error_kind(status, exc, outcome.error)] += 1
+            self.report.attempt_errors[_error_kind(status, exc, outcome.error, started)] += 1
         return kind

@@ -31,10 +31,10 @@ DEGRADED = ("hang:kvmeta", "hang:telemetry", "cut:gateway", "down:redis", "down:
 SHORT = Profile(
     "short",
     (*(f"kill:{s}" for s in SERVICES), "kill-engine", *DEGRADED),
-    workers=3,
-    engines=3,
+    workers=2,
+    engines=2,
     settle_s=0.5,
-    down_s=3.0,
+    down_s=2.0,
 )
 LONG = Profile(
     "long",

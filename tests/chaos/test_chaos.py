@@ -67,6 +67,9 @@ def _config(profile: Profile, deployment: str) -> dict[str, Any]:
     layout["stack"] = {
         "engine_ports": [next(ports) for _ in range(profile.engines)],
         "service_restarts": 20,
+        # Reliability, not access control: the suite reads the fleet view and the KV index
+        # over plain gRPC (the secured stack's own tests cover tokens and TLS).
+        "secure": False,
     }
     return layout
 
