@@ -39,6 +39,7 @@ from services.common.embedded import EmbeddedPostgres, EmbeddedRedis, start_post
 from services.stack.control import recorded_engines
 from services.stack.health import Health, check_grpc_health
 from services.stack.procs import is_alive
+from services.stack.settings import StackSettings
 from services.stack.state import ProcEntry, read_state
 from tests.chaos.load import Load
 from tests.chaos.profiles import SERVICES, Profile
@@ -67,10 +68,11 @@ def _config(profile: Profile, deployment: str) -> dict[str, Any]:
     layout["stack"] = {
         "engine_ports": [next(ports) for _ in range(profile.engines)],
         "service_restarts": 20,
+    }
+    if "secure" in StackSettings.model_fields:
         # Reliability, not access control: the suite reads the fleet view and the KV index
         # over plain gRPC (the secured stack's own tests cover tokens and TLS).
-        "secure": False,
-    }
+        layout["stack"]["secure"] = False
     return layout
 
 
