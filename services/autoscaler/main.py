@@ -29,8 +29,8 @@ from services.autoscaler.settings import AutoscalerSettings
 from services.autoscaler.store import AutoscalerStore
 from services.autoscaler.telemetry import GrpcTelemetry
 from services.common.metrics import service_registry
+from services.common.redis_client import redis_client
 from services.common.server import ServiceHooks, run_service
-from services.common.streams.client import redis_client
 from services.common.tasks import stop_tasks
 
 __all__ = ["build", "main"]

@@ -27,7 +27,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDic
 from pydantic_settings import SettingsError as PydanticSettingsError
 
 from services.common.errors import SettingsError
-from services.common.streams.client import RedisClientOptions
+from services.common.redis_client import RedisClientOptions
 
 __all__ = [
     "DEFAULT_CONFIG_FILE",

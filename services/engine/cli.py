@@ -133,7 +133,7 @@ async def serve(settings: EngineSettings, stop: asyncio.Event | None = None) -> 
 
     redis: Any = None
     if settings.redis_url:
-        from services.common.streams.client import redis_client
+        from services.common.redis_client import redis_client
 
         redis = redis_client(settings.redis_url, settings.redis_client)
         try:

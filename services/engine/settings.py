@@ -12,8 +12,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from services.common.redis_client import RedisClientOptions
 from services.common.settings import TracingSettings
-from services.common.streams.client import RedisClientOptions
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
 
 __all__ = ["EngineSettings"]

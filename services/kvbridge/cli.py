@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def serve(settings: KVBridgeSettings, stop: asyncio.Event | None = None) -> int:
     """Bridge until SIGINT/SIGTERM (or ``stop``). Exit code 2 when Redis is unreachable."""
-    from services.common.streams.client import redis_client
+    from services.common.redis_client import redis_client
     from services.kvbridge.run import KVBridge
 
     assert settings.redis_url is not None

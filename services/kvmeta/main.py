@@ -17,8 +17,8 @@ import grpc
 
 from services.common.kvindex import ResyncPolicy
 from services.common.metrics import service_registry
+from services.common.redis_client import redis_client
 from services.common.server import ServiceHooks, run_service
-from services.common.streams.client import redis_client
 from services.kvmeta.checkpoint import KVMetaStore
 from services.kvmeta.index import PrefixIndex
 from services.kvmeta.ingest import IndexFeeder

@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 import grpc
 
 from services.common.metrics import service_registry
+from services.common.redis_client import redis_client
 from services.common.server import ServiceHooks, run_service
 from services.common.streams import DeadLetters, close_quietly, stream_name
-from services.common.streams.client import redis_client
 from services.common.tasks import pause, stop_tasks
 from services.telemetry.ingest.pipeline import Ingest, IngestCounts
 from services.telemetry.ingest.stream import records_consumer

@@ -9,8 +9,8 @@ import pytest
 import redis.exceptions as redis_exc
 from pydantic import ValidationError
 
+from services.common.redis_client import RedisClientOptions, redis_client
 from services.common.settings import load_settings
-from services.common.streams.client import RedisClientOptions, redis_client
 from services.kvmeta.settings import KVMetaSettings
 
 

@@ -17,8 +17,8 @@ import grpc
 import redis.asyncio as aioredis
 
 from services.common.otel import insecure_channel
+from services.common.redis_client import redis_client
 from services.common.streams import close_quietly
-from services.common.streams.client import redis_client
 from services.scheduler.feeds.load_stream import LoadStream
 from services.scheduler.feeds.membership import Membership
 from services.scheduler.http.server import Gateway

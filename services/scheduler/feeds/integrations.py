@@ -31,8 +31,8 @@ from prometheus_client.registry import Collector
 
 from services.common.errors import StartupError
 from services.common.otel import insecure_channel
+from services.common.redis_client import redis_client
 from services.common.streams import close_quietly
-from services.common.streams.client import redis_client
 from services.scheduler.core.service import GatewayCore
 from services.scheduler.feeds.kv_replica import KVReplicaFeed, LocalLookup
 from services.scheduler.feeds.kv_replica_core import KVReplica
