@@ -25,6 +25,8 @@ class Profile:
     down_s: float
     """How long a degraded mode lasts at least (and until requests sent after it began
     have completed)."""
+    timeout_s: float
+    """The whole test's time limit (pytest-timeout)."""
 
 
 DEGRADED = ("hang:kvmeta", "hang:telemetry", "cut:gateway", "down:redis", "down:postgres")
@@ -35,6 +37,7 @@ SHORT = Profile(
     engines=2,
     settle_s=0.5,
     down_s=2.0,
+    timeout_s=900.0,
 )
 LONG = Profile(
     "long",
@@ -54,5 +57,6 @@ LONG = Profile(
     engines=4,
     settle_s=5.0,
     down_s=20.0,
+    timeout_s=3600.0,
 )
 PROFILES = {p.name: p for p in (SHORT, LONG)}
