@@ -35,7 +35,8 @@ from services.stack.plan import SERVICE_NAMES, ChildSpec, PortClaim, duplicate_p
 from services.stack.ports import busy_ports, tcp_accepts
 from services.stack.procs import Child, ProcRef, Supervisor, is_alive, log_tail
 from services.stack.recorded import stop_recorded
-from services.stack.restarts import RestartPolicy, plan_restart
+from services.stack.restarter import Restarter
+from services.stack.restarts import RestartPolicy
 from services.stack.signals import Signals, StartFailed, StopRequested, state_lock
 from services.stack.state import (
     ProcEntry,
@@ -134,8 +135,7 @@ class StackRunner:
         )
         self._infra_refs: list[ProcRef] = []
         self._reported_dead: set[str] = set()
-        self._restarted: dict[str, tuple[float, ...]] = {}  # name -> recent restart times
-        self._restart_at: dict[str, float] = {}  # name -> when its planned restart is due
+        self.restarter = Restarter(opts.restarts, self.supervisor, self._say, self._record_restart)
 
     # ----------------------------------------------------------------- helpers
     def _say(self, msg: str) -> None:
@@ -445,7 +445,9 @@ class StackRunner:
                         "the stack keeps running without it"
                     )
             for child, code in self.supervisor.exited():
-                if child.spec.kind != ENGINE_KIND and self._plan_restart(child, code):
+                if child.spec.kind != ENGINE_KIND and self.restarter.plan(
+                    child, str(self._died(child, code))
+                ):
                     continue
                 if child.spec.kind != ENGINE_KIND and not self._replica_left(child):
                     self._say(str(self._died(child, code)) + "; stopping the stack")
@@ -457,51 +459,17 @@ class StackRunner:
                 if not is_alive(ref):
                     self._say(f"{ref.name} (pid {ref.pid}) is gone; stopping the stack")
                     return EXIT_FAILED
-            self._restart_due()
+            self.restarter.start_due()
         self._say("stop requested; stopping")
         return EXIT_OK
 
-    def _plan_restart(self, child: Child, code: int) -> bool:
-        """True when ``child`` (a service that exited) is, or is now, due a restart."""
-        name = child.spec.name
-        if name in self._restart_at:
-            return True
-        now = time.monotonic()
-        plan = plan_restart(self._restarted.get(name, ()), now, self.opts.restarts)
-        if not plan.restart:
-            if self.opts.restarts.max_restarts:
-                self._say(
-                    f"{name} was restarted {len(plan.history)} times within "
-                    f"{self.opts.restarts.window_s:g}s; not restarting it again"
+    def _record_restart(self, new: Child) -> None:
+        for i, entry in enumerate(self.state.processes):
+            if entry.name == new.spec.name:
+                self.state.processes[i] = dataclasses.replace(
+                    entry, pid=new.ref.pid, create_time=new.ref.create_time
                 )
-            return False
-        self._restarted[name] = plan.history
-        self._restart_at[name] = now + plan.delay_s
-        self._say(
-            f"{self._died(child, code)}; restarting it"
-            + (f" in {plan.delay_s:g}s" if plan.delay_s else "")
-        )
-        return True
-
-    def _restart_due(self) -> None:
-        now = time.monotonic()
-        for child, _code in self.supervisor.exited():
-            name = child.spec.name
-            if self._restart_at.get(name, now + 1) > now:
-                continue
-            del self._restart_at[name]
-            try:
-                new = self.supervisor.start(child.spec, replacing=child)
-            except OSError as exc:
-                self._say(f"restarting {name} failed: {exc}")
-                continue
-            for i, entry in enumerate(self.state.processes):
-                if entry.name == name:
-                    self.state.processes[i] = dataclasses.replace(
-                        entry, pid=new.ref.pid, create_time=new.ref.create_time
-                    )
-            self._save()
-            self._say(f"restarted {name} (pid {new.ref.pid})")
+        self._save()
 
     def _replica_left(self, dead: Child) -> bool:
         """True when another replica of ``dead``'s group (ChildSpec.replica_of) still runs."""
