@@ -51,6 +51,20 @@ def pytest_configure(config: pytest.Config) -> None:
     # A run stopped with SIGTERM (`timeout`, a CI job limit) unwinds like Ctrl-C, so session
     # fixtures still stop the embedded Postgres and Redis instead of orphaning them.
     signal.signal(signal.SIGTERM, _terminate_like_ctrl_c)
+    _hypothesis_profiles()
+
+
+def _hypothesis_profiles() -> None:
+    """Property-based tests: ``ci`` (default: few examples, so `make test` stays short, no
+    deadline on a loaded machine) or ``long`` (``HYPOTHESIS_PROFILE=long``, by hand)."""
+    from hypothesis import HealthCheck, settings
+
+    relaxed = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+    settings.register_profile("ci", max_examples=40, deadline=None, suppress_health_check=relaxed)
+    settings.register_profile(
+        "long", max_examples=2000, deadline=None, suppress_health_check=relaxed
+    )
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def _docker_answers() -> bool:

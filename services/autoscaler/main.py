@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Sequence
 
 import grpc
-import redis.asyncio as aioredis
 
 from services.autoscaler.access import ACCESS
 from services.autoscaler.deployments import Deployments
@@ -31,6 +30,7 @@ from services.autoscaler.settings import AutoscalerSettings
 from services.autoscaler.store import AutoscalerStore
 from services.autoscaler.telemetry import GrpcTelemetry
 from services.common.metrics import service_registry
+from services.common.redis_client import redis_client
 from services.common.security.channels import ClientSecurity, aio_channel
 from services.common.server import ServiceHooks, run_service
 from services.common.tasks import stop_tasks
@@ -64,7 +64,7 @@ def build(
     engine = db.create_engine(settings.postgres_url, "autoscaler")
     store = AutoscalerStore(engine)
     redis = (
-        aioredis.Redis.from_url(settings.redis_url, decode_responses=False)
+        redis_client(settings.redis_url, settings.redis_client)
         if settings.redis_url and reconciler_factory is None
         else None
     )

@@ -146,7 +146,14 @@ def parse_azure(lines: Iterable[str], source: str = "<trace>") -> list[TraceRequ
     header: Sequence[str] | None = None
     cols: dict[str, int] = {}
     raw: list[tuple[float, int, int, int, tuple[int, ...] | None]] = []
-    for row in reader:
+    rows = iter(reader)
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            break
+        except csv.Error as exc:  # e.g. a stray carriage return inside a field
+            raise _fail(source, reader.line_num, f"not valid CSV ({exc})") from None
         lineno = reader.line_num
         if not row or all(not c.strip() for c in row):
             continue

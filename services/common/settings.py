@@ -27,6 +27,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDic
 from pydantic_settings import SettingsError as PydanticSettingsError
 
 from services.common.errors import SettingsError
+from services.common.redis_client import RedisClientOptions
 from services.common.security.settings import AuthSettings, GrpcLimits, TlsSettings
 
 __all__ = [
@@ -126,6 +127,17 @@ class ServiceSettings(TracingSettings):
     postgres_url: str | None = Field(None, description="postgresql:// URL; None = no database")
     redis_url: str | None = Field(None, description="redis:// URL; None = no streams")
     stream_prefix: str = Field("ts", min_length=1, description="prefix of Redis stream names")
+    redis_client: RedisClientOptions = Field(
+        default_factory=RedisClientOptions,
+        description="timeouts, health checks and retries of the Redis clients",
+    )
+    stream_max_attempts: int = Field(
+        5,
+        ge=1,
+        le=1000,
+        description="deliveries of a stream entry whose handler keeps failing (not for a "
+        "dependency being down) before it goes to the dead letters",
+    )
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR or CRITICAL")
     log_format: Literal["json", "text"] = "json"
     shutdown_grace_s: float = Field(5.0, ge=0.0, description="time in-flight calls get to finish")

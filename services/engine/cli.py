@@ -193,9 +193,9 @@ async def serve(settings: EngineSettings, stop: asyncio.Event | None = None) -> 
 
     redis: Any = None
     if settings.redis_url:
-        import redis.asyncio as aioredis
+        from services.common.redis_client import redis_client
 
-        redis = aioredis.Redis.from_url(settings.redis_url, decode_responses=False)
+        redis = redis_client(settings.redis_url, settings.redis_client)
         try:
             await redis.ping()
         except Exception as err:

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from services.common.redis_client import RedisClientOptions
 from services.common.security.settings import TlsSettings
 from services.common.settings import TracingSettings
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
@@ -38,6 +39,10 @@ class EngineSettings(TracingSettings):
         None,
         description="model directory (tokenizer.json, tokenizer_config.json): tokenize prompts "
         "with its tokenizer and chat template; None = the whitespace tokenizer",
+    )
+    redis_client: RedisClientOptions = Field(
+        default_factory=RedisClientOptions,
+        description="timeouts, health checks and retries of the Redis client",
     )
     kv_blocks: int = Field(0, ge=0, description="KV capacity in blocks; 0 = what fits the profile")
     block_size: int = Field(

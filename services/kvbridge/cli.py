@@ -84,8 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def serve(settings: KVBridgeSettings, stop: asyncio.Event | None = None) -> int:
     """Bridge until SIGINT/SIGTERM (or ``stop``). Exit code 2 when Redis is unreachable."""
-    import redis.asyncio as aioredis
-
+    from services.common.redis_client import redis_client
     from services.kvbridge.run import KVBridge
 
     assert settings.redis_url is not None
@@ -99,7 +98,7 @@ async def serve(settings: KVBridgeSettings, stop: asyncio.Event | None = None) -
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    redis = aioredis.Redis.from_url(settings.redis_url, decode_responses=False)
+    redis = redis_client(settings.redis_url, settings.redis_client)
     try:
         await KVBridge(settings, redis).run(stop)
     finally:

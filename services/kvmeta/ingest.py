@@ -44,6 +44,7 @@ from services.common.kvindex import (
 )
 from services.common.streams import StreamConsumer, StreamProducer, decode_entry, stream_name
 from services.common.streams.ids import NEWEST, ZERO, as_id, compare_ids, exclusive
+from services.common.streams.poison import DEFAULT_MAX_ATTEMPTS
 from services.common.tasks import pause, stop_tasks
 from services.kvmeta.checkpoint import KVMetaStore
 from services.kvmeta.index import PrefixIndex
@@ -81,6 +82,7 @@ class IndexFeeder:
         discover_interval_s: float = 2.0,
         block_ms: int = 500,
         claim_idle_ms: int = 30_000,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         resync_policy: ResyncPolicy | None = None,
         resync_check_s: float = 1.0,
     ) -> None:
@@ -97,6 +99,8 @@ class IndexFeeder:
         self.discover_interval_s = discover_interval_s
         self.block_ms = block_ms
         self.claim_idle_ms = claim_idle_ms
+        self.max_attempts = max_attempts
+        self.replay_failed = 0  # replayed entries whose apply raised (skipped)
         self.positions: dict[str, str] = {}  # deployment -> newest applied kv entry id
         self.block_sizes: dict[str, int] = {}
         self._dirty: set[str] = set()
@@ -287,6 +291,7 @@ class IndexFeeder:
             block_ms=self.block_ms,
             claim_idle_ms=self.claim_idle_ms,
             start_id=start_id,
+            max_attempts=self.max_attempts,
         )
         self._consumers[stream] = consumer
         self._tasks.append(asyncio.create_task(consumer.run(self._stop)))
@@ -318,8 +323,15 @@ class IndexFeeder:
                     msg = decode_entry(fields, events_pb2.KVEventBatch)
                 except ValueError:
                     continue  # the group consumer dead-letters it
-                await self._on_kv(dep, msg, eid)
                 cursor = eid
+                try:
+                    await self._on_kv(dep, msg, eid)
+                except Exception:
+                    # A poison entry must not stop kvmeta from starting (a crash loop): the
+                    # group consumer judges it (bounded retries, then dead letters).
+                    self.replay_failed += 1
+                    log.exception("replaying %s: entry %s not applied; skipped", stream, eid)
+                    continue
                 n += 1
         if n:
             log.info("replayed %d entries of %s after checkpoint %s", n, stream, pos)

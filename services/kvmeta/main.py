@@ -14,10 +14,10 @@ import time
 from collections.abc import Sequence
 
 import grpc
-import redis.asyncio as aioredis
 
 from services.common.kvindex import ResyncPolicy
 from services.common.metrics import service_registry
+from services.common.redis_client import redis_client
 from services.common.security.http import http_auth
 from services.common.server import ServiceHooks, run_service
 from services.kvmeta.access import ACCESS, METADATA_ACCESS
@@ -39,7 +39,7 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
     """Wire cores, stores, consumers and servicer from ``settings``."""
     from services.common import db
 
-    redis = aioredis.from_url(settings.redis_url) if settings.redis_url else None
+    redis = redis_client(settings.redis_url, settings.redis_client) if settings.redis_url else None
     engine = db.create_engine(settings.postgres_url, "kvmeta") if settings.postgres_url else None
     store = KVMetaStore(engine) if engine is not None else None
     feeder = IndexFeeder(
@@ -49,6 +49,7 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
         store=store,
         prefix=settings.stream_prefix,
         consumer=settings.consumer_name,
+        max_attempts=settings.stream_max_attempts,
         checkpoint_interval_s=settings.checkpoint_interval_s,
         expire_after_s=settings.instance_expiry_s,
         resync_policy=ResyncPolicy(

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
 from services.stack.gateways import parse_gateway_count
 from services.stack.plan import SERVICES, ChildSpec, build_service_children, choose_ports
+from services.stack.restarts import RestartPolicy
 
 if TYPE_CHECKING:
     from services.common.settings import ServiceSettings
@@ -273,6 +274,7 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
         autoscaler_address=f"{reachable(stack.host)}:{ports['autoscaler']['grpc_port']}",
         engine_claims=engine_port_claims(fleet, stack.host),
         stream_prefix=stack.stream_prefix,
+        restarts=RestartPolicy(max_restarts=stack.service_restarts),
     )
     services = build_service_children(
         ports=ports,

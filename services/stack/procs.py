@@ -143,10 +143,12 @@ class Supervisor:
     def children(self) -> tuple[Child, ...]:
         return tuple(self._children)
 
-    def start(self, spec: ChildSpec) -> Child:
-        """Start ``spec``; raises OSError when the executable cannot be started."""
+    def start(self, spec: ChildSpec, *, replacing: Child | None = None) -> Child:
+        """Start ``spec``; raises OSError when the executable cannot be started. With
+        ``replacing`` (an exited child), the new process takes its place and appends to
+        its log."""
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with spec.log_path.open("wb") as log:
+        with spec.log_path.open("ab" if replacing is not None else "wb") as log:
             popen = subprocess.Popen(
                 list(spec.argv),
                 env=dict(spec.env),
@@ -157,7 +159,10 @@ class Supervisor:
                 close_fds=True,
             )
         child = Child(spec, popen, ProcRef.of(spec.name, popen.pid))
-        self._children.append(child)
+        if replacing is not None:
+            self._children[self._children.index(replacing)] = child
+        else:
+            self._children.append(child)
         return child
 
     def exited(self) -> list[tuple[Child, int]]:

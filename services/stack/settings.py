@@ -30,6 +30,12 @@ class StackSettings(ServiceSettings):
         60.0, gt=0, description="time every child gets to report SERVING"
     )
     stop_timeout_s: float = Field(10.0, gt=0, description="SIGTERM → SIGKILL grace per child")
+    service_restarts: int = Field(
+        5,
+        ge=0,
+        description="a service that dies is restarted, at most this many times a minute "
+        "(then, or with 0, a dead service stops the stack)",
+    )
 
     engines: int = Field(0, ge=0, description="aggregated simulated engines")
     prefill: int = Field(0, ge=0, description="prefill-only simulated engines (needs decode)")

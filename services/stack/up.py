@@ -36,6 +36,8 @@ from services.stack.plan import SERVICE_NAMES, ChildSpec, PortClaim, duplicate_p
 from services.stack.ports import busy_ports, tcp_accepts
 from services.stack.procs import Child, ProcRef, Supervisor, is_alive, log_tail
 from services.stack.recorded import stop_recorded
+from services.stack.restarter import Restarter
+from services.stack.restarts import RestartPolicy
 from services.stack.secure import StackSecrets, StoreUrls, child_store_env
 from services.stack.signals import Signals, StartFailed, StopRequested, state_lock
 from services.stack.state import (
@@ -64,6 +66,7 @@ T = TypeVar("T")
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+NO_RESTARTS = RestartPolicy(max_restarts=0)
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,9 @@ class UpOptions:
     """Per-service store credentials on the embedded servers (services.stack.secure); the
     infra must have been built with the same (default_infra(secrets))."""
     stream_prefix: str = "ts"
+    restarts: RestartPolicy = NO_RESTARTS
+    """Restarts of a service that dies while the stack runs (default: none, it stops the
+    stack; see services.stack.restarts)."""
 
 
 def check_ports(claims: Sequence[PortClaim]) -> None:
@@ -135,6 +141,7 @@ class StackRunner:
         )
         self._infra_refs: list[ProcRef] = []
         self._reported_dead: set[str] = set()
+        self.restarter = Restarter(opts.restarts, self.supervisor, self._say, self._record_restart)
 
     # ----------------------------------------------------------------- helpers
     def _say(self, msg: str) -> None:
@@ -447,6 +454,10 @@ class StackRunner:
                         "the stack keeps running without it"
                     )
             for child, code in self.supervisor.exited():
+                if child.spec.kind != ENGINE_KIND and self.restarter.plan(
+                    child, str(self._died(child, code))
+                ):
+                    continue
                 if child.spec.kind != ENGINE_KIND and not self._replica_left(child):
                     self._say(str(self._died(child, code)) + "; stopping the stack")
                     return EXIT_FAILED
@@ -457,8 +468,17 @@ class StackRunner:
                 if not is_alive(ref):
                     self._say(f"{ref.name} (pid {ref.pid}) is gone; stopping the stack")
                     return EXIT_FAILED
+            self.restarter.start_due()
         self._say("stop requested; stopping")
         return EXIT_OK
+
+    def _record_restart(self, new: Child) -> None:
+        for i, entry in enumerate(self.state.processes):
+            if entry.name == new.spec.name:
+                self.state.processes[i] = dataclasses.replace(
+                    entry, pid=new.ref.pid, create_time=new.ref.create_time
+                )
+        self._save()
 
     def _replica_left(self, dead: Child) -> bool:
         """True when another replica of ``dead``'s group (ChildSpec.replica_of) still runs."""

@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable, Sequence
 
 import grpc
-import redis.asyncio as aioredis
 
 from services.common.metrics import service_registry
+from services.common.redis_client import redis_client
 from services.common.server import ServiceHooks, run_service
 from services.common.streams import DeadLetters, close_quietly, stream_name
 from services.common.tasks import pause, stop_tasks
@@ -67,7 +67,7 @@ def build(
     replica_id = settings.replica_id or socket.gethostname()
     memory = memory if memory is not None else new_memory(settings)
     classes = settings.classes()
-    redis = aioredis.from_url(settings.redis_url) if settings.redis_url else None
+    redis = redis_client(settings.redis_url, settings.redis_client) if settings.redis_url else None
     fitted: ModelService | None = None
     if model is None and settings.model_enabled:
         fitted = ModelService(
@@ -118,6 +118,7 @@ def build(
             batch=settings.ingest_batch,
             block_ms=settings.ingest_block_ms,
             claim_idle_ms=settings.ingest_claim_idle_ms,
+            max_attempts=settings.stream_max_attempts,
         )
         if redis is not None and ingest is not None
         else None

@@ -3,7 +3,7 @@ launch and readiness with a measured start-up time, a crash restarted with back-
 command that keeps failing surfaced as FAILED without blocking ``scale``, one that cannot be
 exec'd refused with DriverError, scale-in that drains (engine load 0) before SIGTERM, the
 ``never`` restart policy, a role's own ports, and the pid record that lets the next driver
-stop the engines of one that was killed.
+adopt (or stop) the engines of one that was killed.
 No scheduler runs here (the drainer watches the engine's own load); the e2e test with a
 gateway under load is tests/e2e/test_autoscaler_scale_e2e.py."""
 
@@ -253,11 +253,14 @@ async def test_a_role_port_held_by_another_process_is_refused(
     assert drv.instances("dep") == []
 
 
-async def test_engines_of_a_killed_driver_are_recorded_and_stopped_by_the_next(
-    driver: tuple[LocalDriver, list[tuple[str, str, str]]],
+@pytest.mark.parametrize("wanted", [2, 0], ids=["adopted", "not-wanted-stopped"])
+async def test_engines_of_a_killed_driver_are_recorded_and_adopted_by_the_next(
+    driver: tuple[LocalDriver, list[tuple[str, str, str]]], wanted: int
 ) -> None:
-    """The record names every live process (pid + start time); a driver that died without
-    closing (its engines still run) is cleaned up by the next driver on the same state dir."""
+    """The record names every live process (pid + start time); the engines of a driver that
+    died without closing (they still run) are adopted by the next driver on the same state
+    dir when a scale of their role wants them (same id and process, no new launch), and
+    stopped when none does."""
     drv, _ = driver
     role = RoleTarget("dep", "w", Role.WORKER, 2, command=SLEEPER)
     await drv.scale(role, 2)
@@ -272,12 +275,22 @@ async def test_engines_of_a_killed_driver_are_recorded_and_stopped_by_the_next(
     assert len(read_recorded(drv.state_dir)) == 1
 
     # as if drv had been SIGKILLed: its engines run on, and a new driver takes the dir over
-    survivor = read_recorded(drv.state_dir)[0].ref
+    survivor = read_recorded(drv.state_dir)[0]
     drv._instances.clear()  # forget them, as a dead process would
     nxt = LocalDriver(drv.settings, Drainer([], timeout_s=1.0, poll_s=0.1))
     await nxt.start()
     try:
-        assert not is_alive(survivor)
-        assert read_recorded(drv.state_dir) == []
+        assert is_alive(survivor.ref)  # kept for adoption
+        await nxt.scale(role, wanted)
+        if wanted:
+            ids = sorted(i.instance_id for i in nxt.instances("dep"))
+            assert survivor.instance_id in ids and len(ids) == wanted
+            pids = {e.instance_id: e.pid for e in read_recorded(nxt.state_dir)}
+            assert pids[survivor.instance_id] == survivor.pid  # the same process, adopted
+            assert is_alive(survivor.ref)
+        else:
+            assert not is_alive(survivor.ref)
+            assert read_recorded(nxt.state_dir) == []
     finally:
         await nxt.close()
+    assert not is_alive(survivor.ref)  # closing the driver stops what it adopted

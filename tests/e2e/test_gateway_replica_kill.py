@@ -62,6 +62,7 @@ def _config(deployment: str) -> dict[str, Any]:
     )
     layout["kvmeta"]["metadata_http_port"] = next(ports)
     layout["stack"] = {
+        "service_restarts": 0,  # the killed replica stays dead: the survivor alone serves
         "engine_ports": [next(ports) for _ in range(3)],
         "gateway_grpc_ports": [next(ports)],
     }

@@ -168,7 +168,9 @@ async def test_failures_are_recorded_with_their_outcome(
     assert len(rec.trace_id) == 32 and rec.request_id
 
 
-async def test_sink_drops_and_counts_when_full_or_redis_is_down(redis_client: Any) -> None:
+async def test_sink_drops_when_full_and_keeps_records_while_redis_is_down(
+    redis_client: Any,
+) -> None:
     import redis.asyncio as aioredis
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
@@ -183,10 +185,20 @@ async def test_sink_drops_and_counts_when_full_or_redis_is_down(redis_client: An
     dead = aioredis.Redis(
         host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
     )
-    down = RecordSink(dead, "ts:requests:x")
-    down.offer(events_pb2.RequestRecord(request_id="lost"))
-    with pytest.raises(Exception):  # noqa: B017 (redis raises ConnectionError subclasses)
-        await down.flush()
-    assert down.stats == down.stats | {"dropped": 1, "errors": 1, "published": 0}
+    stream = f"ts:requests:{uuid.uuid4().hex[:6]}"
+    down = RecordSink(dead, stream, batch=2)
+    for rid in ("a", "b", "c"):
+        down.offer(events_pb2.RequestRecord(request_id=rid))
+    for _ in range(2):  # the outage lasts: nothing is lost, the order is kept
+        with pytest.raises(Exception):  # noqa: B017 (redis raises ConnectionError subclasses)
+            await down.flush()
+    assert down.stats == down.stats | {"dropped": 0, "errors": 2, "published": 0}
+    assert len(down) == 3
     await down.stop()  # never raises
     await dead.aclose()
+    # Redis is back (the sink's client now reaches it): the kept records go out in order
+    down._producer = RecordSink(redis_client, stream)._producer
+    assert await down.flush() == 3
+    rows = await redis_client.xrange(stream)
+    ids = [events_pb2.RequestRecord.FromString(f[b"p"]).request_id for _, f in rows]
+    assert ids == ["a", "b", "c"]

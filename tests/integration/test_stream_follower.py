@@ -188,15 +188,26 @@ async def test_undecodable_entries_are_counted_and_skipped(
     assert records[0].fields["p"] == b"\xff\xfe"
 
 
-async def test_a_failing_callback_is_counted_and_the_cursor_moves_on(redis_client: Any) -> None:
+@pytest.mark.parametrize("dead_letter", [False, True], ids=["skipped", "dead-lettered"])
+async def test_a_failing_callback_is_counted_and_the_cursor_moves_on(
+    redis_client: Any, dead_letter: bool
+) -> None:
     seen = Seen(fail=frozenset({"bad"}))
-    f = follower(redis_client, seen, start=Start.beginning())
+    f = follower(redis_client, seen, start=Start.beginning(), dead_letter=dead_letter)
     for rid in ("ok-1", "bad", "ok-2"):
         await add(redis_client, rid)
     assert await f.poll_once(block_ms=0) == 3
     assert seen.ids == ["ok-1", "ok-2"]
     assert (f.stats["handled"], f.stats["failed"]) == (2, 1)
     assert await f.poll_once(block_ms=0) == 0
+    dead = [
+        decode_entry(v, events_pb2.DeadLetter)
+        for _, v in await redis_client.xrange(STREAM + ":dead")
+    ]
+    assert len(dead) == f.stats["dead_lettered"] == int(dead_letter)
+    if dead_letter:
+        assert "callback failed" in dead[0].error
+        assert decode_entry(dead[0].fields, Rec).request_id == "bad"
 
 
 async def test_counters_go_into_the_callers_dict_under_its_names(redis_client: Any) -> None:

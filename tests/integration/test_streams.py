@@ -46,6 +46,13 @@ def consumer(
     return StreamConsumer(client, "ts:requests", "g", name, handler, Rec, block_ms=0, **kw)
 
 
+async def delivered(client: Any, ids: Sequence[str]) -> dict[str, int]:
+    """Delivery count of each pending id (XPENDING)."""
+    rows = await client.xpending_range("ts:requests", "g", min="-", max="+", count=100)
+    counts = {r["message_id"].decode(): int(r["times_delivered"]) for r in rows}
+    return {i: counts[i] for i in ids} if ids else counts
+
+
 async def pending_count(client: Any) -> int:
     info = await client.xpending("ts:requests", "g")
     return int(info["pending"])
@@ -179,11 +186,11 @@ async def test_handler_exception_leaves_entry_pending_then_it_is_retried(
 
 @pytest.mark.parametrize(
     ("max_attempts", "polls", "dead", "pending"),
-    [(2, 2, 1, 0), (3, 2, 0, 1), (None, 4, 0, 1)],
-    ids=["given-up-after-2", "not-yet-at-3", "unlimited"],
+    [(2, 2, 1, 0), (3, 2, 0, 1), (1, 1, 1, 0)],
+    ids=["given-up-after-2", "not-yet-at-3", "first-failure-at-1"],
 )
 async def test_poison_entry_is_dead_lettered_after_max_attempts(
-    redis_client: Any, max_attempts: int | None, polls: int, dead: int, pending: int
+    redis_client: Any, max_attempts: int, polls: int, dead: int, pending: int
 ) -> None:
     await StreamProducer(redis_client).publish("ts:requests", Rec(request_id="poison"))
     handler = Recorder(fail_first=1_000)
@@ -194,7 +201,9 @@ async def test_poison_entry_is_dead_lettered_after_max_attempts(
     assert await pending_count(redis_client) == pending
     if dead:
         row = (await redis_client.xrange("ts:requests:dead"))[0][1]
-        assert "handler failed 2 times" in decode_entry(row, events_pb2.DeadLetter).error
+        error = decode_entry(row, events_pb2.DeadLetter).error
+        assert f"handler failed on delivery {max_attempts}" in error
+        assert "boom on" in error
 
 
 async def test_group_deleted_under_the_consumer_is_recreated(redis_client: Any) -> None:
@@ -296,7 +305,7 @@ async def test_batch_handler_gets_a_read_at_once_and_acks_only_after_it_returns(
     async def handle(entries: Sequence[tuple[str, Rec]]) -> None:
         calls.append([msg.request_id for _, msg in entries])
         if fail[0]:
-            raise RuntimeError("database down")
+            raise ConnectionError("database down")  # transient: the read is held
 
     producer = StreamProducer(redis_client)
     await producer.publish_many("ts:requests", [Rec(request_id=f"r{i}") for i in range(5)])
@@ -308,11 +317,13 @@ async def test_batch_handler_gets_a_read_at_once_and_acks_only_after_it_returns(
     assert await c.poll_once() == 6
     assert calls == [["r0", "r1", "r2", "r3", "r4"]]
     assert await pending_count(redis_client) == 5  # the undecodable one was dead-lettered
+    assert c.held == 5
     fail[0] = False
-    assert await c.poll_once() == 5  # reclaimed as a whole, handled, acknowledged
+    assert await c.poll_once() == 5  # retried as a whole, handled, acknowledged
     assert calls[-1] == ["r0", "r1", "r2", "r3", "r4"]
     assert await pending_count(redis_client) == 0
     assert (c.stats.failed, c.stats.handled, c.stats.dead) == (5, 5, 1)
+    assert await delivered(redis_client, []) == {}  # nothing left pending
 
 
 @pytest.mark.parametrize("both", [True, False], ids=["both", "neither"])
@@ -325,3 +336,81 @@ async def test_exactly_one_of_handler_and_batch_handler(redis_client: Any, both:
             redis_client, "ts:requests", "g", "c1", Recorder() if both else None, Rec,
             batch_handler=handle if both else None,
         )  # fmt: skip
+
+
+async def test_transient_failure_is_held_and_retried_without_counting_a_delivery(
+    redis_client: Any,
+) -> None:
+    """A handler that cannot reach its database (transient) never uses up the attempts of
+    its entries: they are retried in order, first, by the next polls, delivered once."""
+    producer = StreamProducer(redis_client)
+    ids = await producer.publish_many("ts:requests", [Rec(request_id=f"r{i}") for i in range(3)])
+    down = [True]
+    seen: list[str] = []
+
+    async def handler(msg: Rec, entry_id: str) -> None:
+        if down[0] and msg.request_id == "r1":
+            raise ConnectionRefusedError("postgres is down")
+        seen.append(msg.request_id)
+
+    c = StreamConsumer(
+        redis_client, "ts:requests", "g", "c1", handler, Rec, block_ms=0, max_attempts=1
+    )
+    await c.poll_once()
+    assert (seen, c.held) == (["r0"], 2)  # r1 and the entry after it are held, in order
+    for _ in range(3):  # more than max_attempts tries while the database is down
+        await c.poll_once()
+    assert await delivered(redis_client, ids[1:]) == {ids[1]: 1, ids[2]: 1}
+    down[0] = False
+    await c.poll_once()
+    assert (seen, c.held, c.stats.dead) == (["r0", "r1", "r2"], 0, 0)
+    assert await pending_count(redis_client) == 0
+
+
+async def test_entry_that_kills_its_consumer_is_dead_lettered_at_reclaim(
+    redis_client: Any,
+) -> None:
+    """A consumer that dies handling an entry never acks it nor gives a verdict; once the
+    entry has been delivered more than max_attempts times, reclaim dead-letters it unhandled."""
+    entry_id = await StreamProducer(redis_client).publish("ts:requests", Rec(request_id="x"))
+    await redis_client.xgroup_create("ts:requests", "g", id="0")
+    # delivered to a consumer, then reclaimed by another: two deliveries, both "died"
+    await redis_client.xreadgroup("g", "dead1", {"ts:requests": ">"})
+    await redis_client.xclaim("ts:requests", "g", "dead2", 0, [entry_id])
+    handler = Recorder()
+    c = consumer(redis_client, handler, claim_idle_ms=0, max_attempts=2)
+    await c.poll_once()
+    assert handler.ids == []
+    assert await pending_count(redis_client) == 0
+    row = (await redis_client.xrange("ts:requests:dead"))[0][1]
+    letter = decode_entry(row, events_pb2.DeadLetter)
+    assert (letter.entry_id, letter.group) == (entry_id, "g")
+    assert "never acknowledged" in letter.error
+
+
+async def test_batch_fault_is_isolated_and_only_the_bad_entry_is_dead_lettered(
+    redis_client: Any,
+) -> None:
+    calls: list[list[str]] = []
+
+    async def handle(entries: Sequence[tuple[str, Rec]]) -> None:
+        calls.append([msg.request_id for _, msg in entries])
+        if any(msg.request_id == "bad" for _, msg in entries):
+            raise ValueError("cannot store this record")
+
+    names = ["a", "bad", "c"]
+    await StreamProducer(redis_client).publish_many(
+        "ts:requests", [Rec(request_id=n) for n in names]
+    )
+    c: StreamConsumer[Rec] = StreamConsumer(
+        redis_client, "ts:requests", "g", "c1", None, Rec, batch_handler=handle, block_ms=0,
+        claim_idle_ms=0, max_attempts=2,
+    )  # fmt: skip
+    await c.poll_once()
+    assert calls == [names, ["a"], ["bad"], ["c"]]
+    assert await pending_count(redis_client) == 1  # "bad", one attempt left
+    await c.poll_once()  # reclaimed (delivery 2), fails again: dead
+    assert calls[-1] == ["bad"]
+    assert await pending_count(redis_client) == 0
+    assert await redis_client.xlen("ts:requests:dead") == 1
+    assert (c.stats.handled, c.stats.dead) == (2, 1)

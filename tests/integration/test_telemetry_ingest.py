@@ -365,3 +365,41 @@ async def test_cli_views_read_the_service(
     ]
     assert await asyncio.to_thread(cli, ["get", "session", "nope", *args]) == 1
     assert "NOT_FOUND" in capsys.readouterr().err
+
+
+class PoisonIngest(Ingest):
+    """Fails every batch holding the record ``poison`` (a bug a record's content triggers)."""
+
+    async def ingest(self, records: Sequence[events_pb2.RequestRecord]) -> IngestResult:
+        if any(r.request_id == "poison" for r in records):
+            raise ValueError("a record this store cannot take")
+        return await super().ingest(records)
+
+
+async def test_poison_record_is_isolated_dead_lettered_and_the_rest_stored(
+    db: str, redis_client: aioredis.Redis
+) -> None:
+    """A record that makes its whole batch fail: the consumer isolates it, stores the
+    others, and dead-letters it after max_attempts deliveries instead of retrying the read
+    forever. A record Postgres could not store (a NUL in a text field) is rejected at once."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    stream = stream_name(prefix, "requests")
+    batch = [*good(3), record("poison"), record("nul", tenant="a\x00b"), *good(2, "s")]
+    await StreamProducer(redis_client).publish_many(stream, batch)
+    rep = replica(db, Clock())
+    rep.ingest.__class__ = PoisonIngest
+    kw = {"prefix": prefix, "group": "telemetry", "consumer": "r1", "batch": 1000, "block_ms": 0}
+    consumer = records_consumer(redis_client, rep.ingest, claim_idle_ms=0, max_attempts=2, **kw)
+    await consumer.poll_once()
+    assert scalar(db, "SELECT count(*) FROM telemetry.request_records") == 5
+    assert (await redis_client.xpending(stream, "telemetry"))["pending"] == 1
+    await consumer.poll_once()  # redelivered (delivery 2 of 2), fails again: given up
+    assert (await redis_client.xpending(stream, "telemetry"))["pending"] == 0
+    rows = await redis_client.xrange(stream + ":dead")
+    dead = {
+        events_pb2.RequestRecord.FromString(letter.fields["p"]).request_id: letter.error
+        for letter in (events_pb2.DeadLetter.FromString(f[b"p"]) for _, f in rows)
+    }
+    assert set(dead) == {"poison", "nul"}
+    assert "delivery 2" in dead["poison"] and "cannot take" in dead["poison"]
+    assert dead["nul"].startswith("nul: nul_in_text: tenant")

@@ -26,6 +26,7 @@ from services.stack.control import stack_down
 from services.stack.plan import ChildSpec, PortClaim
 from services.stack.ports import port_is_free
 from services.stack.procs import ProcRef, is_alive, stop_processes
+from services.stack.restarts import RestartPolicy
 from services.stack.state import ProcEntry, StackState, read_state, write_state
 from services.stack.up import StackRunner
 from tests.helpers.ports import free_port
@@ -108,6 +109,29 @@ def test_child_dying_while_running_stops_the_stack(
     no_leftovers.extend(c.ref for c in runner.supervisor.children)
     assert rc == 1
     assert "svc1 exited with code 4: stand-in: dying" in err.getvalue()
+    assert not any(is_alive(c.ref) for c in runner.supervisor.children)
+
+
+def test_dying_service_is_restarted_until_it_crash_loops(
+    tmp_path: Path, standin: Path, no_leftovers: list[ProcRef]
+) -> None:
+    children = [
+        spec(standin, tmp_path, "svc0", free_port()),
+        spec(standin, tmp_path, "svc1", free_port(), "die-later"),
+    ]
+    err = io.StringIO()
+    policy = RestartPolicy(max_restarts=2, window_s=600.0, base_delay_s=0.1, max_delay_s=0.2)
+    opts = options(tmp_path, restarts=policy)
+    runner = StackRunner(opts, children, NO_INFRA, out=io.StringIO(), err=err)
+    rc, _ = run(runner, stop_when_running=False)
+    no_leftovers.extend(c.ref for c in runner.supervisor.children)
+    text = err.getvalue()
+    assert rc == 1, text
+    assert text.count("stand-in: dying (log:") == 3, text  # the first run and two restarts
+    assert text.count("restarted svc1 (pid") == 2, text
+    assert "svc1 was restarted 2 times within 600s; not restarting it again" in text
+    assert "stopping the stack" in text
+    assert (tmp_path / "logs" / "svc1.log").read_text().count("stand-in: dying") == 3
     assert not any(is_alive(c.ref) for c in runner.supervisor.children)
 
 

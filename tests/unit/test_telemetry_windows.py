@@ -61,6 +61,8 @@ VALIDATION = [
     ("future", {"finish_ms": NOW_MS + 61_000, "arrival_ms": NOW_MS}, "future"),
     ("within-skew", {"finish_ms": NOW_MS + 59_000, "arrival_ms": NOW_MS}, None),
     ("too-old", {"finish_ms": NOW_MS - 86_400_001, "arrival_ms": NOW_MS - 86_500_000}, "too_old"),
+    ("nul-in-tenant", {"tenant": "a\x00b"}, "nul_in_text"),
+    ("nul-in-a-score", {"scores": [events_pb2.PluginScore(plugin="p\x00")]}, "nul_in_text"),
 ]
 
 

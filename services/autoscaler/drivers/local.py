@@ -8,9 +8,11 @@ in its own session with its output in ``<state_dir>/logs/<instance>.log``, with 
 the first of the role's own ``ports`` no live instance holds, else a free port from ``port_min..port_max``.
 Every instance's latest process is recorded (pid and start time) in
 ``<state_dir>/instances.json``
-(:mod:`services.stack.recorded`): engines outlive a SIGKILLed driver and nothing adopts them,
-so :meth:`start` first stops the ones an earlier run recorded, and ``tideserve down`` stops
-them from the same record. One asyncio task supervises them all (no threads):
+(:mod:`services.stack.recorded`): engines outlive a SIGKILLed driver, so :meth:`start`
+takes the live ones an earlier run recorded as orphans, which the next :meth:`scale` of
+their role adopts instead of launching new processes (warm caches, same ids; the rest are
+stopped: :mod:`.adopt`), and ``tideserve down`` stops them from the same record. One asyncio
+task supervises them all (no threads):
 
 - STARTING -> READY when ``GET {endpoint}{readiness_path}`` answers 2xx (``ready_ms`` minus
   ``started_ms`` is the measured start-up time); not ready within ``startup_timeout_s``:
@@ -43,9 +45,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
 
+from services.autoscaler.drivers.adopt import AdoptedChild, Orphans
 from services.autoscaler.drivers.base import (
     DriverError,
     InstanceState,
@@ -62,7 +66,7 @@ from services.autoscaler.drivers.settings import LocalSettings
 from services.stack.plan import ChildSpec
 from services.stack.ports import port_is_free
 from services.stack.procs import Child, Supervisor, log_tail, signal_process
-from services.stack.recorded import RecordedEngine, stop_recorded, write_recorded
+from services.stack.recorded import RecordedEngine, write_recorded
 
 __all__ = ["LocalDriver", "render_argv"]
 
@@ -117,7 +121,7 @@ class _Instance:
     status: InstanceStatus
     target: RoleTarget
     port: int
-    child: Child | None = None
+    child: Child | AdoptedChild | None = None
     failures: int = 0  # consecutive
     restart_at: float = 0.0  # monotonic; when a FAILED instance is started again
     started_at: float = 0.0  # monotonic
@@ -151,6 +155,7 @@ class LocalDriver:
         self._http: aiohttp.ClientSession | None = None
         self._state_dir = Path(settings.state_dir or tempfile.mkdtemp(prefix="ts-local-"))
         self._lock = asyncio.Lock()  # one scale() at a time: counts stay consistent
+        self._orphans = Orphans()
 
     def set_listener(self, listener: Listener) -> None:
         self._listener = listener
@@ -171,24 +176,16 @@ class LocalDriver:
 
     async def start(self) -> None:
         if self._task is None:
-            self._stop_orphans()
+            self._take_orphans()
             self._http = aiohttp.ClientSession()
             self._task = asyncio.create_task(self._supervise(), name="local-driver")
 
-    def _stop_orphans(self) -> None:
-        """Stop the engines an earlier run of a driver on this state dir left running."""
-        try:
-            stopped, killed = stop_recorded(self._state_dir, self.settings.stop_grace_s)
-        except ValueError as e:
-            log.warning("local driver: ignoring an unreadable engine record: %s", e)
-            return
-        if stopped:
-            log.warning(
-                "local driver: stopped %d engine(s) an earlier run left behind: %s%s",
-                len(stopped),
-                ", ".join(stopped),
-                f" (killed: {', '.join(killed)})" if killed else "",
-            )
+    def _take_orphans(self) -> None:
+        """Keep the live engines an earlier run left running, for :meth:`scale` to adopt."""
+        self._orphans = Orphans.load(self._state_dir)
+
+    async def _stop_orphans(self, deployment: str | None, role_name: str | None) -> None:
+        await self._orphans.stop(deployment, role_name, self.settings.stop_grace_s)
 
     def _record(self) -> None:
         """Rewrite ``instances.json`` with every instance's latest process (after each start,
@@ -236,7 +233,9 @@ class LocalDriver:
             if len(have) < replicas:
                 for _ in range(replicas - len(have)):
                     await self._launch_new(role)
+                await self._stop_orphans(role.deployment, role.name)
                 return
+            await self._stop_orphans(role.deployment, role.name)
             doomed = choose_victims(have, len(have) - replicas, victims)
         await asyncio.gather(*(self._remove(self._instances[v]) for v in doomed))
 
@@ -269,6 +268,10 @@ class LocalDriver:
                 return iid
 
     async def _launch_new(self, role: RoleTarget) -> None:
+        orphan = self._orphans.take(role.deployment, role.name)
+        if orphan is not None:
+            await self._adopt(role, orphan)
+            return
         port = self._free_port(role)
         iid = self._new_id(role)
         status = InstanceStatus(
@@ -285,6 +288,24 @@ class LocalDriver:
         self._instances[iid] = inst
         self._record()
         await self._set(inst, "launched", started_ms=self._now_ms())
+
+    async def _adopt(self, role: RoleTarget, engine: RecordedEngine) -> None:
+        status = InstanceStatus(
+            instance_id=engine.instance_id,
+            deployment=role.deployment,
+            role_name=role.name,
+            role=role.role,
+            state=InstanceState.STARTING,
+            endpoint=engine.endpoint,
+            engine_kind=role.engine_kind,
+        )
+        port = urlsplit(engine.endpoint).port or 0
+        inst = _Instance(status, role, port, child=AdoptedChild.of(engine))
+        inst.started_at = self._clock()
+        self._instances[engine.instance_id] = inst
+        self._record()
+        log.info("local driver: adopted %s (pid %d)", engine.instance_id, engine.pid)
+        await self._set(inst, "adopted from an earlier run", started_ms=self._now_ms())
 
     def _exec(self, inst: _Instance) -> None:
         iid = inst.status.instance_id
@@ -354,7 +375,7 @@ class LocalDriver:
             signal_process(child.ref, signal.SIGKILL)
             await self._exited(child, 30.0)
 
-    async def _exited(self, child: Child, within_s: float) -> bool:
+    async def _exited(self, child: Child | AdoptedChild, within_s: float) -> bool:
         """Poll (and reap) ``child`` until it exits or ``within_s`` passes."""
         deadline = self._clock() + within_s
         while True:
@@ -459,6 +480,7 @@ class LocalDriver:
                 await self._task
             self._task = None
         await asyncio.gather(*(self._terminate(i) for i in self._instances.values()))
+        await self._stop_orphans(None, None)
         for inst in self._instances.values():
             inst.stopping = True
             await self._set(inst, "driver closed", state=InstanceState.STOPPED)

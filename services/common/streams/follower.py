@@ -12,8 +12,11 @@ work is to be shared between the members of a group.
   from the wall clock (the entries added in that window).
 - Each entry is decoded as ``message_type`` and given to ``on_message(msg, entry_id)``
   (synchronous: the shell's apply into its pure core). An undecodable entry is counted
-  and skipped, and with ``dead_letter`` copied to ``{stream}:dead``. A callback that
-  raises is logged and counted (``failed``); the cursor moves on either way.
+  and skipped, and with ``dead_letter`` (default) copied to ``{stream}:dead``. A callback
+  that raises is logged and counted (``failed``) and, with ``dead_letter``, copied to
+  ``{stream}:dead`` with the error: a pure apply that raised on an entry raises again, so
+  it gets one attempt (poison entries never stop a follower). The cursor moves on either
+  way.
 - :meth:`run` retries Redis errors (counted in ``errors``) with a back-off doubling from
   ``retry_s`` to ``max_retry_s``; the cursor keeps what was read, so nothing is applied
   twice and, within what the stream retains, nothing is missed.
@@ -130,7 +133,7 @@ class StreamFollower(Generic[M]):
         block_ms: int = 1000,
         retry_s: float = 1.0,
         max_retry_s: float = 5.0,
-        dead_letter: bool = False,
+        dead_letter: bool = True,
         dead_maxlen: int = 100_000,
         after_poll: Callable[[int], Awaitable[None]] | None = None,
         stats: dict[str, int] | None = None,
@@ -227,11 +230,15 @@ class StreamFollower(Generic[M]):
         else:
             try:
                 self._on_message(msg, entry_id)
-            except Exception:
+            except Exception as exc:
                 self._count("failed")
                 log.exception(
                     "%s: handling entry %s of %s failed", self.name, entry_id, self.stream
                 )
+                if self.dead_letter:
+                    error = f"{self.name}: callback failed: {codec.one_line(exc)}"
+                    await self._dead.put(entry_id, fields, error)
+                    self._count("dead_lettered")
             else:
                 self._count("handled")
         self.position = entry_id

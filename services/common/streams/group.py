@@ -9,7 +9,10 @@ idempotent** (apply by key/version, upsert, ignore duplicates).
 
 An entry that cannot be decoded (missing fields, wrong type name, unparsable bytes) is
 logged, copied as a ``tideserve.v1.DeadLetter`` to ``{stream}:dead`` and acknowledged: the
-consumer goes on.
+consumer goes on. An entry whose handler keeps failing is never retried forever: see
+:mod:`.poison` for the rule (transient failures are held and retried in-process, uncounted;
+faults count against the entry's delivery count, and after ``max_attempts`` deliveries it is
+dead-lettered with the reason and acknowledged).
 
 The Redis client must be created with ``decode_responses=False`` (payloads are bytes).
 For blocking reads its ``socket_timeout`` (if set) must exceed ``block_ms``.
@@ -36,6 +39,15 @@ from services.common.streams.codec import (
     stream_entries,
 )
 from services.common.streams.ids import as_id
+from services.common.streams.poison import (
+    DEFAULT_MAX_ATTEMPTS,
+    Verdict,
+    crash_loop_reason,
+    failure_reason,
+    failure_verdict,
+    is_transient,
+    overdelivered,
+)
 from services.common.streams.producer import DeadLetters
 from services.common.tasks import pause
 
@@ -55,6 +67,7 @@ class ConsumerStats:
     dead: int = 0
     reclaimed: int = 0
     vanished: int = 0  # reclaimed pending ids whose entry had been trimmed away
+    held: int = 0  # transient failures: entries held for an in-process retry
 
 
 Handler = Callable[[M, str], Awaitable[None]]
@@ -66,17 +79,22 @@ class StreamConsumer(Generic[M]):
     """One member ``consumer`` of consumer group ``group`` on ``stream``.
 
     ``handler(msg, entry_id)`` must be idempotent (see module doc). It is acknowledged
-    after it returns; if it raises, the entry stays pending and is retried by whichever
-    consumer of the group reclaims it after ``claim_idle_ms``. With ``max_attempts`` set,
-    an entry whose handler failed that many times in this consumer is dead-lettered and
-    acknowledged instead (poison message); default: retried forever. ``start_id`` is where
-    a newly created group starts (``"0"`` = the whole stream, ``"$"`` = only new entries).
+    after it returns. If it raises, ``transient(exc)`` (default :func:`.poison.is_transient`)
+    decides: a transient failure holds the entry and those after it in the read, retried
+    first by the next poll (:meth:`run` waits a back-off from ``retry_s`` up to
+    ``max_retry_s`` between tries; XCLAIM JUSTID keeps them this consumer's without
+    counting a delivery); a fault leaves the entry pending, redelivered by whichever
+    consumer of the group reclaims it after ``claim_idle_ms``, until it has been delivered
+    ``max_attempts`` times: then it is dead-lettered with the reason and acknowledged
+    (poison entry). ``start_id`` is where a newly created group starts (``"0"`` = the whole
+    stream, ``"$"`` = only new entries).
 
     With ``batch_handler`` instead of ``handler`` (pass ``handler=None``), each read's
     decodable entries go to one call (e.g. one database transaction) and are acknowledged
-    together after it returns; if it raises, all of them stay pending for a retry (the
-    handler rejects bad entries itself; ``max_attempts`` does not apply). Undecodable
-    entries are dead-lettered as above.
+    together after it returns. If it raises a transient failure, the whole read is held as
+    above; a fault makes the consumer call it again with each entry alone, so the bad ones
+    are isolated and judged one by one as above while the others are acknowledged.
+    Undecodable entries are dead-lettered as above.
     """
 
     def __init__(
@@ -94,7 +112,8 @@ class StreamConsumer(Generic[M]):
         claim_idle_ms: int = 30_000,
         start_id: str = "0",
         dead_maxlen: int = 100_000,
-        max_attempts: int | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        transient: Callable[[BaseException], bool] = is_transient,
         wall: Callable[[], float] = time.time,
     ) -> None:
         if batch <= 0 or block_ms < 0 or claim_idle_ms < 0:
@@ -114,10 +133,11 @@ class StreamConsumer(Generic[M]):
         self.claim_idle_ms = claim_idle_ms
         self.start_id = start_id
         self._dead = DeadLetters(redis, stream, group, maxlen=dead_maxlen, wall=wall)
-        if max_attempts is not None and max_attempts < 1:
-            raise ValueError("max_attempts must be >= 1 (or None for unlimited)")
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1")
         self._max_attempts = max_attempts
-        self._failures: dict[str, int] = {}
+        self._transient = transient
+        self._held: list[tuple[str, Any]] = []
         self._wall = wall
         self._group_ready = False
         self._claim_cursor = "0-0"
@@ -152,7 +172,27 @@ class StreamConsumer(Generic[M]):
             await self.ensure_group()
             return await self._poll(0)
 
+    @property
+    def held(self) -> int:
+        """Entries held after a transient failure, retried first by the next poll."""
+        return len(self._held)
+
     async def _poll(self, block_ms: int) -> int:
+        if self._held:
+            entries = self._held
+            # Keep them ours (idle reset, so no peer reclaims them meanwhile) without counting
+            # a delivery: JUSTID leaves the delivery count alone.
+            await self._redis.xclaim(
+                self.stream,
+                self.group,
+                self.consumer,
+                0,
+                [eid for eid, _ in entries],
+                justid=True,
+            )
+            self._held = []
+            await self._process(entries)
+            return len(entries)
         entries = await self._reclaim()
         if entries:
             block: int | None = None
@@ -191,7 +231,25 @@ class StreamConsumer(Generic[M]):
         if missing:
             await self._ack_vanished(start, {eid for eid, _ in entries})
         self.stats.reclaimed += len(entries)
-        return entries
+        return await self._drop_overdelivered(entries)
+
+    async def _drop_overdelivered(self, entries: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """Dead-letter (and acknowledge) the reclaimed entries delivered more than
+        ``max_attempts`` times; returns the others."""
+        if not entries:
+            return entries
+        counts = await self._delivery_counts([eid for eid, _ in entries])
+        keep: list[tuple[str, Any]] = []
+        gone: list[str] = []
+        for entry_id, fields in entries:
+            if overdelivered(counts[entry_id], self._max_attempts):
+                await self._dead_letter(entry_id, fields, crash_loop_reason(counts[entry_id]))
+                gone.append(entry_id)
+            else:
+                keep.append((entry_id, fields))
+        if gone:
+            await self._redis.xack(self.stream, self.group, *gone)
+        return keep
 
     async def _ack_vanished(self, start: str, claimed: set[str]) -> None:
         """Acknowledge our pending ids at or after ``start`` whose entry no longer exists."""
@@ -227,54 +285,105 @@ class StreamConsumer(Generic[M]):
             await self._process_batch(self._batch_handler, entries)
             return
         assert self._handler is not None
+        await self._each(entries, self._handler)
+
+    async def _each(self, entries: Sequence[tuple[str, Any]], handler: Handler[M]) -> None:
+        """Handle ``entries`` one at a time, in order; a HOLD verdict holds the entry and
+        those after it. Acknowledges the handled and the dead-lettered ones."""
         acks: list[str] = []
         try:
-            for entry_id, fields in entries:
-                try:
-                    msg = decode_entry(fields, self._type)
-                except PayloadError as exc:
-                    await self._dead_letter(entry_id, fields, str(exc))
+            for i, (entry_id, fields) in enumerate(entries):
+                msg = await self._decode(entry_id, fields)
+                if msg is None:
                     acks.append(entry_id)
                     continue
-                try:
-                    await self._handler(msg, entry_id)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    self.stats.failed += 1
-                    failures = self._failures.get(entry_id, 0) + 1
-                    if self._max_attempts is not None and failures >= self._max_attempts:
-                        self._failures.pop(entry_id, None)
-                        error = f"handler failed {failures} times: {one_line(exc)}"
-                        await self._dead_letter(entry_id, fields, error)
-                        acks.append(entry_id)
-                        continue
-                    self._failures[entry_id] = failures
-                    log.exception(
-                        "stream %s group %s: handler failed on entry %s; left pending for retry",
-                        self.stream,
-                        self.group,
-                        entry_id,
-                    )
-                    continue
-                self._failures.pop(entry_id, None)
-                self.stats.handled += 1
-                acks.append(entry_id)
+                verdict = await self._attempt(handler(msg, entry_id), entry_id, fields)
+                if verdict is Verdict.HOLD:
+                    self._held = list(entries[i:])
+                    return
+                if verdict is not Verdict.PENDING:
+                    acks.append(entry_id)
         finally:
             if acks:
                 await self._redis.xack(self.stream, self.group, *acks)
+
+    async def _decode(self, entry_id: str, fields: Any) -> M | None:
+        """The entry's message, or None when it was undecodable (then dead-lettered)."""
+        try:
+            return decode_entry(fields, self._type)
+        except PayloadError as exc:
+            await self._dead_letter(entry_id, fields, str(exc))
+            return None
+
+    async def _attempt(
+        self, call: Awaitable[None], entry_id: str, fields: Any, count: int = 1
+    ) -> Verdict | None:
+        """Await one handler call for ``entry_id`` (``count`` entries); None when it
+        returned, else the verdict on the failure (a DEAD entry is already dead-lettered;
+        the caller acknowledges it)."""
+        try:
+            await call
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.stats.failed += count
+            return await self._failed(entry_id, fields, exc)
+        self.stats.handled += count
+        return None
+
+    async def _failed(self, entry_id: str, fields: Any, exc: Exception) -> Verdict:
+        transient = self._transient(exc)
+        delivered = 0 if transient else (await self._delivery_counts([entry_id]))[entry_id]
+        verdict = failure_verdict(delivered, self._max_attempts, transient)
+        if verdict is Verdict.HOLD:
+            self.stats.held += 1
+            log.warning(
+                "stream %s group %s: entry %s not handled, a dependency is unreachable (%s); "
+                "held for a retry",
+                self.stream,
+                self.group,
+                entry_id,
+                one_line(exc),
+            )
+        elif verdict is Verdict.DEAD:
+            await self._dead_letter(entry_id, fields, failure_reason(delivered, one_line(exc)))
+        else:
+            log.exception(
+                "stream %s group %s: handler failed on entry %s (delivery %d of at most %d); "
+                "left pending for retry",
+                self.stream,
+                self.group,
+                entry_id,
+                delivered,
+                self._max_attempts,
+            )
+        return verdict
+
+    async def _delivery_counts(self, ids: Sequence[str]) -> dict[str, int]:
+        """How many times each pending id was delivered (XPENDING; 1 if it is not pending)."""
+        pipe = self._redis.pipeline(transaction=False)
+        for entry_id in ids:
+            pipe.xpending_range(self.stream, self.group, min=entry_id, max=entry_id, count=1)
+        replies = await pipe.execute()
+        counts = dict.fromkeys(ids, 1)
+        for entry_id, rows in zip(ids, replies, strict=True):
+            if rows:
+                counts[entry_id] = int(rows[0]["times_delivered"])
+        return counts
 
     async def _process_batch(
         self, handler: BatchHandler[M], entries: Sequence[tuple[str, Any]]
     ) -> None:
         decoded: list[tuple[str, M]] = []
+        raw: dict[str, Any] = {}
         acks: list[str] = []
         for entry_id, fields in entries:
-            try:
-                decoded.append((entry_id, decode_entry(fields, self._type)))
-            except PayloadError as exc:
-                await self._dead_letter(entry_id, fields, str(exc))
+            msg = await self._decode(entry_id, fields)
+            if msg is None:
                 acks.append(entry_id)
+            else:
+                decoded.append((entry_id, msg))
+                raw[entry_id] = fields
         if acks:
             await self._redis.xack(self.stream, self.group, *acks)
         if not decoded:
@@ -283,25 +392,45 @@ class StreamConsumer(Generic[M]):
             await handler(decoded)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            self.stats.failed += len(decoded)
-            log.exception(
-                "stream %s group %s: batch handler failed on %d entries; left pending for retry",
+        except Exception as exc:
+            if self._transient(exc):
+                self.stats.failed += len(decoded)
+                await self._failed(decoded[0][0], raw[decoded[0][0]], exc)
+                self._held = [(eid, raw[eid]) for eid, _ in decoded]
+                return
+            log.warning(
+                "stream %s group %s: batch handler failed on %d entries (%s); handling them "
+                "one by one to isolate the bad ones",
                 self.stream,
                 self.group,
                 len(decoded),
+                one_line(exc),
             )
+            await self._one_by_one(handler, decoded, raw)
             return
         self.stats.handled += len(decoded)
         await self._redis.xack(self.stream, self.group, *(eid for eid, _ in decoded))
+
+    async def _one_by_one(
+        self, handler: BatchHandler[M], decoded: Sequence[tuple[str, M]], raw: dict[str, Any]
+    ) -> None:
+        async def alone(msg: M, entry_id: str) -> None:
+            await handler([(entry_id, msg)])
+
+        await self._each([(eid, raw[eid]) for eid, _ in decoded], alone)
 
     async def _dead_letter(self, entry_id: str, fields: Any, error: str) -> None:
         self.stats.dead += 1
         await self._dead.put(entry_id, fields, error)
 
-    async def run(self, stop: asyncio.Event, *, retry_s: float = 1.0) -> None:
+    async def run(
+        self, stop: asyncio.Event, *, retry_s: float = 1.0, max_retry_s: float = 5.0
+    ) -> None:
         """Poll until ``stop`` is set. Redis errors and outages are logged and retried
-        every ``retry_s`` (never raised); returns within about ``block_ms`` of ``stop``."""
+        every ``retry_s`` (never raised); held entries (transient failures) are retried
+        after a back-off doubling from ``retry_s`` to ``max_retry_s``. Returns within about
+        ``block_ms`` of ``stop``."""
+        delay = retry_s
         while not stop.is_set():
             try:
                 await self.poll_once()
@@ -309,3 +438,9 @@ class StreamConsumer(Generic[M]):
                 log.warning("stream %s: redis error (%s); retrying", self.stream, one_line(exc))
                 self._group_ready = False
                 await pause(stop, retry_s)
+                continue
+            if self._held:
+                await pause(stop, delay)
+                delay = min(delay * 2, max_retry_s)
+            else:
+                delay = retry_s

@@ -16,6 +16,7 @@ from __future__ import annotations
 import grpc
 import redis.asyncio as aioredis
 
+from services.common.redis_client import redis_client
 from services.common.security.channels import ClientSecurity, aio_channel
 from services.common.streams import close_quietly
 from services.scheduler.feeds.load_stream import LoadStream
@@ -33,7 +34,7 @@ class FleetFeeds:
         want_redis = settings.load_stream or settings.membership_stream
         self.redis: aioredis.Redis | None = None
         if settings.redis_url and want_redis:
-            self.redis = aioredis.Redis.from_url(settings.redis_url, decode_responses=False)
+            self.redis = redis_client(settings.redis_url, settings.redis_client)
         self.load: LoadStream | None = None
         if self.redis is not None and settings.load_stream:
             self.load = LoadStream(

@@ -30,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from services.common.errors import StartupError
+from services.common.redis_client import redis_client
 from services.common.security.channels import ClientSecurity, aio_channel
 from services.common.streams import close_quietly
 from services.scheduler.core.service import GatewayCore
@@ -85,7 +86,7 @@ class Integrations:
         self._kv_redis: aioredis.Redis | None = None
         self._channel: grpc.aio.Channel | None = None
         if settings.redis_url and (settings.request_records or settings.share_state):
-            self.redis = aioredis.Redis.from_url(settings.redis_url, decode_responses=False)
+            self.redis = redis_client(settings.redis_url, settings.redis_client)
         if self.redis is not None and settings.request_records:
             self.sink = make_sink(self.redis, settings.stream_prefix)
         if self.redis is not None and settings.share_state:
@@ -105,7 +106,7 @@ class Integrations:
             log.warning("kvmeta_address is set but no scheduler profile uses precise-prefix")
         wanted = profiles if not gateway.opts.profile else _resolve(profiles, gateway)
         if source == "local" and profiles and settings.redis_url:
-            self._kv_redis = aioredis.Redis.from_url(settings.redis_url, decode_responses=False)
+            self._kv_redis = redis_client(settings.redis_url, settings.redis_client)
             replica = KVReplica()
             self.kv_feed = KVReplicaFeed(
                 self._kv_redis,

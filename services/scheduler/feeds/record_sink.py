@@ -25,7 +25,10 @@ class RecordSink:
     """Bounded buffer of records flushed to ``stream`` by a task (:meth:`start`).
 
     :meth:`offer` never blocks: beyond ``buffer`` records it drops (``stats['dropped']``).
-    A batch that Redis refuses is dropped and counted too; the task retries later ones.
+    A batch that Redis refuses (an outage) goes back to the front of the buffer, in order, and
+    is published again by a later flush (counted in ``errors``): records wait out an outage as
+    long as the buffer holds them, and only new records beyond it are dropped. A retried batch
+    may have been partly written: telemetry ingest ignores duplicates by request id.
     """
 
     def __init__(
@@ -62,7 +65,7 @@ class RecordSink:
 
     async def flush(self) -> int:
         """Publish everything buffered now; returns how many were published. Raises
-        ``RedisError``/``OSError`` after counting the failed batch as dropped."""
+        ``RedisError``/``OSError`` after putting the failed batch back (see the class doc)."""
         done = 0
         while self._buf:
             n = min(self.batch, len(self._buf))
@@ -73,7 +76,7 @@ class RecordSink:
             try:
                 await self._producer.publish_many(self.stream, batch)
             except (RedisError, OSError):
-                self.stats["dropped"] += n
+                self._buf.extendleft(reversed(batch))
                 self.stats["errors"] += 1
                 raise
             self.stats["published"] += n

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,20 +30,26 @@ _DIALECTS = (
 
 def parse_metrics(text: str) -> LoadReport | None:
     """Load figures from a Prometheus text page of SGLang or vLLM (sums over label sets).
-    None when neither dialect is present."""
+    None when neither dialect is present. Samples that are not finite (``NaN``, ``+Inf``)
+    are ignored and negative counts read as 0: a bad page never breaks the load poll."""
     vals: dict[str, float] = {}
     for line in text.splitlines():
         m = _METRIC.match(line)
         if m:
             try:
-                vals[m.group(1)] = vals.get(m.group(1), 0.0) + float(m.group(3))
+                value = float(m.group(3))
             except ValueError:
                 continue
+            if math.isfinite(value):
+                vals[m.group(1)] = vals.get(m.group(1), 0.0) + value
     for run, wait, kv in _DIALECTS:
         if run in vals or wait in vals:
+            total = vals.get(run, 0.0) + vals.get(wait, 0.0) + vals.get(kv, 0.0)
+            if not math.isfinite(total):  # finite samples can still sum to infinity
+                return None
             return LoadReport(
-                running=int(vals.get(run, 0)),
-                waiting=int(vals.get(wait, 0)),
+                running=max(0, int(vals.get(run, 0))),
+                waiting=max(0, int(vals.get(wait, 0))),
                 kv_usage=float(vals.get(kv, 0.0)),
             )
     return None

@@ -3,6 +3,8 @@
 Rules, in order (the first that fails is the reason):
 
 - ``empty_request_id``: ``request_id`` is empty (idempotence is keyed on it);
+- ``nul_in_text``: a text field (at any depth) holds a NUL character, which Postgres text
+  cannot store (without this rule the whole batch's transaction would fail);
 - ``unknown_deployment``: ``deployment`` is empty, or ``known_deployments`` is non-empty and
   does not list it. "Known" means: named in the telemetry setting ``deployments``; an empty
   setting (the default, and the local stack) knows every non-empty deployment name;
@@ -24,6 +26,7 @@ import math
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from google.protobuf.message import Message
 from tideserve.v1 import events_pb2
 
 __all__ = ["REASONS", "Rejection", "ValidationRules", "validate"]
@@ -36,6 +39,7 @@ REASONS = (
     "finish_before_arrival",
     "future",
     "too_old",
+    "nul_in_text",
 )
 """Every rejection code (bounded: a Prometheus label)."""
 
@@ -43,6 +47,21 @@ _LATENCIES = ("queue_ms", "ttft_ms", "tpot_ms", "e2e_ms", "kv_transfer_ms")
 _COUNTS = ("prompt_tokens", "completion_tokens", "cached_tokens", "predicted_cached_tokens")
 _NAMED = (*_LATENCIES, *_COUNTS)
 _OK = events_pb2.REQUEST_OUTCOME_OK
+
+
+def _nul_field(msg: Message) -> str | None:
+    """The name of the first string field of ``msg`` (nested ones included) holding NUL.
+    (Records have no map fields.)"""
+    for field, value in msg.ListFields():
+        values = list(value) if field.is_repeated else [value]
+        if field.type == field.TYPE_STRING and any("\x00" in v for v in values):
+            return field.name
+        if field.type == field.TYPE_MESSAGE:
+            for sub in values:
+                inner = _nul_field(sub)
+                if inner is not None:
+                    return f"{field.name}.{inner}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -72,6 +91,9 @@ def validate(
     """None when ``record`` is accepted, else the first rule it breaks (module doc)."""
     if not record.request_id:
         return Rejection("empty_request_id", "request_id is empty")
+    nul = _nul_field(record)
+    if nul is not None:
+        return Rejection("nul_in_text", f"{nul} holds a NUL character")
     dep = record.deployment
     if not dep or (rules.known_deployments and dep not in rules.known_deployments):
         return Rejection("unknown_deployment", f"deployment {dep!r} is not known")
