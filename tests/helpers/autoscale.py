@@ -53,15 +53,18 @@ SIM_ARGS = ("--profile", "test", "--kv-blocks", "512")
 
 
 class RecordingDrainer(Drainer):
-    """A :class:`Drainer` that keeps ``(instance_id, result)`` of every drain."""
+    """A :class:`Drainer` that keeps ``(instance_id, result)`` of every drain, and the
+    ``timeout_s`` each drain was given (None = the drainer's own)."""
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.results: list[tuple[str, DrainResult]] = []
+        self.limits: list[float | None] = []
 
     async def drain(
         self, instance_id: str, endpoint: str, timeout_s: float | None = None
     ) -> DrainResult:
+        self.limits.append(timeout_s)
         res = await super().drain(instance_id, endpoint, timeout_s)
         self.results.append((instance_id, res))
         return res
