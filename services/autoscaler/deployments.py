@@ -19,12 +19,14 @@ from services.autoscaler.ports import InstanceView, ReconcileError, Reconciler
 from services.autoscaler.reconcile_core import count_of
 from services.autoscaler.reconciler import RoleStatus
 from services.autoscaler.records import DecisionRecord, RoleChange
+from services.autoscaler.scope import EVERY, NotManaged, Scope
 from services.autoscaler.spec import DeploymentSpec
 from services.autoscaler.store import AutoscalerStore
 
 __all__ = [
     "DeploymentView",
     "Deployments",
+    "NotManaged",
     "ScaleRefused",
     "UnknownDeployment",
     "manual_targets",
@@ -92,7 +94,9 @@ class Deployments:
         *,
         advisory: bool,
         wall: Callable[[], float],
+        scope: Scope = EVERY,
     ) -> None:
+        self._scope = scope
         self._store = store
         self._reconciler = reconciler
         self._loop = loop
@@ -102,23 +106,24 @@ class Deployments:
     async def apply(self, spec: DeploymentSpec) -> tuple[DeploymentSpec, bool]:
         """Store ``spec`` (a new generation when it changed) and hand its desired counts
         (the spec's replicas before any decision) to the reconciler, so the deployment
-        exists at once, with or without the planner loop (not in advisory mode)."""
+        exists at once, with or without the planner loop (not in advisory mode, nor for a
+        deployment outside the scope: stored for the autoscaler that manages it)."""
         stored, changed = await self._store.apply(spec)
         if changed:
             await self._hand_over(stored.name, f"apply: generation {stored.generation}")
         return stored, changed
 
     async def resume(self) -> int:
-        """Hand every stored deployment's desired counts to the reconciler (service start:
-        the reconciler starts empty). Returns how many."""
-        stored = await self._store.all()
+        """Hand every managed stored deployment's desired counts to the reconciler (service
+        start: the reconciler starts empty). Returns how many."""
+        stored = [d for d in await self._store.all() if self._scope.manages(d.spec.name)]
         for d in stored:
             await self._hand_over(d.spec.name, "resume: autoscaler started")
         return len(stored)
 
     async def _hand_over(self, name: str, reason: str) -> None:
         stored = await self._store.get(name)
-        if stored is None or self._advisory:
+        if stored is None or self._advisory or not self._scope.manages(name):
             return
         targets = {r.name: stored.desired.get(r.name, r.replicas) for r in stored.spec.roles}
         await self._reconciler.apply(stored.spec, targets, (), reason=reason)
@@ -146,7 +151,8 @@ class Deployments:
         return out
 
     async def delete(self, name: str) -> None:
-        """Drain and remove every instance, then forget the spec. Idempotent."""
+        """Drain and remove every instance, then forget the spec. Idempotent. Outside the
+        scope nothing is drained here (the managing autoscaler's next tick finds it gone)."""
         stored = await self._store.get(name)
         if stored is None:
             return
@@ -155,7 +161,7 @@ class Deployments:
             for r in stored.spec.roles
             for i in active(self._reconciler.instances(name), r.name)
         ]
-        if not self._advisory:
+        if not self._advisory and self._scope.manages(name):
             await self._reconciler.apply(
                 stored.spec, {r.name: 0 for r in stored.spec.roles}, victims, reason="delete"
             )
@@ -165,6 +171,7 @@ class Deployments:
         stored = await self._store.get(name)
         if stored is None:
             raise UnknownDeployment(f"no deployment {name!r}")
+        self._scope.check(name)
         targets = manual_targets(stored.spec, stored.desired, role, replicas)
         instances = self._reconciler.instances(name)
         victims = tuple(pick_victims(instances, role, replicas))
@@ -194,6 +201,8 @@ class Deployments:
         return record
 
     async def plan(self, name: str) -> Decision:
+        if await self._store.get(name) is not None:
+            self._scope.check(name)
         decision = await self._loop.plan(name)
         if decision is None:
             raise UnknownDeployment(f"no deployment {name!r}")
