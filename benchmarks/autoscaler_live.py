@@ -65,9 +65,10 @@ from tideserve.v1 import (
     telemetry_pb2_grpc,
 )
 
-from services.autoscaler.planner import PlannerConfig, ReactiveConfig
+from services.autoscaler.planner import PlannerConfig, ReactiveConfig, WindowView
 from services.autoscaler.planner.capacity import Demand, Targets, decode_need, prefill_need
-from services.autoscaler.spec import load_spec_file
+from services.autoscaler.planner.reactive import per_replica
+from services.autoscaler.spec import DeploymentSpec, load_spec_file
 from services.autoscaler.translate import spec_to_proto
 from services.common.embedded import start_postgres, start_redis
 from services.common.perfmodel import get_profile
@@ -168,13 +169,24 @@ async def _sample(stub: Any, deployment: str, stop: asyncio.Event, out: list[int
             pass
 
 
-def planner_config(args: argparse.Namespace) -> PlannerConfig:
+def kpa_target(args: argparse.Namespace, spec: DeploymentSpec) -> float:
+    """Requests in flight per replica at 100 % for the reactive policy: ``--kpa-target``, or
+    the product's own rule (``per_replica``) on the engines' profile and this workload's
+    lengths (what an operator sets from a load test; the fit of an overloaded run is not)."""
+    if args.kpa_target > 0:
+        return float(args.kpa_target)
+    cfg = PlannerConfig(policy="reactive", reactive=ReactiveConfig(target_utilization=1.0))
+    w = WindowView(1, 1.0, args.prompt_tokens, args.max_tokens)
+    return per_replica("worker", get_profile("test"), w, spec, cfg)
+
+
+def planner_config(args: argparse.Namespace, spec: DeploymentSpec) -> PlannerConfig:
     """Times compressed like the trace where they are about the tide (forecast buckets of
     30 trace minutes, a one-day season, stabilisation windows of seconds); engine start-up
     is not compressed (the engines really start)."""
     reactive = ReactiveConfig(
         stable_window_s=args.stable_window_s, panic_window_s=args.panic_window_s,
-        target_concurrency=args.kpa_target,
+        target_concurrency=kpa_target(args, spec),
     )  # fmt: skip
     return PlannerConfig(
         policy="reactive" if args.policy == "reactive" else "sla",
@@ -219,7 +231,7 @@ async def run(args: argparse.Namespace, pg_url: str, redis_url: str) -> dict[str
                 "budget": spec.budget.model_copy(update={"max_replicas": args.max_replicas})}
     )  # fmt: skip
     counts: list[int] = []
-    planner = None if static else planner_config(args)
+    planner = None if static else planner_config(args, spec)
     async with live_stack(pg_url, redis_url, prefix, deployment, state, slo, planner) as stack:
         async with grpc.aio.insecure_channel(stack.autoscaler) as channel:
             stub: Any = autoscaler_pb2_grpc.AutoscalerServiceStub(channel)
@@ -249,8 +261,8 @@ async def run(args: argparse.Namespace, pg_url: str, redis_url: str) -> dict[str
     out = _report(args, client, counts, decisions, events, wall0, slo.ttft_ms, slo.tpot_ms, n0)
     out["forecast"] = json.loads(plan.forecast_json or "{}") if plan is not None else None
     out["fitted_model"] = perf
-    if args.policy != "static":
-        out["planner_config"] = planner_config(args).model_dump()
+    if planner is not None:
+        out["planner_config"] = planner.model_dump()
     return out
 
 

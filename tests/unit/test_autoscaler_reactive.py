@@ -167,12 +167,18 @@ def test_panic_lasts_a_stable_window_after_it_started() -> None:
         ("prefill", 0.7),  # one prompt at a time
         ("decode", 57 * 0.7),  # step(57) = 10 + 0.605 * 57 = 44.5 ms <= 50 x 0.9
         ("worker", (1 + 100 * 10.605 / 100) * 0.7),  # decode of 100 tokens rides along
+        ("worker-step-capped-at-tpot", (1 + 100 * 5.0 / 100) * 0.7),
     ],
-    ids=["prefill", "decode", "worker"],
+    ids=["prefill", "decode", "worker", "worker-step-capped-at-tpot"],
 )
 def test_target_per_replica_derived_from_the_model(kind: str, expected: float) -> None:
     w = WindowView(10, 1.0, input_tokens=1000, output_tokens=100)
-    got = per_replica(kind, PERF, w, _spec(), PlannerConfig(policy="reactive"))
+    spec = _spec()
+    if kind == "worker-step-capped-at-tpot":
+        kind = "worker"
+        classes = [spec.slo_classes[0].model_copy(update={"tpot_ms": 5.0})]
+        spec = spec.model_copy(update={"slo_classes": tuple(classes)})
+    got = per_replica(kind, PERF, w, spec, PlannerConfig(policy="reactive"))
     assert got == pytest.approx(expected)
 
 

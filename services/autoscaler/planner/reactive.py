@@ -12,7 +12,8 @@ Rule, per role, each tick:
 2. **Target per replica** = ``target_concurrency`` (0: derived from the perf model: prefill
    1, one prompt at a time; decode the largest batch whose step fits the TPOT target x
    ``decode_headroom``; worker 1 + output x step(1) / prefill, the decode riding along one
-   busy prefill slot) x ``target_utilization``.
+   busy prefill slot, step(1) at most the TPOT target) x ``target_utilization``. As with
+   Knative, a measured ``target_concurrency`` (a load test) is the better setting.
 3. **Wanted** = ceil(mean concurrency / target) over the stable window and over the panic
    window. Panic starts when the panic window wants ``panic_threshold`` x the ready
    replicas (at least 1) and lasts a stable window after the last time it did; while
@@ -80,7 +81,9 @@ def per_replica(
         full = float(max(1, max_batch(perf, ctx, budget)))
     else:
         prefill = perf.prefill_ms(max(1, round(w.input_tokens)))
+        tpot = _tightest_tpot(spec)
         step = perf.decode_step_ms(1, ctx)
+        step = min(step, tpot) if tpot else step
         full = 1.0 + (w.output_tokens * step / prefill if prefill > 0 else 0.0)
     return full * rc.target_utilization
 
