@@ -2,7 +2,8 @@
 
 Apply, get (desired vs actual), list, delete (every instance drained through the
 reconciler first), manual scale (a decision with reason "manual", checked against min/max
-and the P:D ratio bounds by the pure :func:`manual_targets`), plan, instances, decisions.
+and the P:D ratio bounds by the pure :func:`manual_targets`, and a pin every planner policy
+holds until a changed apply or a release), plan, instances, decisions.
 """
 
 from __future__ import annotations
@@ -167,16 +168,29 @@ class Deployments:
             )
         await self._store.delete(name)
 
-    async def scale(self, name: str, role: str, replicas: int) -> DecisionRecord:
+    async def scale(
+        self, name: str, role: str, replicas: int, *, release: bool = False
+    ) -> DecisionRecord:
+        """Manual scale: ``role`` to ``replicas`` now, pinned there (every policy holds it)
+        until a changed apply or a ``release``, which unpins and changes nothing now."""
         stored = await self._store.get(name)
         if stored is None:
             raise UnknownDeployment(f"no deployment {name!r}")
         self._scope.check(name)
+        if release:
+            if role not in {r.name for r in stored.spec.roles}:
+                raise UnknownDeployment(f"deployment {name!r} has no role {role!r}")
+            await self._store.set_pin(name, role, None)
+            held = stored.pins.get(role)
+            why = f"manual: {role} released (was pinned at {held})" if held is not None else (
+                f"manual: {role} was not pinned"
+            )  # fmt: skip
+            return await self._record(stored.spec, (), why, "applied", ())
         targets = manual_targets(stored.spec, stored.desired, role, replicas)
         instances = self._reconciler.instances(name)
         victims = tuple(pick_victims(instances, role, replicas))
         before = stored.desired.get(role, stored.spec.role(role).replicas)
-        reasons = [f"manual: {role} {before} -> {replicas}"]
+        reasons = [f"manual: {role} {before} -> {replicas}, pinned"]
         status = "dry-run" if self._advisory else "applied"
         if not self._advisory:
             try:
@@ -186,13 +200,25 @@ class Deployments:
                 reasons.append(f"reconciler: {exc}")
         if status != "failed":
             await self._store.set_desired(name, targets)
+            await self._store.set_pin(name, role, replicas)
+        changes = (RoleChange(role, before, replicas),) if before != replicas else ()
+        return await self._record(stored.spec, changes, reasons, status, victims)
+
+    async def _record(
+        self,
+        spec: DeploymentSpec,
+        changes: tuple[RoleChange, ...],
+        reasons: str | list[str],
+        status: str,
+        victims: tuple[str, ...],
+    ) -> DecisionRecord:
         record = DecisionRecord(
             decision_id=uuid.uuid4().hex,
-            deployment=name,
-            generation=stored.spec.generation,
+            deployment=spec.name,
+            generation=spec.generation,
             ts_ms=int(self._wall() * 1000),
-            changes=(RoleChange(role, before, replicas),) if before != replicas else (),
-            reasons=tuple(reasons),
+            changes=changes,
+            reasons=(reasons,) if isinstance(reasons, str) else tuple(reasons),
             binding_constraint="manual",
             status=status,
             victims=victims,

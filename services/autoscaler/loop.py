@@ -123,6 +123,7 @@ class PlannerLoop:
             startup_s=startup,
             state=self._states.get(spec.name, PlannerState()),
             telemetry_error=error,
+            pins=dict(dep.pins),
         )
 
     async def _decide(

@@ -216,7 +216,9 @@ class AutoscalerServicer(_Base):
     ) -> autoscaler_pb2.ScaleRoleResponse:
         deployments = await self._ready(context)
         try:
-            record = await deployments.scale(request.deployment, request.role, request.replicas)
+            record = await deployments.scale(
+                request.deployment, request.role, request.replicas, release=request.release
+            )
         except UnknownDeployment as exc:
             await _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
         except (ScaleRefused, NotManaged) as exc:

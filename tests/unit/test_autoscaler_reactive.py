@@ -200,3 +200,16 @@ def test_concurrency_by_littles_law(kind: str, expected: float) -> None:
     w = WindowView(100, 10.0, 1000, 10, ttft_ms={50: 300.0}, tpot_ms={50: 20.0})
     assert concurrency(kind, w) == pytest.approx(expected)
     assert math.isclose(concurrency(kind, WindowView(0, 0.0, 0, 0)), 0.0)
+
+
+@pytest.mark.parametrize("policy", ["sla", "reactive"], ids=["sla", "reactive"])
+def test_a_pinned_role_is_held_by_every_policy(policy: str) -> None:
+    """A manual scale pins the role (``tideserve scale``): 12 in flight would want 8."""
+    inputs = PlannerInputs(
+        spec=_spec(), desired={"worker": 2}, instances=_instances(2), window=_window(12.0),
+        perf={"worker": PERF}, pins={"worker": 2},
+    )  # fmt: skip
+    cfg = _cfg() if policy == "reactive" else PlannerConfig(predictor="constant")
+    d = decide(NOW, inputs, cfg)
+    assert d.targets == {"worker": 2} and d.changes == ()
+    assert "manual pin: worker 2" in d.reasons[-1] and d.binding.endswith("manual")

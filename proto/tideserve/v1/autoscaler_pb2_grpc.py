@@ -121,16 +121,20 @@ class AutoscalerServiceServicer:
 
     def Plan(self, request, context):
         """What the planner would do now and why, without doing it (status "plan"; not stored).
-        NOT_FOUND for an unknown deployment. Read-only.
+        NOT_FOUND for an unknown deployment; FAILED_PRECONDITION for one outside this
+        autoscaler's managed_deployments. Read-only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ScaleRole(self, request, context):
-        """Sets a role's replica count (manual override within [min, max]); stored as a decision
-        with reason "manual" and handed to the reconciler. NOT_FOUND for an unknown deployment
-        or role; FAILED_PRECONDITION if outside bounds or violating the ratio bounds.
+        """Sets a role's replica count (manual override within [min, max]) and pins the role
+        there: every planner policy holds a pinned role at its pin (even over the budget) until
+        the next apply that changes the spec, or a ScaleRole with release = true. Stored as a
+        decision with reason "manual" (binding "manual") and handed to the reconciler. NOT_FOUND
+        for an unknown deployment or role; FAILED_PRECONDITION if outside bounds, violating the
+        ratio bounds, or the deployment is outside this autoscaler's managed_deployments.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -20,7 +20,8 @@ Per tick, for each role of the deployment:
    and a step limit; zero traffic goes to min.
 5. Coordination: P:D ratio bounds (raising the short side), min/max, the replica budget
    (:func:`.colocation.fit_roles`).
-6. Victims (:mod:`.victims`): the cheapest instances of each shrinking role, to drain first.
+6. Manual pins (``tideserve scale``): a pinned role is held at its pin, whatever the above.
+7. Victims (:mod:`.victims`): the cheapest instances of each shrinking role, to drain first.
 
 A telemetry outage holds every role at its current target (clamped to min/max and
 budget) and says so; a role kind with no fitted model uses the spec's ``perf_profile``
@@ -279,8 +280,9 @@ def finish(
     horizons: Mapping[str, Any],
     limit: int | None = None,
 ) -> Decision:
-    """Apply the budget (the spec's, or ``limit`` from a shared group), pick victims, and
-    build the decision. Used again by the co-location step with a group ``limit``."""
+    """Apply the budget (the spec's, or ``limit`` from a shared group), then the manual pins
+    (the operator's word: held even over the budget, as ``ScaleRole`` itself), pick victims,
+    and build the decision. Used again by the co-location step with a group ``limit``."""
     spec = inputs.spec
     out = dict(targets)
     notes = list(reasons)
@@ -291,6 +293,14 @@ def finish(
         which = "budget group" if limit is not None and cap == limit else "budget"
         notes.append(f"{which}: {sum(targets.values())} wanted, {sum(out.values())} kept")
         binding = which if not binding else f"{binding}, {which}"
+    pinned = {
+        r.name: clamp_role(r, inputs.pins[r.name]) for r in spec.roles if r.name in inputs.pins
+    }
+    if pinned:
+        out.update(pinned)
+        held = ", ".join(f"{n} {v}" for n, v in sorted(pinned.items()))
+        notes.append(f"manual pin: {held} (tideserve scale; until a changed apply or --release)")
+        binding = f"{binding}, manual" if binding and binding != "none" else "manual"
     desired = {r.name: clamp_role(r, inputs.desired.get(r.name, r.replicas)) for r in spec.roles}
     changes = tuple(
         RoleChange(name, desired[name], out[name]) for name in out if out[name] != desired[name]

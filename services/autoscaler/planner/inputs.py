@@ -98,7 +98,8 @@ class PlannerInputs:
     """A tick's snapshot. ``window`` None = telemetry unreachable (``telemetry_error`` says
     why); ``perf`` maps role kind ("prefill", "decode", "worker") to its model, and a kind
     without one falls back to the spec's ``perf_profile`` prior; ``startup_s`` is each role
-    kind's measured start-up time (lead time)."""
+    kind's measured start-up time (lead time); ``pins`` are roles a manual scale pinned
+    (``{role: replicas}``), which every policy holds there."""
 
     spec: DeploymentSpec
     desired: Mapping[str, int]
@@ -108,3 +109,4 @@ class PlannerInputs:
     startup_s: Mapping[str, float] = field(default_factory=dict)
     state: PlannerState = PlannerState()
     telemetry_error: str = ""
+    pins: Mapping[str, int] = field(default_factory=dict)
