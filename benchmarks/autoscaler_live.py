@@ -260,6 +260,7 @@ async def run(args: argparse.Namespace, pg_url: str, redis_url: str) -> dict[str
     events = await _added(redis_url, f"{prefix}:membership")
     out = _report(args, client, counts, decisions, events, wall0, slo.ttft_ms, slo.tpot_ms, n0)
     out["forecast"] = json.loads(plan.forecast_json or "{}") if plan is not None else None
+    out["last_plan_reasons"] = list(plan.reasons) if plan is not None else None
     out["fitted_model"] = perf
     if planner is not None:
         out["planner_config"] = planner.model_dump()

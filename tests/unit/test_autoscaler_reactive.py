@@ -63,11 +63,14 @@ def _window(in_flight: float) -> WindowView:
     )
 
 
-def _instances(ready: int, starting: int = 0) -> tuple[InstanceView, ...]:
+def _instances(ready: int, starting: int = 0, in_flight: int = 0) -> tuple[InstanceView, ...]:
     return tuple(
-        InstanceView.of(f"w{k}", "chat", "worker", "ready" if k < ready else "starting")
+        InstanceView.of(
+            f"w{k}", "chat", "worker", "ready" if k < ready else "starting",
+            in_flight=in_flight if k < ready else 0, queued=in_flight if k < ready else 0,
+        )
         for k in range(ready + starting)
-    )
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class Case:
     cfg: PlannerConfig = field(default_factory=_cfg)
     max_replicas: int = 8
     victims: tuple[str, ...] = ()
+    engines_report: int = 0  # running = queued = this, per ready instance
 
 
 CASES = [
@@ -123,6 +127,10 @@ CASES = [
         "starting-ignored-and-removed-first", 3.0, 4, 2, 3, "worker: 4 -> 3", starting=2,
         victims=("w2",),
     ),
+    Case(
+        "engines-report-more-than-the-window", 1.0, 2, 2, 4, "concurrency 4.00 stable",
+        binding="worker:reactive-panic", engines_report=1,
+    ),
     Case("max-replicas", 12.0, 6, 6, 8, "worker: 6 -> 8", binding="worker:max-replicas", max_replicas=8),
     Case(
         "telemetry-outage-holds", None, 3, 3, 3, "telemetry unavailable (down)",
@@ -136,7 +144,7 @@ def test_reactive_tick(case: Case) -> None:
     inputs = PlannerInputs(
         spec=_spec(case.max_replicas),
         desired={"worker": case.desired},
-        instances=_instances(case.ready, case.starting),
+        instances=_instances(case.ready, case.starting, case.engines_report),
         window=None if case.in_flight is None else _window(case.in_flight),
         perf={"worker": PERF},
         state=PlannerState(reactive={"worker": case.state}),
@@ -148,7 +156,8 @@ def test_reactive_tick(case: Case) -> None:
     assert d.binding == case.binding
     assert d.victims == case.victims
     if case.in_flight is not None:
-        assert d.state.reactive["worker"].samples[-1] == (NOW, pytest.approx(case.in_flight))
+        seen = max(case.in_flight, 2.0 * case.engines_report * case.ready)
+        assert d.state.reactive["worker"].samples[-1] == (NOW, pytest.approx(seen))
 
 
 def test_panic_lasts_a_stable_window_after_it_started() -> None:

@@ -5,10 +5,12 @@ SLO percentile, shaped like Knative's KPA (and AIBrix's).
 
 Rule, per role, each tick:
 
-1. **Concurrency** (requests in flight on the role), Little's law on the telemetry window:
-   prefill = rate x TTFT p50; decode = rate x output tokens x TPOT p50; worker = both.
-   TTFT includes the queue, so an overloaded fleet shows more concurrency (as a KPA's
-   queue-proxy counts queued requests). The sample is kept with ``now``.
+1. **Concurrency** (requests in flight on the role): the larger of what its ready engines
+   report now (running + queued, scraped from their ``/metrics``, as a KPA's queue-proxy
+   reports) and Little's law on the telemetry window (prefill = rate x TTFT p50; decode =
+   rate x output tokens x TPOT p50; worker = both), which also sees requests waiting in the
+   gateway but lags: a record exists only once its request finished. TTFT includes the
+   queue, so an overloaded fleet shows more concurrency. The sample is kept with ``now``.
 2. **Target per replica** = ``target_concurrency`` (0: derived from the perf model: prefill
    1, one prompt at a time; decode the largest batch whose step fits the TPOT target x
    ``decode_headroom``; worker 1 + output x step(1) / prefill, the decode riding along one
@@ -141,8 +143,10 @@ def reactive_tick(now: float, inputs: PlannerInputs, cfg: PlannerConfig) -> Deci
             reasons.append(f"{role.name}: holding {desired[role.name]} ({why})")
             continue
         share = len(spec.roles_of(role.role))
-        conc = concurrency(role.role, w) / share
-        ready = sum(1 for i in active(inputs.instances, role.name) if i.state == "ready")
+        ready_views = [i for i in active(inputs.instances, role.name) if i.state == "ready"]
+        reported = float(sum(i.in_flight + i.queued for i in ready_views))
+        conc = max(concurrency(role.role, w) / share, reported)
+        ready = len(ready_views)
         n, states[role.name], why = _want(
             now, conc, target, ready, desired[role.name],
             states.get(role.name, ReactiveState()), cfg.reactive,
