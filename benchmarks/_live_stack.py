@@ -15,24 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from services.autoscaler.drivers.settings import DriverSettings, LocalSettings
 from services.autoscaler.planner import PlannerConfig
 from services.autoscaler.settings import AutoscalerSettings
 from services.autoscaler.spec import SLOClassSpec
 from services.common import db
-from services.common.server import ServiceHooks, serve
-from services.common.settings import ServiceSettings
 from services.telemetry.main import build as build_telemetry
 from services.telemetry.model.settings import ModelSettings
 from services.telemetry.settings import TelemetrySettings, TelemetrySLOClass
 from tests.helpers.autoscale import autoscaler_service, gateway_settings
 from tests.helpers.ports import free_ports
-from tests.helpers.scheduler import scheduler_service
+from tests.helpers.scheduler import scheduler_service, serving
 
 __all__ = ["LiveStack", "live_stack"]
 
@@ -42,25 +39,6 @@ class LiveStack:
     autoscaler: str  # gRPC host:port
     telemetry: str
     gateway: str  # http://127.0.0.1:PORT
-
-
-@contextlib.asynccontextmanager
-async def running(
-    settings: ServiceSettings, name: str, build: Callable[[Any], ServiceHooks]
-) -> AsyncIterator[None]:
-    """``name`` served from ``build(settings)`` until the block ends (then a graceful stop)."""
-    hooks = build(settings)
-    ready, stop = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(
-        serve(settings, name, hooks.register, on_start=hooks.on_start, on_stop=hooks.on_stop,
-              ready=ready, stop=stop, registry=hooks.registry)
-    )  # fmt: skip
-    try:
-        await asyncio.wait_for(ready.wait(), 30)
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 60)
 
 
 def telemetry_settings(
@@ -110,7 +88,7 @@ async def live_stack(
         ),
     )  # fmt: skip
     async with (
-        running(tset, "telemetry", build_telemetry),
+        serving(tset, "telemetry", build_telemetry),
         scheduler_service(sched),
         autoscaler_service(settings) as address,
     ):
