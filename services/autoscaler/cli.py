@@ -56,6 +56,7 @@ _EPILOG_SCALE = """\
 examples:
   tideserve scale deployment chat-pd --role decode --replicas 4   # now, and pinned there
   tideserve scale deployment chat-pd --role decode --release      # the planner decides again
+  tideserve scale deployment chat-pd --role decode --replicas 4 --no-pin  # planner may move it
   tideserve scale deployment chat-pd --role decode --replicas 4 --json
 """
 
@@ -122,8 +123,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "deployment",
         help="set a role's replicas now and pin them (the planner holds a pinned role)",
         description="Manual override: the role goes to --replicas now (drained scale-in) and "
-        "every planner policy holds it there until the next apply that changes the spec, "
-        "or --release.",
+        "every planner policy holds it there (a pin) until the next apply that changes the "
+        "spec, or --release; --no-pin sets the count without pinning it.",
         epilog=_EPILOG_SCALE,
         formatter_class=fmt,
     )
@@ -132,6 +133,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     how = sd.add_mutually_exclusive_group(required=True)
     how.add_argument("--replicas", type=int, help="replicas within the role's [min, max]")
     how.add_argument("--release", action="store_true", help="unpin: the planner decides again")
+    sd.add_argument("--no-pin", action="store_true", help="set the count now without pinning it")
     _common(sd)
     sd.set_defaults(func=_scale)
 
@@ -336,7 +338,7 @@ def _scale(args: argparse.Namespace) -> int:
         resp = stub.ScaleRole(
             autoscaler_pb2.ScaleRoleRequest(
                 deployment=args.name, role=args.role, replicas=args.replicas or 0,
-                release=args.release,
+                pin=not args.no_pin, release=args.release,
             ),
             timeout=args.timeout,
         )  # fmt: skip

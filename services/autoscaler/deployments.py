@@ -2,8 +2,8 @@
 
 Apply, get (desired vs actual), list, delete (every instance drained through the
 reconciler first), manual scale (a decision with reason "manual", checked against min/max
-and the P:D ratio bounds by the pure :func:`manual_targets`, and a pin every planner policy
-holds until a changed apply or a release), plan, instances, decisions.
+and the P:D ratio bounds by the pure :func:`manual_targets`; pinned on request: every planner
+policy holds a pin until a changed apply or a release), plan, instances, decisions.
 """
 
 from __future__ import annotations
@@ -169,10 +169,10 @@ class Deployments:
         await self._store.delete(name)
 
     async def scale(
-        self, name: str, role: str, replicas: int, *, release: bool = False
+        self, name: str, role: str, replicas: int, *, pin: bool = False, release: bool = False
     ) -> DecisionRecord:
-        """Manual scale: ``role`` to ``replicas`` now, pinned there (every policy holds it)
-        until a changed apply or a ``release``, which unpins and changes nothing now."""
+        """Manual scale: ``role`` to ``replicas`` now; with ``pin`` held there by every
+        policy until a changed apply or a ``release``, which unpins and changes nothing now."""
         stored = await self._store.get(name)
         if stored is None:
             raise UnknownDeployment(f"no deployment {name!r}")
@@ -190,7 +190,7 @@ class Deployments:
         instances = self._reconciler.instances(name)
         victims = tuple(pick_victims(instances, role, replicas))
         before = stored.desired.get(role, stored.spec.role(role).replicas)
-        reasons = [f"manual: {role} {before} -> {replicas}, pinned"]
+        reasons = [f"manual: {role} {before} -> {replicas}" + (", pinned" if pin else "")]
         status = "dry-run" if self._advisory else "applied"
         if not self._advisory:
             try:
@@ -200,7 +200,8 @@ class Deployments:
                 reasons.append(f"reconciler: {exc}")
         if status != "failed":
             await self._store.set_desired(name, targets)
-            await self._store.set_pin(name, role, replicas)
+            if pin:
+                await self._store.set_pin(name, role, replicas)
         changes = (RoleChange(role, before, replicas),) if before != replicas else ()
         return await self._record(stored.spec, changes, reasons, status, victims)
 

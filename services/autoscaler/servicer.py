@@ -217,7 +217,11 @@ class AutoscalerServicer(_Base):
         deployments = await self._ready(context)
         try:
             record = await deployments.scale(
-                request.deployment, request.role, request.replicas, release=request.release
+                request.deployment,
+                request.role,
+                request.replicas,
+                pin=request.pin,
+                release=request.release,
             )
         except UnknownDeployment as exc:
             await _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))

@@ -123,7 +123,7 @@ async def _apply(h: Harness, **update: Any) -> Any:
 
 async def _scale(h: Harness, role: str, replicas: int = 0, release: bool = False) -> Any:
     req = autoscaler_pb2.ScaleRoleRequest(
-        deployment="chat-pd", role=role, replicas=replicas, release=release
+        deployment="chat-pd", role=role, replicas=replicas, pin=not release, release=release
     )
     return (await h.stub.ScaleRole(req)).decision
 
@@ -255,8 +255,15 @@ async def test_plan_scale_and_delete(h: Harness) -> None:
 async def test_a_manual_scale_pins_until_released_or_a_changed_apply(h: Harness) -> None:
     await _apply(h)
     h.telemetry.window = window(30)  # the planner wants prefill 4, decode 3
+    unpinned = await h.stub.ScaleRole(
+        autoscaler_pb2.ScaleRoleRequest(deployment="chat-pd", role="decode", replicas=2)
+    )
+    assert unpinned.decision.reasons == ["manual: decode 1 -> 2"]
+    h.clock[0] = 0.5
+    await h.loop.tick()  # not pinned: a starting count the planner moves
+    assert h.reconciler.calls[-1][1] == {"prefill": 4, "decode": 3}
     pinned = await _scale(h, "decode", 2)
-    assert pinned.reasons == ["manual: decode 1 -> 2, pinned"]
+    assert pinned.reasons == ["manual: decode 3 -> 2, pinned"]
     (tick,) = await h.loop.tick()
     assert h.reconciler.calls[-1][1] == {"prefill": 4, "decode": 2}
     assert "manual pin: decode 2" in tick.reasons[-1] and "manual" in tick.binding_constraint
@@ -377,6 +384,11 @@ async def test_cli_scale_pins_and_releases(h: Harness, capsys: pytest.CaptureFix
     assert h.reconciler.calls[-1][1] == {"prefill": 1, "decode": 2}
     code, out, _ = await run("scale", "deployment", "chat-pd", "--role", "decode", "--release")
     assert code == 0 and "manual: decode released (was pinned at 2)" in out
+    code, out, _ = await run("scale", "deployment", "chat-pd", "--role", "decode",
+                             "--replicas", "3", "--no-pin")  # fmt: skip
+    assert code == 0 and "manual: decode 2 -> 3\n" in out
+    code, out, _ = await run("scale", "deployment", "chat-pd", "--role", "decode", "--release")
+    assert code == 0 and "manual: decode was not pinned" in out
     code, _, err = await run("scale", "deployment", "chat-pd", "--role", "decode",
                              "--replicas", "9")  # fmt: skip
     assert code == 1 and "FAILED_PRECONDITION" in err and "outside [1, 6]" in err

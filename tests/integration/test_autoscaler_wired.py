@@ -129,7 +129,7 @@ async def test_apply_and_scale_drive_local_engines_and_membership(
         assert (role["role"], role["desired"], role["ready"]) == ("worker", 1, 1)
         assert doc["progress"] == "converged"
         reasons = [d["reasons"][0] for d in doc["recent_decisions"]]
-        assert reasons == ["manual: worker 3 -> 1, pinned", "manual: worker 2 -> 3, pinned"]
+        assert reasons == ["manual: worker 3 -> 1", "manual: worker 2 -> 3"]
 
         events = await _events(redis_url, stream)
         assert set(events) == grown

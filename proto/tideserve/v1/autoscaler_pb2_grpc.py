@@ -129,12 +129,14 @@ class AutoscalerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ScaleRole(self, request, context):
-        """Sets a role's replica count (manual override within [min, max]) and pins the role
-        there: every planner policy holds a pinned role at its pin (even over the budget) until
-        the next apply that changes the spec, or a ScaleRole with release = true. Stored as a
-        decision with reason "manual" (binding "manual") and handed to the reconciler. NOT_FOUND
-        for an unknown deployment or role; FAILED_PRECONDITION if outside bounds, violating the
-        ratio bounds, or the deployment is outside this autoscaler's managed_deployments.
+        """Sets a role's replica count (manual override within [min, max]); stored as a decision
+        with reason "manual" (binding "manual") and handed to the reconciler. With pin = true
+        the role is pinned there: every planner policy holds a pinned role at its pin (even over
+        the budget) until the next apply that changes the spec, or a ScaleRole with
+        release = true; without it the planner may move the count again on its next tick (a
+        starting count, as `tideserve up` sets). NOT_FOUND for an unknown deployment or role;
+        FAILED_PRECONDITION if outside bounds, violating the ratio bounds, or the deployment is
+        outside this autoscaler's managed_deployments.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
