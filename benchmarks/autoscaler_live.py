@@ -230,7 +230,7 @@ async def run(args: argparse.Namespace, pg_url: str, redis_url: str) -> dict[str
         update={"name": deployment, "roles": (role,),
                 "budget": spec.budget.model_copy(update={"max_replicas": args.max_replicas})}
     )  # fmt: skip
-    counts: list[int] = []
+    counts: list[int] = []  # replicas starting, ready or draining, every second
     planner = None if static else planner_config(args, spec)
     async with live_stack(pg_url, redis_url, prefix, deployment, state, slo, planner) as stack:
         async with grpc.aio.insecure_channel(stack.autoscaler) as channel:
@@ -305,15 +305,19 @@ def attainment(
             windows.setdefault(int((r.sent - t0) // window_s), []).append(r)
     missed = {"ttft": 0, "tpot": 0}
     met = 0
-    for w in windows.values():
-        ttft = _pct([r.ttft_ms for r in w], pct) <= ttft_target
-        tpot = _pct([r.tpot_ms for r in w], pct) <= tpot_target
+    misses = []
+    for k, w in sorted(windows.items()):
+        p_ttft, p_tpot = _pct([r.ttft_ms for r in w], pct), _pct([r.tpot_ms for r in w], pct)
+        ttft, tpot = p_ttft <= ttft_target, p_tpot <= tpot_target
         missed["ttft"] += not ttft
         missed["tpot"] += not tpot
         met += ttft and tpot
+        if not (ttft and tpot):  # [window start s, requests, ttft p, tpot p]
+            misses.append([round(k * window_s), len(w), round(p_ttft), round(p_tpot, 1)])
     n = len(windows)
     return {"window_s": window_s, "windows": n, "met": met,
-            "attainment": round(met / n, 4) if n else None, "missed": missed}  # fmt: skip
+            "attainment": round(met / n, 4) if n else None, "missed": missed,
+            "missed_windows": misses}  # fmt: skip
 
 
 def _report(
@@ -351,6 +355,7 @@ def _report(
         "replica_seconds": sum(counts),
         "replica_hours_trace": round(sum(counts) * compress / 3600.0, 1),
         "replicas_min_max": [min(counts, default=0), max(counts, default=0)],
+        "replicas_every_10s": counts[::10],
         "start_replicas": n0,
         "scaling_actions": len(acted),
         "decision_to_serving_s": {
