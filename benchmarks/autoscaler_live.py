@@ -20,7 +20,7 @@ Policies (``--policy``), one per run, all through the same control path:
 Reported: requests sent and lost (non-200, cut streams, errors); SLO attainment over
 ``--slo-window-s`` windows and over 60-s windows (TTFT and TPOT at the spec's percentile
 against its targets; windows with no finished request skipped); replica-seconds (instances
-starting, ready or draining, sampled every second) and trace-equivalent replica-hours;
+starting, ready or draining, sampled about every second, each count held until the next) and trace-equivalent replica-hours;
 scaling actions; decision -> serving (a scale-out decision's ts to each new instance's ADDED
 event on the membership stream, which the gateway follows); the planner's forecast error.
 
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import random
@@ -157,16 +158,28 @@ async def _load(args: argparse.Namespace, tide: Tide, gateway: str, client: Clie
     return t0
 
 
-async def _sample(stub: Any, deployment: str, stop: asyncio.Event, out: list[int]) -> None:
+async def _sample(
+    stub: Any, deployment: str, stop: asyncio.Event, out: list[tuple[float, int]]
+) -> None:
+    """``(monotonic s, instances starting, ready or draining)`` about every second, and one
+    more at the end; each count holds until the next sample (so a slow ListInstances on a
+    busy machine does not drop replica-time)."""
     live = (common_pb2.INSTANCE_STATE_STARTING, common_pb2.INSTANCE_STATE_READY,
             common_pb2.INSTANCE_STATE_DRAINING)  # fmt: skip
-    while not stop.is_set():
+    while True:
         got = await stub.ListInstances(autoscaler_pb2.ListInstancesRequest(deployment=deployment))
-        out.append(sum(1 for i in got.instances if i.state in live))
+        out.append((time.monotonic(), sum(1 for i in got.instances if i.state in live)))
+        if stop.is_set():
+            return
         try:
             await asyncio.wait_for(stop.wait(), 1.0)
         except TimeoutError:
             pass
+
+
+def replica_seconds(samples: list[tuple[float, int]]) -> float:
+    """Each sample's count times the time until the next sample."""
+    return sum(n * (t1 - t0) for (t0, n), (t1, _) in itertools.pairwise(samples))
 
 
 def kpa_target(args: argparse.Namespace, spec: DeploymentSpec) -> float:
@@ -230,7 +243,7 @@ async def run(args: argparse.Namespace, pg_url: str, redis_url: str) -> dict[str
         update={"name": deployment, "roles": (role,),
                 "budget": spec.budget.model_copy(update={"max_replicas": args.max_replicas})}
     )  # fmt: skip
-    counts: list[int] = []  # replicas starting, ready or draining, every second
+    counts: list[tuple[float, int]] = []  # (t, replicas starting, ready or draining)
     planner = None if static else planner_config(args, spec)
     async with live_stack(pg_url, redis_url, prefix, deployment, state, slo, planner) as stack:
         async with grpc.aio.insecure_channel(stack.autoscaler) as channel:
@@ -321,7 +334,7 @@ def attainment(
 
 
 def _report(
-    args: argparse.Namespace, client: Client, counts: list[int], decisions: list[Any],
+    args: argparse.Namespace, client: Client, counts: list[tuple[float, int]], decisions: list[Any],
     events: list[tuple[str, int]], wall0: float, ttft_target: float, tpot_target: float, n0: int,
 ) -> dict[str, Any]:  # fmt: skip
     reqs = client.reqs
@@ -352,10 +365,11 @@ def _report(
         "slo": {"ttft_ms": ttft_target, "tpot_ms": tpot_target, "percentile": pct},
         "attainment": attainment(reqs, args.slo_window_s, pct, ttft_target, tpot_target),
         "attainment_60s": attainment(reqs, 60.0, pct, ttft_target, tpot_target),
-        "replica_seconds": sum(counts),
-        "replica_hours_trace": round(sum(counts) * compress / 3600.0, 1),
-        "replicas_min_max": [min(counts, default=0), max(counts, default=0)],
-        "replicas_every_10s": counts[::10],
+        "replica_seconds": round(replica_seconds(counts), 1),
+        "sampled_s": round(counts[-1][0] - counts[0][0], 1) if counts else 0.0,
+        "replica_hours_trace": round(replica_seconds(counts) * compress / 3600.0, 1),
+        "replicas_min_max": [min(n for _, n in counts), max(n for _, n in counts)],
+        "replicas_every_10th_sample": [n for _, n in counts[::10]],
         "start_replicas": n0,
         "scaling_actions": len(acted),
         "decision_to_serving_s": {
