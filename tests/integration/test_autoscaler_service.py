@@ -334,13 +334,16 @@ async def test_advisory_mode_records_dry_run_and_changes_nothing(advisory: Harne
     assert [d.status for d in listed.decisions] == ["dry-run"]
 
 
-async def test_cli_apply_get_describe_plan(h: Harness, capsys: pytest.CaptureFixture[str]) -> None:
-    addr = ["--autoscaler", h.address]
+async def _cli(h: Harness, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``tideserve ARGV --autoscaler <h>`` in a thread: (exit code, stdout, stderr)."""
+    code = await asyncio.to_thread(cli, [*argv, "--autoscaler", h.address])
+    out, err = capsys.readouterr()
+    return code, out, err
 
-    async def run(*argv: str) -> tuple[int, str, str]:
-        code = await asyncio.to_thread(cli, [*argv, *addr])
-        out, err = capsys.readouterr()
-        return code, out, err
+
+async def test_cli_apply_get_describe_plan(h: Harness, capsys: pytest.CaptureFixture[str]) -> None:
+    def run(*argv: str) -> Any:
+        return _cli(h, capsys, *argv)
 
     assert await run("apply", "-f", str(PD)) == (
         0,
@@ -368,12 +371,8 @@ async def test_cli_apply_get_describe_plan(h: Harness, capsys: pytest.CaptureFix
 
 
 async def test_cli_scale_pins_and_releases(h: Harness, capsys: pytest.CaptureFixture[str]) -> None:
-    addr = ["--autoscaler", h.address]
-
-    async def run(*argv: str) -> tuple[int, str, str]:
-        code = await asyncio.to_thread(cli, [*argv, *addr])
-        out, err = capsys.readouterr()
-        return code, out, err
+    def run(*argv: str) -> Any:
+        return _cli(h, capsys, *argv)
 
     await _apply(h)
     code, out, _ = await run("scale", "deployment", "chat-pd", "--role", "decode",
