@@ -11,14 +11,16 @@ Policies:
   with the fleet's windows, the profile as its performance model, the start-up time as lead;
 * ``static``: a fixed fleet sized for the tide's peak on the fleet model itself (prefill at
   <= 85% utilisation at the peak rate, decode the fewest replicas meeting TPOT at the peak);
-* ``kpa``: a Knative-KPA-like reactive autoscaler (concurrency per replica over a 60 s stable
-  window, a 6 s panic window at 2x, no scale-down while panicking).
+* ``kpa``: the product's reactive KPA-like policy (``services.autoscaler.planner.reactive``:
+  concurrency per replica over a 60 s stable window, a 6 s panic window at 2x, no scale-down
+  while panicking, bounded scale rates), fed like the planner.
 
 Reports per policy: SLO attainment (share of ``--slo-window-s`` windows whose TTFT and TPOT
 at the percentile meet the targets), replica-hours (virtual, and in trace hours), scaling
 actions, instances started; the planner's online forecast error; and co-location: two
 anti-phased tides (12 h apart) sharing one budget of ``--colocation-budget`` x the sum of
-their separate static peaks. Lost requests and decision-to-serving time are NOT measured
+their separate peaks, under two readings of "separate peak" (each static fleet sized for its
+peak; the most replicas each one's planner had when autoscaled alone). Lost requests and decision-to-serving time are NOT measured
 here: no process runs; the live replay through the local stack is ``autoscaler_live.py``.
 
     .venv/bin/python benchmarks/autoscaler_eval.py --out /tmp/autoscaler_eval.json
@@ -30,7 +32,6 @@ import argparse
 import math
 import sys
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,12 +47,13 @@ from services.autoscaler.planner import (
     PlannerConfig,
     PlannerInputs,
     PlannerState,
+    ReactiveConfig,
     WindowView,
     allocate,
+    decide,
     fit_roles,
     on_tick,
 )
-from services.autoscaler.planner.capacity import max_batch
 from services.autoscaler.planner.core import Decision
 from services.autoscaler.planner.forecast import error, new_forecaster, observe
 from services.autoscaler.planner.group import plan_group
@@ -143,15 +145,16 @@ class PlannerPolicy:
         spec: DeploymentSpec,
         perf: PerfProfile,
         initial: Mapping[str, int],
+        cfg: PlannerConfig | None = None,
     ) -> None:
         self.args, self.spec, self.perf = args, spec, perf
-        self.cfg = planner_config(args)
+        self.cfg = cfg or planner_config(args)
         self.state = PlannerState()
         self.desired = dict(initial)
         self.last: Decision | None = None
 
     def inputs(self, t: float, sim: Sim) -> PlannerInputs:
-        w = sim.window(self.args.window_s)
+        w = sim.window(int(self.cfg.window_s))
         instances: list[InstanceView] = []
         ready_p = max(1, sim.fleet.ready("prefill", t))
         for role in ROLES:
@@ -177,7 +180,7 @@ class PlannerPolicy:
         return d.targets
 
     def __call__(self, t: float, sim: Sim) -> Mapping[str, int]:
-        return self.accept(on_tick(t, self.inputs(t, sim), self.cfg))
+        return self.accept(decide(t, self.inputs(t, sim), self.cfg))
 
 
 def static_targets(args: argparse.Namespace, sim: Sim) -> dict[str, int]:
@@ -197,46 +200,13 @@ def static_targets(args: argparse.Namespace, sim: Sim) -> dict[str, int]:
     return {"prefill": min(prefill, args.max_replicas), "decode": decode}
 
 
-class KpaPolicy:
-    """Knative KPA-like: desired = ceil(concurrency / target per replica) over a stable
-    window; a panic window at 2x the ready replicas scales up at once and blocks scale-down."""
-
-    def __init__(
-        self, args: argparse.Namespace, perf: PerfProfile, mean_ctx: int, initial: Mapping[str, int]
-    ) -> None:
-        self.args = args
-        self.perf = perf
-        self.target = {
-            "prefill": 0.7,  # busy share of a prefill replica
-            "decode": 0.7 * max(1, max_batch(perf, mean_ctx, args.tpot_ms)),
-        }
-        self.samples: deque[tuple[float, dict[str, float]]] = deque()
-        self.panic_until = -1.0
-        self.current = dict(initial)
-
-    def __call__(self, t: float, sim: Sim) -> Mapping[str, int]:
-        w = sim.window(self.args.tick_s)
-        ttft_mean = w.ttft_p.get(50, 0.0)
-        step = w.tpot_p.get(50, 0.0)
-        conc = {
-            "prefill": w.rate_rps * ttft_mean / 1000.0,
-            "decode": w.rate_rps * w.output_tokens * step / 1000.0,
-        }
-        self.samples.append((t, conc))
-        while self.samples and t - self.samples[0][0] >= 60.0:
-            self.samples.popleft()
-        out = {}
-        for role in ROLES:
-            stable = sum(c[role] for _, c in self.samples) / len(self.samples)
-            want_stable = math.ceil(stable / self.target[role])
-            want_panic = math.ceil(conc[role] / self.target[role])
-            ready = max(1, sim.fleet.ready(role, t))
-            if want_panic >= 2 * ready:
-                self.panic_until = t + 60.0
-            want = max(want_panic, self.current[role]) if t < self.panic_until else want_stable
-            out[role] = min(self.args.max_replicas, max(1, want))
-        self.current = out
-        return out
+def kpa_config(args: argparse.Namespace) -> PlannerConfig:
+    """The product's reactive policy (``planner.policy: reactive``) with Knative's default
+    windows (60 s stable, 6 s panic at 2x), sampled every tick from a one-tick window."""
+    return planner_config(args).model_copy(
+        update={"policy": "reactive", "window_s": float(args.tick_s),
+                "reactive": ReactiveConfig(stable_window_s=60.0, panic_window_s=6.0)}
+    )  # fmt: skip
 
 
 def run(
@@ -302,7 +272,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     rates = load_tide(args.tide)
     lengths = load_lengths(args.lengths)
     tide = Tide(rates, args.day_s, args.rate_scale)
-    mean_ctx = round(sum(i + o / 2 for i, o in lengths) / len(lengths))
     out: dict[str, Any] = {
         "benchmark": "autoscaler_eval",
         "mode": "virtual time over the pure cores (no processes; see benchmarks/README.md)",
@@ -322,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif name == "static":
             policy = lambda t, s, _x=static: _x  # noqa: E731
         elif name == "kpa":
-            policy = KpaPolicy(args, perf, mean_ctx, static)
+            policy = PlannerPolicy(args, make_spec(args, "tide"), perf, static, kpa_config(args))
         else:
             raise SystemExit(f"unknown policy {name!r}")
         (res,) = run(args, [sim], lambda t, p=policy, s=sim: [p(t, s)], [static])
@@ -364,17 +333,44 @@ def forecast_errors(args: argparse.Namespace, tide: Tide) -> dict[str, Any]:
 def colocation(
     args: argparse.Namespace, tide: Tide, lengths: Any, perf: PerfProfile, static: Mapping[str, int]
 ) -> dict[str, Any]:
-    """Two anti-phased tides (B = A shifted 12 h) on one shared budget, planner on both."""
+    """Two anti-phased tides (B = A shifted 12 h) on one shared budget, planner on both, at
+    ``--colocation-budget`` x the sum of their separate peaks, under both readings of
+    "separate peak": each static fleet (sized for its peak), and the most replicas each
+    deployment's planner had at once when autoscaled alone."""
     tide_b = Tide(tide.rates, tide.day_s, tide.scale, shift_rows=72)
     static_b = static_targets(args, new_sim(args, tide_b, lengths, perf, args.seed))
-    separate = sum(static.values()) + sum(static_b.values())
-    budget = math.floor(args.colocation_budget * separate)
+    alone = []
+    for name, t, st, seed in (("tide-a", tide, static, args.seed),
+                              ("tide-b", tide_b, static_b, args.seed + 1)):  # fmt: skip
+        sim = new_sim(args, t, lengths, perf, seed)
+        policy = PlannerPolicy(args, make_spec(args, name), perf, st)
+        (res,) = run(args, [sim], lambda _t, p=policy, s=sim: [p(_t, s)], [st])
+        alone.append(summary(args, sim, res))
+    bases = {
+        "static_peaks": sum(static.values()) + sum(static_b.values()),
+        "planner_alone_peaks": sum(a["peak_replicas"] for a in alone),
+    }
+    out: dict[str, Any] = {"planner_alone": dict(zip(("tide-a", "tide-b"), alone, strict=True))}
+    for basis, separate in bases.items():
+        budget = math.floor(args.colocation_budget * separate)
+        out[basis] = {
+            "separate_peaks": separate,
+            **shared_budget(args, tide, tide_b, lengths, perf, (static, static_b), budget),
+            "budget_vs_separate_peaks": round(budget / separate, 3),
+        }
+    return out
+
+
+def shared_budget(
+    args: argparse.Namespace, tide: Tide, tide_b: Tide, lengths: Any, perf: PerfProfile,
+    wants: Sequence[Mapping[str, int]], budget: int,
+) -> dict[str, Any]:  # fmt: skip
+    """A (priority 10) and B (0) planned together on ``budget`` replicas."""
     sims = [
         new_sim(args, tide, lengths, perf, args.seed),
         new_sim(args, tide_b, lengths, perf, args.seed + 1),
     ]
     specs = [make_spec(args, "tide-a", "pool", 10), make_spec(args, "tide-b", "pool", 0)]
-    wants = [static, static_b]
     allotted = allocate(  # warm start: each static fleet, fitted into the shared budget
         budget,
         [
@@ -386,18 +382,16 @@ def colocation(
     policies = [PlannerPolicy(args, sp, perf, st) for sp, st in zip(specs, start, strict=True)]
     cfg = policies[0].cfg
 
-    def decide(t: float) -> list[Mapping[str, int]]:
+    def decide_all(t: float) -> list[Mapping[str, int]]:
         inputs = {p.spec.name: p.inputs(t, s) for p, s in zip(policies, sims, strict=True)}
         alone = {n: on_tick(t, i, cfg) for n, i in inputs.items()}
         shared = plan_group(t, "pool", budget, inputs, alone, cfg)
         return [p.accept(shared[p.spec.name]) for p in policies]
 
-    results = run(args, sims, decide, start)
+    results = run(args, sims, decide_all, start)
     used = max(results[0].replica_series or [0])
     return {
         "budget": budget,
-        "separate_static_peaks": separate,
-        "budget_vs_separate_peaks": round(budget / separate, 3),
         "max_replicas_used_together": used,
         "deployments": {
             p.spec.name: {"priority": p.spec.budget.priority, **summary(args, s, r)}

@@ -1,4 +1,6 @@
-"""``tideserve apply -f FILE``, ``get deployments``, ``describe deployment NAME``, ``plan``.
+"""``tideserve apply -f FILE``, ``get deployments``, ``describe deployment NAME``, ``plan``,
+``scale deployment NAME --role R --replicas N`` (a manual override the planner holds: a pin,
+until the next changed apply or ``--release``).
 
 Clients of the autoscaler's gRPC API (``--autoscaler`` host:port, default 127.0.0.1:50053).
 Every verb prints a human table by default and one JSON document with ``--json``. ``get``
@@ -49,6 +51,13 @@ _EPILOG_PLAN = """\
 examples:
   tideserve plan --deployment chat-pd        # what the planner would do now, and why
   tideserve plan --deployment chat-pd --json
+"""
+_EPILOG_SCALE = """\
+examples:
+  tideserve scale deployment chat-pd --role decode --replicas 4   # now, and pinned there
+  tideserve scale deployment chat-pd --role decode --release      # the planner decides again
+  tideserve scale deployment chat-pd --role decode --replicas 4 --no-pin  # planner may move it
+  tideserve scale deployment chat-pd --role decode --replicas 4 --json
 """
 
 
@@ -113,6 +122,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     plan.add_argument("--deployment", required=True, help="deployment name")
     _common(plan)
     plan.set_defaults(func=_plan)
+
+    scale = kinds(subparsers, "scale", "set replicas by hand", _EPILOG_SCALE)
+    sd = scale.add_parser(
+        "deployment",
+        help="set a role's replicas now and pin them (the planner holds a pinned role)",
+        description="Manual override: the role goes to --replicas now (drained scale-in) and "
+        "every planner policy holds it there (a pin) until the next apply that changes the "
+        "spec, or --release; --no-pin sets the count without pinning it.",
+        epilog=_EPILOG_SCALE,
+        formatter_class=fmt,
+    )
+    sd.add_argument("name", help="deployment name")
+    sd.add_argument("--role", required=True, help="role name in the spec")
+    how = sd.add_mutually_exclusive_group(required=True)
+    how.add_argument("--replicas", type=int, help="replicas within the role's [min, max]")
+    how.add_argument("--release", action="store_true", help="unpin: the planner decides again")
+    sd.add_argument("--no-pin", action="store_true", help="set the count now without pinning it")
+    _common(sd)
+    sd.set_defaults(func=_scale)
 
 
 # --------------------------------------------------------------------------- rendering
@@ -200,7 +228,7 @@ def render_plan(d: autoscaler_pb2.ScalingDecision) -> str:
     forecast = json.loads(d.forecast_json or "{}")
     if forecast:
         out.append(
-            f"  forecast: {forecast.get('predictor')}, error MAPE "
+            f"  forecast: {forecast.get('predictor', forecast.get('policy'))}, error MAPE "
             f"{forecast.get('mape', 0):.1%} over {forecast.get('scored_buckets', 0)} buckets"
         )
     return "\n".join(out)
@@ -311,5 +339,28 @@ def _plan(args: argparse.Namespace) -> int:
         else:
             print(render_plan(resp.decision))
         return 0
+
+    return _call(args, run)
+
+
+def _scale(args: argparse.Namespace) -> int:
+    if args.replicas is not None and args.replicas < 0:
+        print(f"tideserve: --replicas must be >= 0, got {args.replicas}", file=sys.stderr)
+        return 1
+
+    def run(stub: Any) -> int:
+        resp = stub.ScaleRole(
+            autoscaler_pb2.ScaleRoleRequest(
+                deployment=args.name, role=args.role, replicas=args.replicas or 0,
+                pin=not args.no_pin, release=args.release,
+            ),
+            timeout=args.timeout,
+        )  # fmt: skip
+        if args.json:
+            _print_json(_dict(resp.decision))
+        else:
+            print(f"deployment {args.name}:")
+            print("\n".join(_decision_lines(resp.decision)))
+        return 0 if resp.decision.status != "failed" else 1
 
     return _call(args, run)

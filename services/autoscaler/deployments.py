@@ -2,7 +2,8 @@
 
 Apply, get (desired vs actual), list, delete (every instance drained through the
 reconciler first), manual scale (a decision with reason "manual", checked against min/max
-and the P:D ratio bounds by the pure :func:`manual_targets`), plan, instances, decisions.
+and the P:D ratio bounds by the pure :func:`manual_targets`; pinned on request: every planner
+policy holds a pin until a changed apply or a release), plan, instances, decisions.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from services.autoscaler.ports import InstanceView, ReconcileError, Reconciler
 from services.autoscaler.reconcile_core import count_of
 from services.autoscaler.reconciler import RoleStatus
 from services.autoscaler.records import DecisionRecord, RoleChange
+from services.autoscaler.scope import EVERY, NotManaged, Scope
 from services.autoscaler.spec import DeploymentSpec
 from services.autoscaler.store import AutoscalerStore
 
 __all__ = [
     "DeploymentView",
     "Deployments",
+    "NotManaged",
     "ScaleRefused",
     "UnknownDeployment",
     "manual_targets",
@@ -92,7 +95,9 @@ class Deployments:
         *,
         advisory: bool,
         wall: Callable[[], float],
+        scope: Scope = EVERY,
     ) -> None:
+        self._scope = scope
         self._store = store
         self._reconciler = reconciler
         self._loop = loop
@@ -102,23 +107,24 @@ class Deployments:
     async def apply(self, spec: DeploymentSpec) -> tuple[DeploymentSpec, bool]:
         """Store ``spec`` (a new generation when it changed) and hand its desired counts
         (the spec's replicas before any decision) to the reconciler, so the deployment
-        exists at once, with or without the planner loop (not in advisory mode)."""
+        exists at once, with or without the planner loop (not in advisory mode, nor for a
+        deployment outside the scope: stored for the autoscaler that manages it)."""
         stored, changed = await self._store.apply(spec)
         if changed:
             await self._hand_over(stored.name, f"apply: generation {stored.generation}")
         return stored, changed
 
     async def resume(self) -> int:
-        """Hand every stored deployment's desired counts to the reconciler (service start:
-        the reconciler starts empty). Returns how many."""
-        stored = await self._store.all()
+        """Hand every managed stored deployment's desired counts to the reconciler (service
+        start: the reconciler starts empty). Returns how many."""
+        stored = [d for d in await self._store.all() if self._scope.manages(d.spec.name)]
         for d in stored:
             await self._hand_over(d.spec.name, "resume: autoscaler started")
         return len(stored)
 
     async def _hand_over(self, name: str, reason: str) -> None:
         stored = await self._store.get(name)
-        if stored is None or self._advisory:
+        if stored is None or self._advisory or not self._scope.manages(name):
             return
         targets = {r.name: stored.desired.get(r.name, r.replicas) for r in stored.spec.roles}
         await self._reconciler.apply(stored.spec, targets, (), reason=reason)
@@ -146,7 +152,8 @@ class Deployments:
         return out
 
     async def delete(self, name: str) -> None:
-        """Drain and remove every instance, then forget the spec. Idempotent."""
+        """Drain and remove every instance, then forget the spec. Idempotent. Outside the
+        scope nothing is drained here (the managing autoscaler's next tick finds it gone)."""
         stored = await self._store.get(name)
         if stored is None:
             return
@@ -155,21 +162,35 @@ class Deployments:
             for r in stored.spec.roles
             for i in active(self._reconciler.instances(name), r.name)
         ]
-        if not self._advisory:
+        if not self._advisory and self._scope.manages(name):
             await self._reconciler.apply(
                 stored.spec, {r.name: 0 for r in stored.spec.roles}, victims, reason="delete"
             )
         await self._store.delete(name)
 
-    async def scale(self, name: str, role: str, replicas: int) -> DecisionRecord:
+    async def scale(
+        self, name: str, role: str, replicas: int, *, pin: bool = False, release: bool = False
+    ) -> DecisionRecord:
+        """Manual scale: ``role`` to ``replicas`` now; with ``pin`` held there by every
+        policy until a changed apply or a ``release``, which unpins and changes nothing now."""
         stored = await self._store.get(name)
         if stored is None:
             raise UnknownDeployment(f"no deployment {name!r}")
+        self._scope.check(name)
+        if release:
+            if role not in {r.name for r in stored.spec.roles}:
+                raise UnknownDeployment(f"deployment {name!r} has no role {role!r}")
+            await self._store.set_pin(name, role, None)
+            held = stored.pins.get(role)
+            why = f"manual: {role} released (was pinned at {held})" if held is not None else (
+                f"manual: {role} was not pinned"
+            )  # fmt: skip
+            return await self._record(stored.spec, (), why, "applied", ())
         targets = manual_targets(stored.spec, stored.desired, role, replicas)
         instances = self._reconciler.instances(name)
         victims = tuple(pick_victims(instances, role, replicas))
         before = stored.desired.get(role, stored.spec.role(role).replicas)
-        reasons = [f"manual: {role} {before} -> {replicas}"]
+        reasons = [f"manual: {role} {before} -> {replicas}" + (", pinned" if pin else "")]
         status = "dry-run" if self._advisory else "applied"
         if not self._advisory:
             try:
@@ -179,13 +200,26 @@ class Deployments:
                 reasons.append(f"reconciler: {exc}")
         if status != "failed":
             await self._store.set_desired(name, targets)
+            if pin:
+                await self._store.set_pin(name, role, replicas)
+        changes = (RoleChange(role, before, replicas),) if before != replicas else ()
+        return await self._record(stored.spec, changes, reasons, status, victims)
+
+    async def _record(
+        self,
+        spec: DeploymentSpec,
+        changes: tuple[RoleChange, ...],
+        reasons: str | list[str],
+        status: str,
+        victims: tuple[str, ...],
+    ) -> DecisionRecord:
         record = DecisionRecord(
             decision_id=uuid.uuid4().hex,
-            deployment=name,
-            generation=stored.spec.generation,
+            deployment=spec.name,
+            generation=spec.generation,
             ts_ms=int(self._wall() * 1000),
-            changes=(RoleChange(role, before, replicas),) if before != replicas else (),
-            reasons=tuple(reasons),
+            changes=changes,
+            reasons=(reasons,) if isinstance(reasons, str) else tuple(reasons),
             binding_constraint="manual",
             status=status,
             victims=victims,
@@ -194,6 +228,8 @@ class Deployments:
         return record
 
     async def plan(self, name: str) -> Decision:
+        if await self._store.get(name) is not None:
+            self._scope.check(name)
         decision = await self._loop.plan(name)
         if decision is None:
             raise UnknownDeployment(f"no deployment {name!r}")

@@ -1,6 +1,8 @@
-"""The planner loop: the shell around :func:`services.autoscaler.planner.on_tick`.
+"""The planner loop: the shell around the configured policy's core
+(:func:`services.autoscaler.planner.decide`: the SLA planner's ``on_tick`` or the reactive
+``reactive_tick``).
 
-Every ``interval_s``: for each stored deployment read telemetry (one window, one perf model
+Every ``interval_s``: for each stored deployment in its scope (``managed_deployments``) read telemetry (one window, one perf model
 per role kind), the instances from the :class:`Reconciler`, run the core (then the
 co-location step per budget group), store the decision, and hand the targets and victims
 to the reconciler — unless ``advisory`` (dry-run: decided and stored as "dry-run"; the
@@ -29,12 +31,13 @@ from services.autoscaler.planner import (
     PlannerConfig,
     PlannerInputs,
     PlannerState,
-    on_tick,
+    decide,
 )
 from services.autoscaler.planner.capacity import PerfLike
 from services.autoscaler.planner.group import plan_group
 from services.autoscaler.ports import ReconcileError, Reconciler
 from services.autoscaler.records import DecisionRecord
+from services.autoscaler.scope import EVERY, Scope
 from services.autoscaler.store import AutoscalerStore, StoredDeployment
 from services.autoscaler.telemetry import TelemetryReader
 from services.common.streams.codec import one_line
@@ -50,6 +53,7 @@ class LoopOptions:
     advisory: bool = False
     budget_groups: Mapping[str, int] | None = None  # group -> replicas shared
     hold_record_s: float = 300.0
+    scope: Scope = EVERY  # the deployments planned here (managed_deployments)
 
 
 def to_record(d: Decision, status: str, wall_ms: int) -> DecisionRecord:
@@ -119,6 +123,7 @@ class PlannerLoop:
             startup_s=startup,
             state=self._states.get(spec.name, PlannerState()),
             telemetry_error=error,
+            pins=dict(dep.pins),
         )
 
     async def _decide(
@@ -126,7 +131,7 @@ class PlannerLoop:
     ) -> tuple[dict[str, PlannerInputs], dict[str, Decision]]:
         now = self._clock()
         inputs = {d.spec.name: await self.inputs(d) for d in deployments}
-        decisions = {n: on_tick(now, i, self._cfg) for n, i in inputs.items()}
+        decisions = {n: decide(now, i, self._cfg) for n, i in inputs.items()}
         groups: dict[str, list[str]] = defaultdict(list)
         for name, i in inputs.items():
             if i.spec.budget.group:
@@ -146,17 +151,21 @@ class PlannerLoop:
             decisions.update(sub)
         return inputs, decisions
 
+    async def _managed(self) -> list[StoredDeployment]:
+        return [d for d in await self._store.all() if self._opts.scope.manages(d.spec.name)]
+
     async def plan(self, name: str) -> Decision | None:
-        """What the planner would decide now for ``name`` (nothing stored or advanced)."""
-        deployments = await self._store.all()
+        """What the planner would decide now for ``name`` (nothing stored or advanced; None
+        unless it is stored and managed here)."""
+        deployments = await self._managed()
         if name not in {d.spec.name for d in deployments}:
             return None
         _, decisions = await self._decide(deployments)
         return decisions[name]
 
     async def tick(self) -> list[DecisionRecord]:
-        """One pass over every deployment; returns the records it stored."""
-        deployments = await self._store.all()
+        """One pass over every managed deployment; returns the records it stored."""
+        deployments = await self._managed()
         inputs, decisions = await self._decide(deployments)
         stored: list[DecisionRecord] = []
         for name, d in decisions.items():

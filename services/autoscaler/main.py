@@ -24,6 +24,7 @@ from services.autoscaler.drivers.build import build_reconciler
 from services.autoscaler.loop import LoopOptions, PlannerLoop
 from services.autoscaler.metrics import AutoscalerMetrics
 from services.autoscaler.ports import Reconciler
+from services.autoscaler.scope import Scope
 from services.autoscaler.seam import DriverReconciler, LoadPoller
 from services.autoscaler.servicer import AutoscalerServicer, add_to_server
 from services.autoscaler.settings import AutoscalerSettings
@@ -61,6 +62,7 @@ def build(
 
         return ServiceHooks(register=register_only, registry=registry, access=(ACCESS,))
 
+    scope = Scope(tuple(settings.managed_deployments))
     engine = db.create_engine(settings.postgres_url, "autoscaler")
     store = AutoscalerStore(engine)
     redis = (
@@ -77,7 +79,9 @@ def build(
             lambda address: aio_channel(address, security),
         )
         driven = DriverReconciler(
-            rec, LoadPoller(rec, settings.load_poll_s, timeout_s=min(1.0, settings.load_poll_s))
+            rec,
+            LoadPoller(rec, settings.load_poll_s, timeout_s=min(1.0, settings.load_poll_s)),
+            scope,
         )
         reconciler: Reconciler = driven
     else:
@@ -88,12 +92,14 @@ def build(
         reconciler,
         GrpcTelemetry(channel, settings.telemetry_timeout_s),
         settings.planner,
-        LoopOptions(settings.advisory, settings.budget_groups, settings.hold_record_s),
+        LoopOptions(settings.advisory, settings.budget_groups, settings.hold_record_s, scope),
         metrics,
         clock=time.monotonic,
         wall=time.time,
     )
-    deployments = Deployments(store, reconciler, loop, advisory=settings.advisory, wall=time.time)
+    deployments = Deployments(
+        store, reconciler, loop, advisory=settings.advisory, wall=time.time, scope=scope
+    )
     stopping = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
 

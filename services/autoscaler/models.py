@@ -29,7 +29,9 @@ class Base(DeclarativeBase):
 class Deployment(Base):
     """A deployment spec as last applied. ``spec`` is a serialized
     ``tideserve.v1.DeploymentSpec``; ``generation`` increases on every change. ``desired``
-    is ``{role: replicas}``, the last target handed to the reconciler."""
+    is ``{role: replicas}``, the last target handed to the reconciler; ``pins`` is
+    ``{role: replicas}`` set by a manual scale, held by the planner until the next changed
+    apply (or a release)."""
 
     __tablename__ = "deployments"
     __table_args__ = {"schema": SCHEMA}
@@ -38,6 +40,7 @@ class Deployment(Base):
     spec: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
     generation: Mapped[int] = mapped_column(BigInteger, nullable=False, default=1)
     desired: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default="{}")
+    pins: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default="{}")
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), nullable=False, server_default=func.now()
     )

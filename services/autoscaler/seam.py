@@ -13,10 +13,12 @@ Pure translations:
   ``RoleTarget`` (engine ``sim``: the simulator with the role's ``args``; ``sglang``/``vllm``:
   the role's ``template`` as a command line with ``{host}``/``{port}``/... placeholders, else
   :data:`ENGINE_COMMANDS`), ``coordination.max_skew_percent`` -> ``max_skew`` as a fraction
-  (0 = uncoordinated, 1.0), ``coordination.drain_timeout_s`` is the driver's setting;
+  (0 = uncoordinated, 1.0), ``coordination.drain_timeout_s`` -> each role's
+  ``drain_timeout_s`` (bounds the drain of its instances; 0 = the driver's setting);
 - :func:`victims_by_role`: the planner's flat victim list -> ``{role: [ids]}``.
 
-:class:`DriverReconciler` implements the port over the real reconciler: ``apply`` returns
+:class:`DriverReconciler` implements the port over the real reconciler (refusing a
+deployment outside ``managed_deployments``, :mod:`~services.autoscaler.scope`): ``apply`` returns
 once the target is recorded (the reconciler drives it in its own tasks), ``instances`` is the
 driver's snapshot with the last scraped load, ``progress`` is the reconciler's
 "converged"/"applying: ..."/"half-applied: ..." line for ``describe`` (with the
@@ -33,8 +35,9 @@ import aiohttp
 
 from services.autoscaler.drivers.base import DeploymentTarget, InstanceState, Role, RoleTarget
 from services.autoscaler.drivers.dryrun import DryRunDriver
-from services.autoscaler.ports import InstanceView
+from services.autoscaler.ports import InstanceView, ReconcileError
 from services.autoscaler.reconciler import Reconciler as DriverLoop
+from services.autoscaler.scope import EVERY, Scope
 from services.autoscaler.spec import DeploymentSpec, RoleSpec
 from services.common.tasks import pause, stop_tasks
 from services.scheduler.core.load_merge import LoadReport
@@ -56,8 +59,11 @@ ENGINE_COMMANDS: Mapping[str, tuple[str, ...]] = {
 """Command lines of real engines when a role gives no ``template`` (its ``args`` follow)."""
 
 
-def role_target(deployment: str, role: RoleSpec, replicas: int) -> RoleTarget:
-    """``role`` of ``deployment`` at ``replicas`` as a driver needs it (pure)."""
+def role_target(
+    deployment: str, role: RoleSpec, replicas: int, drain_timeout_s: float = 0.0
+) -> RoleTarget:
+    """``role`` of ``deployment`` at ``replicas`` as a driver needs it (pure);
+    ``drain_timeout_s``: the spec's ``coordination.drain_timeout_s`` (0 = the driver's)."""
     command: tuple[str, ...] = ()
     if role.engine != "sim":
         command = tuple(shlex.split(role.template)) or ENGINE_COMMANDS[role.engine]
@@ -74,6 +80,7 @@ def role_target(deployment: str, role: RoleSpec, replicas: int) -> RoleTarget:
         dependencies=role.dependencies,
         restart=role.restart_policy,
         ports=role.ports,
+        drain_timeout_s=drain_timeout_s,
     )
 
 
@@ -81,7 +88,10 @@ def deployment_target(
     spec: DeploymentSpec, targets: Mapping[str, int], reason: str = ""
 ) -> DeploymentTarget:
     """Every role of ``spec`` at ``targets[role]`` (the spec's replicas when absent)."""
-    roles = tuple(role_target(spec.name, r, targets.get(r.name, r.replicas)) for r in spec.roles)
+    drain = spec.coordination.drain_timeout_s
+    roles = tuple(
+        role_target(spec.name, r, targets.get(r.name, r.replicas), drain) for r in spec.roles
+    )
     skew = spec.coordination.max_skew_percent / 100.0
     return DeploymentTarget(spec.name, roles, max_skew=skew if skew > 0 else 1.0, reason=reason)
 
@@ -143,9 +153,12 @@ class LoadPoller:
 class DriverReconciler:
     """The port over the drivers' reconciler (``loop``); see the module docstring."""
 
-    def __init__(self, loop: DriverLoop, load: LoadPoller | None = None) -> None:
+    def __init__(
+        self, loop: DriverLoop, load: LoadPoller | None = None, scope: Scope = EVERY
+    ) -> None:
         self.loop = loop
         self._load = load
+        self._scope = scope
 
     async def start(self) -> None:
         await self.loop.start()
@@ -165,6 +178,9 @@ class DriverReconciler:
         victims: Sequence[str],
         reason: str = "",
     ) -> None:
+        """:class:`ReconcileError` for a deployment outside the scope (never driven here)."""
+        if not self._scope.manages(spec.name):
+            raise ReconcileError(f"{spec.name!r} is outside managed_deployments")
         status = self.loop.status(spec.name)
         previous = {r.name: r.desired for r in status.roles} if status is not None else {}
         full = {r.name: targets.get(r.name, previous.get(r.name, r.replicas)) for r in spec.roles}

@@ -16,6 +16,7 @@ from tideserve.v1 import autoscaler_pb2, autoscaler_pb2_grpc, common_pb2
 
 from services.autoscaler.deployments import (
     Deployments,
+    NotManaged,
     ScaleRefused,
     UnknownDeployment,
 )
@@ -206,6 +207,8 @@ class AutoscalerServicer(_Base):
             decision = await deployments.plan(request.deployment)
         except UnknownDeployment as exc:
             await _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        except NotManaged as exc:
+            await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return autoscaler_pb2.PlanResponse(decision=decision_to_proto(decision, self._wall_ms()))
 
     async def ScaleRole(
@@ -213,10 +216,16 @@ class AutoscalerServicer(_Base):
     ) -> autoscaler_pb2.ScaleRoleResponse:
         deployments = await self._ready(context)
         try:
-            record = await deployments.scale(request.deployment, request.role, request.replicas)
+            record = await deployments.scale(
+                request.deployment,
+                request.role,
+                request.replicas,
+                pin=request.pin,
+                release=request.release,
+            )
         except UnknownDeployment as exc:
             await _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
-        except ScaleRefused as exc:
+        except (ScaleRefused, NotManaged) as exc:
             await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return autoscaler_pb2.ScaleRoleResponse(decision=record_to_proto(record))
 

@@ -29,6 +29,11 @@ class AutoscalerSettings(ServiceSettings):
     advisory: bool = Field(
         False, description="dry-run: decide and record, never hand targets to the reconciler"
     )
+    managed_deployments: list[str] = Field(
+        default_factory=list,
+        description="deployments this autoscaler plans, starts and resumes: names or "
+        "shell-style patterns (chat-*); [] = every stored deployment (see scope.py)",
+    )
     budget_groups: dict[str, int] = Field(
         default_factory=dict,
         description="shared replica budgets for tidal co-location: group -> replicas",

@@ -4,14 +4,15 @@
 ignored) keeps its generation; a changed one becomes generation + 1 and every revision is
 kept in ``deployment_revisions``. Desired replicas start at the spec's ``replicas``; a
 changed spec keeps the desired count of an existing role clamped into its new [min, max]
-(the planner owns the count, as with an autoscaled RoleBasedGroup). Decisions outlive their
-deployment (an audit log).
+(the planner owns the count, as with an autoscaled RoleBasedGroup). Manual pins
+(``tideserve scale``: ``{role: replicas}`` the planner holds) are cleared by a changed apply.
+Decisions outlive their deployment (an audit log).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -31,6 +32,16 @@ __all__ = ["AutoscalerStore", "StoredDeployment", "merge_desired"]
 class StoredDeployment:
     spec: DeploymentSpec
     desired: Mapping[str, int]
+    pins: Mapping[str, int] = field(default_factory=dict)
+
+
+def _ints(d: Mapping[str, Any]) -> dict[str, int]:
+    return {str(k): int(v) for k, v in d.items()}
+
+
+def _stored(row: Any) -> StoredDeployment:
+    spec = _decode(row.spec).model_copy(update={"generation": row.generation})
+    return StoredDeployment(spec, _ints(row.desired), _ints(row.pins))
 
 
 def merge_desired(spec: DeploymentSpec, old: Mapping[str, int]) -> dict[str, int]:
@@ -73,6 +84,7 @@ def _record(row: Any) -> DecisionRecord:
 _DEP = cast(sa.Table, Deployment.__table__)
 _REV = cast(sa.Table, DeploymentRevision.__table__)
 _DEC = cast(sa.Table, Decision.__table__)
+_SELECT = sa.select(_DEP.c.spec, _DEP.c.generation, _DEP.c.desired, _DEP.c.pins)
 
 
 class AutoscalerStore:
@@ -111,6 +123,7 @@ class AutoscalerStore:
                         "spec": blob,
                         "generation": generation,
                         "desired": desired,
+                        "pins": {},
                         "updated_at": sa.func.now(),
                     },
                 )
@@ -125,30 +138,13 @@ class AutoscalerStore:
             return await self._get(conn, name)
 
     async def _get(self, conn: AsyncConnection, name: str) -> StoredDeployment | None:
-        row = (
-            await conn.execute(
-                sa.select(_DEP.c.spec, _DEP.c.generation, _DEP.c.desired).where(_DEP.c.name == name)
-            )
-        ).first()
-        if row is None:
-            return None
-        spec = _decode(row.spec).model_copy(update={"generation": row.generation})
-        return StoredDeployment(spec, {str(k): int(v) for k, v in row.desired.items()})
+        row = (await conn.execute(_SELECT.where(_DEP.c.name == name))).first()
+        return None if row is None else _stored(row)
 
     async def all(self) -> list[StoredDeployment]:
         async with self._engine.connect() as conn:
-            rows = (
-                await conn.execute(
-                    sa.select(_DEP.c.spec, _DEP.c.generation, _DEP.c.desired).order_by(_DEP.c.name)
-                )
-            ).all()
-        return [
-            StoredDeployment(
-                _decode(r.spec).model_copy(update={"generation": r.generation}),
-                {str(k): int(v) for k, v in r.desired.items()},
-            )
-            for r in rows
-        ]
+            rows = (await conn.execute(_SELECT.order_by(_DEP.c.name))).all()
+        return [_stored(r) for r in rows]
 
     async def revisions(self, name: str) -> list[DeploymentSpec]:
         """Every stored revision of ``name``, oldest first."""
@@ -223,3 +219,14 @@ class AutoscalerStore:
         async with self._engine.connect() as conn:
             rows = (await conn.execute(sa.select(_DEP.c.name).order_by(_DEP.c.name))).all()
         return [str(r.name) for r in rows]
+
+    async def set_pin(self, name: str, role: str, replicas: int | None) -> None:
+        """Pin ``role`` of ``name`` at ``replicas`` (None: release it; no-op if it is gone)."""
+        pins = _DEP.c.pins
+        value = (
+            pins.op("-")(role)
+            if replicas is None
+            else pins.op("||")(sa.cast({role: replicas}, pins.type))
+        )
+        async with self._engine.begin() as conn:
+            await conn.execute(sa.update(_DEP).where(_DEP.c.name == name).values(pins=value))

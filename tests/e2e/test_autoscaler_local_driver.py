@@ -29,6 +29,7 @@ from services.autoscaler.drivers.local import LocalDriver
 from services.autoscaler.drivers.settings import LocalSettings
 from services.stack.procs import ProcRef, is_alive, signal_process
 from services.stack.recorded import read_recorded
+from tests.helpers.autoscale import RecordingDrainer
 from tests.helpers.ports import free_port
 from tests.helpers.waits import eventually
 
@@ -220,6 +221,38 @@ async def test_role_ports_first_then_the_range(
     await drv.scale(role, 3)
     assert any(i.endpoint.endswith(f":{mine[0]}") for i in drv.instances("dep"))
     assert first.instance_id not in {i.instance_id for i in drv.instances("dep")}  # new id
+
+
+@pytest.mark.parametrize(
+    ("spec_timeout_s", "limit"),
+    [(0.0, None), (0.5, 0.5)],
+    ids=["spec-0-driver-default", "spec-timeout-bounds-the-drain"],
+)
+async def test_scale_in_drains_within_the_specs_drain_timeout(
+    tmp_path: Path, spec_timeout_s: float, limit: float | None
+) -> None:
+    """The role's ``drain_timeout_s`` (the spec's ``coordination.drain_timeout_s``) is what
+    bounds the drain of its victims; 0 leaves the driver's own timeout."""
+    base = free_port()
+    settings = LocalSettings(port_min=base, port_max=base + 10, state_dir=str(tmp_path),
+                             probe_interval_s=0.1, stop_grace_s=5.0)  # fmt: skip
+    drainer = RecordingDrainer([], timeout_s=10.0, poll_s=0.1)
+    drv = LocalDriver(settings, drainer)
+    await drv.start()
+    try:
+        role = RoleTarget("d", "w", Role.WORKER, 1, args=SIM_ARGS, startup_timeout_s=90,
+                          drain_timeout_s=spec_timeout_s)  # fmt: skip
+        await drv.scale(role, 1)
+
+        async def ready() -> bool:
+            return [i.state for i in drv.instances("d")] == [InstanceState.READY]
+
+        await eventually(ready, within_s=90)
+        await drv.scale(role, 0)
+        assert drainer.limits == [limit]
+        assert [res.drained for _, res in drainer.results] == [True]
+    finally:
+        await drv.close()
 
 
 async def test_instance_id_format(tmp_path: Path) -> None:

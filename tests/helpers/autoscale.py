@@ -32,12 +32,11 @@ from services.autoscaler.main import build as build_autoscaler
 from services.autoscaler.membership import MembershipPublisher
 from services.autoscaler.reconciler import Reconciler
 from services.autoscaler.settings import AutoscalerSettings
-from services.common.server import serve
 from services.common.streams import StreamProducer
 from services.scheduler.settings import SchedulerSettings
 from tests.helpers.engine_stack import Outcome, stream_sse
 from tests.helpers.ports import free_ports
-from tests.helpers.scheduler import scheduler_service
+from tests.helpers.scheduler import scheduler_service, serving
 
 __all__ = [
     "ClosedLoop",
@@ -53,15 +52,18 @@ SIM_ARGS = ("--profile", "test", "--kv-blocks", "512")
 
 
 class RecordingDrainer(Drainer):
-    """A :class:`Drainer` that keeps ``(instance_id, result)`` of every drain."""
+    """A :class:`Drainer` that keeps ``(instance_id, result)`` of every drain, and the
+    ``timeout_s`` each drain was given (None = the drainer's own)."""
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.results: list[tuple[str, DrainResult]] = []
+        self.limits: list[float | None] = []
 
     async def drain(
         self, instance_id: str, endpoint: str, timeout_s: float | None = None
     ) -> DrainResult:
+        self.limits.append(timeout_s)
         res = await super().drain(instance_id, endpoint, timeout_s)
         self.results.append((instance_id, res))
         return res
@@ -210,18 +212,8 @@ async def autoscaler_service(settings: AutoscalerSettings) -> AsyncIterator[str]
 
     assert settings.postgres_url is not None
     await asyncio.to_thread(db.migrate, settings.postgres_url, "autoscaler")
-    hooks = build_autoscaler(settings)
-    ready, stop = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(
-        serve(settings, "autoscaler", hooks.register, on_start=hooks.on_start,
-              on_stop=hooks.on_stop, ready=ready, stop=stop, registry=hooks.registry)
-    )  # fmt: skip
-    try:
-        await asyncio.wait_for(ready.wait(), 30)
+    async with serving(settings, "autoscaler", build_autoscaler):
         yield f"127.0.0.1:{settings.grpc_port}"
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 60)
 
 
 async def tideserve(*argv: str) -> tuple[int, str, str]:

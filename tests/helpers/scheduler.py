@@ -4,14 +4,14 @@ whole service (``services.scheduler.main.build`` + ``serve``) from settings."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
 from tideserve.v1 import scheduler_pb2_grpc
 
-from services.common.server import serve
+from services.common.server import ServiceHooks, serve
 from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.core.service import GatewayCore
 from services.scheduler.grpc.servicer import SchedulerServicer, add_to_server
@@ -48,14 +48,17 @@ async def scheduler_stub(servicer: SchedulerServicer) -> AsyncIterator[Any]:
 
 
 @asynccontextmanager
-async def scheduler_service(settings: SchedulerSettings) -> AsyncIterator[None]:
-    """The scheduler service serving until the block ends (then a graceful stop)."""
-    hooks = build(settings)
+async def serving(
+    settings: Any, name: str, build_hooks: Callable[[Any], ServiceHooks]
+) -> AsyncIterator[None]:
+    """Service ``name`` from ``build_hooks(settings)`` (a ``main.build``) serving until the
+    block ends (then a graceful stop)."""
+    hooks = build_hooks(settings)
     ready, stop = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(
         serve(
             settings,
-            "scheduler",
+            name,
             hooks.register,
             on_start=hooks.on_start,
             on_stop=hooks.on_stop,
@@ -69,4 +72,11 @@ async def scheduler_service(settings: SchedulerSettings) -> AsyncIterator[None]:
         yield
     finally:
         stop.set()
-        await asyncio.wait_for(task, 30)
+        await asyncio.wait_for(task, 60)
+
+
+@asynccontextmanager
+async def scheduler_service(settings: SchedulerSettings) -> AsyncIterator[None]:
+    """The scheduler service serving until the block ends (then a graceful stop)."""
+    async with serving(settings, "scheduler", build):
+        yield

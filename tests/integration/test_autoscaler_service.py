@@ -25,6 +25,7 @@ from services.autoscaler.loop import LoopOptions, PlannerLoop
 from services.autoscaler.metrics import AutoscalerMetrics
 from services.autoscaler.planner import PlannerConfig
 from services.autoscaler.ports import InMemoryReconciler
+from services.autoscaler.scope import EVERY, Scope
 from services.autoscaler.servicer import AutoscalerServicer, add_to_server
 from services.autoscaler.spec import load_spec_file
 from services.autoscaler.store import AutoscalerStore
@@ -50,7 +51,7 @@ class Harness:
     clock: list[float] = field(default_factory=lambda: [0.0])
 
 
-async def _harness(url: str, advisory: bool) -> AsyncIterator[Harness]:
+async def _harness(url: str, advisory: bool, scope: Scope = EVERY) -> AsyncIterator[Harness]:
     await asyncio.to_thread(migrate, url, "autoscaler")
     engine = create_engine(url, "autoscaler")
     telemetry = ScriptedTelemetry()
@@ -69,12 +70,14 @@ async def _harness(url: str, advisory: bool) -> AsyncIterator[Harness]:
         reconciler,
         GrpcTelemetry(channel),
         cfg,
-        LoopOptions(advisory=advisory, hold_record_s=0),
+        LoopOptions(advisory=advisory, hold_record_s=0, scope=scope),
         AutoscalerMetrics(registry),
         clock=lambda: clock[0],
         wall=lambda: 1_700_000_000 + clock[0],
     )
-    deployments = Deployments(store, reconciler, loop, advisory=advisory, wall=lambda: clock[0])
+    deployments = Deployments(
+        store, reconciler, loop, advisory=advisory, wall=lambda: clock[0], scope=scope
+    )
     server = grpc.aio.server()
     add_to_server(AutoscalerServicer(deployments, lambda: int(clock[0] * 1000)), server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -107,9 +110,22 @@ async def advisory(postgres_db_url: str) -> AsyncIterator[Harness]:
         yield x
 
 
-async def _apply(h: Harness) -> Any:
-    spec = spec_to_proto(load_spec_file(PD.read_text()))
+@pytest.fixture
+async def scoped(postgres_db_url: str) -> AsyncIterator[Harness]:
+    async for x in _harness(postgres_db_url, advisory=False, scope=Scope(("chat-*",))):
+        yield x
+
+
+async def _apply(h: Harness, **update: Any) -> Any:
+    spec = spec_to_proto(load_spec_file(PD.read_text()).model_copy(update=update))
     return await h.stub.ApplyDeployment(autoscaler_pb2.ApplyDeploymentRequest(spec=spec))
+
+
+async def _scale(h: Harness, role: str, replicas: int = 0, release: bool = False) -> Any:
+    req = autoscaler_pb2.ScaleRoleRequest(
+        deployment="chat-pd", role=role, replicas=replicas, pin=not release, release=release
+    )
+    return (await h.stub.ScaleRole(req)).decision
 
 
 async def test_apply_validates_and_is_idempotent(h: Harness) -> None:
@@ -236,6 +252,76 @@ async def test_plan_scale_and_delete(h: Harness) -> None:
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+async def test_a_manual_scale_pins_until_released_or_a_changed_apply(h: Harness) -> None:
+    await _apply(h)
+    h.telemetry.window = window(30)  # the planner wants prefill 4, decode 3
+    unpinned = await h.stub.ScaleRole(
+        autoscaler_pb2.ScaleRoleRequest(deployment="chat-pd", role="decode", replicas=2)
+    )
+    assert unpinned.decision.reasons == ["manual: decode 1 -> 2"]
+    h.clock[0] = 0.5
+    await h.loop.tick()  # not pinned: a starting count the planner moves
+    assert h.reconciler.calls[-1][1] == {"prefill": 4, "decode": 3}
+    pinned = await _scale(h, "decode", 2)
+    assert pinned.reasons == ["manual: decode 3 -> 2, pinned"]
+    (tick,) = await h.loop.tick()
+    assert h.reconciler.calls[-1][1] == {"prefill": 4, "decode": 2}
+    assert "manual pin: decode 2" in tick.reasons[-1] and "manual" in tick.binding_constraint
+    released = await _scale(h, "decode", release=True)
+    assert released.reasons == ["manual: decode released (was pinned at 2)"]
+    assert not released.changes
+    h.clock[0] = 1.0
+    await h.loop.tick()
+    assert h.reconciler.calls[-1][1] == {"prefill": 4, "decode": 3}
+    await _scale(h, "decode", 1)
+    calls = len(h.reconciler.calls)
+    h.clock[0] = 2.0
+    (held,) = await h.loop.tick()  # held at the pin: nothing to do
+    assert (held.changes, len(h.reconciler.calls)) == ((), calls)
+    await _apply(h, perf_profile="")  # a changed spec (generation 2) clears the pins
+    h.clock[0] = 3.0
+    await h.loop.tick()
+    assert h.reconciler.calls[-1][1]["decode"] == 3
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await _scale(h, "router", release=True)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_scope_limits_what_this_autoscaler_drives(scoped: Harness) -> None:
+    """``managed_deployments: [chat-*]`` on a Postgres shared with another stack's
+    ``other-pd``: both stored, only ``chat-pd`` handed over, resumed, planned or scaled."""
+    await _apply(scoped)
+    await _apply(scoped, name="other-pd")
+    assert [c[0] for c in scoped.reconciler.calls] == ["chat-pd"]
+    got = await scoped.stub.GetDeployment(autoscaler_pb2.GetDeploymentRequest(name="other-pd"))
+    assert got.spec.name == "other-pd"  # stored, listed, described
+    scoped.telemetry.window = window(30)
+    stored = await scoped.loop.tick()
+    assert [r.deployment for r in stored] == ["chat-pd"]
+    assert await scoped.loop._store.get("other-pd") is not None
+    for call in (
+        scoped.stub.ScaleRole(
+            autoscaler_pb2.ScaleRoleRequest(deployment="other-pd", role="decode", replicas=2)
+        ),
+        scoped.stub.Plan(autoscaler_pb2.PlanRequest(deployment="other-pd")),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "not managed by this autoscaler (managed_deployments: chat-*)" in (
+            info.value.details() or ""
+        )
+    before = len(scoped.reconciler.calls)
+    deployments = Deployments(
+        scoped.loop._store, scoped.reconciler, scoped.loop, advisory=False,
+        wall=lambda: 0.0, scope=Scope(("chat-*",)),
+    )  # fmt: skip
+    assert await deployments.resume() == 1
+    assert [c[0] for c in scoped.reconciler.calls[before:]] == ["chat-pd"]
+    await scoped.stub.DeleteDeployment(autoscaler_pb2.DeleteDeploymentRequest(name="other-pd"))
+    assert all(c[0] == "chat-pd" for c in scoped.reconciler.calls)
+
+
 async def test_advisory_mode_records_dry_run_and_changes_nothing(advisory: Harness) -> None:
     await _apply(advisory)
     advisory.telemetry.window = window(30)
@@ -248,13 +334,16 @@ async def test_advisory_mode_records_dry_run_and_changes_nothing(advisory: Harne
     assert [d.status for d in listed.decisions] == ["dry-run"]
 
 
-async def test_cli_apply_get_describe_plan(h: Harness, capsys: pytest.CaptureFixture[str]) -> None:
-    addr = ["--autoscaler", h.address]
+async def _cli(h: Harness, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``tideserve ARGV --autoscaler <h>`` in a thread: (exit code, stdout, stderr)."""
+    code = await asyncio.to_thread(cli, [*argv, "--autoscaler", h.address])
+    out, err = capsys.readouterr()
+    return code, out, err
 
-    async def run(*argv: str) -> tuple[int, str, str]:
-        code = await asyncio.to_thread(cli, [*argv, *addr])
-        out, err = capsys.readouterr()
-        return code, out, err
+
+async def test_cli_apply_get_describe_plan(h: Harness, capsys: pytest.CaptureFixture[str]) -> None:
+    def run(*argv: str) -> Any:
+        return _cli(h, capsys, *argv)
 
     assert await run("apply", "-f", str(PD)) == (
         0,
@@ -279,6 +368,32 @@ async def test_cli_apply_get_describe_plan(h: Harness, capsys: pytest.CaptureFix
     bad = PD.parent.parent.parent / "pyproject.toml"
     code, _, err = await run("apply", "-f", str(bad))
     assert code == 1 and "invalid spec" in err
+
+
+async def test_cli_scale_pins_and_releases(h: Harness, capsys: pytest.CaptureFixture[str]) -> None:
+    def run(*argv: str) -> Any:
+        return _cli(h, capsys, *argv)
+
+    await _apply(h)
+    code, out, _ = await run("scale", "deployment", "chat-pd", "--role", "decode",
+                             "--replicas", "2", "--json")  # fmt: skip
+    doc = json.loads(out)
+    assert code == 0 and (doc["status"], doc["binding_constraint"]) == ("applied", "manual")
+    assert doc["changes"] == [{"role": "decode", "from_replicas": 1, "to_replicas": 2}]
+    assert h.reconciler.calls[-1][1] == {"prefill": 1, "decode": 2}
+    code, out, _ = await run("scale", "deployment", "chat-pd", "--role", "decode", "--release")
+    assert code == 0 and "manual: decode released (was pinned at 2)" in out
+    code, out, _ = await run("scale", "deployment", "chat-pd", "--role", "decode",
+                             "--replicas", "3", "--no-pin")  # fmt: skip
+    assert code == 0 and "manual: decode 2 -> 3\n" in out
+    code, out, _ = await run("scale", "deployment", "chat-pd", "--role", "decode", "--release")
+    assert code == 0 and "manual: decode was not pinned" in out
+    code, _, err = await run("scale", "deployment", "chat-pd", "--role", "decode",
+                             "--replicas", "9")  # fmt: skip
+    assert code == 1 and "FAILED_PRECONDITION" in err and "outside [1, 6]" in err
+    code, _, err = await run("scale", "deployment", "chat-pd", "--role", "decode",
+                             "--replicas", "-1")  # fmt: skip
+    assert code == 1 and "--replicas must be >= 0" in err
 
 
 async def test_without_postgres_rpcs_say_so() -> None:

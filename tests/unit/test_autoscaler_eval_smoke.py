@@ -33,4 +33,8 @@ def test_a_short_run_reports_every_policy(
     assert doc["policies"]["planner"]["windows"] == 5  # 300 virtual s / 60 s windows
     assert set(doc["forecast_by_predictor"]) == {"constant", "moving_average", "holt_winters"}
     co = doc["colocation"]
-    assert co["max_replicas_used_together"] <= co["budget"]
+    assert set(co["planner_alone"]) == {"tide-a", "tide-b"}
+    alone_peaks = sum(d["peak_replicas"] for d in co["planner_alone"].values())
+    assert co["planner_alone_peaks"]["separate_peaks"] == alone_peaks
+    for basis in ("static_peaks", "planner_alone_peaks"):
+        assert co[basis]["max_replicas_used_together"] <= co[basis]["budget"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from services.autoscaler.drivers.base import (
 from services.autoscaler.drivers.drain import Drainer
 from services.autoscaler.drivers.kubernetes import KubernetesDriver, pod_status
 from services.autoscaler.drivers.settings import KubernetesSettings
+from tests.helpers.autoscale import RecordingDrainer
 from tests.helpers.fake_kube import Call, FakeKube
 from tests.helpers.waits import eventually
 
@@ -45,7 +47,9 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def _rig(target: str, kind: str, name: str, replicas: int) -> AsyncIterator[Rig]:
+async def _rig(
+    target: str, kind: str, name: str, replicas: int, drainer: Drainer | None = None
+) -> AsyncIterator[Rig]:
     fake = FakeKube()
     server = TestServer(fake.app(), host="127.0.0.1")
     await server.start_server()
@@ -56,7 +60,7 @@ async def _rig(target: str, kind: str, name: str, replicas: int) -> AsyncIterato
     settings = KubernetesSettings(target=target, engine_port=fake.port,  # type: ignore[arg-type]
                                   pending_timeout_s=60, watch_timeout_s=5)  # fmt: skip
     api = kclient.ApiClient(kclient.Configuration(host=str(server.make_url("")).rstrip("/")))
-    driver = KubernetesDriver(settings, Drainer([], timeout_s=5, poll_s=0.05), api=api)
+    driver = KubernetesDriver(settings, drainer or Drainer([], timeout_s=5, poll_s=0.05), api=api)
 
     async def listen(status: InstanceStatus, _reason: str) -> None:
         fake.calls.append(Call("EVENT", f"{status.instance_id} {status.state.value}"))
@@ -133,6 +137,22 @@ async def test_scale_in_drains_annotates_then_scales(
             )
 
         await eventually(gone)
+
+
+@pytest.mark.parametrize(
+    ("spec_timeout_s", "limit"),
+    [(0.0, None), (7.5, 7.5)],
+    ids=["spec-0-driver-default", "spec-timeout-bounds-the-drain"],
+)
+async def test_scale_in_drains_within_the_specs_drain_timeout(
+    spec_timeout_s: float, limit: float | None
+) -> None:
+    drainer = RecordingDrainer([], timeout_s=5, poll_s=0.05)
+    async with _rig("adapter", "adapter", "llm-decode", 3, drainer) as rig:
+        role = replace(ROLE, drain_timeout_s=spec_timeout_s)
+        await rig.driver.scale(role, 1)
+    assert drainer.limits == [limit, limit]
+    assert all(res.drained for _, res in drainer.results)
 
 
 async def test_scale_out_patches_up_and_watches_readiness(adapter: Rig) -> None:

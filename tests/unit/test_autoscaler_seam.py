@@ -64,25 +64,30 @@ def test_role_target_carries_restart_policy_and_ports() -> None:
 
 
 @pytest.mark.parametrize(
-    ("skew_percent", "targets", "want_skew", "want"),
+    ("skew_percent", "drain_s", "targets", "want_skew", "want"),
     [
-        (0.0, {"prefill": 4, "decode": 3}, 1.0, {"prefill": 4, "decode": 3}),
-        (50.0, {"prefill": 2}, 0.5, {"prefill": 2, "decode": 1}),
+        (0.0, 0.0, {"prefill": 4, "decode": 3}, 1.0, {"prefill": 4, "decode": 3}),
+        (50.0, 12.5, {"prefill": 2}, 0.5, {"prefill": 2, "decode": 1}),
     ],
-    ids=["uncoordinated-all-roles", "skew-fraction-missing-role-keeps-spec"],
+    ids=["uncoordinated-all-roles-driver-drain", "skew-fraction-spec-drain-missing-role"],
 )
 def test_deployment_target(
-    skew_percent: float, targets: dict[str, int], want_skew: float, want: dict[str, int]
+    skew_percent: float,
+    drain_s: float,
+    targets: dict[str, int],
+    want_skew: float,
+    want: dict[str, int],
 ) -> None:
     spec = load_spec_file(PD.read_text())
+    coordination = {"max_skew_percent": skew_percent, "drain_timeout_s": drain_s}
     spec = spec.model_copy(
-        update={
-            "coordination": spec.coordination.model_copy(update={"max_skew_percent": skew_percent})
-        }
+        update={"coordination": spec.coordination.model_copy(update=coordination)}
     )
     t = deployment_target(spec, targets, "planner: up")
     assert {r.name: r.replicas for r in t.roles} == want
     assert (t.max_skew, t.reason) == (want_skew, "planner: up")
+    assert {r.drain_timeout_s for r in t.roles} == {drain_s}
+    assert {r.drain_limit_s for r in t.roles} == {drain_s or None}
     assert t.role("prefill") is not None and t.role("prefill").dependencies == ()  # type: ignore[union-attr]
 
 

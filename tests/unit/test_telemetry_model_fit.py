@@ -123,3 +123,20 @@ def test_startup_from_membership() -> None:
     st.observe_membership(events_pb2.MembershipEvent(kind=2, instance=inst, ts_ms=99_000))
     fit = fit_role(st.samples[("d", W)], PRIOR, CFG, 0)
     assert (fit.startup_s, fit.startup_samples) == (30.0, 1)
+
+
+@pytest.mark.parametrize(
+    ("kind", "label", "samples"),
+    [(1, "2500", [2.5]), (2, "2500", []), (1, "", []), (1, "0", []), (1, "n/a", [])],
+    ids=["added-ready-measured", "modified-not-a-start", "no-label", "zero", "garbage"],
+)
+def test_startup_measured_by_the_driver(kind: int, label: str, samples: list[float]) -> None:
+    """The autoscaler announces an instance only once READY, with its measured start-up."""
+    st = ModelState(CFG, kv_bytes_per_token=4096, block_size=64)
+    inst = common_pb2.Instance(instance_id="e9", deployment="d", role=W, epoch=0)
+    inst.state = common_pb2.INSTANCE_STATE_READY
+    if label:
+        inst.labels["startup_ms"] = label
+    st.observe_membership(events_pb2.MembershipEvent(kind=kind, instance=inst, ts_ms=5000))
+    got = st.samples[("d", W)].startup if ("d", W) in st.samples else []
+    assert list(got) == samples

@@ -138,14 +138,18 @@ class PlanResponse(_message.Message):
     def __init__(self, decision: _Optional[_Union[ScalingDecision, _Mapping]] = ...) -> None: ...
 
 class ScaleRoleRequest(_message.Message):
-    __slots__ = ("deployment", "role", "replicas")
+    __slots__ = ("deployment", "role", "replicas", "pin", "release")
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    PIN_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
     deployment: str
     role: str
     replicas: int
-    def __init__(self, deployment: _Optional[str] = ..., role: _Optional[str] = ..., replicas: _Optional[int] = ...) -> None: ...
+    pin: bool
+    release: bool
+    def __init__(self, deployment: _Optional[str] = ..., role: _Optional[str] = ..., replicas: _Optional[int] = ..., pin: _Optional[bool] = ..., release: _Optional[bool] = ...) -> None: ...
 
 class ScaleRoleResponse(_message.Message):
     __slots__ = ("decision",)

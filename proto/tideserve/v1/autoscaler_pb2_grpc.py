@@ -121,7 +121,8 @@ class AutoscalerServiceServicer:
 
     def Plan(self, request, context):
         """What the planner would do now and why, without doing it (status "plan"; not stored).
-        NOT_FOUND for an unknown deployment. Read-only.
+        NOT_FOUND for an unknown deployment; FAILED_PRECONDITION for one outside this
+        autoscaler's managed_deployments. Read-only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -129,8 +130,13 @@ class AutoscalerServiceServicer:
 
     def ScaleRole(self, request, context):
         """Sets a role's replica count (manual override within [min, max]); stored as a decision
-        with reason "manual" and handed to the reconciler. NOT_FOUND for an unknown deployment
-        or role; FAILED_PRECONDITION if outside bounds or violating the ratio bounds.
+        with reason "manual" (binding "manual") and handed to the reconciler. With pin = true
+        the role is pinned there: every planner policy holds a pinned role at its pin (even over
+        the budget) until the next apply that changes the spec, or a ScaleRole with
+        release = true; without it the planner may move the count again on its next tick (a
+        starting count, as `tideserve up` sets). NOT_FOUND for an unknown deployment or role;
+        FAILED_PRECONDITION if outside bounds, violating the ratio bounds, or the deployment is
+        outside this autoscaler's managed_deployments.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -93,7 +93,9 @@ class RoleTarget:
     after it). ``restart`` (local driver): ``always`` restarts a crashed instance with
     back-off, ``never`` leaves it FAILED; a FAILED instance counts towards ``replicas``
     either way, so it is not replaced. ``ports`` (local driver): ports of the role's
-    instances in launch order, before the driver's range."""
+    instances in launch order, before the driver's range. ``drain_timeout_s``: the longest
+    wait for in-flight requests before one of its instances is removed anyway (the spec's
+    ``coordination.drain_timeout_s``; 0 = the driver's setting)."""
 
     deployment: str
     name: str
@@ -110,6 +112,13 @@ class RoleTarget:
     dependencies: tuple[str, ...] = ()
     restart: RestartPolicy = "always"
     ports: tuple[int, ...] = ()
+    drain_timeout_s: float = 0.0
+
+    @property
+    def drain_limit_s(self) -> float | None:
+        """The longest drain of one of its instances: the spec's ``drain_timeout_s``, None
+        (0) = the driver's ``drain_timeout_s`` setting."""
+        return self.drain_timeout_s if self.drain_timeout_s > 0 else None
 
 
 @dataclass(frozen=True)

@@ -438,7 +438,7 @@ class KubernetesDriver:
                 self._draining.add(name)
                 await self._update(w, w.pods[name])  # now DRAINING, announced
         results = await asyncio.gather(
-            *(self.drainer.drain(v, w.statuses[v].endpoint) for v in doomed)
+            *(self.drainer.drain(v, w.statuses[v].endpoint, role.drain_limit_s) for v in doomed)
         )
         for name, res in zip(doomed, results, strict=True):
             if not res.drained:

@@ -237,7 +237,8 @@ class LocalDriver:
                 return
             await self._stop_orphans(role.deployment, role.name)
             doomed = choose_victims(have, len(have) - replicas, victims)
-        await asyncio.gather(*(self._remove(self._instances[v]) for v in doomed))
+        limit = role.drain_limit_s
+        await asyncio.gather(*(self._remove(self._instances[v], limit) for v in doomed))
 
     def _free_port(self, role: RoleTarget) -> int:
         """The first of the role's ports no live instance holds (DriverError when something
@@ -330,15 +331,16 @@ class LocalDriver:
             raise DriverError(f"{iid}: cannot start {argv[0]!r}: {e}") from e
         inst.started_at = self._clock()
 
-    async def _remove(self, inst: _Instance) -> None:
-        """Drain (when it may be serving), then stop; STOPPED at the end."""
+    async def _remove(self, inst: _Instance, drain_limit_s: float | None = None) -> None:
+        """Drain (when it may be serving; at most ``drain_limit_s``, None = the drainer's
+        timeout), then stop; STOPPED at the end."""
         if inst.stopping:
             return
         inst.stopping = True
         iid = inst.status.instance_id
         if inst.status.state == InstanceState.READY:
             await self._set(inst, "scale-in: draining", state=InstanceState.DRAINING)
-            res = await self.drainer.drain(iid, inst.status.endpoint)
+            res = await self.drainer.drain(iid, inst.status.endpoint, drain_limit_s)
             if not res.drained:
                 log.warning(
                     "%s: still %d in flight after %.1fs of draining; stopping anyway",

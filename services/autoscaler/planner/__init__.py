@@ -1,8 +1,10 @@
 """The SLA planner: a pure core (``on_tick``), predictors, capacity, stability, victims and
-co-location rules. The loop shell that feeds it is :mod:`services.autoscaler.loop`."""
+co-location rules; the reactive (KPA-like) policy beside it (``reactive_tick``), chosen by
+``planner.policy`` (``decide``). The loop shell that feeds them is
+:mod:`services.autoscaler.loop`."""
 
 from services.autoscaler.planner.colocation import Claim, allocate, fit_roles
-from services.autoscaler.planner.config import PlannerConfig
+from services.autoscaler.planner.config import PlannerConfig, ReactiveConfig
 from services.autoscaler.planner.core import Decision, finish, on_tick
 from services.autoscaler.planner.inputs import (
     ClassView,
@@ -11,6 +13,8 @@ from services.autoscaler.planner.inputs import (
     PlannerState,
     WindowView,
 )
+from services.autoscaler.planner.policy import decide
+from services.autoscaler.planner.reactive import reactive_tick
 
 __all__ = [
     "Claim",
@@ -20,9 +24,12 @@ __all__ = [
     "PlannerConfig",
     "PlannerInputs",
     "PlannerState",
+    "ReactiveConfig",
     "WindowView",
     "allocate",
+    "decide",
     "finish",
     "fit_roles",
     "on_tick",
+    "reactive_tick",
 ]

@@ -6,9 +6,37 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["PlannerConfig", "PredictorName"]
+__all__ = ["PlannerConfig", "PolicyName", "PredictorName", "ReactiveConfig"]
 
 PredictorName = Literal["constant", "moving_average", "holt_winters"]
+PolicyName = Literal["sla", "reactive"]
+
+
+class ReactiveConfig(BaseModel):
+    """Knobs of the reactive (KPA-like) policy, :mod:`.reactive` (Knative's defaults where it
+    has one: 60 s stable and 6 s panic windows, panic at 2x, target utilisation 0.7)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stable_window_s: float = Field(default=60.0, gt=0, description="concurrency averaged over")
+    panic_window_s: float = Field(default=6.0, gt=0, description="short window that panics")
+    panic_threshold: float = Field(
+        default=2.0, gt=1, description="panic when the panic window wants this x ready replicas"
+    )
+    target_concurrency: float = Field(
+        default=0.0,
+        ge=0,
+        description="requests in flight per replica at 100%; 0 = derived from the perf model",
+    )
+    target_utilization: float = Field(
+        default=0.7, gt=0, le=1, description="share of target_concurrency aimed at"
+    )
+    max_scale_up_rate: float = Field(
+        default=10.0, gt=1, description="at most this x ready replicas per decision"
+    )
+    max_scale_down_rate: float = Field(
+        default=2.0, gt=1, description="at most ready / this removed per decision"
+    )
 
 
 class PlannerConfig(BaseModel):
@@ -16,6 +44,11 @@ class PlannerConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    policy: PolicyName = Field(
+        default="sla",
+        description="sla: the SLA planner (forecast, capacity at the SLO percentile); "
+        "reactive: the KPA-like threshold autoscaler (planner/reactive.py)",
+    )
     interval_s: float = Field(default=10.0, gt=0, description="seconds between ticks")
     window_s: float = Field(default=60.0, gt=0, description="telemetry window per tick")
     predictor: PredictorName = Field(default="holt_winters", description="load predictor")
@@ -48,4 +81,7 @@ class PlannerConfig(BaseModel):
     )
     boost_relief: float = Field(
         default=0.7, gt=0, lt=1, description="attainment boost decays below this share of target"
+    )
+    reactive: ReactiveConfig = Field(
+        default_factory=ReactiveConfig, description="policy reactive: its knobs"
     )

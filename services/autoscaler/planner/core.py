@@ -20,7 +20,8 @@ Per tick, for each role of the deployment:
    and a step limit; zero traffic goes to min.
 5. Coordination: P:D ratio bounds (raising the short side), min/max, the replica budget
    (:func:`.colocation.fit_roles`).
-6. Victims (:mod:`.victims`): the cheapest instances of each shrinking role, to drain first.
+6. Manual pins (``tideserve scale``): a pinned role is held at its pin, whatever the above.
+7. Victims (:mod:`.victims`): the cheapest instances of each shrinking role, to drain first.
 
 A telemetry outage holds every role at its current target (clamped to min/max and
 budget) and says so; a role kind with no fitted model uses the spec's ``perf_profile``
@@ -51,7 +52,7 @@ from services.autoscaler.records import RoleChange
 from services.autoscaler.spec import DeploymentSpec, RoleSpec, SLOClassSpec
 from services.common.perfmodel import get_profile
 
-__all__ = ["Decision", "finish", "on_tick"]
+__all__ = ["Decision", "apply_ratio_bounds", "clamp_role", "finish", "on_tick", "perf_for"]
 
 _EPS = 1e-9
 
@@ -75,7 +76,7 @@ class Decision:
         return sum(self.targets.values())
 
 
-def _clamp(role: RoleSpec, n: int) -> int:
+def clamp_role(role: RoleSpec, n: int) -> int:
     return min(role.max_replicas, max(role.min_replicas, n))
 
 
@@ -83,7 +84,7 @@ def _ceil(x: float) -> int:
     return max(0, math.ceil(x - _EPS))
 
 
-def _perf(inp: PlannerInputs, kind: str) -> tuple[PerfLike | None, str]:
+def perf_for(inp: PlannerInputs, kind: str) -> tuple[PerfLike | None, str]:
     if kind in inp.perf:
         return inp.perf[kind], "fitted"
     if inp.spec.perf_profile:
@@ -168,7 +169,7 @@ def _planned_rate(observed: float, ahead: float | None, current: float | None) -
     return max(observed, ahead)
 
 
-def _ratio(spec: DeploymentSpec, targets: dict[str, int]) -> str:
+def apply_ratio_bounds(spec: DeploymentSpec, targets: dict[str, int]) -> str:
     """Raise the short side to meet the P:D ratio bounds; returns a reason or ""."""
     lo, hi = spec.coordination.min_pd_ratio, spec.coordination.max_pd_ratio
     pre, dec = spec.roles_of("prefill"), spec.roles_of("decode")
@@ -195,7 +196,7 @@ def on_tick(now: float, inputs: PlannerInputs, cfg: PlannerConfig | None = None)
     """Decide every role's target for ``inputs`` at ``now`` (see the module docstring)."""
     cfg = cfg or PlannerConfig()
     spec, w = inputs.spec, inputs.window
-    desired = {r.name: _clamp(r, inputs.desired.get(r.name, r.replicas)) for r in spec.roles}
+    desired = {r.name: clamp_role(r, inputs.desired.get(r.name, r.replicas)) for r in spec.roles}
     fc = inputs.state.forecaster or new_forecaster(cfg)
     if w is None:
         why = inputs.telemetry_error or "no window"
@@ -209,7 +210,7 @@ def on_tick(now: float, inputs: PlannerInputs, cfg: PlannerConfig | None = None)
     roles_state = dict(inputs.state.roles)
     horizons: dict[str, Any] = {}
     for role in spec.roles:
-        perf, source = _perf(inputs, role.role)
+        perf, source = perf_for(inputs, role.role)
         if role.role == "kvcache" or perf is None:
             targets[role.name] = desired[role.name]
             why = "not planned" if role.role == "kvcache" else "no perf model or perf_profile"
@@ -251,7 +252,7 @@ def on_tick(now: float, inputs: PlannerInputs, cfg: PlannerConfig | None = None)
             role.min_replicas,
         )
         roles_state[role.name] = step.state
-        targets[role.name] = _clamp(role, step.target)
+        targets[role.name] = clamp_role(role, step.target)
         if targets[role.name] != step.target:
             binding = f"{role.name}:{'max' if step.target > role.max_replicas else 'min'}-replicas"
         bindings.append(binding)
@@ -260,7 +261,7 @@ def on_tick(now: float, inputs: PlannerInputs, cfg: PlannerConfig | None = None)
             f"need {need:.2f} for {rate:.2f} req/s [{detail}] ({source})"
             + (f"; {boost_why}" if boost_why else "")
         )
-    ratio_why = _ratio(spec, targets)
+    ratio_why = apply_ratio_bounds(spec, targets)
     if ratio_why:
         reasons.append(ratio_why)
         bindings.append("pd-ratio")
@@ -279,8 +280,9 @@ def finish(
     horizons: Mapping[str, Any],
     limit: int | None = None,
 ) -> Decision:
-    """Apply the budget (the spec's, or ``limit`` from a shared group), pick victims, and
-    build the decision. Used again by the co-location step with a group ``limit``."""
+    """Apply the budget (the spec's, or ``limit`` from a shared group), then the manual pins
+    (the operator's word: held even over the budget, as ``ScaleRole`` itself), pick victims,
+    and build the decision. Used again by the co-location step with a group ``limit``."""
     spec = inputs.spec
     out = dict(targets)
     notes = list(reasons)
@@ -291,7 +293,15 @@ def finish(
         which = "budget group" if limit is not None and cap == limit else "budget"
         notes.append(f"{which}: {sum(targets.values())} wanted, {sum(out.values())} kept")
         binding = which if not binding else f"{binding}, {which}"
-    desired = {r.name: _clamp(r, inputs.desired.get(r.name, r.replicas)) for r in spec.roles}
+    pinned = {
+        r.name: clamp_role(r, inputs.pins[r.name]) for r in spec.roles if r.name in inputs.pins
+    }
+    if pinned:
+        out.update(pinned)
+        held = ", ".join(f"{n} {v}" for n, v in sorted(pinned.items()))
+        notes.append(f"manual pin: {held} (tideserve scale; until a changed apply or --release)")
+        binding = f"{binding}, manual" if binding and binding != "none" else "manual"
+    desired = {r.name: clamp_role(r, inputs.desired.get(r.name, r.replicas)) for r in spec.roles}
     changes = tuple(
         RoleChange(name, desired[name], out[name]) for name in out if out[name] != desired[name]
     )
@@ -299,7 +309,9 @@ def finish(
     for name, n in out.items():
         victims.extend(pick_victims(inputs.instances, name, n))
     fc = state.forecaster
-    forecast: dict[str, Any] = {"predictor": cfg.predictor, "horizons": dict(horizons)}
+    forecast: dict[str, Any] = {"policy": cfg.policy, "horizons": dict(horizons)}
+    if cfg.policy == "sla":
+        forecast["predictor"] = cfg.predictor
     if fc is not None:
         e = error(fc)
         forecast.update(mae_rps=e.mae, mape=e.mape, scored_buckets=e.scored)

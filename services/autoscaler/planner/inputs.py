@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -12,7 +13,14 @@ from services.autoscaler.ports import InstanceView
 from services.autoscaler.spec import DeploymentSpec
 from services.common.perfcoef import Coefficients
 
-__all__ = ["ClassView", "PerfView", "PlannerInputs", "PlannerState", "WindowView"]
+__all__ = [
+    "ClassView",
+    "PerfView",
+    "PlannerInputs",
+    "PlannerState",
+    "ReactiveState",
+    "WindowView",
+]
 
 
 @dataclass(frozen=True)
@@ -68,11 +76,21 @@ class PerfView:
 
 
 @dataclass(frozen=True)
+class ReactiveState:
+    """One role under the reactive policy: concurrency samples ``(ts, requests in flight)``
+    within the stable window, and until when it panics (-inf = not panicking)."""
+
+    samples: tuple[tuple[float, float], ...] = ()
+    panic_until: float = -math.inf
+
+
+@dataclass(frozen=True)
 class PlannerState:
     """What the planner carries from one tick to the next (a value, never mutated)."""
 
     forecaster: Forecaster | None = None
     roles: Mapping[str, RoleState] = field(default_factory=dict)
+    reactive: Mapping[str, ReactiveState] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -80,7 +98,8 @@ class PlannerInputs:
     """A tick's snapshot. ``window`` None = telemetry unreachable (``telemetry_error`` says
     why); ``perf`` maps role kind ("prefill", "decode", "worker") to its model, and a kind
     without one falls back to the spec's ``perf_profile`` prior; ``startup_s`` is each role
-    kind's measured start-up time (lead time)."""
+    kind's measured start-up time (lead time); ``pins`` are roles a manual scale pinned
+    (``{role: replicas}``), which every policy holds there."""
 
     spec: DeploymentSpec
     desired: Mapping[str, int]
@@ -90,3 +109,4 @@ class PlannerInputs:
     startup_s: Mapping[str, float] = field(default_factory=dict)
     state: PlannerState = PlannerState()
     telemetry_error: str = ""
+    pins: Mapping[str, int] = field(default_factory=dict)

@@ -22,7 +22,8 @@ disaggregated, else worker. Load snapshots with a running batch and a decode thr
 give fallback decode samples ``(b = running, c = kv_usage * capacity tokens, ITL =
 1000 * running / decode_tokens_per_s)``; so do ``/metrics`` scrapes (:mod:`.scrape`).
 Start-up: a membership ``added`` in state STARTING, then the first READY of the same
-instance and epoch.
+instance and epoch; or an ``added`` READY that carries its driver's own measurement (label
+``startup_ms`` > 0: the autoscaler announces an instance only once it serves).
 """
 
 from __future__ import annotations
@@ -145,3 +146,14 @@ class ModelState:
             if epoch == inst.epoch and e.ts_ms >= added:
                 role = inst.role or _W
                 self._of(inst.deployment, role).startup.append((e.ts_ms - added) / 1000.0)
+        elif inst.state == _READY and kind == events_pb2.MembershipEvent.KIND_ADDED:
+            measured = _float(inst.labels.get("startup_ms", ""))
+            if measured > 0:
+                self._of(inst.deployment, inst.role or _W).startup.append(measured / 1000.0)
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0
