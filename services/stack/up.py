@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from services.common.security.stores import without_credentials
+from services.stack.announce import announcement
 from services.stack.autoscaled import EngineOps, EnginesFailed, start_engines
 from services.stack.control import recorded_engines
 from services.stack.engines import ENGINE_KIND, ENGINE_REDIS_ENV, start_waves
@@ -411,28 +412,7 @@ class StackRunner:
             doc = {**self.state.to_json(), "engines": [dataclasses.asdict(e) for e in engines]}
             print(json.dumps(doc), file=self.out, flush=True)
             return
-        lines = [f"tideserve stack is up (state dir {self.opts.state_dir})"]
-        for entry in self.state.processes:
-            if entry.grpc_address is not None:
-                where = f"gRPC {entry.grpc_address}"
-                for purpose, url in entry.endpoints.items():
-                    where += f"  {purpose} {url}"
-            elif entry.kind == ENGINE_KIND:
-                where = f"{entry.role} engine {entry.url or '?'}"
-            else:
-                where = redact_url(entry.url or "")
-            lines.append(f"  {entry.name:<11} {where}  (pid {entry.pid})")
-        for e in engines:
-            lines.append(f"  {e.name:<11} {e.role} engine {e.url or '?'}  (pid {e.pid})")
-        if self.opts.postgres_url is not None:
-            lines.append(f"  {'postgres':<11} external {self.state.postgres_url}")
-        if self.opts.redis_url is not None:
-            lines.append(f"  {'redis':<11} external {self.state.redis_url}")
-        if self.state.gateway_url is not None:
-            lines.append(f"gateway (OpenAI API): {self.state.gateway_url}")
-        lines.append(f"logs: {self.opts.state_dir / 'logs'}")
-        lines.append("Ctrl-C or `tideserve down` stops everything.")
-        print("\n".join(lines), file=self.out, flush=True)
+        print(announcement(self.state, engines, self.opts), file=self.out, flush=True)
 
     def _engines(self) -> list[ProcEntry]:
         """The engines the autoscaler's driver recorded ([] when unreadable: said once)."""
