@@ -405,7 +405,7 @@ class EngineServer:
             return core_req
         live = Live(rid, gen, self.now_ms())
         if self.pd_bytes is not None:
-            live.kv_transfer_ms = self.pd_bytes.take_ms(rid)
+            live.kv = self.pd_bytes.take(rid)
         model = gen.model or self.settings.model
         self._live[rid] = live
         task = asyncio.current_task()
