@@ -202,4 +202,6 @@ async def test_pd_streamed_completions_through_bootstrap(postgres_url: str, redi
         assert pulled >= 3, metrics["decode"]
         assert metric_total(metrics["decode"], "tideserve:kv_pull_bytes_total") > 0
         records = await request_records(redis_url, stack.deployment, 3)
-        assert len(records) >= 3 and all(r.kv_transfer_ms > 0 for r in records), records
+        assert len(records) >= 3, records
+        assert all(r.kv_transfer_ms > 0 and r.kv_transfer_bytes > 0 for r in records), records
+        assert not any(r.kv_transfer_failed for r in records)
