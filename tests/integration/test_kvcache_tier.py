@@ -171,10 +171,9 @@ async def test_lease_across_a_slow_fetch(tier: Tier, keep: bool) -> None:
         await asyncio.wait_for(fetch, 30)
 
 
-async def test_engine_fetches_what_another_engine_wrote_through(
-    tier: Tier, tmp_path: Path, metadata_url: str, http: aiohttp.ClientSession
-) -> None:
-    fleet = EngineFleet(
+def _tier_fleet(tier: Tier, tmp_path: Path, metadata_url: str, **kw: Any) -> EngineFleet:
+    """Engines (run as ``tideserve engine`` serves) with the tier of ``tier``."""
+    return EngineFleet(
         tmp_path,
         serve="runner",
         profile="test",
@@ -183,7 +182,14 @@ async def test_engine_fetches_what_another_engine_wrote_through(
         kvcache_tier=True,
         kvmeta_address=tier.kvmeta_address,
         te_metadata_url=metadata_url,
+        **kw,
     )
+
+
+async def test_engine_fetches_what_another_engine_wrote_through(
+    tier: Tier, tmp_path: Path, metadata_url: str, http: aiohttp.ClientSession
+) -> None:
+    fleet = _tier_fleet(tier, tmp_path, metadata_url)
     try:
         first, furl = await fleet.start()
         second, surl = await fleet.start()
@@ -210,17 +216,12 @@ async def test_engine_fetches_what_another_engine_wrote_through(
 async def test_engine_offloads_what_it_evicts_and_fetches_it_back(
     tier: Tier, tmp_path: Path, metadata_url: str, http: aiohttp.ClientSession
 ) -> None:
-    fleet = EngineFleet(
+    fleet = _tier_fleet(
+        tier,
         tmp_path,
-        serve="runner",
-        profile="test",
-        speedup=20.0,
-        deployment=DEP,
-        kvcache_tier=True,
+        metadata_url,
         kvcache_policy="offload_on_evict",
         kv_blocks=11,  # one 700-token prompt (+4 new tokens): the next one evicts it whole
-        kvmeta_address=tier.kvmeta_address,
-        te_metadata_url=metadata_url,
     )
     try:
         engine, url = await fleet.start()
