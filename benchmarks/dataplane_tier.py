@@ -13,7 +13,9 @@ streamed token. Two runs on fresh processes: tier off (plain engines) and tier o
 (``--kvcache-tier``: write-through of every computed block, fetch of the prefix the tier
 holds when the modelled transfer beats prefilling it; ``--kvcache-policy offload_on_evict``
 stores only the blocks an engine evicts instead). Run it again with a ``--kv-blocks`` too
-small for the working set (but not for the longest prompt) for that case.
+small for the working set (but not for the longest prompt) for that case. ``--gateway``:
+the requests go through ``tideserve gateway --endpoints`` (its default, cache-aware profile)
+instead of round robin, still one at a time.
 
     .venv/bin/python benchmarks/dataplane_tier.py --requests 20 --out /tmp/t.json
     .venv/bin/python benchmarks/dataplane_tier.py --requests 20 --kv-blocks 1500 --out /tmp/t2.json
@@ -106,6 +108,15 @@ def start(group: ProcGroup, args: argparse.Namespace, kv_blocks: int, tier: bool
         urls.append(f"http://127.0.0.1:{port}")
     for url in urls:
         wait_http(url + "/health", group, timeout_s=120)
+    if args.gateway:  # one target: the gateway routes (its default profile)
+        port = free_port()
+        group.start(
+            "gateway",
+            tideserve("gateway", "--host", "127.0.0.1", "--port", str(port), "--endpoints",
+                      *urls, "--log-level", "WARNING"),
+        )  # fmt: skip
+        urls = [f"http://127.0.0.1:{port}"]
+        wait_http(urls[0] + "/v1/models", group, timeout_s=120)
     return urls
 
 
@@ -140,12 +151,13 @@ async def one_run(args: argparse.Namespace, kv_blocks: int, tier: bool) -> dict[
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
             for i, r in enumerate(reqs):
                 body = {
+                    "model": "tideserve-sim",
                     "prompt": prompts.prompt(r),
                     "max_tokens": args.max_tokens,
                     "stream": True,
                     "stream_options": {"include_usage": True},
                 }
-                t, usage = await streamed(http, urls[i % 2], body)
+                t, usage = await streamed(http, urls[i % len(urls)], body)
                 ttfts.append(t)
                 cached.append(int(usage["prompt_tokens_details"]["cached_tokens"]))
                 tokens += r.input_length
@@ -173,7 +185,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "profile": args.profile,
         "requests": args.requests,
         "requests_from": "multi-turn chains of the trace (see the module doc)",
-        "routing": "round robin over 2 engines, one request at a time",
+        "routing": "tideserve gateway (default profile) over 2 engines"
+        if args.gateway
+        else "round robin over 2 engines, one request at a time",
         "runs": runs,
     }
 
@@ -193,6 +207,7 @@ def main() -> None:
         default="write_through",
         help="what tier-on engines store: every computed block, or only the blocks they evict",
     )
+    p.add_argument("--gateway", action="store_true", help="route through tideserve gateway")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     emit_json(asyncio.run(run(args)), args.out)
