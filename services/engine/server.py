@@ -454,7 +454,8 @@ class EngineServer:
         if b is None:
             return base if self.tier_io is None else await self.tier_io.fetch(base, gen)
         if self.role is EngineRole.PREFILL:
-            return self.rendezvous.prefill_request(rid, gen)
+            held = self.rendezvous.prefill_request(rid, gen)
+            return held if self.tier_io is None else await self.tier_io.fetch(held, gen)
         if self.role is EngineRole.DECODE and b.port is not None:
             assert self._http is not None
             return await self.rendezvous.decode_request(self._http, rid, gen)

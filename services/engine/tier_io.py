@@ -15,7 +15,8 @@ store that fails, e.g. RESOURCE_EXHAUSTED or a slot reused before it was read, i
 tier is a cache). A stored block whose slot was reused before the write read it holds wrong
 bytes; every fetch verifies, so such a block costs a recompute, never a wrong answer.
 
-Fetch instead of recompute (:meth:`TierIO.fetch`, before a request is submitted): the prompt's
+Fetch instead of recompute (:meth:`TierIO.fetch`, before an aggregated request or a P/D
+prefill request is submitted): the prompt's
 full blocks beyond the local prefix hit that kvmeta holds (``Exist``, leading run) are fetched
 when :func:`fetch_pays` says the modelled transfer is faster than prefilling them, into
 staging slots, verified, and the request is submitted with ``fetched_tokens`` and the
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 
@@ -181,14 +183,7 @@ class TierIO:
         self.fetched_blocks += run
         spent = self.now_ms() - t0
         wait = max(0.0, self.profile.transfer_ms(run * bs) - spent)
-        return Request(
-            base.rid,
-            base.prompt,
-            base.max_new_tokens,
-            base.tenant,
-            fetched_tokens=(local + run) * bs,
-            fetch_wait_ms=wait,
-        )
+        return dataclasses.replace(base, fetched_tokens=(local + run) * bs, fetch_wait_ms=wait)
 
 
 def kvmeta_channel(settings: EngineSettings) -> grpc.aio.Channel:
