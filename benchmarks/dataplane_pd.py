@@ -9,13 +9,17 @@ time in SGLang's P/D form, as the gateway sends them: the same body with
 ``bootstrap_host/port/room`` to both, the decode streamed. Measured per request: TTFT (send
 → first streamed token from the decode), the decode's ``usage.kv_transfer_ms`` (wall time
 of the verified pull) and whether it recomputed instead. No gateway in the path: this is the
-engines' share, not the gateway's.
+engines' share, not the gateway's. With ``--gateway``, the requests go through ``tideserve
+gateway`` (``--prefill URL BOOTSTRAP_PORT --decode URL``, its default P/D decision: these
+prompts are long enough to be disaggregated) as plain streamed completions; the gateway adds
+the bootstrap fields and passes the decode's usage through, so TTFT includes its routing.
 
 The bytes are the profile's KV divided by ``--kv-bytes-scale``; the simulator still models
 the full-size hand-off over the profile's link, and the decode waits ``max(modelled, real
 pull)`` (services/dataplane/README.md).
 
     .venv/bin/python benchmarks/dataplane_pd.py --requests 40 --out /tmp/dp_pd.json
+    .venv/bin/python benchmarks/dataplane_pd.py --requests 40 --gateway --out /tmp/dp_pd_gw.json
 """
 
 from __future__ import annotations
@@ -68,6 +72,19 @@ def start(group: ProcGroup, args: argparse.Namespace) -> tuple[str, str, int]:
     return purl, durl, boot
 
 
+def start_gateway(group: ProcGroup, purl: str, durl: str, boot: int) -> str:
+    """``tideserve gateway`` in front of the pair; its URL once it answers /v1/models."""
+    port = free_port()
+    group.start(
+        "gateway",
+        tideserve("gateway", "--host", "127.0.0.1", "--port", str(port), "--prefill", purl,
+                  str(boot), "--decode", durl, "--log-level", "WARNING"),
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/v1/models", group, timeout_s=120)
+    return url
+
+
 async def one(
     http: aiohttp.ClientSession, purl: str, durl: str, body: dict[str, Any]
 ) -> dict[str, Any]:
@@ -83,7 +100,10 @@ async def one(
             await r.read()
 
     await asyncio.gather(decode(), prefill())
-    ttft_ms, usage = out
+    return _row(*out)
+
+
+def _row(ttft_ms: float, usage: dict[str, Any]) -> dict[str, Any]:
     return {
         "ttft_ms": ttft_ms,
         "kv_transfer_ms": float(usage.get("kv_transfer_ms", 0.0)),
@@ -99,16 +119,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     try:
         purl, durl, boot = start(group, args)
+        gateway = start_gateway(group, purl, durl, boot) if args.gateway else None
         timeout = aiohttp.ClientTimeout(total=300)
         async with aiohttp.ClientSession(timeout=timeout) as http:
             for i, r in enumerate(reqs):
-                body = {
-                    "prompt": prompts.prompt(r),
-                    "max_tokens": args.max_tokens,
-                    "bootstrap_host": "127.0.0.1",
-                    "bootstrap_port": boot,
-                    "bootstrap_room": 1000 + i,
-                }
+                body: dict[str, Any] = {"prompt": prompts.prompt(r), "max_tokens": args.max_tokens}
+                if gateway is not None:  # the gateway needs the model; asks for the usage
+                    body.update(model="tideserve-sim", stream_options={"include_usage": True})
+                    rows.append(_row(*await streamed(http, gateway, body)))
+                    continue
+                body.update(
+                    bootstrap_host="127.0.0.1", bootstrap_port=boot, bootstrap_room=1000 + i
+                )
                 rows.append(await one(http, purl, durl, body))
     finally:
         group.stop()
@@ -121,6 +143,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": machine(),
         "profile": args.profile,
         "kv_bytes_scale": args.kv_bytes_scale,
+        "path": "client -> tideserve gateway -> engines" if args.gateway else "client -> engines",
         "requests": len(rows),
         "pulled": len(pulled),
         "recomputed": len(rows) - len(pulled),
@@ -145,6 +168,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--profile", default="h200-llama3.1-8b")
     p.add_argument("--kv-bytes-scale", type=int, default=256)
+    p.add_argument("--gateway", action="store_true", help="send through tideserve gateway")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     emit_json(asyncio.run(run(args)), args.out)

@@ -11,11 +11,16 @@ sent one at a time, round robin over the two engines (a router that ignores the 
 session land on the other engine), streamed, ``--max-tokens`` each; TTFT = send → first
 streamed token. Two runs on fresh processes: tier off (plain engines) and tier on
 (``--kvcache-tier``: write-through of every computed block, fetch of the prefix the tier
-holds when the modelled transfer beats prefilling it). Run it again with a ``--kv-blocks``
-too small for the working set (but not for the longest prompt) for that case.
+holds when the modelled transfer beats prefilling it; ``--kvcache-policy offload_on_evict``
+stores only the blocks an engine evicts instead). Run it again with a ``--kv-blocks`` too
+small for the working set (but not for the longest prompt) for that case. ``--gateway``:
+the requests go through ``tideserve gateway --endpoints`` (its default, cache-aware profile)
+instead of round robin, still one at a time.
 
     .venv/bin/python benchmarks/dataplane_tier.py --requests 20 --out /tmp/t.json
     .venv/bin/python benchmarks/dataplane_tier.py --requests 20 --kv-blocks 1500 --out /tmp/t2.json
+    .venv/bin/python benchmarks/dataplane_tier.py --requests 20 --kv-blocks 1500 \
+        --kvcache-policy offload_on_evict --out /tmp/t3.json
 """
 
 from __future__ import annotations
@@ -89,7 +94,12 @@ def start(group: ProcGroup, args: argparse.Namespace, kv_blocks: int, tier: bool
     urls = []
     for i in range(2):
         port = free_port()
-        extra = ["--kvcache-tier", "--kv-bytes-scale", str(args.kv_bytes_scale)] if tier else []
+        extra = (
+            ["--kvcache-tier", "--kv-bytes-scale", str(args.kv_bytes_scale),
+             "--kvcache-policy", args.kvcache_policy]
+            if tier
+            else []
+        )  # fmt: skip
         group.start(
             f"engine{i}",
             tideserve("engine", "--port", str(port), "--profile", args.profile, "--speedup",
@@ -98,6 +108,15 @@ def start(group: ProcGroup, args: argparse.Namespace, kv_blocks: int, tier: bool
         urls.append(f"http://127.0.0.1:{port}")
     for url in urls:
         wait_http(url + "/health", group, timeout_s=120)
+    if args.gateway:  # one target: the gateway routes (its default profile)
+        port = free_port()
+        group.start(
+            "gateway",
+            tideserve("gateway", "--host", "127.0.0.1", "--port", str(port), "--endpoints",
+                      *urls, "--log-level", "WARNING"),
+        )  # fmt: skip
+        urls = [f"http://127.0.0.1:{port}"]
+        wait_http(urls[0] + "/v1/models", group, timeout_s=120)
     return urls
 
 
@@ -132,12 +151,13 @@ async def one_run(args: argparse.Namespace, kv_blocks: int, tier: bool) -> dict[
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
             for i, r in enumerate(reqs):
                 body = {
+                    "model": "tideserve-sim",
                     "prompt": prompts.prompt(r),
                     "max_tokens": args.max_tokens,
                     "stream": True,
                     "stream_options": {"include_usage": True},
                 }
-                t, usage = await streamed(http, urls[i % 2], body)
+                t, usage = await streamed(http, urls[i % len(urls)], body)
                 ttfts.append(t)
                 cached.append(int(usage["prompt_tokens_details"]["cached_tokens"]))
                 tokens += r.input_length
@@ -145,6 +165,7 @@ async def one_run(args: argparse.Namespace, kv_blocks: int, tier: bool) -> dict[
         group.stop()
     return {
         "tier": tier,
+        "policy": args.kvcache_policy if tier else None,
         "kv_blocks_per_engine": kv_blocks,
         "ttft_ms": {
             "mean": round(statistics.mean(ttfts), 1),
@@ -164,7 +185,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "profile": args.profile,
         "requests": args.requests,
         "requests_from": "multi-turn chains of the trace (see the module doc)",
-        "routing": "round robin over 2 engines, one request at a time",
+        "routing": "tideserve gateway (default profile) over 2 engines"
+        if args.gateway
+        else "round robin over 2 engines, one request at a time",
         "runs": runs,
     }
 
@@ -178,6 +201,13 @@ def main() -> None:
     p.add_argument("--kv-blocks", type=int, default=8192, help="GPU-tier blocks per engine")
     p.add_argument("--kv-bytes-scale", type=int, default=256)
     p.add_argument("--kvcache-mib", type=int, default=1024)
+    p.add_argument(
+        "--kvcache-policy",
+        choices=["write_through", "offload_on_evict"],
+        default="write_through",
+        help="what tier-on engines store: every computed block, or only the blocks they evict",
+    )
+    p.add_argument("--gateway", action="store_true", help="route through tideserve gateway")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     emit_json(asyncio.run(run(args)), args.out)

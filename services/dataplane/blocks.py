@@ -21,7 +21,7 @@ import hashlib
 import heapq
 from collections.abc import Sequence
 
-__all__ = ["SlotPool", "block_bytes", "block_content", "mismatched"]
+__all__ = ["SlotPool", "block_bytes", "block_content", "block_key", "mismatched"]
 
 _KEY = b"tideserve-kv-block-v1"
 
@@ -49,6 +49,11 @@ def mismatched(hashes: Sequence[int], data: Sequence[bytes]) -> list[int]:
         for i, (h, d) in enumerate(zip(hashes, data, strict=True))
         if d != block_content(h, len(d))
     ]
+
+
+def block_key(block_hash: int) -> str:
+    """A block's object key in kvmeta's object master (the KV-cache tier)."""
+    return f"kv-{block_hash & 0xFFFF_FFFF_FFFF_FFFF:016x}"
 
 
 class SlotPool:

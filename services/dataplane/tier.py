@@ -31,13 +31,10 @@ from typing import Any
 import grpc
 from tideserve.v1 import common_pb2, kvmeta_pb2
 
+from services.dataplane.blocks import block_key
 from services.dataplane.transfer import Arena, DataPlane, TransferError
 
 __all__ = ["Fetched", "KVTier", "block_key"]
-
-
-def block_key(block_hash: int) -> str:
-    return f"kv-{block_hash & 0xFFFF_FFFF_FFFF_FFFF:016x}"
 
 
 @dataclass(frozen=True)

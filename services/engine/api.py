@@ -303,18 +303,30 @@ def render(token_ids: list[int] | tuple[int, ...], leading_space: bool) -> str:
     return (" " + text) if (leading_space and text) else text
 
 
-def usage(prompt: int, completion: int, cached: int, kv_transfer_ms: float = 0.0) -> dict[str, Any]:
-    """OpenAI ``usage``; a decode that pulled its KV over the data plane adds
-    ``kv_transfer_ms`` (wall time of the transfer; the gateway records it)."""
+def usage(
+    prompt: int, completion: int, cached: int, kv: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """OpenAI ``usage``; a decode that pulled its KV over the data plane adds ``kv``
+    (:func:`kv_transfer_fields`; the gateway records them)."""
     out: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
-    if kv_transfer_ms > 0:
-        out["kv_transfer_ms"] = round(kv_transfer_ms, 3)
+    out.update(kv or {})
     return out
+
+
+def kv_transfer_fields(ms: float, nbytes: int, failed: bool) -> dict[str, Any]:
+    """What a decode says about its KV pull in ``usage`` / ``meta_info``: the transfer's
+    wall ``kv_transfer_ms`` and ``kv_transfer_bytes``, or ``kv_transfer_failed`` (the pull
+    failed and the prompt was recomputed); nothing when there was no pull."""
+    if failed:
+        return {"kv_transfer_failed": True}
+    if ms <= 0:
+        return {}
+    return {"kv_transfer_ms": round(ms, 3), "kv_transfer_bytes": nbytes}
 
 
 def completion_chunk(

@@ -78,6 +78,7 @@ _FLAGS: list[Flag] = [
     ("--kv-bytes-scale", int, "data plane: KV bytes per block = profile's / this (default 256)"),
     ("--kv-transfer-timeout-s", float, "data plane: a slower KV pull recomputes (default 10)"),
     ("--kvmeta-address", str, "kvcache role: kvmeta's gRPC address (default 127.0.0.1:50052)"),
+    ("--kvcache-policy", str, "tier: write_through (default) or offload_on_evict"),
     ("--kvcache-mib", int, "kvcache role: DRAM segment size in MiB (default 1024)"),
     ("--fail-rate", float, "fault: fraction of requests answered HTTP 500"),
     ("--die-after-tokens", int, "fault: close each stream abruptly after N tokens"),

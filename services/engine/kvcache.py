@@ -17,6 +17,14 @@ always free): where its bytes live when the engine holds real KV bytes
 (:mod:`services.engine.kvbytes`). ``drain_filled`` lists the (hash, slot) pairs committed
 since the last call, whose bytes the shell writes.
 
+Offload on eviction (``hold_evicted=True``, an engine whose tier policy is
+``offload_on_evict``): an evicted block's slot is *held* with its bytes instead of freed
+(``drain_evicted`` lists the (hash, slot) pairs evicted since the last call, for the shell to
+store in the KV-cache tier) and counts as used until ``offloaded`` frees it, as a GPU block
+is not reused before its copy to host memory is done. So an allocation that needs more than
+the free blocks evicts what it needs (starting those offloads) and is refused (None) until
+they are freed; it evicts nothing when it could not fit even then.
+
 Every residency change is appended to ``outbox`` as a :class:`KVEventRecord` (stored /
 removed / all-cleared); the shell drains it with :meth:`KVCache.drain_events` and publishes it.
 :meth:`KVCache.full_state` describes the whole resident set the same way (the answer to a
@@ -28,6 +36,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import Enum
+from itertools import islice
 
 from services.dataplane.blocks import SlotPool
 
@@ -75,7 +84,9 @@ class Allocation:
 class KVCache:
     """Block accounting + prefix index. Not thread-safe; the engine core owns one."""
 
-    def __init__(self, capacity_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, capacity_blocks: int, block_size: int, *, hold_evicted: bool = False
+    ) -> None:
         if capacity_blocks <= 0 or block_size <= 0:
             raise ValueError("capacity_blocks and block_size must be positive")
         self.capacity_blocks = capacity_blocks
@@ -87,6 +98,9 @@ class KVCache:
         self.outbox: list[KVEventRecord] = []
         self._slots = SlotPool(capacity_blocks)
         self._filled: list[tuple[int, int]] = []
+        self.hold_evicted = hold_evicted
+        self._held: OrderedDict[int, int] = OrderedDict()  # slot -> evicted hash, oldest first
+        self._evicted: list[tuple[int, int]] = []
         # Cumulative prefix-cache statistics (in tokens of full blocks).
         self.query_tokens = 0
         self.hit_tokens = 0
@@ -94,8 +108,8 @@ class KVCache:
     # -- queries -------------------------------------------------------------------------
     @property
     def used_blocks(self) -> int:
-        """Blocks holding data (private + cached, evictable or not)."""
-        return self._private + len(self._blocks)
+        """Blocks holding data (private + cached, evictable or not, + evicted and held)."""
+        return self._private + len(self._blocks) + len(self._held)
 
     @property
     def referenced_blocks(self) -> int:
@@ -133,6 +147,23 @@ class KVCache:
         out, self._filled = self._filled, []
         return out
 
+    def drain_evicted(self) -> list[tuple[int, int]]:
+        """(hash, slot) of the blocks evicted (and held) since the last call, oldest first."""
+        out, self._evicted = self._evicted, []
+        return out
+
+    @property
+    def held_slots(self) -> int:
+        return len(self._held)
+
+    def offloaded(self, pairs: list[tuple[int, int]]) -> None:
+        """Free the held slots of evicted ``pairs`` (stored in the tier, or given up); pairs
+        not held (freed already) are skipped."""
+        done = [s for h, s in pairs if self._held.get(s) == h]
+        for s in done:
+            del self._held[s]
+        self._slots.give(done)
+
     def holds(self, seq_id: str) -> bool:
         return seq_id in self._seqs
 
@@ -143,7 +174,10 @@ class KVCache:
         """Reserve ``total_blocks`` for a sequence whose full prompt blocks hash to ``hashes``.
 
         Returns ``None`` (and changes nothing) when the blocks cannot be found even after
-        evicting every unreferenced cached block. Raises ``ValueError`` for a duplicate id.
+        evicting every unreferenced cached block (and freeing every held one). With
+        ``hold_evicted``, also ``None`` while the blocks it evicted (or others) are held: it
+        evicts what it needs first, so the retry after ``offloaded`` succeeds. Raises
+        ``ValueError`` for a duplicate id.
         """
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id!r} already holds blocks")
@@ -153,8 +187,15 @@ class KVCache:
         evictable_after = len(self._lru) - sum(
             1 for h in hashes[:matched] if self._blocks[h].refs == 0
         )
-        if private > self.free_blocks + evictable_after:
+        if private > self.free_blocks + evictable_after + len(self._held):
             return None
+        if self.hold_evicted and private > self.free_blocks:
+            # Evict what the held blocks (freed when stored) do not cover, not the prefix it
+            # matches; their offloads start now.
+            missing = private - self.free_blocks - len(self._held)
+            self._evict(missing, keep=set(hashes[:matched]))
+            if private > self.free_blocks:
+                return None
         shared = hashes[:matched]
         for h in shared:
             self._ref(h)
@@ -185,7 +226,7 @@ class KVCache:
                 run = []
                 continue
             slot = self._slots.take(1)
-            assert slot is not None  # cached blocks never outnumber the slots
+            assert slot is not None  # cached + held blocks never outnumber the slots
             self._blocks[h] = _Block(parent, alloc.tenant, slot[0], refs=1)
             self._filled.append((h, slot[0]))
             alloc.private -= 1
@@ -291,13 +332,19 @@ class KVCache:
             self._lru[h] = None
             self._lru.move_to_end(h)
 
-    def _evict(self, n: int) -> None:
+    def _evict(self, n: int, keep: set[int] | None = None) -> None:
+        """Evict up to ``n`` unreferenced blocks, least recent first, none of ``keep``."""
+        victims = list(islice((h for h in self._lru if not keep or h not in keep), max(0, n)))
         removed: list[int] = []
-        while n > 0 and self._lru:
-            h, _ = self._lru.popitem(last=False)
-            self._slots.give([self._blocks.pop(h).slot])
+        for h in victims:
+            del self._lru[h]
+            slot = self._blocks.pop(h).slot
+            if self.hold_evicted:
+                self._held[slot] = h
+                self._evicted.append((h, slot))
+            else:
+                self._slots.give([slot])
             removed.append(h)
-            n -= 1
         if removed:
             self.outbox.append(
                 KVEventRecord(

@@ -9,7 +9,7 @@ Decode side: :meth:`PDBytes.pull` hashes the prompt as the prefill did, skips th
 holds itself, pulls the rest over the Transfer Engine and verifies every byte. On success it
 returns the modelled milliseconds the pull took (the core waits only for what is left of the
 modelled hand-off) and keeps the wall time of the transfer for the request's answer
-(``usage.kv_transfer_ms``, :meth:`take_ms`). On any failure (transfer error, timeout, wrong
+(``usage.kv_transfer_ms`` and ``kv_transfer_bytes``, or ``kv_transfer_failed``: :meth:`take`). On any failure (transfer error, timeout, wrong
 bytes, no staging space) it returns None and the caller prefills locally: a recompute, never
 a wrong answer and never a hung request (every pull is bounded by ``kv_transfer_timeout_s``).
 """
@@ -17,10 +17,11 @@ a wrong answer and never a hung request (every pull is bounded by ``kv_transfer_
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from services.common.tokens import block_hashes
 from services.dataplane.location import KVLocation
-from services.engine.api import GenRequest
+from services.engine.api import GenRequest, kv_transfer_fields
 from services.engine.kvbytes import KVBytes
 from services.engine.kvcache import KVCache
 
@@ -43,7 +44,7 @@ class PDBytes:
         self.cache = cache
         self.now_ms = now_ms
         self.timeout_s = timeout_s
-        self._ms: dict[str, float] = {}
+        self._done: dict[str, dict[str, Any]] = {}  # rid -> its usage fields
         self.recomputed = 0
 
     def _hashes(self, gen: GenRequest) -> list[int]:
@@ -60,19 +61,22 @@ class PDBytes:
         t0 = self.now_ms()
         res = await self.kvbytes.pull(loc, hashes, self.cache.match(hashes), self.timeout_s)
         if not res.ok:
-            self.failed()
+            self.failed(rid)
             return None
         if self.on_pull is not None:
             self.on_pull(True, res.nbytes, res.ms)
-        self._ms[rid] = res.ms
+        self._done[rid] = kv_transfer_fields(res.ms, res.nbytes, failed=False)
         return self.now_ms() - t0
 
-    def failed(self) -> None:
-        """Count a hand-off that recomputes (a failed pull, or a location that is no good)."""
+    def failed(self, rid: str) -> None:
+        """Count a hand-off of ``rid`` that recomputes (a failed pull, or a location that is
+        no good)."""
         self.recomputed += 1
+        self._done[rid] = kv_transfer_fields(0.0, 0, failed=True)
         if self.on_pull is not None:
             self.on_pull(False, 0, 0.0)
 
-    def take_ms(self, rid: str) -> float:
-        """Wall ms of the transfer of ``rid``'s pull (0.0 if none), forgotten after."""
-        return self._ms.pop(rid, 0.0)
+    def take(self, rid: str) -> dict[str, Any]:
+        """``rid``'s pull as usage fields (:func:`kv_transfer_fields`; empty if none),
+        forgotten after."""
+        return self._done.pop(rid, {})

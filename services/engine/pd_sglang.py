@@ -125,7 +125,7 @@ class Rendezvous:
                     spent = await self.kv.pull(rid, gen, KVLocation.from_json(info["kv"]))
                 except ValueError as err:
                     log.warning("bootstrap room %s: bad 'kv' (%s), recomputing", b.room, err)
-                    self.kv.failed()
+                    self.kv.failed(rid)
                     spent = None
             if self.release is not None and isinstance(info.get("request_id"), str):
                 status = "aborted" if spent is None else "done"

@@ -36,7 +36,7 @@ class Live:
     first_ms: float | None = None
     last_ms: float = 0.0
     done: bool = False
-    kv_transfer_ms: float = 0.0  # wall time of a real KV pull (decode side), 0 = none
+    kv: dict[str, Any] = field(default_factory=dict)  # the decode's KV pull, usage fields
 
 
 async def outputs(live: Live) -> AsyncIterator[list[SeqOutput]]:
@@ -77,7 +77,7 @@ async def unary(
             die(req, live)
     assert last is not None
     g = live.gen
-    use = api.usage(len(g.prompt_ids), len(tokens), last.cached_tokens, live.kv_transfer_ms)
+    use = api.usage(len(g.prompt_ids), len(tokens), last.cached_tokens, live.kv)
     text = api.render(tokens, False)
     if g.kind == "chat":
         body = api.chat_response("chatcmpl-" + live.rid, model, text, use)
@@ -96,7 +96,7 @@ def meta(live: Live, last: SeqOutput, n: int) -> dict[str, Any]:
         "completion_tokens": n,
         "cached_tokens": last.cached_tokens,
         "e2e_latency": (live.last_ms - live.arrival_ms) / 1000.0,
-        **({"kv_transfer_ms": round(live.kv_transfer_ms, 3)} if live.kv_transfer_ms > 0 else {}),
+        **live.kv,
     }
 
 
@@ -135,7 +135,7 @@ async def stream(
         buf = []
     assert last is not None
     if g.include_usage and g.kind != "generate":
-        use = api.usage(len(g.prompt_ids), len(sent), last.cached_tokens, live.kv_transfer_ms)
+        use = api.usage(len(g.prompt_ids), len(sent), last.cached_tokens, live.kv)
         if g.kind == "chat":
             empty = api.chat_chunk(cid, model, None, None, use)
         else:
@@ -160,7 +160,7 @@ def chunk(
 ) -> dict[str, Any]:
     finish = "length" if final else None
     use = (
-        api.usage(len(g.prompt_ids), len(sent) + len(new), last.cached_tokens, live.kv_transfer_ms)
+        api.usage(len(g.prompt_ids), len(sent) + len(new), last.cached_tokens, live.kv)
         if final
         else None
     )

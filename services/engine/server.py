@@ -110,7 +110,9 @@ class EngineServer:
             max_batched_tokens=settings.max_batched_tokens,
             hold_timeout_ms=settings.hold_timeout_s * 1000.0 * settings.speedup,
         )
-        self.core = EngineCore(cfg, self.profile, KVCache(blocks, settings.block_size))
+        offload = settings.kvcache_tier and settings.kvcache_policy == "offload_on_evict"
+        cache = KVCache(blocks, settings.block_size, hold_evicted=offload)
+        self.core = EngineCore(cfg, self.profile, cache)
         self.metrics = EngineMetrics(settings.metrics_dialect, settings.model)
         self.faults = Faults(settings.fail_rate, settings.die_after_tokens, settings.refuse_health)
         self.epoch = int(time.time() * 1000)
@@ -189,7 +191,9 @@ class EngineServer:
         if self.kvbytes is not None:
             await self.kvbytes.start()  # DataPlaneError: the engine does not start
             if self.settings.kvcache_tier:
-                self.tier_io = tier_io_for(self.settings, self.kvbytes, self.core, self.now_ms)
+                self.tier_io = tier_io_for(
+                    self.settings, self.kvbytes, self.core, self.now_ms, self._kick.set
+                )
         p = self.tracer_provider
         self._http = aiohttp.ClientSession(
             trace_configs=[otel.client_trace_config(p)] if p is not None else None
@@ -270,6 +274,7 @@ class EngineServer:
                 self.kvbytes.fill(filled)  # before the outputs say the prompt is done
             if self.tier_io is not None:
                 self.tier_io.written(filled)
+                self.tier_io.evicted(self.core.cache.drain_evicted())
             if res is None:
                 self._kick.clear()
                 wake = self.core.next_wakeup(now)
@@ -400,7 +405,7 @@ class EngineServer:
             return core_req
         live = Live(rid, gen, self.now_ms())
         if self.pd_bytes is not None:
-            live.kv_transfer_ms = self.pd_bytes.take_ms(rid)
+            live.kv = self.pd_bytes.take(rid)
         model = gen.model or self.settings.model
         self._live[rid] = live
         task = asyncio.current_task()
@@ -449,7 +454,8 @@ class EngineServer:
         if b is None:
             return base if self.tier_io is None else await self.tier_io.fetch(base, gen)
         if self.role is EngineRole.PREFILL:
-            return self.rendezvous.prefill_request(rid, gen)
+            held = self.rendezvous.prefill_request(rid, gen)
+            return held if self.tier_io is None else await self.tier_io.fetch(held, gen)
         if self.role is EngineRole.DECODE and b.port is not None:
             assert self._http is not None
             return await self.rendezvous.decode_request(self._http, rid, gen)

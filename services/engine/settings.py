@@ -98,6 +98,11 @@ class EngineSettings(TracingSettings):
         "kvmeta_address) and fetch prefixes from it instead of recomputing; implies "
         "kv_data_plane",
     )
+    kvcache_policy: Literal["write_through", "offload_on_evict"] = Field(
+        "write_through",
+        description="with kvcache_tier: store every computed block (write_through) or only "
+        "the blocks the engine evicts (offload_on_evict)",
+    )
     kvcache_mib: int = Field(1024, ge=1, description="kvcache role: DRAM segment size (MiB)")
     state_dir: Path = Field(default_factory=lambda: Path.home() / ".local/share/tideserve")
     # Fault knobs.

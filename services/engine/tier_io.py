@@ -1,13 +1,22 @@
 """An engine and the KV-cache tier (shell; ``--kvcache-tier``, needs ``--kv-data-plane``).
 
-Write-through: every block the engine commits is stored in the tier (``kvcache`` instances
-mounted in kvmeta) unless kvmeta already has it: ``Exist``, then :meth:`KVTier.store` from
-the block's cache slot. Stores run as background tasks, one at a time (a store that fails,
-e.g. RESOURCE_EXHAUSTED or a slot reused before it was read, is dropped: the tier is a
-cache). A stored block whose slot was reused before the write read it holds wrong bytes;
-every fetch verifies, so such a block costs a recompute, never a wrong answer.
+What is stored depends on ``--kvcache-policy``:
 
-Fetch instead of recompute (:meth:`TierIO.fetch`, before a request is submitted): the prompt's
+- ``write_through``: every block the engine commits is stored in the tier (``kvcache``
+  instances mounted in kvmeta);
+- ``offload_on_evict``: only the blocks the engine evicts. The cache holds an evicted block's
+  slot (its bytes) until :meth:`KVCache.offloaded` (:mod:`services.engine.kvcache`), called
+  when the store is done or failed, so the store reads the right bytes; an admission that
+  needs those blocks waits for it (``on_freed`` wakes the engine's stepping loop).
+
+Either way a block kvmeta already has is not stored again (``Exist``, then
+:meth:`KVTier.store` from the block's slot). Stores run as background tasks, one at a time (a
+store that fails, e.g. RESOURCE_EXHAUSTED or a slot reused before it was read, is dropped: the
+tier is a cache). A stored block whose slot was reused before the write read it holds wrong
+bytes; every fetch verifies, so such a block costs a recompute, never a wrong answer.
+
+Fetch instead of recompute (:meth:`TierIO.fetch`, before an aggregated request or a P/D
+prefill request is submitted): the prompt's
 full blocks beyond the local prefix hit that kvmeta holds (``Exist``, leading run) are fetched
 when :func:`fetch_pays` says the modelled transfer is faster than prefilling them, into
 staging slots, verified, and the request is submitted with ``fetched_tokens`` and the
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 
@@ -59,36 +69,57 @@ class TierIO:
         profile: PerfProfile,
         now_ms: Callable[[], float],
         channel: grpc.aio.Channel | None = None,
+        on_freed: Callable[[], None] = lambda: None,
     ) -> None:
-        """``channel``: kvmeta's, closed with this object."""
+        """``channel``: kvmeta's, closed with this object; ``on_freed``: called when held
+        slots of evicted blocks were freed (the shell wakes its stepping loop)."""
         self._channel = channel
+        self.on_freed = on_freed
         self.tier = tier
         self.kvbytes = kvbytes
         self.cache = cache
         self.profile = profile
         self.now_ms = now_ms
-        self._pending: list[tuple[int, int]] = []
+        self._pending: list[tuple[int, int]] = []  # written (cached) blocks
+        self._evicted: list[tuple[int, int]] = []  # evicted blocks, slots held by the cache
         self._writer: asyncio.Task[None] | None = None
         self.stored_blocks = 0
         self.fetched_blocks = 0
 
     # -- write-through -------------------------------------------------------------------
     def written(self, filled: Sequence[tuple[int, int]]) -> None:
-        """Newly cached blocks ``(hash, slot)``: store them in the tier (in the background)."""
-        if not filled:
-            return
-        self._pending.extend(filled)
+        """Newly cached blocks ``(hash, slot)``: stored in the tier (in the background) when
+        the cache does not hold evicted blocks (write-through)."""
+        if filled and not self.cache.hold_evicted:
+            self._pending.extend(filled)
+            self._kick()
+
+    def evicted(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Blocks the cache evicted and holds ``(hash, slot)``: stored in the tier (in the
+        background), then their slots freed."""
+        if pairs:
+            self._evicted.extend(pairs)
+            self._kick()
+
+    def _kick(self) -> None:
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write(), name="engine-tier-write")
 
     async def _write(self) -> None:
-        while self._pending:
+        while self._pending or self._evicted:
             batch, self._pending = self._pending, []
-            with contextlib.suppress(grpc.aio.AioRpcError, TransferError, LookupError):
-                await self._store(batch)
+            held, self._evicted = self._evicted, []
+            live = [(h, s) for h, s in batch if self.cache.slot_of(h) == s]  # not evicted since
+            live += held  # their slots are not reused before offloaded()
+            try:
+                with contextlib.suppress(grpc.aio.AioRpcError, TransferError, LookupError):
+                    await self._store(live)
+            finally:
+                if held:
+                    self.cache.offloaded(held)
+                    self.on_freed()  # admissions waiting for these blocks may go
 
-    async def _store(self, batch: list[tuple[int, int]]) -> None:
-        live = [(h, s) for h, s in batch if self.cache.slot_of(h) == s]  # not evicted since
+    async def _store(self, live: list[tuple[int, int]]) -> None:
         if not live:
             return
         res = await self.tier.stub.Exist(
@@ -152,14 +183,7 @@ class TierIO:
         self.fetched_blocks += run
         spent = self.now_ms() - t0
         wait = max(0.0, self.profile.transfer_ms(run * bs) - spent)
-        return Request(
-            base.rid,
-            base.prompt,
-            base.max_new_tokens,
-            base.tenant,
-            fetched_tokens=(local + run) * bs,
-            fetch_wait_ms=wait,
-        )
+        return dataclasses.replace(base, fetched_tokens=(local + run) * bs, fetch_wait_ms=wait)
 
 
 def kvmeta_channel(settings: EngineSettings) -> grpc.aio.Channel:
@@ -172,9 +196,13 @@ def kvmeta_channel(settings: EngineSettings) -> grpc.aio.Channel:
 
 
 def tier_io_for(
-    settings: EngineSettings, kvbytes: KVBytes, core: EngineCore, now_ms: Callable[[], float]
+    settings: EngineSettings,
+    kvbytes: KVBytes,
+    core: EngineCore,
+    now_ms: Callable[[], float],
+    on_freed: Callable[[], None],
 ) -> TierIO:
     """The engine's link to the tier (call on the event loop: it opens kvmeta's channel)."""
     channel = kvmeta_channel(settings)
     tier = KVTier(kvmeta_pb2_grpc.KVMetaServiceStub(channel), kvbytes.plane, settings.deployment)
-    return TierIO(tier, kvbytes, core.cache, core.profile, now_ms, channel)
+    return TierIO(tier, kvbytes, core.cache, core.profile, now_ms, channel, on_freed)

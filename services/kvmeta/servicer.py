@@ -16,7 +16,9 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 from tideserve.v1 import events_pb2, kvmeta_pb2, kvmeta_pb2_grpc
 
+from services.dataplane.blocks import block_key
 from services.kvmeta.checkpoint import KVMetaStore
+from services.kvmeta.fetchable import leading_run, with_fetchable
 from services.kvmeta.index import InstanceMatch, UnknownDeploymentError, Verdict
 from services.kvmeta.ingest import IndexFeeder
 from services.kvmeta.objects import (
@@ -189,6 +191,13 @@ class KVMetaServicer(_Base):
             await _abort(
                 context, grpc.StatusCode.NOT_FOUND, f"unknown deployment {request.deployment!r}"
             )
+        master = self.objects.master
+        if request.candidate_instances and master.segments(request.deployment):
+            # The KV-cache tier's leading run of the prompt (objects under the engines'
+            # tenant "", as KVTier stores them): fetchable by every candidate.
+            keys = [block_key(h) for h in request.block_hashes]
+            run = leading_run(master.exist(request.deployment, "", keys))
+            matches = with_fetchable(matches, request.candidate_instances, run)
         return self._encoder.response(matches, self.feeder.block_sizes.get(request.deployment, 0))
 
     async def IngestEvents(

@@ -49,7 +49,9 @@ READY and every gateway routes to them (membership; the scheduler's `endpoints` 
 emptied). More engines: `tideserve apply -f` the deployment with higher replicas and
 min_replicas. `stack:` keys engines, prefill, decode, engine_profile, engine_speedup,
 engine_kv_blocks, engine_args, engine_base_port and engine_ports (explicit list, no offset)
-set the same from the config file. An engine that dies is reported and the stack keeps running
+set the same from the config file. P/D engines move real KV bytes in the hand-off
+(`--kv-data-plane` on kvmeta's TE metadata endpoint, opened to them without a token in the
+secured stack: keep that port local). An engine that dies is reported and the stack keeps running
 (the gateway routes around it); `down` stops the engines, also those of a killed autoscaler
 (pids recorded in <state-dir>/instances.json).
 Gateways: `--gateways N|auto` (or `stack: {gateways: N}`; default auto = one per usable core,
@@ -259,7 +261,9 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
     offset = int(args.base_port_offset)
     ports = choose_ports(configured, offset)
     state_dir = Path(stack.state_dir).expanduser().resolve()
-    fleet = _fleet(stack, scheduler, offset)
+    te_port = ports["kvmeta"]["metadata_http_port"]
+    te_url = f"http://{reachable(stack.host)}:{te_port}/metadata" if te_port else None
+    fleet = _fleet(stack, scheduler, offset, te_url)
     deployment = stack_deployment(fleet)
     opts = UpOptions(
         state_dir=state_dir,
@@ -320,10 +324,17 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
         services = tuple(
             dataclasses.replace(c, env={**c.env, **auth_env(secrets)}) for c in services
         )
+        if deployment is not None:  # engines that talk to kvmeta present the services' token
+            token = {"TIDESERVE_ENGINE_KVMETA_TOKEN_FILE": str(secrets.service_token_file)}
+            services = wire_scheduler(services, token, scheduler="autoscaler")
+        if fleet.data_plane:  # Mooncake's Transfer Engine sends no token to its metadata
+            services = wire_scheduler(
+                services, {"TIDESERVE_KVMETA__METADATA_HTTP_OPEN": "true"}, scheduler="kvmeta"
+            )
     return opts, services
 
 
-def _fleet(stack: Any, scheduler: Any, offset: int) -> EngineFleet:
+def _fleet(stack: Any, scheduler: Any, offset: int, te_metadata_url: str | None) -> EngineFleet:
     """The stack's engines from its settings (ValueError, one line, for a bad one)."""
     from services.common.perfmodel import get_profile
     from services.stack.engines import EngineFleet, split_engine_args
@@ -346,6 +357,7 @@ def _fleet(stack: Any, scheduler: Any, offset: int) -> EngineFleet:
         block_size=int(getattr(scheduler, "block_size", DEFAULT_BLOCK_SIZE)),
         deployment=str(getattr(scheduler, "deployment", "default")),
         extra_args=split_engine_args(stack.engine_args),
+        te_metadata_url=te_metadata_url,
     )
 
 

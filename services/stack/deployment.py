@@ -12,7 +12,8 @@ driver and announces them on ``{prefix}:membership``, which the gateway follows 
   (30001 + offset upward, or ``stack.engine_ports``); engines added later (``tideserve
   apply`` / a changed replica count) take the driver's range, which starts right after them;
 - arguments: ``--block-size``, ``--profile``, ``--speedup``, ``--kv-blocks`` and
-  ``--engine-arg`` words are the role's ``args``;
+  ``--engine-arg`` words are the role's ``args``; a P/D fleet also gets ``--kv-data-plane
+  --te-metadata-url`` (kvmeta's metadata endpoint), so its hand-off moves real KV bytes;
 - a dead engine stays dead (reported; the gateway routes around it): restart policy
   ``never``. ``min_replicas`` is the count asked for, so no planner decision goes below it;
   the planner is off in the stack unless the configuration turns it on.
@@ -54,6 +55,8 @@ def engine_args(fleet: EngineFleet) -> tuple[str, ...]:
         out += ["--speedup", f"{fleet.speedup:g}"]
     if fleet.kv_blocks is not None:
         out += ["--kv-blocks", str(fleet.kv_blocks)]
+    if fleet.data_plane:  # P/D: the decode pulls the prompt's KV bytes from the prefill
+        out += ["--kv-data-plane", "--te-metadata-url", str(fleet.te_metadata_url)]
     return (*out, *fleet.extra_args)
 
 

@@ -64,7 +64,9 @@ class EngineFleet:
     """What the user asked for. ``workers``: aggregated engines; ``prefill``/``decode``:
     a disaggregated pair of pools. ``ports`` (explicit, in start order) win over
     ``base_port`` (already shifted by any offset). ``profile``/``speedup``/``kv_blocks``
-    None leave the engine's own default. ``extra_args`` go to every engine verbatim."""
+    None leave the engine's own default. ``extra_args`` go to every engine verbatim.
+    ``te_metadata_url``: kvmeta's Transfer Engine metadata endpoint; with it a P/D fleet
+    moves real KV bytes in its hand-off (``--kv-data-plane``)."""
 
     workers: int = 0
     prefill: int = 0
@@ -77,10 +79,16 @@ class EngineFleet:
     block_size: int = DEFAULT_BLOCK_SIZE
     deployment: str = "default"
     extra_args: tuple[str, ...] = ()
+    te_metadata_url: str | None = None
 
     @property
     def total(self) -> int:
         return self.workers + self.prefill + self.decode
+
+    @property
+    def data_plane(self) -> bool:
+        """The engines move real KV bytes: a P/D fleet with kvmeta's metadata endpoint."""
+        return self.prefill > 0 and self.te_metadata_url is not None
 
 
 @dataclass(frozen=True)

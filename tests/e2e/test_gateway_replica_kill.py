@@ -31,12 +31,11 @@ from typing import Any
 import aiohttp
 import psutil
 import pytest
-import redis.asyncio as aioredis
 from tideserve.v1 import events_pb2
 
-from services.common.streams import decode_entry
 from services.scheduler.main import REPLICA_HEADER
 from services.stack.procs import ProcRef, is_alive
+from tests.helpers.engine_stack import request_records
 from tests.helpers.ports import free_ports
 from tests.helpers.stack import RunningStack, running_stack, status_json
 
@@ -67,23 +66,6 @@ def _config(deployment: str) -> dict[str, Any]:
         "gateway_grpc_ports": [next(ports)],
     }
     return layout
-
-
-async def _records(redis_url: str, deployment: str, n: int) -> list[events_pb2.RequestRecord]:
-    """This deployment's request records, once at least ``n`` are on the stream."""
-    rc = aioredis.Redis.from_url(redis_url, decode_responses=False)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            recs = [
-                decode_entry(f, events_pb2.RequestRecord) for _, f in await rc.xrange("ts:requests")
-            ]
-            mine = [r for r in recs if r.deployment == deployment]
-            if len(mine) >= n or time.monotonic() > deadline:
-                return mine
-            await asyncio.sleep(0.2)
-    finally:
-        await rc.aclose()
 
 
 async def _applied(http: aiohttp.ClientSession, base: str, replica: str) -> float:
@@ -170,7 +152,7 @@ async def _run(stack: RunningStack, config: dict[str, Any], dep: str, redis_url:
             if not d["usage"]["prompt_tokens_details"]["cached_tokens"]
         ]
         if missed:  # say why: each turn's replica, engine and the chosen engine's scores
-            recs = await _records(redis_url, dep, EARLY * 2 + LATE)
+            recs = await request_records(redis_url, dep, EARLY * 2 + LATE)
             raise AssertionError(f"second turns {missed} missed; {served_by}\n{_describe(recs)}")
         before = EARLY * 2 + LATE
         assert {n for r in served_by.values() for n in r} <= set(REPLICAS), served_by
@@ -186,7 +168,7 @@ async def _run(stack: RunningStack, config: dict[str, Any], dep: str, redis_url:
 
         # The victim flushed its request records, and the survivor applied the victim's
         # routed prefixes (it answers /metrics on the shared address when the kernel says).
-        assert len(await _records(redis_url, dep, before)) == before
+        assert len(await request_records(redis_url, dep, before)) == before
         deadline = time.monotonic() + 30
         while (applied := await _applied(http, base, survivor)) < answered[victim]:
             assert time.monotonic() < deadline, (applied, answered)
@@ -212,7 +194,7 @@ async def _run(stack: RunningStack, config: dict[str, Any], dep: str, redis_url:
         after = {s: await turn(s, "finally") for s in range(sessions)}
 
     assert all(served_by[s][-1] == survivor for s in range(sessions)), served_by
-    recs = await _records(redis_url, dep, before + sessions)
+    recs = await request_records(redis_url, dep, before + sessions)
     by_session: dict[int, list[events_pb2.RequestRecord]] = {}
     for r in sorted(recs, key=lambda r: r.arrival_ms):  # a session's turns are sequential
         by_session.setdefault(int(r.session_id.rsplit("-s", 1)[1]), []).append(r)

@@ -8,7 +8,10 @@ cache. Requests go through the scheduler's OpenAI-compatible gateway only.
 - aggregated (2 engines): streamed and non-streamed chat, cached tokens on a repeated long
   prompt, /v1/models, `status` lists the engines;
 - P/D (1 prefill + 1 decode): streamed completions through the SGLang bootstrap hand-off
-  (the prefill engine really computed the prompt).
+  (the prefill engine really computed the prompt); the stack starts them with the data plane
+  (kvmeta's metadata endpoint, open to the token-less Transfer Engine in the secured stack),
+  so the decode pulls the prompt's KV bytes: ``kv_pulls_total{outcome="ok"}`` counts them and
+  the request records carry ``kv_transfer_ms > 0``.
 
 An engine SIGKILLed mid-run: `test_stack_engine_kill.py`. The stack builders:
 `tests/helpers/engine_stack.py`.
@@ -30,6 +33,7 @@ from tests.helpers.engine_stack import (
     EngineStack,
     metric_total,
     metric_total_with,
+    request_records,
     start_engine_stack,
     stream_sse,
     words,
@@ -193,3 +197,11 @@ async def test_pd_streamed_completions_through_bootstrap(postgres_url: str, redi
         # the decode engine generated the tokens.
         assert metric_total(metrics["prefill"], "sglang:prompt_tokens_total") >= 3 * 800
         assert metric_total(metrics["decode"], "sglang:generation_tokens_total") >= 3 * 2
+        # the data plane: the decode pulled each prompt's blocks over the Transfer Engine
+        pulled = metric_total_with(metrics["decode"], "tideserve:kv_pulls_total", '"ok"')
+        assert pulled >= 3, metrics["decode"]
+        assert metric_total(metrics["decode"], "tideserve:kv_pull_bytes_total") > 0
+        records = await request_records(redis_url, stack.deployment, 3)
+        assert len(records) >= 3, records
+        assert all(r.kv_transfer_ms > 0 and r.kv_transfer_bytes > 0 for r in records), records
+        assert not any(r.kv_transfer_failed for r in records)

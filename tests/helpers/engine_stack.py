@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import redis.asyncio as aioredis
+from tideserve.v1 import events_pb2
 
+from services.common.streams import decode_entry
 from services.stack.control import recorded_engines
 from services.stack.procs import is_alive
 from services.stack.state import ProcEntry, StackState, read_state
@@ -188,3 +192,23 @@ def metric_total(text: str, name: str) -> float:
         for line in text.splitlines()
         if line.startswith(name + "{") or line.startswith(name + " ")
     )
+
+
+async def request_records(
+    redis_url: str, deployment: str, n: int
+) -> list[events_pb2.RequestRecord]:
+    """This deployment's request records (``ts:requests``), once at least ``n`` are on the
+    stream (or what is there after 30 s)."""
+    rc = aioredis.Redis.from_url(redis_url, decode_responses=False)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            recs = [
+                decode_entry(f, events_pb2.RequestRecord) for _, f in await rc.xrange("ts:requests")
+            ]
+            mine = [r for r in recs if r.deployment == deployment]
+            if len(mine) >= n or time.monotonic() > deadline:
+                return mine
+            await asyncio.sleep(0.2)
+    finally:
+        await rc.aclose()

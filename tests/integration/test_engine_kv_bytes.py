@@ -94,6 +94,8 @@ async def test_sglang_hand_off_moves_verified_bytes(
     assert decode.pd_bytes is not None and decode.kvbytes is not None
     assert (decode.kvbytes.pulls_ok, decode.kvbytes.pulls_failed) == (1, 0)
     assert decode.kvbytes.plane.bytes_moved == 10 * decode.kvbytes.block_bytes
+    assert d_out["usage"]["kv_transfer_bytes"] == decode.kvbytes.plane.bytes_moved
+    assert "kv_transfer_failed" not in d_out["usage"]
     assert decode.core.prompt_tokens_total == 0  # nothing recomputed
     await until(lambda: prefill.core.num_held == 0, "the decode's notification freed the KV")
     async with http.get(durl + "/metrics") as resp:
@@ -152,6 +154,7 @@ async def test_failed_pull_recomputes_the_same_answer(
     )
     assert got["choices"][0]["text"] == want["choices"][0]["text"]
     assert "kv_transfer_ms" not in got["usage"]
+    assert got["usage"]["kv_transfer_failed"] is True  # for the record: it recomputed
     assert decode.pd_bytes is not None and decode.pd_bytes.recomputed == 1
     async with http.get(durl + "/metrics") as resp:
         metrics = await resp.text()

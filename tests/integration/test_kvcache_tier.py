@@ -5,7 +5,9 @@ and every byte is checked against the block hashes. A fetch held up past the lea
 objects leased (the keeper renews), so kvmeta refuses to remove them; without the keeper the
 lease lapses and the same Remove succeeds. Two engines with ``kvcache_tier``: what the first
 computed is written through to the tier, and the second fetches that prefix (verified)
-instead of computing it. The real Mooncake Transfer Engine, TCP on loopback.
+instead of computing it. An engine offloading on eviction stores nothing until it evicts a
+prompt, then stores exactly its blocks, and fetches them back when the prompt returns. The
+real Mooncake Transfer Engine, TCP on loopback.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ LEASE_S = 1.0
 BLOCK = 4096
 HASHES = [0x1234_5678_9ABC_DEF0 + i for i in range(12)]
 LONG = " ".join(f"w{i}" for i in range(700))  # 10 full blocks of 64 tokens + a tail
+OTHER = " ".join(f"v{i}" for i in range(700))
 
 
 @pytest.fixture(scope="module")
@@ -168,10 +171,9 @@ async def test_lease_across_a_slow_fetch(tier: Tier, keep: bool) -> None:
         await asyncio.wait_for(fetch, 30)
 
 
-async def test_engine_fetches_what_another_engine_wrote_through(
-    tier: Tier, tmp_path: Path, metadata_url: str, http: aiohttp.ClientSession
-) -> None:
-    fleet = EngineFleet(
+def _tier_fleet(tier: Tier, tmp_path: Path, metadata_url: str, **kw: Any) -> EngineFleet:
+    """Engines (run as ``tideserve engine`` serves) with the tier of ``tier``."""
+    return EngineFleet(
         tmp_path,
         serve="runner",
         profile="test",
@@ -180,13 +182,24 @@ async def test_engine_fetches_what_another_engine_wrote_through(
         kvcache_tier=True,
         kvmeta_address=tier.kvmeta_address,
         te_metadata_url=metadata_url,
+        **kw,
     )
+
+
+@pytest.mark.parametrize("role", ["aggregated", "prefill"], ids=["aggregated", "pd-prefill"])
+async def test_engine_fetches_what_another_engine_wrote_through(
+    tier: Tier, tmp_path: Path, metadata_url: str, http: aiohttp.ClientSession, role: str
+) -> None:
+    fleet = _tier_fleet(tier, tmp_path, metadata_url)
     try:
         first, furl = await fleet.start()
-        second, surl = await fleet.start()
-        body = {"prompt": LONG, "max_tokens": 4}
+        second, surl = await fleet.start(role=role)
+        body: dict[str, Any] = {"prompt": LONG, "max_tokens": 4}
         async with http.post(furl + "/v1/completions", json=body) as resp:
             want = await resp.json()
+        if role == "prefill":  # SGLang P/D: the prefill computes the first token only
+            port = int(surl.rsplit(":", 1)[1])
+            body.update(bootstrap_host="127.0.0.1", bootstrap_port=port, bootstrap_room=5)
         keys = [block_key(h) for h in block_hashes(tokenize(LONG), first.settings.block_size)]
         assert len(keys) == 10
 
@@ -196,9 +209,54 @@ async def test_engine_fetches_what_another_engine_wrote_through(
         await eventually(written_through)
         async with http.post(surl + "/v1/completions", json=body) as resp:
             got = await resp.json()
-        assert got["choices"][0]["text"] == want["choices"][0]["text"]
+        if role == "aggregated":
+            assert got["choices"][0]["text"] == want["choices"][0]["text"]
         assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == 640  # fetched
         assert second.tier_io is not None and second.tier_io.fetched_blocks == 10
         assert second.core.prompt_tokens_total == len(tokenize(LONG)) - 640
+    finally:
+        await fleet.close()
+
+
+async def test_engine_offloads_what_it_evicts_and_fetches_it_back(
+    tier: Tier, tmp_path: Path, metadata_url: str, http: aiohttp.ClientSession
+) -> None:
+    fleet = _tier_fleet(
+        tier,
+        tmp_path,
+        metadata_url,
+        kvcache_policy="offload_on_evict",
+        kv_blocks=11,  # one 700-token prompt (+4 new tokens): the next one evicts it whole
+    )
+    try:
+        engine, url = await fleet.start()
+        assert engine.tier_io is not None
+
+        async def complete(prompt: str) -> dict[str, Any]:
+            async with http.post(
+                url + "/v1/completions", json={"prompt": prompt, "max_tokens": 4}
+            ) as resp:
+                assert resp.status == 200
+                return dict(await resp.json())
+
+        bs = engine.settings.block_size
+        keys = [block_key(h) for h in block_hashes(tokenize(LONG), bs)]
+        want = await complete(LONG)
+        assert not any(tier.master.exist(DEP, "", keys))  # computed, cached, not stored
+        await complete(OTHER)  # evicts LONG's blocks: offloaded
+
+        async def offloaded() -> bool:
+            return all(tier.master.exist(DEP, "", keys)) and engine.core.cache.held_slots == 0
+
+        await eventually(offloaded)
+        other = [block_key(h) for h in block_hashes(tokenize(OTHER), bs)]
+        assert not any(tier.master.exist(DEP, "", other))  # resident: not stored
+        assert engine.tier_io.stored_blocks == len(keys) == 10
+        computed = engine.core.prompt_tokens_total
+        got = await complete(LONG)
+        assert got["choices"][0]["text"] == want["choices"][0]["text"]
+        assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == 640  # fetched back
+        assert engine.tier_io.fetched_blocks == 10
+        assert engine.core.prompt_tokens_total - computed == len(tokenize(LONG)) - 640
     finally:
         await fleet.close()

@@ -101,8 +101,14 @@ def _target(**kw: object) -> RoleTarget:
             _target(command=("vllm", "serve", "m", "--port={port}", "--served-model-name={deployment}")),
             ["vllm", "serve", "m", "--port=31000", "--served-model-name=dep"],
         ),
+        (
+            RoleTarget("dep", "kv", Role.KVCACHE, 1, args=("--kvcache-mib", "64")),
+            ["py", "-m", "services.cli", "engine", "--host", "h", "--port", "31000",
+             "--instance-id", "i1", "--role", "kvcache", "--deployment", "dep",
+             "--state-dir", "/s/i1", "--log-level", "WARNING", "--kvcache-mib", "64"],
+        ),
     ],
-    ids=["simulator", "sglang", "vllm"],
+    ids=["simulator", "sglang", "vllm", "simulator-kvcache"],
 )  # fmt: skip
 def test_render_argv(target: RoleTarget, argv: list[str]) -> None:
     got = render_argv(
@@ -113,11 +119,8 @@ def test_render_argv(target: RoleTarget, argv: list[str]) -> None:
 
 @pytest.mark.parametrize(
     "target",
-    [
-        _target(command=("x", "--port", "{prot}")),
-        RoleTarget("dep", "kv", Role.KVCACHE, 1),
-    ],
-    ids=["unknown-placeholder", "simulator-cannot-be-kvcache"],
+    [_target(command=("x", "--port", "{prot}"))],
+    ids=["unknown-placeholder"],
 )
 def test_render_argv_refuses(target: RoleTarget) -> None:
     with pytest.raises(DriverError):

@@ -65,13 +65,19 @@ USAGE = {"prompt_tokens": 10, "completion_tokens": 3, "prompt_tokens_details": {
         (sse({"usage": {**USAGE, "kv_transfer_ms": 2.5}}), Usage(10, 3, 8, 2.5)),
         (sse({"usage": {**USAGE, "kv_transfer_ms": "x"}}), Usage(10, 3, 8)),
         (sse({"meta_info": {"prompt_tokens": 5, "kv_transfer_ms": 1}}), Usage(5, 0, 0, 1.0)),
+        (sse({"usage": {**USAGE, "kv_transfer_ms": 2.5, "kv_transfer_bytes": 4096}}),
+         Usage(10, 3, 8, 2.5, 4096)),
+        (sse({"usage": {**USAGE, "kv_transfer_bytes": -1, "kv_transfer_failed": "yes"}}),
+         Usage(10, 3, 8)),
+        (sse({"usage": {**USAGE, "kv_transfer_failed": True}}), Usage(10, 3, 8, 0.0, 0, True)),
         (sse({"choices": []}), None),
         (b'ge": {"prompt_tokens": 1}}\n\ndata: [DONE]\n\n', None),
         (b"", None),
     ],
     ids=[
         "openai-usage-chunk", "no-details", "sglang-meta", "kv-transfer-ms", "kv-transfer-ms-bad",
-        "sglang-meta-kv-transfer-ms", "no-usage", "cut-off", "empty",
+        "sglang-meta-kv-transfer-ms", "kv-transfer-bytes", "kv-transfer-bad-bytes-and-flag",
+        "kv-transfer-failed", "no-usage", "cut-off", "empty",
     ],
 )  # fmt: skip
 def test_usage_from_sse(tail: bytes, expected: Usage | None) -> None:
@@ -124,7 +130,8 @@ def test_build_record_times_and_scores() -> None:
         streamed=True,
     )
     t.tail += sse({"usage": {"prompt_tokens": 100, "completion_tokens": 11,
-                             "prompt_tokens_details": {"cached_tokens": 48}}})  # fmt: skip
+                             "prompt_tokens_details": {"cached_tokens": 48},
+                             "kv_transfer_ms": 3.5, "kv_transfer_bytes": 65536}})  # fmt: skip
     r = build_record(
         t, status=200, finish=10.6, finish_wall=1000.6, deployment="dep", replica_id="gw-2"
     )
@@ -132,6 +139,7 @@ def test_build_record_times_and_scores() -> None:
     assert (r.queue_ms, r.ttft_ms, r.e2e_ms) == pytest.approx((10.0, 100.0, 600.0))
     assert r.tpot_ms == pytest.approx(50.0)  # 500 ms over 10 tokens after the first
     assert (r.prompt_tokens, r.completion_tokens, r.cached_tokens) == (100, 11, 48)
+    assert (r.kv_transfer_ms, r.kv_transfer_bytes, r.kv_transfer_failed) == (3.5, 65536, False)
     assert (r.predicted_cached_tokens, r.predicted_ttft_ms) == (64, 12.5)
     assert (r.decode_instance, r.prefill_instance, r.disaggregated) == ("d1", "p1", True)
     assert [(s.plugin, s.score, s.weight) for s in r.scores] == [

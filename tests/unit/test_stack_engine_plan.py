@@ -99,6 +99,27 @@ def test_stack_deployment_keeps_names_ports_and_args() -> None:
     assert stack_deployment(EngineFleet()) is None
 
 
+TE_URL = "http://127.0.0.1:8081/metadata"
+
+
+@pytest.mark.parametrize(
+    ("fleet", "data_plane"),
+    [
+        (EngineFleet(prefill=1, decode=1, te_metadata_url=TE_URL), True),
+        (EngineFleet(prefill=1, decode=1), False),
+        (EngineFleet(workers=2, te_metadata_url=TE_URL), False),
+    ],
+    ids=["pd-with-kvmeta-metadata", "pd-without-metadata-endpoint", "aggregated"],
+)
+def test_pd_engines_get_the_data_plane(fleet: EngineFleet, data_plane: bool) -> None:
+    data = stack_deployment(fleet)
+    assert data is not None
+    for role in data["roles"]:
+        tail = role["args"][-3:]
+        assert (tail == ["--kv-data-plane", "--te-metadata-url", TE_URL]) is data_plane
+        assert ("--kv-data-plane" in role["args"]) is data_plane
+
+
 def test_engine_defaults_are_left_to_the_engine() -> None:
     data = stack_deployment(EngineFleet(workers=1))
     assert data is not None
@@ -284,6 +305,8 @@ def test_up_flags_become_engine_children_and_scheduler_wiring(
     ]:
         assert args_[args_.index(flag) + 1] == value
     assert args_[-1] == "--max-batch=4"
+    assert "--kv-data-plane" in args_  # P/D: the hand-off moves bytes, at kvmeta's endpoint
+    assert args_[args_.index("--te-metadata-url") + 1] == "http://127.0.0.1:8091/metadata"
     assert opts.autoscaler_address == "127.0.0.1:50063"
     scheduler = next(c for c in children if c.name == "scheduler")
     assert scheduler.env["TIDESERVE_SCHEDULER__ENDPOINTS"] == "[]"
@@ -294,6 +317,11 @@ def test_up_flags_become_engine_children_and_scheduler_wiring(
     assert autoscaler.env["TIDESERVE_AUTOSCALER__DRIVER__LOCAL__STATE_DIR"] == str(tmp_path)
     assert autoscaler.env["TIDESERVE_AUTOSCALER__DRIVER__LOCAL__PORT_MIN"] == "30014"
     kvmeta = next(c for c in children if c.name == "kvmeta")
+    # secured stack: the Transfer Engine sends no token to kvmeta's metadata endpoint, and
+    # the engines present the services' token to kvmeta's gRPC
+    assert kvmeta.env["TIDESERVE_KVMETA__METADATA_HTTP_OPEN"] == "true"
+    token_file = Path(autoscaler.env["TIDESERVE_ENGINE_KVMETA_TOKEN_FILE"])
+    assert token_file == opts.secrets.service_token_file and token_file.exists()
     assert not any(
         k.startswith(("TIDESERVE_SCHEDULER__", "TIDESERVE_AUTOSCALER__DRIVER")) for k in kvmeta.env
     )

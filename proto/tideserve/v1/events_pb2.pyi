@@ -132,7 +132,7 @@ class PluginScore(_message.Message):
     def __init__(self, plugin: _Optional[str] = ..., score: _Optional[float] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class RequestRecord(_message.Message):
-    __slots__ = ("request_id", "trace_id", "deployment", "model", "tenant", "slo_class", "session_id", "profile", "prefill_instance", "decode_instance", "scores", "prompt_tokens", "completion_tokens", "predicted_cached_tokens", "cached_tokens", "predicted_ttft_ms", "queue_ms", "ttft_ms", "tpot_ms", "e2e_ms", "outcome", "http_status", "error", "retries", "arrival_ms", "finish_ms", "disaggregated", "replica_id", "source", "tools_offered", "tool_results", "tool_calls", "kv_transfer_ms", "engine_pending_prefill_tokens", "engine_running", "engine_tokens_in_flight")
+    __slots__ = ("request_id", "trace_id", "deployment", "model", "tenant", "slo_class", "session_id", "profile", "prefill_instance", "decode_instance", "scores", "prompt_tokens", "completion_tokens", "predicted_cached_tokens", "cached_tokens", "predicted_ttft_ms", "queue_ms", "ttft_ms", "tpot_ms", "e2e_ms", "outcome", "http_status", "error", "retries", "arrival_ms", "finish_ms", "disaggregated", "replica_id", "source", "tools_offered", "tool_results", "tool_calls", "kv_transfer_ms", "engine_pending_prefill_tokens", "engine_running", "engine_tokens_in_flight", "kv_transfer_bytes", "kv_transfer_failed")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +169,8 @@ class RequestRecord(_message.Message):
     ENGINE_PENDING_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ENGINE_RUNNING_FIELD_NUMBER: _ClassVar[int]
     ENGINE_TOKENS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_FAILED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     trace_id: str
     deployment: str
@@ -205,7 +207,9 @@ class RequestRecord(_message.Message):
     engine_pending_prefill_tokens: int
     engine_running: int
     engine_tokens_in_flight: int
-    def __init__(self, request_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., deployment: _Optional[str] = ..., model: _Optional[str] = ..., tenant: _Optional[str] = ..., slo_class: _Optional[str] = ..., session_id: _Optional[str] = ..., profile: _Optional[str] = ..., prefill_instance: _Optional[str] = ..., decode_instance: _Optional[str] = ..., scores: _Optional[_Iterable[_Union[PluginScore, _Mapping]]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., predicted_cached_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., predicted_ttft_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., e2e_ms: _Optional[float] = ..., outcome: _Optional[_Union[RequestOutcome, str]] = ..., http_status: _Optional[int] = ..., error: _Optional[str] = ..., retries: _Optional[int] = ..., arrival_ms: _Optional[int] = ..., finish_ms: _Optional[int] = ..., disaggregated: _Optional[bool] = ..., replica_id: _Optional[str] = ..., source: _Optional[str] = ..., tools_offered: _Optional[int] = ..., tool_results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., kv_transfer_ms: _Optional[float] = ..., engine_pending_prefill_tokens: _Optional[int] = ..., engine_running: _Optional[int] = ..., engine_tokens_in_flight: _Optional[int] = ...) -> None: ...
+    kv_transfer_bytes: int
+    kv_transfer_failed: bool
+    def __init__(self, request_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., deployment: _Optional[str] = ..., model: _Optional[str] = ..., tenant: _Optional[str] = ..., slo_class: _Optional[str] = ..., session_id: _Optional[str] = ..., profile: _Optional[str] = ..., prefill_instance: _Optional[str] = ..., decode_instance: _Optional[str] = ..., scores: _Optional[_Iterable[_Union[PluginScore, _Mapping]]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., predicted_cached_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., predicted_ttft_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., e2e_ms: _Optional[float] = ..., outcome: _Optional[_Union[RequestOutcome, str]] = ..., http_status: _Optional[int] = ..., error: _Optional[str] = ..., retries: _Optional[int] = ..., arrival_ms: _Optional[int] = ..., finish_ms: _Optional[int] = ..., disaggregated: _Optional[bool] = ..., replica_id: _Optional[str] = ..., source: _Optional[str] = ..., tools_offered: _Optional[int] = ..., tool_results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., kv_transfer_ms: _Optional[float] = ..., engine_pending_prefill_tokens: _Optional[int] = ..., engine_running: _Optional[int] = ..., engine_tokens_in_flight: _Optional[int] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_failed: _Optional[bool] = ...) -> None: ...
 
 class ToolCall(_message.Message):
     __slots__ = ("id", "name", "argument_bytes", "arguments")

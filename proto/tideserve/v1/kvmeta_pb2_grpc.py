@@ -113,7 +113,11 @@ class KVMetaServiceServicer:
     """
 
     def MatchPrefix(self, request, context):
-        """Longest matched chain prefix per instance, split by tier. Read-only.
+        """Longest matched chain prefix per instance, split by tier. Read-only. With
+        candidate_instances and KV-cache tier segments mounted in the deployment, the leading
+        blocks the tier holds as objects (tenant "", key kv-<hash>) are fetchable by every
+        candidate: a candidate holding fewer gets its match extended to them, the extra blocks
+        in TIER_REMOTE.
         INVALID_ARGUMENT: empty deployment, empty or oversized block_hashes.
         NOT_FOUND: unknown deployment.
         """

@@ -72,7 +72,12 @@ __all__ = ["LocalDriver", "render_argv"]
 
 log = logging.getLogger(__name__)
 
-_SIM_ROLE = {Role.WORKER: "aggregated", Role.PREFILL: "prefill", Role.DECODE: "decode"}
+_SIM_ROLE = {
+    Role.WORKER: "aggregated",
+    Role.PREFILL: "prefill",
+    Role.DECODE: "decode",
+    Role.KVCACHE: "kvcache",  # a KV-cache tier segment (args: --kvmeta-address, --kvcache-mib)
+}
 
 
 def render_argv(
@@ -87,7 +92,7 @@ def render_argv(
     """The command line of one instance (pure). The role's ``command`` with placeholders
     substituted, then its ``args``; without a command, the tideserve engine simulator on
     ``host:port`` with the role, deployment and id, then ``args``. DriverError for a
-    placeholder that does not exist or a role the simulator cannot play."""
+    placeholder that does not exist."""
     values = {
         "port": str(port),
         "host": host,
@@ -101,9 +106,7 @@ def render_argv(
         raise DriverError(f"role {target.name}: bad placeholder in the command line: {e}") from e
     if target.command:
         return tuple(words)
-    sim_role = _SIM_ROLE.get(target.role)
-    if sim_role is None:
-        raise DriverError(f"role {target.name}: the simulator cannot play {target.role.value}")
+    sim_role = _SIM_ROLE[target.role]  # the simulator plays every role
     return (
         python, "-m", "services.cli", "engine",
         "--host", host, "--port", str(port), "--instance-id", instance_id,

@@ -70,8 +70,11 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
-    # P/D with real KV bytes: the decode engine's measured transfer (usage.kv_transfer_ms).
+    # P/D with real KV bytes: the decode engine's measured transfer (usage.kv_transfer_ms,
+    # kv_transfer_bytes) or its failed pull (usage.kv_transfer_failed: it recomputed).
     kv_transfer_ms: float = 0.0
+    kv_transfer_bytes: int = 0
+    kv_transfer_failed: bool = False
 
 
 def _usage_of(obj: Any) -> Usage | None:
@@ -85,7 +88,7 @@ def _usage_of(obj: Any) -> Usage | None:
             int(u.get("prompt_tokens") or 0),
             int(u.get("completion_tokens") or 0),
             int(cached or 0),
-            _ms_field(u),
+            *_kv_fields(u),
         )
     meta = obj.get("meta_info")  # SGLang /generate
     if isinstance(meta, dict) and "prompt_tokens" in meta:
@@ -93,13 +96,23 @@ def _usage_of(obj: Any) -> Usage | None:
             int(meta.get("prompt_tokens") or 0),
             int(meta.get("completion_tokens") or 0),
             int(meta.get("cached_tokens") or 0),
-            _ms_field(meta),
+            *_kv_fields(meta),
         )
     return None
 
 
-def _ms_field(obj: dict[str, Any]) -> float:
-    value = obj.get("kv_transfer_ms")
+def _kv_fields(obj: dict[str, Any]) -> tuple[float, int, bool]:
+    """``kv_transfer_ms``, ``kv_transfer_bytes``, ``kv_transfer_failed`` (absent, wrong
+    type or negative: 0 / False)."""
+    return (
+        _positive(obj.get("kv_transfer_ms")),
+        int(_positive(obj.get("kv_transfer_bytes"))),
+        obj.get("kv_transfer_failed") is True,
+    )
+
+
+def _positive(value: Any) -> float:
+    """``value`` as a positive number, else 0.0 (booleans are not numbers here)."""
     if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
         return float(value)
     return 0.0
@@ -276,6 +289,8 @@ def build_record(
         completion_tokens=completion,
         cached_tokens=usage.cached_tokens if usage else 0,
         kv_transfer_ms=usage.kv_transfer_ms if usage else 0.0,
+        kv_transfer_bytes=usage.kv_transfer_bytes if usage else 0,
+        kv_transfer_failed=usage.kv_transfer_failed if usage else False,
         queue_ms=_ms(t.parsed_at, t.admitted_at),
         ttft_ms=_ms(t.arrival, t.first_byte),
         tpot_ms=tpot_ms(t, finish, completion),
