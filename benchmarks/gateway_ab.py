@@ -27,7 +27,7 @@ if __package__ in (None, ""):
 
 import psutil
 from _harness import ProcGroup, command_line, emit_json, free_port, machine, wait_http
-from gateway_overhead import nginx_config, wrk_max
+from gateway_overhead import start_canned_upstream, wrk_max
 
 
 def gateway_cmd(tree: Path, port: int, upstream: str) -> list[str]:
@@ -53,11 +53,7 @@ def main(argv: list[str] | None = None) -> int:
                                   wrk_duration=args.seconds)  # fmt: skip
     turns: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
     try:
-        nport = free_port()
-        conf = nginx_config(workdir, nport, 8)
-        group.start("nginx", ["nginx", "-p", str(workdir), "-c", str(conf), "-e", "stderr"])
-        upstream = f"http://127.0.0.1:{nport}"
-        wait_http(upstream + "/health", group, 20.0)
+        upstream = start_canned_upstream(group, workdir)
         ports, procs = {}, {}
         for side in ("a", "b"):
             ports[side] = free_port()
