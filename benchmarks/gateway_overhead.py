@@ -182,6 +182,17 @@ http {{
 # -- phases ----------------------------------------------------------------------------------
 
 
+def start_canned_upstream(group: ProcGroup, workdir: Path, sse_chunks: int = 8) -> str:
+    """Start the canned nginx upstream (:func:`nginx_config`) in ``group``; its base URL
+    once it answers ``/health``."""
+    nport = free_port()
+    conf = nginx_config(workdir, nport, sse_chunks)
+    group.start("nginx", ["nginx", "-p", str(workdir), "-c", str(conf), "-e", "stderr"])
+    upstream = f"http://127.0.0.1:{nport}"
+    wait_http(upstream + "/health", group, 20.0)
+    return upstream
+
+
 def _taskset(cpu: int | None, cmd: list[str]) -> list[str]:
     return cmd if cpu is None or not shutil.which("taskset") else ["taskset", "-c", str(cpu), *cmd]
 

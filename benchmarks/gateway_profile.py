@@ -64,7 +64,7 @@ from _harness import (
     wait_http,
 )
 from _loadgen import MODEL, _loadgen, request_bytes
-from gateway_overhead import nginx_config, router_cmd
+from gateway_overhead import router_cmd, start_canned_upstream
 
 # (name, rate req/s); the rates keep one process well below saturation on 2 shared cores.
 WORKLOADS: dict[str, float] = {
@@ -304,11 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {"benchmark": "gateway_profile", "command": command_line(),
                                "machine": machine(), "workloads": {}}  # fmt: skip
     try:
-        nport = free_port()
-        conf = nginx_config(workdir, nport, 8)
-        group.start("nginx", ["nginx", "-p", str(workdir), "-c", str(conf), "-e", "stderr"])
-        upstream = f"http://127.0.0.1:{nport}"
-        wait_http(upstream + "/health", group, 20.0)
+        upstream = start_canned_upstream(group, workdir)
         port = free_port()
         ns = argparse.Namespace(gateway_arg=args.gateway_arg)
         cmd = router_cmd("tideserve:default", port, upstream, ns, None)

@@ -1,6 +1,7 @@
 """The gateway's Authorization towards engines (started with --api-key): the client's
 header passed on (``forward_authorization``) or a fixed ``engine_api_key``; by default
-none. Against a fake engine that records the headers it gets."""
+none. And no cookie an engine set rides on later requests. Against a fake engine that
+records the headers it gets."""
 
 from __future__ import annotations
 
@@ -18,13 +19,21 @@ from services.scheduler.http.server import Gateway, GatewayOptions
 Stack = Callable[..., Awaitable[tuple[str, list[str | None]]]]
 
 
-def _engine(seen: list[str | None]) -> web.Application:
+def _engine(seen: list[str | None], header: str = "Authorization") -> web.Application:
+    """Records ``header`` of each request; answers 401 without an accepted Authorization
+    (any request passes when recording another header), and sets a cookie."""
+
     async def completions(req: web.Request) -> web.Response:
-        seen.append(req.headers.get("Authorization"))
-        if req.headers.get("Authorization") not in ("Bearer engine-key", "Bearer client-key"):
+        seen.append(req.headers.get(header))
+        if header == "Authorization" and req.headers.get(header) not in (
+            "Bearer engine-key",
+            "Bearer client-key",
+        ):
             return web.json_response({"error": {"message": "unauthorized"}}, status=401)
         usage = {"prompt_tokens": 2, "completion_tokens": 1}
-        return web.json_response({"choices": [{"text": "x"}], "usage": usage})
+        resp = web.json_response({"choices": [{"text": "x"}], "usage": usage})
+        resp.set_cookie("engine-session", "abc")
+        return resp
 
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
@@ -35,13 +44,15 @@ def _engine(seen: list[str | None]) -> web.Application:
 async def stack() -> AsyncIterator[Stack]:
     servers: list[TestServer] = []
 
-    async def make(**opts: Any) -> tuple[str, list[str | None]]:
+    async def make(header: str = "Authorization", **opts: Any) -> tuple[str, list[str | None]]:
         seen: list[str | None] = []
-        engine = TestServer(_engine(seen), host="127.0.0.1")
+        engine = TestServer(_engine(seen, header), host="127.0.0.1")
         await engine.start_server()
         servers.append(engine)
+        # By name, as in a cluster (aiohttp's default jar keeps no cookie of an IP address).
+        base = f"http://localhost:{engine.port}"
         core = build_core(
-            [EndpointSpec("e1", str(engine.make_url("")).rstrip("/"))],
+            [EndpointSpec("e1", base)],
             perf_profile="test",
             block_size=16,
         )
@@ -87,3 +98,10 @@ async def test_engine_api_key_is_sent_and_overrides_the_client(stack: Stack) -> 
     assert await _post(url, "Bearer client-key") == 200
     assert await _post(url, None) == 200
     assert seen == ["Bearer engine-key", "Bearer engine-key"]
+
+
+async def test_a_cookie_an_engine_set_is_not_sent_with_later_requests(stack: Stack) -> None:
+    url, seen = await stack(header="Cookie")
+    assert await _post(url, None) == 200
+    assert await _post(url, None) == 200
+    assert seen == [None, None]

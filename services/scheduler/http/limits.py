@@ -10,6 +10,7 @@ aiohttp's plain-text 400 and a closed connection (its parser answers before any 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from itertools import chain
 from typing import Any
 
 from aiohttp import web
@@ -34,7 +35,7 @@ def header_limit(max_bytes: int) -> Any:
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        size = sum(len(k) + len(v) for k, v in request.raw_headers)
+        size = sum(map(len, chain.from_iterable(request.raw_headers)))
         if size > max_bytes:
             body = error_body(
                 f"request headers of {size} bytes are over the limit of {max_bytes}",

@@ -189,6 +189,8 @@ class Gateway:
             first_byte=self._first_byte,
             authorization=_authorization(self.opts),
         )
+        # SLO class names for request validation, per queue config (not a list per request).
+        self._class_names: tuple[object, frozenset[str]] = (None, frozenset())
         self._session: aiohttp.ClientSession | None = None
         self._traced: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -232,13 +234,17 @@ class Gateway:
         return app
 
     async def _start(self, _app: web.Application) -> None:
+        # No cookie jar: an engine's Set-Cookie must not ride on other clients' requests
+        # (and no cookie filtering per call).
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         # Recorded requests go upstream through a traced session (a CLIENT span per call);
         # the rest through the plain one, which aiohttp's tracing signals would only slow.
         self._traced = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+            cookie_jar=aiohttp.DummyCookieJar(),
             trace_configs=[otel.client_trace_config(self.tracer_provider)],
         )
         if self.opts.background:
@@ -351,7 +357,7 @@ class Gateway:
                 raw,
                 req.headers,
                 models=self.models,
-                classes=[c.name for c in self.core.queue.config.classes],
+                classes=self._classes(),
                 tenants=None if self.keys else self.opts.tenants,
                 limits=self.opts.limits,
                 tokens=self.opts.tokens,
@@ -384,6 +390,14 @@ class Gateway:
             elif e.status in (400, 404, 413):
                 self.metrics.bad_request(e.code, e.param)
             return _error(e)
+
+    def _classes(self) -> frozenset[str]:
+        config = self.core.queue.config
+        known, names = self._class_names
+        if known is not config:
+            names = frozenset(c.name for c in config.classes)
+            self._class_names = (config, names)
+        return names
 
     def _intake(self, rid: str, p: ParsedRequest) -> Intake:
         bs = self.opts.block_size

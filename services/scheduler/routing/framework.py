@@ -369,7 +369,7 @@ class Scheduler:
                 return NoEndpoint(f"profile {prof.name!r}: filter {flt.name!r} left no endpoint")
         plan = self._plan_of(prof)
         n = len(cands)
-        totals = [0.0] * n
+        totals: list[float] | None = None
         columns: list[list[float]] = []
         for _name, weight, fn in plan.scorers:
             col = fn(ctx, request, cands)
@@ -379,18 +379,26 @@ class Scheduler:
             if total != total or min(col, default=0.0) < 0.0 or max(col, default=0.0) > 1.0:
                 col = [s if 0.0 <= s <= 1.0 else _clamp(float(s)) for s in col]
             columns.append(col)
-            totals = [t + weight * s for t, s in zip(totals, col, strict=True)]
+            # the first column starts the totals (the same sums as from zeros)
+            if totals is None:
+                totals = [0.0 + weight * s for s in col]
+            else:
+                totals = [t + weight * s for t, s in zip(totals, col, strict=True)]
+        if totals is None:
+            totals = [0.0] * n
         ties = plan.max_score_ties
         if ties is not None:
-            best = max(totals)
-            cut = best - 1e-12
-            if ties:
-                tied = [i for i, t in enumerate(totals) if t >= cut]
-                i = tied[ctx.rng.randrange(len(tied))] if len(tied) > 1 else tied[0]
+            if n == 1:
+                i = 0
             else:
-                i = next(i for i, t in enumerate(totals) if t >= cut)
+                cut = max(totals) - 1e-12
+                if ties:
+                    tied = [i for i, t in enumerate(totals) if t >= cut]
+                    i = tied[ctx.rng.randrange(len(tied))] if len(tied) > 1 else tied[0]
+                else:
+                    i = next(i for i, t in enumerate(totals) if t >= cut)
             detail = tuple(
-                (name, col[i], w) for (name, w, _), col in zip(plan.scorers, columns, strict=True)
+                [(name, col[i], w) for (name, w, _), col in zip(plan.scorers, columns, strict=True)]
             )
             return Choice(endpoint=cands[i], score=totals[i], scores=detail)
         scored = [
