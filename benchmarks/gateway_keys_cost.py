@@ -51,7 +51,7 @@ from _harness import ProcGroup, command_line, emit_json, free_port, machine, tid
 from _telemetry_data import infra
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from gateway_overhead import nginx_config, open_loop
+from gateway_overhead import open_loop, start_canned_upstream
 
 from services.common import db
 from services.scheduler.compose import build_gateway
@@ -171,11 +171,7 @@ def latency_part(
     group = ProcGroup(workdir)
     out: dict[str, Any] = {"load_average_before": os.getloadavg()}
     try:
-        nport = free_port()
-        conf = nginx_config(workdir, nport, 8)
-        group.start("nginx", ["nginx", "-p", str(workdir), "-c", str(conf), "-e", "stderr"])
-        upstream = f"http://127.0.0.1:{nport}"
-        wait_http(upstream + "/health", group, 20.0)
+        upstream = start_canned_upstream(group, workdir, 8)
         ports, pids = {}, {}
         for mode, extra in (("off", []), ("keys_limits", ["--api-keys", "--postgres-url", pg])):
             port = free_port()
@@ -191,7 +187,11 @@ def latency_part(
             print(f"[latency] {rate:g} req/s", file=sys.stderr)
             rounds = []
             for _ in range(args.repeats):
-                row: dict[str, Any] = {"direct": open_loop(nport, rate, False, args, None, header)}
+                row: dict[str, Any] = {
+                    "direct": open_loop(
+                        int(upstream.rsplit(":", 1)[1]), rate, False, args, None, header
+                    )
+                }
                 for mode, port in ports.items():
                     p = psutil.Process(pids[mode])
                     c0 = sum(p.cpu_times()[:2])
