@@ -5,7 +5,10 @@ from the failed requests) sends every request to the victim, a real ``tideserve 
 process so slow (``--speedup 0.0005``) that its prefill cannot finish; once the victim holds
 them all, a fast survivor joins the fleet and the victim is killed. Every request, streamed
 or not, must then complete 200 with its full answer from the survivor: none is answered
-502 or ends with an error event, since none had sent a byte to its client.
+502 or ends with an error event, since none had sent a byte to its client. Disaggregated
+(SGLang protocol, decode engines that cannot prefill): the victim is the prefill half, the
+decode engine answers 502 when its bootstrap peer dies, and the gateway must retry on the
+surviving prefill rather than blame the decode (its only one).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,7 @@ from aiohttp.test_utils import TestServer
 
 from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.routing.types import Role
 from tests.helpers.engine_stack import Outcome, metric_total, stream_sse
 from tests.helpers.ports import free_port
 from tests.helpers.waits import eventually
@@ -35,7 +39,7 @@ N = 4  # requests of each kind (streamed, whole)
 MAX_TOKENS = 6
 
 
-def _engine(port: int, state_dir: Path, speedup: float) -> subprocess.Popen[bytes]:
+def _engine(port: int, state_dir: Path, speedup: float, role: str) -> subprocess.Popen[bytes]:
     argv = [
         sys.executable,
         "-c",
@@ -48,6 +52,8 @@ def _engine(port: int, state_dir: Path, speedup: float) -> subprocess.Popen[byte
         str(speedup),
         "--state-dir",
         str(state_dir),
+        "--role",
+        role,
         "--log-level",
         "WARNING",
     ]
@@ -55,14 +61,17 @@ def _engine(port: int, state_dir: Path, speedup: float) -> subprocess.Popen[byte
 
 
 @pytest.fixture
-def engines(tmp_path: Path) -> Iterator[list[tuple[subprocess.Popen[bytes], str]]]:
-    """The victim (prefill never finishes) and the survivor (fast), as processes."""
-    out = []
-    for name, speedup in (("victim", 0.0005), ("survivor", 50.0)):
+def engines(tmp_path: Path) -> Iterator[Callable[[str, float, str], tuple[Any, str]]]:
+    """Starts ``tideserve engine`` processes (name, speedup, role); stops them at the end."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, speedup: float, role: str) -> tuple[subprocess.Popen[bytes], str]:
         port = free_port()
-        out.append((_engine(port, tmp_path / name, speedup), f"http://127.0.0.1:{port}"))
-    yield out
-    for proc, _ in out:
+        procs.append(_engine(port, tmp_path / name, speedup, role))
+        return procs[-1], f"http://127.0.0.1:{port}"
+
+    yield start
+    for proc in procs:
         if proc.poll() is None:
             proc.terminate()
             proc.wait(timeout=30)
@@ -85,19 +94,36 @@ async def _held(s: aiohttp.ClientSession, url: str) -> int:
     )
 
 
+@pytest.mark.parametrize(
+    "disaggregated",
+    [False, True],
+    ids=["aggregated", "prefill-dies-under-its-decode"],
+)
 async def test_requests_on_an_engine_killed_before_their_first_token_complete_elsewhere(
-    engines: list[tuple[subprocess.Popen[bytes], str]],
+    engines: Callable[[str, float, str], tuple[subprocess.Popen[bytes], str]],
+    disaggregated: bool,
 ) -> None:
-    (victim, victim_url), (_, survivor_url) = engines
-    core = build_core([EndpointSpec("victim", victim_url)], perf_profile="test")
+    """Disaggregated (SGLang protocol): the victim is the prefill half; the decode engine
+    waits on its bootstrap room when it dies, and answers 502."""
+    role: Role = "prefill" if disaggregated else "worker"
+    engine_role = "prefill" if disaggregated else "aggregated"
+    victim, victim_url = engines("victim", 0.0005, engine_role)
+    _, survivor_url = engines("survivor", 50.0, engine_role)
+    specs = [EndpointSpec("victim", victim_url, role=role)]
+    urls = [victim_url, survivor_url]
+    if disaggregated:
+        _, decode_url = engines("decode", 50.0, "decode")
+        specs.append(EndpointSpec("decode", decode_url, role="decode"))
+        urls.append(decode_url)
+    core = build_core(specs, perf_profile="test", decode_can_prefill=False)
     gw = Gateway(core, GatewayOptions(background=False, block_size=16, backoff_ms=1))
     server = TestServer(gw.app(), host="127.0.0.1")
     await server.start_server()
     base = str(server.make_url("")).rstrip("/")
     try:
         async with aiohttp.ClientSession() as s:
-            await eventually(lambda: _healthy(s, victim_url), within_s=120)
-            await eventually(lambda: _healthy(s, survivor_url), within_s=120)
+            for url in urls:
+                await eventually(lambda u=url: _healthy(s, u), within_s=120)  # type: ignore[misc]
             await gw.poll_load()
 
             def body(i: int) -> dict[str, Any]:
@@ -117,10 +143,12 @@ async def test_requests_on_an_engine_killed_before_their_first_token_complete_el
             ]
             wholes = [asyncio.create_task(whole(N + i)) for i in range(N)]
             tasks = [*streamed, *wholes]
-            await eventually(lambda: _count(s, victim_url, 2 * N), within_s=60)
-            # Nothing reached a client yet: the victim is still prefilling every request.
+            # Every request is on the victim: queued, or the one in its (endless) prefill
+            # step, which a prefill-role engine does not count as running.
+            await eventually(lambda: _count(s, victim_url, 2 * N - 1), within_s=60)
+            assert core.fleet.in_flight("victim") == 2 * N
             assert not any(t.done() for t in tasks)
-            core.fleet.upsert(EndpointSpec("survivor", survivor_url))
+            core.fleet.upsert(EndpointSpec("survivor", survivor_url, role=role))
             os.kill(victim.pid, signal.SIGKILL)
             victim.wait(timeout=30)
             outcomes = await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
