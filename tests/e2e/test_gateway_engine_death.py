@@ -27,6 +27,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from services.scheduler.core import EndpointSpec, build_core
+from services.scheduler.http import upstream
 from services.scheduler.http.server import Gateway, GatewayOptions
 from services.scheduler.routing.types import Role
 from tests.helpers.engine_stack import Outcome, metric_total, stream_sse
@@ -77,14 +78,6 @@ def engines(tmp_path: Path) -> Iterator[Callable[[str, float, str], tuple[Any, s
             proc.wait(timeout=30)
 
 
-async def _healthy(s: aiohttp.ClientSession, url: str) -> bool:
-    try:
-        async with s.get(url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
-            return r.status == 200
-    except (aiohttp.ClientError, TimeoutError, OSError):
-        return False
-
-
 async def _held(s: aiohttp.ClientSession, url: str) -> int:
     """Requests the engine holds (running + queued)."""
     async with s.get(url + "/metrics") as r:
@@ -123,7 +116,7 @@ async def test_requests_on_an_engine_killed_before_their_first_token_complete_el
     try:
         async with aiohttp.ClientSession() as s:
             for url in urls:
-                await eventually(lambda u=url: _healthy(s, u), within_s=120)  # type: ignore[misc]
+                await eventually(lambda u=url: upstream.probe(s, u, 2.0), within_s=120)  # type: ignore[misc]
             await gw.poll_load()
 
             def body(i: int) -> dict[str, Any]:
