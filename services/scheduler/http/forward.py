@@ -5,8 +5,9 @@ A disaggregated pick follows the deployment's ``pd_protocol``:
 
 - ``sglang``: the same body plus ``bootstrap_host``, ``bootstrap_port`` and
   ``bootstrap_room`` goes to the prefill and the decode instance at once; the prefill
-  answer is drained in the background (its failure surfaces only when the decode side
-  fails too).
+  answer is drained in the background. When the decode call fails, the prefill is blamed
+  (the retry excludes it, not the decode) if its own call failed or it does not answer a
+  health probe: a decode whose bootstrap peer died answers 5xx.
 - ``vllm``: the prefill runs first (``max_tokens=1``, ``kv_transfer_params``;
   :mod:`services.scheduler.http.pd_vllm`), then the decode with the returned
   parameters; a 4xx from the prefill is handed back to the client unchanged.
@@ -120,12 +121,8 @@ class Forwarder:
         try:
             resp = await upstream.open_upstream(session, decode, path, payload, headers, timeout)
         except upstream.UpstreamFailure as f:
-            if prefill_task is not None and prefill_task.done() and prefill_task.exception():
-                exc = prefill_task.exception()
-                if isinstance(exc, upstream.UpstreamFailure):
-                    raise exc from None
-            await upstream.cancel_quietly(prefill_task)
-            raise f from None
+            prefill = d.prefill.endpoint if d.prefill is not None else None
+            raise await self._culprit(session, f, prefill, prefill_task) from None
         except BaseException:  # cancelled (pre-empted, client gone): no orphan prefill
             await upstream.cancel_quietly(prefill_task)
             raise
@@ -161,6 +158,31 @@ class Forwarder:
             if prefill_task is not None and not prefill_task.done():
                 # The decode side answered; let the prefill half finish in the background.
                 prefill_task.add_done_callback(_swallow)
+
+    async def _culprit(
+        self,
+        session: aiohttp.ClientSession,
+        failure: upstream.UpstreamFailure,
+        prefill: EndpointView | None,
+        task: asyncio.Task[None] | None,
+    ) -> upstream.UpstreamFailure:
+        """The failure to retry on, when the decode call of an SGLang-style pick failed: the
+        prefill's own when its call failed too, or the prefill's when it does not answer a
+        health probe (a decode whose bootstrap peer died answers 5xx: blaming it would
+        exclude a healthy decode, and with one decode refuse the request); else the
+        decode's. The prefill half is cancelled either way."""
+        if task is None or prefill is None:
+            return failure
+        alive = await upstream.probe(session, prefill.url, self.connect_timeout_s)
+        if task.done() and not task.cancelled():
+            exc = task.exception()
+            if isinstance(exc, upstream.UpstreamFailure):
+                return exc
+        await upstream.cancel_quietly(task)
+        if not alive:
+            reason = f"prefill unreachable after its decode failed ({failure.reason})"
+            return upstream.UpstreamFailure(prefill.instance_id, reason)
+        return failure
 
     async def _prefill_vllm(
         self,
