@@ -133,7 +133,7 @@ async def test_engine_uses_service_search_path_and_models_roundtrip(
 def test_scheduler_0002_drops_the_unused_drain_state(postgres_db_url: str) -> None:
     migrate(postgres_db_url, "scheduler", "0001")
     assert "drain_state" in tables_in(postgres_db_url, "scheduler")
-    migrate(postgres_db_url, "scheduler")
+    migrate(postgres_db_url, "scheduler", "0002")
     assert "drain_state" not in tables_in(postgres_db_url, "scheduler")
     assert current_revision(postgres_db_url, "scheduler") == "0002"
 

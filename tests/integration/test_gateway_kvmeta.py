@@ -37,6 +37,7 @@ from services.scheduler.routing.types import RequestView
 from tests.helpers.keys import FakeKeyStore, fake_gate
 from tests.helpers.ports import free_port
 from tests.helpers.views import request_view
+from tests.helpers.waits import eventually
 
 BS = 16
 SHARED = " ".join(f"doc{i}" for i in range(400))  # 25 blocks
@@ -162,14 +163,14 @@ async def wait_indexed(
     """Until kvmeta holds ``blocks`` of SHARED (in namespace ``salt``) on ``iid`` (None:
     on any instance)."""
     hashes = block_hashes(tokenize(SHARED), BS, tenant=salt)
-    for _ in range(300):
-        with_dep = env.deployment in feeder.block_sizes
-        if with_dep:
-            got = feeder.index.match_prefix(env.deployment, salt, hashes, [iid] if iid else None)
-            if got and got[0].matched_blocks >= blocks:
-                return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"kvmeta never indexed {blocks} blocks of {iid}")
+
+    async def indexed() -> bool:
+        if env.deployment not in feeder.block_sizes:
+            return False
+        got = feeder.index.match_prefix(env.deployment, salt, hashes, [iid] if iid else None)
+        return bool(got) and got[0].matched_blocks >= blocks
+
+    await eventually(indexed, within_s=60.0)
 
 
 async def test_request_goes_to_the_engine_kvmeta_says_holds_the_prefix(

@@ -165,6 +165,7 @@ class KeyGate:
             slo_class=g.slo_class,
             cache_salt=g.cache_salt,
             forward_body=body,
+            raw_body=b"",  # the body changed: never forward the client's bytes (its salt)
         )
 
     async def _leased(self, key: ApiKey, index: int, elapsed: float, cost: int) -> bool:
