@@ -293,13 +293,18 @@ class EmbeddedRedis:
 def _server_pid(port: int, password: str | None = None) -> int | None:
     """The process id reported by the Redis answering on 127.0.0.1:port, or None."""
     import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 
+    # One try per call: the caller polls. redis-py's default retries with back-off (seconds)
+    # made every probe of a Redis still starting (or of a port held by another program) slow.
     client = redis.Redis(
         host="127.0.0.1",
         port=port,
         password=password,
         socket_timeout=1.0,
         socket_connect_timeout=0.5,
+        retry=Retry(NoBackoff(), 0),
     )
     try:
         return int(client.info("server")["process_id"])

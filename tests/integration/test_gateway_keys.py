@@ -19,9 +19,11 @@ from services.scheduler.core.records import RequestContext
 from services.scheduler.http.openai import Limits, ParsedRequest
 from services.scheduler.http.records import Ending
 from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.keys.build import key_gate
 from services.scheduler.keys.counters import Counters, MemoryCounters, RedisCounters
 from services.scheduler.keys.gate import KeyGate
 from services.scheduler.keys.ratelimit import WindowCounts
+from services.scheduler.settings import SchedulerSettings
 from tests.helpers.engines import EngineFleet
 from tests.helpers.keys import FakeKeyStore, fake_gate
 from tests.helpers.ports import free_port
@@ -208,13 +210,20 @@ async def test_rate_limits_hold_across_replicas_through_redis(
 async def test_redis_down_counts_in_the_replica(make: Make, http: aiohttp.ClientSession) -> None:
     store = FakeKeyStore()
     key = store.add("acme", rpm=1)
-    dead = aioredis.Redis(port=free_port(), socket_connect_timeout=0.2, socket_timeout=0.2)
-    counters = RedisCounters(dead)
+    settings = SchedulerSettings(
+        redis_url=f"redis://127.0.0.1:{free_port()}/0",
+        postgres_url="postgresql://unused@127.0.0.1:1/x",
+        api_keys=True,
+    )
+    built = key_gate(settings)  # the product's counters client (its timeout, no retries)
+    assert built is not None and isinstance(built.counters, RedisCounters)
+    counters = built.counters
     _, url, _ = await make(fake_gate(store, counters=counters, wall=Clock(3_000_000.0)))
     assert (await post(http, url, completion(), auth(key)))[0] == 200
     assert (await post(http, url, completion(), auth(key)))[0] == 429
     assert counters.failures >= 2
-    await dead.aclose()
+    for close in built.closers:
+        await close()
 
 
 LIM = Limits(max_tokens=64, max_prompt_tokens=100, max_messages=2, max_header_bytes=2048)

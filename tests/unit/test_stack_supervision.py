@@ -220,9 +220,11 @@ def test_down_signals_up_and_waits(tmp_path: Path, no_leftovers: list[ProcRef]) 
     script = (
         "import signal, subprocess, sys, time\n"
         "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-        "print(c.pid, flush=True)\n"
         "def stop(*_):\n    c.terminate(); c.wait(); sys.exit(0)\n"
         "signal.signal(signal.SIGTERM, stop)\n"
+        # the pid only once the handler is in place: a SIGTERM sent on reading it must
+        # find the handler (else this stand-in dies at once and orphans its child)
+        "print(c.pid, flush=True)\n"
         "while True: time.sleep(0.1)\n"
     )
     up = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)

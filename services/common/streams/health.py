@@ -5,6 +5,8 @@ from __future__ import annotations
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from services.common.streams.codec import one_line
@@ -24,7 +26,10 @@ async def check_redis(url: str, timeout_s: float = 5.0) -> None:
     """PING the Redis at ``url``; raises ``ConnectionError`` with a one-line message."""
     try:
         client = aioredis.Redis.from_url(
-            url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s
+            url,
+            socket_connect_timeout=timeout_s,
+            socket_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),  # one PING: the caller reports or retries
         )
     except (ValueError, RedisError) as exc:
         raise ConnectionError(f"redis_url {_redact(url)!r} is invalid: {one_line(exc)}") from None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from services.common.errors import StartupError
 from services.scheduler.keys.cache import KeyCache
@@ -35,8 +37,13 @@ def key_gate(
     client: aioredis.Redis | None = None
     if settings.redis_url:
         t = settings.rate_limit_redis_timeout_s
+        # No retries: while Redis is down a request must fail over to this replica's own
+        # counters within the timeout, not wait out redis-py's default back-off (seconds).
         client = aioredis.Redis.from_url(
-            settings.redis_url, socket_timeout=t, socket_connect_timeout=t
+            settings.redis_url,
+            socket_timeout=t,
+            socket_connect_timeout=t,
+            retry=Retry(NoBackoff(), 0),
         )
         counters = RedisCounters(client, settings.stream_prefix)
     slo = sorted(settings.slo_classes, key=lambda c: -c.priority)
