@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from tideserve.v1 import common_pb2, events_pb2
 
+from services.autoscaler.drivers.argv import render_argv
 from services.autoscaler.drivers.base import (
     Driver,
     DriverError,
@@ -25,7 +26,7 @@ from services.autoscaler.drivers.build import build_driver, build_reconciler
 from services.autoscaler.drivers.drain import is_drained
 from services.autoscaler.drivers.dryrun import DryRunAction, DryRunDriver
 from services.autoscaler.drivers.kubernetes import KubernetesDriver
-from services.autoscaler.drivers.local import LocalDriver, render_argv
+from services.autoscaler.drivers.local import LocalDriver
 from services.autoscaler.drivers.settings import DriverSettings, LocalSettings
 from services.autoscaler.membership import MembershipPublisher, to_event
 

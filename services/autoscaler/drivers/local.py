@@ -50,12 +50,12 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from services.autoscaler.drivers.adopt import AdoptedChild, Orphans
+from services.autoscaler.drivers.argv import render_argv
 from services.autoscaler.drivers.base import (
     DriverError,
     InstanceState,
     InstanceStatus,
     Listener,
-    Role,
     RoleTarget,
     backoff_s,
     choose_victims,
@@ -68,53 +68,9 @@ from services.stack.ports import port_is_free
 from services.stack.procs import Child, Supervisor, log_tail, signal_process
 from services.stack.recorded import RecordedEngine, write_recorded
 
-__all__ = ["LocalDriver", "render_argv"]
+__all__ = ["LocalDriver"]
 
 log = logging.getLogger(__name__)
-
-_SIM_ROLE = {
-    Role.WORKER: "aggregated",
-    Role.PREFILL: "prefill",
-    Role.DECODE: "decode",
-    Role.KVCACHE: "kvcache",  # a KV-cache tier segment (args: --kvmeta-address, --kvcache-mib)
-}
-
-
-def render_argv(
-    target: RoleTarget,
-    *,
-    host: str,
-    port: int,
-    instance_id: str,
-    state_dir: Path,
-    python: str = sys.executable,
-) -> tuple[str, ...]:
-    """The command line of one instance (pure). The role's ``command`` with placeholders
-    substituted, then its ``args``; without a command, the tideserve engine simulator on
-    ``host:port`` with the role, deployment and id, then ``args``. DriverError for a
-    placeholder that does not exist."""
-    values = {
-        "port": str(port),
-        "host": host,
-        "instance_id": instance_id,
-        "role": target.role.value,
-        "deployment": target.deployment,
-    }
-    try:
-        words = [w.format(**values) for w in (*target.command, *target.args)]
-    except (KeyError, IndexError, ValueError) as e:
-        raise DriverError(f"role {target.name}: bad placeholder in the command line: {e}") from e
-    if target.command:
-        return tuple(words)
-    sim_role = _SIM_ROLE[target.role]  # the simulator plays every role
-    return (
-        python, "-m", "services.cli", "engine",
-        "--host", host, "--port", str(port), "--instance-id", instance_id,
-        "--role", sim_role, "--deployment", target.deployment,
-        "--state-dir", str(state_dir / instance_id),
-        "--log-level", "WARNING",
-        *words,
-    )  # fmt: skip
 
 
 @dataclass
