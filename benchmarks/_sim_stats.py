@@ -65,6 +65,27 @@ def time_split(
     }
 
 
+def by_turn(done: Sequence[Any], slo_ttft_ms: float, slo_tpot_ms: float) -> dict[str, Any]:
+    """Completed requests split into continuations (the engine held at least half of the
+    prompt) and the rest (new sessions' first turns, and turns that lost their KV): count,
+    mean TTFT (ms) and how many met both SLOs. Tells whether a router's goodput comes from
+    the turns that can meet a TTFT budget at all."""
+    out: dict[str, Any] = {}
+    for kind in ("continuation", "new"):
+        rows = [r for r in done if (2 * r.cached >= r.prompt_tokens) == (kind == "continuation")]
+        ttft = [float(r.first) - r.arrival for r in rows]
+        good = 0
+        for r, t in zip(rows, ttft, strict=True):
+            tpot = (float(r.last) - float(r.first)) / (r.out - 1) if r.out > 1 else None
+            good += t <= slo_ttft_ms and (tpot is None or tpot <= slo_tpot_ms)
+        out[kind] = {
+            "requests": len(rows),
+            "ttft_mean_ms": round(statistics.fmean(ttft), 1) if ttft else None,
+            "good": good,
+        }
+    return out
+
+
 def dist(xs: list[float]) -> dict[str, float] | None:
     if not xs:
         return None

@@ -48,6 +48,7 @@ if __package__ in (None, ""):
 
 from _harness import (
     CpuMeter,
+    MachineCpu,
     ProcGroup,
     command_line,
     free_port,
@@ -270,9 +271,10 @@ def paired_open_loop(direct_port: int, router_port: int, router_pid: int,
         runs: list[dict[str, Any]] = []
         for _ in range(args.repeats):
             d = open_loop(direct_port, rate, stream, args, None)
-            meter = CpuMeter([router_pid])
+            meter, machine = CpuMeter([router_pid]), MachineCpu()
             r = open_loop(router_port, rate, stream, args, None)
             r["router_cpu"] = meter.read()
+            r["machine_cores_busy"] = machine.read()
             runs.append({"direct": d, "router": r})
         # A run whose every request failed (an overloaded router) has no quantiles: it
         # counts its errors, not its latency.
@@ -296,6 +298,12 @@ def paired_open_loop(direct_port: int, router_port: int, router_pid: int,
         )
         phase["router"]["cpu_percent_of_one_core"] = _med(
             [x["router"]["router_cpu"]["percent_of_one_core"] for x in ok]
+        )
+        # The whole machine's busy cores over the router's run (router, load generator,
+        # nginx and anything else): near every core while the router is well below one
+        # means the router was starved of CPU, and its latency is queueing for a core.
+        phase["router"]["machine_cores_busy"] = _med(
+            [x["router"]["machine_cores_busy"] for x in ok]
         )
         # CPU per request (robust to a loaded machine, unlike latency): the router's CPU
         # over the run (warm-up included) / the requests sent in it.
@@ -332,9 +340,10 @@ def max_rps(port: int, pid: int, args: argparse.Namespace, workdir: Path,
     all_cpus = f"0-{(os.cpu_count() or 1) - 1}"
     pinned = pin and pin_all_threads(pid, "0")
     try:
-        meter = CpuMeter([pid])
+        meter, machine = CpuMeter([pid]), MachineCpu()
         res = wrk_max(port, args, workdir, 1 if pinned else None)
         res["process_cpu"] = meter.read()
+        res["machine_cores_busy"] = machine.read()
         res["process_pinned_to_cpu0"] = pinned
         busy = res["process_cpu"]["percent_of_one_core"] / 100.0
         rps = res.get("requests_per_s")

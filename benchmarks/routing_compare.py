@@ -122,6 +122,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api", choices=("chat", "completions"), default="chat")
     p.add_argument("--timeout", type=float, default=600.0, help="bench per-request timeout (s)")
     p.add_argument(
+        "--gateway-slo-class", default="interactive",
+        help="the SLO class Tideserve gateways file the bench's requests under (its TTFT "
+        "target orders dispatch; interactive's 2 s is the default --slo-ttft-ms)",
+    )  # fmt: skip
+    p.add_argument(
         "--gateway-arg", action="append", default=[],
         help="extra flag for every `tideserve gateway` (repeatable, shell-split)",
     )  # fmt: skip
@@ -226,6 +231,7 @@ def router_cmd(
             cmd += ["--endpoints", *urls]
         if policy and policy != "default":
             cmd += ["--profile", policy]
+        cmd += ["--default-slo-class", args.gateway_slo_class]
         for extra in args.gateway_arg:
             cmd += shlex.split(extra)
         return cmd

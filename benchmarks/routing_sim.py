@@ -61,7 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from _sim_stats import Diag, dist, time_split  # noqa: E402
+from _sim_stats import Diag, by_turn, dist, time_split  # noqa: E402
 
 from services.bench.prompts import PromptSynthesizer  # noqa: E402
 from services.bench.stats import infinite_cache_hit_ratio  # noqa: E402
@@ -76,6 +76,12 @@ from services.engine.core import (  # noqa: E402
     Request,
 )
 from services.engine.kvcache import KVCache  # noqa: E402
+from services.scheduler.admission.shaper import (  # noqa: E402
+    DISPATCH_HOLD_MS,
+    DISPATCH_ORDER,
+    DispatchShaper,
+    ShaperConfig,
+)
 from services.scheduler.core import EndpointSpec, GatewayCore, LoadReport, build_core  # noqa: E402
 from services.scheduler.routing.plugins.prefix import ApproxPrefix  # noqa: E402
 from services.scheduler.routing.types import Pick, PrefixMatch, RequestView, Shed  # noqa: E402
@@ -121,6 +127,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scrape-lag-ms", type=float, default=5.0)
     p.add_argument("--slo-ttft-ms", type=float, default=2000.0)
     p.add_argument("--slo-tpot-ms", type=float, default=100.0)
+    p.add_argument(
+        "--shaper-hold-ms",
+        type=float,
+        default=DISPATCH_HOLD_MS,
+        help="dispatch order (services.scheduler.admission.shaper): hold picks for an "
+        "instance whose predicted prefill backlog is at least this (default: the shipped "
+        "gateway's; 0 = off, every pick sent at once); applies to --shaped-profiles",
+    )
+    p.add_argument("--shaper-age-weight", type=float, default=1.0)
+    p.add_argument("--shaper-order", choices=("shortest", "slo"), default=DISPATCH_ORDER)
+    p.add_argument(
+        "--shaped-profiles",
+        default="default",
+        help="comma list of the profiles the shaper applies to (baselines never)",
+    )
     p.add_argument("--seed", type=int, default=0, help="routing RNG seed")
     p.add_argument("--out", default=None, help="also write the JSON here")
     return p.parse_args(argv)
@@ -205,6 +226,13 @@ class Sim:
         self.shed = 0
         self.failed = 0
         self.diag = Diag()
+        shaped = profile in args.shaped_profiles.split(",")
+        self.shaper = DispatchShaper(
+            ShaperConfig(
+                args.shaper_hold_ms if shaped else 0.0, args.shaper_age_weight, args.shaper_order
+            )
+        )
+        self.held_ms = 0.0  # total time requests waited in the shaper
         prof = self.gw.scheduler.profiles[profile]
         self.approx = next((p for p in prof.preparers if isinstance(p, ApproxPrefix)), None)
 
@@ -261,6 +289,9 @@ class Sim:
                 self.push(now + a.scrape_interval_ms, "scrape", p)
             elif kind == "load":
                 self.gw.fleet.report_load(p[0], p[1], now / 1000.0, source=a.load_source)
+            elif kind == "shape":
+                pending -= self.dispatch(self.shaper.release(p, now / 1000.0), now)
+                self.arm(p)
             elif kind == "wake":
                 self.wake_at.pop(p, None)
                 self.kick(p, now)
@@ -289,16 +320,40 @@ class Sim:
             raise RuntimeError(f"{rid}: {d}")
         req.pick = d
         self.note(match, d)
-        first = d.prefill or d.decode
-        iid = first.endpoint.instance_id
-        try:  # the live engine answers 400 here (and the bench counts it failed)
-            self.cores[iid].submit(Request(rid, toks, req.out, hold_kv=d.prefill is not None), now)
-        except AdmissionError:
-            self.failed += 1
-            self.gw.release(rid)
-            return 1
-        self.kick(iid, now)
-        return 0
+        iid = (d.prefill or d.decode).endpoint.instance_id
+        deadline = (now + self.a.slo_ttft_ms) / 1000.0
+        if not self.shaper.offer(rid, iid, d.predicted_prefill_ms, now / 1000.0, 0, deadline):
+            self.arm(iid)
+            return 0
+        return self.dispatch([rid], now)
+
+    def dispatch(self, rids: list[str], now: float) -> int:
+        """Send picked requests to their engines; how many ended at once (refused)."""
+        ended = 0
+        for rid in rids:
+            req = self.reqs[rid]
+            d = req.pick
+            assert d is not None
+            self.held_ms += now - req.arrival
+            iid = (d.prefill or d.decode).endpoint.instance_id
+            try:  # the live engine answers 400 here (and the bench counts it failed)
+                self.cores[iid].submit(
+                    Request(rid, req.prompt, req.out, hold_kv=d.prefill is not None), now
+                )
+            except AdmissionError:
+                self.failed += 1
+                self.gw.release(rid)
+                ended += 1
+                ended += self.dispatch(self.shaper.done(rid, iid, now / 1000.0), now)
+                continue
+            self.kick(iid, now)
+        return ended
+
+    def arm(self, iid: str) -> None:
+        """A timer for when the shaper's prediction lets a waiting request of ``iid`` go."""
+        at = self.shaper.next_release_at(iid)
+        if at is not None:
+            self.push(at * 1000.0 + 1e-6, "shape", iid)
 
     def precise(self, hashes: tuple[int, ...]) -> dict[str, PrefixMatch] | None:
         """With ``--precise``: each engine's resident prefix of ``hashes`` (None otherwise)."""
@@ -377,6 +432,9 @@ class Sim:
                 req.cached = o.cached_tokens
                 req.prompt_tokens = o.prompt_tokens
                 self.gw.first_token(o.rid)
+                assert req.pick is not None
+                tgt = (req.pick.prefill or req.pick.decode).endpoint.instance_id
+                finished += self.dispatch(self.shaper.first_byte(o.rid, tgt, now / 1000.0), now)
             if o.finished:
                 req.last = now
                 self.gw.release(o.rid)
@@ -448,6 +506,11 @@ class Sim:
                 "lost_to_top_scorer": g.reasons,
             },
             "time_split_ms": time_split(done, self.perf, self.diag, dur_s, len(self.cores)),
+            "by_turn": by_turn(done, a.slo_ttft_ms, a.slo_tpot_ms),
+            "shaper": {
+                "hold_above_ms": self.shaper.config.hold_above_ms,
+                "mean_held_ms": round(self.held_ms / max(1, g.picks), 1),
+            },
             "sim_cpu_s": round(cpu_s, 2),
         }
 

@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from services.common import runtime
+from services.scheduler.admission.shaper import DISPATCH_HOLD_MS
 from services.stack.gateways import GatewayCount, gateway_count, parse_gateway_count
 
 if TYPE_CHECKING:
@@ -132,6 +133,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="send 'Authorization: Bearer KEY' to the engines (started with --api-key)",
     )
     p.add_argument("--no-preemption", action="store_true", help="never pre-empt lower classes")
+    p.add_argument(
+        "--default-slo-class",
+        default="agent",
+        help="SLO class of requests that name none (interactive: TTFT 2 s, agent: 10 s, "
+        "batch: none; its TTFT target orders dispatch)",
+    )
+    p.add_argument(
+        "--dispatch-hold-ms",
+        type=float,
+        default=DISPATCH_HOLD_MS,
+        help="hold picks for an engine with this much predicted prefill outstanding, "
+        f"shortest first (0 = off; default {DISPATCH_HOLD_MS:g})",
+    )
     p.add_argument("--max-in-flight", type=int, default=256, help="per engine (default 256)")
     p.add_argument("--seed", type=int, default=0, help="routing RNG seed")
     p.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING, ERROR")
@@ -235,6 +249,8 @@ def settings_from_args(args: argparse.Namespace) -> SchedulerSettings:
         "pd_protocol": args.pd_protocol,
         "decode_can_prefill": args.decode_can_prefill,
         "preemption": not args.no_preemption,
+        "dispatch_hold_ms": args.dispatch_hold_ms,
+        "default_slo_class": args.default_slo_class,
         "forward_authorization": args.forward_authorization,
         "engine_api_key": args.engine_api_key,
         "max_in_flight_per_endpoint": args.max_in_flight,

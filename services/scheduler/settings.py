@@ -11,6 +11,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from services.common.settings import ServiceSettings
 from services.common.tokens import HashScheme
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
+from services.scheduler.admission.shaper import DISPATCH_HOLD_MS, DISPATCH_ORDER
 from services.scheduler.slo import DEFAULT_SLO_CLASSES, SLOClassConfig, queue_config
 
 __all__ = ["SchedulerSettings", "parse_endpoint", "split_bootstrap"]
@@ -78,6 +79,22 @@ class SchedulerSettings(ServiceSettings):
     )
     preemption: bool = Field(
         True, description="pre-empt lower classes before their first byte for higher ones"
+    )
+    dispatch_hold_ms: float = Field(
+        DISPATCH_HOLD_MS,
+        ge=0,
+        description="dispatch order: hold picks for an instance while the predicted prefill "
+        "this gateway sent there and has no first byte of is at least this many ms, and let "
+        "them go shortest predicted prefill first, higher SLO classes first "
+        "(services.scheduler.admission.shaper); 0 = send every pick at once",
+    )
+    dispatch_order: Literal["shortest", "slo"] = Field(
+        DISPATCH_ORDER,
+        description="dispatch order: shortest predicted prefill first, or slo (requests "
+        "that can still meet their class's TTFT target first, by latest start)",
+    )
+    dispatch_age_weight: float = Field(
+        1.0, ge=0, description="dispatch order: ms of predicted prefill forgiven per ms waited"
     )
     forward_authorization: bool = Field(
         False, description="pass the client's Authorization header on to the engines"

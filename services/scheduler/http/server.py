@@ -50,7 +50,14 @@ from services.common import otel
 from services.common.metrics import metrics_handler
 from services.common.tokens import TokenPath
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
+from services.scheduler.admission.dispatch import DispatchOrder
 from services.scheduler.admission.gate import AdmissionGate, PrefixLookup
+from services.scheduler.admission.shaper import (
+    DISPATCH_HOLD_MS,
+    DISPATCH_ORDER,
+    DispatchShaper,
+    ShaperConfig,
+)
 from services.scheduler.core.intake import (
     Intake,
     Refused,
@@ -67,7 +74,7 @@ from services.scheduler.http.openai import ApiError, Kind, Limits, ParsedRequest
 from services.scheduler.http.preemption import Preempted, Preemptor
 from services.scheduler.http.records import Finished
 from services.scheduler.keys.gate import KeyGate, RateLimited
-from services.scheduler.routing.types import NoEndpoint, RequestView
+from services.scheduler.routing.types import NoEndpoint, Pick, RequestView
 from services.scheduler.routing.types import Shed as RouteShed
 
 
@@ -93,6 +100,11 @@ class GatewayOptions:
     pd_protocol: Literal["sglang", "vllm"] = "sglang"
     # Pre-empt lower classes before their first byte when a higher class waits.
     preemption: bool = True
+    # Dispatch order (admission.shaper): hold picks while their instance has this much
+    # predicted prefill outstanding, shortest first; 0 = off.
+    dispatch_hold_ms: float = DISPATCH_HOLD_MS
+    dispatch_age_weight: float = 1.0
+    dispatch_order: Literal["shortest", "slo"] = DISPATCH_ORDER
     # Tokenizer + block-hash scheme of this deployment (default: the simulator's).
     tokens: TokenPath = field(default_factory=TokenPath)
     # Engine authorization: the client's Authorization header passed on, or (overriding
@@ -175,6 +187,9 @@ class Gateway:
             records.annotate_span,
         ]
         self.preemptor = Preemptor(core, clock, enabled=self.opts.preemption)
+        o = self.opts
+        shaper = ShaperConfig(o.dispatch_hold_ms, o.dispatch_age_weight, o.dispatch_order)
+        self.dispatch = DispatchOrder(DispatchShaper(shaper), clock)
         self.gate.on_full = lambda now, cap: self.metrics.preempted(
             len(self.preemptor.consider(now, cap))
         )
@@ -439,6 +454,8 @@ class Gateway:
                 msg = d.reason + (f" (last upstream error: {last})" if last else "")
                 raise ApiError(503, msg, None, "no_endpoint", "service_unavailable")
             try:
+                if self.dispatch.enabled:
+                    await self._turn(pick_id, p.slo_class, d, ctx.arrival, view.ttft_slo_ms)
                 session = self._traced if otel.recording() else self._session
                 assert session is not None
                 return await self.preemptor.run(
@@ -459,12 +476,23 @@ class Gateway:
                     delay = self.opts.backoff_ms * 2**attempt * (0.5 + self.rng.random())
                     await asyncio.sleep(delay / 1000.0)
             finally:
+                self.dispatch.done(pick_id)
                 self.core.release(pick_id)
                 self.gate.pump()
         raise ApiError(
             502, f"upstream failed after retries: {last}", None, "upstream_error", "server_error"
         )
 
+    async def _turn(
+        self, pick_id: str, slo_class: str, d: Pick, arrival: float, budget_ms: float
+    ) -> None:
+        """Wait for the pick's turn on the instance that computes its prompt."""
+        target = (d.prefill or d.decode).endpoint.instance_id
+        prio = self.core.queue.class_of(slo_class).priority
+        due = arrival + budget_ms / 1000.0 if budget_ms > 0 else None
+        await self.dispatch.turn(pick_id, target, d.predicted_prefill_ms, -prio, due)
+
     def _first_byte(self, pick_id: str) -> None:
         self.preemptor.started(pick_id)
+        self.dispatch.first_byte(pick_id)
         self.core.first_token(pick_id)

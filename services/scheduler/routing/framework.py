@@ -320,6 +320,7 @@ class Scheduler:
             profile=prof.name,
             predicted_cached_tokens=ctx.cached_tokens.get(target, 0),
             predicted_ttft_ms=ctx.predicted_ttft_ms.get(target, 0.0),
+            predicted_prefill_ms=ctx.own_prefill_ms(target, request.prompt_tokens) or 0.0,
         )
         if len(used) == 1:
             for hook in prof.post_pick:

@@ -214,6 +214,9 @@ class Pick:
     profile: str
     predicted_cached_tokens: int = 0
     predicted_ttft_ms: float = 0.0
+    # The prompt's own prefill on the target (its predicted cache counted, no queue): what
+    # the dispatch order (admission.shaper) sorts by; 0 when no cost plugin predicted it.
+    predicted_prefill_ms: float = 0.0
 
     @property
     def disaggregated(self) -> bool:

@@ -1,0 +1,94 @@
+"""The dispatch order's asyncio shell: requests wait here for their turn on their instance.
+
+Over the pure :class:`~services.scheduler.admission.shaper.DispatchShaper` (the rule is in
+its docstring). The HTTP gateway awaits :meth:`DispatchOrder.turn` between a pick and its
+forward, reports the first byte (:meth:`first_byte`) and the end of every pick, however it
+ended (:meth:`done`); a timer per instance lets waiting requests go when the predicted
+backlog runs down with no event. Cancelling a waiting :meth:`turn` (the client went away,
+pre-emption of the handler) withdraws it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+
+from services.scheduler.admission.shaper import DispatchShaper
+
+__all__ = ["DispatchOrder"]
+
+
+class DispatchOrder:
+    def __init__(self, shaper: DispatchShaper, clock: Callable[[], float]) -> None:
+        self.shaper = shaper
+        self.clock = clock
+        self._waiters: dict[str, asyncio.Future[None]] = {}
+        self._target: dict[str, str] = {}  # rid -> instance, from its turn until done
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.shaper.enabled
+
+    async def turn(
+        self,
+        rid: str,
+        instance_id: str,
+        prefill_ms: float,
+        rank: int = 0,
+        deadline: float | None = None,
+    ) -> None:
+        """Return when ``rid`` may be sent to ``instance_id`` (at once when its backlog is
+        short). Always follow with :meth:`done`."""
+        self._target[rid] = instance_id
+        if self.shaper.offer(rid, instance_id, prefill_ms, self.clock(), rank, deadline):
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[rid] = fut
+        self._arm(instance_id)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            self._waiters.pop(rid, None)
+            if self.shaper.cancel(rid):
+                self._target.pop(rid, None)
+            raise
+
+    def first_byte(self, rid: str) -> None:
+        """``rid``'s instance answered: its prefill is over."""
+        iid = self._target.get(rid)
+        if iid is not None:
+            self._go(iid, self.shaper.first_byte(rid, iid, self.clock()))
+
+    def done(self, rid: str) -> None:
+        """``rid`` ended (answered, failed or cancelled). Idempotent."""
+        iid = self._target.pop(rid, None)
+        if iid is not None:
+            self._go(iid, self.shaper.done(rid, iid, self.clock()))
+
+    def close(self) -> None:
+        for t in self._timers.values():
+            t.cancel()
+        self._timers.clear()
+
+    def _go(self, instance_id: str, rids: Iterable[str]) -> None:
+        for rid in rids:
+            fut = self._waiters.pop(rid, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+        self._arm(instance_id)
+
+    def _arm(self, instance_id: str) -> None:
+        at = self.shaper.next_release_at(instance_id)
+        old = self._timers.pop(instance_id, None)
+        if old is not None:
+            old.cancel()
+        if at is None:
+            return
+        delay = max(0.0, at - self.clock()) + 1e-3
+        loop = asyncio.get_running_loop()
+        self._timers[instance_id] = loop.call_later(delay, self._on_timer, instance_id)
+
+    def _on_timer(self, instance_id: str) -> None:
+        self._timers.pop(instance_id, None)
+        self._go(instance_id, self.shaper.release(instance_id, self.clock()))

@@ -1,0 +1,192 @@
+"""Per-instance dispatch order (pure): shortest predicted prefill first, ahead of a FCFS engine.
+
+Engines (SGLang, vLLM, the simulator) admit waiting prompts first come, first served, and
+a prompt whose prefill has started keeps the chunk budget until it ends. On agent traffic the
+prompts routed to one instance differ by two orders of magnitude: a session's next turn
+re-reads its cached context and prefills a few hundred to a few thousand new tokens (tens to
+hundreds of ms), a new session's first turn prefills 60-80k tokens (seconds). Sent as they
+come, every turn queued behind a first turn waits out its whole prefill.
+
+Rule (``order: shortest``): after a pick, a request goes to its instance at once only while that instance's
+predicted prefill backlog (the predicted prefill of what this gateway dispatched there and
+has not seen a first byte of, counted down as time passes) is below ``hold_above_ms``;
+otherwise it waits here, bound to that instance. Whenever the backlog falls below the
+threshold (a first byte, a release, or time), the waiting request with the lowest key goes
+next, where
+
+    key = (class rank, predicted prefill ms - age_weight * ms waited)
+
+so shorter prefills overtake longer ones, a higher SLO class overtakes a lower one, and a
+long prompt gains ``age_weight`` ms of priority per ms it waits (it cannot starve). The
+engine still orders what it has; the gateway only decides what it has. The backlog is a
+prediction (the perf model's prefill time, from the pick): when a first byte comes before
+the prediction ran out, the instance's backlog is cut to what is still outstanding, so an
+engine faster than the model is not left idle.
+
+``order: slo`` puts deadlines first. A request with a TTFT deadline that its predicted
+prefill can still meet waits in deadline order, by the latest time it can start
+(deadline - predicted prefill), and goes ahead of every request that cannot meet one any
+more. A request that cannot meet its deadline, or has none (a class without a TTFT
+target), waits in the ``shortest`` order behind them. A request moves from the first
+group to the second when its latest start passes. Class rank still comes first in both.
+
+Pure: time is passed in; the shell dispatches what :meth:`offer` and :meth:`release`
+return and reports first bytes, releases and cancellations.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = ["DISPATCH_HOLD_MS", "DISPATCH_ORDER", "DispatchShaper", "ShaperConfig"]
+
+# The shipped gateway's threshold (benchmarks/README.md, "Dispatch order"): about half an
+# engine step with a long prompt's chunk, so the engine always has the next prompt queued.
+DISPATCH_HOLD_MS = 150.0
+DISPATCH_ORDER: Literal["shortest", "slo"] = "slo"
+
+
+@dataclass(frozen=True, slots=True)
+class ShaperConfig:
+    # Hold requests for an instance while its predicted prefill backlog is at least this
+    # (ms). 0 turns the shaper off (every request goes at once).
+    hold_above_ms: float = 0.0
+    # Priority a waiting request gains per ms waited, in ms of predicted prefill.
+    age_weight: float = 1.0
+    # "shortest": shortest predicted prefill first (with ageing); "slo": requests that can
+    # still meet their TTFT deadline first, by latest start, then the rest shortest first.
+    order: Literal["shortest", "slo"] = "shortest"
+
+
+@dataclass(slots=True)
+class _Instance:
+    busy_until: float = 0.0  # predicted end of the dispatched prefill backlog (s)
+    outstanding: dict[str, float] = field(default_factory=dict)  # rid -> predicted ms
+    held: list[tuple[int, float, int, str]] = field(default_factory=list)  # shortest first
+    timely: list[tuple[int, float, int, str]] = field(default_factory=list)  # latest start
+
+    def waiting(self) -> int:
+        return len(self.held) + len(self.timely)
+
+
+class DispatchShaper:
+    def __init__(self, config: ShaperConfig | None = None) -> None:
+        self.config = config or ShaperConfig()
+        self._inst: dict[str, _Instance] = {}
+        self._where: dict[str, str] = {}  # held rid -> instance
+        self._costs: dict[str, tuple[float, float]] = {}  # held rid -> (prefill ms, offered)
+        self._seq = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.hold_above_ms > 0
+
+    def held(self, instance_id: str | None = None) -> int:
+        """Requests waiting here (for one instance, or in all)."""
+        if instance_id is not None:
+            inst = self._inst.get(instance_id)
+            return inst.waiting() if inst else 0
+        return len(self._where)
+
+    def backlog_ms(self, instance_id: str, now: float) -> float:
+        """Predicted prefill still ahead of a new request dispatched to the instance now."""
+        inst = self._inst.get(instance_id)
+        return max(0.0, (inst.busy_until - now) * 1000.0) if inst else 0.0
+
+    def offer(
+        self,
+        rid: str,
+        instance_id: str,
+        prefill_ms: float,
+        now: float,
+        rank: int = 0,
+        deadline: float | None = None,
+    ) -> bool:
+        """True: dispatch ``rid`` now (counted in the instance's backlog). False: it waits
+        here until :meth:`release` returns it (or :meth:`cancel`). ``deadline``: when its
+        first token is due (s, same clock; ``order: slo`` only)."""
+        inst = self._inst.setdefault(instance_id, _Instance())
+        if not self.enabled or (
+            not inst.waiting() and self.backlog_ms(instance_id, now) < self.config.hold_above_ms
+        ):
+            self._dispatch(inst, rid, prefill_ms, now)
+            return True
+        self._where[rid] = instance_id
+        self._costs[rid] = (prefill_ms, now)
+        latest = None if deadline is None else deadline - prefill_ms / 1000.0
+        if self.config.order == "slo" and latest is not None and latest >= now:
+            heapq.heappush(inst.timely, (rank, latest, self._seq, rid))
+        else:
+            self._push_late(inst, rank, rid)
+        self._seq += 1
+        return False
+
+    def _push_late(self, inst: _Instance, rank: int, rid: str) -> None:
+        prefill_ms, offered = self._costs[rid]
+        key = prefill_ms + self.config.age_weight * offered * 1000.0
+        heapq.heappush(inst.held, (rank, key, self._seq, rid))
+        self._seq += 1
+
+    def first_byte(self, rid: str, instance_id: str, now: float) -> list[str]:
+        """``rid``'s prefill ended on ``instance_id``; returns the requests to dispatch."""
+        inst = self._inst.get(instance_id)
+        if inst is None:
+            return []
+        if inst.outstanding.pop(rid, None) is not None:
+            # Still outstanding: at least the rest of their predictions; none: idle now.
+            rest = sum(inst.outstanding.values()) / 1000.0
+            inst.busy_until = min(inst.busy_until, now + rest) if rest else now
+        return self.release(instance_id, now)
+
+    def done(self, rid: str, instance_id: str, now: float) -> list[str]:
+        """``rid`` ended (or failed) without a first byte being reported; same as
+        :meth:`first_byte` for the backlog. Idempotent."""
+        return self.first_byte(rid, instance_id, now)
+
+    def cancel(self, rid: str) -> bool:
+        """Withdraw a waiting request (client gone, deadline). False if it is not waiting."""
+        iid = self._where.pop(rid, None)
+        if iid is None:
+            return False
+        self._costs.pop(rid, None)
+        inst = self._inst[iid]
+        inst.held = [h for h in inst.held if h[3] != rid]
+        heapq.heapify(inst.held)
+        inst.timely = [h for h in inst.timely if h[3] != rid]
+        heapq.heapify(inst.timely)
+        return True
+
+    def release(self, instance_id: str, now: float) -> list[str]:
+        """Waiting requests of ``instance_id`` to dispatch now, in order (each counted in
+        the backlog as it goes)."""
+        inst = self._inst.get(instance_id)
+        out: list[str] = []
+        if inst is None:
+            return out
+        hold = self.config.hold_above_ms
+        while inst.waiting() and (not self.enabled or self.backlog_ms(instance_id, now) < hold):
+            # Deadlines that can no longer be met join the rest.
+            while inst.timely and inst.timely[0][1] < now:
+                rank, _, _, late = heapq.heappop(inst.timely)
+                self._push_late(inst, rank, late)
+            timely, held = inst.timely, inst.held
+            heap = timely if timely and (not held or timely[0][0] <= held[0][0]) else held
+            rid = heapq.heappop(heap)[3]
+            del self._where[rid]
+            self._dispatch(inst, rid, self._costs.pop(rid)[0], now)
+            out.append(rid)
+        return out
+
+    def next_release_at(self, instance_id: str) -> float | None:
+        """When the backlog of an instance with waiting requests falls below the threshold
+        by prediction alone (the shell's timer), or None."""
+        inst = self._inst.get(instance_id)
+        if inst is None or not inst.waiting():
+            return None
+        return inst.busy_until - self.config.hold_above_ms / 1000.0
+
+    def _dispatch(self, inst: _Instance, rid: str, prefill_ms: float, now: float) -> None:
+        inst.busy_until = max(inst.busy_until, now) + prefill_ms / 1000.0
+        inst.outstanding[rid] = prefill_ms

@@ -1,0 +1,189 @@
+"""The dispatch order ahead of a FCFS engine (services.scheduler.admission.shaper)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from services.scheduler.admission.dispatch import DispatchOrder
+from services.scheduler.admission.shaper import DispatchShaper, ShaperConfig
+
+
+def _shaper(hold_ms: float = 500.0, age: float = 1.0) -> DispatchShaper:
+    return DispatchShaper(ShaperConfig(hold_above_ms=hold_ms, age_weight=age))
+
+
+def test_off_dispatches_everything_at_once() -> None:
+    s = DispatchShaper()
+    assert not s.enabled
+    assert all(s.offer(f"r{i}", "a", 10_000.0, 0.0) for i in range(5))
+    assert s.held() == 0
+
+
+@pytest.mark.parametrize(
+    ("backlog_ms", "expect_now"),
+    [(0.0, True), (499.0, True), (500.0, False), (5_000.0, False)],
+    ids=["idle", "below", "at-threshold", "far-above"],
+)
+def test_holds_only_above_the_backlog_threshold(backlog_ms: float, expect_now: bool) -> None:
+    s = _shaper(500.0)
+    if backlog_ms:
+        assert s.offer("first", "a", backlog_ms, 0.0)
+    assert s.offer("next", "a", 100.0, 0.0) is expect_now
+    assert s.held("a") == (0 if expect_now else 1)
+
+
+def test_backlog_is_per_instance_and_counts_down_with_time() -> None:
+    s = _shaper(500.0)
+    assert s.offer("long", "a", 2_000.0, 0.0)
+    assert not s.offer("x", "a", 10.0, 0.0)
+    assert s.offer("y", "b", 10.0, 0.0)  # another instance is not held by a's backlog
+    assert s.backlog_ms("a", 1.0) == pytest.approx(1_000.0)
+    assert s.release("a", 1.0) == []  # 1,000 ms still ahead
+    assert s.next_release_at("a") == pytest.approx(1.5)
+    assert s.release("a", 1.6) == ["x"]
+
+
+@pytest.mark.parametrize(
+    ("waiting", "order"),
+    [
+        # (rid, predicted prefill ms, offered at s, class rank)
+        ([("big", 6_000.0, 0.0, 0), ("small", 100.0, 0.0, 0)], ["small", "big"]),
+        ([("a", 300.0, 0.0, 0), ("b", 200.0, 0.0, 0), ("c", 100.0, 0.0, 0)], ["c", "b", "a"]),
+        # a higher class (lower rank) goes first whatever its prefill
+        ([("batch", 50.0, 0.0, 1), ("interactive", 900.0, 0.0, 0)], ["interactive", "batch"]),
+        # ageing: 5 s of waiting is worth 5,000 ms of predicted prefill
+        ([("old", 5_500.0, 0.0, 0), ("young", 1_000.0, 5.0, 0)], ["old", "young"]),
+    ],
+    ids=["shortest-first", "three-by-length", "class-before-length", "ageing"],
+)
+def test_release_order(waiting: list[tuple[str, float, float, int]], order: list[str]) -> None:
+    s = _shaper(500.0)
+    assert s.offer("running", "a", 10_000.0, 0.0)
+    for rid, ms, at, rank in waiting:
+        assert not s.offer(rid, "a", ms, at, rank=rank)
+    got: list[str] = []
+    now = 10.0
+    for _ in waiting:  # each release lets one go: the next one's prefill refills the backlog
+        got += s.release("a", now)
+        now += 100.0
+    assert got == order
+
+
+def test_an_early_first_byte_cuts_the_prediction() -> None:
+    s = _shaper(500.0)
+    assert s.offer("long", "a", 8_000.0, 0.0)
+    assert not s.offer("short", "a", 100.0, 0.0)
+    # The engine was faster than the model: the first byte at 2 s frees the instance.
+    assert s.first_byte("long", "a", 2.0) == ["short"]
+    assert s.backlog_ms("a", 2.0) == pytest.approx(100.0)
+
+
+def test_first_byte_with_others_outstanding_keeps_their_share() -> None:
+    s = _shaper(500.0)
+    assert s.offer("p", "a", 400.0, 0.0)
+    assert s.offer("r", "a", 900.0, 0.0)  # backlog 400 < 500: goes too
+    assert not s.offer("q", "a", 100.0, 0.0)  # backlog 1,300
+    # p's first byte at 0.2 s: r's 900 ms are still ahead, so q keeps waiting ...
+    assert s.first_byte("p", "a", 0.2) == []
+    assert s.backlog_ms("a", 0.2) == pytest.approx(900.0)
+    # ... until the prediction of r runs down below the threshold.
+    assert s.release("a", 0.7) == ["q"]
+
+
+def test_new_requests_queue_behind_waiting_ones() -> None:
+    """Once anyone waits for an instance, a newcomer waits too, and goes in key order (here
+    the older request has aged past the newcomer's shorter prefill)."""
+    s = _shaper(500.0)
+    assert s.offer("long", "a", 3_000.0, 0.0)
+    assert not s.offer("w", "a", 200.0, 0.0)
+    assert s.backlog_ms("a", 2.9) < 500.0
+    assert not s.offer("newcomer", "a", 100.0, 2.9)
+    assert s.release("a", 2.9) == ["w", "newcomer"]
+
+
+def test_cancel_and_done_are_idempotent() -> None:
+    s = _shaper(500.0)
+    assert s.offer("long", "a", 3_000.0, 0.0)
+    assert not s.offer("w", "a", 200.0, 0.0)
+    assert s.cancel("w")
+    assert not s.cancel("w")
+    assert s.held() == 0
+    assert s.done("long", "a", 1.0) == []
+    assert s.done("long", "a", 1.0) == []
+    assert s.backlog_ms("a", 1.0) == 0.0
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def test_order_shell_waits_releases_on_first_byte_and_withdraws_cancelled() -> None:
+    clock = _Clock()
+    order = DispatchOrder(_shaper(500.0), clock)
+    await order.turn("long", "a", 8_000.0)  # idle instance: at once
+    small = asyncio.create_task(order.turn("small", "a", 100.0))
+    gone = asyncio.create_task(order.turn("gone", "a", 50.0))
+    await asyncio.sleep(0)
+    assert not small.done() and order.shaper.held("a") == 2
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert order.shaper.held("a") == 1
+    clock.t = 1.0
+    order.first_byte("long")  # the engine was faster than predicted
+    await asyncio.wait_for(small, 1.0)
+    order.done("small")
+    order.done("long")
+    order.done("long")  # idempotent
+    assert order.shaper.backlog_ms("a", 1.0) == 0.0
+    order.close()
+
+
+async def test_order_shell_timer_lets_waiters_go_when_the_prediction_runs_out() -> None:
+    order = DispatchOrder(_shaper(50.0), time.monotonic)
+    await order.turn("p", "a", 80.0)  # 80 ms predicted, no first byte will come
+    waiter = asyncio.create_task(order.turn("q", "a", 10.0))
+    await asyncio.wait_for(waiter, 5.0)  # the instance's timer released it
+    order.close()
+
+
+@pytest.mark.parametrize(
+    ("waiting", "at", "order"),
+    [
+        # (rid, predicted prefill ms, deadline s or None); released at ``at`` s
+        # feasible ones by latest start (deadline - prefill), before anything late
+        (
+            [("late-start", 100.0, 3.0), ("early-start", 900.0, 2.0)],
+            0.5,
+            ["early-start", "late-start"],
+        ),
+        # a prompt that can never meet its deadline waits behind one that can, though shorter
+        ([("hopeless", 50.0, 0.01), ("timely", 800.0, 2.0)], 0.5, ["timely", "hopeless"]),
+        # no deadline (a class without a TTFT target): behind the timely ones
+        ([("batch", 10.0, None), ("agent", 500.0, 5.0)], 0.5, ["agent", "batch"]),
+        # deadlines passed while waiting: the rest goes shortest first
+        ([("a", 700.0, 1.0), ("b", 200.0, 1.0)], 3.0, ["b", "a"]),
+    ],
+    ids=["by-latest-start", "infeasible-last", "no-deadline-last", "expired-shortest"],
+)
+def test_slo_order(
+    waiting: list[tuple[str, float, float | None]], at: float, order: list[str]
+) -> None:
+    s = DispatchShaper(ShaperConfig(hold_above_ms=500.0, order="slo"))
+    assert s.offer("running", "a", 10_000.0, 0.0)
+    for rid, ms, due in waiting:
+        assert not s.offer(rid, "a", ms, 0.0, deadline=due)
+    got: list[str] = []
+    now = at
+    for _ in waiting:
+        got += s.first_byte("running", "a", now)  # the running prompt's first byte
+        got += s.release("a", now)
+        now += 100.0
+    assert got == order
