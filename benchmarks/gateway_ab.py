@@ -16,9 +16,11 @@ the moment hits both sides alike. Per turn: the gateway process's CPU (user + sy
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +32,12 @@ from _harness import ProcGroup, command_line, emit_json, free_port, machine, wai
 from gateway_overhead import start_canned_upstream, wrk_max
 
 
-def gateway_cmd(tree: Path, port: int, upstream: str) -> list[str]:
+def gateway_cmd(tree: Path, port: int, upstream: str, extra: Sequence[str] = ()) -> list[str]:
     """``tideserve gateway`` importing ``services`` from ``tree`` (not this checkout)."""
     boot = (f"import sys; sys.path.insert(0, {str(tree.resolve())!r}); "
             "from services.cli import main; sys.exit(main())")  # fmt: skip
     return [sys.executable, "-c", boot, "gateway", "--host", "127.0.0.1", "--port", str(port),
-            "--endpoints", upstream, "--log-level", "WARNING"]  # fmt: skip
+            "--endpoints", upstream, "--log-level", "WARNING", *extra]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--seconds", type=float, default=4.0, help="wrk duration per turn")
     p.add_argument("--connections", type=int, default=16)
+    p.add_argument("--a-args", default="", help="extra gateway flags of side A (shell-split)")
+    p.add_argument("--b-args", default="", help="extra gateway flags of side B (shell-split)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="tideserve-gwab-"))
@@ -58,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         for side in ("a", "b"):
             ports[side] = free_port()
             tree = Path(getattr(args, side))
-            child = group.start(f"gateway-{side}", gateway_cmd(tree, ports[side], upstream))
+            extra = shlex.split(getattr(args, f"{side}_args"))
+            child = group.start(f"gateway-{side}", gateway_cmd(tree, ports[side], upstream, extra))
             procs[side] = psutil.Process(child.proc.pid)
         for side in ("a", "b"):
             wait_http(f"http://127.0.0.1:{ports[side]}/v1/models", group, 60.0)

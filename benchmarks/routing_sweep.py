@@ -33,6 +33,9 @@ METRICS = (
     "ttft_p90",
     "tpot_mean",
     "goodput_rps",
+    # the share of all requests that met both SLOs: goodput can exceed a router's by at
+    # most 1 / its attainment
+    "slo_attainment",
     "cache_hit_ratio",
     "failed",
     # where the mean TTFT goes (routing_sim's time_split) and the picks that left the
@@ -73,6 +76,7 @@ def cell(res: dict[str, Any]) -> dict[str, float]:
         "ttft_p90": ttft.get("p90", float("nan")),
         "tpot_mean": tpot.get("mean", float("nan")),
         "goodput_rps": res["goodput_rps"] or 0.0,
+        "slo_attainment": res["slo_attainment"],
         "cache_hit_ratio": res["cache_hit_ratio"],
         "failed": res["failed"] + res["shed"],
         "own_prefill_ms": split.get("own_prefill", 0.0),

@@ -12,7 +12,7 @@ from services.scheduler.admission.shaper import DispatchShaper, ShaperConfig
 
 
 def _shaper(hold_ms: float = 500.0, age: float = 1.0) -> DispatchShaper:
-    return DispatchShaper(ShaperConfig(hold_above_ms=hold_ms, age_weight=age))
+    return DispatchShaper(ShaperConfig(hold_above_ms=hold_ms, age_weight=age, order="shortest"))
 
 
 def test_off_dispatches_everything_at_once() -> None:
@@ -38,8 +38,8 @@ def test_holds_only_above_the_backlog_threshold(backlog_ms: float, expect_now: b
 def test_backlog_is_per_instance_and_counts_down_with_time() -> None:
     s = _shaper(500.0)
     assert s.offer("long", "a", 2_000.0, 0.0)
-    assert not s.offer("x", "a", 10.0, 0.0)
-    assert s.offer("y", "b", 10.0, 0.0)  # another instance is not held by a's backlog
+    assert not s.offer("x", "a", 100.0, 0.0)
+    assert s.offer("y", "b", 100.0, 0.0)  # another instance is not held by a's backlog
     assert s.backlog_ms("a", 1.0) == pytest.approx(1_000.0)
     assert s.release("a", 1.0) == []  # 1,000 ms still ahead
     assert s.next_release_at("a") == pytest.approx(1.5)
@@ -53,7 +53,7 @@ def test_backlog_is_per_instance_and_counts_down_with_time() -> None:
         ([("big", 6_000.0, 0.0, 0), ("small", 100.0, 0.0, 0)], ["small", "big"]),
         ([("a", 300.0, 0.0, 0), ("b", 200.0, 0.0, 0), ("c", 100.0, 0.0, 0)], ["c", "b", "a"]),
         # a higher class (lower rank) goes first whatever its prefill
-        ([("batch", 50.0, 0.0, 1), ("interactive", 900.0, 0.0, 0)], ["interactive", "batch"]),
+        ([("batch", 80.0, 0.0, 1), ("interactive", 900.0, 0.0, 0)], ["interactive", "batch"]),
         # ageing: 5 s of waiting is worth 5,000 ms of predicted prefill
         ([("old", 5_500.0, 0.0, 0), ("young", 1_000.0, 5.0, 0)], ["old", "young"]),
     ],
@@ -78,7 +78,38 @@ def test_an_early_first_byte_cuts_the_prediction() -> None:
     assert not s.offer("short", "a", 100.0, 0.0)
     # The engine was faster than the model: the first byte at 2 s frees the instance.
     assert s.first_byte("long", "a", 2.0) == ["short"]
-    assert s.backlog_ms("a", 2.0) == pytest.approx(100.0)
+    # ... and 2 s observed for 8 s predicted moves its speed a fifth of the way to 0.25.
+    assert s.speed("a") == pytest.approx(0.85)
+    assert s.backlog_ms("a", 2.0) == pytest.approx(85.0)
+
+
+@pytest.mark.parametrize(
+    ("answer_after_s", "speed_below"),
+    [(0.0002, 0.05), (0.5, 1.0001)],
+    ids=["canned-upstream-speeds-up", "slow-engine-capped-at-1"],
+)
+def test_speed_follows_first_bytes(answer_after_s: float, speed_below: float) -> None:
+    """An upstream that answers in 0.2 ms where the model predicts 40 ms ends up with a small
+    speed and no holds; one slower than the model never goes above 1."""
+    s = _shaper(150.0)
+    now = 0.0
+    for i in range(40):
+        assert s.offer(f"r{i}", "a", 40.0, now)
+        now += answer_after_s
+        s.first_byte(f"r{i}", "a", now)
+    assert s.speed("a") < speed_below
+    if speed_below < 1:
+        # 64 requests in flight at once no longer reach the 150 ms threshold
+        assert all(s.offer(f"x{i}", "a", 40.0, now) for i in range(64))
+
+
+def test_small_prompts_go_at_once() -> None:
+    """Under an eighth of the threshold of predicted prefill: never held."""
+    s = _shaper(500.0)
+    assert s.offer("long", "a", 3_000.0, 0.0)
+    assert not s.offer("w", "a", 200.0, 0.0)
+    assert s.offer("tiny", "a", 60.0, 0.0)  # 60 < 500 / 8
+    assert s.held("a") == 1
 
 
 def test_first_byte_with_others_outstanding_keeps_their_share() -> None:
@@ -129,7 +160,7 @@ async def test_order_shell_waits_releases_on_first_byte_and_withdraws_cancelled(
     order = DispatchOrder(_shaper(500.0), clock)
     await order.turn("long", "a", 8_000.0)  # idle instance: at once
     small = asyncio.create_task(order.turn("small", "a", 100.0))
-    gone = asyncio.create_task(order.turn("gone", "a", 50.0))
+    gone = asyncio.create_task(order.turn("gone", "a", 80.0))
     await asyncio.sleep(0)
     assert not small.done() and order.shaper.held("a") == 2
     gone.cancel()
@@ -165,9 +196,9 @@ async def test_order_shell_timer_lets_waiters_go_when_the_prediction_runs_out() 
             ["early-start", "late-start"],
         ),
         # a prompt that can never meet its deadline waits behind one that can, though shorter
-        ([("hopeless", 50.0, 0.01), ("timely", 800.0, 2.0)], 0.5, ["timely", "hopeless"]),
+        ([("hopeless", 80.0, 0.01), ("timely", 800.0, 2.0)], 0.5, ["timely", "hopeless"]),
         # no deadline (a class without a TTFT target): behind the timely ones
-        ([("batch", 10.0, None), ("agent", 500.0, 5.0)], 0.5, ["agent", "batch"]),
+        ([("batch", 80.0, None), ("agent", 500.0, 5.0)], 0.5, ["agent", "batch"]),
         # deadlines passed while waiting: the rest goes shortest first
         ([("a", 700.0, 1.0), ("b", 200.0, 1.0)], 3.0, ["b", "a"]),
     ],

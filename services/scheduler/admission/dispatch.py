@@ -30,6 +30,35 @@ class DispatchOrder:
     def enabled(self) -> bool:
         return self.shaper.enabled
 
+    def offer(
+        self,
+        rid: str,
+        instance_id: str,
+        prefill_ms: float,
+        rank: int = 0,
+        deadline: float | None = None,
+    ) -> asyncio.Future[None] | None:
+        """None: send ``rid`` to ``instance_id`` now. Otherwise a future to :meth:`wait`
+        on. Always follow with :meth:`done`. (Synchronous, so that the common case costs
+        no coroutine.)"""
+        self._target[rid] = instance_id
+        if self.shaper.offer(rid, instance_id, prefill_ms, self.clock(), rank, deadline):
+            return None
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[rid] = fut
+        self._arm(instance_id)
+        return fut
+
+    async def wait(self, rid: str, fut: asyncio.Future[None]) -> None:
+        """Wait for the turn :meth:`offer` did not give at once; cancelling withdraws it."""
+        try:
+            await fut
+        except asyncio.CancelledError:
+            self._waiters.pop(rid, None)
+            if self.shaper.cancel(rid):
+                self._target.pop(rid, None)
+            raise
+
     async def turn(
         self,
         rid: str,
@@ -38,21 +67,10 @@ class DispatchOrder:
         rank: int = 0,
         deadline: float | None = None,
     ) -> None:
-        """Return when ``rid`` may be sent to ``instance_id`` (at once when its backlog is
-        short). Always follow with :meth:`done`."""
-        self._target[rid] = instance_id
-        if self.shaper.offer(rid, instance_id, prefill_ms, self.clock(), rank, deadline):
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters[rid] = fut
-        self._arm(instance_id)
-        try:
-            await fut
-        except asyncio.CancelledError:
-            self._waiters.pop(rid, None)
-            if self.shaper.cancel(rid):
-                self._target.pop(rid, None)
-            raise
+        """:meth:`offer`, and :meth:`wait` when it has to."""
+        fut = self.offer(rid, instance_id, prefill_ms, rank, deadline)
+        if fut is not None:
+            await self.wait(rid, fut)
 
     def first_byte(self, rid: str) -> None:
         """``rid``'s instance answered: its prefill is over."""
@@ -76,7 +94,8 @@ class DispatchOrder:
             fut = self._waiters.pop(rid, None)
             if fut is not None and not fut.done():
                 fut.set_result(None)
-        self._arm(instance_id)
+        if self._timers or self._waiters:  # nothing to time when nobody waits
+            self._arm(instance_id)
 
     def _arm(self, instance_id: str) -> None:
         at = self.shaper.next_release_at(instance_id)

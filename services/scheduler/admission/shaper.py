@@ -1,4 +1,4 @@
-"""Per-instance dispatch order (pure): shortest predicted prefill first, ahead of a FCFS engine.
+"""Per-instance dispatch order (pure): what a FCFS engine gets next, decided at the gateway.
 
 Engines (SGLang, vLLM, the simulator) admit waiting prompts first come, first served, and
 a prompt whose prefill has started keeps the chunk budget until it ends. On agent traffic the
@@ -7,28 +7,34 @@ re-reads its cached context and prefills a few hundred to a few thousand new tok
 hundreds of ms), a new session's first turn prefills 60-80k tokens (seconds). Sent as they
 come, every turn queued behind a first turn waits out its whole prefill.
 
-Rule (``order: shortest``): after a pick, a request goes to its instance at once only while that instance's
+Hold: after a pick, a request goes to its instance at once only while that instance's
 predicted prefill backlog (the predicted prefill of what this gateway dispatched there and
 has not seen a first byte of, counted down as time passes) is below ``hold_above_ms``;
-otherwise it waits here, bound to that instance. Whenever the backlog falls below the
-threshold (a first byte, a release, or time), the waiting request with the lowest key goes
-next, where
+otherwise it waits here, bound to that instance. The backlog is a prediction (the perf
+model's prefill time, from the pick) scaled by the instance's observed speed, and it is
+corrected by what the engine shows:
+* when a first byte comes before the prediction ran out, the backlog is cut to what is still
+  outstanding;
+* every first byte updates the speed, a moving average of observed over predicted time to
+  the first byte, capped at 1. An engine faster than the model (or a canned upstream
+  answering in microseconds) is not held back by a model that overrates its work. An engine
+  slower than the model is never given more.
 
-    key = (class rank, predicted prefill ms - age_weight * ms waited)
+A prompt whose (scaled) predicted prefill is under an eighth of the threshold always goes at
+once: it delays the others by little, and ordering it is not worth its cost. Whenever the backlog falls below the threshold (a first byte, a release, or
+time), the first waiting request in the configured order goes next. Class rank (a higher
+SLO class first) comes before everything else in both orders.
 
-so shorter prefills overtake longer ones, a higher SLO class overtakes a lower one, and a
-long prompt gains ``age_weight`` ms of priority per ms it waits (it cannot starve). The
-engine still orders what it has; the gateway only decides what it has. The backlog is a
-prediction (the perf model's prefill time, from the pick): when a first byte comes before
-the prediction ran out, the instance's backlog is cut to what is still outstanding, so an
-engine faster than the model is not left idle.
+``order: shortest``: key = predicted prefill ms - ``age_weight`` * ms waited, lowest first.
+Shorter prefills overtake longer ones, and a long prompt gains ``age_weight`` ms of priority
+per ms it waits, so it cannot starve.
 
-``order: slo`` puts deadlines first. A request with a TTFT deadline that its predicted
-prefill can still meet waits in deadline order, by the latest time it can start
-(deadline - predicted prefill), and goes ahead of every request that cannot meet one any
-more. A request that cannot meet its deadline, or has none (a class without a TTFT
-target), waits in the ``shortest`` order behind them. A request moves from the first
-group to the second when its latest start passes. Class rank still comes first in both.
+``order: slo`` (the default): deadlines first. A request with a TTFT deadline that its
+predicted prefill can still meet waits in order of the latest time it can start
+(deadline - predicted prefill), ahead of every request that cannot meet one any more. A
+request that cannot meet its deadline, or has none (a class without a TTFT target), waits in
+the ``shortest`` order behind them. A request moves from the first group to the second when
+its latest start passes.
 
 Pure: time is passed in; the shell dispatches what :meth:`offer` and :meth:`release`
 return and reports first bytes, releases and cancellations.
@@ -46,6 +52,13 @@ __all__ = ["DISPATCH_HOLD_MS", "DISPATCH_ORDER", "DispatchShaper", "ShaperConfig
 # engine step with a long prompt's chunk, so the engine always has the next prompt queued.
 DISPATCH_HOLD_MS = 150.0
 DISPATCH_ORDER: Literal["shortest", "slo"] = "slo"
+# A prompt whose predicted prefill is under this share of the threshold goes at once: it
+# delays whatever waits by little, and holding it would cost the gateway more than it saves
+# (at saturation with short prompts, the futures and timers were +12 % CPU per request).
+SMALL_SHARE = 0.125
+# Weight of each first byte in an instance's speed, and the lowest speed it can reach.
+SPEED_ALPHA = 0.2
+SPEED_FLOOR = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,13 +70,16 @@ class ShaperConfig:
     age_weight: float = 1.0
     # "shortest": shortest predicted prefill first (with ageing); "slo": requests that can
     # still meet their TTFT deadline first, by latest start, then the rest shortest first.
-    order: Literal["shortest", "slo"] = "shortest"
+    order: Literal["shortest", "slo"] = DISPATCH_ORDER
 
 
 @dataclass(slots=True)
 class _Instance:
     busy_until: float = 0.0  # predicted end of the dispatched prefill backlog (s)
-    outstanding: dict[str, float] = field(default_factory=dict)  # rid -> predicted ms
+    # rid -> (predicted ms as scaled, dispatched at, predicted first byte at, speed then)
+    outstanding: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
+    out_ms: float = 0.0  # the scaled predictions in ``outstanding``, summed
+    speed: float = 1.0  # observed / predicted time to first byte, averaged, at most 1
     held: list[tuple[int, float, int, str]] = field(default_factory=list)  # shortest first
     timely: list[tuple[int, float, int, str]] = field(default_factory=list)  # latest start
 
@@ -108,8 +124,11 @@ class DispatchShaper:
         here until :meth:`release` returns it (or :meth:`cancel`). ``deadline``: when its
         first token is due (s, same clock; ``order: slo`` only)."""
         inst = self._inst.setdefault(instance_id, _Instance())
-        if not self.enabled or (
-            not inst.waiting() and self.backlog_ms(instance_id, now) < self.config.hold_above_ms
+        hold = self.config.hold_above_ms
+        if (
+            hold <= 0
+            or prefill_ms * inst.speed < hold * SMALL_SHARE
+            or (not inst.waiting() and self.backlog_ms(instance_id, now) < hold)
         ):
             self._dispatch(inst, rid, prefill_ms, now)
             return True
@@ -134,16 +153,40 @@ class DispatchShaper:
         inst = self._inst.get(instance_id)
         if inst is None:
             return []
-        if inst.outstanding.pop(rid, None) is not None:
-            # Still outstanding: at least the rest of their predictions; none: idle now.
-            rest = sum(inst.outstanding.values()) / 1000.0
-            inst.busy_until = min(inst.busy_until, now + rest) if rest else now
+        self._settle(inst, rid, now, observed=True)
         return self.release(instance_id, now)
 
     def done(self, rid: str, instance_id: str, now: float) -> list[str]:
-        """``rid`` ended (or failed) without a first byte being reported; same as
-        :meth:`first_byte` for the backlog. Idempotent."""
-        return self.first_byte(rid, instance_id, now)
+        """``rid`` ended (or failed); after its first byte a no-op but for releasing, else
+        it leaves the backlog as :meth:`first_byte` would (its time is not a speed
+        sample). Idempotent."""
+        inst = self._inst.get(instance_id)
+        if inst is None:
+            return []
+        self._settle(inst, rid, now, observed=False)
+        return self.release(instance_id, now)
+
+    def speed(self, instance_id: str) -> float:
+        inst = self._inst.get(instance_id)
+        return inst.speed if inst else 1.0
+
+    def _settle(self, inst: _Instance, rid: str, now: float, observed: bool) -> None:
+        entry = inst.outstanding.pop(rid, None)
+        if entry is None:
+            return
+        if observed:
+            _, at, due, speed = entry
+            if due > at:
+                # observed over the model's own time to first byte (unscaled)
+                ratio = min(1.0, max(SPEED_FLOOR, (now - at) * speed / (due - at)))
+                inst.speed += SPEED_ALPHA * (ratio - inst.speed)
+        # Still outstanding: at most the rest of their predictions; none: idle now.
+        if inst.outstanding:
+            inst.out_ms -= entry[0]
+            inst.busy_until = min(inst.busy_until, now + max(0.0, inst.out_ms) / 1000.0)
+        else:
+            inst.out_ms = 0.0
+            inst.busy_until = now
 
     def cancel(self, rid: str) -> bool:
         """Withdraw a waiting request (client gone, deadline). False if it is not waiting."""
@@ -163,7 +206,7 @@ class DispatchShaper:
         the backlog as it goes)."""
         inst = self._inst.get(instance_id)
         out: list[str] = []
-        if inst is None:
+        if inst is None or not (inst.held or inst.timely):
             return out
         hold = self.config.hold_above_ms
         while inst.waiting() and (not self.enabled or self.backlog_ms(instance_id, now) < hold):
@@ -188,5 +231,7 @@ class DispatchShaper:
         return inst.busy_until - self.config.hold_above_ms / 1000.0
 
     def _dispatch(self, inst: _Instance, rid: str, prefill_ms: float, now: float) -> None:
-        inst.busy_until = max(inst.busy_until, now) + prefill_ms / 1000.0
-        inst.outstanding[rid] = prefill_ms
+        scaled = prefill_ms * inst.speed
+        inst.busy_until = max(inst.busy_until, now) + scaled / 1000.0
+        inst.outstanding[rid] = (scaled, now, inst.busy_until, inst.speed)
+        inst.out_ms += scaled

@@ -455,7 +455,9 @@ class Gateway:
                 raise ApiError(503, msg, None, "no_endpoint", "service_unavailable")
             try:
                 if self.dispatch.enabled:
-                    await self._turn(pick_id, p.slo_class, d, ctx.arrival, view.ttft_slo_ms)
+                    turn = self._turn(pick_id, p.slo_class, d, ctx.arrival, view.ttft_slo_ms)
+                    if turn is not None:
+                        await self.dispatch.wait(pick_id, turn)
                 session = self._traced if otel.recording() else self._session
                 assert session is not None
                 return await self.preemptor.run(
@@ -483,14 +485,14 @@ class Gateway:
             502, f"upstream failed after retries: {last}", None, "upstream_error", "server_error"
         )
 
-    async def _turn(
+    def _turn(
         self, pick_id: str, slo_class: str, d: Pick, arrival: float, budget_ms: float
-    ) -> None:
-        """Wait for the pick's turn on the instance that computes its prompt."""
+    ) -> asyncio.Future[None] | None:
+        """The pick's turn on the instance that computes its prompt: None now, or a future."""
         target = (d.prefill or d.decode).endpoint.instance_id
         prio = self.core.queue.class_of(slo_class).priority
         due = arrival + budget_ms / 1000.0 if budget_ms > 0 else None
-        await self.dispatch.turn(pick_id, target, d.predicted_prefill_ms, -prio, due)
+        return self.dispatch.offer(pick_id, target, d.predicted_prefill_ms, -prio, due)
 
     def _first_byte(self, pick_id: str) -> None:
         self.preemptor.started(pick_id)
