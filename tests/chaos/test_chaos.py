@@ -333,6 +333,23 @@ async def _run(chaos: Chaos, profile: Profile) -> dict[str, Any]:
     }
 
 
+def _log_errors(paths: list[Path], limit: int = 5) -> list[str]:
+    """The first ``limit`` tracebacks and aiohttp handler errors in the stack's logs (file
+    name and up to 25 lines each), so that an intermittent failure says where it came from
+    even when the logs are gone."""
+    out: list[str] = []
+    for path in paths:
+        if not path.exists():
+            continue
+        lines = path.read_text(errors="replace").splitlines()
+        for i, line in enumerate(lines):
+            if "Traceback (most recent call last)" in line or "Error handling request" in line:
+                out.append(f"{path.name}:{i + 1}: " + "\n".join(lines[i : i + 25]))
+                if len(out) >= limit:
+                    return out
+    return out
+
+
 def _emit(summary: dict[str, Any]) -> None:
     text = json.dumps(summary, indent=2)
     print(text)
@@ -361,8 +378,13 @@ async def test_stack_survives_faults_under_load(chaos_profile: Profile) -> None:
                 replica.stop()
                 await replica.proxy.cut()
                 keep = os.environ.get("TIDESERVE_CHAOS_LOGS")
+                logs = [*sorted((stack.state_dir / "logs").glob("*.log")), replica.log]
+                if "summary" in locals():  # a failure's cause, in the assertion message
+                    summary["log_errors"] = _log_errors(logs)
                 if keep:  # the services' and engines' logs, for a failure's post-mortem
                     shutil.copytree(stack.state_dir / "logs", keep, dirs_exist_ok=True)
+                    if replica.log.exists():
+                        shutil.copy(replica.log, keep)
         _emit(summary)
     finally:
         infra_redis = locals().get("infra")
