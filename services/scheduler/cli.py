@@ -143,8 +143,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--dispatch-hold-ms",
         type=float,
         default=DISPATCH_HOLD_MS,
-        help="hold picks for an engine with this much predicted prefill outstanding, "
-        f"shortest first (0 = off; default {DISPATCH_HOLD_MS:g})",
+        help="hold picks for an engine with this much predicted prefill outstanding, and "
+        "send them deadlines first, then shortest first (0 = off; default "
+        f"{DISPATCH_HOLD_MS:g})",
     )
     p.add_argument("--max-in-flight", type=int, default=256, help="per engine (default 256)")
     p.add_argument("--seed", type=int, default=0, help="routing RNG seed")

@@ -85,7 +85,7 @@ class SchedulerSettings(ServiceSettings):
         ge=0,
         description="dispatch order: hold picks for an instance while the predicted prefill "
         "this gateway sent there and has no first byte of is at least this many ms, and let "
-        "them go shortest predicted prefill first, higher SLO classes first "
+        "them go in dispatch_order, higher SLO classes first "
         "(services.scheduler.admission.shaper); 0 = send every pick at once",
     )
     dispatch_order: Literal["shortest", "slo"] = Field(

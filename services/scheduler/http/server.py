@@ -101,7 +101,7 @@ class GatewayOptions:
     # Pre-empt lower classes before their first byte when a higher class waits.
     preemption: bool = True
     # Dispatch order (admission.shaper): hold picks while their instance has this much
-    # predicted prefill outstanding, shortest first; 0 = off.
+    # predicted prefill outstanding, and send them in ``dispatch_order``; 0 = off.
     dispatch_hold_ms: float = DISPATCH_HOLD_MS
     dispatch_age_weight: float = 1.0
     dispatch_order: Literal["shortest", "slo"] = DISPATCH_ORDER
