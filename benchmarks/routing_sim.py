@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import _sim_args as sim_args  # noqa: E402
 from _sim_stats import Diag, by_turn, dist, time_split  # noqa: E402
 
 from services.bench.prompts import PromptSynthesizer  # noqa: E402
@@ -76,12 +77,7 @@ from services.engine.core import (  # noqa: E402
     Request,
 )
 from services.engine.kvcache import KVCache  # noqa: E402
-from services.scheduler.admission.shaper import (  # noqa: E402
-    DISPATCH_HOLD_MS,
-    DISPATCH_ORDER,
-    DispatchShaper,
-    ShaperConfig,
-)
+from services.scheduler.admission.shaper import DispatchShaper, ShaperConfig  # noqa: E402
 from services.scheduler.core import EndpointSpec, GatewayCore, LoadReport, build_core  # noqa: E402
 from services.scheduler.routing.plugins.prefix import ApproxPrefix  # noqa: E402
 from services.scheduler.routing.types import Pick, PrefixMatch, RequestView, Shed  # noqa: E402
@@ -90,61 +86,7 @@ TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--trace", default=str(TRACE), help="Mooncake-format trace (JSONL)")
-    p.add_argument("--max-requests", type=int, default=400, help="first N requests (default 400)")
-    p.add_argument("--offset", type=int, default=0, help="skip this many requests first")
-    p.add_argument("--rate-scale", type=float, default=2.5, help="divide arrival times by this")
-    p.add_argument("--engines", type=int, default=8, help="aggregated engines (default 8)")
-    p.add_argument("--pd", action="store_true", help="P/D: --prefill + --decode engines")
-    p.add_argument("--prefill", type=int, default=3)
-    p.add_argument("--decode", type=int, default=5)
-    p.add_argument(
-        "--decode-can-prefill",
-        action="store_true",
-        help="P/D: decode engines may compute a prompt alone (vLLM-like; default: no, as "
-        "SGLang decode servers and `tideserve gateway --pd-protocol sglang`)",
-    )
-    p.add_argument("--profiles-file", default=None, help="profiles YAML (default: shipped)")
-    p.add_argument(
-        "--profiles",
-        default="default,cache_aware,round_robin",
-        help="comma-separated profile names, each run on a fresh fleet",
-    )
-    p.add_argument("--perf-profile", default="h200-llama3.1-8b")
-    p.add_argument("--kv-blocks", type=int, default=16384)
-    p.add_argument("--block-size", type=int, default=64, help="engine and gateway block size")
-    p.add_argument("--stream-interval", type=int, default=16, help="engines' SSE coalescing")
-    p.add_argument("--load-source", choices=("scrape", "stream"), default="scrape")
-    p.add_argument(
-        "--precise",
-        action="store_true",
-        help="give every pick precise prefix data: each engine's resident prefix of the "
-        "request (GPU tier) at arrival, as a lag-free KV index would (kvmeta or the local "
-        "replica, without event delay)",
-    )
-    p.add_argument("--scrape-interval-ms", type=float, default=500.0)
-    p.add_argument("--scrape-lag-ms", type=float, default=5.0)
-    p.add_argument("--slo-ttft-ms", type=float, default=2000.0)
-    p.add_argument("--slo-tpot-ms", type=float, default=100.0)
-    p.add_argument(
-        "--shaper-hold-ms",
-        type=float,
-        default=DISPATCH_HOLD_MS,
-        help="dispatch order (services.scheduler.admission.shaper): hold picks for an "
-        "instance whose predicted prefill backlog is at least this (default: the shipped "
-        "gateway's; 0 = off, every pick sent at once); applies to --shaped-profiles",
-    )
-    p.add_argument("--shaper-age-weight", type=float, default=1.0)
-    p.add_argument("--shaper-order", choices=("shortest", "slo"), default=DISPATCH_ORDER)
-    p.add_argument(
-        "--shaped-profiles",
-        default="default",
-        help="comma list of the profiles the shaper applies to (baselines never)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="routing RNG seed")
-    p.add_argument("--out", default=None, help="also write the JSON here")
-    return p.parse_args(argv)
+    return sim_args.parse_args(argv, __doc__ or "", TRACE)
 
 
 class Prompts:
