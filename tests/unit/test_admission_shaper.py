@@ -158,9 +158,11 @@ class _Clock:
 async def test_order_shell_waits_releases_on_first_byte_and_withdraws_cancelled() -> None:
     clock = _Clock()
     order = DispatchOrder(_shaper(500.0), clock)
-    await order.turn("long", "a", 8_000.0)  # idle instance: at once
-    small = asyncio.create_task(order.turn("small", "a", 100.0))
-    gone = asyncio.create_task(order.turn("gone", "a", 80.0))
+    assert order.offer("long", "a", 8_000.0) is None  # idle instance: at once
+    small_turn, gone_turn = order.offer("small", "a", 100.0), order.offer("gone", "a", 80.0)
+    assert small_turn is not None and gone_turn is not None
+    small = asyncio.create_task(order.wait("small", small_turn))
+    gone = asyncio.create_task(order.wait("gone", gone_turn))
     await asyncio.sleep(0)
     assert not small.done() and order.shaper.held("a") == 2
     gone.cancel()
@@ -179,9 +181,10 @@ async def test_order_shell_waits_releases_on_first_byte_and_withdraws_cancelled(
 
 async def test_order_shell_timer_lets_waiters_go_when_the_prediction_runs_out() -> None:
     order = DispatchOrder(_shaper(50.0), time.monotonic)
-    await order.turn("p", "a", 80.0)  # 80 ms predicted, no first byte will come
-    waiter = asyncio.create_task(order.turn("q", "a", 10.0))
-    await asyncio.wait_for(waiter, 5.0)  # the instance's timer released it
+    assert order.offer("p", "a", 80.0) is None  # 80 ms predicted, no first byte will come
+    turn = order.offer("q", "a", 10.0)
+    assert turn is not None
+    await asyncio.wait_for(order.wait("q", turn), 5.0)  # the instance's timer released it
     order.close()
 
 

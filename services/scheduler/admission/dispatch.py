@@ -1,11 +1,12 @@
 """The dispatch order's asyncio shell: requests wait here for their turn on their instance.
 
 Over the pure :class:`~services.scheduler.admission.shaper.DispatchShaper` (the rule is in
-its docstring). The HTTP gateway awaits :meth:`DispatchOrder.turn` between a pick and its
-forward, reports the first byte (:meth:`first_byte`) and the end of every pick, however it
-ended (:meth:`done`); a timer per instance lets waiting requests go when the predicted
-backlog runs down with no event. Cancelling a waiting :meth:`turn` (the client went away,
-pre-emption of the handler) withdraws it.
+its docstring). Between a pick and its forward the HTTP gateway calls
+:meth:`DispatchOrder.offer`, and awaits :meth:`DispatchOrder.wait` when that gives no turn
+at once; it reports the first byte (:meth:`first_byte`) and the end of every pick, however
+it ended (:meth:`done`). A timer per instance lets waiting requests go when the predicted
+backlog runs down with no event. Cancelling a waiting :meth:`wait` (the client went away)
+withdraws the request.
 """
 
 from __future__ import annotations
@@ -58,19 +59,6 @@ class DispatchOrder:
             if self.shaper.cancel(rid):
                 self._target.pop(rid, None)
             raise
-
-    async def turn(
-        self,
-        rid: str,
-        instance_id: str,
-        prefill_ms: float,
-        rank: int = 0,
-        deadline: float | None = None,
-    ) -> None:
-        """:meth:`offer`, and :meth:`wait` when it has to."""
-        fut = self.offer(rid, instance_id, prefill_ms, rank, deadline)
-        if fut is not None:
-            await self.wait(rid, fut)
 
     def first_byte(self, rid: str) -> None:
         """``rid``'s instance answered: its prefill is over."""

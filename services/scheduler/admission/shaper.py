@@ -21,8 +21,9 @@ corrected by what the engine shows:
   slower than the model is never given more.
 
 A prompt whose (scaled) predicted prefill is under an eighth of the threshold always goes at
-once: it delays the others by little, and ordering it is not worth its cost. Whenever the backlog falls below the threshold (a first byte, a release, or
-time), the first waiting request in the configured order goes next. Class rank (a higher
+once: it delays the others by little, and ordering it is not worth its cost. Whenever the
+backlog falls below the threshold (a first byte, a release, or time), the first waiting
+request in the configured order goes next. Class rank (a higher
 SLO class first) comes before everything else in both orders.
 
 ``order: shortest``: key = predicted prefill ms - ``age_weight`` * ms waited, lowest first.
@@ -150,25 +151,24 @@ class DispatchShaper:
 
     def first_byte(self, rid: str, instance_id: str, now: float) -> list[str]:
         """``rid``'s prefill ended on ``instance_id``; returns the requests to dispatch."""
-        inst = self._inst.get(instance_id)
-        if inst is None:
-            return []
-        self._settle(inst, rid, now, observed=True)
-        return self.release(instance_id, now)
+        return self._end(rid, instance_id, now, observed=True)
 
     def done(self, rid: str, instance_id: str, now: float) -> list[str]:
         """``rid`` ended (or failed); after its first byte a no-op but for releasing, else
         it leaves the backlog as :meth:`first_byte` would (its time is not a speed
         sample). Idempotent."""
-        inst = self._inst.get(instance_id)
-        if inst is None:
-            return []
-        self._settle(inst, rid, now, observed=False)
-        return self.release(instance_id, now)
+        return self._end(rid, instance_id, now, observed=False)
 
     def speed(self, instance_id: str) -> float:
         inst = self._inst.get(instance_id)
         return inst.speed if inst else 1.0
+
+    def _end(self, rid: str, instance_id: str, now: float, observed: bool) -> list[str]:
+        inst = self._inst.get(instance_id)
+        if inst is None:
+            return []
+        self._settle(inst, rid, now, observed)
+        return self.release(instance_id, now)
 
     def _settle(self, inst: _Instance, rid: str, now: float, observed: bool) -> None:
         entry = inst.outstanding.pop(rid, None)
@@ -209,7 +209,7 @@ class DispatchShaper:
         if inst is None or not (inst.held or inst.timely):
             return out
         hold = self.config.hold_above_ms
-        while inst.waiting() and (not self.enabled or self.backlog_ms(instance_id, now) < hold):
+        while inst.waiting() and self.backlog_ms(instance_id, now) < hold:
             # Deadlines that can no longer be met join the rest.
             while inst.timely and inst.timely[0][1] < now:
                 rank, _, _, late = heapq.heappop(inst.timely)
