@@ -126,6 +126,9 @@ class EngineServer:
         self._rng = random.Random(settings.seed)
         self._live: dict[str, Live] = {}
         self._kick = asyncio.Event()
+        # Sequences the step in progress finishes: the core let go of them when it planned
+        # the step, but until its outputs are delivered they run (as in SGLang's batch).
+        self._finishing = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._listener: ResyncListener | None = None
@@ -281,8 +284,10 @@ class EngineServer:
                 timeout = None if wake is None else self._real_s(wake - now) + 1e-4
                 await pause(self._kick, timeout)
                 continue
+            self._finishing = sum(1 for out in res.outputs if out.finished)
             if res.duration_ms > 0:
                 await asyncio.sleep(self._real_s(res.duration_ms))
+            self._finishing = 0
             end = now + res.duration_ms
             if res.prefill_tokens:
                 self._prefill_window.append((end, res.prefill_tokens))
@@ -347,7 +352,7 @@ class EngineServer:
         c, now = self.core, self.now_ms()
         hit = c.cache.hit_tokens / c.cache.query_tokens if c.cache.query_tokens else 0.0
         return LoadFigures(
-            num_running=c.num_running,
+            num_running=c.num_running + self._finishing,
             num_waiting=c.num_waiting,
             kv_usage=c.cache.usage,
             kv_capacity_blocks=c.cache.capacity_blocks,

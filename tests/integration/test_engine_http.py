@@ -169,6 +169,43 @@ async def test_metrics_move_with_load(make_engine: Factory, http: aiohttp.Client
     assert _metric(text, "sglang:time_to_first_token_seconds_count") == 1.0
 
 
+@pytest.mark.parametrize("role", ["aggregated", "prefill"])
+async def test_requests_in_the_step_in_progress_count_as_running(
+    tmp_path: Path, http: aiohttp.ClientSession, role: str
+) -> None:
+    """Requests that arrived together go into one step. Until it ends they are running,
+    also on a prefill engine, where that step is their last (the core let go of them when
+    it planned it)."""
+    fleet = EngineFleet(tmp_path, profile="test", speedup=0.0005, role=role)
+    engine, url = await fleet.start()
+    body = {"prompt": LONG, "max_tokens": 5}
+    pending: list[asyncio.Task[aiohttp.ClientResponse]] = []
+    try:
+        async with http.post(url + "/fault", json={"stall_s": 60}) as resp:
+            assert resp.status == 200
+        pending += [
+            asyncio.create_task(http.post(url + "/v1/completions", json=body)) for _ in range(3)
+        ]
+        await eventually(lambda: _gauges(http, url, (0.0, 3.0)), within_s=30)
+        async with http.post(url + "/fault", json={"stall_s": 0}) as resp:
+            assert resp.status == 200
+        # one step takes all three (900 tokens, within the step's budget) and does not end
+        await eventually(lambda: _gauges(http, url, (3.0, 0.0)), within_s=30)
+        assert not any(t.done() for t in pending)
+        assert engine.figures().num_running == 3
+    finally:
+        for t in pending:
+            t.cancel()
+        await fleet.close()
+
+
+async def _gauges(http: aiohttp.ClientSession, url: str, want: tuple[float, float]) -> bool:
+    async with http.get(url + "/metrics") as resp:
+        text = await resp.text()
+    got = (_metric(text, "sglang:num_running_reqs"), _metric(text, "sglang:num_queue_reqs"))
+    return got == want
+
+
 async def test_vllm_dialect_uses_vllm_names(
     make_engine: Factory, http: aiohttp.ClientSession
 ) -> None:

@@ -44,6 +44,56 @@ def test_switch_rule(offers: list[tuple[Coefficients | None, float]], source: st
     assert sw.prefill_ms(1000) == pytest.approx(200.0 if source == "fitted" else 100.0)
 
 
+# What a fit on short, mostly cached prompts can give without bounds: the quadratic term
+# negative, 0 ms at 2,000 tokens and less beyond (the chaos suite's 500s, before the bound).
+NEGATIVE_N2 = Coefficients(2.0, 0.001, -1e-6, 1.0, 0.01, 0.01, 0.2, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("coef", "usable"),
+    [
+        (SLOW, True),
+        (NEGATIVE_N2, False),
+        (Coefficients(5.0, -0.001, 0.0, 1.0, 0.01, 0.01, 0.2, 1.0), False),
+        (Coefficients(-1.0, 0.1, 0.0, 1.0, 0.01, 0.01, 0.2, 1.0), False),
+        (Coefficients(0.0, 0.0, 0.0, 1.0, 0.01, 0.01, 0.2, 1.0), False),
+        (Coefficients(3.0, 0.0, 0.0, 1.0, 0.01, 0.01, 0.2, 1.0), True),  # flat, but > 0
+    ],
+    ids=["fine", "negative-n2", "negative-per-token", "negative-base", "all-zero", "flat"],
+)
+def test_a_fit_that_is_not_a_model_of_prefill_is_refused(coef: Coefficients,
+                                                         usable: bool) -> None:  # fmt: skip
+    sw = PerfModelSwitch(LinearModel(), min_confidence=0.5)
+    assert sw.offer(coef, 0.99) is usable
+    assert sw.source == ("fitted" if usable else "profile")
+    assert all(sw.prefill_ms(n) > 0 for n in (1, 4096, 131_072))
+
+
+@pytest.mark.parametrize("plugin", ["ttft-cost", "pd-decider"])
+def test_plugins_survive_a_model_that_prices_a_chunk_at_zero(plugin: str) -> None:
+    """Defence in depth behind the switch's rule: a model that says 0 ms (a custom one)
+    makes the plugins price it as very fast, on every pick, instead of raising."""
+
+    class Zero:
+        version = 1
+
+        def prefill_ms(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
+            return 0.0 if self.version > 1 else 0.1 * uncached_tokens
+
+    model = Zero()
+    env = PluginEnv(perf_profile=lambda name: model, block_size=4)
+    spec = REGISTRY[plugin]
+    p: Any = spec.factory(plugin, spec.params.model_validate({}), env)
+    model.version = 2
+    for _ in range(2):
+        if plugin == "pd-decider":
+            assert p.tps > 1e9
+        else:
+            c = ctx()
+            p.prepare(c, req(prompt_tokens=1000), [ep("a", pending_prefill_tokens=10_000)])
+            assert c.predicted_ttft_ms["a"] == pytest.approx(0.0, abs=0.01)
+
+
 @pytest.mark.parametrize("plugin", ["ttft-cost", "pd-decider"])
 def test_plugins_reprice_when_the_fit_passes_the_confidence(plugin: str) -> None:
     sw = PerfModelSwitch(LinearModel(), min_confidence=0.5)
@@ -112,11 +162,22 @@ async def test_feed_offers_each_answer_and_survives_errors() -> None:
     changed = [await feed.refresh_once() for _ in range(4)]
     assert opened == ["telemetry:1"]  # opened once, on first use
     assert changed == [False, False, True, False]
-    assert feed.stats == {"refreshed": 3, "switched": 1, "errors": 1}
+    assert feed.stats == {"refreshed": 3, "switched": 1, "errors": 1, "implausible": 0}
     assert sw.fitted == from_pb(_pb(0.9)) and sw.source == "fitted"
     assert {r.deployment for r in chan.requests} == {"d"}
     await feed.stop()
     assert chan.closed
+
+
+async def test_feed_counts_confident_fits_that_are_not_models_of_prefill() -> None:
+    bad = telemetry_pb2.PerfModel(prefill_base_ms=2.0, prefill_ms_per_token=0.001,
+                                  prefill_ms_per_token2=-1e-6, prefill_confidence=0.9)  # fmt: skip
+    chan = FakeChannel([bad, bad, _pb(0.9)])
+    sw = PerfModelSwitch(LinearModel(), min_confidence=0.5)
+    feed = PerfModelFeed("t:1", sw, deployment="d", interval_s=1.0, channel=lambda _a: chan)
+    assert [await feed.refresh_once() for _ in range(3)] == [False, False, True]
+    assert (feed.stats["implausible"], sw.source) == (2, "fitted")
+    await feed.stop()
 
 
 async def test_feed_started_outside_a_loop_opens_its_channel_inside() -> None:

@@ -11,6 +11,7 @@ from tideserve.v1 import common_pb2, events_pb2
 from services.common.perfcoef import prior_coefficients
 from services.common.perfmodel import get_profile
 from services.telemetry.model.fit import FitConfig, RoleSamples, fit_role
+from services.telemetry.model.robust import lstsq_nonneg
 from services.telemetry.model.state import ModelState
 
 TRUE = get_profile("test")
@@ -140,3 +141,34 @@ def test_startup_measured_by_the_driver(kind: int, label: str, samples: list[flo
     st.observe_membership(events_pb2.MembershipEvent(kind=kind, instance=inst, ts_ms=5000))
     got = st.samples[("d", W)].startup if ("d", W) in st.samples else []
     assert list(got) == samples
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "want"),
+    [
+        ([[1, 0], [0, 1]], [2, 3], [2, 3]),  # unbounded optimum feasible
+        ([[1, 0], [0, 1]], [2, -3], [2, 0]),
+        ([[1, 1], [1, 2], [1, 3]], [3, 2, 1], [2, 0]),  # falling line: flat at the mean
+        ([[1, 0], [0, 1]], [-1, -1], [0, 0]),
+    ],
+    ids=["feasible", "one-bound", "slope-bound", "all-bound"],
+)
+def test_bounded_least_squares(a: list[list[float]], b: list[float], want: list[float]) -> None:
+    got = lstsq_nonneg(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64))
+    assert got == pytest.approx(want, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_short_mostly_cached_prompts_never_fit_a_negative_prefill(seed: int) -> None:
+    """Prompts of 1-2 uncached tokens (a chat turn on a warm cache) leave the n^2 and n
+    columns nearly constant: unbounded, each of these seeds fits a negative n^2 term that
+    prices 4,096 tokens below 0 ms. Bounded, every coefficient is >= 0."""
+    rng = np.random.default_rng(seed)
+    s = RoleSamples(4000)
+    for _ in range(300):
+        n = int(rng.integers(1, 3))
+        s.prefill.append((n, 0, 5.0 * float(rng.lognormal(0.0, 0.3))))
+    fit = fit_role(s, PRIOR, CFG, now_ms=1)
+    c = fit.coefficients
+    assert min(c.prefill_base_ms, c.prefill_ms_per_token, c.prefill_ms_per_token2) >= 0.0
+    assert c.prefill_ms(4096) > 0.0 and fit.prefill.confidence > 0.0

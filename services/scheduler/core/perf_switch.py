@@ -6,7 +6,9 @@ Rule (:meth:`PerfModelSwitch.offer`): a fit whose prefill confidence is at least
 ``min_confidence`` replaces the current model; one below it (or none: telemetry
 unreachable or not yet fitted) leaves the static profile in place, or goes back to it
 when a fitted model was in use (a confidence that fell means the fleet changed under the
-fit). The fitted model prices with the ``PerfModel`` contract's formula,
+fit). A fit with a negative prefill coefficient, or one that prices a token at 0, is not
+a model of prefill (it goes to 0 or below for long prompts) and counts as no fit, whatever
+its confidence. The fitted model prices with the ``PerfModel`` contract's formula,
 ``prefill_base_ms + prefill_ms_per_token * n + prefill_ms_per_token2 * n^2`` for ``n``
 uncached tokens (the contract has no cached-context term, so ``cached_tokens`` is not
 priced). Each change increments :attr:`version`, so plugins that derive figures from
@@ -20,7 +22,7 @@ from typing import Literal
 from services.common.perfcoef import Coefficients
 from services.scheduler.routing.registry import PrefillModel
 
-__all__ = ["PerfModelSwitch"]
+__all__ = ["PerfModelSwitch", "plausible"]
 
 
 class PerfModelSwitch:
@@ -44,9 +46,16 @@ class PerfModelSwitch:
 
     def offer(self, fitted: Coefficients | None, confidence: float) -> bool:
         """Apply the rule above; whether the model in use changed."""
-        new = fitted if fitted is not None and confidence >= self.min_confidence else None
+        usable = fitted is not None and confidence >= self.min_confidence
+        new = fitted if usable and fitted is not None and plausible(fitted) else None
         if new == self.fitted:
             return False
         self.fitted = new
         self.version += 1
         return True
+
+
+def plausible(c: Coefficients) -> bool:
+    """Whether ``c`` prices prefill above 0 and never less for more tokens."""
+    terms = (c.prefill_base_ms, c.prefill_ms_per_token, c.prefill_ms_per_token2)
+    return all(t >= 0.0 for t in terms) and c.prefill_ms(1) > 0.0

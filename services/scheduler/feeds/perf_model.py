@@ -8,7 +8,8 @@ static profile when it falls below). A failed call (telemetry down, UNIMPLEMENTE
 NOT_FOUND) keeps the model in use and is counted in ``stats``. The gRPC channel is opened
 on first use, inside the running event loop (a grpc.aio channel belongs to the loop it was
 made in), and closed by :meth:`stop`. ``stats``: ``refreshed``,
-``switched``, ``errors``; ``source`` says which model prices now.
+``switched``, ``errors``, ``implausible`` (confident fits refused as not a model of
+prefill, logged once per run of them); ``source`` says which model prices now.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tideserve.v1 import telemetry_pb2
 from services.common.otel import insecure_channel
 from services.common.perfcoef import from_pb
 from services.common.tasks import pause, stop_tasks
-from services.scheduler.core.perf_switch import PerfModelSwitch
+from services.scheduler.core.perf_switch import PerfModelSwitch, plausible
 
 __all__ = ["GET_PERF_MODEL", "PerfModelFeed"]
 
@@ -52,10 +53,11 @@ class PerfModelFeed:
         self._make_channel = channel
         self._channel: grpc.aio.Channel | None = None
         self._call: Any = None
-        self.stats: dict[str, int] = {"refreshed": 0, "switched": 0, "errors": 0}
+        self.stats: dict[str, int] = {"refreshed": 0, "switched": 0, "errors": 0, "implausible": 0}
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._logged_error = False
+        self._logged_implausible = False
 
     async def refresh_once(self) -> bool:
         """One ``GetPerfModel``; whether the model in use changed."""
@@ -80,7 +82,17 @@ class PerfModelFeed:
         self._logged_error = False
         self.stats["refreshed"] += 1
         m = resp.model
-        changed = self.switch.offer(from_pb(m), m.prefill_confidence)
+        fitted = from_pb(m)
+        bad = m.prefill_confidence >= self.switch.min_confidence and not plausible(fitted)
+        if bad:
+            self.stats["implausible"] += 1
+            if not self._logged_implausible:
+                log.warning(
+                    "GetPerfModel(%s): the fit prices prefill at or below 0 (%s); not used",
+                    self.deployment, fitted,
+                )  # fmt: skip
+        self._logged_implausible = bad
+        changed = self.switch.offer(fitted, m.prefill_confidence)
         if changed:
             self.stats["switched"] += 1
             log.info(

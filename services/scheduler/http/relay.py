@@ -82,16 +82,16 @@ async def relay_stream(
             if not started:
                 first_byte(pick_id)  # before any await: no pre-emption from here
                 started = True
-                await out.prepare(req)
+                try:
+                    await out.prepare(req)
+                except (ConnectionError, RuntimeError):
+                    return _client_gone(ctx, core, instance_id, clock(), out)
                 ctx.answering(clock(), True)
             ctx.chunk(chunk)
             try:
                 await out.write(chunk)
             except (ConnectionError, RuntimeError):
-                # client went away: stop reading upstream (counted as cancelled)
-                ctx.cancelled = True
-                core.fleet.upstream_result(instance_id, True, clock())
-                return out
+                return _client_gone(ctx, core, instance_id, clock(), out)
             tail = (tail + chunk)[-64:]
     except (aiohttp.ClientError, TimeoutError, OSError) as e:
         if not started:
@@ -120,4 +120,14 @@ async def relay_stream(
         core.fleet.upstream_result(instance_id, True, now)
     with contextlib.suppress(ConnectionError, RuntimeError):
         await out.write_eof()
+    return out
+
+
+def _client_gone(
+    ctx: RequestContext, core: GatewayCore, instance_id: str, now: float, out: web.StreamResponse
+) -> web.StreamResponse:
+    """The client went away: the relay stops reading upstream (counted as cancelled; the
+    engine did nothing wrong)."""
+    ctx.cancelled = True
+    core.fleet.upstream_result(instance_id, True, now)
     return out

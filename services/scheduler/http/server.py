@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -67,13 +66,14 @@ from services.scheduler.core.intake import (
 from services.scheduler.core.records import RequestContext
 from services.scheduler.core.service import GatewayCore
 from services.scheduler.http import records, upstream
+from services.scheduler.http.errors import Overloaded, api_error, error_response, internal_errors
 from services.scheduler.http.forward import Forwarder
 from services.scheduler.http.limits import header_limit, parser_limits
 from services.scheduler.http.metrics import GatewayMetrics
 from services.scheduler.http.openai import ApiError, Kind, Limits, ParsedRequest, parse_request
 from services.scheduler.http.preemption import Preempted, Preemptor
 from services.scheduler.http.records import Finished
-from services.scheduler.keys.gate import KeyGate, RateLimited
+from services.scheduler.keys.gate import KeyGate
 from services.scheduler.routing.types import NoEndpoint, Pick, RequestView
 from services.scheduler.routing.types import Shed as RouteShed
 
@@ -115,35 +115,12 @@ class GatewayOptions:
     record_tool_contents: bool = False
 
 
-class Overloaded(ApiError):
-    """429; ``where``: admission (queue full / deadline passed), queue_timeout, routing."""
-
-    def __init__(self, message: str, retry_after_ms: int, where: str = "admission") -> None:
-        super().__init__(429, message, None, "overloaded", "rate_limit_error")
-        self.retry_after_ms = retry_after_ms
-        self.where = where
-
-
 def _authorization(opts: GatewayOptions) -> str | bool:
     """The Forwarder's ``authorization``: a fixed header value, True (the client's), or
     False (none)."""
     if opts.engine_api_key:
         return f"Bearer {opts.engine_api_key}"
     return opts.forward_authorization
-
-
-def _api_error(r: Refused) -> ApiError:
-    if r.kind == "overloaded":
-        return Overloaded(r.message, r.retry_after_ms, r.where)
-    return ApiError(400, r.message, r.param or None)
-
-
-def _error(e: ApiError) -> web.Response:
-    resp = web.json_response(e.body(), status=e.status)
-    if isinstance(e, Overloaded | RateLimited):
-        resp.headers["Retry-After"] = str(max(1, math.ceil(e.retry_after_ms / 1000)))
-        resp.headers["Retry-After-Ms"] = str(e.retry_after_ms)
-    return resp
 
 
 class Gateway:
@@ -235,6 +212,7 @@ class Gateway:
                     tool_contents=self.opts.record_tool_contents,
                 ),
                 *([self.keys.middleware] if self.keys else []),
+                internal_errors(),
             ],
         )
         r = app.router
@@ -398,13 +376,13 @@ class Gateway:
                         # class.
                         await self.gate.requeue(intake, arrival)
         except (ApiError, Refused) as err:
-            e = _api_error(err) if isinstance(err, Refused) else err
+            e = api_error(err) if isinstance(err, Refused) else err
             if isinstance(e, Overloaded):
                 cls = slo_class or self.core.queue.config.default_class
                 self.metrics.shed_request(cls, e.where)
             elif e.status in (400, 404, 413):
                 self.metrics.bad_request(e.code, e.param)
-            return _error(e)
+            return error_response(e)
 
     def _classes(self) -> frozenset[str]:
         config = self.core.queue.config

@@ -136,8 +136,12 @@ async def open_upstream(
     except (aiohttp.ClientError, TimeoutError, OSError) as e:
         raise UpstreamFailure(endpoint.instance_id, f"connect: {e!r}") from None
     if resp.status >= 500:
-        text = (await resp.text(errors="replace"))[:300]
-        resp.release()
+        try:
+            text = (await resp.text(errors="replace"))[:300]
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            text = f"(body unread: {e!r})"  # the engine went away mid-answer: still a 5xx
+        finally:
+            resp.release()
         raise UpstreamFailure(endpoint.instance_id, f"HTTP {resp.status}: {text}", resp.status)
     return resp
 
@@ -162,10 +166,16 @@ async def drain_prefill(
 
 
 async def cancel_quietly(task: asyncio.Task[Any] | None) -> None:
+    """Cancel ``task`` and wait for it, ignoring how it ended; the caller's own
+    cancellation (arriving while it waits) still propagates."""
     if task is None or task.done():
         return
     task.cancel()
     try:
         await task
-    except (asyncio.CancelledError, Exception):
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
+    except Exception:
         return

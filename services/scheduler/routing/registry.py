@@ -29,6 +29,13 @@ def model_version(model: PrefillModel) -> int:
     return int(getattr(model, "version", 0))
 
 
+def prefill_tps(model: PrefillModel, chunk_tokens: int) -> float:
+    """The model's prefill throughput (tokens/s) on chunks of ``chunk_tokens``; a model
+    that prices a chunk at 0 (none should: see ``perf_switch.plausible``) counts as one
+    that takes a microsecond, not as a division by zero on the request path."""
+    return 1000.0 * chunk_tokens / max(model.prefill_ms(chunk_tokens), 1e-3)
+
+
 def _default_perf_resolver(name: str) -> PrefillModel:
     import importlib
 

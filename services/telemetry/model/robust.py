@@ -14,6 +14,11 @@ efficient on Gaussian noise), so a few wildly slow requests (a preempted sequenc
 pause) move the fit by a bounded amount. The prior term is a ridge toward the profile's
 coefficients: with few samples the fit stays near the prior, with many the data dominate;
 it also keeps collinear features (batch size and total context grow together) solvable.
+
+Every coefficient is at least 0 (each is a time per unit of something, or a fixed cost):
+each least-squares step is solved under that bound. Unbounded, a fit on data that barely
+vary a feature (short, mostly cached prompts: the n^2 column is nearly constant) can take
+a negative quadratic term that prices long prompts at or below 0 ms.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["median_rel_error", "robust_fit"]
+__all__ = ["lstsq_nonneg", "median_rel_error", "robust_fit"]
 
 Array = npt.NDArray[np.float64]
 
@@ -59,7 +64,7 @@ def robust_fit(
         sw = np.sqrt(w)
         a = np.vstack([xs * sw[:, None], a_prior])
         b = np.concatenate([ys * sw, b_prior])
-        new, *_ = np.linalg.lstsq(a, b, rcond=None)
+        new = lstsq_nonneg(a, b)
         r = ys - xs @ new
         s = _MAD_TO_SIGMA * float(np.median(np.abs(r - np.median(r))))
         s = max(s, 1e-6)
@@ -78,3 +83,26 @@ def median_rel_error(x: Array, y: Array, coef: Array, floor: float = 1e-3) -> fl
         return 0.0
     pred = x @ coef
     return float(np.median(np.abs(pred - y) / np.maximum(y, floor)))
+
+
+def lstsq_nonneg(a: Array, b: Array) -> Array:
+    """``argmin |a @ x - b|`` subject to ``x >= 0``, exactly, for the few columns the models
+    have: the unbounded solution when it is feasible; else, as the bounded optimum is the
+    unbounded solution on its non-zero columns, the best feasible one over the column
+    subsets (at most 2^k - 2 small solves; k <= 3 here)."""
+    x, *_ = np.linalg.lstsq(a, b, rcond=None)
+    if bool((x >= 0.0).all()):
+        return np.asarray(x, dtype=np.float64)
+    k = a.shape[1]
+    best, best_r = np.zeros(k), float(b @ b)
+    for mask in range(1, (1 << k) - 1):
+        cols = [j for j in range(k) if mask >> j & 1]
+        sub, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+        if bool((sub < 0.0).any()):
+            continue
+        full = np.zeros(k)
+        full[cols] = sub
+        r = a @ full - b
+        if float(r @ r) < best_r:
+            best, best_r = full, float(r @ r)
+    return best

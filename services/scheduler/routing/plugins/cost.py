@@ -9,7 +9,13 @@ from pydantic import Field
 
 from services.scheduler.routing.framework import CycleContext, by_instance
 from services.scheduler.routing.plugins.pending import PendingPicks
-from services.scheduler.routing.registry import Params, PluginEnv, model_version, register
+from services.scheduler.routing.registry import (
+    Params,
+    PluginEnv,
+    model_version,
+    prefill_tps,
+    register,
+)
 from services.scheduler.routing.types import EndpointView, Pick, RequestView, Shed
 
 
@@ -99,10 +105,9 @@ class TTFTCost:
         """Recompute what derives from the model when it changed (the fitted model)."""
         v = model_version(self.model)
         if v != self._version:
-            self._version = v
             self._memo.clear()
-            c = self.p.chunk_tokens
-            self.model_tps = 1000.0 * c / self.model.prefill_ms(c)
+            self.model_tps = prefill_tps(self.model, self.p.chunk_tokens)
+            self._version = v
 
     def _prefill_ms(self, uncached: int, cached: int) -> float:
         key = (uncached, cached)

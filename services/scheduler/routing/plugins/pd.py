@@ -8,7 +8,13 @@ from pydantic import Field
 
 from services.scheduler.routing.framework import CycleContext
 from services.scheduler.routing.plugins.pending import PendingPicks
-from services.scheduler.routing.registry import Params, PluginEnv, model_version, register
+from services.scheduler.routing.registry import (
+    Params,
+    PluginEnv,
+    model_version,
+    prefill_tps,
+    register,
+)
 from services.scheduler.routing.types import Choice, Pick, RequestView
 
 
@@ -56,8 +62,7 @@ class PDDecider:
         self._backlog = PendingPicks(params.backlog_ttl_s)
 
     def _throughput(self) -> float:
-        c = self.p.chunk_tokens
-        return 1000.0 * c / self.model.prefill_ms(c)
+        return prefill_tps(self.model, self.p.chunk_tokens)
 
     @property
     def tps(self) -> float:
