@@ -31,6 +31,8 @@ class PerfModelSwitch:
         self.min_confidence = min_confidence
         self.fitted: Coefficients | None = None
         self.version = 0
+        # the last offer was confident but not a model of prefill (see the rule above)
+        self.refused_implausible = False
 
     @property
     def source(self) -> Literal["profile", "fitted"]:
@@ -46,8 +48,9 @@ class PerfModelSwitch:
 
     def offer(self, fitted: Coefficients | None, confidence: float) -> bool:
         """Apply the rule above; whether the model in use changed."""
-        usable = fitted is not None and confidence >= self.min_confidence
-        new = fitted if usable and fitted is not None and plausible(fitted) else None
+        confident = fitted if confidence >= self.min_confidence else None
+        self.refused_implausible = confident is not None and not plausible(confident)
+        new = None if self.refused_implausible else confident
         if new == self.fitted:
             return False
         self.fitted = new

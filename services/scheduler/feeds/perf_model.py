@@ -25,7 +25,7 @@ from tideserve.v1 import telemetry_pb2
 from services.common.otel import insecure_channel
 from services.common.perfcoef import from_pb
 from services.common.tasks import pause, stop_tasks
-from services.scheduler.core.perf_switch import PerfModelSwitch, plausible
+from services.scheduler.core.perf_switch import PerfModelSwitch
 
 __all__ = ["GET_PERF_MODEL", "PerfModelFeed"]
 
@@ -83,7 +83,8 @@ class PerfModelFeed:
         self.stats["refreshed"] += 1
         m = resp.model
         fitted = from_pb(m)
-        bad = m.prefill_confidence >= self.switch.min_confidence and not plausible(fitted)
+        changed = self.switch.offer(fitted, m.prefill_confidence)
+        bad = self.switch.refused_implausible
         if bad:
             self.stats["implausible"] += 1
             if not self._logged_implausible:
@@ -92,7 +93,6 @@ class PerfModelFeed:
                     self.deployment, fitted,
                 )  # fmt: skip
         self._logged_implausible = bad
-        changed = self.switch.offer(fitted, m.prefill_confidence)
         if changed:
             self.stats["switched"] += 1
             log.info(

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from services.scheduler.core.intake import Refused
 from services.scheduler.http import records
-from services.scheduler.http.openai import ApiError, error_body
+from services.scheduler.http.openai import ApiError
 from services.scheduler.keys.gate import RateLimited
 
 __all__ = ["Overloaded", "api_error", "error_response", "internal_errors"]
@@ -67,12 +67,7 @@ def internal_errors() -> Any:
             log.exception("internal error on %s %s", request.method, request.path)
             if ctx is not None and ctx.first_byte is not None:
                 raise  # the answer started: cut it
-            body = error_body(
-                f"internal error ({type(e).__name__}); the gateway logged it",
-                "server_error",
-                None,
-                "internal_error",
-            )
-            return web.json_response(body, status=500)
+            message = f"internal error ({type(e).__name__}); the gateway logged it"
+            return error_response(ApiError(500, message, None, "internal_error", "server_error"))
 
     return middleware
