@@ -65,5 +65,12 @@ def parse_args(argv: list[str] | None, description: str, trace: Path) -> argpars
         help="comma list of the profiles the shaper applies to (baselines never)",
     )
     p.add_argument("--seed", type=int, default=0, help="routing RNG seed")
+    p.add_argument(
+        "--step-traces",
+        default=None,
+        metavar="DIR",
+        help="write each engine's steps as the live engine's --step-trace does "
+        "(DIR/<profile>-engine-<i>.steps.jsonl; benchmarks/step_trace_summary.py)",
+    )
     p.add_argument("--out", default=None, help="also write the JSON here")
     return p.parse_args(argv)

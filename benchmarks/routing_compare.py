@@ -143,6 +143,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run tideserve:default believing the true profile, --gateway-perf-profile, and "
         "--gateway-perf-profile with the fitted model (implies --redis)",
     )  # fmt: skip
+    p.add_argument(
+        "--step-traces", action="store_true",
+        help="engines write step traces (<log-dir>/<router>-engine-<i>.steps.jsonl) for "
+        "benchmarks/step_trace_summary.py",
+    )  # fmt: skip
     p.add_argument("--fit-min-confidence", type=float, default=0.5)
     p.add_argument("--fit-refresh-s", type=float, default=2.0)
     p.add_argument("--out", default="routing_compare.json", help="summary JSON path")
@@ -189,6 +194,8 @@ def start_fleet(
         )  # fmt: skip
         if e["bootstrap_port"]:
             cmd += ["--bootstrap-port", str(e["bootstrap_port"])]
+        if args.step_traces:
+            cmd += ["--step-trace", str(group.log_dir / f"{tag}-engine-{i}.steps.jsonl")]
         env = {"TIDESERVE_ENGINE_BOOTSTRAP_TIMEOUT_S": str(args.bootstrap_timeout_s)}
         group.start(f"{tag}-engine-{i}", cmd, env=env)
     for e in plan:

@@ -77,6 +77,7 @@ from services.engine.core import (  # noqa: E402
     Request,
 )
 from services.engine.kvcache import KVCache  # noqa: E402
+from services.engine.steptrace import StepTrace  # noqa: E402
 from services.scheduler.admission.shaper import DispatchShaper, ShaperConfig  # noqa: E402
 from services.scheduler.core import EndpointSpec, GatewayCore, LoadReport, build_core  # noqa: E402
 from services.scheduler.routing.plugins.prefix import ApproxPrefix  # noqa: E402
@@ -175,6 +176,12 @@ class Sim:
             )
         )
         self.held_ms = 0.0  # total time requests waited in the shaper
+        self.traces: dict[str, StepTrace] = {}
+        if args.step_traces:  # the live engines' --step-trace format, one file per engine
+            d = Path(args.step_traces)
+            d.mkdir(parents=True, exist_ok=True)
+            for i, iid in enumerate(self.cores):
+                self.traces[iid] = StepTrace(d / f"{profile}-engine-{i}.steps.jsonl")
         prof = self.gw.scheduler.profiles[profile]
         self.approx = next((p for p in prof.preparers if isinstance(p, ApproxPrefix)), None)
 
@@ -188,13 +195,18 @@ class Sim:
             return
         core = self.cores[iid]
         res = core.step(now)
+        tr = self.traces.get(iid)
         if res is None:
+            if tr is not None:
+                tr.idle()
             w = core.next_wakeup(now)
             if w is not None and w > now and self.wake_at.get(iid) != w:
                 self.wake_at[iid] = w
                 self.push(w, "wake", iid)
             return
         self.busy[iid] = True
+        if tr is not None:
+            tr.step(now, res, core.num_running, core.num_waiting)
         self.push(now + res.duration_ms, "done", (iid, res))
 
     def report(self, iid: str, now: float) -> LoadReport:
@@ -239,6 +251,8 @@ class Sim:
                 self.kick(p, now)
             else:
                 pending -= self.done(p[0], p[1], now)
+        for tr in self.traces.values():
+            tr.close()
         return self.summary(time.monotonic() - started)
 
     def arrive(self, k: int, now: float) -> int:
@@ -282,6 +296,8 @@ class Sim:
                 self.cores[iid].submit(
                     Request(rid, req.prompt, req.out, hold_kv=d.prefill is not None), now
                 )
+                if iid in self.traces:
+                    self.traces[iid].submit(rid, now, len(req.prompt), req.out, 0.0)
             except AdmissionError:
                 self.failed += 1
                 self.gw.release(rid)
@@ -336,6 +352,8 @@ class Sim:
     def done(self, iid: str, res: Any, now: float) -> int:
         self.busy[iid] = False
         core = self.cores[iid]
+        if iid in self.traces:
+            self.traces[iid].outputs(now, res.outputs)
         finished = 0
         prefill_role = core.config.role is EngineRole.PREFILL
         if not prefill_role and res.duration_ms > 0:

@@ -117,6 +117,8 @@ class StepResult:
     decode_tokens: int
     # Remote-prefill requests whose KV pull ended in this step (their peer may free it).
     transferred: tuple[str, ...] = ()
+    decode_context: int = 0  # context tokens of the decoding sequences (attention reads)
+    prefill_chunks: int = 0
 
 
 @dataclass
@@ -278,7 +280,9 @@ class EngineCore:
                 self.cache.commit(s.req.rid, s.hashes)
                 outputs.append(self._emit(s, 1, end))
         self.prompt_tokens_total += prefilled
-        return StepResult(duration, tuple(outputs), prefilled, len(decoding), tuple(pulled))
+        return StepResult(
+            duration, tuple(outputs), prefilled, len(decoding), tuple(pulled), ctx, len(chunks)
+        )
 
     # -- internals -----------------------------------------------------------------------
     def _admit(self, s: _Seq, now: float) -> bool:

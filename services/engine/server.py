@@ -69,6 +69,7 @@ from services.engine.metrics import EngineMetrics
 from services.engine.pd_bytes import PDBytes
 from services.engine.respond import Live
 from services.engine.settings import EngineSettings
+from services.engine.steptrace import StepTrace
 from services.engine.tier_io import TierIO, tier_io_for
 
 __all__ = ["TRACED_PATHS", "EngineServer", "write_model_dir"]
@@ -133,6 +134,7 @@ class EngineServer:
         self._stopping = False
         self._listener: ResyncListener | None = None
         self._gen_window: deque[tuple[float, int]] = deque()
+        self._trace: StepTrace | None = None
         self._prefill_window: deque[tuple[float, int]] = deque()
         self._publisher: EventPublisher | None = None
         self._http: aiohttp.ClientSession | None = None
@@ -191,6 +193,8 @@ class EngineServer:
 
     async def _on_startup(self, _app: web.Application) -> None:
         self._t0 = time.monotonic()
+        if self.settings.step_trace is not None:
+            self._trace = StepTrace(self.settings.step_trace)
         if self.kvbytes is not None:
             await self.kvbytes.start()  # DataPlaneError: the engine does not start
             if self.settings.kvcache_tier:
@@ -253,6 +257,8 @@ class EngineServer:
             await self.tier_io.close()
         if self.kvbytes is not None:
             await self.kvbytes.close()
+        if self._trace is not None:
+            self._trace.close()
 
     def bind(self, port: int) -> None:
         """The HTTP port is known (it was 0 = any): fix the URL and, unless configured, the
@@ -279,12 +285,16 @@ class EngineServer:
                 self.tier_io.written(filled)
                 self.tier_io.evicted(self.core.cache.drain_evicted())
             if res is None:
+                if self._trace is not None:
+                    self._trace.idle()
                 self._kick.clear()
                 wake = self.core.next_wakeup(now)
                 timeout = None if wake is None else self._real_s(wake - now) + 1e-4
                 await pause(self._kick, timeout)
                 continue
             self._finishing = sum(1 for out in res.outputs if out.finished)
+            if self._trace is not None:
+                self._trace.step(now, res, self.core.num_running, self.core.num_waiting)
             if res.duration_ms > 0:
                 await asyncio.sleep(self._real_s(res.duration_ms))
             self._finishing = 0
@@ -293,6 +303,8 @@ class EngineServer:
                 self._prefill_window.append((end, res.prefill_tokens))
             for out in res.outputs:
                 self._deliver(out, end)
+            if self._trace is not None:
+                self._trace.outputs(end, res.outputs)
             if res.transferred:
                 self.remote_kv.pulled(self._http, res.transferred)
             if self._publisher is None:
@@ -387,6 +399,7 @@ class EngineServer:
         return await self._handle(req, api.parse_chat)
 
     async def _handle(self, req: web.Request, parse: Any) -> web.StreamResponse:
+        entered = time.monotonic()
         try:
             body = await req.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -418,6 +431,10 @@ class EngineServer:
             self._conns[rid] = (req, task)
         try:
             self.core.submit(core_req, live.arrival_ms)
+            if self._trace is not None:
+                held_ms = (time.monotonic() - entered) * 1000.0
+                self._trace.submit(rid, live.arrival_ms, len(gen.prompt_ids), gen.max_new_tokens,
+                                   held_ms)  # fmt: skip
             self.metrics.on_admitted(len(gen.prompt_ids), 0)
             self._kick.set()
             if gen.stream:

@@ -110,6 +110,9 @@ class EngineSettings(TracingSettings):
     die_after_tokens: int = Field(0, ge=0, description="close streams abruptly after N tokens")
     refuse_health: bool = False
     seed: int = 0
+    step_trace: Path | None = Field(
+        None, description="diagnostic: write each step and request as JSON lines here"
+    )
     log_level: str = "INFO"
 
     @field_validator("redis_url", mode="before")

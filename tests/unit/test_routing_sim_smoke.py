@@ -104,3 +104,29 @@ def test_routing_sim_precise_data_reaches_the_cycle(
             "--rate-scale", "1", *(["--precise"] if precise else [])]  # fmt: skip
     (r,) = run(tmp_path, argv)["results"]
     assert (r["routing"]["predicted_cached_tokens"] > 0) == expect_cached
+
+
+def step_trace_summary() -> ModuleType:
+    routing_sim()  # puts benchmarks/ on sys.path
+    return importlib.import_module("step_trace_summary")
+
+
+@pytest.mark.parametrize("profile", ["default", "round_robin"], ids=["default", "round-robin"])
+def test_step_traces_agree_with_the_simulators_figures(tmp_path: Path, profile: str) -> None:
+    """The engines' step traces (the live engines' --step-trace format), summarised by
+    benchmarks/step_trace_summary.py, give back what the simulator counted itself."""
+    traces = tmp_path / "steps"
+    argv = ["--engines", "2", "--profiles", profile, "--rate-scale", "1",
+            "--step-traces", str(traces)]  # fmt: skip
+    (r,) = run(tmp_path, argv)["results"]
+    files = sorted(str(f) for f in traces.glob("*.steps.jsonl"))
+    out = tmp_path / "summary.json"
+    assert step_trace_summary().main([*files, "--out", str(out)]) == 0
+    fleet = json.loads(out.read_text(encoding="utf-8"))[profile]["fleet"]
+    assert fleet["requests_per_engine"] == r["requests_per_engine"]
+    routing = r["routing"]
+    assert fleet["prefill_tokens"] == routing["prompt_tokens"] - routing["engine_cached_tokens"]
+    assert fleet["late_share"] == 0.0  # virtual time: no shell overhead
+    # The engine times from its first token, the bench from the first 16-token chunk, both
+    # over (tokens - 1): per request the engine's figure is never the smaller.
+    assert fleet["engine_tpot_ms"] >= r["tpot_ms"]["mean"] > 0
