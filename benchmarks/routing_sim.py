@@ -197,8 +197,6 @@ class Sim:
         res = core.step(now)
         tr = self.traces.get(iid)
         if res is None:
-            if tr is not None:
-                tr.idle()
             w = core.next_wakeup(now)
             if w is not None and w > now and self.wake_at.get(iid) != w:
                 self.wake_at[iid] = w

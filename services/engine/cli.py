@@ -83,6 +83,7 @@ _FLAGS: list[Flag] = [
     ("--fail-rate", float, "fault: fraction of requests answered HTTP 500"),
     ("--die-after-tokens", int, "fault: close each stream abruptly after N tokens"),
     ("--seed", int, "seed of the fault injector"),
+    ("--catch-up-ms", float, "keep the modelled step schedule up to this far behind (200)"),
     ("--step-trace", str, "diagnostic: write each step and request as JSON lines to this file"),
     LOG_LEVEL,
 ]

@@ -3,32 +3,21 @@ the HTTP API of an SGLang/vLLM instance (see :mod:`services.engine.api` for the 
 and :mod:`services.engine.metrics` for ``/metrics``).
 
 Time: modelled time ``now_ms() = (monotonic() - start) * 1000 * speedup``. One asyncio task
-steps the core; a step of modelled duration ``d`` sleeps ``d / speedup`` before its tokens are
-delivered. Latencies in responses and metrics are modelled milliseconds; since the modelled
-clock follows the wall clock, real overheads (HTTP, scheduling on a busy CPU) are multiplied
-by ``speedup`` too — keep it moderate (≤ 20) when latencies matter.
+steps the core; a step of modelled duration ``d`` planned at ``t`` delivers its tokens at
+``t + d``, and the next step starts there (:mod:`services.engine.pacing`: the shell's own
+overhead is not added to the model, within ``catch_up_ms``). Latencies in responses and
+metrics are modelled milliseconds; a loaded CPU still delays tokens past their modelled time
+(by ``speedup`` times as much in modelled time): keep ``speedup`` moderate (≤ 20).
 
-SGLang disaggregation (``bootstrap_host``/``bootstrap_port``/``bootstrap_room`` in a request;
-``GET /bootstrap/{room}``): see :mod:`services.engine.pd_sglang`.
-
-vLLM disaggregation (``kv_transfer_params`` with ``do_remote_decode`` / ``do_remote_prefill``):
-see :mod:`services.engine.pd_vllm` for the convention; the prefill engine serves
-``POST /kv_transfer/notify`` (the decode side's "you may free" message).
-
-Real KV bytes (``--kv-data-plane``): the engine starts a Transfer Engine on kvmeta's metadata
-endpoint, registers one arena (its cached blocks' slots, then staging slots for pulls; see
-:mod:`services.engine.kvbytes`) and writes each committed block's deterministic contents; P/D
-hand-offs move and verify the bytes (:mod:`services.engine.pd_bytes`).
+Elsewhere: SGLang disaggregation (``bootstrap_*`` fields, ``GET /bootstrap/{room}``):
+:mod:`services.engine.pd_sglang`; vLLM's (``kv_transfer_params``, ``POST
+/kv_transfer/notify``): :mod:`services.engine.pd_vllm`; real KV bytes (``--kv-data-plane``,
+Mooncake's Transfer Engine): :mod:`services.engine.kvbytes`, :mod:`services.engine.pd_bytes`;
+KV events and resyncs (with Redis): :mod:`services.engine.events`; info and admin endpoints
+(``/health``, ``/metrics``, ``POST /fault``, ...): :mod:`services.engine.info_routes`.
 
 A request whose client went away is aborted (KV freed, no further work) within one
 ``kv_flush_ms`` even before anything was written to it.
-
-KV events (with Redis): see :mod:`services.engine.events`; a ``ResyncRequest`` for this
-instance is answered on the next flush with the cache's full state.
-
-Info endpoints (``/health``, ``/server_info``, ``/v1/models``, ``/metrics``, ...) and the
-admin/test endpoints (``POST /fault`` with ``fail_rate``, ``stall_s``, ``die_after_tokens``,
-``refuse_health``; ``POST /flush_cache``): see :mod:`services.engine.info_routes`.
 """
 
 from __future__ import annotations
@@ -66,6 +55,7 @@ from services.engine.info_routes import Faults, InfoRoutes, bad_request, write_m
 from services.engine.kvbytes import kv_bytes_for
 from services.engine.kvcache import KVCache
 from services.engine.metrics import EngineMetrics
+from services.engine.pacing import step_start
 from services.engine.pd_bytes import PDBytes
 from services.engine.respond import Live
 from services.engine.settings import EngineSettings
@@ -135,6 +125,7 @@ class EngineServer:
         self._listener: ResyncListener | None = None
         self._gen_window: deque[tuple[float, int]] = deque()
         self._trace: StepTrace | None = None
+        self._newest_arrival_ms = 0.0
         self._prefill_window: deque[tuple[float, int]] = deque()
         self._publisher: EventPublisher | None = None
         self._http: aiohttp.ClientSession | None = None
@@ -271,12 +262,16 @@ class EngineServer:
 
     # -- the stepping loop ---------------------------------------------------------------
     async def _step_loop(self) -> None:
+        planned: float | None = None  # the previous step's modelled end (pacing.step_start)
+        catch_up = self.settings.catch_up_ms * self.settings.speedup
         while True:
             stall = self.faults.stall_until - time.monotonic()
             if stall > 0:
+                planned = None
                 await asyncio.sleep(min(stall, 0.05))  # short slices: a new knob applies soon
                 continue
-            now = self.now_ms()
+            wall = self.now_ms()
+            now = step_start(wall, planned, self._newest_arrival_ms, catch_up)
             res = self.core.step(now)
             filled = self.core.cache.drain_filled()
             if self.kvbytes is not None:
@@ -285,18 +280,20 @@ class EngineServer:
                 self.tier_io.written(filled)
                 self.tier_io.evicted(self.core.cache.drain_evicted())
             if res is None:
-                if self._trace is not None:
-                    self._trace.idle()
+                planned = None
                 self._kick.clear()
                 wake = self.core.next_wakeup(now)
-                timeout = None if wake is None else self._real_s(wake - now) + 1e-4
+                timeout = None if wake is None else self._real_s(wake - wall) + 1e-4
                 await pause(self._kick, timeout)
                 continue
             self._finishing = sum(1 for out in res.outputs if out.finished)
             if self._trace is not None:
-                self._trace.step(now, res, self.core.num_running, self.core.num_waiting)
-            if res.duration_ms > 0:
-                await asyncio.sleep(self._real_s(res.duration_ms))
+                late = wall - planned if planned is not None else 0.0
+                self._trace.step(now, res, self.core.num_running, self.core.num_waiting, late)
+            planned = now + res.duration_ms
+            behind = self._real_s(planned - self.now_ms())
+            # Behind schedule: no sleep, but let the streams and handlers run.
+            await asyncio.sleep(behind)
             self._finishing = 0
             end = now + res.duration_ms
             if res.prefill_tokens:
@@ -431,6 +428,7 @@ class EngineServer:
             self._conns[rid] = (req, task)
         try:
             self.core.submit(core_req, live.arrival_ms)
+            self._newest_arrival_ms = max(self._newest_arrival_ms, live.arrival_ms)
             if self._trace is not None:
                 held_ms = (time.monotonic() - entered) * 1000.0
                 self._trace.submit(rid, live.arrival_ms, len(gen.prompt_ids), gen.max_new_tokens,

@@ -110,6 +110,12 @@ class EngineSettings(TracingSettings):
     die_after_tokens: int = Field(0, ge=0, description="close streams abruptly after N tokens")
     refuse_health: bool = False
     seed: int = 0
+    catch_up_ms: float = Field(
+        200.0,
+        ge=0.0,
+        description="keep the modelled step schedule when the shell is at most this many wall "
+        "ms behind it (its own overhead); 0 = every step starts at the wall clock",
+    )
     step_trace: Path | None = Field(
         None, description="diagnostic: write each step and request as JSON lines here"
     )

@@ -10,8 +10,10 @@ Times are modelled milliseconds on the engine's clock (``now_ms``).
 * ``{"ev": "step", "t", "d", "dec", "ctx", "pf", "chunks", "run", "wait", "late"}`` — a
   step of modelled duration ``d`` started at ``t`` with ``dec`` decodes over ``ctx`` context
   tokens and ``pf`` prefill tokens in ``chunks`` chunks; ``run`` / ``wait`` after planning;
-  ``late``: ms between the previous step's planned end and this start (shell overhead; 0
-  after an idle wait).
+  ``late``: how far the shell's wall clock was past the previous step's planned end when it
+  planned this one (its overhead; 0 after an idle wait, and in the simulator). The live
+  shell starts the step at the planned end all the same, up to ``catch_up_ms`` behind
+  (:mod:`services.engine.pacing`).
 * ``{"ev": "first", "rid", "t", "cached"}`` — a request's first output (its prefill ended).
 * ``{"ev": "done", "rid", "t", "tokens"}`` — a request's last output.
 
@@ -32,7 +34,6 @@ __all__ = ["StepTrace"]
 class StepTrace:
     def __init__(self, path: Path) -> None:
         self._f: IO[str] = path.open("w", encoding="utf-8", buffering=1 << 16)
-        self._planned_end: float | None = None
         self._started: set[str] = set()
 
     def _write(self, rec: dict[str, object]) -> None:
@@ -44,19 +45,13 @@ class StepTrace:
              "max_new": max_new, "handler_ms": round(handler_ms, 3)}
         )  # fmt: skip
 
-    def step(self, t: float, res: StepResult, run: int, wait: int) -> None:
-        late = 0.0 if self._planned_end is None else max(0.0, t - self._planned_end)
-        self._planned_end = t + res.duration_ms
+    def step(self, t: float, res: StepResult, run: int, wait: int, late: float = 0.0) -> None:
         self._write(
             {"ev": "step", "t": round(t, 3), "d": round(res.duration_ms, 3),
              "dec": res.decode_tokens, "ctx": res.decode_context, "pf": res.prefill_tokens,
              "chunks": res.prefill_chunks,
              "run": run, "wait": wait, "late": round(late, 3)}
         )  # fmt: skip
-
-    def idle(self) -> None:
-        """The core had nothing to do: the next step's start is not late."""
-        self._planned_end = None
 
     def outputs(self, end: float, outs: tuple[SeqOutput, ...]) -> None:
         for o in outs:

@@ -1,0 +1,27 @@
+"""When the engine shell starts its next step on the modelled clock (pure).
+
+A step of modelled duration ``d`` planned at ``t`` ends at ``t + d``. The shell's own work
+between steps (waking from its sleep, handing outputs to the streams, parsing and
+tokenising a new request, which a real engine does in another process) takes wall time
+that is not in the model. Starting each step at the wall clock would add that work to every
+step, and more of it to an engine that receives more requests: the simulator would then run
+slower than its model, by a different amount per router. So the next step starts where the
+last one was planned to end, and the shell catches up by sleeping less, as long as it is at
+most ``catch_up_ms`` behind; further behind (a stall, an overloaded machine), the schedule
+restarts from the wall clock. A step never starts before the newest request it may admit
+arrived.
+"""
+
+from __future__ import annotations
+
+__all__ = ["step_start"]
+
+
+def step_start(
+    wall_ms: float, planned_end: float | None, newest_arrival_ms: float, catch_up_ms: float
+) -> float:
+    """The modelled start of the next step. ``planned_end``: the previous step's end, or
+    None after an idle wait or a stall (then the wall clock)."""
+    if planned_end is None or wall_ms - planned_end > catch_up_ms:
+        return wall_ms
+    return max(planned_end, min(newest_arrival_ms, wall_ms))
