@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -421,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
             "kv_blocks": args.kv_blocks,
             "speedup": args.speedup,
             "stream_interval": args.stream_interval,
+            # engines keep the modelled step schedule this far behind (services.engine.pacing)
+            "engine_catch_up_ms": float(os.environ.get("TIDESERVE_ENGINE_CATCH_UP_MS", 200.0)),
             "fresh_fleet_per_router": True,
             "tideserve_decode_can_prefill": bool(args.pd and args.decode_can_prefill),
         },
