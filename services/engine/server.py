@@ -288,7 +288,7 @@ class EngineServer:
                 continue
             self._finishing = sum(1 for out in res.outputs if out.finished)
             if self._trace is not None:
-                late = wall - planned if planned is not None else 0.0
+                late = max(0.0, wall - planned) if planned is not None else 0.0
                 self._trace.step(now, res, self.core.num_running, self.core.num_waiting, late)
             planned = now + res.duration_ms
             behind = self._real_s(planned - self.now_ms())
