@@ -9,7 +9,7 @@ fleet's profile and KV size. What differs from the live figures is then the engi
 the placement; what differs from ``routing_sim.py`` is the placement and dispatch timing.
 
 Mapping: a live submit is matched to the trace request with the same prompt length in
-tokens (the bench's prompts, as ``routing_sim.Prompts`` builds them; nearly all lengths are
+tokens (the bench's prompts, as ``_sim_prompts.Prompts`` builds them; nearly all lengths are
 unique in an agentic slice). Each engine's clock starts at its own start-up, so its offset
 to the trace's clock is the smallest (submit - arrival) among its requests of a unique
 length: the live gateway's delay of that fastest request counts as 0. A length shared by
@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _sim_prompts import Prompts  # noqa: E402
 from _sim_stats import dist  # noqa: E402
-from routing_sim import Prompts  # noqa: E402
 
 from services.bench.traces import TraceRequest, load_trace  # noqa: E402
 from services.common.perfmodel import get_profile  # noqa: E402

@@ -33,9 +33,11 @@ in front of ``tideserve engine`` processes, ``tideserve bench --trace-time``):
   the request with the modelled KV transfer time and emits the first token when the KV has
   arrived; a non-disaggregated pick runs entirely on the decode engine.
 
-Not modelled: HTTP/CPU overheads (the live engines' modelled clock is the wall clock, so
-a loaded machine stretches every step a little), retries/failures, machine noise. Figures are therefore optimistic for every router alike;
-use them to rank profiles, and confirm with ``routing_compare.py``.
+Not modelled: HTTP/CPU overheads (the live engines keep the modelled step schedule within
+their ``catch_up_ms``, :mod:`services.engine.pacing`, but a loaded machine still delays
+tokens), retries/failures, machine noise. Use the figures to rank profiles, and confirm with
+``routing_compare.py``; ``--step-traces`` and ``benchmarks/placement_replay.py`` compare the
+two engine by engine.
 
     .venv/bin/python benchmarks/routing_sim.py --max-requests 400 --rate-scale 2.5 \\
         --profiles default,cache_aware,round_robin,least_load
@@ -62,13 +64,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import _sim_args as sim_args  # noqa: E402
+from _sim_prompts import Prompts  # noqa: E402
 from _sim_stats import Diag, by_turn, dist, time_split  # noqa: E402
 
-from services.bench.prompts import PromptSynthesizer  # noqa: E402
 from services.bench.stats import infinite_cache_hit_ratio  # noqa: E402
 from services.bench.traces import TraceRequest, load_trace  # noqa: E402
 from services.common.perfmodel import get_profile  # noqa: E402
-from services.common.tokens import block_hashes, tokenize  # noqa: E402
+from services.common.tokens import block_hashes  # noqa: E402
 from services.engine.core import (  # noqa: E402
     AdmissionError,
     CoreConfig,
@@ -88,30 +90,6 @@ TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return sim_args.parse_args(argv, __doc__ or "", TRACE)
-
-
-class Prompts:
-    """The bench's prompt for a trace request, tokenized as the gateway and engine see it."""
-
-    def __init__(self, block_tokens: int) -> None:
-        self.synth = PromptSynthesizer(0, block_tokens)
-        self.role = tokenize("user:")
-        self._blocks: dict[int, list[int]] = {}
-
-    def tokens(self, r: TraceRequest) -> tuple[int, ...]:
-        out = list(self.role)
-        remaining = r.input_length
-        for h in r.hash_ids or ():
-            if remaining <= 0:
-                break
-            blk = self._blocks.get(h)
-            if blk is None:
-                blk = self._blocks[h] = tokenize(self.synth.block_text(h))
-            out.extend(blk[:remaining])
-            remaining -= len(blk)
-        if remaining > 0:  # traces without hash ids: unique words
-            out.extend(tokenize(self.synth.prompt(r))[r.input_length - remaining :])
-        return tuple(out)
 
 
 @dataclass

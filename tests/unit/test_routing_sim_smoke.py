@@ -130,3 +130,57 @@ def test_step_traces_agree_with_the_simulators_figures(tmp_path: Path, profile: 
     # The engine times from its first token, the bench from the first 16-token chunk, both
     # over (tokens - 1): per request the engine's figure is never the smaller.
     assert fleet["engine_tpot_ms"] >= r["tpot_ms"]["mean"] > 0
+
+
+def test_placement_replay_gives_back_the_simulators_figures(tmp_path: Path) -> None:
+    """Replaying the simulator's own placement (from its step traces) on fresh engine cores
+    reproduces its TTFT and TPOT: the replay adds nothing of its own."""
+    lines = [
+        json.dumps({"timestamp": i * 150, "input_length": 1200 + 7 * i,
+                    "output_length": 20 + i % 5, "hash_ids": [i // 2 * 10, i // 2 * 10 + 1, 100 + i]})
+        for i in range(24)
+    ]  # fmt: skip
+    trace = tmp_path / "unique.jsonl"
+    trace.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    traces, out = tmp_path / "steps", tmp_path / "sim.json"
+    argv = ["--trace", str(trace), "--out", str(out), "--engines", "2", "--rate-scale", "1",
+            "--profiles", "round_robin", "--step-traces", str(traces)]  # fmt: skip
+    assert routing_sim().main(argv) == 0
+    (sim,) = json.loads(out.read_text(encoding="utf-8"))["results"]
+    replay = importlib.import_module("placement_replay")
+    files = sorted(str(f) for f in traces.glob("*.steps.jsonl"))
+    rout = tmp_path / "replay.json"
+    argv = [*files, "--trace", str(trace), "--max-requests", "24", "--engines", "2",
+            "--out", str(rout)]  # fmt: skip
+    assert replay.main(argv) == 0
+    got = json.loads(rout.read_text(encoding="utf-8"))["results"]["round_robin"]
+    assert got["matched"] == 24
+    assert got["requests_per_engine"] == sim["requests_per_engine"]
+    assert got["ttft_ms"] == sim["ttft_ms"] and got["tpot_ms"] == sim["tpot_ms"]
+
+
+@pytest.mark.parametrize(
+    ("submits", "lengths", "expect"),
+    [
+        # each engine's clock has its own offset (100, 500 ms); its fastest request waited 0
+        # and the others keep their delay (request 1: 150 ms)
+        ({0: [(100.0, 10), (350.0, 11)], 1: [(700.0, 12)]}, [10, 11, 12],
+         [(0, 0, 0.0), (2, 1, 200.0), (1, 0, 250.0)]),
+        # a shared length goes to the latest request of it that had arrived by then
+        ({0: [(0.0, 10), (150.0, 5), (260.0, 5)]}, [10, 5, 5],
+         [(0, 0, 0.0), (1, 0, 150.0), (2, 0, 260.0)]),
+        # an engine with no request of a unique length cannot be placed on the clock
+        ({0: [(0.0, 10)], 1: [(900.0, 5)]}, [10, 5, 5], [(0, 0, 0.0)]),
+    ],
+    ids=["clock-offsets", "shared-length", "no-anchor"],
+)  # fmt: skip
+def test_placement_replay_matches_submits_to_trace_requests(
+    submits: dict[int, list[tuple[float, int]]],
+    lengths: list[int],
+    expect: list[tuple[int, int, float]],
+) -> None:
+    routing_sim()
+    replay = importlib.import_module("placement_replay")
+    arrivals = [0.0, 100.0, 200.0][: len(lengths)]
+    got = replay.place(submits, arrivals, lengths)
+    assert [(p.k, p.engine, p.at_ms) for p in got] == expect
