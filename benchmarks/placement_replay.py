@@ -129,14 +129,18 @@ def replay(
                 if o.finished:
                     r.last = now
     ttft, tpot, good = [], [], 0
-    for r in res.values():
+    miss: dict[str, list[int]] = {"ttft": [], "tpot": [], "both": []}
+    for k, r in sorted(res.items()):
         assert r.first is not None and r.last is not None
         t = r.first - r.arrival
         p = (r.last - r.first) / (r.n - 1) if r.n > 1 else None
         ttft.append(t)
         if p is not None:
             tpot.append(p)
-        good += t <= a.slo_ttft_ms and (p is None or p <= a.slo_tpot_ms)
+        t_bad, p_bad = t > a.slo_ttft_ms, p is not None and p > a.slo_tpot_ms
+        good += not (t_bad or p_bad)
+        if t_bad or p_bad:
+            miss["both" if t_bad and p_bad else "ttft" if t_bad else "tpot"].append(k)
     dur_s = (max(r.last or 0.0 for r in res.values()) - min(arrivals)) / 1000.0
     return {
         "completed": len(res),
@@ -148,6 +152,9 @@ def replay(
         "mean_dispatch_delay_ms": round(
             statistics.fmean(p.at_ms - arrivals[p.k] for p in placed), 1
         ),
+        "slo_misses": {kind: len(ks) for kind, ks in miss.items()},
+        # which trace requests missed (indices in the slice), to compare routers
+        "missed": sorted(k for ks in miss.values() for k in ks),
     }
 
 
