@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -197,6 +198,41 @@ async def test_requests_in_the_step_in_progress_count_as_running(
         for t in pending:
             t.cancel()
         await fleet.close()
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+async def test_steps_follow_each_other_on_the_modelled_clock(
+    tmp_path: Path, http: aiohttp.ClientSession, kind: str
+) -> None:
+    """One request decoding alone: each step starts exactly where the previous one was
+    planned to end, whatever the shell spent between them (services.engine.pacing; the
+    catch-up window is wide so that a slow test machine cannot break the schedule). Read
+    from the engine's step trace, which also records the shell's lateness."""
+    trace = tmp_path / "steps.jsonl"
+    fleet = EngineFleet(tmp_path, profile="test", speedup=20.0, catch_up_ms=600_000.0,
+                        step_trace=trace)  # fmt: skip
+    _, url = await fleet.start()
+    try:
+        path, body = (
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG}]})
+            if kind == "chat"
+            else ("/v1/completions", {"prompt": LONG})
+        )
+        async with http.post(url + path, json={**body, "max_tokens": 40}) as resp:
+            assert resp.status == 200
+            await resp.read()
+    finally:
+        await fleet.close()  # closes the trace
+    events = [json.loads(line) for line in trace.read_text(encoding="utf-8").splitlines()]
+    steps = [e for e in events if e["ev"] == "step"]
+    assert [e["ev"] for e in events if e["ev"] != "step"] == ["submit", "first", "done"]
+    assert len(steps) == 40  # the prefill (first token), then 39 decodes
+    for prev, nxt in itertools.pairwise(steps):
+        assert nxt["t"] == pytest.approx(prev["t"] + prev["d"], abs=0.002)
+        assert nxt["late"] >= 0.0
+    done = next(e for e in events if e["ev"] == "done")
+    assert done["tokens"] == 40
+    assert done["t"] == pytest.approx(steps[-1]["t"] + steps[-1]["d"], abs=0.002)
 
 
 async def _gauges(http: aiohttp.ClientSession, url: str, want: tuple[float, float]) -> bool:
