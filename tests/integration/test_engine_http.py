@@ -150,13 +150,9 @@ async def test_metrics_move_with_load(make_engine: Factory, http: aiohttp.Client
         assert resp.status == 200
     body = {"prompt": LONG, "max_tokens": 5}
     pending = asyncio.create_task(http.post(url + "/v1/completions", json=body))
-    for _ in range(200):
-        async with http.get(url + "/metrics") as resp:
-            text = await resp.text()
-        if _metric(text, "sglang:num_queue_reqs") == 1.0:
-            break
-        await asyncio.sleep(0.01)
-    assert _metric(text, "sglang:num_queue_reqs") == 1.0
+    await eventually(lambda: _gauges(http, url, (0.0, 1.0)))
+    async with http.get(url + "/metrics") as resp:
+        text = await resp.text()
     assert _metric(text, "sglang:generation_tokens_total") == 0.0
     async with http.post(url + "/fault", json={"stall_s": 0}) as resp:
         assert resp.status == 200
