@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _harness import emit_json  # noqa: E402
 from _sim_prompts import Prompts  # noqa: E402
 from _sim_stats import dist  # noqa: E402
 
@@ -194,10 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         r = replay(placed, prompts, outs, arrivals, a)
         r["matched"] = len(placed)
         out["results"][g] = r
-    text = json.dumps(out, indent=2)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n", encoding="utf-8")
+    emit_json(out, a.out)
     return 0
 
 

@@ -31,6 +31,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from _harness import emit_json
+
 _NAME = re.compile(r"^(?P<group>.+)-engine-(?P<i>\d+)\.steps\.jsonl$")
 
 
@@ -132,10 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             "fleet": group_summary(engines),
             "engines": [{k: v for k, v in e.items() if not k.startswith("_")} for e in engines],
         }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n", encoding="utf-8")
+    emit_json(out, a.out)
     return 0
 
 
