@@ -66,5 +66,9 @@ class StepTrace:
                     {"ev": "done", "rid": o.rid, "t": round(end, 3), "tokens": o.completion_tokens}
                 )
 
+    def aborted(self, rid: str) -> None:
+        """The client went away before the last output (nothing is written)."""
+        self._started.discard(rid)
+
     def close(self) -> None:
         self._f.close()
