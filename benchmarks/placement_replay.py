@@ -119,7 +119,9 @@ def replay(
                 i += 1
             step = core.step(now)
             if step is None:
-                now = subs[i].at_ms if i < len(subs) else now
+                if i == len(subs):
+                    break  # nothing can run and nothing more arrives
+                now = subs[i].at_ms
                 continue
             now += step.duration_ms
             for o in step.outputs:
