@@ -457,8 +457,6 @@ class EngineServer:
             self.remote_kv.finish(self._http, rid)
             if not live.done:
                 self.core.abort(rid)
-                if self._trace is not None:
-                    self._trace.aborted(rid)
 
     async def _core_request(self, rid: str, gen: api.GenRequest) -> Request | web.Response:
         remote = self.remote_kv.core_request(rid, gen)

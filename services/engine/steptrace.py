@@ -34,7 +34,6 @@ __all__ = ["StepTrace"]
 class StepTrace:
     def __init__(self, path: Path) -> None:
         self._f: IO[str] = path.open("w", encoding="utf-8", buffering=1 << 16)
-        self._started: set[str] = set()
 
     def _write(self, rec: dict[str, object]) -> None:
         self._f.write(json.dumps(rec, separators=(",", ":")) + "\n")
@@ -55,20 +54,14 @@ class StepTrace:
 
     def outputs(self, end: float, outs: tuple[SeqOutput, ...]) -> None:
         for o in outs:
-            if o.rid not in self._started:
-                self._started.add(o.rid)
+            if o.completion_tokens == len(o.tokens):  # its first output
                 self._write(
                     {"ev": "first", "rid": o.rid, "t": round(end, 3), "cached": o.cached_tokens}
                 )
             if o.finished:
-                self._started.discard(o.rid)
                 self._write(
                     {"ev": "done", "rid": o.rid, "t": round(end, 3), "tokens": o.completion_tokens}
                 )
-
-    def aborted(self, rid: str) -> None:
-        """The client went away before the last output (nothing is written)."""
-        self._started.discard(rid)
 
     def close(self) -> None:
         self._f.close()
