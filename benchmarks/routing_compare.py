@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -145,6 +144,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--gateway-perf-profile with the fitted model (implies --redis)",
     )  # fmt: skip
     p.add_argument(
+        "--engine-catch-up-ms", type=float, default=200.0,
+        help="engines keep their modelled step schedule up to this far behind "
+        "(services.engine.pacing; 0 = every step at the wall clock)",
+    )  # fmt: skip
+    p.add_argument(
         "--step-traces", action="store_true",
         help="engines write step traces (<log-dir>/<router>-engine-<i>.steps.jsonl) for "
         "benchmarks/step_trace_summary.py",
@@ -190,6 +194,7 @@ def start_fleet(
             "--instance-id", f"{tag}-{e['role']}-{i}", "--profile", args.profile,
             "--kv-blocks", str(args.kv_blocks), "--speedup", str(args.speedup),
             "--stream-interval", str(args.stream_interval),
+            "--catch-up-ms", str(args.engine_catch_up_ms),
             "--state-dir", str(group.log_dir / f"engine-{i}"), "--log-level", "WARNING",
             *(streams or []),
         )  # fmt: skip
@@ -422,8 +427,7 @@ def main(argv: list[str] | None = None) -> int:
             "kv_blocks": args.kv_blocks,
             "speedup": args.speedup,
             "stream_interval": args.stream_interval,
-            # engines keep the modelled step schedule this far behind (services.engine.pacing)
-            "engine_catch_up_ms": float(os.environ.get("TIDESERVE_ENGINE_CATCH_UP_MS", 200.0)),
+            "engine_catch_up_ms": args.engine_catch_up_ms,
             "fresh_fleet_per_router": True,
             "tideserve_decode_can_prefill": bool(args.pd and args.decode_can_prefill),
         },
