@@ -25,8 +25,6 @@ chunk, TPOT = (last - first chunk) / (tokens - 1), goodput over the SLOs.
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import statistics
 import sys
 from collections import defaultdict
@@ -41,13 +39,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import emit_json  # noqa: E402
 from _sim_prompts import Prompts  # noqa: E402
 from _sim_stats import dist  # noqa: E402
+from step_trace_summary import read_traces  # noqa: E402
 
 from services.bench.traces import TraceRequest, load_trace  # noqa: E402
 from services.common.perfmodel import get_profile  # noqa: E402
 from services.engine.core import CoreConfig, EngineCore, Request  # noqa: E402
 from services.engine.kvcache import KVCache  # noqa: E402
-
-_NAME = re.compile(r"^(?P<group>.+)-engine-(?P<i>\d+)\.steps\.jsonl$")
 
 
 @dataclass(frozen=True)
@@ -183,16 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     t0 = trace[0].arrival_s
     arrivals = [(r.arrival_s - t0) * 1000.0 / a.rate_scale for r in trace]
     outs = [max(1, r.output_length) for r in trace]
-    groups: dict[str, dict[int, list[tuple[float, int]]]] = defaultdict(dict)
-    for f in a.files:
-        m = _NAME.match(Path(f).name)
-        if m is None:
-            p.error(f"{f}: not <group>-engine-<i>.steps.jsonl")
-        with open(f, encoding="utf-8") as fh:
-            subs = [(e["t"], e["prompt"]) for e in map(json.loads, fh) if e["ev"] == "submit"]
-        groups[m["group"]][int(m["i"])] = subs
+    try:
+        groups = read_traces(a.files)
+    except ValueError as err:
+        p.error(str(err))
     out: dict[str, Any] = {"tool": "placement_replay", "args": vars(a), "results": {}}
-    for g, submits in sorted(groups.items()):
+    for g, by_i in sorted(groups.items()):
+        submits = {
+            i: [(e["t"], e["prompt"]) for e in events if e["ev"] == "submit"]
+            for i, events in by_i.items()
+        }
         placed = place(submits, arrivals, [len(x) for x in prompts])
         r = replay(placed, prompts, outs, arrivals, a)
         r["matched"] = len(placed)

@@ -36,6 +36,19 @@ from _harness import emit_json
 _NAME = re.compile(r"^(?P<group>.+)-engine-(?P<i>\d+)\.steps\.jsonl$")
 
 
+def read_traces(files: list[str]) -> dict[str, dict[int, list[dict[str, Any]]]]:
+    """Step-trace files -> group -> engine index -> its events, in order. ValueError for a
+    file not named ``<group>-engine-<i>.steps.jsonl``."""
+    groups: dict[str, dict[int, list[dict[str, Any]]]] = defaultdict(dict)
+    for f in files:
+        m = _NAME.match(Path(f).name)
+        if m is None:
+            raise ValueError(f"{f}: not <group>-engine-<i>.steps.jsonl")
+        with open(f, encoding="utf-8") as fh:
+            groups[m["group"]][int(m["i"])] = [json.loads(line) for line in fh if line.strip()]
+    return groups
+
+
 def summarise(lines: list[dict[str, Any]]) -> dict[str, Any]:
     """One engine's trace (its decoded JSON lines, in order) -> figures."""
     submit: dict[str, dict[str, Any]] = {}
@@ -119,17 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("files", nargs="+", help="*.steps.jsonl (live or simulated)")
     p.add_argument("--out", default=None, help="also write the JSON here")
     a = p.parse_args(argv)
-    groups: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
-    for f in a.files:
-        m = _NAME.match(Path(f).name)
-        if m is None:
-            p.error(f"{f}: not <group>-engine-<i>.steps.jsonl")
-        with open(f, encoding="utf-8") as fh:
-            lines = [json.loads(line) for line in fh if line.strip()]
-        groups[m["group"]][int(m["i"])] = summarise(lines)
+    try:
+        groups = read_traces(a.files)
+    except ValueError as err:
+        p.error(str(err))
     out: dict[str, Any] = {}
     for g, by_i in sorted(groups.items()):
-        engines = [by_i[i] for i in sorted(by_i)]
+        engines = [summarise(by_i[i]) for i in sorted(by_i)]
         out[g] = {
             "fleet": group_summary(engines),
             "engines": [{k: v for k, v in e.items() if not k.startswith("_")} for e in engines],
