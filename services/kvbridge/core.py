@@ -26,6 +26,16 @@ Rules:
   published and use no seq.
 - :meth:`BridgeCore.start` asks for an initial replay from seq 0 when replay is enabled, so a
   (re)started bridge catches up with whatever the engine still buffers.
+- The publisher's connection dropped and came back (:meth:`BridgeCore.on_disconnected`, then
+  :meth:`BridgeCore.on_connected`): the engine may have restarted without publishing yet, so
+  its cache is empty while the index still holds its old blocks. With a replay endpoint the
+  core asks for a probe replay from seq 0: the engine that went on holds a batch at or after
+  the last seq seen; a restarted one holds only its new batches, all of lower seq (or none)
+  → new epoch, and the probe's batches are applied as the new process's first ones. Without
+  a replay endpoint a restart cannot be told from a network blip → new epoch (the index then
+  under-reports until blocks are stored again; it never claims blocks the engine lost).
+  A new epoch found this way is published at once as a batch without events (seq 1), which
+  resets the instance in the index before the engine stores anything.
 """
 
 from __future__ import annotations
@@ -63,6 +73,7 @@ class CoreStats:
     new_epochs: int = 0
     replays: int = 0
     filtered_empty: int = 0
+    disconnects: int = 0
 
 
 class BridgeCore:
@@ -82,6 +93,10 @@ class BridgeCore:
         self.translate_stats = TranslateStats()
         self._pending: list[tuple[int, EngineBatch | None]] = []
         self._lost = False
+        self._disconnected = False
+        # During a probe replay after a reconnect: the replayed batches, held until the end
+        # of the replay tells whether they continue the history or start a new process's.
+        self._probe: list[tuple[int, EngineBatch | None]] | None = None
 
     # ------------------------------------------------------------------ inputs
 
@@ -102,10 +117,34 @@ class BridgeCore:
         step.replay_from = self._live(engine_seq, batch, now_ms, step.batches, allow_replay=True)
         return step
 
+    def on_disconnected(self) -> None:
+        """The connection to the engine's publisher dropped."""
+        self.stats.disconnects += 1
+        self._disconnected = True
+
+    def on_connected(self, now_ms: int) -> Step:
+        """The publisher is connected again: publish ``batches`` (an epoch reset when there is
+        no replay to tell a restart from a blip) or probe-replay from ``replay_from``."""
+        step = Step()
+        if not self._disconnected or self.replaying:
+            return step
+        self._disconnected = False
+        if self.last_engine_seq is None:
+            step.replay_from = self.start()
+        elif not self.replay_enabled:
+            self._restarted(now_ms, step.batches)
+        else:
+            self._probe = []
+            step.replay_from = self.start()
+        return step
+
     def on_replayed(
         self, engine_seq: int, batch: EngineBatch | None, now_ms: int
     ) -> list[events_pb2.KVEventBatch]:
         """A batch answered by the replay socket (only while :attr:`replaying`)."""
+        if self._probe is not None:
+            self._probe.append((engine_seq, batch))
+            return []
         out: list[events_pb2.KVEventBatch] = []
         last = self.last_engine_seq
         if last is not None and engine_seq <= last:
@@ -121,8 +160,8 @@ class BridgeCore:
     def replay_done(self, now_ms: int) -> list[events_pb2.KVEventBatch]:
         """The replay ended (end marker, timeout or error): apply the held live batches."""
         self.replaying = False
+        out = self._probe_done(now_ms)
         pending, self._pending = self._pending, []
-        out: list[events_pb2.KVEventBatch] = []
         for engine_seq, batch in pending:
             self._live(engine_seq, batch, now_ms, out, allow_replay=False)
         return out
@@ -133,6 +172,38 @@ class BridgeCore:
         self._lost = True
 
     # ------------------------------------------------------------------ internals
+
+    def _probe_done(self, now_ms: int) -> list[events_pb2.KVEventBatch]:
+        """Resolve a probe replay: the same process (it still holds a seq at or after the
+        last one seen) goes on as after any replay; otherwise the engine restarted."""
+        probe, self._probe = self._probe, None
+        out: list[events_pb2.KVEventBatch] = []
+        if probe is None:
+            return out
+        last = self.last_engine_seq
+        if last is not None and not any(seq >= last for seq, _ in probe):
+            self._restarted(now_ms, out)
+        for engine_seq, batch in probe:
+            out += self.on_replayed(engine_seq, batch, now_ms)
+        return out
+
+    def _restarted(self, now_ms: int, out: list[events_pb2.KVEventBatch]) -> None:
+        """A new epoch, published at once as an empty batch (the index resets on it)."""
+        self.stats.restarts += 1
+        self._new_epoch(now_ms)
+        self.last_engine_seq = None
+        self.last_live_seq = None
+        self.seq = 1
+        out.append(
+            events_pb2.KVEventBatch(
+                deployment=self.cfg.deployment,
+                instance_id=self.cfg.instance_id,
+                epoch=self.epoch,
+                seq=self.seq,
+                ts_ms=now_ms,
+            )
+        )
+        self.stats.published += 1
 
     def _live(
         self,
@@ -147,8 +218,10 @@ class BridgeCore:
         if last is None or engine_seq == last + 1:
             self.stats.in_order += 1
         elif engine_seq <= last:
-            if last_live is not None and engine_seq > last_live:
-                self.stats.duplicates += 1  # already delivered by a replay
+            if last_live is None or engine_seq > last_live:
+                # already delivered by a replay (the first live batches after the start's
+                # replay come from the process that answered it)
+                self.stats.duplicates += 1
                 self.last_live_seq = engine_seq
                 return None
             self.stats.restarts += 1

@@ -3,7 +3,8 @@
 Thin: it receives frames, decodes them (:mod:`wire`), lets the pure core sequence and
 translate them, publishes the resulting ``KVEventBatch`` messages with
 :class:`services.common.streams.StreamProducer`, and talks to the engine's replay socket when
-the core asks. Undecodable messages are logged and copied as ``tideserve.v1.DeadLetter`` to
+the core asks, and reports the SUB socket's disconnects and reconnects to the core (a
+restarted engine is found before it publishes anything). Undecodable messages are logged and copied as ``tideserve.v1.DeadLetter`` to
 ``{stream}:dead``; the bridge goes on. A Redis outage is retried with backoff (the engine's
 messages wait in the ZMQ receive queue meanwhile).
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -21,6 +22,7 @@ import zmq
 import zmq.asyncio
 from redis.exceptions import RedisError
 from tideserve.v1 import events_pb2
+from zmq.utils.monitor import parse_monitor_message
 
 from services.common.streams import StreamProducer, dead_letter_stream, stream_name
 from services.common.tasks import pause
@@ -105,6 +107,10 @@ class KVBridge:
             self.stream,
             self.core.epoch,
         )
+        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        poller = zmq.asyncio.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
         try:
             if ready is not None:
                 ready.set()
@@ -112,11 +118,14 @@ class KVBridge:
             if start is not None:
                 await self._replay(start)
             while not stop.is_set():
-                if not await sub.poll(timeout=_POLL_MS):
-                    continue
-                frames = await sub.recv_multipart()
-                await self._on_live(frames)
+                ready_socks = dict(await poller.poll(timeout=_POLL_MS))
+                if monitor in ready_socks:
+                    await self._on_monitor(parse_monitor_message(await monitor.recv_multipart()))
+                if sub in ready_socks:
+                    await self._on_live(await sub.recv_multipart())
         finally:
+            sub.disable_monitor()
+            monitor.close(linger=0)
             sub.close(linger=0)
             log.info(
                 "kv-bridge %s stopped: %s %s",
@@ -126,6 +135,17 @@ class KVBridge:
             )
 
     # ------------------------------------------------------------------ live / replay
+
+    async def _on_monitor(self, event: Mapping[str, object]) -> None:
+        """The SUB socket's connection to the publisher dropped or came back."""
+        if event["event"] == zmq.EVENT_DISCONNECTED:
+            log.info("kv-bridge %s: publisher disconnected", self.core.cfg.instance_id)
+            self.core.on_disconnected()
+        elif event["event"] == zmq.EVENT_CONNECTED:
+            step = self.core.on_connected(self._now_ms())
+            await self._publish(step.batches)
+            if step.replay_from is not None:
+                await self._replay(step.replay_from)
 
     async def _on_live(self, frames: list[bytes]) -> None:
         self.stats.received += 1

@@ -8,9 +8,10 @@ SGLang ``python/sglang/srt/disaggregation/kv_events.py``):
   (``itertools.count()``: starts at 0 when the engine starts), ``payload`` the msgspec msgpack
   encoding of a ``KVEventBatch``.
 - Optional ROUTER replay socket: a client sends the start seq as 8 bytes big-endian (behind an
-  empty delimiter frame); the engine answers one ``[seq, payload]`` message per buffered batch
-  with ``seq >= start`` (default buffer: the last 10,000 batches) and then ``[-1 (8 bytes,
-  signed), b""]`` as the end marker.
+  empty delimiter frame); the engine answers one message per buffered batch with ``seq >=
+  start`` (default buffer: the last 10,000 batches), then an end marker with seq ``-1`` (8
+  bytes, signed). vLLM 0.1x and later send ``[topic, seq, payload]`` (the PUB message),
+  older publishers ``[seq, payload]``; see :func:`decode_replay`.
 
 Payload shapes (msgspec structs, ``omit_defaults=True``; trailing fields with default values
 are left out of positional arrays, so arrays have variable length):
@@ -157,16 +158,31 @@ def encode_replay_request(start_seq: int) -> list[bytes]:
 
 
 def decode_replay(frames: Sequence[bytes]) -> tuple[int, bytes]:
-    """Split a replay answer as a DEALER receives it: ``[b"", seq, payload]``.
+    """Split a replay answer as a DEALER receives it. Returns ``(seq, payload)``;
+    ``seq == END_SEQ`` marks the end of the replay.
 
-    Returns ``(seq, payload)``; ``seq == END_SEQ`` marks the end of the replay. The leading
-    empty delimiter is optional (a REQ-style client gets the frames without it).
+    Two layouts are in use, each with or without the leading empty delimiter (a REQ-style
+    client gets the frames without it):
+
+    - ``[b"", topic, seq, payload]``: vLLM 0.1x and later (the PUB message behind the
+      delimiter; the end marker is ``[b"", b"", -1, b""]``);
+    - ``[b"", seq, payload]``: older publishers (no topic).
+
+    Three frames are ambiguous (delimiter + ``[seq, payload]``, or ``[topic, seq, payload]``
+    without one): the 8-byte seq frame decides, the delimiter reading first.
     """
     parts = [bytes(f) for f in frames]
-    if len(parts) == 3 and parts[0] == b"":
+    if len(parts) == 4 and parts[0] == b"":
+        parts = parts[2:]
+    elif len(parts) == 3 and parts[0] == b"" and len(parts[1]) == _SEQ_LEN:
+        parts = parts[1:]
+    elif len(parts) == 3:
         parts = parts[1:]
     if len(parts) != 2:
-        raise WireError(f"expected replay frames [seq, payload], got {len(frames)} frames")
+        raise WireError(
+            f"expected replay frames [topic, seq, payload] or [seq, payload], "
+            f"got {len(frames)} frames"
+        )
     seq, payload = parts
     if len(seq) != _SEQ_LEN:
         raise WireError(f"replay seq frame has {len(seq)} bytes, expected {_SEQ_LEN}")

@@ -15,7 +15,6 @@ from services.scheduler.admission.shaper import DISPATCH_HOLD_MS
 from services.stack.gateways import GatewayCount, gateway_count, parse_gateway_count
 
 if TYPE_CHECKING:
-    from services.scheduler.compose import Scheduler
     from services.scheduler.settings import SchedulerSettings
 
 __all__ = ["register", "run", "settings_from_args"]
@@ -360,11 +359,9 @@ def _replica(
     """Serve one gateway process until a signal (or, ``parent`` given, until that process
     is gone); 2 when it cannot start."""
     from services.common.errors import StartupError
-    from services.scheduler.compose import Scheduler
 
     try:
-        scheduler = Scheduler(settings)
-        runtime.run(_serve(scheduler, args.host, args.port, reuse, parent), args.event_loop)
+        runtime.run(_serve(settings, args.host, args.port, reuse, parent), args.event_loop)
     except StartupError as err:
         print(f"tideserve gateway: {err}", file=sys.stderr)
         return 2
@@ -372,8 +369,13 @@ def _replica(
 
 
 async def _serve(
-    scheduler: Scheduler, host: str, port: int, reuse: bool, parent: int | None
+    settings: SchedulerSettings, host: str, port: int, reuse: bool, parent: int | None
 ) -> None:
+    # Built inside the running loop: its gRPC aio channels (kvmeta, autoscaler, telemetry)
+    # bind to the loop that is current when they are created.
+    from services.scheduler.compose import Scheduler
+
+    scheduler = Scheduler(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -45,8 +45,17 @@ _CORPUS = [
 ] * 20
 
 
-def write_model_dir(path: Path, template: str = CHAT_TEMPLATE, vocab_size: int = 400) -> Path:
-    """Train the BPE and write the two files into ``path`` (created); returns ``path``."""
+def write_model_dir(
+    path: Path,
+    template: str = CHAT_TEMPLATE,
+    vocab_size: int = 400,
+    *,
+    added_token_form: bool = True,
+    corpus: list[str] | None = None,
+) -> Path:
+    """Train the BPE and write the two files into ``path`` (created); returns ``path``.
+    ``added_token_form``: the BOS token as a serialised AddedToken (older snapshots) rather
+    than a plain string (what ``transformers`` 5, and so vLLM, accepts)."""
     path.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -57,14 +66,14 @@ def write_model_dir(path: Path, template: str = CHAT_TEMPLATE, vocab_size: int =
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_CORPUS, trainer)
+    tok.train_from_iterator(corpus or _CORPUS, trainer)
     bos = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", special_tokens=[("<s>", bos)]
     )
     tok.save(str(path / "tokenizer.json"))
     config = {
-        "bos_token": {"content": "<s>", "special": True},  # AddedToken form
+        "bos_token": {"content": "<s>", "special": True} if added_token_form else "<s>",
         "eos_token": "</s>",
         "chat_template": template,
         "tokenizer_class": "PreTrainedTokenizerFast",

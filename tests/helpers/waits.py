@@ -14,3 +14,11 @@ async def eventually(pred: Callable[[], Awaitable[bool]], within_s: float = 15.0
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.05)
+
+
+async def bounded(aw: Awaitable[object], what: str, timeout_s: float = 20.0) -> None:
+    """Teardown steps fail fast, naming the step, instead of hanging the suite."""
+    try:
+        await asyncio.wait_for(aw, timeout_s)
+    except TimeoutError:
+        raise AssertionError(f"teardown hung: {what}") from None

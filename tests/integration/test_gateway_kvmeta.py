@@ -7,7 +7,6 @@ precise data, counted."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,10 +23,7 @@ from tideserve.v1 import kvmeta_pb2, kvmeta_pb2_grpc
 from services.common.tokens import block_hashes, tokenize
 from services.engine.server import EngineServer
 from services.engine.settings import EngineSettings
-from services.kvmeta.index import PrefixIndex
 from services.kvmeta.ingest import IndexFeeder
-from services.kvmeta.objects import ObjectMaster
-from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
 from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.feeds.kvmeta_client import KVMetaLookup, precise_profiles
 from services.scheduler.http.server import Gateway, GatewayOptions
@@ -35,9 +31,10 @@ from services.scheduler.keys.gate import KeyGate
 from services.scheduler.keys.model import tenant_salt
 from services.scheduler.routing.types import RequestView
 from tests.helpers.keys import FakeKeyStore, fake_gate
+from tests.helpers.kvmeta import serve_kvmeta
 from tests.helpers.ports import free_port
 from tests.helpers.views import request_view
-from tests.helpers.waits import eventually
+from tests.helpers.waits import bounded, eventually
 
 BS = 16
 SHARED = " ".join(f"doc{i}" for i in range(400))  # 25 blocks
@@ -86,25 +83,8 @@ async def env(tmp_path: Path, redis_url: str) -> AsyncIterator[Env]:
 
 @pytest.fixture
 async def kvmeta(env: Env) -> AsyncIterator[tuple[str, IndexFeeder]]:
-    feeder = IndexFeeder(
-        PrefixIndex(),
-        time.time,
-        redis=env.redis,
-        prefix=env.prefix,
-        checkpoint_interval_s=0,
-        discover_interval_s=0.1,
-        block_ms=50,
-    )
-    await feeder.start()
-    server = grpc.aio.server()
-    add_to_server(KVMetaServicer(feeder, ObjectShell(ObjectMaster(), None, time.time)), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield f"127.0.0.1:{port}", feeder
-    finally:
-        await bounded(server.stop(None), "stopping the kvmeta gRPC server")
-        await bounded(feeder.stop(checkpoint=False), "stopping the kvmeta feeder")
+    async with serve_kvmeta(env.redis, env.prefix) as served:
+        yield served
 
 
 async def make_gateway(
@@ -143,14 +123,6 @@ async def _close_gateways() -> AsyncIterator[None]:
         srv, ch = gw_servers.pop()
         await bounded(srv.close(), "closing the gateway")
         await bounded(ch.close(), "closing the kvmeta channel")
-
-
-async def bounded(aw: Any, what: str, timeout_s: float = 20.0) -> None:
-    """Teardown steps fail fast, naming the step, instead of hanging the suite."""
-    try:
-        await asyncio.wait_for(aw, timeout_s)
-    except TimeoutError:
-        raise AssertionError(f"teardown hung: {what}") from None
 
 
 def body(prompt: str, **kw: Any) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import hashlib
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -49,16 +50,31 @@ WAIT_S = 15.0
 class EngineSide:
     """The engine's publisher: live XPUB + ROUTER replay over a buffer of (seq, payload)."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, topic: bytes = b"") -> None:
+    def __init__(
+        self,
+        ctx: zmq.asyncio.Context,
+        topic: bytes = b"",
+        *,
+        with_topic: bool = False,
+        like: EngineSide | None = None,
+    ) -> None:
+        """``with_topic``: replay answers carry the topic frame, as vLLM 0.1x and later send
+        them; ``like``: bind the endpoints of that (closed) engine, as a restart does."""
         self.topic = topic
+        self.with_topic = with_topic
         self.pub = ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
-        port = self.pub.bind_to_random_port("tcp://127.0.0.1")
-        self.endpoint = f"tcp://127.0.0.1:{port}"
         self.router = ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
-        rport = self.router.bind_to_random_port("tcp://127.0.0.1")
-        self.replay_endpoint = f"tcp://127.0.0.1:{rport}"
+        if like is None:
+            port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+            self.endpoint = f"tcp://127.0.0.1:{port}"
+            rport = self.router.bind_to_random_port("tcp://127.0.0.1")
+            self.replay_endpoint = f"tcp://127.0.0.1:{rport}"
+        else:
+            self.endpoint, self.replay_endpoint = like.endpoint, like.replay_endpoint
+            _bind_when_free(self.pub, self.endpoint)
+            _bind_when_free(self.router, self.replay_endpoint)
         self.buffer: list[tuple[int, bytes]] = []
         self.replay_requests: list[int] = []
         self.replay_answered = asyncio.Event()
@@ -78,17 +94,31 @@ class EngineSide:
             client, _, start = await self.router.recv_multipart()
             first = int.from_bytes(start, "big")
             self.replay_requests.append(first)
+            head = [client, b""] + ([self.topic] if self.with_topic else [])
+            end = [client, b""] + ([b""] if self.with_topic else [])
             for seq, payload in self.buffer:
                 if seq >= first:
-                    await self.router.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
-            await self.router.send_multipart(
-                [client, b"", (-1).to_bytes(8, "big", signed=True), b""]
-            )
+                    await self.router.send_multipart([*head, seq.to_bytes(8, "big"), payload])
+            await self.router.send_multipart([*end, (-1).to_bytes(8, "big", signed=True), b""])
             self.replay_answered.set()
 
     def close(self) -> None:
         self.pub.close(linger=0)
         self.router.close(linger=0)
+
+
+def _bind_when_free(sock: zmq.Socket[Any], endpoint: str) -> None:
+    """Bind ``endpoint`` once the closed socket that held it has released it (ZMQ closes in
+    its I/O thread, after ``close`` returns)."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        try:
+            sock.bind(endpoint)
+            return
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 @pytest.fixture
@@ -371,3 +401,39 @@ async def test_replay_endpoint_down_bridge_goes_on(
     assert got[0].epoch < got[1].epoch
     assert bridge.core.stats.replays == 2  # start-up catch-up and the gap
     assert not engine.replay_requests
+
+
+@pytest.mark.parametrize("with_topic", [False, True], ids=["older-replay", "vllm-0.32-replay"])
+async def test_engine_restart_resets_the_instance_before_it_publishes(
+    zctx: zmq.asyncio.Context, redis_client: Any, redis_url: str, with_topic: bool
+) -> None:
+    """An engine restarts and publishes nothing yet: the bridge sees its publisher go and come
+    back, probes its replay buffer (empty: a new process) and publishes an epoch reset at once,
+    so the index forgets the old blocks before the engine stores any."""
+    old = EngineSide(zctx, b"kv", with_topic=with_topic)
+    new: EngineSide | None = None
+    try:
+        async with running(
+            zctx, redis_client, redis_url, old, topic="kv", replay_endpoint=old.replay_endpoint
+        ) as bridge:
+            await old.wait_subscribed()
+            await old.publish(0, vllm_payload([vllm_stored([1])]))
+            await old.publish(1, vllm_payload([vllm_stored([2], parent=1)]))
+            assert len(await batches(redis_client, bridge.stream, 2)) == 2
+            old.close()
+            new = EngineSide(zctx, b"kv", with_topic=with_topic, like=old)
+            replay = asyncio.create_task(new.serve_replay())
+            try:
+                got = await batches(redis_client, bridge.stream, 3)
+            finally:
+                replay.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await replay
+    finally:
+        old.close()
+        if new is not None:
+            new.close()
+    assert [(b.seq, len(b.events)) for b in got] == [(1, 1), (2, 1), (1, 0)]
+    assert got[2].epoch > got[0].epoch
+    assert new.replay_requests == [0]
+    assert (bridge.core.stats.disconnects, bridge.core.stats.restarts) == (1, 1)

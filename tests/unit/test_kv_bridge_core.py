@@ -152,19 +152,31 @@ class Out:
     replay_from: int | None = None
 
 
+def _first_hash(m: events_pb2.KVEventBatch) -> int:
+    """The batch's first block hash; 0 for an epoch reset (a batch without events)."""
+    return m.events[0].block_hashes[0] if m.events else 0
+
+
 def run(core: BridgeCore, steps: list[tuple[str, int, int | None, int]]) -> list[Out]:
-    """steps: (kind, engine seq, block hash or None = undecodable, now_ms); kind live|replay|done."""
+    """steps: (kind, engine seq, block hash or None = undecodable, now_ms); kind
+    live|replay|done|disconnect|connect (``connect`` reports the probe's start as replay_from)."""
     outs = []
     for kind, seq, h, now in steps:
         b = None if h is None else batch(h)
-        if kind == "live":
+        if kind == "disconnect":
+            core.on_disconnected()
+            msgs, replay = [], None
+        elif kind == "connect":
+            step = core.on_connected(now)
+            msgs, replay = step.batches, step.replay_from
+        elif kind == "live":
             step = core.on_live(seq, b, now)
             msgs, replay = step.batches, step.replay_from
         elif kind == "replay":
             msgs, replay = core.on_replayed(seq, b, now), None
         else:
             msgs, replay = core.replay_done(now), None
-        outs.append(Out([(m.epoch, m.seq, m.events[0].block_hashes[0]) for m in msgs], replay))
+        outs.append(Out([(m.epoch, m.seq, _first_hash(m)) for m in msgs], replay))
     return outs
 
 
@@ -284,6 +296,99 @@ SEQUENCE_CASES = [
 ]
 
 
+SEQUENCE_CASES += [
+    (  # the engine restarted and has published nothing yet: its old blocks go at once
+        True,
+        [
+            ("live", 0, 10, 1),
+            ("live", 1, 11, 2),
+            ("disconnect", 0, None, 3),
+            ("connect", 0, None, 900),
+            ("done", 0, None, 901),
+            ("live", 0, 20, 950),
+        ],
+        [
+            Out([(100, 1, 10)]),
+            Out([(100, 2, 11)]),
+            Out([]),
+            Out([], replay_from=0),
+            Out([(901, 1, 0)]),
+            Out([(901, 2, 20)]),
+        ],
+        dict(disconnects=1, restarts=1, new_epochs=1, replays=1),
+    ),
+    (  # restarted and already published: the probe's batches start the new epoch
+        True,
+        [
+            ("live", 0, 10, 1),
+            ("live", 1, 11, 2),
+            ("live", 2, 12, 3),
+            ("disconnect", 0, None, 4),
+            ("connect", 0, None, 900),
+            ("replay", 0, 20, 900),
+            ("replay", 1, 21, 900),
+            ("done", 0, None, 901),
+            ("live", 2, 22, 950),
+        ],
+        [
+            Out([(100, 1, 10)]),
+            Out([(100, 2, 11)]),
+            Out([(100, 3, 12)]),
+            Out([]),
+            Out([], replay_from=0),
+            Out([]),
+            Out([]),
+            Out([(901, 1, 0), (901, 2, 20), (901, 3, 21)]),
+            Out([(901, 4, 22)]),
+        ],
+        dict(disconnects=1, restarts=1, new_epochs=1),
+    ),
+    (  # a network blip: the same process still holds our history, nothing is reset
+        True,
+        [
+            ("live", 0, 10, 1),
+            ("live", 1, 11, 2),
+            ("disconnect", 0, None, 3),
+            ("connect", 0, None, 900),
+            ("replay", 0, 10, 900),
+            ("replay", 1, 11, 900),
+            ("replay", 2, 12, 900),
+            ("done", 0, None, 901),
+            ("live", 3, 13, 950),
+        ],
+        [
+            Out([(100, 1, 10)]),
+            Out([(100, 2, 11)]),
+            Out([]),
+            Out([], replay_from=0),
+            Out([]),
+            Out([]),
+            Out([]),
+            Out([(100, 3, 12)]),
+            Out([(100, 4, 13)]),
+        ],
+        dict(disconnects=1, restarts=0, new_epochs=0, duplicates=2),
+    ),
+    (  # without a replay socket a reconnect cannot be told from a restart: new epoch
+        False,
+        [
+            ("live", 0, 10, 1),
+            ("disconnect", 0, None, 2),
+            ("connect", 0, None, 600),
+            ("live", 1, 11, 601),
+        ],
+        [Out([(100, 1, 10)]), Out([]), Out([(600, 1, 0)]), Out([(600, 2, 11)])],
+        dict(disconnects=1, restarts=1, new_epochs=1),
+    ),
+    (  # the first connection is not a reconnect
+        False,
+        [("connect", 0, None, 1), ("live", 0, 10, 2)],
+        [Out([]), Out([(100, 1, 10)])],
+        dict(disconnects=0, new_epochs=0),
+    ),
+]
+
+
 @pytest.mark.parametrize(
     ("replay", "steps", "expected", "counters"),
     SEQUENCE_CASES,
@@ -298,6 +403,11 @@ SEQUENCE_CASES = [
         "live-already-replayed-is-duplicate-not-restart",
         "undecodable-new-epoch",
         "epoch-increases-when-clock-stalls",
+        "reconnect-restarted-engine-empty",
+        "reconnect-restarted-engine-published",
+        "reconnect-same-engine",
+        "reconnect-without-replay-new-epoch",
+        "first-connect-is-not-reconnect",
     ],
 )
 def test_sequencing(
@@ -354,3 +464,14 @@ def test_mark_lost_starts_new_epoch() -> None:
     core.mark_lost()
     out = core.on_live(1, batch(2), 900).batches
     assert [(m.epoch, m.seq) for m in out] == [(900, 1)]
+
+
+def test_live_held_during_start_replay_is_duplicate_not_restart() -> None:
+    core = BridgeCore(CFG, replay=True, now_ms=100)
+    assert core.start() == 0
+    assert core.on_live(0, batch(10), 1).batches == []  # held while replaying
+    assert core.on_live(1, batch(11), 1).batches == []
+    assert [m.seq for m in core.on_replayed(0, batch(10), 2)] == [1]
+    assert [m.seq for m in core.on_replayed(1, batch(11), 2)] == [2]
+    assert core.replay_done(3) == []
+    assert (core.stats.restarts, core.stats.duplicates, core.epoch) == (0, 2, 100)

@@ -357,8 +357,21 @@ def test_live_frames() -> None:
         ([b"", (5).to_bytes(8, "big"), b"p"], (5, b"p")),
         ([(5).to_bytes(8, "big"), b"p"], (5, b"p")),
         ([b"", (-1).to_bytes(8, "big", signed=True), b""], (END_SEQ, b"")),
+        # vLLM 0.32 (captured from its replay socket): the PUB message behind the delimiter
+        ([b"", b"kv", (5).to_bytes(8, "big"), b"p"], (5, b"p")),
+        ([b"", b"", (5).to_bytes(8, "big"), b"p"], (5, b"p")),
+        ([b"", b"", (-1).to_bytes(8, "big", signed=True), b""], (END_SEQ, b"")),
+        ([b"kv", (5).to_bytes(8, "big"), b"p"], (5, b"p")),
     ],
-    ids=["dealer", "req-style", "end-marker"],
+    ids=[
+        "dealer",
+        "req-style",
+        "end-marker",
+        "topic-dealer",
+        "empty-topic-dealer",
+        "topic-end-marker",
+        "topic-req-style",
+    ],
 )
 def test_replay_frames(parts: list[bytes], expected: tuple[int, bytes]) -> None:
     assert decode_replay(parts) == expected
@@ -369,6 +382,10 @@ def test_replay_frames_malformed() -> None:
         decode_replay([b"", b"\x00", b"p"])
     with pytest.raises(WireError):
         decode_replay([b"only"])
+    with pytest.raises(WireError):
+        decode_replay([b"x", b"kv", (5).to_bytes(8, "big"), b"p"])
+    with pytest.raises(WireError, match="got 5"):
+        decode_replay([b"", b"kv", (5).to_bytes(8, "big"), b"p", b"q"])
 
 
 def test_replay_request_frames() -> None:

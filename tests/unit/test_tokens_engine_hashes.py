@@ -20,6 +20,7 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
 from services.common.tokens import HashScheme
+from services.common.tokens.hashing import index_tenant, vllm_block_hashes
 from services.kvbridge.translate import TranslateConfig, translate_events
 from services.kvbridge.wire import Engine, decode_batch
 from services.scheduler.http.openai import parse_request
@@ -64,7 +65,7 @@ def _vllm_digests(ids: list[int], salt: str) -> list[bytes]:
     parent = hashlib.sha256(pickle.dumps("vllm-none-hash", protocol=5)).digest()
     digests = []
     for i in range(len(ids) // BLOCK):
-        extra = (salt,) if (i == 0 and salt) else None
+        extra = (("cache_salt", salt),) if (i == 0 and salt) else None
         key = (parent, tuple(ids[i * BLOCK : (i + 1) * BLOCK]), extra)
         digests.append(parent := hashlib.sha256(pickle.dumps(key, protocol=5)).digest())
     return digests
@@ -163,3 +164,37 @@ def test_default_gateway_hashes_are_the_simulators_not_an_engines(model_dir: Pat
     assert not set(gateway.opts.tokens.block_hashes(ids, BLOCK)) & set(
         _engine_event_hashes("vllm-int", ids, "")
     )
+
+
+# Computed by vLLM 0.32 itself (``vllm.v1.core.kv_cache_utils.hash_block_tokens`` with its
+# sha256 and ``init_none_hash``), low 64 bits, blocks of 4 tokens of [1..8].
+VLLM_032_VECTORS = [
+    ("", None),
+    ("acme", [3974403086984758162, 17933253122984951119]),
+]
+
+
+@pytest.mark.parametrize(("salt", "expected"), VLLM_032_VECTORS, ids=["plain", "salted"])
+def test_vllm_hashes_equal_vllm_032(salt: str, expected: list[int] | None) -> None:
+    got = vllm_block_hashes(list(range(1, 9)), 4, cache_salt=salt)
+    if expected is None:  # plain: no extra key at all
+        parent = hashlib.sha256(pickle.dumps("vllm-none-hash", protocol=5)).digest()
+        first = hashlib.sha256(pickle.dumps((parent, (1, 2, 3, 4), None), protocol=5)).digest()
+        expected = [int.from_bytes(first, "big") & (2**64 - 1)]
+        assert got[:1] == expected
+    else:
+        assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("scheme", "salt", "tenant"),
+    [
+        ("tideserve", "acme", "acme"),
+        ("vllm", "acme", ""),
+        ("sglang", "acme", ""),
+        ("vllm", "", ""),
+    ],
+    ids=["simulator-stamps-salt", "vllm-salt-in-hash", "sglang-no-salt", "vllm-plain"],
+)
+def test_index_tenant(scheme: HashScheme, salt: str, tenant: str) -> None:
+    assert index_tenant(scheme, salt) == tenant

@@ -12,8 +12,10 @@ and chat template, :mod:`services.common.tokens.model`) with the engine's hash f
   tuple(block_tokens), extra_keys)))`` with ``h_{-1} = NONE_HASH = sha256(pickle(seed))``;
   ``seed`` = ``PYTHONHASHSEED`` if set, else ``"vllm-none-hash"`` in recent versions (older
   versions drew ``os.urandom(32)`` per process: their hashes cannot be reproduced outside
-  the engine). ``extra_keys`` is ``None`` for plain text, ``(cache_salt,)`` on the first
-  block of a salted request. Only full blocks are hashed. Event ids: the low 64 bits of
+  the engine). ``extra_keys`` is ``None`` for plain text, ``(("cache_salt", salt),)`` (a
+  tagged key, vLLM 0.1x and later) on the first block of a salted request. The engine's
+  ``BlockStored`` events publish the salt untagged (``extra_keys: [salt]``), so the events
+  do not show the hashed form. Only full blocks are hashed. Event ids: the low 64 bits of
   ``h_i`` (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``, the default) or ``h_i`` itself (folded
   alike).
 - ``sglang`` (sha256 page hashes, versions publishing ``hash_str_to_int64``): ``d_i =
@@ -44,6 +46,7 @@ __all__ = [
     "MASK64",
     "VLLM_DEFAULT_SEED",
     "HashScheme",
+    "index_tenant",
     "scheme_block_hashes",
     "sglang_block_hashes",
     "vllm_block_hashes",
@@ -80,13 +83,13 @@ def vllm_block_hashes(
     cache_salt: str = "",
 ) -> list[int]:
     """Folded u64 ids of the full blocks of ``token_ids`` as vLLM (sha256) publishes them;
-    ``cache_salt`` (the request's, "" = none) is the first block's extra key."""
+    ``cache_salt`` (the request's, "" = none) is the first block's tagged extra key."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     parent = vllm_none_hash(seed)
     out: list[int] = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        extra = (cache_salt,) if start == 0 and cache_salt else None
+        extra = (("cache_salt", cache_salt),) if start == 0 and cache_salt else None
         parent = _sha256_pickle((parent, tuple(token_ids[start : start + block_size]), extra))
         out.append(int.from_bytes(parent, "big") & MASK64)
     return out
@@ -120,3 +123,18 @@ def scheme_block_hashes(
     if scheme == "sglang":
         return sglang_block_hashes(token_ids, block_size)
     raise ValueError(f"unknown hash scheme {scheme!r} (known: {', '.join(HASH_SCHEMES)})")
+
+
+def index_tenant(scheme: HashScheme, cache_salt: str) -> str:
+    """The tenant under which the KV index holds the blocks of a request with ``cache_salt``:
+    the tenant its engine's events are stamped with.
+
+    - ``tideserve``: the simulator stamps its events with the request's salt, so the index is
+      namespaced by it (the chain is seeded with it too).
+    - ``vllm``: the salt is inside the first block's hash, so every later hash of the chain
+      differs per salt already; the kv-bridge stamps ``""`` (an event's continuation blocks
+      carry no salt, so it could not stamp more). Looking up under the salt would find nothing.
+    - ``sglang``: pages carry no salt and the engine shares them across tenants; the index
+      says what the engine holds, under ``""``.
+    """
+    return cache_salt if scheme == "tideserve" else ""

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from services.common.tokens.chat import ChatMessage, chat_messages, chat_prompt
-from services.common.tokens.hashing import HashScheme, scheme_block_hashes
+from services.common.tokens.hashing import HashScheme, index_tenant, scheme_block_hashes
 from services.common.tokens.model import load_model_tokenizer
 from services.common.tokens.whitespace import count_tokens, tokenize
 
@@ -84,6 +84,11 @@ class TokenPath:
         self, token_ids: Sequence[int], block_size: int, *, tenant: str = ""
     ) -> list[int]:
         return scheme_block_hashes(self.scheme, token_ids, block_size, tenant=tenant)
+
+    def index_tenant(self, cache_salt: str) -> str:
+        """The tenant the KV index holds this salt's blocks under (see
+        :func:`~services.common.tokens.hashing.index_tenant`)."""
+        return index_tenant(self.scheme, cache_salt)
 
 
 def token_path(model_dir: str | Path | None = None, scheme: HashScheme = "tideserve") -> TokenPath:

@@ -25,7 +25,7 @@ from services.scheduler.routing.types import PrefixMatch, RequestView
 __all__ = ["AdmissionGate", "PrefixLookup"]
 
 PrefixLookup = Callable[[RequestView, str, str, str], Awaitable[Mapping[str, PrefixMatch] | None]]
-"""(view, deployment, cache_salt, profile) → per-instance matches, or None (best effort;
+"""(view, deployment, tenant, profile) → per-instance matches, or None (best effort;
 e.g. :class:`services.scheduler.feeds.kvmeta_client.KVMetaLookup`)."""
 
 
@@ -63,7 +63,7 @@ class AdmissionGate:
             return view
         with contextlib.suppress(Exception):  # best effort: route without precise data
             found = await self.prefix_lookup(
-                view, self.deployment, intake.cache_salt, intake.profile
+                view, self.deployment, intake.index_tenant, intake.profile
             )
             if found is not None:
                 view = replace(view, prefix_matches=found)

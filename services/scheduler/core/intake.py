@@ -56,7 +56,9 @@ class Refused(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Intake:
-    """One request as the shells hand it over. ``deadline_in_ms``: time left at arrival."""
+    """One request as the shells hand it over. ``deadline_in_ms``: time left at arrival;
+    ``index_tenant``: the namespace the KV index holds its blocks under (the token path's
+    :meth:`~services.common.tokens.TokenPath.index_tenant` of its ``cache_salt``)."""
 
     request_id: str
     prompt_tokens: int
@@ -66,7 +68,7 @@ class Intake:
     slo_class: str = ""
     session_id: str = ""
     profile: str = ""
-    cache_salt: str = ""
+    index_tenant: str = ""
     deadline_in_ms: float | None = None
     exclude: frozenset[str] = frozenset()
 

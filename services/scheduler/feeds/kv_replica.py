@@ -229,10 +229,11 @@ class KVReplicaFeed:
 
 
 class LocalLookup:
-    """``await lookup(view, deployment, cache_salt, profile)`` → matches from the replica.
+    """``await lookup(view, deployment, tenant, profile)`` → matches from the replica.
 
     ``profiles`` limits lookups to profiles that use precise data (None = always); the
-    namespace is (``cache_salt``, ``view.lora``) as the engines hash it. Returns None for
+    namespace is (``tenant``, ``view.lora``): the index tenant (see ``Intake``) and LoRA the
+    engines' events are stamped with. Returns None for
     another deployment or a request without hashes; never raises. ``stats``: ``calls``,
     ``matched`` (answers naming at least one instance), ``skipped``.
     """
@@ -250,12 +251,12 @@ class LocalLookup:
         self.stats: dict[str, int] = {"calls": 0, "matched": 0, "skipped": 0}
 
     async def __call__(
-        self, view: RequestView, deployment: str, cache_salt: str = "", profile: str = ""
+        self, view: RequestView, deployment: str, tenant: str = "", profile: str = ""
     ) -> Mapping[str, PrefixMatch] | None:
-        return self.lookup(view, deployment, cache_salt, profile)
+        return self.lookup(view, deployment, tenant, profile)
 
     def lookup(
-        self, view: RequestView, deployment: str, cache_salt: str = "", profile: str = ""
+        self, view: RequestView, deployment: str, tenant: str = "", profile: str = ""
     ) -> Mapping[str, PrefixMatch] | None:
         """The synchronous form of the call."""
         if (
@@ -266,7 +267,7 @@ class LocalLookup:
             self.stats["skipped"] += 1
             return None
         self.stats["calls"] += 1
-        out = self.replica.match(view.block_hashes, cache_salt, view.lora)
+        out = self.replica.match(view.block_hashes, tenant, view.lora)
         if out:
             self.stats["matched"] += 1
         return out

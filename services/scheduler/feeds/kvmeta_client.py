@@ -9,6 +9,7 @@ precise data (the precise scorer gives every endpoint 0) — and is counted in `
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -23,6 +24,10 @@ from services.scheduler.routing.types import PrefixMatch, RequestView, Tier
 __all__ = ["MATCH_PREFIX", "KVMetaLookup", "precise_profiles", "to_matches"]
 
 MATCH_PREFIX = "/tideserve.v1.KVMetaService/MatchPrefix"
+LOG_EVERY_S = 60.0
+"""At most one warning per failure kind in this long (the counts are in ``stats``)."""
+
+log = logging.getLogger(__name__)
 
 _TIERS: dict[int, Tier] = {
     common_pb2.TIER_GPU: "gpu",
@@ -87,11 +92,12 @@ def to_matches(resp: kvmeta_pb2.MatchPrefixResponse) -> dict[str, PrefixMatch]:
 
 
 class KVMetaLookup:
-    """``await lookup(view, deployment, cache_salt, profile)`` → matches or None.
+    """``await lookup(view, deployment, tenant, profile)`` → matches or None.
 
     ``candidates()`` gives the instance ids to ask about (e.g. the fleet's ids); ``profiles``
     limits lookups to profiles that use precise data (None = always look up). Never raises
-    for RPC failures; counts them in ``stats`` (``errors``, ``timeouts``, ``unknown``).
+    for RPC failures; counts them in ``stats`` (``errors``, ``timeouts``, ``unknown``) and logs
+    an error at most once per kind every :data:`LOG_EVERY_S`.
     """
 
     def __init__(
@@ -121,19 +127,31 @@ class KVMetaLookup:
             "errors": 0,
         }
         self.last_ms = 0.0
+        self._warned: dict[str, float] = {}
+
+    def _warn(self, what: str) -> None:
+        kind = what.split(":", 1)[0].split("(", 1)[0]
+        now = self.clock()
+        if now - self._warned.get(kind, -LOG_EVERY_S) >= LOG_EVERY_S:
+            self._warned[kind] = now
+            log.warning(
+                "kvmeta MatchPrefix failed (%s); routing without precise data (%d errors)",
+                what,
+                self.stats["errors"],
+            )
 
     def wants(self, profile: str) -> bool:
         return self.profiles is None or profile in self.profiles
 
     async def __call__(
-        self, view: RequestView, deployment: str, cache_salt: str = "", profile: str = ""
+        self, view: RequestView, deployment: str, tenant: str = "", profile: str = ""
     ) -> Mapping[str, PrefixMatch] | None:
         if not view.block_hashes or not self.wants(profile):
             self.stats["skipped"] += 1
             return None
         req = kvmeta_pb2.MatchPrefixRequest(
             deployment=deployment,
-            tenant=cache_salt,
+            tenant=tenant,
             block_hashes=view.block_hashes,
             candidate_instances=list(self.candidates()),
             lora=view.lora,
@@ -150,9 +168,11 @@ class KVMetaLookup:
                 self.stats["unknown"] += 1  # kvmeta has no event of this deployment yet
             else:
                 self.stats["errors"] += 1
+                self._warn(f"{code.name}: {e.details()}")
             return None
-        except Exception:  # a broken channel or answer must never fail the request
+        except Exception as e:  # a broken channel or answer must never fail the request
             self.stats["errors"] += 1
+            self._warn(repr(e))
             return None
         finally:
             self.last_ms = (self.clock() - t0) * 1000.0

@@ -405,7 +405,7 @@ class Gateway:
             slo_class=p.slo_class,
             session_id=p.session_id,
             profile=p.profile,
-            cache_salt=p.cache_salt,
+            index_tenant=self.opts.tokens.index_tenant(p.cache_salt),
             deadline_in_ms=p.deadline_ms,
         )
 
