@@ -1,0 +1,160 @@
+"""Tideserve in front of real vLLM servers, built from the product's parts in this process:
+a kv-bridge per engine (ZMQ → the Redis stream ``{prefix}:kv:{deployment}``), kvmeta's index
+feeder and gRPC servicer on that stream, and the gateway (the scheduler's composition root,
+``services.scheduler.compose.Scheduler``) with the model's tokenizer and vLLM's block hashes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+import redis.asyncio as aioredis
+from tideserve.v1 import events_pb2
+
+from services.common.streams import decode_entry
+from services.kvbridge.run import KVBridge
+from services.kvbridge.settings import KVBridgeSettings
+from services.kvmeta.ingest import IndexFeeder
+from services.scheduler.compose import Scheduler
+from services.scheduler.keys.gate import KeyGate
+from services.scheduler.settings import SchedulerSettings
+from tests.helpers.kvmeta import serve_kvmeta
+from tests.helpers.ports import free_port
+from tests.helpers.vllm import BLOCK_SIZE, VLLMServer
+from tests.helpers.waits import bounded, eventually
+
+__all__ = ["Front", "front", "instance_id", "running_bridge"]
+
+DEPLOYMENT = "tiny"
+
+
+def instance_id(server: VLLMServer) -> str:
+    """The gateway's id of a static endpoint (``host:port``); the bridge stamps the same."""
+    return f"127.0.0.1:{server.port}"
+
+
+@dataclass
+class Front:
+    url: str
+    prefix: str
+    redis: aioredis.Redis
+    feeder: IndexFeeder
+    scheduler: Scheduler
+    bridges: dict[str, KVBridge] = field(default_factory=dict)
+
+    @property
+    def kv_stream(self) -> str:
+        return f"{self.prefix}:kv:{DEPLOYMENT}"
+
+    async def kv_batches(self) -> list[events_pb2.KVEventBatch]:
+        got = await self.redis.xrange(self.kv_stream)
+        return [decode_entry(f, events_pb2.KVEventBatch) for _, f in got]
+
+    async def records(self, n: int) -> list[events_pb2.RequestRecord]:
+        """The gateway's request records once there are ``n``."""
+        stream = f"{self.prefix}:requests"
+        out: list[events_pb2.RequestRecord] = []
+
+        async def enough() -> bool:
+            nonlocal out
+            got = await self.redis.xrange(stream)
+            out = [decode_entry(f, events_pb2.RequestRecord) for _, f in got]
+            return len(out) >= n
+
+        await eventually(enough, within_s=30)
+        return out
+
+    def held(self, server: VLLMServer, hashes: list[int], tenant: str = "") -> int:
+        """How many leading blocks of ``hashes`` kvmeta's index holds on ``server``."""
+        iid = instance_id(server)
+        got = self.feeder.index.match_prefix(DEPLOYMENT, tenant, hashes, [iid])
+        return max((m.blocks for m in got if m.instance_id == iid), default=0)
+
+
+@contextlib.asynccontextmanager
+async def running_bridge(
+    redis: aioredis.Redis, redis_url: str, prefix: str, server: VLLMServer
+) -> AsyncIterator[KVBridge]:
+    settings = KVBridgeSettings(
+        endpoint=server.events_endpoint,
+        replay_endpoint=server.replay_endpoint,
+        topic="kv",
+        redis_url=redis_url,
+        stream_prefix=prefix,
+        deployment=DEPLOYMENT,
+        instance_id=instance_id(server),
+    )
+    bridge = KVBridge(settings, redis)
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(bridge.run(stop, ready))
+    try:
+        await asyncio.wait_for(ready.wait(), 30)
+        yield bridge
+    finally:
+        stop.set()
+        await bounded(task, "stopping a kv-bridge")
+
+
+@contextlib.asynccontextmanager
+async def front(
+    servers: list[VLLMServer],
+    redis_url: str,
+    model_dir: Path,
+    *,
+    precise_source: Literal["kvmeta", "local"] = "kvmeta",
+    keys: KeyGate | None = None,
+    **settings: Any,
+) -> AsyncIterator[Front]:
+    prefix = f"rt{uuid.uuid4().hex[:8]}"
+    redis = aioredis.Redis.from_url(redis_url)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            feeder_addr, feeder = await stack.enter_async_context(serve_kvmeta(redis, prefix))
+            bridges = {}
+            for s in servers:
+                bridges[instance_id(s)] = await stack.enter_async_context(
+                    running_bridge(redis, redis_url, prefix, s)
+                )
+            port = free_port()
+            scheduler = Scheduler(
+                SchedulerSettings(
+                    http_port=port,
+                    grpc_port=0,
+                    endpoints=[s.url for s in servers],
+                    deployment=DEPLOYMENT,
+                    model_path=model_dir,
+                    hash_scheme="vllm",
+                    block_size=BLOCK_SIZE,
+                    redis_url=redis_url,
+                    stream_prefix=prefix,
+                    kvmeta_address=feeder_addr,
+                    precise_source=precise_source,
+                    **settings,
+                )
+            )
+            if keys is not None:
+                scheduler.gateway.keys = keys
+            await scheduler.start(("127.0.0.1", port, False))
+            stack.push_async_callback(scheduler.stop)
+            f = Front(f"http://127.0.0.1:{port}", prefix, redis, feeder, scheduler, bridges)
+            await eventually(lambda: _serving(f, len(servers)), within_s=30)
+            yield f
+    finally:
+        await redis.aclose()
+
+
+async def _serving(f: Front, n: int) -> bool:
+    """The gateway lists the model and every engine is eligible."""
+    now = f.scheduler.gateway.clock()
+    views = list(f.scheduler.core.fleet.snapshot(now))
+    if len([v for v in views if v.eligible]) < n:
+        return False
+    async with aiohttp.ClientSession() as http, http.get(f.url + "/v1/models") as r:
+        return r.status == 200 and bool((await r.json())["data"])

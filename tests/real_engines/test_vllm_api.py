@@ -1,0 +1,210 @@
+"""The OpenAI API through the gateway to real vLLM: answers, streaming with usage, tool calls
+passed through, vLLM's own errors in the OpenAI shape, and token counts equal to vLLM's."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from services.scheduler.http.openai import parse_request
+from tests.helpers.vllm import MODEL_NAME, VLLMServer
+from tests.real_engines._front import Front, front
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "the weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.fixture
+async def gw(
+    vllm_pair: tuple[VLLMServer, VLLMServer], redis_url: str, real_model: Path
+) -> AsyncIterator[Front]:
+    async with front(list(vllm_pair), redis_url, real_model) as f:
+        yield f
+
+
+async def post(url: str, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as http, http.post(url + path, json=body) as r:
+        return r.status, await r.json(content_type=None)
+
+
+async def test_chat_and_completion(gw: Front) -> None:
+    chat = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hello"}]}
+    status, body = await post(gw.url, "/v1/chat/completions", {**chat, "max_tokens": 4})
+    assert status == 200, body
+    assert body["object"] == "chat.completion"
+    assert body["usage"]["completion_tokens"] == 4
+    assert isinstance(body["choices"][0]["message"]["content"], str)
+    comp = {"model": MODEL_NAME, "prompt": "the quick brown fox", "max_tokens": 3}
+    status, body = await post(gw.url, "/v1/completions", comp)
+    assert status == 200, body
+    assert body["object"] == "text_completion" and body["usage"]["completion_tokens"] == 3
+
+
+async def test_streamed_chat_with_usage(gw: Front) -> None:
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "tell me about caches"}],
+        "max_tokens": 6,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    chunks: list[dict[str, Any]] = []
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(gw.url + "/v1/chat/completions", json=body) as r,
+    ):
+        assert r.status == 200 and r.content_type == "text/event-stream"
+        done = False
+        async for raw in r.content:
+            line = raw.decode().strip()
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                chunks.append(json.loads(line[6:]))
+    assert done
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[-1]["usage"]["completion_tokens"] == 6
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert any("content" in d for d in deltas)
+
+
+async def test_tool_calls_pass_through(gw: Front) -> None:
+    """vLLM's guided decoding makes even a random model call the tool; the gateway forwards
+    ``tools``/``tool_choice`` and relays the call and ``finish_reason`` unchanged, and a
+    following turn with the tool's result is accepted."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "weather in Paris?"}]
+    req = {
+        "model": MODEL_NAME,
+        "messages": messages,
+        "tools": [WEATHER_TOOL],
+        "tool_choice": "required",
+        "max_tokens": 200,
+    }
+    status, body = await post(gw.url, "/v1/chat/completions", req)
+    assert status == 200, body
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    calls = choice["message"]["tool_calls"]
+    assert calls and all(c["function"]["name"] == "get_weather" for c in calls)
+    messages += [
+        {"role": "assistant", "content": "", "tool_calls": calls[:1]},
+        {"role": "tool", "tool_call_id": calls[0]["id"], "content": "sunny, 21 C"},
+    ]
+    status, body = await post(
+        gw.url,
+        "/v1/chat/completions",
+        {"model": MODEL_NAME, "messages": messages, "tools": [WEATHER_TOOL], "max_tokens": 3},
+    )
+    assert status == 200, body
+    assert body["usage"]["completion_tokens"] >= 1
+
+
+async def test_over_long_prompt_gets_vllms_error_as_openai_error(gw: Front) -> None:
+    prompt = " ".join(["hello"] * 3000)  # past --max-model-len 2048
+    status, body = await post(
+        gw.url, "/v1/completions", {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 2}
+    )
+    assert status == 400, body
+    err = body["error"]
+    assert set(err) >= {"message", "type", "code"}
+    assert "2048" in err["message"], err  # vLLM's own explanation, passed on
+
+
+CONVERSATIONS: list[tuple[str, dict[str, Any]]] = [
+    ("ascii", {"messages": [{"role": "user", "content": "hello there, how are you?"}]}),
+    (
+        "multi-turn",
+        {
+            "messages": [
+                {"role": "system", "content": "be brief and precise"},
+                {"role": "user", "content": "what is a prefix cache?"},
+                {"role": "assistant", "content": "a cache of prompt prefixes"},
+                {"role": "user", "content": "and a block?"},
+            ]
+        },
+    ),
+    ("unicode", {"messages": [{"role": "user", "content": "héllo wörld, ça va? 東京 🚀"}]}),
+    (
+        "text-parts",
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "routing requests"},
+                        {"type": "text", "text": "saves prefill time"},
+                    ],
+                }
+            ]
+        },
+    ),
+    ("whitespace", {"messages": [{"role": "user", "content": "  spaced \n\n out\t text  "}]}),
+    (
+        "tools",
+        {
+            "messages": [{"role": "user", "content": "weather?"}],
+            "tools": [WEATHER_TOOL],
+        },
+    ),
+    (
+        "tool-result",
+        {
+            "messages": [
+                {"role": "user", "content": "weather?"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {
+                            "id": "call-1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "call-1", "content": "rainy"},
+            ],
+            "tools": [WEATHER_TOOL],
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "conversation", [c[1] for c in CONVERSATIONS], ids=[c[0] for c in CONVERSATIONS]
+)
+async def test_token_ids_equal_vllms(gw: Front, conversation: dict[str, Any]) -> None:
+    """The gateway's prompt token ids equal vLLM's ``/tokenize`` of the same chat, and its
+    count equals the usage vLLM reports for the request."""
+    body = {"model": MODEL_NAME, **conversation}
+    mine = parse_request(
+        "chat",
+        json.dumps(body).encode(),
+        {},
+        models=(),
+        classes=[],
+        tokens=gw.scheduler.gateway.opts.tokens,
+    )
+    server_url = gw.scheduler.core.fleet.spec(gw.scheduler.core.fleet.ids()[0]).url
+    status, tok = await post(server_url, "/tokenize", body)
+    assert status == 200, tok
+    assert list(mine.prompt_ids) == tok["tokens"]
+    status, answer = await post(gw.url, "/v1/chat/completions", {**body, "max_tokens": 1})
+    assert status == 200, answer
+    assert answer["usage"]["prompt_tokens"] == len(mine.prompt_ids)
