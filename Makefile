@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # override, e.g. `make run ARGS="--prefill 1 --decode 2"` or `ARGS="--postgres-url ..."`.
 ARGS ?= --engines 2
 
-.PHONY: run test system-deps deploy-tools venv lint typecheck proto proto-check test-unit test-integration test-e2e wheel-check clean
+.PHONY: run test system-deps deploy-tools venv lint typecheck proto proto-check docs-check test-unit test-integration test-e2e wheel-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ proto: $(STAMP)
 
 proto-check: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py --check
+
+# docs/reference/ is generated from the settings classes and the .proto comments
+docs-check: $(STAMP)
+	$(BIN)/python scripts/gen_docs.py --check
 
 lint: $(STAMP)
 	$(BIN)/ruff check services tests scripts benchmarks
@@ -56,7 +60,7 @@ deploy-tools: $(STAMP)
 	VENV=$(VENV) bash scripts/ensure_kubectl.sh
 
 # pytest exits 5 when it collects nothing: that is a failure here, not a pass.
-test: system-deps deploy-tools proto-check lint typecheck
+test: system-deps deploy-tools proto-check docs-check lint typecheck
 	$(BIN)/pytest -q -p no:cacheprovider tests
 
 clean:

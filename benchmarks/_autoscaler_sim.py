@@ -246,6 +246,8 @@ class Result:
     tpot_missed: int = 0
     peak_replicas: int = 0
     replica_series: list[int] = field(default_factory=list)
+    # (virtual s, request rate, ready replicas per role) every tick, for --plot
+    timeline: list[tuple[float, float, dict[str, int]]] = field(default_factory=list)
 
     @property
     def attainment(self) -> float:

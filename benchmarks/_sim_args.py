@@ -73,4 +73,10 @@ def parse_args(argv: list[str] | None, description: str, trace: Path) -> argpars
         "(DIR/<profile>-engine-<i>.steps.jsonl; benchmarks/step_trace_summary.py)",
     )
     p.add_argument("--out", default=None, help="also write the JSON here")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        default=None,
+        help="also draw each profile's TTFT CDF (services.bench.plot; needs matplotlib)",
+    )
     return p.parse_args(argv)

@@ -59,6 +59,7 @@ from services.autoscaler.planner.forecast import error, new_forecaster, observe
 from services.autoscaler.planner.group import plan_group
 from services.autoscaler.ports import InstanceView
 from services.autoscaler.spec import DeploymentSpec, parse_spec
+from services.bench.plot import ensure_available, write_series_plot
 from services.common.perfmodel import PerfProfile, get_profile
 
 TRACES = Path("/work/shared/traces")
@@ -100,6 +101,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    p.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="FILE.png",
+        help="also draw each policy's ready replicas against the tide (needs matplotlib)",
+    )
     return p.parse_args(argv)  # fmt: skip
 
 
@@ -235,6 +243,10 @@ def run(
                 score_window(
                     sim.window(args.slo_window_s), args.ttft_ms, args.tpot_ms, args.percentile, res
                 )
+        if t % args.tick_s == 0:
+            for sim, res in zip(sims, results, strict=True):
+                ready = {r: sim.fleet.ready(r, float(t)) for r in ROLES}
+                res.timeline.append((float(t), sim.tide.rate(float(t)), ready))
         if len(sims) > 1 and t % args.tick_s == 0:
             for res in results:
                 res.replica_series.append(0)
@@ -282,6 +294,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "policies": {},
         "not_measured_here": ["lost_requests", "decision_to_serving_s"],
     }  # fmt: skip
+    if args.plot:
+        ensure_available()  # before the runs, not after them
+    timelines: dict[str, Result] = {}
     static = static_targets(args, new_sim(args, tide, lengths, perf, args.seed))
     out["static_fleet"] = static
     for name in args.policies.split(","):
@@ -296,6 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit(f"unknown policy {name!r}")
         (res,) = run(args, [sim], lambda t, p=policy, s=sim: [p(t, s)], [static])
         out["policies"][name] = summary(args, sim, res)
+        timelines[name] = res
         if name == "planner" and policy.last is not None and policy.state.forecaster is not None:
             e = error(policy.state.forecaster)
             out["forecast"] = {"predictor": args.predictor, "mape": round(e.mape, 4),
@@ -309,8 +325,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.colocation_budget > 0:
         out["colocation"] = colocation(args, tide, lengths, perf, static)
     out["elapsed_s"] = round(time.perf_counter() - started, 1)
+    if args.plot:
+        plot_replicas(args, timelines)
     emit_json(out, args.out)
     return 0
+
+
+POLICY_LABELS = {"planner": "SLA planner", "static": "static (sized for the peak)",
+                 "kpa": "reactive (KPA-like)"}  # fmt: skip
+
+
+def plot_replicas(args: argparse.Namespace, runs: Mapping[str, Result]) -> None:
+    """Ready replicas (prefill + decode) of each policy against the tide, per trace day."""
+    if not runs:
+        return
+    first = next(iter(runs.values()))
+    days = [t / args.day_s for t, _, _ in first.timeline]
+    lines = {
+        POLICY_LABELS.get(name, name): [float(sum(r.values())) for _, _, r in res.timeline]
+        for name, res in runs.items()
+    }
+    write_series_plot(
+        args.plot,
+        days,
+        lines,
+        right={"request rate (req/s)": [rate for _, rate, _ in first.timeline]},
+        xlabel=f"trace day ({args.day_s:g} virtual s each)",
+        ylabel="ready replicas (prefill + decode)",
+        right_label="request rate (req/s)",
+        title=f"Replicas against the tide: {args.tide.name} x {args.rate_scale:g}, "
+        f"SLO TTFT {args.ttft_ms:g} ms / TPOT {args.tpot_ms:g} ms at p{args.percentile}",
+    )
 
 
 def forecast_errors(args: argparse.Namespace, tide: Tide) -> dict[str, Any]:

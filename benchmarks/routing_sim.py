@@ -67,6 +67,7 @@ import _sim_args as sim_args  # noqa: E402
 from _sim_prompts import Prompts  # noqa: E402
 from _sim_stats import Diag, by_turn, dist, time_split  # noqa: E402
 
+from services.bench.plot import ensure_available, write_cdf_plot  # noqa: E402
 from services.bench.stats import infinite_cache_hit_ratio  # noqa: E402
 from services.bench.traces import TraceRequest, load_trace  # noqa: E402
 from services.common.perfmodel import get_profile  # noqa: E402
@@ -147,6 +148,7 @@ class Sim:
         self.shed = 0
         self.failed = 0
         self.diag = Diag()
+        self.ttft_values: list[float] = []
         shaped = profile in args.shaped_profiles.split(",")
         self.shaper = DispatchShaper(
             ShaperConfig(
@@ -388,6 +390,7 @@ class Sim:
             first, last = float(r.first or 0.0), float(r.last or 0.0)
             lat.append((first - r.arrival, (last - first) / (r.out - 1) if r.out > 1 else None))
         ttft = sorted(t for t, _ in lat)
+        self.ttft_values = ttft  # for --plot; not in the JSON
         tpot = sorted(p for _, p in lat if p is not None)
         miss = {"ttft": 0, "tpot": 0, "both": 0, "ttft_infeasible_idle": 0}
         good = 0
@@ -463,10 +466,23 @@ def main(argv: list[str] | None = None) -> int:
         "infinite_cache_hit_ratio": infinite_cache_hit_ratio(trace, 512),
         "results": [],
     }
+    if a.plot:
+        ensure_available()  # before the runs, not after them
+    ttfts: dict[str, list[float]] = {}
     for name in [p.strip() for p in a.profiles.split(",") if p.strip()]:
-        res = Sim(a, name, trace).run()
+        sim = Sim(a, name, trace)
+        res = sim.run()
+        ttfts[name] = sim.ttft_values
         out["results"].append(res)
         print(json.dumps(res), file=sys.stderr, flush=True)
+    if a.plot:
+        write_cdf_plot(
+            a.plot,
+            ttfts,
+            xlabel="TTFT (ms, modelled time)",
+            title=f"TTFT, routing_sim: {Path(a.trace).stem} [{a.offset}:+{len(trace)}] "
+            f"at {a.rate_scale:g}x",
+        )
     text = json.dumps(out, indent=2)
     print(text)
     if a.out:

@@ -1,13 +1,16 @@
-"""Optional plots of a run: latency CDFs and a request timeline (needs matplotlib).
+"""Plots of a run: latency CDFs and a request timeline (needs matplotlib).
 
-matplotlib is the optional extra ``tideserve[plot]`` and is imported only when a plot is
-asked for; without it ``write_plot`` raises ``PlotUnavailable`` with the install hint.
+matplotlib is the optional extra ``tideserve[plot]`` (and a test dependency) and is imported
+only when a plot is asked for; without it the writers raise ``PlotUnavailable`` with the
+install hint. ``write_plot`` draws one bench run; ``write_cdf_plot`` (one CDF per named
+series, e.g. TTFT per router) and ``write_series_plot`` (lines over time with an optional
+second axis, e.g. replicas against the request rate) serve the benchmarks' ``--plot``.
 ``cdf_points`` and ``timeline_points`` are pure and tested without matplotlib.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +86,75 @@ def write_plot(path: str | Path, results: Sequence[RequestResult], scale: float 
     ax_tl.set_ylabel("latency (ms)")
     ax_tl.set_title("timeline")
     ax_tl.legend()
+    fig.tight_layout()
+    fig.savefig(str(path), dpi=110)
+    plt.close(fig)
+
+
+def write_cdf_plot(
+    path: str | Path,
+    series: Mapping[str, Sequence[float]],
+    *,
+    xlabel: str,
+    title: str,
+    log_x: bool = True,
+) -> None:
+    """One step CDF per named series (empty series are left out). Raises PlotUnavailable."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for label, values in series.items():
+        if values:
+            xs, ys = cdf_points(values)
+            ax.step(xs, ys, where="post", label=label)
+    if log_x:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("fraction of requests")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(str(path), dpi=110)
+    plt.close(fig)
+
+
+def write_series_plot(
+    path: str | Path,
+    x: Sequence[float],
+    lines: Mapping[str, Sequence[float]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    right: Mapping[str, Sequence[float]] | None = None,
+    right_label: str = "",
+) -> None:
+    """Lines over a shared x axis, ``right`` ones on a second y axis (dashed, grey first).
+
+    Every series must have one value per x. Raises PlotUnavailable, or ValueError for a
+    series of the wrong length.
+    """
+    for name, ys in {**lines, **(right or {})}.items():
+        if len(ys) != len(x):
+            raise ValueError(f"series {name!r} has {len(ys)} values for {len(x)} x values")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    handles = []
+    for label, ys in lines.items():
+        handles += ax.step(x, ys, where="post", label=label, linewidth=1.0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    if right:
+        ax2 = ax.twinx()
+        colours = ("0.55", "0.3", "0.75")
+        for i, (label, ys) in enumerate(right.items()):
+            handles += ax2.plot(
+                x, ys, linestyle="--", color=colours[i % 3], label=label, linewidth=0.9
+            )
+        ax2.set_ylabel(right_label)
+    ax.set_title(title)
+    ax.legend(handles=handles, loc="upper left", fontsize="small")
     fig.tight_layout()
     fig.savefig(str(path), dpi=110)
     plt.close(fig)
