@@ -277,7 +277,7 @@ def parse_completion(body: Any, default_max: int, tokens: TokenPath | None = Non
 def parse_chat(body: Any, default_max: int, tokens: TokenPath | None = None) -> GenRequest:
     body = _common(body)
     try:
-        ids = tuple((tokens or TokenPath()).encode_chat(body.get("messages")))
+        ids = tuple((tokens or TokenPath()).encode_chat(body.get("messages"), body.get("tools")))
     except ChatError as e:
         raise BadRequest(e.message, e.param, e.code) from None
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"

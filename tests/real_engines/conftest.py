@@ -56,9 +56,7 @@ def vllm_pair(
     vllm_py: Path, real_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[VLLMServer, VLLMServer]]:
     logs = tmp_path_factory.mktemp("vllm-logs")
-    pair = [
-        VLLMServer(vllm_py, real_model, logs, name=f"vllm-{n}", gpu_blocks=96) for n in "ab"
-    ]
+    pair = [VLLMServer(vllm_py, real_model, logs, name=f"vllm-{n}", gpu_blocks=96) for n in "ab"]
     try:
         _start_all(pair)
         yield pair[0], pair[1]

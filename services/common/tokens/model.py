@@ -8,7 +8,7 @@ or ``chat_template.jinja`` beside it, which takes precedence as in ``transformer
 The template is rendered as ``transformers`` renders it (``apply_chat_template``): a sandboxed
 Jinja environment (``ImmutableSandboxedEnvironment``, ``trim_blocks``, ``lstrip_blocks``,
 ``loopcontrols``), the globals ``raise_exception`` and ``strftime_now``, the ``tojson``
-filter, and the variables ``messages``, ``add_generation_prompt=True`` and the special tokens
+filter, and the variables ``messages``, ``tools``, ``add_generation_prompt=True`` and the special tokens
 of the config (``bos_token``, ``eos_token``, ...). The rendered text is encoded without
 adding special tokens (the template already holds them), as vLLM and SGLang do for chat
 requests; a completion prompt is encoded with them (``add_special_tokens=True``), as both
@@ -160,9 +160,15 @@ class ModelTokenizer:
     def count(self, text: str) -> int:
         return len(self._tok.encode(text, add_special_tokens=True).ids)
 
-    def render_chat(self, messages: list[ChatMessage], part_sep: str = " ") -> str:
-        """The chat template applied to validated messages. Raises :class:`ChatError` when the
-        model has no template or the template refuses the conversation."""
+    def render_chat(
+        self,
+        messages: list[ChatMessage],
+        part_sep: str = " ",
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The chat template applied to validated messages and ``tools`` (None = the request
+        has none, as ``transformers`` passes it). Raises :class:`ChatError` when the model
+        has no template or the template refuses the conversation."""
         if self._template_obj is None:
             raise ChatError(
                 f"the model at {self.model_dir} has no chat template", code="no_chat_template"
@@ -171,14 +177,19 @@ class ModelTokenizer:
             messages = [{**m, "content": flatten(m["content"], part_sep)} for m in messages]
         try:
             return self._template_obj.render(
-                messages=messages, add_generation_prompt=True, **self._specials
+                messages=messages, tools=tools, add_generation_prompt=True, **self._specials
             )
         except jinja2.TemplateError as e:
             raise ChatError(f"chat template: {e}", code="chat_template_error") from None
 
-    def encode_chat(self, messages: list[ChatMessage], part_sep: str = " ") -> list[int]:
+    def encode_chat(
+        self,
+        messages: list[ChatMessage],
+        part_sep: str = " ",
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
         """Token ids of a chat prompt: the rendered template, no special tokens added."""
-        text = self.render_chat(messages, part_sep)
+        text = self.render_chat(messages, part_sep, tools)
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: list[int]) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from services.common.tokens.chat import ChatMessage, chat_messages, chat_prompt
+from services.common.tokens.engine_chat import engine_chat_inputs
 from services.common.tokens.hashing import HashScheme, index_tenant, scheme_block_hashes
 from services.common.tokens.model import load_model_tokenizer
 from services.common.tokens.whitespace import count_tokens, tokenize
@@ -39,9 +40,15 @@ class Tokenizer(Protocol):
 
     def count(self, text: str) -> int: ...
 
-    def encode_chat(self, messages: list[ChatMessage], part_sep: str = " ") -> list[int]:
-        """Token ids of validated chat messages after the chat template; ``part_sep`` joins
-        text content parts for templates that take a string. Raises ``ChatError``."""
+    def encode_chat(
+        self,
+        messages: list[ChatMessage],
+        part_sep: str = " ",
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        """Token ids of validated chat messages (and the request's ``tools``) after the chat
+        template; ``part_sep`` joins text content parts for templates that take a string.
+        Raises ``ChatError``."""
         ...
 
 
@@ -56,8 +63,14 @@ class WhitespaceTokenizer:
     def count(self, text: str) -> int:
         return count_tokens(text)
 
-    def encode_chat(self, messages: list[ChatMessage], part_sep: str = " ") -> list[int]:
-        # The separator is whitespace either way: the ids do not depend on it.
+    def encode_chat(
+        self,
+        messages: list[ChatMessage],
+        part_sep: str = " ",
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        # The separator is whitespace either way: the ids do not depend on it. The
+        # simulator's template does not render tools.
         return tokenize(chat_prompt(messages))
 
 
@@ -76,9 +89,11 @@ class TokenPath:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
 
-    def encode_chat(self, messages: Any) -> list[int]:
-        """Token ids of raw OpenAI ``messages``. Raises ``ChatError`` (→ HTTP 400)."""
-        return self.tokenizer.encode_chat(chat_messages(messages), part_separator(self.scheme))
+    def encode_chat(self, messages: Any, tools: Any = None) -> list[int]:
+        """Token ids of raw OpenAI ``messages`` and ``tools`` as the engine kind renders them
+        (:mod:`~services.common.tokens.engine_chat`). Raises ``ChatError`` (→ HTTP 400)."""
+        msgs, tool_list = engine_chat_inputs(self.scheme, chat_messages(messages), tools)
+        return self.tokenizer.encode_chat(msgs, part_separator(self.scheme), tool_list)
 
     def block_hashes(
         self, token_ids: Sequence[int], block_size: int, *, tenant: str = ""

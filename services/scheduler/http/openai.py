@@ -129,7 +129,7 @@ def _int_field(body: Mapping[str, Any], key: str) -> int | None:
 def _prompt_ids(kind: Kind, body: Mapping[str, Any], tokens: TokenPath) -> tuple[int, ...]:
     if kind == "chat":
         try:
-            return tuple(tokens.encode_chat(body.get("messages")))
+            return tuple(tokens.encode_chat(body.get("messages"), body.get("tools")))
         except ChatError as e:
             raise _bad(e.message, e.param, e.code) from None
     key = "prompt" if kind == "completion" else "text"
