@@ -70,9 +70,7 @@ def ev(iid: str, role: Any = "worker", **kw: Any) -> EndpointView:
 def test_no_engine(
     views: list[EndpointView], decode_can_prefill: bool, exclude: tuple[str, ...], why: str | None
 ) -> None:
-    got = no_engine(
-        EndpointSnapshot(views), decode_can_prefill=decode_can_prefill, exclude=exclude
-    )
+    got = no_engine(EndpointSnapshot(views), decode_can_prefill=decode_can_prefill, exclude=exclude)
     if why is None:
         assert got is None
     else:

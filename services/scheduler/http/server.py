@@ -49,6 +49,7 @@ from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
 from services.common import otel
+from services.common.http_errors import json_errors
 from services.common.metrics import metrics_handler
 from services.common.tokens import TokenPath
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
@@ -205,6 +206,7 @@ class Gateway:
             client_max_size=self.opts.limits.max_body_bytes + 1,
             handler_args=parser_limits(self.opts.limits),
             middlewares=[
+                json_errors(),  # aiohttp's own 404/405/413... in the API's error shape
                 header_limit(self.opts.limits.max_header_bytes),
                 otel.server_middleware(self.tracer_provider, exclude=("/health", "/metrics")),
                 records.request_contexts(
