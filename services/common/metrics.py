@@ -33,6 +33,8 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from services.common.http_errors import JsonErrorRunner, json_errors
+
 __all__ = [
     "GrpcMetricsInterceptor",
     "MetricsServer",
@@ -108,9 +110,9 @@ class MetricsServer:
     async def start(self) -> int:
         """Bind and serve; returns the bound port (useful when ``port`` was 0)."""
         sock = bind_tcp(self.host, self.port)
-        app = web.Application()
+        app = web.Application(middlewares=[json_errors()])
         app.router.add_get("/metrics", metrics_handler(self._registry))
-        runner = web.AppRunner(app, access_log=None)
+        runner = JsonErrorRunner(app, access_log=None)
         await runner.setup()
         try:
             await web.SockSite(runner, sock).start()

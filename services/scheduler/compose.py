@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from services.common import otel, runtime
 from services.common.errors import StartupError
+from services.common.http_errors import JsonErrorRunner
 from services.common.metrics import service_registry
 from services.common.perfmodel import DEFAULT_PROFILE, get_profile
 from services.common.security.channels import ClientSecurity, aio_channel
@@ -233,7 +234,8 @@ class Scheduler:
             runtime.settle_heap()
 
     async def _listen(self, host: str, port: int, reuse: bool) -> None:
-        runner = web.AppRunner(
+        # JSON errors also for what aiohttp answers itself (unparseable requests).
+        runner = JsonErrorRunner(
             self.app(), handle_signals=False, access_log_class=records.AccessLogger
         )
         await runner.setup()

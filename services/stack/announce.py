@@ -11,7 +11,13 @@ from services.stack.state import ProcEntry, StackState, redact_url
 if TYPE_CHECKING:
     from services.stack.up import UpOptions
 
-__all__ = ["announcement"]
+__all__ = ["NO_ENGINE", "announcement"]
+
+NO_ENGINE = (
+    "NOTE: no simulated engine was started: the gateway routes only to the "
+    "scheduler's own endpoints, if any, and answers 503 while no engine serves "
+    "(`tideserve up --engines N` starts N)"
+)
 
 
 def announcement(state: StackState, engines: Sequence[ProcEntry], opts: UpOptions) -> str:
@@ -35,6 +41,8 @@ def announcement(state: StackState, engines: Sequence[ProcEntry], opts: UpOption
         lines.append(f"  {'redis':<11} external {state.redis_url}")
     if state.gateway_url is not None:
         lines.append(f"gateway (OpenAI API): {state.gateway_url}")
+        if not engines and all(p.kind != ENGINE_KIND for p in state.processes):
+            lines.append(NO_ENGINE)
     lines.append(f"logs: {opts.state_dir / 'logs'}")
     lines.append("Ctrl-C or `tideserve down` stops everything.")
     return "\n".join(lines)

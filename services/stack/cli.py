@@ -21,13 +21,14 @@ if TYPE_CHECKING:
 
 _UP_EXAMPLES = """\
 examples:
-  tideserve up                                  # embedded Postgres + Redis, default ports
+  tideserve up                                  # embedded Postgres + Redis, default ports,
+                                                # two simulated engines (--engines 0: none)
   tideserve up --state-dir /tmp/ts --base-port-offset 100
   tideserve up --postgres-url postgresql://u:p@db:5432/ts --redis-url redis://cache:6379/0
   tideserve up --config tideserve.yaml --json   # print the endpoints as JSON once SERVING
 
   # with simulated engines behind the gateway (http://127.0.0.1:8000/v1)
-  tideserve up --engines 2                      # two aggregated engines on 30001, 30002
+  tideserve up --engines 4                      # four aggregated engines on 30001-30004
   tideserve up --prefill 1 --decode 2           # P/D: SGLang-style bootstrap hand-off
   tideserve up --engines 4 --engine-profile test --engine-speedup 10 --engine-kv-blocks 4096
   tideserve up --engines 2 --engine-arg=--max-batch=32 --engine-arg "--stream-interval 4"
@@ -120,7 +121,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(default auto: one per usable core)",
     )
     eng = up.add_argument_group("simulated engines (the gateway routes to them)")
-    eng.add_argument("--engines", type=int, metavar="N", help="N aggregated engines")
+    eng.add_argument(
+        "--engines",
+        type=int,
+        metavar="N",
+        help="N aggregated engines (default 2, none with --prefill/--decode or the "
+        "scheduler's own endpoints; 0: none)",
+    )
     eng.add_argument("--prefill", type=int, metavar="N", help="N prefill engines (P/D mode)")
     eng.add_argument("--decode", type=int, metavar="M", help="M decode engines (P/D mode)")
     eng.add_argument(
@@ -337,7 +344,7 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
 def _fleet(stack: Any, scheduler: Any, offset: int, te_metadata_url: str | None) -> EngineFleet:
     """The stack's engines from its settings (ValueError, one line, for a bad one)."""
     from services.common.perfmodel import get_profile
-    from services.stack.engines import EngineFleet, split_engine_args
+    from services.stack.engines import EngineFleet, default_workers, split_engine_args
     from services.stack.plan import shift_port
 
     if stack.engine_profile is not None:
@@ -346,7 +353,12 @@ def _fleet(stack: Any, scheduler: Any, offset: int, te_metadata_url: str | None)
         except KeyError as exc:
             raise ValueError(f"--engine-profile: {str(exc).strip(chr(39))}") from None
     return EngineFleet(
-        workers=stack.engines,
+        workers=default_workers(
+            stack.engines,
+            stack.prefill,
+            stack.decode,
+            static_endpoints="endpoints" in getattr(scheduler, "model_fields_set", ()),
+        ),
         prefill=stack.prefill,
         decode=stack.decode,
         base_port=shift_port(stack.engine_base_port, offset, "stack.engine_base_port"),

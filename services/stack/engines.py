@@ -2,7 +2,9 @@
 scheduler learns about them. Pure: no I/O.
 
 ``tideserve up --engines N`` plans N aggregated engines; ``--prefill P --decode D`` plans a
-disaggregated fleet (both or neither), on ports from the base port upward (30001 + offset by
+disaggregated fleet (both or neither); with neither, :func:`default_workers` engines
+(:data:`DEFAULT_ENGINES`, as ``make run``, unless the scheduler has static ``endpoints`` of
+its own); ``--engines 0`` starts none. The engines run on ports from the base port upward (30001 + offset by
 default, or explicit ports). The engines are a deployment of the stack's autoscaler (see
 :mod:`services.stack.deployment`), which runs them with its local driver; the scheduler
 learns them from membership (``ListInstances`` seed + ``{prefix}:membership``), its static
@@ -20,12 +22,14 @@ from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
 from services.stack.plan import ChildSpec
 
 __all__ = [
+    "DEFAULT_ENGINES",
     "DEFAULT_ENGINE_BASE_PORT",
     "ENGINE_KIND",
     "ENGINE_REDIS_ENV",
     "MAX_ENGINES",
     "EngineFleet",
     "EnginePlan",
+    "default_workers",
     "plan_engines",
     "scheduler_engine_env",
     "split_engine_args",
@@ -35,6 +39,9 @@ __all__ = [
 ]
 
 DEFAULT_ENGINE_BASE_PORT = 30001
+DEFAULT_ENGINES = 2
+"""Aggregated engines ``tideserve up`` starts when nothing says how many (as ``make run``):
+a gateway with no engine could only answer 503."""
 ENGINE_KIND = "engine"
 ENGINE_REDIS_ENV = "TIDESERVE_ENGINE_REDIS_URL"
 """The engine reads its Redis URL from here (the URL is known only once Redis runs)."""
@@ -202,3 +209,14 @@ def start_waves(children: Sequence[ChildSpec]) -> list[list[ChildSpec]]:
     engines = [c for c in children if c.kind == ENGINE_KIND]
     rest = [c for c in children if c.kind != ENGINE_KIND]
     return [w for w in (engines, rest) if w]
+
+
+def default_workers(engines: int | None, prefill: int, decode: int, static_endpoints: bool) -> int:
+    """How many aggregated engines to start: ``engines`` when given (0 = none), else none
+    for a P/D fleet (``prefill``/``decode``) or a scheduler with ``static_endpoints`` of its
+    own (it routes to those), else :data:`DEFAULT_ENGINES`."""
+    if engines is not None:
+        return engines
+    if prefill or decode or static_endpoints:
+        return 0
+    return DEFAULT_ENGINES

@@ -37,7 +37,12 @@ class StackSettings(ServiceSettings):
         "(then, or with 0, a dead service stops the stack)",
     )
 
-    engines: int = Field(0, ge=0, description="aggregated simulated engines")
+    engines: int | None = Field(
+        None,
+        ge=0,
+        description="aggregated simulated engines (unset: 2, or none with prefill/decode or "
+        "the scheduler's own static endpoints; 0: none)",
+    )
     prefill: int = Field(0, ge=0, description="prefill-only simulated engines (needs decode)")
     decode: int = Field(0, ge=0, description="decode-only simulated engines (needs prefill)")
     engine_base_port: int = Field(

@@ -63,9 +63,14 @@ def stack_dirs() -> Iterator[Stack]:
     redis_port = next(ports)
     config = state_dir / "tideserve.yaml"
     config.write_text(
-        # one gateway: the default (one per core) would depend on the machine
+        # one gateway: the default (one per core) would depend on the machine; the services
+        # alone: no engine (the default starts two)
         yaml.safe_dump(
-            {**layout, "stack": {"redis_port": redis_port, "gateways": 1}, "log_format": "text"}
+            {
+                **layout,
+                "stack": {"redis_port": redis_port, "gateways": 1, "engines": 0},
+                "log_format": "text",
+            }
         )
     )
     stack = Stack(state_dir, config, layout, redis_port)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from services.stack.announce import announcement
+from services.stack.announce import NO_ENGINE, announcement
 from services.stack.state import ProcEntry, StackState
 from services.stack.up import UpOptions
 
@@ -58,9 +58,31 @@ def test_announcement(
     state.redis_url = "redis://r/0" if "redis_url" in opts else None
     text = announcement(state, [ENGINE], UpOptions(state_dir=Path("/s"), **opts))  # type: ignore[arg-type]
     lines = text.splitlines()
+    assert NO_ENGINE not in lines
     assert lines[0] == "tideserve stack is up (state dir /s)"
     assert lines[-1] == "Ctrl-C or `tideserve down` stops everything."
     for line in present:
         assert line in lines
     for bad in absent:
         assert bad not in text
+
+
+@pytest.mark.parametrize(
+    ("processes", "engines", "noted"),
+    [
+        ([GATEWAY], [], True),
+        ([GATEWAY], [ENGINE], False),
+        ([GATEWAY, ENGINE], [], False),
+        ([KVMETA], [], False),  # no gateway announced: nothing to say about its engines
+    ],
+    ids=["no-engine", "autoscaled-engine", "engine-process", "no-gateway"],
+)
+def test_announcement_says_when_no_engine_was_started(
+    processes: list[ProcEntry], engines: list[ProcEntry], noted: bool
+) -> None:
+    state = StackState(up=UP, state_dir="/s", processes=list(processes), gateway_url=None)
+    state.gateway_url = next(
+        (p.endpoints["gateway"] for p in processes if "gateway" in p.endpoints), None
+    )
+    lines = announcement(state, engines, UpOptions(state_dir=Path("/s"))).splitlines()
+    assert (NO_ENGINE in lines) == noted

@@ -347,7 +347,8 @@ def test_up_without_engines_leaves_the_scheduler_endpoints_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    opts, children = resolve_up(_up_args(tmp_path, "--gateways", "1"))  # no replica settings
+    # no replica settings
+    opts, children = resolve_up(_up_args(tmp_path, "--gateways", "1", "--engines", "0"))
     assert all(c.kind != ENGINE_KIND for c in children)
     assert opts.deployment is None and opts.engine_claims == ()
     scheduler = next(c for c in children if c.name == "scheduler")
@@ -355,6 +356,44 @@ def test_up_without_engines_leaves_the_scheduler_endpoints_alone(
     assert scheduler_keys == {"TIDESERVE_SCHEDULER__TELEMETRY_ADDRESS"}  # no engine settings
     autoscaler = next(c for c in children if c.name == "autoscaler")
     assert "TIDESERVE_AUTOSCALER__DRIVER__KIND" not in autoscaler.env  # dry-run as configured
+
+
+@pytest.mark.parametrize(
+    ("config", "argv", "claims"),
+    [
+        ("", [], ["engine-1", "engine-2"]),
+        ("", ["--engines", "0"], []),
+        ("", ["--engines", "3"], ["engine-1", "engine-2", "engine-3"]),
+        ("", ["--prefill", "1", "--decode", "1"], ["prefill-1", "decode-1"]),
+        ("stack:\n  engines: 0\n", [], []),
+        ("stack:\n  engines: 1\n", [], ["engine-1"]),
+        ("stack:\n  prefill: 1\n  decode: 2\n", [], ["prefill-1", "decode-1", "decode-2"]),
+        ("scheduler:\n  endpoints: ['http://127.0.0.1:9']\n", [], []),
+        ("scheduler:\n  endpoints: ['http://127.0.0.1:9']\n", ["--engines", "1"], ["engine-1"]),
+    ],
+    ids=[
+        "default-two",
+        "explicit-none",
+        "explicit-three",
+        "pd-flags",
+        "config-none",
+        "config-one",
+        "config-pd",
+        "own-endpoints",
+        "own-endpoints-and-engines",
+    ],
+)
+def test_up_starts_two_engines_unless_told_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str, argv: list[str], claims: list[str]
+) -> None:
+    """`tideserve up` alone starts what `make run` starts: two simulated engines, unless
+    flags, the stack's settings or the scheduler's own endpoints say otherwise."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "ts.yaml"
+    path.write_text(config)
+    opts, _ = resolve_up(_up_args(tmp_path, "--config", str(path), "--gateways", "1", *argv))
+    assert [c.owner for c in opts.engine_claims] == claims
+    assert (opts.deployment is None) == (not claims)
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ configured, tenant), :func:`request_view` (the routing view: block hashes, TTFT 
 nothing queued and a free slot). The asynchronous step (the prefix lookup and the wait in
 the admission queue) is :class:`services.scheduler.admission.gate.AdmissionGate`.
 
-Refusals are :class:`Refused`; each shell maps its ``kind`` to its own status (HTTP 400/429,
-gRPC NOT_FOUND/RESOURCE_EXHAUSTED).
+Refusals are :class:`Refused`; each shell maps its ``kind`` to its own status (HTTP
+400/429/503, gRPC NOT_FOUND/RESOURCE_EXHAUSTED/UNAVAILABLE).
 """
 
 from __future__ import annotations
@@ -29,13 +29,14 @@ __all__ = [
     "request_view",
 ]
 
-RefusalKind = Literal["unknown", "overloaded"]
+RefusalKind = Literal["unknown", "overloaded", "unavailable"]
 
 
 class Refused(Exception):
     """``unknown``: a name the scheduler does not know (``param`` names the field);
     ``overloaded``: shed, with a retry hint; ``where`` is admission (queue full / deadline),
-    queue_timeout or routing (the SLO filter)."""
+    queue_timeout or routing (the SLO filter); ``unavailable``: no engine can serve it
+    (none registered, or none healthy, undrained and closed-circuit)."""
 
     def __init__(
         self,

@@ -6,10 +6,11 @@ decision, its reservation and its release are the same code whichever way it is 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from services.scheduler.admission import AdmissionQueue, saturated
+from services.scheduler.core.availability import no_engine
 from services.scheduler.core.fleet import Fleet
 from services.scheduler.routing.framework import Scheduler
 from services.scheduler.routing.types import (
@@ -86,6 +87,16 @@ class GatewayCore:
             lim.saturation_waiting,
         )
 
+    def unavailable(self, now: float, exclude: Collection[str] = ()) -> str | None:
+        """Why no engine can serve a request (excluding ``exclude``) now, or None when one
+        can (:func:`~services.scheduler.core.availability.no_engine` over the snapshot the
+        queue's capacity is counted on)."""
+        return no_engine(
+            self.fleet.snapshot(now),
+            decode_can_prefill=self.scheduler.decode_can_prefill,
+            exclude=exclude,
+        )
+
     def capacity(self, now: float) -> int:
         """How many queued requests may be dispatched now: the free in-flight slots of the
         eligible decode/worker endpoints that are not saturated (0 when all are).
@@ -111,7 +122,7 @@ class GatewayCore:
         until :meth:`release`. KeyError for an unknown profile."""
         snap = self.fleet.snapshot(now, deployment)
         if not len(snap):
-            return NoEndpoint("no endpoints registered")
+            return NoEndpoint(no_engine(snap) or "no engine is serving")
         d = self.scheduler.schedule(view, snap, now, profile)
         if isinstance(d, Pick):
             uncached = max(0, view.prompt_tokens - d.predicted_cached_tokens)

@@ -10,7 +10,9 @@ Errors: INVALID_ARGUMENT (bad fields), NOT_FOUND (unknown deployment, profile, c
 when tenants are configured, pick or instance), RESOURCE_EXHAUSTED where HTTP answers 429
 (queue full, deadline unreachable, timed out in the queue, or TTFT SLO infeasible;
 ``retry_after_ms`` in the message and trailing metadata ``retry-after-ms``), UNAVAILABLE
-(no eligible endpoint).
+(no engine can serve the request: none registered, or none healthy, undrained and
+closed-circuit; answered at once, and also to requests waiting in the queue when the last
+such engine goes).
 
 PickStream decides each request of a bidirectional stream exactly as Pick would: untagged
 requests one after another, answered in request order; tagged ones (``PickRequest.tag``)
@@ -130,6 +132,8 @@ def _exhausted(why: str, retry_ms: int) -> _Refused:
 def _refused(e: Refused) -> _Refused:
     if e.kind == "overloaded":
         return _exhausted(e.message, e.retry_after_ms)
+    if e.kind == "unavailable":
+        return _Refused(grpc.StatusCode.UNAVAILABLE, e.message)
     return _Refused(grpc.StatusCode.NOT_FOUND, e.message)
 
 

@@ -42,8 +42,12 @@ class Overloaded(ApiError):
 
 
 def api_error(r: Refused) -> ApiError:
+    """``overloaded`` → 429 (with a retry hint), ``unavailable`` (no engine can serve) →
+    503, ``unknown`` → 400."""
     if r.kind == "overloaded":
         return Overloaded(r.message, r.retry_after_ms, r.where)
+    if r.kind == "unavailable":
+        return ApiError(503, r.message, None, "no_endpoint", "service_unavailable")
     return ApiError(400, r.message, r.param or None)
 
 

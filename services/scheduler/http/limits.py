@@ -4,7 +4,8 @@
 :func:`header_limit` middleware, first of all: over it → 431 with an OpenAI-style body.
 aiohttp's own parser limits (:func:`parser_limits`: one header line or field at most
 ``max_header_bytes``) are the backstop for a single line too long to even parse; those get
-aiohttp's plain-text 400 and a closed connection (its parser answers before any middleware).
+a 400 (``line_too_long``) and a closed connection, answered before any middleware, in JSON
+by :class:`services.common.http_errors.JsonErrorRunner`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
 """The OpenAI-compatible HTTP gateway (aiohttp shell over :class:`GatewayCore`).
 
-Per request: validate (400/404/413) → admission (fast path when nothing is queued and the
-fleet has capacity; otherwise the classed queue; 429 + ``Retry-After`` when shed or timed
-out in the queue) → pick (429 when the SLO filter sheds, 503 when no endpoint) → forward.
+Per request: validate (400/404/413; 404 ``model_not_found`` for a model the configured or
+discovered list does not hold) → admission (fast path when nothing is queued and the fleet
+has capacity; otherwise the classed queue; 429 + ``Retry-After`` when shed or timed out in
+the queue; 503 at once when no engine can serve it, none registered or none healthy and
+undrained, also for the requests waiting when the last one goes) → pick (429 when the SLO
+filter sheds, 503 when no endpoint) → forward.
 Before the first byte reaches the client, upstream connection errors, 5xx answers and
 empty streams are retried on another endpoint (``retries`` times, exponential backoff
 with jitter); after it, a failure ends the SSE stream with an error event and ``[DONE]``.
@@ -46,6 +49,7 @@ from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
 from services.common import otel
+from services.common.http_errors import json_errors
 from services.common.metrics import metrics_handler
 from services.common.tokens import TokenPath
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
@@ -202,6 +206,7 @@ class Gateway:
             client_max_size=self.opts.limits.max_body_bytes + 1,
             handler_args=parser_limits(self.opts.limits),
             middlewares=[
+                json_errors(),  # aiohttp's own 404/405/413... in the API's error shape
                 header_limit(self.opts.limits.max_header_bytes),
                 otel.server_middleware(self.tracer_provider, exclude=("/health", "/metrics")),
                 records.request_contexts(
