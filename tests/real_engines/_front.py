@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from services.kvbridge.run import KVBridge
 from services.kvbridge.settings import KVBridgeSettings
 from services.kvmeta.ingest import IndexFeeder
 from services.scheduler.compose import Scheduler
+from services.scheduler.http.openai import parse_request
 from services.scheduler.keys.gate import KeyGate
 from services.scheduler.settings import SchedulerSettings
 from tests.helpers.kvmeta import serve_kvmeta
@@ -74,8 +76,19 @@ class Front:
     def held(self, server: VLLMServer, hashes: list[int], tenant: str = "") -> int:
         """How many leading blocks of ``hashes`` kvmeta's index holds on ``server``."""
         iid = instance_id(server)
+        if DEPLOYMENT not in self.feeder.block_sizes:
+            return 0  # no event of the deployment yet
         got = self.feeder.index.match_prefix(DEPLOYMENT, tenant, hashes, [iid])
-        return max((m.blocks for m in got if m.instance_id == iid), default=0)
+        return max((m.matched_blocks for m in got if m.instance_id == iid), default=0)
+
+    def hashes(self, body: dict[str, Any], cache_salt: str = "") -> list[int]:
+        """The block hashes the gateway computes for a chat ``body`` (salted as a keyed
+        request's namespace ``cache_salt`` would be)."""
+        gw = self.scheduler.gateway
+        parsed = parse_request(
+            "chat", json.dumps(body).encode(), {}, models=(), classes=[], tokens=gw.opts.tokens
+        )
+        return gw.opts.tokens.block_hashes(parsed.prompt_ids, BLOCK_SIZE, tenant=cache_salt)
 
 
 @contextlib.asynccontextmanager
@@ -151,10 +164,10 @@ async def front(
 
 
 async def _serving(f: Front, n: int) -> bool:
-    """The gateway lists the model and every engine is eligible."""
+    """Every engine is eligible and the gateway answers its health check."""
     now = f.scheduler.gateway.clock()
     views = list(f.scheduler.core.fleet.snapshot(now))
     if len([v for v in views if v.eligible]) < n:
         return False
-    async with aiohttp.ClientSession() as http, http.get(f.url + "/v1/models") as r:
-        return r.status == 200 and bool((await r.json())["data"])
+    async with aiohttp.ClientSession() as http, http.get(f.url + "/health") as r:
+        return r.status == 200
