@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # override, e.g. `make run ARGS="--prefill 1 --decode 2"` or `ARGS="--postgres-url ..."`.
 ARGS ?= --engines 2
 
-.PHONY: run test system-deps deploy-tools venv lint typecheck proto proto-check docs-check test-unit test-integration test-e2e wheel-check clean
+.PHONY: run test test-fast test-real-engines vllm-env system-deps deploy-tools venv lint typecheck proto proto-check docs-check test-unit test-integration test-e2e wheel-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,19 @@ test-unit: $(STAMP) deploy-tools
 test-integration: $(STAMP)
 	$(BIN)/pytest -q tests/integration
 
+# vLLM's own virtualenv for the real-engine tier (a CPU build, pinned; rebuilt only when the
+# pin changes): scripts/ensure_vllm.sh.
+vllm-env:
+	PYTHON=$(PYTHON) bash scripts/ensure_vllm.sh
+
+test-real-engines: $(STAMP) vllm-env
+	$(BIN)/pytest -q -p no:cacheprovider tests/real_engines
+
+# The developer loop: unit and integration tests, no processes of the local stack, no real
+# engines.
+test-fast: $(STAMP) deploy-tools
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit tests/integration
+
 test-e2e: $(STAMP) system-deps
 	$(BIN)/pytest -q tests/e2e
 
@@ -60,7 +73,7 @@ deploy-tools: $(STAMP)
 	VENV=$(VENV) bash scripts/ensure_kubectl.sh
 
 # pytest exits 5 when it collects nothing: that is a failure here, not a pass.
-test: system-deps deploy-tools proto-check docs-check lint typecheck
+test: system-deps deploy-tools vllm-env proto-check docs-check lint typecheck
 	$(BIN)/pytest -q -p no:cacheprovider tests
 
 clean:

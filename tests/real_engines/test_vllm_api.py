@@ -3,6 +3,7 @@ passed through, vLLM's own errors in the OpenAI shape, and token counts equal to
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from services.scheduler.http.openai import parse_request
 from tests.helpers.vllm import MODEL_NAME, VLLMServer
+from tests.helpers.waits import eventually
 from tests.real_engines._front import Front, front
 
 WEATHER_TOOL = {
@@ -225,3 +227,33 @@ async def test_token_ids_equal_vllms(gw: Front, conversation: dict[str, Any]) ->
     status, answer = await post(gw.url, "/v1/chat/completions", {**body, "max_tokens": 1})
     assert status == 200, answer
     assert answer["usage"]["prompt_tokens"] == len(mine.prompt_ids)
+
+
+async def test_vllm_metrics_feed_the_gateways_load(gw: Front) -> None:
+    """While a request decodes on vLLM, the gateway's view of that engine, scraped from
+    its ``vllm:*`` metrics, shows it running and some KV in use."""
+    fleet = gw.scheduler.core.fleet
+    seen: list[tuple[str, int, float]] = []
+
+    async def decoding() -> bool:
+        now = gw.scheduler.gateway.clock()
+        for iid in fleet.ids():
+            view = fleet.view(iid, now)
+            if view.running >= 1 and fleet.load_source(iid, now) == "scrape":
+                seen.append((iid, view.running, view.kv_usage))
+                return True
+        return False
+
+    body = {
+        "model": MODEL_NAME,
+        "prompt": "the quick brown fox " * 200,
+        "max_tokens": 1500,
+        "ignore_eos": True,
+    }
+    request = asyncio.create_task(post(gw.url, "/v1/completions", body))
+    try:
+        await eventually(decoding, within_s=60)
+    finally:
+        status, answer = await request
+    assert status == 200, answer
+    assert seen and seen[0][2] > 0.0, seen
