@@ -92,6 +92,9 @@ class RoleSpec(_Frozen):
     """Local driver, on a crash: ``always`` restart with back-off; ``never`` leave it FAILED."""
     ports: tuple[Annotated[int, Field(ge=1, le=65535)], ...] = ()
     """Local driver: the instances' ports in launch order (beyond them: the driver's range)."""
+    sidecars: tuple[str, ...] = ()
+    """Local driver: command lines run beside each instance (e.g. its kv-bridge), with the
+    instance's placeholders; started, restarted and stopped with it."""
 
     @model_validator(mode="after")
     def _bounds(self) -> RoleSpec:

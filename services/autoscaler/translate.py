@@ -65,6 +65,7 @@ def spec_to_proto(spec: DeploymentSpec) -> common_pb2.DeploymentSpec:
                 template=r.template,
                 restart_policy=r.restart_policy,
                 ports=list(r.ports),
+                sidecars=list(r.sidecars),
             )
             for r in spec.roles
         ],
@@ -132,6 +133,7 @@ def spec_from_proto(msg: common_pb2.DeploymentSpec) -> DeploymentSpec:
                 "template": r.template,
                 "restart_policy": r.restart_policy or "always",
                 "ports": list(r.ports),
+                "sidecars": list(r.sidecars),
             }
             for r in msg.roles
         ],

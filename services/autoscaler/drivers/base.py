@@ -95,7 +95,9 @@ class RoleTarget:
     either way, so it is not replaced. ``ports`` (local driver): ports of the role's
     instances in launch order, before the driver's range. ``drain_timeout_s``: the longest
     wait for in-flight requests before one of its instances is removed anyway (the spec's
-    ``coordination.drain_timeout_s``; 0 = the driver's setting)."""
+    ``coordination.drain_timeout_s``; 0 = the driver's setting). ``sidecars`` (local
+    driver): command lines run beside each instance, with the same placeholders plus
+    ``{state_dir}`` (a directory of the instance's own)."""
 
     deployment: str
     name: str
@@ -113,6 +115,7 @@ class RoleTarget:
     restart: RestartPolicy = "always"
     ports: tuple[int, ...] = ()
     drain_timeout_s: float = 0.0
+    sidecars: tuple[tuple[str, ...], ...] = ()
 
     @property
     def drain_limit_s(self) -> float | None:
