@@ -45,7 +45,7 @@ import aiohttp
 from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
-from services.common import otel
+from services.common import engine_load, otel
 from services.common.metrics import metrics_handler
 from services.common.tokens import TokenPath
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
@@ -287,7 +287,7 @@ class Gateway:
         ids = [i for i in fleet.ids() if fleet.needs_scrape(i, before)]
         loads = await asyncio.gather(
             *(
-                upstream.scrape_load(self._session, fleet.spec(i).url, self.opts.probe_timeout_s)
+                engine_load.scrape_load(self._session, fleet.spec(i).url, self.opts.probe_timeout_s)
                 for i in ids
             )
         )
