@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from services.common import runtime
 from services.scheduler.admission.shaper import DISPATCH_HOLD_MS
-from services.stack.gateways import GatewayCount, gateway_count, parse_gateway_count
+from services.scheduler.replicas import GatewayCount, gateway_count, parse_gateway_count
 
 if TYPE_CHECKING:
     from services.scheduler.compose import Scheduler

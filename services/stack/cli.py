@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from services.common.local.spec import ChildSpec
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
 from services.stack.gateways import parse_gateway_count
-from services.stack.plan import SERVICES, ChildSpec, build_service_children, choose_ports
+from services.stack.plan import SERVICES, build_service_children, choose_ports
 from services.stack.restarts import RestartPolicy
 
 if TYPE_CHECKING:
@@ -402,6 +403,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from services.common.local.state import read_state
     from services.common.settings import SettingsError
     from services.stack.control import (
         all_serving,
@@ -410,7 +412,6 @@ def cmd_status(args: argparse.Namespace) -> int:
         print_status,
         status_report,
     )
-    from services.stack.state import read_state
 
     try:
         state_dir = _state_dir(args)

@@ -1,0 +1,38 @@
+"""Verbs shared by several command modules of the ``tideserve`` command.
+
+Verbs taking a kind (``get deployments``, ``get windows``, ``describe deployment``) are
+shared between modules: each adds its kinds to :func:`kinds` ``(subparsers, "get", ...)``,
+which creates the verb the first time and returns its kind sub-parsers after that.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["kinds"]
+
+
+def kinds(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    verb: str,
+    help_: str,
+    epilog: str = "",
+) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    """The ``<verb> <kind>`` sub-parsers of a shared verb (created by the first caller; a
+    later caller's ``help_``/``epilog`` are ignored). Each kind sets its own ``func``."""
+    existing = subparsers.choices.get(verb)
+    if existing is not None:
+        action = existing.get_default("kinds_action")
+        if not isinstance(action, argparse._SubParsersAction):
+            raise TypeError(f"verb {verb!r} exists and does not take kinds")
+        return action
+    parser = subparsers.add_parser(
+        verb,
+        help=help_,
+        description=f"{help_} (tideserve {verb} <kind> --help for each kind)",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    action = parser.add_subparsers(dest="kind", metavar="<kind>", required=True)
+    parser.set_defaults(kinds_action=action)
+    return action
