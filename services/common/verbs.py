@@ -1,5 +1,7 @@
 """Verbs shared by several command modules of the ``tideserve`` command.
 
+A verb's flags can be data: a table of :func:`flag` entries added with :func:`add_flags`.
+
 Verbs taking a kind (``get deployments``, ``get windows``, ``describe deployment``) are
 shared between modules: each adds its kinds to :func:`kinds` ``(subparsers, "get", ...)``,
 which creates the verb the first time and returns its kind sub-parsers after that.
@@ -8,8 +10,24 @@ which creates the verb the first time and returns its kind sub-parsers after tha
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
+from typing import Any
 
-__all__ = ["kinds"]
+__all__ = ["Flag", "add_flags", "flag", "kinds"]
+
+Flag = tuple[tuple[str, ...], dict[str, Any]]
+"""One ``add_argument`` call: its names and its options."""
+
+
+def flag(*names: str, **options: Any) -> Flag:
+    """A row of a flag table: ``flag("--port", type=int, help=...)``."""
+    return names, options
+
+
+def add_flags(parser: argparse.ArgumentParser, flags: Iterable[Flag]) -> None:
+    """``parser.add_argument`` for each row of ``flags``, in order."""
+    for names, options in flags:
+        parser.add_argument(*names, **options)
 
 
 def kinds(
