@@ -5,8 +5,7 @@ and sets ``func=<callable(args) -> int>`` on each. A module that does not exist 
 skipped; a module that exists but fails to import is an error (never hidden).
 
 Verbs taking a kind (``get deployments``, ``get windows``, ``describe deployment``) are
-shared between modules: each adds its kinds to :func:`kinds` ``(subparsers, "get", ...)``,
-which creates the verb the first time and returns its kind sub-parsers after that.
+shared between modules: each adds its kinds with :func:`services.common.verbs.kinds`.
 """
 
 from __future__ import annotations
@@ -37,32 +36,6 @@ examples:
   tideserve down                  # stop it all
   tideserve <verb> --help         # examples for each verb
 """
-
-
-def kinds(
-    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
-    verb: str,
-    help_: str,
-    epilog: str = "",
-) -> argparse._SubParsersAction[argparse.ArgumentParser]:
-    """The ``<verb> <kind>`` sub-parsers of a shared verb (created by the first caller; a
-    later caller's ``help_``/``epilog`` are ignored). Each kind sets its own ``func``."""
-    existing = subparsers.choices.get(verb)
-    if existing is not None:
-        action = existing.get_default("kinds_action")
-        if not isinstance(action, argparse._SubParsersAction):
-            raise TypeError(f"verb {verb!r} exists and does not take kinds")
-        return action
-    parser = subparsers.add_parser(
-        verb,
-        help=help_,
-        description=f"{help_} (tideserve {verb} <kind> --help for each kind)",
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    action = parser.add_subparsers(dest="kind", metavar="<kind>", required=True)
-    parser.set_defaults(kinds_action=action)
-    return action
 
 
 def _import_optional(name: str) -> object | None:

@@ -5,7 +5,7 @@ until the next changed apply or ``--release``).
 Clients of the autoscaler's gRPC API (``--autoscaler`` host:port, default 127.0.0.1:50053).
 Every verb prints a human table by default and one JSON document with ``--json``. ``get``
 and ``describe`` are shared verbs: each command module adds its kinds through
-:func:`services.cli.kinds` (``get deployments`` here; other modules add e.g. ``get
+:func:`services.common.verbs.kinds` (``get deployments`` here; other modules add e.g. ``get
 windows``). ``apply`` validates the file locally first (the same validator the server runs),
 so a bad spec is refused naming the field without a round trip.
 """
@@ -26,7 +26,7 @@ from tideserve.v1 import autoscaler_pb2, autoscaler_pb2_grpc, common_pb2
 
 from services.autoscaler.spec import SpecError, load_spec_file
 from services.autoscaler.translate import role_name, spec_to_proto
-from services.cli import kinds
+from services.common.verbs import kinds
 
 __all__ = ["register", "render_describe", "render_get", "render_plan"]
 
@@ -238,9 +238,9 @@ def render_plan(d: autoscaler_pb2.ScalingDecision) -> str:
 
 
 def _call(args: argparse.Namespace, fn: Callable[[Any], int]) -> int:
+    from services.common.local.client import cli_security
     from services.common.security.channels import sync_channel
     from services.common.settings import SettingsError
-    from services.stack.secure import cli_security
 
     try:
         channel = sync_channel(args.autoscaler, cli_security(args.autoscaler, args.state_dir))

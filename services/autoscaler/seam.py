@@ -39,9 +39,8 @@ from services.autoscaler.ports import InstanceView, ReconcileError
 from services.autoscaler.reconciler import Reconciler as DriverLoop
 from services.autoscaler.scope import EVERY, Scope
 from services.autoscaler.spec import DeploymentSpec, RoleSpec
+from services.common.engine_load import LoadReport, scrape_load
 from services.common.tasks import pause, stop_tasks
-from services.scheduler.core.load_merge import LoadReport
-from services.scheduler.http.upstream import scrape_load
 
 __all__ = [
     "ENGINE_COMMANDS",

@@ -73,7 +73,6 @@ __all__ = [
     "configure_tracing",
     "conversation",
     "inject",
-    "insecure_channel",
     "otlp_options",
     "quiet_provider",
     "recording",
@@ -291,18 +290,6 @@ def client_interceptors(provider: TracerProvider) -> list[grpc.aio.ClientInterce
     ``traceparent`` into outgoing metadata."""
     found: Sequence[Any] = _OTEL_GRPC.aio_client_interceptors(tracer_provider=provider)
     return list(found)
-
-
-def insecure_channel(
-    target: str,
-    provider: TracerProvider | None = None,
-    options: Sequence[tuple[str, Any]] = (),
-) -> grpc.aio.Channel:
-    """A plaintext grpc.aio channel to ``target`` (``host:port``), traced when ``provider``
-    is given (:func:`services.common.security.channels.aio_channel` with no security)."""
-    from services.common.security.channels import aio_channel
-
-    return aio_channel(target, None, provider, options)
 
 
 # --------------------------------------------------------------------------- aiohttp

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from services.common import otel
 from services.common.errors import PortInUseError, StartupError, one_line, report
+from services.common.health import HealthService
 from services.common.logs import configure_logging
 from services.common.metrics import (
     GrpcMetricsInterceptor,
@@ -38,7 +39,7 @@ from services.common.metrics import (
     wrap_rpc_handler,
 )
 from services.common.security.access import AccessTable
-from services.common.security.server import server_security
+from services.common.security.server import ServerSecurity, server_security
 from services.common.settings import (
     ServiceSettings,
     add_common_arguments,
@@ -66,74 +67,7 @@ S = TypeVar("S", bound=ServiceSettings)
 
 _SERVING: int = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING: int = health_pb2.HealthCheckResponse.NOT_SERVING
-_SERVICE_UNKNOWN: int = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 _HEALTH_NAME: str = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-
-
-class HealthService:
-    """``grpc.health.v1.Health`` for grpc.aio (Check, List, Watch).
-
-    Unknown names get NOT_FOUND from ``Check`` and SERVICE_UNKNOWN from ``Watch``. After
-    :meth:`shutdown` every name is NOT_SERVING for good and open ``Watch`` streams end right after
-    telling their client, so they do not hold up the server's graceful stop.
-    """
-
-    def __init__(self) -> None:
-        self._status: dict[str, int] = {}
-        self._version = 0
-        self._closing = False
-        self._changed = asyncio.Condition()
-
-    def status(self, service: str = "") -> int | None:
-        return self._status.get(service)
-
-    async def set(self, service: str, status: int) -> None:
-        """Set one name's status; ignored after :meth:`shutdown`."""
-        async with self._changed:
-            if self._closing:
-                return
-            self._status[service] = status
-            self._version += 1
-            self._changed.notify_all()
-
-    async def shutdown(self) -> None:
-        """Every name NOT_SERVING, permanently; idempotent."""
-        async with self._changed:
-            self._closing = True
-            for name in self._status:
-                self._status[name] = _NOT_SERVING
-            self._version += 1
-            self._changed.notify_all()
-
-    async def Check(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        status = self._status.get(request.service)
-        if status is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
-        return health_pb2.HealthCheckResponse(status=status)
-
-    async def List(self, _request: Any, _context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        response = health_pb2.HealthListResponse()
-        for name, status in self._status.items():
-            response.statuses[name].status = status
-        return response
-
-    async def Watch(
-        self, request: Any, _context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[Any]:
-        seen = -1
-        last: int | None = None
-        while True:
-            async with self._changed:
-                while self._version == seen:
-                    await self._changed.wait()
-                seen = self._version
-                status = self._status.get(request.service, _SERVICE_UNKNOWN)
-                closing = self._closing
-            if status != last:
-                yield health_pb2.HealthCheckResponse(status=status)
-                last = status
-            if closing:
-                return
 
 
 class _UnimplementedInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
@@ -233,8 +167,84 @@ async def serve(
     host = settings.host
     _check_port_free(service_name, "grpc_port", host, settings.grpc_port)
     _check_port_free(service_name, "metrics_port", host, settings.metrics_port)
+    security = _security(settings, access)
+    server = _grpc_server(provider, registry, security)
+    health = HealthService()
+    names = _register(server, health, register, settings, access)
+    for name in ["", *names]:
+        await health.set(name, _NOT_SERVING)
+
+    up = _Started()
     try:
-        security = server_security(
+        await _start(
+            server, security, health, names, settings, service_name, registry, stop, on_start, up
+        )
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        log.info("shutting down", extra={"grace_s": settings.shutdown_grace_s})
+    finally:
+        await _shut_down(
+            server,
+            health,
+            settings.shutdown_grace_s if up.started else None,
+            up.signals,
+            on_stop if up.started else None,
+            up.metrics,
+            provider if own_provider else None,
+        )
+    log.info("stopped")
+
+
+@dataclass
+class _Started:
+    """How far :func:`serve` got: what its shutdown has to undo."""
+
+    metrics: MetricsServer | None = None
+    signals: list[signal.Signals] = field(default_factory=list)
+    started: bool = False
+
+
+async def _start(
+    server: grpc.aio.Server,
+    security: ServerSecurity,
+    health: HealthService,
+    names: Sequence[str],
+    settings: ServiceSettings,
+    service_name: str,
+    registry: CollectorRegistry,
+    stop: asyncio.Event,
+    on_start: Hook | None,
+    up: _Started,
+) -> None:
+    """Bind gRPC and ``/metrics``, start, install the signal handlers, ``on_start``, then
+    health SERVING; records in ``up`` what is to be undone."""
+    host = settings.host
+    grpc_port = _bind_grpc(server, security, service_name, host, settings.grpc_port)
+    if settings.metrics_port:
+        up.metrics = MetricsServer(host, settings.metrics_port, registry)
+        await _start_metrics(up.metrics, service_name, host, settings.metrics_port)
+    await server.start()
+    up.started = True
+    up.signals = _install_signals(stop)
+    if on_start is not None:
+        await on_start()
+    for name in ["", *names]:
+        await health.set(name, _SERVING)
+    log.info(
+        "serving",
+        extra={
+            "grpc": f"{host}:{grpc_port}",
+            "metrics_port": up.metrics.port if up.metrics else 0,
+            "services": list(names),
+        },
+    )
+
+
+def _security(settings: ServiceSettings, access: Sequence[AccessTable]) -> ServerSecurity:
+    """The server's TLS, token auth, limits and reflection rule (StartupError if bad)."""
+    try:
+        return server_security(
             settings.tls,
             settings.auth,
             settings.grpc_limits,
@@ -244,7 +254,12 @@ async def serve(
     except ValueError as err:
         raise StartupError(str(err)) from err
 
-    server = grpc.aio.server(
+
+def _grpc_server(
+    provider: TracerProvider, registry: CollectorRegistry, security: ServerSecurity
+) -> grpc.aio.Server:
+    """The grpc.aio server with its interceptors: traces, metrics, security, UNIMPLEMENTED."""
+    return grpc.aio.server(
         interceptors=[
             otel.server_interceptor(provider),
             GrpcMetricsInterceptor(registry),
@@ -253,7 +268,17 @@ async def serve(
         ],
         options=[("grpc.so_reuseport", 0), *security.options],
     )
-    health = HealthService()
+
+
+def _register(
+    server: grpc.aio.Server,
+    health: HealthService,
+    register: Register,
+    settings: ServiceSettings,
+    access: Sequence[AccessTable],
+) -> list[str]:
+    """The service's servicers, health checking and (when on) reflection on ``server``;
+    the names ``register`` returned."""
     names = list(register(server))
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     if settings.reflection:
@@ -261,61 +286,52 @@ async def serve(
     uncovered = sorted(set(names) - {t.service for t in access})
     if settings.auth.enabled and uncovered:
         log.warning("no access table: every call refused", extra={"services": uncovered})
-    for name in ["", *names]:
-        await health.set(name, _NOT_SERVING)
+    return names
 
-    metrics: MetricsServer | None = None
-    signals: list[signal.Signals] = []
-    started = False
+
+def _bind_grpc(
+    server: grpc.aio.Server, security: ServerSecurity, service: str, host: str, port: int
+) -> int:
     try:
-        try:
-            grpc_port = security.bind(server, f"{host}:{settings.grpc_port}")
-        except RuntimeError as err:
-            raise PortInUseError(service_name, "grpc_port", host, settings.grpc_port) from err
-        if settings.metrics_port:
-            metrics = MetricsServer(host, settings.metrics_port, registry)
-            try:
-                await metrics.start()
-            except OSError as err:
-                if is_port_in_use(err):
-                    raise PortInUseError(
-                        service_name, "metrics_port", host, settings.metrics_port
-                    ) from err
-                raise StartupError(f"cannot bind metrics_port: {err.strerror}") from err
-        await server.start()
-        started = True
-        signals = _install_signals(stop)
-        if on_start is not None:
-            await on_start()
-        for name in ["", *names]:
-            await health.set(name, _SERVING)
-        log.info(
-            "serving",
-            extra={
-                "grpc": f"{host}:{grpc_port}",
-                "metrics_port": metrics.port if metrics else 0,
-                "services": names,
-            },
-        )
-        if ready is not None:
-            ready.set()
-        await stop.wait()
-        log.info("shutting down", extra={"grace_s": settings.shutdown_grace_s})
+        return security.bind(server, f"{host}:{port}")
+    except RuntimeError as err:
+        raise PortInUseError(service, "grpc_port", host, port) from err
+
+
+async def _start_metrics(metrics: MetricsServer, service: str, host: str, port: int) -> None:
+    try:
+        await metrics.start()
+    except OSError as err:
+        if is_port_in_use(err):
+            raise PortInUseError(service, "metrics_port", host, port) from err
+        raise StartupError(f"cannot bind metrics_port: {err.strerror}") from err
+
+
+async def _shut_down(
+    server: grpc.aio.Server,
+    health: HealthService,
+    grace_s: float | None,
+    signals: Sequence[signal.Signals],
+    on_stop: Hook | None,
+    metrics: MetricsServer | None,
+    own_provider: TracerProvider | None,
+) -> None:
+    """Health NOT_SERVING, no new calls, ``grace_s`` for in-flight ones (None: the server
+    never started), signal handlers removed, then ``on_stop`` (only once started), the
+    metrics server and the provider this call made."""
+    await health.shutdown()
+    await server.stop(grace_s)
+    loop = asyncio.get_running_loop()
+    for sig in signals:
+        loop.remove_signal_handler(sig)
+    try:
+        if on_stop is not None:
+            await on_stop()
     finally:
-        await health.shutdown()
-        await server.stop(settings.shutdown_grace_s if started else None)
-        loop = asyncio.get_running_loop()
-        for sig in signals:
-            loop.remove_signal_handler(sig)
-        try:
-            if started and on_stop is not None:
-                await on_stop()
-        finally:
-            if metrics is not None:
-                await metrics.stop()
-            if own_provider:
-                provider.shutdown()
-    log.info("stopped")
+        if metrics is not None:
+            await metrics.stop()
+        if own_provider is not None:
+            own_provider.shutdown()
 
 
 def redact_url(url: str) -> str:

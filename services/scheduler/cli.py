@@ -11,8 +11,9 @@ import sys
 from typing import TYPE_CHECKING
 
 from services.common import runtime
+from services.common.verbs import Flag, add_flags, flag
 from services.scheduler.admission.shaper import DISPATCH_HOLD_MS
-from services.stack.gateways import GatewayCount, gateway_count, parse_gateway_count
+from services.scheduler.replicas import GatewayCount, gateway_count, parse_gateway_count
 
 if TYPE_CHECKING:
     from services.scheduler.settings import SchedulerSettings
@@ -64,6 +65,145 @@ X-Tideserve-Deadline-Ms, X-Tideserve-Profile.
 """
 
 
+# The flags of `tideserve gateway`, in --help order.
+_GATEWAY_FLAGS: tuple[Flag, ...] = (
+    flag("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)"),
+    flag("--port", type=int, default=8000, help="HTTP port (default 8000; 0 = free)"),
+    flag("--endpoints", nargs="+", default=[], metavar="URL", help="engines: URL or ROLE=URL"),
+    flag(
+        "--prefill",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar="URL [BOOTSTRAP_PORT]",
+        help="a prefill engine and its bootstrap port (repeatable)",
+    ),
+    flag("--decode", action="append", default=[], metavar="URL", help="decode engine"),
+    flag("--profile", default="", help="scheduler profile (default: 'default')"),
+    flag("--profiles-file", default=None, help="profiles YAML (default: shipped)"),
+    flag("--model", action="append", default=[], help="accepted model names"),
+    flag("--block-size", type=int, default=64, help="prefix hashing block (default 64)"),
+    flag(
+        "--model-path",
+        default=None,
+        metavar="DIR",
+        help="served model's directory (tokenizer.json, tokenizer_config.json): tokenize with "
+        "its tokenizer and chat template (default: the simulator's whitespace tokenizer)",
+    ),
+    flag(
+        "--hash-scheme",
+        choices=["tideserve", "vllm", "sglang"],
+        default="tideserve",
+        help="block hashes as this engine kind computes them (default tideserve, the "
+        "simulator's; vllm/sglang equal their KV events, with --model-path)",
+    ),
+    flag("--perf-profile", default="", help="perfmodel profile for TTFT cost"),
+    flag("--retries", type=int, default=2, help="retries before the first byte"),
+    flag(
+        "--pd-protocol",
+        choices=["sglang", "vllm"],
+        default="sglang",
+        help="P/D hand-off: sglang bootstrap (default) or vllm kv_transfer_params",
+    ),
+    flag(
+        "--decode-can-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="decode engines can compute a prompt without a prefill peer (default: from "
+        "--pd-protocol; sglang: no, so every request on a decode engine is disaggregated; "
+        "vllm: yes)",
+    ),
+    flag(
+        "--forward-authorization",
+        action="store_true",
+        help="pass the client's Authorization header on to the engines",
+    ),
+    flag(
+        "--engine-api-key",
+        default="",
+        help="send 'Authorization: Bearer KEY' to the engines (started with --api-key)",
+    ),
+    flag("--no-preemption", action="store_true", help="never pre-empt lower classes"),
+    flag(
+        "--default-slo-class",
+        default="agent",
+        help="SLO class of requests that name none (interactive: TTFT 2 s, agent: 10 s, "
+        "batch: none; its TTFT target orders dispatch)",
+    ),
+    flag(
+        "--dispatch-hold-ms",
+        type=float,
+        default=DISPATCH_HOLD_MS,
+        help="hold picks for an engine with this much predicted prefill outstanding, and "
+        "send them deadlines first, then shortest first (0 = off; default "
+        f"{DISPATCH_HOLD_MS:g})",
+    ),
+    flag("--max-in-flight", type=int, default=256, help="per engine (default 256)"),
+    flag("--seed", type=int, default=0, help="routing RNG seed"),
+    flag("--log-level", default="WARNING", help="DEBUG, INFO, WARNING, ERROR"),
+    flag("--deployment", default="default", help="deployment name (stream names)"),
+    flag("--redis-url", default="", help="Redis for request records / shared state"),
+    flag("--stream-prefix", default="ts", help="Redis stream name prefix"),
+    flag("--share-state", action="store_true", help="active-active via --redis-url"),
+    flag("--replica-id", default="", help="this replica's id (default generated)"),
+    flag("--no-records", action="store_true", help="no RequestRecord per request"),
+    flag(
+        "--api-keys",
+        action="store_true",
+        help="require API keys (tideserve keys create; stored in --postgres-url); rate limits "
+        "shared through --redis-url",
+    ),
+    flag("--postgres-url", default="", help="Postgres holding the API keys"),
+    flag("--kvmeta-address", default="", help="kvmeta gRPC host:port (MatchPrefix)"),
+    flag(
+        "--record-tool-contents",
+        action="store_true",
+        help="agent tool calls on record with their contents, not only names and sizes",
+    ),
+    flag(
+        "--trace-exporter",
+        choices=["none", "console", "otlp"],
+        default="none",
+        help="where OpenTelemetry spans go (default none: trace ids and traceparent only)",
+    ),
+    flag(
+        "--otlp-endpoint",
+        default=None,
+        metavar="URL",
+        help="OTLP/gRPC collector: host:port, http://... (plaintext) or https://... (TLS)",
+    ),
+    flag("--otlp-ca-file", default=None, metavar="PEM", help="CA of the collector"),
+    flag("--trace-sample-ratio", type=float, default=1.0, help="new traces recorded (default 1)"),
+    flag(
+        "--telemetry-address",
+        default="",
+        help="telemetry gRPC host:port: price TTFT with its fitted model (GetPerfModel)",
+    ),
+    flag("--perf-model-refresh", type=float, default=10.0, help="GetPerfModel period (s)"),
+    flag(
+        "--perf-model-min-confidence",
+        type=float,
+        default=0.5,
+        help="fit confidence from which it replaces --perf-profile (default 0.5)",
+    ),
+    flag(
+        "--gateways",
+        type=parse_gateway_count,
+        default="auto",
+        metavar="N|auto",
+        help="gateway processes on --port (SO_REUSEPORT; one saturates one core). Default "
+        "auto: one per usable core with --share-state (replicas share routing state through "
+        "--redis-url), else 1",
+    ),
+    flag(
+        "--event-loop",
+        choices=["uvloop", "asyncio"],
+        default="uvloop",
+        help="asyncio event loop implementation (default uvloop: less CPU per request)",
+    ),
+)
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "gateway",
@@ -73,141 +213,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000; 0 = free)")
-    p.add_argument(
-        "--endpoints", nargs="+", default=[], metavar="URL", help="engines: URL or ROLE=URL"
-    )
-    p.add_argument(
-        "--prefill",
-        nargs="+",
-        action="append",
-        default=[],
-        metavar="URL [BOOTSTRAP_PORT]",
-        help="a prefill engine and its bootstrap port (repeatable)",
-    )
-    p.add_argument("--decode", action="append", default=[], metavar="URL", help="decode engine")
-    p.add_argument("--profile", default="", help="scheduler profile (default: 'default')")
-    p.add_argument("--profiles-file", default=None, help="profiles YAML (default: shipped)")
-    p.add_argument("--model", action="append", default=[], help="accepted model names")
-    p.add_argument("--block-size", type=int, default=64, help="prefix hashing block (default 64)")
-    p.add_argument(
-        "--model-path",
-        default=None,
-        metavar="DIR",
-        help="served model's directory (tokenizer.json, tokenizer_config.json): tokenize with "
-        "its tokenizer and chat template (default: the simulator's whitespace tokenizer)",
-    )
-    p.add_argument(
-        "--hash-scheme",
-        choices=["tideserve", "vllm", "sglang"],
-        default="tideserve",
-        help="block hashes as this engine kind computes them (default tideserve, the "
-        "simulator's; vllm/sglang equal their KV events, with --model-path)",
-    )
-    p.add_argument("--perf-profile", default="", help="perfmodel profile for TTFT cost")
-    p.add_argument("--retries", type=int, default=2, help="retries before the first byte")
-    p.add_argument(
-        "--pd-protocol",
-        choices=["sglang", "vllm"],
-        default="sglang",
-        help="P/D hand-off: sglang bootstrap (default) or vllm kv_transfer_params",
-    )
-    p.add_argument(
-        "--decode-can-prefill",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="decode engines can compute a prompt without a prefill peer (default: from "
-        "--pd-protocol; sglang: no, so every request on a decode engine is disaggregated; "
-        "vllm: yes)",
-    )
-    p.add_argument(
-        "--forward-authorization",
-        action="store_true",
-        help="pass the client's Authorization header on to the engines",
-    )
-    p.add_argument(
-        "--engine-api-key",
-        default="",
-        help="send 'Authorization: Bearer KEY' to the engines (started with --api-key)",
-    )
-    p.add_argument("--no-preemption", action="store_true", help="never pre-empt lower classes")
-    p.add_argument(
-        "--default-slo-class",
-        default="agent",
-        help="SLO class of requests that name none (interactive: TTFT 2 s, agent: 10 s, "
-        "batch: none; its TTFT target orders dispatch)",
-    )
-    p.add_argument(
-        "--dispatch-hold-ms",
-        type=float,
-        default=DISPATCH_HOLD_MS,
-        help="hold picks for an engine with this much predicted prefill outstanding, and "
-        "send them deadlines first, then shortest first (0 = off; default "
-        f"{DISPATCH_HOLD_MS:g})",
-    )
-    p.add_argument("--max-in-flight", type=int, default=256, help="per engine (default 256)")
-    p.add_argument("--seed", type=int, default=0, help="routing RNG seed")
-    p.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING, ERROR")
-    p.add_argument("--deployment", default="default", help="deployment name (stream names)")
-    p.add_argument("--redis-url", default="", help="Redis for request records / shared state")
-    p.add_argument("--stream-prefix", default="ts", help="Redis stream name prefix")
-    p.add_argument("--share-state", action="store_true", help="active-active via --redis-url")
-    p.add_argument("--replica-id", default="", help="this replica's id (default generated)")
-    p.add_argument("--no-records", action="store_true", help="no RequestRecord per request")
-    p.add_argument(
-        "--api-keys",
-        action="store_true",
-        help="require API keys (tideserve keys create; stored in --postgres-url); rate limits "
-        "shared through --redis-url",
-    )
-    p.add_argument("--postgres-url", default="", help="Postgres holding the API keys")
-    p.add_argument("--kvmeta-address", default="", help="kvmeta gRPC host:port (MatchPrefix)")
-    p.add_argument(
-        "--record-tool-contents",
-        action="store_true",
-        help="agent tool calls on record with their contents, not only names and sizes",
-    )
-    p.add_argument(
-        "--trace-exporter",
-        choices=["none", "console", "otlp"],
-        default="none",
-        help="where OpenTelemetry spans go (default none: trace ids and traceparent only)",
-    )
-    p.add_argument(
-        "--otlp-endpoint",
-        default=None,
-        metavar="URL",
-        help="OTLP/gRPC collector: host:port, http://... (plaintext) or https://... (TLS)",
-    )
-    p.add_argument("--otlp-ca-file", default=None, metavar="PEM", help="CA of the collector")
-    p.add_argument(
-        "--trace-sample-ratio", type=float, default=1.0, help="new traces recorded (default 1)"
-    )
-    p.add_argument(
-        "--telemetry-address", default="",
-        help="telemetry gRPC host:port: price TTFT with its fitted model (GetPerfModel)",
-    )  # fmt: skip
-    p.add_argument("--perf-model-refresh", type=float, default=10.0, help="GetPerfModel period (s)")
-    p.add_argument(
-        "--perf-model-min-confidence", type=float, default=0.5,
-        help="fit confidence from which it replaces --perf-profile (default 0.5)",
-    )  # fmt: skip
-    p.add_argument(
-        "--gateways",
-        type=parse_gateway_count,
-        default="auto",
-        metavar="N|auto",
-        help="gateway processes on --port (SO_REUSEPORT; one saturates one core). Default "
-        "auto: one per usable core with --share-state (replicas share routing state through "
-        "--redis-url), else 1",
-    )
-    p.add_argument(
-        "--event-loop",
-        choices=["uvloop", "asyncio"],
-        default="uvloop",
-        help="asyncio event loop implementation (default uvloop: less CPU per request)",
-    )
+    add_flags(p, _GATEWAY_FLAGS)
     p.set_defaults(func=run)
 
 

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
+from services.common.local.state import ProcEntry, StackState, redact_url
 from services.stack.engines import ENGINE_KIND
-from services.stack.state import ProcEntry, StackState, redact_url
 
-if TYPE_CHECKING:
-    from services.stack.up import UpOptions
-
-__all__ = ["NO_ENGINE", "announcement"]
+__all__ = ["NO_ENGINE", "Announced", "announcement"]
 
 NO_ENGINE = (
     "NOTE: no simulated engine was started: the gateway routes only to the "
@@ -20,7 +18,18 @@ NO_ENGINE = (
 )
 
 
-def announcement(state: StackState, engines: Sequence[ProcEntry], opts: UpOptions) -> str:
+class Announced(Protocol):
+    """What the announcement reads of ``up``'s options (``services.stack.up.UpOptions``)."""
+
+    @property
+    def state_dir(self) -> Path: ...
+    @property
+    def postgres_url(self) -> str | None: ...
+    @property
+    def redis_url(self) -> str | None: ...
+
+
+def announcement(state: StackState, engines: Sequence[ProcEntry], opts: Announced) -> str:
     """One line per process with its addresses, the external stores, the gateway, logs."""
     lines = [f"tideserve stack is up (state dir {opts.state_dir})"]
     for entry in state.processes:

@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from services.common.local.spec import ChildSpec
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
-from services.stack.gateways import parse_gateway_count
-from services.stack.plan import SERVICES, ChildSpec, build_service_children, choose_ports
+from services.stack.gateways import GatewayReplicas, gateway_count, parse_gateway_count
+from services.stack.plan import SERVICES, build_service_children, choose_ports
 from services.stack.restarts import RestartPolicy
 
 if TYPE_CHECKING:
@@ -213,58 +214,13 @@ def _settings_class(service: str) -> type[ServiceSettings]:
 def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
     """Settings + flags → (UpOptions with the engines' deployment, the service children).
     Raises SettingsError / ValueError (one line)."""
-    from services.common.settings import load_settings
-    from services.stack.deployment import (
-        autoscaler_driver_env,
-        engine_port_claims,
-        stack_deployment,
-    )
-    from services.stack.engines import (
-        scheduler_engine_env,
-        wire_scheduler,
-    )
-    from services.stack.gateways import GatewayReplicas, gateway_count
+    from services.stack.deployment import engine_port_claims, stack_deployment
     from services.stack.plan import reachable, shift_port
-    from services.stack.secure import auth_env, load_or_create
-    from services.stack.settings import StackSettings
     from services.stack.up import UpOptions
 
     config = str(Path(args.config).expanduser().resolve()) if args.config else None
-    engine_args = getattr(args, "engine_arg", None)
-    stack = load_settings(
-        StackSettings,
-        "stack",
-        config,
-        {
-            "postgres_url": args.postgres_url,
-            "redis_url": args.redis_url,
-            "state_dir": args.state_dir,
-            "start_timeout_s": args.start_timeout,
-            "engines": getattr(args, "engines", None),
-            "prefill": getattr(args, "prefill", None),
-            "decode": getattr(args, "decode", None),
-            "engine_profile": getattr(args, "engine_profile", None),
-            "engine_speedup": getattr(args, "engine_speedup", None),
-            "engine_kv_blocks": getattr(args, "engine_kv_blocks", None),
-            "engine_args": list(engine_args) if engine_args else None,
-            "gateways": getattr(args, "gateways", None),
-            "secure": False if getattr(args, "insecure", False) else None,
-        },
-    )
-    configured: dict[str, dict[str, int]] = {}
-    scheduler: Any = None
-    autoscaler: Any = None
-    for spec in SERVICES:
-        svc = load_settings(_settings_class(spec.name), spec.name, config, {})
-        if spec.name == "scheduler":
-            scheduler = svc
-        if spec.name == "autoscaler":
-            autoscaler = svc
-        configured[spec.name] = {
-            pd.setting: int(getattr(svc, pd.setting))
-            for pd in spec.ports
-            if pd.setting in svc.model_fields_set
-        }
+    stack = _stack_settings(args, config)
+    configured, scheduler, autoscaler = _service_settings(config)
     offset = int(args.base_port_offset)
     ports = choose_ports(configured, offset)
     state_dir = Path(stack.state_dir).expanduser().resolve()
@@ -293,51 +249,142 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
         state_dir=state_dir,
         config_path=config,
         base_env=os.environ,
-        gateways=GatewayReplicas(
-            count=gateway_count(stack.gateways, len(os.sched_getaffinity(0))),
-            port_step=stack.gateway_port_step,
-            grpc_ports=tuple(stack.gateway_grpc_ports),
-            # on for replicas unless the configuration says otherwise
-            share_state=bool(scheduler.share_state)
-            if "share_state" in scheduler.model_fields_set
-            else True,
-        ),
+        gateways=_gateway_replicas(stack, scheduler),
     )
+    services = _wire_engines(services, stack, scheduler, fleet, ports, opts.autoscaler_address)
+    if deployment is not None:  # the autoscaler runs the engines with its local driver
+        services = _wire_driver(services, stack, autoscaler, fleet, state_dir)
+    if stack.secure:  # last: flags refused above leave no state dir behind
+        opts, services = _secure(opts, services, fleet)
+    return opts, services
+
+
+def _stack_settings(args: argparse.Namespace, config: str | None) -> Any:
+    """The stack's own settings (``stack:`` section, env, then ``up``'s flags)."""
+    from services.common.settings import load_settings
+    from services.stack.settings import StackSettings
+
+    engine_args = getattr(args, "engine_arg", None)
+    return load_settings(
+        StackSettings,
+        "stack",
+        config,
+        {
+            "postgres_url": args.postgres_url,
+            "redis_url": args.redis_url,
+            "state_dir": args.state_dir,
+            "start_timeout_s": args.start_timeout,
+            "engines": getattr(args, "engines", None),
+            "prefill": getattr(args, "prefill", None),
+            "decode": getattr(args, "decode", None),
+            "engine_profile": getattr(args, "engine_profile", None),
+            "engine_speedup": getattr(args, "engine_speedup", None),
+            "engine_kv_blocks": getattr(args, "engine_kv_blocks", None),
+            "engine_args": list(engine_args) if engine_args else None,
+            "gateways": getattr(args, "gateways", None),
+            "secure": False if getattr(args, "insecure", False) else None,
+        },
+    )
+
+
+def _service_settings(config: str | None) -> tuple[dict[str, dict[str, int]], Any, Any]:
+    """Each service's settings as it will read them: (the ports they set explicitly by
+    service, the scheduler's settings, the autoscaler's)."""
+    from services.common.settings import load_settings
+
+    configured: dict[str, dict[str, int]] = {}
+    scheduler: Any = None
+    autoscaler: Any = None
+    for spec in SERVICES:
+        svc = load_settings(_settings_class(spec.name), spec.name, config, {})
+        if spec.name == "scheduler":
+            scheduler = svc
+        if spec.name == "autoscaler":
+            autoscaler = svc
+        configured[spec.name] = {
+            pd.setting: int(getattr(svc, pd.setting))
+            for pd in spec.ports
+            if pd.setting in svc.model_fields_set
+        }
+    return configured, scheduler, autoscaler
+
+
+def _gateway_replicas(stack: Any, scheduler: Any) -> GatewayReplicas:
+    """How many gateway replicas on which ports (``share_state`` on unless configured)."""
+    return GatewayReplicas(
+        count=gateway_count(stack.gateways, len(os.sched_getaffinity(0))),
+        port_step=stack.gateway_port_step,
+        grpc_ports=tuple(stack.gateway_grpc_ports),
+        # on for replicas unless the configuration says otherwise
+        share_state=bool(scheduler.share_state)
+        if "share_state" in scheduler.model_fields_set
+        else True,
+    )
+
+
+def _wire_engines(
+    services: tuple[ChildSpec, ...],
+    stack: Any,
+    scheduler: Any,
+    fleet: EngineFleet,
+    ports: dict[str, dict[str, int]],
+    autoscaler_address: str,
+) -> tuple[ChildSpec, ...]:
+    """The scheduler children told about the stack's engines (membership, perf profile,
+    this stack's kvmeta for precise prefix scoring)."""
+    from services.stack.engines import scheduler_engine_env, wire_scheduler
+
     perf = None
     if stack.engine_profile and "perf_profile" not in scheduler.model_fields_set:
         perf = stack.engine_profile
-    wiring = scheduler_engine_env(
-        fleet, autoscaler_address=opts.autoscaler_address, perf_profile=perf
-    )
+    wiring = scheduler_engine_env(fleet, autoscaler_address=autoscaler_address, perf_profile=perf)
     if wiring and "kvmeta_address" not in scheduler.model_fields_set:
         # Precise prefix scoring: the gateway asks this stack's kvmeta, which indexes the
         # engines' KV events from Redis.
         wiring["TIDESERVE_SCHEDULER__KVMETA_ADDRESS"] = (
             f"{stack.host}:{ports['kvmeta']['grpc_port']}"
         )
-    services = wire_scheduler(services, wiring)
-    if deployment is not None:  # the autoscaler runs the engines with its local driver
-        driver_env = autoscaler_driver_env(
-            fleet,
-            host=stack.host,
-            state_dir=state_dir,
-            stop_grace_s=stack.stop_timeout_s,
-            planner_configured="planner_enabled" in autoscaler.model_fields_set,
+    return wire_scheduler(services, wiring)
+
+
+def _wire_driver(
+    services: tuple[ChildSpec, ...],
+    stack: Any,
+    autoscaler: Any,
+    fleet: EngineFleet,
+    state_dir: Path,
+) -> tuple[ChildSpec, ...]:
+    """The autoscaler child set up to run the stack's engines with its local driver."""
+    from services.stack.deployment import autoscaler_driver_env
+    from services.stack.engines import wire_scheduler
+
+    driver_env = autoscaler_driver_env(
+        fleet,
+        host=stack.host,
+        state_dir=state_dir,
+        stop_grace_s=stack.stop_timeout_s,
+        planner_configured="planner_enabled" in autoscaler.model_fields_set,
+    )
+    return wire_scheduler(services, driver_env, scheduler="autoscaler")
+
+
+def _secure(
+    opts: Any, services: tuple[ChildSpec, ...], fleet: EngineFleet
+) -> tuple[Any, tuple[ChildSpec, ...]]:
+    """The stack's secrets (made on first use) and token auth on every service child."""
+    from services.stack.engines import wire_scheduler
+    from services.stack.secure import auth_env, load_or_create
+
+    secrets = load_or_create(opts.state_dir)
+    opts = dataclasses.replace(opts, secrets=secrets)
+    services = tuple(dataclasses.replace(c, env={**c.env, **auth_env(secrets)}) for c in services)
+    if opts.deployment is not None:  # engines that talk to kvmeta present the services' token
+        token = {"TIDESERVE_ENGINE_KVMETA_TOKEN_FILE": str(secrets.service_token_file)}
+        services = wire_scheduler(services, token, scheduler="autoscaler")
+    if fleet.data_plane:  # Mooncake's Transfer Engine sends no token to its metadata
+        services = wire_scheduler(
+            services, {"TIDESERVE_KVMETA__METADATA_HTTP_OPEN": "true"}, scheduler="kvmeta"
         )
-        services = wire_scheduler(services, driver_env, scheduler="autoscaler")
-    if stack.secure:  # last: flags refused above leave no state dir behind
-        secrets = load_or_create(state_dir)
-        opts = dataclasses.replace(opts, secrets=secrets)
-        services = tuple(
-            dataclasses.replace(c, env={**c.env, **auth_env(secrets)}) for c in services
-        )
-        if deployment is not None:  # engines that talk to kvmeta present the services' token
-            token = {"TIDESERVE_ENGINE_KVMETA_TOKEN_FILE": str(secrets.service_token_file)}
-            services = wire_scheduler(services, token, scheduler="autoscaler")
-        if fleet.data_plane:  # Mooncake's Transfer Engine sends no token to its metadata
-            services = wire_scheduler(
-                services, {"TIDESERVE_KVMETA__METADATA_HTTP_OPEN": "true"}, scheduler="kvmeta"
-            )
     return opts, services
 
 
@@ -414,6 +461,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from services.common.local.state import read_state
     from services.common.settings import SettingsError
     from services.stack.control import (
         all_serving,
@@ -422,7 +470,6 @@ def cmd_status(args: argparse.Namespace) -> int:
         print_status,
         status_report,
     )
-    from services.stack.state import read_state
 
     try:
         state_dir = _state_dir(args)

@@ -10,10 +10,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from services.common.local.procs import ProcRef, is_alive, signal_process, stop_processes
+from services.common.local.recorded import clear_recorded, read_recorded
+from services.common.local.state import ProcEntry, StackState, read_state, remove_state, state_path
 from services.stack.health import Health, check_grpc_health, check_http_ready
-from services.stack.procs import ProcRef, is_alive, signal_process, stop_processes
-from services.stack.recorded import clear_recorded, read_recorded
-from services.stack.state import ProcEntry, StackState, read_state, remove_state, state_path
 
 _STOP_ORDER = ("service", "redis", "postgres")
 """Leftovers are stopped in this order of kinds (unknown kinds, e.g. engines, go first)."""

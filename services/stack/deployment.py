@@ -24,8 +24,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from services.common.local.spec import PortClaim
 from services.stack.engines import MAX_ENGINES, EngineFleet, plan_engines
-from services.stack.plan import PortClaim
 
 __all__ = [
     "STACK_INSTANCE_IDS",

@@ -18,8 +18,8 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from services.common.local.spec import ChildSpec
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
-from services.stack.plan import ChildSpec
 
 __all__ = [
     "DEFAULT_ENGINES",

@@ -1,9 +1,10 @@
 """Gateway replicas in the local stack (``tideserve up --gateways N|auto``). Pure: no I/O.
 
-``auto`` (the default) is one replica per usable core (:func:`gateway_count`, at most
-``MAX_GATEWAYS``): one gateway process is single-threaded and saturates one core (about
-1,000-2,000 short requests per second, benchmarks/README.md section 2), so the kernel's
-spreading over one process per core is what uses the machine.
+``auto`` (the default) is one replica per usable core (the scheduler's
+:func:`~services.scheduler.replicas.gateway_count`, at most ``MAX_GATEWAYS``): one gateway
+process is single-threaded and saturates one core (about 1,000-2,000 short requests per
+second, benchmarks/README.md section 2), so the kernel's spreading over one process per
+core is what uses the machine.
 
 With N = 1 the stack runs one scheduler process, exactly as without this module. With N > 1
 it runs N scheduler processes named ``scheduler``, ``scheduler-2``, ... ``scheduler-N``
@@ -26,7 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+
+from services.scheduler.replicas import (
+    MAX_GATEWAYS,
+    GatewayCount,
+    gateway_count,
+    parse_gateway_count,
+)
 
 __all__ = [
     "DEFAULT_GATEWAY_PORT_STEP",
@@ -42,27 +49,7 @@ __all__ = [
 ]
 
 GATEWAY_SERVICE = "scheduler"
-MAX_GATEWAYS = 16
 DEFAULT_GATEWAY_PORT_STEP = 100
-
-
-GatewayCount = int | Literal["auto"]
-"""How many gateway processes: a number, or ``auto`` (one per usable core)."""
-
-
-def gateway_count(value: GatewayCount, cores: int) -> int:
-    """The number of gateway processes for ``value`` on a machine with ``cores`` usable
-    cores: ``auto`` is one per core, 1..``MAX_GATEWAYS``; a number is itself."""
-    if value == "auto":
-        return max(1, min(cores, MAX_GATEWAYS))
-    return value
-
-
-def parse_gateway_count(text: str) -> GatewayCount:
-    """``auto`` or a whole number (for argparse ``type=``). ValueError otherwise."""
-    if text.strip().lower() == "auto":
-        return "auto"
-    return int(text)
 
 
 @dataclass(frozen=True)

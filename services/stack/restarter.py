@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from services.stack.procs import Child, Supervisor
+from services.common.local.procs import Child, Supervisor
 from services.stack.restarts import RestartPolicy, plan_restart
 
 __all__ = ["Restarter"]

@@ -18,7 +18,6 @@ are used as given (their users and roles are the operator's; see deploy/).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import secrets
@@ -26,8 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.common.local.client import ADMIN_TOKEN_FILE, SECRETS_DIR
 from services.common.security.access import Role
-from services.common.security.channels import ClientSecurity
 from services.common.security.stores import (
     ENGINE_USER,
     SERVICES,
@@ -44,7 +43,6 @@ __all__ = [
     "StoreUrls",
     "auth_env",
     "child_store_env",
-    "cli_security",
     "load_or_create",
     "postgres_url_for",
     "provision_postgres",
@@ -52,7 +50,6 @@ __all__ = [
     "write_redis_acl",
 ]
 
-SECRETS_DIR = "secrets"
 REDIS_ACL_FILE = "users.acl"
 
 
@@ -69,7 +66,7 @@ class StackSecrets:
 
     @property
     def admin_token_file(self) -> Path:
-        return self.root / "admin.token"
+        return self.root / ADMIN_TOKEN_FILE
 
     @property
     def service_token_file(self) -> Path:
@@ -187,29 +184,3 @@ def child_store_env(
     if engine_env is not None:
         env[engine_env] = engine_rd
     return env
-
-
-def cli_security(address: str, state_dir: Path | None = None) -> ClientSecurity:
-    """How a CLI dials ``address``: the ``tls``/``auth`` settings (``TIDESERVE_TLS__*``,
-    ``TIDESERVE_AUTH__TOKEN_FILE``, ``tideserve.yaml``); when they name no token and
-    ``address`` is a gRPC address of the local stack recorded in ``state_dir`` (default: the
-    settings' ``state_dir``), that stack's admin token. The token goes to no other address."""
-    from services.common.settings import ServiceSettings, load_settings
-    from services.stack.state import read_state
-
-    overrides = {"state_dir": str(state_dir) if state_dir is not None else None}
-    settings = load_settings(ServiceSettings, "cli", None, overrides)
-    security = ClientSecurity.of(settings)
-    if security.token is not None:
-        return security
-    root = Path(settings.state_dir).expanduser()
-    try:
-        state = read_state(root)
-    except (ValueError, OSError):
-        return security
-    if state is None or address not in {p.grpc_address for p in state.processes}:
-        return security
-    token_file = root / SECRETS_DIR / "admin.token"
-    if not token_file.exists():
-        return security
-    return dataclasses.replace(security, token=read_token(token_file))

@@ -26,22 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
-from services.common.security.stores import without_credentials
-from services.stack.announce import announcement
-from services.stack.autoscaled import EngineOps, EnginesFailed, start_engines
-from services.stack.control import recorded_engines
-from services.stack.engines import ENGINE_KIND, ENGINE_REDIS_ENV, start_waves
-from services.stack.health import Health, check_grpc_health, check_http_ready
-from services.stack.infra import Infra, Server, default_infra
-from services.stack.plan import SERVICE_NAMES, ChildSpec, PortClaim, duplicate_ports
-from services.stack.ports import busy_ports, tcp_accepts
-from services.stack.procs import Child, ProcRef, Supervisor, is_alive, log_tail
-from services.stack.recorded import stop_recorded
-from services.stack.restarter import Restarter
-from services.stack.restarts import RestartPolicy
-from services.stack.secure import StackSecrets, StoreUrls, child_store_env
-from services.stack.signals import Signals, StartFailed, StopRequested, state_lock
-from services.stack.state import (
+from services.common.local.ports import busy_ports, tcp_accepts
+from services.common.local.procs import Child, ProcRef, Supervisor, is_alive, log_tail
+from services.common.local.recorded import stop_recorded
+from services.common.local.spec import ChildSpec, PortClaim
+from services.common.local.state import (
     ProcEntry,
     StackState,
     read_state,
@@ -49,6 +38,18 @@ from services.stack.state import (
     remove_state,
     write_state,
 )
+from services.common.security.stores import without_credentials
+from services.stack.announce import announcement
+from services.stack.autoscaled import EngineOps, EnginesFailed, start_engines
+from services.stack.control import recorded_engines
+from services.stack.engines import ENGINE_KIND, ENGINE_REDIS_ENV, start_waves, stop_rank
+from services.stack.health import Health, check_grpc_health, check_http_ready
+from services.stack.infra import Infra, Server, default_infra
+from services.stack.plan import SERVICE_NAMES, duplicate_ports
+from services.stack.restarter import Restarter
+from services.stack.restarts import RestartPolicy
+from services.stack.secure import StackSecrets, StoreUrls, child_store_env
+from services.stack.signals import Signals, StartFailed, StopRequested, state_lock
 
 __all__ = [
     "EXIT_FAILED",
@@ -133,7 +134,7 @@ class StackRunner:
         self.probe = probe
         self.http_probe = http_probe
         self.engine_ops = engine_ops if engine_ops is not None else EngineOps()
-        self.supervisor = Supervisor(stop_timeout_s=opts.stop_timeout_s)
+        self.supervisor = Supervisor(stop_timeout_s=opts.stop_timeout_s, stop_rank=stop_rank)
         self.signals = Signals()
         me = ProcRef.of("up", os.getpid())
         self.state = StackState(

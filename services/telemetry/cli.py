@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-from services.cli import kinds
+from services.common.verbs import kinds
 
 if TYPE_CHECKING:
     from tideserve.v1 import events_pb2, telemetry_pb2
@@ -46,7 +46,7 @@ def parse_duration(text: str) -> float:
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    # ``get`` is shared with other services' kinds (services.cli.kinds)
+    # ``get`` is shared with other services' kinds (services.common.verbs.kinds)
     what = kinds(subparsers, "get", "list resources")
     win = what.add_parser(
         "windows",
@@ -102,11 +102,11 @@ def _common(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
 def _address(args: argparse.Namespace) -> str:
     if args.address:
         return str(args.address)
-    from services.stack.cli import _state_dir  # the stack's own --state-dir rule
-    from services.stack.state import read_state
+    from services.common.local.client import stack_state_dir
+    from services.common.local.state import read_state
 
     try:
-        state = read_state(_state_dir(args))
+        state = read_state(stack_state_dir(args.state_dir))
     except (ValueError, OSError):
         state = None
     for proc in state.services() if state is not None else []:
@@ -120,14 +120,13 @@ def _call(args: argparse.Namespace, verb: str, fn: Callable[[Any], Any]) -> Any:
     import grpc
     from tideserve.v1 import telemetry_pb2_grpc
 
+    from services.common.local.client import cli_security, stack_state_dir
     from services.common.security.channels import sync_channel
     from services.common.settings import SettingsError
-    from services.stack.cli import _state_dir
-    from services.stack.secure import cli_security
 
     address = _address(args)
     try:
-        channel = sync_channel(address, cli_security(address, _state_dir(args)))
+        channel = sync_channel(address, cli_security(address, stack_state_dir(args.state_dir)))
     except (SettingsError, ValueError) as exc:  # a bad TLS/auth setting or file
         print(f"tideserve {verb}: {exc}", file=sys.stderr)
         return None

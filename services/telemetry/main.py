@@ -16,14 +16,16 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import grpc
+import redis.asyncio as aioredis
+from tideserve.v1 import events_pb2
 
 from services.common.metrics import service_registry
 from services.common.redis_client import redis_client
 from services.common.server import ServiceHooks, run_service
-from services.common.streams import DeadLetters, close_quietly, stream_name
+from services.common.streams import DeadLetters, StreamConsumer, close_quietly, stream_name
 from services.common.tasks import pause, stop_tasks
 from services.telemetry.access import ACCESS
 from services.telemetry.ingest.pipeline import Ingest, IngestCounts
@@ -37,6 +39,7 @@ from services.telemetry.settings import TelemetrySettings
 from services.telemetry.source import MemoryWindowSource
 from services.telemetry.store.pg import RecordStore
 from services.telemetry.windows.bucket import RELATIVE_ACCURACY
+from services.telemetry.windows.classes import SLOClass
 from services.telemetry.windows.memory import WindowMemory
 from services.telemetry.windows.validate import ValidationRules
 
@@ -79,50 +82,9 @@ def build(
         )
         model = fitted
         observers = [*observers, fitted]
-    store = (
-        RecordStore(
-            settings.postgres_url,
-            partition_ms=settings.partition_s * 1000,
-            retention_ms=settings.retention_s * 1000,
-            rollup_retention_ms=settings.rollup_retention_s * 1000,
-            ahead=settings.partitions_ahead,
-            accuracy=RELATIVE_ACCURACY,
-        )
-        if settings.postgres_url
-        else None
-    )
-    ingest = (
-        Ingest(
-            store,
-            memory,
-            rules=ValidationRules.of(
-                settings.deployments,
-                int(settings.max_skew_s * 1000),
-                settings.retention_s * 1000,
-            ),
-            classes=classes,
-            replica_id=replica_id,
-            observers=observers,
-            wall=wall,
-        )
-        if store is not None
-        else None
-    )
-    consumer = (
-        records_consumer(
-            redis,
-            ingest,
-            prefix=settings.stream_prefix,
-            group=settings.ingest_group,
-            consumer=replica_id,
-            batch=settings.ingest_batch,
-            block_ms=settings.ingest_block_ms,
-            claim_idle_ms=settings.ingest_claim_idle_ms,
-            max_attempts=settings.stream_max_attempts,
-        )
-        if redis is not None and ingest is not None
-        else None
-    )
+    store = _record_store(settings)
+    ingest = _ingest(settings, store, memory, classes, replica_id, observers, wall)
+    consumer = _consumer(settings, redis, ingest, replica_id)
     dead = (
         DeadLetters(redis, stream_name(settings.stream_prefix, "requests"), "rpc")
         if redis is not None
@@ -139,38 +101,7 @@ def build(
             wall,
         )
     )
-    stop = asyncio.Event()
-    tasks: list[asyncio.Task[None]] = []
-
-    async def maintain() -> None:
-        assert store is not None
-        while not stop.is_set():
-            try:
-                done = await store.maintain(int(wall() * 1000))
-                log.info("telemetry maintenance: %s", done)
-            except Exception:
-                log.exception("telemetry maintenance failed; retrying next interval")
-            await pause(stop, settings.maintenance_interval_s)
-
-    async def on_start() -> None:
-        if fitted is not None:
-            await fitted.start()
-        if store is not None and ingest is not None:
-            await store.maintain(int(wall() * 1000))
-            await ingest.load()
-            tasks.append(asyncio.create_task(maintain(), name="telemetry-maintenance"))
-        if consumer is not None:
-            tasks.append(asyncio.create_task(consumer.run(stop), name="telemetry-ingest"))
-
-    async def on_stop() -> None:
-        stop.set()
-        await stop_tasks(tasks, grace_s=settings.ingest_block_ms / 1000 + 2.0)
-        if fitted is not None:
-            await fitted.stop()
-        if store is not None:
-            await store.close()
-        if redis is not None:
-            await close_quietly(redis)
+    life = _Lifecycle(settings, wall, fitted, store, ingest, consumer, redis)
 
     def register(server: grpc.aio.Server) -> list[str]:
         query = WindowQuery(store, memory, classes, replica_id, wall)
@@ -180,8 +111,131 @@ def build(
         return [add_to_server(servicer, server)]
 
     return ServiceHooks(
-        register=register, on_start=on_start, on_stop=on_stop, registry=registry, access=(ACCESS,)
+        register=register,
+        on_start=life.start,
+        on_stop=life.stop,
+        registry=registry,
+        access=(ACCESS,),
     )
+
+
+def _record_store(settings: TelemetrySettings) -> RecordStore | None:
+    """The Postgres record store (None without ``postgres_url``)."""
+    if not settings.postgres_url:
+        return None
+    return RecordStore(
+        settings.postgres_url,
+        partition_ms=settings.partition_s * 1000,
+        retention_ms=settings.retention_s * 1000,
+        rollup_retention_ms=settings.rollup_retention_s * 1000,
+        ahead=settings.partitions_ahead,
+        accuracy=RELATIVE_ACCURACY,
+    )
+
+
+def _ingest(
+    settings: TelemetrySettings,
+    store: RecordStore | None,
+    memory: WindowMemory,
+    classes: Mapping[str, SLOClass],
+    replica_id: str,
+    observers: Sequence[RecordObserver],
+    wall: Callable[[], float],
+) -> Ingest | None:
+    """The ingest path into ``store`` and ``memory`` (None without a store)."""
+    if store is None:
+        return None
+    return Ingest(
+        store,
+        memory,
+        rules=ValidationRules.of(
+            settings.deployments,
+            int(settings.max_skew_s * 1000),
+            settings.retention_s * 1000,
+        ),
+        classes=classes,
+        replica_id=replica_id,
+        observers=observers,
+        wall=wall,
+    )
+
+
+def _consumer(
+    settings: TelemetrySettings,
+    redis: aioredis.Redis | None,
+    ingest: Ingest | None,
+    replica_id: str,
+) -> StreamConsumer[events_pb2.RequestRecord] | None:
+    """The ``{prefix}:requests`` consumer feeding ``ingest`` (None without Redis or ingest)."""
+    if redis is None or ingest is None:
+        return None
+    return records_consumer(
+        redis,
+        ingest,
+        prefix=settings.stream_prefix,
+        group=settings.ingest_group,
+        consumer=replica_id,
+        batch=settings.ingest_batch,
+        block_ms=settings.ingest_block_ms,
+        claim_idle_ms=settings.ingest_claim_idle_ms,
+        max_attempts=settings.stream_max_attempts,
+    )
+
+
+class _Lifecycle:
+    """Start and stop of the service's parts: the model side, the store's maintenance loop
+    (partitions ahead, retention), the windows reloaded from the store, the consumer."""
+
+    def __init__(
+        self,
+        settings: TelemetrySettings,
+        wall: Callable[[], float],
+        fitted: ModelService | None,
+        store: RecordStore | None,
+        ingest: Ingest | None,
+        consumer: StreamConsumer[events_pb2.RequestRecord] | None,
+        redis: aioredis.Redis | None,
+    ) -> None:
+        self._settings = settings
+        self._wall = wall
+        self._fitted = fitted
+        self._store = store
+        self._ingest = ingest
+        self._consumer = consumer
+        self._redis = redis
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def _maintain(self, store: RecordStore) -> None:
+        while not self._stop.is_set():
+            try:
+                done = await store.maintain(int(self._wall() * 1000))
+                log.info("telemetry maintenance: %s", done)
+            except Exception:
+                log.exception("telemetry maintenance failed; retrying next interval")
+            await pause(self._stop, self._settings.maintenance_interval_s)
+
+    async def start(self) -> None:
+        if self._fitted is not None:
+            await self._fitted.start()
+        if self._store is not None and self._ingest is not None:
+            await self._store.maintain(int(self._wall() * 1000))
+            await self._ingest.load()
+            maintain = self._maintain(self._store)
+            self._tasks.append(asyncio.create_task(maintain, name="telemetry-maintenance"))
+        if self._consumer is not None:
+            run = self._consumer.run(self._stop)
+            self._tasks.append(asyncio.create_task(run, name="telemetry-ingest"))
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await stop_tasks(self._tasks, grace_s=self._settings.ingest_block_ms / 1000 + 2.0)
+        if self._fitted is not None:
+            await self._fitted.stop()
+        if self._store is not None:
+            await self._store.close()
+        if self._redis is not None:
+            await close_quietly(self._redis)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -36,11 +36,11 @@ import pytest
 from tideserve.v1 import kvmeta_pb2, kvmeta_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 from services.common.embedded import EmbeddedPostgres, EmbeddedRedis, start_postgres, start_redis
+from services.common.local.procs import is_alive
+from services.common.local.state import ProcEntry, read_state
 from services.stack.control import recorded_engines
 from services.stack.health import Health, check_grpc_health
-from services.stack.procs import is_alive
 from services.stack.settings import StackSettings
-from services.stack.state import ProcEntry, read_state
 from tests.chaos.load import Load
 from tests.chaos.profiles import SERVICES, Profile
 from tests.chaos.proxy import CuttableProxy

@@ -27,8 +27,8 @@ from services.autoscaler.drivers.base import (
 from services.autoscaler.drivers.drain import Drainer
 from services.autoscaler.drivers.local import LocalDriver
 from services.autoscaler.drivers.settings import LocalSettings
-from services.stack.procs import ProcRef, is_alive, signal_process
-from services.stack.recorded import read_recorded
+from services.common.local.procs import ProcRef, is_alive, signal_process
+from services.common.local.recorded import read_recorded
 from tests.helpers.autoscale import RecordingDrainer
 from tests.helpers.ports import free_port
 from tests.helpers.waits import eventually

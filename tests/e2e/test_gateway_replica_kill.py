@@ -33,8 +33,8 @@ import psutil
 import pytest
 from tideserve.v1 import events_pb2
 
+from services.common.local.procs import ProcRef, is_alive
 from services.scheduler.main import REPLICA_HEADER
-from services.stack.procs import ProcRef, is_alive
 from tests.helpers.engine_stack import request_records
 from tests.helpers.ports import free_ports
 from tests.helpers.stack import RunningStack, running_stack, status_json

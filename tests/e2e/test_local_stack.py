@@ -23,11 +23,11 @@ import pytest
 import yaml
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from services.common.local.client import cli_security
+from services.common.local.procs import ProcRef, is_alive, stop_processes
+from services.common.local.state import read_state
 from services.common.security.channels import sync_channel
 from services.stack.health import Health, check_grpc_health
-from services.stack.procs import ProcRef, is_alive, stop_processes
-from services.stack.secure import cli_security
-from services.stack.state import read_state
 from tests.helpers.ports import free_ports
 from tests.helpers.stack import cli, wait_running
 

@@ -23,12 +23,12 @@ import yaml
 from tideserve.v1 import autoscaler_pb2, autoscaler_pb2_grpc
 
 from services.autoscaler.translate import spec_from_proto
+from services.common.local.client import cli_security
+from services.common.local.procs import is_alive
+from services.common.local.state import StackState
 from services.common.security.channels import sync_channel
 from services.stack.autoscaled import gateway_ready
 from services.stack.control import recorded_engines
-from services.stack.procs import is_alive
-from services.stack.secure import cli_security
-from services.stack.state import StackState
 from tests.helpers.engine_stack import metric_total, start_engine_stack, stream_sse
 from tests.helpers.stack import cli, status_json
 from tests.helpers.waits import eventually

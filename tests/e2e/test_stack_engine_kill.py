@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 
-from services.stack.procs import ProcRef, is_alive
+from services.common.local.procs import ProcRef, is_alive
 from tests.helpers.engine_stack import (
     Outcome,
     StartCounter,

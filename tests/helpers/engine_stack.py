@@ -22,10 +22,10 @@ import aiohttp
 import redis.asyncio as aioredis
 from tideserve.v1 import events_pb2
 
+from services.common.local.procs import is_alive
+from services.common.local.state import ProcEntry, StackState, read_state
 from services.common.streams import decode_entry
 from services.stack.control import recorded_engines
-from services.stack.procs import is_alive
-from services.stack.state import ProcEntry, StackState, read_state
 from tests.helpers.ports import free_ports
 from tests.helpers.stack import running_stack
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from services.stack.procs import stop_processes
-from services.stack.state import StackState, read_state
+from services.common.local.procs import stop_processes
+from services.common.local.state import StackState, read_state
 from tests.helpers.databases import fresh_database
 
 __all__ = ["RunningStack", "cli", "running_stack", "status_json", "wait_running"]

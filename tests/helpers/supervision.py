@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from services.stack.plan import ChildSpec, PortClaim
-from services.stack.state import ProcEntry, read_state
+from services.common.local.spec import ChildSpec, PortClaim
+from services.common.local.state import ProcEntry, read_state
 from services.stack.up import Infra, StackRunner, UpOptions
 
 STANDIN = r"""

@@ -20,8 +20,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 from tideserve.v1 import events_pb2, kvmeta_pb2, kvmeta_pb2_grpc
 
-from services.common import otel
 from services.common.errors import PortInUseError, StartupError
+from services.common.security import channels
 from services.common.server import serve
 from services.kvmeta.settings import KVMetaSettings
 from tests.helpers.ports import free_port
@@ -269,7 +269,7 @@ async def test_trace_context_flows_from_client_to_server_span() -> None:
     client_provider, client_spans = recording_provider()
     async with running(tracer_provider=server_provider) as run:
         target = f"127.0.0.1:{run.port}"
-        async with otel.insecure_channel(target, client_provider) as channel:
+        async with channels.insecure_channel(target, client_provider) as channel:
             stub = kvmeta_pb2_grpc.KVMetaServiceStub(channel)
             with pytest.raises(grpc.aio.AioRpcError):
                 await stub.Exist(kvmeta_pb2.ExistRequest())

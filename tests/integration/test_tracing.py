@@ -30,6 +30,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from services.common import otel
+from services.common.security import channels
 from services.common.tokens import TokenPath, block_hashes
 from services.engine.server import EngineServer
 from services.engine.settings import EngineSettings
@@ -98,7 +99,7 @@ async def stack(tmp_path: Path, redis_url: str) -> AsyncIterator[Stack]:
     add_to_server(KVMetaServicer(feeder, ObjectShell(ObjectMaster(), None, time.time)), kvmeta)
     port = kvmeta.add_insecure_port("127.0.0.1:0")
     await kvmeta.start()
-    channel = otel.insecure_channel(f"127.0.0.1:{port}", provider)
+    channel = channels.insecure_channel(f"127.0.0.1:{port}", provider)
     core = build_core([EndpointSpec("e0", engine_url)], perf_profile="test", block_size=BS)
     lookup = KVMetaLookup(
         channel,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from services.autoscaler.drivers.adopt import AdoptedChild, Orphans
-from services.stack.procs import ProcRef
-from services.stack.recorded import RecordedEngine, read_recorded, write_recorded
+from services.common.local.procs import ProcRef
+from services.common.local.recorded import RecordedEngine, read_recorded, write_recorded
 
 ME = ProcRef.of("me", os.getpid())  # alive for the whole test
 

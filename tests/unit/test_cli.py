@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from services.cli import COMMAND_MODULES, build_parser, main
-from services.stack.state import ProcEntry, StackState, write_state
+from services.common.local.state import ProcEntry, StackState, write_state
 
 
 def _verbs(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

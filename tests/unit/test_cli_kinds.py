@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from services.cli import kinds
+from services.common.verbs import kinds
 
 
 def _parser() -> tuple[

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from services.common.local.state import ProcEntry, StackState
 from services.stack.announce import NO_ENGINE, announcement
-from services.stack.state import ProcEntry, StackState
 from services.stack.up import UpOptions
 
 UP = ProcEntry("up", 1, None, "up")

@@ -12,6 +12,7 @@ import pytest
 from services.autoscaler.drivers.settings import DriverSettings
 from services.autoscaler.settings import AutoscalerSettings
 from services.autoscaler.spec import parse_spec
+from services.common.local.spec import ChildSpec
 from services.scheduler.settings import SchedulerSettings
 from services.stack.cli import register, resolve_up
 from services.stack.deployment import autoscaler_driver_env, stack_deployment
@@ -25,7 +26,6 @@ from services.stack.engines import (
     stop_rank,
     wire_scheduler,
 )
-from services.stack.plan import ChildSpec
 
 
 @pytest.mark.parametrize(

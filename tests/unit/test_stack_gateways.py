@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from services.common.local.ports import busy_ports
+from services.common.local.spec import ChildSpec, PortClaim
 from services.stack.cli import register, resolve_up
 from services.stack.gateways import (
     MAX_GATEWAYS,
@@ -23,13 +25,10 @@ from services.stack.gateways import (
     replica_ports,
 )
 from services.stack.plan import (
-    ChildSpec,
-    PortClaim,
     build_service_children,
     choose_ports,
     duplicate_ports,
 )
-from services.stack.ports import busy_ports
 from services.stack.settings import StackSettings
 
 BASE = {"grpc_port": 50051, "metrics_port": 9101, "http_port": 8000}

@@ -6,6 +6,15 @@ from pathlib import Path
 
 import pytest
 
+from services.common.local.procs import ProcRef
+from services.common.local.state import (
+    ProcEntry,
+    StackState,
+    read_state,
+    redact_url,
+    remove_state,
+    write_state,
+)
 from services.stack.control import ServiceStatus, all_serving, stop_order
 from services.stack.plan import (
     SERVICE_NAMES,
@@ -13,15 +22,6 @@ from services.stack.plan import (
     build_service_children,
     choose_ports,
     duplicate_ports,
-)
-from services.stack.procs import ProcRef
-from services.stack.state import (
-    ProcEntry,
-    StackState,
-    read_state,
-    redact_url,
-    remove_state,
-    write_state,
 )
 
 

@@ -20,10 +20,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from services.common.local.ports import port_is_free
+from services.common.local.procs import ProcRef, Supervisor, is_alive, stop_processes
+from services.common.local.spec import ChildSpec
+from services.stack.engines import stop_rank
 from services.stack.health import Health, check_grpc_health, check_http_ready
-from services.stack.plan import ChildSpec
-from services.stack.ports import port_is_free
-from services.stack.procs import ProcRef, Supervisor, is_alive, stop_processes
 from tests.helpers.ports import free_port
 
 
@@ -167,9 +168,10 @@ while True:
 
 
 def test_supervisor_stops_engines_before_services(tmp_path: Path) -> None:
+    """The stack's supervisor (``stop_rank`` of services.stack.engines) stops in waves."""
     probe = tmp_path / "probe.py"
     probe.write_text(ORDER_PROBE)
-    sup = Supervisor(stop_timeout_s=5.0)
+    sup = Supervisor(stop_timeout_s=5.0, stop_rank=stop_rank)
     service = sup.start(
         ChildSpec("svc", (sys.executable, str(probe)), dict(os.environ), tmp_path / "svc.log")
     )

@@ -1,5 +1,5 @@
 """Engines the autoscaler's local driver runs for the stack are found through its record
-(services.stack.recorded): ``status`` lists them and ``down`` stops them, also when the
+(services.common.local.recorded): ``status`` lists them and ``down`` stops them, also when the
 autoscaler that started them was SIGKILLed and nothing else knows them."""
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from services.stack.control import collect_engine_status, stack_down
-from services.stack.health import Health
-from services.stack.procs import ProcRef, is_alive, stop_processes
-from services.stack.recorded import (
+from services.common.local.procs import ProcRef, is_alive, stop_processes
+from services.common.local.recorded import (
     RECORD_FILE,
     RecordedEngine,
     read_recorded,
     stop_recorded,
     write_recorded,
 )
-from services.stack.state import ProcEntry, StackState, read_state, write_state
+from services.common.local.state import ProcEntry, StackState, read_state, write_state
+from services.stack.control import collect_engine_status, stack_down
+from services.stack.health import Health
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 

@@ -9,10 +9,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from services.common.local.client import cli_security
+from services.common.local.state import ProcEntry, StackState, write_state
 from services.common.security.tokens import lookup, parse_tokens, read_token
 from services.stack.engines import ENGINE_REDIS_ENV
-from services.stack.secure import StoreUrls, child_store_env, cli_security, load_or_create
-from services.stack.state import ProcEntry, StackState, write_state
+from services.stack.secure import StoreUrls, child_store_env, load_or_create
 
 PG = "postgresql://postgres@/postgres?host=/tmp/s&port=5432"
 RD = "redis://default:adminpw@127.0.0.1:6380/0"

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from services.common.local.ports import port_is_free
+from services.common.local.procs import ProcRef, is_alive, stop_processes
+from services.common.local.spec import ChildSpec, PortClaim
+from services.common.local.state import ProcEntry, StackState, read_state, write_state
 from services.stack.control import stack_down
-from services.stack.plan import ChildSpec, PortClaim
-from services.stack.ports import port_is_free
-from services.stack.procs import ProcRef, is_alive, stop_processes
 from services.stack.restarts import RestartPolicy
-from services.stack.state import ProcEntry, StackState, read_state, write_state
 from services.stack.up import StackRunner
 from tests.helpers.ports import free_port
 from tests.helpers.supervision import NO_INFRA, STANDIN, options, run, spec

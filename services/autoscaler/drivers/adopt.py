@@ -2,7 +2,7 @@
 
 A driver that is SIGKILLed (or crashes) leaves its engines running: they keep serving, with
 their KV caches warm. When the driver starts again on the same state dir it reads their
-record (:mod:`services.stack.recorded`) and keeps the live ones as **orphans**; the first
+record (:mod:`services.common.local.recorded`) and keeps the live ones as **orphans**; the first
 ``scale`` of an orphan's role adopts it instead of launching a new process (same instance
 id, endpoint and port; STARTING until its readiness probe answers, then READY), up to the
 role's replica count. Orphans no role wants (beyond a count, or of a role no longer in the
@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.stack.plan import ChildSpec
-from services.stack.procs import ProcRef, is_alive, stop_processes
-from services.stack.recorded import RecordedEngine, clear_recorded, read_recorded
+from services.common.local.procs import ProcRef, is_alive, stop_processes
+from services.common.local.recorded import RecordedEngine, clear_recorded, read_recorded
+from services.common.local.spec import ChildSpec
 
 __all__ = ["AdoptedChild", "Orphans"]
 

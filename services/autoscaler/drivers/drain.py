@@ -8,7 +8,7 @@ Which signal means "nothing in flight": a request is in flight while *either*
   idempotent, so calling it again is the poll), or
 - the engine holds it: running or queued there, whoever sent it (its ``/metrics``:
   ``sglang:num_running_reqs + num_queue_reqs`` or the vLLM equivalents, parsed by the
-  gateway's own :func:`~services.scheduler.http.upstream.scrape_load`).
+  gateway's own :func:`~services.common.engine_load.scrape_load`).
 
 Neither alone is enough (the gateway does not see other clients or other replicas; the
 engine does not see a request still in transit), so the instance is drained when every
@@ -31,8 +31,8 @@ import aiohttp
 import grpc
 from tideserve.v1 import scheduler_pb2, scheduler_pb2_grpc
 
+from services.common.engine_load import scrape_load
 from services.common.security.channels import aio_channel
-from services.scheduler.http.upstream import scrape_load
 
 __all__ = ["DrainResult", "Drainer", "is_drained"]
 

@@ -8,7 +8,7 @@ in its own session with its output in ``<state_dir>/logs/<instance>.log``, with 
 the first of the role's own ``ports`` no live instance holds, else a free port from ``port_min..port_max``.
 Every instance's latest process is recorded (pid and start time) in
 ``<state_dir>/instances.json``
-(:mod:`services.stack.recorded`): engines outlive a SIGKILLed driver, so :meth:`start`
+(:mod:`services.common.local.recorded`): engines outlive a SIGKILLed driver, so :meth:`start`
 takes the live ones an earlier run recorded as orphans, which the next :meth:`scale` of
 their role adopts instead of launching new processes (warm caches, same ids; the rest are
 stopped: :mod:`.adopt`), and ``tideserve down`` stops them from the same record. One asyncio
@@ -63,10 +63,10 @@ from services.autoscaler.drivers.base import (
 )
 from services.autoscaler.drivers.drain import Drainer
 from services.autoscaler.drivers.settings import LocalSettings
-from services.stack.plan import ChildSpec
-from services.stack.ports import port_is_free
-from services.stack.procs import Child, Supervisor, log_tail, signal_process
-from services.stack.recorded import RecordedEngine, write_recorded
+from services.common.local.ports import port_is_free
+from services.common.local.procs import Child, Supervisor, log_tail, signal_process
+from services.common.local.recorded import RecordedEngine, write_recorded
+from services.common.local.spec import ChildSpec
 
 __all__ = ["LocalDriver"]
 

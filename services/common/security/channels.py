@@ -22,7 +22,14 @@ from services.common.security.interceptors import token_channel, token_intercept
 from services.common.security.settings import AuthSettings, GrpcLimits, TlsSettings
 from services.common.security.tokens import read_token
 
-__all__ = ["ClientSecurity", "HasSecurity", "aio_channel", "client_security", "sync_channel"]
+__all__ = [
+    "ClientSecurity",
+    "HasSecurity",
+    "aio_channel",
+    "client_security",
+    "insecure_channel",
+    "sync_channel",
+]
 
 
 class HasSecurity(Protocol):
@@ -87,6 +94,16 @@ def aio_channel(
     else:
         channel = grpc.aio.insecure_channel(target, options=opts, interceptors=interceptors or None)
     return channel
+
+
+def insecure_channel(
+    target: str,
+    provider: TracerProvider | None = None,
+    options: Sequence[tuple[str, Any]] = (),
+) -> grpc.aio.Channel:
+    """A plaintext grpc.aio channel to ``target`` (``host:port``), traced when ``provider``
+    is given (:func:`aio_channel` with no security)."""
+    return aio_channel(target, None, provider, options)
 
 
 def sync_channel(

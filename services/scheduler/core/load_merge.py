@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from services.common.engine_load import LoadReport
+
 __all__ = [
     "Gone",
     "LoadReport",
@@ -39,17 +41,6 @@ __all__ = [
 ]
 
 Source = Literal["stream", "scrape", "none"]
-
-
-@dataclass(frozen=True, slots=True)
-class LoadReport:
-    running: int = 0
-    waiting: int = 0
-    tokens_in_flight: int = 0
-    pending_prefill_tokens: int = 0
-    kv_usage: float = 0.0
-    prefill_tokens_per_s: float = 0.0
-    decode_tokens_per_s: float = 0.0
 
 
 EMPTY = LoadReport()

@@ -22,8 +22,8 @@ from typing import Any
 import grpc
 from tideserve.v1 import telemetry_pb2
 
-from services.common.otel import insecure_channel
 from services.common.perfcoef import from_pb
+from services.common.security.channels import insecure_channel
 from services.common.tasks import pause, stop_tasks
 from services.scheduler.core.perf_switch import PerfModelSwitch
 

@@ -48,7 +48,7 @@ import aiohttp
 from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
-from services.common import otel
+from services.common import engine_load, otel
 from services.common.http_errors import json_errors
 from services.common.metrics import metrics_handler
 from services.common.tokens import TokenPath
@@ -292,7 +292,7 @@ class Gateway:
         ids = [i for i in fleet.ids() if fleet.needs_scrape(i, before)]
         loads = await asyncio.gather(
             *(
-                upstream.scrape_load(self._session, fleet.spec(i).url, self.opts.probe_timeout_s)
+                engine_load.scrape_load(self._session, fleet.spec(i).url, self.opts.probe_timeout_s)
                 for i in ids
             )
         )

@@ -84,10 +84,10 @@ class _Fail(Exception):
 
 
 def _postgres_url(args: argparse.Namespace) -> str:
+    from services.common.local.client import stack_state_dir
+    from services.common.local.state import read_state
     from services.common.settings import load_settings
     from services.scheduler.settings import SchedulerSettings
-    from services.stack.settings import StackSettings
-    from services.stack.state import read_state
 
     if args.postgres_url:
         return str(args.postgres_url)
@@ -95,8 +95,7 @@ def _postgres_url(args: argparse.Namespace) -> str:
     url = load_settings(SchedulerSettings, "scheduler", cfg, {}).postgres_url
     if url:
         return url
-    stack = load_settings(StackSettings, "stack", cfg, {"state_dir": args.state_dir})
-    state = read_state(Path(stack.state_dir).expanduser())
+    state = read_state(stack_state_dir(args.state_dir, cfg))
     if state is not None and state.postgres_url:
         return state.postgres_url
     raise _Fail("no database: pass --postgres-url, set postgres_url, or run `tideserve up`")

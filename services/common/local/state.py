@@ -1,7 +1,8 @@
 """The stack state file (``<state_dir>/stack.json``): who runs, with which pid, on which port.
 
 Written by ``tideserve up`` after every process it starts (so ``down`` can clean up even after
-a crash mid-start) and read by ``down`` and ``status``. Writes are atomic (temp file + rename).
+a crash mid-start) and read by ``down`` and ``status``, and by CLIs looking for the stack's
+addresses (:mod:`services.common.local.client`). Writes are atomic (temp file + rename).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.stack.procs import ProcRef
+from services.common.local.procs import ProcRef
 
 STATE_FILE = "stack.json"
 STATE_VERSION = 1
@@ -64,7 +65,7 @@ class StackState:
     """The OpenAI-compatible gateway (``http://host:port/v1``) once it answers."""
     engine_dir: str | None = None
     """Where the autoscaler's local driver records the engines it runs for the stack
-    (services.stack.recorded); ``down`` and ``status`` find them there. None: no such engines."""
+    (services.common.local.recorded); ``down`` and ``status`` find them there. None: no such engines."""
 
     def services(self) -> list[ProcEntry]:
         return [p for p in self.processes if p.grpc_address is not None]

@@ -9,14 +9,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from services.stack.engines import stop_rank
-from services.stack.plan import ChildSpec
+from services.common.local.spec import ChildSpec
 
 _CREATE_TIME_SLACK_S = 0.05
 
@@ -115,6 +114,10 @@ def log_tail(path: Path, lines: int = 15) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
+def _one_wave(kind: str) -> int:
+    return 0
+
+
 @dataclass
 class Child:
     """A started child: its spec, Popen handle and identity."""
@@ -131,12 +134,16 @@ class Child:
 class Supervisor:
     """Starts children (each in its own session, output to its log file) and stops them all.
 
-    Children get their own session so a terminal Ctrl-C reaches only ``tideserve up``, which
-    then stops them in order.
+    Children get their own session so a terminal Ctrl-C reaches only their owner (e.g.
+    ``tideserve up``), which then stops them in order: ``stop_rank`` maps a child's ``kind``
+    to its wave (lower first; default: one wave).
     """
 
-    def __init__(self, stop_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, stop_timeout_s: float = 10.0, stop_rank: Callable[[str], int] | None = None
+    ) -> None:
         self.stop_timeout_s = stop_timeout_s
+        self._stop_rank: Callable[[str], int] = stop_rank or _one_wave
         self._children: list[Child] = []
 
     @property
@@ -176,11 +183,11 @@ class Supervisor:
 
     def stop_all(self) -> list[str]:
         """Stop every child (SIGTERM, wait ``stop_timeout_s``, SIGKILL) in waves by kind
-        (engines first, see services.stack.engines.stop_rank); names of the killed.
-        Idempotent."""
+        (``stop_rank``); names of the killed. Idempotent."""
         killed: list[ProcRef] = []
-        for rank in sorted({stop_rank(c.spec.kind) for c in self._children}):
-            wave = [c.ref for c in self._children if stop_rank(c.spec.kind) == rank]
+        rank_of = self._stop_rank
+        for rank in sorted({rank_of(c.spec.kind) for c in self._children}):
+            wave = [c.ref for c in self._children if rank_of(c.spec.kind) == rank]
             killed += stop_processes(wave, self.stop_timeout_s)
         for child in self._children:
             try:

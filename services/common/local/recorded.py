@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from services.stack.procs import ProcRef, is_alive, stop_processes
-from services.stack.state import write_json_atomic
+from services.common.local.procs import ProcRef, is_alive, stop_processes
+from services.common.local.state import write_json_atomic
 
 __all__ = [
     "RECORD_FILE",

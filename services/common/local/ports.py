@@ -6,7 +6,7 @@ import errno
 import socket
 from collections.abc import Sequence
 
-from services.stack.plan import PortClaim
+from services.common.local.spec import PortClaim
 
 
 def port_is_free(host: str, port: int) -> bool:
