@@ -80,6 +80,7 @@ def role_target(
         restart=role.restart_policy,
         ports=role.ports,
         drain_timeout_s=drain_timeout_s,
+        sidecars=tuple(tuple(shlex.split(c)) for c in role.sidecars),
     )
 
 

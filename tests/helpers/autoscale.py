@@ -15,7 +15,7 @@ import contextlib
 import sys
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,12 +80,17 @@ class Rig:
     stream: str
     redis: aioredis.Redis
     engine_args: tuple[str, ...] = SIM_ARGS
+    prefix: str = ""
+    role: RoleTarget | None = None  # the worker role (replicas aside); None = the simulator
 
     def target(self, replicas: int, reason: str = "") -> DeploymentTarget:
-        role = RoleTarget(
-            self.deployment, "worker", Role.WORKER, replicas, args=self.engine_args,
-            startup_timeout_s=60.0,
-        )  # fmt: skip
+        if self.role is not None:
+            role = replace(self.role, deployment=self.deployment, replicas=replicas)
+        else:
+            role = RoleTarget(
+                self.deployment, "worker", Role.WORKER, replicas, args=self.engine_args,
+                startup_timeout_s=60.0,
+            )  # fmt: skip
         return DeploymentTarget(self.deployment, (role,), reason=reason)
 
     async def serving(self) -> set[str]:
@@ -124,14 +129,20 @@ async def autoscaled_gateway(
     engine_args: tuple[str, ...] = SIM_ARGS,
     drain_timeout_s: float = 30.0,
     stop_grace_s: float = 10.0,
+    prefix: str = "",
+    role: RoleTarget | None = None,
+    **gateway: Any,
 ) -> AsyncIterator[Rig]:
     """The scheduler service and a started reconciler (no deployment applied yet); on exit
     the reconciler stops (its engines with it), then the scheduler. ``stop_grace_s``: SIGTERM
-    to SIGKILL (a short one makes a removal without drain lose requests)."""
-    prefix = f"t{uuid.uuid4().hex[:8]}"
+    to SIGKILL (a short one makes a removal without drain lose requests). ``role``: the
+    worker role to scale (default: the simulator with ``engine_args``); ``gateway``: more
+    scheduler settings."""
+    prefix = prefix or f"t{uuid.uuid4().hex[:8]}"
     deployment = f"as-{uuid.uuid4().hex[:6]}"
     grpc_port, http_port, base = free_ports(3)
     settings = gateway_settings(redis_url, state_dir, prefix, deployment, grpc_port, http_port)
+    settings = settings.model_copy(update=gateway)
     redis = aioredis.Redis.from_url(redis_url, decode_responses=False)
     scheduler = f"127.0.0.1:{grpc_port}"
     drv_settings = DriverSettings(kind="local", scheduler_addresses=[scheduler], resync_s=0.5,
@@ -151,7 +162,7 @@ async def autoscaled_gateway(
             try:
                 yield Rig(
                     reconciler, driver, drainer, f"http://127.0.0.1:{http_port}", scheduler,
-                    deployment, publisher.stream, redis, engine_args,
+                    deployment, publisher.stream, redis, engine_args, prefix, role,
                 )  # fmt: skip
             finally:
                 await reconciler.stop()
@@ -167,6 +178,8 @@ class ClosedLoop:
     gateway: str
     clients: int
     max_tokens: int = 96
+    model: str = "tideserve-sim"
+    preamble: str = ""  # text before every request's own words
     outcomes: list[Outcome] = field(default_factory=list)
     sent: int = 0
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -182,8 +195,10 @@ class ClosedLoop:
             while not self._stop.is_set():
                 n += 1
                 body = {
-                    "model": "tideserve-sim",
-                    "messages": [{"role": "user", "content": f"client {k} request {n} hello"}],
+                    "model": self.model,
+                    "messages": [
+                        {"role": "user", "content": f"{self.preamble}client {k} request {n} hello"}
+                    ],
                     "max_tokens": self.max_tokens,
                 }
                 self.sent += 1

@@ -27,6 +27,8 @@ from tests.helpers.ports import free_port
 
 __all__ = [
     "BLOCK_SIZE",
+    "CPU_ENV",
+    "MAX_MODEL_LEN",
     "MODEL_NAME",
     "START_TIMEOUT_S",
     "VLLMServer",
@@ -38,6 +40,14 @@ MODEL_NAME = "tiny"
 BLOCK_SIZE = 128  # the CPU backend's default block size
 START_TIMEOUT_S = 240.0  # 25-45 s alone on 2 cores; more when two start together
 MAX_MODEL_LEN = 2048
+CPU_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    # vLLM's CPU backend binds every instance's OpenMP threads to the same core (core 0,
+    # keeping the last one for itself): two instances then share one core, and one starting
+    # beside a busy one crawls. Let the OS place one thread per instance instead.
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
+}
 
 
 def vllm_python() -> Path | None:
@@ -119,7 +129,7 @@ class VLLMServer:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         self.starts += 1
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "INFO"}
+        env = {**os.environ, **CPU_ENV, "VLLM_LOGGING_LEVEL": "INFO"}
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.log_dir

@@ -123,8 +123,11 @@ async def front(
     *,
     precise_source: Literal["kvmeta", "local"] = "kvmeta",
     keys: KeyGate | None = None,
+    endpoint_roles: tuple[str, ...] = (),
     **settings: Any,
 ) -> AsyncIterator[Front]:
+    """``endpoint_roles``: each server's role (prefill, decode; default: workers)."""
+    roles = endpoint_roles or ("worker",) * len(servers)
     prefix = f"rt{uuid.uuid4().hex[:8]}"
     redis = aioredis.Redis.from_url(redis_url)
     try:
@@ -140,7 +143,7 @@ async def front(
                 SchedulerSettings(
                     http_port=port,
                     grpc_port=0,
-                    endpoints=[s.url for s in servers],
+                    endpoints=[f"{r}={s.url}" for r, s in zip(roles, servers, strict=True)],
                     deployment=DEPLOYMENT,
                     model_path=model_dir,
                     hash_scheme="vllm",

@@ -24,7 +24,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.real_engine)
-            item.add_marker(pytest.mark.timeout(600))
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(600))
 
 
 @pytest.fixture(scope="session")

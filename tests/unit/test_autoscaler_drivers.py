@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from tideserve.v1 import common_pb2, events_pb2
 
-from services.autoscaler.drivers.argv import render_argv
+from services.autoscaler.drivers.argv import render_argv, render_sidecars
 from services.autoscaler.drivers.base import (
     Driver,
     DriverError,
@@ -126,6 +126,43 @@ def test_render_argv(target: RoleTarget, argv: list[str]) -> None:
 def test_render_argv_refuses(target: RoleTarget) -> None:
     with pytest.raises(DriverError):
         render_argv(target, host="h", port=1, instance_id="i", state_dir=Path("/s"))
+
+
+@pytest.mark.parametrize(
+    ("sidecars", "argvs"),
+    [
+        ((), []),
+        (
+            (("tideserve", "kv-bridge", "--endpoint", "ipc://{state_dir}/kv",
+              "--instance-id", "{instance_id}", "--deployment", "{deployment}"),),
+            [("tideserve", "kv-bridge", "--endpoint", "ipc:///s/i1/kv",
+              "--instance-id", "i1", "--deployment", "dep")],
+        ),
+        (
+            (("a", "{port}"), ("b", "{host}", "{{literal}}")),
+            [("a", "31000"), ("b", "h", "{literal}")],
+        ),
+    ],
+    ids=["none", "kv-bridge", "two-and-literal-braces"],
+)  # fmt: skip
+def test_render_sidecars(
+    sidecars: tuple[tuple[str, ...], ...], argvs: list[tuple[str, ...]]
+) -> None:
+    target = _target(command=("vllm", "serve"), sidecars=sidecars)
+    got = render_sidecars(target, host="h", port=31000, instance_id="i1", state_dir=Path("/s"))
+    assert got == argvs
+
+
+def test_render_sidecars_refuses_an_unknown_placeholder() -> None:
+    target = _target(command=("vllm",), sidecars=(("x", "{nope}"),))
+    with pytest.raises(DriverError, match="nope"):
+        render_sidecars(target, host="h", port=1, instance_id="i", state_dir=Path("/s"))
+
+
+def test_state_dir_placeholder_is_the_instances_own() -> None:
+    target = _target(command=("vllm", "--x", "ipc://{state_dir}/kv"))
+    got = render_argv(target, host="h", port=1, instance_id="i9", state_dir=Path("/s"))
+    assert got == ("vllm", "--x", "ipc:///s/i9/kv")
 
 
 @pytest.mark.parametrize(

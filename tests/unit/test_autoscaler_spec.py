@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from services.autoscaler.seam import role_target
 from services.autoscaler.spec import SpecError, load_spec_file, parse_spec
 from services.autoscaler.translate import spec_from_proto, spec_to_proto
 
@@ -139,6 +140,15 @@ def test_restart_policy_and_ports_round_trip_and_default() -> None:
     msg = spec_to_proto(spec)
     msg.roles[0].restart_policy = ""  # an older client: the default
     assert spec_from_proto(msg).roles[0].restart_policy == "always"
+
+
+def test_sidecars_round_trip_and_reach_the_drivers_target() -> None:
+    data = _with("roles.0.sidecars", ["tideserve kv-bridge --instance-id {instance_id}"])
+    spec = parse_spec(data)
+    assert spec_from_proto(spec_to_proto(spec)) == spec
+    target = role_target(spec.name, spec.roles[0], 1)
+    assert target.sidecars == (("tideserve", "kv-bridge", "--instance-id", "{instance_id}"),)
+    assert role_target(spec.name, spec.roles[1], 1).sidecars == ()
 
 
 def test_a_bad_protobuf_spec_is_refused_like_yaml() -> None:

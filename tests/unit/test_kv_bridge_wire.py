@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import msgpack
 import pytest
 
 from services.kvbridge.wire import (
@@ -392,3 +393,35 @@ def test_replay_request_frames() -> None:
     assert encode_replay_request(258) == [b"", b"\x00" * 6 + b"\x01\x02"]
     with pytest.raises(ValueError):
         encode_replay_request(-1)
+
+
+def test_sglang_0523_map_encoded_batch() -> None:
+    """The shape a running SGLang 0.5.23 (CPU, page size 1) published, seen on its ZMQ socket:
+    map-encoded events, signed int64 page hashes, ``medium`` "GPU", the dp rank last."""
+    payload = msgpack.packb(
+        [
+            1796281784.13,
+            [
+                {
+                    "type": "BlockStored",
+                    "block_hashes": [-2360060374177730597, 5],
+                    "parent_block_hash": None,
+                    "token_ids": [0, 56],
+                    "block_size": 1,
+                    "lora_id": None,
+                    "medium": "GPU",
+                }
+            ],
+            0,
+        ]
+    )
+    batch = decode_batch(payload, Engine.SGLANG)
+    (event,) = batch.events
+    assert isinstance(event, BlockStored)
+    assert event.block_hashes == ((-2360060374177730597) & MASK64, 5)
+    assert (event.parent_hash, event.block_size, event.medium, batch.dp_rank) == (
+        None,
+        1,
+        "GPU",
+        0,
+    )

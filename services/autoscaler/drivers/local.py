@@ -23,6 +23,9 @@ task supervises them all (no threads):
   ``restart_max_s``), forever: a role that never starts shows FAILED with its ``restarts``
   and error, and never blocks :meth:`scale`; with ``never`` it stays FAILED (and counted, so
   it is not replaced either) until scaled away;
+- sidecars (the role's ``sidecars``, e.g. a real engine's kv-bridge): started with the
+  instance, started again when they exit, kept across the instance's restarts (a bridge then
+  sees the engine come back), stopped after it (:mod:`.sidecars`);
 - scale-in: victims are drained first (DRAINING announced, the scheduler's ``Drain``, a
   bounded wait until nothing is in flight: :class:`~.drain.Drainer`), then SIGTERM, then
   SIGKILL after ``stop_grace_s``.
@@ -50,7 +53,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from services.autoscaler.drivers.adopt import AdoptedChild, Orphans
-from services.autoscaler.drivers.argv import render_argv
+from services.autoscaler.drivers.argv import render_argv, render_sidecars
 from services.autoscaler.drivers.base import (
     DriverError,
     InstanceState,
@@ -63,6 +66,7 @@ from services.autoscaler.drivers.base import (
 )
 from services.autoscaler.drivers.drain import Drainer
 from services.autoscaler.drivers.settings import LocalSettings
+from services.autoscaler.drivers.sidecars import Sidecars
 from services.common.local.ports import port_is_free
 from services.common.local.procs import Child, Supervisor, log_tail, signal_process
 from services.common.local.recorded import RecordedEngine, write_recorded
@@ -85,6 +89,7 @@ class _Instance:
     restart_at: float = 0.0  # monotonic; when a FAILED instance is started again
     started_at: float = 0.0  # monotonic
     stopping: bool = False
+    sidecars: Sidecars | None = None
 
 
 class LocalDriver:
@@ -277,18 +282,27 @@ class LocalDriver:
             state_dir=self._state_dir / "engines",
             python=self.python,
         )
-        spec = ChildSpec(
-            name=iid,
-            argv=argv,
-            env={**_base_env(), **inst.target.env, "PYTHONUNBUFFERED": "1"},
-            log_path=self.log_path(iid),
-            kind="engine",
-        )
+        env = {**_base_env(), **inst.target.env, "PYTHONUNBUFFERED": "1"}
+        if inst.sidecars is None and inst.target.sidecars:
+            sidecar_argvs = render_sidecars(
+                inst.target,
+                host=self.settings.host,
+                port=inst.port,
+                instance_id=iid,
+                state_dir=self._state_dir / "engines",
+            )
+            inst.sidecars = Sidecars(
+                iid, sidecar_argvs, env, self.log_path(iid).parent, self._procs
+            )
+        (self._state_dir / "engines" / iid).mkdir(parents=True, exist_ok=True)
+        spec = ChildSpec(name=iid, argv=argv, env=env, log_path=self.log_path(iid), kind="engine")
         try:
             inst.child = self._procs.start(spec)
         except OSError as e:
             raise DriverError(f"{iid}: cannot start {argv[0]!r}: {e}") from e
         inst.started_at = self._clock()
+        if inst.sidecars is not None:
+            inst.sidecars.start()
 
     async def _remove(self, inst: _Instance, drain_limit_s: float | None = None) -> None:
         """Drain (when it may be serving; at most ``drain_limit_s``, None = the drainer's
@@ -322,7 +336,13 @@ class LocalDriver:
         self._record()
 
     async def _terminate(self, inst: _Instance) -> None:
-        """SIGTERM, wait ``stop_grace_s``, SIGKILL; returns once the process is gone."""
+        """SIGTERM, wait ``stop_grace_s``, SIGKILL; returns once the process is gone, and
+        then its sidecars."""
+        await self._terminate_engine(inst)
+        if inst.sidecars is not None:
+            await inst.sidecars.stop(self.settings.stop_grace_s)
+
+    async def _terminate_engine(self, inst: _Instance) -> None:
         child = inst.child
         if child is None or child.exit_code() is not None:
             return
@@ -366,6 +386,8 @@ class LocalDriver:
                 await self._restart(inst)
             return
         assert inst.child is not None
+        if inst.sidecars is not None:
+            inst.sidecars.revive()
         code = inst.child.exit_code()
         if code is not None:
             tail = log_tail(self.log_path(inst.status.instance_id), 1)
@@ -376,7 +398,7 @@ class LocalDriver:
                 await self._set(inst, "ready", state=InstanceState.READY, ready_ms=self._now_ms())
                 inst.failures = 0
             elif self._clock() - inst.started_at > inst.target.startup_timeout_s:
-                await self._terminate(inst)
+                await self._terminate_engine(inst)
                 await self._crashed(inst, f"not ready within {inst.target.startup_timeout_s:g}s")
 
     async def _ready(self, inst: _Instance) -> bool:
