@@ -123,3 +123,21 @@ async def test_tenants_from_api_keys_hit_only_their_own_blocks(
     assert by_tenant["acme"].predicted_cached_tokens == by_tenant["acme"].cached_tokens == cached
     assert theirs["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert by_tenant["globex"].predicted_cached_tokens == by_tenant["globex"].cached_tokens == 0
+
+
+async def test_back_to_back_turns_predict_vllms_cached_tokens(
+    vllm_pair: tuple[VLLMServer, VLLMServer], redis_url: str, real_model: Path
+) -> None:
+    """An agent's next turn arrives the moment its previous one ends, before the engine's
+    events of the previous turn need have reached the index: the gateway's own record of
+    what it routed still predicts the cached tokens to the block."""
+    async with front(list(vllm_pair), redis_url, real_model) as f:
+        for seed in (31, 32, 33):
+            await post(f.url, turn(seed, 1))
+            await post(f.url, turn(seed, 2))
+        records = await f.records(6)
+    in_order = sorted(records, key=lambda r: r.arrival_ms)
+    for first, second in zip(in_order[0::2], in_order[1::2], strict=True):
+        assert second.decode_instance == first.decode_instance
+        assert second.cached_tokens >= (first.prompt_tokens // 128) * 128 > 0
+        assert second.predicted_cached_tokens == second.cached_tokens, (first, second)

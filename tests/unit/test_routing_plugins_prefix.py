@@ -146,3 +146,22 @@ def test_precise_prefix(
     assert {k: v for k, v in c.cached_tokens.items()} == {
         k: v for k, v in expected_cached.items() if v
     }
+
+
+@pytest.mark.parametrize(
+    ("routed", "query", "blocks"),
+    [
+        (6, 6, 6),  # the exact end of a routed prompt, not rounded down to the stride
+        (6, 10, 6),  # the next turn extends it: known to the block
+        (3, 3, 3),  # shorter than the stride: only its tip is indexed
+        (3, 2, 0),  # a shorter query than the tip: its blocks were not indexed
+        (8, 8, 8),  # on the stride: no tip needed
+        (9, 7, 4),  # between strided positions of a longer prompt: the stride's granularity
+    ],
+    ids=["tip", "extended", "short", "under-tip", "on-stride", "inside"],
+)
+def test_routed_index_knows_tips(routed: int, query: int, blocks: int) -> None:
+    chain = list(range(100, 120))
+    idx = RoutedPrefixIndex(ttl_s=60.0, max_entries=1000, stride=4)
+    idx.insert(chain[:routed], "a", 0.0)
+    assert idx.match(chain[:query], 1.0) == ({"a": blocks} if blocks else {})

@@ -51,7 +51,10 @@ class Reference:
         Returns the entries this call created (not those it only refreshed)."""
         self.expire(now)
         created: list[tuple[int, str]] = []
-        for i in range(self.stride - 1, len(hashes), self.stride):
+        positions = list(range(self.stride - 1, len(hashes), self.stride))
+        if self.stride > 1 and len(hashes) % self.stride:
+            positions.append(len(hashes) - 1)  # the chain's tip
+        for i in positions:
             key = (hashes[i], instance_id)
             if key in self._lru:
                 self._lru.move_to_end(key)
@@ -87,6 +90,12 @@ class Reference:
                 break
             for iid in alive:
                 out[iid] = i + 1
+        if self.stride > 1:  # a routed tip among the blocks after each strided match
+            for iid in {i for _, i in self._lru}:
+                k = out.get(iid, 0)
+                for p in range(k, min(k + self.stride - 1, len(hashes))):
+                    if (hashes[p], iid) in self._lru:
+                        out[iid] = p + 1
         return out
 
     def remove_instance(self, instance_id: str) -> int:

@@ -40,7 +40,9 @@ class RoutedPrefixIndex:
     is ignored and dropped, and beyond ``max_entries`` the least recently routed entries are
     evicted (entries of one insert in chain order). Because a chained hash covers its whole
     prefix, only every ``stride``-th block hash is indexed (positions stride-1, 2*stride-1,
-    ...), trading granularity for memory. ``now`` must not go backwards across calls. A
+    ...), trading granularity for memory, plus the chain's tip (its last block), so that a
+    prompt shorter than ``stride`` blocks, and the exact end of a routed prompt that the next
+    turn extends, are known to the block. ``now`` must not go backwards across calls. A
     hash repeated within one chain is indexed once (at its first position).
 
     Layout: each instance owns a small-int slot; per block hash one int bitmask of the
@@ -162,7 +164,10 @@ class RoutedPrefixIndex:
         """Record that ``hashes`` (a chain, parent first) were routed to ``instance_id``.
         Returns the entries this call created (not those it only refreshed)."""
         self.expire(now)
-        hs = tuple(hashes[self.stride - 1 :: self.stride] if self.stride > 1 else hashes)
+        stride = self.stride
+        hs = tuple(hashes[stride - 1 :: stride] if stride > 1 else hashes)
+        if stride > 1 and len(hashes) % stride:
+            hs += (hashes[-1],)  # the tip
         if not hs:
             return []
         if len(set(hs)) != len(hs):
@@ -220,7 +225,7 @@ class RoutedPrefixIndex:
         self.expire(now)
         stride = self.stride
         hs = hashes[stride - 1 :: stride] if stride > 1 else hashes
-        if not hs or not self._masks:
+        if not hashes or not self._masks:
             return {}
         # Running AND of the holder masks along the chain (in C); it only ever loses bits,
         # so each distinct value is one contiguous run, found by bisection.
@@ -232,7 +237,34 @@ class RoutedPrefixIndex:
                 low = lost & -lost
                 out[iids[low.bit_length() - 1]] = j * stride
                 lost ^= low
+        if stride > 1:
+            self._tips(hashes, out)
         return out
+
+    def _tips(self, hashes: Sequence[int], out: dict[str, int]) -> None:
+        """Extend each instance's strided match with a routed tip among the next
+        ``stride - 1`` blocks (the one after them is a strided position it did not match)."""
+        slot_of, iids, masks, stride, n = (
+            self._slot_of,
+            self._iids,
+            self._masks,
+            self.stride,
+            len(hashes),
+        )
+        groups: dict[int, int] = {}
+        for iid, k in out.items():
+            groups[k] = groups.get(k, 0) | (1 << slot_of[iid])
+        matched = 0
+        for bits in groups.values():
+            matched |= bits
+        groups[0] = groups.get(0, 0) | ~matched  # instances with no strided match
+        for k, bits in groups.items():
+            for p in range(k, min(k + stride - 1, n)):
+                found = masks.get(hashes[p], 0) & bits
+                while found:
+                    low = found & -found
+                    out[iids[low.bit_length() - 1]] = p + 1
+                    found ^= low
 
     def remove_instance(self, instance_id: str) -> int:
         """Forget an instance (left the fleet or restarted with an empty cache)."""
