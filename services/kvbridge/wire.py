@@ -10,7 +10,7 @@ SGLang ``python/sglang/srt/disaggregation/kv_events.py``):
 - Optional ROUTER replay socket: a client sends the start seq as 8 bytes big-endian (behind an
   empty delimiter frame); the engine answers one message per buffered batch with ``seq >=
   start`` (default buffer: the last 10,000 batches), then an end marker with seq ``-1`` (8
-  bytes, signed). vLLM 0.1x and later send ``[topic, seq, payload]`` (the PUB message),
+  bytes, signed). vLLM 0.32 sends ``[topic, seq, payload]`` (the PUB message),
   older publishers ``[seq, payload]``; see :func:`decode_replay`.
 
 Payload shapes (msgspec structs, ``omit_defaults=True``; trailing fields with default values
@@ -164,7 +164,7 @@ def decode_replay(frames: Sequence[bytes]) -> tuple[int, bytes]:
     Two layouts are in use, each with or without the leading empty delimiter (a REQ-style
     client gets the frames without it):
 
-    - ``[b"", topic, seq, payload]``: vLLM 0.1x and later (the PUB message behind the
+    - ``[b"", topic, seq, payload]``: vLLM 0.32 (the PUB message behind the
       delimiter; the end marker is ``[b"", b"", -1, b""]``);
     - ``[b"", seq, payload]``: older publishers (no topic).
 

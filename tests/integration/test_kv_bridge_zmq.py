@@ -58,7 +58,7 @@ class EngineSide:
         with_topic: bool = False,
         like: EngineSide | None = None,
     ) -> None:
-        """``with_topic``: replay answers carry the topic frame, as vLLM 0.1x and later send
+        """``with_topic``: replay answers carry the topic frame, as vLLM 0.32 sends
         them; ``like``: bind the endpoints of that (closed) engine, as a restart does."""
         self.topic = topic
         self.with_topic = with_topic

@@ -4,7 +4,7 @@ A template sees ``messages`` and ``tools`` after the engine's own request parsin
 template that renders them (``tools | tojson``, a tool call's ``arguments``) renders that
 parsed form. To produce the engine's token ids the gateway applies the same rules:
 
-- ``vllm`` (0.1x and later, ``vllm/renderers``): each tool is the request's tool through
+- ``vllm`` (0.32, ``vllm/renderers``): each tool is the request's tool through
   vLLM's pydantic model, ``{"type": "function", "function": {"name", "description",
   "parameters"}}`` with absent fields as ``null``, ``strict``/``defer_loading`` only when set,
   and unknown fields dropped; an assistant message's tool calls have their ``arguments`` as

@@ -13,7 +13,7 @@ and chat template, :mod:`services.common.tokens.model`) with the engine's hash f
   ``seed`` = ``PYTHONHASHSEED`` if set, else ``"vllm-none-hash"`` in recent versions (older
   versions drew ``os.urandom(32)`` per process: their hashes cannot be reproduced outside
   the engine). ``extra_keys`` is ``None`` for plain text, ``(("cache_salt", salt),)`` (a
-  tagged key, vLLM 0.1x and later) on the first block of a salted request. The engine's
+  tagged key, as vLLM 0.32 hashes it) on the first block of a salted request. The engine's
   ``BlockStored`` events publish the salt untagged (``extra_keys: [salt]``), so the events
   do not show the hashed form. Only full blocks are hashed. Event ids: the low 64 bits of
   ``h_i`` (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``, the default) or ``h_i`` itself (folded

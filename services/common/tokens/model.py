@@ -8,8 +8,9 @@ or ``chat_template.jinja`` beside it, which takes precedence as in ``transformer
 The template is rendered as ``transformers`` renders it (``apply_chat_template``): a sandboxed
 Jinja environment (``ImmutableSandboxedEnvironment``, ``trim_blocks``, ``lstrip_blocks``,
 ``loopcontrols``), the globals ``raise_exception`` and ``strftime_now``, the ``tojson``
-filter, and the variables ``messages``, ``tools``, ``add_generation_prompt=True`` and the special tokens
-of the config (``bos_token``, ``eos_token``, ...). The rendered text is encoded without
+filter, and the variables ``messages``, ``tools`` (the engine kind's form of the request's
+tools, :mod:`~services.common.tokens.engine_chat`), ``add_generation_prompt=True`` and the
+special tokens of the config (``bos_token``, ``eos_token``, ...). The rendered text is encoded without
 adding special tokens (the template already holds them), as vLLM and SGLang do for chat
 requests; a completion prompt is encoded with them (``add_special_tokens=True``), as both
 engines do.
