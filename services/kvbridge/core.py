@@ -194,15 +194,7 @@ class BridgeCore:
         self.last_engine_seq = None
         self.last_live_seq = None
         self.seq = 1
-        out.append(
-            events_pb2.KVEventBatch(
-                deployment=self.cfg.deployment,
-                instance_id=self.cfg.instance_id,
-                epoch=self.epoch,
-                seq=self.seq,
-                ts_ms=now_ms,
-            )
-        )
+        out.append(self._batch(now_ms))
         self.stats.published += 1
 
     def _live(
@@ -259,18 +251,22 @@ class BridgeCore:
             return
         self.seq += 1
         ts_ms = int(batch.ts * 1000) if math.isfinite(batch.ts) and batch.ts > 0 else now_ms
-        out.append(
-            events_pb2.KVEventBatch(
-                deployment=self.cfg.deployment,
-                instance_id=self.cfg.instance_id,
-                epoch=self.epoch,
-                seq=self.seq,
-                ts_ms=ts_ms,
-                events=events,
-                block_size=block_size,
-            )
-        )
+        out.append(self._batch(ts_ms, events, block_size))
         self.stats.published += 1
+
+    def _batch(
+        self, ts_ms: int, events: list[events_pb2.KVEvent] | None = None, block_size: int = 0
+    ) -> events_pb2.KVEventBatch:
+        """A batch of this instance at the current (epoch, seq)."""
+        return events_pb2.KVEventBatch(
+            deployment=self.cfg.deployment,
+            instance_id=self.cfg.instance_id,
+            epoch=self.epoch,
+            seq=self.seq,
+            ts_ms=ts_ms,
+            events=events,
+            block_size=block_size,
+        )
 
     def _new_epoch(self, now_ms: int) -> None:
         self.epoch = max(now_ms, self.epoch + 1)
