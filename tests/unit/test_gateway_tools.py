@@ -206,7 +206,7 @@ def test_record_carries_the_turns_tool_calls(keep: bool) -> None:
     for piece in chunked(STREAM, 11):
         t.chunk(piece)
     rec = build_record(t, status=200, finish=1.5, finish_wall=1000.5, deployment="d")
-    assert rec.tools_offered == 1
+    assert (rec.api, rec.tools_offered) == ("chat", 1)
     assert [(r.tool_call_id, r.name, r.content_bytes, r.content) for r in rec.tool_results] == [
         ("call_1", "get_weather", 13, "12°C, cloudy" if keep else ""),
         ("call_2", "search", 4, "none" if keep else ""),

@@ -132,7 +132,7 @@ class PluginScore(_message.Message):
     def __init__(self, plugin: _Optional[str] = ..., score: _Optional[float] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class RequestRecord(_message.Message):
-    __slots__ = ("request_id", "trace_id", "deployment", "model", "tenant", "slo_class", "session_id", "profile", "prefill_instance", "decode_instance", "scores", "prompt_tokens", "completion_tokens", "predicted_cached_tokens", "cached_tokens", "predicted_ttft_ms", "queue_ms", "ttft_ms", "tpot_ms", "e2e_ms", "outcome", "http_status", "error", "retries", "arrival_ms", "finish_ms", "disaggregated", "replica_id", "source", "tools_offered", "tool_results", "tool_calls", "kv_transfer_ms", "engine_pending_prefill_tokens", "engine_running", "engine_tokens_in_flight", "kv_transfer_bytes", "kv_transfer_failed")
+    __slots__ = ("request_id", "trace_id", "deployment", "model", "tenant", "slo_class", "session_id", "profile", "prefill_instance", "decode_instance", "scores", "prompt_tokens", "completion_tokens", "predicted_cached_tokens", "cached_tokens", "predicted_ttft_ms", "queue_ms", "ttft_ms", "tpot_ms", "e2e_ms", "outcome", "http_status", "error", "retries", "arrival_ms", "finish_ms", "disaggregated", "replica_id", "source", "tools_offered", "tool_results", "tool_calls", "kv_transfer_ms", "engine_pending_prefill_tokens", "engine_running", "engine_tokens_in_flight", "kv_transfer_bytes", "kv_transfer_failed", "api", "parent_session_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +171,8 @@ class RequestRecord(_message.Message):
     ENGINE_TOKENS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_BYTES_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_FAILED_FIELD_NUMBER: _ClassVar[int]
+    API_FIELD_NUMBER: _ClassVar[int]
+    PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     trace_id: str
     deployment: str
@@ -209,7 +211,9 @@ class RequestRecord(_message.Message):
     engine_tokens_in_flight: int
     kv_transfer_bytes: int
     kv_transfer_failed: bool
-    def __init__(self, request_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., deployment: _Optional[str] = ..., model: _Optional[str] = ..., tenant: _Optional[str] = ..., slo_class: _Optional[str] = ..., session_id: _Optional[str] = ..., profile: _Optional[str] = ..., prefill_instance: _Optional[str] = ..., decode_instance: _Optional[str] = ..., scores: _Optional[_Iterable[_Union[PluginScore, _Mapping]]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., predicted_cached_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., predicted_ttft_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., e2e_ms: _Optional[float] = ..., outcome: _Optional[_Union[RequestOutcome, str]] = ..., http_status: _Optional[int] = ..., error: _Optional[str] = ..., retries: _Optional[int] = ..., arrival_ms: _Optional[int] = ..., finish_ms: _Optional[int] = ..., disaggregated: _Optional[bool] = ..., replica_id: _Optional[str] = ..., source: _Optional[str] = ..., tools_offered: _Optional[int] = ..., tool_results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., kv_transfer_ms: _Optional[float] = ..., engine_pending_prefill_tokens: _Optional[int] = ..., engine_running: _Optional[int] = ..., engine_tokens_in_flight: _Optional[int] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_failed: _Optional[bool] = ...) -> None: ...
+    api: str
+    parent_session_id: str
+    def __init__(self, request_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., deployment: _Optional[str] = ..., model: _Optional[str] = ..., tenant: _Optional[str] = ..., slo_class: _Optional[str] = ..., session_id: _Optional[str] = ..., profile: _Optional[str] = ..., prefill_instance: _Optional[str] = ..., decode_instance: _Optional[str] = ..., scores: _Optional[_Iterable[_Union[PluginScore, _Mapping]]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., predicted_cached_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., predicted_ttft_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., e2e_ms: _Optional[float] = ..., outcome: _Optional[_Union[RequestOutcome, str]] = ..., http_status: _Optional[int] = ..., error: _Optional[str] = ..., retries: _Optional[int] = ..., arrival_ms: _Optional[int] = ..., finish_ms: _Optional[int] = ..., disaggregated: _Optional[bool] = ..., replica_id: _Optional[str] = ..., source: _Optional[str] = ..., tools_offered: _Optional[int] = ..., tool_results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., kv_transfer_ms: _Optional[float] = ..., engine_pending_prefill_tokens: _Optional[int] = ..., engine_running: _Optional[int] = ..., engine_tokens_in_flight: _Optional[int] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_failed: _Optional[bool] = ..., api: _Optional[str] = ..., parent_session_id: _Optional[str] = ...) -> None: ...
 
 class ToolCall(_message.Message):
     __slots__ = ("id", "name", "argument_bytes", "arguments")

@@ -170,6 +170,8 @@ class RequestFacts(Protocol):
     @property
     def profile(self) -> str: ...
     @property
+    def kind(self) -> str: ...
+    @property
     def prompt_ids(self) -> tuple[int, ...]: ...
     @property
     def tools_offered(self) -> int: ...
@@ -310,6 +312,7 @@ def build_record(
         rec.slo_class = p.slo_class
         rec.session_id = p.session_id
         rec.profile = p.profile
+        rec.api = p.kind
         if not rec.prompt_tokens:
             rec.prompt_tokens = len(p.prompt_ids)
         rec.tools_offered = p.tools_offered
