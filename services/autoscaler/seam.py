@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import shlex
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import aiohttp
 
@@ -66,7 +67,7 @@ def role_target(
     command: tuple[str, ...] = ()
     if role.engine != "sim":
         command = tuple(shlex.split(role.template)) or ENGINE_COMMANDS[role.engine]
-    return RoleTarget(
+    target = RoleTarget(
         deployment=deployment,
         name=role.name,
         role=Role(role.role),
@@ -82,6 +83,9 @@ def role_target(
         drain_timeout_s=drain_timeout_s,
         sidecars=tuple(tuple(shlex.split(c)) for c in role.sidecars),
     )
+    if role.startup_timeout_s:
+        target = replace(target, startup_timeout_s=role.startup_timeout_s)
+    return target
 
 
 def deployment_target(

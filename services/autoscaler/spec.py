@@ -95,6 +95,8 @@ class RoleSpec(_Frozen):
     sidecars: tuple[str, ...] = ()
     """Local driver: command lines run beside each instance (e.g. its kv-bridge), with the
     instance's placeholders; started, restarted and stopped with it."""
+    startup_timeout_s: float = Field(default=0.0, ge=0)
+    """Seconds an instance gets to become ready (0 = the driver's default)."""
 
     @model_validator(mode="after")
     def _bounds(self) -> RoleSpec:

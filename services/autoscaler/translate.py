@@ -66,6 +66,7 @@ def spec_to_proto(spec: DeploymentSpec) -> common_pb2.DeploymentSpec:
                 restart_policy=r.restart_policy,
                 ports=list(r.ports),
                 sidecars=list(r.sidecars),
+                startup_timeout_s=r.startup_timeout_s,
             )
             for r in spec.roles
         ],
@@ -134,6 +135,7 @@ def spec_from_proto(msg: common_pb2.DeploymentSpec) -> DeploymentSpec:
                 "restart_policy": r.restart_policy or "always",
                 "ports": list(r.ports),
                 "sidecars": list(r.sidecars),
+                "startup_timeout_s": r.startup_timeout_s,
             }
             for r in msg.roles
         ],

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
+from collections.abc import Mapping
 
 from services.common.flags import LOG_LEVEL, STREAM_PREFIX, Flag, add_flags, flag_overrides
 from services.common.logs import configure_logging
@@ -42,7 +44,13 @@ _FLAGS: list[Flag] = [
     ("--kv-group", int, "vLLM KV cache group to index (default 0; -1 = all)"),
     ("--block-size", int, "block size when events carry none"),
     ("--replay-timeout-s", float, "silence that ends a replay (default 2)"),
-    ("--redis-url", str, "Redis to publish to (required)"),
+    ("--redis-url", str, "Redis to publish to (required, unless --redis-url-env names it)"),
+    (
+        "--redis-url-env",
+        str,
+        "take the Redis URL from this environment variable (a sidecar beside an engine: "
+        "TIDESERVE_ENGINE_REDIS_URL, the engine's own Redis user); wins over --redis-url",
+    ),
     STREAM_PREFIX,
     LOG_LEVEL,
 ]
@@ -63,10 +71,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run)
 
 
-def settings_from_args(args: argparse.Namespace) -> KVBridgeSettings:
-    """Settings from file < env < flags; raises SettingsError (one line)."""
+def settings_from_args(
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None
+) -> KVBridgeSettings:
+    """Settings from file < env < flags, then ``redis_url`` from ``redis_url_env`` when it
+    names a variable of ``environ`` (default: the process environment); raises SettingsError
+    (one line), also for a ``redis_url_env`` that is not set."""
     overrides = flag_overrides(args, _FLAGS, ["engine"])
-    return load_settings(KVBridgeSettings, "kv_bridge", getattr(args, "config", None), overrides)
+    settings = load_settings(
+        KVBridgeSettings, "kv_bridge", getattr(args, "config", None), overrides
+    )
+    if not settings.redis_url_env:
+        return settings
+    url = (os.environ if environ is None else environ).get(settings.redis_url_env, "")
+    if not url:
+        raise SettingsError(
+            f"redis_url_env: environment variable {settings.redis_url_env} is not set"
+        )
+    return settings.model_copy(update={"redis_url": url})
 
 
 def run(args: argparse.Namespace) -> int:

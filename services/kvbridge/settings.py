@@ -31,6 +31,11 @@ class KVBridgeSettings(ServiceSettings):
     block_size: int = Field(0, ge=0, description="block size announced when events carry none")
     replay_timeout_s: float = Field(2.0, gt=0.0, description="silence that ends a replay")
     stream_maxlen: int = Field(100_000, ge=1, description="approximate MAXLEN of the stream")
+    redis_url_env: str = Field(
+        "",
+        description="environment variable holding the Redis URL (wins over redis_url; a "
+        "sidecar beside an engine reads the engine's, TIDESERVE_ENGINE_REDIS_URL)",
+    )
 
     @field_validator("endpoint", "replay_endpoint")
     @classmethod

@@ -18,7 +18,7 @@ from services.stack.restarts import RestartPolicy
 
 if TYPE_CHECKING:
     from services.common.settings import ServiceSettings
-    from services.stack.engines import EngineFleet
+    from services.stack.engines import EngineFleet, RealEngine
 
 _UP_EXAMPLES = """\
 examples:
@@ -33,6 +33,10 @@ examples:
   tideserve up --prefill 1 --decode 2           # P/D: SGLang-style bootstrap hand-off
   tideserve up --engines 4 --engine-profile test --engine-speedup 10 --engine-kv-blocks 4096
   tideserve up --engines 2 --engine-arg=--max-batch=32 --engine-arg "--stream-interval 4"
+
+  # real engines serving a model directory, each with its kv-bridge (docs/real-engines.md)
+  tideserve up --engine vllm --model-path /models/llama --engines 2
+  tideserve up --engine sglang --model-path /models/qwen --engine-arg "--tp-size 2"
 
   # active-active: 2 gateway replicas (scheduler, scheduler-2) behind one address
   tideserve up --engines 3 --gateways 2
@@ -142,8 +146,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--engine-arg",
         action="append",
         metavar="ARGS",
-        help="more `tideserve engine` arguments for every engine (repeatable; write "
+        help="more arguments for every engine (repeatable; write "
         "--engine-arg=--flag=value or quote: --engine-arg '--flag value')",
+    )
+    real = up.add_argument_group("real engines (vLLM or SGLang serving a model directory)")
+    real.add_argument("--engine", choices=("sim", "vllm", "sglang"), help="engine kind (sim)")
+    real.add_argument("--model-path", metavar="DIR", help="the model the engines serve")
+    real.add_argument("--model-name", metavar="NAME", help="served name (the directory's)")
+    real.add_argument(
+        "--engine-command",
+        metavar="CMD",
+        help="the engine server's command (default `vllm serve`, `python -m "
+        "sglang.launch_server`), e.g. '/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server'",
     )
     up.set_defaults(func=cmd_up)
 
@@ -240,6 +254,7 @@ def resolve_up(args: argparse.Namespace) -> tuple[Any, tuple[ChildSpec, ...]]:
         deployment=deployment,
         autoscaler_address=f"{reachable(stack.host)}:{ports['autoscaler']['grpc_port']}",
         engine_claims=engine_port_claims(fleet, stack.host),
+        engines_timeout_s=fleet.real.startup_timeout_s if fleet.real else None,
         stream_prefix=stack.stream_prefix,
         restarts=RestartPolicy(max_restarts=stack.service_restarts),
     )
@@ -281,6 +296,10 @@ def _stack_settings(args: argparse.Namespace, config: str | None) -> Any:
             "engine_speedup": getattr(args, "engine_speedup", None),
             "engine_kv_blocks": getattr(args, "engine_kv_blocks", None),
             "engine_args": list(engine_args) if engine_args else None,
+            "engine": getattr(args, "engine", None),
+            "model_path": getattr(args, "model_path", None),
+            "model_name": getattr(args, "model_name", None),
+            "engine_command": getattr(args, "engine_command", None),
             "gateways": getattr(args, "gateways", None),
             "secure": False if getattr(args, "insecure", False) else None,
         },
@@ -338,6 +357,10 @@ def _wire_engines(
     if stack.engine_profile and "perf_profile" not in scheduler.model_fields_set:
         perf = stack.engine_profile
     wiring = scheduler_engine_env(fleet, autoscaler_address=autoscaler_address, perf_profile=perf)
+    if wiring and fleet.real is not None:
+        from services.stack.real_engines import scheduler_model_env
+
+        wiring.update(scheduler_model_env(fleet.real))
     if wiring and "kvmeta_address" not in scheduler.model_fields_set:
         # Precise prefix scoring: the gateway asks this stack's kvmeta, which indexes the
         # engines' KV events from Redis.
@@ -394,6 +417,7 @@ def _fleet(stack: Any, scheduler: Any, offset: int, te_metadata_url: str | None)
     from services.stack.engines import EngineFleet, default_workers, split_engine_args
     from services.stack.plan import shift_port
 
+    real = _real_engine(stack)
     if stack.engine_profile is not None:
         try:
             get_profile(stack.engine_profile)
@@ -415,9 +439,49 @@ def _fleet(stack: Any, scheduler: Any, offset: int, te_metadata_url: str | None)
         kv_blocks=stack.engine_kv_blocks,
         block_size=int(getattr(scheduler, "block_size", DEFAULT_BLOCK_SIZE)),
         deployment=str(getattr(scheduler, "deployment", "default")),
-        extra_args=split_engine_args(stack.engine_args),
+        extra_args=split_engine_args(stack.engine_args, *_reserved(stack.engine)),
         te_metadata_url=te_metadata_url,
+        real=real,
+        stream_prefix=stack.stream_prefix,
     )
+
+
+def _reserved(kind: str) -> tuple[tuple[str, ...], str] | tuple[()]:
+    """``split_engine_args``' reserved flags and kind for a real engine (the simulator's:
+    its defaults)."""
+    from services.stack.real_engines import RESERVED_FLAGS
+
+    return (RESERVED_FLAGS[kind], kind) if kind in RESERVED_FLAGS else ()
+
+
+def _real_engine(stack: Any) -> RealEngine | None:
+    """The real engine kind the stack runs (None: the simulator); ValueError (one line)
+    for a combination it cannot run."""
+    import shlex
+
+    from services.stack.engines import RealEngine
+    from services.stack.real_engines import check_real_engine
+
+    if stack.engine == "sim":
+        return None
+    path = stack.model_path
+    engine = RealEngine(
+        kind=stack.engine,
+        model_path=str(Path(path).expanduser().resolve()) if path else "",
+        model_name=stack.model_name or "",
+        command=tuple(shlex.split(stack.engine_command)),
+        startup_timeout_s=stack.engine_start_timeout_s,
+        python=sys.executable,
+    )
+    sim_only = [
+        name
+        for name in ("engine_profile", "engine_speedup", "engine_kv_blocks")
+        if getattr(stack, name) is not None
+    ]
+    check_real_engine(engine, prefill=stack.prefill, decode=stack.decode, sim_only=sim_only)
+    if not Path(engine.model_path).is_dir():
+        raise ValueError(f"--model-path {path}: not a directory")
+    return engine
 
 
 def cmd_up(args: argparse.Namespace) -> int:

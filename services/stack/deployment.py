@@ -16,7 +16,9 @@ driver and announces them on ``{prefix}:membership``, which the gateway follows 
   --te-metadata-url`` (kvmeta's metadata endpoint), so its hand-off moves real KV bytes;
 - a dead engine stays dead (reported; the gateway routes around it): restart policy
   ``never``. ``min_replicas`` is the count asked for, so no planner decision goes below it;
-  the planner is off in the stack unless the configuration turns it on.
+  the planner is off in the stack unless the configuration turns it on;
+- real engines (``--engine vllm|sglang``): one ``engine`` role of the engine's own server,
+  each instance with its kv-bridge sidecar (:mod:`services.stack.real_engines`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 from services.common.local.spec import PortClaim
 from services.stack.engines import MAX_ENGINES, EngineFleet, plan_engines
+from services.stack.real_engines import real_role
 
 __all__ = [
     "STACK_INSTANCE_IDS",
@@ -67,6 +70,17 @@ def stack_deployment(fleet: EngineFleet) -> dict[str, Any] | None:
     plans = plan_engines(fleet)
     if not plans:
         return None
+    if fleet.real is not None:
+        role = real_role(
+            fleet.real,
+            replicas=fleet.workers,
+            max_replicas=MAX_ENGINES,
+            ports=[p.port for p in plans],
+            block_size=fleet.block_size,
+            stream_prefix=fleet.stream_prefix,
+            extra_args=fleet.extra_args,
+        )
+        return {"name": fleet.deployment, "kv_block_size": fleet.block_size, "roles": [role]}
     counts = {"engine": fleet.workers, "prefill": fleet.prefill, "decode": fleet.decode}
     kind_of = {"aggregated": "engine", "prefill": "prefill", "decode": "decode"}
     roles = []

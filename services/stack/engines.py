@@ -17,6 +17,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from services.common.local.spec import ChildSpec
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
@@ -29,6 +30,7 @@ __all__ = [
     "MAX_ENGINES",
     "EngineFleet",
     "EnginePlan",
+    "RealEngine",
     "default_workers",
     "plan_engines",
     "scheduler_engine_env",
@@ -67,13 +69,34 @@ simulator serves ``/bootstrap/{room}`` too.)"""
 
 
 @dataclass(frozen=True)
+class RealEngine:
+    """A real engine kind serving one model directory. ``command``: the server's command
+    words (empty: the kind's default,
+    :data:`services.stack.real_engines.DEFAULT_COMMANDS`); ``python``: the interpreter that runs the
+    sidecar bridges (the stack's own)."""
+
+    kind: str
+    model_path: str
+    model_name: str = ""
+    command: tuple[str, ...] = ()
+    startup_timeout_s: float = 600.0
+    python: str = "python3"
+
+    @property
+    def served_name(self) -> str:
+        return self.model_name or Path(self.model_path).name
+
+
+@dataclass(frozen=True)
 class EngineFleet:
     """What the user asked for. ``workers``: aggregated engines; ``prefill``/``decode``:
     a disaggregated pair of pools. ``ports`` (explicit, in start order) win over
     ``base_port`` (already shifted by any offset). ``profile``/``speedup``/``kv_blocks``
     None leave the engine's own default. ``extra_args`` go to every engine verbatim.
     ``te_metadata_url``: kvmeta's Transfer Engine metadata endpoint; with it a P/D fleet
-    moves real KV bytes in its hand-off (``--kv-data-plane``)."""
+    moves real KV bytes in its hand-off (``--kv-data-plane``). ``real``: the aggregated
+    engines are real vLLM or SGLang servers of a model (:mod:`services.stack.real_engines`),
+    not simulators; ``stream_prefix``: the stack's, where their bridges publish."""
 
     workers: int = 0
     prefill: int = 0
@@ -87,6 +110,8 @@ class EngineFleet:
     deployment: str = "default"
     extra_args: tuple[str, ...] = ()
     te_metadata_url: str | None = None
+    real: RealEngine | None = None
+    stream_prefix: str = "ts"
 
     @property
     def total(self) -> int:
@@ -110,18 +135,22 @@ class EnginePlan:
         return f"http://{host}:{self.port}"
 
 
-def split_engine_args(values: Sequence[str]) -> tuple[str, ...]:
+def split_engine_args(
+    values: Sequence[str], reserved: Sequence[str] = _RESERVED_FLAGS, engine: str = "sim"
+) -> tuple[str, ...]:
     """``--engine-arg`` values (each shell-split: ``"--max-batch 64"`` is two words) as one
-    argument list. ValueError when one sets a flag the stack owns."""
+    argument list. ValueError when one sets a flag the stack owns (``reserved``, those of
+    the simulator by default; ``engine`` names the kind in the message)."""
     out: list[str] = []
     for value in values:
         out.extend(shlex.split(value))
     for word in out:
         flag = word.split("=", 1)[0]
-        if flag in _RESERVED_FLAGS:
+        if flag in reserved:
+            how = "--model-path, " if engine != "sim" else "--engine-profile, "
             raise ValueError(
-                f"--engine-arg {flag}: managed by the stack "
-                "(use --engine-profile, --base-port-offset, or the scheduler's block_size)"
+                f"--engine-arg {flag}: managed by the stack for --engine {engine} "
+                f"(use {how}--base-port-offset, or the scheduler's block_size)"
             )
     return tuple(out)
 

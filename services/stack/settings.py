@@ -55,7 +55,28 @@ class StackSettings(ServiceSettings):
     engine_speedup: float | None = Field(None, gt=0, description="engines run this much faster")
     engine_kv_blocks: int | None = Field(None, ge=1, description="KV blocks per engine")
     engine_args: list[str] = Field(
-        default_factory=list, description="extra `tideserve engine` arguments for every engine"
+        default_factory=list,
+        description="extra arguments for every engine (`tideserve engine`'s, or the real "
+        "engine's own)",
+    )
+    engine: Literal["sim", "vllm", "sglang"] = Field(
+        "sim",
+        description="the engines' kind: the simulator, or real vLLM / SGLang servers of "
+        "model_path, each with its kv-bridge (aggregated engines only)",
+    )
+    model_path: str | None = Field(
+        None, description="the model directory real engines serve (and the gateway tokenizes by)"
+    )
+    model_name: str | None = Field(
+        None, description="the name real engines serve the model under (default: the directory's)"
+    )
+    engine_command: str = Field(
+        "",
+        description="a real engine's server command (default `vllm serve`, or `python -m "
+        "sglang.launch_server`); the stack appends its flags",
+    )
+    engine_start_timeout_s: float = Field(
+        600.0, gt=0, description="time each real engine gets to load its model and answer"
     )
 
     gateways: Annotated[int, Field(ge=1, le=MAX_GATEWAYS)] | Literal["auto"] = Field(

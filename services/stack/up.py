@@ -88,6 +88,9 @@ class UpOptions:
     autoscaler_address: str = ""
     engine_claims: tuple[PortClaim, ...] = ()
     """The engines' planned ports (checked free before anything starts)."""
+    engines_timeout_s: float | None = None
+    """How long the engines get to be READY and routed (None: ``start_timeout_s``); real
+    engines load a model first."""
     secrets: StackSecrets | None = None
     """Per-service store credentials on the embedded servers (services.stack.secure); the
     infra must have been built with the same (default_infra(secrets))."""
@@ -331,7 +334,7 @@ class StackRunner:
                 autoscaler=self.opts.autoscaler_address,
                 gateways=gateways,
                 spec=spec,
-                timeout_s=self.opts.start_timeout_s,
+                timeout_s=self.opts.engines_timeout_s or self.opts.start_timeout_s,
                 rpc_timeout_s=self.opts.probe_timeout_s,
                 pause=self._pause,
                 clock=time.monotonic,

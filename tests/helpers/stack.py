@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -81,6 +82,7 @@ def running_stack(
     redis_url: str,
     start_timeout_s: float = 180.0,
     up_exit: int | None = 0,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[RunningStack]:
     """``tideserve up`` with ``config`` (written as its YAML file), the external Postgres and
     Redis and ``flags``, in a fresh short state dir and a fresh database of that Postgres (as
@@ -88,11 +90,11 @@ def running_stack(
     yields once the stack runs. On a normal
     exit ``tideserve down`` must succeed and ``up`` must stop with ``up_exit`` (None: whatever,
     e.g. the test killed it; its output is then in the yielded object); on any exit nothing it recorded is left running and the state dir is
-    removed."""
+    removed. ``env``: more environment for ``up`` (and so for every process it starts)."""
     with fresh_database(postgres_url) as own_db:
         yield from _running_stack(
             config, flags, postgres_url=own_db, redis_url=redis_url,
-            start_timeout_s=start_timeout_s, up_exit=up_exit,
+            start_timeout_s=start_timeout_s, up_exit=up_exit, env=env or {},
         )  # fmt: skip
 
 
@@ -104,6 +106,7 @@ def _running_stack(
     redis_url: str,
     start_timeout_s: float,
     up_exit: int | None,
+    env: Mapping[str, str],
 ) -> Iterator[RunningStack]:
     state_dir = Path(tempfile.mkdtemp(prefix="tsstk-"))  # short: unix sockets live under it
     path = state_dir / "tideserve.yaml"
@@ -118,6 +121,7 @@ def _running_stack(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, **env},
     )  # fmt: skip
     try:
         stack = RunningStack(state_dir, up, wait_running(up, state_dir, start_timeout_s + 30))

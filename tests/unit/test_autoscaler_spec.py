@@ -151,6 +151,17 @@ def test_sidecars_round_trip_and_reach_the_drivers_target() -> None:
     assert role_target(spec.name, spec.roles[1], 1).sidecars == ()
 
 
+@pytest.mark.parametrize(
+    ("seconds", "expected"), [(600.0, 600.0), (0.0, 120.0)], ids=["set", "default"]
+)
+def test_startup_timeout_round_trips_and_reaches_the_drivers_target(
+    seconds: float, expected: float
+) -> None:
+    spec = parse_spec(_with("roles.0.startup_timeout_s", seconds))
+    assert spec_from_proto(spec_to_proto(spec)) == spec
+    assert role_target(spec.name, spec.roles[0], 1).startup_timeout_s == expected
+
+
 def test_a_bad_protobuf_spec_is_refused_like_yaml() -> None:
     msg = spec_to_proto(parse_spec(_pd()))
     msg.roles[0].min_replicas = 9

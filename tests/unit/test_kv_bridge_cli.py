@@ -53,6 +53,34 @@ def test_flags_become_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: object
     assert s.effective_instance_id == "tcp://10.0.0.8:5557"
 
 
+@pytest.mark.parametrize(
+    ("argv", "environ", "expected"),
+    [
+        (["--redis-url", "redis://a/0"], {"ENGINE_URL": "redis://e/0"}, "redis://a/0"),
+        (["--redis-url-env", "ENGINE_URL"], {"ENGINE_URL": "redis://e/0"}, "redis://e/0"),
+        (
+            ["--redis-url", "redis://a/0", "--redis-url-env", "ENGINE_URL"],
+            {"ENGINE_URL": "redis://e/0"},
+            "redis://e/0",
+        ),
+    ],
+    ids=["flag", "from-env-var", "env-var-wins"],
+)
+def test_redis_url_from_a_named_variable(
+    argv: list[str],
+    environ: dict[str, str],
+    expected: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: object,
+) -> None:
+    """A sidecar beside an engine publishes as the engine's Redis user, whose URL only its
+    environment holds (the process's own TIDESERVE_REDIS_URL may be another service's)."""
+    monkeypatch.chdir(tmp_path)  # type: ignore[arg-type]
+    monkeypatch.setenv("TIDESERVE_REDIS_URL", "redis://someone-else/0")
+    s = settings_from_args(parse(*argv), environ)  # type: ignore[arg-type]
+    assert s.redis_url == expected
+
+
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -67,8 +95,16 @@ def closed_port() -> int:
         ([], "redis_url) is required"),
         (["--redis-url", "redis://127.0.0.1:{port}/0"], "cannot reach Redis"),
         (["--engine", "tgi"], "invalid choice"),
+        (["--redis-url-env", "TS_TEST_UNSET_VARIABLE"], "TS_TEST_UNSET_VARIABLE is not set"),
     ],
-    ids=["endpoint-without-scheme", "kv-group-below-minus-one", "no-redis", "redis-down", "engine"],
+    ids=[
+        "endpoint-without-scheme",
+        "kv-group-below-minus-one",
+        "no-redis",
+        "redis-down",
+        "engine",
+        "redis-url-env-unset",
+    ],
 )
 def test_refusals_exit_2_with_one_line(
     argv: list[str],

@@ -152,7 +152,7 @@ class ReplicaBudget(_message.Message):
     def __init__(self, max_replicas: _Optional[int] = ..., group: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class RoleSpec(_message.Message):
-    __slots__ = ("name", "role", "replicas", "min_replicas", "max_replicas", "engine_kind", "engine_args", "image", "resources", "dependencies", "template", "restart_policy", "ports", "sidecars")
+    __slots__ = ("name", "role", "replicas", "min_replicas", "max_replicas", "engine_kind", "engine_args", "image", "resources", "dependencies", "template", "restart_policy", "ports", "sidecars", "startup_timeout_s")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +174,7 @@ class RoleSpec(_message.Message):
     RESTART_POLICY_FIELD_NUMBER: _ClassVar[int]
     PORTS_FIELD_NUMBER: _ClassVar[int]
     SIDECARS_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     name: str
     role: Role
     replicas: int
@@ -188,7 +189,8 @@ class RoleSpec(_message.Message):
     restart_policy: str
     ports: _containers.RepeatedScalarFieldContainer[int]
     sidecars: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., replicas: _Optional[int] = ..., min_replicas: _Optional[int] = ..., max_replicas: _Optional[int] = ..., engine_kind: _Optional[_Union[EngineKind, str]] = ..., engine_args: _Optional[_Iterable[str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Mapping[str, str]] = ..., dependencies: _Optional[_Iterable[str]] = ..., template: _Optional[str] = ..., restart_policy: _Optional[str] = ..., ports: _Optional[_Iterable[int]] = ..., sidecars: _Optional[_Iterable[str]] = ...) -> None: ...
+    startup_timeout_s: float
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., replicas: _Optional[int] = ..., min_replicas: _Optional[int] = ..., max_replicas: _Optional[int] = ..., engine_kind: _Optional[_Union[EngineKind, str]] = ..., engine_args: _Optional[_Iterable[str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Mapping[str, str]] = ..., dependencies: _Optional[_Iterable[str]] = ..., template: _Optional[str] = ..., restart_policy: _Optional[str] = ..., ports: _Optional[_Iterable[int]] = ..., sidecars: _Optional[_Iterable[str]] = ..., startup_timeout_s: _Optional[float] = ...) -> None: ...
 
 class DeploymentSpec(_message.Message):
     __slots__ = ("name", "model", "roles", "coordination", "slo_classes", "pd_protocol", "scheduler_profile", "kv_block_size", "perf_profile", "generation", "budget")
