@@ -242,3 +242,25 @@ async def test_no_engine_is_503_and_admission_is_429(up: Up) -> None:
         )
     assert limited.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
     assert int(limited.value.response.headers["Retry-After"]) >= 1
+
+
+async def test_simulator_serves_messages_and_count_tokens(
+    fleet: EngineFleet, http: aiohttp.ClientSession
+) -> None:
+    """The engine simulator's own ``/v1/messages`` (what native mode forwards to)."""
+    _, url = await fleet.start()
+    msgs = [{"role": "user", "content": "hello engine"}]
+    c = client(url)
+    msg = await c.messages.create(model=MODEL, max_tokens=3, messages=msgs)  # type: ignore[arg-type]
+    assert msg.usage.output_tokens == 3 and msg.stop_reason == "max_tokens"
+    counted = await c.messages.count_tokens(model=MODEL, messages=msgs)  # type: ignore[arg-type]
+    assert counted.input_tokens == len(TokenPath().encode_chat(msgs))
+    for path, body in [
+        ("/v1/messages", {"model": MODEL, "messages": msgs}),
+        ("/v1/messages/count_tokens", {"model": MODEL, "messages": "x"}),
+        ("/v1/messages", {"model": MODEL, "max_tokens": 10**9, "messages": msgs}),
+    ]:
+        async with http.post(url + path, json=body) as r:
+            got = await r.json()
+            assert r.status == 400 and got["type"] == "error", got
+            assert got["error"]["type"] == "invalid_request_error"
