@@ -21,6 +21,7 @@ from services.scheduler.core.records import RequestContext
 from services.scheduler.http.openai import Limits
 from services.scheduler.http.server import Gateway, GatewayOptions
 from tests.helpers.engines import EngineFleet
+from tests.helpers.keys import FakeKeyStore, fake_gate
 
 pytestmark = pytest.mark.integration
 
@@ -264,3 +265,39 @@ async def test_simulator_serves_messages_and_count_tokens(
             got = await r.json()
             assert r.status == 400 and got["type"] == "error", got
             assert got["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("native", MODES)
+async def test_api_keys_on_the_messages_route(fleet: EngineFleet, native: frozenset[str]) -> None:
+    """Keys on: Anthropic's ``x-api-key`` is accepted; a missing or unknown key is the SDK's
+    AuthenticationError, a claimed foreign tenant its PermissionDeniedError."""
+    store = FakeKeyStore()
+    key = store.add("acme", ["agent"])
+    _, engine = await fleet.start()
+    core = build_core([EndpointSpec("e1", engine)], perf_profile="test")
+    opts = GatewayOptions(background=False, block_size=16, native_apis=native)
+    gw = Gateway(core, opts, keys=fake_gate(store))
+    done: list[RequestContext] = []
+    gw.finished.append(lambda ctx, _end: done.append(ctx))
+    server = TestServer(gw.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        url = str(server.make_url("")).rstrip("/")
+        msgs: list[Any] = [{"role": "user", "content": "hello"}]
+        ok = anthropic.AsyncAnthropic(base_url=url, api_key=key, max_retries=0)
+        msg = await ok.messages.create(model=MODEL, max_tokens=2, messages=msgs)
+        assert msg.usage.output_tokens == 2
+        p = done[-1].parsed
+        assert p is not None and p.tenant == "acme" and p.cache_salt
+        bad = anthropic.AsyncAnthropic(base_url=url, api_key="sk-ts-nope", max_retries=0)
+        with pytest.raises(anthropic.AuthenticationError) as e401:
+            await bad.messages.create(model=MODEL, max_tokens=2, messages=msgs)
+        assert e401.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+        foreign = anthropic.AsyncAnthropic(
+            base_url=url, api_key=key, max_retries=0, default_headers={"X-Tideserve-Tenant": "x"}
+        )
+        with pytest.raises(anthropic.PermissionDeniedError) as e403:
+            await foreign.messages.create(model=MODEL, max_tokens=2, messages=msgs)
+        assert e403.value.body["error"]["type"] == "permission_error"  # type: ignore[index]
+    finally:
+        await server.close()

@@ -23,6 +23,7 @@ Request mapping:
 | ``stop_sequences``, ``temperature``, ``top_p``, ``top_k``, ``max_tokens`` | ``stop``, same |
 | ``stream`` | ``stream`` with ``stream_options.include_usage`` |
 | ``metadata.user_id`` | not forwarded (a session id: :attr:`ChatForm.user_id`) |
+| ``cache_salt`` (vLLM's extension, not Anthropic's) | ``cache_salt`` |
 
 ``tool_result.is_error`` is validated and not rendered (a chat ``tool`` message has no error
 flag; vLLM's own Messages endpoint drops it too). ``thinking`` (the request option) and
@@ -396,6 +397,11 @@ def to_chat(body: Any, *, need_max_tokens: bool = True) -> ChatForm:
         chat["tools"] = tools
     _tool_choice(body, chat)
     _sampling(body, chat, need_max_tokens)
+    salt = body.get("cache_salt")
+    if salt is not None:
+        if not isinstance(salt, str):
+            raise _bad("cache_salt: must be a string", "cache_salt")
+        chat["cache_salt"] = salt
     return ChatForm(chat, prefix, _user_id(body))
 
 
