@@ -103,6 +103,15 @@ def test_what_a_messages_request_carries() -> None:
 def test_stable_prefix_from_the_last_cache_mark() -> None:
     whole = parse("messages", MESSAGES)
     assert whole.stable_prefix_tokens == len(whole.prompt_ids)  # the mark is on the last block
+    calls: list[Any] = []
+
+    class Counting(TokenPath):
+        def encode_chat(self, messages: Any, tools: Any = None) -> list[int]:
+            calls.append(messages)
+            return super().encode_chat(messages, tools)
+
+    parse("messages", MESSAGES, tokens=Counting())
+    assert len(calls) == 1  # a mark at the end costs no second rendering
     first = json.loads(json.dumps(MESSAGES))
     first["messages"][2]["content"][1].pop("cache_control")
     first["system"][0]["cache_control"] = {"type": "ephemeral"}

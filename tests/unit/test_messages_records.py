@@ -18,6 +18,7 @@ from services.scheduler.core.records import (
     usage_from_body,
     usage_from_sse,
 )
+from services.scheduler.core.tools import tool_calls_of
 from services.scheduler.routing.framework import Profile, Scheduler
 from services.scheduler.routing.types import Choice, Pick
 from tests.unit._routing_helpers import ep, make, req
@@ -50,6 +51,22 @@ def test_anthropic_usage_of_a_stream_is_its_message_delta() -> None:
     stream = StreamTranslator(model="m", input_tokens=20).feed(CHAT_SSE)
     assert b"event: message_delta" in stream
     assert usage_from_sse(stream) == Usage(20, 3, 8)
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["sizes", "contents"])
+def test_tool_calls_of_a_native_message(keep: bool) -> None:
+    msg = {
+        "type": "message",
+        "content": [
+            {"type": "text", "text": "x"},
+            {"type": "tool_use", "id": "toolu_1", "name": "read", "input": {"path": "a"}},
+        ],
+    }
+    (call,) = tool_calls_of(msg, keep)
+    args = json.dumps({"path": "a"})
+    assert (call.id, call.name, call.argument_bytes) == ("toolu_1", "read", len(args))
+    assert call.arguments == (args if keep else "")
+    assert tool_calls_of({"type": "message", "content": None}) == ()
 
 
 def test_record_carries_api_and_parent_session() -> None:

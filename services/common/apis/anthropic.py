@@ -215,6 +215,8 @@ def _user(content: list[Any], where: str, out: list[dict[str, Any]]) -> list[dic
         out.append({"role": "user", "content": texts})
     if mark is None:
         return None
+    if mark == (len(tools), len(texts)):
+        return list(out)  # the whole turn (the same message objects)
     prefix = out[:base] + tools[: mark[0]]
     if mark[1]:
         prefix.append({"role": "user", "content": texts[: mark[1]]})

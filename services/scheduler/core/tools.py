@@ -6,7 +6,9 @@ and what the model answered with. Names and sizes always; contents only with ``k
 - :func:`tool_results_of`: the ``tool`` messages after the last ``assistant`` message (the
   results of the tool calls it made); each result's tool name is resolved from that
   assistant message's ``tool_calls`` by ``tool_call_id`` ("" when it is not there).
-- :func:`tool_calls_of`: the ``tool_calls`` of a whole answer's ``choices[].message``.
+- :func:`tool_calls_of`: the ``tool_calls`` of a whole answer's ``choices[].message`` (or
+  the ``tool_use`` blocks of a whole Anthropic message, as an engine serving the Messages
+  API natively answers).
 - :class:`StreamToolCalls`: the same from an SSE stream: the ``delta.tool_calls`` fragments,
   accumulated by (choice, tool) index; id and name come in the first fragment, the
   arguments in pieces. Fed raw chunks (events may straddle chunks); a chunk whose
@@ -123,8 +125,25 @@ def _call(c: Any, keep: bool) -> ToolCallFact | None:
     )
 
 
+def _tool_uses(answer: dict[str, Any], keep: bool) -> tuple[ToolCallFact, ...]:
+    """The ``tool_use`` blocks of an Anthropic message (arguments: ``input`` as JSON)."""
+    out = []
+    for b in answer["content"]:
+        if isinstance(b, dict) and b.get("type") == "tool_use":
+            args = json.dumps(b.get("input", {}))
+            out.append(
+                ToolCallFact(
+                    _str(b.get("id")), _str(b.get("name")), len(args.encode()), args if keep else ""
+                )
+            )
+    return tuple(out)
+
+
 def tool_calls_of(answer: Any, keep: bool = False) -> tuple[ToolCallFact, ...]:
-    """The tool calls of a whole chat answer (every choice, in order)."""
+    """The tool calls of a whole chat answer (every choice, in order), or of an Anthropic
+    message (its ``tool_use`` blocks)."""
+    if isinstance(answer, dict) and answer.get("type") == "message":
+        return _tool_uses(answer, keep) if isinstance(answer.get("content"), list) else ()
     if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
         return ()
     out: list[ToolCallFact] = []
