@@ -1,10 +1,12 @@
 """Anthropic's Messages API through the gateway, driven by the real ``anthropic`` SDK, over
 in-process simulated engines, in both forwarding modes: translated (the canonical chat
 body to ``/v1/chat/completions``, the answer translated back) and native
-(``native_apis={"messages"}``: the engines' own ``/v1/messages``)."""
+(``native_apis={"messages"}``: the engines' own ``/v1/messages``). The model's tool calls
+come from a fake chat upstream (the simulator never calls tools)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ from typing import Any
 import aiohttp
 import anthropic
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from services.common.tokens import TokenPath
@@ -301,3 +304,83 @@ async def test_api_keys_on_the_messages_route(fleet: EngineFleet, native: frozen
         assert e403.value.body["error"]["type"] == "permission_error"  # type: ignore[index]
     finally:
         await server.close()
+
+
+def _tool_chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return f"data: {json.dumps({'id': 'c1', 'choices': [choice], **extra})}\n\n".encode()
+
+
+ARGS = '{"path": "src/main.py"}'
+TOOL_USAGE = {
+    "prompt_tokens": 30,
+    "completion_tokens": 9,
+    "prompt_tokens_details": {"cached_tokens": 16},
+}
+TOOL_STREAM = [
+    _tool_chunk({"role": "assistant", "content": "let me read it"}),
+    _tool_chunk({"tool_calls": [{"index": 0, "id": "call_r", "type": "function", "function": {"name": "read_file", "arguments": ""}}]}),
+    _tool_chunk({"tool_calls": [{"index": 0, "function": {"arguments": ARGS[:9]}}]}),
+    _tool_chunk({"tool_calls": [{"index": 0, "function": {"arguments": ARGS[9:]}}]}),
+    _tool_chunk({}, "tool_calls", usage=TOOL_USAGE),
+    b"data: [DONE]\n\n",
+]  # fmt: skip
+
+
+async def tool_model(request: web.Request) -> web.StreamResponse:
+    """A chat model that always calls read_file (the simulator never calls tools)."""
+    body = await request.json()
+    if not body.get("stream"):
+        call = {
+            "id": "call_r",
+            "type": "function",
+            "function": {"name": "read_file", "arguments": ARGS},
+        }
+        message = {"role": "assistant", "content": "let me read it", "tool_calls": [call]}
+        choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+        return web.json_response({"id": "c1", "choices": [choice], "usage": TOOL_USAGE})
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for event in TOOL_STREAM:  # each event in two writes: chunks straddle events
+        await resp.write(event[:17])
+        await resp.write(event[17:])
+    await resp.write_eof()
+    return resp
+
+
+async def test_tool_calls_come_back_as_tool_use_whole_and_streamed() -> None:
+    up_app = web.Application()
+    up_app.router.add_post("/v1/chat/completions", tool_model)
+    upstream = TestServer(up_app, host="127.0.0.1")
+    await upstream.start_server()
+    core = build_core([EndpointSpec("m1", str(upstream.make_url("")).rstrip("/"))])
+    gw = Gateway(core, GatewayOptions(background=False, block_size=16))
+    done: list[RequestContext] = []
+    gw.finished.append(lambda ctx, _end: done.append(ctx))
+    server = TestServer(gw.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        c = client(str(server.make_url("")).rstrip("/"))
+        kw: dict[str, Any] = {
+            "model": MODEL,
+            "max_tokens": 64,
+            "tools": TOOLS,
+            "messages": tool_turns(0),
+        }
+        whole = await c.messages.create(**kw)
+        async with c.messages.stream(**kw) as s:
+            streamed = await s.get_final_message()
+        for msg in (whole, streamed):
+            assert msg.stop_reason == "tool_use"
+            text, use = msg.content
+            assert text.type == "text" and text.text == "let me read it"
+            assert use.type == "tool_use" and (use.id, use.name) == ("call_r", "read_file")
+            assert use.input == {"path": "src/main.py"}
+            assert (msg.usage.input_tokens, msg.usage.cache_read_input_tokens) == (14, 16)
+            assert msg.usage.output_tokens == 9
+        for ctx in done:  # recorded from the upstream's chat answer
+            assert [t.name for t in ctx.answer().tool_calls] == ["read_file"]
+            assert ctx.parsed is not None and ctx.parsed.tools_offered == 1
+    finally:
+        await server.close()
+        await upstream.close()
