@@ -18,7 +18,7 @@ from services.scheduler.core.records import (
     usage_from_body,
     usage_from_sse,
 )
-from services.scheduler.core.tools import tool_calls_of
+from services.scheduler.core.tools import StreamToolCalls, tool_calls_of
 from services.scheduler.routing.framework import Profile, Scheduler
 from services.scheduler.routing.types import Choice, Pick
 from tests.unit._routing_helpers import ep, make, req
@@ -67,6 +67,25 @@ def test_tool_calls_of_a_native_message(keep: bool) -> None:
     assert (call.id, call.name, call.argument_bytes) == ("toolu_1", "read", len(args))
     assert call.arguments == (args if keep else "")
     assert tool_calls_of({"type": "message", "content": None}) == ()
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["sizes", "contents"])
+def test_tool_calls_of_a_native_stream_at_every_boundary(keep: bool) -> None:
+    chat = (
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_a",'
+        b'"function":{"name":"read","arguments":"{\\"path\\": "}}]}}]}\n\n'
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,'
+        b'"function":{"arguments":"\\"a\\"}"}}]},"finish_reason":"tool_calls"}]}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    native = StreamTranslator(model="m").feed(chat)  # what an engine serving Messages sends
+    for cut in range(0, len(native), 7):
+        acc = StreamToolCalls(keep=keep)
+        acc.feed(native[:cut])
+        acc.feed(native[cut:])
+        (call,) = acc.calls()
+        assert (call.id, call.name, call.argument_bytes) == ("call_a", "read", len('{"path": "a"}'))
+        assert call.arguments == ('{"path": "a"}' if keep else "")
 
 
 def test_record_carries_api_and_parent_session() -> None:
