@@ -155,14 +155,24 @@ async def _loadgen(host: str, port: int, raw: bytes, rate: float, duration: floa
 
 
 def request_bytes(
-    host: str, port: int, stream: bool, prompt_words: int, headers: Sequence[str] = ()
+    host: str,
+    port: int,
+    stream: bool,
+    prompt_words: int,
+    headers: Sequence[str] = (),
+    messages: bool = False,
 ) -> bytes:
-    """One request's bytes; ``headers``: extra ``Name: value`` lines."""
+    """One request's bytes; ``headers``: extra ``Name: value`` lines; ``messages``: the same
+    prompt as an Anthropic Messages request (``/v1/messages``)."""
     words = " ".join(f"w{i % 997}" for i in range(prompt_words))
-    if stream:
-        path = "/v1/chat/completions"
+    if messages:
+        path = "/v1/messages"
         body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": words}],
-                                "max_tokens": 8, "stream": True}  # fmt: skip
+                                "max_tokens": 8, "stream": stream}  # fmt: skip
+    elif stream:
+        path = "/v1/chat/completions"
+        body = {"model": MODEL, "messages": [{"role": "user", "content": words}],
+                "max_tokens": 8, "stream": True}  # fmt: skip
     else:
         path = "/v1/completions"
         body = {"model": MODEL, "prompt": words, "max_tokens": 8}
@@ -182,8 +192,9 @@ def loadgen_main(argv: list[str]) -> int:
     p.add_argument("--stream", action="store_true")
     p.add_argument("--prompt-words", type=int, default=128)
     p.add_argument("--header", action="append", default=[], help="'Name: value' (repeatable)")
+    p.add_argument("--messages", action="store_true", help="Anthropic /v1/messages requests")
     a = p.parse_args(argv)
-    raw = request_bytes("127.0.0.1", a.port, a.stream, a.prompt_words, a.header)
+    raw = request_bytes("127.0.0.1", a.port, a.stream, a.prompt_words, a.header, a.messages)
     pre = max(8, min(256, int(a.rate * 0.02)))
     out = asyncio.run(_loadgen("127.0.0.1", a.port, raw, a.rate, a.duration, a.warmup, pre))
     out["stream"] = a.stream

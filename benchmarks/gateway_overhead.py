@@ -11,7 +11,10 @@ back-to-back pairs of runs, nginx directly then the router in front of it, each 
 inter-arrival load (1/rate, not waiting for answers) for ``--duration`` s after ``--warmup``
 s, from a load generator in a separate process (raw asyncio HTTP/1.1 keep-alive client;
 latency runs from writing a request to its response being complete; the generator's own send
-lag is reported). Added latency = router quantile - direct quantile of the same pair; the
+lag is reported). Tideserve routers also get a ``messages_stream`` phase per rate: the same
+pairs, the router sent the streamed prompt as an Anthropic ``/v1/messages`` request (which it
+forwards as chat completions and translates back), nginx the chat stream it stands for, so
+the added latency includes the translation both ways. Added latency = router quantile - direct quantile of the same pair; the
 JSON gives the median over the pairs (and each pair's p99), so that noise from other work on a
 shared machine hits both sides alike. Maximum sustained req/s: closed loop with ``wrk``
 (``--wrk-connections``, one thread, non-streaming), reported with the CPU the measured process
@@ -199,9 +202,10 @@ def _taskset(cpu: int | None, cmd: list[str]) -> list[str]:
 
 
 def open_loop(port: int, rate: float, stream: bool, args: argparse.Namespace,
-              cpu: int | None, headers: Sequence[str] = ()) -> dict[str, Any]:  # fmt: skip
+              cpu: int | None, headers: Sequence[str] = (),
+              messages: bool = False) -> dict[str, Any]:  # fmt: skip
     """One open-loop run from a load-generator process; ``headers``: extra ``Name: value``
-    lines on every request."""
+    lines on every request; ``messages``: Anthropic Messages requests."""
     cmd = _taskset(cpu, [sys.executable, str(Path(__file__).resolve()), "_loadgen",
                          "--port", str(port), "--rate", str(rate), "--duration",
                          str(args.duration), "--warmup", str(args.warmup),
@@ -210,6 +214,8 @@ def open_loop(port: int, rate: float, stream: bool, args: argparse.Namespace,
         cmd += ["--header", h]
     if stream:
         cmd.append("--stream")
+    if messages:
+        cmd.append("--messages")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.duration + 120)
     if done.returncode != 0:
         return {"error": done.stderr.strip()[-500:]}
@@ -261,69 +267,81 @@ def phases(args: argparse.Namespace) -> list[tuple[str, float, bool]]:
     return out
 
 
+def messages_phases(args: argparse.Namespace) -> list[tuple[str, float, bool]]:
+    """(name, rate, stream) of the Messages phases (tideserve routers only)."""
+    if args.no_stream:
+        return []
+    return [(f"{rate:g}rps_messages_stream", rate, True)
+            for rate in [float(r) for r in args.rates.split(",") if r.strip()]]  # fmt: skip
+
+
 def paired_open_loop(direct_port: int, router_port: int, router_pid: int,
-                     args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+                     args: argparse.Namespace, messages: bool = False) -> dict[str, Any]:  # fmt: skip
     """Per phase, ``--repeats`` back-to-back (direct, router) pairs, so that noise from other
     work on the machine hits both sides alike. Reports the median over repeats of each
-    side's quantiles and of the paired differences (the added latency)."""
+    side's quantiles and of the paired differences (the added latency). ``messages``: the
+    Messages phases too (the router sent ``/v1/messages``, nginx the chat stream)."""
     out: dict[str, Any] = {}
-    for name, rate, stream in phases(args):
+    todo = [(p, False) for p in phases(args)]
+    todo += [(p, True) for p in messages_phases(args)] if messages else []
+    for (name, rate, stream), api_messages in todo:
         runs: list[dict[str, Any]] = []
         for _ in range(args.repeats):
             d = open_loop(direct_port, rate, stream, args, None)
             meter, machine = CpuMeter([router_pid]), MachineCpu()
-            r = open_loop(router_port, rate, stream, args, None)
+            r = open_loop(router_port, rate, stream, args, None, messages=api_messages)
             r["router_cpu"] = meter.read()
             r["machine_cores_busy"] = machine.read()
             runs.append({"direct": d, "router": r})
-        # A run whose every request failed (an overloaded router) has no quantiles: it
-        # counts its errors, not its latency.
-        ok = [x for x in runs if "error" not in x["direct"] and "error" not in x["router"]]
-        measured = [
-            x for x in ok
-            if x["direct"]["latency_ms"]["p99"] is not None
-            and x["router"]["latency_ms"]["p99"] is not None
-        ]  # fmt: skip
-        phase: dict[str, Any] = {"repeats": len(runs), "valid_repeats": len(ok)}
-        for side in ("direct", "router"):
-            phase[side] = {
-                "latency_ms": {q: _med([x[side]["latency_ms"][q] for x in ok])
-                               for q in ("p50", "p90", "p99")},
-                "errors": sum(x[side]["errors"] for x in ok),
-                "ok": sum(x[side]["ok"] for x in ok),
-                "send_lag_p99_ms": _med([x[side]["send_lag_ms"]["p99"] for x in ok]),
-            }  # fmt: skip
-        phase["router"]["first_byte_ms_p50"] = _med(
-            [x["router"]["first_byte_ms"]["p50"] for x in ok]
-        )
-        phase["router"]["cpu_percent_of_one_core"] = _med(
-            [x["router"]["router_cpu"]["percent_of_one_core"] for x in ok]
-        )
-        # The whole machine's busy cores over the router's run (router, load generator,
-        # nginx and anything else): near every core while the router is well below one
-        # means the router was starved of CPU, and its latency is queueing for a core.
-        phase["router"]["machine_cores_busy"] = _med(
-            [x["router"]["machine_cores_busy"] for x in ok]
-        )
-        # CPU per request (robust to a loaded machine, unlike latency): the router's CPU
-        # over the run (warm-up included) / the requests sent in it.
-        sent = rate * (args.warmup + args.duration)
-        phase["router"]["cpu_us_per_request"] = _med(
-            [x["router"]["router_cpu"]["cpu_s"] * 1e6 / sent for x in ok]
-        )
-        phase["added_latency_ms"] = {
-            q: _med([x["router"]["latency_ms"][q] - x["direct"]["latency_ms"][q] for x in measured])
-            for q in ("p50", "p90", "p99")
-        }
-        phase["added_p99_per_repeat_ms"] = [
-            round(x["router"]["latency_ms"]["p99"] - x["direct"]["latency_ms"]["p99"], 3)
-            for x in measured
-        ]
-        errs = [x[s]["error"] for x in runs for s in ("direct", "router") if "error" in x[s]]
-        if errs:
-            phase["loadgen_errors"] = errs[:3]
-        out[name] = phase
+        out[name] = summarize_phase(runs, rate, args)
     return out
+
+
+def summarize_phase(runs: list[dict[str, Any]], rate: float, args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+    """One phase's figures from its (direct, router) pairs."""
+    # A run whose every request failed (an overloaded router) has no quantiles: it
+    # counts its errors, not its latency.
+    ok = [x for x in runs if "error" not in x["direct"] and "error" not in x["router"]]
+    measured = [
+        x for x in ok
+        if x["direct"]["latency_ms"]["p99"] is not None
+        and x["router"]["latency_ms"]["p99"] is not None
+    ]  # fmt: skip
+    phase: dict[str, Any] = {"repeats": len(runs), "valid_repeats": len(ok)}
+    for side in ("direct", "router"):
+        phase[side] = {
+            "latency_ms": {q: _med([x[side]["latency_ms"][q] for x in ok])
+                           for q in ("p50", "p90", "p99")},
+            "errors": sum(x[side]["errors"] for x in ok),
+            "ok": sum(x[side]["ok"] for x in ok),
+            "send_lag_p99_ms": _med([x[side]["send_lag_ms"]["p99"] for x in ok]),
+        }  # fmt: skip
+    phase["router"]["first_byte_ms_p50"] = _med([x["router"]["first_byte_ms"]["p50"] for x in ok])
+    phase["router"]["cpu_percent_of_one_core"] = _med(
+        [x["router"]["router_cpu"]["percent_of_one_core"] for x in ok]
+    )
+    # The whole machine's busy cores over the router's run (router, load generator,
+    # nginx and anything else): near every core while the router is well below one
+    # means the router was starved of CPU, and its latency is queueing for a core.
+    phase["router"]["machine_cores_busy"] = _med([x["router"]["machine_cores_busy"] for x in ok])
+    # CPU per request (robust to a loaded machine, unlike latency): the router's CPU
+    # over the run (warm-up included) / the requests sent in it.
+    sent = rate * (args.warmup + args.duration)
+    phase["router"]["cpu_us_per_request"] = _med(
+        [x["router"]["router_cpu"]["cpu_s"] * 1e6 / sent for x in ok]
+    )
+    phase["added_latency_ms"] = {
+        q: _med([x["router"]["latency_ms"][q] - x["direct"]["latency_ms"][q] for x in measured])
+        for q in ("p50", "p90", "p99")
+    }
+    phase["added_p99_per_repeat_ms"] = [
+        round(x["router"]["latency_ms"]["p99"] - x["direct"]["latency_ms"]["p99"], 3)
+        for x in measured
+    ]
+    errs = [x[s]["error"] for x in runs for s in ("direct", "router") if "error" in x[s]]
+    if errs:
+        phase["loadgen_errors"] = errs[:3]
+    return phase
 
 
 def pin_all_threads(pid: int, cpus: str) -> bool:
@@ -428,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
                 wait_http(f"http://127.0.0.1:{port}/v1/models", rgroup, 60.0)
                 time.sleep(2.0)  # let the router see the upstream healthy
                 res: dict[str, Any] = {"command": shlex.join(cmd)}
-                res["open_loop"] = paired_open_loop(nport, port, router.proc.pid, args)
+                ours = name.startswith("tideserve:")
+                res["open_loop"] = paired_open_loop(nport, port, router.proc.pid, args, ours)
                 res["max_rps"] = max_rps(port, router.proc.pid, args, workdir, pin)
                 rgroup.check()
                 summary["routers"][name] = res

@@ -6,6 +6,9 @@ Three entry points, one internal form (:class:`GenRequest`):
   (``max_new_tokens``, ``ignore_eos``, ...), ``stream``, ``rid``.
 * ``POST /v1/completions``: ``prompt`` (a string or a list of token ids), ``max_tokens``.
 * ``POST /v1/chat/completions``: ``messages``, ``max_tokens`` / ``max_completion_tokens``.
+* ``POST /v1/messages`` (Anthropic), by its canonical chat body (:func:`messages_chat`,
+  :mod:`services.common.apis.anthropic`) over the chat path, the answer translated back;
+  ``/v1/messages/count_tokens`` counts that body's prompt.
 
 Prompts are tokenized by the engine's :class:`services.common.tokens.TokenPath`, the same path
 the gateway uses: by default the simulator's whitespace tokenizer and chat template
@@ -29,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from services.common.apis.anthropic import ChatForm, MessagesError, to_chat
 from services.common.tokens import ChatError, TokenPath, chat_prompt, render_token
 from services.dataplane.location import KVLocation
 
@@ -43,6 +47,7 @@ __all__ = [
     "completion_chunk",
     "completion_response",
     "error_body",
+    "messages_chat",
     "parse_chat",
     "parse_completion",
     "parse_generate",
@@ -294,6 +299,14 @@ def parse_chat(body: Any, default_max: int, tokens: TokenPath | None = None) -> 
         _opt(body, "rid", (str,), "a string"),
         _kv_transfer(body),
     )
+
+
+def messages_chat(body: Any, *, need_max_tokens: bool = True) -> ChatForm:
+    """The canonical chat body of an Anthropic Messages body. Raises :class:`BadRequest`."""
+    try:
+        return to_chat(body, need_max_tokens=need_max_tokens)
+    except MessagesError as e:
+        raise BadRequest(e.message, e.param, "invalid_value") from None
 
 
 # -- responses ---------------------------------------------------------------------------

@@ -17,10 +17,12 @@ from typing import Any, NoReturn
 
 from aiohttp import web
 
+from services.common.apis.anthropic import to_message
+from services.common.apis.anthropic_stream import StreamTranslator
 from services.engine import api
 from services.engine.core import SeqOutput
 
-__all__ = ["Live", "outputs", "stream", "unary"]
+__all__ = ["Live", "Messages", "outputs", "stream", "unary"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,23 @@ class Live:
     last_ms: float = 0.0
     done: bool = False
     kv: dict[str, Any] = field(default_factory=dict)  # the decode's KV pull, usage fields
+
+
+@dataclass(frozen=True)
+class Messages:
+    """A chat answer sent as an Anthropic Messages answer (the client's ``model`` name and
+    its ``stop_sequences``)."""
+
+    model: str
+    stop_sequences: tuple[str, ...] = ()
+
+    def whole(self, chat: dict[str, Any]) -> dict[str, Any]:
+        return to_message(chat, model=self.model, stop_sequences=self.stop_sequences)
+
+    def stream(self, input_tokens: int) -> StreamTranslator:
+        return StreamTranslator(
+            model=self.model, stop_sequences=self.stop_sequences, input_tokens=input_tokens
+        )
 
 
 async def outputs(live: Live) -> AsyncIterator[list[SeqOutput]]:
@@ -63,6 +82,7 @@ async def unary(
     model: str,
     die_after: int,
     extra: Callable[[], Mapping[str, Any] | None] | None = None,
+    shape: Messages | None = None,
 ) -> web.StreamResponse:
     """The whole answer as one JSON body (``die_after`` > 0: close abruptly after N tokens);
     the top-level fields ``extra()`` returns once the request is done are added to it (e.g.
@@ -85,7 +105,8 @@ async def unary(
         body = api.completion_response("cmpl-" + live.rid, model, text, use)
     else:
         body = {"text": text, "output_ids": tokens, "meta_info": meta(live, last, len(tokens))}
-    return web.json_response({**body, **((extra() if extra else None) or {})})
+    body = {**body, **((extra() if extra else None) or {})}
+    return web.json_response(shape.whole(body) if shape is not None else body)
 
 
 def meta(live: Live, last: SeqOutput, n: int) -> dict[str, Any]:
@@ -101,10 +122,16 @@ def meta(live: Live, last: SeqOutput, n: int) -> dict[str, Any]:
 
 
 async def stream(
-    req: web.Request, live: Live, model: str, interval: int, die_after: int
+    req: web.Request,
+    live: Live,
+    model: str,
+    interval: int,
+    die_after: int,
+    shape: Messages | None = None,
 ) -> web.StreamResponse:
     """SSE: one chunk per ``interval`` tokens (and the last), usage in the final chunk, an
-    extra usage-only chunk when asked, then ``data: [DONE]``."""
+    extra usage-only chunk when asked, then ``data: [DONE]`` (``shape``: all of it as
+    Anthropic Messages events)."""
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
@@ -115,8 +142,13 @@ async def stream(
     buf: list[int] = []
     last: SeqOutput | None = None
 
+    translator = shape.stream(len(g.prompt_ids)) if shape is not None else None
+
+    async def write(data: bytes) -> None:
+        await resp.write(translator.feed(data) if translator is not None else data)
+
     async def send(obj: dict[str, Any]) -> None:
-        await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+        await write(b"data: " + json.dumps(obj).encode() + b"\n\n")
 
     async for group in outputs(live):
         for out in group:
@@ -142,7 +174,7 @@ async def stream(
             empty = api.completion_chunk(cid, model, "", None, use)
         empty["choices"] = []
         await send(empty)
-    await resp.write(b"data: [DONE]\n\n")
+    await write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
 

@@ -38,9 +38,11 @@ from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
 from services.common import otel
+from services.common.apis.anthropic import error_body as anthropic_body
+from services.common.apis.anthropic import from_openai_error
 from services.common.perfmodel import get_profile
 from services.common.tasks import pause, stop_tasks
-from services.common.tokens import TokenPath, token_path
+from services.common.tokens import ChatError, TokenPath, token_path
 from services.engine import api, pd_sglang, pd_vllm, respond
 from services.engine.core import (
     AdmissionError,
@@ -67,9 +69,13 @@ __all__ = ["TRACED_PATHS", "EngineServer", "write_model_dir"]
 log = logging.getLogger(__name__)
 
 TRACED_PATHS = frozenset(
-    {"/generate", "/v1/completions", "/v1/chat/completions", pd_vllm.NOTIFY_PATH}
+    {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/messages", pd_vllm.NOTIFY_PATH}
 )
 """The API requests a traced engine makes spans of (not probes, scrapes, info, admin)."""
+
+
+def anthropic_error(status: int, message: str) -> web.Response:
+    return web.json_response(anthropic_body(status, message), status=status)
 
 
 class EngineServer:
@@ -175,6 +181,8 @@ class EngineServer:
         r.add_post("/generate", self._generate)
         r.add_post("/v1/completions", self._completions)
         r.add_post("/v1/chat/completions", self._chat)
+        r.add_post("/v1/messages", self._messages)
+        r.add_post("/v1/messages/count_tokens", self._count_tokens)
         r.add_get("/bootstrap/{room}", self.rendezvous.handler)
         r.add_post(pd_vllm.NOTIFY_PATH, self._kv_notify)
         info.add_admin_to(r)
@@ -395,10 +403,47 @@ class EngineServer:
     async def _chat(self, req: web.Request) -> web.StreamResponse:
         return await self._handle(req, api.parse_chat)
 
-    async def _handle(self, req: web.Request, parse: Any) -> web.StreamResponse:
+    async def _messages(self, req: web.Request) -> web.StreamResponse:
+        """Anthropic Messages over the chat path (:func:`api.messages_chat`)."""
+        try:
+            form = api.messages_chat(await req.json())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return anthropic_error(400, "the request body is not valid JSON")
+        except api.BadRequest as err:
+            return anthropic_error(400, err.message)
+        stop = form.body.get("stop") or []
+        shape = respond.Messages(form.body["model"], tuple(stop))
+        resp = await self._handle(req, api.parse_chat, form.body, shape)
+        if resp.status >= 400 and isinstance(resp, web.Response):
+            data = resp.body if isinstance(resp.body, bytes) else b""
+            return web.json_response(from_openai_error(resp.status, data), status=resp.status)
+        return resp
+
+    async def _count_tokens(self, req: web.Request) -> web.Response:
+        """``{"input_tokens": N}`` of a Messages body, as ``/v1/messages`` renders it."""
+        try:
+            form = api.messages_chat(await req.json(), need_max_tokens=False)
+            ids = self.tokens.encode_chat(form.body["messages"], form.body.get("tools"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return anthropic_error(400, "the request body is not valid JSON")
+        except api.BadRequest as err:
+            return anthropic_error(400, err.message)
+        except ChatError as err:
+            return anthropic_error(400, err.message)
+        return web.json_response({"input_tokens": len(ids)})
+
+    async def _handle(
+        self,
+        req: web.Request,
+        parse: Any,
+        body: Any = None,
+        shape: respond.Messages | None = None,
+    ) -> web.StreamResponse:
+        """One generation request (``body``: already read and translated, with ``shape``
+        the answer's API)."""
         entered = time.monotonic()
         try:
-            body = await req.json()
+            body = await req.json() if body is None else body
         except (json.JSONDecodeError, UnicodeDecodeError):
             return bad_request("the request body is not valid JSON", code="invalid_json")
         try:
@@ -437,7 +482,12 @@ class EngineServer:
             self._kick.set()
             if gen.stream:
                 return await respond.stream(
-                    req, live, model, self.settings.stream_interval, self.faults.die_after_tokens
+                    req,
+                    live,
+                    model,
+                    self.settings.stream_interval,
+                    self.faults.die_after_tokens,
+                    shape,
                 )
             sock = req.transport.get_extra_info("sockname") if req.transport else None
             host, port = (sock[0], int(sock[1])) if sock else (self.settings.host, 0)
@@ -448,7 +498,7 @@ class EngineServer:
                 kv = self.remote_kv.response_params(rid, gen, host, port, locate)
                 return {"kv_transfer_params": kv} if kv is not None else None
 
-            return await respond.unary(req, live, model, self.faults.die_after_tokens, extra)
+            return await respond.unary(req, live, model, self.faults.die_after_tokens, extra, shape)
         except AdmissionError as err:
             return bad_request(str(err), None, "context_length_exceeded")
         finally:

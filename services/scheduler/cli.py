@@ -61,7 +61,8 @@ examples:
 profiles shipped: default, agent, slo, round_robin, least_load, power_of_two, cache_aware
 (services/scheduler/default_profiles.yaml; --profiles-file FILE for your own).
 request metadata headers: X-Tideserve-Class, X-Tideserve-Tenant, X-Tideserve-Session,
-X-Tideserve-Deadline-Ms, X-Tideserve-Profile.
+X-Tideserve-Session-Final, X-Tideserve-Deadline-Ms, X-Tideserve-Profile (agents' own session
+headers too: docs/agents.md).
 """
 
 
@@ -155,6 +156,15 @@ _GATEWAY_FLAGS: tuple[Flag, ...] = (
     ),
     flag("--postgres-url", default="", help="Postgres holding the API keys"),
     flag("--kvmeta-address", default="", help="kvmeta gRPC host:port (MatchPrefix)"),
+    flag(
+        "--native-apis",
+        nargs="+",
+        choices=["messages", "responses"],
+        default=[],
+        metavar="API",
+        help="APIs the engines serve themselves, forwarded as sent (messages: vLLM's "
+        "/v1/messages); default: translated to chat completions and back",
+    ),
     flag(
         "--record-tool-contents",
         action="store_true",
@@ -271,6 +281,7 @@ def settings_from_args(args: argparse.Namespace) -> SchedulerSettings:
         "postgres_url": args.postgres_url or None,
         "kvmeta_address": args.kvmeta_address,
         "record_tool_contents": args.record_tool_contents,
+        "native_apis": args.native_apis,
         "trace_exporter": args.trace_exporter,
         "otlp_endpoint": args.otlp_endpoint,
         "otlp_ca_file": args.otlp_ca_file,

@@ -142,6 +142,7 @@ def build_gateway(
         engine_api_key=settings.engine_api_key.get_secret_value(),
         tokens=tokens,
         record_tool_contents=settings.record_tool_contents,
+        native_apis=frozenset(settings.native_apis),
     )
     metrics = GatewayMetrics(registry)
     gateway = Gateway(

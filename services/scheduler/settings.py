@@ -162,6 +162,12 @@ class SchedulerSettings(ServiceSettings):
     share_heartbeat_s: float = Field(0.5, gt=0, description="in-flight heartbeat period")
     share_heartbeat_ttl_s: float = Field(3.0, gt=0, description="a replica's load expires after")
     request_records: bool = Field(True, description="RequestRecord per request (needs redis_url)")
+    native_apis: list[Literal["messages", "responses"]] = Field(
+        default_factory=list,
+        description="APIs besides OpenAI chat/completions the engines serve themselves "
+        "(vLLM serves /v1/messages): forwarded as the client sent them; the others are "
+        "forwarded as chat completions and their answers translated back",
+    )
     record_tool_contents: bool = Field(
         False,
         description="agent tool calls on record and on spans with their contents (tool-result "

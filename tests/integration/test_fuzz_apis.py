@@ -1,6 +1,6 @@
 """The gateway's HTTP API and the scheduler's and kvmeta's gRPC APIs fed malformed input (hypothesis):
 no crash, no hang, no 5xx / INTERNAL for a client's mistake, and every HTTP error is an
-OpenAI-style body.
+OpenAI-style body (Anthropic-style on the Messages routes).
 
 The gateway (over two in-process simulated engines) and the gRPC servicer run on an event
 loop in a background thread; the property tests are synchronous clients with timeouts, so a
@@ -241,3 +241,76 @@ def test_kvmeta_ingest_and_match_never_fail_internally(
         stub = kvmeta_pb2_grpc.KVMetaServiceStub(channel)
         _check_rpc(lambda: stub.IngestEvents(iter(batches), timeout=60))
         _check_rpc(lambda: stub.MatchPrefix(match, timeout=60))
+
+
+BLOCK = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "tool_use", "tool_result", "image", "thinking", "x"])},
+    optional={
+        "text": st.one_of(st.text(max_size=12), JSON),
+        "id": st.one_of(st.just("t1"), JSON),
+        "name": st.one_of(st.just("read"), JSON),
+        "input": st.one_of(st.just({}), JSON),
+        "tool_use_id": st.one_of(st.just("t1"), JSON),
+        "content": st.one_of(st.text(max_size=12), JSON),
+        "is_error": JSON,
+        "cache_control": JSON,
+    },
+)
+ANTHROPIC_MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "system"])},
+    optional={"content": st.one_of(st.text(max_size=20), st.lists(BLOCK, max_size=3), JSON)},
+)
+MESSAGES_BODIES = st.one_of(
+    st.fixed_dictionaries(
+        {"model": st.sampled_from(["tideserve-sim", "", "other"])},
+        optional={
+            "max_tokens": st.one_of(st.integers(-2, 6), JSON),
+            "messages": st.one_of(st.lists(ANTHROPIC_MESSAGE, max_size=3), JSON),
+            "system": st.one_of(st.text(max_size=10), st.lists(BLOCK, max_size=2), JSON),
+            "tools": st.one_of(st.lists(st.dictionaries(st.sampled_from(["name", "input_schema", "type"]), JSON, max_size=3), max_size=2), JSON),
+            "tool_choice": JSON,
+            "stop_sequences": JSON,
+            "metadata": JSON,
+            "stream": st.one_of(st.booleans(), JSON),
+        },
+    ).map(lambda d: json.dumps(d).encode()),
+    st.binary(max_size=60),
+)  # fmt: skip
+MESSAGES_HEADERS = st.dictionaries(
+    st.sampled_from(["x-claude-code-session-id", "x-claude-code-agent-id", "session-id",
+                     "X-Tideserve-Session-Final", "X-Tideserve-Class", "anthropic-version"]),
+    st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=16),
+    max_size=3,
+)  # fmt: skip
+
+
+@given(
+    st.sampled_from(["/v1/messages", "/v1/messages/count_tokens"]),
+    MESSAGES_BODIES,
+    MESSAGES_HEADERS,
+)
+@example(
+    "/v1/messages",
+    b'{"model": "tideserve-sim", "max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}',
+    {},
+)
+@example(
+    "/v1/messages",
+    b'{"model": "tideserve-sim", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}], "stream": true}',
+    {"X-Tideserve-Session-Final": "1"},
+)
+def test_messages_api_answers_with_a_message_or_an_anthropic_4xx(
+    served: Served, path: str, body: bytes, headers: dict[str, str]
+) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", served.http_port, timeout=60)
+    try:
+        conn.request("POST", path, body=body, headers=headers)
+        resp = conn.getresponse()
+        text = resp.read().decode("utf-8", "replace")
+    finally:
+        conn.close()
+    assert resp.status < 500, (resp.status, text)
+    if resp.status >= 400:
+        got = json.loads(text)
+        assert got["type"] == "error" and got["error"]["type"].endswith("error"), text
+        assert isinstance(got["error"]["message"], str) and got["error"]["message"], text

@@ -134,6 +134,26 @@ def test_loadgen_request_is_valid_http(stream: bool) -> None:
     assert json.loads(body).get("stream", False) is stream
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_loadgen_messages_request(stream: bool) -> None:
+    raw = _load("gateway_overhead").request_bytes("127.0.0.1", 80, stream, 16, messages=True)
+    head, body = raw.split(b"\r\n\r\n", 1)
+    assert (
+        head.startswith(b"POST /v1/messages ") and f"Content-Length: {len(body)}".encode() in head
+    )
+    got = json.loads(body)
+    assert (
+        got["stream"] is stream and got["max_tokens"] == 8 and got["messages"][0]["role"] == "user"
+    )
+
+
+def test_messages_phases_are_streamed_per_rate() -> None:
+    ovh = _load("gateway_overhead")
+    got = [n for n, _, _ in ovh.messages_phases(ovh.parse_args(["--rates", "200,1000"]))]
+    assert got == ["200rps_messages_stream", "1000rps_messages_stream"]
+    assert ovh.messages_phases(ovh.parse_args(["--no-stream"])) == []
+
+
 @pytest.mark.parametrize(
     ("argv", "expect"),
     [

@@ -72,6 +72,8 @@ class Intake:
     index_tenant: str = ""
     deadline_in_ms: float | None = None
     exclude: frozenset[str] = frozenset()
+    # The session ends with this turn: what routing keeps for it is dropped once answered.
+    session_final: bool = False
 
 
 def check_names(core: GatewayCore, profile: str, slo_class: str, tenant: str) -> None:

@@ -81,6 +81,8 @@ def _usage_of(obj: Any) -> Usage | None:
     if not isinstance(obj, dict):
         return None
     u = obj.get("usage")
+    if (isinstance(u, dict) and "input_tokens" in u) or obj.get("type") == "message_start":
+        return _anthropic_usage(obj)
     if isinstance(u, dict):
         details = u.get("prompt_tokens_details")
         cached = details.get("cached_tokens", 0) if isinstance(details, dict) else 0
@@ -99,6 +101,21 @@ def _usage_of(obj: Any) -> Usage | None:
             *_kv_fields(meta),
         )
     return None
+
+
+def _anthropic_usage(obj: dict[str, Any]) -> Usage | None:
+    """An Anthropic message's usage (or its stream's ``message_start`` / ``message_delta``):
+    the prompt is ``input_tokens`` plus the tokens read from and written to the cache."""
+    msg = obj.get("message")
+    u = obj.get("usage") if obj.get("usage") is not None else None
+    if u is None and isinstance(msg, dict):
+        u = msg.get("usage")
+    if not isinstance(u, dict):
+        return None
+    cached = int(u.get("cache_read_input_tokens") or 0)
+    written = int(u.get("cache_creation_input_tokens") or 0)
+    prompt = int(u.get("input_tokens") or 0) + cached + written
+    return Usage(prompt, int(u.get("output_tokens") or 0), cached)
 
 
 def _kv_fields(obj: dict[str, Any]) -> tuple[float, int, bool]:
@@ -131,9 +148,12 @@ def usage_from_body(body: bytes) -> Usage | None:
 
 
 def usage_from_sse(tail: bytes) -> Usage | None:
-    """The last token usage in the tail of an SSE stream (None if none is complete)."""
+    """The last token usage in the tail of an SSE stream (None if none is complete):
+    OpenAI chunks, SGLang's ``meta_info``, or an Anthropic ``message_delta``."""
     for event in reversed(tail.split(b"\n\n")):
         line = event.strip()
+        if line.startswith(b"event:"):  # a named event (Anthropic's): its data line
+            line = line.partition(b"\n")[2].strip()
         if not line.startswith(b"data:") or (b"usage" not in line and b"meta_info" not in line):
             continue
         u = usage_from_body(line[5:].strip())
@@ -167,6 +187,8 @@ class RequestFacts(Protocol):
     def slo_class(self) -> str: ...
     @property
     def session_id(self) -> str: ...
+    @property
+    def parent_session_id(self) -> str: ...
     @property
     def profile(self) -> str: ...
     @property
@@ -311,6 +333,7 @@ def build_record(
         rec.tenant = p.tenant
         rec.slo_class = p.slo_class
         rec.session_id = p.session_id
+        rec.parent_session_id = p.parent_session_id
         rec.profile = p.profile
         rec.api = p.kind
         if not rec.prompt_tokens:

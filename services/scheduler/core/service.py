@@ -163,6 +163,11 @@ class GatewayCore:
         self._settle(pick_id, True)
         return self.fleet.release(pick_id)
 
+    def end_session(self, session_id: str) -> int:
+        """A session's final turn was answered: routing plugins drop its per-session state
+        (:meth:`~services.scheduler.routing.framework.Scheduler.end_session`)."""
+        return self.scheduler.end_session(session_id) if session_id else 0
+
     def tick(self, now: float) -> list[str]:
         """Housekeeping: release reservations nobody reported. Returns their pick ids."""
         old = self.fleet.expire_reservations(now, self.limits.reservation_ttl_s)

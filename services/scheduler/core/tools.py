@@ -6,10 +6,13 @@ and what the model answered with. Names and sizes always; contents only with ``k
 - :func:`tool_results_of`: the ``tool`` messages after the last ``assistant`` message (the
   results of the tool calls it made); each result's tool name is resolved from that
   assistant message's ``tool_calls`` by ``tool_call_id`` ("" when it is not there).
-- :func:`tool_calls_of`: the ``tool_calls`` of a whole answer's ``choices[].message``.
+- :func:`tool_calls_of`: the ``tool_calls`` of a whole answer's ``choices[].message`` (or
+  the ``tool_use`` blocks of a whole Anthropic message, as an engine serving the Messages
+  API natively answers).
 - :class:`StreamToolCalls`: the same from an SSE stream: the ``delta.tool_calls`` fragments,
   accumulated by (choice, tool) index; id and name come in the first fragment, the
-  arguments in pieces. Fed raw chunks (events may straddle chunks); a chunk whose
+  arguments in pieces (an Anthropic Messages stream's ``tool_use`` blocks and their
+  ``input_json_delta`` pieces too). Fed raw chunks (events may straddle chunks); a chunk whose
   complete lines do not mention ``tool_calls`` costs one byte search.
 
 Sizes are UTF-8 bytes of the argument string / of the message's text content.
@@ -31,6 +34,8 @@ __all__ = [
 ]
 
 _MARK = b'"tool_calls"'
+# An Anthropic stream's tool call: its block start ("tool_use") and input pieces.
+_MARKS = (_MARK, b'"tool_use"', b'"input_json_delta"')
 _MAX_CARRY = 1 << 20  # an unterminated line longer than this is dropped
 
 
@@ -123,8 +128,25 @@ def _call(c: Any, keep: bool) -> ToolCallFact | None:
     )
 
 
+def _tool_uses(answer: dict[str, Any], keep: bool) -> tuple[ToolCallFact, ...]:
+    """The ``tool_use`` blocks of an Anthropic message (arguments: ``input`` as JSON)."""
+    out = []
+    for b in answer["content"]:
+        if isinstance(b, dict) and b.get("type") == "tool_use":
+            args = json.dumps(b.get("input", {}))
+            out.append(
+                ToolCallFact(
+                    _str(b.get("id")), _str(b.get("name")), len(args.encode()), args if keep else ""
+                )
+            )
+    return tuple(out)
+
+
 def tool_calls_of(answer: Any, keep: bool = False) -> tuple[ToolCallFact, ...]:
-    """The tool calls of a whole chat answer (every choice, in order)."""
+    """The tool calls of a whole chat answer (every choice, in order), or of an Anthropic
+    message (its ``tool_use`` blocks)."""
+    if isinstance(answer, dict) and answer.get("type") == "message":
+        return _tool_uses(answer, keep) if isinstance(answer.get("content"), list) else ()
     if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
         return ()
     out: list[ToolCallFact] = []
@@ -161,16 +183,23 @@ class StreamToolCalls:
             return
         rest = data[end + 1 :]
         self._carry = rest if len(rest) <= _MAX_CARRY else b""
-        if _MARK not in data[:end]:
+        head = data[:end]
+        if not any(m in head for m in _MARKS):
             return
-        for line in data[:end].split(b"\n"):
-            if line.startswith(b"data:") and _MARK in line:
+        for line in head.split(b"\n"):
+            if line.startswith(b"data:") and any(m in line for m in _MARKS):
                 try:
                     self._event(json.loads(line[5:]))
                 except (ValueError, UnicodeDecodeError):
                     continue
 
     def _event(self, evt: Any) -> None:
+        if isinstance(evt, dict) and evt.get("type") in (
+            "content_block_start",
+            "content_block_delta",
+        ):
+            self._anthropic(evt)
+            return
         choices = evt.get("choices") if isinstance(evt, dict) else None
         for ci, choice in enumerate(choices if isinstance(choices, list) else ()):
             delta = choice.get("delta") if isinstance(choice, dict) else None
@@ -192,6 +221,24 @@ class StreamToolCalls:
                     part.argument_bytes += len(args.encode())
                     if self.keep and args:
                         part.pieces.append(args)
+
+    def _anthropic(self, evt: dict[str, Any]) -> None:
+        """An Anthropic stream's ``tool_use`` block start or ``input_json_delta``."""
+        idx = evt.get("index")
+        key = (0, idx if isinstance(idx, int) else 0)
+        block, delta = evt.get("content_block"), evt.get("delta")
+        if isinstance(block, dict) and block.get("type") == "tool_use":
+            part = self._calls.setdefault(key, _Partial())
+            part.id, part.name = _str(block.get("id")), _str(block.get("name"))
+        elif (
+            isinstance(delta, dict)
+            and delta.get("type") == "input_json_delta"
+            and key in self._calls
+        ):
+            args = _str(delta.get("partial_json"))
+            self._calls[key].argument_bytes += len(args.encode())
+            if self.keep and args:
+                self._calls[key].pieces.append(args)
 
     def calls(self) -> tuple[ToolCallFact, ...]:
         return tuple(

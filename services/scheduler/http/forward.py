@@ -12,7 +12,11 @@ A disaggregated pick follows the deployment's ``pd_protocol``:
   :mod:`services.scheduler.http.pd_vllm`), then the decode with the returned
   parameters; a 4xx from the prefill is handed back to the client unchanged.
 
-Either way the decode answer is relayed (:mod:`services.scheduler.http.relay`).
+Either way the decode answer is relayed (:mod:`services.scheduler.http.relay`). A
+Messages request (:mod:`services.scheduler.http.messages`) goes to the engine's
+``/v1/messages`` when the deployment serves it natively (``native_apis``) and the pick is
+aggregated; otherwise its canonical chat body goes to ``/v1/chat/completions`` and the
+answer is translated back.
 Raises :class:`~services.scheduler.http.upstream.UpstreamFailure` before the first
 byte (the caller retries elsewhere); cancellation (pre-emption, client gone) leaves no
 orphan prefill task.
@@ -31,7 +35,7 @@ from aiohttp import web
 from services.common import otel
 from services.scheduler.core.records import RequestContext
 from services.scheduler.core.service import GatewayCore
-from services.scheduler.http import pd_vllm, upstream
+from services.scheduler.http import messages, pd_vllm, upstream
 from services.scheduler.http.metrics import GatewayMetrics
 from services.scheduler.http.openai import Kind, ParsedRequest
 from services.scheduler.http.relay import FirstByte, relay_body, relay_stream
@@ -43,6 +47,7 @@ PATHS: dict[Kind, str] = {
     "chat": "/v1/chat/completions",
     "completion": "/v1/completions",
     "generate": "/generate",
+    "messages": "/v1/chat/completions",  # its canonical chat body (native: messages.PATH)
 }
 
 
@@ -61,10 +66,13 @@ class Forwarder:
         metrics: GatewayMetrics,
         first_byte: FirstByte,
         authorization: str | bool = False,
+        native_apis: frozenset[str] = frozenset(),
     ) -> None:
         """``authorization``: the engines' ``Authorization`` header: a fixed value, True
-        (the client's, when it sent one) or False (none)."""
+        (the client's, when it sent one) or False (none); ``native_apis``: the APIs besides
+        OpenAI's the engines serve themselves (``messages``)."""
         self.core = core
+        self.native_apis = native_apis
         self.authorization = authorization
         self.pd_protocol = pd_protocol
         self.upstream_timeout_s = upstream_timeout_s
@@ -87,8 +95,13 @@ class Forwarder:
         pick_id: str,
     ) -> web.StreamResponse:
         """The client's answer for pick ``d`` (see the module docstring)."""
-        path = PATHS[p.kind]
+        native = p.kind == "messages" and "messages" in self.native_apis and d.prefill is None
+        path = messages.PATH if native else PATHS[p.kind]
         body: dict[str, Any] = p.forward_body if d.prefill is None else dict(p.forward_body)
+        if native and p.native_body is not None:
+            body = p.native_body
+        shape = messages.answer_shape(p, native)
+        kind: Kind = "chat" if p.kind == "messages" else p.kind
         headers = {"Content-Type": "application/json"}
         if not otel.recording():
             # No client span (the session is the plain one): the current trace context
@@ -105,7 +118,7 @@ class Forwarder:
         if d.prefill is not None and self.pd_protocol == "vllm":
             headers["X-Request-Id"] = pick_id
             step = await self._prefill_vllm(
-                session, ctx, d.prefill.endpoint, p.kind, path, body, headers, timeout, pick_id
+                session, ctx, d.prefill.endpoint, kind, path, body, headers, timeout, pick_id
             )
             if isinstance(step, web.Response):
                 return step
@@ -136,6 +149,7 @@ class Forwarder:
                     core=self.core,
                     clock=self.clock,
                     first_byte=self.first_byte,
+                    reshape=shape.whole if shape is not None else None,
                 )
             return await relay_stream(
                 req,
@@ -147,6 +161,7 @@ class Forwarder:
                 clock=self.clock,
                 metrics=self.metrics,
                 first_byte=self.first_byte,
+                shape=shape.stream() if shape is not None else None,
             )
         except BaseException:
             resp.close()  # e.g. pre-empted before the first byte: the engine aborts it

@@ -7,8 +7,21 @@ Request metadata, header first, then body field (headers win):
 | SLO class | ``X-Tideserve-Class`` | ``slo_class`` |
 | tenant (fair share) | ``X-Tideserve-Tenant`` | ``tenant`` |
 | session / agent id | ``X-Tideserve-Session`` | ``session_id`` |
+| parent session (a sub-agent's) | ``X-Tideserve-Parent-Session`` | — |
+| the session ends with this turn | ``X-Tideserve-Session-Final: 1`` | — |
 | TTFT deadline, ms from now | ``X-Tideserve-Deadline-Ms`` | — |
 | scheduler profile | ``X-Tideserve-Profile`` | — |
+
+Agents' own session headers and body fields (Claude Code, Codex, OpenCode, OpenAI's
+``prompt_cache_key``, Anthropic's ``metadata.user_id``) are read too, after ours:
+:mod:`services.scheduler.http.sessions`.
+
+APIs (``Kind``): ``chat`` (``/v1/chat/completions``), ``completion`` (``/v1/completions``),
+``generate`` (SGLang's ``/generate``) and ``messages`` (Anthropic's ``/v1/messages``),
+which is validated and translated to its canonical chat body
+(:func:`services.common.apis.anthropic.to_chat`) and from there parsed as chat: the same
+prompt ids and block hashes as the equivalent chat request. Its ``cache_control`` marks
+give :attr:`ParsedRequest.stable_prefix_tokens`.
 
 These fields are removed before the body is forwarded (a body without them is forwarded as
 the client sent it: ``raw_body``, no re-encoding). The prefix-cache namespace is the
@@ -18,7 +31,8 @@ Prompts are tokenized by the deployment's :class:`services.common.tokens.TokenPa
 simulator's whitespace tokenizer and ``"<role>: <content>"`` template by default, or the
 model's tokenizer and chat template); content parts other than text are a 400
 (``services.common.tokens.chat``).
-Every problem raises :class:`ApiError` (400/404/413) with an OpenAI-style body.
+Every problem raises :class:`ApiError` (400/404/413); the route renders it in its API's
+error shape (OpenAI's here; Anthropic's for ``messages``, :mod:`.errors`).
 """
 
 from __future__ import annotations
@@ -28,14 +42,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from services.common import jsonfast
+from services.common.apis.anthropic import MessagesError, to_chat
 from services.common.tokens import ChatError, TokenPath
 from services.scheduler.core.tools import ToolResultFact, tool_results_of, tools_offered
+from services.scheduler.http.sessions import SessionError, session_of
 
-Kind = Literal["chat", "completion", "generate"]
+Kind = Literal["chat", "completion", "generate", "messages"]
 
 H_CLASS = "X-Tideserve-Class"
 H_TENANT = "X-Tideserve-Tenant"
-H_SESSION = "X-Tideserve-Session"
 H_DEADLINE = "X-Tideserve-Deadline-Ms"
 H_PROFILE = "X-Tideserve-Profile"
 _OURS = ("slo_class", "tenant", "session_id")
@@ -102,6 +117,16 @@ class ParsedRequest:
     raw_body: bytes = b""
     """The client's body when it equals ``forward_body`` (none of our fields in it): sent
     upstream as is; b"" when the forwarded body must be encoded from ``forward_body``."""
+    parent_session_id: str = ""
+    session_final: bool = False
+    """The session ends with this turn (``X-Tideserve-Session-Final``)."""
+    stable_prefix_tokens: int | None = None
+    """Messages: where the last ``cache_control`` mark ends, in prompt tokens (the canonical
+    messages up to it, rendered alone; None: no mark). Recorded only: no routing or
+    admission step reads it yet."""
+    native_body: dict[str, Any] | None = None
+    """Messages: the client's body without our fields, for engines serving the API natively
+    (``forward_body`` is the canonical chat body)."""
 
 
 def _bad(msg: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
@@ -151,6 +176,97 @@ def _prompt_ids(kind: Kind, body: Mapping[str, Any], tokens: TokenPath) -> tuple
     raise _bad(f"'{key}' must be a string or a list of token ids", key, "invalid_type")
 
 
+def _json_body(raw: bytes, lim: Limits) -> dict[str, Any]:
+    if len(raw) > lim.max_body_bytes:
+        raise ApiError(413, f"request body over {lim.max_body_bytes} bytes", None, "body_too_large")
+    try:
+        body = jsonfast.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise _bad(f"invalid JSON body: {e}", None, "invalid_json") from None
+    if not isinstance(body, dict):
+        raise _bad("the request body must be a JSON object", None, "invalid_body")
+    return body
+
+
+def _messages_chat(body: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+    """A Messages body's canonical chat body (our fields kept, for the steps after) and its
+    stable prefix (:class:`~services.common.apis.anthropic.ChatForm`)."""
+    try:
+        form = to_chat(body)
+    except MessagesError as e:
+        raise ApiError(e.status, e.message, e.param, "invalid_value") from None
+    return {**form.body, **{k: body[k] for k in _OURS if k in body}}, form.stable_prefix
+
+
+def _max_tokens(kind: Kind, body: Mapping[str, Any], lim: Limits) -> int | None:
+    if kind == "generate":
+        sp = body.get("sampling_params") or {}
+        if not isinstance(sp, Mapping):
+            raise _bad("'sampling_params' must be an object", "sampling_params", "invalid_type")
+        mt, key = _int_field(sp, "max_new_tokens"), "max_new_tokens"
+    else:
+        mt, key = _int_field(body, "max_tokens"), "max_tokens"
+        if kind == "chat" and mt is None:
+            mt, key = _int_field(body, "max_completion_tokens"), "max_completion_tokens"
+    if mt is not None and not 1 <= mt <= lim.max_tokens:
+        raise _bad(f"'{key}' must be between 1 and {lim.max_tokens}, got {mt}", key)
+    return mt
+
+
+def _prefix_tokens(
+    prefix: list[dict[str, Any]] | None, body: Mapping[str, Any], n: int, tokens: TokenPath
+) -> int | None:
+    """Prompt tokens up to the last cache mark: the whole prompt when the mark is on the
+    last message, else the prefix rendered alone (tools only: 0)."""
+    if prefix is None:
+        return None
+    msgs = body.get("messages")
+    if isinstance(msgs, list) and len(prefix) == len(msgs) and prefix[-1] is msgs[-1]:
+        return n
+    if not prefix:
+        return 0
+    try:
+        return len(tokens.encode_chat(prefix, body.get("tools")))
+    except ChatError:
+        return None
+
+
+def _checked_ids(
+    kind: Kind, body: Mapping[str, Any], lim: Limits, tokens: TokenPath
+) -> tuple[int, ...]:
+    chatty = kind in ("chat", "messages")
+    msgs = body.get("messages") if chatty else None
+    if isinstance(msgs, list) and len(msgs) > lim.max_messages:
+        raise _bad(
+            f"{len(msgs)} messages is over the limit of {lim.max_messages}",
+            "messages",
+            "too_many_messages",
+        )
+    ids = _prompt_ids("chat" if chatty else kind, body, tokens)
+    if not ids:
+        raise _bad("the prompt is empty", "messages" if chatty else "prompt", "empty")
+    if len(ids) > lim.max_prompt_tokens:
+        raise ApiError(
+            413,
+            f"prompt of {len(ids)} tokens is over {lim.max_prompt_tokens}",
+            "messages" if chatty else "prompt",
+            "prompt_too_long",
+        )
+    return ids
+
+
+def _deadline(headers: Mapping[str, str]) -> float | None:
+    if not headers.get(H_DEADLINE):
+        return None
+    try:
+        deadline = float(headers[H_DEADLINE])
+    except ValueError:
+        raise _bad(f"{H_DEADLINE} must be a number of milliseconds", H_DEADLINE) from None
+    if not deadline > 0:
+        raise _bad(f"{H_DEADLINE} must be positive", H_DEADLINE)
+    return deadline
+
+
 def parse_request(
     kind: Kind,
     raw: bytes,
@@ -169,50 +285,19 @@ def parse_request(
     are taken, with the results' contents only when ``tool_contents``.
     Raises :class:`ApiError`."""
     lim = limits or Limits()
-    if len(raw) > lim.max_body_bytes:
-        raise ApiError(413, f"request body over {lim.max_body_bytes} bytes", None, "body_too_large")
-    try:
-        body = jsonfast.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise _bad(f"invalid JSON body: {e}", None, "invalid_json") from None
-    if not isinstance(body, dict):
-        raise _bad("the request body must be a JSON object", None, "invalid_body")
+    tokens = tokens or TokenPath()
+    client = _json_body(raw, lim)
+    body, prefix = _messages_chat(client) if kind == "messages" else (client, None)
     model = _str_field(body, "model")
     if kind != "generate" and not model:
         raise _bad("'model' is required", "model", "missing")
     if model and models and model not in models:
         raise ApiError(404, f"model {model!r} does not exist", "model", "model_not_found")
-    if kind == "generate":
-        sp = body.get("sampling_params") or {}
-        if not isinstance(sp, Mapping):
-            raise _bad("'sampling_params' must be an object", "sampling_params", "invalid_type")
-        mt, key = _int_field(sp, "max_new_tokens"), "max_new_tokens"
-    else:
-        mt, key = _int_field(body, "max_tokens"), "max_tokens"
-        if kind == "chat" and mt is None:
-            mt, key = _int_field(body, "max_completion_tokens"), "max_completion_tokens"
-    if mt is not None and not 1 <= mt <= lim.max_tokens:
-        raise _bad(f"'{key}' must be between 1 and {lim.max_tokens}, got {mt}", key)
+    mt = _max_tokens(kind, body, lim)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("'stream' must be a boolean", "stream", "invalid_type")
-    msgs = body.get("messages") if kind == "chat" else None
-    if isinstance(msgs, list) and len(msgs) > lim.max_messages:
-        raise _bad(
-            f"{len(msgs)} messages is over the limit of {lim.max_messages}",
-            "messages",
-            "too_many_messages",
-        )
-    ids = _prompt_ids(kind, body, tokens or TokenPath())
-    if not ids:
-        raise _bad("the prompt is empty", "messages" if kind == "chat" else "prompt", "empty")
-    if len(ids) > lim.max_prompt_tokens:
-        raise ApiError(
-            413,
-            f"prompt of {len(ids)} tokens is over {lim.max_prompt_tokens}",
-            "messages" if kind == "chat" else "prompt",
-            "prompt_too_long",
-        )
+    ids = _checked_ids(kind, body, lim, tokens)
     slo = headers.get(H_CLASS) or _str_field(body, "slo_class")
     if slo and slo not in classes:
         raise _bad(f"unknown SLO class {slo!r} (known: {sorted(classes)})", "slo_class")
@@ -221,17 +306,13 @@ def parse_request(
         raise _bad(f"a tenant is required: set {H_TENANT} or 'tenant'", "tenant", "missing")
     if tenants is not None and tenant not in tenants:
         raise _bad(f"unknown tenant {tenant!r}", "tenant")
-    session = headers.get(H_SESSION) or _str_field(body, "session_id")
-    deadline: float | None = None
-    if headers.get(H_DEADLINE):
-        try:
-            deadline = float(headers[H_DEADLINE])
-        except ValueError:
-            raise _bad(f"{H_DEADLINE} must be a number of milliseconds", H_DEADLINE) from None
-        if not deadline > 0:
-            raise _bad(f"{H_DEADLINE} must be positive", H_DEADLINE)
+    try:
+        session = session_of(headers, client)
+    except SessionError as e:
+        raise _bad(e.message, e.param, "invalid_type") from None
     ours = any(k in body for k in _OURS)
     fwd = {k: v for k, v in body.items() if k not in _OURS} if ours else body
+    chatty = kind in ("chat", "messages")
     return ParsedRequest(
         kind=kind,
         model=model,
@@ -240,12 +321,18 @@ def parse_request(
         stream=stream,
         tenant=tenant,
         slo_class=slo,
-        session_id=session,
+        session_id=session.session_id,
         cache_salt=_str_field(body, "cache_salt"),
         profile=headers.get(H_PROFILE, ""),
-        deadline_ms=deadline,
+        deadline_ms=_deadline(headers),
         forward_body=fwd,
-        tools_offered=tools_offered(body) if kind == "chat" else 0,
-        tool_results=tool_results_of(body.get("messages"), tool_contents) if kind == "chat" else (),
-        raw_body=b"" if ours else raw,
+        tools_offered=tools_offered(body) if chatty else 0,
+        tool_results=tool_results_of(body.get("messages"), tool_contents) if chatty else (),
+        raw_body=b"" if ours or kind == "messages" else raw,
+        parent_session_id=session.parent_session_id,
+        session_final=session.final,
+        stable_prefix_tokens=_prefix_tokens(prefix, body, len(ids), tokens),
+        native_body={k: v for k, v in client.items() if k not in _OURS}
+        if kind == "messages"
+        else None,
     )

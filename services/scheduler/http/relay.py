@@ -8,8 +8,8 @@ can no longer be pre-empted), and report the upstream's health to the fleet.
 Before the first byte, a read error or an empty stream raises
 :class:`~services.scheduler.http.upstream.UpstreamFailure` (the caller may retry on
 another endpoint). After it, a broken stream or one that ends without ``[DONE]`` ends the
-client's stream with an OpenAI-style error event and ``data: [DONE]``; the endpoint is
-marked failed. A client that goes away stops the relay (recorded as cancelled).
+client's stream with an OpenAI-style error event and ``data: [DONE]`` (or the
+``shape``'s error event); the endpoint is marked failed. A client that goes away stops the relay (recorded as cancelled).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable
+from typing import Protocol
 
 import aiohttp
 from aiohttp import web
@@ -26,10 +27,25 @@ from services.scheduler.core.service import GatewayCore
 from services.scheduler.http import upstream
 from services.scheduler.http.metrics import GatewayMetrics
 
-__all__ = ["FirstByte", "relay_body", "relay_stream"]
+__all__ = ["FirstByte", "Reshape", "StreamShape", "relay_body", "relay_stream"]
 
 FirstByte = Callable[[str], None]
 """``first_byte(pick_id)``: the answer of ``pick_id`` starts reaching the client."""
+
+Reshape = Callable[[int, bytes], bytes]
+"""``reshape(status, body)``: the client's body of a whole upstream answer."""
+
+
+class StreamShape(Protocol):
+    """What the client gets of an upstream stream in another API's shape: ``feed`` turns
+    upstream bytes into the client's, ``fail`` is the client's error event for a broken
+    stream, ``end`` the marker that ends a complete upstream stream."""
+
+    end: bytes
+
+    def feed(self, chunk: bytes) -> bytes: ...
+
+    def fail(self, message: str) -> bytes: ...
 
 
 async def relay_body(
@@ -41,8 +57,10 @@ async def relay_body(
     core: GatewayCore,
     clock: Callable[[], float],
     first_byte: FirstByte,
+    reshape: Reshape | None = None,
 ) -> web.Response:
-    """The whole upstream answer, status and content type unchanged."""
+    """The whole upstream answer, status and content type unchanged (``reshape``: its body
+    in the client's API; the record keeps the upstream's)."""
     try:
         data = await resp.read()
     except (aiohttp.ClientError, TimeoutError, OSError) as e:
@@ -53,7 +71,7 @@ async def relay_body(
     core.fleet.upstream_result(instance_id, True, now)
     return web.Response(
         status=resp.status,
-        body=data,
+        body=reshape(resp.status, data) if reshape is not None else data,
         content_type=resp.content_type or "application/json",
     )
 
@@ -69,8 +87,10 @@ async def relay_stream(
     clock: Callable[[], float],
     metrics: GatewayMetrics,
     first_byte: FirstByte,
+    shape: StreamShape | None = None,
 ) -> web.StreamResponse:
-    """The upstream SSE stream, token by token (see the module docstring for failures)."""
+    """The upstream SSE stream, token by token (see the module docstring for failures;
+    ``shape``: in the client's API, the record reading the upstream's)."""
     out = web.StreamResponse(
         status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
@@ -88,8 +108,10 @@ async def relay_stream(
                     return _client_gone(ctx, core, instance_id, clock(), out)
                 ctx.answering(clock(), True)
             ctx.chunk(chunk)
+            data = shape.feed(chunk) if shape is not None else chunk
             try:
-                await out.write(chunk)
+                if data:
+                    await out.write(data)
             except (ConnectionError, RuntimeError):
                 return _client_gone(ctx, core, instance_id, clock(), out)
             tail = (tail + chunk)[-64:]
@@ -99,8 +121,9 @@ async def relay_stream(
         error = f"upstream stream broke: {e!r}"
     if not started:
         raise upstream.UpstreamFailure(instance_id, "empty stream")
-    if not error and b"[DONE]" not in tail:
-        error = "upstream stream ended without [DONE]"
+    end = shape.end if shape is not None else b"[DONE]"
+    if not error and end not in tail:
+        error = f"upstream stream ended without {end.decode()}"
     now = clock()
     if error:
         metrics.upstream_failed(instance_id, "stream broken", False)
@@ -114,8 +137,9 @@ async def relay_stream(
                 "code": "upstream_error",
             }
         }
+        last = f"data: {json.dumps(evt)}\n\ndata: [DONE]\n\n".encode()
         with contextlib.suppress(ConnectionError, RuntimeError):
-            await out.write(f"data: {json.dumps(evt)}\n\ndata: [DONE]\n\n".encode())
+            await out.write(shape.fail(error) if shape is not None else last)
     else:
         core.fleet.upstream_result(instance_id, True, now)
     with contextlib.suppress(ConnectionError, RuntimeError):

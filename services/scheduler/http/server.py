@@ -22,6 +22,11 @@ Background tasks (started/stopped with the aiohttp app): active health probes
 (``GET /health``), load scraping (``GET /metrics``, SGLang or vLLM names; only endpoints
 without a fresh load snapshot from the stream) and the queue pump.
 
+``POST /v1/messages`` and ``/v1/messages/count_tokens`` (Anthropic's Messages API, its
+errors in Anthropic's shape) take the same path: :mod:`services.scheduler.http.messages`.
+A turn sent with ``X-Tideserve-Session-Final: 1`` ends its session: once it is answered,
+routing drops the session's sticky instance (``GatewayCore.end_session``).
+
 ``GET /metrics`` serves the gateway's Prometheus registry (``gateway.metrics``; see
 :mod:`services.scheduler.http.metrics`).
 
@@ -69,7 +74,7 @@ from services.scheduler.core.intake import (
 )
 from services.scheduler.core.records import RequestContext
 from services.scheduler.core.service import GatewayCore
-from services.scheduler.http import records, upstream
+from services.scheduler.http import messages, records, upstream
 from services.scheduler.http.errors import Overloaded, api_error, error_response, internal_errors
 from services.scheduler.http.forward import Forwarder
 from services.scheduler.http.limits import header_limit, parser_limits
@@ -117,6 +122,9 @@ class GatewayOptions:
     engine_api_key: str = field(default="", repr=False)
     # Agent tool calls on record: contents too (not only names and sizes).
     record_tool_contents: bool = False
+    # APIs besides OpenAI's the engines serve themselves ("messages": forward /v1/messages
+    # as it came; otherwise its canonical chat body, the answer translated back).
+    native_apis: frozenset[str] = frozenset()
 
 
 def _authorization(opts: GatewayOptions) -> str | bool:
@@ -184,6 +192,7 @@ class Gateway:
             metrics=self.metrics,
             first_byte=self._first_byte,
             authorization=_authorization(self.opts),
+            native_apis=self.opts.native_apis,
         )
         # SLO class names for request validation, per queue config (not a list per request).
         self._class_names: tuple[object, frozenset[str]] = (None, frozenset())
@@ -206,6 +215,7 @@ class Gateway:
             client_max_size=self.opts.limits.max_body_bytes + 1,
             handler_args=parser_limits(self.opts.limits),
             middlewares=[
+                messages.anthropic_errors(),  # the Messages routes answer errors in their shape
                 json_errors(),  # aiohttp's own 404/405/413... in the API's error shape
                 header_limit(self.opts.limits.max_header_bytes),
                 otel.server_middleware(self.tracer_provider, exclude=("/health", "/metrics")),
@@ -224,6 +234,8 @@ class Gateway:
         r.add_post("/v1/chat/completions", self._chat)
         r.add_post("/v1/completions", self._completions)
         r.add_post("/generate", self._generate)
+        r.add_post(messages.PATH, self._messages)
+        r.add_post(messages.COUNT_PATH, self._count_tokens)
         r.add_get("/v1/models", self._models)
         r.add_get("/health", self._health)
         r.add_get("/metrics", metrics_handler(self.metrics.registry))
@@ -338,18 +350,34 @@ class Gateway:
     async def _generate(self, req: web.Request) -> web.StreamResponse:
         return await self.handle(req, "generate")
 
+    async def _messages(self, req: web.Request) -> web.StreamResponse:
+        return await self.handle(req, "messages")
+
+    async def _count_tokens(self, req: web.Request) -> web.Response:
+        try:
+            raw = await self._body(req)
+            n = messages.count_tokens(
+                raw, models=self.models, limits=self.opts.limits, tokens=self.opts.tokens
+            )
+        except ApiError as e:
+            return error_response(e)
+        return web.json_response({"input_tokens": n})
+
+    async def _body(self, req: web.Request) -> bytes:
+        if (req.content_length or 0) > self.opts.limits.max_body_bytes:
+            raise ApiError(413, "request body too large", None, "body_too_large")
+        try:
+            return await req.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise ApiError(413, "request body too large", None, "body_too_large") from None
+
     async def handle(self, req: web.Request, kind: Kind) -> web.StreamResponse:
         ctx = req[records.CONTEXT_KEY]
         rid = ctx.request_id
         slo_class = ""
         arrival = self.clock()
         try:
-            if (req.content_length or 0) > self.opts.limits.max_body_bytes:
-                raise ApiError(413, "request body too large", None, "body_too_large")
-            try:
-                raw = await req.read()
-            except web.HTTPRequestEntityTooLarge:
-                raise ApiError(413, "request body too large", None, "body_too_large") from None
+            raw = await self._body(req)
             parsed = parse_request(
                 kind,
                 raw,
@@ -375,7 +403,10 @@ class Gateway:
                 ctx.admitted(self.clock())
                 while True:
                     try:
-                        return await self._route(req, ctx, parsed, view)
+                        resp = await self._route(req, ctx, parsed, view)
+                        if intake.session_final and resp.status < 400:
+                            self.core.end_session(intake.session_id)
+                        return resp
                     except Preempted:
                         # Back in line with its original arrival; its slot went to a higher
                         # class.
@@ -412,6 +443,7 @@ class Gateway:
             profile=p.profile,
             index_tenant=self.opts.tokens.index_tenant(p.cache_salt),
             deadline_in_ms=p.deadline_ms,
+            session_final=p.session_final,
         )
 
     async def _route(

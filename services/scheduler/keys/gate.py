@@ -2,7 +2,7 @@
 (what the request may do, and whether its tenant is within its rate limits).
 
 - :meth:`KeyGate.middleware`: on the OpenAI routes (``/v1/*``, ``/generate``), the
-  ``Authorization: Bearer sk-ts-...`` key is looked up through the :class:`KeyCache`
+  ``Authorization: Bearer sk-ts-...`` key (or Anthropic's ``x-api-key``) is looked up through the :class:`KeyCache`
   (hashed; Postgres at most once per key per ``ttl_s``): none, unknown or revoked → 401
   (``WWW-Authenticate: Bearer``); the store down with nothing recent cached → 503.
 - :meth:`KeyGate.admit` (after parsing, before admission): tenant, class and cache salt
@@ -117,7 +117,10 @@ class KeyGate:
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if not _guarded(request.path):
             return await handler(request)
-        token = bearer_token(request.headers.get("Authorization"))
+        # Anthropic clients send an API key as x-api-key (Claude Code: ANTHROPIC_API_KEY).
+        token = bearer_token(request.headers.get("Authorization")) or request.headers.get(
+            "x-api-key", ""
+        )
         if not token:
             self.refused.labels("missing_key").inc()
             return _refusal(
@@ -159,8 +162,10 @@ class KeyGate:
         if key.rpm is not None or key.tpm is not None:
             await self._count(key, len(parsed.prompt_ids) + parsed.max_tokens)
         body: dict[str, Any] = {**parsed.forward_body, "cache_salt": g.cache_salt}
+        native = parsed.native_body
         return replace(
             parsed,
+            native_body=None if native is None else {**native, "cache_salt": g.cache_salt},
             tenant=g.tenant,
             slo_class=g.slo_class,
             cache_salt=g.cache_salt,

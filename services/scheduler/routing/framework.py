@@ -153,6 +153,13 @@ class Settle(Plugin, Protocol):
         (undo what ``on_pick`` recorded). Called at most once per pick; must not raise."""
 
 
+@runtime_checkable
+class SessionEnd(Plugin, Protocol):
+    def end_session(self, session_id: str) -> bool:
+        """The session ended (its final turn was answered): drop what is kept for it.
+        True when something was dropped; must not raise."""
+
+
 class MaxScorePicker:
     """Highest total score; ties go to the lowest instance id, or to a uniformly random one
     among the tied when ``random_ties`` (using the cycle's injected RNG)."""
@@ -350,6 +357,19 @@ class Scheduler:
             if id(hook) not in seen:
                 seen.add(id(hook))
                 hook.on_settle(request, pick, ok)
+
+    def end_session(self, session_id: str) -> int:
+        """Tell every plugin keeping per-session state (:class:`SessionEnd`) that the session
+        ended; how many dropped something."""
+        seen: set[int] = set()
+        dropped = 0
+        for prof in self.profiles.values():
+            for plugin in (*prof.post_pick, *(s for s, _ in prof.scorers)):
+                if id(plugin) in seen or not isinstance(plugin, SessionEnd):
+                    continue
+                seen.add(id(plugin))
+                dropped += plugin.end_session(session_id)
+        return dropped
 
     def _run(
         self,

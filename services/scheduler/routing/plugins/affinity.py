@@ -27,7 +27,8 @@ class SessionAffinityParams(Params):
 class SessionAffinity:
     """Scores 1 for the instance that last served ``request.session_id`` (decode side),
     0 elsewhere; scores nothing when the session is unknown/expired, the instance is not a
-    candidate, or it is overloaded (the load escape). Bounded LRU of sessions with TTL."""
+    candidate, or it is overloaded (the load escape). Bounded LRU of sessions with TTL; a
+    session's entry is dropped when its final turn is answered (:meth:`end_session`)."""
 
     def __init__(self, name: str, params: SessionAffinityParams, env: PluginEnv) -> None:
         self.name = name
@@ -53,6 +54,10 @@ class SessionAffinity:
         if e.queue_load - lo > self.p.escape_queue_delta or e.kv_usage >= self.p.escape_kv_usage:
             return {}
         return {e.instance_id: 1.0}
+
+    def end_session(self, session_id: str) -> bool:
+        """The session's final turn was answered: forget where it went."""
+        return self._sessions.pop(session_id, None) is not None
 
     def on_pick(self, now: float, request: RequestView, pick: Pick) -> None:
         if not request.session_id:

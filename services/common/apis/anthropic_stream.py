@@ -1,0 +1,210 @@
+"""A chat-completions SSE stream as Anthropic Messages stream events (pure, incremental).
+
+:class:`StreamTranslator` is fed the upstream bytes as they come, cut anywhere (an event,
+a line or a UTF-8 character may straddle two chunks), and returns the Anthropic events
+ready to send:
+
+- ``message_start`` (with ``usage.input_tokens`` as known then) and a ``ping``, at the
+  first chat chunk;
+- per content block: ``content_block_start``, its deltas (``text_delta``, or
+  ``input_json_delta`` for a tool call's arguments as they stream) and
+  ``content_block_stop``; a text block and each tool call (by its chat ``index``) are
+  blocks in the order they begin;
+- at ``data: [DONE]``: ``message_delta`` (stop reason, stop sequence and the final usage:
+  OpenAI's usage arrives in the finish chunk or a trailing usage-only chunk, so it is sent
+  once the stream is complete) and ``message_stop``.
+
+An OpenAI error event in the stream becomes an Anthropic ``error`` event. :meth:`fail`
+gives the ``error`` event for a stream that broke (see the relay).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from services.common.apis.anthropic import chat_usage, error_body, stop_of
+
+__all__ = ["StreamTranslator", "sse_event"]
+
+_MAX_CARRY = 8 << 20  # an unterminated line longer than this is dropped
+
+
+def sse_event(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+class StreamTranslator:
+    """One stream's translation state (see the module doc). ``model``: the name the client
+    asked for; ``input_tokens``: the prompt's size for ``message_start`` (the engine's own
+    count follows in ``message_delta``)."""
+
+    end = b"[DONE]"
+    """What ends the upstream (chat) stream."""
+
+    def __init__(
+        self, *, model: str, stop_sequences: Sequence[str] = (), input_tokens: int = 0
+    ) -> None:
+        self.model = model
+        self.stop_sequences = tuple(stop_sequences)
+        self.input_tokens = input_tokens
+        self.started = False
+        self.finished = False
+        self._carry = b""
+        self._block = -1  # index of the open block (-1: none)
+        self._blocks = 0
+        self._text_open = False
+        self._tools: dict[int, int] = {}  # chat tool index -> block index
+        self._open_tool: int | None = None
+        self._finish: Any = None
+        self._stop_reason: Any = None
+        self._usage: Any = None
+        self._saw_calls = False
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The Anthropic events the stream's bytes so far complete."""
+        data = self._carry + chunk
+        lines = data.split(b"\n")
+        self._carry = lines.pop()
+        if len(self._carry) > _MAX_CARRY:
+            self._carry = b""
+        out: list[bytes] = []
+        for raw in lines:
+            line = raw.strip()
+            if line.startswith(b"data:"):
+                out.append(self._data(line[5:].strip()))
+        return b"".join(out)
+
+    def fail(self, message: str) -> bytes:
+        """The ``error`` event ending a broken stream."""
+        self.finished = True
+        return sse_event("error", error_body(502, message))
+
+    # -- events ---------------------------------------------------------------------------
+    def _data(self, payload: bytes) -> bytes:
+        if self.finished or not payload:
+            return b""
+        if payload == b"[DONE]":
+            return self._done()
+        try:
+            obj = json.loads(payload)
+        except (ValueError, UnicodeDecodeError):
+            return b""
+        if not isinstance(obj, dict):
+            return b""
+        out = [] if self.started else [self._start(obj)]
+        err = obj.get("error")
+        if err is not None:
+            self.finished = True
+            msg = err.get("message") if isinstance(err, dict) else str(err)
+            out.append(sse_event("error", error_body(502, str(msg or "upstream error"))))
+            return b"".join(out)
+        if obj.get("usage") is not None:
+            self._usage = obj["usage"]
+        choices = obj.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        if isinstance(choice, dict):
+            out.append(self._choice(choice))
+        return b"".join(out)
+
+    def _start(self, obj: dict[str, Any]) -> bytes:
+        self.started = True
+        cid = obj.get("id")
+        message: dict[str, Any] = {
+            "id": f"msg_{cid}" if isinstance(cid, str) and cid else "msg_0",
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
+        }
+        return sse_event("message_start", {"type": "message_start", "message": message}) + (
+            sse_event("ping", {"type": "ping"})
+        )
+
+    def _choice(self, choice: dict[str, Any]) -> bytes:
+        out: list[bytes] = []
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            text = delta.get("content")
+            if isinstance(text, str) and text:
+                out.append(self._text(text))
+            calls = delta.get("tool_calls")
+            for c in calls if isinstance(calls, list) else []:
+                if isinstance(c, dict):
+                    out.append(self._tool(c))
+        if choice.get("finish_reason") is not None:
+            self._finish = choice["finish_reason"]
+            self._stop_reason = choice.get("stop_reason")
+        return b"".join(out)
+
+    def _close(self) -> bytes:
+        if self._block < 0:
+            return b""
+        i, self._block = self._block, -1
+        self._text_open = False
+        self._open_tool = None
+        return sse_event("content_block_stop", {"type": "content_block_stop", "index": i})
+
+    def _open(self, block: dict[str, Any]) -> bytes:
+        out = self._close()
+        self._block = self._blocks
+        self._blocks += 1
+        return out + sse_event(
+            "content_block_start",
+            {"type": "content_block_start", "index": self._block, "content_block": block},
+        )
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return sse_event(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": self._block, "delta": delta},
+        )
+
+    def _text(self, text: str) -> bytes:
+        out = b"" if self._text_open else self._open({"type": "text", "text": ""})
+        self._text_open = True
+        return out + self._delta({"type": "text_delta", "text": text})
+
+    def _tool(self, call: dict[str, Any]) -> bytes:
+        idx = call.get("index")
+        idx = idx if isinstance(idx, int) else 0
+        fn = call.get("function")
+        fn = fn if isinstance(fn, dict) else {}
+        out = b""
+        if idx not in self._tools:
+            self._saw_calls = True
+            tid = call.get("id")
+            block = {
+                "type": "tool_use",
+                "id": tid if isinstance(tid, str) and tid else f"toolu_{idx}",
+                "name": str(fn.get("name") or ""),
+                "input": {},
+            }
+            out = self._open(block)
+            self._tools[idx] = self._block
+            self._open_tool = idx
+        elif self._open_tool != idx:
+            return b""  # a fragment of a call whose block is closed: Anthropic cannot reopen
+        args = fn.get("arguments")
+        if isinstance(args, str) and args:
+            out += self._delta({"type": "input_json_delta", "partial_json": args})
+        return out
+
+    def _done(self) -> bytes:
+        out = [] if self.started else [self._start({})]
+        self.finished = True
+        out.append(self._close())
+        reason, seq = stop_of(self._finish, self._stop_reason, self.stop_sequences, self._saw_calls)
+        usage: dict[str, int] = chat_usage(self._usage)
+        if self._usage is None:
+            usage = {"input_tokens": self.input_tokens, "output_tokens": 0}
+        delta = {"stop_reason": reason, "stop_sequence": seq}
+        out.append(
+            sse_event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
+        )
+        out.append(sse_event("message_stop", {"type": "message_stop"}))
+        return b"".join(out)
