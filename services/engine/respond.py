@@ -17,6 +17,8 @@ from typing import Any, NoReturn
 
 from aiohttp import web
 
+from services.common.apis.responses import from_chat
+from services.common.apis.responses_stream import ChatToResponses
 from services.engine import api
 from services.engine.core import SeqOutput
 
@@ -63,10 +65,12 @@ async def unary(
     model: str,
     die_after: int,
     extra: Callable[[], Mapping[str, Any] | None] | None = None,
+    responses: ChatToResponses | None = None,
 ) -> web.StreamResponse:
     """The whole answer as one JSON body (``die_after`` > 0: close abruptly after N tokens);
     the top-level fields ``extra()`` returns once the request is done are added to it (e.g.
-    ``kv_transfer_params``, which name the blocks the prompt now holds)."""
+    ``kv_transfer_params``, which name the blocks the prompt now holds). ``responses``: a
+    Responses API request, answered as a ``response`` object."""
     tokens: list[int] = []
     last: SeqOutput | None = None
     async for group in outputs(live):
@@ -85,6 +89,9 @@ async def unary(
         body = api.completion_response("cmpl-" + live.rid, model, text, use)
     else:
         body = {"text": text, "output_ids": tokens, "meta_info": meta(live, last, len(tokens))}
+    if responses is not None:
+        r = responses
+        return web.json_response(from_chat(r.req, r.resp_id, r.created_at, body, store=False))
     return web.json_response({**body, **((extra() if extra else None) or {})})
 
 
@@ -101,10 +108,16 @@ def meta(live: Live, last: SeqOutput, n: int) -> dict[str, Any]:
 
 
 async def stream(
-    req: web.Request, live: Live, model: str, interval: int, die_after: int
+    req: web.Request,
+    live: Live,
+    model: str,
+    interval: int,
+    die_after: int,
+    responses: ChatToResponses | None = None,
 ) -> web.StreamResponse:
     """SSE: one chunk per ``interval`` tokens (and the last), usage in the final chunk, an
-    extra usage-only chunk when asked, then ``data: [DONE]``."""
+    extra usage-only chunk when asked, then ``data: [DONE]``. ``responses``: a Responses
+    API request; the chat events are sent as its events."""
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
@@ -115,8 +128,11 @@ async def stream(
     buf: list[int] = []
     last: SeqOutput | None = None
 
+    async def write(data: bytes) -> None:
+        await resp.write(responses.feed(data) if responses is not None else data)
+
     async def send(obj: dict[str, Any]) -> None:
-        await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+        await write(b"data: " + json.dumps(obj).encode() + b"\n\n")
 
     async for group in outputs(live):
         for out in group:
@@ -142,7 +158,9 @@ async def stream(
             empty = api.completion_chunk(cid, model, "", None, use)
         empty["choices"] = []
         await send(empty)
-    await resp.write(b"data: [DONE]\n\n")
+    await write(b"data: [DONE]\n\n")
+    if responses is not None:
+        await resp.write(responses.final())
     await resp.write_eof()
     return resp
 

@@ -38,6 +38,13 @@ from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
 from services.common import otel
+from services.common.apis.responses import (
+    ResponsesError,
+    chat_body,
+    new_response_id,
+    parse_responses,
+)
+from services.common.apis.responses_stream import ChatToResponses
 from services.common.perfmodel import get_profile
 from services.common.tasks import pause, stop_tasks
 from services.common.tokens import TokenPath, token_path
@@ -67,7 +74,7 @@ __all__ = ["TRACED_PATHS", "EngineServer", "write_model_dir"]
 log = logging.getLogger(__name__)
 
 TRACED_PATHS = frozenset(
-    {"/generate", "/v1/completions", "/v1/chat/completions", pd_vllm.NOTIFY_PATH}
+    {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses", pd_vllm.NOTIFY_PATH}
 )
 """The API requests a traced engine makes spans of (not probes, scrapes, info, admin)."""
 
@@ -175,6 +182,7 @@ class EngineServer:
         r.add_post("/generate", self._generate)
         r.add_post("/v1/completions", self._completions)
         r.add_post("/v1/chat/completions", self._chat)
+        r.add_post("/v1/responses", self._responses)
         r.add_get("/bootstrap/{room}", self.rendezvous.handler)
         r.add_post(pd_vllm.NOTIFY_PATH, self._kv_notify)
         info.add_admin_to(r)
@@ -395,10 +403,36 @@ class EngineServer:
     async def _chat(self, req: web.Request) -> web.StreamResponse:
         return await self._handle(req, api.parse_chat)
 
-    async def _handle(self, req: web.Request, parse: Any) -> web.StreamResponse:
+    async def _responses(self, req: web.Request) -> web.StreamResponse:
+        """The Responses API over the chat path (stateless: no stored responses)."""
+        try:
+            rr = parse_responses(await req.json())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return bad_request("the request body is not valid JSON", code="invalid_json")
+        except ResponsesError as err:
+            return bad_request(err.message, err.param, err.code)
+        if rr.previous_response_id is not None:
+            return bad_request(
+                f"Previous response with id '{rr.previous_response_id}' not found: this engine "
+                "stores no responses; send the whole context as input",
+                "previous_response_id",
+                "previous_response_not_found",
+            )
+        translate = ChatToResponses(rr, new_response_id(), int(time.time()), store=False)
+        return await self._handle(req, api.parse_chat, chat_body(rr), translate)
+
+    async def _handle(
+        self,
+        req: web.Request,
+        parse: Any,
+        body: Any = None,
+        responses: ChatToResponses | None = None,
+    ) -> web.StreamResponse:
+        """One generation request; ``body`` already read (None: read it here);
+        ``responses``: answered in the Responses API."""
         entered = time.monotonic()
         try:
-            body = await req.json()
+            body = await req.json() if body is None else body
         except (json.JSONDecodeError, UnicodeDecodeError):
             return bad_request("the request body is not valid JSON", code="invalid_json")
         try:
@@ -437,7 +471,12 @@ class EngineServer:
             self._kick.set()
             if gen.stream:
                 return await respond.stream(
-                    req, live, model, self.settings.stream_interval, self.faults.die_after_tokens
+                    req,
+                    live,
+                    model,
+                    self.settings.stream_interval,
+                    self.faults.die_after_tokens,
+                    responses,
                 )
             sock = req.transport.get_extra_info("sockname") if req.transport else None
             host, port = (sock[0], int(sock[1])) if sock else (self.settings.host, 0)
@@ -448,7 +487,9 @@ class EngineServer:
                 kv = self.remote_kv.response_params(rid, gen, host, port, locate)
                 return {"kv_transfer_params": kv} if kv is not None else None
 
-            return await respond.unary(req, live, model, self.faults.die_after_tokens, extra)
+            return await respond.unary(
+                req, live, model, self.faults.die_after_tokens, extra, responses
+            )
         except AdmissionError as err:
             return bad_request(str(err), None, "context_length_exceeded")
         finally:

@@ -39,6 +39,7 @@ from services.scheduler.http.metrics import GatewayMetrics
 from services.scheduler.http.openai import Limits
 from services.scheduler.http.server import Gateway, GatewayOptions
 from services.scheduler.keys.build import key_gate
+from services.scheduler.responses.store import PostgresResponseStore
 from services.scheduler.routing.config import ConfigError
 from services.scheduler.settings import SchedulerSettings, parse_endpoint, split_bootstrap
 from services.scheduler.slo import known_tenants, queue_config, slo_targets
@@ -142,6 +143,8 @@ def build_gateway(
         engine_api_key=settings.engine_api_key.get_secret_value(),
         tokens=tokens,
         record_tool_contents=settings.record_tool_contents,
+        native_apis=tuple(settings.native_apis),
+        responses_retention_s=settings.responses_retention_s,
     )
     metrics = GatewayMetrics(registry)
     gateway = Gateway(
@@ -151,6 +154,9 @@ def build_gateway(
         metrics=metrics,
         tracer_provider=tracer_provider,
         keys=key_gate(settings, metrics.registry),
+        response_store=PostgresResponseStore(settings.postgres_url)
+        if settings.postgres_url
+        else None,
     )
     return core, gateway
 

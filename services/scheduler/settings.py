@@ -119,6 +119,19 @@ class SchedulerSettings(ServiceSettings):
         32 * 1024, ge=1024, description="request headers, names + values (else 431)"
     )
 
+    # --- client APIs (services/scheduler/http/responses.py) --------------------------------
+    native_apis: list[Literal["messages", "responses"]] = Field(
+        default_factory=list,
+        description="client APIs this deployment's engines serve themselves (vLLM serves "
+        "/v1/responses): forwarded in that API; the others are translated to chat completions",
+    )
+    responses_retention_s: float = Field(
+        30 * 86400.0,
+        gt=0,
+        description="stored responses (Responses API, store: true; in postgres_url) are "
+        "kept this long, then never served and swept; no postgres_url = nothing stored",
+    )
+
     # --- API keys and rate limits (services/scheduler/keys) -------------------------------
     api_keys: bool = Field(
         False,

@@ -34,7 +34,7 @@ from services.scheduler.core.service import GatewayCore
 from services.scheduler.http import pd_vllm, upstream
 from services.scheduler.http.metrics import GatewayMetrics
 from services.scheduler.http.openai import Kind, ParsedRequest
-from services.scheduler.http.relay import FirstByte, relay_body, relay_stream
+from services.scheduler.http.relay import AnswerTranslator, FirstByte, relay_body, relay_stream
 from services.scheduler.routing.types import EndpointView, Pick
 
 __all__ = ["PATHS", "Forwarder"]
@@ -43,6 +43,7 @@ PATHS: dict[Kind, str] = {
     "chat": "/v1/chat/completions",
     "completion": "/v1/completions",
     "generate": "/generate",
+    "responses": "/v1/chat/completions",  # the canonical form; native: the Turn's path
 }
 
 
@@ -85,9 +86,11 @@ class Forwarder:
         p: ParsedRequest,
         d: Pick,
         pick_id: str,
+        answer: AnswerTranslator | None = None,
     ) -> web.StreamResponse:
-        """The client's answer for pick ``d`` (see the module docstring)."""
-        path = PATHS[p.kind]
+        """The client's answer for pick ``d`` (see the module docstring; ``answer``: the
+        client speaks another API, :mod:`services.scheduler.http.responses`)."""
+        path = answer.path if answer is not None else PATHS[p.kind]
         body: dict[str, Any] = p.forward_body if d.prefill is None else dict(p.forward_body)
         headers = {"Content-Type": "application/json"}
         if not otel.recording():
@@ -136,6 +139,7 @@ class Forwarder:
                     core=self.core,
                     clock=self.clock,
                     first_byte=self.first_byte,
+                    answer=answer,
                 )
             return await relay_stream(
                 req,
@@ -147,6 +151,7 @@ class Forwarder:
                 clock=self.clock,
                 metrics=self.metrics,
                 first_byte=self.first_byte,
+                answer=answer,
             )
         except BaseException:
             resp.close()  # e.g. pre-empted before the first byte: the engine aborts it

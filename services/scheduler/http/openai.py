@@ -31,7 +31,8 @@ from services.common import jsonfast
 from services.common.tokens import ChatError, TokenPath
 from services.scheduler.core.tools import ToolResultFact, tool_results_of, tools_offered
 
-Kind = Literal["chat", "completion", "generate"]
+Kind = Literal["chat", "completion", "generate", "responses"]
+_CHAT_LIKE = ("chat", "responses")  # tokenized as chat messages (responses: translated)
 
 H_CLASS = "X-Tideserve-Class"
 H_TENANT = "X-Tideserve-Tenant"
@@ -127,7 +128,7 @@ def _int_field(body: Mapping[str, Any], key: str) -> int | None:
 
 
 def _prompt_ids(kind: Kind, body: Mapping[str, Any], tokens: TokenPath) -> tuple[int, ...]:
-    if kind == "chat":
+    if kind in _CHAT_LIKE:
         try:
             return tuple(tokens.encode_chat(body.get("messages"), body.get("tools")))
         except ChatError as e:
@@ -162,17 +163,20 @@ def parse_request(
     limits: Limits | None = None,
     tokens: TokenPath | None = None,
     tool_contents: bool = False,
+    canonical: Mapping[str, Any] | None = None,
 ) -> ParsedRequest:
     """Validate one request. ``models`` empty = accept any model name; ``tenants`` None =
     any tenant; ``tokens`` = the deployment's tokenization path (None = the simulator's).
     A chat request's tools offered and tool results (:mod:`services.scheduler.core.tools`)
     are taken, with the results' contents only when ``tool_contents``.
+    ``canonical``: the body already decoded and translated into the chat form (kind
+    ``responses``; ``raw`` is then only measured, and the body is forwarded re-encoded).
     Raises :class:`ApiError`."""
     lim = limits or Limits()
     if len(raw) > lim.max_body_bytes:
         raise ApiError(413, f"request body over {lim.max_body_bytes} bytes", None, "body_too_large")
     try:
-        body = jsonfast.loads(raw)
+        body = dict(canonical) if canonical is not None else jsonfast.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise _bad(f"invalid JSON body: {e}", None, "invalid_json") from None
     if not isinstance(body, dict):
@@ -189,14 +193,15 @@ def parse_request(
         mt, key = _int_field(sp, "max_new_tokens"), "max_new_tokens"
     else:
         mt, key = _int_field(body, "max_tokens"), "max_tokens"
-        if kind == "chat" and mt is None:
+        if kind in _CHAT_LIKE and mt is None:
             mt, key = _int_field(body, "max_completion_tokens"), "max_completion_tokens"
     if mt is not None and not 1 <= mt <= lim.max_tokens:
         raise _bad(f"'{key}' must be between 1 and {lim.max_tokens}, got {mt}", key)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("'stream' must be a boolean", "stream", "invalid_type")
-    msgs = body.get("messages") if kind == "chat" else None
+    chat = kind in _CHAT_LIKE
+    msgs = body.get("messages") if chat else None
     if isinstance(msgs, list) and len(msgs) > lim.max_messages:
         raise _bad(
             f"{len(msgs)} messages is over the limit of {lim.max_messages}",
@@ -205,12 +210,12 @@ def parse_request(
         )
     ids = _prompt_ids(kind, body, tokens or TokenPath())
     if not ids:
-        raise _bad("the prompt is empty", "messages" if kind == "chat" else "prompt", "empty")
+        raise _bad("the prompt is empty", "messages" if chat else "prompt", "empty")
     if len(ids) > lim.max_prompt_tokens:
         raise ApiError(
             413,
             f"prompt of {len(ids)} tokens is over {lim.max_prompt_tokens}",
-            "messages" if kind == "chat" else "prompt",
+            "messages" if chat else "prompt",
             "prompt_too_long",
         )
     slo = headers.get(H_CLASS) or _str_field(body, "slo_class")
@@ -245,7 +250,7 @@ def parse_request(
         profile=headers.get(H_PROFILE, ""),
         deadline_ms=deadline,
         forward_body=fwd,
-        tools_offered=tools_offered(body) if kind == "chat" else 0,
-        tool_results=tool_results_of(body.get("messages"), tool_contents) if kind == "chat" else (),
-        raw_body=b"" if ours else raw,
+        tools_offered=tools_offered(body) if chat else 0,
+        tool_results=tool_results_of(body.get("messages"), tool_contents) if chat else (),
+        raw_body=b"" if ours or canonical is not None else raw,
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable
+from typing import Protocol
 
 import aiohttp
 from aiohttp import web
@@ -26,10 +27,36 @@ from services.scheduler.core.service import GatewayCore
 from services.scheduler.http import upstream
 from services.scheduler.http.metrics import GatewayMetrics
 
-__all__ = ["FirstByte", "relay_body", "relay_stream"]
+__all__ = ["AnswerTranslator", "FirstByte", "relay_body", "relay_stream"]
 
 FirstByte = Callable[[str], None]
 """``first_byte(pick_id)``: the answer of ``pick_id`` starts reaching the client."""
+
+
+class AnswerTranslator(Protocol):
+    """The client speaks another API than the engine answers in (the Responses API over
+    chat completions): the upstream path, and the client's bytes of each upstream answer.
+    The request record still reads the upstream bytes."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def done(self) -> bool:
+        """The upstream stream reached its end (what ``[DONE]`` says for chat)."""
+        ...
+
+    async def whole(self, status: int, body: bytes) -> tuple[int, bytes]:
+        """The client's status and body of a whole answer (after the first byte)."""
+        ...
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The client's bytes of an upstream stream chunk."""
+        ...
+
+    async def end(self) -> bytes:
+        """The client's last bytes, once the upstream stream ended (or broke)."""
+        ...
 
 
 async def relay_body(
@@ -41,8 +68,10 @@ async def relay_body(
     core: GatewayCore,
     clock: Callable[[], float],
     first_byte: FirstByte,
+    answer: AnswerTranslator | None = None,
 ) -> web.Response:
-    """The whole upstream answer, status and content type unchanged."""
+    """The whole upstream answer, status and content type unchanged (``answer``: as it
+    translates it)."""
     try:
         data = await resp.read()
     except (aiohttp.ClientError, TimeoutError, OSError) as e:
@@ -51,6 +80,9 @@ async def relay_body(
     now = clock()
     ctx.whole(now, data)
     core.fleet.upstream_result(instance_id, True, now)
+    if answer is not None:
+        status, data = await answer.whole(resp.status, data)
+        return web.Response(status=status, body=data, content_type="application/json")
     return web.Response(
         status=resp.status,
         body=data,
@@ -69,8 +101,10 @@ async def relay_stream(
     clock: Callable[[], float],
     metrics: GatewayMetrics,
     first_byte: FirstByte,
+    answer: AnswerTranslator | None = None,
 ) -> web.StreamResponse:
-    """The upstream SSE stream, token by token (see the module docstring for failures)."""
+    """The upstream SSE stream, token by token (see the module docstring for failures;
+    ``answer``: as it translates it)."""
     out = web.StreamResponse(
         status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
@@ -89,7 +123,7 @@ async def relay_stream(
                 ctx.answering(clock(), True)
             ctx.chunk(chunk)
             try:
-                await out.write(chunk)
+                await out.write(answer.feed(chunk) if answer is not None else chunk)
             except (ConnectionError, RuntimeError):
                 return _client_gone(ctx, core, instance_id, clock(), out)
             tail = (tail + chunk)[-64:]
@@ -99,7 +133,8 @@ async def relay_stream(
         error = f"upstream stream broke: {e!r}"
     if not started:
         raise upstream.UpstreamFailure(instance_id, "empty stream")
-    if not error and b"[DONE]" not in tail:
+    ended = answer.done if answer is not None else b"[DONE]" in tail
+    if not error and not ended:
         error = "upstream stream ended without [DONE]"
     now = clock()
     if error:
@@ -114,11 +149,14 @@ async def relay_stream(
                 "code": "upstream_error",
             }
         }
+        last = f"data: {json.dumps(evt)}\n\ndata: [DONE]\n\n".encode()
         with contextlib.suppress(ConnectionError, RuntimeError):
-            await out.write(f"data: {json.dumps(evt)}\n\ndata: [DONE]\n\n".encode())
+            await out.write(answer.feed(last) if answer is not None else last)
     else:
         core.fleet.upstream_result(instance_id, True, now)
     with contextlib.suppress(ConnectionError, RuntimeError):
+        if answer is not None:
+            await out.write(await answer.end())
         await out.write_eof()
     return out
 

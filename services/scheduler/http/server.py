@@ -77,7 +77,9 @@ from services.scheduler.http.metrics import GatewayMetrics
 from services.scheduler.http.openai import ApiError, Kind, Limits, ParsedRequest, parse_request
 from services.scheduler.http.preemption import Preempted, Preemptor
 from services.scheduler.http.records import Finished
-from services.scheduler.keys.gate import KeyGate
+from services.scheduler.http.responses import ResponsesApi, Turn
+from services.scheduler.keys.gate import KEY_KEY, KeyGate
+from services.scheduler.responses.store import ResponseStore
 from services.scheduler.routing.types import NoEndpoint, Pick, RequestView
 from services.scheduler.routing.types import Shed as RouteShed
 
@@ -117,6 +119,11 @@ class GatewayOptions:
     engine_api_key: str = field(default="", repr=False)
     # Agent tool calls on record: contents too (not only names and sizes).
     record_tool_contents: bool = False
+    # Client APIs the engines serve themselves ("messages", "responses"): forwarded as is
+    # (else translated to chat completions).
+    native_apis: tuple[str, ...] = ()
+    # Stored responses (Responses API) are kept this long, then swept.
+    responses_retention_s: float = 30 * 86400.0
 
 
 def _authorization(opts: GatewayOptions) -> str | bool:
@@ -140,6 +147,7 @@ class Gateway:
         metrics: GatewayMetrics | None = None,
         tracer_provider: TracerProvider | None = None,
         keys: KeyGate | None = None,
+        response_store: ResponseStore | None = None,
     ) -> None:
         """``metrics``: the families in the registry ``main`` passes down (default: a
         private registry of this gateway); ``tracer_provider``: the service's (default:
@@ -190,6 +198,14 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self._traced: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # The Responses API (services.scheduler.http.responses); the store is closed with
+        # the app.
+        self.responses = ResponsesApi(
+            store=response_store,
+            native="responses" in self.opts.native_apis,
+            retention_s=self.opts.responses_retention_s,
+            wall=wall,
+        )
 
     @property
     def prefix_lookup(self) -> PrefixLookup | None:
@@ -224,6 +240,9 @@ class Gateway:
         r.add_post("/v1/chat/completions", self._chat)
         r.add_post("/v1/completions", self._completions)
         r.add_post("/generate", self._generate)
+        r.add_post("/v1/responses", self._responses)
+        r.add_get("/v1/responses/{id}", self._get_response)
+        r.add_delete("/v1/responses/{id}", self._delete_response)
         r.add_get("/v1/models", self._models)
         r.add_get("/health", self._health)
         r.add_get("/metrics", metrics_handler(self.metrics.registry))
@@ -251,6 +270,9 @@ class Gateway:
                 asyncio.create_task(self._every(self.opts.load_interval_s, self.poll_load)),
                 asyncio.create_task(self._every(self.opts.queue_tick_s, self._tick)),
             ]
+            if self.responses.store is not None:
+                sweep = min(60.0, self.opts.responses_retention_s)
+                self._tasks.append(asyncio.create_task(self._every(sweep, self._sweep)))
 
     async def _stop(self, _app: web.Application) -> None:
         for t in self._tasks:
@@ -261,6 +283,8 @@ class Gateway:
             await self._session.close()
         if self._traced is not None:
             await self._traced.close()
+        if self.responses.store is not None:
+            await self.responses.store.close()
 
     @staticmethod
     async def _every(period: float, fn: Callable[[], Awaitable[None]]) -> None:
@@ -316,6 +340,11 @@ class Gateway:
                 )
             )
 
+    async def _sweep(self) -> None:
+        """Expired stored responses deleted (they are never served anyway)."""
+        if self.responses.store is not None:
+            await self.responses.store.sweep(self.wall())
+
     async def _tick(self) -> None:
         self.core.tick(self.clock())
         self.gate.pump()
@@ -338,6 +367,18 @@ class Gateway:
     async def _generate(self, req: web.Request) -> web.StreamResponse:
         return await self.handle(req, "generate")
 
+    async def _responses(self, req: web.Request) -> web.StreamResponse:
+        return await self.handle(req, "responses")
+
+    def _key_tenant(self, req: web.Request) -> str | None:
+        return req[KEY_KEY].tenant if self.keys is not None else None
+
+    async def _get_response(self, req: web.Request) -> web.StreamResponse:
+        return await self.responses.get(req, self._key_tenant(req))
+
+    async def _delete_response(self, req: web.Request) -> web.StreamResponse:
+        return await self.responses.delete(req, self._key_tenant(req))
+
     async def handle(self, req: web.Request, kind: Kind) -> web.StreamResponse:
         ctx = req[records.CONTEXT_KEY]
         rid = ctx.request_id
@@ -350,19 +391,23 @@ class Gateway:
                 raw = await req.read()
             except web.HTTPRequestEntityTooLarge:
                 raise ApiError(413, "request body too large", None, "body_too_large") from None
-            parsed = parse_request(
-                kind,
-                raw,
-                req.headers,
-                models=self.models,
-                classes=self._classes(),
-                tenants=None if self.keys else self.opts.tenants,
-                limits=self.opts.limits,
-                tokens=self.opts.tokens,
-                tool_contents=self.opts.record_tool_contents,
-            )
+            args = {
+                "models": self.models,
+                "classes": self._classes(),
+                "tenants": None if self.keys else self.opts.tenants,
+                "limits": self.opts.limits,
+                "tokens": self.opts.tokens,
+                "tool_contents": self.opts.record_tool_contents,
+            }
+            turn: Turn | None = None
+            if kind == "responses":
+                parsed, turn = await self.responses.parse(ctx, raw, req.headers, **args)
+            else:
+                parsed = parse_request(kind, raw, req.headers, **args)  # type: ignore[arg-type]
             if self.keys is not None:
                 parsed = await self.keys.admit(req, parsed)
+            if turn is not None:
+                parsed = turn.admitted(parsed)
             if not parsed.profile and self.opts.profile:
                 parsed = replace(parsed, profile=self.opts.profile)
             slo_class = parsed.slo_class
@@ -375,7 +420,7 @@ class Gateway:
                 ctx.admitted(self.clock())
                 while True:
                     try:
-                        return await self._route(req, ctx, parsed, view)
+                        return await self._route(req, ctx, parsed, view, turn)
                     except Preempted:
                         # Back in line with its original arrival; its slot went to a higher
                         # class.
@@ -415,7 +460,12 @@ class Gateway:
         )
 
     async def _route(
-        self, req: web.Request, ctx: RequestContext, p: ParsedRequest, view: RequestView
+        self,
+        req: web.Request,
+        ctx: RequestContext,
+        p: ParsedRequest,
+        view: RequestView,
+        answer: Turn | None = None,
     ) -> web.StreamResponse:
         rid = ctx.request_id
         exclude: set[str] = set()
@@ -446,7 +496,7 @@ class Gateway:
                 return await self.preemptor.run(
                     pick_id,
                     p.slo_class,
-                    self.forwarder.forward(session, req, ctx, p, d, pick_id),
+                    self.forwarder.forward(session, req, ctx, p, d, pick_id, answer),
                 )
             except Preempted:
                 self.core.abandon(pick_id)

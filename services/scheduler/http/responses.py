@@ -1,0 +1,317 @@
+"""The OpenAI Responses API of the gateway: ``POST /v1/responses`` (through the same
+intake as chat), ``GET`` and ``DELETE /v1/responses/{id}``.
+
+``POST``: the body is validated and translated (:mod:`services.common.apis.responses`);
+with ``previous_response_id`` the stored chain is read (:mod:`services.scheduler.responses`)
+and rebuilt in front of this turn's input; the result is ONE canonical chat-completions
+body, parsed by :func:`~services.scheduler.http.openai.parse_request` (kind
+``responses``: the chat tokenization path, so prompt ids and block hashes are those of the
+equivalent chat request; the common metadata headers apply). After admission and routing
+the :class:`Turn` is the relay's :class:`~services.scheduler.http.relay.AnswerTranslator`:
+
+- default: the canonical chat body goes to the engine's ``/v1/chat/completions`` and its
+  answer (whole or streamed) is translated into a ``response``;
+- ``native_apis`` holding ``responses`` (engines that serve the API, e.g. vLLM): the
+  engine's ``/v1/responses`` gets the rebuilt context as ``input`` items, no
+  ``previous_response_id`` and ``store: false``; its answer is passed on with the
+  gateway's response id.
+
+Storing: ``store`` defaults to true (as OpenAI). The response is stored before its last
+byte (``response.completed``) reaches the client, so the next turn may go to any replica.
+Without a store (no ``postgres_url``): ``store`` left out is not stored (the response says
+``store: false``), ``store: true`` and ``previous_response_id`` are refused (400). A store
+that fails answers 500 ``store_failed`` (streamed: ``response.failed``); nothing stored
+before is touched.
+
+A tenant sees only its own stored responses (with API keys, the key's tenant; otherwise
+``X-Tideserve-Tenant`` / ``tenant``). An unknown, expired or foreign
+``previous_response_id`` is 400 ``previous_response_not_found`` (OpenAI's answer); an
+unknown id on ``GET``/``DELETE`` is 404.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from aiohttp import web
+
+from services.common import jsonfast
+from services.common.apis.responses import (
+    ResponsesError,
+    ResponsesRequest,
+    chat_body,
+    from_chat,
+    native_body,
+    new_response_id,
+    parse_responses,
+)
+from services.common.apis.responses_stream import ChatToResponses, NativeResponses, patch_response
+from services.scheduler.core.records import RequestContext
+from services.scheduler.http.openai import H_TENANT, ApiError, ParsedRequest, parse_request
+from services.scheduler.responses.chain import ChainBroken, StoredResponse, rebuild, visible
+from services.scheduler.responses.store import ResponseStore
+
+__all__ = ["ResponsesApi", "Turn"]
+
+_RENAMED = {"messages": "input", "max_tokens": "max_output_tokens"}
+
+
+def _not_found(rid: str) -> ApiError:
+    return ApiError(
+        400,
+        f"Previous response with id '{rid}' not found.",
+        "previous_response_id",
+        "previous_response_not_found",
+    )
+
+
+def _api_error(e: ResponsesError) -> ApiError:
+    return ApiError(400, e.message, e.param, e.code)
+
+
+def _renamed(e: ApiError) -> ApiError:
+    """A chat-side error in the Responses request's names."""
+    if e.param in _RENAMED:
+        new = _RENAMED[e.param]
+        return ApiError(
+            e.status, e.message.replace(f"'{e.param}'", f"'{new}'"), new, e.code, e.etype
+        )
+    return e
+
+
+def _chat_equivalent(response: Mapping[str, Any]) -> bytes:
+    """A stored/native response as a chat completion body (usage and tool calls for the
+    request record)."""
+    usage = response.get("usage") if isinstance(response.get("usage"), Mapping) else {}
+    assert isinstance(usage, Mapping)
+    details = usage.get("input_tokens_details")
+    cached = details.get("cached_tokens", 0) if isinstance(details, Mapping) else 0
+    calls = [
+        {
+            "id": it.get("call_id"),
+            "type": "function",
+            "function": {"name": it.get("name"), "arguments": it.get("arguments")},
+        }
+        for it in response.get("output") or []
+        if isinstance(it, Mapping) and it.get("type") == "function_call"
+    ]
+    body = {
+        "choices": [{"index": 0, "message": {"role": "assistant", "tool_calls": calls}}],
+        "usage": {
+            "prompt_tokens": usage.get("input_tokens", 0),
+            "completion_tokens": usage.get("output_tokens", 0),
+            "prompt_tokens_details": {"cached_tokens": cached},
+        },
+    }
+    return json.dumps(body).encode()
+
+
+class Turn:
+    """One ``POST /v1/responses`` in flight: its translated request and how its answer
+    reaches the client (the relay's AnswerTranslator)."""
+
+    def __init__(
+        self,
+        api: ResponsesApi,
+        ctx: RequestContext,
+        req: ResponsesRequest,
+        history: list[dict[str, Any]],
+        chain: Mapping[str, StoredResponse],
+        store: bool,
+    ) -> None:
+        self.api, self.ctx, self.req, self.history, self.chain = api, ctx, req, history, chain
+        self.store = store
+        self.native = api.native
+        self.resp_id = new_response_id()
+        self.created_at = int(api.wall())
+        self.path = "/v1/responses" if self.native else "/v1/chat/completions"
+        self.tenant = ""
+        self._stream: ChatToResponses | NativeResponses = (
+            NativeResponses(req, self.resp_id, store)
+            if self.native
+            else ChatToResponses(req, self.resp_id, self.created_at, store)
+        )
+
+    @property
+    def done(self) -> bool:
+        return self._stream.done
+
+    def admitted(self, parsed: ParsedRequest) -> ParsedRequest:
+        """After the key check: the chain must be the (now known) tenant's; the native
+        body. Raises ApiError."""
+        self.tenant = parsed.tenant
+        prev = self.req.previous_response_id
+        if prev is not None and not all(
+            visible(r, self.tenant, self.api.wall()) for r in self.chain.values()
+        ):
+            raise _not_found(prev)
+        if not self.native:
+            return parsed
+        salt = parsed.forward_body.get("cache_salt")
+        body = native_body(self.req, self.history, salt if isinstance(salt, str) else None)
+        return replace(parsed, forward_body=body, raw_body=b"")
+
+    async def whole(self, status: int, body: bytes) -> tuple[int, bytes]:
+        if status != 200:
+            return status, body
+        try:
+            obj = jsonfast.loads(body)
+            if self.native:
+                if not isinstance(obj, dict):
+                    raise ResponsesError(
+                        "the engine's answer is not a response", None, "bad_upstream"
+                    )
+                response = patch_response(obj, self.req, self.resp_id, self.store)
+                self.ctx.answered(_chat_equivalent(response))
+            else:
+                response = from_chat(self.req, self.resp_id, self.created_at, obj, store=self.store)
+        except (ValueError, ResponsesError) as e:
+            err = ApiError(
+                502,
+                f"the engine's answer could not be translated: {e}",
+                None,
+                "upstream_error",
+                "server_error",
+            )
+            return 502, json.dumps(err.body()).encode()
+        failure = await self._save(response)
+        if failure is not None:
+            return failure.status, json.dumps(failure.body()).encode()
+        return 200, json.dumps(response).encode()
+
+    def feed(self, chunk: bytes) -> bytes:
+        return self._stream.feed(chunk)
+
+    async def end(self) -> bytes:
+        """The last event, after the response is stored."""
+        last = self._stream.final()
+        response = self._stream.response
+        assert response is not None
+        if self.native:
+            self.ctx.answered(_chat_equivalent(response))
+        if response.get("status") == "failed":
+            return last
+        failure = await self._save(response)
+        if failure is None:
+            return last
+        response.update(status="failed", error={"code": "store_failed", "message": failure.message})
+        evt = {
+            "type": "response.failed",
+            "sequence_number": json.loads(last.split(b"data: ", 1)[1]).get("sequence_number", 0),
+            "response": response,
+        }
+        return f"event: response.failed\ndata: {json.dumps(evt)}\n\n".encode()
+
+    async def _save(self, response: dict[str, Any]) -> ApiError | None:
+        if not self.store or self.api.store is None:
+            return None
+        now = self.api.wall()
+        row = StoredResponse(
+            id=self.resp_id,
+            tenant=self.tenant,
+            model=self.req.model,
+            created_at=now,
+            expires_at=now + self.api.retention_s,
+            previous_response_id=self.req.previous_response_id,
+            input_items=self.req.items,
+            output_items=tuple(it for it in response.get("output") or [] if isinstance(it, dict)),
+            response=response,
+        )
+        try:
+            await self.api.store.put(row)
+        except Exception as e:  # the answer is kept from the client rather than half-stored
+            self.api.store_failures += 1
+            return ApiError(
+                500,
+                f"the response could not be stored ({type(e).__name__}); nothing else changed",
+                None,
+                "store_failed",
+                "server_error",
+            )
+        return None
+
+
+@dataclass
+class ResponsesApi:
+    """The Responses routes' state: the store (None = none), the mode, the retention."""
+
+    store: ResponseStore | None = None
+    native: bool = False
+    retention_s: float = 30 * 86400.0
+    max_chain: int = 1000
+    wall: Callable[[], float] = time.time
+    store_failures: int = 0
+
+    async def parse(
+        self, ctx: RequestContext, raw: bytes, headers: Mapping[str, str], **parse_args: Any
+    ) -> tuple[ParsedRequest, Turn]:
+        """The ParsedRequest of one POST and its Turn. Raises ApiError."""
+        limits = parse_args.get("limits")
+        if limits is not None and len(raw) > limits.max_body_bytes:
+            raise ApiError(
+                413, f"request body over {limits.max_body_bytes} bytes", None, "body_too_large"
+            )
+        try:
+            body = jsonfast.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"invalid JSON body: {e}", None, "invalid_json") from None
+        try:
+            req = parse_responses(body)
+        except ResponsesError as e:
+            raise _api_error(e) from None
+        store = req.store is not False and self.store is not None
+        if self.store is None and (req.store or req.previous_response_id):
+            what = "'store: true'" if req.store else "'previous_response_id'"
+            raise ApiError(
+                400,
+                f"{what} needs stored responses, and this gateway has no store (set postgres_url)",
+                "store" if req.store else "previous_response_id",
+                "store_unavailable",
+            )
+        chain: Mapping[str, StoredResponse] = {}
+        history: list[dict[str, Any]] = []
+        if req.previous_response_id is not None:
+            assert self.store is not None
+            prev, now = req.previous_response_id, self.wall()
+            chain = await self.store.chain(prev, now, self.max_chain)
+            # The tenant is checked after the key check (Turn.admitted); here any live row.
+            tenant = next((r.tenant for r in chain.values() if r.id == prev), "")
+            try:
+                history = rebuild(chain, prev, tenant, now, self.max_chain)
+            except ChainBroken:
+                raise _not_found(prev) from None
+        canonical = chat_body(req, history)
+        try:
+            parsed = parse_request("responses", raw, headers, canonical=canonical, **parse_args)
+        except ApiError as e:
+            raise _renamed(e) from None
+        return parsed, Turn(self, ctx, req, history, chain, store)
+
+    # -- GET / DELETE ---------------------------------------------------------------------
+    def _tenant(self, request: web.Request, key_tenant: str | None) -> str:
+        return key_tenant if key_tenant is not None else request.headers.get(H_TENANT, "")
+
+    async def get(self, request: web.Request, key_tenant: str | None) -> web.Response:
+        rid = request.match_info["id"]
+        row = await self.store.get(rid, self.wall()) if self.store is not None else None
+        if row is None or not visible(row, self._tenant(request, key_tenant), self.wall()):
+            return _missing(rid)
+        return web.json_response(row.response)
+
+    async def delete(self, request: web.Request, key_tenant: str | None) -> web.Response:
+        rid = request.match_info["id"]
+        tenant = self._tenant(request, key_tenant)
+        row = await self.store.get(rid, self.wall()) if self.store is not None else None
+        if row is None or not visible(row, tenant, self.wall()) or self.store is None:
+            return _missing(rid)
+        await self.store.delete(rid, tenant)
+        return web.json_response({"id": rid, "object": "response", "deleted": True})
+
+
+def _missing(rid: str) -> web.Response:
+    e = ApiError(404, f"Response with id '{rid}' not found.", None, "not_found")
+    return web.json_response(e.body(), status=404)
