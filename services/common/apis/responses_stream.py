@@ -35,7 +35,7 @@ from services.common.apis.responses import (
     response_usage,
 )
 
-__all__ = ["ChatToResponses", "NativeResponses", "patch_response", "sse_events"]
+__all__ = ["ChatToResponses", "NativeResponses", "final_event", "patch_response", "sse_events"]
 
 _FINAL = ("response.completed", "response.incomplete", "response.failed")
 
@@ -62,6 +62,15 @@ def sse_events(buf: bytearray) -> Iterator[tuple[str, str]]:
 def _event(kind: str, seq: int, fields: Mapping[str, Any]) -> bytes:
     obj = {"type": kind, "sequence_number": seq, **fields}
     return f"event: {kind}\ndata: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+
+
+def final_event(response: Mapping[str, Any], seq: int) -> bytes:
+    """The last event of a stream: ``response.completed``, ``.incomplete`` or ``.failed``
+    after the response's status."""
+    kind = {"failed": "response.failed", "incomplete": "response.incomplete"}.get(
+        str(response.get("status")), "response.completed"
+    )
+    return _event(kind, seq, {"response": response})
 
 
 class ChatToResponses:
@@ -244,10 +253,13 @@ class ChatToResponses:
             }
             self._end()
         assert self.response is not None
-        kind = {"failed": "response.failed", "incomplete": "response.incomplete"}.get(
-            self.response["status"], "response.completed"
-        )
-        return _event(kind, self._seq, {"response": self.response})
+        pending, self._out = b"".join(self._out), []
+        return pending + final_event(self.response, self._seq)
+
+    @property
+    def final_seq(self) -> int:
+        """The sequence number of the last event."""
+        return self._seq
 
 
 def patch_response(
@@ -266,10 +278,12 @@ def patch_response(
 class NativeResponses:
     """An engine's Responses stream passed through (see the module doc)."""
 
-    def __init__(self, req: ResponsesRequest, resp_id: str, store: bool) -> None:
-        self.req, self.resp_id, self.store = req, resp_id, store
+    def __init__(self, req: ResponsesRequest, resp_id: str, created_at: int, store: bool) -> None:
+        self.req, self.resp_id, self.created_at, self.store = req, resp_id, created_at, store
         self._buf = bytearray()
         self._final = b""
+        self._last_seq = -1
+        self.final_seq = 0
         self.response: dict[str, Any] | None = None
         self.done = False
 
@@ -286,11 +300,13 @@ class NativeResponses:
             if isinstance(obj.get("response"), dict):
                 patch_response(obj["response"], self.req, self.resp_id, self.store)
             kind = str(obj.get("type") or name)
+            seq = obj.get("sequence_number")
+            if isinstance(seq, int) and not isinstance(seq, bool):
+                self._last_seq = seq
             evt = f"event: {kind}\ndata: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
             if kind in _FINAL and isinstance(obj.get("response"), dict):
                 self.response, self._final, self.done = obj["response"], evt, True
-            elif kind == "error" and not self.done:
-                out.append(evt)
+                self.final_seq = self._last_seq
             else:
                 out.append(evt)
         return b"".join(out)
@@ -300,7 +316,8 @@ class NativeResponses:
             return self._final
         error = {"code": "server_error", "message": "the engine's stream ended early"}
         self.response = response_object(
-            self.req, self.resp_id, 0, status="failed", error=error, store=self.store
+            self.req, self.resp_id, self.created_at, status="failed", error=error, store=self.store
         )
         self.done = True
-        return _event("response.failed", 0, {"response": self.response})
+        self.final_seq = self._last_seq + 1
+        return final_event(self.response, self.final_seq)

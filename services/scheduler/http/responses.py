@@ -43,13 +43,19 @@ from services.common import jsonfast
 from services.common.apis.responses import (
     ResponsesError,
     ResponsesRequest,
+    as_map,
     chat_body,
     from_chat,
     native_body,
     new_response_id,
     parse_responses,
 )
-from services.common.apis.responses_stream import ChatToResponses, NativeResponses, patch_response
+from services.common.apis.responses_stream import (
+    ChatToResponses,
+    NativeResponses,
+    final_event,
+    patch_response,
+)
 from services.scheduler.core.records import RequestContext
 from services.scheduler.http.openai import H_TENANT, ApiError, ParsedRequest, parse_request
 from services.scheduler.responses.chain import ChainBroken, StoredResponse, rebuild, visible
@@ -86,10 +92,8 @@ def _renamed(e: ApiError) -> ApiError:
 def _chat_equivalent(response: Mapping[str, Any]) -> bytes:
     """A stored/native response as a chat completion body (usage and tool calls for the
     request record)."""
-    usage = response.get("usage") if isinstance(response.get("usage"), Mapping) else {}
-    assert isinstance(usage, Mapping)
-    details = usage.get("input_tokens_details")
-    cached = details.get("cached_tokens", 0) if isinstance(details, Mapping) else 0
+    usage = as_map(response.get("usage"))
+    cached = as_map(usage.get("input_tokens_details")).get("cached_tokens", 0)
     calls = [
         {
             "id": it.get("call_id"),
@@ -131,7 +135,7 @@ class Turn:
         self.path = "/v1/responses" if self.native else "/v1/chat/completions"
         self.tenant = ""
         self._stream: ChatToResponses | NativeResponses = (
-            NativeResponses(req, self.resp_id, store)
+            NativeResponses(req, self.resp_id, self.created_at, store)
             if self.native
             else ChatToResponses(req, self.resp_id, self.created_at, store)
         )
@@ -199,12 +203,7 @@ class Turn:
         if failure is None:
             return last
         response.update(status="failed", error={"code": "store_failed", "message": failure.message})
-        evt = {
-            "type": "response.failed",
-            "sequence_number": json.loads(last.split(b"data: ", 1)[1]).get("sequence_number", 0),
-            "response": response,
-        }
-        return f"event: response.failed\ndata: {json.dumps(evt)}\n\n".encode()
+        return final_event(response, self._stream.final_seq)
 
     async def _save(self, response: dict[str, Any]) -> ApiError | None:
         if not self.store or self.api.store is None:
