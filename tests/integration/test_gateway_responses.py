@@ -5,6 +5,7 @@ responses in real Postgres shared by two gateway replicas."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,14 @@ from aiohttp.test_utils import TestServer
 
 from services.common import db
 from services.scheduler.core import EndpointSpec, build_core
+from services.scheduler.core.records import RequestContext, build_record
 from services.scheduler.http.openai import Limits
+from services.scheduler.http.records import Ending
 from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.keys.gate import KeyGate
 from services.scheduler.responses.store import PostgresResponseStore
 from tests.helpers.engines import EngineFleet
+from tests.helpers.keys import FakeKeyStore, fake_gate
 
 pytestmark = pytest.mark.integration
 
@@ -47,19 +52,25 @@ async def gateways() -> AsyncIterator[Make]:
     clients: list[openai.AsyncOpenAI] = []
 
     async def make(
-        urls: list[str], store_url: str | None = None, **opts: Any
+        urls: list[str],
+        store_url: str | None = None,
+        *,
+        keys: KeyGate | None = None,
+        api_key: str = "unused",
+        wall: Callable[[], float] = time.time,
+        **opts: Any,
     ) -> tuple[Gateway, openai.AsyncOpenAI]:
         specs = [EndpointSpec(f"e{i}", u) for i, u in enumerate(urls)]
         core = build_core(specs, block_size=16, perf_profile="test")
         options = GatewayOptions(background=False, block_size=16, backoff_ms=1, **opts)
         store = PostgresResponseStore(store_url) if store_url else None
-        gw = Gateway(core, options, response_store=store)
+        gw = Gateway(core, options, response_store=store, keys=keys, wall=wall)
         server = TestServer(gw.app(), host="127.0.0.1")
         await server.start_server()
         servers.append(server)
         await gw.poll_load()
         base = str(server.make_url("")).rstrip("/") + "/v1"
-        client = openai.AsyncOpenAI(base_url=base, api_key="unused", max_retries=0)
+        client = openai.AsyncOpenAI(base_url=base, api_key=api_key, max_retries=0)
         clients.append(client)
         return gw, client
 
@@ -187,6 +198,54 @@ async def test_without_a_store(fleet: EngineFleet, gateways: Make) -> None:
         assert err.value.code == "store_unavailable"
 
 
+async def test_tenants_see_only_their_own_responses(
+    fleet: EngineFleet, gateways: Make, pg: str
+) -> None:
+    _, url = await fleet.start()
+    keys = FakeKeyStore()
+    key_a, key_b = keys.add("a"), keys.add("b")
+    _, a = await gateways([url], pg, keys=fake_gate(keys), api_key=key_a)
+    _, b = await gateways([url], pg, keys=fake_gate(keys), api_key=key_b)
+    t1 = await a.responses.create(model=MODEL, input=PROMPT, max_output_tokens=2)
+    with pytest.raises(openai.NotFoundError):
+        await b.responses.retrieve(t1.id)
+    with pytest.raises(openai.NotFoundError):
+        await b.delete(f"/responses/{t1.id}", cast_to=object)
+    with pytest.raises(openai.BadRequestError) as err:
+        await b.responses.create(model=MODEL, input="x", previous_response_id=t1.id)
+    assert err.value.code == "previous_response_not_found"
+    assert (await a.responses.retrieve(t1.id)).id == t1.id
+
+
+class Wall:
+    def __init__(self) -> None:
+        self.t = time.time()
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def test_expired_responses_are_never_served_and_are_swept(
+    fleet: EngineFleet, gateways: Make, pg: str
+) -> None:
+    _, url = await fleet.start()
+    wall = Wall()
+    gw, client = await gateways([url], pg, wall=wall, responses_retention_s=60.0)
+    t1 = await client.responses.create(model=MODEL, input=PROMPT, max_output_tokens=2)
+    wall.t += 30
+    assert (await client.responses.retrieve(t1.id)).id == t1.id
+    wall.t += 31
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(t1.id)
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.responses.create(model=MODEL, input="x", previous_response_id=t1.id)
+    assert err.value.code == "previous_response_not_found"
+    store = gw.responses.store
+    assert store is not None and await store.get(t1.id, 0.0) is not None  # still a row
+    await gw._sweep()
+    assert await store.get(t1.id, 0.0) is None
+
+
 async def test_multi_turn_loop_stays_on_one_engine_and_hits_the_cache(
     fleet: EngineFleet, gateways: Make, pg: str
 ) -> None:
@@ -211,6 +270,25 @@ async def test_multi_turn_loop_stays_on_one_engine_and_hits_the_cache(
 
 
 # -- function calls (an upstream that calls tools; the simulator never does) ----------------
+def recorded(gw: Gateway) -> list[Any]:
+    """The request records of ``gw``'s finished requests, as they go to Redis."""
+    out: list[Any] = []
+
+    def keep(ctx: RequestContext, end: Ending) -> None:
+        out.append(
+            build_record(
+                ctx,
+                status=end.status,
+                finish=end.finish,
+                finish_wall=end.finish_wall,
+                deployment="d",
+            )
+        )
+
+    gw.finished.append(keep)
+    return out
+
+
 ARGS = '{"path": "a.py"}'
 
 
@@ -266,7 +344,8 @@ async def test_function_call_round_trip(gateways: Make, pg: str) -> None:
     up = TestServer(app, host="127.0.0.1")
     await up.start_server()
     try:
-        _, client = await gateways([str(up.make_url("")).rstrip("/")], pg, models=(MODEL,))
+        gw, client = await gateways([str(up.make_url("")).rstrip("/")], pg, models=(MODEL,))
+        records = recorded(gw)
         tools: list[Any] = [{"type": "function", "name": "read", "parameters": {"type": "object"}}]
         async with client.responses.stream(model=MODEL, input="read a.py", tools=tools) as s:
             kinds = [e.type async for e in s]
@@ -296,9 +375,105 @@ async def test_function_call_round_trip(gateways: Make, pg: str) -> None:
             ],
         }
         assert msgs[2] == {"role": "tool", "tool_call_id": "call_1", "content": "x = 1"}
+        assert [r.api for r in records] == ["responses", "responses"]
+        assert [c.name for c in records[0].tool_calls] == ["read"]
+        assert records[0].cached_tokens == 16 and records[0].completion_tokens == 9
+        assert [t.tool_call_id for t in records[1].tool_results] == ["call_1"]
         assert seen[-1]["tools"][0] == {
             "type": "function",
             "function": {"name": "read", "parameters": {"type": "object"}},
         }
+    finally:
+        await up.close()
+
+
+def _event(kind: str, seq: int, **fields: Any) -> bytes:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': seq, **fields})}\n\n".encode()
+
+
+FC = {
+    "id": "fc_e",
+    "type": "function_call",
+    "call_id": "call_1",
+    "name": "read",
+    "arguments": ARGS,
+    "status": "completed",
+}
+R_USAGE = {
+    "input_tokens": 30,
+    "output_tokens": 9,
+    "input_tokens_details": {"cached_tokens": 16},
+    "total_tokens": 39,
+}
+ENGINE_RESP = {
+    "id": "resp_engine",
+    "object": "response",
+    "created_at": 1,
+    "status": "completed",
+    "model": MODEL,
+    "output": [FC],
+    "usage": R_USAGE,
+    "store": False,
+}
+NATIVE_STREAM = [
+    _event("response.created", 0, response={**ENGINE_RESP, "status": "in_progress", "output": [], "usage": None}),
+    _event("response.output_item.added", 1, output_index=0, item={**FC, "arguments": "", "status": "in_progress"}),
+    _event("response.function_call_arguments.delta", 2, item_id="fc_e", output_index=0, delta=ARGS[:5]),
+    _event("response.function_call_arguments.delta", 3, item_id="fc_e", output_index=0, delta=ARGS[5:]),
+    _event("response.function_call_arguments.done", 4, item_id="fc_e", output_index=0, arguments=ARGS),
+    _event("response.output_item.done", 5, output_index=0, item=FC),
+    _event("response.completed", 6, response=ENGINE_RESP),
+]  # fmt: skip
+
+
+async def test_native_function_call_round_trip(gateways: Make, pg: str) -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def engine(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        seen.append(body)
+        if not body.get("stream"):
+            msg = {"id": "msg_e", "type": "message", "role": "assistant", "status": "completed", "content": [{"type": "output_text", "text": "done", "annotations": []}]}  # fmt: skip
+            return web.json_response({**ENGINE_RESP, "output": [msg]})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for event in NATIVE_STREAM:
+            await resp.write(event[:9])
+            await resp.write(event[9:])
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/responses", engine)
+    up = TestServer(app, host="127.0.0.1")
+    await up.start_server()
+    try:
+        url = str(up.make_url("")).rstrip("/")
+        gw, client = await gateways([url], pg, models=(MODEL,), native_apis=("responses",))
+        records = recorded(gw)
+        tools: list[Any] = [{"type": "function", "name": "read", "parameters": {"type": "object"}}]
+        async with client.responses.stream(model=MODEL, input="read a.py", tools=tools) as s:
+            kinds = [e.type async for e in s]
+            first = await s.get_final_response()
+        assert kinds[-1] == "response.completed" and first.id.startswith("resp_")
+        assert first.id != "resp_engine" and first.output[0].type == "function_call"
+        out: list[Any] = [{"type": "function_call_output", "call_id": "call_1", "output": "x = 1"}]
+        second = await client.responses.create(
+            model=MODEL, input=out, tools=tools, previous_response_id=first.id
+        )
+        assert second.output_text == "done" and second.previous_response_id == first.id
+        sent = seen[-1]
+        assert sent["store"] is False and "previous_response_id" not in sent
+        assert [i["type"] for i in sent["input"]] == [
+            "message",
+            "function_call",
+            "function_call_output",
+        ]
+        assert sent["input"][1]["call_id"] == "call_1" and sent["input"][1]["arguments"] == ARGS
+        assert sent["tools"] == tools
+        assert [r.api for r in records] == ["responses", "responses"]
+        assert [c.name for c in records[0].tool_calls] == ["read"]
+        assert records[0].cached_tokens == 16 and records[0].prompt_tokens == 30
+        assert (await client.responses.retrieve(first.id)).output[0].type == "function_call"
     finally:
         await up.close()
