@@ -7,6 +7,10 @@ Three entry points, one internal form (:class:`GenRequest`):
 * ``POST /v1/completions``: ``prompt`` (a string or a list of token ids), ``max_tokens``.
 * ``POST /v1/chat/completions``: ``messages``, ``max_tokens`` / ``max_completion_tokens``.
 
+``POST /v1/responses`` (the OpenAI Responses API, stateless) is translated into a chat
+request and its answer back (:mod:`services.common.apis.responses`; the server's
+``_responses``).
+
 Prompts are tokenized by the engine's :class:`services.common.tokens.TokenPath`, the same path
 the gateway uses: by default the simulator's whitespace tokenizer and chat template
 (:func:`services.common.tokens.chat_prompt`: each message becomes the line
