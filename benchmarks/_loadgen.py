@@ -155,13 +155,23 @@ async def _loadgen(host: str, port: int, raw: bytes, rate: float, duration: floa
 
 
 def request_bytes(
-    host: str, port: int, stream: bool, prompt_words: int, headers: Sequence[str] = ()
+    host: str,
+    port: int,
+    stream: bool,
+    prompt_words: int,
+    headers: Sequence[str] = (),
+    api: str = "chat",
 ) -> bytes:
-    """One request's bytes; ``headers``: extra ``Name: value`` lines."""
+    """One request's bytes; ``headers``: extra ``Name: value`` lines; ``api`` "responses":
+    the streamed request as a Responses API one (``/v1/responses``, nothing stored)."""
     words = " ".join(f"w{i % 997}" for i in range(prompt_words))
-    if stream:
+    if stream and api == "responses":
+        path = "/v1/responses"
+        body: dict[str, Any] = {"model": MODEL, "input": words, "max_output_tokens": 8,
+                                "stream": True, "store": False}  # fmt: skip
+    elif stream:
         path = "/v1/chat/completions"
-        body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": words}],
+        body = {"model": MODEL, "messages": [{"role": "user", "content": words}],
                                 "max_tokens": 8, "stream": True}  # fmt: skip
     else:
         path = "/v1/completions"
@@ -182,8 +192,9 @@ def loadgen_main(argv: list[str]) -> int:
     p.add_argument("--stream", action="store_true")
     p.add_argument("--prompt-words", type=int, default=128)
     p.add_argument("--header", action="append", default=[], help="'Name: value' (repeatable)")
+    p.add_argument("--api", choices=("chat", "responses"), default="chat")
     a = p.parse_args(argv)
-    raw = request_bytes("127.0.0.1", a.port, a.stream, a.prompt_words, a.header)
+    raw = request_bytes("127.0.0.1", a.port, a.stream, a.prompt_words, a.header, a.api)
     pre = max(8, min(256, int(a.rate * 0.02)))
     out = asyncio.run(_loadgen("127.0.0.1", a.port, raw, a.rate, a.duration, a.warmup, pre))
     out["stream"] = a.stream

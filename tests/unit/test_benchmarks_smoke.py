@@ -144,7 +144,16 @@ def test_loadgen_request_is_valid_http(stream: bool) -> None:
 )
 def test_open_loop_phases(argv: list[str], expect: list[str]) -> None:
     ovh = _load("gateway_overhead")
-    assert [name for name, _, _ in ovh.phases(ovh.parse_args(argv))] == expect
+    assert [name for name, *_ in ovh.phases(ovh.parse_args(argv))] == expect
+
+
+def test_responses_phase_streams_a_responses_request() -> None:
+    ovh = _load("gateway_overhead")
+    names = [(n, api) for n, _, _, api in ovh.phases(ovh.parse_args(["--rates", "50"]), True)]
+    assert names[-1] == ("50rps_responses_stream", "responses")
+    raw = ovh.request_bytes("127.0.0.1", 80, True, 16, (), "responses")
+    head, body = raw.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"POST /v1/responses ") and json.loads(body)["store"] is False
 
 
 @pytest.mark.parametrize(
