@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from functools import partial
 from typing import Any
 
 from hypothesis import example, given
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 from services.common.apis.responses import parse_responses
 from services.common.apis.responses_stream import ChatToResponses, NativeResponses
 from services.scheduler.core.records import RequestContext
-from services.scheduler.http.openai import ApiError
+from services.scheduler.http.openai import ApiError, parse_request
 from services.scheduler.http.responses import ResponsesApi
 from services.scheduler.responses.chain import StoredResponse
 
@@ -89,7 +90,8 @@ class EmptyStore:
 def _intake(raw: bytes, api: ResponsesApi) -> None:
     ctx = RequestContext("r", "t", 0.0, 0.0)
     try:
-        parsed, turn = asyncio.run(api.parse(ctx, raw, {}, models=(), classes={"agent"}))
+        parse = partial(parse_request, "responses", raw, {}, models=(), classes={"agent"})
+        parsed, turn = asyncio.run(api.parse(ctx, raw, lambda c: parse(canonical=c), 1 << 20))
     except ApiError as e:
         assert 400 <= e.status < 500, e.status
         body = e.body()["error"]

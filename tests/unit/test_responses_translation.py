@@ -306,3 +306,20 @@ def test_native_stream_passes_through_with_our_id(step: int) -> None:
     for e in (events[0], events[2]):
         assert e["response"]["id"] == "resp_ours" and e["response"]["store"] is True
         assert e["response"]["previous_response_id"] == "resp_prev"
+
+
+def test_native_stream_cut_short_ends_failed() -> None:
+    req = parse_responses({"model": M, "input": "q"})
+    t = NativeResponses(req, "resp_ours", 1, store=True)
+    broken = b'data: {"error": {"message": "upstream stream broke", "code": "upstream_error"}}\n\ndata: [DONE]\n\n'
+    events = _events(
+        t.feed(NATIVE[: NATIVE.index(b"event: response.completed")] + broken) + t.final()
+    )
+    assert [e["type"] for e in events] == [
+        "response.created",
+        "response.output_text.delta",
+        "error",
+        "response.failed",
+    ]
+    assert [e["sequence_number"] for e in events] == [0, 1, 2, 3]
+    assert events[2]["code"] == "upstream_error" and events[3]["response"]["status"] == "failed"

@@ -299,6 +299,14 @@ class NativeResponses:
                 continue
             if isinstance(obj.get("response"), dict):
                 patch_response(obj["response"], self.req, self.resp_id, self.store)
+            if not obj.get("type") and not name and isinstance(obj.get("error"), Mapping):
+                # the gateway's own error event of a broken stream (chat-shaped)
+                err = obj["error"]
+                obj = {
+                    "type": "error",
+                    "sequence_number": self._last_seq + 1,
+                    **{k: err.get(k) for k in ("code", "message", "param")},
+                }
             kind = str(obj.get("type") or name)
             seq = obj.get("sequence_number")
             if isinstance(seq, int) and not isinstance(seq, bool):

@@ -57,7 +57,7 @@ from services.common.apis.responses_stream import (
     patch_response,
 )
 from services.scheduler.core.records import RequestContext
-from services.scheduler.http.openai import H_TENANT, ApiError, ParsedRequest, parse_request
+from services.scheduler.http.openai import H_TENANT, ApiError, ParsedRequest
 from services.scheduler.responses.chain import ChainBroken, StoredResponse, rebuild, visible
 from services.scheduler.responses.store import ResponseStore
 
@@ -87,6 +87,19 @@ def _renamed(e: ApiError) -> ApiError:
             e.status, e.message.replace(f"'{e.param}'", f"'{new}'"), new, e.code, e.etype
         )
     return e
+
+
+def _request(raw: bytes, max_body_bytes: int) -> ResponsesRequest:
+    if len(raw) > max_body_bytes:
+        raise ApiError(413, f"request body over {max_body_bytes} bytes", None, "body_too_large")
+    try:
+        body = jsonfast.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"invalid JSON body: {e}", None, "invalid_json") from None
+    try:
+        return parse_responses(body)
+    except ResponsesError as e:
+        raise _api_error(e) from None
 
 
 def _chat_equivalent(response: Mapping[str, Any]) -> bytes:
@@ -246,23 +259,15 @@ class ResponsesApi:
     store_failures: int = 0
 
     async def parse(
-        self, ctx: RequestContext, raw: bytes, headers: Mapping[str, str], **parse_args: Any
+        self,
+        ctx: RequestContext,
+        raw: bytes,
+        parse: Callable[[Mapping[str, Any]], ParsedRequest],
+        max_body_bytes: int,
     ) -> tuple[ParsedRequest, Turn]:
-        """The ParsedRequest of one POST and its Turn. Raises ApiError."""
-        limits = parse_args.get("limits")
-        if limits is not None and len(raw) > limits.max_body_bytes:
-            raise ApiError(
-                413, f"request body over {limits.max_body_bytes} bytes", None, "body_too_large"
-            )
-        try:
-            body = jsonfast.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"invalid JSON body: {e}", None, "invalid_json") from None
-        try:
-            req = parse_responses(body)
-        except ResponsesError as e:
-            raise _api_error(e) from None
-        store = req.store is not False and self.store is not None
+        """The ParsedRequest of one POST and its Turn; ``parse``: the gateway's
+        ``parse_request`` of kind ``responses`` over a canonical chat body. Raises ApiError."""
+        req = _request(raw, max_body_bytes)
         if self.store is None and (req.store or req.previous_response_id):
             what = "'store: true'" if req.store else "'previous_response_id'"
             raise ApiError(
@@ -271,24 +276,31 @@ class ResponsesApi:
                 "store" if req.store else "previous_response_id",
                 "store_unavailable",
             )
-        chain: Mapping[str, StoredResponse] = {}
-        history: list[dict[str, Any]] = []
-        if req.previous_response_id is not None:
-            assert self.store is not None
-            prev, now = req.previous_response_id, self.wall()
-            chain = await self.store.chain(prev, now, self.max_chain)
-            # The tenant is checked after the key check (Turn.admitted); here any live row.
-            tenant = next((r.tenant for r in chain.values() if r.id == prev), "")
-            try:
-                history = rebuild(chain, prev, tenant, now, self.max_chain)
-            except ChainBroken:
-                raise _not_found(prev) from None
-        canonical = chat_body(req, history)
+        chain, history = await self._history(req)
         try:
-            parsed = parse_request("responses", raw, headers, canonical=canonical, **parse_args)
+            parsed = parse(chat_body(req, history))
         except ApiError as e:
             raise _renamed(e) from None
+        store = req.store is not False and self.store is not None
         return parsed, Turn(self, ctx, req, history, chain, store)
+
+    async def _history(
+        self, req: ResponsesRequest
+    ) -> tuple[Mapping[str, StoredResponse], list[dict[str, Any]]]:
+        """The stored chain ``previous_response_id`` names and the context items rebuilt
+        from it (none for a first turn). Raises ApiError (400 previous_response_not_found)."""
+        prev = req.previous_response_id
+        if prev is None or self.store is None:
+            return {}, []
+        now = self.wall()
+        chain = await self.store.chain(prev, now, self.max_chain)
+        # The tenant is checked after the key check (Turn.admitted); here the chain must
+        # be whole and one tenant's.
+        tenant = chain[prev].tenant if prev in chain else ""
+        try:
+            return chain, rebuild(chain, prev, tenant, now, self.max_chain)
+        except ChainBroken:
+            raise _not_found(prev) from None
 
     # -- GET / DELETE ---------------------------------------------------------------------
     def _tenant(self, request: web.Request, key_tenant: str | None) -> str:

@@ -40,9 +40,10 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from functools import partial
+from typing import Any, Literal
 
 import aiohttp
 from aiohttp import web
@@ -391,19 +392,13 @@ class Gateway:
                 raw = await req.read()
             except web.HTTPRequestEntityTooLarge:
                 raise ApiError(413, "request body too large", None, "body_too_large") from None
-            args = {
-                "models": self.models,
-                "classes": self._classes(),
-                "tenants": None if self.keys else self.opts.tenants,
-                "limits": self.opts.limits,
-                "tokens": self.opts.tokens,
-                "tool_contents": self.opts.record_tool_contents,
-            }
             turn: Turn | None = None
             if kind == "responses":
-                parsed, turn = await self.responses.parse(ctx, raw, req.headers, **args)
+                parse = partial(self._parse, req, kind, raw)
+                limit = self.opts.limits.max_body_bytes
+                parsed, turn = await self.responses.parse(ctx, raw, parse, limit)
             else:
-                parsed = parse_request(kind, raw, req.headers, **args)  # type: ignore[arg-type]
+                parsed = self._parse(req, kind, raw)
             if self.keys is not None:
                 parsed = await self.keys.admit(req, parsed)
             if turn is not None:
@@ -433,6 +428,24 @@ class Gateway:
             elif e.status in (400, 404, 413):
                 self.metrics.bad_request(e.code, e.param)
             return error_response(e)
+
+    def _parse(
+        self, req: web.Request, kind: Kind, raw: bytes, canonical: Mapping[str, Any] | None = None
+    ) -> ParsedRequest:
+        """``parse_request`` with this gateway's names and limits (``canonical``: a
+        translated API's chat body)."""
+        return parse_request(
+            kind,
+            raw,
+            req.headers,
+            models=self.models,
+            classes=self._classes(),
+            tenants=None if self.keys else self.opts.tenants,
+            limits=self.opts.limits,
+            tokens=self.opts.tokens,
+            tool_contents=self.opts.record_tool_contents,
+            canonical=canonical,
+        )
 
     def _classes(self) -> frozenset[str]:
         config = self.core.queue.config
