@@ -242,7 +242,7 @@ async def test_expired_responses_are_never_served_and_are_swept(
     assert err.value.code == "previous_response_not_found"
     store = gw.responses.store
     assert store is not None and await store.get(t1.id, 0.0) is not None  # still a row
-    await gw._sweep()
+    await gw.responses.sweep()
     assert await store.get(t1.id, 0.0) is None
 
 

@@ -32,8 +32,9 @@ unknown id on ``GET``/``DELETE`` is 404.
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -58,10 +59,15 @@ from services.common.apis.responses_stream import (
 )
 from services.scheduler.core.records import RequestContext
 from services.scheduler.http.openai import H_TENANT, ApiError, ParsedRequest
+from services.scheduler.keys.gate import KEY_KEY
 from services.scheduler.responses.chain import ChainBroken, StoredResponse, rebuild, visible
 from services.scheduler.responses.store import ResponseStore
 
 __all__ = ["ResponsesApi", "Turn"]
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _RENAMED = {"messages": "input", "max_tokens": "max_output_tokens"}
 
@@ -236,7 +242,7 @@ class Turn:
         try:
             await self.api.store.put(row)
         except Exception as e:  # the answer is kept from the client rather than half-stored
-            self.api.store_failures += 1
+            log.warning("storing response %s failed: %r", self.resp_id, e)
             return ApiError(
                 500,
                 f"the response could not be stored ({type(e).__name__}); nothing else changed",
@@ -256,7 +262,8 @@ class ResponsesApi:
     retention_s: float = 30 * 86400.0
     max_chain: int = 1000
     wall: Callable[[], float] = time.time
-    store_failures: int = 0
+    keys: bool = False
+    """API keys on: the tenant of GET/DELETE is the key's."""
 
     async def parse(
         self,
@@ -302,25 +309,50 @@ class ResponsesApi:
         except ChainBroken:
             raise _not_found(prev) from None
 
-    # -- GET / DELETE ---------------------------------------------------------------------
-    def _tenant(self, request: web.Request, key_tenant: str | None) -> str:
-        return key_tenant if key_tenant is not None else request.headers.get(H_TENANT, "")
+    # -- routes, GET / DELETE, sweep --------------------------------------------------------
+    def add_routes(self, router: web.UrlDispatcher, post: Handler) -> None:
+        router.add_post("/v1/responses", post)
+        router.add_get("/v1/responses/{id}", self.get)
+        router.add_delete("/v1/responses/{id}", self.delete)
 
-    async def get(self, request: web.Request, key_tenant: str | None) -> web.Response:
-        rid = request.match_info["id"]
-        row = await self.store.get(rid, self.wall()) if self.store is not None else None
-        if row is None or not visible(row, self._tenant(request, key_tenant), self.wall()):
-            return _missing(rid)
+    def _tenant(self, request: web.Request) -> str:
+        """The caller's tenant: its key's, else its header's."""
+        if self.keys:
+            return request[KEY_KEY].tenant
+        return request.headers.get(H_TENANT, "")
+
+    async def _visible(self, request: web.Request) -> StoredResponse | None:
+        row = None
+        if self.store is not None:
+            row = await self.store.get(request.match_info["id"], self.wall())
+        return row if visible(row, self._tenant(request), self.wall()) else None
+
+    async def get(self, request: web.Request) -> web.StreamResponse:
+        row = await self._visible(request)
+        if row is None:
+            return _missing(request.match_info["id"])
         return web.json_response(row.response)
 
-    async def delete(self, request: web.Request, key_tenant: str | None) -> web.Response:
-        rid = request.match_info["id"]
-        tenant = self._tenant(request, key_tenant)
-        row = await self.store.get(rid, self.wall()) if self.store is not None else None
-        if row is None or not visible(row, tenant, self.wall()) or self.store is None:
-            return _missing(rid)
-        await self.store.delete(rid, tenant)
-        return web.json_response({"id": rid, "object": "response", "deleted": True})
+    async def delete(self, request: web.Request) -> web.StreamResponse:
+        row = await self._visible(request)
+        if row is None or self.store is None:
+            return _missing(request.match_info["id"])
+        await self.store.delete(row.id, row.tenant)
+        return web.json_response({"id": row.id, "object": "response", "deleted": True})
+
+    @property
+    def sweep_s(self) -> float:
+        """How often expired responses are swept."""
+        return min(60.0, self.retention_s)
+
+    async def sweep(self) -> None:
+        """Delete the expired stored responses (they are never served anyway)."""
+        if self.store is not None:
+            await self.store.sweep(self.wall())
+
+    async def close(self) -> None:
+        if self.store is not None:
+            await self.store.close()
 
 
 def _missing(rid: str) -> web.Response:

@@ -79,7 +79,7 @@ from services.scheduler.http.openai import ApiError, Kind, Limits, ParsedRequest
 from services.scheduler.http.preemption import Preempted, Preemptor
 from services.scheduler.http.records import Finished
 from services.scheduler.http.responses import ResponsesApi, Turn
-from services.scheduler.keys.gate import KEY_KEY, KeyGate
+from services.scheduler.keys.gate import KeyGate
 from services.scheduler.responses.store import ResponseStore
 from services.scheduler.routing.types import NoEndpoint, Pick, RequestView
 from services.scheduler.routing.types import Shed as RouteShed
@@ -206,6 +206,7 @@ class Gateway:
             native="responses" in self.opts.native_apis,
             retention_s=self.opts.responses_retention_s,
             wall=wall,
+            keys=keys is not None,
         )
 
     @property
@@ -241,9 +242,7 @@ class Gateway:
         r.add_post("/v1/chat/completions", self._chat)
         r.add_post("/v1/completions", self._completions)
         r.add_post("/generate", self._generate)
-        r.add_post("/v1/responses", self._responses)
-        r.add_get("/v1/responses/{id}", self._get_response)
-        r.add_delete("/v1/responses/{id}", self._delete_response)
+        self.responses.add_routes(r, self._responses)
         r.add_get("/v1/models", self._models)
         r.add_get("/health", self._health)
         r.add_get("/metrics", metrics_handler(self.metrics.registry))
@@ -272,8 +271,8 @@ class Gateway:
                 asyncio.create_task(self._every(self.opts.queue_tick_s, self._tick)),
             ]
             if self.responses.store is not None:
-                sweep = min(60.0, self.opts.responses_retention_s)
-                self._tasks.append(asyncio.create_task(self._every(sweep, self._sweep)))
+                sweep = self._every(self.responses.sweep_s, self.responses.sweep)
+                self._tasks.append(asyncio.create_task(sweep))
 
     async def _stop(self, _app: web.Application) -> None:
         for t in self._tasks:
@@ -284,8 +283,7 @@ class Gateway:
             await self._session.close()
         if self._traced is not None:
             await self._traced.close()
-        if self.responses.store is not None:
-            await self.responses.store.close()
+        await self.responses.close()
 
     @staticmethod
     async def _every(period: float, fn: Callable[[], Awaitable[None]]) -> None:
@@ -341,11 +339,6 @@ class Gateway:
                 )
             )
 
-    async def _sweep(self) -> None:
-        """Expired stored responses deleted (they are never served anyway)."""
-        if self.responses.store is not None:
-            await self.responses.store.sweep(self.wall())
-
     async def _tick(self) -> None:
         self.core.tick(self.clock())
         self.gate.pump()
@@ -370,15 +363,6 @@ class Gateway:
 
     async def _responses(self, req: web.Request) -> web.StreamResponse:
         return await self.handle(req, "responses")
-
-    def _key_tenant(self, req: web.Request) -> str | None:
-        return req[KEY_KEY].tenant if self.keys is not None else None
-
-    async def _get_response(self, req: web.Request) -> web.StreamResponse:
-        return await self.responses.get(req, self._key_tenant(req))
-
-    async def _delete_response(self, req: web.Request) -> web.StreamResponse:
-        return await self.responses.delete(req, self._key_tenant(req))
 
     async def handle(self, req: web.Request, kind: Kind) -> web.StreamResponse:
         ctx = req[records.CONTEXT_KEY]
