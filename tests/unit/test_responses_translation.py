@@ -86,6 +86,17 @@ REQUESTS = [
             "cache_salt": "s",
         },
     ),
+    (
+        "structured output and reasoning effort",
+        {"input": "hi", "text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "object"}}}, "reasoning": {"effort": "low"}},
+        {"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "low", "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}},
+    ),
+    (
+        "json_object",
+        {"input": "hi", "text": {"format": {"type": "json_object"}}},
+        {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}},
+    ),
+    ("plain text format", {"input": "hi", "text": {"format": {"type": "text"}, "verbosity": "low"}}, {"messages": [{"role": "user", "content": "hi"}]}),
 ]  # fmt: skip
 
 
@@ -110,6 +121,8 @@ BAD = [
     ("max_output_tokens 0", {"model": M, "input": "x", "max_output_tokens": 0}, "max_output_tokens", "invalid_value"),
     ("store a string", {"model": M, "input": "x", "store": "yes"}, "store", "invalid_type"),
     ("background", {"model": M, "input": "x", "background": True}, "background", "unsupported_parameter"),
+    ("unknown text format", {"model": M, "input": "x", "text": {"format": {"type": "grammar"}}}, "text.format", "invalid_value"),
+    ("json_schema without schema", {"model": M, "input": "x", "text": {"format": {"type": "json_schema"}}}, "text.format", "invalid_value"),
     ("metadata not strings", {"model": M, "input": "x", "metadata": {"a": 1}}, "metadata", "invalid_type"),
 ]  # fmt: skip
 

@@ -85,6 +85,9 @@ class ResponsesRequest:
     temperature: float | None = None
     top_p: float | None = None
     parallel_tool_calls: bool | None = None
+    text_format: dict[str, Any] | None = None
+    """``text.format`` when not plain text (``json_object`` / ``json_schema``)."""
+    reasoning_effort: str | None = None
     stream: bool = False
     store: bool | None = None
     previous_response_id: str | None = None
@@ -229,6 +232,24 @@ def _metadata(raw: Any) -> dict[str, str]:
     return {str(k): v for k, v in raw.items()}
 
 
+def _text_format(raw: Any) -> dict[str, Any] | None:
+    """``text.format``: None for plain text; json_object / json_schema (with a ``schema``
+    object) as given; anything else is a 400."""
+    fmt = as_map(raw).get("format") if raw is not None else None
+    if raw is not None and not isinstance(raw, Mapping):
+        raise ResponsesError("'text' must be an object", "text", "invalid_type")
+    if fmt is None or as_map(fmt).get("type") == "text":
+        return None
+    kind = as_map(fmt).get("type")
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema" and isinstance(as_map(fmt).get("schema"), Mapping):
+        return dict(as_map(fmt))
+    raise ResponsesError(
+        "'text.format' must be text, json_object or json_schema with a schema", "text.format"
+    )
+
+
 def parse_responses(body: Any) -> ResponsesRequest:
     """Validate a Responses request body (see the module doc). Raises ResponsesError."""
     if not isinstance(body, Mapping):
@@ -265,6 +286,8 @@ def parse_responses(body: Any) -> ResponsesRequest:
         previous_response_id=prev or None,
         metadata=_metadata(body.get("metadata")),
         carried={k: body[k] for k in CARRIED if body.get(k) is not None},
+        text_format=_text_format(body.get("text")),
+        reasoning_effort=_typed(as_map(body.get("reasoning")), "effort", (str,), "a string"),
     )
 
 
@@ -318,6 +341,8 @@ def chat_body(req: ResponsesRequest, history: Sequence[Item] = ()) -> dict[str, 
         "temperature": req.temperature,
         "top_p": req.top_p,
         "parallel_tool_calls": req.parallel_tool_calls,
+        "reasoning_effort": req.reasoning_effort,
+        "response_format": _response_format(req.text_format),
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     if req.stream:
@@ -325,6 +350,14 @@ def chat_body(req: ResponsesRequest, history: Sequence[Item] = ()) -> dict[str, 
         body["stream_options"] = {"include_usage": True}
     body.update(req.carried)
     return body
+
+
+def _response_format(fmt: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Chat's ``response_format`` of a ``text.format``."""
+    if fmt is None or fmt.get("type") == "json_object":
+        return None if fmt is None else {"type": "json_object"}
+    schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+    return {"type": "json_schema", "json_schema": {"name": "output", **schema}}
 
 
 def response_usage(chat_usage: Any) -> dict[str, Any] | None:
@@ -420,7 +453,7 @@ def response_object(
         "previous_response_id": req.previous_response_id,
         "store": store,
         "temperature": req.temperature if req.temperature is not None else 1.0,
-        "text": {"format": {"type": "text"}},
+        "text": {"format": dict(req.text_format) if req.text_format else {"type": "text"}},
         "tool_choice": req.tool_choice or "auto",
         "tools": [{**t, "strict": t.get("strict", True)} for t in req.tools],
         "top_p": req.top_p if req.top_p is not None else 1.0,
@@ -467,6 +500,8 @@ def native_body(
         "temperature": req.temperature,
         "top_p": req.top_p,
         "parallel_tool_calls": req.parallel_tool_calls,
+        "text": {"format": req.text_format} if req.text_format else None,
+        "reasoning": {"effort": req.reasoning_effort} if req.reasoning_effort else None,
         "cache_salt": cache_salt,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
