@@ -14,7 +14,9 @@ message) or a list of items:
 
 ``instructions`` become a first ``system`` message (not carried to later turns, as OpenAI
 does with ``previous_response_id``), ``tools`` of type ``function`` (flat Responses form)
-the chat form, ``tool_choice`` likewise, ``max_output_tokens`` ``max_tokens``;
+the chat form, ``tool_choice`` likewise, ``max_output_tokens`` ``max_tokens``,
+``text.format`` (JSON object / schema) ``response_format``, ``reasoning.effort``
+``reasoning_effort``;
 ``temperature``, ``top_p``, ``parallel_tool_calls``, ``stream`` and the gateway's own fields
 (``slo_class``, ``tenant``, ``session_id``, ``cache_salt``, ``prompt_cache_key``) carry over.
 

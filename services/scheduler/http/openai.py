@@ -18,6 +18,8 @@ Prompts are tokenized by the deployment's :class:`services.common.tokens.TokenPa
 simulator's whitespace tokenizer and ``"<role>: <content>"`` template by default, or the
 model's tokenizer and chat template); content parts other than text are a 400
 (``services.common.tokens.chat``).
+Kind ``responses`` (the Responses API, :mod:`services.scheduler.http.responses`) is parsed
+from its canonical chat body (``canonical``), so it is tokenized exactly as chat is.
 Every problem raises :class:`ApiError` (400/404/413) with an OpenAI-style body.
 """
 

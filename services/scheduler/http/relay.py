@@ -10,6 +10,11 @@ Before the first byte, a read error or an empty stream raises
 another endpoint). After it, a broken stream or one that ends without ``[DONE]`` ends the
 client's stream with an OpenAI-style error event and ``data: [DONE]``; the endpoint is
 marked failed. A client that goes away stops the relay (recorded as cancelled).
+
+With an :class:`AnswerTranslator` (a client speaking another API, e.g. the Responses API
+over chat completions) the client gets the translator's bytes instead, and its last bytes
+(:meth:`AnswerTranslator.end`) once the upstream stream ended; the record still reads the
+upstream's.
 """
 
 from __future__ import annotations
