@@ -122,6 +122,9 @@ async def test_create_stream_retrieve_delete(
         await client.responses.retrieve(final.id)
     with pytest.raises(openai.NotFoundError):
         await client.responses.retrieve("resp_nope")
+    with pytest.raises(openai.APIStatusError) as unimplemented:
+        await client.responses.input_items.list(final.id)
+    assert unimplemented.value.status_code == 501
 
 
 @pytest.mark.parametrize("native", MODES)

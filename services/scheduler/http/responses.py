@@ -314,6 +314,7 @@ class ResponsesApi:
         router.add_post("/v1/responses", post)
         router.add_get("/v1/responses/{id}", self.get)
         router.add_delete("/v1/responses/{id}", self.delete)
+        router.add_get("/v1/responses/{id}/input_items", _not_implemented)
 
     def _tenant(self, request: web.Request) -> str:
         """The caller's tenant: its key's, else its header's."""
@@ -353,6 +354,16 @@ class ResponsesApi:
     async def close(self) -> None:
         if self.store is not None:
             await self.store.close()
+
+
+async def _not_implemented(request: web.Request) -> web.StreamResponse:
+    e = ApiError(
+        501,
+        "GET /v1/responses/{id}/input_items is not implemented by this gateway",
+        None,
+        "not_implemented",
+    )
+    return web.json_response(e.body(), status=501)
 
 
 def _missing(rid: str) -> web.Response:
