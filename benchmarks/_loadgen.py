@@ -160,15 +160,20 @@ def request_bytes(
     stream: bool,
     prompt_words: int,
     headers: Sequence[str] = (),
-    messages: bool = False,
+    api: str = "chat",
 ) -> bytes:
-    """One request's bytes; ``headers``: extra ``Name: value`` lines; ``messages``: the same
-    prompt as an Anthropic Messages request (``/v1/messages``)."""
+    """One request's bytes; ``headers``: extra ``Name: value`` lines; ``api``: "chat", or the
+    same prompt as an Anthropic Messages request (``messages``, ``/v1/messages``) or a
+    streamed Responses API one (``responses``, ``/v1/responses``, nothing stored)."""
     words = " ".join(f"w{i % 997}" for i in range(prompt_words))
-    if messages:
+    if api == "messages":
         path = "/v1/messages"
         body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": words}],
                                 "max_tokens": 8, "stream": stream}  # fmt: skip
+    elif stream and api == "responses":
+        path = "/v1/responses"
+        body = {"model": MODEL, "input": words, "max_output_tokens": 8,
+                "stream": True, "store": False}  # fmt: skip
     elif stream:
         path = "/v1/chat/completions"
         body = {"model": MODEL, "messages": [{"role": "user", "content": words}],
@@ -192,9 +197,9 @@ def loadgen_main(argv: list[str]) -> int:
     p.add_argument("--stream", action="store_true")
     p.add_argument("--prompt-words", type=int, default=128)
     p.add_argument("--header", action="append", default=[], help="'Name: value' (repeatable)")
-    p.add_argument("--messages", action="store_true", help="Anthropic /v1/messages requests")
+    p.add_argument("--api", choices=("chat", "messages", "responses"), default="chat")
     a = p.parse_args(argv)
-    raw = request_bytes("127.0.0.1", a.port, a.stream, a.prompt_words, a.header, a.messages)
+    raw = request_bytes("127.0.0.1", a.port, a.stream, a.prompt_words, a.header, a.api)
     pre = max(8, min(256, int(a.rate * 0.02)))
     out = asyncio.run(_loadgen("127.0.0.1", a.port, raw, a.rate, a.duration, a.warmup, pre))
     out["stream"] = a.stream

@@ -4,7 +4,9 @@ bottleneck (issue 5, "Overhead").
 The upstream is nginx (Debian package ``nginx``) serving canned engine answers from a config
 generated in a temp dir: ``/health``, ``/metrics`` (SGLang names, zero load), server/model
 info, ``/v1/models``, a non-streaming ``/v1/completions`` JSON body and a streaming
-``/v1/chat/completions`` SSE body (``--sse-chunks`` chunks + ``[DONE]``).
+``/v1/chat/completions`` SSE body (``--sse-chunks`` chunks + ``[DONE]``). Tideserve's rows
+add a streamed Responses API phase per rate (``/v1/responses`` on the router, the same
+streamed chat call on the direct side).
 
 Per open-loop phase (each ``--rates`` value, non-streaming and streaming): ``--repeats``
 back-to-back pairs of runs, nginx directly then the router in front of it, each a fixed
@@ -202,10 +204,10 @@ def _taskset(cpu: int | None, cmd: list[str]) -> list[str]:
 
 
 def open_loop(port: int, rate: float, stream: bool, args: argparse.Namespace,
-              cpu: int | None, headers: Sequence[str] = (),
-              messages: bool = False) -> dict[str, Any]:  # fmt: skip
+              cpu: int | None, headers: Sequence[str] = (), api: str = "chat",
+              ) -> dict[str, Any]:  # fmt: skip
     """One open-loop run from a load-generator process; ``headers``: extra ``Name: value``
-    lines on every request; ``messages``: Anthropic Messages requests."""
+    lines on every request; ``api`` "responses": streamed Responses API requests."""
     cmd = _taskset(cpu, [sys.executable, str(Path(__file__).resolve()), "_loadgen",
                          "--port", str(port), "--rate", str(rate), "--duration",
                          str(args.duration), "--warmup", str(args.warmup),
@@ -214,8 +216,8 @@ def open_loop(port: int, rate: float, stream: bool, args: argparse.Namespace,
         cmd += ["--header", h]
     if stream:
         cmd.append("--stream")
-    if messages:
-        cmd.append("--messages")
+    if api != "chat":
+        cmd += ["--api", api]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.duration + 120)
     if done.returncode != 0:
         return {"error": done.stderr.strip()[-500:]}
@@ -258,38 +260,36 @@ def _med(xs: list[float]) -> float | None:
     return round(s[len(s) // 2], 3) if s else None
 
 
-def phases(args: argparse.Namespace) -> list[tuple[str, float, bool]]:
-    """(name, rate, stream) of every open-loop phase, e.g. ("200rps_nonstream", 200, False)."""
+def phases(args: argparse.Namespace, agent_apis: bool = False) -> list[tuple[str, float, bool, str]]:  # fmt: skip
+    """(name, rate, stream, api) of every open-loop phase, e.g. ("200rps_nonstream", 200,
+    False, "chat"); ``agent_apis``: also each rate's streamed Messages and Responses API
+    phases ("200rps_messages_stream", "200rps_responses_stream": the router gets
+    /v1/messages or /v1/responses, translated to the same streamed chat call the direct side
+    makes, so the difference includes the translation)."""
     out = []
     for rate in [float(r) for r in args.rates.split(",") if r.strip()]:
         for stream in (False,) if args.no_stream else (False, True):
-            out.append((f"{rate:g}rps_{'stream' if stream else 'nonstream'}", rate, stream))
+            out.append((f"{rate:g}rps_{'stream' if stream else 'nonstream'}", rate, stream, "chat"))
+        if agent_apis and not args.no_stream:
+            out.append((f"{rate:g}rps_messages_stream", rate, True, "messages"))
+            out.append((f"{rate:g}rps_responses_stream", rate, True, "responses"))
     return out
 
 
-def messages_phases(args: argparse.Namespace) -> list[tuple[str, float, bool]]:
-    """(name, rate, stream) of the Messages phases (tideserve routers only)."""
-    if args.no_stream:
-        return []
-    return [(f"{rate:g}rps_messages_stream", rate, True)
-            for rate in [float(r) for r in args.rates.split(",") if r.strip()]]  # fmt: skip
-
-
 def paired_open_loop(direct_port: int, router_port: int, router_pid: int,
-                     args: argparse.Namespace, messages: bool = False) -> dict[str, Any]:  # fmt: skip
+                     args: argparse.Namespace, agent_apis: bool = False) -> dict[str, Any]:  # fmt: skip
     """Per phase, ``--repeats`` back-to-back (direct, router) pairs, so that noise from other
     work on the machine hits both sides alike. Reports the median over repeats of each
-    side's quantiles and of the paired differences (the added latency). ``messages``: the
-    Messages phases too (the router sent ``/v1/messages``, nginx the chat stream)."""
+    side's quantiles and of the paired differences (the added latency). ``agent_apis``: the
+    Messages and Responses phases too (the router sent ``/v1/messages`` or ``/v1/responses``,
+    nginx the chat stream)."""
     out: dict[str, Any] = {}
-    todo = [(p, False) for p in phases(args)]
-    todo += [(p, True) for p in messages_phases(args)] if messages else []
-    for (name, rate, stream), api_messages in todo:
+    for name, rate, stream, api in phases(args, agent_apis):
         runs: list[dict[str, Any]] = []
         for _ in range(args.repeats):
             d = open_loop(direct_port, rate, stream, args, None)
             meter, machine = CpuMeter([router_pid]), MachineCpu()
-            r = open_loop(router_port, rate, stream, args, None, messages=api_messages)
+            r = open_loop(router_port, rate, stream, args, None, api=api)
             r["router_cpu"] = meter.read()
             r["machine_cores_busy"] = machine.read()
             runs.append({"direct": d, "router": r})
@@ -446,8 +446,9 @@ def main(argv: list[str] | None = None) -> int:
                 wait_http(f"http://127.0.0.1:{port}/v1/models", rgroup, 60.0)
                 time.sleep(2.0)  # let the router see the upstream healthy
                 res: dict[str, Any] = {"command": shlex.join(cmd)}
-                ours = name.startswith("tideserve:")
-                res["open_loop"] = paired_open_loop(nport, port, router.proc.pid, args, ours)
+                res["open_loop"] = paired_open_loop(
+                    nport, port, router.proc.pid, args, agent_apis=name.startswith("tideserve:")
+                )
                 res["max_rps"] = max_rps(port, router.proc.pid, args, workdir, pin)
                 rgroup.check()
                 summary["routers"][name] = res

@@ -10,6 +10,10 @@ Three entry points, one internal form (:class:`GenRequest`):
   :mod:`services.common.apis.anthropic`) over the chat path, the answer translated back;
   ``/v1/messages/count_tokens`` counts that body's prompt.
 
+``POST /v1/responses`` (the OpenAI Responses API, stateless) is translated into a chat
+request and its answer back (:mod:`services.common.apis.responses`; the server's
+``_responses``).
+
 Prompts are tokenized by the engine's :class:`services.common.tokens.TokenPath`, the same path
 the gateway uses: by default the simulator's whitespace tokenizer and chat template
 (:func:`services.common.tokens.chat_prompt`: each message becomes the line

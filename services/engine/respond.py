@@ -13,16 +13,18 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from aiohttp import web
 
 from services.common.apis.anthropic import to_message
 from services.common.apis.anthropic_stream import StreamTranslator
+from services.common.apis.responses import ResponsesRequest, from_chat
+from services.common.apis.responses_stream import ChatToResponses
 from services.engine import api
 from services.engine.core import SeqOutput
 
-__all__ = ["Live", "Messages", "outputs", "stream", "unary"]
+__all__ = ["Live", "Messages", "Responses", "Shape", "StreamShape", "outputs", "stream", "unary"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,23 @@ class Live:
     kv: dict[str, Any] = field(default_factory=dict)  # the decode's KV pull, usage fields
 
 
+class StreamShape(Protocol):
+    """A chat SSE stream in another API's events: ``feed`` each chunk, then ``final``."""
+
+    def feed(self, chunk: bytes) -> bytes: ...
+
+    def final(self) -> bytes: ...
+
+
+class Shape(Protocol):
+    """A chat answer in another API's shape (the simulator serving ``/v1/messages`` and
+    ``/v1/responses`` over its chat path)."""
+
+    def whole(self, chat: dict[str, Any]) -> dict[str, Any]: ...
+
+    def stream(self, input_tokens: int) -> StreamShape: ...
+
+
 @dataclass(frozen=True)
 class Messages:
     """A chat answer sent as an Anthropic Messages answer (the client's ``model`` name and
@@ -56,6 +75,21 @@ class Messages:
         return StreamTranslator(
             model=self.model, stop_sequences=self.stop_sequences, input_tokens=input_tokens
         )
+
+
+@dataclass(frozen=True)
+class Responses:
+    """A chat answer sent as an OpenAI Responses answer (stateless: nothing stored)."""
+
+    req: ResponsesRequest
+    resp_id: str
+    created_at: int
+
+    def whole(self, chat: dict[str, Any]) -> dict[str, Any]:
+        return from_chat(self.req, self.resp_id, self.created_at, chat, store=False)
+
+    def stream(self, input_tokens: int) -> ChatToResponses:
+        return ChatToResponses(self.req, self.resp_id, self.created_at, store=False)
 
 
 async def outputs(live: Live) -> AsyncIterator[list[SeqOutput]]:
@@ -82,11 +116,12 @@ async def unary(
     model: str,
     die_after: int,
     extra: Callable[[], Mapping[str, Any] | None] | None = None,
-    shape: Messages | None = None,
+    shape: Shape | None = None,
 ) -> web.StreamResponse:
     """The whole answer as one JSON body (``die_after`` > 0: close abruptly after N tokens);
     the top-level fields ``extra()`` returns once the request is done are added to it (e.g.
-    ``kv_transfer_params``, which name the blocks the prompt now holds)."""
+    ``kv_transfer_params``, which name the blocks the prompt now holds). ``responses``: a
+    Responses API request, answered as a ``response`` object."""
     tokens: list[int] = []
     last: SeqOutput | None = None
     async for group in outputs(live):
@@ -127,11 +162,11 @@ async def stream(
     model: str,
     interval: int,
     die_after: int,
-    shape: Messages | None = None,
+    shape: Shape | None = None,
 ) -> web.StreamResponse:
     """SSE: one chunk per ``interval`` tokens (and the last), usage in the final chunk, an
     extra usage-only chunk when asked, then ``data: [DONE]`` (``shape``: all of it as
-    Anthropic Messages events)."""
+    another API's events, Anthropic Messages or OpenAI Responses)."""
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
@@ -175,6 +210,8 @@ async def stream(
         empty["choices"] = []
         await send(empty)
     await write(b"data: [DONE]\n\n")
+    if translator is not None:
+        await resp.write(translator.final())
     await resp.write_eof()
     return resp
 

@@ -40,6 +40,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from services.common import otel
 from services.common.apis.anthropic import error_body as anthropic_body
 from services.common.apis.anthropic import from_openai_error
+from services.common.apis.responses import (
+    ResponsesError,
+    chat_body,
+    new_response_id,
+    parse_responses,
+)
 from services.common.perfmodel import get_profile
 from services.common.tasks import pause, stop_tasks
 from services.common.tokens import ChatError, TokenPath, token_path
@@ -69,7 +75,14 @@ __all__ = ["TRACED_PATHS", "EngineServer", "write_model_dir"]
 log = logging.getLogger(__name__)
 
 TRACED_PATHS = frozenset(
-    {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/messages", pd_vllm.NOTIFY_PATH}
+    {
+        "/generate",
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/messages",
+        "/v1/responses",
+        pd_vllm.NOTIFY_PATH,
+    }
 )
 """The API requests a traced engine makes spans of (not probes, scrapes, info, admin)."""
 
@@ -183,6 +196,7 @@ class EngineServer:
         r.add_post("/v1/chat/completions", self._chat)
         r.add_post("/v1/messages", self._messages)
         r.add_post("/v1/messages/count_tokens", self._count_tokens)
+        r.add_post("/v1/responses", self._responses)
         r.add_get("/bootstrap/{room}", self.rendezvous.handler)
         r.add_post(pd_vllm.NOTIFY_PATH, self._kv_notify)
         info.add_admin_to(r)
@@ -432,12 +446,30 @@ class EngineServer:
             return anthropic_error(400, err.message)
         return web.json_response({"input_tokens": len(ids)})
 
+    async def _responses(self, req: web.Request) -> web.StreamResponse:
+        """The Responses API over the chat path (stateless: no stored responses)."""
+        try:
+            rr = parse_responses(await req.json())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return bad_request("the request body is not valid JSON", code="invalid_json")
+        except ResponsesError as err:
+            return bad_request(err.message, err.param, err.code)
+        if rr.previous_response_id is not None:
+            return bad_request(
+                f"Previous response with id '{rr.previous_response_id}' not found: this engine "
+                "stores no responses; send the whole context as input",
+                "previous_response_id",
+                "previous_response_not_found",
+            )
+        shape = respond.Responses(rr, new_response_id(), int(time.time()))
+        return await self._handle(req, api.parse_chat, chat_body(rr), shape)
+
     async def _handle(
         self,
         req: web.Request,
         parse: Any,
         body: Any = None,
-        shape: respond.Messages | None = None,
+        shape: respond.Shape | None = None,
     ) -> web.StreamResponse:
         """One generation request (``body``: already read and translated, with ``shape``
         the answer's API)."""

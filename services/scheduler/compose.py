@@ -39,6 +39,7 @@ from services.scheduler.http.metrics import GatewayMetrics
 from services.scheduler.http.openai import Limits
 from services.scheduler.http.server import Gateway, GatewayOptions
 from services.scheduler.keys.build import key_gate
+from services.scheduler.responses.store import PostgresResponseStore
 from services.scheduler.routing.config import ConfigError
 from services.scheduler.settings import SchedulerSettings, parse_endpoint, split_bootstrap
 from services.scheduler.slo import known_tenants, queue_config, slo_targets
@@ -143,6 +144,7 @@ def build_gateway(
         tokens=tokens,
         record_tool_contents=settings.record_tool_contents,
         native_apis=frozenset(settings.native_apis),
+        responses_retention_s=settings.responses_retention_s,
     )
     metrics = GatewayMetrics(registry)
     gateway = Gateway(
@@ -152,6 +154,9 @@ def build_gateway(
         metrics=metrics,
         tracer_provider=tracer_provider,
         keys=key_gate(settings, metrics.registry),
+        response_store=PostgresResponseStore(settings.postgres_url)
+        if settings.postgres_url
+        else None,
     )
     return core, gateway
 

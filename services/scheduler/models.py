@@ -2,7 +2,8 @@
 
 ``api_keys``: the gateway's API keys (services/scheduler/keys): the SHA-256 of each key,
 never the key, with a short visible prefix, the tenant, the SLO classes it may use and its
-rate limits. Drain is per replica and in memory (gRPC ``Drain``/``Undrain`` on one
+rate limits. ``responses``: stored responses of the Responses API (``store``; chained by
+``previous_response_id``), kept ``responses_retention_s``. Drain is per replica and in memory (gRPC ``Drain``/``Undrain`` on one
 replica; the autoscaler's ``DRAINING`` membership events reach every replica through
 ``{prefix}:membership``); revision 0002 dropped the unused ``drain_state`` table.
 """
@@ -10,9 +11,10 @@ replica; the autoscaler's ``DRAINING`` membership events reach every replica thr
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import DateTime, Integer, LargeBinary, MetaData, Text, func
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import DateTime, Index, Integer, LargeBinary, MetaData, Text, func
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 SCHEMA = "scheduler"
@@ -40,3 +42,22 @@ class ApiKeyRow(Base):
         DateTime(timezone=True), nullable=False, server_default=func.now()
     )
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class ResponseRow(Base):
+    """A stored response of the Responses API (services/scheduler/responses): this turn's
+    canonical input items, its output items, the turn it continued and the response object
+    as answered. Rows past ``expires_at`` are never served and are swept."""
+
+    __tablename__ = "responses"
+    __table_args__ = (Index("ix_scheduler_responses_expires_at", "expires_at"),)
+
+    id: Mapped[str] = mapped_column(Text, primary_key=True)
+    tenant: Mapped[str] = mapped_column(Text, nullable=False)
+    model: Mapped[str] = mapped_column(Text, nullable=False)
+    previous_response_id: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    input_items: Mapped[list[Any]] = mapped_column(JSONB, nullable=False)
+    output_items: Mapped[list[Any]] = mapped_column(JSONB, nullable=False)
+    response: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)

@@ -119,6 +119,20 @@ class SchedulerSettings(ServiceSettings):
         32 * 1024, ge=1024, description="request headers, names + values (else 431)"
     )
 
+    # --- client APIs (services/scheduler/http/messages.py, responses.py) -------------------
+    native_apis: list[Literal["messages", "responses"]] = Field(
+        default_factory=list,
+        description="client APIs besides OpenAI chat/completions this deployment's engines "
+        "serve themselves (vLLM serves /v1/messages and /v1/responses): forwarded in that "
+        "API; the others are forwarded as chat completions and their answers translated back",
+    )
+    responses_retention_s: float = Field(
+        30 * 86400.0,
+        gt=0,
+        description="stored responses (Responses API, store: true; in postgres_url) are "
+        "kept this long, then never served and swept; no postgres_url = nothing stored",
+    )
+
     # --- API keys and rate limits (services/scheduler/keys) -------------------------------
     api_keys: bool = Field(
         False,
@@ -162,12 +176,6 @@ class SchedulerSettings(ServiceSettings):
     share_heartbeat_s: float = Field(0.5, gt=0, description="in-flight heartbeat period")
     share_heartbeat_ttl_s: float = Field(3.0, gt=0, description="a replica's load expires after")
     request_records: bool = Field(True, description="RequestRecord per request (needs redis_url)")
-    native_apis: list[Literal["messages", "responses"]] = Field(
-        default_factory=list,
-        description="APIs besides OpenAI chat/completions the engines serve themselves "
-        "(vLLM serves /v1/messages): forwarded as the client sent them; the others are "
-        "forwarded as chat completions and their answers translated back",
-    )
     record_tool_contents: bool = Field(
         False,
         description="agent tool calls on record and on spans with their contents (tool-result "

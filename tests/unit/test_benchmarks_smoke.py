@@ -136,7 +136,7 @@ def test_loadgen_request_is_valid_http(stream: bool) -> None:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_loadgen_messages_request(stream: bool) -> None:
-    raw = _load("gateway_overhead").request_bytes("127.0.0.1", 80, stream, 16, messages=True)
+    raw = _load("gateway_overhead").request_bytes("127.0.0.1", 80, stream, 16, api="messages")
     head, body = raw.split(b"\r\n\r\n", 1)
     assert (
         head.startswith(b"POST /v1/messages ") and f"Content-Length: {len(body)}".encode() in head
@@ -147,11 +147,16 @@ def test_loadgen_messages_request(stream: bool) -> None:
     )
 
 
-def test_messages_phases_are_streamed_per_rate() -> None:
+def test_agent_api_phases_are_streamed_per_rate() -> None:
     ovh = _load("gateway_overhead")
-    got = [n for n, _, _ in ovh.messages_phases(ovh.parse_args(["--rates", "200,1000"]))]
-    assert got == ["200rps_messages_stream", "1000rps_messages_stream"]
-    assert ovh.messages_phases(ovh.parse_args(["--no-stream"])) == []
+    args = ovh.parse_args(["--rates", "200,1000"])
+    got = [(n, api) for n, _, stream, api in ovh.phases(args, True) if api != "chat" and stream]
+    assert got == [
+        ("200rps_messages_stream", "messages"), ("200rps_responses_stream", "responses"),
+        ("1000rps_messages_stream", "messages"), ("1000rps_responses_stream", "responses"),
+    ]  # fmt: skip
+    no_stream = ovh.phases(ovh.parse_args(["--no-stream"]), True)
+    assert [api for *_, api in no_stream] == ["chat", "chat"]
 
 
 @pytest.mark.parametrize(
@@ -164,7 +169,16 @@ def test_messages_phases_are_streamed_per_rate() -> None:
 )
 def test_open_loop_phases(argv: list[str], expect: list[str]) -> None:
     ovh = _load("gateway_overhead")
-    assert [name for name, _, _ in ovh.phases(ovh.parse_args(argv))] == expect
+    assert [name for name, *_ in ovh.phases(ovh.parse_args(argv))] == expect
+
+
+def test_responses_phase_streams_a_responses_request() -> None:
+    ovh = _load("gateway_overhead")
+    names = [(n, api) for n, _, _, api in ovh.phases(ovh.parse_args(["--rates", "50"]), True)]
+    assert names[-1] == ("50rps_responses_stream", "responses")
+    raw = ovh.request_bytes("127.0.0.1", 80, True, 16, (), "responses")
+    head, body = raw.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"POST /v1/responses ") and json.loads(body)["store"] is False
 
 
 @pytest.mark.parametrize(

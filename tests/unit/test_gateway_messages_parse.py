@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from services.common.tokens import TokenPath, token_path
-from services.scheduler.http.messages import answer_shape, count_tokens
+from services.scheduler.http.messages import count_tokens, messages_answer
 from services.scheduler.http.openai import ApiError, Limits, ParsedRequest, parse_request
 from tests.helpers.model_dir import PARTS_TEMPLATE, write_model_dir
 
@@ -94,9 +94,11 @@ def test_what_a_messages_request_carries() -> None:
     assert "slo_class" not in p.forward_body and "system" not in p.forward_body
     assert p.native_body is not None and "slo_class" not in p.native_body
     assert p.native_body["system"] == MESSAGES["system"] and p.raw_body == b""
-    shape = answer_shape(p, native=False)
-    assert shape is not None and shape.stop_sequences == ("END",)
-    assert shape.input_tokens == len(p.prompt_ids)
+    answer = messages_answer(p, native=False)
+    assert answer is not None and answer.stop_sequences == ("END",)
+    assert answer.input_tokens == len(p.prompt_ids) and answer.path == "/v1/chat/completions"
+    native = messages_answer(p, native=True)
+    assert native is not None and native.path == "/v1/messages"
     assert parse("messages", {**MESSAGES, "metadata": {"user_id": "u1"}}).session_id == "u1"
 
 

@@ -76,6 +76,10 @@ class StreamTranslator:
                 out.append(self._data(line[5:].strip()))
         return b"".join(out)
 
+    def final(self) -> bytes:
+        """Bytes after the chat stream's end: none (``message_stop`` came with ``[DONE]``)."""
+        return b""
+
     def fail(self, message: str) -> bytes:
         """The ``error`` event ending a broken stream."""
         self.finished = True

@@ -278,6 +278,12 @@ class RequestContext:
                 self._answer = Answer(_usage_of(obj), tool_calls_of(obj, self.tool_contents))
         return self._answer
 
+    def answered(self, chat_body: bytes) -> None:
+        """The answer as a whole chat completion, for an answer in another API (a native
+        Responses answer): usage and tool calls are read from this instead."""
+        obj = _json(chat_body)
+        self._answer = Answer(_usage_of(obj), tool_calls_of(obj, self.tool_contents))
+
 
 def _ms(a: float | None, b: float | None) -> float:
     return max(0.0, (b - a) * 1000.0) if a is not None and b is not None else 0.0

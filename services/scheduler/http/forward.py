@@ -38,7 +38,7 @@ from services.scheduler.core.service import GatewayCore
 from services.scheduler.http import messages, pd_vllm, upstream
 from services.scheduler.http.metrics import GatewayMetrics
 from services.scheduler.http.openai import Kind, ParsedRequest
-from services.scheduler.http.relay import FirstByte, relay_body, relay_stream
+from services.scheduler.http.relay import AnswerTranslator, FirstByte, relay_body, relay_stream
 from services.scheduler.routing.types import EndpointView, Pick
 
 __all__ = ["PATHS", "Forwarder"]
@@ -48,6 +48,7 @@ PATHS: dict[Kind, str] = {
     "completion": "/v1/completions",
     "generate": "/generate",
     "messages": "/v1/chat/completions",  # its canonical chat body (native: messages.PATH)
+    "responses": "/v1/chat/completions",  # the canonical form; native: the Turn's path
 }
 
 
@@ -93,15 +94,19 @@ class Forwarder:
         p: ParsedRequest,
         d: Pick,
         pick_id: str,
+        answer: AnswerTranslator | None = None,
     ) -> web.StreamResponse:
-        """The client's answer for pick ``d`` (see the module docstring)."""
+        """The client's answer for pick ``d`` (see the module docstring; ``answer``: the
+        client speaks another API, :mod:`services.scheduler.http.responses`; a Messages
+        request's is made here, :mod:`services.scheduler.http.messages`)."""
         native = p.kind == "messages" and "messages" in self.native_apis and d.prefill is None
-        path = messages.PATH if native else PATHS[p.kind]
+        if answer is None:
+            answer = messages.messages_answer(p, native)
+        path = answer.path if answer is not None else PATHS[p.kind]
         body: dict[str, Any] = p.forward_body if d.prefill is None else dict(p.forward_body)
         if native and p.native_body is not None:
             body = p.native_body
-        shape = messages.answer_shape(p, native)
-        kind: Kind = "chat" if p.kind == "messages" else p.kind
+        kind: Kind = "chat" if p.kind in ("messages", "responses") else p.kind
         headers = {"Content-Type": "application/json"}
         if not otel.recording():
             # No client span (the session is the plain one): the current trace context
@@ -149,7 +154,7 @@ class Forwarder:
                     core=self.core,
                     clock=self.clock,
                     first_byte=self.first_byte,
-                    reshape=shape.whole if shape is not None else None,
+                    answer=answer,
                 )
             return await relay_stream(
                 req,
@@ -161,7 +166,7 @@ class Forwarder:
                 clock=self.clock,
                 metrics=self.metrics,
                 first_byte=self.first_byte,
-                shape=shape.stream() if shape is not None else None,
+                answer=answer,
             )
         except BaseException:
             resp.close()  # e.g. pre-empted before the first byte: the engine aborts it

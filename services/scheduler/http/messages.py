@@ -25,7 +25,6 @@ as ``{"type": "error", "error": {"type", "message"}}`` with the status's Anthrop
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -41,11 +40,10 @@ __all__ = [
     "COUNT_PATH",
     "PATH",
     "PATHS",
-    "AnswerShape",
-    "Passthrough",
-    "answer_shape",
+    "MessagesAnswer",
     "anthropic_errors",
     "count_tokens",
+    "messages_answer",
 ]
 
 PATH = "/v1/messages"
@@ -75,56 +73,66 @@ def anthropic_errors(paths: Collection[str] = PATHS) -> Any:
     return middleware
 
 
-class Passthrough:
-    """A native engine's Messages stream, relayed as it is (it ends with ``message_stop``;
-    a broken one gets an Anthropic ``error`` event)."""
+class MessagesAnswer:
+    """How a Messages request's answer reaches the client (the relay's
+    :class:`~services.scheduler.http.relay.AnswerTranslator`): as the engine sent it
+    (``native``: the engine's ``/v1/messages``; a broken stream gets an Anthropic ``error``
+    event) or translated from chat completions (the client's ``model`` name, its stop
+    sequences, its prompt size for ``message_start``)."""
 
-    end = b"message_stop"
+    def __init__(
+        self,
+        native: bool,
+        model: str,
+        stop_sequences: tuple[str, ...] = (),
+        input_tokens: int = 0,
+    ) -> None:
+        self.native, self.model = native, model
+        self.stop_sequences, self.input_tokens = stop_sequences, input_tokens
+        self.path = PATH if native else "/v1/chat/completions"
+        self._end = b"message_stop" if native else b"[DONE]"
+        self._tail = b""
+        self._stream: StreamTranslator | None = None
+        if not native:
+            self._stream = StreamTranslator(
+                model=model, stop_sequences=stop_sequences, input_tokens=input_tokens
+            )
 
-    def feed(self, chunk: bytes) -> bytes:
-        return chunk
+    @property
+    def done(self) -> bool:
+        return self._end in self._tail
 
-    def fail(self, message: str) -> bytes:
-        return sse_event("error", anthropic_error(502, message))
-
-
-@dataclass(frozen=True, slots=True)
-class AnswerShape:
-    """How a Messages request's answer reaches the client: as it is (``native``) or
-    translated from chat (the client's ``model`` name, its stop sequences, its prompt size
-    for ``message_start``)."""
-
-    native: bool
-    model: str
-    stop_sequences: tuple[str, ...] = ()
-    input_tokens: int = 0
-
-    def whole(self, status: int, data: bytes) -> bytes:
+    async def whole(self, status: int, body: bytes) -> tuple[int, bytes]:
         if self.native or status != 200:
-            return data  # errors: anthropic_errors reshapes them
+            return status, body  # errors: anthropic_errors reshapes them
         try:
-            chat = jsonfast.loads(data)
+            chat = jsonfast.loads(body)
         except (ValueError, UnicodeDecodeError):
             chat = None
-        return jsonfast.dumps(
+        return status, jsonfast.dumps(
             to_message(chat, model=self.model, stop_sequences=self.stop_sequences)
         )
 
-    def stream(self) -> Passthrough | StreamTranslator:
-        if self.native:
-            return Passthrough()
-        return StreamTranslator(
-            model=self.model, stop_sequences=self.stop_sequences, input_tokens=self.input_tokens
-        )
+    def feed(self, chunk: bytes) -> bytes:
+        self._tail = (self._tail + chunk)[-64:]
+        return chunk if self._stream is None else self._stream.feed(chunk)
+
+    def fail(self, message: str) -> bytes:
+        if self._stream is None:
+            return sse_event("error", anthropic_error(502, message))
+        return self._stream.fail(message)
+
+    async def end(self) -> bytes:
+        return b""
 
 
-def answer_shape(p: ParsedRequest, native: bool) -> AnswerShape | None:
-    """The answer shape of a Messages request (None for the other APIs)."""
+def messages_answer(p: ParsedRequest, native: bool) -> MessagesAnswer | None:
+    """The answer translator of a Messages request (None for the other APIs)."""
     if p.kind != "messages":
         return None
     stop = p.forward_body.get("stop")
     stops = tuple(s for s in stop if isinstance(s, str)) if isinstance(stop, list) else ()
-    return AnswerShape(native, p.model, stops, len(p.prompt_ids))
+    return MessagesAnswer(native, p.model, stops, len(p.prompt_ids))
 
 
 def count_tokens(

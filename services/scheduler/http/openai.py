@@ -31,6 +31,9 @@ Prompts are tokenized by the deployment's :class:`services.common.tokens.TokenPa
 simulator's whitespace tokenizer and ``"<role>: <content>"`` template by default, or the
 model's tokenizer and chat template); content parts other than text are a 400
 (``services.common.tokens.chat``).
+Kind ``responses`` (the Responses API, :mod:`services.scheduler.http.responses`) is parsed
+from its canonical chat body (``canonical``), and kind ``messages`` (Anthropic Messages) is
+translated into one here, so both are tokenized exactly as chat is.
 Every problem raises :class:`ApiError` (400/404/413); the route renders it in its API's
 error shape (OpenAI's here; Anthropic's for ``messages``, :mod:`.errors`).
 """
@@ -47,7 +50,8 @@ from services.common.tokens import ChatError, TokenPath
 from services.scheduler.core.tools import ToolResultFact, tool_results_of, tools_offered
 from services.scheduler.http.sessions import SessionError, session_of
 
-Kind = Literal["chat", "completion", "generate", "messages"]
+Kind = Literal["chat", "completion", "generate", "messages", "responses"]
+_CHAT_LIKE = ("chat", "messages", "responses")  # tokenized as chat messages (translated)
 
 H_CLASS = "X-Tideserve-Class"
 H_TENANT = "X-Tideserve-Tenant"
@@ -152,7 +156,7 @@ def _int_field(body: Mapping[str, Any], key: str) -> int | None:
 
 
 def _prompt_ids(kind: Kind, body: Mapping[str, Any], tokens: TokenPath) -> tuple[int, ...]:
-    if kind == "chat":
+    if kind in _CHAT_LIKE:
         try:
             return tuple(tokens.encode_chat(body.get("messages"), body.get("tools")))
         except ChatError as e:
@@ -206,7 +210,7 @@ def _max_tokens(kind: Kind, body: Mapping[str, Any], lim: Limits) -> int | None:
         mt, key = _int_field(sp, "max_new_tokens"), "max_new_tokens"
     else:
         mt, key = _int_field(body, "max_tokens"), "max_tokens"
-        if kind == "chat" and mt is None:
+        if kind in ("chat", "responses") and mt is None:
             mt, key = _int_field(body, "max_completion_tokens"), "max_completion_tokens"
     if mt is not None and not 1 <= mt <= lim.max_tokens:
         raise _bad(f"'{key}' must be between 1 and {lim.max_tokens}, got {mt}", key)
@@ -234,7 +238,7 @@ def _prefix_tokens(
 def _checked_ids(
     kind: Kind, body: Mapping[str, Any], lim: Limits, tokens: TokenPath
 ) -> tuple[int, ...]:
-    chatty = kind in ("chat", "messages")
+    chatty = kind in _CHAT_LIKE
     msgs = body.get("messages") if chatty else None
     if isinstance(msgs, list) and len(msgs) > lim.max_messages:
         raise _bad(
@@ -278,15 +282,25 @@ def parse_request(
     limits: Limits | None = None,
     tokens: TokenPath | None = None,
     tool_contents: bool = False,
+    canonical: Mapping[str, Any] | None = None,
 ) -> ParsedRequest:
     """Validate one request. ``models`` empty = accept any model name; ``tenants`` None =
     any tenant; ``tokens`` = the deployment's tokenization path (None = the simulator's).
     A chat request's tools offered and tool results (:mod:`services.scheduler.core.tools`)
     are taken, with the results' contents only when ``tool_contents``.
+    ``canonical``: the body already decoded and translated into the chat form (kind
+    ``responses``; ``raw`` is then only measured, and the body is forwarded re-encoded).
     Raises :class:`ApiError`."""
     lim = limits or Limits()
     tokens = tokens or TokenPath()
-    client = _json_body(raw, lim)
+    if canonical is not None:
+        if len(raw) > lim.max_body_bytes:
+            raise ApiError(
+                413, f"request body over {lim.max_body_bytes} bytes", None, "body_too_large"
+            )
+        client = dict(canonical)
+    else:
+        client = _json_body(raw, lim)
     body, prefix = _messages_chat(client) if kind == "messages" else (client, None)
     model = _str_field(body, "model")
     if kind != "generate" and not model:
@@ -312,7 +326,7 @@ def parse_request(
         raise _bad(e.message, e.param, "invalid_type") from None
     ours = any(k in body for k in _OURS)
     fwd = {k: v for k, v in body.items() if k not in _OURS} if ours else body
-    chatty = kind in ("chat", "messages")
+    chatty = kind in _CHAT_LIKE
     return ParsedRequest(
         kind=kind,
         model=model,
@@ -328,7 +342,7 @@ def parse_request(
         forward_body=fwd,
         tools_offered=tools_offered(body) if chatty else 0,
         tool_results=tool_results_of(body.get("messages"), tool_contents) if chatty else (),
-        raw_body=b"" if ours or kind == "messages" else raw,
+        raw_body=b"" if ours or kind == "messages" or canonical is not None else raw,
         parent_session_id=session.parent_session_id,
         session_final=session.final,
         stable_prefix_tokens=_prefix_tokens(prefix, body, len(ids), tokens),

@@ -53,7 +53,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-RECORDED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate", "/v1/messages"})
+RECORDED_PATHS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/generate", "/v1/messages", "/v1/responses"}
+)
 CONTEXT_KEY = web.RequestKey("tideserve.context", RequestContext)
 
 

@@ -8,8 +8,15 @@ can no longer be pre-empted), and report the upstream's health to the fleet.
 Before the first byte, a read error or an empty stream raises
 :class:`~services.scheduler.http.upstream.UpstreamFailure` (the caller may retry on
 another endpoint). After it, a broken stream or one that ends without ``[DONE]`` ends the
-client's stream with an OpenAI-style error event and ``data: [DONE]`` (or the
-``shape``'s error event); the endpoint is marked failed. A client that goes away stops the relay (recorded as cancelled).
+client's stream with an OpenAI-style error event and ``data: [DONE]``; the endpoint is
+marked failed. A client that goes away stops the relay (recorded as cancelled).
+
+With an :class:`AnswerTranslator` (a client speaking another API than the engine answers
+in: Anthropic Messages or OpenAI Responses over chat completions, or an engine's native
+answer relayed under the gateway's ids) the client gets the translator's bytes instead, its
+error event for a broken stream (:meth:`AnswerTranslator.fail`), and its last bytes
+(:meth:`AnswerTranslator.end`) once the upstream stream ended; the record still reads the
+upstream's.
 """
 
 from __future__ import annotations
@@ -27,25 +34,41 @@ from services.scheduler.core.service import GatewayCore
 from services.scheduler.http import upstream
 from services.scheduler.http.metrics import GatewayMetrics
 
-__all__ = ["FirstByte", "Reshape", "StreamShape", "relay_body", "relay_stream"]
+__all__ = ["AnswerTranslator", "FirstByte", "relay_body", "relay_stream"]
 
 FirstByte = Callable[[str], None]
 """``first_byte(pick_id)``: the answer of ``pick_id`` starts reaching the client."""
 
-Reshape = Callable[[int, bytes], bytes]
-"""``reshape(status, body)``: the client's body of a whole upstream answer."""
 
+class AnswerTranslator(Protocol):
+    """The client speaks another API than the engine answers in (Messages or Responses over
+    chat completions), or the engine's native answer is relayed in the client's terms: the
+    upstream path, and the client's bytes of each upstream answer. The request record still
+    reads the upstream bytes."""
 
-class StreamShape(Protocol):
-    """What the client gets of an upstream stream in another API's shape: ``feed`` turns
-    upstream bytes into the client's, ``fail`` is the client's error event for a broken
-    stream, ``end`` the marker that ends a complete upstream stream."""
+    @property
+    def path(self) -> str: ...
 
-    end: bytes
+    @property
+    def done(self) -> bool:
+        """The upstream stream reached its end (what ``[DONE]`` says for chat)."""
+        ...
 
-    def feed(self, chunk: bytes) -> bytes: ...
+    async def whole(self, status: int, body: bytes) -> tuple[int, bytes]:
+        """The client's status and body of a whole answer (after the first byte)."""
+        ...
 
-    def fail(self, message: str) -> bytes: ...
+    def feed(self, chunk: bytes) -> bytes:
+        """The client's bytes of an upstream stream chunk."""
+        ...
+
+    def fail(self, message: str) -> bytes:
+        """The client's error event for an upstream stream that broke with ``message``."""
+        ...
+
+    async def end(self) -> bytes:
+        """The client's last bytes, once the upstream stream ended (or broke)."""
+        ...
 
 
 async def relay_body(
@@ -57,10 +80,10 @@ async def relay_body(
     core: GatewayCore,
     clock: Callable[[], float],
     first_byte: FirstByte,
-    reshape: Reshape | None = None,
+    answer: AnswerTranslator | None = None,
 ) -> web.Response:
-    """The whole upstream answer, status and content type unchanged (``reshape``: its body
-    in the client's API; the record keeps the upstream's)."""
+    """The whole upstream answer, status and content type unchanged (``answer``: as it
+    translates it)."""
     try:
         data = await resp.read()
     except (aiohttp.ClientError, TimeoutError, OSError) as e:
@@ -69,10 +92,11 @@ async def relay_body(
     now = clock()
     ctx.whole(now, data)
     core.fleet.upstream_result(instance_id, True, now)
+    if answer is not None:
+        status, data = await answer.whole(resp.status, data)
+        return web.Response(status=status, body=data, content_type="application/json")
     return web.Response(
-        status=resp.status,
-        body=reshape(resp.status, data) if reshape is not None else data,
-        content_type=resp.content_type or "application/json",
+        status=resp.status, body=data, content_type=resp.content_type or "application/json"
     )
 
 
@@ -87,10 +111,10 @@ async def relay_stream(
     clock: Callable[[], float],
     metrics: GatewayMetrics,
     first_byte: FirstByte,
-    shape: StreamShape | None = None,
+    answer: AnswerTranslator | None = None,
 ) -> web.StreamResponse:
     """The upstream SSE stream, token by token (see the module docstring for failures;
-    ``shape``: in the client's API, the record reading the upstream's)."""
+    ``answer``: as it translates it)."""
     out = web.StreamResponse(
         status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
@@ -108,7 +132,7 @@ async def relay_stream(
                     return _client_gone(ctx, core, instance_id, clock(), out)
                 ctx.answering(clock(), True)
             ctx.chunk(chunk)
-            data = shape.feed(chunk) if shape is not None else chunk
+            data = answer.feed(chunk) if answer is not None else chunk
             try:
                 if data:
                     await out.write(data)
@@ -121,9 +145,9 @@ async def relay_stream(
         error = f"upstream stream broke: {e!r}"
     if not started:
         raise upstream.UpstreamFailure(instance_id, "empty stream")
-    end = shape.end if shape is not None else b"[DONE]"
-    if not error and end not in tail:
-        error = f"upstream stream ended without {end.decode()}"
+    ended = answer.done if answer is not None else b"[DONE]" in tail
+    if not error and not ended:
+        error = "upstream stream ended without [DONE]"
     now = clock()
     if error:
         metrics.upstream_failed(instance_id, "stream broken", False)
@@ -139,10 +163,12 @@ async def relay_stream(
         }
         last = f"data: {json.dumps(evt)}\n\ndata: [DONE]\n\n".encode()
         with contextlib.suppress(ConnectionError, RuntimeError):
-            await out.write(shape.fail(error) if shape is not None else last)
+            await out.write(answer.fail(error) if answer is not None else last)
     else:
         core.fleet.upstream_result(instance_id, True, now)
     with contextlib.suppress(ConnectionError, RuntimeError):
+        if answer is not None:
+            await out.write(await answer.end())
         await out.write_eof()
     return out
 

@@ -45,9 +45,10 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from functools import partial
+from typing import Any, Literal
 
 import aiohttp
 from aiohttp import web
@@ -82,7 +83,9 @@ from services.scheduler.http.metrics import GatewayMetrics
 from services.scheduler.http.openai import ApiError, Kind, Limits, ParsedRequest, parse_request
 from services.scheduler.http.preemption import Preempted, Preemptor
 from services.scheduler.http.records import Finished
+from services.scheduler.http.responses import ResponsesApi, Turn
 from services.scheduler.keys.gate import KeyGate
+from services.scheduler.responses.store import ResponseStore
 from services.scheduler.routing.types import NoEndpoint, Pick, RequestView
 from services.scheduler.routing.types import Shed as RouteShed
 
@@ -122,9 +125,11 @@ class GatewayOptions:
     engine_api_key: str = field(default="", repr=False)
     # Agent tool calls on record: contents too (not only names and sizes).
     record_tool_contents: bool = False
-    # APIs besides OpenAI's the engines serve themselves ("messages": forward /v1/messages
-    # as it came; otherwise its canonical chat body, the answer translated back).
+    # Client APIs the engines serve themselves ("messages", "responses"): forwarded as they
+    # came; otherwise as their canonical chat body, the answer translated back.
     native_apis: frozenset[str] = frozenset()
+    # Stored responses (Responses API) are kept this long, then swept.
+    responses_retention_s: float = 30 * 86400.0
 
 
 def _authorization(opts: GatewayOptions) -> str | bool:
@@ -148,6 +153,7 @@ class Gateway:
         metrics: GatewayMetrics | None = None,
         tracer_provider: TracerProvider | None = None,
         keys: KeyGate | None = None,
+        response_store: ResponseStore | None = None,
     ) -> None:
         """``metrics``: the families in the registry ``main`` passes down (default: a
         private registry of this gateway); ``tracer_provider``: the service's (default:
@@ -199,6 +205,15 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self._traced: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # The Responses API (services.scheduler.http.responses); the store is closed with
+        # the app.
+        self.responses = ResponsesApi(
+            store=response_store,
+            native="responses" in self.opts.native_apis,
+            retention_s=self.opts.responses_retention_s,
+            wall=wall,
+            keys=keys is not None,
+        )
 
     @property
     def prefix_lookup(self) -> PrefixLookup | None:
@@ -236,6 +251,7 @@ class Gateway:
         r.add_post("/generate", self._generate)
         r.add_post(messages.PATH, self._messages)
         r.add_post(messages.COUNT_PATH, self._count_tokens)
+        self.responses.add_routes(r, self._responses)
         r.add_get("/v1/models", self._models)
         r.add_get("/health", self._health)
         r.add_get("/metrics", metrics_handler(self.metrics.registry))
@@ -263,6 +279,9 @@ class Gateway:
                 asyncio.create_task(self._every(self.opts.load_interval_s, self.poll_load)),
                 asyncio.create_task(self._every(self.opts.queue_tick_s, self._tick)),
             ]
+            if self.responses.store is not None:
+                sweep = self._every(self.responses.sweep_s, self.responses.sweep)
+                self._tasks.append(asyncio.create_task(sweep))
 
     async def _stop(self, _app: web.Application) -> None:
         for t in self._tasks:
@@ -273,6 +292,7 @@ class Gateway:
             await self._session.close()
         if self._traced is not None:
             await self._traced.close()
+        await self.responses.close()
 
     @staticmethod
     async def _every(period: float, fn: Callable[[], Awaitable[None]]) -> None:
@@ -371,6 +391,9 @@ class Gateway:
         except web.HTTPRequestEntityTooLarge:
             raise ApiError(413, "request body too large", None, "body_too_large") from None
 
+    async def _responses(self, req: web.Request) -> web.StreamResponse:
+        return await self.handle(req, "responses")
+
     async def handle(self, req: web.Request, kind: Kind) -> web.StreamResponse:
         ctx = req[records.CONTEXT_KEY]
         rid = ctx.request_id
@@ -378,19 +401,17 @@ class Gateway:
         arrival = self.clock()
         try:
             raw = await self._body(req)
-            parsed = parse_request(
-                kind,
-                raw,
-                req.headers,
-                models=self.models,
-                classes=self._classes(),
-                tenants=None if self.keys else self.opts.tenants,
-                limits=self.opts.limits,
-                tokens=self.opts.tokens,
-                tool_contents=self.opts.record_tool_contents,
-            )
+            turn: Turn | None = None
+            if kind == "responses":
+                parse = partial(self._parse, req, kind, raw)
+                limit = self.opts.limits.max_body_bytes
+                parsed, turn = await self.responses.parse(ctx, raw, parse, limit)
+            else:
+                parsed = self._parse(req, kind, raw)
             if self.keys is not None:
                 parsed = await self.keys.admit(req, parsed)
+            if turn is not None:
+                parsed = turn.admitted(parsed)
             if not parsed.profile and self.opts.profile:
                 parsed = replace(parsed, profile=self.opts.profile)
             slo_class = parsed.slo_class
@@ -403,7 +424,7 @@ class Gateway:
                 ctx.admitted(self.clock())
                 while True:
                     try:
-                        resp = await self._route(req, ctx, parsed, view)
+                        resp = await self._route(req, ctx, parsed, view, turn)
                         if intake.session_final and resp.status < 400:
                             self.core.end_session(intake.session_id)
                         return resp
@@ -419,6 +440,24 @@ class Gateway:
             elif e.status in (400, 404, 413):
                 self.metrics.bad_request(e.code, e.param)
             return error_response(e)
+
+    def _parse(
+        self, req: web.Request, kind: Kind, raw: bytes, canonical: Mapping[str, Any] | None = None
+    ) -> ParsedRequest:
+        """``parse_request`` with this gateway's names and limits (``canonical``: a
+        translated API's chat body)."""
+        return parse_request(
+            kind,
+            raw,
+            req.headers,
+            models=self.models,
+            classes=self._classes(),
+            tenants=None if self.keys else self.opts.tenants,
+            limits=self.opts.limits,
+            tokens=self.opts.tokens,
+            tool_contents=self.opts.record_tool_contents,
+            canonical=canonical,
+        )
 
     def _classes(self) -> frozenset[str]:
         config = self.core.queue.config
@@ -447,7 +486,12 @@ class Gateway:
         )
 
     async def _route(
-        self, req: web.Request, ctx: RequestContext, p: ParsedRequest, view: RequestView
+        self,
+        req: web.Request,
+        ctx: RequestContext,
+        p: ParsedRequest,
+        view: RequestView,
+        answer: Turn | None = None,
     ) -> web.StreamResponse:
         rid = ctx.request_id
         exclude: set[str] = set()
@@ -478,7 +522,7 @@ class Gateway:
                 return await self.preemptor.run(
                     pick_id,
                     p.slo_class,
-                    self.forwarder.forward(session, req, ctx, p, d, pick_id),
+                    self.forwarder.forward(session, req, ctx, p, d, pick_id, answer),
                 )
             except Preempted:
                 self.core.abandon(pick_id)

@@ -1,0 +1,331 @@
+"""Responses API streams (pure, incremental: fed raw bytes at any chunk boundary).
+
+:class:`ChatToResponses` turns a chat-completions SSE stream into the Responses events
+OpenAI sends, each ``event: <type>`` + ``data: <json>`` with a ``sequence_number`` from 0:
+``response.created``, ``response.in_progress``; per output item
+``response.output_item.added``, then for a message ``response.content_part.added``,
+``response.output_text.delta``..., ``response.output_text.done``,
+``response.content_part.done``, and for a tool call
+``response.function_call_arguments.delta``..., ``response.function_call_arguments.done``;
+``response.output_item.done``; last ``response.completed`` (or ``response.incomplete`` when
+the answer stopped on length, ``response.failed`` after an error), with the whole response.
+
+The last event is held back: :meth:`~ChatToResponses.feed` returns everything before it and
+:meth:`~ChatToResponses.final` the last one, so the caller can store the response before
+the client sees it done (and may send the next turn to another replica).
+
+:class:`NativeResponses` passes an engine's own Responses stream through, with the
+``response`` objects' ``id``, ``previous_response_id``, ``store`` and ``metadata`` set to
+the gateway's; its last event is held back the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from services.common.apis.responses import (
+    Item,
+    ResponsesRequest,
+    as_map,
+    function_item,
+    message_item,
+    response_object,
+    response_usage,
+)
+
+__all__ = ["ChatToResponses", "NativeResponses", "final_event", "patch_response", "sse_events"]
+
+_FINAL = ("response.completed", "response.incomplete", "response.failed")
+
+
+def sse_events(buf: bytearray) -> Iterator[tuple[str, str]]:
+    """Complete SSE events taken off the front of ``buf``: (event name, data)."""
+    while True:
+        end = buf.find(b"\n\n")
+        if end < 0:
+            return
+        raw = bytes(buf[:end]).decode("utf-8", "replace")
+        del buf[: end + 2]
+        name, data = "", []
+        for line in raw.split("\n"):
+            line = line.rstrip("\r")
+            if line.startswith("event:"):
+                name = line[6:].strip()
+            elif line.startswith("data:"):
+                data.append(line[5:].lstrip())
+        if data:
+            yield name, "\n".join(data)
+
+
+def _event(kind: str, seq: int, fields: Mapping[str, Any]) -> bytes:
+    obj = {"type": kind, "sequence_number": seq, **fields}
+    return f"event: {kind}\ndata: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+
+
+def final_event(response: Mapping[str, Any], seq: int) -> bytes:
+    """The last event of a stream: ``response.completed``, ``.incomplete`` or ``.failed``
+    after the response's status."""
+    kind = {"failed": "response.failed", "incomplete": "response.incomplete"}.get(
+        str(response.get("status")), "response.completed"
+    )
+    return _event(kind, seq, {"response": response})
+
+
+class ChatToResponses:
+    """One chat SSE stream as Responses events (see the module doc). ``response`` is the
+    final response object once the stream ended (None before)."""
+
+    def __init__(self, req: ResponsesRequest, resp_id: str, created_at: int, store: bool) -> None:
+        self.req, self.resp_id, self.created_at, self.store = req, resp_id, created_at, store
+        self._base = resp_id.removeprefix("resp_")
+        self._buf = bytearray()
+        self._seq = 0
+        self._out: list[bytes] = []
+        self._items: list[Item] = []
+        self._open: int | None = None  # output index of the open item
+        self._tools: dict[int, int] = {}  # chat tool index -> output index
+        self.usage: dict[str, Any] | None = None
+        self.finish: str | None = None
+        self.error: dict[str, Any] | None = None
+        self.done = False
+        self.response: dict[str, Any] | None = None
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        self._out.append(_event(kind, self._seq, fields))
+        self._seq += 1
+
+    def _snapshot(self, status: str) -> dict[str, Any]:
+        return response_object(
+            self.req, self.resp_id, self.created_at, status=status, store=self.store
+        )
+
+    def feed(self, data: bytes) -> bytes:
+        """The Responses events ``data`` completes (the last one held back)."""
+        if self._seq == 0:
+            self._emit("response.created", response=self._snapshot("in_progress"))
+            self._emit("response.in_progress", response=self._snapshot("in_progress"))
+        self._buf += data.replace(b"\r\n", b"\n")
+        for _name, payload in sse_events(self._buf):
+            if self.done:
+                break
+            if payload.strip() == "[DONE]":
+                self._end()
+                continue
+            try:
+                obj = json.loads(payload)
+            except ValueError:
+                continue
+            if isinstance(obj, Mapping):
+                self._chunk(obj)
+        out, self._out = b"".join(self._out), []
+        return out
+
+    def _chunk(self, obj: Mapping[str, Any]) -> None:
+        if isinstance(obj.get("error"), Mapping):
+            err = obj["error"]
+            self.error = {
+                "code": str(err.get("code") or "server_error"),
+                "message": str(err.get("message") or ""),
+            }
+            self._emit(
+                "error",
+                code=self.error["code"],
+                message=self.error["message"],
+                param=err.get("param"),
+            )
+            self._end()
+            return
+        if obj.get("usage") is not None:
+            self.usage = response_usage(obj["usage"])
+        choices = obj.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+            return
+        choice = choices[0]
+        delta = as_map(choice.get("delta"))
+        if isinstance(delta.get("content"), str) and delta["content"]:
+            self._text(delta["content"])
+        for tc in delta.get("tool_calls") or []:
+            if isinstance(tc, Mapping):
+                self._tool(tc)
+        if choice.get("finish_reason"):
+            self.finish = str(choice["finish_reason"])
+
+    def _text(self, text: str) -> None:
+        cur = self._items[self._open] if self._open is not None else None
+        if cur is None or cur["type"] != "message":
+            self._close()
+            self._open = len(self._items)
+            item = message_item(
+                f"msg_{self._base}" + (f"_{self._open}" if self._open else ""), "", "in_progress"
+            )
+            self._items.append(item)
+            self._emit("response.output_item.added", output_index=self._open, item=item)
+            part = {"type": "output_text", "annotations": [], "logprobs": [], "text": ""}
+            self._emit(
+                "response.content_part.added",
+                item_id=item["id"],
+                output_index=self._open,
+                content_index=0,
+                part=part,
+            )
+            item["content"] = [dict(part)]
+            cur = item
+        cur["content"][0]["text"] += text
+        self._emit(
+            "response.output_text.delta",
+            item_id=cur["id"],
+            output_index=self._open,
+            content_index=0,
+            delta=text,
+            logprobs=[],
+        )
+
+    def _tool(self, tc: Mapping[str, Any]) -> None:
+        idx = tc.get("index", 0)
+        fn = as_map(tc.get("function"))
+        if idx not in self._tools:
+            self._close()
+            self._open = len(self._items)
+            self._tools[idx] = self._open
+            n = len(self._tools) - 1
+            call_id = str(tc.get("id") or f"call_{self._base}_{n}")
+            item = function_item(
+                f"fc_{self._base}_{n}", call_id, str(fn.get("name") or ""), "", "in_progress"
+            )
+            self._items.append(item)
+            self._emit("response.output_item.added", output_index=self._open, item=dict(item))
+        at = self._tools[idx]
+        item = self._items[at]
+        if fn.get("name") and not item["name"]:
+            item["name"] = str(fn["name"])
+        args = fn.get("arguments")
+        if isinstance(args, str) and args:
+            item["arguments"] += args
+            if at == self._open:
+                self._emit(
+                    "response.function_call_arguments.delta",
+                    item_id=item["id"],
+                    output_index=at,
+                    delta=args,
+                )
+
+    def _close(self) -> None:
+        if self._open is None:
+            return
+        at, self._open = self._open, None
+        item = self._items[at]
+        item["status"] = "completed"
+        if item["type"] == "message":
+            part = item["content"][0]
+            ids = {"item_id": item["id"], "output_index": at, "content_index": 0}
+            self._emit("response.output_text.done", **ids, text=part["text"], logprobs=[])
+            self._emit("response.content_part.done", **ids, part=part)
+        else:
+            self._emit(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=at,
+                name=item["name"],
+                arguments=item["arguments"],
+            )
+        self._emit("response.output_item.done", output_index=at, item=item)
+
+    def _end(self) -> None:
+        self._close()
+        self.done = True
+        for item in self._items:
+            item["status"] = "completed"
+        status = "failed" if self.error else None
+        self.response = response_object(
+            self.req, self.resp_id, self.created_at, output=self._items, usage=self.usage,
+            finish_reason=self.finish, status=status, error=self.error, store=self.store,
+        )  # fmt: skip
+
+    def final(self) -> bytes:
+        """The last event: completed / incomplete, or failed (also when the stream ended
+        without ``[DONE]``)."""
+        if not self.done:
+            self.error = self.error or {
+                "code": "server_error",
+                "message": "the engine's stream ended early",
+            }
+            self._end()
+        assert self.response is not None
+        pending, self._out = b"".join(self._out), []
+        return pending + final_event(self.response, self._seq)
+
+    @property
+    def final_seq(self) -> int:
+        """The sequence number of the last event."""
+        return self._seq
+
+
+def patch_response(
+    obj: dict[str, Any], req: ResponsesRequest, resp_id: str, store: bool
+) -> dict[str, Any]:
+    """An engine's response object as the gateway's (id, chain, store, metadata)."""
+    obj.update(
+        id=resp_id,
+        previous_response_id=req.previous_response_id,
+        store=store,
+        metadata=dict(req.metadata),
+    )
+    return obj
+
+
+class NativeResponses:
+    """An engine's Responses stream passed through (see the module doc)."""
+
+    def __init__(self, req: ResponsesRequest, resp_id: str, created_at: int, store: bool) -> None:
+        self.req, self.resp_id, self.created_at, self.store = req, resp_id, created_at, store
+        self._buf = bytearray()
+        self._final = b""
+        self._last_seq = -1
+        self.final_seq = 0
+        self.response: dict[str, Any] | None = None
+        self.done = False
+
+    def feed(self, data: bytes) -> bytes:
+        self._buf += data.replace(b"\r\n", b"\n")
+        out: list[bytes] = []
+        for name, payload in sse_events(self._buf):
+            try:
+                obj = json.loads(payload)
+            except ValueError:
+                continue
+            if not isinstance(obj, dict):
+                continue
+            if isinstance(obj.get("response"), dict):
+                patch_response(obj["response"], self.req, self.resp_id, self.store)
+            if not obj.get("type") and not name and isinstance(obj.get("error"), Mapping):
+                # the gateway's own error event of a broken stream (chat-shaped)
+                err = obj["error"]
+                obj = {
+                    "type": "error",
+                    "sequence_number": self._last_seq + 1,
+                    **{k: err.get(k) for k in ("code", "message", "param")},
+                }
+            kind = str(obj.get("type") or name)
+            seq = obj.get("sequence_number")
+            if isinstance(seq, int) and not isinstance(seq, bool):
+                self._last_seq = seq
+            evt = f"event: {kind}\ndata: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+            if kind in _FINAL and isinstance(obj.get("response"), dict):
+                self.response, self._final, self.done = obj["response"], evt, True
+                self.final_seq = self._last_seq
+            else:
+                out.append(evt)
+        return b"".join(out)
+
+    def final(self) -> bytes:
+        if self.done:
+            return self._final
+        error = {"code": "server_error", "message": "the engine's stream ended early"}
+        self.response = response_object(
+            self.req, self.resp_id, self.created_at, status="failed", error=error, store=self.store
+        )
+        self.done = True
+        self.final_seq = self._last_seq + 1
+        return final_event(self.response, self.final_seq)
