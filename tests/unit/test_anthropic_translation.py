@@ -10,6 +10,7 @@ import pytest
 
 from services.common.apis.anthropic import (
     MessagesError,
+    chat_usage,
     error_body,
     error_type,
     from_openai_error,
@@ -213,6 +214,30 @@ def test_whole_answer_to_message(
         "cache_read_input_tokens": 16,
         "cache_creation_input_tokens": 0,
     }
+
+
+@pytest.mark.parametrize(
+    ("details", "expected"),
+    [
+        ({"cached_tokens": 16}, (14, 16, 0)),
+        ({"cached_tokens": 16, "created_cache_tokens": 8}, (6, 16, 8)),
+        ({"cached_tokens": 0, "created_cache_tokens": 30}, (0, 0, 30)),
+        ({"cached_tokens": 40}, (0, 30, 0)),
+        (None, (30, 0, 0)),
+    ],
+    ids=["read", "read-and-written", "all-written", "read-capped", "no-details"],
+)
+def test_usage_splits_the_prompt_as_vllm_does(
+    details: dict[str, int] | None, expected: tuple[int, int, int]
+) -> None:
+    """input + cache read + cache written = the prompt, as vLLM's native /v1/messages says."""
+    usage = {"prompt_tokens": 30, "completion_tokens": 2, "prompt_tokens_details": details}
+    got = chat_usage(usage)
+    assert (
+        got["input_tokens"],
+        got["cache_read_input_tokens"],
+        got["cache_creation_input_tokens"],
+    ) == expected
 
 
 def test_a_garbage_answer_is_still_a_message() -> None:

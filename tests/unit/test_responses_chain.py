@@ -11,6 +11,8 @@ import pytest
 
 from services.common.apis.responses import chat_body, parse_responses
 from services.common.tokens import TokenPath, token_path
+from services.common.tokens.engine_chat import adds_special_tokens
+from services.common.tokens.hashing import HashScheme
 from services.scheduler.http.openai import ApiError, parse_request
 from services.scheduler.responses.chain import ChainBroken, StoredResponse, rebuild
 from tests.helpers.model_dir import write_model_dir
@@ -135,3 +137,41 @@ def test_responses_and_chat_give_the_same_prompt_and_hashes(
     assert a.kind == "responses" and a.prompt_ids == b.prompt_ids and len(a.prompt_ids) > 32
     assert tokens.block_hashes(a.prompt_ids, 16) == tokens.block_hashes(b.prompt_ids, 16)
     assert a.tools_offered == b.tools_offered and a.tool_results == b.tool_results
+
+
+@pytest.mark.parametrize(
+    ("scheme", "api", "native", "expected"),
+    [
+        ("vllm", "responses", True, True),
+        ("vllm", "responses", False, False),
+        ("vllm", "messages", True, False),
+        ("vllm", "chat", True, False),
+        ("sglang", "responses", True, False),
+        ("tideserve", "responses", True, False),
+    ],
+    ids=["vllm-native-responses", "vllm-translated", "vllm-native-messages", "vllm-chat",
+         "sglang", "simulator"],
+)  # fmt: skip
+def test_which_native_apis_add_the_tokenizers_special_tokens(
+    scheme: HashScheme, api: str, native: bool, expected: bool
+) -> None:
+    assert adds_special_tokens(scheme, api, native) is expected
+
+
+def test_a_native_vllm_responses_prompt_carries_the_tokenizers_bos_too(
+    model_tokens: TokenPath,
+) -> None:
+    """vLLM 0.32's own /v1/responses adds the tokenizer's BOS on top of the template's: the
+    gateway's ids, and so its block hashes from the first block on, must do the same."""
+    body = {"model": "m", "input": LONG}
+    canonical = chat_body(parse_responses(body))
+    kw: dict[str, Any] = {"models": (), "classes": (), "tokens": model_tokens}
+    raw = json.dumps(body).encode()
+    plain = parse_request("responses", raw, {}, canonical=canonical, **kw)
+    native = parse_request("responses", raw, {}, canonical=canonical, special_tokens=True, **kw)
+    assert native.prompt_ids[1:] == plain.prompt_ids
+    assert native.prompt_ids[0] == plain.prompt_ids[0]  # the BOS twice, as vLLM renders it
+    assert (
+        model_tokens.block_hashes(native.prompt_ids, 16)[0]
+        != model_tokens.block_hashes(plain.prompt_ids, 16)[0]
+    )

@@ -438,17 +438,20 @@ def stop_of(
 
 
 def chat_usage(usage: Any) -> dict[str, int]:
-    """Anthropic usage of an OpenAI ``usage`` object (zeros when absent)."""
+    """Anthropic usage of an OpenAI ``usage`` object (zeros when absent): the prompt split
+    into tokens read from the cache (``cached_tokens``), written to it (vLLM's
+    ``created_cache_tokens``) and the rest, as vLLM's own ``/v1/messages`` reports them."""
     u = usage if isinstance(usage, Mapping) else {}
     details = u.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, Mapping) else 0
+    d = details if isinstance(details, Mapping) else {}
     prompt = _count(u.get("prompt_tokens"))
-    hit = min(_count(cached), prompt)
+    hit = min(_count(d.get("cached_tokens")), prompt)
+    written = min(_count(d.get("created_cache_tokens")), prompt - hit)
     return {
-        "input_tokens": prompt - hit,
+        "input_tokens": prompt - hit - written,
         "output_tokens": _count(u.get("completion_tokens")),
         "cache_read_input_tokens": hit,
-        "cache_creation_input_tokens": 0,
+        "cache_creation_input_tokens": written,
     }
 
 

@@ -22,7 +22,17 @@ from typing import Any
 from services.common.tokens.chat import ChatMessage
 from services.common.tokens.hashing import HashScheme
 
-__all__ = ["engine_chat_inputs"]
+__all__ = ["adds_special_tokens", "engine_chat_inputs"]
+
+
+def adds_special_tokens(scheme: HashScheme, api: str, native: bool) -> bool:
+    """Whether engine kind ``scheme`` tokenizes a rendered chat template of client API
+    ``api`` with the tokenizer's special tokens added on top of the template's (``native``:
+    the engine serves that API itself). vLLM 0.32's own ``/v1/responses`` does (its
+    tokenize parameters keep ``add_special_tokens=True``, while chat completions default to
+    False): a model whose tokenizer adds a BOS gets two, so its blocks differ from the
+    equivalent chat request's from the first block on."""
+    return native and scheme == "vllm" and api == "responses"
 
 
 def engine_chat_inputs(

@@ -188,10 +188,12 @@ class ModelTokenizer:
         messages: list[ChatMessage],
         part_sep: str = " ",
         tools: list[dict[str, Any]] | None = None,
+        special_tokens: bool = False,
     ) -> list[int]:
-        """Token ids of a chat prompt: the rendered template, no special tokens added."""
+        """Token ids of a chat prompt: the rendered template, the tokenizer's special tokens
+        added only with ``special_tokens``."""
         text = self.render_chat(messages, part_sep, tools)
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+        return list(self._tok.encode(text, add_special_tokens=special_tokens).ids)
 
     def decode(self, ids: list[int]) -> str:
         return str(self._tok.decode(ids, skip_special_tokens=False))

@@ -45,9 +45,11 @@ class Tokenizer(Protocol):
         messages: list[ChatMessage],
         part_sep: str = " ",
         tools: list[dict[str, Any]] | None = None,
+        special_tokens: bool = False,
     ) -> list[int]:
         """Token ids of validated chat messages (and the request's ``tools``) after the chat
-        template; ``part_sep`` joins text content parts for templates that take a string.
+        template; ``part_sep`` joins text content parts for templates that take a string;
+        ``special_tokens``: the tokenizer's own (a BOS) added on top of the template's.
         Raises ``ChatError``."""
         ...
 
@@ -68,8 +70,9 @@ class WhitespaceTokenizer:
         messages: list[ChatMessage],
         part_sep: str = " ",
         tools: list[dict[str, Any]] | None = None,
+        special_tokens: bool = False,
     ) -> list[int]:
-        # The separator is whitespace either way: the ids do not depend on it. The
+        # The separator is whitespace either way (and it has no special tokens): the ids do not depend on it. The
         # simulator's template does not render tools.
         return tokenize(chat_prompt(messages))
 
@@ -89,11 +92,17 @@ class TokenPath:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
 
-    def encode_chat(self, messages: Any, tools: Any = None) -> list[int]:
+    def encode_chat(
+        self, messages: Any, tools: Any = None, *, special_tokens: bool = False
+    ) -> list[int]:
         """Token ids of raw OpenAI ``messages`` and ``tools`` as the engine kind renders them
-        (:mod:`~services.common.tokens.engine_chat`). Raises ``ChatError`` (→ HTTP 400)."""
+        (:mod:`~services.common.tokens.engine_chat`); ``special_tokens``: the tokenizer's
+        own added too, as an engine's API does that tokenizes so
+        (:func:`~services.common.tokens.engine_chat.adds_special_tokens`). Raises
+        ``ChatError`` (→ HTTP 400)."""
         msgs, tool_list = engine_chat_inputs(self.scheme, chat_messages(messages), tools)
-        return self.tokenizer.encode_chat(msgs, part_separator(self.scheme), tool_list)
+        sep = part_separator(self.scheme)
+        return self.tokenizer.encode_chat(msgs, sep, tool_list, special_tokens)
 
     def block_hashes(
         self, token_ids: Sequence[int], block_size: int, *, tenant: str = ""

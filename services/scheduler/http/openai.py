@@ -155,10 +155,13 @@ def _int_field(body: Mapping[str, Any], key: str) -> int | None:
     return v
 
 
-def _prompt_ids(kind: Kind, body: Mapping[str, Any], tokens: TokenPath) -> tuple[int, ...]:
+def _prompt_ids(
+    kind: Kind, body: Mapping[str, Any], tokens: TokenPath, special_tokens: bool = False
+) -> tuple[int, ...]:
     if kind in _CHAT_LIKE:
         try:
-            return tuple(tokens.encode_chat(body.get("messages"), body.get("tools")))
+            msgs, tools = body.get("messages"), body.get("tools")
+            return tuple(tokens.encode_chat(msgs, tools, special_tokens=special_tokens))
         except ChatError as e:
             raise _bad(e.message, e.param, e.code) from None
     key = "prompt" if kind == "completion" else "text"
@@ -236,7 +239,7 @@ def _prefix_tokens(
 
 
 def _checked_ids(
-    kind: Kind, body: Mapping[str, Any], lim: Limits, tokens: TokenPath
+    kind: Kind, body: Mapping[str, Any], lim: Limits, tokens: TokenPath, special_tokens: bool
 ) -> tuple[int, ...]:
     chatty = kind in _CHAT_LIKE
     msgs = body.get("messages") if chatty else None
@@ -246,7 +249,7 @@ def _checked_ids(
             "messages",
             "too_many_messages",
         )
-    ids = _prompt_ids("chat" if chatty else kind, body, tokens)
+    ids = _prompt_ids("chat" if chatty else kind, body, tokens, special_tokens)
     if not ids:
         raise _bad("the prompt is empty", "messages" if chatty else "prompt", "empty")
     if len(ids) > lim.max_prompt_tokens:
@@ -283,6 +286,7 @@ def parse_request(
     tokens: TokenPath | None = None,
     tool_contents: bool = False,
     canonical: Mapping[str, Any] | None = None,
+    special_tokens: bool = False,
 ) -> ParsedRequest:
     """Validate one request. ``models`` empty = accept any model name; ``tenants`` None =
     any tenant; ``tokens`` = the deployment's tokenization path (None = the simulator's).
@@ -290,6 +294,9 @@ def parse_request(
     are taken, with the results' contents only when ``tool_contents``.
     ``canonical``: the body already decoded and translated into the chat form (kind
     ``responses``; ``raw`` is then only measured, and the body is forwarded re-encoded).
+    ``special_tokens``: the prompt is tokenized with the tokenizer's special tokens on top of
+    the template's, as the engine will
+    (:func:`~services.common.tokens.engine_chat.adds_special_tokens`).
     Raises :class:`ApiError`."""
     lim = limits or Limits()
     tokens = tokens or TokenPath()
@@ -311,7 +318,7 @@ def parse_request(
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("'stream' must be a boolean", "stream", "invalid_type")
-    ids = _checked_ids(kind, body, lim, tokens)
+    ids = _checked_ids(kind, body, lim, tokens, special_tokens)
     slo = headers.get(H_CLASS) or _str_field(body, "slo_class")
     if slo and slo not in classes:
         raise _bad(f"unknown SLO class {slo!r} (known: {sorted(classes)})", "slo_class")

@@ -58,6 +58,7 @@ from services.common import engine_load, otel
 from services.common.http_errors import json_errors
 from services.common.metrics import metrics_handler
 from services.common.tokens import TokenPath
+from services.common.tokens.engine_chat import adds_special_tokens
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
 from services.scheduler.admission.dispatch import DispatchOrder
 from services.scheduler.admission.gate import AdmissionGate, PrefixLookup
@@ -403,7 +404,8 @@ class Gateway:
             raw = await self._body(req)
             turn: Turn | None = None
             if kind == "responses":
-                parse = partial(self._parse, req, kind, raw)
+                special = adds_special_tokens(self.opts.tokens.scheme, kind, self.responses.native)
+                parse = partial(self._parse, req, kind, raw, special_tokens=special)
                 limit = self.opts.limits.max_body_bytes
                 parsed, turn = await self.responses.parse(ctx, raw, parse, limit)
             else:
@@ -442,10 +444,15 @@ class Gateway:
             return error_response(e)
 
     def _parse(
-        self, req: web.Request, kind: Kind, raw: bytes, canonical: Mapping[str, Any] | None = None
+        self,
+        req: web.Request,
+        kind: Kind,
+        raw: bytes,
+        canonical: Mapping[str, Any] | None = None,
+        special_tokens: bool = False,
     ) -> ParsedRequest:
         """``parse_request`` with this gateway's names and limits (``canonical``: a
-        translated API's chat body)."""
+        translated API's chat body; ``special_tokens``: as the engine tokenizes it)."""
         return parse_request(
             kind,
             raw,
@@ -457,6 +464,7 @@ class Gateway:
             tokens=self.opts.tokens,
             tool_contents=self.opts.record_tool_contents,
             canonical=canonical,
+            special_tokens=special_tokens,
         )
 
     def _classes(self) -> frozenset[str]:
