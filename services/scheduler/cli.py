@@ -154,7 +154,18 @@ _GATEWAY_FLAGS: tuple[Flag, ...] = (
         help="require API keys (tideserve keys create; stored in --postgres-url); rate limits "
         "shared through --redis-url",
     ),
-    flag("--postgres-url", default="", help="Postgres holding the API keys"),
+    flag(
+        "--postgres-url",
+        default="",
+        help="Postgres holding the API keys and the stored responses (Responses API)",
+    ),
+    flag(
+        "--responses-retention",
+        type=float,
+        default=30 * 86400.0,
+        metavar="S",
+        help="stored responses are kept this many seconds (default 30 days)",
+    ),
     flag("--kvmeta-address", default="", help="kvmeta gRPC host:port (MatchPrefix)"),
     flag(
         "--native-apis",
@@ -162,8 +173,8 @@ _GATEWAY_FLAGS: tuple[Flag, ...] = (
         choices=["messages", "responses"],
         default=[],
         metavar="API",
-        help="APIs the engines serve themselves, forwarded as sent (messages: vLLM's "
-        "/v1/messages); default: translated to chat completions and back",
+        help="APIs the engines serve themselves, forwarded as sent (vLLM serves "
+        "/v1/messages and /v1/responses); default: translated to chat completions and back",
     ),
     flag(
         "--record-tool-contents",
@@ -282,6 +293,7 @@ def settings_from_args(args: argparse.Namespace) -> SchedulerSettings:
         "kvmeta_address": args.kvmeta_address,
         "record_tool_contents": args.record_tool_contents,
         "native_apis": args.native_apis,
+        "responses_retention_s": args.responses_retention,
         "trace_exporter": args.trace_exporter,
         "otlp_endpoint": args.otlp_endpoint,
         "otlp_ca_file": args.otlp_ca_file,

@@ -150,6 +150,22 @@ def test_cli_tracing_and_tool_flags(flags: list[str], expected: tuple[object, ..
 
 
 @pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ([], ([], 30 * 86400.0)),
+        (
+            ["--native-apis", "messages", "responses", "--responses-retention", "3600"],
+            (["messages", "responses"], 3600.0),
+        ),
+    ],
+    ids=["defaults", "native-and-retention"],
+)
+def test_cli_agent_api_flags(flags: list[str], expected: tuple[object, ...]) -> None:
+    s = cli.settings_from_args(_args("--endpoints", "http://a:1", *flags))
+    assert (s.native_apis, s.responses_retention_s) == expected
+
+
+@pytest.mark.parametrize(
     ("extra", "error"),
     [
         ({}, "api_keys: needs postgres_url"),
