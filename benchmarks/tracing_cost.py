@@ -45,7 +45,8 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRati
 
 from services.common import otel
 from services.scheduler.core import EndpointSpec, build_core
-from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.http.options import GatewayOptions
+from services.scheduler.http.server import Gateway
 
 MODES = ("none", "recorded", "sampled_10pct")
 USAGE = {"prompt_tokens": 128, "completion_tokens": 8, "total_tokens": 136}

@@ -37,7 +37,8 @@ from services.scheduler.grpc.servicer import SchedulerServicer
 from services.scheduler.http import records
 from services.scheduler.http.metrics import GatewayMetrics
 from services.scheduler.http.openai import Limits
-from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.http.options import GatewayOptions
+from services.scheduler.http.server import Gateway
 from services.scheduler.keys.build import key_gate
 from services.scheduler.responses.store import PostgresResponseStore
 from services.scheduler.routing.config import ConfigError

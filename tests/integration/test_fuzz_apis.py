@@ -31,7 +31,8 @@ from services.kvmeta.servicer import KVMetaServicer, ObjectShell
 from services.kvmeta.servicer import add_to_server as add_kvmeta
 from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.grpc.servicer import SchedulerServicer, add_to_server
-from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.http.options import GatewayOptions
+from services.scheduler.http.server import Gateway
 from tests.helpers.engines import EngineFleet
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from services.scheduler.core import EndpointSpec, build_core
-from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.http.options import GatewayOptions
+from services.scheduler.http.server import Gateway
 from tests.helpers.engines import until
 
 METRICS = 'sglang:num_running_reqs{model_name="m"} 0\nsglang:num_queue_reqs{model_name="m"} 0\n'

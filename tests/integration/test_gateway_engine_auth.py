@@ -14,7 +14,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from services.scheduler.core import EndpointSpec, build_core
-from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.http.options import GatewayOptions
+from services.scheduler.http.server import Gateway
 
 Stack = Callable[..., Awaitable[tuple[str, list[str | None]]]]
 

@@ -17,8 +17,9 @@ from aiohttp.test_utils import TestServer
 from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.core.records import RequestContext
 from services.scheduler.http.openai import Limits, ParsedRequest
+from services.scheduler.http.options import GatewayOptions
 from services.scheduler.http.records import Ending
-from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.http.server import Gateway
 from services.scheduler.keys.build import key_gate
 from services.scheduler.keys.counters import Counters, MemoryCounters, RedisCounters
 from services.scheduler.keys.gate import KeyGate

@@ -26,7 +26,8 @@ from services.engine.settings import EngineSettings
 from services.kvmeta.ingest import IndexFeeder
 from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.feeds.kvmeta_client import KVMetaLookup, precise_profiles
-from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.http.options import GatewayOptions
+from services.scheduler.http.server import Gateway
 from services.scheduler.keys.gate import KeyGate
 from services.scheduler.keys.model import tenant_salt
 from services.scheduler.routing.types import RequestView

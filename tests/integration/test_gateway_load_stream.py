@@ -17,7 +17,8 @@ from tideserve.v1 import common_pb2, events_pb2
 from services.common.streams import StreamProducer, stream_name
 from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.feeds.load_stream import LoadStream
-from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.http.options import GatewayOptions
+from services.scheduler.http.server import Gateway
 from tests.integration._engine_proc import engine_process
 
 DEP = "dep"

@@ -26,7 +26,8 @@ from services.autoscaler.servicer import add_to_server as add_autoscaler
 from services.common.streams import StreamProducer, stream_name
 from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.feeds.membership import Membership
-from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.http.options import GatewayOptions
+from services.scheduler.http.server import Gateway
 from services.scheduler.settings import SchedulerSettings
 from tests.helpers.engines import until
 from tests.helpers.ports import free_port

@@ -22,7 +22,8 @@ from services.scheduler.admission import ClassSpec, QueueConfig
 from services.scheduler.core import CoreLimits, EndpointSpec, build_core
 from services.scheduler.core.records import RequestContext
 from services.scheduler.http.openai import Limits
-from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.http.options import GatewayOptions
+from services.scheduler.http.server import Gateway
 from tests.helpers.engines import EngineFleet
 from tests.helpers.keys import FakeKeyStore, fake_gate
 

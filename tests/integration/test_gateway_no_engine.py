@@ -28,7 +28,8 @@ from tideserve.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler.admission import ClassSpec, QueueConfig
 from services.scheduler.core import CoreLimits, EndpointSpec, build_core
 from services.scheduler.grpc.servicer import SchedulerServicer
-from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.http.options import GatewayOptions
+from services.scheduler.http.server import Gateway
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.slo import SLOClassConfig
 from tests.helpers.engines import EngineFleet

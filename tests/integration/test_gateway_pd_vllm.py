@@ -14,7 +14,8 @@ from aiohttp.test_utils import TestServer
 
 from services.common.tokens import block_hashes, tokenize
 from services.scheduler.core import EndpointSpec, build_core
-from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.http.options import GatewayOptions
+from services.scheduler.http.server import Gateway
 from services.scheduler.routing.plugins.prefix import ApproxPrefix
 from tests.helpers.engines import EngineFactory, EngineFleet, sse, until
 from tests.helpers.ports import free_port

@@ -22,8 +22,9 @@ from services.engine.settings import EngineSettings
 from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.core.records import parse_traceparent
 from services.scheduler.feeds.record_sink import RecordSink
+from services.scheduler.http.options import GatewayOptions
 from services.scheduler.http.records import record_requests
-from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.http.server import Gateway
 
 Seen = list[dict[str, str]]
 TRACE = "0af7651916cd43dd8448eb211c80319c"

@@ -19,8 +19,9 @@ from services.common import db
 from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.core.records import RequestContext, build_record
 from services.scheduler.http.openai import Limits
+from services.scheduler.http.options import GatewayOptions
 from services.scheduler.http.records import Ending
-from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.http.server import Gateway
 from services.scheduler.keys.gate import KeyGate
 from services.scheduler.responses.store import PostgresResponseStore
 from tests.helpers.engines import EngineFleet

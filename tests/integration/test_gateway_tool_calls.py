@@ -19,8 +19,9 @@ from tideserve.v1 import events_pb2
 from services.common.streams import decode_entry
 from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.feeds.record_sink import RecordSink
+from services.scheduler.http.options import GatewayOptions
 from services.scheduler.http.records import record_requests
-from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.http.server import Gateway
 
 pytestmark = pytest.mark.integration
 

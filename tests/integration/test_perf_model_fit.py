@@ -25,8 +25,9 @@ from services.engine.server import EngineServer
 from services.engine.settings import EngineSettings
 from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.feeds.record_sink import RecordSink
+from services.scheduler.http.options import GatewayOptions
 from services.scheduler.http.records import record_requests
-from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.http.server import Gateway
 from services.telemetry.model.service import ModelService
 from services.telemetry.model.settings import ModelSettings
 from tests.helpers.waits import eventually

@@ -40,7 +40,8 @@ from services.kvmeta.objects import ObjectMaster
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
 from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.feeds.kvmeta_client import KVMetaLookup, precise_profiles
-from services.scheduler.http.server import Gateway, GatewayOptions
+from services.scheduler.http.options import GatewayOptions
+from services.scheduler.http.server import Gateway
 from tests.helpers.waits import eventually
 
 pytestmark = pytest.mark.integration

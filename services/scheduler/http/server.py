@@ -46,9 +46,9 @@ import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -57,14 +57,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from services.common import engine_load, otel
 from services.common.http_errors import json_errors
 from services.common.metrics import metrics_handler
-from services.common.tokens import TokenPath
 from services.common.tokens.engine_chat import adds_special_tokens
-from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
 from services.scheduler.admission.dispatch import DispatchOrder
 from services.scheduler.admission.gate import AdmissionGate, PrefixLookup
 from services.scheduler.admission.shaper import (
-    DISPATCH_HOLD_MS,
-    DISPATCH_ORDER,
     DispatchShaper,
     ShaperConfig,
 )
@@ -81,7 +77,8 @@ from services.scheduler.http.errors import Overloaded, api_error, error_response
 from services.scheduler.http.forward import Forwarder
 from services.scheduler.http.limits import header_limit, parser_limits
 from services.scheduler.http.metrics import GatewayMetrics
-from services.scheduler.http.openai import ApiError, Kind, Limits, ParsedRequest, parse_request
+from services.scheduler.http.openai import ApiError, Kind, ParsedRequest, parse_request
+from services.scheduler.http.options import GatewayOptions, authorization
 from services.scheduler.http.preemption import Preempted, Preemptor
 from services.scheduler.http.records import Finished
 from services.scheduler.http.responses import ResponsesApi, Turn
@@ -89,56 +86,6 @@ from services.scheduler.keys.gate import KeyGate
 from services.scheduler.responses.store import ResponseStore
 from services.scheduler.routing.types import NoEndpoint, Pick, RequestView
 from services.scheduler.routing.types import Shed as RouteShed
-
-
-@dataclass(frozen=True, slots=True)
-class GatewayOptions:
-    models: tuple[str, ...] = ()
-    deployment: str = ""
-    block_size: int = DEFAULT_BLOCK_SIZE
-    retries: int = 2
-    backoff_ms: float = 20.0
-    health_interval_s: float = 1.0
-    load_interval_s: float = 0.5
-    probe_timeout_s: float = 1.0
-    connect_timeout_s: float = 3.0
-    upstream_timeout_s: float = 600.0
-    queue_tick_s: float = 0.05
-    limits: Limits = field(default_factory=Limits)
-    tenants: frozenset[str] | None = None
-    background: bool = True
-    # Scheduler profile for requests that do not name one ("" = the config's default).
-    profile: str = ""
-    # How disaggregated picks talk to the engines (per deployment).
-    pd_protocol: Literal["sglang", "vllm"] = "sglang"
-    # Pre-empt lower classes before their first byte when a higher class waits.
-    preemption: bool = True
-    # Dispatch order (admission.shaper): hold picks while their instance has this much
-    # predicted prefill outstanding, and send them in ``dispatch_order``; 0 = off.
-    dispatch_hold_ms: float = DISPATCH_HOLD_MS
-    dispatch_age_weight: float = 1.0
-    dispatch_order: Literal["shortest", "slo"] = DISPATCH_ORDER
-    # Tokenizer + block-hash scheme of this deployment (default: the simulator's).
-    tokens: TokenPath = field(default_factory=TokenPath)
-    # Engine authorization: the client's Authorization header passed on, or (overriding
-    # it) a fixed key sent as "Authorization: Bearer KEY".
-    forward_authorization: bool = False
-    engine_api_key: str = field(default="", repr=False)
-    # Agent tool calls on record: contents too (not only names and sizes).
-    record_tool_contents: bool = False
-    # Client APIs the engines serve themselves ("messages", "responses"): forwarded as they
-    # came; otherwise as their canonical chat body, the answer translated back.
-    native_apis: frozenset[str] = frozenset()
-    # Stored responses (Responses API) are kept this long, then swept.
-    responses_retention_s: float = 30 * 86400.0
-
-
-def _authorization(opts: GatewayOptions) -> str | bool:
-    """The Forwarder's ``authorization``: a fixed header value, True (the client's), or
-    False (none)."""
-    if opts.engine_api_key:
-        return f"Bearer {opts.engine_api_key}"
-    return opts.forward_authorization
 
 
 class Gateway:
@@ -198,7 +145,7 @@ class Gateway:
             rng=self.rng,
             metrics=self.metrics,
             first_byte=self._first_byte,
-            authorization=_authorization(self.opts),
+            authorization=authorization(self.opts),
             native_apis=self.opts.native_apis,
         )
         # SLO class names for request validation, per queue config (not a list per request).
