@@ -17,13 +17,14 @@ fresh words.
 
 from __future__ import annotations
 
+import zlib
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 from services.bench.prompts import PromptSynthesizer
 from services.bench.traces import MOONCAKE_BLOCK_TOKENS, Trace, TraceRequest
-from services.common.tokens import tokenize
+from services.common.tokens import FIRST_WORD_ID, VOCAB_SIZE, tokenize
 
 __all__ = ["Arrival", "Prompts", "arrivals", "repeated"]
 
@@ -82,6 +83,15 @@ class Prompts:
         self.role = tuple(tokenize("user:"))
         self.memo_blocks = max(1, memo_blocks)
         self._blocks: OrderedDict[int, tuple[int, ...]] = OrderedDict()
+        # The synthesizer's words of a block are "s0.<id>.<i>" (hex): the crc32 of a word is
+        # the crc32 of its suffix continued from the crc32 of the block's prefix.
+        self._suffixes = tuple(f"{i:x}".encode("ascii") for i in range(block_tokens))
+
+    def block_tokens(self, h: int) -> tuple[int, ...]:
+        """``tokenize(synth.block_text(h))`` without building the text."""
+        base = zlib.crc32(f"s{self.synth.seed:x}.{h:x}.".encode("ascii"))
+        span, first, crc = VOCAB_SIZE - FIRST_WORD_ID, FIRST_WORD_ID, zlib.crc32
+        return tuple(crc(s, base) % span + first for s in self._suffixes)
 
     def tokens(self, r: TraceRequest) -> tuple[int, ...]:
         out = list(self.role)
@@ -91,7 +101,7 @@ class Prompts:
                 break
             blk = self._blocks.get(h)
             if blk is None:
-                blk = self._blocks[h] = tuple(tokenize(self.synth.block_text(h)))
+                blk = self._blocks[h] = self.block_tokens(h)
                 if len(self._blocks) > self.memo_blocks:
                     self._blocks.popitem(last=False)
             out.extend(blk[:remaining] if remaining < len(blk) else blk)

@@ -13,9 +13,10 @@ import pytest
 
 from services.bench.client import BenchConfig, run_bench
 from services.bench.traces import Trace, TraceRequest, load_trace, parse_mooncake
+from services.common.tokens import tokenize
 from services.sim import SimConfig, simulate
 from services.sim.cli import main as sim_main
-from services.sim.inputs import arrivals, repeated
+from services.sim.inputs import Prompts, arrivals, repeated
 from services.sim.results import BENCH_WALL_KEYS, SIM_KEYS
 from services.sim.timeline import COLUMNS
 from tests.helpers.engines import EngineFleet
@@ -188,3 +189,9 @@ def test_the_cli_refuses_bad_input_in_one_line(
     assert err.count("\n") == 1 and err.startswith("tideserve sim: error: "), err
     assert message in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("h", [0, 7, 0xABCDEF, 10_002_005], ids=["zero", "small", "hex", "weka"])
+def test_prompt_blocks_are_the_bench_synthesizers_tokens(h: int) -> None:
+    p = Prompts()
+    assert p.block_tokens(h) == tuple(tokenize(p.synth.block_text(h)))
