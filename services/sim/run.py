@@ -212,8 +212,12 @@ class Simulation:
             inst = self.engines[req.target]
             try:  # the live engine answers 400 here (and the bench counts it failed)
                 inst.core.submit(
-                    Request(rid, req.prompt, req.out, hold_kv=d.prefill is not None), now
-                )
+                    Request(
+                        rid, req.prompt, req.out, hold_kv=d.prefill is not None,
+                        block_hashes=req.view.block_hashes,
+                    ),
+                    now,
+                )  # fmt: skip
             except AdmissionError as exc:
                 core = self.gw.cores[req.gateway]
                 core.abandon(rid)
@@ -282,7 +286,14 @@ class Simulation:
         xfer = self.perf.transfer_ms(prompt_tokens)
         inst.core.hand_off(req.rid, now + xfer)
         dec.core.submit(
-            Request(req.rid, req.prompt, req.out, kv_transfer_ms=xfer, peer_cached_tokens=cached),
+            Request(
+                req.rid,
+                req.prompt,
+                req.out,
+                kv_transfer_ms=xfer,
+                peer_cached_tokens=cached,
+                block_hashes=req.view.block_hashes,
+            ),
             now,
         )
         self.kick(dec, now)
