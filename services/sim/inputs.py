@@ -22,6 +22,8 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
+import numpy as np
+
 from services.bench.prompts import PromptSynthesizer
 from services.bench.traces import MOONCAKE_BLOCK_TOKENS, Trace, TraceRequest
 from services.common.tokens import FIRST_WORD_ID, VOCAB_SIZE, tokenize
@@ -83,15 +85,26 @@ class Prompts:
         self.role = tuple(tokenize("user:"))
         self.memo_blocks = max(1, memo_blocks)
         self._blocks: OrderedDict[int, tuple[int, ...]] = OrderedDict()
-        # The synthesizer's words of a block are "s0.<id>.<i>" (hex): the crc32 of a word is
-        # the crc32 of its suffix continued from the crc32 of the block's prefix.
-        self._suffixes = tuple(f"{i:x}".encode("ascii") for i in range(block_tokens))
+        # The synthesizer's words of a block are "s0.<id>.<i>" (hex). A word's token id is
+        # crc32(prefix + suffix), and crc32 continued over L bytes is affine in the value it
+        # continues from: crc32(suffix, c) = crc32(suffix, 0) ^ shift_L(c), where shift_L(c)
+        # = crc32(L zero bytes, c) ^ crc32(L zero bytes, 0). So a block's ids are one
+        # vector operation over the suffixes' own crc32s.
+        suffixes = [f"{i:x}".encode("ascii") for i in range(block_tokens)]
+        self._suffix_crc = np.array([zlib.crc32(x) for x in suffixes], dtype=np.uint32)
+        self._suffix_len = np.array([len(x) for x in suffixes], dtype=np.intp)
+        self._lengths = sorted({len(x) for x in suffixes})
 
     def block_tokens(self, h: int) -> tuple[int, ...]:
         """``tokenize(synth.block_text(h))`` without building the text."""
         base = zlib.crc32(f"s{self.synth.seed:x}.{h:x}.".encode("ascii"))
-        span, first, crc = VOCAB_SIZE - FIRST_WORD_ID, FIRST_WORD_ID, zlib.crc32
-        return tuple(crc(s, base) % span + first for s in self._suffixes)
+        shift = np.zeros(self._lengths[-1] + 1, dtype=np.uint32)
+        for n in self._lengths:
+            zeros = bytes(n)
+            shift[n] = zlib.crc32(zeros, base) ^ zlib.crc32(zeros, 0)
+        crcs = shift[self._suffix_len] ^ self._suffix_crc
+        ids: list[int] = (crcs % (VOCAB_SIZE - FIRST_WORD_ID) + FIRST_WORD_ID).tolist()
+        return tuple(ids)
 
     def tokens(self, r: TraceRequest) -> tuple[int, ...]:
         out = list(self.role)

@@ -191,7 +191,9 @@ def test_the_cli_refuses_bad_input_in_one_line(
     assert not out.exists()
 
 
-@pytest.mark.parametrize("h", [0, 7, 0xABCDEF, 10_002_005], ids=["zero", "small", "hex", "weka"])
+@pytest.mark.parametrize(
+    "h", [0, 7, 0xABCDEF, 10_002_005, 2**40 + 3], ids=["zero", "small", "hex", "weka", "huge"]
+)
 def test_prompt_blocks_are_the_bench_synthesizers_tokens(h: int) -> None:
     p = Prompts()
     assert p.block_tokens(h) == tuple(tokenize(p.synth.block_text(h)))
