@@ -3,8 +3,12 @@ keys, a tiny fleet's sanity, and the CLI's refusals. Virtual time: no timing ass
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -197,3 +201,34 @@ def test_the_cli_refuses_bad_input_in_one_line(
 def test_prompt_blocks_are_the_bench_synthesizers_tokens(h: int) -> None:
     p = Prompts()
     assert p.block_tokens(h) == tuple(tokenize(p.synth.block_text(h)))
+
+
+def test_sim_speed_reports_each_size(tmp_path: Path) -> None:
+    """benchmarks/sim_speed.py runs and reports the documented fields (no timing checked)."""
+    bench_dir = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    if bench_dir not in sys.path:
+        sys.path.insert(0, bench_dir)
+    speed = importlib.import_module("sim_speed")
+    trace, out = write_trace(tmp_path / "t.jsonl", 6), tmp_path / "speed.json"
+    argv = ["--trace", str(trace), "--instances", "1,2", "--requests", "8", "--out", str(out)]
+    assert speed.main(argv) == 0
+    runs = json.loads(out.read_text(encoding="utf-8"))["runs"]
+    assert [(r["instances"], r["requests"], r["completed"]) for r in runs] == [(1, 8, 8), (2, 8, 8)]
+    assert all({"wall_s", "requests_per_s", "events", "events_per_s"} <= set(r) for r in runs)
+
+
+def test_two_processes_write_the_same_bytes_apart_from_wall(tmp_path: Path) -> None:
+    """Byte-identical across processes with different string-hash salts (no set or dict
+    order of salted hashes reaches the results)."""
+    trace = write_trace(tmp_path / "t.jsonl", 16)
+    texts = []
+    for salt in ("1", "2"):
+        out = tmp_path / f"o{salt}.json"
+        argv = [sys.executable, "-m", "services.sim", "--trace", str(trace), "--prefill", "1",
+                "--decode", "2", "--gateways", "2", "--kv-blocks", "2048", "--out", str(out)]  # fmt: skip
+        env = {**os.environ, "PYTHONHASHSEED": salt}
+        subprocess.run(argv, check=True, env=env, cwd=Path(__file__).resolve().parents[2])
+        doc = json.loads(out.read_text(encoding="utf-8"))
+        doc.pop("wall")
+        texts.append(json.dumps(doc, indent=2))
+    assert texts[0] == texts[1]
