@@ -196,6 +196,7 @@ class Simulation:
     def end(self, req: SimRequest, error: str | None, now: float) -> int:
         req.error = error
         req.endings += 1
+        req.prompt = ()  # the engines hold their own reference while they need it
         if error is None:
             req.last = now
         self.timeline.ended(now, req)
