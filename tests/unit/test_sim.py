@@ -17,6 +17,7 @@ import pytest
 
 from services.bench.client import BenchConfig, run_bench
 from services.bench.traces import Trace, TraceRequest, load_trace, parse_mooncake
+from services.cli import main as tideserve_main
 from services.common.tokens import tokenize
 from services.sim import SimConfig, simulate
 from services.sim.cli import main as sim_main
@@ -139,12 +140,15 @@ async def test_the_summary_has_the_bench_keys(tmp_path: Path) -> None:
 
 
 # -- the CLI ------------------------------------------------------------------------------
-def test_the_cli_writes_json_and_timeline(tmp_path: Path) -> None:
+def test_the_cli_writes_json_and_timeline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace = write_trace(tmp_path / "t.jsonl", 12)
     out, tl = tmp_path / "o.json", tmp_path / "o.csv"
-    argv = ["--trace", str(trace), "--engines", "2", "--kv-blocks", "2048", "--out", str(out),
-            "--timeline", str(tl), "--max-requests", "30"]  # fmt: skip
-    assert sim_main(argv) == 0
+    argv = ["sim", "--trace", str(trace), "--engines", "2", "--kv-blocks", "2048",
+            "--out", str(out), "--timeline", str(tl), "--max-requests", "30"]  # fmt: skip
+    assert tideserve_main(argv) == 0
+    assert capsys.readouterr().err == ""  # no progress when stderr is not a terminal
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert doc["completed"] == 30 and doc["trace"]["requests_replayed"] == 30
     lines = tl.read_text(encoding="utf-8").splitlines()
