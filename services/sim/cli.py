@@ -16,6 +16,7 @@ from services.bench.traces import FORMATS, TraceError, load_trace
 from services.common.perfmodel import DEFAULT_PROFILE
 from services.scheduler.routing.config import ConfigError
 from services.sim import SimConfig, SimConfigError, simulate
+from services.sim.autoscale import AutoscaleConfig
 
 EXAMPLES = """\
 examples:
@@ -83,6 +84,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-blocks", type=whole, default=16384, help="KV blocks per engine")
     p.add_argument("--block-size", type=whole, default=64, help="engine and gateway block size")
     p.add_argument("--stream-interval", type=whole, default=16, help="engines' SSE coalescing")
+    p.add_argument("--autoscale", action="store_true",
+                   help="scale the roles with the autoscaler's SLA planner (targets: the SLOs, "
+                   "default 2000 ms TTFT and 100 ms TPOT at p90)")  # fmt: skip
+    p.add_argument("--max-replicas", type=whole, default=16, help="autoscale: per role")
+    p.add_argument("--startup-s", type=num, default=30.0,
+                   help="autoscale: seconds from asking for an instance to it serving")  # fmt: skip
     p.add_argument("--out", required=True, metavar="FILE.json", help="write the summary here")
     p.add_argument("--timeline", metavar="FILE.csv", help="per-minute timeline CSV")
 
@@ -141,6 +148,14 @@ def config(args: argparse.Namespace) -> SimConfig:
         slo_ttft_ms=args.slo_ttft_ms,
         slo_tpot_ms=args.slo_tpot_ms,
         decode_can_prefill=args.decode_can_prefill,
+        autoscale=AutoscaleConfig(
+            max_replicas=args.max_replicas,
+            startup_s=args.startup_s,
+            ttft_ms=args.slo_ttft_ms or 2000.0,
+            tpot_ms=args.slo_tpot_ms or 100.0,
+        )
+        if args.autoscale
+        else None,
     ).validate()
 
 

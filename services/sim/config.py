@@ -13,6 +13,7 @@ from typing import Literal
 
 from services.common.perfmodel import DEFAULT_PROFILE, get_profile
 from services.scheduler.admission.shaper import DISPATCH_HOLD_MS, DISPATCH_ORDER
+from services.sim.autoscale import AutoscaleConfig
 
 __all__ = ["SimConfig", "SimConfigError"]
 
@@ -58,6 +59,7 @@ class SimConfig:
     shaper_age_weight: float = 1.0
     shaper_order: str = DISPATCH_ORDER
     timeline_s: float = 60.0
+    autoscale: AutoscaleConfig | None = None  # None: a fixed fleet
 
     @property
     def pd(self) -> bool:
@@ -94,6 +96,12 @@ class SimConfig:
             v = getattr(self, name)
             if v is not None and not v > 0:
                 raise SimConfigError(f"--{name.replace('_', '-')} must be > 0, got {v}")
+        a = self.autoscale
+        if a is not None:
+            if not 1 <= a.min_replicas <= a.max_replicas:
+                raise SimConfigError(f"--max-replicas must be at least 1, got {a.max_replicas}")
+            if not (a.tick_s > 0 and a.window_s > 0 and a.startup_s >= 0):
+                raise SimConfigError("autoscaling needs tick_s, window_s > 0 and startup_s >= 0")
         try:
             get_profile(self.engine_profile)
         except KeyError as exc:

@@ -35,6 +35,14 @@ class Instance:
     busy: bool = False  # a step is running (its ``done`` event is queued)
     wake_at: float | None = None  # a queued ``wake`` event's time
     trace: StepTrace | None = None
+    ready: bool = True  # serving (False: started by the autoscaler, not up yet)
+    retiring: bool = False  # draining: the gateways send it nothing new
+    removed: bool = False  # gone from the fleet (drained, or stopped while starting)
+
+    @property
+    def idle(self) -> bool:
+        c = self.core
+        return not self.busy and not c.num_running and not c.num_waiting and not c.num_held
 
     @property
     def spec(self) -> EndpointSpec:
@@ -52,17 +60,34 @@ class Engines:
         block_size: int,
     ) -> None:
         self.perf = perf
+        self.kv_blocks, self.block_size = kv_blocks, block_size
         self.by_id: dict[str, Instance] = {}
-        counts: dict[EngineRole, int] = {}
+        self._counts: dict[EngineRole, int] = {}
         for role in roles:
-            i = counts.get(role, 0)
-            counts[role] = i + 1
-            iid = f"{_GATEWAY_ROLE[role]}-{i}"
-            core = EngineCore(CoreConfig(role=role), perf, KVCache(kv_blocks, block_size))
-            self.by_id[iid] = Instance(iid, _GATEWAY_ROLE[role], core)
+            self.add(role)
+
+    def add(self, role: EngineRole | str, ready: bool = True) -> Instance:
+        """A new instance of ``role`` (an engine role, or the gateway's name of one)."""
+        if isinstance(role, str):
+            role = next(r for r, name in _GATEWAY_ROLE.items() if name == role)
+        i = self._counts.get(role, 0)
+        self._counts[role] = i + 1
+        iid = f"{_GATEWAY_ROLE[role]}-{i}"
+        cache = KVCache(self.kv_blocks, self.block_size)
+        inst = Instance(
+            iid, _GATEWAY_ROLE[role], EngineCore(CoreConfig(role=role), self.perf, cache)
+        )
+        inst.ready = ready
+        self.by_id[iid] = inst
+        return inst
 
     def __iter__(self) -> Iterator[Instance]:
+        """Every instance the run had, removed ones included (in creation order)."""
         return iter(self.by_id.values())
+
+    def live(self) -> list[Instance]:
+        """The instances not removed (starting, serving or draining)."""
+        return [i for i in self.by_id.values() if not i.removed]
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -88,10 +113,11 @@ class Engines:
         return res
 
     def roles(self) -> dict[str, int]:
-        """Replicas per role (worker, prefill, decode)."""
+        """Serving replicas per role (worker, prefill, decode): ready, not draining."""
         out = {"worker": 0, "prefill": 0, "decode": 0}
         for inst in self.by_id.values():
-            out[inst.role] += 1
+            if inst.ready and not inst.retiring and not inst.removed:
+                out[inst.role] += 1
         return out
 
     @staticmethod

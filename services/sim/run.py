@@ -20,6 +20,7 @@ from services.common.perfmodel import get_profile
 from services.common.tokens import block_hashes
 from services.engine.core import AdmissionError, EngineRole, Request, StepResult
 from services.scheduler.routing.types import Pick, RequestView, Shed
+from services.sim.autoscale import Planner, Served, Window
 from services.sim.config import SimConfig
 from services.sim.events import EventQueue
 from services.sim.fleet import Engines, Instance
@@ -46,6 +47,7 @@ class SimRun:
     diag: Diag
     timeline: Timeline
     events: int
+    autoscale: dict[str, Any] | None = None  # what the planner did (None: a fixed fleet)
 
 
 class Simulation:
@@ -73,6 +75,10 @@ class Simulation:
         self.prompts = Prompts(trace.block_tokens)
         self.full_load = cfg.load_source == "stream"
         self.caches = {i.iid: i.core.cache for i in engines}
+        a = cfg.autoscale
+        self.planner = Planner(engines.roles(), a, self.perf) if a is not None else None
+        self.window = Window(a.window_s * 1000.0) if a is not None else None
+        self.peak_replicas = self.initial_instances = len(engines)
 
     # -- the run --------------------------------------------------------------------------
     def run(self, progress: Progress | None = None) -> SimRun:
@@ -83,6 +89,8 @@ class Simulation:
         for j, inst in enumerate(self.engines):  # phase-shifted scrapes
             q.push(cfg.scrape_interval_ms * j / n_eng, "scrape", inst)
         q.push(0.0, "sample", None)
+        if cfg.autoscale is not None:
+            q.push(cfg.autoscale.tick_s * 1000.0, "tick", None)
         pending = total = len(self.arrivals)
         handlers: dict[str, Callable[[Any, float], int]] = {
             "arrive": self.arrive,
@@ -92,6 +100,8 @@ class Simulation:
             "wake": self.wake,
             "done": self.done,
             "sample": self.sample,
+            "tick": self.tick,
+            "ready": self.ready,
         }
         tick = 0
         while pending and len(q):
@@ -113,10 +123,24 @@ class Simulation:
             self.diag,
             self.timeline,
             q.pushed,
+            self.autoscale_summary(),
         )
+
+    def autoscale_summary(self) -> dict[str, Any] | None:
+        if self.planner is None:
+            return None
+        return {
+            "scaling_decisions": self.planner.decisions,
+            "instances_started": len(self.engines) - self.initial_instances,
+            "instances_removed": sum(i.removed for i in self.engines),
+            "peak_replicas": self.peak_replicas,
+            "final_replicas": self.engines.roles(),
+        }
 
     # -- event handlers (each returns how many requests ended) ----------------------------
     def scrape(self, inst: Instance, now: float) -> int:
+        if inst.removed:
+            return 0
         self.q.push(
             now + self.cfg.scrape_lag_ms,
             "load",
@@ -126,6 +150,8 @@ class Simulation:
         return 0
 
     def load(self, p: Any, now: float) -> int:
+        if self.engines[p[0]].removed:
+            return 0
         src = self.cfg.load_source
         for core in self.gw.cores:
             core.fleet.report_load(p[0], p[1], now / 1000.0, source=src)
@@ -144,7 +170,7 @@ class Simulation:
 
     def sample(self, _: Any, now: float, final: bool = False) -> int:
         running = waiting = 0
-        for inst in self.engines:
+        for inst in self.engines.live():
             running += inst.core.num_running
             waiting += inst.core.num_waiting
         held = sum(s.held() for s in self.gw.shapers)
@@ -177,6 +203,8 @@ class Simulation:
         self.reqs[rid] = req
         self.order.append(req)
         self.timeline.arrived(now)
+        if self.window is not None:
+            self.window.arrived(now)
         core = self.gw.cores[g]
         now_s = now / 1000.0
         match = self.gw.routed_prefix(g, hashes, now_s)
@@ -199,8 +227,64 @@ class Simulation:
         req.prompt = ()  # the engines hold their own reference while they need it
         if error is None:
             req.last = now
+            if self.window is not None and req.first is not None:
+                tpot = (now - req.first) / (req.ntok - 1) if req.ntok > 1 else None
+                self.window.completed(
+                    Served(now, req.first - req.arrival, tpot, req.prompt_tokens, req.cached,
+                           req.ntok)
+                )  # fmt: skip
         self.timeline.ended(now, req)
         return 1
+
+    # -- autoscaling ----------------------------------------------------------------------
+    def tick(self, _: Any, now: float) -> int:
+        """A planner tick: its targets start instances or drain its victims."""
+        assert self.planner is not None and self.window is not None
+        live = self.engines.live()
+        views = tuple(
+            self.planner.instance(
+                i.iid, i.role, i.ready, i.core.num_waiting if i.ready else 0, i.core.num_running
+            )
+            for i in live
+            if not i.retiring
+        )
+        d = self.planner.tick(now / 1000.0, views, self.window.view(now))
+        victims = set(d.victims)
+        for inst in live:
+            if inst.iid in victims and not inst.retiring:
+                self.retire(inst)
+        for role, target in d.targets.items():
+            have = sum(1 for i in live if i.role == role and not i.retiring and not i.removed)
+            for _ in range(target - have):
+                new = self.engines.add(role, ready=False)
+                self.q.push(now + self.planner.cfg.startup_s * 1000.0, "ready", new)
+        for inst in live:  # drained victims leave
+            if inst.retiring and not inst.removed and inst.idle:
+                inst.removed = True
+        self.timeline.replicas = self.engines.roles()
+        self.q.push(now + self.planner.cfg.tick_s * 1000.0, "tick", None)
+        return 0
+
+    def retire(self, inst: Instance) -> None:
+        inst.retiring = True
+        if not inst.ready:  # still starting: stopped at once
+            inst.removed = True
+            return
+        for core in self.gw.cores:
+            core.fleet.retire(inst.iid)
+
+    def ready(self, inst: Instance, now: float) -> int:
+        """A started instance is up: the gateways learn of it (membership) and scrape it."""
+        if inst.removed:
+            return 0
+        inst.ready = True
+        for core in self.gw.cores:
+            core.fleet.upsert(inst.spec)
+        self.caches[inst.iid] = inst.core.cache
+        self.q.push(now, "scrape", inst)
+        self.timeline.replicas = self.engines.roles()
+        self.peak_replicas = max(self.peak_replicas, sum(self.timeline.replicas.values()))
+        return 0
 
     def dispatch(self, rids: list[str], now: float) -> int:
         """Send picked requests to their engines; how many ended at once (refused)."""

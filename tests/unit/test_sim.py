@@ -20,6 +20,7 @@ from services.bench.traces import Trace, TraceRequest, load_trace, parse_mooncak
 from services.cli import main as tideserve_main
 from services.common.tokens import tokenize
 from services.sim import SimConfig, simulate
+from services.sim.autoscale import AutoscaleConfig
 from services.sim.cli import main as sim_main
 from services.sim.inputs import Prompts, arrivals, repeated
 from services.sim.results import BENCH_WALL_KEYS, SIM_KEYS
@@ -167,6 +168,7 @@ def test_the_cli_writes_json_and_timeline(
         (["--speedup", "fast"], "not a number"),
         (["--max-requests", "0"], "--max-requests must be at least 1"),
         (["--gateways", "0"], "--gateways must be at least 1"),
+        (["--autoscale", "--max-replicas", "0"], "--max-replicas must be at least 1"),
         (["--profile", "nope"], "unknown routing profile 'nope'"),
         (["--engine-profile", "nope"], "unknown performance profile 'nope'"),
         (["--offset", "99"], "skips the whole trace"),
@@ -175,7 +177,7 @@ def test_the_cli_writes_json_and_timeline(
         (["--out", "/nonexistent/dir/o.json"], "no such directory"),
     ],
     ids=["no-trace", "zero-engines", "engines-and-pd", "prefill-only", "pd-zero",
-         "zero-rate", "rate-not-number", "zero-requests", "zero-gateways", "unknown-profile",
+         "zero-rate", "rate-not-number", "zero-requests", "zero-gateways", "zero-max-replicas", "unknown-profile",
          "unknown-engine-profile", "offset-past-end", "missing-trace", "bad-trace-line",
          "bad-out-dir"],
 )  # fmt: skip
@@ -229,10 +231,58 @@ def test_two_processes_write_the_same_bytes_apart_from_wall(tmp_path: Path) -> N
     for salt in ("1", "2"):
         out = tmp_path / f"o{salt}.json"
         argv = [sys.executable, "-m", "services.sim", "--trace", str(trace), "--prefill", "1",
-                "--decode", "2", "--gateways", "2", "--kv-blocks", "2048", "--out", str(out)]  # fmt: skip
+                "--decode", "2", "--gateways", "2", "--kv-blocks", "2048", "--autoscale",
+                "--out", str(out)]  # fmt: skip
         env = {**os.environ, "PYTHONHASHSEED": salt}
         subprocess.run(argv, check=True, env=env, cwd=Path(__file__).resolve().parents[2])
         doc = json.loads(out.read_text(encoding="utf-8"))
         doc.pop("wall")
         texts.append(json.dumps(doc, indent=2))
     assert texts[0] == texts[1]
+
+
+def burst_then_tail(burst: int, tail: int) -> Trace:
+    """``burst`` distinct 6k-token prompts 100 ms apart, then ``tail`` small ones 30 s apart."""
+    lines = [
+        json.dumps(
+            {
+                "timestamp": i * 100,
+                "input_length": 6000,
+                "output_length": 200,
+                "hash_ids": [i * 100 + k for k in range(12)],
+            }
+        )
+        for i in range(burst)
+    ]
+    lines += [json.dumps({"timestamp": burst * 100 + j * 30_000, "input_length": 600,
+                          "output_length": 20, "hash_ids": [99_000 + j, 99_500 + j]})
+              for j in range(tail)]  # fmt: skip
+    return Trace("burst.jsonl", "mooncake", tuple(parse_mooncake(lines)))
+
+
+@pytest.mark.parametrize(
+    ("cfg", "tail", "grows", "shrinks"),
+    [
+        (SimConfig(engines=1, kv_blocks=4096), 0, True, False),
+        (SimConfig(engines=1, kv_blocks=4096), 40, True, True),
+        (SimConfig(prefill=1, decode=1, kv_blocks=4096), 0, True, False),
+    ],
+    ids=["burst-scales-up", "quiet-tail-scales-down", "pd-roles"],
+)
+def test_autoscaling_starts_and_drains_instances_without_losing_a_request(
+    cfg: SimConfig, tail: int, grows: bool, shrinks: bool
+) -> None:
+    scaling = AutoscaleConfig(max_replicas=8, startup_s=10.0, tick_s=10.0)
+    doc, run = simulate(replace(cfg, autoscale=scaling, timeline_s=5.0), burst_then_tail(120, tail))
+    assert doc["completed"] == 120 + tail and doc["failed"] == 0
+    assert [r.endings for r in run.requests] == [1] * (120 + tail)
+    auto = doc["sim"]["autoscale"]
+    assert (auto["peak_replicas"] > cfg.instances) == grows
+    assert (auto["instances_removed"] > 0) == shrinks
+    served = {r.target for r in run.requests}
+    removed = {i.iid for i in run.engines if i.removed}
+    # an instance stopped while it was starting never served; a drained one did
+    assert all(run.engines[i].ready for i in served & removed)
+    replicas = {sum(r[f"replicas_{k}"] for k in ("worker", "prefill", "decode"))
+                for r in run.timeline.rows}  # fmt: skip
+    assert len(replicas) > 1
