@@ -28,6 +28,10 @@ examples:
   tideserve sim --trace ../shared/traces/weka_agentic_dev.jsonl --prefill 3 --decode 5 \\
       --rate-scale 2 --profile cache_aware --gateways 2 --seed 1 --out pd.json
 
+  # start from one worker and let the SLA planner scale it (new instances serve after 30 s)
+  tideserve sim --trace trace.jsonl --engines 1 --autoscale --max-replicas 12 \\
+      --slo-ttft-ms 2000 --slo-tpot-ms 100 --out auto.json --timeline auto.csv
+
 The JSON has the keys of `tideserve bench`'s summary (figures in modelled time) plus "sim"
 (routing diagnostics, requests per instance) and "wall" (what the run cost).
 """
