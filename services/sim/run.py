@@ -237,7 +237,7 @@ class Simulation:
         return 1
 
     # -- autoscaling ----------------------------------------------------------------------
-    def tick(self, _: Any, now: float) -> int:
+    def tick(self, payload: Any, now: float) -> int:
         """A planner tick: its targets start instances or drain its victims."""
         assert self.planner is not None and self.window is not None
         live = self.engines.live()
