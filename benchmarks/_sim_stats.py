@@ -5,31 +5,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.perfmodel import PerfProfile
-
-
-@dataclass
-class Diag:
-    """Routing diagnostics and engine-step totals of one simulated run."""
-
-    picks: int = 0
-    with_prefix: int = 0  # some instance had a routed-prefix match
-    kept_best: int = 0  # ... and the pick went to an instance with the longest match
-    lost_blocks: int = 0  # matched blocks given up (best - chosen), summed
-    best_blocks: int = 0  # longest routed-prefix match per pick, summed
-    predicted_cached: int = 0  # Pick.predicted_cached_tokens, summed
-    guard_removed_best: int = 0  # the load guard removed every best-match instance
-    disaggregated: int = 0
-    reasons: dict[str, int] = field(default_factory=dict)
-    # engine steps (aggregated/decode engines): count, ms, and those carrying prefill chunks
-    steps: int = 0
-    step_ms: float = 0.0
-    mixed_steps: int = 0
-    mixed_ms: float = 0.0
-    decode_seqs: int = 0  # decoding sequences summed over steps (mean batch = / steps)
+from services.sim.records import Diag
 
 
 def time_split(

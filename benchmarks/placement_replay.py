@@ -9,7 +9,7 @@ fleet's profile and KV size. What differs from the live figures is then the engi
 the placement; what differs from ``routing_sim.py`` is the placement and dispatch timing.
 
 Mapping: a live submit is matched to the trace request with the same prompt length in
-tokens (the bench's prompts, as ``_sim_prompts.Prompts`` builds them; nearly all lengths are
+tokens (the bench's prompts, as ``services.sim.inputs.Prompts`` builds them; nearly all lengths are
 unique in an agentic slice). Each engine's clock starts at its own start-up, so its offset
 to the trace's clock is the smallest (submit - arrival) among its requests of a unique
 length: the live gateway's delay of that fastest request counts as 0. A length shared by
@@ -37,7 +37,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import emit_json  # noqa: E402
-from _sim_prompts import Prompts  # noqa: E402
 from _sim_stats import dist  # noqa: E402
 from step_trace_summary import read_traces  # noqa: E402
 
@@ -45,6 +44,7 @@ from services.bench.traces import TraceRequest, load_trace  # noqa: E402
 from services.common.perfmodel import get_profile  # noqa: E402
 from services.engine.core import CoreConfig, EngineCore, Request  # noqa: E402
 from services.engine.kvcache import KVCache  # noqa: E402
+from services.sim.inputs import Prompts  # noqa: E402
 
 
 @dataclass(frozen=True)

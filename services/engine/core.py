@@ -95,6 +95,10 @@ class Request:
     # as cached, like local hits) and the modelled fetch still lasts ``fetch_wait_ms``.
     fetched_tokens: int = 0
     fetch_wait_ms: float = 0.0
+    # The prompt's full-block hashes at this engine's block size and tenant, when the caller
+    # already has them (the discrete-event simulator: the gateway computed them); None =
+    # computed here.
+    block_hashes: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -130,10 +134,10 @@ class _Seq:
     computed: int = 0  # prompt tokens whose KV exists
     generated: list[int] = field(default_factory=list)
     ready_at: float = 0.0  # decode role: KV arrival time
+    prompt_len: int = field(init=False)  # len(req.prompt), read in every step
 
-    @property
-    def prompt_len(self) -> int:
-        return len(self.req.prompt)
+    def __post_init__(self) -> None:
+        self.prompt_len = len(self.req.prompt)
 
 
 class EngineCore:
@@ -177,7 +181,10 @@ class EngineCore:
         self.check(len(req.prompt), req.max_new_tokens)
         if self.knows(req.rid):
             raise ValueError(f"duplicate request id {req.rid!r}")
-        hashes = block_hashes(req.prompt, self.cache.block_size, tenant=req.tenant)
+        if req.block_hashes is not None:
+            hashes = list(req.block_hashes)
+        else:
+            hashes = block_hashes(req.prompt, self.cache.block_size, tenant=req.tenant)
         self._waiting.append(_Seq(req, hashes, now))
 
     def knows(self, rid: str) -> bool:
@@ -337,7 +344,12 @@ class EngineCore:
                 self.cache.release(rid)
 
     def _emit(self, s: _Seq, n: int, end: float) -> SeqOutput:
-        new = tuple(_token(s.req.prompt, len(s.generated) + i) for i in range(n))
+        done = len(s.generated)
+        new = (
+            (_token(s.req.prompt, done),)
+            if n == 1
+            else tuple(_token(s.req.prompt, done + i) for i in range(n))
+        )
         s.generated.extend(new)
         self.generation_tokens_total += n
         prefill_role = self.config.role is EngineRole.PREFILL

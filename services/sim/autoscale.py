@@ -1,0 +1,158 @@
+"""Autoscaling in the simulation: the autoscaler's pure SLA planner
+(:func:`services.autoscaler.planner.decide`) ticks on modelled time, fed the window of
+what the simulated fleet served, and its targets start and drain simulated instances.
+
+What the planner sees, per tick: a deployment of the fleet's roles (``worker``, or
+``prefill`` + ``decode``) between ``min_replicas`` and ``max_replicas``, one SLO class with
+the run's TTFT/TPOT targets, the instances (starting, ready; queued requests per ready
+instance), and a telemetry window over the last ``window_s`` of modelled time (request
+rate, mean input/output tokens, hit ratio, TTFT/TPOT percentiles of the requests that
+completed in it). The performance model is the engines' own profile (telemetry's fit would
+converge to it). A new instance serves ``startup_s`` after it is asked for; a victim is
+drained (the gateways stop sending, in-flight requests finish) and then removed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from services.autoscaler.planner import (
+    PlannerConfig,
+    PlannerInputs,
+    PlannerState,
+    WindowView,
+    decide,
+)
+from services.autoscaler.planner.core import Decision
+from services.autoscaler.ports import InstanceView
+from services.autoscaler.spec import DeploymentSpec, parse_spec
+from services.bench.stats import percentile
+from services.common.perfmodel import PerfProfile
+
+__all__ = ["AutoscaleConfig", "Planner", "Served", "Window"]
+
+DEPLOYMENT = "sim"
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscaleConfig:
+    min_replicas: int = 1
+    max_replicas: int = 16
+    tick_s: float = 10.0
+    window_s: float = 60.0
+    startup_s: float = 30.0
+    ttft_ms: float = 2000.0
+    tpot_ms: float = 100.0
+    percentile: float = 90.0
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """One completed request as telemetry records it (ms of modelled time)."""
+
+    end_ms: float
+    ttft_ms: float
+    tpot_ms: float | None
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+
+
+class Window:
+    """The last ``span_ms`` of arrivals and completions (telemetry's window)."""
+
+    def __init__(self, span_ms: float) -> None:
+        self.span_ms = span_ms
+        self.arrivals: deque[float] = deque()
+        self.served: deque[Served] = deque()
+
+    def arrived(self, now: float) -> None:
+        self.arrivals.append(now)
+
+    def completed(self, s: Served) -> None:
+        self.served.append(s)
+
+    def view(self, now: float) -> WindowView:
+        start = now - self.span_ms
+        while self.arrivals and self.arrivals[0] < start:
+            self.arrivals.popleft()
+        while self.served and self.served[0].end_ms < start:
+            self.served.popleft()
+        done = list(self.served)
+        n = len(done)
+        span_s = max(min(self.span_ms, now), 1.0) / 1000.0
+        prompt = sum(s.prompt_tokens for s in done)
+        ttft = sorted(s.ttft_ms for s in done)
+        tpot = sorted(s.tpot_ms for s in done if s.tpot_ms is not None)
+        return WindowView(
+            requests=n,
+            rate_rps=len(self.arrivals) / span_s,
+            input_tokens=prompt / n if n else 0.0,
+            output_tokens=sum(s.output_tokens for s in done) / n if n else 0.0,
+            hit_ratio=sum(s.cached_tokens for s in done) / prompt if prompt else 0.0,
+            ttft_ms=_percentiles(ttft),
+            tpot_ms=_percentiles(tpot),
+        )
+
+
+def _percentiles(xs: list[float]) -> dict[int, float]:
+    return {p: percentile(xs, p / 100.0) for p in (50, 90, 99)} if xs else {}
+
+
+def deployment(roles: Mapping[str, int], cfg: AutoscaleConfig) -> DeploymentSpec:
+    """The planner's spec of the simulated fleet (``roles``: initial replicas per role)."""
+    return parse_spec(
+        {
+            "name": DEPLOYMENT,
+            "roles": [
+                {"name": r, "role": r, "replicas": n,
+                 "min_replicas": min(cfg.min_replicas, n), "max_replicas": max(cfg.max_replicas, n)}
+                for r, n in roles.items() if n
+            ],
+            "slo_classes": [
+                {"name": "default", "ttft_ms": cfg.ttft_ms, "tpot_ms": cfg.tpot_ms,
+                 "percentile": cfg.percentile}
+            ],
+        }
+    )  # fmt: skip
+
+
+class Planner:
+    """The SLA planner and the state it carries between ticks."""
+
+    def __init__(self, roles: Mapping[str, int], cfg: AutoscaleConfig, perf: PerfProfile) -> None:
+        self.cfg = cfg
+        self.spec = deployment(roles, cfg)
+        self.perf = perf
+        self.desired = {r: n for r, n in roles.items() if n}
+        self.state = PlannerState()
+        self.planner_cfg = PlannerConfig(
+            interval_s=cfg.tick_s, window_s=cfg.window_s, startup_s_default=cfg.startup_s
+        )
+        self.decisions = 0
+
+    def tick(
+        self, now_s: float, instances: tuple[InstanceView, ...], window: WindowView
+    ) -> Decision:
+        inputs = PlannerInputs(
+            spec=self.spec,
+            desired=self.desired,
+            instances=instances,
+            window=window,
+            perf={r: self.perf for r in self.desired},
+            startup_s={r: self.cfg.startup_s for r in self.desired},
+            state=self.state,
+        )
+        d = decide(now_s, inputs, self.planner_cfg)
+        self.state, self.desired = d.state, dict(d.targets)
+        self.decisions += bool(d.changes)
+        return d
+
+    @staticmethod
+    def instance(iid: str, role: str, ready: bool, queued: int, in_flight: int) -> InstanceView:
+        return InstanceView.of(
+            iid, DEPLOYMENT, role, "ready" if ready else "starting",
+            queued=queued, in_flight=in_flight,
+        )  # fmt: skip

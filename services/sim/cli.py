@@ -1,0 +1,208 @@
+"""``tideserve sim``: replay a trace through the control plane's cores in virtual time.
+
+Exit codes: 0 the run finished (failed requests are counted in the JSON), 2 bad input (a
+one-line error on stderr; nothing is written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
+
+from services.bench.traces import FORMATS, TraceError, load_trace
+from services.common.perfmodel import DEFAULT_PROFILE
+from services.scheduler.routing.config import ConfigError
+from services.sim import SimConfig, SimConfigError, simulate
+from services.sim.autoscale import AutoscaleConfig
+
+EXAMPLES = """\
+examples:
+  # 2,000 Mooncake requests on 8 aggregated engines, the shipped routing profile
+  tideserve sim --trace ../shared/traces/mooncake_conversation_trace.jsonl \\
+      --max-requests 2000 --engines 8 --out sim.json --timeline sim.csv
+
+  # P/D (3 prefill, 5 decode), twice the recorded rate, cache-aware routing, 2 gateways
+  tideserve sim --trace ../shared/traces/weka_agentic_dev.jsonl --prefill 3 --decode 5 \\
+      --rate-scale 2 --profile cache_aware --gateways 2 --seed 1 --out pd.json
+
+  # start from one worker and let the SLA planner scale it (new instances serve after 30 s)
+  tideserve sim --trace trace.jsonl --engines 1 --autoscale --max-replicas 12 \\
+      --slo-ttft-ms 2000 --slo-tpot-ms 100 --out auto.json --timeline auto.csv
+
+The JSON has the keys of `tideserve bench`'s summary (figures in modelled time) plus "sim"
+(routing diagnostics, requests per instance) and "wall" (what the run cost).
+"""
+
+
+def _number(kind: type[int] | type[float]) -> Any:
+    def parse(text: str) -> int | float:
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"not {'an integer' if kind is int else 'a number'}: {text!r}"
+            ) from None
+
+    return parse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    num, whole = _number(float), _number(int)
+    p.add_argument("--trace", required=True, help="Mooncake JSONL or Azure CSV trace file")
+    p.add_argument("--format", choices=FORMATS, default="auto", help="trace format (default: auto)")
+    p.add_argument("--max-requests", type=whole, help="replay N requests (the trace repeats "
+                   "with fresh prefix ids when shorter)")  # fmt: skip
+    p.add_argument("--offset", type=whole, default=0, help="skip this many requests first")
+    p.add_argument("--rate-scale", type=num, default=1.0, help="multiply the request rate")
+    p.add_argument("--speedup", type=num, default=1.0,
+                   help="time compression of the trace, as the bench's (arrivals / (speedup x "
+                   "rate-scale)); the engines run at modelled speed")  # fmt: skip
+    fleet = p.add_mutually_exclusive_group()
+    fleet.add_argument("--engines", type=whole, help="aggregated engines (default 8)")
+    fleet.add_argument("--prefill", type=whole, help="P/D: prefill instances (with --decode)")
+    p.add_argument("--decode", type=whole, help="P/D: decode instances (with --prefill)")
+    p.add_argument("--profile", default="default", help="routing profile (default: default)")
+    p.add_argument("--profiles-file", help="routing profiles YAML (default: the shipped one)")
+    p.add_argument("--engine-profile", default=DEFAULT_PROFILE,
+                   help=f"performance profile of the engines (default {DEFAULT_PROFILE})")  # fmt: skip
+    p.add_argument("--gateways", type=whole, default=1, help="gateway replicas (default 1)")
+    p.add_argument("--seed", type=whole, default=0, help="seed of every random choice")
+    p.add_argument("--slo-ttft-ms", type=num, help="TTFT SLO for goodput")
+    p.add_argument("--slo-tpot-ms", type=num, help="TPOT SLO for goodput")
+    p.add_argument("--load-source", choices=("scrape", "stream"), default="scrape",
+                   help="the gateway's view of load: /metrics scrapes (default) or the "
+                   "engines' load stream")  # fmt: skip
+    p.add_argument(
+        "--precise",
+        action="store_true",
+        help="give every pick each engine's resident prefix (a lag-free KV index)",
+    )
+    p.add_argument(
+        "--decode-can-prefill",
+        action="store_true",
+        help="P/D: decode instances may compute a prompt alone (vLLM-like)",
+    )
+    p.add_argument("--kv-blocks", type=whole, default=16384, help="KV blocks per engine")
+    p.add_argument("--block-size", type=whole, default=64, help="engine and gateway block size")
+    p.add_argument("--stream-interval", type=whole, default=16, help="engines' SSE coalescing")
+    p.add_argument("--autoscale", action="store_true",
+                   help="scale the roles with the autoscaler's SLA planner (targets: the SLOs, "
+                   "default 2000 ms TTFT and 100 ms TPOT at p90)")  # fmt: skip
+    p.add_argument("--max-replicas", type=whole, default=16, help="autoscale: per role")
+    p.add_argument("--startup-s", type=num, default=30.0,
+                   help="autoscale: seconds from asking for an instance to it serving")  # fmt: skip
+    p.add_argument("--out", required=True, metavar="FILE.json", help="write the summary here")
+    p.add_argument("--timeline", metavar="FILE.csv", help="per-minute timeline CSV")
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``sim`` subcommand to a ``tideserve`` argparse subparsers object."""
+    p = subparsers.add_parser(
+        "sim",
+        help="replay a trace through the control plane in virtual time",
+        description="Replay a trace through the scheduler's routing over simulated engines "
+        "in virtual time; report the bench's figures.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(p)
+    _one_line_errors(p)
+    p.set_defaults(func=run)
+
+
+def _one_line_errors(p: argparse.ArgumentParser) -> None:
+    def error(message: str) -> NoReturn:
+        fail(message)
+
+    p.error = error  # type: ignore[method-assign]
+
+
+def fail(message: str) -> NoReturn:
+    print(f"tideserve sim: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def config(args: argparse.Namespace) -> SimConfig:
+    """The run's config from parsed options; raises ``SimConfigError``."""
+    if (args.prefill is None) != (args.decode is None):
+        raise SimConfigError("P/D needs both --prefill N and --decode M")
+    if args.prefill is not None and min(args.prefill, args.decode) < 1:
+        raise SimConfigError("P/D needs --prefill N and --decode M, both at least 1")
+    return SimConfig(
+        engines=8 if args.engines is None else args.engines,
+        prefill=args.prefill or 0,
+        decode=args.decode or 0,
+        profile=args.profile,
+        profiles_file=args.profiles_file,
+        engine_profile=args.engine_profile,
+        gateways=args.gateways,
+        seed=args.seed,
+        rate_scale=args.rate_scale,
+        speedup=args.speedup,
+        max_requests=args.max_requests,
+        offset=args.offset,
+        kv_blocks=args.kv_blocks,
+        block_size=args.block_size,
+        stream_interval=args.stream_interval,
+        load_source=args.load_source,
+        precise=args.precise,
+        slo_ttft_ms=args.slo_ttft_ms,
+        slo_tpot_ms=args.slo_tpot_ms,
+        decode_can_prefill=args.decode_can_prefill,
+        autoscale=AutoscaleConfig(
+            max_replicas=args.max_replicas,
+            startup_s=args.startup_s,
+            ttft_ms=args.slo_ttft_ms or 2000.0,
+            tpot_ms=args.slo_tpot_ms or 100.0,
+        )
+        if args.autoscale
+        else None,
+    ).validate()
+
+
+def _progress(stream: TextIO) -> Any:
+    def show(done: int, total: int, model_s: float) -> None:
+        stream.write(f"\rtideserve sim: {done}/{total} requests, {model_s:.0f} s modelled")
+        stream.flush()
+
+    return show
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute ``tideserve sim`` with parsed arguments; returns the exit code."""
+    try:
+        cfg = config(args)
+        trace = load_trace(args.trace, args.format)
+        if args.offset >= len(trace.requests):
+            raise SimConfigError(
+                f"--offset {args.offset} skips the whole trace ({len(trace.requests)} requests)"
+            )
+        for path in (args.out, args.timeline):
+            if path and not Path(path).parent.is_dir():
+                raise SimConfigError(f"no such directory for {path!r}")
+        tty = sys.stderr.isatty()
+        doc, sim_run = simulate(cfg, trace, _progress(sys.stderr) if tty else None)
+        if tty:
+            sys.stderr.write("\n")
+    except (SimConfigError, TraceError, ConfigError) as exc:
+        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    if args.timeline:
+        Path(args.timeline).write_text(sim_run.timeline.csv_text(), encoding="utf-8")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry point (``python -m services.sim ...``)."""
+    parser = argparse.ArgumentParser(
+        prog="tideserve sim",
+        description="Replay a trace through the control plane in virtual time.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    _one_line_errors(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,109 @@
+"""The simulation's inputs as one validated value (pure).
+
+:class:`SimConfig` holds everything a run depends on besides the trace; ``validate`` raises
+:class:`SimConfigError` with a one-line message for a value the simulator cannot run with.
+The same config and trace always give the same results (the seed drives every random
+choice: the routing plugins' RNG and the spreading of requests over gateways).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from services.common.perfmodel import DEFAULT_PROFILE, get_profile
+from services.scheduler.admission.shaper import DISPATCH_HOLD_MS, DISPATCH_ORDER
+from services.sim.autoscale import AutoscaleConfig
+
+__all__ = ["SimConfig", "SimConfigError"]
+
+LoadSource = Literal["scrape", "stream"]
+
+
+class SimConfigError(ValueError):
+    """A configuration the simulator refuses; the message is one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """One simulated run. Times in ms of modelled time unless named otherwise.
+
+    Fleet: ``engines`` aggregated workers, or ``prefill`` + ``decode`` instances (P/D, the
+    SGLang-style hand-off). Arrivals: trace time / (``rate_scale`` x ``speedup``), as
+    ``tideserve bench`` sends them; the engines run at modelled speed.
+    """
+
+    engines: int = 8
+    prefill: int = 0
+    decode: int = 0
+    profile: str = "default"
+    profiles_file: str | None = None
+    engine_profile: str = DEFAULT_PROFILE
+    gateways: int = 1
+    seed: int = 0
+    rate_scale: float = 1.0
+    speedup: float = 1.0
+    max_requests: int | None = None
+    offset: int = 0
+    kv_blocks: int = 16384
+    block_size: int = 64
+    stream_interval: int = 16
+    load_source: LoadSource = "scrape"
+    precise: bool = False
+    scrape_interval_ms: float = 500.0
+    scrape_lag_ms: float = 5.0
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    decode_can_prefill: bool = False
+    shaper_hold_ms: float = DISPATCH_HOLD_MS
+    shaper_age_weight: float = 1.0
+    shaper_order: str = DISPATCH_ORDER
+    timeline_s: float = 60.0
+    autoscale: AutoscaleConfig | None = None  # None: a fixed fleet
+
+    @property
+    def pd(self) -> bool:
+        return self.prefill > 0 or self.decode > 0
+
+    @property
+    def instances(self) -> int:
+        return self.prefill + self.decode if self.pd else self.engines
+
+    @property
+    def time_divisor(self) -> float:
+        return self.rate_scale * self.speedup
+
+    def validate(self) -> SimConfig:
+        """``self`` when runnable; raises ``SimConfigError`` otherwise."""
+        if self.pd:
+            if self.prefill < 1 or self.decode < 1:
+                raise SimConfigError("P/D needs --prefill N and --decode M, both at least 1")
+        elif self.engines < 1:
+            raise SimConfigError(f"--engines must be at least 1, got {self.engines}")
+        for name in ("gateways", "kv_blocks", "block_size", "stream_interval"):
+            if getattr(self, name) < 1:
+                flag = name.replace("_", "-")
+                raise SimConfigError(f"--{flag} must be at least 1, got {getattr(self, name)}")
+        for name in ("rate_scale", "speedup", "scrape_interval_ms", "timeline_s"):
+            if not getattr(self, name) > 0:
+                flag = name.replace("_", "-")
+                raise SimConfigError(f"--{flag} must be > 0, got {getattr(self, name)}")
+        if self.max_requests is not None and self.max_requests < 1:
+            raise SimConfigError(f"--max-requests must be at least 1, got {self.max_requests}")
+        if self.seed < 0 or self.offset < 0 or self.scrape_lag_ms < 0:
+            raise SimConfigError("--seed, --offset and --scrape-lag-ms must be >= 0")
+        for name in ("slo_ttft_ms", "slo_tpot_ms"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise SimConfigError(f"--{name.replace('_', '-')} must be > 0, got {v}")
+        a = self.autoscale
+        if a is not None:
+            if not 1 <= a.min_replicas <= a.max_replicas:
+                raise SimConfigError(f"--max-replicas must be at least 1, got {a.max_replicas}")
+            if not (a.tick_s > 0 and a.window_s > 0 and a.startup_s >= 0):
+                raise SimConfigError("autoscaling needs tick_s, window_s > 0 and startup_s >= 0")
+        try:
+            get_profile(self.engine_profile)
+        except KeyError as exc:
+            raise SimConfigError(str(exc.args[0])) from None
+        return self

@@ -1,0 +1,136 @@
+"""The simulated engines: one :class:`services.engine.core.EngineCore` per instance, the
+same continuous-batching core and timing model the engine simulator's HTTP server runs.
+
+:class:`Engines` only holds the cores and answers "step this instance now": the loop
+(:mod:`services.sim.run`) turns a step into a ``done`` event at ``now + duration`` and a
+wake-up into a ``wake`` event. Instance ids are ``worker-i`` (aggregated), ``prefill-i``
+and ``decode-i``, the roles the gateway knows them by.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from services.common.perfmodel import PerfProfile
+from services.engine.core import CoreConfig, EngineCore, EngineRole, StepResult
+from services.engine.kvcache import KVCache
+from services.engine.steptrace import StepTrace
+from services.scheduler.core import EndpointSpec, LoadReport
+
+__all__ = ["Engines", "Instance"]
+
+_GATEWAY_ROLE = {
+    EngineRole.AGGREGATED: "worker",
+    EngineRole.PREFILL: "prefill",
+    EngineRole.DECODE: "decode",
+}
+
+
+@dataclass(slots=True)
+class Instance:
+    iid: str
+    role: str  # the gateway's name of the role: worker, prefill, decode
+    core: EngineCore
+    busy: bool = False  # a step is running (its ``done`` event is queued)
+    wake_at: float | None = None  # a queued ``wake`` event's time
+    trace: StepTrace | None = None
+    ready: bool = True  # serving (False: started by the autoscaler, not up yet)
+    retiring: bool = False  # draining: the gateways send it nothing new
+    removed: bool = False  # gone from the fleet (drained, or stopped while starting)
+
+    @property
+    def idle(self) -> bool:
+        c = self.core
+        return not self.busy and not c.num_running and not c.num_waiting and not c.num_held
+
+    @property
+    def spec(self) -> EndpointSpec:
+        return EndpointSpec(self.iid, f"http://{self.iid}", role=self.role)  # type: ignore[arg-type]
+
+
+class Engines:
+    """The fleet's engine cores, keyed by instance id (insertion order = id order)."""
+
+    def __init__(
+        self,
+        roles: list[EngineRole],
+        perf: PerfProfile,
+        kv_blocks: int,
+        block_size: int,
+    ) -> None:
+        self.perf = perf
+        self.kv_blocks, self.block_size = kv_blocks, block_size
+        self.by_id: dict[str, Instance] = {}
+        self._counts: dict[EngineRole, int] = {}
+        for role in roles:
+            self.add(role)
+
+    def add(self, role: EngineRole | str, ready: bool = True) -> Instance:
+        """A new instance of ``role`` (an engine role, or the gateway's name of one)."""
+        if isinstance(role, str):
+            role = next(r for r, name in _GATEWAY_ROLE.items() if name == role)
+        i = self._counts.get(role, 0)
+        self._counts[role] = i + 1
+        iid = f"{_GATEWAY_ROLE[role]}-{i}"
+        cache = KVCache(self.kv_blocks, self.block_size)
+        inst = Instance(
+            iid, _GATEWAY_ROLE[role], EngineCore(CoreConfig(role=role), self.perf, cache)
+        )
+        inst.ready = ready
+        self.by_id[iid] = inst
+        return inst
+
+    def __iter__(self) -> Iterator[Instance]:
+        """Every instance the run had, removed ones included (in creation order)."""
+        return iter(self.by_id.values())
+
+    def live(self) -> list[Instance]:
+        """The instances not removed (starting, serving or draining)."""
+        return [i for i in self.by_id.values() if not i.removed]
+
+    def __len__(self) -> int:
+        return len(self.by_id)
+
+    def __getitem__(self, iid: str) -> Instance:
+        return self.by_id[iid]
+
+    def step(self, inst: Instance, now: float) -> StepResult | float | None:
+        """Start a step on an idle instance: its result (the caller queues its end), the time
+        of the next wake-up to queue (a float), or None (busy, idle, or wake-up queued)."""
+        if inst.busy:
+            return None
+        res = inst.core.step(now)
+        if res is None:
+            w = inst.core.next_wakeup(now)
+            if w is not None and w > now and inst.wake_at != w:
+                inst.wake_at = w
+                return w
+            return None
+        inst.busy = True
+        if inst.trace is not None:
+            inst.trace.step(now, res, inst.core.num_running, inst.core.num_waiting)
+        return res
+
+    def roles(self) -> dict[str, int]:
+        """Serving replicas per role (worker, prefill, decode): ready, not draining."""
+        out = {"worker": 0, "prefill": 0, "decode": 0}
+        for inst in self.by_id.values():
+            if inst.ready and not inst.retiring and not inst.removed:
+                out[inst.role] += 1
+        return out
+
+    @staticmethod
+    def load(inst: Instance, full: bool) -> LoadReport:
+        """What the gateway learns: a ``/metrics`` scrape (running, waiting, KV usage) or,
+        ``full``, the load stream's snapshot (also pending prefill and tokens in flight)."""
+        c = inst.core
+        if full:
+            return LoadReport(
+                running=c.num_running,
+                waiting=c.num_waiting,
+                tokens_in_flight=c.tokens_in_flight(),
+                pending_prefill_tokens=c.pending_prefill_tokens(),
+                kv_usage=c.cache.usage,
+            )
+        return LoadReport(running=c.num_running, waiting=c.num_waiting, kv_usage=c.cache.usage)

@@ -1,0 +1,124 @@
+"""What the simulator replays (pure apart from reading the trace file).
+
+Traces are read by the bench's readers (:mod:`services.bench.traces`: Mooncake JSONL, which
+is also the format of the agentic traces, whose sessions show as shared ``hash_ids`` and
+whose think times are the gaps between a session's turns; and Azure CSV), so a trace the
+bench replays live is the trace simulated here.
+
+Prompts are the bench's (:class:`services.bench.prompts.PromptSynthesizer`, seed 0),
+tokenized as the gateway and the simulator engine see a chat message: ``"user: " + prompt``.
+
+A trace shorter than ``max_requests`` repeats: round ``r`` starts one mean inter-arrival gap
+after round ``r - 1`` ended, and shifts every hash id by ``r x (largest id + 1)``, so a
+repeated request shares no prefix with its original (fresh prefix ids) while keeping the
+trace's own reuse within the round. Azure requests (no hash ids) get fresh indexes, hence
+fresh words.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from services.bench.prompts import PromptSynthesizer
+from services.bench.traces import MOONCAKE_BLOCK_TOKENS, Trace, TraceRequest
+from services.common.tokens import FIRST_WORD_ID, VOCAB_SIZE, tokenize
+
+__all__ = ["Arrival", "Prompts", "arrivals", "repeated"]
+
+Arrival = tuple[float, TraceRequest]
+"""(arrival in ms of modelled time, the request)."""
+
+
+def repeated(requests: Sequence[TraceRequest], n: int) -> Iterator[TraceRequest]:
+    """The first ``n`` requests of ``requests`` repeated as often as needed (see module
+    doc); ``index`` counts across rounds."""
+    if not requests or n <= 0:
+        return
+    base = requests[0].arrival_s
+    span = requests[-1].arrival_s - base
+    gap = span / (len(requests) - 1) if len(requests) > 1 else 1.0
+    period = span + gap
+    top = max((max(r.hash_ids) for r in requests if r.hash_ids), default=-1) + 1
+    for k in range(n):
+        rnd, i = divmod(k, len(requests))
+        r = requests[i]
+        if rnd == 0 and r.index == k:
+            yield r
+            continue
+        ids = r.hash_ids
+        if ids is not None and rnd:
+            shift = rnd * top
+            ids = tuple(h + shift for h in ids)
+        yield replace(r, index=k, arrival_s=r.arrival_s + rnd * period, hash_ids=ids)
+
+
+def arrivals(
+    trace: Trace, max_requests: int | None, divisor: float, offset: int = 0
+) -> list[Arrival]:
+    """The requests to replay with their arrival times (ms from the first one): trace time
+    divided by ``divisor`` (rate scale x speedup)."""
+    reqs = trace.requests[offset:]
+    n = len(reqs) if max_requests is None else max_requests
+    out: list[Arrival] = []
+    t0: float | None = None
+    for r in repeated(reqs, n):
+        if t0 is None:
+            t0 = r.arrival_s
+        out.append(((r.arrival_s - t0) * 1000.0 / divisor, r))
+    return out
+
+
+class Prompts:
+    """The bench's prompt for a trace request, tokenized as the gateway and engine see it.
+    Blocks are memoized by hash id (a block's tokens are the same wherever it appears), the
+    most recent ``memo_blocks`` of them."""
+
+    def __init__(
+        self, block_tokens: int = MOONCAKE_BLOCK_TOKENS, memo_blocks: int = 65_536
+    ) -> None:
+        self.synth = PromptSynthesizer(0, block_tokens, cache_blocks=0)
+        self.role = tuple(tokenize("user:"))
+        self.memo_blocks = max(1, memo_blocks)
+        self._blocks: OrderedDict[int, tuple[int, ...]] = OrderedDict()
+        # The synthesizer's words of a block are "s0.<id>.<i>" (hex). A word's token id is
+        # crc32(prefix + suffix), and crc32 continued over L bytes is affine in the value it
+        # continues from: crc32(suffix, c) = crc32(suffix, 0) ^ shift_L(c), where shift_L(c)
+        # = crc32(L zero bytes, c) ^ crc32(L zero bytes, 0). So a block's ids are one
+        # vector operation over the suffixes' own crc32s.
+        suffixes = [f"{i:x}".encode("ascii") for i in range(block_tokens)]
+        self._suffix_crc = np.array([zlib.crc32(x) for x in suffixes], dtype=np.uint32)
+        self._suffix_len = np.array([len(x) for x in suffixes], dtype=np.intp)
+        self._lengths = sorted({len(x) for x in suffixes})
+
+    def block_tokens(self, h: int) -> tuple[int, ...]:
+        """``tokenize(synth.block_text(h))`` without building the text."""
+        base = zlib.crc32(f"s{self.synth.seed:x}.{h:x}.".encode("ascii"))
+        shift = np.zeros(self._lengths[-1] + 1, dtype=np.uint32)
+        for n in self._lengths:
+            zeros = bytes(n)
+            shift[n] = zlib.crc32(zeros, base) ^ zlib.crc32(zeros, 0)
+        crcs = shift[self._suffix_len] ^ self._suffix_crc
+        ids: list[int] = (crcs % (VOCAB_SIZE - FIRST_WORD_ID) + FIRST_WORD_ID).tolist()
+        return tuple(ids)
+
+    def tokens(self, r: TraceRequest) -> tuple[int, ...]:
+        out = list(self.role)
+        remaining = r.input_length
+        for h in r.hash_ids or ():
+            if remaining <= 0:
+                break
+            blk = self._blocks.get(h)
+            if blk is None:
+                blk = self._blocks[h] = self.block_tokens(h)
+                if len(self._blocks) > self.memo_blocks:
+                    self._blocks.popitem(last=False)
+            out.extend(blk[:remaining] if remaining < len(blk) else blk)
+            remaining -= len(blk)
+        if remaining > 0:  # traces without hash ids: unique words
+            out.extend(tokenize(self.synth.prompt(r))[r.input_length - remaining :])
+        return tuple(out)

@@ -1,0 +1,59 @@
+"""What the simulator records per request and per run (plain data)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.scheduler.routing.types import Pick, RequestView
+
+__all__ = ["Diag", "SimRequest"]
+
+
+@dataclass(slots=True)
+class SimRequest:
+    """One replayed request. Times in ms of modelled time from the first arrival."""
+
+    rid: str
+    index: int  # position in the replay (across repetitions of the trace)
+    arrival: float
+    prompt: tuple[int, ...]
+    out: int  # max_tokens = the trace's output length (at least 1), ignore_eos
+    view: RequestView
+    gateway: int = 0
+    pick: Pick | None = None
+    first: float | None = None  # the first streamed chunk (the client's first token)
+    last: float | None = None
+    cached: int = 0
+    prompt_tokens: int = 0
+    ntok: int = 0
+    prefilled_at: float | None = None  # the engine's first token (end of the prefill)
+    error: str | None = None  # why it failed (shed by the gateway, refused by the engine)
+    endings: int = 0  # times it finished or failed (exactly 1 at the end of a run)
+
+    @property
+    def target(self) -> str:
+        """The instance that computed its prompt ("" when never picked)."""
+        if self.pick is None:
+            return ""
+        return (self.pick.prefill or self.pick.decode).endpoint.instance_id
+
+
+@dataclass
+class Diag:
+    """Routing diagnostics and engine-step totals of one simulated run."""
+
+    picks: int = 0
+    with_prefix: int = 0  # some instance had a routed-prefix match
+    kept_best: int = 0  # ... and the pick went to an instance with the longest match
+    lost_blocks: int = 0  # matched blocks given up (best - chosen), summed
+    best_blocks: int = 0  # longest routed-prefix match per pick, summed
+    predicted_cached: int = 0  # Pick.predicted_cached_tokens, summed
+    disaggregated: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+    # engine steps (aggregated/decode engines): count, ms, and those carrying prefill chunks
+    steps: int = 0
+    step_ms: float = 0.0
+    mixed_steps: int = 0
+    mixed_ms: float = 0.0
+    decode_seqs: int = 0  # decoding sequences summed over steps (mean batch = / steps)
+    held_ms: float = 0.0  # total time picks waited in the gateways' dispatch shapers

@@ -1,0 +1,385 @@
+"""The simulation loop (pure: modelled time only, seeded RNG, no I/O but optional step
+traces): trace arrivals → a gateway replica's pick → the engine cores' steps → first token
+and release back to the gateway, on one :class:`~services.sim.events.EventQueue`.
+
+Events: ``arrive`` (a request reaches a gateway), ``scrape`` (a gateway reads an engine's
+load; delivered as ``load`` ``scrape_lag_ms`` later), ``shape`` (a held pick may go),
+``wake`` (an engine has something to do again), ``done`` (an engine step ended),
+``sample`` (a timeline row). What the gateway sees of an engine is exactly what the live
+gateway has: the scrape (or the load stream's snapshot) plus its own reservations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from services.bench.traces import Trace
+from services.common.perfmodel import get_profile
+from services.common.tokens import block_hashes
+from services.engine.core import AdmissionError, EngineRole, Request, StepResult
+from services.scheduler.routing.types import Pick, RequestView, Shed
+from services.sim.autoscale import Planner, Served, Window
+from services.sim.config import SimConfig
+from services.sim.events import EventQueue
+from services.sim.fleet import Engines, Instance
+from services.sim.inputs import Arrival, Prompts, arrivals
+from services.sim.records import Diag, SimRequest
+from services.sim.routing import Gateways, note_pick, precise_matches
+from services.sim.timeline import Timeline
+
+__all__ = ["Progress", "SimRun", "Simulation"]
+
+Progress = Callable[[int, int, float], None]
+"""Called as (finished, total, modelled seconds) every few thousand events."""
+
+
+@dataclass
+class SimRun:
+    """A finished run: every request's record and the run's counters."""
+
+    config: SimConfig
+    trace: Trace
+    requests: list[SimRequest]  # in replay order (``index``)
+    arrivals: list[Arrival]
+    engines: Engines
+    diag: Diag
+    timeline: Timeline
+    events: int
+    autoscale: dict[str, Any] | None = None  # what the planner did (None: a fixed fleet)
+
+
+class Simulation:
+    def __init__(self, cfg: SimConfig, trace: Trace, engines: Engines | None = None) -> None:
+        self.cfg = cfg.validate()
+        self.trace = trace
+        self.perf = get_profile(cfg.engine_profile)
+        if engines is None:
+            roles = (
+                [EngineRole.PREFILL] * cfg.prefill + [EngineRole.DECODE] * cfg.decode
+                if cfg.pd
+                else [EngineRole.AGGREGATED] * cfg.engines
+            )
+            engines = Engines(roles, self.perf, cfg.kv_blocks, cfg.block_size)
+        self.engines = engines
+        self.gw = Gateways(cfg, [i.spec for i in engines])
+        self.q = EventQueue()
+        self.diag = Diag()
+        self.timeline = Timeline(cfg.timeline_s * 1000.0, engines.roles())
+        self.arrivals: list[Arrival] = arrivals(
+            trace, cfg.max_requests, cfg.time_divisor, cfg.offset
+        )
+        self.reqs: dict[str, SimRequest] = {}
+        self.order: list[SimRequest] = []
+        self.prompts = Prompts(trace.block_tokens)
+        self.full_load = cfg.load_source == "stream"
+        self.caches = {i.iid: i.core.cache for i in engines}
+        a = cfg.autoscale
+        self.planner = Planner(engines.roles(), a, self.perf) if a is not None else None
+        self.window = Window(a.window_s * 1000.0) if a is not None else None
+        self.peak_replicas = self.initial_instances = len(engines)
+
+    # -- the run --------------------------------------------------------------------------
+    def run(self, progress: Progress | None = None) -> SimRun:
+        q, cfg = self.q, self.cfg
+        for k, (at, _) in enumerate(self.arrivals):
+            q.push(at, "arrive", k)
+        n_eng = len(self.engines)
+        for j, inst in enumerate(self.engines):  # phase-shifted scrapes
+            q.push(cfg.scrape_interval_ms * j / n_eng, "scrape", inst)
+        q.push(0.0, "sample", None)
+        if cfg.autoscale is not None:
+            q.push(cfg.autoscale.tick_s * 1000.0, "tick", None)
+        pending = total = len(self.arrivals)
+        handlers: dict[str, Callable[[Any, float], int]] = {
+            "arrive": self.arrive,
+            "scrape": self.scrape,
+            "load": self.load,
+            "shape": self.shape,
+            "wake": self.wake,
+            "done": self.done,
+            "sample": self.sample,
+            "tick": self.tick,
+            "ready": self.ready,
+        }
+        tick = 0
+        while pending and len(q):
+            now, kind, p = q.pop()
+            pending -= handlers[kind](p, now)
+            tick += 1
+            if progress is not None and tick % 20_000 == 0:
+                progress(total - pending, total, now / 1000.0)
+        self.sample(None, q.now, final=True)
+        for inst in self.engines:
+            if inst.trace is not None:
+                inst.trace.close()
+        return SimRun(
+            cfg,
+            self.trace,
+            sorted(self.order, key=lambda r: r.index),
+            self.arrivals,
+            self.engines,
+            self.diag,
+            self.timeline,
+            q.pushed,
+            self.autoscale_summary(),
+        )
+
+    def autoscale_summary(self) -> dict[str, Any] | None:
+        if self.planner is None:
+            return None
+        return {
+            "scaling_decisions": self.planner.decisions,
+            "instances_started": len(self.engines) - self.initial_instances,
+            "instances_removed": sum(i.removed for i in self.engines),
+            "peak_replicas": self.peak_replicas,
+            "final_replicas": self.engines.roles(),
+        }
+
+    # -- event handlers (each returns how many requests ended) ----------------------------
+    def scrape(self, inst: Instance, now: float) -> int:
+        if inst.removed:
+            return 0
+        self.q.push(
+            now + self.cfg.scrape_lag_ms,
+            "load",
+            (inst.iid, self.engines.load(inst, self.full_load)),
+        )
+        self.q.push(now + self.cfg.scrape_interval_ms, "scrape", inst)
+        return 0
+
+    def load(self, p: Any, now: float) -> int:
+        if self.engines[p[0]].removed:
+            return 0
+        src = self.cfg.load_source
+        for core in self.gw.cores:
+            core.fleet.report_load(p[0], p[1], now / 1000.0, source=src)
+        return 0
+
+    def shape(self, p: tuple[int, str], now: float) -> int:
+        g, iid = p
+        ended = self.dispatch(self.gw.shapers[g].release(iid, now / 1000.0), now)
+        self.arm(g, iid)
+        return ended
+
+    def wake(self, inst: Instance, now: float) -> int:
+        inst.wake_at = None
+        self.kick(inst, now)
+        return 0
+
+    def sample(self, _: Any, now: float, final: bool = False) -> int:
+        running = waiting = 0
+        for inst in self.engines.live():
+            running += inst.core.num_running
+            waiting += inst.core.num_waiting
+        held = sum(s.held() for s in self.gw.shapers)
+        self.timeline.sample(now, running, waiting + held, final=final)
+        if not final:
+            self.q.push(now + self.timeline.interval_ms, "sample", None)
+        return 0
+
+    def kick(self, inst: Instance, now: float) -> None:
+        res = self.engines.step(inst, now)
+        if isinstance(res, StepResult):
+            self.q.push(now + res.duration_ms, "done", (inst, res))
+        elif res is not None:
+            self.q.push(res, "wake", inst)
+
+    def arrive(self, k: int, now: float) -> int:
+        """Route request ``k``; 1 when it ended at once (shed, refused), else 0."""
+        cfg = self.cfg
+        _, r = self.arrivals[k]
+        toks = self.prompts.tokens(r)
+        rid = f"r{k}"
+        hashes = tuple(block_hashes(toks, cfg.block_size))
+        view = RequestView(
+            rid, len(toks), hashes, cfg.block_size, max(1, r.output_length),
+            ttft_slo_ms=cfg.slo_ttft_ms or 0.0,
+            prefix_matches=precise_matches(self.caches, hashes) if cfg.precise else None,
+        )  # fmt: skip
+        g = self.gw.choose()
+        req = SimRequest(rid, k, now, toks, max(1, r.output_length), view, gateway=g)
+        self.reqs[rid] = req
+        self.order.append(req)
+        self.timeline.arrived(now)
+        if self.window is not None:
+            self.window.arrived(now)
+        core = self.gw.cores[g]
+        now_s = now / 1000.0
+        match = self.gw.routed_prefix(g, hashes, now_s)
+        d = core.pick(view, now_s, rid, cfg.profile)
+        if not isinstance(d, Pick):  # refused (429) or no engine, as the live gateway would
+            return self.end(req, "shed" if isinstance(d, Shed) else f"no engine: {d}", now)
+        req.pick = d
+        note_pick(self.diag, core, match, d)
+        iid = req.target
+        deadline = (now + cfg.slo_ttft_ms) / 1000.0 if cfg.slo_ttft_ms else None
+        shaper = self.gw.shapers[g]
+        if not shaper.offer(rid, iid, d.predicted_prefill_ms, now_s, 0, deadline):
+            self.arm(g, iid)
+            return 0
+        return self.dispatch([rid], now)
+
+    def end(self, req: SimRequest, error: str | None, now: float) -> int:
+        req.error = error
+        req.endings += 1
+        req.prompt = ()  # the engines hold their own reference while they need it
+        if error is None:
+            req.last = now
+            if self.window is not None and req.first is not None:
+                tpot = (now - req.first) / (req.ntok - 1) if req.ntok > 1 else None
+                self.window.completed(
+                    Served(now, req.first - req.arrival, tpot, req.prompt_tokens, req.cached,
+                           req.ntok)
+                )  # fmt: skip
+        self.timeline.ended(now, req)
+        return 1
+
+    # -- autoscaling ----------------------------------------------------------------------
+    def tick(self, payload: Any, now: float) -> int:
+        """A planner tick: its targets start instances or drain its victims."""
+        assert self.planner is not None and self.window is not None
+        live = self.engines.live()
+        views = tuple(
+            self.planner.instance(
+                i.iid, i.role, i.ready, i.core.num_waiting if i.ready else 0, i.core.num_running
+            )
+            for i in live
+            if not i.retiring
+        )
+        d = self.planner.tick(now / 1000.0, views, self.window.view(now))
+        victims = set(d.victims)
+        for inst in live:
+            if inst.iid in victims and not inst.retiring:
+                self.retire(inst)
+        for role, target in d.targets.items():
+            have = sum(1 for i in live if i.role == role and not i.retiring and not i.removed)
+            for _ in range(target - have):
+                new = self.engines.add(role, ready=False)
+                self.q.push(now + self.planner.cfg.startup_s * 1000.0, "ready", new)
+        for inst in live:  # drained victims leave
+            if inst.retiring and not inst.removed and inst.idle:
+                inst.removed = True
+        self.timeline.replicas = self.engines.roles()
+        self.q.push(now + self.planner.cfg.tick_s * 1000.0, "tick", None)
+        return 0
+
+    def retire(self, inst: Instance) -> None:
+        inst.retiring = True
+        if not inst.ready:  # still starting: stopped at once
+            inst.removed = True
+            return
+        for core in self.gw.cores:
+            core.fleet.retire(inst.iid)
+
+    def ready(self, inst: Instance, now: float) -> int:
+        """A started instance is up: the gateways learn of it (membership) and scrape it."""
+        if inst.removed:
+            return 0
+        inst.ready = True
+        for core in self.gw.cores:
+            core.fleet.upsert(inst.spec)
+        self.caches[inst.iid] = inst.core.cache
+        self.q.push(now, "scrape", inst)
+        self.timeline.replicas = self.engines.roles()
+        self.peak_replicas = max(self.peak_replicas, sum(self.timeline.replicas.values()))
+        return 0
+
+    def dispatch(self, rids: list[str], now: float) -> int:
+        """Send picked requests to their engines; how many ended at once (refused)."""
+        ended = 0
+        for rid in rids:
+            req = self.reqs[rid]
+            d = req.pick
+            assert d is not None
+            self.diag.held_ms += now - req.arrival
+            inst = self.engines[req.target]
+            try:  # the live engine answers 400 here (and the bench counts it failed)
+                inst.core.submit(
+                    Request(
+                        rid, req.prompt, req.out, hold_kv=d.prefill is not None,
+                        block_hashes=req.view.block_hashes,
+                    ),
+                    now,
+                )  # fmt: skip
+            except AdmissionError as exc:
+                core = self.gw.cores[req.gateway]
+                core.abandon(rid)
+                core.release(rid)
+                ended += self.end(req, f"engine refused: {exc}", now)
+                freed = self.gw.shapers[req.gateway].done(rid, inst.iid, now / 1000.0)
+                ended += self.dispatch(freed, now)
+                continue
+            if inst.trace is not None:
+                inst.trace.submit(rid, now, len(req.prompt), req.out, 0.0)
+            self.kick(inst, now)
+        return ended
+
+    def arm(self, g: int, iid: str) -> None:
+        """A timer for when replica ``g``'s shaper lets a waiting request of ``iid`` go."""
+        at = self.gw.shapers[g].next_release_at(iid)
+        if at is not None:
+            self.q.push(at * 1000.0 + 1e-6, "shape", (g, iid))
+
+    def done(self, p: tuple[Instance, StepResult], now: float) -> int:
+        inst, res = p
+        inst.busy = False
+        if inst.trace is not None:
+            inst.trace.outputs(now, res.outputs)
+        if inst.core.config.role is EngineRole.PREFILL:
+            for o in res.outputs:
+                self.hand_off(inst, self.reqs[o.rid], o.prompt_tokens, o.cached_tokens, now)
+            self.kick(inst, now)
+            return 0
+        if res.duration_ms > 0:
+            g = self.diag
+            g.steps += 1
+            g.step_ms += res.duration_ms
+            g.decode_seqs += res.decode_tokens
+            if res.prefill_tokens:
+                g.mixed_steps += 1
+                g.mixed_ms += res.duration_ms
+        finished = 0
+        interval = self.cfg.stream_interval
+        for o in res.outputs:
+            req = self.reqs[o.rid]
+            if req.prefilled_at is None:
+                req.prefilled_at = now
+            req.ntok += len(o.tokens)
+            # The engine's first SSE chunk carries stream_interval tokens (or the last):
+            # that is the client's first token and the gateway's first byte.
+            if req.first is None and (req.ntok >= interval or o.finished):
+                req.first = now
+                req.cached = o.cached_tokens
+                req.prompt_tokens = o.prompt_tokens
+                self.gw.cores[req.gateway].first_token(o.rid)
+                freed = self.gw.shapers[req.gateway].first_byte(o.rid, req.target, now / 1000.0)
+                finished += self.dispatch(freed, now)
+            if o.finished:
+                self.gw.cores[req.gateway].release(o.rid)
+                finished += self.end(req, None, now)
+        self.kick(inst, now)
+        return finished
+
+    def hand_off(
+        self, inst: Instance, req: SimRequest, prompt_tokens: int, cached: int, now: float
+    ) -> None:
+        """The prefill finished: the decode engine takes the KV (SGLang bootstrap)."""
+        assert req.pick is not None
+        dec = self.engines[req.pick.decode.endpoint.instance_id]
+        xfer = self.perf.transfer_ms(prompt_tokens)
+        inst.core.hand_off(req.rid, now + xfer)
+        dec.core.submit(
+            Request(
+                req.rid,
+                req.prompt,
+                req.out,
+                kv_transfer_ms=xfer,
+                peer_cached_tokens=cached,
+                block_hashes=req.view.block_hashes,
+            ),
+            now,
+        )
+        self.kick(dec, now)
+        self.q.push(now + xfer, "wake", inst)  # the held KV frees then
