@@ -108,9 +108,11 @@ def test_stable_prefix_from_the_last_cache_mark() -> None:
     calls: list[Any] = []
 
     class Counting(TokenPath):
-        def encode_chat(self, messages: Any, tools: Any = None) -> list[int]:
+        def encode_chat(
+            self, messages: Any, tools: Any = None, *, special_tokens: bool = False
+        ) -> list[int]:
             calls.append(messages)
-            return super().encode_chat(messages, tools)
+            return super().encode_chat(messages, tools, special_tokens=special_tokens)
 
     parse("messages", MESSAGES, tokens=Counting())
     assert len(calls) == 1  # a mark at the end costs no second rendering
