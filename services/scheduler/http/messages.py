@@ -34,7 +34,7 @@ from services.common.apis.anthropic import MessagesError, from_openai_error, to_
 from services.common.apis.anthropic import error_body as anthropic_error
 from services.common.apis.anthropic_stream import StreamTranslator, sse_event
 from services.common.tokens import ChatError, TokenPath
-from services.scheduler.http.openai import ApiError, Limits, ParsedRequest
+from services.scheduler.http.openai import ApiError, Limits, ParsedRequest, json_body
 
 __all__ = [
     "COUNT_PATH",
@@ -144,12 +144,7 @@ def count_tokens(
 ) -> int:
     """The prompt tokens of a ``count_tokens`` body (a Messages body without
     ``max_tokens``), rendered as ``/v1/messages`` renders it. Raises :class:`ApiError`."""
-    if len(raw) > limits.max_body_bytes:
-        raise ApiError(413, f"request body over {limits.max_body_bytes} bytes", None, "too_large")
-    try:
-        body = jsonfast.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"invalid JSON body: {e}", None, "invalid_json") from None
+    body = json_body(raw, limits.max_body_bytes)
     try:
         form = to_chat(body, need_max_tokens=False)
     except MessagesError as e:

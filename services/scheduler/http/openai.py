@@ -183,9 +183,11 @@ def _prompt_ids(
     raise _bad(f"'{key}' must be a string or a list of token ids", key, "invalid_type")
 
 
-def _json_body(raw: bytes, lim: Limits) -> dict[str, Any]:
-    if len(raw) > lim.max_body_bytes:
-        raise ApiError(413, f"request body over {lim.max_body_bytes} bytes", None, "body_too_large")
+def json_body(raw: bytes, max_body_bytes: int) -> dict[str, Any]:
+    """The request body as a JSON object: 413 over ``max_body_bytes``, 400 for bad JSON or
+    another JSON value (:class:`ApiError`)."""
+    if len(raw) > max_body_bytes:
+        raise ApiError(413, f"request body over {max_body_bytes} bytes", None, "body_too_large")
     try:
         body = jsonfast.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
@@ -307,7 +309,7 @@ def parse_request(
             )
         client = dict(canonical)
     else:
-        client = _json_body(raw, lim)
+        client = json_body(raw, lim.max_body_bytes)
     body, prefix = _messages_chat(client) if kind == "messages" else (client, None)
     model = _str_field(body, "model")
     if kind != "generate" and not model:

@@ -58,7 +58,7 @@ from services.common.apis.responses_stream import (
     patch_response,
 )
 from services.scheduler.core.records import RequestContext
-from services.scheduler.http.openai import H_TENANT, ApiError, ParsedRequest
+from services.scheduler.http.openai import H_TENANT, ApiError, ParsedRequest, json_body
 from services.scheduler.keys.gate import KEY_KEY
 from services.scheduler.responses.chain import ChainBroken, StoredResponse, rebuild, visible
 from services.scheduler.responses.store import ResponseStore
@@ -96,12 +96,7 @@ def _renamed(e: ApiError) -> ApiError:
 
 
 def _request(raw: bytes, max_body_bytes: int) -> ResponsesRequest:
-    if len(raw) > max_body_bytes:
-        raise ApiError(413, f"request body over {max_body_bytes} bytes", None, "body_too_large")
-    try:
-        body = jsonfast.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"invalid JSON body: {e}", None, "invalid_json") from None
+    body = json_body(raw, max_body_bytes)
     try:
         return parse_responses(body)
     except ResponsesError as e:
