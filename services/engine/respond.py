@@ -17,9 +17,10 @@ from typing import Any, NoReturn, Protocol
 
 from aiohttp import web
 
-from services.common.apis.anthropic import to_message
+from services.common.apis.anthropic_answer import to_message
 from services.common.apis.anthropic_stream import StreamTranslator
-from services.common.apis.responses import ResponsesRequest, from_chat
+from services.common.apis.responses import ResponsesRequest
+from services.common.apis.responses_answer import from_chat
 from services.common.apis.responses_stream import ChatToResponses
 from services.engine import api
 from services.engine.core import SeqOutput

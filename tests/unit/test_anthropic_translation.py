@@ -10,13 +10,12 @@ import pytest
 
 from services.common.apis.anthropic import (
     MessagesError,
-    chat_usage,
     error_body,
     error_type,
     from_openai_error,
     to_chat,
-    to_message,
 )
+from services.common.apis.anthropic_answer import chat_usage, to_message
 from services.common.apis.anthropic_stream import StreamTranslator
 
 BASE: dict[str, Any] = {"model": "m", "max_tokens": 8}

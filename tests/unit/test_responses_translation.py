@@ -11,9 +11,9 @@ import pytest
 from services.common.apis.responses import (
     ResponsesError,
     chat_body,
-    from_chat,
     parse_responses,
 )
+from services.common.apis.responses_answer import from_chat
 from services.common.apis.responses_stream import ChatToResponses, NativeResponses, sse_events
 
 M = "m"

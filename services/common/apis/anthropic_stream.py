@@ -24,7 +24,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from services.common.apis.anthropic import chat_usage, error_body, stop_of
+from services.common.apis.anthropic import error_body
+from services.common.apis.anthropic_answer import chat_usage, stop_of
 
 __all__ = ["StreamTranslator", "sse_event"]
 

@@ -20,7 +20,7 @@ the chat form, ``tool_choice`` likewise, ``max_output_tokens`` ``max_tokens``,
 ``temperature``, ``top_p``, ``parallel_tool_calls``, ``stream`` and the gateway's own fields
 (``slo_class``, ``tenant``, ``session_id``, ``cache_salt``, ``prompt_cache_key``) carry over.
 
-Answer: :func:`response_object` turns a chat completion into a ``response`` object
+Answer (:mod:`.responses_answer`): :func:`~.responses_answer.response_object` turns a chat completion into a ``response`` object
 (``output``: a ``message`` item with ``output_text``, then ``function_call`` items;
 ``usage`` with ``input_tokens_details.cached_tokens``); status ``incomplete`` (reason
 ``max_output_tokens``) when the chat answer stopped on length, as OpenAI reports it.
@@ -43,15 +43,9 @@ __all__ = [
     "as_map",
     "chat_body",
     "chat_messages_of",
-    "from_chat",
-    "function_item",
-    "message_item",
     "native_body",
     "new_response_id",
-    "output_items",
     "parse_responses",
-    "response_object",
-    "response_usage",
 ]
 
 Item = dict[str, Any]
@@ -360,131 +354,6 @@ def _response_format(fmt: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return None if fmt is None else {"type": "json_object"}
     schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
     return {"type": "json_schema", "json_schema": {"name": "output", **schema}}
-
-
-def response_usage(chat_usage: Any) -> dict[str, Any] | None:
-    """A chat ``usage`` in the Responses shape (None when there is none)."""
-    if not isinstance(chat_usage, Mapping):
-        return None
-    details = chat_usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, Mapping) else 0
-    inp, out = (
-        int(chat_usage.get("prompt_tokens") or 0),
-        int(chat_usage.get("completion_tokens") or 0),
-    )
-    return {
-        "input_tokens": inp,
-        "input_tokens_details": {"cached_tokens": int(cached or 0)},
-        "output_tokens": out,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": inp + out,
-    }
-
-
-def output_items(resp_id: str, text: str | None, calls: Sequence[Mapping[str, Any]]) -> list[Item]:
-    """A turn's output items: the message (when it said anything), then its tool calls
-    (chat ``tool_calls`` entries); item ids derive from the response id."""
-    base = resp_id.removeprefix("resp_")
-    out: list[Item] = []
-    if text:
-        out.append(message_item(f"msg_{base}", text, "completed"))
-    for i, c in enumerate(calls):
-        fn = as_map(c.get("function"))
-        out.append(
-            function_item(
-                f"fc_{base}_{i}",
-                str(c.get("id") or f"call_{base}_{i}"),
-                str(fn.get("name") or ""),
-                str(fn.get("arguments") or ""),
-                "completed",
-            )
-        )
-    return out
-
-
-def message_item(item_id: str, text: str, status: str) -> Item:
-    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
-    return {
-        "id": item_id,
-        "type": "message",
-        "status": status,
-        "role": "assistant",
-        "content": content if text or status == "completed" else [],
-    }
-
-
-def function_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> Item:
-    return {
-        "id": item_id,
-        "type": "function_call",
-        "status": status,
-        "arguments": arguments,
-        "call_id": call_id,
-        "name": name,
-    }
-
-
-def response_object(
-    req: ResponsesRequest,
-    resp_id: str,
-    created_at: int,
-    *,
-    output: Sequence[Item] = (),
-    usage: Mapping[str, Any] | None = None,
-    finish_reason: str | None = "stop",
-    status: str | None = None,
-    error: Mapping[str, Any] | None = None,
-    store: bool = False,
-) -> dict[str, Any]:
-    """The ``response`` object of ``req`` (``status`` from ``finish_reason`` unless given)."""
-    if status is None:
-        status = "incomplete" if finish_reason == "length" else "completed"
-    return {
-        "id": resp_id,
-        "object": "response",
-        "created_at": created_at,
-        "status": status,
-        "background": False,
-        "error": dict(error) if error else None,
-        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-        "instructions": req.instructions,
-        "max_output_tokens": req.max_output_tokens,
-        "model": req.model,
-        "output": list(output),
-        "parallel_tool_calls": req.parallel_tool_calls is not False,
-        "previous_response_id": req.previous_response_id,
-        "store": store,
-        "temperature": req.temperature if req.temperature is not None else 1.0,
-        "text": {"format": dict(req.text_format) if req.text_format else {"type": "text"}},
-        "tool_choice": req.tool_choice or "auto",
-        "tools": [{**t, "strict": t.get("strict", True)} for t in req.tools],
-        "top_p": req.top_p if req.top_p is not None else 1.0,
-        "truncation": "disabled",
-        "usage": dict(usage) if usage is not None else None,
-        "metadata": dict(req.metadata),
-    }
-
-
-def from_chat(
-    req: ResponsesRequest, resp_id: str, created_at: int, chat: Any, *, store: bool = False
-) -> dict[str, Any]:
-    """The ``response`` object of a whole chat completion. Raises ResponsesError when the
-    answer is not a chat completion."""
-    choices = chat.get("choices") if isinstance(chat, Mapping) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-        raise ResponsesError("the engine's answer is not a chat completion", None, "bad_upstream")
-    msg = as_map(choices[0].get("message"))
-    text = msg.get("content") if isinstance(msg.get("content"), str) else None
-    calls = [c for c in msg.get("tool_calls") or [] if isinstance(c, Mapping)]
-    return response_object(
-        req,
-        resp_id,
-        created_at,
-        output=output_items(resp_id, text, calls),
-        usage=response_usage(chat.get("usage")),
-        finish_reason=choices[0].get("finish_reason"),
-        store=store,
-    )
 
 
 def native_body(

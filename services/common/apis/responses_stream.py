@@ -25,10 +25,8 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from services.common.apis.responses import (
-    Item,
-    ResponsesRequest,
-    as_map,
+from services.common.apis.responses import Item, ResponsesRequest, as_map
+from services.common.apis.responses_answer import (
     function_item,
     message_item,
     response_object,

@@ -30,8 +30,9 @@ from typing import Any
 from aiohttp import web
 
 from services.common import jsonfast
-from services.common.apis.anthropic import MessagesError, from_openai_error, to_chat, to_message
+from services.common.apis.anthropic import MessagesError, from_openai_error, to_chat
 from services.common.apis.anthropic import error_body as anthropic_error
+from services.common.apis.anthropic_answer import to_message
 from services.common.apis.anthropic_stream import StreamTranslator, sse_event
 from services.common.tokens import ChatError, TokenPath
 from services.scheduler.http.openai import ApiError, Limits, ParsedRequest, json_body

@@ -46,11 +46,11 @@ from services.common.apis.responses import (
     ResponsesRequest,
     as_map,
     chat_body,
-    from_chat,
     native_body,
     new_response_id,
     parse_responses,
 )
+from services.common.apis.responses_answer import from_chat
 from services.common.apis.responses_stream import (
     ChatToResponses,
     NativeResponses,
