@@ -38,18 +38,11 @@ from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
 from services.common import otel
-from services.common.apis.anthropic import error_body as anthropic_body
-from services.common.apis.anthropic import from_openai_error
-from services.common.apis.responses import (
-    ResponsesError,
-    chat_body,
-    new_response_id,
-    parse_responses,
-)
 from services.common.perfmodel import get_profile
 from services.common.tasks import pause, stop_tasks
-from services.common.tokens import ChatError, TokenPath, token_path
+from services.common.tokens import TokenPath, token_path
 from services.engine import api, pd_sglang, pd_vllm, respond
+from services.engine.agent_apis import AgentRoutes
 from services.engine.core import (
     AdmissionError,
     CoreConfig,
@@ -85,10 +78,6 @@ TRACED_PATHS = frozenset(
     }
 )
 """The API requests a traced engine makes spans of (not probes, scrapes, info, admin)."""
-
-
-def anthropic_error(status: int, message: str) -> web.Response:
-    return web.json_response(anthropic_body(status, message), status=status)
 
 
 class EngineServer:
@@ -194,9 +183,7 @@ class EngineServer:
         r.add_post("/generate", self._generate)
         r.add_post("/v1/completions", self._completions)
         r.add_post("/v1/chat/completions", self._chat)
-        r.add_post("/v1/messages", self._messages)
-        r.add_post("/v1/messages/count_tokens", self._count_tokens)
-        r.add_post("/v1/responses", self._responses)
+        AgentRoutes(self._handle, self.tokens).add_to(r)
         r.add_get("/bootstrap/{room}", self.rendezvous.handler)
         r.add_post(pd_vllm.NOTIFY_PATH, self._kv_notify)
         info.add_admin_to(r)
@@ -416,53 +403,6 @@ class EngineServer:
 
     async def _chat(self, req: web.Request) -> web.StreamResponse:
         return await self._handle(req, api.parse_chat)
-
-    async def _messages(self, req: web.Request) -> web.StreamResponse:
-        """Anthropic Messages over the chat path (:func:`api.messages_chat`)."""
-        try:
-            form = api.messages_chat(await req.json())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return anthropic_error(400, "the request body is not valid JSON")
-        except api.BadRequest as err:
-            return anthropic_error(400, err.message)
-        stop = form.body.get("stop") or []
-        shape = respond.Messages(form.body["model"], tuple(stop))
-        resp = await self._handle(req, api.parse_chat, form.body, shape)
-        if resp.status >= 400 and isinstance(resp, web.Response):
-            data = resp.body if isinstance(resp.body, bytes) else b""
-            return web.json_response(from_openai_error(resp.status, data), status=resp.status)
-        return resp
-
-    async def _count_tokens(self, req: web.Request) -> web.Response:
-        """``{"input_tokens": N}`` of a Messages body, as ``/v1/messages`` renders it."""
-        try:
-            form = api.messages_chat(await req.json(), need_max_tokens=False)
-            ids = self.tokens.encode_chat(form.body["messages"], form.body.get("tools"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return anthropic_error(400, "the request body is not valid JSON")
-        except api.BadRequest as err:
-            return anthropic_error(400, err.message)
-        except ChatError as err:
-            return anthropic_error(400, err.message)
-        return web.json_response({"input_tokens": len(ids)})
-
-    async def _responses(self, req: web.Request) -> web.StreamResponse:
-        """The Responses API over the chat path (stateless: no stored responses)."""
-        try:
-            rr = parse_responses(await req.json())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return bad_request("the request body is not valid JSON", code="invalid_json")
-        except ResponsesError as err:
-            return bad_request(err.message, err.param, err.code)
-        if rr.previous_response_id is not None:
-            return bad_request(
-                f"Previous response with id '{rr.previous_response_id}' not found: this engine "
-                "stores no responses; send the whole context as input",
-                "previous_response_id",
-                "previous_response_not_found",
-            )
-        shape = respond.Responses(rr, new_response_id(), int(time.time()))
-        return await self._handle(req, api.parse_chat, chat_body(rr), shape)
 
     async def _handle(
         self,
