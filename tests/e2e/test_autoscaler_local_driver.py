@@ -30,7 +30,7 @@ from services.autoscaler.drivers.settings import LocalSettings
 from services.common.local.procs import ProcRef, is_alive, signal_process
 from services.common.local.recorded import read_recorded
 from tests.helpers.autoscale import RecordingDrainer
-from tests.helpers.ports import free_port
+from tests.helpers.ports import free_port, port_range
 from tests.helpers.waits import eventually
 
 pytestmark = pytest.mark.e2e
@@ -40,10 +40,10 @@ SIM_ARGS = ("--profile", "test", "--kv-blocks", "256")
 
 @pytest.fixture
 async def driver(tmp_path: Path) -> AsyncIterator[tuple[LocalDriver, list[tuple[str, str, str]]]]:
-    base = free_port()
+    first, last = port_range(41)
     settings = LocalSettings(
-        port_min=base,
-        port_max=base + 40,
+        port_min=first,
+        port_max=last,
         state_dir=str(tmp_path),
         probe_interval_s=0.1,
         stop_grace_s=5.0,
@@ -233,8 +233,8 @@ async def test_scale_in_drains_within_the_specs_drain_timeout(
 ) -> None:
     """The role's ``drain_timeout_s`` (the spec's ``coordination.drain_timeout_s``) is what
     bounds the drain of its victims; 0 leaves the driver's own timeout."""
-    base = free_port()
-    settings = LocalSettings(port_min=base, port_max=base + 10, state_dir=str(tmp_path),
+    first, last = port_range(11)
+    settings = LocalSettings(port_min=first, port_max=last, state_dir=str(tmp_path),
                              probe_interval_s=0.1, stop_grace_s=5.0)  # fmt: skip
     drainer = RecordingDrainer([], timeout_s=10.0, poll_s=0.1)
     drv = LocalDriver(settings, drainer)
@@ -255,11 +255,54 @@ async def test_scale_in_drains_within_the_specs_drain_timeout(
         await drv.close()
 
 
+async def test_a_range_port_taken_while_down_moves_the_restart(tmp_path: Path) -> None:
+    """Another process binds the crashed instance's port before its restart: the restart
+    takes another free port of the range (same id, new endpoint) instead of failing on
+    the taken one again and again."""
+    first, last = port_range(11)
+    # a restart back-off far longer than it takes to bind the freed port below
+    settings = LocalSettings(port_min=first, port_max=last, state_dir=str(tmp_path),
+                             probe_interval_s=0.1, restart_base_s=5.0)  # fmt: skip
+    drv = LocalDriver(settings, Drainer([], timeout_s=1.0, poll_s=0.1))
+    await drv.start()
+    try:
+        role = RoleTarget("d", "w", Role.WORKER, 1, args=SIM_ARGS, startup_timeout_s=90)
+        await drv.scale(role, 1)
+
+        async def ready(restarts: int) -> bool:
+            (i,) = drv.instances("d")
+            return i.state == InstanceState.READY and i.restarts == restarts
+
+        await eventually(lambda: ready(0), within_s=90)
+        (before,) = drv.instances("d")
+        port = int(before.endpoint.rsplit(":", 1)[1])
+        signal_process(drv._instances[before.instance_id].child.ref, signal.SIGKILL)  # type: ignore[union-attr]
+        with socket.socket() as squatter:
+            squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT
+
+            async def taken() -> bool:
+                try:
+                    squatter.bind(("127.0.0.1", port))
+                except OSError:
+                    return False
+                squatter.listen()
+                return True
+
+            await eventually(taken, within_s=5)
+            await eventually(lambda: ready(1), within_s=90)
+            (after,) = drv.instances("d")
+        assert after.instance_id == before.instance_id
+        assert after.endpoint != before.endpoint
+        assert first <= int(after.endpoint.rsplit(":", 1)[1]) <= last
+    finally:
+        await drv.close()
+
+
 async def test_instance_id_format(tmp_path: Path) -> None:
     """``{role}-{n}`` (the local stack's names): numbered per role, unique across roles."""
-    base = free_port()
+    first, last = port_range(11)
     settings = LocalSettings(
-        port_min=base, port_max=base + 10, state_dir=str(tmp_path), instance_id_format="{role}-{n}"
+        port_min=first, port_max=last, state_dir=str(tmp_path), instance_id_format="{role}-{n}"
     )
     drv = LocalDriver(settings, Drainer([], timeout_s=1.0, poll_s=0.1))
     await drv.start()

@@ -28,7 +28,7 @@ from services.autoscaler.settings import AutoscalerSettings
 from services.autoscaler.spec import load_spec_file
 from services.autoscaler.translate import spec_to_proto
 from tests.helpers.autoscale import ClosedLoop, autoscaler_service, gateway_settings
-from tests.helpers.ports import free_ports
+from tests.helpers.ports import free_ports, port_range
 from tests.helpers.scheduler import scheduler_service
 from tests.helpers.telemetry_double import ScriptedTelemetry, window
 from tests.helpers.waits import eventually
@@ -42,7 +42,8 @@ async def test_planner_scales_running_stack_under_load_and_loses_nothing(
     postgres_db_url: str, redis_url: str, tmp_path: Path
 ) -> None:
     prefix, deployment = f"t{uuid.uuid4().hex[:8]}", f"pl-{uuid.uuid4().hex[:6]}"
-    sched_grpc, sched_http, as_port, base = free_ports(4)
+    sched_grpc, sched_http, as_port = free_ports(3)
+    first, last = port_range(41)
     scheduler = f"127.0.0.1:{sched_grpc}"
     telemetry = ScriptedTelemetry()
     telemetry.window = window(0)
@@ -59,7 +60,7 @@ async def test_planner_scales_running_stack_under_load_and_loses_nothing(
         driver=DriverSettings(
             kind="local", scheduler_addresses=[scheduler], resync_s=0.5, retry_base_s=0.2,
             drain_timeout_s=30, drain_poll_s=0.05,
-            local=LocalSettings(port_min=base, port_max=base + 40, probe_interval_s=0.05,
+            local=LocalSettings(port_min=first, port_max=last, probe_interval_s=0.05,
                                 state_dir=str(tmp_path / "engines"), stop_grace_s=0.05),
         ),
     )  # fmt: skip

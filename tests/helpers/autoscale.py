@@ -35,7 +35,7 @@ from services.autoscaler.settings import AutoscalerSettings
 from services.common.streams import StreamProducer
 from services.scheduler.settings import SchedulerSettings
 from tests.helpers.engine_stack import Outcome, stream_sse
-from tests.helpers.ports import free_ports
+from tests.helpers.ports import free_ports, port_range
 from tests.helpers.scheduler import scheduler_service, serving
 
 __all__ = [
@@ -140,7 +140,8 @@ async def autoscaled_gateway(
     scheduler settings."""
     prefix = prefix or f"t{uuid.uuid4().hex[:8]}"
     deployment = f"as-{uuid.uuid4().hex[:6]}"
-    grpc_port, http_port, base = free_ports(3)
+    grpc_port, http_port = free_ports(2)
+    first, last = port_range(61)
     settings = gateway_settings(redis_url, state_dir, prefix, deployment, grpc_port, http_port)
     settings = settings.model_copy(update=gateway)
     redis = aioredis.Redis.from_url(redis_url, decode_responses=False)
@@ -150,7 +151,7 @@ async def autoscaled_gateway(
                                   drain_poll_s=0.05)  # fmt: skip
     drainer = RecordingDrainer([scheduler], timeout_s=drain_timeout_s, poll_s=0.05)
     local = LocalSettings(
-        port_min=base, port_max=base + 60, state_dir=str(state_dir / "engines"),
+        port_min=first, port_max=last, state_dir=str(state_dir / "engines"),
         probe_interval_s=0.05, stop_grace_s=stop_grace_s,
     )  # fmt: skip
     driver = LocalDriver(local, drainer)

@@ -24,7 +24,7 @@ from services.autoscaler.drivers.settings import DriverSettings, LocalSettings
 from services.autoscaler.settings import AutoscalerSettings
 from services.common.streams import decode_entry
 from tests.helpers.autoscale import autoscaler_service, tideserve
-from tests.helpers.ports import free_ports
+from tests.helpers.ports import free_ports, port_range
 from tests.helpers.waits import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
@@ -34,7 +34,8 @@ AGG = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "aggregated.
 
 
 def _settings(postgres_db_url: str, redis_url: str, tmp_path: Path) -> AutoscalerSettings:
-    port, base = free_ports(2)
+    (port,) = free_ports(1)
+    first, last = port_range(41)
     return AutoscalerSettings(
         grpc_port=port,
         metrics_port=0,
@@ -46,7 +47,7 @@ def _settings(postgres_db_url: str, redis_url: str, tmp_path: Path) -> Autoscale
         load_poll_s=0.2,
         driver=DriverSettings(
             kind="local", resync_s=0.5, retry_base_s=0.2, drain_timeout_s=10, drain_poll_s=0.05,
-            local=LocalSettings(port_min=base, port_max=base + 40,
+            local=LocalSettings(port_min=first, port_max=last,
                                 state_dir=str(tmp_path / "engines"), probe_interval_s=0.05),
         ),
     )  # fmt: skip

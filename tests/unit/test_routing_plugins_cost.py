@@ -179,6 +179,26 @@ def test_session_affinity(
 
 
 @pytest.mark.parametrize(
+    ("history", "now", "expected"),
+    [
+        pytest.param([("root", "b", 0.0)], 2.0, {"b": 1.0}, id="unseen-sub-agent-follows-parent"),
+        pytest.param(
+            [("root", "b", 0.0), ("sub", "c", 1.0)], 2.0, {"c": 1.0}, id="seen-sub-agent-its-own"
+        ),
+        pytest.param([("root", "b", 0.0)], 100.0, {}, id="parent-expired"),
+    ],
+)
+def test_session_affinity_of_a_sub_agent(
+    history: list[tuple[str, str, float]], now: float, expected: dict[str, float]
+) -> None:
+    sa = make("session-affinity", ttl_s=60)
+    for sid, iid, t in history:
+        sa.on_pick(t, req(session_id=sid), _served(iid))
+    sub = req(session_id="sub", parent_session_id="root")
+    assert sa.score(ctx(now=now), sub, [ep("a"), ep("b"), ep("c")]) == expected
+
+
+@pytest.mark.parametrize(
     ("prompt", "endpoints", "kept"),
     [
         (100, [ep("a"), ep("b"), ep("c"), ep("d")], ["a", "b"]),  # bucket 0 of 2

@@ -91,3 +91,34 @@ def test_two_replicas_without_shared_state_agree_on_every_session() -> None:
         assert picks[0] == picks[1], (s, picks)
         chosen.append(picks[0])
     assert len(set(chosen)) > 2
+
+
+@pytest.mark.parametrize(
+    ("session", "parent", "home_of"),
+    [
+        pytest.param("sub", "root", "root", id="sub-agent-goes-to-its-parents-home"),
+        pytest.param("root", "", "root", id="no-parent-own-home"),
+        pytest.param("", "root", None, id="parent-without-session-scores-nothing"),
+    ],
+)
+def test_sub_agent_home(session: str, parent: str, home_of: str | None) -> None:
+    plugin = make("session-home")
+    cands = [ep(i) for i in IDS]
+    out = plugin.score(ctx(), req(session_id=session, parent_session_id=parent), cands)
+    assert out == ({rendezvous_home(home_of, IDS): 1.0} if home_of else {})
+
+
+def test_sub_agents_land_beside_their_parent_on_an_idle_fleet() -> None:
+    """With the default profile, each sub-agent's first turn (a prompt with nothing in
+    common with its parent's) goes where its parent session went, for every parent."""
+    core = _replica()
+    for s in range(20):
+        placed = []
+        for rid, sess, parent in ((f"p{s}", f"root-{s}", ""), (f"c{s}", f"sub-{s}", f"root-{s}")):
+            v = RequestView(request_id=rid, prompt_tokens=64, session_id=sess,
+                            parent_session_id=parent, block_size=16)  # fmt: skip
+            d = core.pick(v, 0.0, rid)  # type: ignore[attr-defined]
+            assert isinstance(d, Pick), d
+            core.release(rid)  # type: ignore[attr-defined]
+            placed.append(d.decode.endpoint.instance_id)
+        assert placed[0] == placed[1], (s, placed)

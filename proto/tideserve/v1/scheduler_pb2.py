@@ -26,7 +26,7 @@ from tideserve.v1 import common_pb2 as tideserve_dot_v1_dot_common__pb2
 from tideserve.v1 import events_pb2 as tideserve_dot_v1_dot_events__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctideserve/v1/scheduler.proto\x12\x0ctideserve.v1\x1a\x19tideserve/v1/common.proto\x1a\x19tideserve/v1/events.proto\"\xe8\x02\n\x0bPickRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x13\n\x0bprompt_text\x18\x03 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x04 \x03(\x04\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x05\x12\x12\n\nmax_tokens\x18\x06 \x01(\x05\x12\x0e\n\x06tenant\x18\x07 \x01(\t\x12\x11\n\tslo_class\x18\x08 \x01(\t\x12\x12\n\nsession_id\x18\t \x01(\t\x12\x0f\n\x07profile\x18\n \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x0b \x01(\x03\x12\x19\n\x11\x65xclude_instances\x18\x0c \x03(\t\x12;\n\x0freport_outcomes\x18\r \x03(\x0b\x32\".tideserve.v1.ReportOutcomeRequest\x12\x13\n\x0btraceparent\x18\x0e \x01(\t\x12\x0b\n\x03tag\x18\x0f \x01(\t\"B\n\tPickError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x03 \x01(\x03\"t\n\x0ePickedEndpoint\x12(\n\x08instance\x18\x01 \x01(\x0b\x32\x16.tideserve.v1.Instance\x12\r\n\x05score\x18\x02 \x01(\x01\x12)\n\x06scores\x18\x03 \x03(\x0b\x32\x19.tideserve.v1.PluginScore\"\xdd\x02\n\x0cPickResponse\x12\x0f\n\x07pick_id\x18\x01 \x01(\t\x12-\n\x07prefill\x18\x02 \x01(\x0b\x32\x1c.tideserve.v1.PickedEndpoint\x12,\n\x06\x64\x65\x63ode\x18\x03 \x01(\x0b\x32\x1c.tideserve.v1.PickedEndpoint\x12\x15\n\rdisaggregated\x18\x04 \x01(\x08\x12\x16\n\x0e\x62ootstrap_host\x18\x05 \x01(\t\x12\x16\n\x0e\x62ootstrap_port\x18\x06 \x01(\x05\x12\x16\n\x0e\x62ootstrap_room\x18\x07 \x01(\x03\x12\x1f\n\x17predicted_cached_tokens\x18\x08 \x01(\x05\x12\x19\n\x11predicted_ttft_ms\x18\t \x01(\x01\x12\x0f\n\x07profile\x18\n \x01(\t\x12&\n\x05\x65rror\x18\x0b \x01(\x0b\x32\x17.tideserve.v1.PickError\x12\x0b\n\x03tag\x18\x0c \x01(\t\"\xd1\x01\n\x14ReportOutcomeRequest\x12\x0f\n\x07pick_id\x18\x01 \x01(\t\x12-\n\x07outcome\x18\x02 \x01(\x0e\x32\x1c.tideserve.v1.RequestOutcome\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x04 \x01(\x05\x12\x15\n\rcached_tokens\x18\x05 \x01(\x05\x12\x0f\n\x07ttft_ms\x18\x06 \x01(\x01\x12\x0f\n\x07tpot_ms\x18\x07 \x01(\x01\x12\x0e\n\x06\x65\x32\x65_ms\x18\x08 \x01(\x01\"\x17\n\x15ReportOutcomeResponse\"\xab\x01\n\x0e\x45ndpointStatus\x12(\n\x08instance\x18\x01 \x01(\x0b\x32\x16.tideserve.v1.Instance\x12(\n\x04load\x18\x02 \x01(\x0b\x32\x1a.tideserve.v1.LoadSnapshot\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\x12\x0f\n\x07\x63ircuit\x18\x05 \x01(\t\x12\x11\n\tin_flight\x18\x06 \x01(\x05\"*\n\x14ListEndpointsRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\"H\n\x15ListEndpointsResponse\x12/\n\tendpoints\x18\x01 \x03(\x0b\x32\x1c.tideserve.v1.EndpointStatus\"#\n\x0c\x44rainRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\"\"\n\rDrainResponse\x12\x11\n\tin_flight\x18\x01 \x01(\x05\"%\n\x0eUndrainRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\"\x11\n\x0fUndrainResponse2\xd8\x03\n\x10SchedulerService\x12=\n\x04Pick\x12\x19.tideserve.v1.PickRequest\x1a\x1a.tideserve.v1.PickResponse\x12G\n\nPickStream\x12\x19.tideserve.v1.PickRequest\x1a\x1a.tideserve.v1.PickResponse(\x01\x30\x01\x12X\n\rReportOutcome\x12\".tideserve.v1.ReportOutcomeRequest\x1a#.tideserve.v1.ReportOutcomeResponse\x12X\n\rListEndpoints\x12\".tideserve.v1.ListEndpointsRequest\x1a#.tideserve.v1.ListEndpointsResponse\x12@\n\x05\x44rain\x12\x1a.tideserve.v1.DrainRequest\x1a\x1b.tideserve.v1.DrainResponse\x12\x46\n\x07Undrain\x12\x1c.tideserve.v1.UndrainRequest\x1a\x1d.tideserve.v1.UndrainResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctideserve/v1/scheduler.proto\x12\x0ctideserve.v1\x1a\x19tideserve/v1/common.proto\x1a\x19tideserve/v1/events.proto\"\x83\x03\n\x0bPickRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x13\n\x0bprompt_text\x18\x03 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x04 \x03(\x04\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x05\x12\x12\n\nmax_tokens\x18\x06 \x01(\x05\x12\x0e\n\x06tenant\x18\x07 \x01(\t\x12\x11\n\tslo_class\x18\x08 \x01(\t\x12\x12\n\nsession_id\x18\t \x01(\t\x12\x0f\n\x07profile\x18\n \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x0b \x01(\x03\x12\x19\n\x11\x65xclude_instances\x18\x0c \x03(\t\x12;\n\x0freport_outcomes\x18\r \x03(\x0b\x32\".tideserve.v1.ReportOutcomeRequest\x12\x13\n\x0btraceparent\x18\x0e \x01(\t\x12\x0b\n\x03tag\x18\x0f \x01(\t\x12\x19\n\x11parent_session_id\x18\x10 \x01(\t\"B\n\tPickError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x03 \x01(\x03\"t\n\x0ePickedEndpoint\x12(\n\x08instance\x18\x01 \x01(\x0b\x32\x16.tideserve.v1.Instance\x12\r\n\x05score\x18\x02 \x01(\x01\x12)\n\x06scores\x18\x03 \x03(\x0b\x32\x19.tideserve.v1.PluginScore\"\xdd\x02\n\x0cPickResponse\x12\x0f\n\x07pick_id\x18\x01 \x01(\t\x12-\n\x07prefill\x18\x02 \x01(\x0b\x32\x1c.tideserve.v1.PickedEndpoint\x12,\n\x06\x64\x65\x63ode\x18\x03 \x01(\x0b\x32\x1c.tideserve.v1.PickedEndpoint\x12\x15\n\rdisaggregated\x18\x04 \x01(\x08\x12\x16\n\x0e\x62ootstrap_host\x18\x05 \x01(\t\x12\x16\n\x0e\x62ootstrap_port\x18\x06 \x01(\x05\x12\x16\n\x0e\x62ootstrap_room\x18\x07 \x01(\x03\x12\x1f\n\x17predicted_cached_tokens\x18\x08 \x01(\x05\x12\x19\n\x11predicted_ttft_ms\x18\t \x01(\x01\x12\x0f\n\x07profile\x18\n \x01(\t\x12&\n\x05\x65rror\x18\x0b \x01(\x0b\x32\x17.tideserve.v1.PickError\x12\x0b\n\x03tag\x18\x0c \x01(\t\"\xd1\x01\n\x14ReportOutcomeRequest\x12\x0f\n\x07pick_id\x18\x01 \x01(\t\x12-\n\x07outcome\x18\x02 \x01(\x0e\x32\x1c.tideserve.v1.RequestOutcome\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x04 \x01(\x05\x12\x15\n\rcached_tokens\x18\x05 \x01(\x05\x12\x0f\n\x07ttft_ms\x18\x06 \x01(\x01\x12\x0f\n\x07tpot_ms\x18\x07 \x01(\x01\x12\x0e\n\x06\x65\x32\x65_ms\x18\x08 \x01(\x01\"\x17\n\x15ReportOutcomeResponse\"\xab\x01\n\x0e\x45ndpointStatus\x12(\n\x08instance\x18\x01 \x01(\x0b\x32\x16.tideserve.v1.Instance\x12(\n\x04load\x18\x02 \x01(\x0b\x32\x1a.tideserve.v1.LoadSnapshot\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\x12\x0f\n\x07\x63ircuit\x18\x05 \x01(\t\x12\x11\n\tin_flight\x18\x06 \x01(\x05\"*\n\x14ListEndpointsRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\"H\n\x15ListEndpointsResponse\x12/\n\tendpoints\x18\x01 \x03(\x0b\x32\x1c.tideserve.v1.EndpointStatus\"#\n\x0c\x44rainRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\"\"\n\rDrainResponse\x12\x11\n\tin_flight\x18\x01 \x01(\x05\"%\n\x0eUndrainRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\"\x11\n\x0fUndrainResponse2\xd8\x03\n\x10SchedulerService\x12=\n\x04Pick\x12\x19.tideserve.v1.PickRequest\x1a\x1a.tideserve.v1.PickResponse\x12G\n\nPickStream\x12\x19.tideserve.v1.PickRequest\x1a\x1a.tideserve.v1.PickResponse(\x01\x30\x01\x12X\n\rReportOutcome\x12\".tideserve.v1.ReportOutcomeRequest\x1a#.tideserve.v1.ReportOutcomeResponse\x12X\n\rListEndpoints\x12\".tideserve.v1.ListEndpointsRequest\x1a#.tideserve.v1.ListEndpointsResponse\x12@\n\x05\x44rain\x12\x1a.tideserve.v1.DrainRequest\x1a\x1b.tideserve.v1.DrainResponse\x12\x46\n\x07Undrain\x12\x1c.tideserve.v1.UndrainRequest\x1a\x1d.tideserve.v1.UndrainResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,31 +34,31 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tideserve.v1.scheduler_pb2'
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PICKREQUEST']._serialized_start=101
-  _globals['_PICKREQUEST']._serialized_end=461
-  _globals['_PICKERROR']._serialized_start=463
-  _globals['_PICKERROR']._serialized_end=529
-  _globals['_PICKEDENDPOINT']._serialized_start=531
-  _globals['_PICKEDENDPOINT']._serialized_end=647
-  _globals['_PICKRESPONSE']._serialized_start=650
-  _globals['_PICKRESPONSE']._serialized_end=999
-  _globals['_REPORTOUTCOMEREQUEST']._serialized_start=1002
-  _globals['_REPORTOUTCOMEREQUEST']._serialized_end=1211
-  _globals['_REPORTOUTCOMERESPONSE']._serialized_start=1213
-  _globals['_REPORTOUTCOMERESPONSE']._serialized_end=1236
-  _globals['_ENDPOINTSTATUS']._serialized_start=1239
-  _globals['_ENDPOINTSTATUS']._serialized_end=1410
-  _globals['_LISTENDPOINTSREQUEST']._serialized_start=1412
-  _globals['_LISTENDPOINTSREQUEST']._serialized_end=1454
-  _globals['_LISTENDPOINTSRESPONSE']._serialized_start=1456
-  _globals['_LISTENDPOINTSRESPONSE']._serialized_end=1528
-  _globals['_DRAINREQUEST']._serialized_start=1530
-  _globals['_DRAINREQUEST']._serialized_end=1565
-  _globals['_DRAINRESPONSE']._serialized_start=1567
-  _globals['_DRAINRESPONSE']._serialized_end=1601
-  _globals['_UNDRAINREQUEST']._serialized_start=1603
-  _globals['_UNDRAINREQUEST']._serialized_end=1640
-  _globals['_UNDRAINRESPONSE']._serialized_start=1642
-  _globals['_UNDRAINRESPONSE']._serialized_end=1659
-  _globals['_SCHEDULERSERVICE']._serialized_start=1662
-  _globals['_SCHEDULERSERVICE']._serialized_end=2134
+  _globals['_PICKREQUEST']._serialized_end=488
+  _globals['_PICKERROR']._serialized_start=490
+  _globals['_PICKERROR']._serialized_end=556
+  _globals['_PICKEDENDPOINT']._serialized_start=558
+  _globals['_PICKEDENDPOINT']._serialized_end=674
+  _globals['_PICKRESPONSE']._serialized_start=677
+  _globals['_PICKRESPONSE']._serialized_end=1026
+  _globals['_REPORTOUTCOMEREQUEST']._serialized_start=1029
+  _globals['_REPORTOUTCOMEREQUEST']._serialized_end=1238
+  _globals['_REPORTOUTCOMERESPONSE']._serialized_start=1240
+  _globals['_REPORTOUTCOMERESPONSE']._serialized_end=1263
+  _globals['_ENDPOINTSTATUS']._serialized_start=1266
+  _globals['_ENDPOINTSTATUS']._serialized_end=1437
+  _globals['_LISTENDPOINTSREQUEST']._serialized_start=1439
+  _globals['_LISTENDPOINTSREQUEST']._serialized_end=1481
+  _globals['_LISTENDPOINTSRESPONSE']._serialized_start=1483
+  _globals['_LISTENDPOINTSRESPONSE']._serialized_end=1555
+  _globals['_DRAINREQUEST']._serialized_start=1557
+  _globals['_DRAINREQUEST']._serialized_end=1592
+  _globals['_DRAINRESPONSE']._serialized_start=1594
+  _globals['_DRAINRESPONSE']._serialized_end=1628
+  _globals['_UNDRAINREQUEST']._serialized_start=1630
+  _globals['_UNDRAINREQUEST']._serialized_end=1667
+  _globals['_UNDRAINRESPONSE']._serialized_start=1669
+  _globals['_UNDRAINRESPONSE']._serialized_end=1686
+  _globals['_SCHEDULERSERVICE']._serialized_start=1689
+  _globals['_SCHEDULERSERVICE']._serialized_end=2161
 # @@protoc_insertion_point(module_scope)

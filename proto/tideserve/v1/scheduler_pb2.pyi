@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PickRequest(_message.Message):
-    __slots__ = ("deployment", "prompt_token_ids", "prompt_text", "block_hashes", "prompt_tokens", "max_tokens", "tenant", "slo_class", "session_id", "profile", "deadline_ms", "exclude_instances", "report_outcomes", "traceparent", "tag")
+    __slots__ = ("deployment", "prompt_token_ids", "prompt_text", "block_hashes", "prompt_tokens", "max_tokens", "tenant", "slo_class", "session_id", "profile", "deadline_ms", "exclude_instances", "report_outcomes", "traceparent", "tag", "parent_session_id")
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,7 @@ class PickRequest(_message.Message):
     REPORT_OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     TAG_FIELD_NUMBER: _ClassVar[int]
+    PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     deployment: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     prompt_text: str
@@ -40,7 +41,8 @@ class PickRequest(_message.Message):
     report_outcomes: _containers.RepeatedCompositeFieldContainer[ReportOutcomeRequest]
     traceparent: str
     tag: str
-    def __init__(self, deployment: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., tenant: _Optional[str] = ..., slo_class: _Optional[str] = ..., session_id: _Optional[str] = ..., profile: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., exclude_instances: _Optional[_Iterable[str]] = ..., report_outcomes: _Optional[_Iterable[_Union[ReportOutcomeRequest, _Mapping]]] = ..., traceparent: _Optional[str] = ..., tag: _Optional[str] = ...) -> None: ...
+    parent_session_id: str
+    def __init__(self, deployment: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., tenant: _Optional[str] = ..., slo_class: _Optional[str] = ..., session_id: _Optional[str] = ..., profile: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., exclude_instances: _Optional[_Iterable[str]] = ..., report_outcomes: _Optional[_Iterable[_Union[ReportOutcomeRequest, _Mapping]]] = ..., traceparent: _Optional[str] = ..., tag: _Optional[str] = ..., parent_session_id: _Optional[str] = ...) -> None: ...
 
 class PickError(_message.Message):
     __slots__ = ("code", "message", "retry_after_ms")

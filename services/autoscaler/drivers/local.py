@@ -20,7 +20,8 @@ task supervises them all (no threads):
 - a crash (the process exits while not being stopped) -> FAILED with the exit code and the
   log's last line as ``last_error``; with the role's restart policy ``always`` restarted on
   the same port and id after an exponential back-off (``restart_base_s`` doubling to
-  ``restart_max_s``), forever: a role that never starts shows FAILED with its ``restarts``
+  ``restart_max_s``), forever (a range port another process took meanwhile is exchanged
+  for a free one, the id kept): a role that never starts shows FAILED with its ``restarts``
   and error, and never blocks :meth:`scale`; with ``never`` it stays FAILED (and counted, so
   it is not replaced either) until scaled away;
 - sidecars (the role's ``sidecars``, e.g. a real engine's kv-bridge): started with the
@@ -441,8 +442,28 @@ class LocalDriver:
             ready_ms=0,
         )
 
+    async def _move_if_taken(self, inst: _Instance) -> None:
+        """A range port another process took while the instance was down is not waited
+        for: the restart takes the next free one (membership updates the address by id)
+        and its sidecars start again with it. A role's own port stays, and the restart
+        fails on it loudly."""
+        s = self.settings
+        if inst.port in inst.target.ports or port_is_free(s.host, inst.port):
+            return
+        old = inst.port
+        inst.port = self._free_port(inst.target)
+        inst.status = replace(inst.status, endpoint=f"http://{s.host}:{inst.port}")
+        log.warning(
+            "%s: port %d was taken by another process; restarting on %d",
+            inst.status.instance_id, old, inst.port,
+        )  # fmt: skip
+        if inst.sidecars is not None:
+            await inst.sidecars.stop(s.stop_grace_s)
+            inst.sidecars = None
+
     async def _restart(self, inst: _Instance) -> None:
         try:
+            await self._move_if_taken(inst)
             self._exec(inst)
         except DriverError as e:
             await self._crashed(inst, str(e))

@@ -68,6 +68,7 @@ class Intake:
     tenant: str = ""
     slo_class: str = ""
     session_id: str = ""
+    parent_session_id: str = ""
     profile: str = ""
     index_tenant: str = ""
     deadline_in_ms: float | None = None
@@ -99,6 +100,7 @@ def request_view(core: GatewayCore, intake: Intake, block_size: int) -> RequestV
         tenant=intake.tenant,
         slo_class=intake.slo_class,
         session_id=intake.session_id,
+        parent_session_id=intake.parent_session_id,
         ttft_slo_ms=core.ttft_budget_ms(intake.slo_class, intake.deadline_in_ms),
         exclude=intake.exclude,
     )

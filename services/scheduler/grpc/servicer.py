@@ -339,6 +339,7 @@ class SchedulerServicer(_Base):
             tenant=r.tenant,
             slo_class=r.slo_class,
             session_id=r.session_id,
+            parent_session_id=r.parent_session_id,
             profile=r.profile,
             deadline_in_ms=deadline_in,
             exclude=frozenset(r.exclude_instances),

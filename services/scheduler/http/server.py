@@ -434,6 +434,7 @@ class Gateway:
             tenant=p.tenant,
             slo_class=p.slo_class,
             session_id=p.session_id,
+            parent_session_id=p.parent_session_id,
             profile=p.profile,
             index_tenant=self.opts.tokens.index_tenant(p.cache_salt),
             deadline_in_ms=p.deadline_ms,

@@ -179,6 +179,8 @@ class RequestView:
 
     ``ttft_slo_ms`` is the time-to-first-token budget left for this request (0 = none).
     ``prefix_matches`` is kvmeta's ``MatchPrefix`` answer (None = not looked up).
+    ``parent_session_id`` is a sub-agent's parent session: the sub-agent's prompt starts from
+    the parent's system prompt and tools, so session placement considers the parent's place.
     """
 
     request_id: str
@@ -189,6 +191,7 @@ class RequestView:
     tenant: str = ""
     slo_class: str = ""
     session_id: str = ""
+    parent_session_id: str = ""
     lora: str = ""
     ttft_slo_ms: float = 0.0
     prefix_matches: Mapping[str, PrefixMatch] | None = None

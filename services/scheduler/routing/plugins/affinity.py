@@ -26,8 +26,10 @@ class SessionAffinityParams(Params):
 @register("session-affinity", SessionAffinityParams)
 class SessionAffinity:
     """Scores 1 for the instance that last served ``request.session_id`` (decode side),
-    0 elsewhere; scores nothing when the session is unknown/expired, the instance is not a
-    candidate, or it is overloaded (the load escape). Bounded LRU of sessions with TTL; a
+    0 elsewhere; a sub-agent's session not seen yet scores where its parent session last
+    went (its prompt starts from the parent's). Scores nothing when the session (and its
+    parent) is unknown/expired, the instance is not a candidate, or it is overloaded (the
+    load escape). Bounded LRU of sessions with TTL; a
     session's entry is dropped when its final turn is answered (:meth:`end_session`)."""
 
     def __init__(self, name: str, params: SessionAffinityParams, env: PluginEnv) -> None:
@@ -47,6 +49,8 @@ class SessionAffinity:
         if not request.session_id:
             return {}
         iid = self.sticky(request.session_id, ctx.now)
+        if iid is None and request.parent_session_id:
+            iid = self.sticky(request.parent_session_id, ctx.now)
         e = next((c for c in candidates if c.instance_id == iid), None)
         if e is None:
             return {}
@@ -85,7 +89,9 @@ def rendezvous_home(key: str, instance_ids: Sequence[str]) -> str | None:
 @register("session-home", NoParams)
 class SessionHome:
     """Scores 1 for the request's session home among the candidates (:func:`rendezvous_home`
-    of ``request.session_id``), 0 elsewhere; nothing without a session id.
+    of ``request.session_id``), 0 elsewhere; nothing without a session id. A sub-agent's
+    home is its parent session's: its prompt starts from the parent's system prompt and
+    tools, which the parent's turns left there, and its own turns stay together.
 
     Active-active gateway replicas learn where a session went only through shared state,
     which arrives after the fact. This scorer needs no state: every replica ranks the same
@@ -100,7 +106,8 @@ class SessionHome:
     def score(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
     ) -> Mapping[str, float]:
-        if not request.session_id:
+        key = request.parent_session_id or request.session_id
+        if not request.session_id or not key:
             return {}
-        home = rendezvous_home(request.session_id, [c.instance_id for c in candidates])
+        home = rendezvous_home(key, [c.instance_id for c in candidates])
         return {home: 1.0} if home is not None else {}
