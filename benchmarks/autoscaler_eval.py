@@ -1,4 +1,4 @@
-"""Autoscaler evaluation in VIRTUAL TIME over the pure cores (issue 11): prints one JSON object.
+"""Autoscaler evaluation in VIRTUAL TIME over the pure cores: prints one JSON object.
 
 Replays the 14-day ServeGen tide (``servegen_language_m-large_rate.csv``, 10-minute rates),
 time-compressed so that one day lasts ``--day-s`` virtual seconds and scaled by

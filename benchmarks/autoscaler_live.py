@@ -1,4 +1,4 @@
-"""Live autoscaler evaluation (issue 11): a time-compressed ServeGen tide replayed through the
+"""Live autoscaler evaluation: a time-compressed ServeGen tide replayed through the
 local stack with simulated engines, real telemetry and the local driver; prints one JSON object.
 
 What runs, all real, on this machine (``_live_stack.py``): embedded Postgres and Redis; the

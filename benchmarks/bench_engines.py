@@ -1,4 +1,4 @@
-"""Trace benchmark against a fleet of simulated engines (issue 3's benchmark run).
+"""Trace benchmark against a fleet of simulated engines.
 
 Starts N aggregated engines (``tideserve engine`` subprocesses on free ports), waits for
 their ``/health``, runs ``tideserve bench`` on the first requests of the Mooncake

@@ -1,4 +1,4 @@
-"""CPU per request of two gateway trees, A/B, interleaved (issue 16, second pass).
+"""CPU per request of two gateway trees, A/B, interleaved.
 
 A change of a few % of the gateway's CPU per request is below what one run per side can
 show on a shared machine (back-to-back ``gateway_profile.py`` runs of the same tree differ

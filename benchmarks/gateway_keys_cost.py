@@ -1,4 +1,4 @@
-"""Gateway cost of API keys and per-tenant rate limits (issue 15, "Performance").
+"""Gateway cost of API keys and per-tenant rate limits.
 
 Modes: ``off`` (no keys, the default), ``keys`` (a key on every request, no limits: the
 in-process key cache only), ``keys_limits`` (a key with rpm/tpm limits never reached,

@@ -1,5 +1,5 @@
 """Added latency and maximum throughput of a router in front of an upstream that is never the
-bottleneck (issue 5, "Overhead").
+bottleneck.
 
 The upstream is nginx (Debian package ``nginx``) serving canned engine answers from a config
 generated in a temp dir: ``/health``, ``/metrics`` (SGLang names, zero load), server/model

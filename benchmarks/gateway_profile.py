@@ -1,4 +1,4 @@
-"""Where the gateway's CPU goes, per request and per stage (issue 16).
+"""Where the gateway's CPU goes, per request and per stage.
 
 One ``tideserve gateway`` process in front of the same canned nginx upstream as
 ``gateway_overhead.py``, driven by its open-loop load generator (a process of its own) with

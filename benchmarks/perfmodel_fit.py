@@ -1,4 +1,4 @@
-"""Accuracy of telemetry's fitted performance model against the engine simulator (issue 10).
+"""Accuracy of telemetry's fitted performance model against the engine simulator.
 
 One fleet of simulated engines (``tideserve engine``, load snapshots to an embedded Redis)
 behind one Tideserve gateway writing a ``RequestRecord`` per request to

@@ -1,4 +1,4 @@
-"""Scheduling decisions per second over 64 endpoints (issue 5: "Decisions/s of the gRPC pick
+"""Scheduling decisions per second over 64 endpoints (target: "Decisions/s of the gRPC pick
 RPC per process, target >= 3,000/s with precise prefix scoring over 64 endpoints").
 
 Workload: the first ``--requests`` prompts of the Mooncake conversation trace, turned into

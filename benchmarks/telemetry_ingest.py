@@ -1,4 +1,4 @@
-"""Telemetry ingest throughput into Postgres (issue 10: >= 20,000 records/s sustained).
+"""Telemetry ingest throughput into Postgres (target: >= 20,000 records/s sustained).
 
 Two figures, on an embedded Postgres + Redis (or --postgres-url/--redis-url):
 

@@ -1,4 +1,4 @@
-"""QueryWindow latency over 5 minutes holding 1,000,000 records (issue 10: p99 < 50 ms).
+"""QueryWindow latency over 5 minutes holding 1,000,000 records (target: p99 < 50 ms).
 
 1. Fill: N records finishing within a 290-second span (cloned from 10,000 synthetic
    templates: 2 deployments x 3 classes x 4 tenants, 20% disaggregated -> 72 slices) go

@@ -20,10 +20,10 @@ gives the ``error`` event for a stream that broke (see the relay).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
+from services.common import jsonfast
 from services.common.apis.anthropic import error_body
 from services.common.apis.anthropic_answer import chat_usage, stop_of
 
@@ -33,7 +33,7 @@ _MAX_CARRY = 8 << 20  # an unterminated line longer than this is dropped
 
 
 def sse_event(name: str, data: dict[str, Any]) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+    return b"event: " + name.encode() + b"\ndata: " + jsonfast.dumps(data) + b"\n\n"
 
 
 class StreamTranslator:
@@ -93,7 +93,7 @@ class StreamTranslator:
         if payload == b"[DONE]":
             return self._done()
         try:
-            obj = json.loads(payload)
+            obj = jsonfast.loads(payload)
         except (ValueError, UnicodeDecodeError):
             return b""
         if not isinstance(obj, dict):

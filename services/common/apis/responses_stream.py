@@ -21,10 +21,10 @@ the gateway's; its last event is held back the same way.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from services.common import jsonfast
 from services.common.apis.responses import Item, ResponsesRequest, as_map
 from services.common.apis.responses_answer import (
     function_item,
@@ -59,7 +59,7 @@ def sse_events(buf: bytearray) -> Iterator[tuple[str, str]]:
 
 def _event(kind: str, seq: int, fields: Mapping[str, Any]) -> bytes:
     obj = {"type": kind, "sequence_number": seq, **fields}
-    return f"event: {kind}\ndata: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+    return b"event: " + kind.encode() + b"\ndata: " + jsonfast.dumps(obj) + b"\n\n"
 
 
 def final_event(response: Mapping[str, Any], seq: int) -> bytes:
@@ -112,16 +112,16 @@ class ChatToResponses:
                 self._end()
                 continue
             try:
-                obj = json.loads(payload)
+                obj = jsonfast.loads(payload)
             except ValueError:
                 continue
-            if isinstance(obj, Mapping):
+            if isinstance(obj, dict):
                 self._chunk(obj)
         out, self._out = b"".join(self._out), []
         return out
 
     def _chunk(self, obj: Mapping[str, Any]) -> None:
-        if isinstance(obj.get("error"), Mapping):
+        if isinstance(obj.get("error"), dict):
             err = obj["error"]
             self.error = {
                 "code": str(err.get("code") or "server_error"),
@@ -138,14 +138,14 @@ class ChatToResponses:
         if obj.get("usage") is not None:
             self.usage = response_usage(obj["usage"])
         choices = obj.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             return
         choice = choices[0]
         delta = as_map(choice.get("delta"))
         if isinstance(delta.get("content"), str) and delta["content"]:
             self._text(delta["content"])
         for tc in delta.get("tool_calls") or []:
-            if isinstance(tc, Mapping):
+            if isinstance(tc, dict):
                 self._tool(tc)
         if choice.get("finish_reason"):
             self.finish = str(choice["finish_reason"])
@@ -290,14 +290,14 @@ class NativeResponses:
         out: list[bytes] = []
         for name, payload in sse_events(self._buf):
             try:
-                obj = json.loads(payload)
+                obj = jsonfast.loads(payload)
             except ValueError:
                 continue
             if not isinstance(obj, dict):
                 continue
             if isinstance(obj.get("response"), dict):
                 patch_response(obj["response"], self.req, self.resp_id, self.store)
-            if not obj.get("type") and not name and isinstance(obj.get("error"), Mapping):
+            if not obj.get("type") and not name and isinstance(obj.get("error"), dict):
                 # the gateway's own error event of a broken stream (chat-shaped)
                 err = obj["error"]
                 obj = {
@@ -309,7 +309,7 @@ class NativeResponses:
             seq = obj.get("sequence_number")
             if isinstance(seq, int) and not isinstance(seq, bool):
                 self._last_seq = seq
-            evt = f"event: {kind}\ndata: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+            evt = b"event: " + kind.encode() + b"\ndata: " + jsonfast.dumps(obj) + b"\n\n"
             if kind in _FINAL and isinstance(obj.get("response"), dict):
                 self.response, self._final, self.done = obj["response"], evt, True
                 self.final_seq = self._last_seq

@@ -1,5 +1,5 @@
 """The one prefix estimate: the larger of the routed (approximate) and the precise match
-per instance, scored once (issue 12: two prefix scorers counted a prefix both knew twice)."""
+per instance, scored once (two prefix scorers counted a prefix both knew twice)."""
 
 from __future__ import annotations
 
