@@ -8,6 +8,7 @@ one workload at a time:
 |---|---|
 | ``short`` | ``/v1/completions``, 128-token prompt, non-streaming (``gateway_overhead.py``'s) |
 | ``short_stream`` | ``/v1/chat/completions``, 128-token message, streamed (8 SSE events) |
+| ``messages_stream`` / ``responses_stream`` | the same message as a streamed ``/v1/messages`` / ``/v1/responses`` request (translated to chat and back) |
 | ``long_8k`` / ``long_64k`` / ``long_128k`` | ``/v1/completions`` with an 8k/64k/128k-token prompt |
 | ``agentic_64k`` | a streamed chat of an agent: system prompt, 5 tools offered, 24 rounds of assistant tool calls and tool results, ≈ 64k tokens |
 
@@ -70,6 +71,8 @@ from gateway_overhead import router_cmd, start_canned_upstream
 WORKLOADS: dict[str, float] = {
     "short": 300.0,
     "short_stream": 300.0,
+    "messages_stream": 300.0,
+    "responses_stream": 300.0,
     "long_8k": 40.0,
     "long_64k": 6.0,
     "long_128k": 3.0,
@@ -176,6 +179,8 @@ def agentic_body(tokens: int, rounds: int = 24) -> dict[str, Any]:
 def workload_request(name: str, port: int) -> bytes:
     if name in ("short", "short_stream"):
         return request_bytes("127.0.0.1", port, name == "short_stream", 128)
+    if name in ("messages_stream", "responses_stream"):
+        return request_bytes("127.0.0.1", port, True, 128, api=name.removesuffix("_stream"))
     if name.startswith("long_"):
         n = int(name.removeprefix("long_").removesuffix("k")) * 1024
         return _http(
