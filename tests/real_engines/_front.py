@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -50,6 +51,9 @@ class Front:
     feeder: IndexFeeder
     scheduler: Scheduler
     bridges: dict[str, KVBridge] = field(default_factory=dict)
+    replica_urls: tuple[str, ...] = ()
+    """Every gateway replica's URL (``url`` first): replicas share Redis, kvmeta and
+    Postgres, and nothing else."""
 
     @property
     def kv_stream(self) -> str:
@@ -124,9 +128,11 @@ async def front(
     precise_source: Literal["kvmeta", "local"] = "kvmeta",
     keys: KeyGate | None = None,
     endpoint_roles: tuple[str, ...] = (),
+    replicas: int = 1,
     **settings: Any,
 ) -> AsyncIterator[Front]:
-    """``endpoint_roles``: each server's role (prefill, decode; default: workers)."""
+    """``endpoint_roles``: each server's role (prefill, decode; default: workers);
+    ``replicas``: gateway replicas (``Front.scheduler`` is the first)."""
     roles = endpoint_roles or ("worker",) * len(servers)
     prefix = f"rt{uuid.uuid4().hex[:8]}"
     redis = aioredis.Redis.from_url(redis_url)
@@ -138,30 +144,36 @@ async def front(
                 bridges[instance_id(s)] = await stack.enter_async_context(
                     running_bridge(redis, redis_url, prefix, s)
                 )
-            port = free_port()
-            scheduler = Scheduler(
-                SchedulerSettings(
-                    http_port=port,
-                    grpc_port=0,
-                    endpoints=[f"{r}={s.url}" for r, s in zip(roles, servers, strict=True)],
-                    deployment=DEPLOYMENT,
-                    model_path=model_dir,
-                    hash_scheme="vllm",
-                    block_size=BLOCK_SIZE,
-                    redis_url=redis_url,
-                    stream_prefix=prefix,
-                    kvmeta_address=feeder_addr,
-                    precise_source=precise_source,
-                    **settings,
+            ports = [free_port() for _ in range(replicas)]
+            schedulers = [
+                Scheduler(
+                    SchedulerSettings(
+                        http_port=port,
+                        grpc_port=0,
+                        endpoints=[f"{r}={s.url}" for r, s in zip(roles, servers, strict=True)],
+                        deployment=DEPLOYMENT,
+                        model_path=model_dir,
+                        hash_scheme="vllm",
+                        block_size=BLOCK_SIZE,
+                        redis_url=redis_url,
+                        stream_prefix=prefix,
+                        kvmeta_address=feeder_addr,
+                        precise_source=precise_source,
+                        **settings,
+                    )
                 )
-            )
-            if keys is not None:
-                scheduler.gateway.keys = keys
-            await scheduler.start(("127.0.0.1", port, False))
-            stack.push_async_callback(scheduler.stop)
-            f = Front(f"http://127.0.0.1:{port}", prefix, redis, feeder, scheduler, bridges)
-            await eventually(lambda: _serving(f, len(servers)), within_s=30)
-            yield f
+                for port in ports
+            ]
+            for port, scheduler in zip(ports, schedulers, strict=True):
+                if keys is not None:
+                    scheduler.gateway.keys = keys
+                await scheduler.start(("127.0.0.1", port, False))
+                stack.push_async_callback(scheduler.stop)
+            urls = tuple(f"http://127.0.0.1:{port}" for port in ports)
+            for k, scheduler in enumerate(schedulers):
+                f = Front(urls[k], prefix, redis, feeder, scheduler, bridges, urls)
+                await eventually(functools.partial(_serving, f, len(servers)), within_s=30)
+            yield Front(urls[0], prefix, redis, feeder, schedulers[0], bridges, urls)
     finally:
         await redis.aclose()
 

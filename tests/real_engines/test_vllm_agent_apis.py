@@ -10,8 +10,9 @@ forwarded natively to vLLM's own ``/v1/messages`` and ``/v1/responses`` (``nativ
   the engine holding it, and its next turn hits vLLM's cache with the cached tokens the
   gateway predicted;
 - streaming works through both SDKs;
-- ``previous_response_id`` rebuilds the context from the gateway's store (Postgres), and
-  vLLM sees the whole conversation;
+- ``previous_response_id`` rebuilds the context from the gateway's store (Postgres), on
+  another gateway replica than the one that answered the first turn, and vLLM sees the
+  whole conversation; that replica retrieves and deletes the stored response;
 - vLLM's own ``/v1/responses`` adds the tokenizer's BOS to the template's; the gateway's
   block hashes of a native Responses request do too, so they are the ones in vLLM's events.
 """
@@ -228,9 +229,17 @@ async def test_responses_through_the_sdk(
     db.migrate(postgres_db_url, "scheduler")
     apis = ["responses"] if native else []
     async with front(
-        list(vllm_pair), redis_url, real_model, native_apis=apis, postgres_url=postgres_db_url
+        list(vllm_pair),
+        redis_url,
+        real_model,
+        native_apis=apis,
+        postgres_url=postgres_db_url,
+        replicas=2,
     ) as f:
-        client = openai.AsyncOpenAI(base_url=f.url + "/v1", api_key="unused", max_retries=0)
+        client, other = (
+            openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+            for url in f.replica_urls
+        )
         session = {"session-id": f"codex-{uuid.uuid4().hex[:8]}"}
         body = responses_turn(seed)
         first = await client.responses.create(**{**body, "store": True}, extra_headers=session)
@@ -243,7 +252,7 @@ async def test_responses_through_the_sdk(
             return f.held(holder, hashes) == len(hashes)
 
         await eventually(indexed, within_s=60)
-        stream = await client.responses.create(
+        stream = await other.responses.create(
             model=MODEL_NAME,
             max_output_tokens=2,
             # not carried over (OpenAI's rule, vLLM's too): Codex sends them every turn
@@ -255,10 +264,16 @@ async def test_responses_through_the_sdk(
             extra_headers=session,
         )
         kinds = [event.type async for event in stream]
-        await client.close()
         one, two = await f.records(2)
+        kept = await other.responses.retrieve(first.id)
+        await other.responses.delete(first.id)
+        with pytest.raises(openai.NotFoundError):
+            await client.responses.retrieve(first.id)
+        await client.close()
+        await other.close()
 
     assert first.status in ("completed", "incomplete") and first.model == MODEL_NAME
+    assert kept.id == first.id and kept.output_text == first.output_text
     assert first.usage is not None
     # vLLM's own /v1/responses adds the tokenizer's BOS to the template's: one more token
     assert first.usage.input_tokens == expected + (1 if native else 0)
