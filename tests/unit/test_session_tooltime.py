@@ -122,4 +122,3 @@ def test_rotation_forgets_old_generations() -> None:
 )
 def test_nearest_rank(values: list[float], q: float, expect: float) -> None:
     assert nearest_rank(values, q) == expect
-

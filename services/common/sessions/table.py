@@ -25,6 +25,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
+from services.common.kvindex.events import TIERS
 from services.common.sessions.model import (
     InvalidSessionError,
     Phase,
@@ -49,9 +50,9 @@ def _require(key: SessionKey, now: float) -> None:
 
 
 def _tiers(tiers: Mapping[int, int]) -> tuple[tuple[int, int], ...]:
-    bad = [(t, n) for t, n in tiers.items() if t < 1 or n < 0]
+    bad = [(t, n) for t, n in tiers.items() if t not in TIERS or n < 0]
     if bad:
-        raise InvalidSessionError(f"tiers need tier >= 1 and blocks >= 0, got {bad}")
+        raise InvalidSessionError(f"tiers need a tier in {TIERS} and blocks >= 0, got {bad}")
     return tuple(sorted((t, n) for t, n in tiers.items() if n > 0))
 
 
