@@ -187,3 +187,10 @@ def test_on_arrival(kw: dict[str, float | bool], expect: Arrival) -> None:
     recompute = float(args.pop("recompute", 800.0))
     got = on_arrival(NOW, fetch_cost_ms=1000.0, recompute_cost_ms=recompute, **args)  # type: ignore[arg-type]
     assert got is expect
+
+
+def test_tier_link_of_a_profile_costs_what_the_engine_uses() -> None:
+    p = get_profile(DEFAULT_PROFILE)
+    assert fetch_ms(8192, p.kv_bytes_per_token, TierLink.of(p)) == pytest.approx(
+        p.transfer_ms(8192)
+    )
