@@ -10,6 +10,10 @@ reference stays resident and is reused by later prompts until it is evicted.
 
 Eviction is LRU over unreferenced cached blocks only, leaf first (a released chain is queued
 child before parent, so a prefix outlives its extensions). Referenced blocks are never evicted.
+Retention priority: blocks marked with :meth:`KVCache.protect` (an idle agent session's
+prefix the retention rule keeps, :mod:`services.common.sessions.retention`) are evicted only
+when the unprotected ones are not enough, then in LRU order too; :meth:`KVCache.unprotect`
+drops the mark. Protection never refuses an allocation that would fit without it.
 
 Every cached block has a *slot* in ``0 .. capacity_blocks-1`` (taken at commit, given back
 when the block is evicted or cleared; cached blocks never outnumber the capacity, so one is
@@ -101,6 +105,7 @@ class KVCache:
         self.hold_evicted = hold_evicted
         self._held: OrderedDict[int, int] = OrderedDict()  # slot -> evicted hash, oldest first
         self._evicted: list[tuple[int, int]] = []
+        self._protected: set[int] = set()
         # Cumulative prefix-cache statistics (in tokens of full blocks).
         self.query_tokens = 0
         self.hit_tokens = 0
@@ -163,6 +168,24 @@ class KVCache:
         for s in done:
             del self._held[s]
         self._slots.give(done)
+
+    def protect(self, hashes: list[int]) -> int:
+        """Evict these blocks last (those resident now); returns how many were marked."""
+        marked = [h for h in hashes if h in self._blocks]
+        self._protected.update(marked)
+        return len(marked)
+
+    def unprotect(self, hashes: list[int] | None = None) -> None:
+        """Drop the mark of ``hashes`` (None: of every block)."""
+        if hashes is None:
+            self._protected.clear()
+        else:
+            self._protected.difference_update(hashes)
+
+    @property
+    def protected_blocks(self) -> int:
+        """Resident blocks marked by :meth:`protect`."""
+        return len(self._protected)
 
     def holds(self, seq_id: str) -> bool:
         return seq_id in self._seqs
@@ -256,6 +279,7 @@ class KVCache:
         self._filled.clear()
         self._blocks.clear()
         self._lru.clear()
+        self._protected.clear()
         self.outbox.append(KVEventRecord(KVEventKind.ALL_CLEARED))
         return True
 
@@ -333,11 +357,19 @@ class KVCache:
             self._lru.move_to_end(h)
 
     def _evict(self, n: int, keep: set[int] | None = None) -> None:
-        """Evict up to ``n`` unreferenced blocks, least recent first, none of ``keep``."""
-        victims = list(islice((h for h in self._lru if not keep or h not in keep), max(0, n)))
+        """Evict up to ``n`` unreferenced blocks, least recent first, none of ``keep``;
+        protected blocks only when the others are not enough."""
+        n = max(0, n)
+        prot = self._protected
+        free = (h for h in self._lru if (not keep or h not in keep) and h not in prot)
+        victims = list(islice(free, n))
+        if len(victims) < n and prot:
+            last = (h for h in self._lru if (not keep or h not in keep) and h in prot)
+            victims.extend(islice(last, n - len(victims)))
         removed: list[int] = []
         for h in victims:
             del self._lru[h]
+            self._protected.discard(h)
             slot = self._blocks.pop(h).slot
             if self.hold_evicted:
                 self._held[slot] = h

@@ -29,6 +29,12 @@ ACCESS = AccessTable(
         "BatchPutStart": OP,
         "BatchPutEnd": OP,
         "BatchGetReplicaList": R,
+        "StartSessionTurn": OP,
+        "EndSessionTurn": OP,
+        "SetSessionPlacement": OP,
+        "EndAgentSession": OP,
+        "GetAgentSession": R,
+        "ListAgentSessions": R,
     },
 )
 

@@ -1,7 +1,8 @@
 """``python -m services.kvmeta``: the kvmeta service process.
 
 Wiring: Redis (optional) feeds the prefix index from ``{prefix}:kv:*`` streams; Postgres
-(optional) stores index checkpoints and object-master rows (migrated at start); the
+(optional) stores index checkpoints, object-master rows and agent sessions (migrated at
+start); the
 Mooncake Transfer Engine HTTP metadata server runs on ``metadata_http_port`` (0 = off).
 """
 
@@ -20,6 +21,7 @@ from services.common.metrics import service_registry
 from services.common.redis_client import redis_client
 from services.common.security.http import http_auth
 from services.common.server import ServiceHooks, run_service
+from services.common.sessions import SessionTable, ToolTimePredictor
 from services.kvmeta.access import ACCESS, METADATA_ACCESS
 from services.kvmeta.checkpoint import KVMetaStore
 from services.kvmeta.index import PrefixIndex
@@ -28,6 +30,7 @@ from services.kvmeta.metadata_http import MetadataServer
 from services.kvmeta.metrics import KVMetaCollector
 from services.kvmeta.objects import ObjectMaster
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
+from services.kvmeta.sessions import SessionShell, SessionStore
 from services.kvmeta.settings import KVMetaSettings
 
 __all__ = ["build", "main"]
@@ -68,6 +71,7 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
         store,
         time.time,
     )
+    sessions = _sessions(settings, SessionStore(engine) if engine is not None else None)
     metadata = MetadataServer(
         settings.host,
         settings.metadata_http_port,
@@ -87,15 +91,25 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
             except Exception:  # keep ticking; the next tick persists what is pending
                 log.exception("object master tick failed")
 
+    async def tick_sessions() -> None:
+        while True:
+            await asyncio.sleep(settings.session_tick_s)
+            try:
+                await sessions.tick()
+            except Exception:  # keep ticking; the next tick persists what is pending
+                log.exception("session expiry tick failed")
+
     async def on_start() -> None:
         # the runner already migrated the kvmeta schema (services.common.server)
         await objects.load()
+        await sessions.load()
         await feeder.start()
         import gc
 
         gc.collect()
         gc.freeze()  # the loaded index is long-lived: keep it out of GC scans
         tasks.append(asyncio.create_task(tick_objects()))
+        tasks.append(asyncio.create_task(tick_sessions()))
         if settings.metadata_http_port:
             await metadata.start()
 
@@ -108,18 +122,38 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
         await feeder.stop()
         with contextlib.suppress(Exception):
             await objects.persist()
+        with contextlib.suppress(Exception):
+            await sessions.persist()
         if redis is not None:
             await redis.aclose()
         if engine is not None:
             await engine.dispose()
 
     def register(server: grpc.aio.Server) -> list[str]:
-        servicer = KVMetaServicer(feeder, objects, max_match_blocks=settings.max_match_blocks)
+        servicer = KVMetaServicer(
+            feeder, objects, max_match_blocks=settings.max_match_blocks, sessions=sessions
+        )
         return [add_to_server(servicer, server)]
 
     return ServiceHooks(
         register=register, on_start=on_start, on_stop=on_stop, registry=registry, access=(ACCESS,)
     )
+
+
+def _sessions(settings: KVMetaSettings, store: SessionStore | None) -> SessionShell:
+    predictor = ToolTimePredictor(
+        min_samples=settings.tool_time_min_samples,
+        session_min_samples=settings.session_min_samples,
+        default_gap_s=settings.session_default_gap_s,
+    )
+    table = SessionTable(
+        predictor,
+        percentile=settings.session_percentile,
+        idle_timeout_s=settings.session_idle_timeout_s,
+        ended_retention_s=settings.session_ended_retention_s,
+        max_sessions=settings.max_sessions,
+    )
+    return SessionShell(table, store, time.time)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -129,5 +163,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         KVMetaSettings,
         build,
         argv,
-        description="Tideserve kvmeta: the global KV-block index, tier/object metadata and the data-plane segment registry.",
+        description="Tideserve kvmeta: the global KV-block index, agent sessions, tier/object metadata and the data-plane segment registry.",
     )

@@ -1,6 +1,7 @@
 """gRPC servicer of ``tideserve.v1.KVMetaService``: a thin translation layer.
 
-Protobuf ⇄ pure cores (``PrefixIndex`` through ``IndexFeeder``, ``ObjectMaster``). Domain
+Protobuf ⇄ pure cores (``PrefixIndex`` through ``IndexFeeder``, ``ObjectMaster``, the
+session table through :class:`~services.kvmeta.session_rpc.SessionRpcs`). Domain
 errors become status codes (``ObjectError.code``); mutating object calls reply only after
 their rows were written to Postgres (when configured), in the order they were applied.
 """
@@ -16,6 +17,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 from tideserve.v1 import events_pb2, kvmeta_pb2, kvmeta_pb2_grpc
 
+from services.common.sessions import SessionTable
 from services.dataplane.blocks import block_key
 from services.kvmeta.checkpoint import KVMetaStore
 from services.kvmeta.fetchable import leading_run, with_fetchable
@@ -28,6 +30,8 @@ from services.kvmeta.objects import (
     ReplicaInfo,
     SegmentSpec,
 )
+from services.kvmeta.session_rpc import SessionRpcs
+from services.kvmeta.sessions import SessionShell
 
 __all__ = ["SERVICE_NAME", "KVMetaServicer", "ObjectShell", "add_to_server"]
 
@@ -156,12 +160,21 @@ class _MatchEncoder:
         return kvmeta_pb2.MatchPrefixResponse.FromString(b"".join(parts))
 
 
-class KVMetaServicer(_Base):
-    """``KVMetaService``: the KV-block index, object master and segment registry."""
+class KVMetaServicer(SessionRpcs, _Base):
+    """``KVMetaService``: the KV-block index, object master, segment registry and agent
+    sessions (in memory only when no ``sessions`` shell is given)."""
 
-    def __init__(self, feeder: IndexFeeder, objects: ObjectShell, *, max_match_blocks: int = 16384):
+    def __init__(
+        self,
+        feeder: IndexFeeder,
+        objects: ObjectShell,
+        *,
+        max_match_blocks: int = 16384,
+        sessions: SessionShell | None = None,
+    ):
         self.feeder = feeder
         self.objects = objects
+        self.sessions = sessions or SessionShell(SessionTable(), None, objects.now)
         self.max_match_blocks = max_match_blocks
         self._encoder = _MatchEncoder()
 

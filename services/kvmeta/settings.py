@@ -49,3 +49,26 @@ class KVMetaSettings(ServiceSettings):
         default_factory=dict, description="bytes (size x replicas) each tenant may hold"
     )
     object_tick_s: float = Field(1.0, gt=0.0, description="reclaim/eviction period")
+    # agent sessions
+    session_percentile: float = Field(
+        0.9, gt=0.0, le=1.0, description="percentile of the predicted tool gap (predicted return)"
+    )
+    session_idle_timeout_s: float = Field(
+        1800.0, gt=0.0, description="a session without a turn this long ends"
+    )
+    session_ended_retention_s: float = Field(
+        300.0, ge=0.0, description="an ended session is forgotten after this"
+    )
+    max_sessions: int = Field(
+        1_000_000, ge=1, description="sessions held (a new one beyond: RESOURCE_EXHAUSTED)"
+    )
+    tool_time_min_samples: int = Field(
+        20, ge=1, description="gaps a tool needs before its own distribution is used"
+    )
+    session_min_samples: int = Field(
+        3, ge=1, description="own gaps a session needs before its history is the fallback"
+    )
+    session_default_gap_s: float = Field(
+        30.0, ge=0.0, description="predicted gap when nothing learned is confident yet"
+    )
+    session_tick_s: float = Field(1.0, gt=0.0, description="session expiry period")

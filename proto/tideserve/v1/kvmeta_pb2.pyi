@@ -1,12 +1,24 @@
 from tideserve.v1 import common_pb2 as _common_pb2
 from tideserve.v1 import events_pb2 as _events_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class SessionPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SESSION_PHASE_UNSPECIFIED: _ClassVar[SessionPhase]
+    SESSION_PHASE_ACTIVE: _ClassVar[SessionPhase]
+    SESSION_PHASE_IDLE: _ClassVar[SessionPhase]
+    SESSION_PHASE_ENDED: _ClassVar[SessionPhase]
+SESSION_PHASE_UNSPECIFIED: SessionPhase
+SESSION_PHASE_ACTIVE: SessionPhase
+SESSION_PHASE_IDLE: SessionPhase
+SESSION_PHASE_ENDED: SessionPhase
 
 class MatchPrefixRequest(_message.Message):
     __slots__ = ("deployment", "tenant", "block_hashes", "candidate_instances", "lora")
@@ -323,3 +335,139 @@ class BatchGetReplicaListResponse(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[KeyReplicas]
     lease_expires_ms: int
     def __init__(self, results: _Optional[_Iterable[_Union[KeyReplicas, _Mapping]]] = ..., lease_expires_ms: _Optional[int] = ...) -> None: ...
+
+class AgentSession(_message.Message):
+    __slots__ = ("session_id", "tenant", "parent_session_id", "agent", "phase", "tip_block_hash", "tip_tokens", "home_instance", "tiers", "turns", "turn_started_ms", "last_turn_end_ms", "tool_names", "predicted_return_ms", "prediction_samples", "prediction_source", "ended_ms", "updated_ms")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    TIP_BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    TIP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HOME_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    TURN_STARTED_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_TURN_END_MS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAMES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_RETURN_MS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    ENDED_MS_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_MS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    tenant: str
+    parent_session_id: str
+    agent: str
+    phase: SessionPhase
+    tip_block_hash: int
+    tip_tokens: int
+    home_instance: str
+    tiers: _containers.RepeatedCompositeFieldContainer[TierMatch]
+    turns: int
+    turn_started_ms: int
+    last_turn_end_ms: int
+    tool_names: _containers.RepeatedScalarFieldContainer[str]
+    predicted_return_ms: int
+    prediction_samples: int
+    prediction_source: str
+    ended_ms: int
+    updated_ms: int
+    def __init__(self, session_id: _Optional[str] = ..., tenant: _Optional[str] = ..., parent_session_id: _Optional[str] = ..., agent: _Optional[str] = ..., phase: _Optional[_Union[SessionPhase, str]] = ..., tip_block_hash: _Optional[int] = ..., tip_tokens: _Optional[int] = ..., home_instance: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierMatch, _Mapping]]] = ..., turns: _Optional[int] = ..., turn_started_ms: _Optional[int] = ..., last_turn_end_ms: _Optional[int] = ..., tool_names: _Optional[_Iterable[str]] = ..., predicted_return_ms: _Optional[int] = ..., prediction_samples: _Optional[int] = ..., prediction_source: _Optional[str] = ..., ended_ms: _Optional[int] = ..., updated_ms: _Optional[int] = ...) -> None: ...
+
+class SessionResponse(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: AgentSession
+    def __init__(self, session: _Optional[_Union[AgentSession, _Mapping]] = ...) -> None: ...
+
+class StartSessionTurnRequest(_message.Message):
+    __slots__ = ("deployment", "tenant", "session_id", "parent_session_id", "agent", "home_instance")
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    HOME_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    deployment: str
+    tenant: str
+    session_id: str
+    parent_session_id: str
+    agent: str
+    home_instance: str
+    def __init__(self, deployment: _Optional[str] = ..., tenant: _Optional[str] = ..., session_id: _Optional[str] = ..., parent_session_id: _Optional[str] = ..., agent: _Optional[str] = ..., home_instance: _Optional[str] = ...) -> None: ...
+
+class EndSessionTurnRequest(_message.Message):
+    __slots__ = ("deployment", "tenant", "session_id", "tip_block_hash", "tip_tokens", "tool_names", "final", "home_instance")
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TIP_BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    TIP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAMES_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    HOME_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    deployment: str
+    tenant: str
+    session_id: str
+    tip_block_hash: int
+    tip_tokens: int
+    tool_names: _containers.RepeatedScalarFieldContainer[str]
+    final: bool
+    home_instance: str
+    def __init__(self, deployment: _Optional[str] = ..., tenant: _Optional[str] = ..., session_id: _Optional[str] = ..., tip_block_hash: _Optional[int] = ..., tip_tokens: _Optional[int] = ..., tool_names: _Optional[_Iterable[str]] = ..., final: _Optional[bool] = ..., home_instance: _Optional[str] = ...) -> None: ...
+
+class SetSessionPlacementRequest(_message.Message):
+    __slots__ = ("deployment", "tenant", "session_id", "home_instance", "tiers")
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    HOME_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    deployment: str
+    tenant: str
+    session_id: str
+    home_instance: str
+    tiers: _containers.RepeatedCompositeFieldContainer[TierMatch]
+    def __init__(self, deployment: _Optional[str] = ..., tenant: _Optional[str] = ..., session_id: _Optional[str] = ..., home_instance: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierMatch, _Mapping]]] = ...) -> None: ...
+
+class EndAgentSessionRequest(_message.Message):
+    __slots__ = ("deployment", "tenant", "session_id")
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    deployment: str
+    tenant: str
+    session_id: str
+    def __init__(self, deployment: _Optional[str] = ..., tenant: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class GetAgentSessionRequest(_message.Message):
+    __slots__ = ("deployment", "tenant", "session_id")
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    deployment: str
+    tenant: str
+    session_id: str
+    def __init__(self, deployment: _Optional[str] = ..., tenant: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class ListAgentSessionsRequest(_message.Message):
+    __slots__ = ("deployment", "tenant", "phase", "home_instance", "limit")
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    HOME_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    deployment: str
+    tenant: str
+    phase: SessionPhase
+    home_instance: str
+    limit: int
+    def __init__(self, deployment: _Optional[str] = ..., tenant: _Optional[str] = ..., phase: _Optional[_Union[SessionPhase, str]] = ..., home_instance: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListAgentSessionsResponse(_message.Message):
+    __slots__ = ("sessions",)
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[AgentSession]
+    def __init__(self, sessions: _Optional[_Iterable[_Union[AgentSession, _Mapping]]] = ...) -> None: ...

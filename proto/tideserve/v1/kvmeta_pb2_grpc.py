@@ -106,6 +106,36 @@ class KVMetaServiceStub:
                 request_serializer=tideserve_dot_v1_dot_kvmeta__pb2.BatchGetReplicaListRequest.SerializeToString,
                 response_deserializer=tideserve_dot_v1_dot_kvmeta__pb2.BatchGetReplicaListResponse.FromString,
                 _registered_method=True)
+        self.StartSessionTurn = channel.unary_unary(
+                '/tideserve.v1.KVMetaService/StartSessionTurn',
+                request_serializer=tideserve_dot_v1_dot_kvmeta__pb2.StartSessionTurnRequest.SerializeToString,
+                response_deserializer=tideserve_dot_v1_dot_kvmeta__pb2.SessionResponse.FromString,
+                _registered_method=True)
+        self.EndSessionTurn = channel.unary_unary(
+                '/tideserve.v1.KVMetaService/EndSessionTurn',
+                request_serializer=tideserve_dot_v1_dot_kvmeta__pb2.EndSessionTurnRequest.SerializeToString,
+                response_deserializer=tideserve_dot_v1_dot_kvmeta__pb2.SessionResponse.FromString,
+                _registered_method=True)
+        self.SetSessionPlacement = channel.unary_unary(
+                '/tideserve.v1.KVMetaService/SetSessionPlacement',
+                request_serializer=tideserve_dot_v1_dot_kvmeta__pb2.SetSessionPlacementRequest.SerializeToString,
+                response_deserializer=tideserve_dot_v1_dot_kvmeta__pb2.SessionResponse.FromString,
+                _registered_method=True)
+        self.EndAgentSession = channel.unary_unary(
+                '/tideserve.v1.KVMetaService/EndAgentSession',
+                request_serializer=tideserve_dot_v1_dot_kvmeta__pb2.EndAgentSessionRequest.SerializeToString,
+                response_deserializer=tideserve_dot_v1_dot_kvmeta__pb2.SessionResponse.FromString,
+                _registered_method=True)
+        self.GetAgentSession = channel.unary_unary(
+                '/tideserve.v1.KVMetaService/GetAgentSession',
+                request_serializer=tideserve_dot_v1_dot_kvmeta__pb2.GetAgentSessionRequest.SerializeToString,
+                response_deserializer=tideserve_dot_v1_dot_kvmeta__pb2.SessionResponse.FromString,
+                _registered_method=True)
+        self.ListAgentSessions = channel.unary_unary(
+                '/tideserve.v1.KVMetaService/ListAgentSessions',
+                request_serializer=tideserve_dot_v1_dot_kvmeta__pb2.ListAgentSessionsRequest.SerializeToString,
+                response_deserializer=tideserve_dot_v1_dot_kvmeta__pb2.ListAgentSessionsResponse.FromString,
+                _registered_method=True)
 
 
 class KVMetaServiceServicer:
@@ -227,6 +257,62 @@ class KVMetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartSessionTurn(self, request, context):
+        """--- agent sessions ---
+
+        Sessions are keyed by (deployment, tenant, session_id); a tenant never sees another's.
+        Mutating calls reply after the row was written to Postgres (when configured); an
+        UNAVAILABLE reply means applied in memory and retried in the background. kvmeta's own
+        clock stamps every change. A session idle longer than the idle timeout ends; an ended
+        session is forgotten after a retention period.
+
+        A turn of the session arrived: the session becomes ACTIVE (created if new, reopened if
+        it had ended). After an IDLE session, the gap since its last turn's end teaches the
+        tool-time prediction. INVALID_ARGUMENT: empty deployment or session_id.
+        RESOURCE_EXHAUSTED: the session limit is reached (only a new session is refused).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndSessionTurn(self, request, context):
+        """A turn was answered: the session becomes IDLE with a predicted return (from the tools
+        the turn ended in), or ENDED when the turn was final. Creates the session if its turn
+        start was lost. INVALID_ARGUMENT as StartSessionTurn, or negative tip_tokens.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetSessionPlacement(self, request, context):
+        """Where the session's prefix is: home instance and blocks per tier (replaces the tiers).
+        NOT_FOUND for an unknown session; INVALID_ARGUMENT for an unspecified tier.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndAgentSession(self, request, context):
+        """Ends a session (idempotent for an ended one). NOT_FOUND for an unknown session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetAgentSession(self, request, context):
+        """One session. Read-only. NOT_FOUND for an unknown session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAgentSessions(self, request, context):
+        """One tenant's sessions of a deployment, least recently updated first. Read-only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVMetaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -299,6 +385,36 @@ def add_KVMetaServiceServicer_to_server(servicer, server):
                     servicer.BatchGetReplicaList,
                     request_deserializer=tideserve_dot_v1_dot_kvmeta__pb2.BatchGetReplicaListRequest.FromString,
                     response_serializer=tideserve_dot_v1_dot_kvmeta__pb2.BatchGetReplicaListResponse.SerializeToString,
+            ),
+            'StartSessionTurn': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartSessionTurn,
+                    request_deserializer=tideserve_dot_v1_dot_kvmeta__pb2.StartSessionTurnRequest.FromString,
+                    response_serializer=tideserve_dot_v1_dot_kvmeta__pb2.SessionResponse.SerializeToString,
+            ),
+            'EndSessionTurn': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndSessionTurn,
+                    request_deserializer=tideserve_dot_v1_dot_kvmeta__pb2.EndSessionTurnRequest.FromString,
+                    response_serializer=tideserve_dot_v1_dot_kvmeta__pb2.SessionResponse.SerializeToString,
+            ),
+            'SetSessionPlacement': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetSessionPlacement,
+                    request_deserializer=tideserve_dot_v1_dot_kvmeta__pb2.SetSessionPlacementRequest.FromString,
+                    response_serializer=tideserve_dot_v1_dot_kvmeta__pb2.SessionResponse.SerializeToString,
+            ),
+            'EndAgentSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndAgentSession,
+                    request_deserializer=tideserve_dot_v1_dot_kvmeta__pb2.EndAgentSessionRequest.FromString,
+                    response_serializer=tideserve_dot_v1_dot_kvmeta__pb2.SessionResponse.SerializeToString,
+            ),
+            'GetAgentSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAgentSession,
+                    request_deserializer=tideserve_dot_v1_dot_kvmeta__pb2.GetAgentSessionRequest.FromString,
+                    response_serializer=tideserve_dot_v1_dot_kvmeta__pb2.SessionResponse.SerializeToString,
+            ),
+            'ListAgentSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAgentSessions,
+                    request_deserializer=tideserve_dot_v1_dot_kvmeta__pb2.ListAgentSessionsRequest.FromString,
+                    response_serializer=tideserve_dot_v1_dot_kvmeta__pb2.ListAgentSessionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -680,6 +796,168 @@ class KVMetaService:
             '/tideserve.v1.KVMetaService/BatchGetReplicaList',
             tideserve_dot_v1_dot_kvmeta__pb2.BatchGetReplicaListRequest.SerializeToString,
             tideserve_dot_v1_dot_kvmeta__pb2.BatchGetReplicaListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartSessionTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tideserve.v1.KVMetaService/StartSessionTurn',
+            tideserve_dot_v1_dot_kvmeta__pb2.StartSessionTurnRequest.SerializeToString,
+            tideserve_dot_v1_dot_kvmeta__pb2.SessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndSessionTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tideserve.v1.KVMetaService/EndSessionTurn',
+            tideserve_dot_v1_dot_kvmeta__pb2.EndSessionTurnRequest.SerializeToString,
+            tideserve_dot_v1_dot_kvmeta__pb2.SessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetSessionPlacement(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tideserve.v1.KVMetaService/SetSessionPlacement',
+            tideserve_dot_v1_dot_kvmeta__pb2.SetSessionPlacementRequest.SerializeToString,
+            tideserve_dot_v1_dot_kvmeta__pb2.SessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndAgentSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tideserve.v1.KVMetaService/EndAgentSession',
+            tideserve_dot_v1_dot_kvmeta__pb2.EndAgentSessionRequest.SerializeToString,
+            tideserve_dot_v1_dot_kvmeta__pb2.SessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAgentSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tideserve.v1.KVMetaService/GetAgentSession',
+            tideserve_dot_v1_dot_kvmeta__pb2.GetAgentSessionRequest.SerializeToString,
+            tideserve_dot_v1_dot_kvmeta__pb2.SessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAgentSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tideserve.v1.KVMetaService/ListAgentSessions',
+            tideserve_dot_v1_dot_kvmeta__pb2.ListAgentSessionsRequest.SerializeToString,
+            tideserve_dot_v1_dot_kvmeta__pb2.ListAgentSessionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

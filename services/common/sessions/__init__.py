@@ -1,0 +1,63 @@
+"""Agent sessions as first-class objects, and the agent-memory rules (all pure: no I/O, no
+asyncio, no clock; time is passed in). kvmeta holds the table; the scheduler, telemetry and
+the simulator can run the same rules.
+
+- :mod:`.model` — :class:`Session`, its :class:`Phase`, keys and errors;
+- :mod:`.table` — :class:`SessionTable`: turns start and end, placement, expiry;
+- :mod:`.tooltime` — :class:`ToolTimePredictor`: gap distributions per tool and agent;
+- :mod:`.retention` — :func:`plan_retention`: protect, offload, drop, release;
+- :mod:`.prefetch` — :func:`plan_prefetch` and :func:`on_arrival`: when to bring an
+  offloaded prefix back, and fetch versus recompute.
+"""
+
+from services.common.sessions.model import (
+    InvalidSessionError,
+    Phase,
+    Session,
+    SessionError,
+    SessionKey,
+    SessionNotFoundError,
+    SessionsExhaustedError,
+)
+from services.common.sessions.prefetch import (
+    Arrival,
+    PrefetchPlan,
+    TierLink,
+    fetch_ms,
+    on_arrival,
+    plan_prefetch,
+    recompute_ms,
+)
+from services.common.sessions.retention import (
+    DEFAULT_BUDGET_SHARE,
+    IdleSession,
+    RetentionPlan,
+    plan_retention,
+)
+from services.common.sessions.table import SessionTable
+from services.common.sessions.tooltime import NO_TOOL, GapEstimate, ToolTimePredictor
+
+__all__ = [
+    "DEFAULT_BUDGET_SHARE",
+    "NO_TOOL",
+    "Arrival",
+    "GapEstimate",
+    "IdleSession",
+    "InvalidSessionError",
+    "Phase",
+    "PrefetchPlan",
+    "RetentionPlan",
+    "Session",
+    "SessionError",
+    "SessionKey",
+    "SessionNotFoundError",
+    "SessionTable",
+    "SessionsExhaustedError",
+    "TierLink",
+    "ToolTimePredictor",
+    "fetch_ms",
+    "on_arrival",
+    "plan_prefetch",
+    "plan_retention",
+    "recompute_ms",
+]
