@@ -56,8 +56,11 @@ CASES: list[tuple[str, list[EndpointView], dict[str, float | None], dict[str, An
      {"ttft_slo_ms": 2000.0}, {"tpot": False}, {"a": 0.5}),
     ("no-prediction-scores-zero", [ep("a"), ep("b")], {"a": 500.0, "b": None},
      {"ttft_slo_ms": 2000.0}, {"tpot": False}, {"a": 1.0, "b": 0.0}),
-    ("hopeless-everywhere-falls-back-to-min-ttft", [ep("a"), ep("b")],
+    ("hopeless-everywhere-is-left-to-the-others", [ep("a"), ep("b")],
      {"a": 20_000.0, "b": 40_000.0}, {"ttft_slo_ms": 2000.0}, {"tpot": False},
+     {"a": 0.0, "b": 0.0}),
+    ("hopeless-everywhere-by-predicted-ttft", [ep("a"), ep("b")],
+     {"a": 20_000.0, "b": 40_000.0}, {"ttft_slo_ms": 2000.0}, {"tpot": False, "hopeless": "ttft"},
      {"a": 1.0, "b": 0.5}),
     ("no-tpot-target-is-ttft-only", [ep("a", running=200)], {"a": 500.0},
      {"ttft_slo_ms": 2000.0, "tpot_slo_ms": 0.0}, {}, {"a": 1.0}),
@@ -125,11 +128,14 @@ PROFILES = {
         {"name": "prefix", "type": "approx-prefix"},
         {"name": "ttft", "type": "ttft-cost"},
         {"name": "gp", "type": "slo-goodput", "params": {"tpot": False}},
+        {"name": "gp-ttft", "type": "slo-goodput", "params": {"tpot": False, "hopeless": "ttft"}},
     ],
     "profiles": {
         "prefix-first": {"plugins": [{"ref": "prefix", "weight": 6}, {"ref": "ttft", "weight": 1}]},
         "goodput": {"plugins": [{"ref": "prefix", "weight": 6}, {"ref": "ttft", "weight": 1},
                                 {"ref": "gp", "weight": 8}]},
+        "goodput-ttft": {"plugins": [{"ref": "prefix", "weight": 6}, {"ref": "ttft", "weight": 1},
+                                     {"ref": "gp-ttft", "weight": 8}]},
     },
     "default_profile": "prefix-first",
 }  # fmt: skip
@@ -141,10 +147,12 @@ PROFILES = {
         ("prefix-first", 2000.0, "hit"),
         ("goodput", 2000.0, "idle"),
         ("goodput", 0.0, "hit"),
-        ("goodput", 100.0, "idle"),
+        ("goodput", 100.0, "hit"),
+        ("goodput-ttft", 100.0, "idle"),
     ],
     ids=["prefix-wins-without-goodput", "goodput-moves-to-the-feasible-instance",
-         "no-budget-leaves-the-others-to-decide", "hopeless-goes-to-the-fastest"],
+         "no-budget-leaves-the-others-to-decide", "hopeless-left-to-the-others",
+         "hopeless-by-ttft-goes-to-the-fastest"],
 )  # fmt: skip
 def test_goodput_in_a_profile(profile: str, budget: float, winner: str) -> None:
     # "hit" holds the prompt's prefix but has 25,000 prefill tokens queued (2.5 s at 0.1 ms

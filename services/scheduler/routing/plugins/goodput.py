@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 from pydantic import Field
 
@@ -54,9 +55,12 @@ class SLOGoodputParams(Params):
     chunk_tokens: int = Field(4096, gt=0)
     # Off: TTFT only.
     tpot: bool = True
-    # When no candidate reaches this probability the request is hopeless everywhere: it is
-    # scored by predicted TTFT instead ((min + eps) / (ttft + eps)), never left unrouted.
+    # When no candidate reaches this probability the request is hopeless everywhere (it
+    # cannot be helped by where it goes). "others": it scores 0 everywhere, so the profile's
+    # other scorers (ttft-cost among them) route it as they would without this one; "ttft":
+    # it is scored by predicted TTFT ((min + eps) / (ttft + eps)). Never shed either way.
     hopeless_p: float = Field(0.02, ge=0, lt=1)
+    hopeless: Literal["others", "ttft"] = "others"
     epsilon_ms: float = Field(5.0, gt=0)
 
 
@@ -74,8 +78,9 @@ class SLOGoodput:
     (engine-reported tokens in flight, else ``decode_tokens``), with spread ``tpot_sigma``,
     against ``request.tpot_slo_ms``; 1 when the request has no TPOT target or the model
     prices no decode step. A request without a TTFT budget scores 0 everywhere (the other
-    scorers decide); one no candidate gives ``hopeless_p`` is scored by predicted TTFT (the
-    fastest first token still wins), so it is served well, never shed."""
+    scorers decide); one no candidate gives ``hopeless_p`` scores 0 everywhere too (the
+    profile's ttft-cost and prefix scorers place it), or with ``hopeless: ttft`` by
+    predicted TTFT (the fastest first token wins); it is never shed."""
 
     def __init__(self, name: str, params: SLOGoodputParams, env: PluginEnv) -> None:
         self.name = name
@@ -116,6 +121,8 @@ class SLOGoodput:
             out.append(p)
         if max(out) >= self.p.hopeless_p:
             return out
+        if self.p.hopeless == "others":
+            return [0.0] * len(out)
         known = [p for p in preds if p is not None]
         if not known:
             return out
