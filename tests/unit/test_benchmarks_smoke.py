@@ -314,3 +314,35 @@ def test_profile_agentic_request_is_about_64k_tokens_of_tool_rounds() -> None:
     n = len(TokenPath().encode_chat(body["messages"]))
     assert 60_000 <= n <= 70_000
     assert sum(1 for m in body["messages"] if m["role"] == "tool") == 24 and body["stream"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "weight"), [([], 4.0), (["--goodput-weight", "2"], 2.0)], ids=["default", "weight"]
+)
+def test_goodput_sim_profiles_load_with_the_candidate(
+    tmp_path: Path, argv: list[str], weight: float
+) -> None:
+    from services.scheduler.routing.config import load_config
+
+    gs = _load("goodput_sim")
+    path = Path(gs.profiles_file(gs.parse_args(argv), tmp_path))
+    sched = load_config(path)
+    scorers = {s.name: w for s, w in sched.profiles["goodput"].scorers}
+    assert scorers["goodput"] == weight and "default" in sched.profiles
+
+
+@pytest.mark.parametrize(
+    ("slo_ttft_ms", "expected_share"), [(60_000.0, 0.0), (1.0, 1.0)], ids=["all-feasible", "none"]
+)
+def test_goodput_sim_ceiling(slo_ttft_ms: float, expected_share: float) -> None:
+    from services.bench.traces import Trace, parse_mooncake
+    from services.sim import SimConfig, simulate
+
+    lines = [json.dumps({"timestamp": i * 500, "input_length": 1100, "output_length": 8,
+                         "hash_ids": [i // 2, 100 + i, 200 + i]}) for i in range(6)]  # fmt: skip
+    trace = Trace("mem.jsonl", "mooncake", tuple(parse_mooncake(lines)))
+    cfg = SimConfig(engines=2, max_requests=6, kv_blocks=2048, slo_ttft_ms=slo_ttft_ms)
+    _, run = simulate(cfg, trace)
+    out = _load("goodput_sim").ceiling(run, cfg)
+    assert out["infeasible_share"] == expected_share
+    assert out["max_attainment"] == 1.0 - expected_share
