@@ -17,7 +17,7 @@ Profiles: the shipped ones, plus (when the shipped file has none of that name) t
 candidate ``goodput`` below. ``cache_aware`` is the shipped imitation of sglang-router's
 policy; it runs without the gateway's dispatch order (sglang-router has none).
 
-    .venv/bin/python benchmarks/goodput_sim.py --out /tmp/goodput_sim.json   # ~10 min
+    .venv/bin/python benchmarks/goodput_sim.py --out /tmp/goodput_sim.json   # ~6 min, one core
 
 Prints one JSON object (also written to ``--out``).
 """
