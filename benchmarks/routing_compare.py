@@ -35,6 +35,15 @@ snapshots, the gateway records requests), each run on its own stream prefix:
         --profile 'h200-llama3.1-8b*2' --gateway-perf-profile h200-llama3.1-8b \
         --max-requests 400 --speedup 1 --rate-scale 1 --out /tmp/closed_loop.json
 
+Rules (``_compare_rules.py``): by default the figures of record — the SLO reaches the
+gateway only as its default class's targets in a ``--slo-config`` file written from
+``--slo-ttft-ms``/``--slo-tpot-ms`` (the bench's SLO), the engines run ``--profile``
+``--engine-slowdown`` (1.2) times slower and the gateway keeps its shipped perf profile;
+``--old-rules`` reproduces the earlier favourable setup (``--default-slo-class interactive``
+for our gateway alone, engines at ``--profile``). ``--runs N`` (default 2) runs every router
+N times, interleaved (ours, theirs, ours, theirs), each on a fresh fleet; the summary has
+per-router means and ranges (``per_router``) and the targets on the means.
+
 Routers are ``tideserve:<profile>`` (``tideserve gateway --endpoints ...``) and
 ``sglang:<policy>`` (sglang-router 0.3.2 from PyPI, installed into a throwaway venv under the
 temp dir on first use; never a project dependency). A router that cannot be started is
@@ -55,9 +64,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _compare_fleet import engine_requests, fleet_plan, start_fleet
+from _compare_rules import (
+    OLD_RULES_SLO_CLASS,
+    engine_profile,
+    gateway_perf_profile,
+    mean_results,
+    per_router,
+    slo_config,
+)
 from _compare_targets import closed_loop_targets, prediction_error, targets
 from _harness import (
     MOONCAKE_CONVERSATION,
@@ -114,25 +134,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-requests", type=int, default=400)
     p.add_argument("--speedup", type=float, default=2.0, help="engines and trace replay")
     p.add_argument("--rate-scale", type=float, default=1.0)
-    p.add_argument("--profile", default="h200-llama3.1-8b", help="engine perf profile")
+    p.add_argument(
+        "--profile", default="h200-llama3.1-8b",
+        help="engine perf profile, before --engine-slowdown",
+    )  # fmt: skip
+    p.add_argument(
+        "--engine-slowdown", type=float, default=1.2,
+        help="engines run --profile this many times slower (NAME*FACTOR), a profile the "
+        "gateway is not given (default 1.2; --old-rules: 1)",
+    )  # fmt: skip
+    p.add_argument(
+        "--old-rules", action="store_true",
+        help="the earlier favourable setup: our gateway alone gets --default-slo-class "
+        "interactive, engines run --profile unslowed (its default perf profile's)",
+    )  # fmt: skip
+    p.add_argument(
+        "--runs", type=int, default=2,
+        help="runs per router, interleaved (ours, theirs, ours, theirs; default 2)",
+    )  # fmt: skip
     p.add_argument("--kv-blocks", type=int, default=16384, help="KV blocks per engine")
     p.add_argument("--stream-interval", type=int, default=16, help="engine tokens per chunk")
-    p.add_argument("--slo-ttft-ms", type=float, default=2000.0)
-    p.add_argument("--slo-tpot-ms", type=float, default=100.0)
+    p.add_argument(
+        "--slo-ttft-ms", type=float, default=2000.0,
+        help="TTFT SLO: the bench's, and the gateway's default class's target (--slo-config)",
+    )  # fmt: skip
+    p.add_argument(
+        "--slo-tpot-ms", type=float, default=100.0,
+        help="TPOT SLO: the bench's, and the gateway's default class's target (--slo-config)",
+    )  # fmt: skip
     p.add_argument("--api", choices=("chat", "completions"), default="chat")
     p.add_argument("--timeout", type=float, default=600.0, help="bench per-request timeout (s)")
-    p.add_argument(
-        "--gateway-slo-class", default="interactive",
-        help="the SLO class Tideserve gateways file the bench's requests under (its TTFT "
-        "target orders dispatch; interactive's 2 s is the default --slo-ttft-ms)",
-    )  # fmt: skip
     p.add_argument(
         "--gateway-arg", action="append", default=[],
         help="extra flag for every `tideserve gateway` (repeatable, shell-split)",
     )  # fmt: skip
     p.add_argument(
         "--gateway-perf-profile", default="",
-        help="the perf profile Tideserve gateways believe (default: the engines' --profile)",
+        help="the perf profile Tideserve gateways believe (default: their shipped one)",
     )  # fmt: skip
     p.add_argument(
         "--redis", action="store_true",
@@ -157,68 +195,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fit-refresh-s", type=float, default=2.0)
     p.add_argument("--out", default="routing_compare.json", help="summary JSON path")
     p.add_argument("--log-dir", default=None, help="process logs and bench JSONs (default: temp)")
+    p.set_defaults(slo_config_file=None)  # written by main: the gateway's --slo-config
     return p.parse_args(argv)
-
-
-# -- fleet ---------------------------------------------------------------------------------
-
-
-def fleet_plan(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """One dict per engine: role, url, port, bootstrap_port (prefill only)."""
-    roles = (
-        ["prefill"] * args.prefill + ["decode"] * args.decode
-        if args.pd
-        else ["aggregated"] * args.engines
-    )
-    plan = []
-    for role in roles:
-        port = free_port()
-        plan.append({
-            "role": role, "port": port, "url": f"http://127.0.0.1:{port}",
-            "bootstrap_port": free_port() if role == "prefill" else 0,
-        })  # fmt: skip
-    return plan
-
-
-def start_fleet(
-    group: ProcGroup,
-    args: argparse.Namespace,
-    plan: list[dict[str, Any]],
-    tag: str,
-    streams: list[str] | None = None,
-) -> None:
-    """``streams``: ``--redis-url``/``--stream-prefix`` flags for every engine (or none)."""
-    for i, e in enumerate(plan):
-        cmd = tideserve(
-            "engine", "--role", e["role"], "--port", str(e["port"]),
-            "--instance-id", f"{tag}-{e['role']}-{i}", "--profile", args.profile,
-            "--kv-blocks", str(args.kv_blocks), "--speedup", str(args.speedup),
-            "--stream-interval", str(args.stream_interval),
-            "--catch-up-ms", str(args.engine_catch_up_ms),
-            "--state-dir", str(group.log_dir / f"engine-{i}"), "--log-level", "WARNING",
-            *(streams or []),
-        )  # fmt: skip
-        if e["bootstrap_port"]:
-            cmd += ["--bootstrap-port", str(e["bootstrap_port"])]
-        if args.step_traces:
-            cmd += ["--step-trace", str(group.log_dir / f"{tag}-engine-{i}.steps.jsonl")]
-        env = {"TIDESERVE_ENGINE_BOOTSTRAP_TIMEOUT_S": str(args.bootstrap_timeout_s)}
-        group.start(f"{tag}-engine-{i}", cmd, env=env)
-    for e in plan:
-        wait_http(e["url"] + "/health", group, 90.0)
-
-
-def engine_requests(plan: list[dict[str, Any]]) -> list[float]:
-    """``sglang:num_requests_total`` of each engine (how the router spread the load)."""
-    out = []
-    for e in plan:
-        status, body = http_get(e["url"] + "/metrics", 5.0)
-        value = float("nan")
-        for line in body.decode(errors="replace").splitlines() if status == 200 else []:
-            if line.startswith("sglang:num_requests_total{"):
-                value = float(line.rsplit(" ", 1)[1])
-        out.append(value)
-    return out
 
 
 # -- routers -------------------------------------------------------------------------------
@@ -244,7 +222,12 @@ def router_cmd(
             cmd += ["--endpoints", *urls]
         if policy and policy != "default":
             cmd += ["--profile", policy]
-        cmd += ["--default-slo-class", args.gateway_slo_class]
+        if args.old_rules:
+            cmd += ["--default-slo-class", OLD_RULES_SLO_CLASS]
+        else:
+            if args.slo_config_file is None:
+                raise ValueError("no --slo-config file written for the gateway")
+            cmd += ["--slo-config", str(args.slo_config_file)]
         for extra in args.gateway_arg:
             cmd += shlex.split(extra)
         return cmd
@@ -293,14 +276,17 @@ def run_router(
     variant: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One router on a fresh fleet. ``variant`` (Tideserve only): ``label``,
-    ``perf_profile`` the gateway believes, ``fit`` (telemetry's fitted model on), and
-    ``redis_url`` + ``prefix`` (streams of this run)."""
+    ``perf_profile`` the gateway believes, ``fit`` (telemetry's fitted model on),
+    ``redis_url`` + ``prefix`` (streams of this run), and ``run`` (its number)."""
     v = variant or {}
     label = v.get("label", name)
-    tag = label.replace(":", "-").replace("+", "-")
+    run = int(v.get("run", 0))
+    tag = label.replace(":", "-").replace("+", "-") + f"-r{run}"
     group = ProcGroup(log_dir)
     plan = fleet_plan(args)
-    result: dict[str, Any] = {"router": label}
+    result: dict[str, Any] = {"router": label, "run": run}
+    if name.startswith("tideserve:"):
+        result["gateway_perf_profile"] = gateway_perf_profile(args, v)
     streams: list[str] = []
     if v.get("redis_url"):
         streams = ["--redis-url", v["redis_url"], "--stream-prefix", v["prefix"]]
@@ -367,63 +353,104 @@ def run_router(
         group.stop()
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run_plan(
+    args: argparse.Namespace, redis_url: str | None
+) -> list[tuple[str, dict[str, Any] | None]]:
+    """(router, variant) per run in order: every router once per run, runs interleaved."""
     routers = [r.strip() for r in (args.routers or (PD_ROUTERS if args.pd else AGG_ROUTERS))
                .split(",") if r.strip()]  # fmt: skip
-    log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="tideserve-routing-compare-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    py: Path | None = None
-    sglang_reason = ""
-    if any(r.startswith("sglang:") for r in routers):
-        py, sglang_reason = sglang_router_python()
-    gateway_ok = has_verb("gateway") if any(r.startswith("tideserve:") for r in routers) else True
-    results: list[dict[str, Any]] = []
-    env = machine()
-    redis_server = None
     variants: list[dict[str, Any] | None] = [None] * len(routers)
-    if args.closed_loop or args.redis:
-        from services.common.embedded import start_redis
-
-        redis_server = start_redis(log_dir / "redis", 0)
     if args.closed_loop:
         wrong = args.gateway_perf_profile or args.profile
         routers = ["tideserve:default"] * 3
         variants = [
-            {"label": "true-profile", "perf_profile": args.profile},
+            {"label": "true-profile", "perf_profile": engine_profile(args)},
             {"label": "wrong-profile", "perf_profile": wrong},
             {"label": "wrong-profile+fit", "perf_profile": wrong, "fit": True},
         ]
     elif args.gateway_perf_profile:
         variants = [{"perf_profile": args.gateway_perf_profile} for _ in routers]
-    for i, v in enumerate(variants):
-        if redis_server is not None:
-            variants[i] = {**(v or {}), "redis_url": redis_server.url, "prefix": f"rc{i}"}
+    plan: list[tuple[str, dict[str, Any] | None]] = []
+    for run in range(args.runs):
+        for i, (name, v) in enumerate(zip(routers, variants, strict=True)):
+            w: dict[str, Any] = {**(v or {}), "run": run}
+            if redis_url is not None:
+                w.update(redis_url=redis_url, prefix=f"rc{run}-{i}")
+            plan.append((name, w))
+    return plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.runs < 1:
+        print("--runs must be at least 1", file=sys.stderr)
+        return 2
+    log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="tideserve-routing-compare-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    if not args.old_rules:
+        args.slo_config_file = log_dir / "slo.yaml"
+        args.slo_config_file.write_text(
+            yaml.safe_dump(slo_config(args.slo_ttft_ms, args.slo_tpot_ms), sort_keys=False),
+            encoding="utf-8",
+        )
+    env = machine()
+    redis_server = None
+    if args.closed_loop or args.redis:
+        from services.common.embedded import start_redis
+
+        redis_server = start_redis(log_dir / "redis", 0)
+    plan = run_plan(args, redis_server.url if redis_server is not None else None)
+    py: Path | None = None
+    sglang_reason = ""
+    if any(r.startswith("sglang:") for r, _ in plan):
+        py, sglang_reason = sglang_router_python()
+    gateway_ok = has_verb("gateway") if any(r.startswith("tideserve:") for r, _ in plan) else True
+    results: list[dict[str, Any]] = []
     try:
-        for name, variant in zip(routers, variants, strict=True):
+        for name, variant in plan:
+            run = (variant or {}).get("run", 0)
             if name.startswith("sglang:") and py is None:
-                results.append({"router": name, "error": sglang_reason})
+                results.append({"router": name, "run": run, "error": sglang_reason})
             elif name.startswith("tideserve:") and not gateway_ok:
-                results.append({"router": name, "error": "`tideserve gateway` is not available"})
+                results.append({"router": name, "run": run,
+                                "error": "`tideserve gateway` is not available"})  # fmt: skip
             else:
                 results.append(run_router(name, args, log_dir, py, variant))
-            print(f"[{results[-1]['router']}] done: "
+            print(f"[{results[-1]['router']} run {run}] done: "
                   f"{json.dumps(results[-1].get('ttft_ms', results[-1].get('error')))}",
                   file=sys.stderr)  # fmt: skip
     finally:
         if redis_server is not None:
             redis_server.stop()
-    summary = {
+    summary = _summary(args, env, sglang_reason, results, log_dir)
+    text = json.dumps(summary, indent=2)
+    Path(args.out).write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return 0 if any("error" not in r for r in results) else 1
+
+
+def _summary(
+    args: argparse.Namespace,
+    env: dict[str, object],
+    sglang_reason: str,
+    results: list[dict[str, Any]],
+    log_dir: Path,
+) -> dict[str, Any]:
+    means = mean_results(results)
+    used = sorted({r["gateway_perf_profile"] for r in results if "gateway_perf_profile" in r})
+    return {
         "benchmark": "routing_compare",
         "mode": "pd" if args.pd else "aggregated",
         "command": command_line(),
+        "rules": "old (favourable)" if args.old_rules else "of record",
+        "runs": args.runs,
         "fleet": {
             "roles": (
                 {"prefill": args.prefill, "decode": args.decode}
                 if args.pd
                 else {"aggregated": args.engines}
             ),
-            "profile": args.profile,
+            "profile": engine_profile(args),
             "kv_blocks": args.kv_blocks,
             "speedup": args.speedup,
             "stream_interval": args.stream_interval,
@@ -440,17 +467,19 @@ def main(argv: list[str] | None = None) -> int:
             "slo_ttft_ms": args.slo_ttft_ms,
             "slo_tpot_ms": args.slo_tpot_ms,
         },
+        "gateway_slo": (
+            f"--default-slo-class {OLD_RULES_SLO_CLASS} (our gateway only)"
+            if args.old_rules
+            else slo_config(args.slo_ttft_ms, args.slo_tpot_ms)["scheduler"]
+        ),
         "machine": env,
         "sglang_router": sglang_reason or "0.3.2 (throwaway venv)",
-        "gateway_perf_profile": args.gateway_perf_profile or args.profile,
+        "gateway_perf_profile": used[0] if len(used) == 1 else used,
         "results": results,
-        "targets": closed_loop_targets(results) if args.closed_loop else targets(results),
+        "per_router": per_router(results),
+        "targets": closed_loop_targets(means) if args.closed_loop else targets(means),
         "log_dir": str(log_dir),
     }
-    text = json.dumps(summary, indent=2)
-    Path(args.out).write_text(text + "\n", encoding="utf-8")
-    print(text)
-    return 0 if any("error" not in r for r in results) else 1
 
 
 if __name__ == "__main__":

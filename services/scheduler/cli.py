@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from services.common import runtime
@@ -18,7 +19,7 @@ from services.scheduler.replicas import GatewayCount, gateway_count, parse_gatew
 if TYPE_CHECKING:
     from services.scheduler.settings import SchedulerSettings
 
-__all__ = ["register", "run", "settings_from_args"]
+__all__ = ["register", "run", "settings_from_args", "slo_file_values"]
 
 _EPILOG = """\
 examples:
@@ -126,10 +127,18 @@ _GATEWAY_FLAGS: tuple[Flag, ...] = (
     ),
     flag("--no-preemption", action="store_true", help="never pre-empt lower classes"),
     flag(
+        "--slo-config",
+        default=None,
+        metavar="FILE",
+        help="YAML with slo_classes, default_slo_class and tenants, as in tideserve.yaml's "
+        "scheduler section (a whole tideserve.yaml works; other keys are ignored)",
+    ),
+    flag(
         "--default-slo-class",
-        default="agent",
-        help="SLO class of requests that name none (interactive: TTFT 2 s, agent: 10 s, "
-        "batch: none; its TTFT target orders dispatch)",
+        default=None,
+        help="SLO class of requests that name none (default: --slo-config's, else agent; "
+        "shipped classes interactive: TTFT 2 s, agent: 10 s, batch: none; its TTFT target "
+        "orders dispatch)",
     ),
     flag(
         "--dispatch-hold-ms",
@@ -277,7 +286,6 @@ def settings_from_args(args: argparse.Namespace) -> SchedulerSettings:
         "decode_can_prefill": args.decode_can_prefill,
         "preemption": not args.no_preemption,
         "dispatch_hold_ms": args.dispatch_hold_ms,
-        "default_slo_class": args.default_slo_class,
         "forward_authorization": args.forward_authorization,
         "engine_api_key": args.engine_api_key,
         "max_in_flight_per_endpoint": args.max_in_flight,
@@ -302,6 +310,10 @@ def settings_from_args(args: argparse.Namespace) -> SchedulerSettings:
         "perf_model_refresh_s": args.perf_model_refresh,
         "perf_model_min_confidence": args.perf_model_min_confidence,
     }
+    if args.slo_config:
+        values.update(slo_file_values(args.slo_config))
+    if args.default_slo_class:
+        values["default_slo_class"] = args.default_slo_class
     try:
         return SchedulerSettings.model_validate(values)
     except ValidationError as err:
@@ -309,6 +321,26 @@ def settings_from_args(args: argparse.Namespace) -> SchedulerSettings:
         where = ".".join(str(x) for x in e["loc"])
         msg = str(e["msg"]).removeprefix("Value error, ")
         raise ValueError(f"{where}: {msg}" if where else msg) from None
+
+
+SLO_KEYS = ("slo_classes", "default_slo_class", "tenants")
+
+
+def slo_file_values(path: str) -> dict[str, object]:
+    """The SLO keys of a YAML file (``--slo-config``): its ``scheduler`` section when it has
+    one (a tideserve.yaml), else the top level. ValueError (one line) when it cannot be read
+    or is not a mapping."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as err:
+        raise ValueError(f"--slo-config {path}: {str(err).splitlines()[0]}") from None
+    if isinstance(doc, dict) and isinstance(doc.get("scheduler"), dict):
+        doc = doc["scheduler"]
+    if not isinstance(doc, dict):
+        raise ValueError(f"--slo-config {path}: expected a mapping with slo_classes")
+    return {k: doc[k] for k in SLO_KEYS if k in doc}
 
 
 def processes(gateways: GatewayCount, *, share_state: bool, port: int, cores: int) -> int:

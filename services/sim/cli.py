@@ -68,6 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profiles-file", help="routing profiles YAML (default: the shipped one)")
     p.add_argument("--engine-profile", default=DEFAULT_PROFILE,
                    help=f"performance profile of the engines (default {DEFAULT_PROFILE})")  # fmt: skip
+    p.add_argument("--gateway-perf-profile", default="",
+                   help="performance profile the gateways price with (default: the engines', "
+                   "an exact model; e.g. the engines at NAME*1.2 and the gateway at NAME)")  # fmt: skip
     p.add_argument("--gateways", type=whole, default=1, help="gateway replicas (default 1)")
     p.add_argument("--seed", type=whole, default=0, help="seed of every random choice")
     p.add_argument("--slo-ttft-ms", type=num, help="TTFT SLO for goodput")
@@ -138,6 +141,7 @@ def config(args: argparse.Namespace) -> SimConfig:
         profile=args.profile,
         profiles_file=args.profiles_file,
         engine_profile=args.engine_profile,
+        gateway_perf_profile=args.gateway_perf_profile,
         gateways=args.gateways,
         seed=args.seed,
         rate_scale=args.rate_scale,

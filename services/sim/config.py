@@ -39,6 +39,8 @@ class SimConfig:
     profile: str = "default"
     profiles_file: str | None = None
     engine_profile: str = DEFAULT_PROFILE
+    # the perf profile the gateways price with; "" = the engines' (an exact model)
+    gateway_perf_profile: str = ""
     gateways: int = 1
     seed: int = 0
     rate_scale: float = 1.0
@@ -104,6 +106,7 @@ class SimConfig:
                 raise SimConfigError("autoscaling needs tick_s, window_s > 0 and startup_s >= 0")
         try:
             get_profile(self.engine_profile)
+            get_profile(self.gateway_perf_profile or self.engine_profile)
         except KeyError as exc:
             raise SimConfigError(str(exc.args[0])) from None
         return self

@@ -41,7 +41,7 @@ class Gateways:
                 profiles=Path(cfg.profiles_file) if cfg.profiles_file else None,
                 seed=cfg.seed * 1_000 + g,
                 block_size=cfg.block_size,
-                perf_profile=cfg.engine_profile,
+                perf_profile=cfg.gateway_perf_profile or cfg.engine_profile,
                 decode_can_prefill=cfg.decode_can_prefill,
             )
             prof = core.scheduler.profiles.get(cfg.profile)

@@ -195,7 +195,7 @@ class Simulation:
         hashes = tuple(block_hashes(toks, cfg.block_size))
         view = RequestView(
             rid, len(toks), hashes, cfg.block_size, max(1, r.output_length),
-            ttft_slo_ms=cfg.slo_ttft_ms or 0.0,
+            ttft_slo_ms=cfg.slo_ttft_ms or 0.0, tpot_slo_ms=cfg.slo_tpot_ms or 0.0,
             prefix_matches=precise_matches(self.caches, hashes) if cfg.precise else None,
         )  # fmt: skip
         g = self.gw.choose()

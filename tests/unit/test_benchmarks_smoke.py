@@ -72,9 +72,76 @@ def _plan(pd: bool) -> list[dict[str, Any]]:
 def test_router_commands(router: str, pd: bool, present: list[str], absent: list[str]) -> None:
     rc = _load("routing_compare")
     args = rc.parse_args(["--pd"] if pd else [])
+    args.slo_config_file = Path("/tmp/slo.yaml")
     cmd = rc.router_cmd(router, 5000, _plan(pd), args, Path("/venv/bin/python"))
     assert all(x in cmd for x in present), cmd
     assert not any(x in cmd for x in absent), cmd
+
+
+@pytest.mark.parametrize(
+    ("argv", "engine_profile", "present", "absent"),
+    [
+        ([], "h200-llama3.1-8b*1.2", ["--slo-config", "/tmp/slo.yaml"],
+         ["--default-slo-class", "--perf-profile"]),
+        (["--old-rules"], "h200-llama3.1-8b", ["--default-slo-class", "interactive"],
+         ["--slo-config"]),
+        (["--engine-slowdown", "1", "--profile", "test"], "test", ["--slo-config"], []),
+    ],
+    ids=["of-record", "old-rules", "no-slowdown"],
+)  # fmt: skip
+def test_comparison_rules(
+    argv: list[str], engine_profile: str, present: list[str], absent: list[str]
+) -> None:
+    rc = _load("routing_compare")
+    args = rc.parse_args(argv)
+    args.slo_config_file = Path("/tmp/slo.yaml")
+    cmd = rc.router_cmd("tideserve:default", 5000, _plan(False), args, None)
+    assert rc.engine_profile(args) == engine_profile
+    assert all(x in cmd for x in present), cmd
+    assert not any(x in cmd for x in absent), cmd
+    assert rc.gateway_perf_profile(args, None) == "h200-llama3.1-8b"
+
+
+@pytest.mark.parametrize(
+    ("ttft", "tpot"), [(2000.0, 100.0), (1500.0, 50.0)], ids=["issue-slo", "tighter"]
+)
+def test_slo_config_is_what_the_gateway_reads(tmp_path: Path, ttft: float, tpot: float) -> None:
+    import yaml
+
+    from services.scheduler import cli
+    from services.scheduler.compose import Scheduler
+
+    f = tmp_path / "slo.yaml"
+    f.write_text(yaml.safe_dump(_load("_compare_rules").slo_config(ttft, tpot)))
+    parser = __import__("argparse").ArgumentParser()
+    cli.register(parser.add_subparsers())
+    args = parser.parse_args(["gateway", "--endpoints", "http://a:1", "--slo-config", str(f)])
+    core = Scheduler(cli.settings_from_args(args)).core
+    assert core.ttft_budget_ms("") == ttft
+    assert core.slo.tpot_ms[core.queue.config.default_class] == tpot
+
+
+def test_runs_interleave_and_aggregate() -> None:
+    rc = _load("routing_compare")
+    args = rc.parse_args(["--routers", "tideserve:default,sglang:cache_aware", "--runs", "2"])
+    assert [(n, v["run"]) for n, v in rc.run_plan(args, None)] == [
+        ("tideserve:default", 0), ("sglang:cache_aware", 0),
+        ("tideserve:default", 1), ("sglang:cache_aware", 1),
+    ]  # fmt: skip
+    results = [
+        _result("tideserve:default", 400, 800, 2.0, run=0),
+        _result("sglang:cache_aware", 1000, 1000, 1.0, run=0),
+        _result("tideserve:default", 600, 900, 3.0, run=1),
+        {"router": "sglang:cache_aware", "run": 1, "error": "x"},
+    ]
+    agg = rc.per_router(results)
+    assert agg["tideserve:default"]["metrics"]["goodput_rps"] == {
+        "mean": 2.5, "min": 2.0, "max": 3.0,
+    }  # fmt: skip
+    assert (agg["sglang:cache_aware"]["runs"], agg["sglang:cache_aware"]["errors"]) == (1, 1)
+    out = rc.targets(rc.mean_results(results))
+    assert out["vs_sglang:cache_aware"]["ttft_mean_ratio"] == 0.5
+    assert out["vs_sglang:cache_aware"]["goodput_ratio"] == 2.5
 
 
 def _result(router: str, ttft: float, p90: float, goodput: float, **extra: Any) -> dict[str, Any]:
@@ -247,3 +314,35 @@ def test_profile_agentic_request_is_about_64k_tokens_of_tool_rounds() -> None:
     n = len(TokenPath().encode_chat(body["messages"]))
     assert 60_000 <= n <= 70_000
     assert sum(1 for m in body["messages"] if m["role"] == "tool") == 24 and body["stream"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "weight"), [([], 4.0), (["--goodput-weight", "2"], 2.0)], ids=["default", "weight"]
+)
+def test_goodput_sim_profiles_load_with_the_candidate(
+    tmp_path: Path, argv: list[str], weight: float
+) -> None:
+    from services.scheduler.routing.config import load_config
+
+    gs = _load("goodput_sim")
+    path = Path(gs.profiles_file(gs.parse_args(argv), tmp_path))
+    sched = load_config(path)
+    scorers = {s.name: w for s, w in sched.profiles["goodput"].scorers}
+    assert scorers["goodput"] == weight and "default" in sched.profiles
+
+
+@pytest.mark.parametrize(
+    ("slo_ttft_ms", "expected_share"), [(60_000.0, 0.0), (1.0, 1.0)], ids=["all-feasible", "none"]
+)
+def test_goodput_sim_ceiling(slo_ttft_ms: float, expected_share: float) -> None:
+    from services.bench.traces import Trace, parse_mooncake
+    from services.sim import SimConfig, simulate
+
+    lines = [json.dumps({"timestamp": i * 500, "input_length": 1100, "output_length": 8,
+                         "hash_ids": [i // 2, 100 + i, 200 + i]}) for i in range(6)]  # fmt: skip
+    trace = Trace("mem.jsonl", "mooncake", tuple(parse_mooncake(lines)))
+    cfg = SimConfig(engines=2, max_requests=6, kv_blocks=2048, slo_ttft_ms=slo_ttft_ms)
+    _, run = simulate(cfg, trace)
+    out = _load("goodput_sim").ceiling(run, cfg)
+    assert out["infeasible_share"] == expected_share
+    assert out["max_attainment"] == 1.0 - expected_share

@@ -4,6 +4,7 @@ service and the CLI build the same gateway from them."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -196,3 +197,58 @@ def test_api_keys_from_the_cli_flags_build_a_gate_without_io() -> None:
     assert gw.keys is not None and gw.keys.default_class == s.default_slo_class
     assert gw.keys.classes == ("interactive", "agent", "batch")  # highest priority first
     assert Scheduler(SchedulerSettings()).gateway.keys is None  # off by default
+
+
+@pytest.mark.parametrize(
+    ("text", "flags", "expect_default", "expect_ttft"),
+    [
+        (
+            "scheduler:\n  http_port: 0\n  slo_classes:\n"
+            "    - {name: gold, priority: 9, ttft_ms: 1500, tpot_ms: 80}\n"
+            "  default_slo_class: gold\n",
+            (),
+            "gold",
+            {"gold": 1500.0},
+        ),
+        (
+            "slo_classes:\n  - {name: gold, priority: 9, ttft_ms: 1500}\n"
+            "  - {name: agent, priority: 1, ttft_ms: 9000}\n",
+            (),
+            "agent",
+            {"gold": 1500.0, "agent": 9000.0},
+        ),
+        (
+            "slo_classes:\n  - {name: gold, priority: 9, ttft_ms: 1500}\n"
+            "  - {name: agent, priority: 1}\n",
+            ("--default-slo-class", "gold"),
+            "gold",
+            {"gold": 1500.0, "agent": 0.0},
+        ),
+    ],
+    ids=["tideserve-yaml-section", "top-level-keys", "flag-overrides-file-default"],
+)
+def test_slo_config_file_reaches_the_gateway(
+    tmp_path: Path,
+    text: str,
+    flags: tuple[str, ...],
+    expect_default: str,
+    expect_ttft: dict[str, float],
+) -> None:
+    f = tmp_path / "slo.yaml"
+    f.write_text(text)
+    s = cli.settings_from_args(_args("--endpoints", "http://a:1", "--slo-config", str(f), *flags))
+    core = Scheduler(s).core
+    assert core.queue.config.default_class == expect_default
+    assert dict(core.slo.ttft_ms) == expect_ttft
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [("- just a list\n", "expected a mapping"), ("slo_classes: [{name: x}]\n", "slo_classes")],
+    ids=["not-a-mapping", "class-without-priority"],
+)
+def test_bad_slo_config_file_is_one_line(tmp_path: Path, text: str, error: str) -> None:
+    f = tmp_path / "slo.yaml"
+    f.write_text(text)
+    with pytest.raises(ValueError, match=error):
+        cli.settings_from_args(_args("--endpoints", "http://a:1", "--slo-config", str(f)))

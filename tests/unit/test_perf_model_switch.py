@@ -246,3 +246,28 @@ def test_gateway_plugins_price_with_the_switch_when_telemetry_is_set(telemetry: 
     else:
         assert sch.perf_model is None and sch.perf_feed is None
         assert not any(isinstance(x.model, PerfModelSwitch) for x in priced)
+
+
+class _DecodingProfile(LinearModel):
+    kv_capacity_tokens = 50_000
+
+    def decode_step_ms(self, batch: int, context_tokens: int) -> float:
+        return 5.0 + batch
+
+
+@pytest.mark.parametrize(
+    ("static", "fitted", "step_ms", "kv_capacity"),
+    [
+        (_DecodingProfile(), None, 9.0, 50_000),  # the profile's 5 + 4
+        (_DecodingProfile(), SLOW, 1.0 + 0.04 + 0.01 * 1000 / 1000, 50_000),  # the fit's
+        (LinearModel(), None, 0.0, 0),  # a static model that prices no decode
+    ],
+    ids=["profile", "fitted", "no-decode-model"],
+)
+def test_switch_prices_decode_steps(
+    static: Any, fitted: Coefficients | None, step_ms: float, kv_capacity: int
+) -> None:
+    s = PerfModelSwitch(static, 0.5)
+    s.offer(fitted, 1.0)
+    assert s.decode_step_ms(4, 1000) == pytest.approx(step_ms)
+    assert s.kv_capacity_tokens == kv_capacity

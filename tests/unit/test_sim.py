@@ -110,6 +110,25 @@ def test_a_tiny_fleet_finishes_every_request_once(cfg: SimConfig, disaggregated:
     assert sum(r["arrivals"] for r in rows) == 24 and sum(r["completed"] for r in rows) == 24
 
 
+@pytest.mark.parametrize(
+    ("gateway_profile", "expected"),
+    [("", "test*2"), ("test", "test"), ("test*4", "test*4")],
+    ids=["exact-by-default", "believes-the-faster-device", "believes-a-slower-one"],
+)
+def test_the_gateway_prices_with_its_own_profile(gateway_profile: str, expected: str) -> None:
+    from services.sim.run import Simulation
+
+    cfg = SimConfig(
+        engines=2, max_requests=4, kv_blocks=2048, engine_profile="test*2",
+        gateway_perf_profile=gateway_profile,
+    )  # fmt: skip
+    sim = Simulation(cfg, trace_of(4))
+    ttft = next(p for p in sim.gw.cores[0].scheduler.profiles["default"].preparers
+                if hasattr(p, "model"))  # fmt: skip
+    assert ttft.model.name == expected
+    assert sim.perf.name == "test*2"
+
+
 def test_same_seed_same_json_and_the_seed_is_used() -> None:
     cfg = SimConfig(engines=4, gateways=3, max_requests=40, kv_blocks=2048, profile="power_of_two")
     trace = trace_of(40)
@@ -171,6 +190,7 @@ def test_the_cli_writes_json_and_timeline(
         (["--autoscale", "--max-replicas", "0"], "--max-replicas must be at least 1"),
         (["--profile", "nope"], "unknown routing profile 'nope'"),
         (["--engine-profile", "nope"], "unknown performance profile 'nope'"),
+        (["--gateway-perf-profile", "nope"], "unknown performance profile 'nope'"),
         (["--offset", "99"], "skips the whole trace"),
         (["--trace", "/nonexistent/t.jsonl"], "cannot read trace"),
         (["--bad-line"], "cannot read"),
@@ -178,7 +198,7 @@ def test_the_cli_writes_json_and_timeline(
     ],
     ids=["no-trace", "zero-engines", "engines-and-pd", "prefill-only", "pd-zero",
          "zero-rate", "rate-not-number", "zero-requests", "zero-gateways", "zero-max-replicas", "unknown-profile",
-         "unknown-engine-profile", "offset-past-end", "missing-trace", "bad-trace-line",
+         "unknown-engine-profile", "unknown-gateway-profile", "offset-past-end", "missing-trace", "bad-trace-line",
          "bad-out-dir"],
 )  # fmt: skip
 def test_the_cli_refuses_bad_input_in_one_line(

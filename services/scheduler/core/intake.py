@@ -102,6 +102,7 @@ def request_view(core: GatewayCore, intake: Intake, block_size: int) -> RequestV
         session_id=intake.session_id,
         parent_session_id=intake.parent_session_id,
         ttft_slo_ms=core.ttft_budget_ms(intake.slo_class, intake.deadline_in_ms),
+        tpot_slo_ms=core.tpot_target_ms(intake.slo_class),
         exclude=intake.exclude,
     )
 

@@ -11,7 +11,7 @@ a model of prefill (it goes to 0 or below for long prompts) and counts as no fit
 its confidence. The fitted model prices with the ``PerfModel`` contract's formula,
 ``prefill_base_ms + prefill_ms_per_token * n + prefill_ms_per_token2 * n^2`` for ``n``
 uncached tokens (the contract has no cached-context term, so ``cached_tokens`` is not
-priced). Each change increments :attr:`version`, so plugins that derive figures from
+priced), and decode steps with its ``decode_step_ms``. Each change increments :attr:`version`, so plugins that derive figures from
 the model (a throughput, a memo) recompute them.
 """
 
@@ -45,6 +45,21 @@ class PerfModelSwitch:
         if uncached_tokens <= 0:
             return 0.0
         return max(0.0, f.prefill_ms(uncached_tokens))
+
+    def decode_step_ms(self, batch: int, context_tokens: int) -> float:
+        """One decode step of ``batch`` sequences with ``context_tokens`` of context in
+        total: the fit's decode formula when a fit is in use, else the static model's (0
+        when it has none)."""
+        f = self.fitted
+        if f is not None:
+            return max(0.0, f.decode_step_ms(batch, context_tokens))
+        step = getattr(self.static, "decode_step_ms", None)
+        return float(step(batch, context_tokens)) if callable(step) else 0.0
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """The static model's KV capacity in tokens (0 when it has none; a fit has none)."""
+        return int(getattr(self.static, "kv_capacity_tokens", 0))
 
     def offer(self, fitted: Coefficients | None, confidence: float) -> bool:
         """Apply the rule above; whether the model in use changed."""

@@ -76,6 +76,10 @@ class GatewayCore:
             return min(target, deadline_in_ms) if target > 0 else deadline_in_ms
         return target
 
+    def tpot_target_ms(self, slo_class: str) -> float:
+        """The class's TPOT target (0 = none)."""
+        return self.slo.tpot_ms.get(slo_class or self.queue.config.default_class, 0.0)
+
     def saturated(self, now: float) -> bool:
         """Every eligible decode/worker endpoint is over a saturation threshold (or there is
         none): freeing one of our in-flight slots would not let a request in."""

@@ -22,6 +22,17 @@ class PrefillModel(Protocol):
     def prefill_ms(self, uncached_tokens: int, cached_tokens: int = 0) -> float: ...
 
 
+class DecodeModel(Protocol):
+    """A model that also prices decode steps (``PerfProfile``, the fitted-model switch)."""
+
+    def decode_step_ms(self, batch: int, context_tokens: int) -> float: ...
+
+
+def decode_model(model: PrefillModel) -> DecodeModel | None:
+    """``model`` when it prices decode steps, else None."""
+    return model if callable(getattr(model, "decode_step_ms", None)) else None  # type: ignore[return-value]
+
+
 def model_version(model: PrefillModel) -> int:
     """A model that can change under a plugin (the fitted one,
     ``services.scheduler.core.perf_switch``) carries a ``version`` that changes with it;

@@ -177,7 +177,8 @@ class RequestView:
     """What the core knows about a request. ``block_hashes`` are chained hashes of the
     prompt's full blocks (``services.common.tokens.block_hashes``, parent first).
 
-    ``ttft_slo_ms`` is the time-to-first-token budget left for this request (0 = none).
+    ``ttft_slo_ms`` is the time-to-first-token budget left for this request (0 = none),
+    ``tpot_slo_ms`` its class's time-per-output-token target (0 = none).
     ``prefix_matches`` is kvmeta's ``MatchPrefix`` answer (None = not looked up).
     ``parent_session_id`` is a sub-agent's parent session: the sub-agent's prompt starts from
     the parent's system prompt and tools, so session placement considers the parent's place.
@@ -194,6 +195,7 @@ class RequestView:
     parent_session_id: str = ""
     lora: str = ""
     ttft_slo_ms: float = 0.0
+    tpot_slo_ms: float = 0.0
     prefix_matches: Mapping[str, PrefixMatch] | None = None
     exclude: frozenset[str] = frozenset()
 
