@@ -66,6 +66,7 @@ from services.autoscaler.drivers.base import (
     counted,
 )
 from services.autoscaler.drivers.drain import Drainer
+from services.autoscaler.drivers.portpick import choose_port
 from services.autoscaler.drivers.settings import LocalSettings
 from services.autoscaler.drivers.sidecars import Sidecars
 from services.common.local.ports import port_is_free
@@ -206,21 +207,8 @@ class LocalDriver:
         await asyncio.gather(*(self._remove(self._instances[v], limit) for v in doomed))
 
     def _free_port(self, role: RoleTarget) -> int:
-        """The first of the role's ports no live instance holds (DriverError when something
-        else holds it), else the first free port of the driver's range."""
         taken = {i.port for i in self._instances.values() if not i.stopping}
-        s = self.settings
-        mine = [p for p in role.ports if p not in taken]
-        if mine:
-            if not port_is_free(s.host, mine[0]):
-                raise DriverError(
-                    f"role {role.name}: its port {s.host}:{mine[0]} is in use by another process"
-                )
-            return mine[0]
-        for port in range(s.port_min, s.port_max + 1):
-            if port not in taken and port_is_free(s.host, port):
-                return port
-        raise DriverError(f"no free port in {s.port_min}..{s.port_max} on {s.host}")
+        return choose_port(role, taken, self.settings)
 
     def _new_id(self, role: RoleTarget) -> str:
         """``instance_id_format`` with the role's next number (never reused while the driver
