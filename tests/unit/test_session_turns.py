@@ -41,7 +41,7 @@ def ctx(headers: dict[str, str], answer: dict[str, Any], cancelled: bool = False
 
 S = {"X-Tideserve-Session": "s1"}
 FINAL = {**S, "X-Tideserve-Session-Final": "1"}
-TIP = Tip(0xABC, 64)
+TIP = Tip(0xABC, 64, (0x123, 0xABC))
 
 
 @pytest.mark.parametrize(
@@ -62,6 +62,7 @@ def test_turn_end(
     assert req is not None
     assert (req.deployment, req.tenant, req.session_id) == ("dep", "acme", "s1")
     assert (req.tip_block_hash, req.tip_tokens, list(req.tool_names), req.final) == want
+    assert list(req.block_hashes) == ([0x123, 0xABC] if want[0] else [])
 
 
 def test_no_session_is_no_turn() -> None:
@@ -90,6 +91,7 @@ def test_tip_of(tokens: int, bs: int, want_tokens: int) -> None:
     v = request_view(tokens=list(range(tokens)), block_size=bs, prompt_tokens=tokens)
     tip = tip_of(v)
     assert tip.tokens == want_tokens
+    assert tip.chain == v.block_hashes and tip.block_hash == (v.block_hashes or (0,))[-1]
     assert (tip.block_hash != 0) == (want_tokens > 0)
 
 

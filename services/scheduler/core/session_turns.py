@@ -4,11 +4,12 @@ A request that names a session (:mod:`services.scheduler.http.sessions`) is a tu
 When the turn is first picked, :func:`turn_start` is kvmeta's ``StartSessionTurn``: the
 session, its tenant and parent, and the picked decode instance as its home. When the
 request is done, :func:`turn_end` is ``EndSessionTurn``: the instance that served it (the
-last pick), the tip of the prompt's block-hash chain (its last full block's hash and the
+last pick), the prompt's block-hash chain and its tip (the last full block's hash and the
 tokens the chain covers), the names of the tools the answer called, and whether the turn
-ended the session (``X-Tideserve-Session-Final``). A turn that failed or was cancelled still
-ends, never as final (the session goes idle, its tip and tools unchanged): the agent retries or gives up,
-and either way nothing is running for it. A request without a session is no turn (None).
+ended the session (``X-Tideserve-Session-Final``). A turn that failed or was cancelled
+still ends, never as final (the session goes idle, its chain and tools unchanged): the
+agent retries or gives up, and either way nothing is running for it. A request without a
+session is no turn (None).
 """
 
 from __future__ import annotations
@@ -25,17 +26,20 @@ __all__ = ["Tip", "tip_of", "turn_end", "turn_start"]
 
 @dataclass(frozen=True, slots=True)
 class Tip:
-    """The prompt's block-hash chain tip: the last full block's hash and the tokens up to it."""
+    """The prompt's block-hash chain (parent first), its tip (the last full block's hash)
+    and the tokens up to the tip."""
 
     block_hash: int = 0
     tokens: int = 0
+    chain: tuple[int, ...] = ()
 
 
 def tip_of(view: RequestView) -> Tip:
     """The tip of ``view``'s chain (an empty tip for a prompt shorter than a block)."""
     if not view.block_hashes:
         return Tip()
-    return Tip(view.block_hashes[-1], len(view.block_hashes) * view.block_size)
+    hashes = view.block_hashes
+    return Tip(hashes[-1], len(hashes) * view.block_size, hashes)
 
 
 def _decode_instance(ctx: RequestContext) -> str:
@@ -73,6 +77,7 @@ def turn_end(
         req.final = p.session_final
         req.tip_block_hash = tip.block_hash
         req.tip_tokens = tip.tokens
+        req.block_hashes.extend(tip.chain)
         names = {c.name for c in ctx.answer().tool_calls if c.name}
         req.tool_names.extend(sorted(names))
     return req
