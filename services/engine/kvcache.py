@@ -39,6 +39,7 @@ resync request): drained events followed by the full state reproduce the cache e
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from itertools import islice
@@ -134,7 +135,7 @@ class KVCache:
     def blocks_for(self, tokens: int) -> int:
         return -(-max(0, tokens) // self.block_size)
 
-    def match(self, hashes: list[int]) -> int:
+    def match(self, hashes: Sequence[int]) -> int:
         """Number of leading ``hashes`` resident now (no side effects)."""
         n = 0
         for h in hashes:
