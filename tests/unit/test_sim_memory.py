@@ -17,9 +17,7 @@ def _trace() -> Trace:
     a = tuple(range(1, 9))  # 8 blocks of 512 tokens
     rows = [(0.0, a), (5.0, tuple(range(100, 110))), (20.0, tuple(range(200, 210))),
             (60.0, (*a, 9))]  # fmt: skip
-    reqs = tuple(
-        TraceRequest(i, i + 1, t, len(h) * 512, 4, h) for i, (t, h) in enumerate(rows)
-    )
+    reqs = tuple(TraceRequest(i, i + 1, t, len(h) * 512, 4, h) for i, (t, h) in enumerate(rows))
     return Trace("t", "mooncake", reqs)
 
 
