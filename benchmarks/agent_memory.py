@@ -21,7 +21,7 @@ share of GPU KV held by idle sessions' blocks), ``fleet_kv_used`` (mean share of
 fleet's KV in use, the ">= 90% used" condition). Not measured here: scale-in, P/D and tier
 restart (those mechanisms are not built).
 
-    .venv/bin/python benchmarks/agent_memory.py --slices 0:20,20:40,40:59 --max-requests 200
+    .venv/bin/python benchmarks/agent_memory.py  # 3 slices x 300 requests, 2 engines x 2300 blocks
 """
 
 from __future__ import annotations
@@ -59,8 +59,11 @@ def p95(xs: list[float]) -> float:
 
 
 def run_one(cfg: SimConfig, trace: Trace) -> tuple[dict[str, Any], dict[int, float]]:
+    t0 = time.monotonic()
     sim = Simulation(cfg, trace)
     run = sim.run()
+    print(f"{cfg.agent_memory} kv={cfg.kv_blocks}: {len(run.requests)} requests, "
+          f"{time.monotonic() - t0:.1f} s", file=sys.stderr)  # fmt: skip
     assert sim.memory is not None
     ttft = {
         r.index: r.first - r.arrival
@@ -90,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--slices", default="0:20,20:40,40:59", help="session ranges A:B, comma-separated"
     )
-    p.add_argument("--max-requests", type=int, default=200, help="first N requests per slice")
-    p.add_argument("--engines", type=int, default=4)
-    p.add_argument("--kv-blocks", type=int, default=4096, help="per engine (64-token blocks)")
+    p.add_argument("--max-requests", type=int, default=300, help="first N requests per slice")
+    p.add_argument("--engines", type=int, default=2)
+    p.add_argument("--kv-blocks", type=int, default=2300, help="per engine (64-token blocks)")
     p.add_argument("--gap-scale", type=float, default=10.0, help="trace gaps x this (10 restores)")
     p.add_argument("--budget-share", type=float, default=0.2)
     p.add_argument("--profile", default="default", help="routing profile of every variant")

@@ -181,13 +181,14 @@ class AgentMemory:
         self._turns.pop(rid, None)
 
     # -- engines -------------------------------------------------------------------------
-    def after_step(self, cache: KVCache) -> None:
-        """Blocks the step evicted go to the tier (offload on eviction); slots are freed."""
+    def after_step(self, cache: KVCache) -> bool:
+        """Blocks the step evicted go to the tier (offload on eviction) and their slots are
+        freed; True when there were any."""
         if not self.offloads:
-            return
+            return False
         pairs = cache.drain_evicted()
         if not pairs:
-            return
+            return False
         tier = self._tier
         for h, _ in pairs:
             tier[h] = None
@@ -195,6 +196,7 @@ class AgentMemory:
         while len(tier) > self.tier_blocks:
             tier.popitem(last=False)
         cache.offloaded(pairs)
+        return True
 
     def tick(self, now: float) -> None:
         """The retention controller's round (retention modes), prefetches, samples."""

@@ -49,6 +49,7 @@ class SimRun:
     timeline: Timeline
     events: int
     autoscale: dict[str, Any] | None = None  # what the planner did (None: a fixed fleet)
+    agent_memory: dict[str, Any] | None = None  # agent memory's measurements (None: off)
 
 
 class Simulation:
@@ -134,6 +135,7 @@ class Simulation:
             self.timeline,
             q.pushed,
             self.autoscale_summary(),
+            self.memory.summary() if self.memory is not None else None,
         )
 
     def retain(self, _: Any, now: float) -> int:
@@ -198,6 +200,14 @@ class Simulation:
 
     def kick(self, inst: Instance, now: float) -> None:
         res = self.engines.step(inst, now)
+        # Agent memory offloads on eviction: an allocation that evicted waits for those
+        # offloads, which end here; then the step is tried again.
+        mem = self.memory
+        while mem is not None and mem.after_step(inst.core.cache):
+            if isinstance(res, StepResult):
+                break
+            again = self.engines.step(inst, now)
+            res = again if again is not None else res  # None: the wake-up is already res
         if isinstance(res, StepResult):
             self.q.push(now + res.duration_ms, "done", (inst, res))
         elif res is not None:
@@ -356,8 +366,6 @@ class Simulation:
     def done(self, p: tuple[Instance, StepResult], now: float) -> int:
         inst, res = p
         inst.busy = False
-        if self.memory is not None:
-            self.memory.after_step(inst.core.cache)
         if inst.trace is not None:
             inst.trace.outputs(now, res.outputs)
         if inst.core.config.role is EngineRole.PREFILL:
