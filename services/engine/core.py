@@ -236,11 +236,15 @@ class EngineCore:
         return self.pending_prefill_tokens() + decode
 
     def next_wakeup(self, now: float) -> float | None:
-        """Earliest time at which ``step`` will have something to do, or None if idle."""
-        if self._waiting or self._running:
+        """Earliest time at which ``step`` will have something to do, or None if idle. Waiting
+        sequences that ``step`` could not admit (no KV room) wait for a transfer to arrive or
+        held KV to be freed when there is one."""
+        if self._running:
             return now
         times = [s.ready_at for s in self._transferring.values()] + list(self._held.values())
-        return min(times) if times else None
+        if times:
+            return min(times)
+        return now if self._waiting else None
 
     # -- the step ------------------------------------------------------------------------
     def step(self, now: float) -> StepResult | None:

@@ -14,6 +14,7 @@ Retention priority: blocks marked with :meth:`KVCache.protect` (an idle agent se
 prefix the retention rule keeps, :mod:`services.common.sessions.retention`) are evicted only
 when the unprotected ones are not enough, then in LRU order too; :meth:`KVCache.unprotect`
 drops the mark. Protection never refuses an allocation that would fit without it.
+:meth:`KVCache.evict_now` evicts named blocks at once (the retention rule's offload).
 
 Every cached block has a *slot* in ``0 .. capacity_blocks-1`` (taken at commit, given back
 when the block is evicted or cleared; cached blocks never outnumber the capacity, so one is
@@ -38,6 +39,7 @@ resync request): drained events followed by the full state reproduce the cache e
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from itertools import islice
@@ -133,7 +135,7 @@ class KVCache:
     def blocks_for(self, tokens: int) -> int:
         return -(-max(0, tokens) // self.block_size)
 
-    def match(self, hashes: list[int]) -> int:
+    def match(self, hashes: Sequence[int]) -> int:
         """Number of leading ``hashes`` resident now (no side effects)."""
         n = 0
         for h in hashes:
@@ -181,6 +183,21 @@ class KVCache:
             self._protected.clear()
         else:
             self._protected.difference_update(hashes)
+
+    def evict_now(self, hashes: list[int]) -> int:
+        """Evict these blocks now (an idle session's prefix the retention rule offloads),
+        those resident and unreferenced, in the order given: to the tier with
+        ``hold_evicted`` (as an eviction under pressure would), else freed. Returns how many
+        were evicted."""
+        seen: set[int] = set()
+        victims = []
+        for h in hashes:
+            b = self._blocks.get(h)
+            if b is not None and b.refs == 0 and h not in seen:
+                seen.add(h)
+                victims.append(h)
+        self._remove(victims)
+        return len(victims)
 
     @property
     def protected_blocks(self) -> int:
@@ -366,6 +383,10 @@ class KVCache:
         if len(victims) < n and prot:
             last = (h for h in self._lru if (not keep or h not in keep) and h in prot)
             victims.extend(islice(last, n - len(victims)))
+        self._remove(victims)
+
+    def _remove(self, victims: list[int]) -> None:
+        """Evict these unreferenced cached blocks (to the tier when holding evicted ones)."""
         removed: list[int] = []
         for h in victims:
             del self._lru[h]

@@ -14,7 +14,9 @@ Elsewhere: SGLang disaggregation (``bootstrap_*`` fields, ``GET /bootstrap/{room
 /kv_transfer/notify``): :mod:`services.engine.pd_vllm`; real KV bytes (``--kv-data-plane``,
 Mooncake's Transfer Engine): :mod:`services.engine.kvbytes`, :mod:`services.engine.pd_bytes`;
 KV events and resyncs (with Redis): :mod:`services.engine.events`; info and admin endpoints
-(``/health``, ``/metrics``, ``POST /fault``, ...): :mod:`services.engine.info_routes`.
+(``/health``, ``/metrics``, ``POST /fault``, ...): :mod:`services.engine.info_routes`;
+``/tideserve/retention`` (protect and offload idle sessions' blocks):
+:mod:`services.engine.retention_route`.
 
 A request whose client went away is aborted (KV freed, no further work) within one
 ``kv_flush_ms`` even before anything was written to it.
@@ -59,6 +61,7 @@ from services.engine.metrics import EngineMetrics
 from services.engine.pacing import step_start
 from services.engine.pd_bytes import PDBytes
 from services.engine.respond import Live
+from services.engine.retention_route import RetentionRoute
 from services.engine.settings import EngineSettings
 from services.engine.steptrace import StepTrace
 from services.engine.tier_io import TierIO, tier_io_for
@@ -187,6 +190,7 @@ class EngineServer:
         r.add_get("/bootstrap/{room}", self.rendezvous.handler)
         r.add_post(pd_vllm.NOTIFY_PATH, self._kv_notify)
         info.add_admin_to(r)
+        RetentionRoute(self).add_to(r)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app

@@ -29,6 +29,7 @@ from services.kvmeta.ingest import IndexFeeder
 from services.kvmeta.metadata_http import MetadataServer
 from services.kvmeta.metrics import KVMetaCollector
 from services.kvmeta.objects import ObjectMaster
+from services.kvmeta.retention import RetentionController
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
 from services.kvmeta.sessions import SessionShell, SessionStore
 from services.kvmeta.settings import KVMetaSettings
@@ -91,6 +92,26 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
             except Exception:  # keep ticking; the next tick persists what is pending
                 log.exception("object master tick failed")
 
+    retention = (
+        RetentionController(
+            sessions,
+            mode=settings.retention,
+            budget_share=settings.retention_budget_share,
+            urls=settings.retention_engine_urls,
+        )
+        if settings.retention != "off"
+        else None
+    )
+
+    async def tick_retention() -> None:
+        assert retention is not None
+        while True:
+            await asyncio.sleep(settings.retention_tick_s)
+            try:
+                await retention.tick()
+            except Exception:  # keep ticking: one engine or one tick must not stop it
+                log.exception("retention tick failed")
+
     async def tick_sessions() -> None:
         while True:
             await asyncio.sleep(settings.session_tick_s)
@@ -110,6 +131,8 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
         gc.freeze()  # the loaded index is long-lived: keep it out of GC scans
         tasks.append(asyncio.create_task(tick_objects()))
         tasks.append(asyncio.create_task(tick_sessions()))
+        if retention is not None:
+            tasks.append(asyncio.create_task(tick_retention()))
         if settings.metadata_http_port:
             await metadata.start()
 
@@ -119,6 +142,8 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         await metadata.stop()
+        if retention is not None:
+            await retention.close()
         await feeder.stop()
         with contextlib.suppress(Exception):
             await objects.persist()
@@ -153,7 +178,9 @@ def _sessions(settings: KVMetaSettings, store: SessionStore | None) -> SessionSh
         ended_retention_s=settings.session_ended_retention_s,
         max_sessions=settings.max_sessions,
     )
-    return SessionShell(table, store, time.time)
+    return SessionShell(
+        table, store, time.time, max_chain_blocks=settings.retention_max_chain_blocks
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

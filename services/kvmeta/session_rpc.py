@@ -103,7 +103,7 @@ class SessionRpcs:
     ) -> Reply:
         r, t, now = request, self.sessions.table, self.sessions.now()
         key: SessionKey = (r.deployment, r.tenant, r.session_id)
-        return await self._apply(
+        reply = await self._apply(
             context,
             lambda: t.turn_end(
                 key,
@@ -116,6 +116,8 @@ class SessionRpcs:
             ),
             persist=True,
         )
+        self.sessions.set_chain(key, r.block_hashes)
+        return reply
 
     async def SetSessionPlacement(
         self, request: kvmeta_pb2.SetSessionPlacementRequest, context: Ctx

@@ -4,13 +4,19 @@ Durable the way the object master is: every mutating RPC writes its changed rows
 (``kvmeta.sessions``, revision 0003) before it replies, one writer at a time and in order;
 rows a failed write left behind are retried by the next write or tick. At start the table is
 loaded from those rows. Expiry runs on :meth:`SessionShell.tick`.
+
+Beside the rows, in memory only: each session's block-hash chain of its last turn
+(``chains``, for the retention controller, :mod:`services.kvmeta.retention`), at most
+``max_chain_blocks`` hashes each, forgotten with the session. After a restart a session has
+no chain until its next turn ends (the controller leaves it alone until then).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping
+from array import array
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -96,12 +102,25 @@ class SessionShell:
     """The session table plus write-through persistence (one writer at a time, in order)."""
 
     def __init__(
-        self, table: SessionTable, store: SessionStore | None, wall: Callable[[], float]
+        self,
+        table: SessionTable,
+        store: SessionStore | None,
+        wall: Callable[[], float],
+        *,
+        max_chain_blocks: int = 16_384,
     ) -> None:
         self.table = table
         self._store = store
         self._wall = wall
         self._lock = asyncio.Lock()
+        self.max_chain_blocks = max_chain_blocks
+        self.chains: dict[SessionKey, array[int]] = {}
+
+    def set_chain(self, key: SessionKey, hashes: Sequence[int]) -> None:
+        """The session's chain (its last ``max_chain_blocks`` hashes: the tip's end); an
+        empty one keeps the last."""
+        if hashes:
+            self.chains[key] = array("Q", hashes[-self.max_chain_blocks :])
 
     def now(self) -> float:
         return self._wall()
@@ -123,5 +142,7 @@ class SessionShell:
             self.table.load(await self._store.load())
 
     async def tick(self) -> None:
-        self.table.expire(self._wall())
+        _, gone = self.table.expire(self._wall())
+        for key in gone:
+            self.chains.pop(key, None)
         await self.persist()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from services.common.settings import ServiceSettings
@@ -72,3 +74,20 @@ class KVMetaSettings(ServiceSettings):
         30.0, ge=0.0, description="predicted gap when nothing learned is confident yet"
     )
     session_tick_s: float = Field(1.0, gt=0.0, description="session expiry period")
+    # retention of idle sessions' KV (services/kvmeta/retention.py)
+    retention: Literal["off", "observe", "enforce"] = Field(
+        "off",
+        description="retention controller: off, observe (plan and count; real engines) or "
+        "enforce (tell engines that serve /tideserve/retention what to protect and offload)",
+    )
+    retention_tick_s: float = Field(1.0, gt=0.0, description="retention controller period")
+    retention_budget_share: float = Field(
+        0.2, ge=0.0, le=1.0, description="share of an engine's KV idle sessions may hold"
+    )
+    retention_engine_urls: dict[str, str] = Field(
+        default_factory=dict,
+        description="instance id -> engine base URL; default http://<id> for a host:port id",
+    )
+    retention_max_chain_blocks: int = Field(
+        16_384, ge=1, description="block hashes of a session's chain held for retention"
+    )

@@ -169,6 +169,17 @@ class SchedulerSettings(ServiceSettings):
         "kvmeta_address), local (a replica of the KV index in this process, fed from "
         "{prefix}:kv:{deployment}; needs redis_url) or off",
     )
+    agent_sessions: bool = Field(
+        False,
+        description="tell kvmeta (kvmeta_address) as agent-session turns start and end, off the "
+        "request path (retention and prefetch of idle sessions' KV read them)",
+    )
+    agent_sessions_buffer: int = Field(
+        10_000, ge=1, description="session turn calls queued for kvmeta at most; more are dropped"
+    )
+    agent_sessions_deadline_ms: float = Field(
+        1000.0, gt=0, description="deadline of one session turn call to kvmeta"
+    )
     replica_id: str = Field("", description="this gateway replica's id; '' = host-pid-random")
     share_state: bool = Field(
         False, description="active-active: share routed prefixes + in-flight load via redis_url"

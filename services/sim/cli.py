@@ -97,6 +97,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-replicas", type=whole, default=16, help="autoscale: per role")
     p.add_argument("--startup-s", type=num, default=30.0,
                    help="autoscale: seconds from asking for an instance to it serving")  # fmt: skip
+    p.add_argument("--agent-memory", choices=("lru", "retention", "prefetch"),
+                   help="model agent sessions' KV (sessions = a trace's first hash id): lru "
+                   "(today's), retention (protect idle sessions, offload the rest to a tier), "
+                   "prefetch (retention + prefetch before the predicted return)")  # fmt: skip
+    p.add_argument("--memory-budget-share", type=num, default=0.2,
+                   help="agent memory: share of an engine's KV idle sessions may hold")  # fmt: skip
     p.add_argument("--out", required=True, metavar="FILE.json", help="write the summary here")
     p.add_argument("--timeline", metavar="FILE.csv", help="per-minute timeline CSV")
 
@@ -156,6 +162,8 @@ def config(args: argparse.Namespace) -> SimConfig:
         slo_ttft_ms=args.slo_ttft_ms,
         slo_tpot_ms=args.slo_tpot_ms,
         decode_can_prefill=args.decode_can_prefill,
+        agent_memory=args.agent_memory,
+        memory_budget_share=args.memory_budget_share,
         autoscale=AutoscaleConfig(
             max_replicas=args.max_replicas,
             startup_s=args.startup_s,

@@ -62,6 +62,10 @@ class SimConfig:
     shaper_order: str = DISPATCH_ORDER
     timeline_s: float = 60.0
     autoscale: AutoscaleConfig | None = None  # None: a fixed fleet
+    # agent memory (services/sim/memory.py): None = off; "lru", "retention" or "prefetch"
+    agent_memory: str | None = None
+    memory_budget_share: float = 0.2
+    memory_tier_blocks: int = 1 << 22
 
     @property
     def pd(self) -> bool:
@@ -98,6 +102,12 @@ class SimConfig:
             v = getattr(self, name)
             if v is not None and not v > 0:
                 raise SimConfigError(f"--{name.replace('_', '-')} must be > 0, got {v}")
+        if self.agent_memory not in (None, "lru", "retention", "prefetch"):
+            raise SimConfigError(
+                f"--agent-memory must be lru, retention or prefetch, got {self.agent_memory}"
+            )
+        if not 0.0 <= self.memory_budget_share <= 1.0 or self.memory_tier_blocks < 0:
+            raise SimConfigError("--memory-budget-share in [0, 1], --memory-tier-blocks >= 0")
         a = self.autoscale
         if a is not None:
             if not 1 <= a.min_replicas <= a.max_replicas:

@@ -131,4 +131,5 @@ def sim_section(run: SimRun) -> dict[str, Any]:
         "mean_held_ms": round(g.held_ms / max(1, g.picks), 3),
         "events": run.events,
         "autoscale": run.autoscale,
+        "agent_memory": run.agent_memory,
     }

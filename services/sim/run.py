@@ -25,6 +25,7 @@ from services.sim.config import SimConfig
 from services.sim.events import EventQueue
 from services.sim.fleet import Engines, Instance
 from services.sim.inputs import Arrival, Prompts, arrivals
+from services.sim.memory import AgentMemory
 from services.sim.records import Diag, SimRequest
 from services.sim.routing import Gateways, note_pick, precise_matches
 from services.sim.timeline import Timeline
@@ -48,6 +49,7 @@ class SimRun:
     timeline: Timeline
     events: int
     autoscale: dict[str, Any] | None = None  # what the planner did (None: a fixed fleet)
+    agent_memory: dict[str, Any] | None = None  # agent memory's measurements (None: off)
 
 
 class Simulation:
@@ -79,6 +81,12 @@ class Simulation:
         self.planner = Planner(engines.roles(), a, self.perf) if a is not None else None
         self.window = Window(a.window_s * 1000.0) if a is not None else None
         self.peak_replicas = self.initial_instances = len(engines)
+        self.memory = (
+            AgentMemory(cfg.agent_memory, self.caches, self.perf, cfg.block_size,
+                        budget_share=cfg.memory_budget_share, tier_blocks=cfg.memory_tier_blocks)
+            if cfg.agent_memory is not None
+            else None
+        )  # fmt: skip
 
     # -- the run --------------------------------------------------------------------------
     def run(self, progress: Progress | None = None) -> SimRun:
@@ -91,6 +99,8 @@ class Simulation:
         q.push(0.0, "sample", None)
         if cfg.autoscale is not None:
             q.push(cfg.autoscale.tick_s * 1000.0, "tick", None)
+        if self.memory is not None:
+            q.push(self.memory.tick_ms, "retain", None)
         pending = total = len(self.arrivals)
         handlers: dict[str, Callable[[Any, float], int]] = {
             "arrive": self.arrive,
@@ -102,6 +112,7 @@ class Simulation:
             "sample": self.sample,
             "tick": self.tick,
             "ready": self.ready,
+            "retain": self.retain,
         }
         tick = 0
         while pending and len(q):
@@ -124,7 +135,15 @@ class Simulation:
             self.timeline,
             q.pushed,
             self.autoscale_summary(),
+            self.memory.summary() if self.memory is not None else None,
         )
+
+    def retain(self, _: Any, now: float) -> int:
+        """The agent-memory round (retention, prefetch, samples)."""
+        assert self.memory is not None
+        self.memory.tick(now)
+        self.q.push(now + self.memory.tick_ms, "retain", None)
+        return 0
 
     def autoscale_summary(self) -> dict[str, Any] | None:
         if self.planner is None:
@@ -181,6 +200,14 @@ class Simulation:
 
     def kick(self, inst: Instance, now: float) -> None:
         res = self.engines.step(inst, now)
+        # Agent memory offloads on eviction: an allocation that evicted waits for those
+        # offloads, which end here; then the step is tried again.
+        mem = self.memory
+        while mem is not None and mem.after_step(inst.core.cache):
+            if isinstance(res, StepResult):
+                break
+            again = self.engines.step(inst, now)
+            res = again if again is not None else res  # None: the wake-up is already res
         if isinstance(res, StepResult):
             self.q.push(now + res.duration_ms, "done", (inst, res))
         elif res is not None:
@@ -193,15 +220,19 @@ class Simulation:
         toks = self.prompts.tokens(r)
         rid = f"r{k}"
         hashes = tuple(block_hashes(toks, cfg.block_size))
+        session = str(r.hash_ids[0]) if self.memory is not None and r.hash_ids else ""
         view = RequestView(
             rid, len(toks), hashes, cfg.block_size, max(1, r.output_length),
             ttft_slo_ms=cfg.slo_ttft_ms or 0.0, tpot_slo_ms=cfg.slo_tpot_ms or 0.0,
+            session_id=session,
             prefix_matches=precise_matches(self.caches, hashes) if cfg.precise else None,
         )  # fmt: skip
         g = self.gw.choose()
         req = SimRequest(rid, k, now, toks, max(1, r.output_length), view, gateway=g)
         self.reqs[rid] = req
         self.order.append(req)
+        if session and self.memory is not None:
+            self.memory.arrive(rid, k, session, hashes, now)
         self.timeline.arrived(now)
         if self.window is not None:
             self.window.arrived(now)
@@ -225,6 +256,11 @@ class Simulation:
         req.error = error
         req.endings += 1
         req.prompt = ()  # the engines hold their own reference while they need it
+        if self.memory is not None:
+            if error is None:
+                self.memory.end(req.rid, req.target, now)
+            else:
+                self.memory.forget(req.rid)
         if error is None:
             req.last = now
             if self.window is not None and req.first is not None:
@@ -295,11 +331,17 @@ class Simulation:
             assert d is not None
             self.diag.held_ms += now - req.arrival
             inst = self.engines[req.target]
+            fetched, wait = (
+                self.memory.dispatch(rid, inst.iid, len(req.prompt), now)
+                if self.memory is not None
+                else (0, 0.0)
+            )
             try:  # the live engine answers 400 here (and the bench counts it failed)
                 inst.core.submit(
                     Request(
                         rid, req.prompt, req.out, hold_kv=d.prefill is not None,
                         block_hashes=req.view.block_hashes,
+                        fetched_tokens=fetched, fetch_wait_ms=wait,
                     ),
                     now,
                 )  # fmt: skip

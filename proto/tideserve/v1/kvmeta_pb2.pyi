@@ -399,7 +399,7 @@ class StartSessionTurnRequest(_message.Message):
     def __init__(self, deployment: _Optional[str] = ..., tenant: _Optional[str] = ..., session_id: _Optional[str] = ..., parent_session_id: _Optional[str] = ..., agent: _Optional[str] = ..., home_instance: _Optional[str] = ...) -> None: ...
 
 class EndSessionTurnRequest(_message.Message):
-    __slots__ = ("deployment", "tenant", "session_id", "tip_block_hash", "tip_tokens", "tool_names", "final", "home_instance")
+    __slots__ = ("deployment", "tenant", "session_id", "tip_block_hash", "tip_tokens", "tool_names", "final", "home_instance", "block_hashes")
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -408,6 +408,7 @@ class EndSessionTurnRequest(_message.Message):
     TOOL_NAMES_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
     HOME_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     deployment: str
     tenant: str
     session_id: str
@@ -416,7 +417,8 @@ class EndSessionTurnRequest(_message.Message):
     tool_names: _containers.RepeatedScalarFieldContainer[str]
     final: bool
     home_instance: str
-    def __init__(self, deployment: _Optional[str] = ..., tenant: _Optional[str] = ..., session_id: _Optional[str] = ..., tip_block_hash: _Optional[int] = ..., tip_tokens: _Optional[int] = ..., tool_names: _Optional[_Iterable[str]] = ..., final: _Optional[bool] = ..., home_instance: _Optional[str] = ...) -> None: ...
+    block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, deployment: _Optional[str] = ..., tenant: _Optional[str] = ..., session_id: _Optional[str] = ..., tip_block_hash: _Optional[int] = ..., tip_tokens: _Optional[int] = ..., tool_names: _Optional[_Iterable[str]] = ..., final: _Optional[bool] = ..., home_instance: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SetSessionPlacementRequest(_message.Message):
     __slots__ = ("deployment", "tenant", "session_id", "home_instance", "tiers")

@@ -208,6 +208,10 @@ class SessionTable:
 
     # ----------------------------------------------------------------- reads
 
+    def rows(self) -> list[Session]:
+        """Every session held, any deployment and tenant (for the retention controller)."""
+        return list(self._rows.values())
+
     def get(self, key: SessionKey) -> Session:
         s = self._rows.get(key)
         if s is None:

@@ -6,14 +6,16 @@
   (``MatchPrefix`` per request to ``kvmeta_address``), ``local`` (a replica of the KV index
   in this process fed from ``{prefix}:kv:{deployment}``, see :mod:`kv_replica`; needs
   ``redis_url``) or ``off``. Either way ``lookup`` is the ``prefix_lookup`` hook the HTTP
-  gateway and the gRPC servicer share.
+  gateway and the gRPC servicer share;
+- agent-session turns to kvmeta (``agent_sessions`` and ``kvmeta_address``; see
+  :mod:`session_feed`), a ``picked`` and a ``finished`` listener of the gateway.
 
 ``Integrations(settings, core, gateway)`` builds everything without I/O (with records on,
 it adds the record builder to the gateway's ``finished`` listeners); ``start()``/``stop()`` run and end the background tasks and connections (``stop`` is
 idempotent and never raises for a dead Redis or kvmeta). While started, their counters are
 exported to Prometheus: ``tideserve_gateway_records_total{event}``,
-``tideserve_gateway_shared_total{event}``, ``tideserve_gateway_kvmeta_lookups_total{result}``
-and ``tideserve_gateway_kv_replica_total{event}``.
+``tideserve_gateway_shared_total{event}``, ``tideserve_gateway_kvmeta_lookups_total{result}``,
+``tideserve_gateway_kv_replica_total{event}`` and ``tideserve_gateway_sessions_total{event}``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from services.scheduler.feeds.kv_replica import KVReplicaFeed, LocalLookup
 from services.scheduler.feeds.kv_replica_core import KVReplica
 from services.scheduler.feeds.kvmeta_client import KVMetaLookup, precise_profiles
 from services.scheduler.feeds.record_sink import RecordSink, make_sink
+from services.scheduler.feeds.session_feed import SessionFeed
 from services.scheduler.feeds.shared import SharedState
 from services.scheduler.http.records import record_requests
 from services.scheduler.http.server import Gateway
@@ -69,6 +72,8 @@ class Integrations:
             raise StartupError("share_state: needs redis_url (replicas share state through Redis)")
         if settings.precise_source == "local" and not settings.redis_url:
             raise StartupError("precise_source=local: needs redis_url (KV events come from Redis)")
+        if settings.agent_sessions and not settings.kvmeta_address:
+            raise StartupError("agent_sessions: needs kvmeta_address (kvmeta holds the sessions)")
         if settings.share_heartbeat_ttl_s <= settings.share_heartbeat_s:
             raise StartupError(
                 f"share_heartbeat_ttl_s: must exceed share_heartbeat_s "
@@ -85,6 +90,7 @@ class Integrations:
         self.kv_feed: KVReplicaFeed | None = None
         self._kv_redis: aioredis.Redis | None = None
         self._channel: grpc.aio.Channel | None = None
+        self.sessions: SessionFeed | None = None
         if settings.redis_url and (settings.request_records or settings.share_state):
             self.redis = redis_client(settings.redis_url, settings.redis_client)
         if self.redis is not None and settings.request_records:
@@ -130,12 +136,29 @@ class Integrations:
             )
             gateway.prefix_lookup = self.lookup
         self.gateway = gateway
+        if settings.agent_sessions:
+            self._wire_sessions(settings, gateway)
         if self.sink is not None:
             gateway.finished.append(
                 record_requests(
                     self.sink, deployment=settings.deployment, replica_id=self.replica_id
                 )
             )
+
+    def _wire_sessions(self, settings: SchedulerSettings, gateway: Gateway) -> None:
+        if self._channel is None:
+            self._channel = aio_channel(
+                settings.kvmeta_address, ClientSecurity.of(settings), gateway.tracer_provider
+            )
+        self.sessions = SessionFeed(
+            self._channel,
+            deployment=settings.deployment,
+            buffer=settings.agent_sessions_buffer,
+            deadline_s=settings.agent_sessions_deadline_ms / 1000.0,
+            clock=gateway.clock,
+        )
+        gateway.picked.append(self.sessions.picked)
+        gateway.finished.append(self.sessions.finished)
 
     async def start(self) -> None:
         if self._collector is None:
@@ -147,6 +170,8 @@ class Integrations:
             await self.shared.start()
         if self.kv_feed is not None:
             self.kv_feed.start()
+        if self.sessions is not None:
+            self.sessions.start()
         if self._channel is not None:
             # Start connecting now, without waiting: the first lookups would otherwise spend
             # their short deadline on the TCP/HTTP2 handshake and route without precise data.
@@ -164,6 +189,8 @@ class Integrations:
         self._kv_redis = None
         if self.sink is not None:
             await self.sink.stop()
+        if self.sessions is not None:
+            await self.sessions.stop()
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
@@ -203,6 +230,7 @@ class _Collector(Collector):
                 "event",
                 _ReplicaStats(o.kv_feed, o.lookup) if o.kv_feed is not None else None,
             ),
+            ("tideserve_gateway_sessions", "Session turns to kvmeta by event", "event", o.sessions),
         ):
             if stats is None:
                 continue

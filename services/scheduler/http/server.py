@@ -129,6 +129,8 @@ class Gateway:
             self.metrics.finished(lambda: self.core.queue.config.default_class),
             records.annotate_span,
         ]
+        # Told of every pick of a request (agent-session turns when those are on).
+        self.picked: list[Callable[[RequestContext, RequestView], None]] = []
         self.preemptor = Preemptor(core, clock, enabled=self.opts.preemption)
         o = self.opts
         shaper = ShaperConfig(o.dispatch_hold_ms, o.dispatch_age_weight, o.dispatch_order)
@@ -463,6 +465,9 @@ class Gateway:
                 self.opts.deployment,
             )
             ctx.picked(d, attempt)
+            if isinstance(d, Pick):
+                for listener in self.picked:
+                    listener(ctx, view)
             if isinstance(d, RouteShed):
                 raise Overloaded(d.reason, d.retry_after_ms, "routing")
             if isinstance(d, NoEndpoint):

@@ -1,0 +1,150 @@
+"""Agent memory in simulation: does a session's KV survive its tool calls? Prints JSON.
+
+Replays slices of the WEKA agentic trace (Claude Code sessions) through ``tideserve sim``'s
+simulator (:mod:`services.sim`; agent memory: :mod:`services.sim.memory`) with the think
+and tool gaps restored (the trace is compressed 10x: arrivals are trace time x 10), on a
+fleet whose KV is small enough that the sessions do not all fit. Variants, each on a fresh
+fleet with the same routing profile:
+
+- ``lru``: today's behaviour (the engines' LRU, no tier);
+- ``retention``: the retention controller's plan applied every second (idle sessions
+  protected within the budget, the rest offloaded to the tier; evictions go to the tier),
+  a resumed turn fetching its offloaded prefix at arrival when that beats recomputing;
+- ``retention_prefetch``: ``retention`` plus prefetch before the predicted return;
+- ``warm`` (reference, not a variant): ``lru`` with KV for everything, nothing evicted.
+
+Keys per variant, each as ``{"mean", "spread", "slices"}`` over the slices (spread = max -
+min): ``resume.reuse_ratio`` (of a resumed turn's reusable prefix blocks, the share still on
+its engine's GPU or on the tier when it arrived), ``resume.ttft_p95_vs_warm`` (p95 TTFT of
+the resumed turns over the same turns' p95 in the ``warm`` run), ``idle_kv_share`` (mean
+share of GPU KV held by idle sessions' blocks), ``fleet_kv_used`` (mean share of the
+fleet's KV in use, the ">= 90% used" condition). Not measured here: scale-in, P/D and tier
+restart (those mechanisms are not built).
+
+    .venv/bin/python benchmarks/agent_memory.py  # 3 slices x 300 requests, 2 engines x 2300 blocks
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._agentic_slice import parse_slice, sessions
+from services.bench.traces import Trace, load_trace
+from services.sim.config import SimConfig
+from services.sim.run import Simulation
+
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "weka_agentic_dev.jsonl"
+VARIANTS = {"lru": "lru", "retention": "retention", "retention_prefetch": "prefetch"}
+
+
+def slice_trace(trace: Trace, a: int, b: int, n: int) -> Trace:
+    groups = sessions(trace.requests)[a:b]
+    picked = sorted((r for g in groups for r in g), key=lambda r: (r.arrival_s, r.index))[:n]
+    t0 = picked[0].arrival_s
+    reqs = tuple(replace(r, index=i, arrival_s=r.arrival_s - t0) for i, r in enumerate(picked))
+    return Trace(trace.path, trace.format, reqs, trace.block_tokens)
+
+
+def p95(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(0.95 * len(s)))] if s else 0.0
+
+
+def run_one(cfg: SimConfig, trace: Trace) -> tuple[dict[str, Any], dict[int, float]]:
+    t0 = time.monotonic()
+    sim = Simulation(cfg, trace)
+    run = sim.run()
+    print(f"{cfg.agent_memory} kv={cfg.kv_blocks}: {len(run.requests)} requests, "
+          f"{time.monotonic() - t0:.1f} s", file=sys.stderr)  # fmt: skip
+    assert sim.memory is not None
+    ttft = {
+        r.index: r.first - r.arrival
+        for r in run.requests
+        if r.first is not None and r.error is None
+    }
+    out = sim.memory.summary()
+    out["failed"] = sum(1 for r in run.requests if r.error is not None)
+    out["resumed"] = [x.index for x in sim.memory.resumes]
+    return out, ttft
+
+
+def stat(xs: list[float | None]) -> dict[str, Any]:
+    vals = [x for x in xs if x is not None]
+    if not vals:
+        return {"mean": None, "spread": None, "slices": xs}
+    return {
+        "mean": round(sum(vals) / len(vals), 4),
+        "spread": round(max(vals) - min(vals), 4),
+        "slices": [round(x, 4) if x is not None else None for x in xs],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--trace", default=str(TRACE))
+    p.add_argument(
+        "--slices", default="0:20,20:40,40:59", help="session ranges A:B, comma-separated"
+    )
+    p.add_argument("--max-requests", type=int, default=300, help="first N requests per slice")
+    p.add_argument("--engines", type=int, default=2)
+    p.add_argument("--kv-blocks", type=int, default=2300, help="per engine (64-token blocks)")
+    p.add_argument("--gap-scale", type=float, default=10.0, help="trace gaps x this (10 restores)")
+    p.add_argument("--budget-share", type=float, default=0.2)
+    p.add_argument("--profile", default="default", help="routing profile of every variant")
+    args = p.parse_args(argv)
+    trace = load_trace(args.trace)
+    base = SimConfig(
+        engines=args.engines,
+        kv_blocks=args.kv_blocks,
+        rate_scale=1.0 / args.gap_scale,
+        profile=args.profile,
+        memory_budget_share=args.budget_share,
+    )
+    t0 = time.monotonic()
+    per: dict[str, dict[str, list[float | None]]] = {v: {} for v in VARIANTS}
+    slices = [parse_slice(s) for s in args.slices.split(",")]
+    for a, b in slices:
+        tr = slice_trace(trace, a, b, args.max_requests)
+        warm_cfg = replace(base, agent_memory="lru", kv_blocks=args.kv_blocks * 64)
+        _, warm = run_one(warm_cfg, tr)
+        for name, mode in VARIANTS.items():
+            got, ttft = run_one(replace(base, agent_memory=mode), tr)
+            both = [i for i in got["resumed"] if i in ttft and i in warm]
+            vs = p95([ttft[i] for i in both]) / p95([warm[i] for i in both]) if both else None
+            row = per[name]
+            for k, v in (
+                ("resume.reuse_ratio", got["reuse_ratio"]),
+                ("resume.ttft_p95_vs_warm", vs),
+                ("resume.ttft_p95_ms", p95([ttft[i] for i in both]) if both else None),
+                ("idle_kv_share", got["idle_kv_share"]),
+                ("fleet_kv_used", got["fleet_kv_used"]),
+                ("failed", float(got["failed"])),
+                ("resumed_turns", float(got["resumed_turns"])),
+            ):
+                row.setdefault(k, []).append(v)
+    out = {
+        "trace": Path(args.trace).name,
+        "slices": args.slices,
+        "max_requests": args.max_requests,
+        "engines": args.engines,
+        "kv_blocks": args.kv_blocks,
+        "gap_scale": args.gap_scale,
+        "budget_share": args.budget_share,
+        "profile": args.profile,
+        "variants": {v: {k: stat(xs) for k, xs in row.items()} for v, row in per.items()},
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,85 @@
+"""The engine simulator's retention admin route: the retention controller (kvmeta) tells it
+which idle sessions' blocks to evict last and which to offload now.
+
+``POST /tideserve/retention`` with a JSON object:
+
+- ``protect``: block hashes to evict last (:meth:`~services.engine.kvcache.KVCache.protect`;
+  only those resident are marked);
+- ``unprotect``: hashes whose mark is dropped, or ``"all"``: every mark is dropped first
+  (the controller sends ``"all"`` with the full protect list each tick, so a session no
+  longer protected loses its marks);
+- ``offload``: hashes to evict now, in that order (those resident and not in use): to the
+  KV-cache tier when the engine offloads on eviction (``--kvcache-tier``), else freed.
+
+Order: ``unprotect``, ``protect``, ``offload`` (a hash both protected and offloaded is
+offloaded). The answer, also of ``GET``: the cache's ``capacity_blocks``, ``used_blocks``,
+``free_blocks``, ``protected_blocks``, ``offloads_to_tier`` and, for a POST, how many
+were ``marked`` and ``offloaded``. A body that is not such an object is a 400.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from services.engine.core import EngineCore
+from services.engine.tier_io import TierIO
+
+__all__ = ["PATH", "RetentionRoute"]
+
+PATH = "/tideserve/retention"
+
+
+class RetentionEngine(Protocol):
+    core: EngineCore
+    tier_io: TierIO | None
+
+
+def _hashes(body: dict[str, Any], key: str) -> list[int]:
+    v = body.get(key, [])
+    if not isinstance(v, list) or not all(isinstance(h, int) and h >= 0 for h in v):
+        raise ValueError(f"'{key}' must be a list of block hashes (integers >= 0)")
+    return [int(h) for h in v]
+
+
+class RetentionRoute:
+    def __init__(self, engine: RetentionEngine) -> None:
+        self._e = engine
+
+    def add_to(self, r: web.UrlDispatcher) -> None:
+        r.add_post(PATH, self.handle)
+        r.add_get(PATH, self.handle)
+
+    async def handle(self, req: web.Request) -> web.Response:
+        cache = self._e.core.cache
+        done: dict[str, int] = {}
+        if req.method == "POST":
+            try:
+                body = await req.json()
+                if not isinstance(body, dict):
+                    raise ValueError("body must be an object")
+                protect, offload = _hashes(body, "protect"), _hashes(body, "offload")
+                drop = body.get("unprotect", [])
+                drop_all = drop == "all"
+                unprotect = [] if drop_all else _hashes(body, "unprotect")
+            except (ValueError, TypeError) as err:
+                return web.json_response(
+                    {"error": {"message": str(err), "type": "invalid_request_error"}},
+                    status=400,
+                )
+            cache.unprotect(None if drop_all else unprotect)
+            done["marked"] = cache.protect(protect)
+            done["offloaded"] = cache.evict_now(offload)
+            if self._e.tier_io is not None:  # their bytes go to the tier now
+                self._e.tier_io.evicted(cache.drain_evicted())
+        return web.json_response(
+            {
+                "capacity_blocks": cache.capacity_blocks,
+                "used_blocks": cache.used_blocks,
+                "free_blocks": cache.free_blocks,
+                "protected_blocks": cache.protected_blocks,
+                "offloads_to_tier": cache.hold_evicted,
+                **done,
+            }
+        )

@@ -1,0 +1,186 @@
+"""kvmeta's retention controller (thin shell over
+:func:`~services.common.sessions.controller.plan_engines`).
+
+It runs in kvmeta because kvmeta holds what the rule reads: the sessions (phase, home,
+predicted return) and, beside them, each session's block-hash chain. On every tick
+(``retention_tick_s``) it asks each engine that homes an idle or ended session (or was told
+something last tick) for its KV capacity, plans, and, in ``enforce`` mode, tells it which
+blocks to protect and which to offload (``POST /tideserve/retention``, the engine
+simulator's route: :mod:`services.engine.retention_route`). In ``observe`` mode it plans and
+counts but tells no engine: real engines (vLLM, SGLang) expose no API to pin or offload
+chosen blocks, so there the plan is observed only (docs/agent-memory.md).
+
+Where a session's prefix is goes into its placement (``tiers``): GPU while protected,
+CPU once offloaded to an engine that offloads to the tier (else nowhere). An engine's URL is
+``retention_engine_urls[instance]``, else ``http://<instance>`` for an instance id of the
+form host:port; an engine with neither is skipped and counted. One engine's failure never
+stops the others; every outcome is counted in ``stats``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import aiohttp
+
+from services.common.kvindex.events import TIERS
+from services.common.sessions import Phase, Session
+from services.common.sessions.controller import EngineKV, EngineRetention, plan_engines
+from services.kvmeta.sessions import SessionShell
+
+__all__ = ["PATH", "RetentionController", "engine_url"]
+
+PATH = "/tideserve/retention"
+GPU, CPU = TIERS[0], TIERS[1]
+
+log = logging.getLogger(__name__)
+
+
+def engine_url(instance: str, urls: Mapping[str, str]) -> str | None:
+    """The engine's base URL (module doc), or None when it cannot be reached."""
+    if instance in urls:
+        return urls[instance].rstrip("/")
+    host, sep, port = instance.rpartition(":")
+    if sep and host and port.isdigit():
+        return f"http://{instance}"
+    return None
+
+
+class RetentionController:
+    def __init__(
+        self,
+        sessions: SessionShell,
+        *,
+        mode: str = "observe",
+        budget_share: float = 0.2,
+        urls: Mapping[str, str] | None = None,
+        timeout_s: float = 2.0,
+        wall: Callable[[], float] | None = None,
+    ) -> None:
+        if mode not in ("observe", "enforce"):
+            raise ValueError(f"retention mode must be observe or enforce, got {mode!r}")
+        self.sessions = sessions
+        self.mode = mode
+        self.budget_share = budget_share
+        self.urls = dict(urls or {})
+        self.timeout_s = timeout_s
+        self.wall = wall or sessions.now
+        self._told: set[str] = set()  # engines given marks last tick (cleared when none left)
+        self._http: aiohttp.ClientSession | None = None
+        self.stats: dict[str, int] = {
+            "ticks": 0,
+            "plans": 0,
+            "applied": 0,
+            "errors": 0,
+            "unknown_engine": 0,
+            "protected_sessions": 0,
+            "offloaded_sessions": 0,
+            "protected_blocks": 0,
+            "offloaded_blocks": 0,
+        }
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    async def tick(self) -> dict[str, EngineRetention]:
+        """One round: capacities, plans, and (enforce) the engines told; returns the plans."""
+        self.stats["ticks"] += 1
+        rows = self.sessions.table.rows()
+        homes = {s.home_instance for s in rows if s.phase is not Phase.ACTIVE and s.home_instance}
+        targets: dict[str, str] = {}
+        for iid in sorted(homes | self._told):
+            url = engine_url(iid, self.urls)
+            if url is None:
+                self.stats["unknown_engine"] += 1
+            else:
+                targets[iid] = url
+        if not targets:
+            return {}
+        if self._http is None:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        infos = await asyncio.gather(*(self._get(u) for u in targets.values()))
+        kv = {
+            iid: EngineKV(int(info["capacity_blocks"]))
+            for iid, info in zip(targets, infos, strict=True)
+            if info is not None
+        }
+        chains = self.sessions.chains
+        plans = plan_engines(rows, chains, kv, self.wall(), budget_share=self.budget_share)
+        self.stats["plans"] += len(plans)
+        for p in plans.values():
+            self.stats["protected_sessions"] += len(p.plan.protected)
+            self.stats["offloaded_sessions"] += len(p.plan.offload)
+            self.stats["protected_blocks"] += len(p.protect)
+            self.stats["offloaded_blocks"] += len(p.offload)
+        if self.mode == "enforce":
+            await asyncio.gather(*(self._post(iid, targets[iid], p) for iid, p in plans.items()))
+        self._place(rows, plans, infos_by=dict(zip(targets, infos, strict=True)))
+        try:
+            await self.sessions.persist()
+        except Exception:  # the session tick persists what is pending
+            log.exception("retention: persisting placements failed")
+        return plans
+
+    async def _get(self, url: str) -> dict[str, Any] | None:
+        assert self._http is not None
+        try:
+            async with self._http.get(url + PATH) as r:
+                if r.status != 200:
+                    raise aiohttp.ClientError(f"HTTP {r.status}")
+                body = await r.json()
+                return body if isinstance(body, dict) and "capacity_blocks" in body else None
+        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            self.stats["errors"] += 1
+            log.debug("retention: %s unreachable: %s", url, e)
+            return None
+
+    async def _post(self, iid: str, url: str, p: EngineRetention) -> None:
+        assert self._http is not None
+        body = {"unprotect": "all", "protect": list(p.protect), "offload": list(p.offload)}
+        try:
+            async with self._http.post(url + PATH, json=body) as r:
+                if r.status != 200:
+                    raise aiohttp.ClientError(f"HTTP {r.status}")
+        except (aiohttp.ClientError, TimeoutError) as e:
+            self.stats["errors"] += 1
+            log.debug("retention: telling %s failed: %s", iid, e)
+            return
+        self.stats["applied"] += 1
+        if p.protect:
+            self._told.add(iid)
+        else:
+            self._told.discard(iid)
+
+    def _place(
+        self,
+        rows: list[Session],
+        plans: Mapping[str, EngineRetention],
+        infos_by: Mapping[str, dict[str, Any] | None],
+    ) -> None:
+        """Record where each planned session's prefix now is (observe mode: where it would
+        be); placements that did not change are not rewritten."""
+        if self.mode != "enforce":
+            return
+        by_key = {s.key: s for s in rows}
+        now = self.wall()
+        for iid, p in plans.items():
+            info = infos_by.get(iid) or {}
+            to_tier = bool(info.get("offloads_to_tier"))
+            moves: list[tuple[Session, dict[int, int]]] = []
+            for keys, tier in ((p.plan.protected, GPU), (p.plan.offload, CPU)):
+                for key in keys:
+                    s = by_key.get(key)  # type: ignore[call-overload]
+                    if s is None:
+                        continue
+                    n = len(self.sessions.chains.get(s.key, ()))
+                    moves.append((s, {tier: n} if tier == GPU or to_tier else {}))
+            for s, tiers in moves:
+                if dict(s.tiers) != tiers:
+                    self.sessions.table.set_placement(
+                        s.key, now, home_instance=s.home_instance, tiers=tiers
+                    )

@@ -1,0 +1,305 @@
+"""Agent memory in the simulator (``SimConfig.agent_memory``): sessions with their think and
+tool gaps, retention of idle sessions' KV on their engine, offload to a tier with a modelled
+fetch time, and prefetch before the predicted return. The rules are the product's pure
+cores: :class:`~services.common.sessions.SessionTable` (turns, predicted return),
+:func:`~services.common.sessions.controller.plan_engines` (the retention controller's
+decision), :func:`~services.common.sessions.prefetch.plan_prefetch` and
+:func:`~services.common.sessions.prefetch.on_arrival`.
+
+A session is the trace's requests sharing a first hash id (the agentic trace carries no
+session id; its sessions share nothing). Modes:
+
+- ``lru``: today's behaviour: the engines' LRU, no tier (only the measurements run);
+- ``retention``: every ``tick_ms`` the controller's plan per engine is applied (protect
+  within the budget, offload the rest now), and every block the engines evict goes to the
+  tier (offload on eviction); a resumed turn whose prefix is on the tier fetches it at
+  arrival when fetching beats recomputing (the turn waits the fetch), else recomputes;
+- ``prefetch``: ``retention`` plus prefetch: an offloaded idle session's prefix starts
+  coming back ``plan_prefetch``'s lead before its predicted return (to its home engine); an
+  arriving turn uses it when done, waits for it while that is shorter than recomputing.
+
+The tier is one pool of ``tier_blocks`` (LRU beyond that) over the perf profile's KV link.
+Not modelled: the time an offload copy takes (an evicted block's slot is free after the
+step that evicted it), and the GPU room a prefetched prefix takes before its turn arrives.
+
+Measured (:meth:`AgentMemory.summary`): per resumed turn (a session's second turn on), the
+blocks of the previous turn's chain it starts with (``reusable``) and how many of them were
+still cached when it arrived, on its engine's GPU or on the tier (``reuse_ratio``);
+sampled each tick, the share of GPU KV idle sessions' blocks hold (``idle_kv_share``) and of
+the fleet's KV in use (``fleet_kv_used``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from services.common.perfmodel import PerfProfile
+from services.common.sessions import (
+    Arrival,
+    Phase,
+    SessionKey,
+    SessionTable,
+    TierLink,
+    ToolTimePredictor,
+    fetch_ms,
+    on_arrival,
+    plan_prefetch,
+    recompute_ms,
+)
+from services.common.sessions.controller import EngineKV, plan_engines
+from services.engine.kvcache import KVCache
+
+__all__ = ["AgentMemory", "MemoryMode", "Resume"]
+
+MemoryMode = Literal["lru", "retention", "prefetch"]
+MODES: tuple[str, ...] = ("lru", "retention", "prefetch")
+
+
+@dataclass(slots=True)
+class Resume:
+    """A resumed turn: its request index, reusable and cached blocks, what it did."""
+
+    index: int
+    reusable: int
+    cached: int
+    action: str
+
+
+@dataclass(slots=True)
+class _Prefetch:
+    iid: str
+    started_ms: float
+    done_ms: float
+
+
+@dataclass(slots=True)
+class _Turn:
+    key: SessionKey
+    hashes: tuple[int, ...]
+    index: int
+
+
+@dataclass
+class AgentMemory:
+    mode: str
+    caches: Mapping[str, KVCache]
+    perf: PerfProfile
+    block_size: int
+    budget_share: float = 0.2
+    percentile: float = 0.9
+    tier_blocks: int = 1 << 22
+    tick_ms: float = 1000.0
+    sample_every: int = 30  # ticks between idle-share samples
+    table: SessionTable = field(init=False)
+    resumes: list[Resume] = field(default_factory=list)
+    _chains: dict[SessionKey, tuple[int, ...]] = field(default_factory=dict)
+    _turns: dict[str, _Turn] = field(default_factory=dict)
+    _tier: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    _prefetch: dict[SessionKey, _Prefetch] = field(default_factory=dict)
+    _idle_share: list[float] = field(default_factory=list)
+    _used_share: list[float] = field(default_factory=list)
+    _applied: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    _ticks: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"agent memory mode must be one of {MODES}, got {self.mode!r}")
+        self.table = SessionTable(
+            ToolTimePredictor(min_samples=20, default_gap_s=30.0),
+            percentile=self.percentile,
+            idle_timeout_s=1e9,
+        )
+        self.link = TierLink.of(self.perf)
+        if self.offloads:
+            for c in self.caches.values():
+                c.hold_evicted = True
+
+    @property
+    def offloads(self) -> bool:
+        return self.mode != "lru"
+
+    def _count(self, what: str) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
+
+    # -- turns ---------------------------------------------------------------------------
+    def arrive(self, rid: str, index: int, session: str, hashes: Sequence[int], now: float) -> None:
+        key: SessionKey = ("sim", "", session)
+        self._turns[rid] = _Turn(key, tuple(hashes), index)
+        self.table.turn_start(key, now / 1000.0)
+
+    def dispatch(self, rid: str, iid: str, prompt_tokens: int, now: float) -> tuple[int, float]:
+        """(fetched tokens, fetch wait ms) of the request's submission to ``iid``."""
+        turn = self._turns.get(rid)
+        if turn is None:
+            return 0, 0.0
+        cache = self.caches[iid]
+        prev = self._chains.get(turn.key)
+        gpu = cache.match(list(turn.hashes))
+        if prev is None:
+            return 0, 0.0
+        reusable = _common(turn.hashes, prev)
+        gpu = min(gpu, reusable)
+        tier = 0
+        while gpu + tier < reusable and turn.hashes[gpu + tier] in self._tier:
+            tier += 1
+        bs = self.block_size
+        fetched, wait, action = 0, 0.0, "gpu" if tier == 0 else ""
+        if tier:
+            suffix = max(0, prompt_tokens - (gpu + tier) * bs)
+            f_ms = fetch_ms(tier * bs, self.perf.kv_bytes_per_token, self.link)
+            r_ms = recompute_ms(self.perf, tier * bs, suffix)
+            pf = self._prefetch.pop(turn.key, None)
+            started = pf.started_ms / 1000.0 if pf is not None and pf.iid == iid else None
+            done = pf is not None and pf.iid == iid and pf.done_ms <= now
+            what = on_arrival(
+                now / 1000.0, fetch_cost_ms=f_ms, recompute_cost_ms=r_ms,
+                started_at=started, done=done,
+            )  # fmt: skip
+            action = what.value
+            if what is not Arrival.RECOMPUTE:
+                fetched = (gpu + tier) * bs
+                if what is Arrival.FETCH:
+                    wait = f_ms
+                elif what is Arrival.WAIT and pf is not None:
+                    wait = max(0.0, pf.done_ms - now)
+        self._count(action or "gpu")
+        self.resumes.append(Resume(turn.index, reusable, gpu + tier, action or "gpu"))
+        return fetched, wait
+
+    def end(self, rid: str, iid: str, now: float) -> None:
+        turn = self._turns.pop(rid, None)
+        if turn is None:
+            return
+        self.table.turn_end(turn.key, now / 1000.0, home_instance=iid)
+        self._chains[turn.key] = turn.hashes
+
+    def forget(self, rid: str) -> None:
+        self._turns.pop(rid, None)
+
+    # -- engines -------------------------------------------------------------------------
+    def after_step(self, cache: KVCache) -> bool:
+        """Blocks the step evicted go to the tier (offload on eviction) and their slots are
+        freed; True when there were any."""
+        if not self.offloads:
+            return False
+        pairs = cache.drain_evicted()
+        if not pairs:
+            return False
+        tier = self._tier
+        for h, _ in pairs:
+            tier[h] = None
+            tier.move_to_end(h)
+        while len(tier) > self.tier_blocks:
+            tier.popitem(last=False)
+        cache.offloaded(pairs)
+        return True
+
+    def tick(self, now: float) -> None:
+        """The retention controller's round (retention modes), prefetches, samples."""
+        rows = self.table.rows()
+        if self.offloads:
+            self._retain(rows, now)
+        if self.mode == "prefetch":
+            self._plan_prefetches(rows, now)
+        self._ticks += 1
+        if self._ticks % self.sample_every == 0:
+            self._sample(rows)
+
+    def _retain(self, rows: Sequence[Any], now: float) -> None:
+        """The controller's plan per engine, applied when it changed: unchanged plans need
+        nothing new (their offloads are done, their marks are set; marks of blocks evicted
+        under pressure are gone with the blocks, and a turn's new blocks belong to an active
+        session)."""
+        for iid, c in self.caches.items():
+            kv = {iid: EngineKV(c.capacity_blocks)}
+            idle = [
+                s
+                for s in rows
+                if s.home_instance == iid and s.phase is not Phase.ACTIVE and s.key in self._chains
+            ]
+            sig = tuple((s.key, s.phase, s.predicted_return_at > now / 1000.0) for s in idle)
+            if self._applied.get(iid, (None, None))[0] == sig:
+                continue
+            p = plan_engines(idle, self._chains, kv, now / 1000.0,
+                             budget_share=self.budget_share)[iid]  # fmt: skip
+            self._applied[iid] = (sig, p.plan)
+            c.unprotect(None)
+            c.protect(list(p.protect))
+            c.evict_now(list(p.offload))
+            self.after_step(c)
+
+    def _plan_prefetches(self, rows: Sequence[Any], now: float) -> None:
+        bs = self.block_size
+        for s in rows:
+            if s.phase is not Phase.IDLE or s.key in self._prefetch or not s.predicted_return_at:
+                continue
+            chain = self._chains.get(s.key)
+            c = self.caches.get(s.home_instance)
+            if chain is None or c is None:
+                continue
+            gpu = c.match(list(chain))
+            tier = sum(1 for h in chain[gpu:] if h in self._tier)
+            if tier == 0:
+                continue
+            f_ms = fetch_ms(tier * bs, self.perf.kv_bytes_per_token, self.link)
+            r_ms = recompute_ms(self.perf, tier * bs, bs)
+            plan = plan_prefetch(s.predicted_return_at, now / 1000.0,
+                                 fetch_cost_ms=f_ms, recompute_cost_ms=r_ms)  # fmt: skip
+            if plan.fetch and plan.start_at * 1000.0 <= now + self.tick_ms:
+                start = max(now, plan.start_at * 1000.0)
+                self._prefetch[s.key] = _Prefetch(s.home_instance, start, start + f_ms)
+                self._count("prefetches")
+
+    def _sample(self, rows: Sequence[Any]) -> None:
+        held: dict[str, set[int]] = {iid: set() for iid in self.caches}
+        for s in rows:
+            if s.phase is Phase.ACTIVE:
+                continue
+            chain, c = self._chains.get(s.key), self.caches.get(s.home_instance)
+            if chain is None or c is None:
+                continue
+            n = c.match(list(chain))
+            held[s.home_instance].update(chain[:n])
+        cap = sum(c.capacity_blocks for c in self.caches.values())
+        if cap:
+            self._idle_share.append(sum(len(v) for v in held.values()) / cap)
+            used = sum(c.used_blocks for c in self.caches.values())
+            self._used_share.append(used / cap)
+
+    # -- results -------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        reusable = sum(r.reusable for r in self.resumes)
+        cached = sum(min(r.cached, r.reusable) for r in self.resumes)
+        return {
+            "mode": self.mode,
+            "resumed_turns": len(self.resumes),
+            "reuse_ratio": round(cached / reusable, 4) if reusable else None,
+            "idle_kv_share": _mean(self._idle_share),
+            "idle_kv_share_p95": _p(self._idle_share, 0.95),
+            "fleet_kv_used": _mean(self._used_share),
+            "actions": dict(sorted(self.counts.items())),
+        }
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return round(sum(xs) / len(xs), 4) if xs else None
+
+
+def _p(xs: Sequence[float], q: float) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    return round(s[min(len(s) - 1, int(q * len(s)))], 4)

@@ -1,0 +1,111 @@
+"""kvmeta's retention controller against the engine simulator over HTTP: sessions whose
+turns ended on an engine (their chains sent as the gateway sends them, over gRPC) are
+protected there within the budget, the rest offloaded; ``observe`` tells the engine
+nothing; an unreachable engine is counted, not fatal."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from services.common.clock import ManualClock
+from services.common.sessions import SessionTable, ToolTimePredictor
+from services.common.tokens import block_hashes
+from services.engine.server import EngineServer
+from services.engine.settings import EngineSettings
+from services.kvmeta.retention import RetentionController
+from services.kvmeta.sessions import SessionShell
+from tests.helpers.ports import free_port
+from tests.helpers.waits import bounded
+
+pytestmark = pytest.mark.integration
+
+BS = 16
+
+
+@pytest.fixture
+async def engine(tmp_path: Path) -> AsyncIterator[str]:
+    s = EngineSettings(port=0, instance_id="e0", profile="test", speedup=50.0, block_size=BS,
+                       kv_blocks=100, state_dir=tmp_path / "e0")  # fmt: skip
+    srv = TestServer(EngineServer(s).app(), host="127.0.0.1")
+    await srv.start_server()
+    try:
+        yield str(srv.make_url("")).rstrip("/")
+    finally:
+        await bounded(srv.close(), "closing the engine")
+
+
+async def compute(http: aiohttp.ClientSession, url: str, tokens: list[int]) -> list[int]:
+    body = {"model": "tideserve-sim", "prompt": tokens, "max_tokens": 1}
+    async with http.post(url + "/v1/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+    return block_hashes(tokens, BS)
+
+
+@asynccontextmanager
+async def ctl_closed(ctl: RetentionController) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        await ctl.close()
+
+
+@pytest.mark.parametrize("mode", ["enforce", "observe"])
+async def test_protect_within_budget_offload_the_rest(engine: str, mode: str) -> None:
+    clock = ManualClock(10_000.0)
+    shell = SessionShell(SessionTable(ToolTimePredictor(default_gap_s=30.0)), None, clock.now)
+    ctl = RetentionController(shell, mode=mode, budget_share=0.2, urls={"e0": engine})
+    async with aiohttp.ClientSession() as http, ctl_closed(ctl):
+        chains = {}
+        for sid, base in (("near", 0), ("far", 1000)):  # 10 blocks each; budget 20 of 100
+            chains[sid] = await compute(http, engine, list(range(base, base + 10 * BS)))
+        for sid, gap in (("near", 5.0), ("far", 300.0)):
+            key = ("d", "t", sid)
+            shell.table.turn_start(key, clock.now(), home_instance="e0")
+            for _ in range(3):  # the session's own history predicts its gap
+                shell.table.turn_end(key, clock.now())
+                shell.table.turn_start(key, clock.now() + gap)
+            shell.table.turn_end(key, clock.now(), tip_hash=chains[sid][-1])
+            shell.set_chain(key, chains[sid])
+        # a third session, due back before "far" but too big for the budget beside "near":
+        # skipped, and "far" still fits
+        chains["big"] = await compute(http, engine, list(range(5000, 5000 + 15 * BS)))
+        shell.table.turn_start(("d", "t", "big"), clock.now(), home_instance="e0")
+        shell.table.turn_end(("d", "t", "big"), clock.now())
+        shell.set_chain(("d", "t", "big"), chains["big"])
+        plans = await ctl.tick()
+        async with http.get(engine + "/tideserve/retention") as r:
+            state = await r.json()
+    (plan,) = plans.values()
+    assert {k[2] for k in plan.plan.protected} == {"near", "far"}
+    assert {k[2] for k in plan.plan.offload} == {"big"}
+    if mode == "enforce":
+        assert state["protected_blocks"] == 20
+        assert state["used_blocks"] == 20  # big was evicted (no tier: freed)
+        assert ctl.stats["applied"] == 1
+        assert dict(shell.table.get(("d", "t", "near")).tiers) == {1: 10}
+        assert dict(shell.table.get(("d", "t", "big")).tiers) == {}
+    else:
+        assert state["protected_blocks"] == 0 and state["used_blocks"] == 35
+        assert ctl.stats["applied"] == 0
+    assert ctl.stats["errors"] == 0
+
+
+async def test_unreachable_engine_is_counted() -> None:
+    clock = ManualClock(10_000.0)
+    shell = SessionShell(SessionTable(ToolTimePredictor()), None, clock.now)
+    iid = f"127.0.0.1:{free_port()}"
+    shell.table.turn_start(("d", "t", "s"), clock.now(), home_instance=iid)
+    shell.table.turn_end(("d", "t", "s"), clock.now())
+    shell.set_chain(("d", "t", "s"), [1, 2])
+    shell.table.turn_start(("d", "t", "n"), clock.now(), home_instance="no-port")
+    shell.table.turn_end(("d", "t", "n"), clock.now())
+    ctl = RetentionController(shell, mode="enforce", timeout_s=1.0)
+    async with ctl_closed(ctl):
+        assert await ctl.tick() == {}
+    assert ctl.stats["errors"] == 1 and ctl.stats["unknown_engine"] == 1
