@@ -8,7 +8,6 @@ their rows were written to Postgres (when configured), in the order they were ap
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, TypeVar
 
@@ -32,6 +31,7 @@ from services.kvmeta.objects import (
 )
 from services.kvmeta.session_rpc import SessionRpcs
 from services.kvmeta.sessions import SessionShell
+from services.kvmeta.writethrough import WriteThrough
 
 __all__ = ["SERVICE_NAME", "KVMetaServicer", "ObjectShell", "add_to_server"]
 
@@ -55,22 +55,14 @@ class ObjectShell:
         self.master = master
         self._store = store
         self._wall = wall
-        self._lock = asyncio.Lock()
+        self.persist = WriteThrough(
+            master.drain_changes,
+            master.requeue_changes,
+            store.save_changes if store is not None else None,
+        )
 
     def now(self) -> float:
         return self._wall()
-
-    async def persist(self) -> None:
-        if self._store is None:
-            self.master.drain_changes()
-            return
-        async with self._lock:
-            changes = self.master.drain_changes()
-            try:
-                await self._store.save_changes(changes)
-            except BaseException:
-                self.master.requeue_changes(changes)  # retried by the next persist / tick
-                raise
 
     async def load(self) -> None:
         if self._store is not None:

@@ -13,7 +13,6 @@ no chain until its next turn ends (the controller leaves it alone until then).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from array import array
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.common.sessions import Phase, Session, SessionKey, SessionTable
+from services.kvmeta.writethrough import WriteThrough
 
 __all__ = ["SessionShell", "SessionStore", "session_from_json", "session_to_json"]
 
@@ -112,7 +112,9 @@ class SessionShell:
         self.table = table
         self._store = store
         self._wall = wall
-        self._lock = asyncio.Lock()
+        self.persist = WriteThrough(
+            table.drain_changes, table.requeue_changes, store.save if store is not None else None
+        )
         self.max_chain_blocks = max_chain_blocks
         self.chains: dict[SessionKey, array[int]] = {}
 
@@ -124,18 +126,6 @@ class SessionShell:
 
     def now(self) -> float:
         return self._wall()
-
-    async def persist(self) -> None:
-        if self._store is None:
-            self.table.drain_changes()
-            return
-        async with self._lock:
-            changes = self.table.drain_changes()
-            try:
-                await self._store.save(changes)
-            except BaseException:
-                self.table.requeue_changes(changes)  # retried by the next persist / tick
-                raise
 
     async def load(self) -> None:
         if self._store is not None:
