@@ -42,10 +42,9 @@ the trace. Background probes and scrapes are not traced.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -54,7 +53,7 @@ import aiohttp
 from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
-from services.common import engine_load, otel
+from services.common import otel
 from services.common.http_errors import json_errors
 from services.common.metrics import metrics_handler
 from services.common.tokens.engine_chat import adds_special_tokens
@@ -72,7 +71,7 @@ from services.scheduler.core.intake import (
 )
 from services.scheduler.core.records import RequestContext
 from services.scheduler.core.service import GatewayCore
-from services.scheduler.http import messages, records, upstream
+from services.scheduler.http import messages, records, upkeep, upstream
 from services.scheduler.http.errors import Overloaded, api_error, error_response, internal_errors
 from services.scheduler.http.forward import Forwarder
 from services.scheduler.http.limits import header_limit, parser_limits
@@ -225,12 +224,12 @@ class Gateway:
         )
         if self.opts.background:
             self._tasks = [
-                asyncio.create_task(self._every(self.opts.health_interval_s, self.check_health)),
-                asyncio.create_task(self._every(self.opts.load_interval_s, self.poll_load)),
-                asyncio.create_task(self._every(self.opts.queue_tick_s, self._tick)),
+                asyncio.create_task(upkeep.every(self.opts.health_interval_s, self.check_health)),
+                asyncio.create_task(upkeep.every(self.opts.load_interval_s, self.poll_load)),
+                asyncio.create_task(upkeep.every(self.opts.queue_tick_s, self._tick)),
             ]
             if self.responses.store is not None:
-                sweep = self._every(self.responses.sweep_s, self.responses.sweep)
+                sweep = upkeep.every(self.responses.sweep_s, self.responses.sweep)
                 self._tasks.append(asyncio.create_task(sweep))
 
     async def _stop(self, _app: web.Application) -> None:
@@ -244,44 +243,19 @@ class Gateway:
             await self._traced.close()
         await self.responses.close()
 
-    @staticmethod
-    async def _every(period: float, fn: Callable[[], Awaitable[None]]) -> None:
-        while True:
-            with contextlib.suppress(Exception):
-                await fn()
-            await asyncio.sleep(period)
-
     # -- background -----------------------------------------------------------------------
     async def check_health(self) -> None:
         """Probe every endpoint's ``/health``."""
         assert self._session is not None
-        fleet = self.core.fleet
-        ids = fleet.ids()
-        oks = await asyncio.gather(
-            *(
-                upstream.probe(self._session, fleet.spec(i).url, self.opts.probe_timeout_s)
-                for i in ids
-            )
+        await upkeep.probe_health(
+            self._session, self.core.fleet, self.opts.probe_timeout_s, self.clock
         )
-        now = self.clock()
-        for i, ok in zip(ids, oks, strict=True):
-            fleet.probe(i, ok, now)
 
     async def poll_load(self) -> None:
         assert self._session is not None
-        fleet = self.core.fleet
-        before = self.clock()
-        ids = [i for i in fleet.ids() if fleet.needs_scrape(i, before)]
-        loads = await asyncio.gather(
-            *(
-                engine_load.scrape_load(self._session, fleet.spec(i).url, self.opts.probe_timeout_s)
-                for i in ids
-            )
+        await upkeep.scrape_loads(
+            self._session, self.core.fleet, self.opts.probe_timeout_s, self.clock
         )
-        now = self.clock()
-        for i, ld in zip(ids, loads, strict=True):
-            if ld is not None:
-                fleet.report_load(i, ld, now)
         await self.discover_models()
 
     async def discover_models(self) -> None:
