@@ -14,7 +14,9 @@ arrived.
 
 from __future__ import annotations
 
-__all__ = ["step_start"]
+from collections import deque
+
+__all__ = ["RateWindow", "step_start"]
 
 
 def step_start(
@@ -25,3 +27,21 @@ def step_start(
     if planned_end is None or wall_ms - planned_end > catch_up_ms:
         return wall_ms
     return max(planned_end, min(newest_arrival_ms, wall_ms))
+
+
+class RateWindow:
+    """Tokens per second over the last ``span_ms`` of model time (the load figures' prefill
+    and decode rates)."""
+
+    def __init__(self, span_ms: float = 5000.0) -> None:
+        self.span_ms = span_ms
+        self._window: deque[tuple[float, int]] = deque()
+
+    def add(self, at_ms: float, tokens: int) -> None:
+        self._window.append((at_ms, tokens))
+
+    def rate(self, now_ms: float) -> float:
+        w = self._window
+        while w and w[0][0] < now_ms - self.span_ms:
+            w.popleft()
+        return sum(n for _, n in w) / (self.span_ms / 1000.0)

@@ -42,15 +42,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
 from services.engine.api import GenRequest
-from services.engine.core import Request
+from services.engine.core import EngineCore, Request
+from services.engine.info_routes import bad_request
 
-__all__ = ["NOTIFY_PATH", "RemoteKV"]
+__all__ = ["NOTIFY_PATH", "RemoteKV", "notify_handler"]
 
 log = logging.getLogger(__name__)
 
@@ -160,3 +162,25 @@ class RemoteKV:
         """Let pending notifications finish (bounded by their timeout)."""
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def notify_handler(
+    core: EngineCore, now_ms: Callable[[], float], kick: asyncio.Event
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """The ``NOTIFY_PATH`` route: vLLM-style release, ``{"request_id", "status"}`` from the
+    decode side; the held KV of that request is freed now (``kick`` wakes the step loop).
+    Answers ``{"freed": bool, "request_id"}``."""
+
+    async def handle(req: web.Request) -> web.Response:
+        try:
+            body = await req.json()
+            rid = body["request_id"] if isinstance(body, dict) else None
+            if not isinstance(rid, str):
+                raise ValueError
+        except (ValueError, KeyError, UnicodeDecodeError):
+            return bad_request("expected a JSON object with a string 'request_id'", "request_id")
+        freed = core.hand_off(rid, now_ms())
+        kick.set()
+        return web.json_response({"freed": freed, "request_id": rid})
+
+    return handle

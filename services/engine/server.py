@@ -32,7 +32,6 @@ import logging
 import random
 import time
 import uuid
-from collections import deque
 from typing import Any
 
 import aiohttp
@@ -58,7 +57,7 @@ from services.engine.info_routes import Faults, InfoRoutes, bad_request, write_m
 from services.engine.kvbytes import kv_bytes_for
 from services.engine.kvcache import KVCache
 from services.engine.metrics import EngineMetrics
-from services.engine.pacing import step_start
+from services.engine.pacing import RateWindow, step_start
 from services.engine.pd_bytes import PDBytes
 from services.engine.respond import Live
 from services.engine.retention_route import RetentionRoute
@@ -128,16 +127,17 @@ class EngineServer:
         self._rng = random.Random(settings.seed)
         self._live: dict[str, Live] = {}
         self._kick = asyncio.Event()
+        self._notify = pd_vllm.notify_handler(self.core, self.now_ms, self._kick)
         # Sequences the step in progress finishes: the core let go of them when it planned
         # the step, but until its outputs are delivered they run (as in SGLang's batch).
         self._finishing = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._listener: ResyncListener | None = None
-        self._gen_window: deque[tuple[float, int]] = deque()
+        self._gen_window = RateWindow()
         self._trace: StepTrace | None = None
         self._newest_arrival_ms = 0.0
-        self._prefill_window: deque[tuple[float, int]] = deque()
+        self._prefill_window = RateWindow()
         self._publisher: EventPublisher | None = None
         self._http: aiohttp.ClientSession | None = None
         self._bootstrap_runner: web.AppRunner | None = None
@@ -188,7 +188,7 @@ class EngineServer:
         r.add_post("/v1/chat/completions", self._chat)
         AgentRoutes(self._handle, self.tokens).add_to(r)
         r.add_get("/bootstrap/{room}", self.rendezvous.handler)
-        r.add_post(pd_vllm.NOTIFY_PATH, self._kv_notify)
+        r.add_post(pd_vllm.NOTIFY_PATH, self._notify)
         info.add_admin_to(r)
         RetentionRoute(self).add_to(r)
         app.on_startup.append(self._on_startup)
@@ -223,7 +223,7 @@ class EngineServer:
         if self.role is EngineRole.PREFILL and self.settings.bootstrap_port:
             bapp = web.Application()
             bapp.router.add_get("/bootstrap/{room}", self.rendezvous.handler)
-            bapp.router.add_post(pd_vllm.NOTIFY_PATH, self._kv_notify)
+            bapp.router.add_post(pd_vllm.NOTIFY_PATH, self._notify)
             self._bootstrap_runner = web.AppRunner(bapp)
             await self._bootstrap_runner.setup()
             site = web.TCPSite(
@@ -310,7 +310,7 @@ class EngineServer:
             self._finishing = 0
             end = now + res.duration_ms
             if res.prefill_tokens:
-                self._prefill_window.append((end, res.prefill_tokens))
+                self._prefill_window.add(end, res.prefill_tokens)
             for out in res.outputs:
                 self._deliver(out, end)
             if self._trace is not None:
@@ -323,7 +323,7 @@ class EngineServer:
     def _deliver(self, out: SeqOutput, end: float) -> None:
         n = len(out.tokens)
         self.metrics.on_tokens(n)
-        self._gen_window.append((end, n))
+        self._gen_window.add(end, n)
         live = self._live.get(out.rid)
         if live is None:
             return
@@ -365,11 +365,6 @@ class EngineServer:
                 task.cancel()
 
     # -- load figures --------------------------------------------------------------------
-    def _rate(self, window: deque[tuple[float, int]], now: float, span_ms: float = 5000.0) -> float:
-        while window and window[0][0] < now - span_ms:
-            window.popleft()
-        return sum(n for _, n in window) / (span_ms / 1000.0)
-
     def figures(self) -> LoadFigures:
         c, now = self.core, self.now_ms()
         hit = c.cache.hit_tokens / c.cache.query_tokens if c.cache.query_tokens else 0.0
@@ -380,8 +375,8 @@ class EngineServer:
             kv_capacity_blocks=c.cache.capacity_blocks,
             tokens_in_flight=c.tokens_in_flight(),
             pending_prefill_tokens=c.pending_prefill_tokens(),
-            prefill_tps=self._rate(self._prefill_window, now),
-            decode_tps=self._rate(self._gen_window, now),
+            prefill_tps=self._prefill_window.rate(now),
+            decode_tps=self._gen_window.rate(now),
             cache_hit_rate=hit,
         )
 
@@ -506,17 +501,3 @@ class EngineServer:
             assert self._http is not None
             return await self.rendezvous.decode_request(self._http, rid, gen)
         return base
-
-    async def _kv_notify(self, req: web.Request) -> web.Response:
-        """vLLM-style release: ``{"request_id", "status"}`` from the decode side; the held
-        KV of that request is freed now. Answers ``{"freed": bool}``."""
-        try:
-            body = await req.json()
-            rid = body["request_id"] if isinstance(body, dict) else None
-            if not isinstance(rid, str):
-                raise ValueError
-        except (ValueError, KeyError, UnicodeDecodeError):
-            return bad_request("expected a JSON object with a string 'request_id'", "request_id")
-        freed = self.core.hand_off(rid, self.now_ms())
-        self._kick.set()
-        return web.json_response({"freed": freed, "request_id": rid})
