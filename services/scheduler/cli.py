@@ -59,8 +59,8 @@ examples:
   tideserve gateway --port 8000 --endpoints URL... --redis-url redis://127.0.0.1:6379/0 \
       --share-state
 
-profiles shipped: default, agent, slo, round_robin, least_load, power_of_two, cache_aware
-(services/scheduler/default_profiles.yaml; --profiles-file FILE for your own).
+profiles shipped: default, agent, slo, tpot-guard, round_robin, least_load, power_of_two,
+cache_aware (services/scheduler/default_profiles.yaml; --profiles-file FILE for your own).
 request metadata headers: X-Tideserve-Class, X-Tideserve-Tenant, X-Tideserve-Session,
 X-Tideserve-Session-Final, X-Tideserve-Deadline-Ms, X-Tideserve-Profile (agents' own session
 headers too: docs/agents.md).

@@ -346,3 +346,25 @@ def test_goodput_sim_ceiling(slo_ttft_ms: float, expected_share: float) -> None:
     out = _load("goodput_sim").ceiling(run, cfg)
     assert out["infeasible_share"] == expected_share
     assert out["max_attainment"] == 1.0 - expected_share
+
+
+@pytest.mark.parametrize(
+    ("gap_ms", "expected_share"),
+    [(500.0, 0.5), (10.0, 1.0)],
+    ids=["after-the-prefill", "during-the-prefill"],
+)
+def test_goodput_sim_ceiling_counts_a_prefix_once_computed(
+    gap_ms: float, expected_share: float
+) -> None:
+    """Two requests with the same prompt, under a TTFT SLO that only a cached prompt meets
+    (1,100 tokens: about 40 ms of prefill + 74 ms to the first chunk; cached, about 5 ms):
+    the second is feasible only when it arrives after the first's prefill could have ended."""
+    from services.bench.traces import Trace, parse_mooncake
+    from services.sim import SimConfig, simulate
+
+    lines = [json.dumps({"timestamp": t, "input_length": 1100, "output_length": 8,
+                         "hash_ids": [0, 1, 2]}) for t in (0.0, gap_ms)]  # fmt: skip
+    trace = Trace("mem.jsonl", "mooncake", tuple(parse_mooncake(lines)))
+    cfg = SimConfig(engines=2, max_requests=2, kv_blocks=2048, slo_ttft_ms=100.0)
+    _, run = simulate(cfg, trace)
+    assert _load("goodput_sim").ceiling(run, cfg)["infeasible_share"] == expected_share

@@ -112,3 +112,26 @@ def test_same_inputs_same_decisions() -> None:
         return out
 
     assert run() == run()
+
+
+@pytest.mark.parametrize(
+    ("profile", "prompt", "winner"),
+    [
+        # w0 runs 8 decodes with no queue; w1 runs none behind 5,000 queued prefill tokens
+        # (500 ms). A 20,000-token prompt (2 s of prefill): its TTFT is best on w0, where
+        # it would stall 8 decodes for 2 s; `tpot-guard` prices that (0.25 * 8 * 2000 ms).
+        ("default", 20_000, "w0"),
+        ("tpot-guard", 20_000, "w1"),
+        # A 2,000-token prompt (200 ms) stalls them by little: it keeps the better TTFT.
+        ("default", 2_000, "w0"),
+        ("tpot-guard", 2_000, "w0"),
+    ],
+    ids=["default-long", "tpot-guard-long", "default-short", "tpot-guard-short"],
+)
+def test_tpot_guard_keeps_long_prefills_off_running_decodes(
+    profile: str, prompt: int, winner: str
+) -> None:
+    s = load_default(env=ENV)
+    snap = EndpointSnapshot([ep("w0", running=8), ep("w1", pending_prefill_tokens=5000)])
+    d = s.schedule(req(prompt_tokens=prompt), snap, 0.0, profile)
+    assert isinstance(d, Pick) and d.decode.endpoint.instance_id == winner

@@ -189,3 +189,45 @@ def test_pd_decider_without_load_rule_keeps_no_state() -> None:
     d = make("pd-decider", threshold_tokens=512)
     d.on_pick(0.0, *disagg_pick("r1", "p0", 5000))
     assert d.prefill_wait_ms() == 0.0
+
+
+@pytest.mark.parametrize(
+    ("decode", "a", "b", "cached", "winner"),
+    [
+        # prompt 1000 tokens (100 ms uncached); a runs 4 decodes, b runs 1; queues empty.
+        (0.0, {"running": 4}, {"running": 1}, {}, "a"),  # off: equal TTFT, tie → lowest id
+        # a: 100 + 0.5 * 4 * 100 = 300; b: 100 + 0.5 * 1 * 100 = 150 → b.
+        (0.5, {"running": 4}, {"running": 1}, {}, "b"),
+        # this gateway's unreported picks count as running there too: b 1 + 3 reserved = 4.
+        (0.5, {"running": 2}, {"running": 1, "reserved_requests": 3}, {}, "a"),
+        # a holds 900 cached tokens: own 10 ms, 10 + 0.5 * 4 * 10 = 30 < b's 150 → stays.
+        (0.5, {"running": 4}, {"running": 1}, {"a": 900}, "a"),
+        # the stall outweighs b's queue: a 100 + 0.5 * 8 * 100 = 500;
+        # b 200 (2000 tokens queued) + 100 + 0 = 300 → b.
+        (0.5, {"running": 8}, {"pending_prefill_tokens": 2000}, {}, "b"),
+        # ... but not a longer one: b 500 (5000 queued) + 100 = 600 > a's 500 → a.
+        (0.5, {"running": 8}, {"pending_prefill_tokens": 5000}, {}, "a"),
+    ],
+    ids=[
+        "off",
+        "fewer-decodes",
+        "reserved-count",
+        "keep-cached",
+        "stall-beats-queue",
+        "queue-beats-stall",
+    ],
+)
+def test_decode_stall_ranking(
+    decode: float,
+    a: dict[str, int],
+    b: dict[str, int],
+    cached: dict[str, int],
+    winner: str,
+) -> None:
+    cost = make("ttft-cost", epsilon_ms=0.0001, decode=decode)
+    out = scores(cost, [ep("a", **a), ep("b", **b)], cached, 1000)
+    assert best(out["scores"]) == winner
+    # The stall only ranks: the prediction stays the request's own TTFT.
+    own = {i: 0.1 * (1000 - cached.get(i, 0)) for i in ("a", "b")}
+    queued = {"a": a.get("pending_prefill_tokens", 0), "b": b.get("pending_prefill_tokens", 0)}
+    assert out["predicted"] == pytest.approx({i: own[i] + 0.1 * queued[i] for i in own})
