@@ -230,6 +230,18 @@ class KVCache:
         self._seqs[seq_id] = alloc
         return alloc
 
+    def fits(self, hashes: list[int], total_blocks: int) -> bool | None:
+        """Whether ``allocate(_, hashes, total_blocks)`` would succeed now, without changing
+        anything; None when that cannot be told without trying (``hold_evicted``)."""
+        if self.hold_evicted:
+            return None
+        matched = self.match(hashes)
+        private = max(0, total_blocks - matched)
+        evictable_after = len(self._lru) - sum(
+            1 for h in hashes[:matched] if self._blocks[h].refs == 0
+        )
+        return private <= self.free_blocks + evictable_after + len(self._held)
+
     def commit(self, seq_id: str, hashes: list[int]) -> None:
         """The prompt of ``seq_id`` is computed: its full blocks ``hashes`` become cached.
 

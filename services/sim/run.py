@@ -18,7 +18,7 @@ from typing import Any
 from services.bench.traces import Trace
 from services.common.perfmodel import get_profile
 from services.common.tokens import block_hashes
-from services.engine.core import AdmissionError, EngineRole, Request, StepResult
+from services.engine.core import AdmissionError, DecodeRun, EngineRole, Request, StepResult
 from services.scheduler.routing.types import Pick, RequestView, Shed
 from services.sim.autoscale import Planner, Served, Window
 from services.sim.config import SimConfig
@@ -61,7 +61,9 @@ class Simulation:
                 if cfg.pd
                 else [EngineRole.AGGREGATED] * cfg.engines
             )
-            engines = Engines(roles, self.perf, cfg.kv_blocks, cfg.block_size)
+            engines = Engines(
+                roles, self.perf, cfg.kv_blocks, cfg.block_size, mark=cfg.stream_interval
+            )
         self.engines = engines
         self.gw = Gateways(cfg, [i.spec for i in engines])
         self.q = EventQueue()
@@ -144,7 +146,7 @@ class Simulation:
         self.q.push(
             now + self.cfg.scrape_lag_ms,
             "load",
-            (inst.iid, self.engines.load(inst, self.full_load)),
+            (inst.iid, self.engines.load(inst, self.full_load, now)),
         )
         self.q.push(now + self.cfg.scrape_interval_ms, "scrape", inst)
         return 0
@@ -181,7 +183,9 @@ class Simulation:
 
     def kick(self, inst: Instance, now: float) -> None:
         res = self.engines.step(inst, now)
-        if isinstance(res, StepResult):
+        if isinstance(res, DecodeRun):
+            self.q.push(res.end, "done", (inst, res))
+        elif isinstance(res, StepResult):
             self.q.push(now + res.duration_ms, "done", (inst, res))
         elif res is not None:
             self.q.push(res, "wake", inst)
@@ -313,8 +317,16 @@ class Simulation:
                 continue
             if inst.trace is not None:
                 inst.trace.submit(rid, now, len(req.prompt), req.out, 0.0)
-            self.kick(inst, now)
+            self.submitted(inst, now)
         return ended
+
+    def submitted(self, inst: Instance, now: float) -> None:
+        """A request reached ``inst``'s queue: a decode run in progress ends at its next step
+        end (its shortened end queued; the first one is then stale), else a step starts."""
+        cut = self.engines.interrupt(inst, now)
+        if cut is not None:
+            self.q.push(cut.end, "done", (inst, cut))
+        self.kick(inst, now)
 
     def arm(self, g: int, iid: str) -> None:
         """A timer for when replica ``g``'s shaper lets a waiting request of ``iid`` go."""
@@ -322,8 +334,10 @@ class Simulation:
         if at is not None:
             self.q.push(at * 1000.0 + 1e-6, "shape", (g, iid))
 
-    def done(self, p: tuple[Instance, StepResult], now: float) -> int:
+    def done(self, p: tuple[Instance, StepResult | DecodeRun], now: float) -> int:
         inst, res = p
+        if isinstance(res, DecodeRun):
+            return self.run_done(inst, res, now)
         inst.busy = False
         if inst.trace is not None:
             inst.trace.outputs(now, res.outputs)
@@ -346,7 +360,7 @@ class Simulation:
             req = self.reqs[o.rid]
             if req.prefilled_at is None:
                 req.prefilled_at = now
-            req.ntok += len(o.tokens)
+            req.ntok = o.completion_tokens
             # The engine's first SSE chunk carries stream_interval tokens (or the last):
             # that is the client's first token and the gateway's first byte.
             if req.first is None and (req.ntok >= interval or o.finished):
@@ -361,6 +375,22 @@ class Simulation:
                 finished += self.end(req, None, now)
         self.kick(inst, now)
         return finished
+
+    def run_done(self, inst: Instance, run: DecodeRun, now: float) -> int:
+        """A decode run ended (a stale end of a run cut short is ignored): every running
+        sequence got ``run.steps`` tokens; none finished or reached its first chunk."""
+        if run is not inst.run:
+            return 0
+        inst.run = None
+        inst.busy = False
+        for rid in inst.core.apply_run(run):
+            self.reqs[rid].ntok += run.steps
+        g = self.diag
+        g.steps += run.steps
+        g.step_ms += run.duration_ms
+        g.decode_seqs += run.steps * run.batch
+        self.kick(inst, now)
+        return 0
 
     def hand_off(
         self, inst: Instance, req: SimRequest, prompt_tokens: int, cached: int, now: float
@@ -381,5 +411,5 @@ class Simulation:
             ),
             now,
         )
-        self.kick(dec, now)
+        self.submitted(dec, now)
         self.q.push(now + xfer, "wake", inst)  # the held KV frees then
