@@ -51,7 +51,11 @@ class SimRun:
 
 
 class Simulation:
-    def __init__(self, cfg: SimConfig, trace: Trace, engines: Engines | None = None) -> None:
+    def __init__(
+        self, cfg: SimConfig, trace: Trace, engines: Engines | None = None, narrow: bool = True
+    ) -> None:
+        """``narrow=False``: every routing cycle scores the whole fleet (the pre-filter of
+        :mod:`services.sim.narrow` changes no decision; tests compare the two)."""
         self.cfg = cfg.validate()
         self.trace = trace
         self.perf = get_profile(cfg.engine_profile)
@@ -65,7 +69,7 @@ class Simulation:
                 roles, self.perf, cfg.kv_blocks, cfg.block_size, mark=cfg.stream_interval
             )
         self.engines = engines
-        self.gw = Gateways(cfg, [i.spec for i in engines])
+        self.gw = Gateways(cfg, [i.spec for i in engines], narrow)
         self.q = EventQueue()
         self.diag = Diag()
         self.timeline = Timeline(cfg.timeline_s * 1000.0, engines.roles())
@@ -211,7 +215,7 @@ class Simulation:
             self.window.arrived(now)
         core = self.gw.cores[g]
         now_s = now / 1000.0
-        match = self.gw.routed_prefix(g, hashes, now_s)
+        match = self.gw.routed_prefix(g, hashes, now_s, rid)
         d = core.pick(view, now_s, rid, cfg.profile)
         if not isinstance(d, Pick):  # refused (429) or no engine, as the live gateway would
             return self.end(req, "shed" if isinstance(d, Shed) else f"no engine: {d}", now)
