@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from services.scheduler.core import EndpointSpec, build_core
+from services.scheduler.routing.types import EndpointSnapshot, EndpointView, Pick, RequestView
 from services.sim import SimConfig
 from services.sim.narrow import NarrowScheduler
 from services.sim.results import summary
@@ -51,3 +53,23 @@ def test_the_pre_filter_keeps_every_decision(cfg: SimConfig, narrows: bool) -> N
     assert (cycles > 0) == narrows
     assert got_targets == want_targets
     assert got_doc == want_doc
+
+
+def views(n: int) -> EndpointSnapshot:
+    """``n`` endpoints with equal load fields (what no scrape tells apart)."""
+    return EndpointSnapshot(
+        [EndpointView(f"worker-{i}", running=1, kv_usage=0.25) for i in range(n)]
+    )
+
+
+@pytest.mark.parametrize("narrow", [False, True], ids=["whole-fleet", "narrowed"])
+def test_an_unanswered_pick_keeps_its_instance_apart(narrow: bool) -> None:
+    """ttft-cost's interference prices this gateway's unanswered picks: an instance equal
+    to the others in every load field but holding one must not stand for them."""
+    core = build_core([EndpointSpec(f"worker-{i}", f"http://w{i}") for i in range(4)])
+    sched = NarrowScheduler(core.scheduler) if narrow else core.scheduler
+    first = sched.schedule(RequestView("a", 2000, (11, 12), 64, 8), views(4), 0.0, "default")
+    again = sched.schedule(RequestView("b", 2000, (21, 22), 64, 8), views(4), 0.0, "default")
+    assert isinstance(first, Pick) and isinstance(again, Pick)
+    assert first.decode.endpoint.instance_id == "worker-0"
+    assert again.decode.endpoint.instance_id == "worker-1"  # worker-0 awaits its answer
