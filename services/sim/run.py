@@ -12,7 +12,7 @@ gateway has: the scrape (or the load stream's snapshot) plus its own reservation
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from services.bench.traces import Trace
@@ -179,6 +179,10 @@ class Simulation:
         for inst in self.engines.live():
             running += inst.core.num_running
             waiting += inst.core.num_waiting
+            # Nothing consumes the caches' KV events or filled-slot lists here (no kvmeta,
+            # no data plane): drop them, or a long run's memory grows with every block.
+            inst.core.cache.drain_events()
+            inst.core.cache.drain_filled()
         held = sum(s.held() for s in self.gw.shapers)
         self.timeline.sample(now, running, waiting + held, final=final)
         if not final:
@@ -233,6 +237,7 @@ class Simulation:
         req.error = error
         req.endings += 1
         req.prompt = ()  # the engines hold their own reference while they need it
+        req.view = replace(req.view, block_hashes=())  # a long run keeps every record
         if error is None:
             req.last = now
             if self.window is not None and req.first is not None:
