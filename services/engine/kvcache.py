@@ -251,6 +251,17 @@ class KVCache:
         """
         alloc = self._seqs[seq_id]
         start = len(alloc.shared) + len(alloc.committed)
+        # The slots of the blocks the loop below adds, taken at once (the same slots, in the
+        # same order, as one at a time): the hashes not resident, while private blocks last.
+        fresh: set[int] = set()
+        for h in hashes[start:]:
+            if len(fresh) >= alloc.private:
+                break
+            if h not in self._blocks:
+                fresh.add(h)
+        taken = self._slots.take(len(fresh))
+        assert taken is not None  # cached + held blocks never outnumber the slots
+        slots = iter(taken)
         run: list[int] = []
         run_parent = 0
         for i in range(start, len(hashes)):
@@ -260,10 +271,9 @@ class KVCache:
                 self._flush_run(run, run_parent, alloc.tenant)
                 run = []
                 continue
-            slot = self._slots.take(1)
-            assert slot is not None  # cached + held blocks never outnumber the slots
-            self._blocks[h] = _Block(parent, alloc.tenant, slot[0], refs=1)
-            self._filled.append((h, slot[0]))
+            slot = next(slots)
+            self._blocks[h] = _Block(parent, alloc.tenant, slot, refs=1)
+            self._filled.append((h, slot))
             alloc.private -= 1
             self._private -= 1
             alloc.committed.append(h)
