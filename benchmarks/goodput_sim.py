@@ -169,7 +169,7 @@ def run_cell(
             engine_profile=f"{a.engine_profile}*{a.engine_slowdown:g}",
             gateway_perf_profile=a.engine_profile, rate_scale=rate, max_requests=n,
             offset=offset, kv_blocks=a.kv_blocks, stream_interval=a.stream_interval,
-            slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms,
+            slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms, keep_block_hashes=True,
             **({"shaper_hold_ms": 0.0} if profile in BASELINES else {}),
         )  # fmt: skip
         doc, run = simulate(cfg, trace)

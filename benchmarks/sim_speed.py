@@ -4,8 +4,10 @@ For each ``--instances`` N the trace is replayed at ``--rate-scale-per-8 x N / 8
 recorded rate (the load per engine stays that of ``routing_sim.py``'s 8-engine default), so
 a bigger fleet does proportionally more work per modelled second; ``--requests`` requests
 each (the trace repeats with fresh prefix ids when shorter). Prints one JSON object: per
-size the instances, requests, wall seconds, requests/s, events and events/s, and the
-figures that show the run was loaded (completed, cache hit ratio, mean TTFT).
+size the instances, requests, wall seconds, requests/s, CPU seconds and requests per CPU
+second (what the run itself cost, less sensitive to the machine's other work), events and
+events/s, and the figures that show the run was loaded (completed, cache hit ratio, mean
+TTFT).
 
     nice -n 10 .venv/bin/python benchmarks/sim_speed.py --instances 8,100,1000 \\
         --requests 2000,5000,20000
@@ -63,12 +65,14 @@ def one(trace_path: str, n: int, requests: int, a: argparse.Namespace, prof: boo
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(a.profile_out)
-    wall = doc["wall"]["duration_s"]
+    wall, cpu = doc["wall"]["duration_s"], doc["wall"]["cpu_s"]
     return {
         "instances": n,
         "requests": requests,
         "wall_s": wall,
         "requests_per_s": round(requests / wall, 1) if wall > 0 else None,
+        "cpu_s": cpu,
+        "requests_per_cpu_s": round(requests / cpu, 1) if cpu > 0 else None,
         "events": run.events,
         "events_per_s": round(run.events / wall) if wall > 0 else None,
         "completed": doc["completed"],

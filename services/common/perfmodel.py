@@ -20,6 +20,9 @@ width), ``F = tp * peak_flops * mfu`` (achieved FLOP/s) and ``B = tp * hbm_bandw
 * ``decode_step_ms(batch, ctx) = overhead + per_seq * batch
   + max((weight_bytes + ctx * kv_bytes_per_token) / B, flops(batch, 0) / F)`` where ``ctx`` is
   the total context of the decoding sequences (every step reads all their KV).
+* ``decode_steps_ms(batch, ctx, k)`` — ``k`` decode steps in a row (the context grows by
+  ``batch`` a step), summed in closed form: what the discrete-event simulator advances in one
+  event.
 * ``step_ms(prefill_chunks, batch, ctx)`` — a mixed continuous-batching step reads the weights
   once: ``overhead + per_seq * batch + max(compute of all chunks and decode tokens / F,
   (weights + decode KV) / B)``.
@@ -33,6 +36,7 @@ calibrations (stated per profile), not datasheet values.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -109,6 +113,27 @@ class PerfProfile:
         if batch <= 0:
             return 0.0
         return self.step_ms([], batch, context_tokens)
+
+    def decode_steps_ms(self, batch: int, context_tokens: int, steps: int) -> float:
+        """``steps`` consecutive decode steps of ``batch`` sequences, the first with
+        ``context_tokens`` of context, each adding one token per sequence: the sum of their
+        ``decode_step_ms`` in closed form (equal up to float rounding). Each step is
+        compute-bound while its KV reads take less time than its FLOPs, memory-bound after."""
+        if batch <= 0 or steps <= 0:
+            return 0.0
+        compute = 2.0 * self.params * batch / self._flops_per_s()
+        bps = self._bytes_per_s()
+        mem0 = (self.weight_bytes + max(0, context_tokens) * self.kv_bytes_per_token) / bps
+        slope = batch * self.kv_bytes_per_token / bps  # the KV a step adds, read by the next
+        if slope > 0:
+            bound = min(steps, max(0, math.ceil((compute - mem0) / slope)))
+        else:
+            bound = steps if mem0 < compute else 0
+        rest = steps - bound
+        busy = (
+            bound * compute + rest * mem0 + slope * (steps * (steps - 1) - bound * (bound - 1)) / 2
+        )
+        return steps * (self.overhead_ms + self.per_seq_ms * batch) + busy * 1000.0
 
     def step_ms(
         self, prefill_chunks: Sequence[tuple[int, int]], decode_batch: int, decode_context: int

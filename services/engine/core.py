@@ -38,6 +38,7 @@ shell fetched that prefix from the KV-cache tier) counts them as cached, waits
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -48,6 +49,7 @@ from services.engine.kvcache import KVCache
 __all__ = [
     "AdmissionError",
     "CoreConfig",
+    "DecodeRun",
     "EngineCore",
     "EngineRole",
     "Request",
@@ -72,6 +74,9 @@ class CoreConfig:
     max_batch: int = 256
     max_batched_tokens: int = 8192
     hold_timeout_ms: float = 30_000.0
+    # False: outputs carry no token ids (``SeqOutput.tokens`` is empty; the counts are
+    # kept): the discrete-event simulator, which needs how many tokens, not which.
+    token_ids: bool = True
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,23 @@ class StepResult:
     prefill_chunks: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeRun:
+    """``steps`` pure decode steps of ``batch`` sequences from ``start`` (ms), the first
+    with ``context`` tokens of context; ``duration_ms`` of them in all (see
+    :meth:`EngineCore.decode_run`)."""
+
+    start: float
+    batch: int
+    context: int
+    steps: int
+    duration_ms: float
+
+    @property
+    def end(self) -> float:
+        return self.start + self.duration_ms
+
+
 @dataclass
 class _Seq:
     req: Request
@@ -132,7 +154,8 @@ class _Seq:
     arrival: float
     cached: int = 0
     computed: int = 0  # prompt tokens whose KV exists
-    generated: list[int] = field(default_factory=list)
+    generated: list[int] = field(default_factory=list)  # empty without token ids
+    n_gen: int = 0  # tokens generated
     ready_at: float = 0.0  # decode role: KV arrival time
     prompt_len: int = field(init=False)  # len(req.prompt), read in every step
 
@@ -230,7 +253,7 @@ class EngineCore:
 
     def tokens_in_flight(self) -> int:
         decode = sum(
-            s.req.max_new_tokens - len(s.generated)
+            s.req.max_new_tokens - s.n_gen
             for s in (*self._running.values(), *self._transferring.values(), *self._waiting)
         )
         return self.pending_prefill_tokens() + decode
@@ -278,7 +301,7 @@ class EngineCore:
             if outputs or pulled:
                 return StepResult(0.0, tuple(outputs), 0, 0, tuple(pulled))
             return None
-        ctx = sum(s.prompt_len + len(s.generated) for s in decoding)
+        ctx = sum(s.prompt_len + s.n_gen for s in decoding)
         duration = self.profile.step_ms([(n, s.computed) for s, n in chunks], len(decoding), ctx)
         end = now + duration
         for s in decoding:
@@ -294,6 +317,79 @@ class EngineCore:
         return StepResult(
             duration, tuple(outputs), prefilled, len(decoding), tuple(pulled), ctx, len(chunks)
         )
+
+    # -- decode runs (the discrete-event simulator) --------------------------------------
+    def decode_run(self, now: float, mark: int = 0) -> DecodeRun | None:
+        """The steps from ``now`` that ``step`` would run as pure decodes changing nothing
+        but token counts, as one :class:`DecodeRun`; None when the next step is not one.
+
+        In such a step every running sequence is decoding, nothing can be admitted (none
+        waiting, the batch full, or the queue's head does not fit the cache), no held KV is
+        freed and no transfer arrives (both start before the earliest such time), and no
+        sequence finishes or reaches ``mark`` generated tokens (0: no mark). The caller
+        applies it with ``apply_run`` at its end, or at an earlier step's end with
+        ``cut_run`` when a request was submitted meanwhile; steps then go on with ``step``.
+        """
+        if self.config.role is EngineRole.PREFILL or not self._running:
+            return None
+        batch = len(self._running)
+        if batch > self.config.max_batched_tokens:
+            return None
+        if self._waiting and batch < self.config.max_batch:
+            head = self._waiting[0]
+            total = self.cache.blocks_for(head.prompt_len + head.req.max_new_tokens)
+            if self.cache.fits(head.hashes, total) is not False:
+                return None
+        steps = 1 << 62
+        ctx = 0
+        for s in self._running.values():
+            if s.computed < s.prompt_len:
+                return None
+            left = s.req.max_new_tokens - s.n_gen - 1
+            if s.n_gen < mark:
+                left = min(left, mark - s.n_gen - 1)
+            steps = min(steps, left)
+            ctx += s.prompt_len + s.n_gen
+        if steps <= 0:
+            return None
+        times = [s.ready_at for s in self._transferring.values()] + list(self._held.values())
+        if times:
+            horizon = min(times)
+            if horizon <= now:
+                return None
+            # the steps that start before the horizon (step 0 starts at now)
+            steps = _count(
+                steps, lambda j: now + self.profile.decode_steps_ms(batch, ctx, j) < horizon
+            )
+        return DecodeRun(now, batch, ctx, steps, self.profile.decode_steps_ms(batch, ctx, steps))
+
+    def cut_run(self, run: DecodeRun, now: float) -> DecodeRun:
+        """``run`` ending at its first step end at or after ``now`` (``run`` itself when that
+        is its last step): a request submitted at ``now`` is admitted from there on."""
+        ms = self.profile.decode_steps_ms
+        keep = _count(run.steps, lambda j: run.start + ms(run.batch, run.context, j) < now)
+        keep = max(1, keep)
+        if keep >= run.steps:
+            return run
+        return DecodeRun(run.start, run.batch, run.context, keep, ms(run.batch, run.context, keep))
+
+    def run_started(self, run: DecodeRun, now: float) -> int:
+        """How many of ``run``'s steps have started by ``now`` (each adds its tokens when it
+        starts, as ``step`` does)."""
+        ms = self.profile.decode_steps_ms
+        return _count(run.steps, lambda j: run.start + ms(run.batch, run.context, j) <= now)
+
+    def apply_run(self, run: DecodeRun) -> tuple[str, ...]:
+        """Account ``run``'s steps (one token per running sequence per step); the ids of the
+        sequences that got ``run.steps`` tokens each."""
+        k = run.steps
+        ids = self.config.token_ids
+        for s in self._running.values():
+            if ids:
+                s.generated.extend(_token(s.req.prompt, s.n_gen + i) for i in range(k))
+            s.n_gen += k
+        self.generation_tokens_total += k * run.batch
+        return tuple(self._running)
 
     # -- internals -----------------------------------------------------------------------
     def _admit(self, s: _Seq, now: float) -> bool:
@@ -348,16 +444,19 @@ class EngineCore:
                 self.cache.release(rid)
 
     def _emit(self, s: _Seq, n: int, end: float) -> SeqOutput:
-        done = len(s.generated)
-        new = (
-            (_token(s.req.prompt, done),)
-            if n == 1
-            else tuple(_token(s.req.prompt, done + i) for i in range(n))
-        )
-        s.generated.extend(new)
+        done = s.n_gen
+        new: tuple[int, ...] = ()
+        if self.config.token_ids:
+            new = (
+                (_token(s.req.prompt, done),)
+                if n == 1
+                else tuple(_token(s.req.prompt, done + i) for i in range(n))
+            )
+            s.generated.extend(new)
+        s.n_gen = done + n
         self.generation_tokens_total += n
         prefill_role = self.config.role is EngineRole.PREFILL
-        finished = prefill_role or len(s.generated) >= s.req.max_new_tokens
+        finished = prefill_role or s.n_gen >= s.req.max_new_tokens
         rid = s.req.rid
         if finished:
             self._running.pop(rid, None)
@@ -367,7 +466,19 @@ class EngineCore:
                 self._held[rid] = end + self.config.hold_timeout_ms
             else:
                 self.cache.release(rid)
-        return SeqOutput(rid, new, s.prompt_len, s.cached, len(s.generated), finished)
+        return SeqOutput(rid, new, s.prompt_len, s.cached, s.n_gen, finished)
+
+
+def _count(n: int, before: Callable[[int], bool]) -> int:
+    """How many of 0..n-1 satisfy ``before``, a predicate true up to some index, then false."""
+    lo, hi = 0, n  # before(j) for j < lo; not before(j) for j >= hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if before(mid):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def _token(prompt: tuple[int, ...], index: int) -> int:

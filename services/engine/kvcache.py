@@ -247,6 +247,18 @@ class KVCache:
         self._seqs[seq_id] = alloc
         return alloc
 
+    def fits(self, hashes: list[int], total_blocks: int) -> bool | None:
+        """Whether ``allocate(_, hashes, total_blocks)`` would succeed now, without changing
+        anything; None when that cannot be told without trying (``hold_evicted``)."""
+        if self.hold_evicted:
+            return None
+        matched = self.match(hashes)
+        private = max(0, total_blocks - matched)
+        evictable_after = len(self._lru) - sum(
+            1 for h in hashes[:matched] if self._blocks[h].refs == 0
+        )
+        return private <= self.free_blocks + evictable_after + len(self._held)
+
     def commit(self, seq_id: str, hashes: list[int]) -> None:
         """The prompt of ``seq_id`` is computed: its full blocks ``hashes`` become cached.
 
@@ -256,6 +268,17 @@ class KVCache:
         """
         alloc = self._seqs[seq_id]
         start = len(alloc.shared) + len(alloc.committed)
+        # The slots of the blocks the loop below adds, taken at once (the same slots, in the
+        # same order, as one at a time): the hashes not resident, while private blocks last.
+        fresh: set[int] = set()
+        for h in hashes[start:]:
+            if len(fresh) >= alloc.private:
+                break
+            if h not in self._blocks:
+                fresh.add(h)
+        taken = self._slots.take(len(fresh))
+        assert taken is not None  # cached + held blocks never outnumber the slots
+        slots = iter(taken)
         run: list[int] = []
         run_parent = 0
         for i in range(start, len(hashes)):
@@ -265,10 +288,9 @@ class KVCache:
                 self._flush_run(run, run_parent, alloc.tenant)
                 run = []
                 continue
-            slot = self._slots.take(1)
-            assert slot is not None  # cached + held blocks never outnumber the slots
-            self._blocks[h] = _Block(parent, alloc.tenant, slot[0], refs=1)
-            self._filled.append((h, slot[0]))
+            slot = next(slots)
+            self._blocks[h] = _Block(parent, alloc.tenant, slot, refs=1)
+            self._filled.append((h, slot))
             alloc.private -= 1
             self._private -= 1
             alloc.committed.append(h)

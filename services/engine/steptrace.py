@@ -54,7 +54,8 @@ class StepTrace:
 
     def outputs(self, end: float, outs: tuple[SeqOutput, ...]) -> None:
         for o in outs:
-            if o.completion_tokens == len(o.tokens):  # its first output
+            # its first output (a core without token ids emits them one at a time)
+            if o.completion_tokens == max(1, len(o.tokens)):
                 self._write(
                     {"ev": "first", "rid": o.rid, "t": round(end, 3), "cached": o.cached_tokens}
                 )

@@ -58,6 +58,9 @@ class SimConfig:
     slo_tpot_ms: float | None = None
     decode_can_prefill: bool = False
     shaper_hold_ms: float = DISPATCH_HOLD_MS
+    # finished requests' records keep their block hashes (for analyses of a run's
+    # prefixes; off, a long run's records stay small)
+    keep_block_hashes: bool = False
     shaper_age_weight: float = 1.0
     shaper_order: str = DISPATCH_ORDER
     timeline_s: float = 60.0

@@ -3,8 +3,11 @@ same continuous-batching core and timing model the engine simulator's HTTP serve
 
 :class:`Engines` only holds the cores and answers "step this instance now": the loop
 (:mod:`services.sim.run`) turns a step into a ``done`` event at ``now + duration`` and a
-wake-up into a ``wake`` event. Instance ids are ``worker-i`` (aggregated), ``prefill-i``
-and ``decode-i``, the roles the gateway knows them by.
+wake-up into a ``wake`` event. Steps that would only add a token to every running sequence
+are one :class:`~services.engine.core.DecodeRun` (one ``done`` event for all of them, ended
+early by a submit: :meth:`Engines.interrupt`); the cores keep token counts, not token ids.
+Instance ids are ``worker-i`` (aggregated), ``prefill-i`` and ``decode-i``, the roles the
+gateway knows them by.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from services.common.perfmodel import PerfProfile
-from services.engine.core import CoreConfig, EngineCore, EngineRole, StepResult
+from services.engine.core import CoreConfig, DecodeRun, EngineCore, EngineRole, StepResult
 from services.engine.kvcache import KVCache
 from services.engine.steptrace import StepTrace
 from services.scheduler.core import EndpointSpec, LoadReport
@@ -34,7 +37,8 @@ class Instance:
     core: EngineCore
     busy: bool = False  # a step is running (its ``done`` event is queued)
     wake_at: float | None = None  # a queued ``wake`` event's time
-    trace: StepTrace | None = None
+    trace: StepTrace | None = None  # per-step records (no decode runs then)
+    run: DecodeRun | None = None  # the decode run in progress (its ``done`` is queued)
     ready: bool = True  # serving (False: started by the autoscaler, not up yet)
     retiring: bool = False  # draining: the gateways send it nothing new
     removed: bool = False  # gone from the fleet (drained, or stopped while starting)
@@ -58,8 +62,13 @@ class Engines:
         perf: PerfProfile,
         kv_blocks: int,
         block_size: int,
+        mark: int = 0,
+        batched: bool = True,
     ) -> None:
+        """``mark``: a decode run stops before a sequence's ``mark``-th token (the shell
+        acts on it: the first streamed chunk); ``batched=False``: one event per step."""
         self.perf = perf
+        self.mark, self.batched = mark, batched
         self.kv_blocks, self.block_size = kv_blocks, block_size
         self.by_id: dict[str, Instance] = {}
         self._counts: dict[EngineRole, int] = {}
@@ -75,7 +84,9 @@ class Engines:
         iid = f"{_GATEWAY_ROLE[role]}-{i}"
         cache = KVCache(self.kv_blocks, self.block_size)
         inst = Instance(
-            iid, _GATEWAY_ROLE[role], EngineCore(CoreConfig(role=role), self.perf, cache)
+            iid,
+            _GATEWAY_ROLE[role],
+            EngineCore(CoreConfig(role=role, token_ids=False), self.perf, cache),
         )
         inst.ready = ready
         self.by_id[iid] = inst
@@ -95,11 +106,18 @@ class Engines:
     def __getitem__(self, iid: str) -> Instance:
         return self.by_id[iid]
 
-    def step(self, inst: Instance, now: float) -> StepResult | float | None:
-        """Start a step on an idle instance: its result (the caller queues its end), the time
-        of the next wake-up to queue (a float), or None (busy, idle, or wake-up queued)."""
+    def step(self, inst: Instance, now: float) -> StepResult | DecodeRun | float | None:
+        """Start a step (or a decode run) on an idle instance: its result (the caller queues
+        its end), the time of the next wake-up to queue (a float), or None (busy, idle, or
+        wake-up queued)."""
         if inst.busy:
             return None
+        if self.batched and inst.trace is None:
+            run = inst.core.decode_run(now, self.mark)
+            if run is not None:
+                inst.busy = True
+                inst.run = run
+                return run
         res = inst.core.step(now)
         if res is None:
             w = inst.core.next_wakeup(now)
@@ -121,15 +139,33 @@ class Engines:
         return out
 
     @staticmethod
-    def load(inst: Instance, full: bool) -> LoadReport:
-        """What the gateway learns: a ``/metrics`` scrape (running, waiting, KV usage) or,
-        ``full``, the load stream's snapshot (also pending prefill and tokens in flight)."""
+    def interrupt(inst: Instance, now: float) -> DecodeRun | None:
+        """A request was submitted to ``inst`` at ``now``: its decode run ends at the first
+        step end from ``now`` on (the next step admits the request, as after a single step).
+        The shortened run (the caller queues its end), or None when nothing changed."""
+        run = inst.run
+        if run is None:
+            return None
+        cut = inst.core.cut_run(run, now)
+        if cut is run:
+            return None
+        inst.run = cut
+        return cut
+
+    @staticmethod
+    def load(inst: Instance, full: bool, now: float) -> LoadReport:
+        """What the gateway learns at ``now``: a ``/metrics`` scrape (running, waiting, KV
+        usage) or, ``full``, the load stream's snapshot (also pending prefill and tokens in
+        flight; a decode run's steps count once started, as single steps do)."""
         c = inst.core
         if full:
+            left = c.tokens_in_flight()
+            if inst.run is not None:
+                left -= inst.run.batch * c.run_started(inst.run, now)
             return LoadReport(
                 running=c.num_running,
                 waiting=c.num_waiting,
-                tokens_in_flight=c.tokens_in_flight(),
+                tokens_in_flight=left,
                 pending_prefill_tokens=c.pending_prefill_tokens(),
                 kv_usage=c.cache.usage,
             )

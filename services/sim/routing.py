@@ -19,6 +19,7 @@ from services.scheduler.core import EndpointSpec, GatewayCore, build_core
 from services.scheduler.routing.plugins.prefix import ApproxPrefix
 from services.scheduler.routing.types import Pick, PrefixMatch
 from services.sim.config import SimConfig
+from services.sim.narrow import NarrowScheduler
 from services.sim.records import Diag
 
 __all__ = ["Gateways", "UnknownProfile"]
@@ -29,7 +30,9 @@ class UnknownProfile(ValueError):
 
 
 class Gateways:
-    def __init__(self, cfg: SimConfig, specs: list[EndpointSpec]) -> None:
+    def __init__(self, cfg: SimConfig, specs: list[EndpointSpec], narrow: bool = True) -> None:
+        """``narrow``: the replicas' scheduler pre-filters repeated candidates
+        (:mod:`services.sim.narrow`; the same decisions, fewer endpoints scored)."""
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
         self.cores: list[GatewayCore] = []
@@ -44,6 +47,8 @@ class Gateways:
                 perf_profile=cfg.gateway_perf_profile or cfg.engine_profile,
                 decode_can_prefill=cfg.decode_can_prefill,
             )
+            if narrow:
+                core.scheduler = NarrowScheduler(core.scheduler)
             prof = core.scheduler.profiles.get(cfg.profile)
             if prof is None:
                 known = ", ".join(sorted(core.scheduler.profiles))
@@ -63,10 +68,18 @@ class Gateways:
         n = len(self.cores)
         return 0 if n == 1 else self.rng.randrange(n)
 
-    def routed_prefix(self, g: int, hashes: tuple[int, ...], now_s: float) -> dict[str, int]:
+    def routed_prefix(
+        self, g: int, hashes: tuple[int, ...], now_s: float, request_id: str = ""
+    ) -> dict[str, int]:
         """Replica ``g``'s routed-prefix match per instance (diagnostics), {} without one."""
         ap = self.approx[g]
-        return ap.index.match(hashes, now_s) if ap is not None else {}
+        if ap is None:
+            return {}
+        m = ap.index.match(hashes, now_s)
+        sched = self.cores[g].scheduler
+        if isinstance(sched, NarrowScheduler):
+            sched.hint(request_id, now_s, ap.index, m)
+        return m
 
 
 def precise_matches(

@@ -12,13 +12,13 @@ gateway has: the scrape (or the load stream's snapshot) plus its own reservation
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from services.bench.traces import Trace
 from services.common.perfmodel import get_profile
 from services.common.tokens import block_hashes
-from services.engine.core import AdmissionError, EngineRole, Request, StepResult
+from services.engine.core import AdmissionError, DecodeRun, EngineRole, Request, StepResult
 from services.scheduler.routing.types import Pick, RequestView, Shed
 from services.sim.autoscale import Planner, Served, Window
 from services.sim.config import SimConfig
@@ -53,7 +53,11 @@ class SimRun:
 
 
 class Simulation:
-    def __init__(self, cfg: SimConfig, trace: Trace, engines: Engines | None = None) -> None:
+    def __init__(
+        self, cfg: SimConfig, trace: Trace, engines: Engines | None = None, narrow: bool = True
+    ) -> None:
+        """``narrow=False``: every routing cycle scores the whole fleet (the pre-filter of
+        :mod:`services.sim.narrow` changes no decision; tests compare the two)."""
         self.cfg = cfg.validate()
         self.trace = trace
         self.perf = get_profile(cfg.engine_profile)
@@ -63,9 +67,11 @@ class Simulation:
                 if cfg.pd
                 else [EngineRole.AGGREGATED] * cfg.engines
             )
-            engines = Engines(roles, self.perf, cfg.kv_blocks, cfg.block_size)
+            engines = Engines(
+                roles, self.perf, cfg.kv_blocks, cfg.block_size, mark=cfg.stream_interval
+            )
         self.engines = engines
-        self.gw = Gateways(cfg, [i.spec for i in engines])
+        self.gw = Gateways(cfg, [i.spec for i in engines], narrow)
         self.q = EventQueue()
         self.diag = Diag()
         self.timeline = Timeline(cfg.timeline_s * 1000.0, engines.roles())
@@ -163,7 +169,7 @@ class Simulation:
         self.q.push(
             now + self.cfg.scrape_lag_ms,
             "load",
-            (inst.iid, self.engines.load(inst, self.full_load)),
+            (inst.iid, self.engines.load(inst, self.full_load, now)),
         )
         self.q.push(now + self.cfg.scrape_interval_ms, "scrape", inst)
         return 0
@@ -192,6 +198,10 @@ class Simulation:
         for inst in self.engines.live():
             running += inst.core.num_running
             waiting += inst.core.num_waiting
+            # Nothing consumes the caches' KV events or filled-slot lists here (no kvmeta,
+            # no data plane): drop them, or a long run's memory grows with every block.
+            inst.core.cache.drain_events()
+            inst.core.cache.drain_filled()
         held = sum(s.held() for s in self.gw.shapers)
         self.timeline.sample(now, running, waiting + held, final=final)
         if not final:
@@ -204,11 +214,13 @@ class Simulation:
         # offloads, which end here; then the step is tried again.
         mem = self.memory
         while mem is not None and mem.after_step(inst.core.cache):
-            if isinstance(res, StepResult):
+            if isinstance(res, (StepResult, DecodeRun)):
                 break
             again = self.engines.step(inst, now)
             res = again if again is not None else res  # None: the wake-up is already res
-        if isinstance(res, StepResult):
+        if isinstance(res, DecodeRun):
+            self.q.push(res.end, "done", (inst, res))
+        elif isinstance(res, StepResult):
             self.q.push(now + res.duration_ms, "done", (inst, res))
         elif res is not None:
             self.q.push(res, "wake", inst)
@@ -238,7 +250,7 @@ class Simulation:
             self.window.arrived(now)
         core = self.gw.cores[g]
         now_s = now / 1000.0
-        match = self.gw.routed_prefix(g, hashes, now_s)
+        match = self.gw.routed_prefix(g, hashes, now_s, rid)
         d = core.pick(view, now_s, rid, cfg.profile)
         if not isinstance(d, Pick):  # refused (429) or no engine, as the live gateway would
             return self.end(req, "shed" if isinstance(d, Shed) else f"no engine: {d}", now)
@@ -261,6 +273,8 @@ class Simulation:
                 self.memory.end(req.rid, req.target, now)
             else:
                 self.memory.forget(req.rid)
+        if not self.cfg.keep_block_hashes:  # a long run keeps every record
+            req.view = replace(req.view, block_hashes=())
         if error is None:
             req.last = now
             if self.window is not None and req.first is not None:
@@ -355,8 +369,16 @@ class Simulation:
                 continue
             if inst.trace is not None:
                 inst.trace.submit(rid, now, len(req.prompt), req.out, 0.0)
-            self.kick(inst, now)
+            self.submitted(inst, now)
         return ended
+
+    def submitted(self, inst: Instance, now: float) -> None:
+        """A request reached ``inst``'s queue: a decode run in progress ends at its next step
+        end (its shortened end queued; the first one is then stale), else a step starts."""
+        cut = self.engines.interrupt(inst, now)
+        if cut is not None:
+            self.q.push(cut.end, "done", (inst, cut))
+        self.kick(inst, now)
 
     def arm(self, g: int, iid: str) -> None:
         """A timer for when replica ``g``'s shaper lets a waiting request of ``iid`` go."""
@@ -364,8 +386,10 @@ class Simulation:
         if at is not None:
             self.q.push(at * 1000.0 + 1e-6, "shape", (g, iid))
 
-    def done(self, p: tuple[Instance, StepResult], now: float) -> int:
+    def done(self, p: tuple[Instance, StepResult | DecodeRun], now: float) -> int:
         inst, res = p
+        if isinstance(res, DecodeRun):
+            return self.run_done(inst, res, now)
         inst.busy = False
         if inst.trace is not None:
             inst.trace.outputs(now, res.outputs)
@@ -388,7 +412,7 @@ class Simulation:
             req = self.reqs[o.rid]
             if req.prefilled_at is None:
                 req.prefilled_at = now
-            req.ntok += len(o.tokens)
+            req.ntok = o.completion_tokens
             # The engine's first SSE chunk carries stream_interval tokens (or the last):
             # that is the client's first token and the gateway's first byte.
             if req.first is None and (req.ntok >= interval or o.finished):
@@ -403,6 +427,22 @@ class Simulation:
                 finished += self.end(req, None, now)
         self.kick(inst, now)
         return finished
+
+    def run_done(self, inst: Instance, run: DecodeRun, now: float) -> int:
+        """A decode run ended (a stale end of a run cut short is ignored): every running
+        sequence got ``run.steps`` tokens; none finished or reached its first chunk."""
+        if run is not inst.run:
+            return 0
+        inst.run = None
+        inst.busy = False
+        for rid in inst.core.apply_run(run):
+            self.reqs[rid].ntok += run.steps
+        g = self.diag
+        g.steps += run.steps
+        g.step_ms += run.duration_ms
+        g.decode_seqs += run.steps * run.batch
+        self.kick(inst, now)
+        return 0
 
     def hand_off(
         self, inst: Instance, req: SimRequest, prompt_tokens: int, cached: int, now: float
@@ -423,5 +463,5 @@ class Simulation:
             ),
             now,
         )
-        self.kick(dec, now)
+        self.submitted(dec, now)
         self.q.push(now + xfer, "wake", inst)  # the held KV frees then

@@ -341,7 +341,8 @@ def test_goodput_sim_ceiling(slo_ttft_ms: float, expected_share: float) -> None:
     lines = [json.dumps({"timestamp": i * 500, "input_length": 1100, "output_length": 8,
                          "hash_ids": [i // 2, 100 + i, 200 + i]}) for i in range(6)]  # fmt: skip
     trace = Trace("mem.jsonl", "mooncake", tuple(parse_mooncake(lines)))
-    cfg = SimConfig(engines=2, max_requests=6, kv_blocks=2048, slo_ttft_ms=slo_ttft_ms)
+    cfg = SimConfig(engines=2, max_requests=6, kv_blocks=2048, slo_ttft_ms=slo_ttft_ms,
+                    keep_block_hashes=True)  # fmt: skip
     _, run = simulate(cfg, trace)
     out = _load("goodput_sim").ceiling(run, cfg)
     assert out["infeasible_share"] == expected_share
@@ -365,6 +366,7 @@ def test_goodput_sim_ceiling_counts_a_prefix_once_computed(
     lines = [json.dumps({"timestamp": t, "input_length": 1100, "output_length": 8,
                          "hash_ids": [0, 1, 2]}) for t in (0.0, gap_ms)]  # fmt: skip
     trace = Trace("mem.jsonl", "mooncake", tuple(parse_mooncake(lines)))
-    cfg = SimConfig(engines=2, max_requests=2, kv_blocks=2048, slo_ttft_ms=100.0)
+    cfg = SimConfig(engines=2, max_requests=2, kv_blocks=2048, slo_ttft_ms=100.0,
+                    keep_block_hashes=True)  # fmt: skip
     _, run = simulate(cfg, trace)
     assert _load("goodput_sim").ceiling(run, cfg)["infeasible_share"] == expected_share

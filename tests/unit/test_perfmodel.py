@@ -105,3 +105,15 @@ def test_slowed_profile_scales_every_time(factor: float) -> None:
 def test_unknown_or_bad_scaled_profile(name: str) -> None:
     with pytest.raises(KeyError, match="NAME\\*FACTOR"):
         get_profile(name)
+
+
+@pytest.mark.parametrize(
+    ("batch", "context", "steps"),
+    [(1, 1_000, 1), (8, 40_000, 300), (256, 100_000, 400), (256, 2_000_000, 50), (3, 0, 0)],
+    ids=["one-step", "memory-bound", "compute-then-memory", "long-context", "no-steps"],
+)
+def test_decode_steps_sum_the_steps_one_by_one(
+    profile: PerfProfile, batch: int, context: int, steps: int
+) -> None:
+    one_by_one = sum(profile.step_ms([], batch, context + batch * i) for i in range(steps))
+    assert profile.decode_steps_ms(batch, context, steps) == pytest.approx(one_by_one, rel=1e-12)
