@@ -27,7 +27,6 @@ restart (those mechanisms are not built).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import replace
@@ -37,11 +36,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._agentic_slice import parse_slice, sessions
+from benchmarks._harness import TRACES, command_line, emit_json, machine
 from services.bench.traces import Trace, load_trace
 from services.sim.config import SimConfig
 from services.sim.run import Simulation
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "weka_agentic_dev.jsonl"
+TRACE = TRACES / "weka_agentic_dev.jsonl"
 VARIANTS = {"lru": "lru", "retention": "retention", "retention_prefetch": "prefetch"}
 
 
@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gap-scale", type=float, default=10.0, help="trace gaps x this (10 restores)")
     p.add_argument("--budget-share", type=float, default=0.2)
     p.add_argument("--profile", default="default", help="routing profile of every variant")
+    p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
     trace = load_trace(args.trace)
     base = SimConfig(
@@ -131,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
             ):
                 row.setdefault(k, []).append(v)
     out = {
+        "benchmark": "agent_memory",
+        "command": command_line(),
+        "machine": machine(),
         "trace": Path(args.trace).name,
         "slices": args.slices,
         "max_requests": args.max_requests,
@@ -142,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         "variants": {v: {k: stat(xs) for k, xs in row.items()} for v, row in per.items()},
         "wall_s": round(time.monotonic() - t0, 1),
     }
-    print(json.dumps(out, indent=2))
+    emit_json(out, args.out)
     return 0
 
 
