@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, TypeVar
 
 import grpc
 from redis.exceptions import RedisError
-from sqlalchemy.exc import SQLAlchemyError
 from tideserve.v1 import events_pb2, kvmeta_pb2, kvmeta_pb2_grpc
 
 from services.common.sessions import SessionTable
@@ -29,6 +28,7 @@ from services.kvmeta.objects import (
     ReplicaInfo,
     SegmentSpec,
 )
+from services.kvmeta.rpc_errors import persisted
 from services.kvmeta.session_rpc import SessionRpcs
 from services.kvmeta.sessions import SessionShell
 from services.kvmeta.writethrough import WriteThrough
@@ -270,15 +270,7 @@ class KVMetaServicer(SessionRpcs, _Base):
         except ObjectError as exc:
             await _abort(context, _code(exc), str(exc))
         if persist:
-            try:
-                await self.objects.persist()
-            except (SQLAlchemyError, OSError) as exc:
-                await _abort(
-                    context,
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"applied but not yet persisted (Postgres: {type(exc).__name__}); "
-                    "it is retried in the background",
-                )
+            await persisted(context, self.objects.persist)
         return out
 
     async def MountSegment(

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from typing import Any, NoReturn, TypeAlias
 
 import grpc
-from sqlalchemy.exc import SQLAlchemyError
 from tideserve.v1 import kvmeta_pb2
 
 from services.common.sessions import Phase, Session, SessionError, SessionKey
+from services.kvmeta.rpc_errors import persisted
 from services.kvmeta.sessions import SessionShell
 
 __all__ = ["SessionRpcs", "session_pb"]
@@ -70,15 +70,7 @@ class SessionRpcs:
         except SessionError as exc:
             await _abort(context, getattr(grpc.StatusCode, exc.code), str(exc))
         if persist:
-            try:
-                await self.sessions.persist()
-            except (SQLAlchemyError, OSError) as exc:
-                await _abort(
-                    context,
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"applied but not yet persisted (Postgres: {type(exc).__name__}); "
-                    "it is retried in the background",
-                )
+            await persisted(context, self.sessions.persist)
         return kvmeta_pb2.SessionResponse(session=session_pb(s))
 
     async def StartSessionTurn(
