@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
-from services.common.local.ports import busy_ports, tcp_accepts
+from services.common.local.ports import tcp_accepts
 from services.common.local.procs import Child, ProcRef, Supervisor, is_alive, log_tail
 from services.common.local.recorded import stop_recorded
 from services.common.local.spec import ChildSpec, PortClaim
@@ -45,7 +45,8 @@ from services.stack.control import recorded_engines
 from services.stack.engines import ENGINE_KIND, ENGINE_REDIS_ENV, start_waves, stop_rank
 from services.stack.health import Health, check_grpc_health, check_http_ready
 from services.stack.infra import Infra, Server, default_infra
-from services.stack.plan import SERVICE_NAMES, duplicate_ports
+from services.stack.plan import SERVICE_NAMES
+from services.stack.port_check import check_ports
 from services.stack.restarter import Restarter
 from services.stack.restarts import RestartPolicy
 from services.stack.secure import StackSecrets, StoreUrls, child_store_env
@@ -98,20 +99,6 @@ class UpOptions:
     restarts: RestartPolicy = NO_RESTARTS
     """Restarts of a service that dies while the stack runs (default: none, it stops the
     stack; see services.stack.restarts)."""
-
-
-def check_ports(claims: Sequence[PortClaim]) -> None:
-    """Raise StartFailed naming the owner and port of the first duplicate or busy port."""
-    for first, second in duplicate_ports(claims):
-        raise StartFailed(
-            f"port conflict: {second.describe()} is also configured for {first.describe()}"
-        )
-    busy = busy_ports(claims)
-    if busy:
-        names = "; ".join(c.describe() for c in busy)
-        raise StartFailed(
-            f"port already in use: {names} (stop whatever holds it, or use --base-port-offset)"
-        )
 
 
 class StackRunner:
