@@ -16,7 +16,10 @@ from __future__ import annotations
 
 from collections import deque
 
-__all__ = ["RateWindow", "step_start"]
+from services.engine.core import EngineCore
+from services.engine.events import LoadFigures
+
+__all__ = ["RateWindow", "core_figures", "step_start"]
 
 
 def step_start(
@@ -45,3 +48,22 @@ class RateWindow:
         while w and w[0][0] < now_ms - self.span_ms:
             w.popleft()
         return sum(n for _, n in w) / (self.span_ms / 1000.0)
+
+
+def core_figures(
+    c: EngineCore, finishing: int, prefill_tps: float, decode_tps: float
+) -> LoadFigures:
+    """The engine's load figures: the core's queues and cache, ``finishing`` sequences the
+    step in progress still runs, and the measured token rates."""
+    hit = c.cache.hit_tokens / c.cache.query_tokens if c.cache.query_tokens else 0.0
+    return LoadFigures(
+        num_running=c.num_running + finishing,
+        num_waiting=c.num_waiting,
+        kv_usage=c.cache.usage,
+        kv_capacity_blocks=c.cache.capacity_blocks,
+        tokens_in_flight=c.tokens_in_flight(),
+        pending_prefill_tokens=c.pending_prefill_tokens(),
+        prefill_tps=prefill_tps,
+        decode_tps=decode_tps,
+        cache_hit_rate=hit,
+    )

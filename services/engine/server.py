@@ -57,7 +57,7 @@ from services.engine.info_routes import Faults, InfoRoutes, bad_request, write_m
 from services.engine.kvbytes import kv_bytes_for
 from services.engine.kvcache import KVCache
 from services.engine.metrics import EngineMetrics
-from services.engine.pacing import RateWindow, step_start
+from services.engine.pacing import RateWindow, core_figures, step_start
 from services.engine.pd_bytes import PDBytes
 from services.engine.respond import Live
 from services.engine.retention_route import RetentionRoute
@@ -366,19 +366,9 @@ class EngineServer:
 
     # -- load figures --------------------------------------------------------------------
     def figures(self) -> LoadFigures:
-        c, now = self.core, self.now_ms()
-        hit = c.cache.hit_tokens / c.cache.query_tokens if c.cache.query_tokens else 0.0
-        return LoadFigures(
-            num_running=c.num_running + self._finishing,
-            num_waiting=c.num_waiting,
-            kv_usage=c.cache.usage,
-            kv_capacity_blocks=c.cache.capacity_blocks,
-            tokens_in_flight=c.tokens_in_flight(),
-            pending_prefill_tokens=c.pending_prefill_tokens(),
-            prefill_tps=self._prefill_window.rate(now),
-            decode_tps=self._gen_window.rate(now),
-            cache_hit_rate=hit,
-        )
+        now = self.now_ms()
+        rates = (self._prefill_window.rate(now), self._gen_window.rate(now))
+        return core_figures(self.core, self._finishing, *rates)
 
     def snapshot(self) -> Any:
         return load_snapshot(
