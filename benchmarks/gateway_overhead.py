@@ -17,8 +17,10 @@ lag is reported). Tideserve routers also get a ``messages_stream`` phase per rat
 pairs, the router sent the streamed prompt as an Anthropic ``/v1/messages`` request (which it
 forwards as chat completions and translates back), nginx the chat stream it stands for, so
 the added latency includes the translation both ways. Added latency = router quantile - direct quantile of the same pair; the
-JSON gives the median over the pairs (and each pair's p99), so that noise from other work on a
-shared machine hits both sides alike. Maximum sustained req/s: closed loop with ``wrk``
+JSON gives the median over the pairs (and each pair's p50 and p99), so that noise from other
+work on a shared machine hits both sides alike. The phases of one rate take turns (one pair
+each per round), and ``agent_apis_vs_chat`` gives the Messages and Responses phases' added
+p50/p99 and CPU per request as multiples of the streamed chat phase's. Maximum sustained req/s: closed loop with ``wrk``
 (``--wrk-connections``, one thread, non-streaming), reported with the CPU the measured process
 used and req/s per CPU-second of it (a multi-threaded router may use more than one core; our
 gateway is one single-threaded process). ``--pin on`` instead moves every thread of the
@@ -279,21 +281,42 @@ def phases(args: argparse.Namespace, agent_apis: bool = False) -> list[tuple[str
 def paired_open_loop(direct_port: int, router_port: int, router_pid: int,
                      args: argparse.Namespace, agent_apis: bool = False) -> dict[str, Any]:  # fmt: skip
     """Per phase, ``--repeats`` back-to-back (direct, router) pairs, so that noise from other
-    work on the machine hits both sides alike. Reports the median over repeats of each
-    side's quantiles and of the paired differences (the added latency). ``agent_apis``: the
+    work on the machine hits both sides alike. The phases of one rate take turns, one pair
+    each per round, so that the streamed chat, Messages and Responses phases they are
+    compared with see the same machine. Reports the median over repeats of each side's
+    quantiles and of the paired differences (the added latency). ``agent_apis``: the
     Messages and Responses phases too (the router sent ``/v1/messages`` or ``/v1/responses``,
     nginx the chat stream)."""
-    out: dict[str, Any] = {}
-    for name, rate, stream, api in phases(args, agent_apis):
-        runs: list[dict[str, Any]] = []
+    plan = phases(args, agent_apis)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in plan}
+    for rate in dict.fromkeys(r for _, r, _, _ in plan):
         for _ in range(args.repeats):
-            d = open_loop(direct_port, rate, stream, args, None)
-            meter, machine = CpuMeter([router_pid]), MachineCpu()
-            r = open_loop(router_port, rate, stream, args, None, api=api)
-            r["router_cpu"] = meter.read()
-            r["machine_cores_busy"] = machine.read()
-            runs.append({"direct": d, "router": r})
-        out[name] = summarize_phase(runs, rate, args)
+            for name, _, stream, api in (ph for ph in plan if ph[1] == rate):
+                d = open_loop(direct_port, rate, stream, args, None)
+                meter, machine = CpuMeter([router_pid]), MachineCpu()
+                r = open_loop(router_port, rate, stream, args, None, api=api)
+                r["router_cpu"] = meter.read()
+                r["machine_cores_busy"] = machine.read()
+                runs[name].append({"direct": d, "router": r})
+    return {name: summarize_phase(runs[name], rate, args) for name, rate, _, _ in plan}
+
+
+def versus_chat(open_loop: dict[str, Any]) -> dict[str, Any]:
+    """Per rate, the Messages and Responses phases' added latency (p50, p99) and router CPU
+    per request as multiples of the streamed chat phase's (the target: within 1.2x)."""
+    out: dict[str, Any] = {}
+    for name, phase in open_loop.items():
+        rate, _, api = name.partition("rps_")
+        chat = open_loop.get(f"{rate}rps_stream")
+        if api not in ("messages_stream", "responses_stream") or chat is None:
+            continue
+        ratios: dict[str, float | None] = {}
+        for q in ("p50", "p99"):
+            mine, base = phase["added_latency_ms"].get(q), chat["added_latency_ms"].get(q)
+            ratios[f"added_{q}"] = round(mine / base, 3) if mine and base and base > 0 else None
+        mine, base = phase["router"]["cpu_us_per_request"], chat["router"]["cpu_us_per_request"]
+        ratios["cpu_per_request"] = round(mine / base, 3) if mine and base else None
+        out.setdefault(f"{rate}rps", {})[api.removesuffix("_stream")] = ratios
     return out
 
 
@@ -334,6 +357,10 @@ def summarize_phase(runs: list[dict[str, Any]], rate: float, args: argparse.Name
         q: _med([x["router"]["latency_ms"][q] - x["direct"]["latency_ms"][q] for x in measured])
         for q in ("p50", "p90", "p99")
     }
+    phase["added_p50_per_repeat_ms"] = [
+        round(x["router"]["latency_ms"]["p50"] - x["direct"]["latency_ms"]["p50"], 3)
+        for x in measured
+    ]
     phase["added_p99_per_repeat_ms"] = [
         round(x["router"]["latency_ms"]["p99"] - x["direct"]["latency_ms"]["p99"], 3)
         for x in measured
@@ -449,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
                 res["open_loop"] = paired_open_loop(
                     nport, port, router.proc.pid, args, agent_apis=name.startswith("tideserve:")
                 )
+                if name.startswith("tideserve:"):
+                    res["agent_apis_vs_chat"] = versus_chat(res["open_loop"])
                 res["max_rps"] = max_rps(port, router.proc.pid, args, workdir, pin)
                 rgroup.check()
                 summary["routers"][name] = res

@@ -248,6 +248,29 @@ def test_responses_phase_streams_a_responses_request() -> None:
     assert head.startswith(b"POST /v1/responses ") and json.loads(body)["store"] is False
 
 
+def _phase(p50: float, p99: float, cpu: float) -> dict[str, Any]:
+    return {"added_latency_ms": {"p50": p50, "p99": p99}, "router": {"cpu_us_per_request": cpu}}
+
+
+@pytest.mark.parametrize(
+    ("phases", "expect"),
+    [
+        (
+            {"200rps_stream": _phase(1.0, 2.0, 800.0), "200rps_responses_stream": _phase(1.1, 3.0, 1000.0)},
+            {"200rps": {"responses": {"added_p50": 1.1, "added_p99": 1.5, "cpu_per_request": 1.25}}},
+        ),
+        (
+            {"200rps_stream": _phase(0.0, 2.0, 800.0), "200rps_messages_stream": _phase(1.0, 1.0, 400.0)},
+            {"200rps": {"messages": {"added_p50": None, "added_p99": 0.5, "cpu_per_request": 0.5}}},
+        ),
+        ({"200rps_responses_stream": _phase(1.0, 1.0, 1.0)}, {}),
+    ],
+    ids=["ratios", "zero-chat-added-is-no-ratio", "no-chat-phase"],
+)  # fmt: skip
+def test_agent_apis_versus_chat(phases: dict[str, Any], expect: dict[str, Any]) -> None:
+    assert _load("gateway_overhead").versus_chat(phases) == expect
+
+
 @pytest.mark.parametrize(
     ("xs", "expect"),
     [([3.0, 1.0, 2.0], 2.0), ([5.0], 5.0), ([], None)],

@@ -271,6 +271,14 @@ def test_stream_translation_is_the_same_at_any_chunk_boundary(step: int) -> None
     assert _translate([CHAT_STREAM[i : i + step] for i in range(0, len(CHAT_STREAM), step)]) == want
 
 
+@pytest.mark.parametrize("step", [1, 5, 64], ids=["every-byte", "5-bytes", "64-bytes"])
+def test_crlf_stream_translates_as_lf_at_any_chunk_boundary(step: int) -> None:
+    crlf = CHAT_STREAM.replace(b"\n", b"\r\n")  # a "\r" and its "\n" may arrive apart
+    assert _translate([crlf[i : i + step] for i in range(0, len(crlf), step)]) == _translate(
+        [CHAT_STREAM]
+    )
+
+
 def test_stream_translation_every_two_piece_split() -> None:
     want = _translate([CHAT_STREAM])
     for cut in range(len(CHAT_STREAM) + 1):

@@ -57,9 +57,17 @@ def sse_events(buf: bytearray) -> Iterator[tuple[str, str]]:
             yield name, "\n".join(data)
 
 
+_MAX_CARRY = 8 << 20  # an unterminated line longer than this is dropped
+
+
 def _event(kind: str, seq: int, fields: Mapping[str, Any]) -> bytes:
     obj = {"type": kind, "sequence_number": seq, **fields}
     return b"event: " + kind.encode() + b"\ndata: " + jsonfast.dumps(obj) + b"\n\n"
+
+
+def _raw_event(kind: bytes, seq: int, rest: bytes) -> bytes:
+    """``_event`` with its fields already encoded: ``rest`` is their JSON without braces."""
+    return b'event: %b\ndata: {"type":"%b","sequence_number":%d,%b}\n\n' % (kind, kind, seq, rest)
 
 
 def final_event(response: Mapping[str, Any], seq: int) -> bytes:
@@ -73,16 +81,23 @@ def final_event(response: Mapping[str, Any], seq: int) -> bytes:
 
 class ChatToResponses:
     """One chat SSE stream as Responses events (see the module doc). ``response`` is the
-    final response object once the stream ended (None before)."""
+    final response object once the stream ended (None before).
+
+    Per streamed token this is the gateway's hot path, so the chat stream is read as lines
+    of bytes (chat streams carry one ``data:`` line per event), the delta events are written
+    from templates, and the in-progress response object is encoded once for both events that
+    carry it; the bytes are those :func:`_event` would write."""
 
     def __init__(self, req: ResponsesRequest, resp_id: str, created_at: int, store: bool) -> None:
         self.req, self.resp_id, self.created_at, self.store = req, resp_id, created_at, store
         self._base = resp_id.removeprefix("resp_")
-        self._buf = bytearray()
+        self._carry = b""
         self._seq = 0
         self._out: list[bytes] = []
         self._items: list[Item] = []
         self._open: int | None = None  # output index of the open item
+        self._open_ids = b""  # '"item_id":...,"output_index":N' of the open item
+        self._parts: list[str] = []  # the open item's text or arguments so far
         self._tools: dict[int, int] = {}  # chat tool index -> output index
         self.usage: dict[str, Any] | None = None
         self.finish: str | None = None
@@ -94,21 +109,34 @@ class ChatToResponses:
         self._out.append(_event(kind, self._seq, fields))
         self._seq += 1
 
-    def _snapshot(self, status: str) -> dict[str, Any]:
-        return response_object(
-            self.req, self.resp_id, self.created_at, status=status, store=self.store
+    def _emit_raw(self, kind: bytes, rest: bytes) -> None:
+        self._out.append(_raw_event(kind, self._seq, rest))
+        self._seq += 1
+
+    def _start(self) -> None:
+        snapshot = response_object(
+            self.req, self.resp_id, self.created_at, status="in_progress", store=self.store
         )
+        rest = b'"response":' + jsonfast.dumps(snapshot)
+        self._emit_raw(b"response.created", rest)
+        self._emit_raw(b"response.in_progress", rest)
 
     def feed(self, data: bytes) -> bytes:
         """The Responses events ``data`` completes (the last one held back)."""
         if self._seq == 0:
-            self._emit("response.created", response=self._snapshot("in_progress"))
-            self._emit("response.in_progress", response=self._snapshot("in_progress"))
-        self._buf += data.replace(b"\r\n", b"\n")
-        for _name, payload in sse_events(self._buf):
+            self._start()
+        lines = (self._carry + data).split(b"\n")
+        self._carry = lines.pop()
+        if len(self._carry) > _MAX_CARRY:
+            self._carry = b""
+        for raw in lines:
             if self.done:
                 break
-            if payload.strip() == "[DONE]":
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
                 self._end()
                 continue
             try:
@@ -150,34 +178,33 @@ class ChatToResponses:
         if choice.get("finish_reason"):
             self.finish = str(choice["finish_reason"])
 
+    def _opened(self, at: int, item_id: str) -> None:
+        self._open, self._parts = at, []
+        self._open_ids = b'"item_id":%b,"output_index":%d' % (jsonfast.dumps(item_id), at)
+
     def _text(self, text: str) -> None:
         cur = self._items[self._open] if self._open is not None else None
         if cur is None or cur["type"] != "message":
             self._close()
-            self._open = len(self._items)
-            item = message_item(
-                f"msg_{self._base}" + (f"_{self._open}" if self._open else ""), "", "in_progress"
-            )
+            at = len(self._items)
+            item = message_item(f"msg_{self._base}" + (f"_{at}" if at else ""), "", "in_progress")
             self._items.append(item)
-            self._emit("response.output_item.added", output_index=self._open, item=item)
+            self._emit("response.output_item.added", output_index=at, item=item)
             part = {"type": "output_text", "annotations": [], "logprobs": [], "text": ""}
             self._emit(
                 "response.content_part.added",
                 item_id=item["id"],
-                output_index=self._open,
+                output_index=at,
                 content_index=0,
                 part=part,
             )
             item["content"] = [dict(part)]
-            cur = item
-        cur["content"][0]["text"] += text
-        self._emit(
-            "response.output_text.delta",
-            item_id=cur["id"],
-            output_index=self._open,
-            content_index=0,
-            delta=text,
-            logprobs=[],
+            self._opened(at, item["id"])
+        self._parts.append(text)
+        self._emit_raw(
+            b"response.output_text.delta",
+            b'%b,"content_index":0,"delta":%b,"logprobs":[]'
+            % (self._open_ids, jsonfast.dumps(text)),
         )
 
     def _tool(self, tc: Mapping[str, Any]) -> None:
@@ -185,29 +212,30 @@ class ChatToResponses:
         fn = as_map(tc.get("function"))
         if idx not in self._tools:
             self._close()
-            self._open = len(self._items)
-            self._tools[idx] = self._open
+            at = len(self._items)
+            self._tools[idx] = at
             n = len(self._tools) - 1
             call_id = str(tc.get("id") or f"call_{self._base}_{n}")
             item = function_item(
                 f"fc_{self._base}_{n}", call_id, str(fn.get("name") or ""), "", "in_progress"
             )
             self._items.append(item)
-            self._emit("response.output_item.added", output_index=self._open, item=dict(item))
+            self._emit("response.output_item.added", output_index=at, item=dict(item))
+            self._opened(at, item["id"])
         at = self._tools[idx]
         item = self._items[at]
         if fn.get("name") and not item["name"]:
             item["name"] = str(fn["name"])
         args = fn.get("arguments")
         if isinstance(args, str) and args:
-            item["arguments"] += args
-            if at == self._open:
-                self._emit(
-                    "response.function_call_arguments.delta",
-                    item_id=item["id"],
-                    output_index=at,
-                    delta=args,
-                )
+            if at != self._open:  # a call that is no longer the open item
+                item["arguments"] += args
+                return
+            self._parts.append(args)
+            self._emit_raw(
+                b"response.function_call_arguments.delta",
+                b'%b,"delta":%b' % (self._open_ids, jsonfast.dumps(args)),
+            )
 
     def _close(self) -> None:
         if self._open is None:
@@ -215,12 +243,15 @@ class ChatToResponses:
         at, self._open = self._open, None
         item = self._items[at]
         item["status"] = "completed"
+        text = "".join(self._parts)
         if item["type"] == "message":
             part = item["content"][0]
+            part["text"] = text
             ids = {"item_id": item["id"], "output_index": at, "content_index": 0}
-            self._emit("response.output_text.done", **ids, text=part["text"], logprobs=[])
+            self._emit("response.output_text.done", **ids, text=text, logprobs=[])
             self._emit("response.content_part.done", **ids, part=part)
         else:
+            item["arguments"] = text
             self._emit(
                 "response.function_call_arguments.done",
                 item_id=item["id"],

@@ -16,7 +16,9 @@ in: Anthropic Messages or OpenAI Responses over chat completions, or an engine's
 answer relayed under the gateway's ids) the client gets the translator's bytes instead, its
 error event for a broken stream (:meth:`AnswerTranslator.fail`), and its last bytes
 (:meth:`AnswerTranslator.end`) once the upstream stream ended; the record still reads the
-upstream's.
+upstream's. What the translator gives for the chunk that ends the upstream stream is held and
+sent with those last bytes and the stream's terminator, in one write (a short answer arrives
+whole, so that is most of its bytes).
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ async def relay_stream(
     )
     started = False
     tail = b""
+    held = b""  # a translated answer's bytes after its end: sent with its last bytes
     error = ""
     try:
         async for chunk in resp.content.iter_any():
@@ -132,7 +135,11 @@ async def relay_stream(
                     return _client_gone(ctx, core, instance_id, clock(), out)
                 ctx.answering(clock(), True)
             ctx.chunk(chunk)
-            data = answer.feed(chunk) if answer is not None else chunk
+            data = chunk
+            if answer is not None:
+                data = answer.feed(chunk)
+                if answer.done:
+                    held, data = held + data, b""
             try:
                 if data:
                     await out.write(data)
@@ -162,14 +169,13 @@ async def relay_stream(
             }
         }
         last = f"data: {json.dumps(evt)}\n\ndata: [DONE]\n\n".encode()
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            await out.write(answer.fail(error) if answer is not None else last)
+        held += answer.fail(error) if answer is not None else last
     else:
         core.fleet.upstream_result(instance_id, True, now)
     with contextlib.suppress(ConnectionError, RuntimeError):
         if answer is not None:
-            await out.write(await answer.end())
-        await out.write_eof()
+            held += await answer.end()
+        await out.write_eof(held)  # one write with the stream's terminator
     return out
 
 
