@@ -21,6 +21,7 @@ COMMAND_MODULES: list[str] = [
     "services.engine.cli",
     "services.bench.cli",
     "services.sim.cli",
+    "services.sim.recommend",
     "services.scheduler.cli",
     "services.scheduler.keys.cli",
     "services.kvbridge.cli",

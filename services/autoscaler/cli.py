@@ -114,8 +114,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     plan = subparsers.add_parser(
         "plan",
-        help="what the planner would do now for a deployment, and why",
-        description="Ask the autoscaler's planner for a decision without carrying it out.",
+        help="what a running autoscaler would do now for a deployment, and why",
+        description="Ask the autoscaler's planner for a decision without carrying it out. "
+        "(To size a new deployment for a trace and SLOs, see tideserve recommend.)",
         epilog=_EPILOG_PLAN,
         formatter_class=fmt,
     )

@@ -1,0 +1,310 @@
+"""``tideserve recommend``: the cheapest deployment that meets the SLOs, found in simulation
+(shell over :mod:`services.sim.search`).
+
+For every family (layout x routing profile x P:D share) the search bisects over the number
+of instances, each candidate one ``tideserve sim`` run of the same trace, config and seed;
+it prints what it tried and why each candidate lost, writes the JSON (``--out``) and the
+recommended deployment spec (``--spec-out``, for ``tideserve apply -f``). Exit code 0 with a
+recommendation, 1 when no candidate up to ``--max-instances`` meets the SLOs, 2 for bad
+input.
+
+Not to be confused with ``tideserve plan``, which asks a running autoscaler what it would do
+now for a deployment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+
+from services.bench.traces import FORMATS, Trace, TraceError, load_trace
+from services.common.perfmodel import DEFAULT_PROFILE
+from services.scheduler.routing.config import ConfigError
+from services.sim import SimConfig, SimConfigError, simulate
+from services.sim.search import (
+    Candidate,
+    Family,
+    Layout,
+    Outcome,
+    Slo,
+    families,
+    judge,
+    recommend,
+    smallest_passing,
+    spec_of,
+)
+
+__all__ = ["register", "search"]
+
+EXAMPLES = """\
+examples:
+  # the cheapest fleet for 2,000 requests of the conversation trace at twice its rate
+  tideserve recommend --trace ../shared/traces/mooncake_conversation_trace.jsonl \\
+      --max-requests 2000 --rate-scale 2 --slo-ttft-ms 2000 --slo-tpot-ms 100 \\
+      --out rec.json --spec-out deployment.yaml
+  tideserve apply -f deployment.yaml
+
+  # aggregated only, two routing profiles, at most 12 instances
+  tideserve recommend --trace t.jsonl --slo-ttft-ms 1000 --slo-tpot-ms 50 \\
+      --layouts aggregated --profiles default,cache_aware --max-instances 12 --json
+"""
+
+
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", required=True, help="Mooncake JSONL or Azure CSV trace file")
+    p.add_argument("--format", choices=FORMATS, default="auto", help="trace format (default: auto)")
+    p.add_argument("--max-requests", type=int, help="replay N requests of the trace")
+    p.add_argument("--offset", type=int, default=0, help="skip this many requests first")
+    p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the request rate")
+    p.add_argument("--speedup", type=float, default=1.0, help="time compression of the trace")
+    p.add_argument("--slo-ttft-ms", type=float, required=True, help="TTFT target")
+    p.add_argument("--slo-tpot-ms", type=float, required=True, help="TPOT target")
+    p.add_argument("--percentile", type=int, default=90, choices=(50, 90, 99),
+                   help="the share of requests the targets hold for (default 90)")  # fmt: skip
+    p.add_argument("--min-attainment", type=float, default=0.0,
+                   help="also require this share of requests to meet both targets")  # fmt: skip
+    p.add_argument("--layouts", default="aggregated,pd",
+                   help="comma list of aggregated, pd (default both)")  # fmt: skip
+    p.add_argument("--profiles", default="default",
+                   help="routing profiles to try, comma list (default: default)")  # fmt: skip
+    p.add_argument("--prefill-shares", default="0.25,0.5",
+                   help="P/D: prefill share of the instances to try (default 0.25,0.5)")  # fmt: skip
+    p.add_argument("--min-instances", type=int, default=1, help="smallest fleet to try")
+    p.add_argument("--max-instances", type=int, default=16, help="largest fleet to try")
+    p.add_argument("--engine-profile", default=DEFAULT_PROFILE,
+                   help=f"performance profile of the engines (default {DEFAULT_PROFILE})")  # fmt: skip
+    p.add_argument("--kv-blocks", type=int, default=16384, help="KV blocks per engine")
+    p.add_argument("--gateways", type=int, default=1, help="gateway replicas")
+    p.add_argument("--seed", type=int, default=0, help="seed of every random choice")
+    p.add_argument("--name", default="recommended", help="the spec's deployment name")
+    p.add_argument("--model", default="tideserve-sim", help="the spec's model name")
+    p.add_argument("--out", metavar="FILE.json", help="write the search's JSON here")
+    p.add_argument("--spec-out", metavar="FILE.yaml", help="write the recommended spec here")
+    p.add_argument("--json", action="store_true", help="print the JSON instead of the table")
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``recommend`` verb to a ``tideserve`` argparse subparsers object."""
+    p = subparsers.add_parser(
+        "recommend",
+        help="find the cheapest deployment that meets SLOs for a trace, in simulation",
+        description="Search deployments (aggregated or P/D, sizes, routing profiles) in "
+        "tideserve sim for the cheapest one meeting the SLOs; write its spec for "
+        "tideserve apply -f. (tideserve plan is something else: what a running "
+        "autoscaler would do now.)",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def fail(message: str) -> NoReturn:
+    print(f"tideserve recommend: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _families(args: argparse.Namespace) -> list[Family]:
+    layouts = _csv(args.layouts)
+    bad = [x for x in layouts if x not in ("aggregated", "pd")]
+    if bad or not layouts:
+        raise SimConfigError(f"--layouts takes aggregated and pd, got {args.layouts!r}")
+    try:
+        shares = [float(x) for x in _csv(args.prefill_shares)]
+    except ValueError:
+        raise SimConfigError(f"--prefill-shares: not numbers: {args.prefill_shares!r}") from None
+    if "pd" in layouts and (not shares or not all(0 < s < 1 for s in shares)):
+        raise SimConfigError("--prefill-shares must be numbers between 0 and 1")
+    ls: list[Layout] = ["aggregated" if x == "aggregated" else "pd" for x in layouts]
+    return families(ls, _csv(args.profiles), shares)
+
+
+def _base(args: argparse.Namespace) -> SimConfig:
+    if not 1 <= args.min_instances <= args.max_instances:
+        raise SimConfigError("--min-instances must be at least 1 and at most --max-instances")
+    return SimConfig(
+        engine_profile=args.engine_profile,
+        gateways=args.gateways,
+        seed=args.seed,
+        rate_scale=args.rate_scale,
+        speedup=args.speedup,
+        max_requests=args.max_requests,
+        offset=args.offset,
+        kv_blocks=args.kv_blocks,
+        slo_ttft_ms=args.slo_ttft_ms,
+        slo_tpot_ms=args.slo_tpot_ms,
+    ).validate()
+
+
+def _config(base: SimConfig, c: Candidate) -> SimConfig:
+    if c.engines:
+        return replace(base, engines=c.engines, profile=c.family.profile).validate()
+    return replace(base, prefill=c.prefill, decode=c.decode, profile=c.family.profile).validate()
+
+
+def search(
+    base: SimConfig,
+    trace: Trace,
+    fams: list[Family],
+    slo: Slo,
+    lo: int,
+    hi: int,
+    progress: Any = None,
+) -> tuple[Outcome | None, list[Outcome]]:
+    """Every family's smallest passing size: (the recommendation, every outcome)."""
+    cache: dict[tuple[int, int, int, str], Outcome] = {}
+
+    def run(c: Candidate) -> Outcome:
+        key = (c.engines, c.prefill, c.decode, c.family.profile)
+        if key not in cache:  # P/D shares may round to the same split
+            t0, cpu0 = time.perf_counter(), time.process_time()
+            doc, _ = simulate(_config(base, c), trace)
+            o = judge(c, doc, slo)
+            o.extra.update(
+                wall_s=round(time.perf_counter() - t0, 2),
+                cpu_s=round(time.process_time() - cpu0, 2),
+                goodput_rps=doc.get("goodput_rps"),
+                cache_hit_ratio=doc.get("cache_hit_ratio"),
+            )
+            cache[key] = o
+            if progress is not None:
+                progress(len(cache), o)
+        return cache[key]
+
+    seen: list[Outcome] = []
+    for fam in fams:
+        _, outcomes = smallest_passing(fam, lo, hi, run)
+        seen += [o for o in outcomes if o not in seen]
+    best, _ = recommend(seen)
+    return best, seen
+
+
+def _row(o: Outcome, why: str, percentile: int) -> dict[str, Any]:
+    c = o.candidate
+    return {
+        "candidate": c.label,
+        "layout": c.family.layout,
+        "profile": c.family.profile,
+        "engines": c.engines,
+        "prefill": c.prefill,
+        "decode": c.decode,
+        "instances": c.instances,
+        f"ttft_p{percentile}_ms": round(o.ttft_ms, 1),
+        f"tpot_p{percentile}_ms": round(o.tpot_ms, 2),
+        "slo_attainment": round(o.attainment, 4),
+        "failed": o.failed,
+        "passes": o.passes,
+        "why_not": why,
+        **o.extra,
+    }
+
+
+def _table(rows: list[dict[str, Any]], percentile: int) -> str:
+    head = f"{'candidate':<30} {'TTFT p' + str(percentile):>11} {'TPOT':>8} {'attain':>7}  verdict"
+    lines = [head]
+    for r in rows:
+        verdict = "RECOMMENDED" if r["passes"] and not r["why_not"] else r["why_not"]
+        lines.append(
+            f"{r['candidate']:<30} {r[f'ttft_p{percentile}_ms']:>9.0f}ms "
+            f"{r[f'tpot_p{percentile}_ms']:>6.1f}ms {r['slo_attainment']:>7.3f}  {verdict}"
+        )
+    return "\n".join(lines)
+
+
+def _document(
+    args: argparse.Namespace, slo: Slo, fams: list[Family], seen: list[Outcome]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The search's JSON (its spec None when nothing passes) and the table's rows."""
+    best, table = recommend(seen)
+    rows = [_row(o, why, slo.percentile) for o, why in table]
+    spec = None
+    if best is not None:
+        engine_args = ("--profile", args.engine_profile)
+        spec = spec_of(
+            best.candidate,
+            name=args.name,
+            model=args.model,
+            perf_profile=args.engine_profile,
+            slo=slo,
+            engine_args=engine_args,
+        )
+    doc = {
+        "recommendation": next((r for r in rows if r["passes"] and not r["why_not"]), None),
+        "spec": spec,
+        "tried": rows,
+        "runs": len(seen),
+        "slo": {
+            "ttft_ms": slo.ttft_ms,
+            "tpot_ms": slo.tpot_ms,
+            "percentile": slo.percentile,
+            "min_attainment": slo.min_attainment,
+        },
+        "search": {
+            "families": [f.label for f in fams],
+            "min_instances": args.min_instances,
+            "max_instances": args.max_instances,
+        },
+        "trace": {
+            "path": args.trace,
+            "max_requests": args.max_requests,
+            "offset": args.offset,
+            "rate_scale": args.rate_scale,
+            "speedup": args.speedup,
+        },
+    }
+    return doc, rows
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute ``tideserve recommend`` with parsed arguments; returns the exit code."""
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    try:
+        slo = Slo(args.slo_ttft_ms, args.slo_tpot_ms, args.percentile, args.min_attainment)
+        fams, base = _families(args), _base(args)
+        trace = load_trace(args.trace, args.format)
+        for path in (args.out, args.spec_out):
+            if path and not Path(path).parent.is_dir():
+                raise SimConfigError(f"no such directory for {path!r}")
+        tty = sys.stderr.isatty()
+
+        def show(n: int, o: Outcome) -> None:
+            sys.stderr.write(f"\rtideserve recommend: {n} runs, last {o.candidate.label:<30}")
+            sys.stderr.flush()
+
+        best, seen = search(
+            base, trace, fams, slo, args.min_instances, args.max_instances, show if tty else None
+        )
+        if tty:
+            sys.stderr.write("\n")
+    except (ValueError, TraceError, ConfigError) as exc:
+        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    doc, rows = _document(args, slo, fams, seen)
+    doc["wall"] = {
+        "duration_s": round(time.perf_counter() - wall0, 2),
+        "cpu_s": round(time.process_time() - cpu0, 2),
+    }
+    text = json.dumps(doc, indent=2)
+    if args.out:
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
+    if doc["spec"] is not None and args.spec_out:
+        Path(args.spec_out).write_text(yaml.safe_dump(doc["spec"], sort_keys=False), "utf-8")
+    print(text if args.json else _table(rows, slo.percentile))
+    if best is None:
+        print(
+            f"tideserve recommend: no candidate up to {args.max_instances} instances meets "
+            "the SLOs",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

@@ -1,0 +1,194 @@
+"""The configuration search's pure rules (services/sim/search.py) and `tideserve recommend`
+on a small slice of a real trace."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from services.autoscaler.spec import parse_spec
+from services.cli import main as cli_main
+from services.sim.search import (
+    Candidate,
+    Family,
+    Outcome,
+    Slo,
+    families,
+    judge,
+    recommend,
+    smallest_passing,
+    spec_of,
+)
+
+TRACE = Path(__file__).resolve().parents[1] / "data" / "mooncake_conversation_head.jsonl"
+AGG = Family("aggregated", "default")
+PD = Family("pd", "default", 0.25)
+SLO = Slo(2000.0, 100.0)
+
+
+def _summary(ttft: float, tpot: float, attain: float = 1.0, failed: int = 0) -> dict[str, Any]:
+    return {
+        "ttft_ms": {"p50": ttft / 2, "p90": ttft, "p99": ttft * 2},
+        "tpot_ms": {"p50": tpot / 2, "p90": tpot, "p99": tpot * 2},
+        "slo_attainment": attain,
+        "failed": failed,
+    }
+
+
+@pytest.mark.parametrize(
+    ("summary", "slo", "passes", "why"),
+    [
+        (_summary(1500, 50), SLO, True, ""),
+        (_summary(2500, 50), SLO, False, "TTFT p90 2500 ms > 2000"),
+        (_summary(1500, 120), SLO, False, "TPOT p90 120.0 ms > 100"),
+        (_summary(1500, 50, failed=3), SLO, False, "3 requests failed"),
+        (_summary(1500, 50, attain=0.8), Slo(2000, 100, 90, 0.9), False, "attainment 0.800 < 0.9"),
+        (_summary(1500, 50), Slo(2000, 100, 99), False, "TTFT p99 3000 ms > 2000"),
+        ({"failed": 0}, SLO, False, "TTFT p90 inf ms > 2000; TPOT p90 inf ms > 100"),
+    ],
+    ids=["meets", "ttft-miss", "tpot-miss", "failures", "attainment", "p99", "no-figures"],
+)
+def test_judge(summary: dict[str, Any], slo: Slo, passes: bool, why: str) -> None:
+    o = judge(AGG.at(4), summary, slo)
+    assert (o.passes, o.why) == (passes, why)
+
+
+@pytest.mark.parametrize(
+    ("family", "instances", "want"),
+    [
+        (AGG, 5, (5, 0, 0)),
+        (PD, 8, (0, 2, 6)),
+        (PD, 2, (0, 1, 1)),
+        (Family("pd", "default", 0.9), 4, (0, 3, 1)),
+        (Family("pd", "default", 0.5), 7, (0, 4, 3)),
+    ],
+    ids=["aggregated", "quarter-prefill", "smallest-pd", "prefill-heavy-keeps-a-decode", "half"],
+)
+def test_family_sizes(family: Family, instances: int, want: tuple[int, int, int]) -> None:
+    c = family.at(instances)
+    assert (c.engines, c.prefill, c.decode) == want and c.instances == instances
+
+
+def _fake(threshold: int, calls: list[int]) -> Any:
+    """A run that passes from ``threshold`` instances up (monotone, as the search assumes)."""
+
+    def run(c: Candidate) -> Outcome:
+        calls.append(c.instances)
+        ok = c.instances >= threshold
+        return Outcome(c, 1000.0 if ok else 5000.0, 10.0, 1.0, 0, ok, "" if ok else "slow")
+
+    return run
+
+
+@pytest.mark.parametrize(
+    ("family", "lo", "hi", "threshold", "want"),
+    [
+        (AGG, 1, 16, 5, 5),
+        (AGG, 1, 16, 1, 1),
+        (AGG, 1, 16, 16, 16),
+        (AGG, 1, 16, 17, None),
+        (PD, 1, 16, 1, 2),
+        (AGG, 3, 3, 2, 3),
+        (PD, 1, 1, 1, None),
+    ],
+    ids=["middle", "smallest", "largest", "none", "pd-starts-at-two", "one-size", "empty-range"],
+)
+def test_smallest_passing_bisects(
+    family: Family, lo: int, hi: int, threshold: int, want: int | None
+) -> None:
+    calls: list[int] = []
+    best, seen = smallest_passing(family, lo, hi, _fake(threshold, calls))
+    assert (best.candidate.instances if best else None) == want
+    assert [o.candidate.instances for o in seen] == calls
+    span = hi - max(lo, family.smallest) + 1
+    assert len(calls) <= (1 + math.ceil(math.log2(span)) if span > 0 else 0)
+    assert calls[:1] == ([hi] if span > 0 else [])  # the largest first: one run to give up
+
+
+def _o(family: Family, n: int, ok: bool, attain: float = 0.9, ttft: float = 1000.0) -> Outcome:
+    return Outcome(family.at(n), ttft, 10.0, attain, 0, ok, "" if ok else "TTFT")
+
+
+def test_recommend_takes_the_cheapest_and_says_why_each_other_lost() -> None:
+    a4, a5, p4, p6 = _o(AGG, 4, False), _o(AGG, 5, True), _o(PD, 4, False), _o(PD, 6, True)
+    same = _o(Family("aggregated", "cache_aware"), 5, True, attain=0.8)
+    best, table = recommend([p6, a4, a5, p4, same])
+    assert best is a5
+    assert [(o.candidate.label, why) for o, why in table] == [
+        ("1P+3D, default", "misses: TTFT"),
+        ("4 workers, default", "misses: TTFT"),
+        ("5 workers, default", ""),
+        ("5 workers, cache_aware", "passes at the same cost with lower attainment or higher TTFT"),
+        ("2P+4D, default", "passes, but 6 instances > 5"),
+    ]
+
+
+def test_recommend_with_nothing_passing() -> None:
+    best, table = recommend([_o(AGG, 8, False)])
+    assert best is None and table[0][1] == "misses: TTFT"
+
+
+@pytest.mark.parametrize("family", [AGG, PD], ids=["aggregated", "pd"])
+def test_spec_is_one_apply_accepts(family: Family) -> None:
+    spec = spec_of(
+        family.at(6), name="rec", model="m", perf_profile="test", slo=SLO,
+        engine_args=("--profile", "test"),
+    )  # fmt: skip
+    parsed = parse_spec(spec)
+    assert sum(r.replicas for r in parsed.roles) == 6
+    assert parsed.scheduler_profile == "default" and parsed.slo_classes[0].ttft_ms == 2000.0
+
+
+def test_families_cross_layouts_profiles_and_shares() -> None:
+    got = families(["aggregated", "pd"], ["default", "cache_aware"], [0.25, 0.5])
+    assert [f.label for f in got] == [
+        "aggregated, default", "P/D 0.25 prefill, default", "P/D 0.50 prefill, default",
+        "aggregated, cache_aware", "P/D 0.25 prefill, cache_aware",
+        "P/D 0.50 prefill, cache_aware",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("slo", "message"),
+    [((0, 100), "targets must be > 0"), ((1, 1, 75), "percentile"), ((1, 1, 90, 2), "attain")],
+    ids=["zero-target", "percentile", "attainment"],
+)
+def test_bad_slo_is_refused(slo: tuple[float, ...], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Slo(*slo)  # type: ignore[arg-type]
+
+
+def _recommend(tmp_path: Path, name: str, *extra: str) -> tuple[int, dict[str, Any]]:
+    out = tmp_path / f"{name}.json"
+    argv = ["recommend", "--trace", str(TRACE), "--max-requests", "80", "--slo-ttft-ms", "6000",
+            "--slo-tpot-ms", "100", "--max-instances", "4", "--layouts", "aggregated",
+            "--out", str(out), "--spec-out", str(tmp_path / f"{name}.yaml"), *extra]  # fmt: skip
+    code = cli_main(argv)
+    return code, json.loads(out.read_text())
+
+
+def test_recommend_cli_writes_a_deterministic_table_and_an_applicable_spec(
+    tmp_path: Path,
+) -> None:
+    code, doc = _recommend(tmp_path, "a")
+    _, again = _recommend(tmp_path, "b")
+    assert code == 0 and doc["recommendation"] is not None
+    spec = parse_spec(yaml.safe_load((tmp_path / "a.yaml").read_text()))
+    assert spec.roles[0].replicas == doc["recommendation"]["instances"]
+    assert all(r["passes"] or r["why_not"].startswith("misses") for r in doc["tried"])
+
+    def strip(d: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if k not in ("wall_s", "cpu_s")} for r in d["tried"]]
+
+    assert strip(doc) == strip(again)
+
+
+def test_recommend_cli_exits_1_when_nothing_meets_the_slos(tmp_path: Path) -> None:
+    code, doc = _recommend(tmp_path, "none", "--slo-ttft-ms", "1")
+    assert code == 1 and doc["recommendation"] is None and doc["spec"] is None
+    assert not (tmp_path / "none.yaml").exists()
