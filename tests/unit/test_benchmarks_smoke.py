@@ -393,3 +393,40 @@ def test_goodput_sim_ceiling_counts_a_prefix_once_computed(
                     keep_block_hashes=True)  # fmt: skip
     _, run = simulate(cfg, trace)
     assert _load("goodput_sim").ceiling(run, cfg)["infeasible_share"] == expected_share
+
+
+@pytest.mark.parametrize(
+    ("text", "expect"),
+    [
+        ("conversation:0:400:2.5", ("mooncake_conversation_trace.jsonl", 0, 400, 2.5)),
+        ("agentic:300:200:0.5", ("weka_agentic_dev.jsonl", 300, 200, 0.5)),
+        ("/x/my:trace.jsonl:5:10:1", ("my:trace.jsonl", 5, 10, 1.0)),
+    ],
+    ids=["conversation", "agentic", "a-path-with-a-colon"],
+)
+def test_fidelity_cells(text: str, expect: tuple[str, int, int, float]) -> None:
+    path, offset, n, rate, _ = _load("sim_fidelity").parse_cell(text)
+    assert (path.name, offset, n, rate) == expect
+
+
+def test_fidelity_gap_is_sim_over_the_live_mean_and_summary_takes_the_largest() -> None:
+    fid = _load("sim_fidelity")
+    live = [{"ttft_ms": {"p90": 1000.0}, "cache_hit_ratio": 0.5},
+            {"ttft_ms": {"p90": 3000.0}, "cache_hit_ratio": 0.5}]  # fmt: skip
+    g = fid.gaps(live, {"ttft_ms": {"p90": 1800.0}, "cache_hit_ratio": 0.55})
+    assert g["ttft_ms.p90"] == {"live": 2000.0, "live_runs": [1000.0, 3000.0], "sim": 1800.0,
+                                "gap": -0.1}  # fmt: skip
+    assert g["cache_hit_ratio"]["gap"] == 0.1 and g["tpot_ms.p50"]["gap"] is None
+    other = fid.gaps(live[:1], {"ttft_ms": {"p90": 1300.0}})
+    s = fid.summarize([{"gaps": g}, {"gaps": other}])
+    assert s["ttft_ms.p90"] == {"max_abs_gap": 0.3, "mean_abs_gap": 0.2, "cells": 2}
+
+
+def test_fidelity_slice_starts_at_zero(tmp_path: Path) -> None:
+    src = tmp_path / "t.jsonl"
+    src.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 10,
+                                       "output_length": 2, "hash_ids": [i]}) + "\n"
+                           for i in range(5)))  # fmt: skip
+    out = _load("sim_fidelity").write_slice(src, 2, 2, tmp_path / "s.jsonl")
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(r["timestamp"], r["hash_ids"]) for r in rows] == [(0, [2]), (100, [3])]
