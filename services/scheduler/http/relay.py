@@ -122,7 +122,7 @@ async def relay_stream(
     )
     started = False
     tail = b""
-    held = b""  # a translated answer's bytes after its end: sent with its last bytes
+    held = b""  # translated bytes of the chunk that ended the stream: sent with the last ones
     error = ""
     try:
         async for chunk in resp.content.iter_any():
