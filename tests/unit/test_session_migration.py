@@ -9,7 +9,9 @@ from services.common.sessions.homes import rendezvous_home
 from services.common.sessions.migration import (
     Destination,
     Fate,
+    HomeKV,
     Migrant,
+    homes_kv,
     migrant,
     plan_migration,
 )
@@ -132,3 +134,16 @@ def test_bad_input(kwargs: dict[str, object], sessions: list[Migrant],
                    dests: tuple[Destination, ...]) -> None:  # fmt: skip
     with pytest.raises(ValueError):
         plan_migration(sessions, dests, NOW, **kwargs)  # type: ignore[arg-type]
+
+
+def test_homes_kv() -> None:
+    rows = [
+        Session("d", "t1", "a", phase=Phase.IDLE, home_instance="e1", tip_tokens=100,
+                tiers=((0, 6),)),
+        Session("d", "t2", "b", phase=Phase.ACTIVE, home_instance="e1", tip_tokens=50),
+        Session("d", "t1", "c", phase=Phase.ENDED, home_instance="e1", tiers=((0, 9),)),
+        Session("d", "t1", "n", phase=Phase.IDLE, tiers=((0, 9),)),
+        Session("d", "t1", "e", phase=Phase.IDLE, home_instance="e2", tiers=((1, 2),)),
+    ]  # fmt: skip
+    got = homes_kv(rows, {("d", "t2", "b"): 3})
+    assert got == {"e1": HomeKV(2, 9, 150), "e2": HomeKV(1, 2, 0)}

@@ -16,9 +16,11 @@ from services.common.sessions.homes import rendezvous_home, route_key
 from services.common.sessions.migration import (
     Destination,
     Fate,
+    HomeKV,
     Migrant,
     MigrationPlan,
     Move,
+    homes_kv,
     migrant,
     plan_migration,
 )
@@ -56,6 +58,7 @@ __all__ = [
     "Destination",
     "Fate",
     "GapEstimate",
+    "HomeKV",
     "IdleSession",
     "InvalidSessionError",
     "Migrant",
@@ -73,6 +76,7 @@ __all__ = [
     "TierLink",
     "ToolTimePredictor",
     "fetch_ms",
+    "homes_kv",
     "migrant",
     "on_arrival",
     "plan_migration",

@@ -27,6 +27,9 @@ without a prediction and overdue ones, as the retention rule orders them
 (:func:`~services.common.sessions.retention.coldness`, reversed). So when room is short, the
 sessions coming back soonest keep their KV closest. The plan is a pure function of its
 inputs: ties break by key.
+
+:func:`homes_kv` is the figure the autoscaler weighs scale-in victims by: per home instance,
+the live sessions homed there and their blocks and tokens.
 """
 
 from __future__ import annotations
@@ -43,10 +46,12 @@ from services.common.sessions.retention import IdleSession, coldness
 __all__ = [
     "Destination",
     "Fate",
+    "HomeKV",
     "Migrant",
     "MigrationPlan",
     "Move",
     "Placement",
+    "homes_kv",
     "migrant",
     "plan_migration",
 ]
@@ -169,3 +174,28 @@ def _destination(
         return home if home is not None and room[home] >= m.blocks else None
     fits = [i for i in ids if room[i] >= m.blocks]
     return min(fits, key=lambda i: (load[i], -room[i], i)) if fits else None
+
+
+@dataclass(frozen=True, slots=True)
+class HomeKV:
+    """The live sessions homed on one instance: how many, their blocks and tokens."""
+
+    sessions: int = 0
+    blocks: int = 0
+    tokens: int = 0
+
+
+def homes_kv(
+    sessions: Sequence[Session], blocks: Mapping[SessionKey, int] | None = None
+) -> dict[str, HomeKV]:
+    """Per home instance, its live (ACTIVE or IDLE) sessions' KV; ``blocks`` overrides a
+    session's own count (e.g. its chain's length), else its blocks per tier. Sessions
+    without a home are not counted."""
+    out: dict[str, HomeKV] = {}
+    for s in sessions:
+        if s.phase is Phase.ENDED or not s.home_instance:
+            continue
+        n = (blocks or {}).get(s.key, s.blocks)
+        h = out.get(s.home_instance, HomeKV())
+        out[s.home_instance] = HomeKV(h.sessions + 1, h.blocks + n, h.tokens + s.tip_tokens)
+    return out
