@@ -2,7 +2,7 @@
 HTTP: kvmeta lists the session KV per home instance, then ``MigrateSessions`` re-homes the
 victim's live sessions where the router will send them (or to the tier when that home has no
 room), drops ended ones, tells the victim engine to offload their blocks, and the new homes
-survive a kvmeta restart."""
+survive a kvmeta restart; the autoscaler's drainer drains, then migrates through it."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ import pytest
 from aiohttp.test_utils import TestServer
 from tideserve.v1 import kvmeta_pb2, kvmeta_pb2_grpc
 
+from services.autoscaler.drivers.base import InstanceState, InstanceStatus, Role
+from services.autoscaler.drivers.drain import Drainer
+from services.autoscaler.drivers.sessions import KVMetaSessions, peers_of
 from services.common import db
 from services.common.clock import ManualClock
 from services.common.sessions import SessionTable, ToolTimePredictor, rendezvous_home
@@ -55,6 +58,7 @@ async def engine(tmp_path: Path, iid: str, kv_blocks: int) -> AsyncIterator[str]
 class Kv:
     stub: kvmeta_pb2_grpc.KVMetaServiceStub
     shell: SessionShell
+    address: str
 
 
 @asynccontextmanager
@@ -74,7 +78,7 @@ async def kvmeta(pg_url: str, clock: ManualClock) -> AsyncIterator[Kv]:
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield Kv(kvmeta_pb2_grpc.KVMetaServiceStub(channel), shell)
+        yield Kv(kvmeta_pb2_grpc.KVMetaServiceStub(channel), shell, f"127.0.0.1:{port}")
     finally:
         await channel.close()
         await server.stop(None)
@@ -183,3 +187,35 @@ async def test_migration_rpc_errors(postgres_db_url: str, request_: object, call
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await rpc(request_)  # type: ignore[misc]
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_drain_then_migrate_through_the_autoscaler_client(
+    postgres_db_url: str, tmp_path: Path
+) -> None:
+    """The autoscaler's side: its drainer (no scheduler to ask; the idle engine is drained at
+    once) then asks kvmeta to migrate, naming the victim's READY peers; the planner's view
+    of session KV (ListSessionHomes) follows."""
+    clock = ManualClock(1_000_000.0)
+    async with AsyncExitStack() as stack:
+        http = await stack.enter_async_context(aiohttp.ClientSession())
+        e0 = await stack.enter_async_context(engine(tmp_path, "e0", 100))
+        e1 = await stack.enter_async_context(engine(tmp_path, "e1", 100))
+        kv = await stack.enter_async_context(kvmeta(postgres_db_url, clock))
+        await turn(kv, http, e0, "alice", "s", 0)
+        fleet = [
+            InstanceStatus("e0", "d", "worker", Role.WORKER, InstanceState.DRAINING, e0),
+            InstanceStatus("e1", "d", "worker", Role.WORKER, InstanceState.READY, e1),
+        ]
+        client = KVMetaSessions(grpc.aio.insecure_channel(kv.address))
+        drainer = Drainer([], timeout_s=10.0, poll_s=0.05, sessions=client)
+        try:
+            assert await client.homes("d") == {"e0": 10}
+            res = await drainer.drain("e0", e0)
+            assert res.drained
+            line = await drainer.migrate(fleet[0], peers_of(fleet[0], fleet))
+            assert line == "sessions: 1 re-homed, 0 to the tier, 0 dropped"
+            assert await client.homes("d") == {"e1": 10}
+            assert await used(http, e0) == 0
+        finally:
+            await drainer.close()
+            await client.close()
