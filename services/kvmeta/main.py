@@ -147,7 +147,6 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
         await metadata.stop()
         if retention is not None:
             await retention.close()
-        await migrator.close()
         await feeder.stop()
         with contextlib.suppress(Exception):
             await objects.persist()

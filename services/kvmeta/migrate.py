@@ -85,24 +85,14 @@ class SessionMigrator:
         self.urls = dict(urls or {})
         self.timeout_s = timeout_s
         self.wall = wall or sessions.now
-        self._http: aiohttp.ClientSession | None = None
-
-    async def close(self) -> None:
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
-        return self._http
 
     def _url(self, instance: str, given: str) -> str | None:
         return given.rstrip("/") if given else engine_url(instance, self.urls)
 
-    async def _call(self, url: str, body: dict[str, Any] | None) -> dict[str, Any] | str:
+    async def _call(
+        self, http: aiohttp.ClientSession, url: str, body: dict[str, Any] | None
+    ) -> dict[str, Any] | str:
         """The retention route's answer, or why there is none."""
-        http = self._client()
         try:
             req = http.post(url + PATH, json=body) if body is not None else http.get(url + PATH)
             async with req as r:
@@ -113,15 +103,28 @@ class SessionMigrator:
             return f"{url}{PATH}: {e or type(e).__name__}"
         return got if isinstance(got, dict) else f"{url}{PATH}: not an object"
 
-    async def _free(self, d: DestinationRef) -> int:
+    async def _free(self, http: aiohttp.ClientSession, d: DestinationRef) -> int:
         url = self._url(d.instance_id, d.url)
-        info = await self._call(url, None) if url else "no URL"
+        info = await self._call(http, url, None) if url else "no URL"
         return int(info.get("free_blocks", 0)) if isinstance(info, dict) else 0
 
     async def migrate(
         self, deployment: str, instance: str, url: str, dests: Sequence[DestinationRef]
     ) -> MigrationResult:
-        """Plan, offload and re-home the sessions homed on ``instance`` (module doc)."""
+        """Plan, offload and re-home the sessions homed on ``instance`` (module doc). One
+        HTTP client per call: a migration happens once per scale-in."""
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            return await self._migrate(http, deployment, instance, url, dests)
+
+    async def _migrate(
+        self,
+        http: aiohttp.ClientSession,
+        deployment: str,
+        instance: str,
+        url: str,
+        dests: Sequence[DestinationRef],
+    ) -> MigrationResult:
         rows = [
             s
             for s in self.sessions.table.rows()
@@ -129,7 +132,7 @@ class SessionMigrator:
         ]
         chains = self.sessions.chains
         size = {s.key: len(chains[s.key]) if s.key in chains else s.blocks for s in rows}
-        free = await asyncio.gather(*(self._free(d) for d in dests))
+        free = await asyncio.gather(*(self._free(http, d) for d in dests))
         destinations = [
             Destination(d.instance_id, n, d.load) for d, n in zip(dests, free, strict=True)
         ]
@@ -141,15 +144,20 @@ class SessionMigrator:
                 hashes.update(dict.fromkeys(chains.get(mv.key, ())))  # parent first
         result = MigrationResult(plan, by_key, offload_requested=len(hashes))
         if hashes:
-            result = await self._offload(instance, url, list(hashes), result)
+            result = await self._offload(http, instance, url, list(hashes), result)
         self._place(plan, by_key, [d.instance_id for d in dests], result)
         return result
 
     async def _offload(
-        self, instance: str, url: str, hashes: list[int], result: MigrationResult
+        self,
+        http: aiohttp.ClientSession,
+        instance: str,
+        url: str,
+        hashes: list[int],
+        result: MigrationResult,
     ) -> MigrationResult:
         target = self._url(instance, url)
-        got = await self._call(target, {"offload": hashes}) if target else "no URL"
+        got = await self._call(http, target, {"offload": hashes}) if target else "no URL"
         if isinstance(got, str):
             log.warning("migrate: %s not told to offload: %s", instance, got)
             return MigrationResult(result.plan, result.sessions, len(hashes), engine_detail=got)

@@ -82,7 +82,6 @@ async def kvmeta(pg_url: str, clock: ManualClock) -> AsyncIterator[Kv]:
     finally:
         await channel.close()
         await server.stop(None)
-        await migrator.close()
         await dbe.dispose()
 
 
