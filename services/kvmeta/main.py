@@ -104,7 +104,11 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
         else None
     )
 
-    migrator = SessionMigrator(sessions, urls=settings.retention_engine_urls)
+    migrator = SessionMigrator(
+        sessions,
+        urls=settings.retention_engine_urls,
+        offload_wait_s=settings.migration_offload_wait_s,
+    )
 
     async def tick_retention() -> None:
         assert retention is not None

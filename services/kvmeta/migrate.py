@@ -11,24 +11,27 @@ instances that stay. kvmeta then:
 3. tells the victim engine to offload the chains of the sessions that move or go to the
    tier (``POST /tideserve/retention`` ``offload``), warmest session first and each chain
    parent first, so that a store cut short by the removal still leaves a leading run of the
-   prefix in the tier, which is what a fetch uses. No engine pushes blocks to another: a
-   moved session's blocks reach its destination through the tier, fetched when its next
-   turn arrives there (the engine's fetch-or-recompute);
+   prefix in the tier, which is what a fetch uses; then waits, at most ``offload_wait_s``,
+   until the engine reports no offloaded block still waiting for its store
+   (``offload_pending`` 0: ``offload_settled``), since the instance is removed right after
+   the reply. No engine pushes blocks to another: a moved session's blocks reach its
+   destination through the tier, fetched when its next turn arrives there (the engine's
+   fetch-or-recompute);
 4. records each live session's new placement (the caller persists it): its home becomes the instance the router
    will send its next turn to (its rendezvous home among the destinations, which is the
    plan's destination for a move), its tiers the CPU tier when the victim offloads to the
    tier and was told, else nothing. Ended sessions are left to expire.
 
 Real engines (vLLM, SGLang) have no offload route: they are only re-homed, and the engine
-detail says why the blocks were not offloaded. The victim may be removed right after the
-reply: the engine's stores to the tier run in the background, and those not done by then
-are lost (the tier is a cache).
+detail says why the blocks were not offloaded. Stores not done when the wait ends are lost
+when the instance is removed (the tier is a cache: those blocks are recomputed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +73,7 @@ class MigrationResult:
     offloaded: int = 0
     offloads_to_tier: bool = False
     engine_detail: str = ""
+    offload_settled: bool = False
 
 
 class SessionMigrator:
@@ -79,11 +83,17 @@ class SessionMigrator:
         *,
         urls: Mapping[str, str] | None = None,
         timeout_s: float = 2.0,
+        offload_wait_s: float = 10.0,
+        poll_s: float = 0.1,
         wall: Callable[[], float] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.sessions = sessions
         self.urls = dict(urls or {})
         self.timeout_s = timeout_s
+        self.offload_wait_s = offload_wait_s
+        self.poll_s = poll_s
+        self._clock = clock
         self.wall = wall or sessions.now
 
     def _url(self, instance: str, given: str) -> str | None:
@@ -156,18 +166,35 @@ class SessionMigrator:
         hashes: list[int],
         result: MigrationResult,
     ) -> MigrationResult:
-        target = self._url(instance, url)
+        target = self._url(instance, url) or ""
         got = await self._call(http, target, {"offload": hashes}) if target else "no URL"
         if isinstance(got, str):
             log.warning("migrate: %s not told to offload: %s", instance, got)
             return MigrationResult(result.plan, result.sessions, len(hashes), engine_detail=got)
+        to_tier = bool(got.get("offloads_to_tier"))
+        settled = to_tier and await self._settled(http, target, got)
         return MigrationResult(
             result.plan,
             result.sessions,
             len(hashes),
             int(got.get("offloaded", 0)),
-            bool(got.get("offloads_to_tier")),
+            to_tier,
+            offload_settled=settled,
         )
+
+    async def _settled(self, http: aiohttp.ClientSession, url: str, got: dict[str, Any]) -> bool:
+        """Wait (at most ``offload_wait_s``) until the engine has no offloaded block
+        waiting for its store; whether it got there."""
+        deadline = self._clock() + self.offload_wait_s
+        while int(got.get("offload_pending", 0)) > 0:
+            if self._clock() >= deadline:
+                return False
+            await asyncio.sleep(self.poll_s)
+            answer = await self._call(http, url, None)
+            if isinstance(answer, str):
+                return False
+            got = answer
+        return True
 
     def _place(
         self,

@@ -210,4 +210,5 @@ class SessionRpcs:
             offloaded=res.offloaded,
             offloads_to_tier=res.offloads_to_tier,
             engine_detail=res.engine_detail,
+            offload_settled=res.offload_settled,
         )

@@ -302,12 +302,11 @@ async def test_scaled_in_session_follows_to_its_next_engine(
             kvmeta_pb2.MIGRATION_FATE_MOVE, "e1", 10
         )  # fmt: skip
         assert (got.offloaded, got.offloads_to_tier, got.engine_detail) == (10, True, "")
+        # kvmeta answered once the victim had stored them: the instance may go now
+        assert got.offload_settled
         keys = [block_key(h) for h in chain]
-
-        async def in_tier() -> bool:
-            return all(tier.master.exist(DEP, "", keys))
-
-        await eventually(in_tier)
+        assert all(tier.master.exist(DEP, "", keys))
+        assert victim.core.cache.held_slots == 0
         s = (await tier.stub.GetAgentSession(kvmeta_pb2.GetAgentSessionRequest(**key))).session
         assert (s.home_instance, [(t.tier, t.blocks) for t in s.tiers]) == ("e1", [(2, 10)])
         again = await complete(durl)  # the session's next turn, on the engine that stays

@@ -12,10 +12,12 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import grpc
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 from tideserve.v1 import kvmeta_pb2, kvmeta_pb2_grpc
 
@@ -30,7 +32,7 @@ from services.engine.server import EngineServer
 from services.engine.settings import EngineSettings
 from services.kvmeta.index import PrefixIndex
 from services.kvmeta.ingest import IndexFeeder
-from services.kvmeta.migrate import SessionMigrator
+from services.kvmeta.migrate import DestinationRef, SessionMigrator
 from services.kvmeta.objects import ObjectMaster
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
 from services.kvmeta.sessions import SessionShell, SessionStore
@@ -140,7 +142,7 @@ async def test_migrate_on_scale_in(postgres_db_url: str, tmp_path: Path) -> None
         }
         # the live sessions' 20 blocks were offloaded (this engine has no tier: freed)
         assert (got.offload_requested, got.offloaded, got.offloads_to_tier) == (20, 20, False)
-        assert got.engine_detail == ""
+        assert (got.engine_detail, got.offload_settled) == ("", False)  # nothing to wait for
         assert await used(http, e0) == 10
         homes = await kv.stub.ListSessionHomes(M.ListSessionHomesRequest(deployment="d"))
         assert {h.instance_id: h.sessions for h in homes.homes} == {"e1": 1, "e2": 1}
@@ -218,3 +220,29 @@ async def test_drain_then_migrate_through_the_autoscaler_client(
         finally:
             await drainer.close()
             await client.close()
+
+
+async def test_offload_wait_is_bounded(servers: Callable[..., Any]) -> None:
+    """A victim whose stores to the tier never finish: kvmeta answers after its wait with
+    ``offload_settled`` false, and the sessions are still re-homed."""
+    seen: list[str] = []
+
+    async def route(req: web.Request) -> web.Response:
+        seen.append(req.method)
+        return web.json_response(
+            {"offloaded": 2, "offloads_to_tier": True, "offload_pending": 2, "free_blocks": 0}
+        )
+
+    app = web.Application()
+    app.router.add_route("*", "/tideserve/retention", route)
+    url = await servers(app)
+    clock = ManualClock(1000.0)
+    shell = SessionShell(SessionTable(), None, clock.now)
+    shell.table.turn_start(("d", "t", "s"), clock.now(), home_instance="e0")
+    shell.table.turn_end(("d", "t", "s"), clock.now())
+    shell.set_chain(("d", "t", "s"), [1, 2])
+    migrator = SessionMigrator(shell, offload_wait_s=0.3, poll_s=0.05)
+    res = await migrator.migrate("d", "e0", url, [DestinationRef("e1", "http://127.0.0.1:1")])
+    assert (res.offloaded, res.offloads_to_tier, res.offload_settled) == (2, True, False)
+    assert seen[0] == "POST" and "GET" in seen[1:]  # it polled before giving up
+    assert shell.table.get(("d", "t", "s")).home_instance == "e1"

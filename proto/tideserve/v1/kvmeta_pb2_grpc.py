@@ -337,7 +337,8 @@ class KVMetaServiceServicer:
         by the migration plan: ended sessions are dropped, live ones are re-homed to the
         destination the router will send their next turn to, or to the tier, and the victim
         engine is told to offload their blocks (the engine simulator's retention route; other
-        engines are only re-homed). Call it after the instance was drained, before removing it.
+        engines are only re-homed), waiting (bounded) until the engine has stored them. Call it
+        after the instance was drained, before removing it.
         INVALID_ARGUMENT: empty deployment or instance, or the instance among the destinations.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -40,7 +40,7 @@ def peers_of(victim: InstanceStatus, instances: Sequence[InstanceStatus]) -> lis
 
 
 class KVMetaSessions:
-    def __init__(self, channel: grpc.aio.Channel, timeout_s: float = 10.0) -> None:
+    def __init__(self, channel: grpc.aio.Channel, timeout_s: float = 30.0) -> None:
         self._channel = channel
         self._stub = kvmeta_pb2_grpc.KVMetaServiceStub(channel)
         self.timeout_s = timeout_s
@@ -87,4 +87,6 @@ class KVMetaSessions:
         )
         if resp.engine_detail:
             line += f" (blocks not offloaded: {resp.engine_detail})"
+        elif resp.offload_requested and resp.offloads_to_tier and not resp.offload_settled:
+            line += " (some blocks may not have reached the tier)"
         return line
