@@ -88,7 +88,7 @@ def build(
             rec,
             LoadPoller(rec, settings.load_poll_s, timeout_s=min(1.0, settings.load_poll_s)),
             scope,
-            SessionKVPoller(rec, kvmeta, settings.load_poll_s) if kvmeta is not None else None,
+            SessionKVPoller(rec, kvmeta, settings.session_kv_poll_s) if kvmeta else None,
         )
         reconciler: Reconciler = driven
     else:

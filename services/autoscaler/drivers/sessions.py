@@ -69,8 +69,10 @@ class KVMetaSessions:
         try:
             resp = await self._stub.MigrateSessions(req, timeout=self.timeout_s)
         except grpc.aio.AioRpcError as e:
-            log.warning("%s: session migration failed: %s", victim.instance_id, e.code().name)
-            return f"sessions not migrated ({e.code().name})"
+            # UNAVAILABLE may also mean "applied, not yet persisted": kvmeta says which
+            log.warning("%s: session migration: kvmeta answered %s: %s",
+                        victim.instance_id, e.code().name, e.details())  # fmt: skip
+            return f"session migration: kvmeta answered {e.code().name}"
         if not resp.sessions:
             return ""
         fates = {f: 0 for f in ("move", "tier", "drop")}
