@@ -3,7 +3,8 @@
 Wiring: Postgres (required for deployments; migrated by the runner) holds specs, revisions
 and decisions; the planner loop reads the ``TelemetryService`` at ``telemetry_address`` and
 hands decisions to a :class:`~services.autoscaler.ports.Reconciler`: by default the drivers'
-reconciler over ``settings.driver`` (:class:`~services.autoscaler.seam.DriverReconciler`,
+reconciler over ``settings.driver`` (with ``driver.kvmeta_address``, kvmeta's session KV per
+instance weighs scale-in victims and a drained instance's sessions are migrated) (:class:`~services.autoscaler.seam.DriverReconciler`,
 started and stopped with the service; stopping the local driver stops its engines),
 publishing membership on ``{stream_prefix}:membership`` when ``redis_url`` is set. Tests
 pass their own ``reconciler_factory`` (a fake, nothing started).
@@ -21,11 +22,12 @@ import grpc
 from services.autoscaler.access import ACCESS
 from services.autoscaler.deployments import Deployments
 from services.autoscaler.drivers.build import build_reconciler
+from services.autoscaler.drivers.sessions import KVMetaSessions
 from services.autoscaler.loop import LoopOptions, PlannerLoop
 from services.autoscaler.metrics import AutoscalerMetrics
 from services.autoscaler.ports import Reconciler
 from services.autoscaler.scope import Scope
-from services.autoscaler.seam import DriverReconciler, LoadPoller
+from services.autoscaler.seam import DriverReconciler, LoadPoller, SessionKVPoller
 from services.autoscaler.servicer import AutoscalerServicer, add_to_server
 from services.autoscaler.settings import AutoscalerSettings
 from services.autoscaler.store import AutoscalerStore
@@ -71,17 +73,22 @@ def build(
         else None
     )
     driven: DriverReconciler | None = None
+    kvmeta: KVMetaSessions | None = None
     if reconciler_factory is None:
+        if settings.driver.kvmeta_address:
+            kvmeta = KVMetaSessions(aio_channel(settings.driver.kvmeta_address, security))
         rec = build_reconciler(
             settings.driver,
             redis,
             settings.stream_prefix,
             lambda address: aio_channel(address, security),
+            kvmeta,
         )
         driven = DriverReconciler(
             rec,
             LoadPoller(rec, settings.load_poll_s, timeout_s=min(1.0, settings.load_poll_s)),
             scope,
+            SessionKVPoller(rec, kvmeta, settings.session_kv_poll_s) if kvmeta else None,
         )
         reconciler: Reconciler = driven
     else:
@@ -118,6 +125,8 @@ def build(
         await stop_tasks(tasks)
         if driven is not None:
             await driven.stop()
+        if kvmeta is not None:
+            await kvmeta.close()
         if redis is not None:
             await redis.aclose()
         await channel.close()

@@ -28,13 +28,16 @@ class InstanceView:
     """One instance as the planner weighs it: the driver's :class:`InstanceStatus` (the one
     instance type: id, deployment, role name and kind, state, endpoint, restarts, last
     error) plus the load the planner needs for backlog and victim cost, which the driver
-    does not know (the seam fills it from the engine's ``/metrics``). The properties keep
-    the planner's vocabulary: ``role`` is the role's *name* in the spec."""
+    does not know (the seam fills it from the engine's ``/metrics``), and
+    ``session_blocks``: the KV blocks of the live agent sessions homed there, which a
+    scale-in would have to move (kvmeta's figure; 0 when kvmeta is not configured). The
+    properties keep the planner's vocabulary: ``role`` is the role's *name* in the spec."""
 
     status: InstanceStatus
     in_flight: int = 0
     queued: int = 0
     cached_blocks: int = 0
+    session_blocks: int = 0
 
     @classmethod
     def of(
@@ -48,6 +51,7 @@ class InstanceView:
         in_flight: int = 0,
         queued: int = 0,
         cached_blocks: int = 0,
+        session_blocks: int = 0,
         detail: str = "",
     ) -> InstanceView:
         """A view built by hand (fakes, tests, the virtual-time benchmark): the role kind
@@ -56,7 +60,7 @@ class InstanceView:
             instance_id, deployment, role, Role.WORKER, InstanceState(state), endpoint=url,
             last_error=detail,
         )  # fmt: skip
-        return cls(status, in_flight, queued, cached_blocks)
+        return cls(status, in_flight, queued, cached_blocks, session_blocks)
 
     @property
     def instance_id(self) -> str:

@@ -4,8 +4,10 @@ drivers' :class:`~services.autoscaler.reconciler.Reconciler`.
 One instance type: a driver's :class:`~services.autoscaler.drivers.base.InstanceStatus`. The
 planner sees it as an :class:`~services.autoscaler.ports.InstanceView`: the status plus the
 load the driver does not know (running and queued requests from the engine's ``/metrics``,
-scraped by :class:`LoadPoller`). ``cached_blocks`` stays 0: no engine reports a count of
-cached blocks it would lose (``kv_usage`` is a fraction of its pool, not a prefix cache).
+scraped by :class:`LoadPoller`) and the KV of the agent sessions homed on it (kvmeta's
+``ListSessionHomes``, asked by :class:`SessionKVPoller` when kvmeta is configured, else 0).
+``cached_blocks`` stays 0: no engine reports a count of cached blocks it would lose
+(``kv_usage`` is a fraction of its pool, not a prefix cache).
 
 Pure translations:
 
@@ -28,11 +30,14 @@ driver's snapshot with the last scraped load, ``progress`` is the reconciler's
 from __future__ import annotations
 
 import asyncio
+import logging
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Protocol
 
 import aiohttp
+import grpc
 
 from services.autoscaler.drivers.base import DeploymentTarget, InstanceState, Role, RoleTarget
 from services.autoscaler.drivers.dryrun import DryRunDriver
@@ -47,10 +52,14 @@ __all__ = [
     "ENGINE_COMMANDS",
     "DriverReconciler",
     "LoadPoller",
+    "SessionHomes",
+    "SessionKVPoller",
     "deployment_target",
     "role_target",
     "victims_by_role",
 ]
+
+log = logging.getLogger(__name__)
 
 ENGINE_COMMANDS: Mapping[str, tuple[str, ...]] = {
     "sglang": ("python", "-m", "sglang.launch_server", "--host", "{host}", "--port", "{port}"),
@@ -154,23 +163,82 @@ class LoadPoller:
             self._task = None
 
 
+class SessionHomes(Protocol):
+    """Session blocks per instance of a deployment
+    (:class:`~services.autoscaler.drivers.sessions.KVMetaSessions`); raises AioRpcError."""
+
+    async def homes(self, deployment: str) -> dict[str, int]: ...
+
+
+class SessionKVPoller:
+    """Asks kvmeta each ``interval_s`` for the session KV per instance of every deployment
+    the reconciler drives, and keeps the last answer per deployment (a deployment kvmeta
+    could not be asked about keeps its previous answer)."""
+
+    def __init__(self, loop: DriverLoop, kvmeta: SessionHomes, interval_s: float) -> None:
+        self._loop = loop
+        self._kvmeta = kvmeta
+        self._interval_s = interval_s
+        self.blocks: dict[str, dict[str, int]] = {}  # deployment -> instance -> blocks
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+
+    async def poll_once(self) -> None:
+        names = list(self._loop.deployments())
+        for name in names:
+            try:
+                self.blocks[name] = await self._kvmeta.homes(name)
+            except grpc.aio.AioRpcError as e:
+                log.debug("session KV of %s: kvmeta answered %s", name, e.code().name)
+        for gone in set(self.blocks) - set(names):
+            del self.blocks[gone]
+
+    def of(self, deployment: str, instance_id: str) -> int:
+        return self.blocks.get(deployment, {}).get(instance_id, 0)
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            await self.poll_once()
+            await pause(self._stopping, self._interval_s)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._stopping.clear()
+            self._task = asyncio.create_task(self._run(), name="session-kv")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._stopping.set()
+            await stop_tasks([self._task])
+            self._task = None
+
+
 class DriverReconciler:
     """The port over the drivers' reconciler (``loop``); see the module docstring."""
 
     def __init__(
-        self, loop: DriverLoop, load: LoadPoller | None = None, scope: Scope = EVERY
+        self,
+        loop: DriverLoop,
+        load: LoadPoller | None = None,
+        scope: Scope = EVERY,
+        sessions: SessionKVPoller | None = None,
     ) -> None:
         self.loop = loop
         self._load = load
         self._scope = scope
+        self._sessions = sessions
 
     async def start(self) -> None:
         await self.loop.start()
         if self._load is not None:
             self._load.start()
+        if self._sessions is not None:
+            self._sessions.start()
 
     async def stop(self) -> None:
         """Stop polling and reconciling; the local driver stops its engines."""
+        if self._sessions is not None:
+            await self._sessions.stop()
         if self._load is not None:
             await self._load.stop()
         await self.loop.stop()
@@ -195,10 +263,13 @@ class DriverReconciler:
         names = [deployment] if deployment else self.loop.deployments()
         loads = self._load.loads if self._load is not None else {}
         out = []
+        kv = self._sessions
         for name in names:
             for s in self.loop.instances(name):
                 r = loads.get(s.instance_id)
-                out.append(InstanceView(s, r.running, r.waiting) if r else InstanceView(s))
+                blocks = kv.of(name, s.instance_id) if kv is not None else 0
+                running, waiting = (r.running, r.waiting) if r else (0, 0)
+                out.append(InstanceView(s, running, waiting, session_blocks=blocks))
         return out
 
     def progress(self, deployment: str) -> str:

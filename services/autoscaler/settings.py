@@ -48,3 +48,9 @@ class AutoscalerSettings(ServiceSettings):
     load_poll_s: float = Field(
         1.0, gt=0, description="how often each ready instance's /metrics load is scraped"
     )
+    session_kv_poll_s: float = Field(
+        10.0,
+        gt=0,
+        description="how often kvmeta is asked for each instance's agent-session KV "
+        "(victim cost; with driver.kvmeta_address)",
+    )

@@ -13,8 +13,10 @@ which idle sessions' blocks to evict last and which to offload now.
 
 Order: ``unprotect``, ``protect``, ``offload`` (a hash both protected and offloaded is
 offloaded). The answer, also of ``GET``: the cache's ``capacity_blocks``, ``used_blocks``,
-``free_blocks``, ``protected_blocks``, ``offloads_to_tier`` and, for a POST, how many
-were ``marked`` and ``offloaded``. A body that is not such an object is a 400.
+``free_blocks``, ``protected_blocks``, ``offloads_to_tier``, ``offload_pending`` (evicted
+blocks whose store to the tier has not finished yet: a caller about to stop the engine waits
+for 0) and, for a POST, how many were ``marked`` and ``offloaded``. A body that is not such
+an object is a 400.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class RetentionRoute:
                 "free_blocks": cache.free_blocks,
                 "protected_blocks": cache.protected_blocks,
                 "offloads_to_tier": cache.hold_evicted,
+                "offload_pending": cache.held_slots,
                 **done,
             }
         )

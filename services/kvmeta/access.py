@@ -35,6 +35,8 @@ ACCESS = AccessTable(
         "EndAgentSession": OP,
         "GetAgentSession": R,
         "ListAgentSessions": R,
+        "ListSessionHomes": R,
+        "MigrateSessions": OP,
     },
 )
 

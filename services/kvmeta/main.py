@@ -28,6 +28,7 @@ from services.kvmeta.index import PrefixIndex
 from services.kvmeta.ingest import IndexFeeder
 from services.kvmeta.metadata_http import MetadataServer
 from services.kvmeta.metrics import KVMetaCollector
+from services.kvmeta.migrate import SessionMigrator
 from services.kvmeta.objects import ObjectMaster
 from services.kvmeta.retention import RetentionController
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
@@ -103,6 +104,12 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
         else None
     )
 
+    migrator = SessionMigrator(
+        sessions,
+        urls=settings.retention_engine_urls,
+        offload_wait_s=settings.migration_offload_wait_s,
+    )
+
     async def tick_retention() -> None:
         assert retention is not None
         while True:
@@ -156,7 +163,11 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
 
     def register(server: grpc.aio.Server) -> list[str]:
         servicer = KVMetaServicer(
-            feeder, objects, max_match_blocks=settings.max_match_blocks, sessions=sessions
+            feeder,
+            objects,
+            max_match_blocks=settings.max_match_blocks,
+            sessions=sessions,
+            migrator=migrator,
         )
         return [add_to_server(servicer, server)]
 

@@ -21,6 +21,7 @@ from services.kvmeta.checkpoint import KVMetaStore
 from services.kvmeta.fetchable import leading_run, with_fetchable
 from services.kvmeta.index import InstanceMatch, UnknownDeploymentError, Verdict
 from services.kvmeta.ingest import IndexFeeder
+from services.kvmeta.migrate import SessionMigrator
 from services.kvmeta.objects import (
     ObjectError,
     ObjectMaster,
@@ -163,10 +164,12 @@ class KVMetaServicer(SessionRpcs, _Base):
         *,
         max_match_blocks: int = 16384,
         sessions: SessionShell | None = None,
+        migrator: SessionMigrator | None = None,
     ):
         self.feeder = feeder
         self.objects = objects
         self.sessions = sessions or SessionShell(SessionTable(), None, objects.now)
+        self.migrator = migrator or SessionMigrator(self.sessions)
         self.max_match_blocks = max_match_blocks
         self._encoder = _MatchEncoder()
 

@@ -10,7 +10,8 @@ from typing import Any, NoReturn, TypeAlias
 import grpc
 from tideserve.v1 import kvmeta_pb2
 
-from services.common.sessions import Phase, Session, SessionError, SessionKey
+from services.common.sessions import Fate, Phase, Session, SessionError, SessionKey, homes_kv
+from services.kvmeta.migrate import DestinationRef, SessionMigrator
 from services.kvmeta.rpc_errors import persisted
 from services.kvmeta.sessions import SessionShell
 
@@ -25,6 +26,11 @@ _PHASE_PB = {
     Phase.ENDED: kvmeta_pb2.SESSION_PHASE_ENDED,
 }
 _PHASE_OF = {v: k for k, v in _PHASE_PB.items()}
+_FATE_PB = {
+    Fate.MOVE: kvmeta_pb2.MIGRATION_FATE_MOVE,
+    Fate.TIER: kvmeta_pb2.MIGRATION_FATE_TIER,
+    Fate.DROP: kvmeta_pb2.MIGRATION_FATE_DROP,
+}
 
 
 def _ms(t: float) -> int:
@@ -60,9 +66,10 @@ async def _abort(context: Ctx, code: grpc.StatusCode, msg: str) -> NoReturn:
 
 
 class SessionRpcs:
-    """Session RPCs; the servicer sets ``self.sessions``."""
+    """Session RPCs; the servicer sets ``self.sessions`` and ``self.migrator``."""
 
     sessions: SessionShell
+    migrator: SessionMigrator
 
     async def _apply(self, context: Ctx, fn: Callable[[], Session], *, persist: bool) -> Reply:
         try:
@@ -152,3 +159,56 @@ class SessionRpcs:
             r.deployment, r.tenant, phase=phase, home_instance=r.home_instance, limit=r.limit
         )
         return kvmeta_pb2.ListAgentSessionsResponse(sessions=[session_pb(s) for s in rows])
+
+    async def ListSessionHomes(
+        self, request: kvmeta_pb2.ListSessionHomesRequest, context: Ctx
+    ) -> kvmeta_pb2.ListSessionHomesResponse:
+        if not request.deployment:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "deployment is required")
+        rows = [s for s in self.sessions.table.rows() if s.deployment == request.deployment]
+        chains = self.sessions.chains
+        homes = homes_kv(rows, {s.key: len(chains[s.key]) for s in rows if s.key in chains})
+        return kvmeta_pb2.ListSessionHomesResponse(
+            homes=[
+                kvmeta_pb2.SessionHome(
+                    instance_id=iid, sessions=h.sessions, blocks=h.blocks, tokens=h.tokens
+                )
+                for iid, h in sorted(homes.items())
+            ]
+        )
+
+    async def MigrateSessions(
+        self, request: kvmeta_pb2.MigrateSessionsRequest, context: Ctx
+    ) -> kvmeta_pb2.MigrateSessionsResponse:
+        r = request
+        if not r.deployment or not r.instance_id:
+            await _abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, "deployment and instance_id are required"
+            )
+        if any(d.instance_id in ("", r.instance_id) for d in r.destinations):
+            await _abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "destinations need an instance_id other than the instance being removed",
+            )
+        dests = [DestinationRef(d.instance_id, d.url, d.load) for d in r.destinations]
+        res = await self.migrator.migrate(r.deployment, r.instance_id, r.url, dests)
+        await persisted(context, self.sessions.persist)
+        return kvmeta_pb2.MigrateSessionsResponse(
+            sessions=[
+                kvmeta_pb2.SessionMigration(
+                    tenant=mv.key[1],
+                    session_id=mv.key[2],
+                    fate=_FATE_PB[mv.fate],
+                    instance_id=mv.instance,
+                    blocks=mv.blocks,
+                    reason=mv.reason,
+                )
+                for mv in res.plan.moves
+            ],
+            offload_requested=res.offload_requested,
+            offloaded=res.offloaded,
+            offloads_to_tier=res.offloads_to_tier,
+            engine_detail=res.engine_detail,
+            offload_settled=res.offload_settled,
+        )

@@ -91,3 +91,9 @@ class KVMetaSettings(ServiceSettings):
     retention_max_chain_blocks: int = Field(
         16_384, ge=1, description="block hashes of a session's chain held for retention"
     )
+    migration_offload_wait_s: float = Field(
+        10.0,
+        ge=0.0,
+        description="MigrateSessions: longest wait for the victim engine to store the blocks "
+        "it offloads in the tier before the reply (the instance is removed right after)",
+    )

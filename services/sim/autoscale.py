@@ -151,8 +151,10 @@ class Planner:
         return d
 
     @staticmethod
-    def instance(iid: str, role: str, ready: bool, queued: int, in_flight: int) -> InstanceView:
+    def instance(
+        iid: str, role: str, ready: bool, queued: int, in_flight: int, session_blocks: int = 0
+    ) -> InstanceView:
         return InstanceView.of(
             iid, DEPLOYMENT, role, "ready" if ready else "starting",
-            queued=queued, in_flight=in_flight,
+            queued=queued, in_flight=in_flight, session_blocks=session_blocks,
         )  # fmt: skip

@@ -18,6 +18,14 @@ session id; its sessions share nothing). Modes:
   coming back ``plan_prefetch``'s lead before its predicted return (to its home engine); an
   arriving turn uses it when done, waits for it while that is shorter than recomputing.
 
+Scale-in (with ``autoscale``, in the offload modes) is drain and migrate, as in the product:
+when a drained engine leaves, :meth:`AgentMemory.migrate` runs
+:func:`~services.common.sessions.migration.plan_migration` over the sessions homed there;
+the blocks of those that move or go to the tier are offloaded to the tier, and every live
+one is re-homed on its rendezvous home among the engines that stay (where the retention
+controller and prefetch then act for it). :meth:`~AgentMemory.session_blocks` is the
+planner's per-engine session-KV figure for victim choice.
+
 The tier is one pool of ``tier_blocks`` (LRU beyond that) over the perf profile's KV link.
 Not modelled: the time an offload copy takes (an evicted block's slot is free after the
 step that evicted it), and the GPU room a prefetched prefix takes before its turn arrives.
@@ -39,15 +47,23 @@ from typing import Any, Literal
 from services.common.perfmodel import PerfProfile
 from services.common.sessions import (
     Arrival,
+    Destination,
+    Fate,
+    MigrationPlan,
     Phase,
     SessionKey,
     SessionTable,
     TierLink,
     ToolTimePredictor,
     fetch_ms,
+    homes_kv,
+    migrant,
     on_arrival,
+    plan_migration,
     plan_prefetch,
     recompute_ms,
+    rendezvous_home,
+    route_key,
 )
 from services.common.sessions.controller import EngineKV, plan_engines
 from services.engine.kvcache import KVCache
@@ -189,14 +205,48 @@ class AgentMemory:
         pairs = cache.drain_evicted()
         if not pairs:
             return False
+        self._to_tier([h for h, _ in pairs])
+        cache.offloaded(pairs)
+        return True
+
+    def _to_tier(self, hashes: Sequence[int]) -> None:
         tier = self._tier
-        for h, _ in pairs:
+        for h in hashes:
             tier[h] = None
             tier.move_to_end(h)
         while len(tier) > self.tier_blocks:
             tier.popitem(last=False)
-        cache.offloaded(pairs)
-        return True
+
+    # -- scale-in ------------------------------------------------------------------------
+    def session_blocks(self) -> dict[str, int]:
+        """Per home engine, the blocks of its live sessions' chains (victim cost)."""
+        sizes = {k: len(c) for k, c in self._chains.items()}
+        return {iid: h.blocks for iid, h in homes_kv(self.table.rows(), sizes).items()}
+
+    def migrate(self, iid: str, stay: Sequence[str], now: float) -> MigrationPlan | None:
+        """Engine ``iid`` leaves: its sessions' fate (module doc); None outside the offload
+        modes (the engines' LRU only: nothing moves, as before)."""
+        cache = self.caches.get(iid)
+        if not self.offloads or cache is None:
+            return None
+        rows = [s for s in self.table.rows() if s.home_instance == iid]
+        held = {s.key: cache.match(list(self._chains.get(s.key, ()))) for s in rows}
+        dests = [Destination(d, self.caches[d].free_blocks) for d in stay if d in self.caches]
+        plan = plan_migration([migrant(s, held[s.key]) for s in rows], dests, now / 1000.0)
+        by_key = {s.key: s for s in rows}
+        for mv in plan.moves:
+            s = by_key[mv.key]
+            if s.phase is Phase.ENDED:
+                continue
+            if mv.fate is not Fate.DROP:
+                self._to_tier(self._chains.get(s.key, ())[: mv.blocks])
+            self._count(f"migrate_{mv.fate.value}")
+            home = mv.instance or rendezvous_home(
+                route_key(s.session_id, s.parent_session_id), list(stay)
+            )
+            if home:
+                self.table.set_placement(s.key, now / 1000.0, home_instance=home, tiers={})
+        return plan
 
     def tick(self, now: float) -> None:
         """The retention controller's round (retention modes), prefetches, samples."""

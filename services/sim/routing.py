@@ -103,7 +103,12 @@ def note_pick(diag: Diag, core: GatewayCore, match: Mapping[str, int], d: Pick) 
     choice = d.prefill or d.decode
     target = choice.endpoint.instance_id
     want_prefill = d.prefill is not None
-    pool = [i for i in match if (core.fleet.spec(i).role == "prefill") == want_prefill]
+    # an instance scaled in since the prefix was routed there is no longer in the fleet
+    pool = [
+        i
+        for i in match
+        if i in core.fleet and (core.fleet.spec(i).role == "prefill") == want_prefill
+    ]
     best = max((match[i] for i in pool), default=0)
     if best <= 0:
         return

@@ -291,13 +291,15 @@ class Simulation:
         """A planner tick: its targets start instances or drain its victims."""
         assert self.planner is not None and self.window is not None
         live = self.engines.live()
+        kv = self.memory.session_blocks() if self.memory is not None else {}
         views = tuple(
             self.planner.instance(
-                i.iid, i.role, i.ready, i.core.num_waiting if i.ready else 0, i.core.num_running
+                i.iid, i.role, i.ready, i.core.num_waiting if i.ready else 0, i.core.num_running,
+                kv.get(i.iid, 0),
             )
             for i in live
             if not i.retiring
-        )
+        )  # fmt: skip
         d = self.planner.tick(now / 1000.0, views, self.window.view(now))
         victims = set(d.victims)
         for inst in live:
@@ -308,9 +310,14 @@ class Simulation:
             for _ in range(target - have):
                 new = self.engines.add(role, ready=False)
                 self.q.push(now + self.planner.cfg.startup_s * 1000.0, "ready", new)
-        for inst in live:  # drained victims leave
+        for inst in live:  # drained victims leave, their sessions migrated first
             if inst.retiring and not inst.removed and inst.idle:
                 inst.removed = True
+                if self.memory is not None:
+                    stay = [i.iid for i in live if i.role == inst.role and i.ready
+                            and not i.retiring and not i.removed]  # fmt: skip
+                    self.memory.migrate(inst.iid, stay, now)
+                self.caches.pop(inst.iid, None)  # its KV is gone with it
         self.timeline.replicas = self.engines.roles()
         self.q.push(now + self.planner.cfg.tick_s * 1000.0, "tick", None)
         return 0

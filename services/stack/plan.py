@@ -160,12 +160,14 @@ def autoscaler_env(
     ports: Mapping[str, Mapping[str, int]], host: str, gateways: Sequence[Mapping[str, int]]
 ) -> dict[str, str]:
     """Where the stack's autoscaler finds its peers (pure): the telemetry service it plans
-    from, and every gateway replica's gRPC address for ``Drain`` before a scale-in."""
+    from, every gateway replica's gRPC address for ``Drain`` before a scale-in, and kvmeta,
+    which migrates a drained instance's agent sessions and reports their KV per instance."""
     host = reachable(host)
     grpc_of = [f"{host}:{g['grpc_port']}" for g in gateways]
     return {
         "TIDESERVE_AUTOSCALER__TELEMETRY_ADDRESS": telemetry_address(ports, host),
         "TIDESERVE_AUTOSCALER__DRIVER__SCHEDULER_ADDRESSES": json.dumps(grpc_of),
+        "TIDESERVE_AUTOSCALER__DRIVER__KVMETA_ADDRESS": f"{host}:{ports['kvmeta']['grpc_port']}",
     }
 
 

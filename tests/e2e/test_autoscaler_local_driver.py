@@ -248,9 +248,12 @@ async def test_scale_in_drains_within_the_specs_drain_timeout(
             return [i.state for i in drv.instances("d")] == [InstanceState.READY]
 
         await eventually(ready, within_s=90)
+        (first_id,) = [i.instance_id for i in drv.instances("d")]
         await drv.scale(role, 0)
         assert drainer.limits == [limit]
         assert [res.drained for _, res in drainer.results] == [True]
+        # drain and migrate: its sessions were to move after the drain (no instance stays)
+        assert drainer.migrations == [(first_id, [])]
     finally:
         await drv.close()
 

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ import grpc
 import redis.asyncio as aioredis
 from tideserve.v1 import scheduler_pb2, scheduler_pb2_grpc
 
-from services.autoscaler.drivers.base import DeploymentTarget, Role, RoleTarget
+from services.autoscaler.drivers.base import DeploymentTarget, InstanceStatus, Role, RoleTarget
 from services.autoscaler.drivers.drain import Drainer, DrainResult
 from services.autoscaler.drivers.local import LocalDriver
 from services.autoscaler.drivers.settings import DriverSettings, LocalSettings
@@ -52,13 +52,19 @@ SIM_ARGS = ("--profile", "test", "--kv-blocks", "512")
 
 
 class RecordingDrainer(Drainer):
-    """A :class:`Drainer` that keeps ``(instance_id, result)`` of every drain, and the
-    ``timeout_s`` each drain was given (None = the drainer's own)."""
+    """A :class:`Drainer` that keeps ``(instance_id, result)`` of every drain, the
+    ``timeout_s`` each drain was given (None = the drainer's own), and ``(instance_id,
+    peer ids)`` of every session migration asked for after a drain."""
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.results: list[tuple[str, DrainResult]] = []
         self.limits: list[float | None] = []
+        self.migrations: list[tuple[str, list[str]]] = []
+
+    async def migrate(self, victim: InstanceStatus, peers: Sequence[InstanceStatus]) -> str:
+        self.migrations.append((victim.instance_id, sorted(p.instance_id for p in peers)))
+        return await super().migrate(victim, peers)
 
     async def drain(
         self, instance_id: str, endpoint: str, timeout_s: float | None = None

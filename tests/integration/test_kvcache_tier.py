@@ -260,3 +260,58 @@ async def test_engine_offloads_what_it_evicts_and_fetches_it_back(
         assert engine.core.prompt_tokens_total - computed == len(tokenize(LONG)) - 640
     finally:
         await fleet.close()
+
+
+async def test_scaled_in_session_follows_to_its_next_engine(
+    tier: Tier, tmp_path: Path, metadata_url: str, http: aiohttp.ClientSession
+) -> None:
+    """Scale-in is drain and migrate: kvmeta's ``MigrateSessions`` tells the victim engine to
+    offload its session's chain to the tier and re-homes the session on the engine that
+    stays, which then fetches that prefix instead of computing it."""
+    fleet = _tier_fleet(tier, tmp_path, metadata_url, kvcache_policy="offload_on_evict")
+    try:
+        victim, vurl = await fleet.start(instance_id="e0")
+        dest, durl = await fleet.start(instance_id="e1")
+        assert dest.tier_io is not None
+
+        async def complete(url: str) -> dict[str, Any]:
+            body = {"prompt": LONG, "max_tokens": 4}
+            async with http.post(url + "/v1/completions", json=body) as resp:
+                assert resp.status == 200
+                return dict(await resp.json())
+
+        want = await complete(vurl)
+        chain = block_hashes(tokenize(LONG), victim.settings.block_size)
+        key = {"deployment": DEP, "tenant": "", "session_id": "s"}
+        await tier.stub.StartSessionTurn(
+            kvmeta_pb2.StartSessionTurnRequest(**key, home_instance="e0")
+        )
+        await tier.stub.EndSessionTurn(
+            kvmeta_pb2.EndSessionTurnRequest(
+                **key, tip_block_hash=chain[-1], home_instance="e0", block_hashes=chain
+            )
+        )
+        got = await tier.stub.MigrateSessions(
+            kvmeta_pb2.MigrateSessionsRequest(
+                deployment=DEP, instance_id="e0", url=vurl,
+                destinations=[kvmeta_pb2.MigrationDestination(instance_id="e1", url=durl)],
+            )
+        )  # fmt: skip
+        (moved,) = got.sessions
+        assert (moved.fate, moved.instance_id, moved.blocks) == (
+            kvmeta_pb2.MIGRATION_FATE_MOVE, "e1", 10
+        )  # fmt: skip
+        assert (got.offloaded, got.offloads_to_tier, got.engine_detail) == (10, True, "")
+        # kvmeta answered once the victim had stored them: the instance may go now
+        assert got.offload_settled
+        keys = [block_key(h) for h in chain]
+        assert all(tier.master.exist(DEP, "", keys))
+        assert victim.core.cache.held_slots == 0
+        s = (await tier.stub.GetAgentSession(kvmeta_pb2.GetAgentSessionRequest(**key))).session
+        assert (s.home_instance, [(t.tier, t.blocks) for t in s.tiers]) == ("e1", [(2, 10)])
+        again = await complete(durl)  # the session's next turn, on the engine that stays
+        assert again["choices"][0]["text"] == want["choices"][0]["text"]
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 640  # fetched
+        assert dest.tier_io.fetched_blocks == 10
+    finally:
+        await fleet.close()

@@ -153,6 +153,10 @@ async def test_scale_in_drains_within_the_specs_drain_timeout(
         await rig.driver.scale(role, 1)
     assert drainer.limits == [limit, limit]
     assert all(res.drained for _, res in drainer.results)
+    # drain and migrate: each drained victim's sessions go to the one pod that stays
+    (stays,) = {tuple(peers) for _, peers in drainer.migrations}
+    assert len(stays) == 1 and len(drainer.migrations) == 2
+    assert stays[0] not in {v for v, _ in drainer.migrations}
 
 
 async def test_scale_out_patches_up_and_watches_readiness(adapter: Rig) -> None:

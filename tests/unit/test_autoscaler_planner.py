@@ -276,6 +276,19 @@ CASES = [
         ),
         victims=("p-idle",),
     ),
+    Case(
+        "scale-in-spares-session-kv",
+        _window(10),
+        {"prefill": 3, "decode": 1},
+        {"prefill": 2, "decode": 1},
+        "prefill: 3 -> 2 (down)",
+        instances=(
+            InstanceView.of("p-agents", "chat", "prefill", "ready", session_blocks=300),
+            InstanceView.of("p-few", "chat", "prefill", "ready", session_blocks=20),
+            InstanceView.of("p-busy", "chat", "prefill", "ready", in_flight=2),
+        ),
+        victims=("p-few",),
+    ),
 ]
 
 

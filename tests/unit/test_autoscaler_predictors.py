@@ -128,6 +128,15 @@ def _inst(iid: str, state: str = "ready", **load: int) -> InstanceView:
         ([_inst("a"), _inst("b", "draining"), _inst("c", "failed")], 1, []),
         ([_inst("a", queued=1), _inst("b", cached_blocks=999)], 1, ["b"]),
         ([_inst("b"), _inst("a")], 0, ["a", "b"]),
+        # the instance whose sessions' KV costs least to move goes first
+        ([_inst("a", session_blocks=40), _inst("b", session_blocks=10), _inst("c")], 1,
+         ["c", "b"]),
+        # a session block costs more than a merely cached block
+        ([_inst("a", session_blocks=100), _inst("b", cached_blocks=150)], 1, ["b"]),
+        # a request in flight still outweighs a few sessions' blocks
+        ([_inst("a", in_flight=1), _inst("b", session_blocks=400)], 1, ["b"]),
+        # a starting instance homes no session: still first
+        ([_inst("a", session_blocks=1), _inst("b", "starting")], 1, ["b"]),
     ],
     ids=[
         "idle-then-cache-then-busy",
@@ -135,8 +144,12 @@ def _inst(iid: str, state: str = "ready", **load: int) -> InstanceView:
         "leaving-not-counted",
         "queued-costs-like-in-flight",
         "ties-by-id",
+        "least-session-kv-first",
+        "session-block-over-cached-block",
+        "in-flight-over-session-kv",
+        "starting-before-session-kv",
     ],
-)
+)  # fmt: skip
 def test_pick_victims(instances: list[InstanceView], target: int, expected: list[str]) -> None:
     assert pick_victims(instances, "p", target) == expected
 

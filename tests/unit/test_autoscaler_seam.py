@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
 import pytest
 from aiohttp import web
 
@@ -19,6 +20,7 @@ from services.autoscaler.drivers.base import (
     RoleTarget,
 )
 from services.autoscaler.drivers.dryrun import DryRunDriver
+from services.autoscaler.drivers.sessions import peers_of
 from services.autoscaler.drivers.settings import DriverSettings
 from services.autoscaler.ports import InstanceView
 from services.autoscaler.reconciler import Reconciler
@@ -26,6 +28,7 @@ from services.autoscaler.seam import (
     ENGINE_COMMANDS,
     DriverReconciler,
     LoadPoller,
+    SessionKVPoller,
     deployment_target,
     role_target,
     victims_by_role,
@@ -217,3 +220,64 @@ async def test_instances_carry_the_engines_scraped_load() -> None:
     finally:
         await port_.stop()
         await runner.cleanup()
+
+
+class _Homes:
+    """kvmeta's session blocks per instance; a deployment in ``down`` answers UNAVAILABLE."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[str, dict[str, int]] = {}
+        self.down: set[str] = set()
+
+    async def homes(self, deployment: str) -> dict[str, int]:
+        if deployment in self.down:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down"
+            )
+        return dict(self.blocks.get(deployment, {}))
+
+
+async def test_instances_carry_the_session_kv_kvmeta_reports() -> None:
+    """kvmeta's session blocks per instance become the views' session_blocks; an instance
+    kvmeta does not list has 0; when kvmeta cannot answer the last answer is kept."""
+    homes = _Homes()
+    homes.blocks["chat-pd"] = {"prefill-0": 40, "elsewhere": 7}
+    loop = Reconciler(_Driver(), DriverSettings(resync_s=0.05))
+    port = DriverReconciler(loop, sessions=SessionKVPoller(loop, homes, interval_s=0.05))
+    await port.start()
+    try:
+        spec = load_spec_file(PD.read_text())
+        await port.apply(spec, {"prefill": 2, "decode": 0}, ())
+        await eventually(lambda: _is(port.progress("chat-pd"), "converged"))
+
+        async def weighed(want: dict[str, int]) -> bool:
+            got = {v.instance_id: v.session_blocks for v in port.instances("chat-pd")}
+            return got == want
+
+        await eventually(lambda: weighed({"prefill-0": 40, "prefill-1": 0}))
+        homes.down.add("chat-pd")
+        homes.blocks["chat-pd"] = {}
+        await port._sessions.poll_once()  # type: ignore[union-attr]
+        assert await weighed({"prefill-0": 40, "prefill-1": 0})
+    finally:
+        await port.stop()
+
+
+@pytest.mark.parametrize(
+    ("victim", "want"),
+    [
+        ("p-0", ["p-1"]),  # same deployment and role, READY, not the victim
+        ("d-0", []),  # the only decode instance: nowhere to go
+    ],
+    ids=["peers-of-its-role", "no-peer"],
+)
+def test_peers_of(victim: str, want: list[str]) -> None:
+    def st(iid: str, role: str, state: InstanceState = InstanceState.READY, dep: str = "chat"
+           ) -> InstanceStatus:  # fmt: skip
+        return InstanceStatus(iid, dep, role, Role.WORKER, state)
+
+    fleet = [st("p-0", "prefill"), st("p-1", "prefill"), st("p-2", "prefill", InstanceState.DRAINING),
+             st("p-3", "prefill", InstanceState.STARTING), st("p-9", "prefill", dep="other"),
+             st("d-0", "decode")]  # fmt: skip
+    me = next(s for s in fleet if s.instance_id == victim)
+    assert [s.instance_id for s in peers_of(me, fleet)] == want

@@ -1,13 +1,17 @@
 """Agent memory in the simulator: on a fleet too small for every session, an idle session's
 prefix survives its gap under retention (on the GPU or the tier) and not under LRU; the
-measurements are those of the benchmark."""
+measurements are those of the benchmark; a scaled-in engine's sessions are migrated."""
 
 from __future__ import annotations
 
 import pytest
 
 from services.bench.traces import Trace, TraceRequest
+from services.common.perfmodel import get_profile
+from services.engine.kvcache import KVCache
+from services.sim.autoscale import AutoscaleConfig
 from services.sim.config import SimConfig, SimConfigError
+from services.sim.memory import AgentMemory
 from services.sim.run import Simulation
 
 
@@ -48,3 +52,61 @@ def test_idle_prefix_survives_only_with_retention(mode: str, kept: bool) -> None
 def test_unknown_mode_is_refused() -> None:
     with pytest.raises(SimConfigError, match="agent-memory"):
         SimConfig(agent_memory="magic").validate()
+
+
+def _served(mem: AgentMemory, session: str, hashes: list[int], iid: str, now: float) -> None:
+    """One turn of ``session`` computed on ``iid``: its blocks cached there, the turn ended."""
+    cache = mem.caches[iid]
+    rid = f"{session}@{now}"
+    assert cache.allocate(rid, hashes, len(hashes)) is not None
+    cache.commit(rid, hashes)
+    cache.release(rid)
+    mem.arrive(rid, 0, session, hashes, now)
+    mem.end(rid, iid, now)
+
+
+@pytest.mark.parametrize(
+    ("mode", "stay_kv", "want"),
+    [
+        # the session's 8 blocks go to the tier; it is re-homed where the router sends it
+        ("retention", 50, ("e1", 8, {"migrate_move": 1})),
+        # its home among those that stay lacks room: the tier all the same, re-homed
+        ("retention", 4, ("e1", 8, {"migrate_tier": 1})),
+        # the engines' LRU only: nothing moves (as before)
+        ("lru", 50, ("e0", 0, {})),
+    ],
+    ids=["moved", "home-full-tier", "lru-nothing"],
+)
+def test_scale_in_migrates_the_sessions(
+    mode: str, stay_kv: int, want: tuple[str, int, dict[str, int]]
+) -> None:
+    caches = {"e0": KVCache(50, 64), "e1": KVCache(stay_kv, 64)}
+    mem = AgentMemory(mode, caches, get_profile("test"), 64)
+    _served(mem, "a", list(range(1, 9)), "e0", 1000.0)
+    assert mem.session_blocks() == {"e0": 8}
+    mem.migrate("e0", ["e1"], 2000.0)
+    s = mem.table.get(("sim", "", "a"))
+    in_tier = sum(1 for h in range(1, 9) if h in mem._tier)
+    assert (s.home_instance, in_tier, mem.counts) == want
+
+
+def test_autoscaled_run_migrates_the_victims_sessions() -> None:
+    """Six sessions take a turn, go idle, come back 400 s later: the quiet fleet scales in
+    meanwhile, the victim's sessions are migrated as it leaves, and every resumed turn finds
+    its prefix (the run does not fail on prefixes routed to the removed engine)."""
+    rows = []
+    for k in range(6):
+        a = tuple(range(1000 * k + 1, 1000 * k + 9))
+        rows += [(k * 1.0, a), (400.0 + k, (*a, 1000 * k + 9))]
+    reqs = tuple(
+        TraceRequest(i, i + 1, t, len(h) * 512, 4, h) for i, (t, h) in enumerate(sorted(rows))
+    )
+    cfg = SimConfig(engines=2, kv_blocks=150, block_size=64, agent_memory="retention",
+                    autoscale=AutoscaleConfig(min_replicas=1, tick_s=5.0, window_s=10.0,
+                                              startup_s=1.0))  # fmt: skip
+    sim = Simulation(cfg, Trace("t", "mooncake", reqs))
+    run = sim.run()
+    assert all(r.error is None for r in run.requests)
+    assert sum(i.removed for i in sim.engines) == 1
+    assert sim.memory is not None and sim.memory.counts.get("migrate_move", 0) >= 1
+    assert sim.memory.summary()["reuse_ratio"] == 1.0

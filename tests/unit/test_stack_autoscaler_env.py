@@ -1,5 +1,6 @@
 """The stack's autoscaler child is told where telemetry and every gateway replica's gRPC
-server are, in a form its settings read back (driver.scheduler_addresses for Drain)."""
+server are, in a form its settings read back (driver.scheduler_addresses for Drain), and
+where kvmeta is (driver.kvmeta_address, for session migration)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,4 @@ def test_autoscaler_child_env_reads_back(
     settings = load_settings(AutoscalerSettings, "autoscaler")
     assert settings.telemetry_address == telemetry
     assert settings.driver.scheduler_addresses == schedulers
+    assert settings.driver.kvmeta_address == telemetry.rsplit(":", 1)[0] + f":{50052 + offset}"

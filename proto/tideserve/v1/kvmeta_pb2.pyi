@@ -15,10 +15,21 @@ class SessionPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SESSION_PHASE_ACTIVE: _ClassVar[SessionPhase]
     SESSION_PHASE_IDLE: _ClassVar[SessionPhase]
     SESSION_PHASE_ENDED: _ClassVar[SessionPhase]
+
+class MigrationFate(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MIGRATION_FATE_UNSPECIFIED: _ClassVar[MigrationFate]
+    MIGRATION_FATE_MOVE: _ClassVar[MigrationFate]
+    MIGRATION_FATE_TIER: _ClassVar[MigrationFate]
+    MIGRATION_FATE_DROP: _ClassVar[MigrationFate]
 SESSION_PHASE_UNSPECIFIED: SessionPhase
 SESSION_PHASE_ACTIVE: SessionPhase
 SESSION_PHASE_IDLE: SessionPhase
 SESSION_PHASE_ENDED: SessionPhase
+MIGRATION_FATE_UNSPECIFIED: MigrationFate
+MIGRATION_FATE_MOVE: MigrationFate
+MIGRATION_FATE_TIER: MigrationFate
+MIGRATION_FATE_DROP: MigrationFate
 
 class MatchPrefixRequest(_message.Message):
     __slots__ = ("deployment", "tenant", "block_hashes", "candidate_instances", "lora")
@@ -473,3 +484,81 @@ class ListAgentSessionsResponse(_message.Message):
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     sessions: _containers.RepeatedCompositeFieldContainer[AgentSession]
     def __init__(self, sessions: _Optional[_Iterable[_Union[AgentSession, _Mapping]]] = ...) -> None: ...
+
+class ListSessionHomesRequest(_message.Message):
+    __slots__ = ("deployment",)
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    deployment: str
+    def __init__(self, deployment: _Optional[str] = ...) -> None: ...
+
+class SessionHome(_message.Message):
+    __slots__ = ("instance_id", "sessions", "blocks", "tokens")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    sessions: int
+    blocks: int
+    tokens: int
+    def __init__(self, instance_id: _Optional[str] = ..., sessions: _Optional[int] = ..., blocks: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class ListSessionHomesResponse(_message.Message):
+    __slots__ = ("homes",)
+    HOMES_FIELD_NUMBER: _ClassVar[int]
+    homes: _containers.RepeatedCompositeFieldContainer[SessionHome]
+    def __init__(self, homes: _Optional[_Iterable[_Union[SessionHome, _Mapping]]] = ...) -> None: ...
+
+class MigrationDestination(_message.Message):
+    __slots__ = ("instance_id", "url", "load")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    url: str
+    load: float
+    def __init__(self, instance_id: _Optional[str] = ..., url: _Optional[str] = ..., load: _Optional[float] = ...) -> None: ...
+
+class MigrateSessionsRequest(_message.Message):
+    __slots__ = ("deployment", "instance_id", "url", "destinations")
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
+    deployment: str
+    instance_id: str
+    url: str
+    destinations: _containers.RepeatedCompositeFieldContainer[MigrationDestination]
+    def __init__(self, deployment: _Optional[str] = ..., instance_id: _Optional[str] = ..., url: _Optional[str] = ..., destinations: _Optional[_Iterable[_Union[MigrationDestination, _Mapping]]] = ...) -> None: ...
+
+class SessionMigration(_message.Message):
+    __slots__ = ("tenant", "session_id", "fate", "instance_id", "blocks", "reason")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FATE_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    session_id: str
+    fate: MigrationFate
+    instance_id: str
+    blocks: int
+    reason: str
+    def __init__(self, tenant: _Optional[str] = ..., session_id: _Optional[str] = ..., fate: _Optional[_Union[MigrationFate, str]] = ..., instance_id: _Optional[str] = ..., blocks: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class MigrateSessionsResponse(_message.Message):
+    __slots__ = ("sessions", "offload_requested", "offloaded", "offloads_to_tier", "engine_detail", "offload_settled")
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    OFFLOAD_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    OFFLOADED_FIELD_NUMBER: _ClassVar[int]
+    OFFLOADS_TO_TIER_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_DETAIL_FIELD_NUMBER: _ClassVar[int]
+    OFFLOAD_SETTLED_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[SessionMigration]
+    offload_requested: int
+    offloaded: int
+    offloads_to_tier: bool
+    engine_detail: str
+    offload_settled: bool
+    def __init__(self, sessions: _Optional[_Iterable[_Union[SessionMigration, _Mapping]]] = ..., offload_requested: _Optional[int] = ..., offloaded: _Optional[int] = ..., offloads_to_tier: _Optional[bool] = ..., engine_detail: _Optional[str] = ..., offload_settled: _Optional[bool] = ...) -> None: ...

@@ -136,6 +136,16 @@ class KVMetaServiceStub:
                 request_serializer=tideserve_dot_v1_dot_kvmeta__pb2.ListAgentSessionsRequest.SerializeToString,
                 response_deserializer=tideserve_dot_v1_dot_kvmeta__pb2.ListAgentSessionsResponse.FromString,
                 _registered_method=True)
+        self.ListSessionHomes = channel.unary_unary(
+                '/tideserve.v1.KVMetaService/ListSessionHomes',
+                request_serializer=tideserve_dot_v1_dot_kvmeta__pb2.ListSessionHomesRequest.SerializeToString,
+                response_deserializer=tideserve_dot_v1_dot_kvmeta__pb2.ListSessionHomesResponse.FromString,
+                _registered_method=True)
+        self.MigrateSessions = channel.unary_unary(
+                '/tideserve.v1.KVMetaService/MigrateSessions',
+                request_serializer=tideserve_dot_v1_dot_kvmeta__pb2.MigrateSessionsRequest.SerializeToString,
+                response_deserializer=tideserve_dot_v1_dot_kvmeta__pb2.MigrateSessionsResponse.FromString,
+                _registered_method=True)
 
 
 class KVMetaServiceServicer:
@@ -313,6 +323,28 @@ class KVMetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListSessionHomes(self, request, context):
+        """Per home instance, the live (ACTIVE or IDLE) sessions of a deployment, every tenant's,
+        as counts only (the autoscaler weighs a scale-in victim by the session KV it would have
+        to move). Read-only. INVALID_ARGUMENT: empty deployment.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MigrateSessions(self, request, context):
+        """Scale-in: moves the sessions homed on an instance about to be removed (every tenant's)
+        by the migration plan: ended sessions are dropped, live ones are re-homed to the
+        destination the router will send their next turn to, or to the tier, and the victim
+        engine is told to offload their blocks (the engine simulator's retention route; other
+        engines are only re-homed), waiting (bounded) until the engine has stored them. Call it
+        after the instance was drained, before removing it.
+        INVALID_ARGUMENT: empty deployment or instance, or the instance among the destinations.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVMetaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -415,6 +447,16 @@ def add_KVMetaServiceServicer_to_server(servicer, server):
                     servicer.ListAgentSessions,
                     request_deserializer=tideserve_dot_v1_dot_kvmeta__pb2.ListAgentSessionsRequest.FromString,
                     response_serializer=tideserve_dot_v1_dot_kvmeta__pb2.ListAgentSessionsResponse.SerializeToString,
+            ),
+            'ListSessionHomes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSessionHomes,
+                    request_deserializer=tideserve_dot_v1_dot_kvmeta__pb2.ListSessionHomesRequest.FromString,
+                    response_serializer=tideserve_dot_v1_dot_kvmeta__pb2.ListSessionHomesResponse.SerializeToString,
+            ),
+            'MigrateSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.MigrateSessions,
+                    request_deserializer=tideserve_dot_v1_dot_kvmeta__pb2.MigrateSessionsRequest.FromString,
+                    response_serializer=tideserve_dot_v1_dot_kvmeta__pb2.MigrateSessionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -958,6 +1000,60 @@ class KVMetaService:
             '/tideserve.v1.KVMetaService/ListAgentSessions',
             tideserve_dot_v1_dot_kvmeta__pb2.ListAgentSessionsRequest.SerializeToString,
             tideserve_dot_v1_dot_kvmeta__pb2.ListAgentSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSessionHomes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tideserve.v1.KVMetaService/ListSessionHomes',
+            tideserve_dot_v1_dot_kvmeta__pb2.ListSessionHomesRequest.SerializeToString,
+            tideserve_dot_v1_dot_kvmeta__pb2.ListSessionHomesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MigrateSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tideserve.v1.KVMetaService/MigrateSessions',
+            tideserve_dot_v1_dot_kvmeta__pb2.MigrateSessionsRequest.SerializeToString,
+            tideserve_dot_v1_dot_kvmeta__pb2.MigrateSessionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

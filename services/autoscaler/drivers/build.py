@@ -13,6 +13,7 @@ from services.autoscaler.drivers.drain import Drainer
 from services.autoscaler.drivers.dryrun import DryRunDriver
 from services.autoscaler.drivers.kubernetes import KubernetesDriver
 from services.autoscaler.drivers.local import LocalDriver
+from services.autoscaler.drivers.sessions import KVMetaSessions
 from services.autoscaler.drivers.settings import DriverSettings
 from services.autoscaler.membership import MembershipPublisher
 from services.autoscaler.reconciler import Reconciler
@@ -23,10 +24,13 @@ __all__ = ["build_driver", "build_reconciler"]
 
 
 def build_driver(
-    settings: DriverSettings, channel: Callable[[str], grpc.aio.Channel] = aio_channel
+    settings: DriverSettings,
+    channel: Callable[[str], grpc.aio.Channel] = aio_channel,
+    sessions: KVMetaSessions | None = None,
 ) -> Driver:
     """``local``, ``kubernetes`` (its API client is made at ``start``) or ``dry-run``;
-    ``channel`` dials the gateway replicas drained before a scale-in."""
+    ``channel`` dials the gateway replicas drained before a scale-in; ``sessions`` (kvmeta)
+    migrates a drained instance's agent sessions before its removal."""
     if settings.kind == "dry-run":
         return DryRunDriver()
     drainer = Drainer(
@@ -34,6 +38,7 @@ def build_driver(
         timeout_s=settings.drain_timeout_s,
         poll_s=settings.drain_poll_s,
         channel=channel,
+        sessions=sessions,
     )
     if settings.kind == "local":
         return LocalDriver(settings.local, drainer)
@@ -45,6 +50,7 @@ def build_reconciler(
     redis: aioredis.Redis | None,
     prefix: str = "ts",
     channel: Callable[[str], grpc.aio.Channel] = aio_channel,
+    sessions: KVMetaSessions | None = None,
 ) -> Reconciler:
     """A reconciler over :func:`build_driver`; ``redis`` (a bytes client) None = no
     membership events."""
@@ -53,4 +59,4 @@ def build_reconciler(
         if redis is not None
         else None
     )
-    return Reconciler(build_driver(settings, channel), settings, publisher)
+    return Reconciler(build_driver(settings, channel, sessions), settings, publisher)

@@ -18,6 +18,11 @@ timeout. An engine without load metrics leaves the schedulers' word alone.
 
 Before any of this the caller announces DRAINING on the membership stream, which every
 gateway replica follows; the ``Drain`` RPC makes the replicas we can reach stop at once.
+
+Scale-in is drain and migrate: after the drain, :meth:`Drainer.migrate` asks kvmeta (when
+the drainer has a :class:`~services.autoscaler.drivers.sessions.KVMetaSessions`) to move the
+instance's agent sessions to the instances of its role that stay, before the driver removes
+it.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ import aiohttp
 import grpc
 from tideserve.v1 import scheduler_pb2, scheduler_pb2_grpc
 
+from services.autoscaler.drivers.base import InstanceStatus
+from services.autoscaler.drivers.sessions import KVMetaSessions
 from services.common.engine_load import scrape_load
 from services.common.security.channels import aio_channel
 
@@ -69,8 +76,10 @@ class Drainer:
         rpc_timeout_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         channel: Callable[[str], grpc.aio.Channel] = aio_channel,
+        sessions: KVMetaSessions | None = None,
     ) -> None:
         self.addresses = tuple(addresses)
+        self.sessions = sessions
         self._make_channel = channel
         self.timeout_s = timeout_s
         self.poll_s = poll_s
@@ -124,6 +133,13 @@ class Drainer:
                 total = -1 if unknown else sum(c or 0 for c in counts) + (engine or 0)
                 return DrainResult(False, waited, total, polls)
             await asyncio.sleep(self.poll_s)
+
+    async def migrate(self, victim: InstanceStatus, peers: Sequence[InstanceStatus]) -> str:
+        """Move the drained ``victim``'s agent sessions to ``peers`` (the instances of its
+        role that stay); a summary line, "" when there was nothing to do or no kvmeta."""
+        if self.sessions is None:
+            return ""
+        return await self.sessions.migrate(victim, peers)
 
     async def close(self) -> None:
         for channel in self._channels.values():

@@ -20,7 +20,8 @@ Endpoint: ``http://<podIP>:<engine_port>``.
 Scale-out patches ``spec.replicas`` up and returns. Scale-in, for each victim (the caller's,
 else :func:`~.base.choose_victims`; for a StatefulSet always the highest ordinals, which is
 what its controller removes): DRAINING is announced, the scheduler drains it
-(:class:`~.drain.Drainer`), the pod is annotated ``controller.kubernetes.io/pod-deletion-cost:
+(:class:`~.drain.Drainer`), its agent sessions are migrated (with kvmeta configured), the
+pod is annotated ``controller.kubernetes.io/pod-deletion-cost:
 "-1000"`` so the ReplicaSet deletes exactly it, and only then is ``spec.replicas`` lowered.
 A scale-in that fails after draining (an API error) leaves its victims DRAINING: the retry
 takes them first; a scale-out instead puts them back (READY again, announced ADDED).
@@ -59,6 +60,7 @@ from services.autoscaler.drivers.base import (
     counted,
 )
 from services.autoscaler.drivers.drain import Drainer
+from services.autoscaler.drivers.sessions import peers_of
 from services.autoscaler.drivers.settings import KubernetesSettings
 
 __all__ = [
@@ -444,6 +446,9 @@ class KubernetesDriver:
             if not res.drained:
                 log.warning("%s: %d in flight after %.1fs of draining; removing anyway",
                             name, res.in_flight, res.waited_s)  # fmt: skip
+        stay = [s for n, s in w.statuses.items() if n not in self._draining]
+        gone = [w.statuses[v] for v in doomed if v in w.statuses]
+        await asyncio.gather(*(self.drainer.migrate(v, peers_of(v, stay)) for v in gone))
         async with self._lock:
             for name in doomed:
                 await self._annotate(name, VICTIM_COST)

@@ -28,7 +28,8 @@ task supervises them all (no threads):
   instance, started again when they exit, kept across the instance's restarts (a bridge then
   sees the engine come back), stopped after it (:mod:`.sidecars`);
 - scale-in: victims are drained first (DRAINING announced, the scheduler's ``Drain``, a
-  bounded wait until nothing is in flight: :class:`~.drain.Drainer`), then SIGTERM, then
+  bounded wait until nothing is in flight: :class:`~.drain.Drainer`), their agent sessions
+  migrated (:meth:`~.drain.Drainer.migrate`, with kvmeta configured), then SIGTERM, then
   SIGKILL after ``stop_grace_s``.
 
 :meth:`close` stops every process (SIGTERM, SIGKILL after the grace) without draining: the
@@ -67,6 +68,7 @@ from services.autoscaler.drivers.base import (
 )
 from services.autoscaler.drivers.drain import Drainer
 from services.autoscaler.drivers.portpick import choose_port
+from services.autoscaler.drivers.sessions import peers_of
 from services.autoscaler.drivers.settings import LocalSettings
 from services.autoscaler.drivers.sidecars import Sidecars
 from services.common.local.ports import port_is_free
@@ -317,6 +319,10 @@ class LocalDriver:
                     f"scale-in: drain timed out after {res.waited_s:.1f}s ({res.in_flight} in flight)"
                 )
             )
+            stay = [i.status for i in self._instances.values() if not i.stopping]
+            moved = await self.drainer.migrate(inst.status, peers_of(inst.status, stay))
+            if moved:
+                why += f"; {moved}"
         else:
             why = f"scale-in: removed while {inst.status.state.value}"
         await self._terminate(inst)

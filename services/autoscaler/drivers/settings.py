@@ -72,6 +72,11 @@ class DriverSettings(BaseModel):
         default_factory=list,
         description="gRPC host:port of every gateway replica, for Drain; [] = engine load only",
     )
+    kvmeta_address: str = Field(
+        "",
+        description="kvmeta gRPC host:port: a drained instance's agent sessions are migrated "
+        "before removal and scale-in victims weigh their session KV; '' = neither",
+    )
     drain_timeout_s: float = Field(
         60.0, gt=0, description="longest wait for in-flight requests before stopping anyway"
     )

@@ -7,9 +7,23 @@ the simulator can run the same rules.
 - :mod:`.tooltime` — :class:`ToolTimePredictor`: gap distributions per tool and agent;
 - :mod:`.retention` — :func:`plan_retention`: protect, offload, drop, release;
 - :mod:`.prefetch` — :func:`plan_prefetch` and :func:`on_arrival`: when to bring an
-  offloaded prefix back, and fetch versus recompute.
+  offloaded prefix back, and fetch versus recompute;
+- :mod:`.homes` — :func:`rendezvous_home`: the instance the router ranks first for a session;
+- :mod:`.migration` — :func:`plan_migration`: where a scaled-in instance's sessions go.
 """
 
+from services.common.sessions.homes import rendezvous_home, route_key
+from services.common.sessions.migration import (
+    Destination,
+    Fate,
+    HomeKV,
+    Migrant,
+    MigrationPlan,
+    Move,
+    homes_kv,
+    migrant,
+    plan_migration,
+)
 from services.common.sessions.model import (
     InvalidSessionError,
     Phase,
@@ -41,9 +55,15 @@ __all__ = [
     "DEFAULT_BUDGET_SHARE",
     "NO_TOOL",
     "Arrival",
+    "Destination",
+    "Fate",
     "GapEstimate",
+    "HomeKV",
     "IdleSession",
     "InvalidSessionError",
+    "Migrant",
+    "MigrationPlan",
+    "Move",
     "Phase",
     "PrefetchPlan",
     "RetentionPlan",
@@ -56,8 +76,13 @@ __all__ = [
     "TierLink",
     "ToolTimePredictor",
     "fetch_ms",
+    "homes_kv",
+    "migrant",
     "on_arrival",
+    "plan_migration",
     "plan_prefetch",
     "plan_retention",
     "recompute_ms",
+    "rendezvous_home",
+    "route_key",
 ]

@@ -3,12 +3,12 @@ alike, and stickiness to the instance that last served it, with a load escape.""
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 from pydantic import Field
 
+from services.common.sessions.homes import rendezvous_home, route_key
 from services.scheduler.routing.framework import CycleContext
 from services.scheduler.routing.registry import NoParams, Params, PluginEnv, register
 from services.scheduler.routing.types import EndpointView, Pick, RequestView
@@ -72,24 +72,11 @@ class SessionAffinity:
             self._sessions.popitem(last=False)
 
 
-def rendezvous_home(key: str, instance_ids: Sequence[str]) -> str | None:
-    """The highest-random-weight (rendezvous) choice of ``key`` among ``instance_ids``:
-    the id with the largest keyed hash of ``(key, id)``. Independent of order and of the
-    process, so every replica computes the same home; losing an instance moves only the
-    keys whose home it was. None for no ids."""
-    best: tuple[bytes, str] | None = None
-    k = key.encode() + b"\0"
-    for iid in instance_ids:
-        h = hashlib.blake2b(k + iid.encode(), digest_size=8).digest()
-        if best is None or (h, iid) > best:
-            best = (h, iid)
-    return best[1] if best else None
-
-
 @register("session-home", NoParams)
 class SessionHome:
-    """Scores 1 for the request's session home among the candidates (:func:`rendezvous_home`
-    of ``request.session_id``), 0 elsewhere; nothing without a session id. A sub-agent's
+    """Scores 1 for the request's session home among the candidates
+    (:func:`~services.common.sessions.homes.rendezvous_home` of ``request.session_id``), 0
+    elsewhere; nothing without a session id. A sub-agent's
     home is its parent session's: its prompt starts from the parent's system prompt and
     tools, which the parent's turns left there, and its own turns stay together.
 
@@ -106,7 +93,7 @@ class SessionHome:
     def score(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
     ) -> Mapping[str, float]:
-        key = request.parent_session_id or request.session_id
+        key = route_key(request.session_id, request.parent_session_id)
         if not request.session_id or not key:
             return {}
         home = rendezvous_home(key, [c.instance_id for c in candidates])
