@@ -117,11 +117,18 @@ class FileArena(Arena):
         return self._live()[offset : offset + length]
 
     def flush(self, ranges: Sequence[tuple[int, int]]) -> None:
-        """``msync`` the pages of each (offset, length) to the disk."""
-        for offset, length in ranges:
+        """``msync`` the pages of each (offset, length) to the disk, adjacent or
+        overlapping ranges as one call (a batch placed first-fit is usually one range)."""
+        spans: list[list[int]] = []
+        for offset, length in sorted(ranges):
             self._check(offset, length)
             start = offset - offset % _PAGE
-            if _libc.msync(self.base + start, offset + length - start, _MS_SYNC) != 0:
+            if spans and start <= spans[-1][1]:
+                spans[-1][1] = max(spans[-1][1], offset + length)
+            else:
+                spans.append([start, offset + length])
+        for start, end in spans:
+            if _libc.msync(self.base + start, end - start, _MS_SYNC) != 0:
                 err = ctypes.get_errno()
                 raise OSError(err, f"msync of {self.path}: {os.strerror(err)}")
 

@@ -233,7 +233,7 @@ def test_file_arena_keeps_bytes_and_address(tmp_path: Path) -> None:
     arena = FileArena(tmp_path / "blocks.dat", size)
     base, stable = arena.base, arena.stable
     arena.write(5000, b"hello")
-    arena.flush([(5000, 5)])
+    arena.flush([(5000, 5), (0, 3), (4090, 20), (3 * size // 4, 1)])  # merged into two spans
     arena.close()
     again = FileArena(tmp_path / "blocks.dat", size)
     try:
