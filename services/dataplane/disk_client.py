@@ -14,7 +14,7 @@ import aiohttp
 
 from services.dataplane.blocks import block_key
 
-__all__ = ["DiskPutError", "forget_dead_segment", "put_on_disk"]
+__all__ = ["DiskPutError", "put_on_disk"]
 
 
 class DiskPutError(RuntimeError):
@@ -49,16 +49,3 @@ async def put_on_disk(
         if resp.status != 200:
             raise DiskPutError(resp.status, str(got.get("error", {}).get("message", got)))
         return [int(o) for o in got["offsets"]]
-
-
-async def forget_dead_segment(http: aiohttp.ClientSession, metadata_url: str, segment: str) -> int:
-    """Delete the Transfer Engine keys of ``segment`` from the metadata server: a process
-    killed with SIGKILL never deletes them, and the server refuses a new engine under a live
-    ``rpc_meta`` key. Only for a segment name this process owns (its port is its own and
-    free). Returns how many keys were deleted."""
-    deleted = 0
-    for kind in ("rpc_meta", "ram"):
-        params = {"key": f"mooncake/{kind}/{segment}"}
-        async with http.delete(metadata_url, params=params) as resp:
-            deleted += resp.status == 200
-    return deleted

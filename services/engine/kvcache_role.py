@@ -6,8 +6,10 @@ endpoint (``--te-metadata-url``), registers an arena of ``--kvcache-mib`` MiB an
 in kvmeta's object master (``MountSegment`` over gRPC to ``--kvmeta-address``, deployment
 ``--deployment``, tier CPU). Engines then store and fetch blocks in it directly over the
 Transfer Engine (:class:`services.dataplane.tier.KVTier`); kvmeta places, leases and evicts
-them (its watermark). A mount of the same name left by a killed predecessor is replaced (its
-objects pointed into memory that is gone).
+them (its watermark). Restarted under the same segment name after a kill -9, it takes over
+the Transfer Engine keys its dead predecessor left in the metadata server
+(:mod:`services.dataplane.metadata`) and replaces that one's mount in kvmeta (its objects
+pointed into memory that is gone).
 
 With ``--kvcache-disk-mib`` the process also holds a disk segment (tier SSD, files in
 ``--kvcache-disk-dir``; :mod:`services.engine.kvcache_disk`): blocks are put into it through
@@ -27,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 from typing import Any
 
 import aiohttp
@@ -35,7 +36,7 @@ import grpc
 from aiohttp import web
 from tideserve.v1 import kvmeta_pb2_grpc
 
-from services.dataplane.disk_client import forget_dead_segment
+from services.dataplane.metadata import take_over_dead_segment
 from services.dataplane.tier import KVTier
 from services.dataplane.transfer import Arena, TransferError
 from services.engine.kvbytes import data_plane_for
@@ -104,18 +105,6 @@ def _app(tier: KVTier, arena: Arena, disk: DiskSegment | None) -> web.Applicatio
     return app
 
 
-def _port_free(host: str, port: int) -> bool:
-    """Nothing listens on ``host:port`` (SO_REUSEADDR, as aiohttp binds: a predecessor's
-    connections in TIME_WAIT do not count)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
 
@@ -130,13 +119,13 @@ async def serve_kvcache(settings: EngineSettings, stop: asyncio.Event) -> int:
     mounted = False
     runner: web.AppRunner | None = None
     try:
-        if disk is not None and _port_free(settings.host, settings.port):
-            # Restarted under the same name (a free port: no live process holds it), a
-            # predecessor killed with SIGKILL left its Transfer Engine keys behind.
+        # Restarted under its own name, an instance killed with SIGKILL left its Transfer
+        # Engine keys behind: take them over when their owner is dead.
+        # (Unreachable metadata server: the Transfer Engine's start below says so.)
+        with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-                n = await forget_dead_segment(http, settings.te_metadata_url, plane.segment)
-            if n:
-                log.info("took over segment %s from a process that died", plane.segment)
+                if await take_over_dead_segment(http, settings.te_metadata_url, plane.segment):
+                    log.info("took over segment %s from a process that died", plane.segment)
         await plane.start()
         await plane.register(arena)
         instance = settings.instance_id or plane.segment
