@@ -83,6 +83,7 @@ _FLAGS: list[Flag] = [
     ("--kv-transfer-timeout-s", float, "data plane: a slower KV pull recomputes (default 10)"),
     ("--kvmeta-address", str, "kvcache role: kvmeta's gRPC address (default 127.0.0.1:50052)"),
     ("--kvcache-policy", str, "tier: write_through (default) or offload_on_evict"),
+    ("--kvcache-disk-url", str, "tier: store on this kvcache instance's disk segment (its URL)"),
     ("--kvcache-mib", int, "kvcache role: DRAM segment size in MiB (default 1024)"),
     ("--kvcache-disk-mib", int, "kvcache role: disk segment size in MiB (default 0: none)"),
     (

@@ -103,6 +103,11 @@ class EngineSettings(TracingSettings):
         description="with kvcache_tier: store every computed block (write_through) or only "
         "the blocks the engine evicts (offload_on_evict)",
     )
+    kvcache_disk_url: str | None = Field(
+        None,
+        description="with kvcache_tier: store blocks on the disk segment of the kvcache "
+        "instance at this URL (durable across its restarts) instead of in a DRAM segment",
+    )
     kvcache_mib: int = Field(1024, ge=1, description="kvcache role: DRAM segment size (MiB)")
     kvcache_disk_mib: int = Field(
         0, ge=0, description="kvcache role: disk segment size (MiB); 0 = no disk segment"

@@ -6,7 +6,9 @@ directory, and the reader fetches the same bytes again, every byte checked. Vari
 kept the segment's objects (the usual case: only the kvcache process died); kvmeta forgot
 them (as after a kvmeta restart without its store: the process puts its blocks back); the
 log ends in a torn record; one block's bytes were damaged on disk (that block is dropped,
-the others served). kvmeta's servicer runs in this process without persistence; the real
+the others served). And an engine offloading what it evicts onto the disk segment
+(``--kvcache-disk-url``) fetches a prompt's prefix back after the kvcache process was killed
+and restarted in between. kvmeta's servicer runs in this process without persistence; the real
 Mooncake Transfer Engine, TCP on loopback (the test skips, saying why, when it cannot load).
 """
 
@@ -24,6 +26,7 @@ import grpc
 import pytest
 from tideserve.v1 import kvmeta_pb2_grpc
 
+from services.common.tokens import block_hashes, tokenize
 from services.dataplane.blocks import block_content, mismatched
 from services.dataplane.disk_client import put_on_disk
 from services.dataplane.settings import DataPlaneSettings
@@ -32,6 +35,7 @@ from services.dataplane.transfer import Arena, DataPlane
 from services.kvmeta.objects import ObjectMaster
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
 from tests.helpers.dataplane import metadata_url_or_skip
+from tests.helpers.engines import EngineFleet
 from tests.helpers.ports import free_port
 from tests.helpers.waits import eventually
 from tests.integration._engine_proc import engine_proc
@@ -159,3 +163,67 @@ async def test_blocks_on_disk_survive_a_kill_9(
             await dp.close()
             arena.close()
         await channel.close()
+
+
+LONG = " ".join(f"w{i}" for i in range(700))  # 10 full blocks of 64 tokens + a tail
+OTHER = " ".join(f"v{i}" for i in range(700))
+
+
+async def test_an_engine_offloads_to_disk_and_fetches_back_after_a_kill_9(
+    tmp_path: Path,
+    metadata_url: str,
+    kvmeta: tuple[ObjectMaster, str],
+    http: aiohttp.ClientSession,
+) -> None:
+    master, address = kvmeta
+    port = free_port()
+    args = (
+        "--role", "kvcache", "--kvcache-mib", "4", "--kvcache-disk-mib", "8",
+        "--kvcache-disk-dir", str(tmp_path / "disk"), "--deployment", DEP,
+        "--te-metadata-url", metadata_url, "--kvmeta-address", address,
+    )  # fmt: skip
+    fleet = EngineFleet(
+        tmp_path,
+        serve="runner",
+        profile="test",
+        speedup=20.0,
+        deployment=DEP,
+        kvcache_tier=True,
+        kvcache_policy="offload_on_evict",
+        kvcache_disk_url=f"http://127.0.0.1:{port}",
+        kv_blocks=11,  # one 700-token prompt (+4 new tokens): the next one evicts it whole
+        kvmeta_address=address,
+        te_metadata_url=metadata_url,
+    )
+    try:
+        async with engine_proc(tmp_path / "state", *args, port=port) as (_url, proc):
+            engine, url = await fleet.start()
+
+            async def complete(prompt: str) -> dict[str, Any]:
+                body = {"prompt": prompt, "max_tokens": 4}
+                async with http.post(url + "/v1/completions", json=body) as resp:
+                    assert resp.status == 200
+                    return dict(await resp.json())
+
+            keys = [block_key(h) for h in block_hashes(tokenize(LONG), engine.settings.block_size)]
+            want = await complete(LONG)
+            await complete(OTHER)  # evicts LONG's blocks: offloaded onto the disk
+
+            async def on_disk() -> bool:
+                return all(master.exist(DEP, "", keys)) and engine.core.cache.held_slots == 0
+
+            await eventually(on_disk)
+            reps, _ = master.get_replica_list(DEP, "", keys[0], time.time())
+            assert reps[0].tier == 3  # SSD
+            proc.send_signal(signal.SIGKILL)
+            await asyncio.wait_for(proc.wait(), 30)
+        async with engine_proc(tmp_path / "state", *args, port=port):
+            assert engine.tier_io is not None
+            computed = engine.core.prompt_tokens_total
+            got = await complete(LONG)
+            assert got["choices"][0]["text"] == want["choices"][0]["text"]
+            assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == 640  # fetched
+            assert engine.tier_io.fetched_blocks == 10
+            assert engine.core.prompt_tokens_total - computed == len(tokenize(LONG)) - 640
+    finally:
+        await fleet.close()
