@@ -93,7 +93,7 @@ def _app(tier: KVTier, arena: Arena, disk: DiskSegment | None) -> web.Applicatio
         except PutRefused as err:
             return _error(400 if "need" in str(err) else 507, str(err))
         except grpc.aio.AioRpcError as err:
-            status = 507 if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else 503
+            status = _HTTP_STATUS.get(err.code(), 503)
             return _error(status, f"kvmeta: {err.code().name}: {err.details()}")
         except TransferError as err:
             return _error(503, f"transfer: {err}")
@@ -103,6 +103,14 @@ def _app(tier: KVTier, arena: Arena, disk: DiskSegment | None) -> web.Applicatio
     app.router.add_get("/health", health)
     app.router.add_post("/kvcache/disk/put", disk_put)
     return app
+
+
+# kvmeta's answer to a put → the HTTP status of ``/kvcache/disk/put`` (else 503: retry later).
+_HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.ALREADY_EXISTS: 409,  # a key is already stored (or being stored)
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 507,
+}
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -3,17 +3,20 @@ real servicer and object master called in process (no network) and a Transfer En
 that copies memory: a put is logged before it is committed and survives a new start; every
 failure (transfer, commit, placement on another segment) revokes its keys and leaves nothing
 in the index; a start puts back what kvmeta forgot, moving the bytes to where kvmeta placed
-them, and drops a damaged block; two processes cannot share a directory."""
+them, and drops a damaged block; two processes cannot share a directory. And the HTTP route's
+statuses for each outcome of a put."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from tideserve.v1 import common_pb2, kvmeta_pb2
 
 from services.dataplane.blocks import block_content, block_key
@@ -21,6 +24,7 @@ from services.dataplane.settings import DataPlaneSettings
 from services.dataplane.tier import KVTier
 from services.dataplane.transfer import Arena, DataPlane, TransferError
 from services.engine.kvcache_disk import DiskSegment, PutRefused
+from services.engine.kvcache_role import _app
 from services.kvmeta.objects import ObjectMaster, SegmentSpec
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell
 from tests.helpers.dataplane import FakeNative
@@ -196,3 +200,73 @@ async def test_one_process_per_directory(world: World) -> None:
         await other.start("i")
     await other.close(unmount=False)
     await seg.close(unmount=True)
+
+
+class FakeDisk:
+    """``put`` answers ``outcome`` (offsets, or an exception to raise)."""
+
+    def __init__(self, outcome: list[int] | BaseException) -> None:
+        self.outcome = outcome
+
+    async def put(self, *args: Any) -> list[int]:
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
+
+    def health(self) -> dict[str, Any]:
+        return {"segment": "s/disk"}
+
+
+def _rpc(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), "x")
+
+
+GOOD = {"keys": ["kv-1"], "size": 8, "source": "h:1", "addrs": [4096]}
+
+
+@pytest.mark.parametrize(
+    ("outcome", "body", "status"),
+    [
+        ([0], GOOD, 200),
+        (None, GOOD, 404),
+        ([0], "not json", 400),
+        ([0], {"keys": ["kv-1"], "size": 8}, 400),
+        ([0], {**GOOD, "size": "big"}, 400),
+        (PutRefused("need keys"), GOOD, 400),
+        (PutRefused("kvmeta placed blocks outside s/disk (it is full)"), GOOD, 507),
+        (_rpc(grpc.StatusCode.RESOURCE_EXHAUSTED), GOOD, 507),
+        (_rpc(grpc.StatusCode.ALREADY_EXISTS), GOOD, 409),
+        (_rpc(grpc.StatusCode.INVALID_ARGUMENT), GOOD, 400),
+        (_rpc(grpc.StatusCode.UNAVAILABLE), GOOD, 503),
+        (TransferError("peer gone"), GOOD, 503),
+    ],
+    ids=[
+        "ok",
+        "no-disk-segment",
+        "not-json",
+        "missing-fields",
+        "bad-size",
+        "refused-request",
+        "placed-elsewhere",
+        "kvmeta-full",
+        "already-stored",
+        "kvmeta-invalid",
+        "kvmeta-unavailable",
+        "transfer-failed",
+    ],
+)
+async def test_disk_put_route_statuses(outcome: Any, body: Any, status: int) -> None:
+    tier = SimpleNamespace(plane=SimpleNamespace(segment="s"))
+    arena = SimpleNamespace(size=1 << 20)
+    disk = None if outcome is None else FakeDisk(outcome)
+    async with TestClient(TestServer(_app(tier, arena, disk))) as client:  # type: ignore[arg-type]
+        kw = {"data": body} if isinstance(body, str) else {"json": body}
+        resp = await client.post("/kvcache/disk/put", **kw)
+        got = await resp.json()
+        assert resp.status == status, got
+        if status == 200:
+            assert got == {"offsets": outcome}
+        else:
+            assert got["error"]["message"]
+        health = await (await client.get("/health")).json()
+        assert health["disk"] == (None if disk is None else {"segment": "s/disk"})
