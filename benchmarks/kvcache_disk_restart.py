@@ -14,7 +14,8 @@ started again on the same port and directory:
 
 ``tier_restart_s``: from spawning the new process until a fetch of every block through
 kvmeta (verified, byte for byte) has succeeded: the sessions' KV is served again.
-``health_s``: until its ``/health`` answers (mounted, reconciled). Both include the
+``health_s``: until its ``/health`` answers (mounted, reconciled); ``first_fetch_s``: until
+the first batch of ``--batch`` blocks was fetched and verified. All include the
 interpreter's start (~1-2 s of imports). The block file is in the page cache (it was just
 written), so the restart reads it from memory; a cold cache adds one read of the held bytes
 at the disk's speed (the CRC check reads every held block).
@@ -129,9 +130,11 @@ async def _plane(meta: str, size: int) -> tuple[DataPlane, Arena]:
     return dp, arena
 
 
-async def _verified_fetch(b: Bench, stub: Any, meta: str) -> None:
-    """Fetch every block through kvmeta with a fresh reader and check every byte."""
+async def _verified_fetch(b: Bench, stub: Any, meta: str) -> float:
+    """Fetch every block through kvmeta with a fresh reader and check every byte; returns
+    when (monotonic) the first batch was in hand, verified."""
     reader, arena = await _plane(meta, b.args.batch * b.block)
+    first = 0.0
     try:
         tier = KVTier(stub, reader, DEP)
         for i in range(0, len(b.hashes), b.args.batch):
@@ -140,9 +143,11 @@ async def _verified_fetch(b: Bench, stub: Any, meta: str) -> None:
             got = [arena.read(j * b.block, b.block) for j in range(len(part))]
             if mismatched(part, got):
                 raise RuntimeError("fetched bytes differ")
+            first = first or time.monotonic()
     finally:
         await reader.close()
         arena.close()
+    return first
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -185,12 +190,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 async with grpc.aio.insecure_channel(f"127.0.0.1:{b.gport}") as ch:
                     from tideserve.v1 import kvmeta_pb2_grpc
 
-                    await _verified_fetch(b, kvmeta_pb2_grpc.KVMetaServiceStub(ch), b.meta)
+                    stub = kvmeta_pb2_grpc.KVMetaServiceStub(ch)
+                    first = await _verified_fetch(b, stub, b.meta)
                 served = time.monotonic()
                 async with http.get(b.url + "/health") as resp:
                     restored = (await resp.json())["disk"]["restored"]
                 out["variants"][variant] = {
                     "health_s": healthy - t0,
+                    "first_fetch_s": first - t0,
                     "tier_restart_s": served - t0,
                     "restored": restored,
                 }
