@@ -16,10 +16,11 @@ its answer the block survives a crash of the process (kill -9) and of the machin
 failure every key is revoked.
 
 At start (:meth:`DiskSegment.start`): replay the snapshot and log, mount (replacing a stale
-mount of the same name), check each held block's CRC-32, ask kvmeta which it lists
-at their place (``BatchGetReplicaList``), and apply :func:`~services.dataplane.disk_index.reconcile`: kept blocks are
-served at once; blocks kvmeta forgot are put again (kvmeta may place them elsewhere: their
-bytes are read first, then written to their new places); the others are dropped.
+mount of the same name), check each held block's CRC-32, ask kvmeta which it lists at their
+place (``BatchGetReplicaList``), and apply :func:`~services.dataplane.disk_index.reconcile`:
+kept blocks are served at once; blocks kvmeta forgot are put again (kvmeta may place them
+elsewhere: their bytes are read first, then written to their new places); the others are
+dropped (a damaged block kvmeta still lists is also removed from kvmeta).
 """
 
 from __future__ import annotations

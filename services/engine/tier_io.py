@@ -12,10 +12,11 @@ What is stored depends on ``--kvcache-policy``:
 Either way a block kvmeta already has is not stored again (``Exist``, then
 :meth:`KVTier.store` from the block's slot into a DRAM segment, or with
 ``--kvcache-disk-url`` :func:`~services.dataplane.disk_client.put_on_disk`: that ``kvcache``
-instance pulls the blocks onto its disk segment, durably, before answering). Stores run as background tasks, one at a time (a
-store that fails, e.g. RESOURCE_EXHAUSTED or a slot reused before it was read, is dropped: the
-tier is a cache). A stored block whose slot was reused before the write read it holds wrong
-bytes; every fetch verifies, so such a block costs a recompute, never a wrong answer.
+instance pulls the blocks onto its disk segment, durably, before answering). Stores run as
+background tasks, one at a time (a store that fails, e.g. RESOURCE_EXHAUSTED or a slot reused
+before it was read, is dropped: the tier is a cache). A stored block whose slot was reused
+before the write read it holds wrong bytes; every fetch verifies, so such a block costs a
+recompute, never a wrong answer.
 
 Fetch instead of recompute (:meth:`TierIO.fetch`, before an aggregated request or a P/D
 prefill request is submitted): the prompt's
