@@ -87,6 +87,8 @@ class FileArena(Arena):
         try:
             if os.fstat(fd).st_size < size:
                 os.posix_fallocate(fd, 0, size)
+                os.fsync(fd)  # the file and its size outlive a machine crash, as the log does
+                _fsync_dir(path.parent)
             hint = _HINT_BASE + (int(hashlib.sha256(str(path).encode()).hexdigest()[:3], 16) << 32)
             prot, shared = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED
             addr = _libc.mmap(hint, size, prot, shared | _MAP_FIXED_NOREPLACE, fd, 0)
