@@ -8,15 +8,21 @@ them (as after a kvmeta restart without its store: the process puts its blocks b
 log ends in a torn record; one block's bytes were damaged on disk (that block is dropped,
 the others served). And an engine offloading what it evicts onto the disk segment
 (``--kvcache-disk-url``) fetches a prompt's prefix back after the kvcache process was killed
-and restarted in between. kvmeta's servicer runs in this process without persistence; the real
-Mooncake Transfer Engine, TCP on loopback (the test skips, saying why, when it cannot load).
+and restarted in between. These run kvmeta's servicer in this process without persistence;
+the last test kills a kvmeta process that keeps its objects in Postgres (with Redis, as in
+production) together with the kvcache process. The real Mooncake Transfer Engine, TCP on
+loopback (the tests skip, saying why, when it cannot load).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
+import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +30,7 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
-from tideserve.v1 import kvmeta_pb2_grpc
+from tideserve.v1 import kvmeta_pb2, kvmeta_pb2_grpc
 
 from services.common.tokens import block_hashes, tokenize
 from services.dataplane.blocks import block_content, mismatched
@@ -34,7 +40,7 @@ from services.dataplane.tier import KVTier, block_key
 from services.dataplane.transfer import Arena, DataPlane
 from services.kvmeta.objects import ObjectMaster
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
-from tests.helpers.dataplane import metadata_url_or_skip
+from tests.helpers.dataplane import metadata_url_or_skip, transfer_engine_unavailable
 from tests.helpers.engines import EngineFleet
 from tests.helpers.ports import free_port
 from tests.helpers.waits import eventually
@@ -227,3 +233,90 @@ async def test_an_engine_offloads_to_disk_and_fetches_back_after_a_kill_9(
             assert engine.core.prompt_tokens_total - computed == len(tokenize(LONG)) - 640
     finally:
         await fleet.close()
+
+
+def _kvmeta_process(
+    tmp: Path, grpc_port: int, meta_port: int, pg: str, rd: str
+) -> subprocess.Popen[bytes]:
+    """kvmeta as a process, its objects in Postgres (what it acknowledges survives it)."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("TIDESERVE_")}
+    env.update(
+        {
+            "TIDESERVE_METADATA_HTTP_PORT": str(meta_port),
+            "TIDESERVE_STREAM_PREFIX": f"t{uuid.uuid4().hex[:8]}",
+            "TIDESERVE_LOG_FORMAT": "text",
+        }
+    )
+    args = ["--grpc-port", str(grpc_port), "--metrics-port", "0"]
+    args += ["--postgres-url", pg, "--redis-url", rd]
+    with (tmp / "kvmeta.stderr").open("ab") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "services.kvmeta", *args],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+
+
+async def _kvmeta_up(proc: subprocess.Popen[bytes], stub: Any, tmp: Path) -> None:
+    async def serving() -> bool:
+        assert proc.poll() is None, (tmp / "kvmeta.stderr").read_text()[-2000:]
+        try:
+            await stub.Exist(kvmeta_pb2.ExistRequest(deployment=DEP, keys=["probe"]))
+        except grpc.aio.AioRpcError:
+            return False
+        return True
+
+    await eventually(serving, within_s=60)
+
+
+async def test_kvcache_and_kvmeta_both_killed_with_kvmeta_on_postgres(
+    tmp_path: Path, postgres_db_url: str, redis_url: str
+) -> None:
+    reason = transfer_engine_unavailable()  # kvmeta serves the metadata endpoint itself here
+    if reason is not None:
+        pytest.skip(reason)
+    gport, mport, port = free_port(), free_port(), free_port()
+    meta = f"http://127.0.0.1:{mport}/metadata"
+    args = (
+        "--role", "kvcache", "--kvcache-mib", "4", "--kvcache-disk-mib", "4",
+        "--kvcache-disk-dir", str(tmp_path / "disk"), "--deployment", DEP,
+        "--te-metadata-url", meta, "--kvmeta-address", f"127.0.0.1:{gport}",
+    )  # fmt: skip
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{gport}")
+    stub = kvmeta_pb2_grpc.KVMetaServiceStub(channel)
+    kvmeta = _kvmeta_process(tmp_path, gport, mport, postgres_db_url, redis_url)
+    planes: list[tuple[DataPlane, Arena]] = []
+    try:
+        await _kvmeta_up(kvmeta, stub, tmp_path)
+        writer, w_arena = await _plane(meta, len(HASHES))
+        planes.append((writer, w_arena))
+        for i, h in enumerate(HASHES):
+            w_arena.write(i * BLOCK, block_content(h, BLOCK))
+        addrs = [w_arena.base + i * BLOCK for i in range(len(HASHES))]
+        async with aiohttp.ClientSession() as http:
+            async with engine_proc(tmp_path / "state", *args, port=port) as (url, proc):
+                await put_on_disk(http, url, writer.segment, HASHES, addrs, BLOCK)
+                proc.send_signal(signal.SIGKILL)
+                kvmeta.send_signal(signal.SIGKILL)
+                await asyncio.wait_for(proc.wait(), 30)
+                kvmeta.wait(30)
+            kvmeta = _kvmeta_process(tmp_path, gport, mport, postgres_db_url, redis_url)
+            await _kvmeta_up(kvmeta, stub, tmp_path)
+            async with engine_proc(tmp_path / "state", *args, port=port) as (url, _proc):
+                async with http.get(url + "/health") as resp:
+                    restored = (await resp.json())["disk"]["restored"]
+                # kvmeta reloaded the segment and its objects from Postgres: nothing put back.
+                assert (restored["kept"], restored["reput"]) == (len(HASHES), 0)
+                reader, r_arena = await _plane(meta, len(HASHES))
+                planes.append((reader, r_arena))
+                got = await _fetch_all(KVTier(stub, reader, DEP), r_arena, HASHES)
+                assert mismatched(HASHES, got) == []
+    finally:
+        for dp, arena in planes:
+            await dp.close()
+            arena.close()
+        await channel.close()
+        if kvmeta.poll() is None:
+            kvmeta.terminate()
+            kvmeta.wait(30)
