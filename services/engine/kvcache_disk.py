@@ -13,7 +13,8 @@ acknowledged: ``BatchPutStart`` (tier SSD, this segment) → the instance pulls 
 from the writer's memory over the Transfer Engine into the mapping → CRC-32 of each block,
 ``msync`` of their pages → the log records, fsynced → ``BatchPutEnd``. Once the caller has
 its answer the block survives a crash of the process (kill -9) and of the machine. On any
-failure every key is revoked.
+failure every key is revoked; after a pull that timed out, only once the native read has
+returned (it may still write into the places kvmeta gave).
 
 At start (:meth:`DiskSegment.start`): replay the snapshot and log, mount (replacing a stale
 mount of the same name), check each held block's CRC-32, ask kvmeta which it lists at their
@@ -43,6 +44,7 @@ from tideserve.v1 import common_pb2, kvmeta_pb2
 from services.dataplane.disk_index import DiskBlock, DiskIndex, Drop, Put, reconcile
 from services.dataplane.disk_store import DiskLog, FileArena, Replay
 from services.dataplane.tier import KVTier
+from services.dataplane.transfer import TransferTimeout
 
 __all__ = ["DiskSegment", "PutRefused", "Restored"]
 
@@ -79,6 +81,7 @@ class DiskSegment:
         self.restored: Restored | None = None
         self._lease_end = 0.0  # wall time (s) when the leases taken by the start's listing end
         self._cleanup: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()  # revokes after timed-out reads
 
     # -- start / stop ---------------------------------------------------------------------
     async def start(self, instance_id: str) -> Restored:
@@ -135,10 +138,10 @@ class DiskSegment:
         log.warning("could not remove %d damaged blocks from kvmeta", len(pending))
 
     async def close(self, *, unmount: bool) -> None:
-        if self._cleanup is not None:
-            self._cleanup.cancel()
+        for task in [*self._background, *([self._cleanup] if self._cleanup else [])]:
+            task.cancel()  # kvmeta reclaims puts left unended after its put timeout
             with contextlib.suppress(asyncio.CancelledError):
-                await self._cleanup
+                await task
         if unmount:
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await self.tier.unmount(self.name)
@@ -173,6 +176,7 @@ class DiskSegment:
         ``source`` under ``keys``; returns their offsets once durable and committed."""
         if not keys or len(keys) != len(addrs) or size <= 0 or not source:
             raise PutRefused("need keys, as many addrs, a positive size and a source")
+        keys = list(keys)
         offsets = await self._start(tenant, keys, size)
         try:
             arena = self._live()
@@ -183,10 +187,24 @@ class DiskSegment:
             async with self._lock:
                 await self._append([Put(b) for b in blocks])
             await self._end(tenant, keys)
+        except TransferTimeout as err:
+            # The native read may still write into these places: kvmeta must not hand them
+            # out again before it has returned, so the keys are revoked only then.
+            task = asyncio.create_task(self._revoke_after(err.pending, tenant, keys))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            raise
         except BaseException:
             await self._revoke(tenant, keys)
             raise
         return offsets
+
+    async def _revoke_after(
+        self, pending: asyncio.Future[Any], tenant: str, keys: list[str]
+    ) -> None:
+        with contextlib.suppress(Exception):
+            await pending
+        await self._revoke(tenant, keys)
 
     async def _start(self, tenant: str, keys: Sequence[str], size: int) -> list[int]:
         res = await self.tier.stub.BatchPutStart(

@@ -2,12 +2,14 @@
 real servicer and object master called in process (no network) and a Transfer Engine fake
 that copies memory: a put is logged before it is committed and survives a new start; every
 failure (transfer, commit, placement on another segment) revokes its keys and leaves nothing
-in the index; a start puts back what kvmeta forgot, moving the bytes to where kvmeta placed
-them, and drops a damaged block; two processes cannot share a directory. And the HTTP route's
-statuses for each outcome of a put."""
+in the index (a timed-out pull only once the native read has returned); a start puts back
+what kvmeta forgot, moving the bytes to where kvmeta placed them, and drops a damaged block;
+two processes cannot share a directory. And the HTTP route's statuses for each outcome of a
+put."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,12 +24,13 @@ from tideserve.v1 import common_pb2, kvmeta_pb2
 from services.dataplane.blocks import block_content, block_key
 from services.dataplane.settings import DataPlaneSettings
 from services.dataplane.tier import KVTier
-from services.dataplane.transfer import Arena, DataPlane, TransferError
+from services.dataplane.transfer import Arena, DataPlane, TransferError, TransferTimeout
 from services.engine.kvcache_disk import DiskSegment, PutRefused
 from services.engine.kvcache_role import _app
 from services.kvmeta.objects import ObjectMaster, SegmentSpec
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell
 from tests.helpers.dataplane import FakeNative
+from tests.helpers.waits import eventually
 
 DEP = "d"
 BLOCK = 4096
@@ -144,6 +147,30 @@ async def test_a_failed_put_revokes_and_holds_nothing(
     again = await world.segment()
     assert (await again.start("i")).kept == 0  # nothing came back from the log either
     await again.close(unmount=True)
+
+
+async def test_a_timed_out_pull_keeps_its_places_until_the_native_read_returns(
+    world: World,
+) -> None:
+    class Held(FakeNative):
+        gate = threading.Event()
+
+    plane = DataPlane(DataPlaneSettings("127.0.0.1:1", transfer_timeout_s=0.1), native=Held)
+    await plane.start()
+    world.planes.append(plane)
+    seg = DiskSegment(world.tmp / "disk", 1 << 20, KVTier(world.stub, plane, DEP))
+    await seg.start("i")
+    with pytest.raises(TransferTimeout):
+        await seg.put("", world.keys(), BLOCK, "src:1", world.addrs())
+    assert world.master.object_counts() == (0, 3)  # still being written: not handed out
+    Held.gate.set()  # the native read returns
+
+    async def revoked() -> bool:
+        return world.master.object_counts() == (0, 0)
+
+    await eventually(revoked)
+    assert len(seg.index) == 0
+    await seg.close(unmount=True)
 
 
 async def test_a_put_placed_on_another_segment_is_refused(world: World) -> None:
