@@ -94,7 +94,16 @@ def stat(xs: list[float | None]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def tier_restart() -> dict[str, Any]:
+    """``tier_restart_s`` and the whole JSON of ``kvcache_disk_restart.py`` (its defaults)."""
+    from benchmarks import kvcache_disk_restart as kdr
+
+    restart = asyncio.run(kdr.run(kdr.parser().parse_args([])))
+    rest = {k: v for k, v in restart.items() if k not in ("command", "machine")}
+    return {"tier_restart_s": restart["tier_restart_s"], "tier_restart": rest}
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--trace", default=str(TRACE))
     p.add_argument(
@@ -110,7 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--tier-restart", action="store_true", help="also measure tier_restart_s (live, ~1 min)"
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     trace = load_trace(args.trace)
     base = SimConfig(
         engines=args.engines,
@@ -157,11 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.monotonic() - t0, 1),
     }
     if args.tier_restart:
-        from benchmarks import kvcache_disk_restart as kdr
-
-        restart = asyncio.run(kdr.run(kdr.parser().parse_args([])))
-        out["tier_restart_s"] = restart["tier_restart_s"]
-        out["tier_restart"] = {k: v for k, v in restart.items() if k not in ("command", "machine")}
+        out.update(tier_restart())
     emit_json(out, args.out)
     return 0
 

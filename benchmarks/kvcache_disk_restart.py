@@ -150,6 +150,33 @@ async def _verified_fetch(b: Bench, stub: Any, meta: str) -> float:
     return first
 
 
+async def _fill(b: Bench, http: aiohttp.ClientSession) -> dict[str, Any]:
+    """Put every block on the disk, ``--batch`` at a time; the put figures."""
+    args = b.args
+    writer, w_arena = await _plane(b.meta, args.batch * b.block)
+    put_ms: list[float] = []
+    try:
+        for i in range(0, len(b.hashes), args.batch):
+            part = b.hashes[i : i + args.batch]
+            for j, h in enumerate(part):  # contents of this batch's blocks
+                w_arena.write(j * b.block, block_content(h, b.block))
+            addrs = [w_arena.base + j * b.block for j in range(len(part))]
+            t = time.perf_counter()
+            await put_on_disk(http, b.url, writer.segment, part, addrs, b.block)
+            put_ms.append((time.perf_counter() - t) * 1000)
+    finally:
+        await writer.close()
+        w_arena.close()
+    return {
+        "put_batch_ms": {
+            "p50": statistics.median(put_ms),
+            "max": max(put_ms),
+            "blocks_per_batch": args.batch,
+        },
+        "put_mib_per_s": len(b.hashes) * b.block / 2**20 / (sum(put_ms) / 1000),
+    }
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     b = Bench(args, Path(tempfile.mkdtemp(prefix="kvcache_disk_restart_")))
     out: dict[str, Any] = {"variants": {}}
@@ -157,28 +184,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         b.start_kvmeta()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
             await _until_healthy(http, b.url, b.start_kvcache())
-            writer, w_arena = await _plane(b.meta, args.batch * b.block)
-            put_ms: list[float] = []
-            try:
-                for j in range(args.batch):
-                    w_arena.write(j * b.block, block_content(b.hashes[j], b.block))
-                for i in range(0, len(b.hashes), args.batch):
-                    part = b.hashes[i : i + args.batch]
-                    for j, h in enumerate(part):  # contents of this batch's blocks
-                        w_arena.write(j * b.block, block_content(h, b.block))
-                    addrs = [w_arena.base + j * b.block for j in range(len(part))]
-                    t = time.perf_counter()
-                    await put_on_disk(http, b.url, writer.segment, part, addrs, b.block)
-                    put_ms.append((time.perf_counter() - t) * 1000)
-            finally:
-                await writer.close()
-                w_arena.close()
-            out["put_batch_ms"] = {
-                "p50": statistics.median(put_ms),
-                "max": max(put_ms),
-                "blocks_per_batch": args.batch,
-            }
-            out["put_mib_per_s"] = len(b.hashes) * b.block / 2**20 / (sum(put_ms) / 1000)
+            out.update(await _fill(b, http))
             for variant in ("kvcache_killed", "kvmeta_forgot"):
                 b.kill(b.kvcache)
                 if variant == "kvmeta_forgot":

@@ -99,6 +99,14 @@ def _damage(disk: Path, fault: str, offset: int) -> None:
             f.write(bytes([byte[0] ^ 0xFF]))
 
 
+def _kvcache_args(disk: Path, metadata_url: str, kvmeta_address: str) -> tuple[str, ...]:
+    return (
+        "--role", "kvcache", "--kvcache-mib", "4", "--kvcache-disk-mib", "8",
+        "--kvcache-disk-dir", str(disk), "--deployment", DEP,
+        "--te-metadata-url", metadata_url, "--kvmeta-address", kvmeta_address,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "fault",
     ["kvmeta-kept", "kvmeta-forgot", "torn-log", "damaged-block"],
@@ -109,11 +117,7 @@ async def test_blocks_on_disk_survive_a_kill_9(
 ) -> None:
     master, address = kvmeta
     disk, port = tmp_path / "disk", free_port()
-    args = (
-        "--role", "kvcache", "--kvcache-mib", "4", "--kvcache-disk-mib", "4",
-        "--kvcache-disk-dir", str(disk), "--kvcache-disk-compact-records", "5",
-        "--deployment", DEP, "--te-metadata-url", metadata_url, "--kvmeta-address", address,
-    )  # fmt: skip
+    args = (*_kvcache_args(disk, metadata_url, address), "--kvcache-disk-compact-records", "5")
     channel = grpc.aio.insecure_channel(address)
     stub = kvmeta_pb2_grpc.KVMetaServiceStub(channel)
     writer, w_arena = await _plane(metadata_url, len(HASHES))
@@ -183,11 +187,7 @@ async def test_an_engine_offloads_to_disk_and_fetches_back_after_a_kill_9(
 ) -> None:
     master, address = kvmeta
     port = free_port()
-    args = (
-        "--role", "kvcache", "--kvcache-mib", "4", "--kvcache-disk-mib", "8",
-        "--kvcache-disk-dir", str(tmp_path / "disk"), "--deployment", DEP,
-        "--te-metadata-url", metadata_url, "--kvmeta-address", address,
-    )  # fmt: skip
+    args = _kvcache_args(tmp_path / "disk", metadata_url, address)
     fleet = EngineFleet(
         tmp_path,
         serve="runner",
@@ -278,11 +278,7 @@ async def test_kvcache_and_kvmeta_both_killed_with_kvmeta_on_postgres(
         pytest.skip(reason)
     gport, mport, port = free_port(), free_port(), free_port()
     meta = f"http://127.0.0.1:{mport}/metadata"
-    args = (
-        "--role", "kvcache", "--kvcache-mib", "4", "--kvcache-disk-mib", "4",
-        "--kvcache-disk-dir", str(tmp_path / "disk"), "--deployment", DEP,
-        "--te-metadata-url", meta, "--kvmeta-address", f"127.0.0.1:{gport}",
-    )  # fmt: skip
+    args = _kvcache_args(tmp_path / "disk", meta, f"127.0.0.1:{gport}")
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{gport}")
     stub = kvmeta_pb2_grpc.KVMetaServiceStub(channel)
     kvmeta = _kvmeta_process(tmp_path, gport, mport, postgres_db_url, redis_url)
