@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import signal
 import statistics
 import sys
@@ -209,6 +210,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 }
     finally:
         b.group.stop()
+        shutil.rmtree(b.work / "disk", ignore_errors=True)  # the block file; logs stay
     out["tier_restart_s"] = out["variants"]["kvcache_killed"]["tier_restart_s"]
     out["config"] = {
         "blocks": args.blocks,
