@@ -15,6 +15,7 @@ from services.scheduler.core.load_merge import (
     merge_load,
     needs_scrape,
     newer,
+    queued_prefill,
 )
 
 ST = LoadReport(running=5, waiting=1, tokens_in_flight=900, pending_prefill_tokens=300)
@@ -171,3 +172,66 @@ def test_fleet_takes_ended_work_off_the_stream_snapshot_that_held_it(source: str
     assert (v.running, v.pending_prefill_tokens) == ((2, 1280) if stream else (3, 1920))
     f.report_load("a", LoadReport(running=1), 2.5, source=source)  # type: ignore[arg-type]
     assert f.view("a", 2.6).running == 1
+
+
+@pytest.mark.parametrize(
+    ("load", "own_waiting", "own_tokens", "per_request", "expected"),
+    [
+        (LoadReport(waiting=3), 0, 0, 1000.0, (3000, 3000)),
+        (LoadReport(waiting=3), 2, 500, 1000.0, (1500, 1500)),
+        (LoadReport(waiting=1), 4, 500, 1000.0, (500, 500)),
+        (LoadReport(waiting=2, tokens_in_flight=9000), 0, 0, 1000.0, (2000, 9000)),
+        (LoadReport(waiting=2, pending_prefill_tokens=70), 0, 500, 1000.0, (70, 0)),
+        (LoadReport(waiting=3), 0, 0, 0.0, (0, 0)),
+        (LoadReport(running=4), 0, 0, 1000.0, (0, 0)),
+    ],
+    ids=[
+        "foreign-waiting-at-the-mean",
+        "own-waiting-not-counted-twice",
+        "more-own-than-waiting",
+        "tokens-in-flight-at-least-the-queue",
+        "a-reported-queue-is-kept",
+        "no-mean-yet",
+        "running-only",
+    ],
+)
+def test_queued_prefill(
+    load: LoadReport,
+    own_waiting: int,
+    own_tokens: int,
+    per_request: float,
+    expected: tuple[int, int],
+) -> None:
+    """A scrape's prefill queue: this gateway's unanswered tokens plus the waiting requests
+    they do not account for, at the mean prefill of its picks."""
+    out = queued_prefill(
+        load, own_waiting=own_waiting, own_tokens=own_tokens, tokens_per_request=per_request
+    )
+    assert (out.pending_prefill_tokens, out.tokens_in_flight) == expected
+    assert (out.running, out.waiting) == (load.running, load.waiting)
+
+
+def test_scrape_mode_prices_another_gateways_queue() -> None:
+    """Scrape mode: an engine with requests waiting that this gateway did not send has a
+    longer predicted TTFT than an idle one (the queue was invisible: the same TTFT on every
+    instance without this gateway's own picks)."""
+    from tests.unit._routing_helpers import ctx, make, req
+
+    f = Fleet()
+    for i in ("a", "b", "c"):
+        f.upsert(EndpointSpec(i, f"http://{i}"))
+    f.reserve("own", ["c"], {"c": 4000}, 0.0)  # one own pick: the mean is 4000 / 64
+    mean = f.prefill_mean
+    f.report_load("a", LoadReport(running=1, waiting=2), 1.0)  # two not ours
+    f.report_load("b", LoadReport(running=1), 1.0)
+    f.report_load("c", LoadReport(waiting=1), 1.0)  # ours
+    views = [f.view(i, 1.5) for i in ("a", "b", "c")]
+    assert [v.pending_prefill for v in views] == [int(2 * mean), 0, 4000]
+    cost = make("ttft-cost", epsilon_ms=1e-6)
+    c = ctx(now=1.5)
+    cost.prepare(c, req(prompt_tokens=1000), views)
+    # LinearModel: 10,000 tokens/s; own prefill 100 ms
+    assert c.predicted_ttft_ms == pytest.approx({"a": 100.0 + 0.2 * mean, "b": 100.0, "c": 500.0})
+    f.first_token("own")
+    f.report_load("c", LoadReport(waiting=1), 2.0)  # no longer ours: someone else's
+    assert f.view("c", 2.5).pending_prefill == int(mean)
