@@ -61,24 +61,25 @@ def test_prefix_estimate(
 # Carriers: (instance, blocks of H, how the pick ended: None = no answer yet, True =
 # answered, False = failed before its first byte).
 Carrier = tuple[str, int, bool | None]
+ON = {"unfinished": True}
 
 
 @pytest.mark.parametrize(
     ("carriers", "precise", "params", "expected_cached", "expected_ready"),
     [
-        ([("a", 8, None)], None, {}, {"a": 32, "b": 0}, {"a": 0, "b": 0}),
-        ([("a", 8, True)], None, {}, {"a": 32, "b": 0}, {"a": 32, "b": 0}),
-        ([("a", 8, False)], None, {}, {"a": 0, "b": 0}, {"a": 0, "b": 0}),
-        ([("a", 4, True), ("a", 8, None)], None, {}, {"a": 32, "b": 0}, {"a": 16, "b": 0}),
-        ([("a", 8, None), ("b", 2, True)], None, {}, {"a": 32, "b": 8}, {"a": 0, "b": 8}),
+        ([("a", 8, None)], None, ON, {"a": 32, "b": 0}, {"a": 0, "b": 0}),
+        ([("a", 8, True)], None, ON, {"a": 32, "b": 0}, {"a": 32, "b": 0}),
+        ([("a", 8, False)], None, ON, {"a": 0, "b": 0}, {"a": 0, "b": 0}),
+        ([("a", 4, True), ("a", 8, None)], None, ON, {"a": 32, "b": 0}, {"a": 16, "b": 0}),
+        ([("a", 8, None), ("b", 2, True)], None, ON, {"a": 32, "b": 8}, {"a": 0, "b": 8}),
         (
             [("a", 8, None)],
             {"a": PrefixMatch(6, {"gpu": 6})},
-            {},
+            ON,
             {"a": 32, "b": 0},
             {"a": 24, "b": 0},
         ),
-        ([("a", 8, None)], None, {"unfinished": False}, {"a": 32, "b": 0}, {"a": 32, "b": 0}),
+        ([("a", 8, None)], None, {}, {"a": 32, "b": 0}, {"a": 32, "b": 0}),
     ],
     ids=[
         "prefilling-carrier-where-not-cached-yet",
@@ -87,7 +88,7 @@ Carrier = tuple[str, int, bool | None]
         "answered-part-ready-prefilling-rest-not",
         "prefilling-long-vs-answered-short-elsewhere",
         "engine-reported-blocks-are-ready",
-        "unfinished-off-counts-all-as-sglang-router",
+        "off-by-default-counts-all-as-sglang-router",
     ],
 )
 def test_prefix_estimate_unfinished_carriers(
@@ -125,7 +126,7 @@ def test_ttft_follower_of_prefilling_carrier(
     """The next turn of a session whose previous turn still prefills on ``a``: its
     predicted TTFT there is the wait for that prefill plus its own full prefill (it
     recomputes), not the cache hit it gets once the predecessor answered."""
-    pe = make("prefix-estimate")
+    pe = make("prefix-estimate", unfinished=True)
     cost = make("ttft-cost", epsilon_ms=1e-6)
     pick = Pick(decode=Choice(ep("a"), 0.0), prefill=None, profile="p")
     prev = req("prev", prompt_tokens=24_000, block_hashes=H[:6], block_size=4_000)

@@ -35,8 +35,9 @@ from services.scheduler.routing.types import EndpointView, Pick, RequestView, Ti
 class PrefixEstimateParams(ApproxPrefixParams):
     tier_weights: dict[Tier, float] = Field(default_factory=default_tier_weights)
     # Tell cost plugins which part of a routed prefix is still being prefilled (False: all
-    # of it counts as cached from the pick on, as sglang-router's approximate tree does).
-    unfinished: bool = True
+    # of it counts as cached from the pick on, as sglang-router's approximate tree does; in
+    # the simulator neither is better on every cell: benchmarks/README.md).
+    unfinished: bool = False
     # Own picks waiting for their first byte that are remembered (the oldest are forgotten).
     max_unfinished: int = Field(65_536, gt=0)
 
