@@ -12,10 +12,10 @@ from services.scheduler.core.load_merge import (
     LoadReport,
     Sample,
     discount,
+    foreign_prefill,
     merge_load,
     needs_scrape,
     newer,
-    queued_prefill,
 )
 
 ST = LoadReport(running=5, waiting=1, tokens_in_flight=900, pending_prefill_tokens=300)
@@ -175,40 +175,31 @@ def test_fleet_takes_ended_work_off_the_stream_snapshot_that_held_it(source: str
 
 
 @pytest.mark.parametrize(
-    ("load", "own_waiting", "own_tokens", "per_request", "expected"),
+    ("load", "own_waiting", "per_request", "expected"),
     [
-        (LoadReport(waiting=3), 0, 0, 1000.0, (3000, 3000)),
-        (LoadReport(waiting=3), 2, 500, 1000.0, (1500, 1500)),
-        (LoadReport(waiting=1), 4, 500, 1000.0, (500, 500)),
-        (LoadReport(waiting=2, tokens_in_flight=9000), 0, 0, 1000.0, (2000, 9000)),
-        (LoadReport(waiting=2, pending_prefill_tokens=70), 0, 500, 1000.0, (70, 0)),
-        (LoadReport(waiting=3), 0, 0, 0.0, (0, 0)),
-        (LoadReport(running=4), 0, 0, 1000.0, (0, 0)),
+        (LoadReport(waiting=3), 0, 1000.0, 3000),
+        (LoadReport(waiting=3), 2, 1000.0, 1000),
+        (LoadReport(waiting=1), 4, 1000.0, 0),
+        (LoadReport(waiting=2, pending_prefill_tokens=70), 0, 1000.0, 0),
+        (LoadReport(waiting=3), 0, 0.0, 0),
+        (LoadReport(running=4), 0, 1000.0, 0),
     ],
     ids=[
         "foreign-waiting-at-the-mean",
-        "own-waiting-not-counted-twice",
+        "own-waiting-not-counted",
         "more-own-than-waiting",
-        "tokens-in-flight-at-least-the-queue",
-        "a-reported-queue-is-kept",
+        "a-reported-queue-is-used-instead",
         "no-mean-yet",
         "running-only",
     ],
 )
-def test_queued_prefill(
-    load: LoadReport,
-    own_waiting: int,
-    own_tokens: int,
-    per_request: float,
-    expected: tuple[int, int],
+def test_foreign_prefill(
+    load: LoadReport, own_waiting: int, per_request: float, expected: int
 ) -> None:
-    """A scrape's prefill queue: this gateway's unanswered tokens plus the waiting requests
-    they do not account for, at the mean prefill of its picks."""
-    out = queued_prefill(
-        load, own_waiting=own_waiting, own_tokens=own_tokens, tokens_per_request=per_request
-    )
-    assert (out.pending_prefill_tokens, out.tokens_in_flight) == expected
-    assert (out.running, out.waiting) == (load.running, load.waiting)
+    """A scrape's waiting requests beyond this gateway's own, at the mean prefill of its
+    picks."""
+    got = foreign_prefill(load, own_waiting=own_waiting, tokens_per_request=per_request)
+    assert got == expected
 
 
 def test_scrape_mode_prices_another_gateways_queue() -> None:
@@ -227,6 +218,7 @@ def test_scrape_mode_prices_another_gateways_queue() -> None:
     f.report_load("c", LoadReport(waiting=1), 1.0)  # ours
     views = [f.view(i, 1.5) for i in ("a", "b", "c")]
     assert [v.pending_prefill for v in views] == [int(2 * mean), 0, 4000]
+    assert [v.tokens_in_flight + v.reserved_tokens for v in views] == [0, 0, 4000]  # as before
     cost = make("ttft-cost", epsilon_ms=1e-6)
     c = ctx(now=1.5)
     cost.prepare(c, req(prompt_tokens=1000), views)
@@ -235,3 +227,5 @@ def test_scrape_mode_prices_another_gateways_queue() -> None:
     f.first_token("own")
     f.report_load("c", LoadReport(waiting=1), 2.0)  # no longer ours: someone else's
     assert f.view("c", 2.5).pending_prefill == int(mean)
+    f.set_remote_in_flight({"a": (2, 100)})  # a peer's heartbeat accounts for some of a's
+    assert f.view("a", 2.5).pending_prefill == max(int(2 * mean), 100)

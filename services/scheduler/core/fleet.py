@@ -14,8 +14,9 @@ Reservations: a pick reserves one request (and, until its first token, its uncac
 tokens as pending prefill) on each chosen endpoint. Engines report load with a lag, so the
 snapshot counts ``max(reported, ours)``: ``reserved_* = max(0, ours - reported)``. A scrape
 reports no prefill queue: the view estimates one from this gateway's unanswered picks and
-the waiting requests they do not account for (:func:`~.load_merge.queued_prefill`, at the
-moving mean of this gateway's picks' prefill tokens when the scrape arrived).
+the waiting requests they (and the peers' heartbeats) do not account for
+(:func:`~.load_merge.foreign_prefill`, at the moving mean of this gateway's picks' prefill
+tokens when the scrape arrived) on top of its own reservations.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from services.scheduler.core.load_merge import (
     Sample,
     Source,
     discount,
+    foreign_prefill,
     merge_load,
     newer,
-    queued_prefill,
 )
 from services.scheduler.core.load_merge import needs_scrape as _needs_scrape
 from services.scheduler.routing.types import Circuit, EndpointSnapshot, EndpointView, Role
@@ -268,13 +269,6 @@ class Fleet:
             stream_stale_s=self.stream_stale_s,
             scrape_stale_s=self.load_stale_s,
         )
-        if source == "scrape":
-            load = queued_prefill(
-                load,
-                own_waiting=live.scrape_unanswered,
-                own_tokens=live.ours_pending_tokens,
-                tokens_per_request=live.scrape_prefill_mean,
-            )
         if source != "stream":
             return load, source, until
         return discount(load, live.stream_gone), source, until
@@ -417,12 +411,18 @@ class Fleet:
 
     def _build(self, instance_id: str, now: float) -> tuple[EndpointView, float]:
         live = self._eps[instance_id]
-        ld, _, until = self._merged(live, now)  # unknown/stale: trust only our own counts
+        ld, source, until = self._merged(live, now)  # unknown/stale: trust only our own counts
         opened = live.breaker.opened_at
         if opened is not None and now - opened < live.breaker.open_s:
             until = min(until, opened + live.breaker.open_s)
         s = live.spec
         r_req, r_tok = self._remote.get(instance_id, (0, 0))
+        pending = ld.pending_prefill_tokens
+        if source == "scrape":  # no queue reported: the waiting requests not ours nor peers'
+            foreign = foreign_prefill(
+                ld, own_waiting=live.scrape_unanswered, tokens_per_request=live.scrape_prefill_mean
+            )
+            pending += max(0, foreign - r_tok)
         view = EndpointView(
             instance_id=s.instance_id,
             url=s.url,
@@ -430,7 +430,7 @@ class Fleet:
             running=ld.running,
             waiting=ld.waiting,
             tokens_in_flight=ld.tokens_in_flight,
-            pending_prefill_tokens=ld.pending_prefill_tokens,
+            pending_prefill_tokens=pending,
             kv_usage=ld.kv_usage,
             prefill_tokens_per_s=ld.prefill_tokens_per_s,
             healthy=live.healthy,

@@ -20,10 +20,10 @@ requests released, prefill tokens whose first token came back) is taken off it
 its prefix by the previous turn's pending prefill, still in a snapshot up to a reporting
 interval old. Scrapes are left as reported (taking ended requests off their running counts
 cost goodput in routing_sim, benchmarks/README.md), but they carry no pending prefill, so a
-cost that prices the prefill queue saw only this gateway's own picks. :func:`queued_prefill`
-estimates it: this gateway's picks not answered yet, plus each waiting request the engine
-reports that they do not account for (another gateway's, or sent around the gateway) at the
-mean prefill of this gateway's picks.
+cost that prices the prefill queue saw only this gateway's own picks (its reservations).
+:func:`foreign_prefill` estimates the rest: each waiting request the engine reports that
+those picks do not account for (another gateway's, or sent around the gateway) at the mean
+prefill of this gateway's picks.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ __all__ = [
     "Sample",
     "Source",
     "discount",
+    "foreign_prefill",
     "merge_load",
     "needs_scrape",
     "newer",
-    "queued_prefill",
 ]
 
 Source = Literal["stream", "scrape", "none"]
@@ -119,22 +119,12 @@ def newer(last: tuple[int, int] | None, epoch: int, ts_ms: int) -> bool:
     return last is None or (epoch, ts_ms) > last
 
 
-def queued_prefill(
-    load: LoadReport, *, own_waiting: int, own_tokens: int, tokens_per_request: float
-) -> LoadReport:
-    """``load`` (a scrape) with an estimated prefill queue when it reports none: this
-    gateway's prefill tokens not answered yet (``own_tokens``) plus ``tokens_per_request``
-    for each waiting request beyond ``own_waiting`` (this gateway's picks on the instance
-    not answered when the scrape arrived: the waiting ones among them are its own). The
-    tokens in flight are at least that queue, as in a stream snapshot."""
+def foreign_prefill(load: LoadReport, *, own_waiting: int, tokens_per_request: float) -> int:
+    """The prefill tokens a scrape's waiting requests hold beyond this gateway's own: each
+    waiting request beyond ``own_waiting`` (this gateway's picks on the instance that had not
+    answered when the scrape arrived, so the waiting ones among them are its own) at
+    ``tokens_per_request``. 0 when the report carries a prefill queue (it is used instead)."""
     if load.pending_prefill_tokens:
-        return load
-    foreign = max(0, load.waiting - own_waiting)
-    pending = max(0, own_tokens) + int(foreign * max(0.0, tokens_per_request))
-    if not pending:
-        return load
-    return replace(
-        load,
-        pending_prefill_tokens=pending,
-        tokens_in_flight=max(load.tokens_in_flight, pending),
-    )
+        return 0
+    foreign = max(0, load.waiting - max(0, own_waiting))
+    return int(foreign * max(0.0, tokens_per_request))
