@@ -61,7 +61,7 @@ def test_prefix_estimate(
 # Carriers: (instance, blocks of H, how the pick ended: None = no answer yet, True =
 # answered, False = failed before its first byte).
 Carrier = tuple[str, int, bool | None]
-ON = {"unfinished": "recompute"}
+ON = {"unfinished": True}
 
 
 @pytest.mark.parametrize(
@@ -94,7 +94,7 @@ ON = {"unfinished": "recompute"}
 def test_prefix_estimate_unfinished_carriers(
     carriers: list[Carrier],
     precise: dict[str, PrefixMatch] | None,
-    params: dict[str, str],
+    params: dict[str, bool],
     expected_cached: dict[str, int],
     expected_ready: dict[str, int],
 ) -> None:
@@ -116,32 +116,19 @@ def test_prefix_estimate_unfinished_carriers(
 
 
 @pytest.mark.parametrize(
-    ("mode", "answered", "expected_ttft"),
-    [
-        ("recompute", False, {"a": 5600.0, "b": 3200.0}),
-        ("recompute", True, {"a": 800.0, "b": 3200.0}),
-        ("wait", False, {"a": 4800.0, "b": 3200.0}),
-        ("wait", True, {"a": 800.0, "b": 3200.0}),
-        ("cached", False, {"a": 3200.0, "b": 3200.0}),
-    ],
-    ids=[
-        "recompute-own-queue-plus-full-prefill",
-        "recompute-answered-cache-hit",
-        "wait-until-the-carrier-ends-then-hit",
-        "wait-answered-cache-hit",
-        "cached-from-the-pick",
-    ],
+    ("answered", "expected_ttft"),
+    [(False, {"a": 5600.0, "b": 3200.0}), (True, {"a": 800.0, "b": 3200.0})],
+    ids=["prefilling-carrier-own-queue-plus-recompute", "answered-carrier-cache-hit"],
 )
 def test_ttft_follower_of_prefilling_carrier(
-    mode: str, answered: bool, expected_ttft: dict[str, float]
+    answered: bool, expected_ttft: dict[str, float]
 ) -> None:
-    """The next turn of a session whose previous turn (24k of its 32k tokens) still
-    prefills on ``a``, predicted to end at 5 s: it is priced as computing the prefix again
-    behind it (recompute), as waiting until 5 s for it (wait), or as cached (the old
-    estimate); once the previous turn answered, as a cache hit."""
-    pe = make("prefix-estimate", unfinished=mode)
+    """The next turn of a session whose previous turn still prefills on ``a``: its
+    predicted TTFT there is the wait for that prefill plus its own full prefill (it
+    recomputes), not the cache hit it gets once the predecessor answered."""
+    pe = make("prefix-estimate", unfinished=True)
     cost = make("ttft-cost", epsilon_ms=1e-6)
-    pick = Pick(decode=Choice(ep("a"), 0.0), prefill=None, profile="p", predicted_ttft_ms=5000.0)
+    pick = Pick(decode=Choice(ep("a"), 0.0), prefill=None, profile="p")
     prev = req("prev", prompt_tokens=24_000, block_hashes=H[:6], block_size=4_000)
     pe.on_pick(0.0, prev, pick)
     # LinearModel: 0.1 ms per uncached token, 10k tokens/s; the predecessor's 24k tokens

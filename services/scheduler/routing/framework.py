@@ -61,9 +61,6 @@ class CycleContext:
     rng: random.Random
     cached_tokens: dict[str, int] = field(default_factory=dict)
     unfinished_tokens: dict[str, int] = field(default_factory=dict)
-    # per instance, when the prefix it is estimated to hold is predicted to be cached (ctx
-    # time), where that is later than now: a request there waits for it
-    unfinished_ready_at: dict[str, float] = field(default_factory=dict)
     predicted_ttft_ms: dict[str, float] = field(default_factory=dict)
     prefill_ms_by_cached: dict[int, float] = field(default_factory=dict)
 

@@ -132,7 +132,6 @@ class TTFTCost:
         n = request.prompt_tokens
         get = ctx.cached_tokens.get
         unfinished = ctx.unfinished_tokens.get if ctx.unfinished_tokens else None
-        ready_at = ctx.unfinished_ready_at or None
         out = ctx.predicted_ttft_ms
         use_engine = self.p.use_engine_throughput
         model_tps = self.model_tps
@@ -149,15 +148,13 @@ class TTFTCost:
             if ranked:
                 owns.append(p)
             pending = e.pending_prefill_tokens + e.reserved_tokens
-            wait = 0.0
             if pending:
                 tput = model_tps
                 if use_engine and e.prefill_tokens_per_s > tput:
                     tput = e.prefill_tokens_per_s
-                wait = 1000.0 * pending / tput if tput > 0 else 0.0
-            if ready_at is not None and e.instance_id in ready_at:
-                wait = max(wait, 1000.0 * (ready_at[e.instance_id] - ctx.now))
-            out[e.instance_id] = wait + p
+                out[e.instance_id] = (1000.0 * pending / tput if tput > 0 else 0.0) + p
+            else:
+                out[e.instance_id] = 0.0 + p
         if ranked:
             cost = self._cost
             cost.clear()

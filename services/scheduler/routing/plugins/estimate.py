@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
-from typing import Literal
 
 from pydantic import Field
 
@@ -35,12 +34,10 @@ from services.scheduler.routing.types import EndpointView, Pick, RequestView, Ti
 
 class PrefixEstimateParams(ApproxPrefixParams):
     tier_weights: dict[Tier, float] = Field(default_factory=default_tier_weights)
-    # A routed prefix its carrier still prefills: "cached" from the pick on (as sglang-
-    # router's approximate tree counts it), "recompute" (not cached yet: computed again by a
-    # request starting now), or "wait" (cached from the carrier's predicted prefill end: the
-    # request waits for it). In the simulator none is better on every cell
-    # (benchmarks/README.md).
-    unfinished: Literal["cached", "recompute", "wait"] = "cached"
+    # Tell cost plugins which part of a routed prefix is still being prefilled (False: all
+    # of it counts as cached from the pick on, as sglang-router's approximate tree does; in
+    # the simulator neither is better on every cell: benchmarks/README.md).
+    unfinished: bool = False
     # Own picks waiting for their first byte that are remembered (the oldest are forgotten).
     max_unfinished: int = Field(65_536, gt=0)
 
@@ -71,14 +68,12 @@ class PrefixEstimate(ApproxPrefix):
         self.precise = PrecisePrefix(
             name, PrecisePrefixParams(tier_weights=params.tier_weights), env
         )
-        self.mode = params.unfinished
-        self.track_unfinished = params.unfinished != "cached"
+        self.track_unfinished = params.unfinished
         self.max_unfinished = params.max_unfinished
         # what answered picks routed where (own picks enter at their first byte)
         self.answered = RoutedPrefixIndex(params.ttl_s, params.max_entries, params.stride)
-        # own picks not answered yet: request id -> (request, instances, predicted prefill
-        # end); count per instance
-        self._unfinished: OrderedDict[str, _Carrier] = OrderedDict()
+        # own picks not answered yet: request id -> (request, instances); count per instance
+        self._unfinished: OrderedDict[str, tuple[RequestView, tuple[str, ...]]] = OrderedDict()
         self._unfinished_on: Counter[str] = Counter()
         self._now = float("-inf")  # the latest time seen: settles carry none
 
@@ -91,8 +86,7 @@ class PrefixEstimate(ApproxPrefix):
         if self.track_unfinished and request.block_hashes:
             ids = _instances(pick)
             self._drop_unfinished(request.request_id)
-            end = now + max(0.0, pick.predicted_ttft_ms) / 1000.0
-            self._unfinished[request.request_id] = (request, ids, end)
+            self._unfinished[request.request_id] = (request, ids)
             self._unfinished_on.update(ids)
             while len(self._unfinished) > self.max_unfinished:
                 self._drop_unfinished(next(iter(self._unfinished)))
@@ -105,7 +99,7 @@ class PrefixEstimate(ApproxPrefix):
             for i in _instances(pick):  # another replica's pick: counted as answered
                 self.answered.insert(request.block_hashes, i, now)
 
-    def _drop_unfinished(self, request_id: str) -> _Carrier | None:
+    def _drop_unfinished(self, request_id: str) -> tuple[RequestView, tuple[str, ...]] | None:
         held = self._unfinished.pop(request_id, None)
         if held is not None:
             self._unfinished_on.subtract(held[1])
@@ -172,23 +166,8 @@ class PrefixEstimate(ApproxPrefix):
         bs, out = request.block_size, ctx.unfinished_tokens
         for i in pending:
             done = max(ready.get(i, 0), known.get(i, 0.0))
-            if routed[i] <= done:
-                continue
-            if self.mode == "recompute":
+            if routed[i] > done:
                 out[i] = int(routed[i] * bs) - int(done * bs)
-            else:
-                end = self._carriers_end(request.block_hashes, i, int(done))
-                if end > ctx.now:
-                    ctx.unfinished_ready_at[i] = end
-
-    def _carriers_end(self, hashes: Sequence[int], instance_id: str, done: int) -> float:
-        """The latest predicted prefill end of the own unfinished picks on ``instance_id``
-        that carry more than ``done`` blocks of ``hashes`` (-inf: none)."""
-        end = float("-inf")
-        for req, ids, at in self._unfinished.values():
-            if at > end and instance_id in ids and _common(req.block_hashes, hashes) > done:
-                end = at
-        return end
 
     def score_list(
         self, ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
@@ -202,22 +181,6 @@ class PrefixEstimate(ApproxPrefix):
         get, thr = cached.get, self.threshold
         out = [min(get(e.instance_id, 0) / n, 1.0) for e in candidates]
         return [r if r >= thr else 0.0 for r in out] if thr > 0 else out
-
-
-_Carrier = tuple[RequestView, tuple[str, ...], float]
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    """Blocks two chains share from the start: chained hashes are equal up to a position
-    exactly when every earlier one is, so bisect."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[mid - 1] == b[mid - 1]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def _instances(pick: Pick) -> tuple[str, ...]:
