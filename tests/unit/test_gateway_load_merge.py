@@ -208,7 +208,7 @@ def test_scrape_mode_prices_another_gateways_queue() -> None:
     instance without this gateway's own picks)."""
     from tests.unit._routing_helpers import ctx, make, req
 
-    f = Fleet()
+    f = Fleet(scrape_queue_estimate=True)
     for i in ("a", "b", "c"):
         f.upsert(EndpointSpec(i, f"http://{i}"))
     f.reserve("own", ["c"], {"c": 4000}, 0.0)  # one own pick: the mean is 4000 / 64
@@ -229,3 +229,16 @@ def test_scrape_mode_prices_another_gateways_queue() -> None:
     assert f.view("c", 2.5).pending_prefill == int(mean)
     f.set_remote_in_flight({"a": (2, 100)})  # a peer's heartbeat accounts for some of a's
     assert f.view("a", 2.5).pending_prefill == max(int(2 * mean), 100)
+
+
+@pytest.mark.parametrize(
+    ("estimate", "expected"), [(False, 0), (True, 2 * 4000 // 64)], ids=["off", "on"]
+)
+def test_scrape_queue_estimate_is_a_setting(estimate: bool, expected: int) -> None:
+    """Off (the default), a scraped view's queue is this gateway's own reservations only."""
+    f = Fleet(scrape_queue_estimate=estimate)
+    for i in ("a", "c"):
+        f.upsert(EndpointSpec(i, f"http://{i}"))
+    f.reserve("own", ["c"], {"c": 4000}, 0.0)
+    f.report_load("a", LoadReport(waiting=2), 1.0)
+    assert f.view("a", 1.5).pending_prefill == expected

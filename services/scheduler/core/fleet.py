@@ -13,10 +13,10 @@ it when its last request is released (in-flight requests finish).
 Reservations: a pick reserves one request (and, until its first token, its uncached prompt
 tokens as pending prefill) on each chosen endpoint. Engines report load with a lag, so the
 snapshot counts ``max(reported, ours)``: ``reserved_* = max(0, ours - reported)``. A scrape
-reports no prefill queue: the view estimates one from this gateway's unanswered picks and
-the waiting requests they (and the peers' heartbeats) do not account for
-(:func:`~.load_merge.foreign_prefill`, at the moving mean of this gateway's picks' prefill
-tokens when the scrape arrived) on top of its own reservations.
+reports no prefill queue; with ``scrape_queue_estimate`` the view adds, on top of the
+reservations, the waiting requests that this gateway's unanswered picks (and the peers'
+heartbeats) do not account for (:func:`~.load_merge.foreign_prefill`, at the moving mean of
+this gateway's picks' prefill tokens when the scrape arrived).
 """
 
 from __future__ import annotations
@@ -130,12 +130,17 @@ class Fleet:
         breaker_open_s: float = 5.0,
         load_stale_s: float = 10.0,
         stream_stale_s: float = 2.0,
+        scrape_queue_estimate: bool = False,
     ) -> None:
+        """``scrape_queue_estimate``: a scraped view's pending prefill also counts the
+        waiting requests this gateway did not send (module docstring); off, it is only this
+        gateway's own reservations (and the peers')."""
         self.unhealthy_after = unhealthy_after
         self.breaker_failures = breaker_failures
         self.breaker_open_s = breaker_open_s
         self.load_stale_s = load_stale_s
         self.stream_stale_s = stream_stale_s
+        self.scrape_queue_estimate = scrape_queue_estimate
         # moving mean of the prefill tokens of this gateway's picks (scrape queue estimate)
         self.prefill_mean = 0.0
         self._eps: dict[str, _Live] = {}
@@ -418,7 +423,7 @@ class Fleet:
         s = live.spec
         r_req, r_tok = self._remote.get(instance_id, (0, 0))
         pending = ld.pending_prefill_tokens
-        if source == "scrape":  # no queue reported: the waiting requests not ours nor peers'
+        if source == "scrape" and self.scrape_queue_estimate:  # not ours nor the peers'
             foreign = foreign_prefill(
                 ld, own_waiting=live.scrape_unanswered, tokens_per_request=live.scrape_prefill_mean
             )

@@ -60,10 +60,8 @@ class TTFTCost:
     (engine + this gateway's reservations) at the larger of the engine's reported and the
     model's prefill throughput, plus the model's prefill time of the prompt minus the cached
     tokens estimated by the prefix plugins (so list a prefix plugin in the same profile),
-    less those still being prefilled there by an earlier request
-    (``ctx.unfinished_tokens``): engines commit a prompt's KV when its prefill ends and admit
-    the next waiting prompt within that last step, so a request sent behind its prefix's
-    carrier waits for it and then computes the prefix again.
+    less those an earlier request is still prefilling there (``ctx.unfinished_tokens``, from
+    a prefix estimate with ``unfinished``: not cached yet, priced as computed again).
     Score = (min + eps) / (cost + eps) over the candidates: the cheapest scores 1, twice as
     slow about 0.5. Records the prediction in ``ctx.predicted_ttft_ms`` for the SLO filter
     and the response.

@@ -3,12 +3,15 @@ per instance, scored once (two prefix scorers counted a prefix both knew twice).
 
 A routed prompt is where its prefix will be from the pick on, but it is cached there only
 once its carrier (the request that brings it) has finished its prefill: engines commit a
-prompt's KV when its prefill ends, and the engines here (and the simulator) admit the next
-waiting prompt within that last step, before the blocks are committed. So a turn sent while
-its predecessor still prefills waits for that prefill on the predecessor's instance and then
-computes the shared prefix again; elsewhere it computes it at once. The estimate therefore
-tells the cost plugins which part of it is still unfinished (``ctx.unfinished_tokens``).
-Counting it as cached priced such a turn at a few seconds when it waited for tens.
+prompt's KV when its prefill ends, and the simulated engine admits the next waiting prompt
+within that last step, before the blocks are committed. A turn that reaches the engine while
+its predecessor still prefills therefore waits for that prefill and then computes the shared
+prefix again; one held at the gateway (dispatch order) until the predecessor is done hits
+it. With ``unfinished`` the estimate tells the cost plugins which part of it is still
+unfinished (``ctx.unfinished_tokens``: priced as computed again). Counted as cached, a turn
+that did compute it again was predicted at a few seconds and waited tens; not counted, one
+that waited and hit is predicted too slow (benchmarks/README.md, "Routed prefixes still
+being prefilled").
 """
 
 from __future__ import annotations
