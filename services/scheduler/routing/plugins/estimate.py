@@ -80,10 +80,6 @@ class PrefixEstimate(ApproxPrefix):
         self._unfinished_on: Counter[str] = Counter()
         self._now = float("-inf")  # the latest time seen: settles carry none
 
-    def unfinished_picks(self, instance_id: str) -> int:
-        """Own picks on ``instance_id`` that have not answered yet."""
-        return self._unfinished_on.get(instance_id, 0)
-
     def on_pick(self, now: float, request: RequestView, pick: Pick) -> None:
         self._now = max(self._now, now)
         if self.track_unfinished and request.block_hashes:
@@ -117,7 +113,6 @@ class PrefixEstimate(ApproxPrefix):
         super().on_settle(request, pick, ok)
         held = self._drop_unfinished(request.request_id)
         if held is not None and ok and held[0].block_hashes:
-            self._last = None
             for i in held[1]:
                 self.answered.insert(held[0].block_hashes, i, self._now)
 
