@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from services.common import jsonfast
-from services.common.apis.responses import Item, ResponsesRequest, as_map
+from services.common.apis.responses import Item, ResponsesRequest
 from services.common.apis.responses_answer import (
     function_item,
     message_item,
@@ -169,12 +169,14 @@ class ChatToResponses:
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             return
         choice = choices[0]
-        delta = as_map(choice.get("delta"))
-        if isinstance(delta.get("content"), str) and delta["content"]:
-            self._text(delta["content"])
-        for tc in delta.get("tool_calls") or []:
-            if isinstance(tc, dict):
-                self._tool(tc)
+        delta = choice.get("delta")  # parsed JSON: an object is a dict
+        if isinstance(delta, dict):
+            text = delta.get("content")
+            if text and isinstance(text, str):
+                self._text(text)
+            for tc in delta.get("tool_calls") or ():
+                if isinstance(tc, dict):
+                    self._tool(tc)
         if choice.get("finish_reason"):
             self.finish = str(choice["finish_reason"])
 
@@ -209,7 +211,9 @@ class ChatToResponses:
 
     def _tool(self, tc: Mapping[str, Any]) -> None:
         idx = tc.get("index", 0)
-        fn = as_map(tc.get("function"))
+        fn = tc.get("function")
+        if not isinstance(fn, dict):
+            fn = {}
         if idx not in self._tools:
             self._close()
             at = len(self._items)
