@@ -20,8 +20,9 @@ Order: ``unprotect``, ``protect``, ``offload``, ``prefetch`` (a hash both protec
 offloaded is offloaded). The answer, also of ``GET``: the cache's ``capacity_blocks``,
 ``used_blocks``, ``free_blocks``, ``protected_blocks``, ``offloads_to_tier``,
 ``offload_pending`` (evicted blocks whose store to the tier has not finished yet: a caller
-about to stop the engine waits for 0), the performance ``profile`` and ``block_size`` (what
-a caller needs to weigh fetching against recomputing), ``prefetch_pending`` (blocks of
+about to stop the engine waits for 0), the performance ``profile``, ``block_size`` and
+whether it has a ``kvcache_tier`` (what a caller needs to weigh fetching against
+recomputing), ``prefetch_pending`` (blocks of
 prefetch jobs not finished) and ``prefetches`` (per job id: ``state`` pending, done or
 failed, ``blocks``, ``resident``, ``fetched``, ``error``) and, for a POST, how many were
 ``marked`` and ``offloaded`` and how many prefetches ``prefetch_started``. A body that is not
@@ -101,6 +102,7 @@ class RetentionRoute:
                 "offload_pending": cache.held_slots,
                 "profile": self._e.settings.profile,
                 "block_size": cache.block_size,
+                "kvcache_tier": self._e.tier_io is not None,
                 "prefetch_pending": pf.pending_blocks,
                 "prefetches": pf.report(),
                 **done,

@@ -109,3 +109,29 @@ async def test_unreachable_engine_is_counted() -> None:
     async with ctl_closed(ctl):
         assert await ctl.tick() == {}
     assert ctl.stats["errors"] == 1 and ctl.stats["unknown_engine"] == 1
+
+
+async def test_removed_engine_is_dropped_after_one_error(tmp_path: Path) -> None:
+    """An engine told marks, then removed with its sessions re-homed elsewhere: one error,
+    then it is no longer asked."""
+    clock = ManualClock(10_000.0)
+    shell = SessionShell(SessionTable(ToolTimePredictor(default_gap_s=30.0)), None, clock.now)
+    s = EngineSettings(port=0, instance_id="e0", profile="test", block_size=BS, kv_blocks=100,
+                       state_dir=tmp_path / "e0")  # fmt: skip
+    srv = TestServer(EngineServer(s).app(), host="127.0.0.1")
+    await srv.start_server()
+    url = str(srv.make_url("")).rstrip("/")
+    ctl = RetentionController(shell, mode="enforce", urls={"e0": url}, timeout_s=1.0)
+    key = ("d", "t", "s")
+    async with aiohttp.ClientSession() as http, ctl_closed(ctl):
+        chain = await compute(http, url, list(range(10 * BS)))
+        shell.table.turn_start(key, clock.now(), home_instance="e0")
+        shell.table.turn_end(key, clock.now(), tip_hash=chain[-1])
+        shell.set_chain(key, chain)
+        await ctl.tick()
+        assert ctl.stats["applied"] == 1 and ctl.stats["errors"] == 0
+        await bounded(srv.close(), "closing the engine")
+        shell.table.set_placement(key, clock.now(), home_instance="gone-elsewhere", tiers={})
+        for _ in range(3):
+            await ctl.tick()
+    assert ctl.stats["errors"] == 1
