@@ -137,13 +137,7 @@ class RetentionController:
         rows = self.sessions.table.rows()
         homes = {s.home_instance for s in rows if s.phase is not Phase.ACTIVE and s.home_instance}
         homes |= {t.instance for t in self.prefetches.values()}
-        targets: dict[str, str] = {}
-        for iid in sorted(homes | self._told):
-            url = engine_url(iid, self.urls)
-            if url is None:
-                self.stats["unknown_engine"] += 1
-            else:
-                targets[iid] = url
+        targets = self._targets(homes | self._told)
         if not targets:
             return {}
         if self._http is None:
@@ -185,6 +179,17 @@ class RetentionController:
         except Exception:  # the session tick persists what is pending
             log.exception("retention: persisting placements failed")
         return plans
+
+    def _targets(self, instances: set[str]) -> dict[str, str]:
+        """The URLs of the engines to ask (those without one are counted)."""
+        targets: dict[str, str] = {}
+        for iid in sorted(instances):
+            url = engine_url(iid, self.urls)
+            if url is None:
+                self.stats["unknown_engine"] += 1
+            else:
+                targets[iid] = url
+        return targets
 
     def _settle(self, got: Settled) -> None:
         self.prefetches = got.tracked
