@@ -18,8 +18,14 @@ min): ``resume.reuse_ratio`` (of a resumed turn's reusable prefix blocks, the sh
 its engine's GPU or on the tier when it arrived), ``resume.ttft_p95_vs_warm`` (p95 TTFT of
 the resumed turns over the same turns' p95 in the ``warm`` run), ``idle_kv_share`` (mean
 share of GPU KV held by idle sessions' blocks), ``fleet_kv_used`` (mean share of the
-fleet's KV in use, the ">= 90% used" condition). Not measured here: scale-in, P/D and tier
-restart (those mechanisms are not built).
+fleet's KV in use, the ">= 90% used" condition). Not measured here: scale-in and P/D (those
+mechanisms are not built).
+
+``--tier-restart`` also measures, live (the real Transfer Engine; needs its wheel and
+libibverbs), a ``kvcache`` instance with a disk segment killed with SIGKILL and started
+again (``benchmarks/kvcache_disk_restart.py`` with its defaults): ``tier_restart_s`` = from
+the new process's spawn until every block it held is fetched again through kvmeta, verified;
+``tier_restart`` = that script's whole JSON (both variants, the put cost).
 
     .venv/bin/python benchmarks/agent_memory.py  # 3 slices x 300 requests, 2 engines x 2300 blocks
 """
@@ -27,6 +33,7 @@ restart (those mechanisms are not built).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
 from dataclasses import replace
@@ -87,7 +94,16 @@ def stat(xs: list[float | None]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def tier_restart() -> dict[str, Any]:
+    """``tier_restart_s`` and the whole JSON of ``kvcache_disk_restart.py`` (its defaults)."""
+    from benchmarks import kvcache_disk_restart as kdr
+
+    restart = asyncio.run(kdr.run(kdr.parser().parse_args([])))
+    rest = {k: v for k, v in restart.items() if k not in ("command", "machine")}
+    return {"tier_restart_s": restart["tier_restart_s"], "tier_restart": rest}
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--trace", default=str(TRACE))
     p.add_argument(
@@ -100,7 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-share", type=float, default=0.2)
     p.add_argument("--profile", default="default", help="routing profile of every variant")
     p.add_argument("--out", default=None, help="also write the JSON here")
-    args = p.parse_args(argv)
+    p.add_argument(
+        "--tier-restart", action="store_true", help="also measure tier_restart_s (live, ~1 min)"
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     trace = load_trace(args.trace)
     base = SimConfig(
         engines=args.engines,
@@ -146,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         "variants": {v: {k: stat(xs) for k, xs in row.items()} for v, row in per.items()},
         "wall_s": round(time.monotonic() - t0, 1),
     }
+    if args.tier_restart:
+        out.update(tier_restart())
     emit_json(out, args.out)
     return 0
 

@@ -85,6 +85,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--goodput-weight", type=float, default=None, help="candidate's weight")
     p.add_argument("--goodput-params", default="{}", help="candidate's params (YAML mapping)")
     p.add_argument("--engines", type=int, default=8)
+    p.add_argument(
+        "--gateways",
+        type=int,
+        default=1,
+        help="gateway replicas, each with its own view (no shared state)",
+    )
+    p.add_argument("--scrape-queue-estimate", action="store_true",
+                   help="the gateways price waiting requests they did not send")  # fmt: skip
     p.add_argument("--engine-profile", default="h200-llama3.1-8b")
     p.add_argument("--engine-slowdown", type=float, default=1.2)
     p.add_argument("--kv-blocks", type=int, default=16384)
@@ -165,7 +173,8 @@ def run_cell(
                             "rate_scale": rate, "profiles": {}}  # fmt: skip
     for profile in [x.strip() for x in a.profiles.split(",") if x.strip()]:
         cfg = SimConfig(
-            engines=a.engines, profile=profile, profiles_file=pfile,
+            engines=a.engines, gateways=a.gateways, profile=profile, profiles_file=pfile,
+            scrape_queue_estimate=a.scrape_queue_estimate,
             engine_profile=f"{a.engine_profile}*{a.engine_slowdown:g}",
             gateway_perf_profile=a.engine_profile, rate_scale=rate, max_requests=n,
             offset=offset, kv_blocks=a.kv_blocks, stream_interval=a.stream_interval,

@@ -67,22 +67,41 @@ class KVTier:
         self.min_renew_s = min_renew_s
         self.renewals = 0
 
-    async def mount(self, arena: Arena, instance_id: str, tier: int = common_pb2.TIER_CPU) -> None:
+    async def mount(
+        self,
+        arena: Arena,
+        instance_id: str,
+        tier: int = common_pb2.TIER_CPU,
+        *,
+        name: str = "",
+        replace: bool = False,
+    ) -> None:
+        """Mount ``arena`` as segment ``name`` (default: the data plane's segment name).
+        ``replace``: when kvmeta holds the name with another spec (this process was killed
+        and restarted with its memory elsewhere), unmount that one (its objects vanish) and
+        mount again; else ALREADY_EXISTS is raised."""
         seg = kvmeta_pb2.Segment(
-            name=self.plane.segment,
+            name=name or self.plane.segment,
             instance_id=instance_id,
             tier=tier,  # type: ignore[arg-type]
             capacity_bytes=arena.size,
             transfer_address=self.plane.segment,
             base_address=arena.base,
         )
-        await self.stub.MountSegment(
-            kvmeta_pb2.MountSegmentRequest(deployment=self.deployment, segment=seg)
-        )
+        req = kvmeta_pb2.MountSegmentRequest(deployment=self.deployment, segment=seg)
+        try:
+            await self.stub.MountSegment(req)
+        except grpc.aio.AioRpcError as err:
+            if not replace or err.code() != grpc.StatusCode.ALREADY_EXISTS:
+                raise
+            await self.unmount(seg.name)
+            await self.stub.MountSegment(req)
 
-    async def unmount(self) -> None:
+    async def unmount(self, name: str = "") -> None:
         await self.stub.UnmountSegment(
-            kvmeta_pb2.UnmountSegmentRequest(deployment=self.deployment, name=self.plane.segment)
+            kvmeta_pb2.UnmountSegmentRequest(
+                deployment=self.deployment, name=name or self.plane.segment
+            )
         )
 
     async def store(self, hashes: Sequence[int], local: Sequence[int], size: int) -> None:
@@ -94,7 +113,9 @@ class KVTier:
                 tenant=self.tenant,
                 keys=keys,
                 sizes=[size] * len(keys),
-                config=kvmeta_pb2.ReplicaConfig(replica_num=1),
+                # DRAM only: a disk segment is written by its own instance (it logs what it
+                # holds), never directly by an engine.
+                config=kvmeta_pb2.ReplicaConfig(replica_num=1, tier=common_pb2.TIER_CPU),
             )
         )
         try:

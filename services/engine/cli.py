@@ -40,6 +40,10 @@ examples:
   # a DRAM segment of the KV-cache tier, mounted in kvmeta
   tideserve engine --role kvcache --port 30100 --kvcache-mib 4096 --kvmeta-address 127.0.0.1:50052
 
+  # ... with a disk segment beside it (durable: served again after a restart)
+  tideserve engine --role kvcache --port 30100 --kvcache-mib 4096 \
+      --kvcache-disk-mib 65536 --kvcache-disk-dir /var/lib/tideserve/kv0
+
   # vLLM metric names, a small KV cache, 10% of requests fail with HTTP 500
   tideserve engine --metrics-dialect vllm --kv-blocks 2048 --fail-rate 0.1
 
@@ -79,7 +83,19 @@ _FLAGS: list[Flag] = [
     ("--kv-transfer-timeout-s", float, "data plane: a slower KV pull recomputes (default 10)"),
     ("--kvmeta-address", str, "kvcache role: kvmeta's gRPC address (default 127.0.0.1:50052)"),
     ("--kvcache-policy", str, "tier: write_through (default) or offload_on_evict"),
+    ("--kvcache-disk-url", str, "tier: store on this kvcache instance's disk segment (its URL)"),
     ("--kvcache-mib", int, "kvcache role: DRAM segment size in MiB (default 1024)"),
+    ("--kvcache-disk-mib", int, "kvcache role: disk segment size in MiB (default 0: none)"),
+    (
+        "--kvcache-disk-dir",
+        str,
+        "kvcache role: disk segment files (default <state-dir>/kvcache-disk)",
+    ),
+    (
+        "--kvcache-disk-compact-records",
+        int,
+        "kvcache role: snapshot the disk index every N records",
+    ),
     ("--fail-rate", float, "fault: fraction of requests answered HTTP 500"),
     ("--die-after-tokens", int, "fault: close each stream abruptly after N tokens"),
     ("--seed", int, "seed of the fault injector"),

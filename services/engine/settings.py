@@ -103,7 +103,23 @@ class EngineSettings(TracingSettings):
         description="with kvcache_tier: store every computed block (write_through) or only "
         "the blocks the engine evicts (offload_on_evict)",
     )
+    kvcache_disk_url: str | None = Field(
+        None,
+        description="with kvcache_tier: store blocks on the disk segment of the kvcache "
+        "instance at this URL (durable across its restarts) instead of in a DRAM segment",
+    )
     kvcache_mib: int = Field(1024, ge=1, description="kvcache role: DRAM segment size (MiB)")
+    kvcache_disk_mib: int = Field(
+        0, ge=0, description="kvcache role: disk segment size (MiB); 0 = no disk segment"
+    )
+    kvcache_disk_dir: Path | None = Field(
+        None,
+        description="kvcache role: the disk segment's files (blocks, index log, snapshot); "
+        "default <state_dir>/kvcache-disk; one instance per directory",
+    )
+    kvcache_disk_compact_records: int = Field(
+        4096, ge=1, description="kvcache role: snapshot the disk index after this many log records"
+    )
     state_dir: Path = Field(default_factory=lambda: Path.home() / ".local/share/tideserve")
     # Fault knobs.
     fail_rate: float = Field(0.0, ge=0.0, le=1.0, description="fraction of requests answered 500")

@@ -10,10 +10,13 @@ What is stored depends on ``--kvcache-policy``:
   needs those blocks waits for it (``on_freed`` wakes the engine's stepping loop).
 
 Either way a block kvmeta already has is not stored again (``Exist``, then
-:meth:`KVTier.store` from the block's slot). Stores run as background tasks, one at a time (a
-store that fails, e.g. RESOURCE_EXHAUSTED or a slot reused before it was read, is dropped: the
-tier is a cache). A stored block whose slot was reused before the write read it holds wrong
-bytes; every fetch verifies, so such a block costs a recompute, never a wrong answer.
+:meth:`KVTier.store` from the block's slot into a DRAM segment, or with
+``--kvcache-disk-url`` :func:`~services.dataplane.disk_client.put_on_disk`: that ``kvcache``
+instance pulls the blocks onto its disk segment, durably, before answering). Stores run as
+background tasks, one at a time (a store that fails, e.g. RESOURCE_EXHAUSTED or a slot reused
+before it was read, is dropped: the tier is a cache). A stored block whose slot was reused
+before the write read it holds wrong bytes; every fetch verifies, so such a block costs a
+recompute, never a wrong answer.
 
 Fetch instead of recompute (:meth:`TierIO.fetch`, before an aggregated request or a P/D
 prefill request is submitted): the prompt's
@@ -41,6 +44,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 
+import aiohttp
 import grpc
 from tideserve.v1 import kvmeta_pb2, kvmeta_pb2_grpc
 
@@ -49,6 +53,7 @@ from services.common.security.channels import ClientSecurity, aio_channel
 from services.common.security.tokens import read_token
 from services.common.tokens import block_hashes
 from services.dataplane.blocks import mismatched
+from services.dataplane.disk_client import DiskPutError, put_on_disk
 from services.dataplane.tier import KVTier, block_key
 from services.dataplane.transfer import Transfer, TransferError, TransferTimeout
 from services.engine.api import GenRequest
@@ -90,10 +95,14 @@ class TierIO:
         now_ms: Callable[[], float],
         channel: grpc.aio.Channel | None = None,
         on_freed: Callable[[], None] = lambda: None,
+        disk_url: str | None = None,
     ) -> None:
         """``channel``: kvmeta's, closed with this object; ``on_freed``: called when held
-        slots of evicted blocks were freed (the shell wakes its stepping loop)."""
+        slots of evicted blocks were freed (the shell wakes its stepping loop);
+        ``disk_url``: store on that kvcache instance's disk segment."""
         self._channel = channel
+        self.disk_url = disk_url
+        self._http: aiohttp.ClientSession | None = None
         self.on_freed = on_freed
         self.tier = tier
         self.kvbytes = kvbytes
@@ -137,7 +146,14 @@ class TierIO:
             live = [(h, s) for h, s in batch if self.cache.slot_of(h) == s]  # not evicted since
             live += held  # their slots are not reused before offloaded()
             try:
-                with contextlib.suppress(grpc.aio.AioRpcError, TransferError, LookupError):
+                with contextlib.suppress(
+                    grpc.aio.AioRpcError,
+                    TransferError,
+                    LookupError,
+                    DiskPutError,
+                    aiohttp.ClientError,
+                    TimeoutError,
+                ):
                     await self._store(live)
             finally:
                 if held:
@@ -158,7 +174,14 @@ class TierIO:
         new = [(h, s) for (h, s), there in zip(live, res.exists, strict=True) if not there]
         if new:
             addrs = [self.kvbytes.addr(s) for _, s in new]
-            await self.tier.store([h for h, _ in new], addrs, self.kvbytes.block_bytes)
+            hashes, size = [h for h, _ in new], self.kvbytes.block_bytes
+            if self.disk_url:
+                if self._http is None:
+                    self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+                segment = self.tier.plane.segment
+                await put_on_disk(self._http, self.disk_url, segment, hashes, addrs, size)
+            else:
+                await self.tier.store(hashes, addrs, size)
             self.stored_blocks += len(new)
 
     async def close(self) -> None:
@@ -166,6 +189,8 @@ class TierIO:
             self._writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._writer
+        if self._http is not None:
+            await self._http.close()
         if self._channel is not None:
             await self._channel.close()
 
@@ -305,4 +330,13 @@ def tier_io_for(
     """The engine's link to the tier (call on the event loop: it opens kvmeta's channel)."""
     channel = kvmeta_channel(settings)
     tier = KVTier(kvmeta_pb2_grpc.KVMetaServiceStub(channel), kvbytes.plane, settings.deployment)
-    return TierIO(tier, kvbytes, core.cache, core.profile, now_ms, channel, on_freed)
+    return TierIO(
+        tier,
+        kvbytes,
+        core.cache,
+        core.profile,
+        now_ms,
+        channel,
+        on_freed,
+        settings.kvcache_disk_url,
+    )

@@ -108,6 +108,7 @@ def build_gateway(
             ),
             slo=slo_targets(settings.slo_classes),
             perf_model=perf_model,
+            scrape_queue_estimate=settings.scrape_queue_estimate,
         )
     except (ConfigError, KeyError) as e:
         raise StartupError(f"scheduler profiles: {e}") from None

@@ -209,6 +209,11 @@ class SchedulerSettings(ServiceSettings):
     load_stream_stale_s: float = Field(
         2.0, gt=0, description="a snapshot older than this falls back to /metrics scraping"
     )
+    scrape_queue_estimate: bool = Field(
+        False,
+        description="scraped load: price the waiting requests this gateway did not send "
+        "(at the mean prefill of its picks) as queued prefill",
+    )
     membership_stream: bool = Field(True, description="consume {prefix}:membership (redis_url)")
     autoscaler_address: str = Field(
         "", description="autoscaler gRPC host:port; ListInstances seeds the fleet once; '' = off"

@@ -1,5 +1,8 @@
 """``tideserve sim``: replay a trace through the control plane's cores in virtual time.
 
+``--profile a,b,c`` runs each routing profile on a fresh fleet and writes their summaries
+with a comparison (:mod:`services.sim.compare`), printing its table.
+
 Exit codes: 0 the run finished (failed requests are counted in the JSON), 2 bad input (a
 one-line error on stderr; nothing is written).
 """
@@ -17,6 +20,7 @@ from services.common.perfmodel import DEFAULT_PROFILE
 from services.scheduler.routing.config import ConfigError
 from services.sim import SimConfig, SimConfigError, simulate
 from services.sim.autoscale import AutoscaleConfig
+from services.sim.compare import BASELINES, comparison_rows, profile_config, table
 
 EXAMPLES = """\
 examples:
@@ -27,6 +31,11 @@ examples:
   # P/D (3 prefill, 5 decode), twice the recorded rate, cache-aware routing, 2 gateways
   tideserve sim --trace ../shared/traces/weka_agentic_dev.jsonl --prefill 3 --decode 5 \\
       --rate-scale 2 --profile cache_aware --gateways 2 --seed 1 --out pd.json
+
+  # routing profiles side by side (each on a fresh fleet), a table on stdout
+  tideserve sim --trace ../shared/traces/mooncake_conversation_trace.jsonl \\
+      --max-requests 400 --rate-scale 2.5 --slo-ttft-ms 2000 --slo-tpot-ms 100 \\
+      --profile default,cache_aware,round_robin,least_load --out compare.json
 
   # start from one worker and let the SLA planner scale it (new instances serve after 30 s)
   tideserve sim --trace trace.jsonl --engines 1 --autoscale --max-replicas 12 \\
@@ -64,7 +73,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     fleet.add_argument("--engines", type=whole, help="aggregated engines (default 8)")
     fleet.add_argument("--prefill", type=whole, help="P/D: prefill instances (with --decode)")
     p.add_argument("--decode", type=whole, help="P/D: decode instances (with --prefill)")
-    p.add_argument("--profile", default="default", help="routing profile (default: default)")
+    p.add_argument("--profile", default="default",
+                   help="routing profile (default: default); a comma list runs each on a fresh "
+                   "fleet and compares them")  # fmt: skip
+    p.add_argument("--baseline-profiles", default=",".join(BASELINES),
+                   help="profiles standing in for another router, run without the gateway's "
+                   f"dispatch order (default {','.join(BASELINES)}; '' for none)")  # fmt: skip
     p.add_argument("--profiles-file", help="routing profiles YAML (default: the shipped one)")
     p.add_argument("--engine-profile", default=DEFAULT_PROFILE,
                    help=f"performance profile of the engines (default {DEFAULT_PROFILE})")  # fmt: skip
@@ -144,7 +158,7 @@ def config(args: argparse.Namespace) -> SimConfig:
         engines=8 if args.engines is None else args.engines,
         prefill=args.prefill or 0,
         decode=args.decode or 0,
-        profile=args.profile,
+        profile=args.profile.split(",")[0].strip(),
         profiles_file=args.profiles_file,
         engine_profile=args.engine_profile,
         gateway_perf_profile=args.gateway_perf_profile,
@@ -195,15 +209,32 @@ def run(args: argparse.Namespace) -> int:
         for path in (args.out, args.timeline):
             if path and not Path(path).parent.is_dir():
                 raise SimConfigError(f"no such directory for {path!r}")
+        profiles = [x.strip() for x in args.profile.split(",") if x.strip()]
+        if not profiles:
+            raise SimConfigError("--profile names no profile")
+        baselines = [x.strip() for x in args.baseline_profiles.split(",") if x.strip()]
         tty = sys.stderr.isatty()
-        doc, sim_run = simulate(cfg, trace, _progress(sys.stderr) if tty else None)
-        if tty:
-            sys.stderr.write("\n")
+        docs: dict[str, dict[str, Any]] = {}
+        for name in profiles:
+            one = profile_config(cfg, name, baselines).validate()
+            doc, sim_run = simulate(one, trace, _progress(sys.stderr) if tty else None)
+            if tty:
+                sys.stderr.write("\n")
+            docs[name] = doc
+            if args.timeline:
+                path = Path(args.timeline)
+                if len(profiles) > 1:
+                    path = path.with_name(f"{path.stem}-{name}{path.suffix}")
+                path.write_text(sim_run.timeline.csv_text(), encoding="utf-8")
     except (SimConfigError, TraceError, ConfigError) as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    if args.timeline:
-        Path(args.timeline).write_text(sim_run.timeline.csv_text(), encoding="utf-8")
+    if len(docs) == 1:
+        Path(args.out).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        return 0
+    rows = comparison_rows(docs)
+    out = {"comparison": rows, "baseline_profiles": baselines, "profiles": docs}
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+    print(table(rows))
     return 0
 
 

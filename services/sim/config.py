@@ -51,6 +51,8 @@ class SimConfig:
     block_size: int = 64
     stream_interval: int = 16
     load_source: LoadSource = "scrape"
+    # scraped load: the gateways also price the waiting requests they did not send
+    scrape_queue_estimate: bool = False
     precise: bool = False
     scrape_interval_ms: float = 500.0
     scrape_lag_ms: float = 5.0

@@ -46,6 +46,7 @@ class Gateways:
                 block_size=cfg.block_size,
                 perf_profile=cfg.gateway_perf_profile or cfg.engine_profile,
                 decode_can_prefill=cfg.decode_can_prefill,
+                scrape_queue_estimate=cfg.scrape_queue_estimate,
             )
             if narrow:
                 core.scheduler = NarrowScheduler(core.scheduler)

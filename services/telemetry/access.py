@@ -1,6 +1,6 @@
 """Who may call ``tideserve.v1.TelemetryService`` (services.common.security.access):
-reporting records needs ``operator``; window, model, recommendation and session queries
-need ``read``."""
+reporting records needs ``operator``; window, model, recommendation, session and tool-time
+queries need ``read``."""
 
 from __future__ import annotations
 
@@ -16,5 +16,6 @@ ACCESS = AccessTable(
         "GetPerfModel": Role.READ,
         "GetRecommendation": Role.READ,
         "GetSession": Role.READ,
+        "GetToolTimes": Role.READ,
     },
 )

@@ -6,7 +6,8 @@ Composition root: one :class:`WindowMemory`, the Postgres :class:`RecordStore` a
 Prometheus collector, the servicer, and the performance-model side: a
 :class:`ModelService` (``model_enabled``) that observes newly committed records, follows the
 engines' load and membership streams and answers GetPerfModel and GetRecommendation from
-the same windows (:func:`window_source`). ``build``'s ``observers`` and ``model`` replace or
+the same windows (:func:`window_source`), and the tool times learned from the same records
+(:class:`ToolTimes`, ``GetToolTimes``). ``build``'s ``observers`` and ``model`` replace or
 extend it (tests).
 """
 
@@ -38,6 +39,7 @@ from services.telemetry.servicer import TelemetryServicer, add_to_server
 from services.telemetry.settings import TelemetrySettings
 from services.telemetry.source import MemoryWindowSource
 from services.telemetry.store.pg import RecordStore
+from services.telemetry.tooltimes import ToolTimes
 from services.telemetry.windows.bucket import RELATIVE_ACCURACY
 from services.telemetry.windows.classes import SLOClass
 from services.telemetry.windows.memory import WindowMemory
@@ -82,6 +84,8 @@ def build(
         )
         model = fitted
         observers = [*observers, fitted]
+    tool_times = ToolTimes()
+    observers = [*observers, tool_times]
     store = _record_store(settings)
     ingest = _ingest(settings, store, memory, classes, replica_id, observers, wall)
     consumer = _consumer(settings, redis, ingest, replica_id)
@@ -106,7 +110,13 @@ def build(
     def register(server: grpc.aio.Server) -> list[str]:
         query = WindowQuery(store, memory, classes, replica_id, wall)
         servicer = TelemetryServicer(
-            query, ingest, model=model, dead=dead, report_batch=settings.ingest_batch, wall=wall
+            query,
+            ingest,
+            model=model,
+            tool_times=tool_times,
+            dead=dead,
+            report_batch=settings.ingest_batch,
+            wall=wall,
         )
         return [add_to_server(servicer, server)]
 

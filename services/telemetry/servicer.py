@@ -2,7 +2,7 @@
 
 ``ReportRecords``, ``QueryWindow`` and ``GetSession`` translate protobuf to the ingest path
 and window queries; ``GetPerfModel``/``GetRecommendation`` go to the :class:`ModelRpc` when
-one is wired, else UNIMPLEMENTED. Without ``postgres_url`` there is nowhere to store records:
+one is wired, else UNIMPLEMENTED, and ``GetToolTimes`` to the :class:`ToolTimes` learner. Without ``postgres_url`` there is nowhere to store records:
 ``ReportRecords`` and ``GetSession`` answer FAILED_PRECONDITION.
 """
 
@@ -19,7 +19,8 @@ from services.common.streams import DeadLetters, encode_entry
 from services.telemetry.ingest.pipeline import Ingest
 from services.telemetry.ports import ModelRpc
 from services.telemetry.query import WindowQuery
-from services.telemetry.translate import filters_of, window_response
+from services.telemetry.tooltimes import DEFAULT_PERCENTILES, ToolTimes
+from services.telemetry.translate import filters_of, tool_times_response, window_response
 
 __all__ = ["SERVICE_NAME", "TelemetryServicer", "add_to_server"]
 
@@ -51,6 +52,7 @@ class TelemetryServicer(_Base):
         ingest: Ingest | None = None,
         *,
         model: ModelRpc | None = None,
+        tool_times: ToolTimes | None = None,
         dead: DeadLetters | None = None,
         report_batch: int = 2000,
         wall: Callable[[], float],
@@ -58,6 +60,7 @@ class TelemetryServicer(_Base):
         self._query = query
         self._ingest = ingest
         self._model = model
+        self._tool_times = tool_times
         self._dead = dead
         self._batch = report_batch
         self._wall = wall
@@ -162,6 +165,20 @@ class TelemetryServicer(_Base):
             await _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
         except ValueError as exc:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    async def GetToolTimes(
+        self, request: telemetry_pb2.GetToolTimesRequest, context: Ctx
+    ) -> telemetry_pb2.GetToolTimesResponse:
+        if self._tool_times is None:
+            await _abort(context, grpc.StatusCode.UNIMPLEMENTED, "no tool-time learner is wired")
+        qs = tuple(request.percentiles) or DEFAULT_PERCENTILES
+        if request.min_samples < 0:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "min_samples must be >= 0")
+        try:
+            rows = self._tool_times.table(request.deployment, qs, request.min_samples)
+        except ValueError as exc:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return tool_times_response(qs, rows, self._tool_times.sessions_tracked)
 
 
 def add_to_server(servicer: TelemetryServicer, server: grpc.aio.Server) -> str:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tideserve.v1 import telemetry_pb2
 
+from services.common.sessions import GapQuantiles
 from services.telemetry.query import Window
 from services.telemetry.windows.bucket import RELATIVE_ACCURACY
 from services.telemetry.windows.stats import ClassAttainment, Filters, Percentiles, WindowStats
 
-__all__ = ["filters_of", "window_response", "window_stats_pb"]
+__all__ = ["filters_of", "tool_times_response", "window_response", "window_stats_pb"]
 
 
 def filters_of(request: telemetry_pb2.QueryWindowRequest) -> Filters:
@@ -69,4 +72,19 @@ def window_response(w: Window) -> telemetry_pb2.QueryWindowResponse:
         slices=[window_stats_pb(s) for s in w.slices],
         relative_accuracy=RELATIVE_ACCURACY,
         source=w.source,
+    )
+
+
+def tool_times_response(
+    percentiles: Sequence[float], rows: Sequence[GapQuantiles], sessions: int
+) -> telemetry_pb2.GetToolTimesResponse:
+    return telemetry_pb2.GetToolTimesResponse(
+        percentiles=list(percentiles),
+        tool_times=[
+            telemetry_pb2.ToolTime(
+                agent=r.agent, tool=r.tool, samples=r.samples, seconds=list(r.seconds)
+            )
+            for r in rows
+        ],
+        sessions_tracked=sessions,
     )

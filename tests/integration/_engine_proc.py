@@ -21,7 +21,17 @@ from tests.helpers.ports import free_port
 async def engine_process(state_dir: Path, *args: str) -> AsyncIterator[str]:
     """Run ``tideserve engine --port <free> --profile test --speedup 50 ARGS...`` and yield
     its base URL once ``/health`` answers; SIGTERM (then SIGKILL) on exit."""
-    port = free_port()
+    async with engine_proc(state_dir, *args) as (url, _proc):
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def engine_proc(
+    state_dir: Path, *args: str, port: int = 0
+) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
+    """:func:`engine_process` on ``port`` (0: a free one), yielding the process too (a test
+    may kill it; on exit it is stopped only if still running)."""
+    port = port or free_port()
     cmd = [
         sys.executable,
         "-m",
@@ -59,7 +69,7 @@ async def engine_process(state_dir: Path, *args: str) -> AsyncIterator[str]:
                 await asyncio.sleep(0.05)
             else:
                 raise RuntimeError("engine did not become healthy")
-        yield url
+        yield url, proc
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)

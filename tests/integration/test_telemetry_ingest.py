@@ -22,6 +22,7 @@ from services.telemetry.query import WindowQuery
 from services.telemetry.servicer import TelemetryServicer, add_to_server
 from services.telemetry.settings import TelemetrySettings
 from services.telemetry.store.pg import RecordStore
+from services.telemetry.tooltimes import ToolTimes
 from services.telemetry.windows.bucket import RELATIVE_ACCURACY
 from services.telemetry.windows.memory import WindowMemory
 from services.telemetry.windows.stats import Filters
@@ -403,3 +404,50 @@ async def test_poison_record_is_isolated_dead_lettered_and_the_rest_stored(
     assert set(dead) == {"poison", "nul"}
     assert "delivery 2" in dead["poison"] and "cannot take" in dead["poison"]
     assert dead["nul"].startswith("nul: nul_in_text: tenant")
+
+
+async def test_get_tool_times_learned_from_reported_records(db: str) -> None:
+    """Records reported over gRPC reach the tool-time learner once committed; GetToolTimes
+    answers per tool at the asked percentiles, refuses a bad percentile, and a servicer
+    without the learner answers UNIMPLEMENTED."""
+    clock = Clock()
+    r = replica(db, clock)
+    learner = ToolTimes()
+    r.ingest.observers = (learner,)
+    server = grpc.aio.server()
+    add_to_server(TelemetryServicer(r.query, r.ingest, tool_times=learner, wall=clock), server)
+    bare = grpc.aio.server()
+    add_to_server(TelemetryServicer(r.query, r.ingest, wall=clock), bare)
+    port, bare_port = server.add_insecure_port("127.0.0.1:0"), bare.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    await bare.start()
+    turns = []
+    for s in range(4):  # a bash call ends 2 s after arrival; the next turn 20 s later
+        first = record(f"{s}a", session_id=f"s{s}", arrival_ms=NOW_MS - 60_000,
+                       finish_ms=NOW_MS - 58_000)  # fmt: skip
+        first.tool_calls.add(name="bash", argument_bytes=5)
+        turns += [first, record(f"{s}b", session_id=f"s{s}", arrival_ms=NOW_MS - 38_000)]
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = telemetry_pb2_grpc.TelemetryServiceStub(ch)
+            assert (await stub.ReportRecords(iter(turns))).accepted == 8
+            resp = await stub.GetToolTimes(
+                telemetry_pb2.GetToolTimesRequest(deployment="llama", percentiles=[0.5, 0.9])
+            )
+            got = {(t.agent, t.tool): t for t in resp.tool_times}
+            assert list(resp.percentiles) == [0.5, 0.9] and resp.sessions_tracked == 4
+            assert got[("", "bash")].samples == 4
+            assert got[("", "bash")].seconds[0] == pytest.approx(20.0, rel=0.03)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.GetToolTimes(telemetry_pb2.GetToolTimesRequest(percentiles=[2.0]))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{bare_port}") as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await telemetry_pb2_grpc.TelemetryServiceStub(ch).GetToolTimes(
+                    telemetry_pb2.GetToolTimesRequest(deployment="llama")
+                )
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        await server.stop(None)
+        await bare.stop(None)
+        await r.store.close()

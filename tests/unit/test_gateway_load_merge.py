@@ -12,6 +12,7 @@ from services.scheduler.core.load_merge import (
     LoadReport,
     Sample,
     discount,
+    foreign_prefill,
     merge_load,
     needs_scrape,
     newer,
@@ -171,3 +172,73 @@ def test_fleet_takes_ended_work_off_the_stream_snapshot_that_held_it(source: str
     assert (v.running, v.pending_prefill_tokens) == ((2, 1280) if stream else (3, 1920))
     f.report_load("a", LoadReport(running=1), 2.5, source=source)  # type: ignore[arg-type]
     assert f.view("a", 2.6).running == 1
+
+
+@pytest.mark.parametrize(
+    ("load", "own_waiting", "per_request", "expected"),
+    [
+        (LoadReport(waiting=3), 0, 1000.0, 3000),
+        (LoadReport(waiting=3), 2, 1000.0, 1000),
+        (LoadReport(waiting=1), 4, 1000.0, 0),
+        (LoadReport(waiting=2, pending_prefill_tokens=70), 0, 1000.0, 0),
+        (LoadReport(waiting=3), 0, 0.0, 0),
+        (LoadReport(running=4), 0, 1000.0, 0),
+    ],
+    ids=[
+        "foreign-waiting-at-the-mean",
+        "own-waiting-not-counted",
+        "more-own-than-waiting",
+        "a-reported-queue-is-used-instead",
+        "no-mean-yet",
+        "running-only",
+    ],
+)
+def test_foreign_prefill(
+    load: LoadReport, own_waiting: int, per_request: float, expected: int
+) -> None:
+    """A scrape's waiting requests beyond this gateway's own, at the mean prefill of its
+    picks."""
+    got = foreign_prefill(load, own_waiting=own_waiting, tokens_per_request=per_request)
+    assert got == expected
+
+
+def test_scrape_mode_prices_another_gateways_queue() -> None:
+    """Scrape mode: an engine with requests waiting that this gateway did not send has a
+    longer predicted TTFT than an idle one (the queue was invisible: the same TTFT on every
+    instance without this gateway's own picks)."""
+    from tests.unit._routing_helpers import ctx, make, req
+
+    f = Fleet(scrape_queue_estimate=True)
+    for i in ("a", "b", "c"):
+        f.upsert(EndpointSpec(i, f"http://{i}"))
+    f.reserve("own", ["c"], {"c": 4000}, 0.0)  # one own pick: the mean is 4000 / 64
+    mean = f.prefill_mean
+    f.report_load("a", LoadReport(running=1, waiting=2), 1.0)  # two not ours
+    f.report_load("b", LoadReport(running=1), 1.0)
+    f.report_load("c", LoadReport(waiting=1), 1.0)  # ours
+    views = [f.view(i, 1.5) for i in ("a", "b", "c")]
+    assert [v.pending_prefill for v in views] == [int(2 * mean), 0, 4000]
+    assert [v.tokens_in_flight + v.reserved_tokens for v in views] == [0, 0, 4000]  # as before
+    cost = make("ttft-cost", epsilon_ms=1e-6)
+    c = ctx(now=1.5)
+    cost.prepare(c, req(prompt_tokens=1000), views)
+    # LinearModel: 10,000 tokens/s; own prefill 100 ms
+    assert c.predicted_ttft_ms == pytest.approx({"a": 100.0 + 0.2 * mean, "b": 100.0, "c": 500.0})
+    f.first_token("own")
+    f.report_load("c", LoadReport(waiting=1), 2.0)  # no longer ours: someone else's
+    assert f.view("c", 2.5).pending_prefill == int(mean)
+    f.set_remote_in_flight({"a": (2, 100)})  # a peer's heartbeat accounts for some of a's
+    assert f.view("a", 2.5).pending_prefill == max(int(2 * mean), 100)
+
+
+@pytest.mark.parametrize(
+    ("estimate", "expected"), [(False, 0), (True, 2 * 4000 // 64)], ids=["off", "on"]
+)
+def test_scrape_queue_estimate_is_a_setting(estimate: bool, expected: int) -> None:
+    """Off (the default), a scraped view's queue is this gateway's own reservations only."""
+    f = Fleet(scrape_queue_estimate=estimate)
+    for i in ("a", "c"):
+        f.upsert(EndpointSpec(i, f"http://{i}"))
+    f.reserve("own", ["c"], {"c": 4000}, 0.0)
+    f.report_load("a", LoadReport(waiting=2), 1.0)
+    assert f.view("a", 1.5).pending_prefill == expected

@@ -71,7 +71,7 @@ def test_dead_replicas_only_long_expired() -> None:
 def test_routed_plugins_follow_the_profiles_of_the_pick() -> None:
     c = core()
     names = approx_plugins(c.scheduler)
-    assert set(names) == {"prefix", "cache-aware-prefix"}
+    assert set(names) == {"prefix", "prefix-ready", "cache-aware-prefix"}
     d = c.pick(view(), 0.0, "p1")
     assert isinstance(d, Pick)
     assert routed_plugins(c.scheduler, d) == ["prefix"]
@@ -79,6 +79,8 @@ def test_routed_plugins_follow_the_profiles_of_the_pick() -> None:
     assert isinstance(d2, Pick) and routed_plugins(c.scheduler, d2) == []
     d3 = c.pick(view("r3"), 0.0, "p3", profile="cache_aware")
     assert isinstance(d3, Pick) and routed_plugins(c.scheduler, d3) == ["cache-aware-prefix"]
+    d4 = c.pick(view("r4"), 0.0, "p4", profile="prefix-ready")
+    assert isinstance(d4, Pick) and routed_plugins(c.scheduler, d4) == ["prefix-ready"]
 
 
 def entry(**kw: object) -> events_pb2.RoutedPrefix:

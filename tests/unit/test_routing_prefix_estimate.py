@@ -13,8 +13,11 @@ H = tuple(block_hashes(list(range(1000, 1032)), 4))  # 8 chained blocks of 4 tok
 
 
 def _routed(plugin: object, iid: str, blocks: int) -> None:
+    """A pick of ``blocks`` of H on ``iid`` that has answered."""
     pick = Pick(decode=Choice(ep(iid), 0.0), prefill=None, profile="p")
-    plugin.on_pick(0.0, req(f"w-{iid}", block_hashes=H[:blocks]), pick)  # type: ignore[attr-defined]
+    r = req(f"w-{iid}", block_hashes=H[:blocks])
+    plugin.on_pick(0.0, r, pick)  # type: ignore[attr-defined]
+    plugin.on_settle(r, pick, True)  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
@@ -53,6 +56,92 @@ def test_prefix_estimate(
     pe.prepare(c, r, eps)
     assert pe.score(c, r, eps) == pytest.approx(expected)
     assert pe.score_list(c, r, eps) == pytest.approx([expected["a"], expected["b"]])
+
+
+# Carriers: (instance, blocks of H, how the pick ended: None = no answer yet, True =
+# answered, False = failed before its first byte).
+Carrier = tuple[str, int, bool | None]
+ON = {"unfinished": True}
+
+
+@pytest.mark.parametrize(
+    ("carriers", "precise", "params", "expected_cached", "expected_ready"),
+    [
+        ([("a", 8, None)], None, ON, {"a": 32, "b": 0}, {"a": 0, "b": 0}),
+        ([("a", 8, True)], None, ON, {"a": 32, "b": 0}, {"a": 32, "b": 0}),
+        ([("a", 8, False)], None, ON, {"a": 0, "b": 0}, {"a": 0, "b": 0}),
+        ([("a", 4, True), ("a", 8, None)], None, ON, {"a": 32, "b": 0}, {"a": 16, "b": 0}),
+        ([("a", 8, None), ("b", 2, True)], None, ON, {"a": 32, "b": 8}, {"a": 0, "b": 8}),
+        (
+            [("a", 8, None)],
+            {"a": PrefixMatch(6, {"gpu": 6})},
+            ON,
+            {"a": 32, "b": 0},
+            {"a": 24, "b": 0},
+        ),
+        ([("a", 8, None)], None, {}, {"a": 32, "b": 0}, {"a": 32, "b": 0}),
+    ],
+    ids=[
+        "prefilling-carrier-where-not-cached-yet",
+        "answered-carrier-cached",
+        "failed-carrier-nowhere",
+        "answered-part-ready-prefilling-rest-not",
+        "prefilling-long-vs-answered-short-elsewhere",
+        "engine-reported-blocks-are-ready",
+        "off-by-default-counts-all-as-sglang-router",
+    ],
+)
+def test_prefix_estimate_unfinished_carriers(
+    carriers: list[Carrier],
+    precise: dict[str, PrefixMatch] | None,
+    params: dict[str, bool],
+    expected_cached: dict[str, int],
+    expected_ready: dict[str, int],
+) -> None:
+    """A routed prompt is where its prefix will be from the pick on (cached_tokens: score,
+    placement), but cached there only once its carrier answered (ready_cached: the
+    predicted TTFT): an engine commits a prompt's KV when its prefill ends."""
+    pe = make("prefix-estimate", **params)
+    for k, (iid, blocks, outcome) in enumerate(carriers):
+        pick = Pick(decode=Choice(ep(iid), 0.0), prefill=None, profile="p")
+        r = req(f"c{k}", block_hashes=H[:blocks])
+        pe.on_pick(float(k), r, pick)
+        if outcome is not None:
+            pe.on_settle(r, pick, outcome)
+    r = req("next", prompt_tokens=32, block_hashes=H, prefix_matches=precise)
+    c = ctx(now=10.0)
+    pe.prepare(c, r, [ep("a"), ep("b")])
+    assert {i: c.cached_tokens.get(i, 0) for i in ("a", "b")} == expected_cached
+    assert {i: c.ready_cached(i, 32) for i in ("a", "b")} == expected_ready
+
+
+@pytest.mark.parametrize(
+    ("answered", "expected_ttft"),
+    [(False, {"a": 5600.0, "b": 3200.0}), (True, {"a": 800.0, "b": 3200.0})],
+    ids=["prefilling-carrier-own-queue-plus-recompute", "answered-carrier-cache-hit"],
+)
+def test_ttft_follower_of_prefilling_carrier(
+    answered: bool, expected_ttft: dict[str, float]
+) -> None:
+    """The next turn of a session whose previous turn still prefills on ``a``: its
+    predicted TTFT there is the wait for that prefill plus its own full prefill (it
+    recomputes), not the cache hit it gets once the predecessor answered."""
+    pe = make("prefix-estimate", unfinished=True)
+    cost = make("ttft-cost", epsilon_ms=1e-6)
+    pick = Pick(decode=Choice(ep("a"), 0.0), prefill=None, profile="p")
+    prev = req("prev", prompt_tokens=24_000, block_hashes=H[:6], block_size=4_000)
+    pe.on_pick(0.0, prev, pick)
+    # LinearModel: 0.1 ms per uncached token, 10k tokens/s; the predecessor's 24k tokens
+    # are queued on a (reserved until its first token) unless it answered
+    a = ep("a") if answered else ep("a", reserved_tokens=24_000, reserved_requests=1)
+    if answered:
+        pe.on_settle(prev, pick, True)
+    r = req("next", prompt_tokens=32_000, block_hashes=H, block_size=4_000)
+    c = ctx(now=1.0)
+    eps = [a, ep("b")]
+    pe.prepare(c, r, eps)
+    cost.prepare(c, r, eps)
+    assert c.predicted_ttft_ms == pytest.approx(expected_ttft)
 
 
 def test_prefix_estimate_needs_precise_lookups() -> None:

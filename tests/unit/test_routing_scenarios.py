@@ -19,17 +19,19 @@ def fleet(n: int = 4, **load: int) -> list[EndpointView]:
     return [ep(f"w{i}", **load) for i in range(n)]
 
 
-@pytest.mark.parametrize("profile", ["default", "cache_aware", "agent"])
-def test_second_turn_follows_the_first(profile: str) -> None:
+@pytest.mark.parametrize("answered", [True, False], ids=["answered", "still-prefilling"])
+@pytest.mark.parametrize("profile", ["default", "cache_aware", "agent", "prefix-ready"])
+def test_second_turn_follows_the_first(profile: str, answered: bool) -> None:
+    """The second turn goes where the first went. `prefix-ready` predicts it to hit the
+    first's prefix only once the first answered (before, its prefill has not committed it);
+    the others count it from the pick."""
     s = load_default(env=ENV, rng=random.Random(0))
     snap = EndpointSnapshot(fleet())
-    first = s.schedule(
-        req("t1", prompt_tokens=len(PROMPT), block_hashes=HASHES, session_id="s"),
-        snap,
-        0.0,
-        profile,
-    )
+    t1 = req("t1", prompt_tokens=len(PROMPT), block_hashes=HASHES, session_id="s")
+    first = s.schedule(t1, snap, 0.0, profile)
     assert isinstance(first, Pick)
+    if answered:
+        s.settle(t1, first, True)
     longer = HASHES + tuple(block_hashes(PROMPT + list(range(64)), 4)[len(HASHES) :])
     second = s.schedule(
         req("t2", prompt_tokens=len(PROMPT) + 64, block_hashes=longer, session_id="s"),
@@ -40,7 +42,8 @@ def test_second_turn_follows_the_first(profile: str) -> None:
     assert isinstance(second, Pick)
     assert second.decode.endpoint.instance_id == first.decode.endpoint.instance_id
     if profile != "cache_aware":
-        assert second.predicted_cached_tokens == len(PROMPT)
+        ready = answered or profile != "prefix-ready"
+        assert second.predicted_cached_tokens == (len(PROMPT) if ready else 0)
 
 
 def test_default_spills_off_a_hot_cached_instance() -> None:

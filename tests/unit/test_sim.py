@@ -175,6 +175,29 @@ def test_the_cli_writes_json_and_timeline(
     assert lines[0].split(",") == list(COLUMNS) and len(lines) >= 2
 
 
+def test_the_cli_compares_profiles_each_on_a_fresh_fleet(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = write_trace(tmp_path / "t.jsonl", 12)
+    out, tl = tmp_path / "c.json", tmp_path / "c.csv"
+    common = ["--trace", str(trace), "--engines", "2", "--kv-blocks", "2048",
+              "--max-requests", "30"]  # fmt: skip
+    argv = ["sim", *common, "--profile", "default,cache_aware", "--out", str(out),
+            "--timeline", str(tl)]  # fmt: skip
+    assert tideserve_main(argv) == 0
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert [r["profile"] for r in doc["comparison"]] == ["default", "cache_aware"]
+    assert doc["comparison"][0]["ttft_mean_ms_vs_default"] == 1.0
+    assert "cache_aware" in capsys.readouterr().out  # the table
+    assert (tmp_path / "c-default.csv").exists() and (tmp_path / "c-cache_aware.csv").exists()
+    # each profile's summary is the one its own run writes (a fresh fleet, no shared state)
+    alone = tmp_path / "alone.json"
+    assert tideserve_main(["sim", *common, "--profile", "cache_aware", "--out", str(alone)]) == 0
+    single = json.loads(alone.read_text(encoding="utf-8"))
+    assert doc["profiles"]["cache_aware"]["ttft_ms"] == single["ttft_ms"]
+    assert single["config"]["shaper_hold_ms"] == 0.0  # a baseline: no dispatch order
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -189,6 +212,7 @@ def test_the_cli_writes_json_and_timeline(
         (["--gateways", "0"], "--gateways must be at least 1"),
         (["--autoscale", "--max-replicas", "0"], "--max-replicas must be at least 1"),
         (["--profile", "nope"], "unknown routing profile 'nope'"),
+        (["--profile", "default,nope"], "unknown routing profile 'nope'"),
         (["--engine-profile", "nope"], "unknown performance profile 'nope'"),
         (["--gateway-perf-profile", "nope"], "unknown performance profile 'nope'"),
         (["--offset", "99"], "skips the whole trace"),
@@ -198,6 +222,7 @@ def test_the_cli_writes_json_and_timeline(
     ],
     ids=["no-trace", "zero-engines", "engines-and-pd", "prefill-only", "pd-zero",
          "zero-rate", "rate-not-number", "zero-requests", "zero-gateways", "zero-max-replicas", "unknown-profile",
+         "unknown-second-profile",
          "unknown-engine-profile", "unknown-gateway-profile", "offset-past-end", "missing-trace", "bad-trace-line",
          "bad-out-dir"],
 )  # fmt: skip

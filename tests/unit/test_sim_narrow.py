@@ -38,13 +38,16 @@ def run(cfg: SimConfig, narrow: bool) -> tuple[str, list[str], int]:
         (BASE, True),
         (replace(BASE, gateways=2, load_source="stream"), True),
         (replace(BASE, precise=True), True),
+        (replace(BASE, profile="prefix-ready"), True),
+        (replace(BASE, gateways=2, scrape_queue_estimate=True), True),
         (replace(BASE, profile="least_load"), True),
         (replace(BASE, profile="power_of_two"), False),  # random picks: never narrowed
         (replace(BASE, profile="cache_aware"), False),  # a plugin outside SAFE
         (SimConfig(prefill=8, decode=24, kv_blocks=4096, rate_scale=3.0), False),  # P/D
     ],
-    ids=["default", "two-gateways-stream", "precise", "least-load", "power-of-two",
-         "cache-aware", "pd"],
+    ids=["default", "two-gateways-stream", "precise", "prefix-ready",
+         "two-gateways-scrape-queue-estimate", "least-load", "power-of-two", "cache-aware",
+         "pd"],
 )  # fmt: skip
 def test_the_pre_filter_keeps_every_decision(cfg: SimConfig, narrows: bool) -> None:
     want_doc, want_targets, none = run(cfg, narrow=False)

@@ -243,3 +243,35 @@ class GetSessionResponse(_message.Message):
     TURNS_FIELD_NUMBER: _ClassVar[int]
     turns: _containers.RepeatedCompositeFieldContainer[_events_pb2.RequestRecord]
     def __init__(self, turns: _Optional[_Iterable[_Union[_events_pb2.RequestRecord, _Mapping]]] = ...) -> None: ...
+
+class GetToolTimesRequest(_message.Message):
+    __slots__ = ("deployment", "percentiles", "min_samples")
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    PERCENTILES_FIELD_NUMBER: _ClassVar[int]
+    MIN_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    deployment: str
+    percentiles: _containers.RepeatedScalarFieldContainer[float]
+    min_samples: int
+    def __init__(self, deployment: _Optional[str] = ..., percentiles: _Optional[_Iterable[float]] = ..., min_samples: _Optional[int] = ...) -> None: ...
+
+class ToolTime(_message.Message):
+    __slots__ = ("agent", "tool", "samples", "seconds")
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    agent: str
+    tool: str
+    samples: int
+    seconds: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, agent: _Optional[str] = ..., tool: _Optional[str] = ..., samples: _Optional[int] = ..., seconds: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class GetToolTimesResponse(_message.Message):
+    __slots__ = ("percentiles", "tool_times", "sessions_tracked")
+    PERCENTILES_FIELD_NUMBER: _ClassVar[int]
+    TOOL_TIMES_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_TRACKED_FIELD_NUMBER: _ClassVar[int]
+    percentiles: _containers.RepeatedScalarFieldContainer[float]
+    tool_times: _containers.RepeatedCompositeFieldContainer[ToolTime]
+    sessions_tracked: int
+    def __init__(self, percentiles: _Optional[_Iterable[float]] = ..., tool_times: _Optional[_Iterable[_Union[ToolTime, _Mapping]]] = ..., sessions_tracked: _Optional[int] = ...) -> None: ...

@@ -60,6 +60,11 @@ class TelemetryServiceStub:
                 request_serializer=tideserve_dot_v1_dot_telemetry__pb2.GetSessionRequest.SerializeToString,
                 response_deserializer=tideserve_dot_v1_dot_telemetry__pb2.GetSessionResponse.FromString,
                 _registered_method=True)
+        self.GetToolTimes = channel.unary_unary(
+                '/tideserve.v1.TelemetryService/GetToolTimes',
+                request_serializer=tideserve_dot_v1_dot_telemetry__pb2.GetToolTimesRequest.SerializeToString,
+                response_deserializer=tideserve_dot_v1_dot_telemetry__pb2.GetToolTimesResponse.FromString,
+                _registered_method=True)
 
 
 class TelemetryServiceServicer:
@@ -109,6 +114,18 @@ class TelemetryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetToolTimes(self, request, context):
+        """How long each tool keeps an agent session away, learned from the records: for every
+        tool (and agent, when known) the gap from a turn that ended calling it to the
+        session's next turn, at the asked percentiles. A turn that ended in an answer is the
+        tool "" (the time a person takes to reply); "*" is every gap of the deployment. Learned
+        from the records this replica ingested since it started, bounded memory. Read-only;
+        INVALID_ARGUMENT for a percentile outside (0, 1].
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TelemetryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -136,6 +153,11 @@ def add_TelemetryServiceServicer_to_server(servicer, server):
                     servicer.GetSession,
                     request_deserializer=tideserve_dot_v1_dot_telemetry__pb2.GetSessionRequest.FromString,
                     response_serializer=tideserve_dot_v1_dot_telemetry__pb2.GetSessionResponse.SerializeToString,
+            ),
+            'GetToolTimes': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetToolTimes,
+                    request_deserializer=tideserve_dot_v1_dot_telemetry__pb2.GetToolTimesRequest.FromString,
+                    response_serializer=tideserve_dot_v1_dot_telemetry__pb2.GetToolTimesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -273,6 +295,33 @@ class TelemetryService:
             '/tideserve.v1.TelemetryService/GetSession',
             tideserve_dot_v1_dot_telemetry__pb2.GetSessionRequest.SerializeToString,
             tideserve_dot_v1_dot_telemetry__pb2.GetSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetToolTimes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tideserve.v1.TelemetryService/GetToolTimes',
+            tideserve_dot_v1_dot_telemetry__pb2.GetToolTimesRequest.SerializeToString,
+            tideserve_dot_v1_dot_telemetry__pb2.GetToolTimesResponse.FromString,
             options,
             channel_credentials,
             insecure,

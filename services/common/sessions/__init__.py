@@ -5,6 +5,7 @@ the simulator can run the same rules.
 - :mod:`.model` — :class:`Session`, its :class:`Phase`, keys and errors;
 - :mod:`.table` — :class:`SessionTable`: turns start and end, placement, expiry;
 - :mod:`.tooltime` — :class:`ToolTimePredictor`: gap distributions per tool and agent;
+- :mod:`.gaps` — :class:`TurnGaps`: the gaps a stream of turns (request records) makes;
 - :mod:`.retention` — :func:`plan_retention`: protect, offload, drop, release;
 - :mod:`.prefetch` — :func:`plan_prefetch` and :func:`on_arrival`: when to bring an
   offloaded prefix back, and fetch versus recompute;
@@ -12,6 +13,7 @@ the simulator can run the same rules.
 - :mod:`.migration` — :func:`plan_migration`: where a scaled-in instance's sessions go.
 """
 
+from services.common.sessions.gaps import Observation, TurnGaps
 from services.common.sessions.homes import rendezvous_home, route_key
 from services.common.sessions.migration import (
     Destination,
@@ -49,21 +51,30 @@ from services.common.sessions.retention import (
     plan_retention,
 )
 from services.common.sessions.table import SessionTable
-from services.common.sessions.tooltime import NO_TOOL, GapEstimate, ToolTimePredictor
+from services.common.sessions.tooltime import (
+    ALL_TOOLS,
+    NO_TOOL,
+    GapEstimate,
+    GapQuantiles,
+    ToolTimePredictor,
+)
 
 __all__ = [
+    "ALL_TOOLS",
     "DEFAULT_BUDGET_SHARE",
     "NO_TOOL",
     "Arrival",
     "Destination",
     "Fate",
     "GapEstimate",
+    "GapQuantiles",
     "HomeKV",
     "IdleSession",
     "InvalidSessionError",
     "Migrant",
     "MigrationPlan",
     "Move",
+    "Observation",
     "Phase",
     "PrefetchPlan",
     "RetentionPlan",
@@ -75,6 +86,7 @@ __all__ = [
     "SessionsExhaustedError",
     "TierLink",
     "ToolTimePredictor",
+    "TurnGaps",
     "fetch_ms",
     "homes_kv",
     "migrant",

@@ -34,10 +34,21 @@ from dataclasses import dataclass
 
 from ddsketch import LogCollapsingLowestDenseDDSketch
 
-__all__ = ["NO_TOOL", "GapEstimate", "GapSketch", "ToolTimePredictor", "nearest_rank"]
+__all__ = [
+    "ALL_TOOLS",
+    "NO_TOOL",
+    "GapEstimate",
+    "GapQuantiles",
+    "GapSketch",
+    "ToolTimePredictor",
+    "nearest_rank",
+]
 
 NO_TOOL = ""
 """The tool name of a turn that ended in an answer (the agent waits on a person)."""
+
+ALL_TOOLS = "*"
+"""The tool name :meth:`ToolTimePredictor.quantiles` gives the distribution of every gap."""
 
 _ANY_AGENT = "\x00any"
 _ALL = "\x00all"
@@ -50,6 +61,17 @@ class GapEstimate:
     seconds: float
     samples: int
     source: str  # "agent_tool" | "tool" | "session" | "global" | "default"
+
+
+@dataclass(frozen=True, slots=True)
+class GapQuantiles:
+    """One distribution's percentiles: ``agent`` "" across agents, ``tool`` :data:`NO_TOOL`
+    for turns that ended in an answer and :data:`ALL_TOOLS` for every gap."""
+
+    agent: str
+    tool: str
+    samples: int
+    seconds: tuple[float, ...]
 
 
 class GapSketch:
@@ -150,6 +172,23 @@ class ToolTimePredictor:
         else:
             self._sketches.move_to_end(key)
         return sk
+
+    def quantiles(self, qs: Sequence[float], min_samples: int = 0) -> list[GapQuantiles]:
+        """Every distribution held with at least ``min_samples`` (and one) gaps, at the
+        percentiles ``qs`` (each in (0, 1]), sorted by agent then tool."""
+        if any(not 0.0 < q <= 1.0 for q in qs):
+            raise ValueError(f"percentiles must be in (0, 1], got {list(qs)}")
+        rows = []
+        for (agent, tool), sk in self._sketches.items():
+            if sk.count < max(1, min_samples):
+                continue
+            seconds = tuple(sk.quantile(q) or 0.0 for q in qs)
+            if (agent, tool) == (_ALL, _ALL):
+                rows.append(GapQuantiles("", ALL_TOOLS, sk.count, seconds))
+            else:
+                who = "" if agent == _ANY_AGENT else agent
+                rows.append(GapQuantiles(who, tool, sk.count, seconds))
+        return sorted(rows, key=lambda r: (r.agent, r.tool))
 
     def _level(self, agent: str, tools: Sequence[str], q: float) -> GapEstimate | None:
         """The slowest tool's percentile when every tool is confident at this level."""

@@ -38,6 +38,7 @@ def build_core(
     slo: SLOTargets | None = None,
     decode_can_prefill: bool = True,
     perf_model: PrefillModel | None = None,
+    scrape_queue_estimate: bool = False,
 ) -> GatewayCore:
     """A ready core. Raises ``ConfigError`` for a bad profiles file.
 
@@ -46,7 +47,8 @@ def build_core(
     a prompt without a prefill peer (false for SGLang decode servers; see
     ``services.scheduler.routing.registry.PluginEnv``). ``perf_model`` (e.g. the
     :class:`~services.scheduler.core.perf_switch.PerfModelSwitch` that telemetry's fit
-    feeds) replaces the default profile for plugins that do not name one."""
+    feeds) replaces the default profile for plugins that do not name one.
+    ``scrape_queue_estimate``: see :class:`~services.scheduler.core.fleet.Fleet`."""
     base = PluginEnv()
 
     def resolve(name: str) -> PrefillModel:
@@ -58,7 +60,7 @@ def build_core(
         perf_profile=resolve, block_size=block_size, decode_can_prefill=decode_can_prefill
     )
     sched = load_config(profiles or DEFAULT_PROFILES_PATH, env=env, rng=random.Random(seed))
-    fleet = Fleet()
+    fleet = Fleet(scrape_queue_estimate=scrape_queue_estimate)
     for e in endpoints:
         fleet.upsert(e)
     return GatewayCore(sched, fleet, AdmissionQueue(queue), limits=limits, slo=slo)

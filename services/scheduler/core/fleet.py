@@ -12,7 +12,11 @@ it when its last request is released (in-flight requests finish).
 
 Reservations: a pick reserves one request (and, until its first token, its uncached prompt
 tokens as pending prefill) on each chosen endpoint. Engines report load with a lag, so the
-snapshot counts ``max(reported, ours)``: ``reserved_* = max(0, ours - reported)``.
+snapshot counts ``max(reported, ours)``: ``reserved_* = max(0, ours - reported)``. A scrape
+reports no prefill queue; with ``scrape_queue_estimate`` the view adds, on top of the
+reservations, the waiting requests that this gateway's unanswered picks (and the peers'
+heartbeats) do not account for (:func:`~.load_merge.foreign_prefill`, at the moving mean of
+this gateway's picks' prefill tokens when the scrape arrived).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from services.scheduler.core.load_merge import (
     Sample,
     Source,
     discount,
+    foreign_prefill,
     merge_load,
     newer,
 )
@@ -34,6 +39,9 @@ from services.scheduler.core.load_merge import needs_scrape as _needs_scrape
 from services.scheduler.routing.types import Circuit, EndpointSnapshot, EndpointView, Role
 
 __all__ = ["CircuitBreaker", "EndpointSpec", "Fleet", "LoadReport"]
+
+# Weight of each pick in the moving mean of picks' prefill tokens.
+PREFILL_MEAN_WEIGHT = 1.0 / 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +94,10 @@ class _Live:
     retiring: bool = False
     ours: int = 0
     ours_pending_tokens: int = 0
+    # this gateway's picks that prefill here and have not answered (now; at the last scrape)
+    unanswered: int = 0
+    scrape_unanswered: int = 0
+    scrape_prefill_mean: float = 0.0  # the fleet's prefill_mean at the last scrape
     # What this gateway saw end since the last stream snapshot (see load_merge.Gone).
     stream_gone: Gone = field(default_factory=Gone)
 
@@ -103,6 +115,7 @@ class _Reservation:
     instances: tuple[str, ...]
     pending_tokens: dict[str, int]
     at: float
+    prefilling: tuple[str, ...] = ()  # where it prefills, until its first token
 
 
 class Fleet:
@@ -117,12 +130,19 @@ class Fleet:
         breaker_open_s: float = 5.0,
         load_stale_s: float = 10.0,
         stream_stale_s: float = 2.0,
+        scrape_queue_estimate: bool = False,
     ) -> None:
+        """``scrape_queue_estimate``: a scraped view's pending prefill also counts the
+        waiting requests this gateway did not send (module docstring); off, it is only this
+        gateway's own reservations (and the peers')."""
         self.unhealthy_after = unhealthy_after
         self.breaker_failures = breaker_failures
         self.breaker_open_s = breaker_open_s
         self.load_stale_s = load_stale_s
         self.stream_stale_s = stream_stale_s
+        self.scrape_queue_estimate = scrape_queue_estimate
+        # moving mean of the prefill tokens of this gateway's picks (scrape queue estimate)
+        self.prefill_mean = 0.0
         self._eps: dict[str, _Live] = {}
         self._res: dict[str, _Reservation] = {}
         self._version = 0
@@ -230,6 +250,8 @@ class Fleet:
             live.stream_gone = Gone()
         else:
             live.scraped = Sample(load, now)
+            live.scrape_unanswered = live.unanswered
+            live.scrape_prefill_mean = self.prefill_mean
         self._dirty(instance_id)
         return True
 
@@ -303,16 +325,28 @@ class Fleet:
         self.release(pick_id)
         inst = tuple(dict.fromkeys(i for i in instances if i in self._eps))
         toks = {i: int(pending.get(i, 0)) for i in inst}
+        prefilling = tuple(i for i in inst if i in pending)
         for i in inst:
             self._eps[i].ours += 1
             self._eps[i].ours_pending_tokens += toks[i]
             self._dirty(i)
-        self._res[pick_id] = _Reservation(inst, toks, now)
+        for i in prefilling:
+            self._eps[i].unanswered += 1
+            self.prefill_mean += PREFILL_MEAN_WEIGHT * (toks[i] - self.prefill_mean)
+        self._res[pick_id] = _Reservation(inst, toks, now, prefilling)
+
+    def _answered(self, r: _Reservation) -> None:
+        for i in r.prefilling:
+            live = self._eps.get(i)
+            if live is not None:
+                live.unanswered -= 1
+        r.prefilling = ()
 
     def first_token(self, pick_id: str) -> None:
         r = self._res.get(pick_id)
         if r is None:
             return
+        self._answered(r)
         for i, n in r.pending_tokens.items():
             live = self._eps.get(i)
             if n and live is not None:
@@ -326,6 +360,7 @@ class Fleet:
         r = self._res.pop(pick_id, None)
         if r is None:
             return False
+        self._answered(r)
         for i in r.instances:
             self._dirty(i)
             live = self._eps.get(i)
@@ -381,12 +416,18 @@ class Fleet:
 
     def _build(self, instance_id: str, now: float) -> tuple[EndpointView, float]:
         live = self._eps[instance_id]
-        ld, _, until = self._merged(live, now)  # unknown/stale: trust only our own counts
+        ld, source, until = self._merged(live, now)  # unknown/stale: trust only our own counts
         opened = live.breaker.opened_at
         if opened is not None and now - opened < live.breaker.open_s:
             until = min(until, opened + live.breaker.open_s)
         s = live.spec
         r_req, r_tok = self._remote.get(instance_id, (0, 0))
+        pending = ld.pending_prefill_tokens
+        if source == "scrape" and self.scrape_queue_estimate:  # not ours nor the peers'
+            foreign = foreign_prefill(
+                ld, own_waiting=live.scrape_unanswered, tokens_per_request=live.scrape_prefill_mean
+            )
+            pending += max(0, foreign - r_tok)
         view = EndpointView(
             instance_id=s.instance_id,
             url=s.url,
@@ -394,7 +435,7 @@ class Fleet:
             running=ld.running,
             waiting=ld.waiting,
             tokens_in_flight=ld.tokens_in_flight,
-            pending_prefill_tokens=ld.pending_prefill_tokens,
+            pending_prefill_tokens=pending,
             kv_usage=ld.kv_usage,
             prefill_tokens_per_s=ld.prefill_tokens_per_s,
             healthy=live.healthy,

@@ -18,8 +18,12 @@ dispatched before the snapshot arrived and has seen finish after it (:class:`Gon
 requests released, prefill tokens whose first token came back) is taken off it
 (:func:`discount`), so a conversation's next turn is not pushed off the instance holding
 its prefix by the previous turn's pending prefill, still in a snapshot up to a reporting
-interval old. Scrapes carry no pending prefill and are left as reported: taking ended
-requests off their running counts cost goodput in routing_sim (benchmarks/README.md).
+interval old. Scrapes are left as reported (taking ended requests off their running counts
+cost goodput in routing_sim, benchmarks/README.md), but they carry no pending prefill, so a
+cost that prices the prefill queue saw only this gateway's own picks (its reservations).
+:func:`foreign_prefill` estimates the rest: each waiting request the engine reports that
+those picks do not account for (another gateway's, or sent around the gateway) at the mean
+prefill of this gateway's picks.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ __all__ = [
     "Sample",
     "Source",
     "discount",
+    "foreign_prefill",
     "merge_load",
     "needs_scrape",
     "newer",
@@ -112,3 +117,14 @@ def newer(last: tuple[int, int] | None, epoch: int, ts_ms: int) -> bool:
     """True when a snapshot stamped ``(epoch, ts_ms)`` is newer than the last one applied
     (a restarted engine has a higher epoch; equal stamps are a repeat)."""
     return last is None or (epoch, ts_ms) > last
+
+
+def foreign_prefill(load: LoadReport, *, own_waiting: int, tokens_per_request: float) -> int:
+    """The prefill tokens a scrape's waiting requests hold beyond this gateway's own: each
+    waiting request beyond ``own_waiting`` (this gateway's picks on the instance that had not
+    answered when the scrape arrived, so the waiting ones among them are its own) at
+    ``tokens_per_request``. 0 when the report carries a prefill queue (it is used instead)."""
+    if load.pending_prefill_tokens:
+        return 0
+    foreign = max(0, load.waiting - max(0, own_waiting))
+    return int(foreign * max(0.0, tokens_per_request))

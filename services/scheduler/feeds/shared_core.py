@@ -4,8 +4,9 @@ Two things cross replicas (the Redis shell is :mod:`services.scheduler.feeds.sha
 
 - Routed prefixes. After every pick a replica publishes a ``RoutedPrefix`` (block hashes,
   chosen instances, the approximate-prefix plugins that took the pick); every other replica
-  applies it to its own plugins through the plugin's ``on_pick`` — the same code path as a
-  local pick — so cache affinity survives losing the replica that routed a conversation.
+  applies it to its own plugins through the plugin's ``on_routed`` — what a local pick
+  records, entered at once (the other replica's first byte is not seen here) — so cache
+  affinity survives losing the replica that routed a conversation.
   A pick that fails before its first byte is settled as not ok locally (the plugin drops
   the entries it created); a ``retracted`` entry makes every other replica do the same.
 - In-flight load. Each replica heartbeats a ``ReplicaInFlight`` (its own per-instance
@@ -137,7 +138,7 @@ def apply_routed(
     )
     for plugin in targets:
         if not entry.retracted:
-            plugin.on_pick(now, view, pick)
+            plugin.on_routed(now, view, pick)
         elif isinstance(plugin, Settle):
             plugin.on_settle(view, pick, False)
     return True

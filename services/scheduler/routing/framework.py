@@ -48,23 +48,32 @@ class CycleContext:
     """Per-cycle scratch state shared by the plugins of one cycle (never across cycles).
 
     ``cached_tokens[iid]`` is the best estimate of the request's prompt tokens already cached
-    on an instance (tier-weighted); preparers only ever raise it (max of estimates).
+    on an instance (tier-weighted), or on their way there; preparers only ever raise it (max
+    of estimates). ``unfinished_tokens[iid]`` is the part of it that only requests still
+    prefilling there carry: it is where the prefix will be (placement, affinity), but not
+    cached yet, so a request starting now computes it again (:meth:`ready_cached`).
     ``predicted_ttft_ms[iid]`` is filled by cost plugins, and ``prefill_ms_by_cached`` with
-    the part no wait is in: the request's own prefill time by its cached token count
+    the part no wait is in: the request's own prefill time by its ready cached token count
     (:meth:`own_prefill_ms`).
     """
 
     now: float
     rng: random.Random
     cached_tokens: dict[str, int] = field(default_factory=dict)
+    unfinished_tokens: dict[str, int] = field(default_factory=dict)
     predicted_ttft_ms: dict[str, float] = field(default_factory=dict)
     prefill_ms_by_cached: dict[int, float] = field(default_factory=dict)
 
+    def ready_cached(self, instance_id: str, prompt_tokens: int) -> int:
+        """The prompt tokens cached on ``instance_id`` now, in [0, prompt_tokens]: the
+        estimate without what is still being prefilled there."""
+        cached = self.cached_tokens.get(instance_id, 0) - self.unfinished_tokens.get(instance_id, 0)
+        return min(max(cached, 0), prompt_tokens)
+
     def own_prefill_ms(self, instance_id: str, prompt_tokens: int) -> float | None:
-        """The request's own prefill on ``instance_id`` (its cache counted, no queue wait),
-        None when no cost plugin predicted it."""
-        cached = min(max(self.cached_tokens.get(instance_id, 0), 0), prompt_tokens)
-        return self.prefill_ms_by_cached.get(cached)
+        """The request's own prefill on ``instance_id`` (its ready cache counted, no queue
+        wait), None when no cost plugin predicted it."""
+        return self.prefill_ms_by_cached.get(self.ready_cached(instance_id, prompt_tokens))
 
     def note_cached(self, instance_id: str, tokens: int) -> None:
         if tokens > self.cached_tokens.get(instance_id, 0):
@@ -325,7 +334,7 @@ class Scheduler:
             decode=decode,
             prefill=prefill,
             profile=prof.name,
-            predicted_cached_tokens=ctx.cached_tokens.get(target, 0),
+            predicted_cached_tokens=ctx.ready_cached(target, request.prompt_tokens),
             predicted_ttft_ms=ctx.predicted_ttft_ms.get(target, 0.0),
             predicted_prefill_ms=ctx.own_prefill_ms(target, request.prompt_tokens) or 0.0,
         )

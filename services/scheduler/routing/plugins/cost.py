@@ -59,7 +59,9 @@ class TTFTCost:
     """Predicted time to first token per endpoint: wait for the prefill tokens queued ahead
     (engine + this gateway's reservations) at the larger of the engine's reported and the
     model's prefill throughput, plus the model's prefill time of the prompt minus the cached
-    tokens estimated by the prefix plugins (so list a prefix plugin in the same profile).
+    tokens estimated by the prefix plugins (so list a prefix plugin in the same profile),
+    less those an earlier request is still prefilling there (``ctx.unfinished_tokens``, from
+    a prefix estimate with ``unfinished``: not cached yet, priced as computed again).
     Score = (min + eps) / (cost + eps) over the candidates: the cheapest scores 1, twice as
     slow about 0.5. Records the prediction in ``ctx.predicted_ttft_ms`` for the SLO filter
     and the response.
@@ -127,6 +129,7 @@ class TTFTCost:
         ctx.prefill_ms_by_cached = prefill
         n = request.prompt_tokens
         get = ctx.cached_tokens.get
+        unfinished = ctx.unfinished_tokens.get if ctx.unfinished_tokens else None
         out = ctx.predicted_ttft_ms
         use_engine = self.p.use_engine_throughput
         model_tps = self.model_tps
@@ -134,6 +137,8 @@ class TTFTCost:
         owns: list[float] = []  # each candidate's own prefill (ranking only)
         for e in candidates:
             cached = get(e.instance_id, 0)
+            if unfinished is not None:  # still being prefilled there: computed again
+                cached -= unfinished(e.instance_id, 0)
             cached = 0 if cached < 0 else n if cached > n else cached
             p = prefill.get(cached)
             if p is None:

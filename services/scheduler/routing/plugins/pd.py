@@ -84,7 +84,7 @@ class PDDecider:
         if not self.decode_can_prefill:
             return True
         iid = decode.endpoint.instance_id
-        cached = min(max(ctx.cached_tokens.get(iid, 0), 0), request.prompt_tokens)
+        cached = ctx.ready_cached(iid, request.prompt_tokens)
         uncached = request.prompt_tokens - cached
         if uncached < self.threshold:
             return False

@@ -359,6 +359,11 @@ class ApproxPrefix:
         self.index.remove_instance(instance_id)
 
     def on_pick(self, now: float, request: RequestView, pick: Pick) -> None:
+        self.on_routed(now, request, pick)
+
+    def on_routed(self, now: float, request: RequestView, pick: Pick, undo: bool = True) -> None:
+        """Index ``request``'s chain on the pick's instances at ``now``; with ``undo`` the
+        entries it created are dropped again if the pick then fails (:meth:`on_settle`)."""
         self._last = None
         if not request.block_hashes:
             return
@@ -368,7 +373,7 @@ class ApproxPrefix:
                 request.block_hashes, pick.prefill.endpoint.instance_id, now
             )
         self._forget_undo(request.request_id)
-        if created:
+        if created and undo:
             self._undo[request.request_id] = (now, created)
             self._undo_keys += len(created)
             while self._undo_keys > self.undo_max_keys and self._undo:
