@@ -217,12 +217,9 @@ class KVCache:
         return self._reserved
 
     def reserve(self, n: int) -> list[int] | None:
-        """``n`` slots for blocks a prefetch brings in, or None (nothing taken) when they
-        cannot be had now. Unprotected unreferenced blocks are evicted (LRU) to make room;
-        protected ones never are: a prefetch does not push out another idle session's kept
-        prefix. With ``hold_evicted`` the evicted blocks' slots are held until their store
-        ends, so this is None until then (the evictions have started; retry after
-        :meth:`offloaded`)."""
+        """``n`` slots for blocks a prefetch brings in, or None (nothing taken). Room is
+        made by evicting unprotected unreferenced blocks (LRU), never protected ones; with
+        ``hold_evicted`` their slots come back only with :meth:`offloaded` (retry then)."""
         if n < 0:
             raise ValueError("n must be >= 0")
         short = n - self.free_blocks

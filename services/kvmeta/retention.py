@@ -11,7 +11,8 @@ counts but tells no engine: real engines (vLLM, SGLang) expose no API to pin or 
 chosen blocks, so there the plan is observed only (docs/agent-memory.md).
 
 Where a session's prefix is goes into its placement (``tiers``): GPU while protected,
-CPU once offloaded to an engine that offloads to the tier (else nowhere). An engine's URL is
+CPU once offloaded from an engine with the tier (it stores what it evicts, or wrote it
+through already; else nowhere). An engine's URL is
 ``retention_engine_urls[instance]``, else ``http://<instance>`` for an instance id of the
 form host:port; an engine with neither is skipped and counted. One engine's failure never
 stops the others; every outcome is counted in ``stats``.
@@ -288,7 +289,8 @@ class RetentionController:
         now = self.wall()
         for iid, p in plans.items():
             info = infos_by.get(iid) or {}
-            to_tier = bool(info.get("offloads_to_tier"))
+            # offload on eviction stores what it evicts; write-through stored it already
+            to_tier = bool(info.get("offloads_to_tier") or info.get("kvcache_tier"))
             moves: list[tuple[Session, dict[int, int]]] = []
             for keys, tier in ((p.plan.protected, GPU), (p.plan.offload, CPU)):
                 for key in keys:

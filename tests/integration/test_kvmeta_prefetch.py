@@ -7,7 +7,7 @@ Everything real but the clock kvmeta plans with (a manual one, so the test says 
 predicted return is near): kvmeta's gRPC service in process with its session table on
 Postgres, its prefix index fed from Redis streams and its object master; a ``tideserve
 engine --role kvcache`` process holding the tier's DRAM segment; an engine simulator with
-the tier (offload on eviction) publishing its KV events to Redis; the Mooncake Transfer
+the tier (offloading on eviction, or writing through) publishing its KV events to Redis; the Mooncake Transfer
 Engine over TCP on loopback.
 """
 
@@ -114,8 +114,11 @@ def on_engine(kv: KVMeta, chain: list[int]) -> dict[int, int]:
     return next((dict(m.tiers) for m in found if m.instance_id == "e0"), {})
 
 
+@pytest.mark.parametrize(
+    "policy", ["offload_on_evict", "write_through"], ids=["offload-on-evict", "write-through"]
+)
 async def test_offloaded_session_is_prefetched_before_its_next_turn(
-    postgres_db_url: str, redis_url: str, metadata_url: str, tmp_path: Path
+    postgres_db_url: str, redis_url: str, metadata_url: str, tmp_path: Path, policy: str
 ) -> None:
     clock = ManualClock(1_000_000.0)
     key = {"deployment": DEP, "tenant": "", "session_id": "agent-1"}
@@ -130,7 +133,7 @@ async def test_offloaded_session_is_prefetched_before_its_next_turn(
         aiohttp.ClientSession() as http,
     ):  # fmt: skip
         fleet = EngineFleet(tmp_path, serve="runner", profile="test", speedup=20.0,
-                            deployment=DEP, kvcache_tier=True, kvcache_policy="offload_on_evict",
+                            deployment=DEP, kvcache_tier=True, kvcache_policy=policy,
                             kvmeta_address=kv.address, te_metadata_url=metadata_url,
                             stream_prefix=kv.prefix, kv_flush_ms=10.0)  # fmt: skip
         # budget 0: an idle session is offloaded at once, whatever its predicted return
