@@ -22,11 +22,10 @@ offloaded is offloaded). The answer, also of ``GET``: the cache's ``capacity_blo
 ``offload_pending`` (evicted blocks whose store to the tier has not finished yet: a caller
 about to stop the engine waits for 0), the performance ``profile``, ``block_size`` and
 whether it has a ``kvcache_tier`` (what a caller needs to weigh fetching against
-recomputing), ``prefetch_pending`` (blocks of
-prefetch jobs not finished) and ``prefetches`` (per job id: ``state`` pending, done or
-failed, ``blocks``, ``resident``, ``fetched``, ``error``) and, for a POST, how many were
-``marked`` and ``offloaded`` and how many prefetches ``prefetch_started``. A body that is not
-such an object is a 400.
+recomputing), ``prefetch_pending`` (blocks of prefetch jobs not finished) and
+``prefetches`` (per job id: ``state`` pending, done or failed, ``blocks``, ``resident``,
+``fetched``, ``error``) and, for a POST, how many were ``marked`` and ``offloaded`` and how
+many prefetches ``prefetch_started``. A body that is not such an object is a 400.
 """
 
 from __future__ import annotations
