@@ -249,6 +249,17 @@ class TierIO:
         rest = list(hashes[local:])
         if not rest:
             return Prefetched(local, 0)
+        done = asyncio.Event()  # a request needing these blocks waits for it from now on
+        mine = [h for h in rest if self._inflight.setdefault(h, done) is done]
+        try:
+            return await self._prefetch(rest, hashes[local - 1] if local else 0, local, tenant)
+        finally:
+            for h in mine:
+                del self._inflight[h]
+            done.set()
+
+    async def _prefetch(self, rest: list[int], parent: int, local: int, tenant: str) -> Prefetched:
+        """The leading run of ``rest`` the tier holds, read into the cache."""
         try:
             res = await self.tier.stub.Exist(
                 kvmeta_pb2.ExistRequest(
@@ -262,17 +273,7 @@ class TierIO:
         run = next((i for i, there in enumerate(res.exists) if not there), len(rest))
         if run == 0:
             return Prefetched(local, 0, "the tier holds none of the missing blocks")
-        want = rest[:run]
-        done = asyncio.Event()
-        for h in want:
-            self._inflight.setdefault(h, done)
-        try:
-            error = await self._read_into_cache(want, hashes[local - 1] if local else 0, tenant)
-        finally:
-            for h in want:
-                if self._inflight.get(h) is done:
-                    del self._inflight[h]
-            done.set()
+        error = await self._read_into_cache(rest[:run], parent, tenant)
         if error:
             return Prefetched(local, 0, error)
         self.prefetched_blocks += run
