@@ -16,6 +16,11 @@ when the unprotected ones are not enough, then in LRU order too; :meth:`KVCache.
 drops the mark. Protection never refuses an allocation that would fit without it.
 :meth:`KVCache.evict_now` evicts named blocks at once (the retention rule's offload).
 
+Prefetch (blocks brought back from the KV-cache tier ahead of a request): :meth:`reserve`
+takes slots for them (counted as used), the shell reads the bytes into those slots, and
+:meth:`adopt` makes them cached blocks like committed ones (unreferenced, protected,
+announced by a STORED event), or :meth:`unreserve` gives the slots back.
+
 Every cached block has a *slot* in ``0 .. capacity_blocks-1`` (taken at commit, given back
 when the block is evicted or cleared; cached blocks never outnumber the capacity, so one is
 always free): where its bytes live when the engine holds real KV bytes
@@ -108,6 +113,7 @@ class KVCache:
         self._held: OrderedDict[int, int] = OrderedDict()  # slot -> evicted hash, oldest first
         self._evicted: list[tuple[int, int]] = []
         self._protected: set[int] = set()
+        self._reserved = 0  # slots taken for blocks a prefetch is bringing in
         # Cumulative prefix-cache statistics (in tokens of full blocks).
         self.query_tokens = 0
         self.hit_tokens = 0
@@ -115,13 +121,14 @@ class KVCache:
     # -- queries -------------------------------------------------------------------------
     @property
     def used_blocks(self) -> int:
-        """Blocks holding data (private + cached, evictable or not, + evicted and held)."""
-        return self._private + len(self._blocks) + len(self._held)
+        """Blocks holding data (private + cached, evictable or not, + evicted and held +
+        reserved for a prefetch)."""
+        return self._private + len(self._blocks) + len(self._held) + self._reserved
 
     @property
     def referenced_blocks(self) -> int:
         """Blocks that cannot be evicted now."""
-        return self._private + len(self._blocks) - len(self._lru)
+        return self._private + len(self._blocks) - len(self._lru) + self._reserved
 
     @property
     def free_blocks(self) -> int:
@@ -203,6 +210,70 @@ class KVCache:
     def protected_blocks(self) -> int:
         """Resident blocks marked by :meth:`protect`."""
         return len(self._protected)
+
+    @property
+    def reserved_blocks(self) -> int:
+        """Slots taken by :meth:`reserve` and not yet adopted or given back."""
+        return self._reserved
+
+    def reserve(self, n: int) -> list[int] | None:
+        """``n`` slots for blocks a prefetch brings in, or None (nothing taken). Room is
+        made by evicting unprotected unreferenced blocks (LRU), never protected ones; with
+        ``hold_evicted`` their slots come back only with :meth:`offloaded` (retry then)."""
+        if n < 0:
+            raise ValueError("n must be >= 0")
+        short = n - self.free_blocks
+        if short > 0:
+            # held slots come back when their stores end: evict only what they do not cover
+            need = short - len(self._held) if self.hold_evicted else short
+            free = (h for h in self._lru if h not in self._protected)
+            victims = list(islice(free, max(0, need)))
+            if len(victims) < need:
+                return None  # not even evicting every unprotected block would do
+            self._remove(victims)
+            if n > self.free_blocks:
+                return None
+        slots = self._slots.take(n)
+        assert slots is not None  # used blocks never outnumber the slots
+        self._reserved += n
+        return slots
+
+    def unreserve(self, slots: Sequence[int]) -> None:
+        """Give back reserved slots a prefetch did not fill."""
+        self._slots.give(slots)
+        self._reserved -= len(slots)
+
+    def adopt(self, pairs: Sequence[tuple[int, int]], parent: int, tenant: str = "") -> int:
+        """Reserved slots now hold verified blocks ``(hash, slot)`` (a chain, parent first;
+        ``parent``: the first one's parent, 0 at the start of a sequence). They become
+        cached blocks: unreferenced, most recent in LRU order (leaf first, as a released
+        chain), protected, announced by one STORED event per run. A hash that became
+        resident meanwhile (a request computed it) keeps its block; that slot is given
+        back. Returns how many blocks were added."""
+        run: list[int] = []
+        run_parent = parent
+        added: list[int] = []
+        spare: list[int] = []
+        prev = parent
+        for h, slot in pairs:
+            if h in self._blocks:
+                spare.append(slot)
+                self._flush_run(run, run_parent, tenant)
+                run = []
+            else:
+                self._blocks[h] = _Block(prev, tenant, slot)
+                if not run:
+                    run_parent = prev
+                run.append(h)
+                added.append(h)
+            prev = h
+        self._flush_run(run, run_parent, tenant)
+        for h in reversed(added):
+            self._lru[h] = None
+        self._protected.update(added)
+        self._reserved -= len(pairs)
+        self._slots.give(spare)
+        return len(added)
 
     def holds(self, seq_id: str) -> bool:
         return seq_id in self._seqs

@@ -11,12 +11,21 @@ which idle sessions' blocks to evict last and which to offload now.
 - ``offload``: hashes to evict now, in that order (those resident and not in use): to the
   KV-cache tier when the engine offloads on eviction (``--kvcache-tier``), else freed.
 
-Order: ``unprotect``, ``protect``, ``offload`` (a hash both protected and offloaded is
-offloaded). The answer, also of ``GET``: the cache's ``capacity_blocks``, ``used_blocks``,
-``free_blocks``, ``protected_blocks``, ``offloads_to_tier``, ``offload_pending`` (evicted
-blocks whose store to the tier has not finished yet: a caller about to stop the engine waits
-for 0) and, for a POST, how many were ``marked`` and ``offloaded``. A body that is not such
-an object is a 400.
+- ``prefetch``: jobs ``{"id": str, "hashes": [int], "tenant": str}``: bring each chain
+  (parent first) back from the KV-cache tier ahead of its session's next turn, in the
+  background (:mod:`services.engine.prefetch`); the blocks become resident and protected,
+  and the KV events announce them. An id already pending or done is not started again.
+
+Order: ``unprotect``, ``protect``, ``offload``, ``prefetch`` (a hash both protected and
+offloaded is offloaded). The answer, also of ``GET``: the cache's ``capacity_blocks``,
+``used_blocks``, ``free_blocks``, ``protected_blocks``, ``offloads_to_tier``,
+``offload_pending`` (evicted blocks whose store to the tier has not finished yet: a caller
+about to stop the engine waits for 0), the performance ``profile``, ``block_size`` and
+whether it has a ``kvcache_tier`` (what a caller needs to weigh fetching against
+recomputing), ``prefetch_pending`` (blocks of prefetch jobs not finished) and
+``prefetches`` (per job id: ``state`` pending, done or failed, ``blocks``, ``resident``,
+``fetched``, ``error``) and, for a POST, how many were ``marked`` and ``offloaded`` and how
+many prefetches ``prefetch_started``. A body that is not such an object is a 400.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from services.engine.core import EngineCore
+from services.engine.prefetch import Prefetcher, parse_jobs
+from services.engine.settings import EngineSettings
 from services.engine.tier_io import TierIO
 
 __all__ = ["PATH", "RetentionRoute"]
@@ -36,6 +47,8 @@ PATH = "/tideserve/retention"
 class RetentionEngine(Protocol):
     core: EngineCore
     tier_io: TierIO | None
+    prefetcher: Prefetcher
+    settings: EngineSettings
 
 
 def _hashes(body: dict[str, Any], key: str) -> list[int]:
@@ -65,6 +78,7 @@ class RetentionRoute:
                 drop = body.get("unprotect", [])
                 drop_all = drop == "all"
                 unprotect = [] if drop_all else _hashes(body, "unprotect")
+                jobs = parse_jobs(body)
             except (ValueError, TypeError) as err:
                 return web.json_response(
                     {"error": {"message": str(err), "type": "invalid_request_error"}},
@@ -75,6 +89,8 @@ class RetentionRoute:
             done["offloaded"] = cache.evict_now(offload)
             if self._e.tier_io is not None:  # their bytes go to the tier now
                 self._e.tier_io.evicted(cache.drain_evicted())
+            done["prefetch_started"] = self._e.prefetcher.start(jobs)
+        pf = self._e.prefetcher
         return web.json_response(
             {
                 "capacity_blocks": cache.capacity_blocks,
@@ -83,6 +99,11 @@ class RetentionRoute:
                 "protected_blocks": cache.protected_blocks,
                 "offloads_to_tier": cache.hold_evicted,
                 "offload_pending": cache.held_slots,
+                "profile": self._e.settings.profile,
+                "block_size": cache.block_size,
+                "kvcache_tier": self._e.tier_io is not None,
+                "prefetch_pending": pf.pending_blocks,
+                "prefetches": pf.report(),
                 **done,
             }
         )

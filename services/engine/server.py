@@ -59,6 +59,7 @@ from services.engine.kvcache import KVCache
 from services.engine.metrics import EngineMetrics
 from services.engine.pacing import RateWindow, core_figures, step_start
 from services.engine.pd_bytes import PDBytes
+from services.engine.prefetch import Prefetcher
 from services.engine.respond import Live
 from services.engine.retention_route import RetentionRoute
 from services.engine.settings import EngineSettings
@@ -155,6 +156,7 @@ class EngineServer:
             else None
         )
         self.tier_io: TierIO | None = None  # with --kvcache-tier, built at startup
+        self.prefetcher = Prefetcher()  # its tier_io is set when that is built
         self.rendezvous = pd_sglang.Rendezvous(
             self.core,
             self.profile,
@@ -205,6 +207,7 @@ class EngineServer:
                 self.tier_io = tier_io_for(
                     self.settings, self.kvbytes, self.core, self.now_ms, self._kick.set
                 )
+                self.prefetcher.tier_io = self.tier_io
         p = self.tracer_provider
         self._http = aiohttp.ClientSession(
             trace_configs=[otel.client_trace_config(p)] if p is not None else None
@@ -257,6 +260,7 @@ class EngineServer:
         await self.remote_kv.close()
         if self._http is not None:
             await self._http.close()
+        await self.prefetcher.close()
         if self.tier_io is not None:
             await self.tier_io.close()
         if self.kvbytes is not None:

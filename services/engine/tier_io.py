@@ -25,6 +25,15 @@ when :func:`fetch_pays` says the modelled transfer is faster than prefilling the
 staging slots, verified, and the request is submitted with ``fetched_tokens`` and the
 modelled fetch time left after the real one (``fetch_wait_ms``). Any failure: the request
 is submitted unchanged (it computes the prompt itself).
+
+Prefetch (:meth:`TierIO.prefetch`, ahead of a request, on kvmeta's word through
+:mod:`services.engine.prefetch`): a chain's blocks beyond the local prefix that the tier
+holds (leading run) are read straight into cache slots reserved for them, verified, and
+adopted: resident, protected, announced by the cache's STORED event like computed blocks. A
+request whose first missing block a prefetch is bringing in waits for that prefetch, then
+looks again: a prefetch is only started when fetching beats recomputing, so what is left
+of it is shorter than recomputing (the rule of
+:func:`~services.common.sessions.prefetch.on_arrival`).
 """
 
 from __future__ import annotations
@@ -43,16 +52,17 @@ from services.common.perfmodel import PerfProfile
 from services.common.security.channels import ClientSecurity, aio_channel
 from services.common.security.tokens import read_token
 from services.common.tokens import block_hashes
+from services.dataplane.blocks import mismatched
 from services.dataplane.disk_client import DiskPutError, put_on_disk
 from services.dataplane.tier import KVTier, block_key
-from services.dataplane.transfer import Transfer, TransferError
+from services.dataplane.transfer import Transfer, TransferError, TransferTimeout
 from services.engine.api import GenRequest
 from services.engine.core import EngineCore, Request
 from services.engine.kvbytes import KVBytes
 from services.engine.kvcache import KVCache
 from services.engine.settings import EngineSettings
 
-__all__ = ["TierIO", "fetch_pays", "tier_io_for"]
+__all__ = ["Prefetched", "TierIO", "fetch_pays", "tier_io_for"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +73,16 @@ def fetch_pays(profile: PerfProfile, cached_tokens: int, fetch_tokens: int) -> b
     if fetch_tokens <= 0:
         return False
     return profile.transfer_ms(fetch_tokens) < profile.prefill_ms(fetch_tokens, cached_tokens)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Prefetched:
+    """A prefetch's outcome: blocks found resident already, blocks brought back, and why it
+    stopped short (empty: every block of the chain is resident now)."""
+
+    resident: int
+    fetched: int
+    error: str = ""
 
 
 class TierIO:
@@ -94,6 +114,11 @@ class TierIO:
         self._writer: asyncio.Task[None] | None = None
         self.stored_blocks = 0
         self.fetched_blocks = 0
+        self.prefetched_blocks = 0
+        self.prefetch_waits = 0  # requests that waited for a prefetch in flight
+        self._freed = asyncio.Event()  # held slots were freed (a prefetch may find room)
+        self._inflight: dict[int, asyncio.Event] = {}  # hash -> its prefetch's end
+        self._wait_s = kvbytes.plane.settings.transfer_timeout_s  # for held slots to free
 
     # -- write-through -------------------------------------------------------------------
     def written(self, filled: Sequence[tuple[int, int]]) -> None:
@@ -134,6 +159,7 @@ class TierIO:
                 if held:
                     self.cache.offloaded(held)
                     self.on_freed()  # admissions waiting for these blocks may go
+                    self._freed.set()
 
     async def _store(self, live: list[tuple[int, int]]) -> None:
         if not live:
@@ -175,6 +201,12 @@ class TierIO:
         hashes = block_hashes(gen.prompt_ids, bs, tenant=gen.tenant)
         local = self.cache.match(hashes)
         rest = hashes[local:]
+        coming = self._inflight.get(rest[0]) if rest else None
+        if coming is not None:  # a prefetch is bringing it in: shorter than recomputing
+            self.prefetch_waits += 1
+            await coming.wait()
+            local = self.cache.match(hashes)
+            rest = hashes[local:]
         if not rest:
             return base
         try:
@@ -209,6 +241,75 @@ class TierIO:
         spent = self.now_ms() - t0
         wait = max(0.0, self.profile.transfer_ms(run * bs) - spent)
         return dataclasses.replace(base, fetched_tokens=(local + run) * bs, fetch_wait_ms=wait)
+
+    async def prefetch(self, hashes: Sequence[int], tenant: str = "") -> Prefetched:
+        """Bring the chain ``hashes`` (parent first, from the start of a sequence) back into
+        the cache from the tier (module doc). Never raises."""
+        local = self.cache.match(hashes)
+        rest = list(hashes[local:])
+        if not rest:
+            return Prefetched(local, 0)
+        done = asyncio.Event()  # a request needing these blocks waits for it from now on
+        mine = [h for h in rest if self._inflight.setdefault(h, done) is done]
+        try:
+            return await self._prefetch(rest, hashes[local - 1] if local else 0, local, tenant)
+        finally:
+            for h in mine:
+                del self._inflight[h]
+            done.set()
+
+    async def _prefetch(self, rest: list[int], parent: int, local: int, tenant: str) -> Prefetched:
+        """The leading run of ``rest`` the tier holds, read into the cache."""
+        try:
+            res = await self.tier.stub.Exist(
+                kvmeta_pb2.ExistRequest(
+                    deployment=self.tier.deployment,
+                    tenant=self.tier.tenant,
+                    keys=[block_key(h) for h in rest],
+                )
+            )
+        except grpc.aio.AioRpcError as err:
+            return Prefetched(local, 0, f"tier lookup failed: {err.details()}")
+        run = next((i for i, there in enumerate(res.exists) if not there), len(rest))
+        if run == 0:
+            return Prefetched(local, 0, "the tier holds none of the missing blocks")
+        error = await self._read_into_cache(rest[:run], parent, tenant)
+        if error:
+            return Prefetched(local, 0, error)
+        self.prefetched_blocks += run
+        short = "" if run == len(rest) else f"the tier holds {run} of {len(rest)} missing blocks"
+        return Prefetched(local, run, short)
+
+    async def _read_into_cache(self, want: list[int], parent: int, tenant: str) -> str:
+        """Reserve cache slots for ``want``, read them from the tier into those slots,
+        verify and adopt them; the error that stopped it, or ''."""
+        slots = self.cache.reserve(len(want))
+        for _ in range(3):  # evicted blocks are being stored: their slots come back
+            if slots is not None or not self.cache.held_slots:
+                break
+            self._freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._freed.wait(), self._wait_s)
+            slots = self.cache.reserve(len(want))
+        if slots is None:
+            return f"no room for {len(want)} blocks"
+        try:
+            addrs = [self.kvbytes.addr(s) for s in slots]
+            await self.tier.fetch(want, addrs, self.kvbytes.block_bytes)
+        except TransferTimeout as err:  # the slots stay out of use until the read returns
+            err.pending.add_done_callback(lambda _f: self.cache.unreserve(slots))
+            return str(err)
+        except (TransferError, LookupError, grpc.aio.AioRpcError) as err:
+            self.cache.unreserve(slots)
+            return str(err)
+        assert self.kvbytes.arena is not None
+        size = self.kvbytes.block_bytes
+        got = [self.kvbytes.arena.read(s * size, size) for s in slots]
+        if mismatched(want, got):
+            self.cache.unreserve(slots)
+            return "received blocks have wrong bytes"
+        self.cache.adopt(list(zip(want, slots, strict=True)), parent, tenant)
+        return ""
 
 
 def kvmeta_channel(settings: EngineSettings) -> grpc.aio.Channel:

@@ -81,8 +81,6 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
         if settings.metadata_http_open
         else http_auth(settings.auth, METADATA_ACCESS, time.monotonic),
     )
-    registry = service_registry()
-    registry.register(KVMetaCollector(feeder, objects.master))
     tasks: list[asyncio.Task[None]] = []
 
     async def tick_objects() -> None:
@@ -99,9 +97,20 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
             mode=settings.retention,
             budget_share=settings.retention_budget_share,
             urls=settings.retention_engine_urls,
+            prefetch=settings.retention_prefetch,
+            tick_s=settings.retention_tick_s,
+            prefetch_margin_ratio=settings.prefetch_margin_ratio,
+            prefetch_margin_s=settings.prefetch_margin_s,
         )
         if settings.retention != "off"
         else None
+    )
+
+    registry = service_registry()
+    registry.register(
+        KVMetaCollector(
+            feeder, objects.master, retention=retention.stats if retention is not None else None
+        )
     )
 
     migrator = SessionMigrator(

@@ -1,11 +1,12 @@
 """Prometheus view of kvmeta's state, read at scrape time (no counters on the hot path).
 
-Register with ``registry.register(KVMetaCollector(feeder, master))`` on the service's registry.
+Register with ``registry.register(KVMetaCollector(feeder, master))`` on the service's registry;
+``retention``: the retention controller's counters (its ``stats``), when it runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -17,9 +18,16 @@ __all__ = ["KVMetaCollector"]
 
 
 class KVMetaCollector(Collector):
-    def __init__(self, feeder: IndexFeeder, master: ObjectMaster) -> None:
+    def __init__(
+        self,
+        feeder: IndexFeeder,
+        master: ObjectMaster,
+        *,
+        retention: Mapping[str, int] | None = None,
+    ) -> None:
         self.feeder = feeder
         self.master = master
+        self.retention = retention
 
     def collect(self) -> Iterator[Metric]:
         index = self.feeder.index
@@ -80,3 +88,27 @@ class KVMetaCollector(Collector):
         objects.add_metric([COMPLETE], complete)
         objects.add_metric(["processing"], processing)
         yield objects
+        if self.retention is not None:
+            yield from self._retention(self.retention)
+
+    @staticmethod
+    def _retention(stats: Mapping[str, int]) -> Iterator[Metric]:
+        prefetches = CounterMetricFamily(
+            "tideserve_kvmeta_prefetches",
+            "session prefetches by outcome: planned (observe: would start), started, "
+            "finished, failed, late (the turn came first), used, expired",
+            labels=["outcome"],
+        )
+        events = CounterMetricFamily(
+            "tideserve_kvmeta_retention_events",
+            "retention controller counters (ticks, plans, applied, errors, sessions and "
+            "blocks protected or offloaded)",
+            labels=["event"],
+        )
+        for name, n in sorted(stats.items()):
+            if name.startswith("prefetch_"):
+                prefetches.add_metric([name.removeprefix("prefetch_")], n)
+            else:
+                events.add_metric([name], n)
+        yield prefetches
+        yield events

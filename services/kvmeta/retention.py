@@ -11,10 +11,26 @@ counts but tells no engine: real engines (vLLM, SGLang) expose no API to pin or 
 chosen blocks, so there the plan is observed only (docs/agent-memory.md).
 
 Where a session's prefix is goes into its placement (``tiers``): GPU while protected,
-CPU once offloaded to an engine that offloads to the tier (else nowhere). An engine's URL is
+CPU once offloaded from an engine with the tier (it stores what it evicts, or wrote it
+through already; else nowhere). An engine's URL is
 ``retention_engine_urls[instance]``, else ``http://<instance>`` for an instance id of the
 form host:port; an engine with neither is skipped and counted. One engine's failure never
 stops the others; every outcome is counted in ``stats``.
+
+Prefetch (``prefetch``, on by default): each tick, for idle sessions whose prefix is
+offloaded, :func:`~services.common.sessions.prefetching.due_prefetches` (the engine's
+profile, block size and tier from its ``GET``) says which to bring back now; ``enforce``
+sends them in the same ``POST`` (``prefetch`` jobs) to the session's home, the engine that
+serves its next turn. The engines' job reports (``prefetches`` on the next ``GET``) settle
+them (:func:`~services.common.sessions.prefetching.settle`): finished, failed, late (the
+turn came first), used, expired; a session being prefetched stays protected and out of the
+offload list until its turn arrives, and once its prefix is back its placement records it
+on the GPU. ``observe`` counts the prefetches it would start (``prefetch_planned``) and
+tells no engine. Times: the engine's model is in modelled milliseconds; an engine run with
+a speedup fetches faster in wall time than planned, so the lead is generous, not short.
+
+An engine that was told marks and stops answering after its sessions left it (it was
+removed) is dropped from the engines asked, after one counted error.
 """
 
 from __future__ import annotations
@@ -27,8 +43,19 @@ from typing import Any
 import aiohttp
 
 from services.common.kvindex.events import TIERS
-from services.common.sessions import Phase, Session
+from services.common.perfmodel import get_profile
+from services.common.sessions import Phase, Session, SessionKey
 from services.common.sessions.controller import EngineKV, EngineRetention, plan_engines
+from services.common.sessions.prefetching import (
+    Due,
+    EngineLink,
+    Settled,
+    Tracked,
+    due_prefetches,
+    offloaded,
+    settle,
+    started,
+)
 from services.kvmeta.sessions import SessionShell
 
 __all__ = ["PATH", "RetentionController", "engine_url"]
@@ -59,6 +86,10 @@ class RetentionController:
         urls: Mapping[str, str] | None = None,
         timeout_s: float = 2.0,
         wall: Callable[[], float] | None = None,
+        prefetch: bool = True,
+        tick_s: float = 1.0,
+        prefetch_margin_ratio: float = 0.2,
+        prefetch_margin_s: float = 0.5,
     ) -> None:
         if mode not in ("observe", "enforce"):
             raise ValueError(f"retention mode must be observe or enforce, got {mode!r}")
@@ -69,6 +100,10 @@ class RetentionController:
         self.timeout_s = timeout_s
         self.wall = wall or sessions.now
         self._told: set[str] = set()  # engines given marks last tick (cleared when none left)
+        self.prefetch = prefetch
+        self.tick_s = tick_s
+        self.margins = (prefetch_margin_ratio, prefetch_margin_s)
+        self.prefetches: dict[SessionKey, Tracked] = {}  # started, until the turn arrives
         self._http: aiohttp.ClientSession | None = None
         self.stats: dict[str, int] = {
             "ticks": 0,
@@ -80,6 +115,15 @@ class RetentionController:
             "offloaded_sessions": 0,
             "protected_blocks": 0,
             "offloaded_blocks": 0,
+            # prefetch: planned (observe: would start), started (an engine accepted),
+            # finished, failed, late (the turn came first), used, expired (module doc)
+            "prefetch_planned": 0,
+            "prefetch_started": 0,
+            "prefetch_finished": 0,
+            "prefetch_failed": 0,
+            "prefetch_late": 0,
+            "prefetch_used": 0,
+            "prefetch_expired": 0,
         }
 
     async def close(self) -> None:
@@ -88,43 +132,100 @@ class RetentionController:
             self._http = None
 
     async def tick(self) -> dict[str, EngineRetention]:
-        """One round: capacities, plans, and (enforce) the engines told; returns the plans."""
+        """One round: capacities, plans, prefetches and (enforce) the engines told; returns
+        the plans."""
         self.stats["ticks"] += 1
         rows = self.sessions.table.rows()
         homes = {s.home_instance for s in rows if s.phase is not Phase.ACTIVE and s.home_instance}
-        targets: dict[str, str] = {}
-        for iid in sorted(homes | self._told):
-            url = engine_url(iid, self.urls)
-            if url is None:
-                self.stats["unknown_engine"] += 1
-            else:
-                targets[iid] = url
+        homes |= {t.instance for t in self.prefetches.values()}
+        targets = self._targets(homes | self._told)
         if not targets:
             return {}
         if self._http is None:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
-        infos = await asyncio.gather(*(self._get(u) for u in targets.values()))
-        kv = {
-            iid: EngineKV(int(info["capacity_blocks"]))
-            for iid, info in zip(targets, infos, strict=True)
-            if info is not None
-        }
+        infos_by = dict(
+            zip(
+                targets,
+                await asyncio.gather(*(self._get(u) for u in targets.values())),
+                strict=True,
+            )
+        )
+        for iid, info in infos_by.items():
+            if info is None and iid not in homes:
+                self._told.discard(iid)  # removed with the sessions it held: stop asking
+        kv = {iid: EngineKV(int(info["capacity_blocks"])) for iid, info in infos_by.items() if info}
+        now = self.wall()
+        self._settle(settle(self.prefetches, {s.key: s for s in rows}, _reports(infos_by), now))
+        hold = {k for k, t in self.prefetches.items() if t.held}
         chains = self.sessions.chains
-        plans = plan_engines(rows, chains, kv, self.wall(), budget_share=self.budget_share)
+        plans = plan_engines(rows, chains, kv, now, budget_share=self.budget_share, hold=hold)
         self.stats["plans"] += len(plans)
         for p in plans.values():
             self.stats["protected_sessions"] += len(p.plan.protected)
             self.stats["offloaded_sessions"] += len(p.plan.offload)
             self.stats["protected_blocks"] += len(p.protect)
             self.stats["offloaded_blocks"] += len(p.offload)
+        due = self._due(rows, infos_by, now)
         if self.mode == "enforce":
-            await asyncio.gather(*(self._post(iid, targets[iid], p) for iid, p in plans.items()))
-        self._place(rows, plans, infos_by=dict(zip(targets, infos, strict=True)))
+            turns = {s.key: s.turns for s in rows}
+            await asyncio.gather(
+                *(
+                    self._post(iid, targets[iid], p, [d for d in due if d.instance == iid], turns)
+                    for iid, p in plans.items()
+                )
+            )
+        self._place(rows, plans, infos_by=infos_by)
         try:
             await self.sessions.persist()
         except Exception:  # the session tick persists what is pending
             log.exception("retention: persisting placements failed")
         return plans
+
+    def _targets(self, instances: set[str]) -> dict[str, str]:
+        """The URLs of the engines to ask (those without one are counted)."""
+        targets: dict[str, str] = {}
+        for iid in sorted(instances):
+            url = engine_url(iid, self.urls)
+            if url is None:
+                self.stats["unknown_engine"] += 1
+            else:
+                targets[iid] = url
+        return targets
+
+    def _settle(self, got: Settled) -> None:
+        self.prefetches = got.tracked
+        for name, items in (
+            ("finished", got.finished),
+            ("failed", got.failed),
+            ("late", got.late),
+            ("used", got.used),
+            ("expired", got.expired),
+        ):
+            self.stats[f"prefetch_{name}"] += len(items)
+
+    def _due(
+        self, rows: list[Session], infos_by: Mapping[str, dict[str, Any] | None], now: float
+    ) -> list[Due]:
+        """The prefetches to start this tick (none when prefetch is off)."""
+        if not self.prefetch:
+            return []
+        links: dict[str, EngineLink] = {}
+        for iid, info in infos_by.items():
+            try:
+                if info is not None:
+                    profile = get_profile(str(info["profile"]))
+                    links[iid] = EngineLink(
+                        profile, int(info["block_size"]), bool(info.get("kvcache_tier"))
+                    )
+            except (KeyError, TypeError, ValueError):  # an engine without them: no prefetch
+                continue
+        ratio, margin = self.margins
+        due = due_prefetches(
+            rows, self.sessions.chains, links, self.prefetches, now,
+            tick_s=self.tick_s, margin_ratio=ratio, margin_s=margin,
+        )  # fmt: skip
+        self.stats["prefetch_planned"] += len(due)
+        return due
 
     async def _get(self, url: str) -> dict[str, Any] | None:
         assert self._http is not None
@@ -139,9 +240,23 @@ class RetentionController:
             log.debug("retention: %s unreachable: %s", url, e)
             return None
 
-    async def _post(self, iid: str, url: str, p: EngineRetention) -> None:
+    async def _post(
+        self,
+        iid: str,
+        url: str,
+        p: EngineRetention,
+        due: list[Due],
+        turns: Mapping[SessionKey, int],
+    ) -> None:
         assert self._http is not None
-        body = {"unprotect": "all", "protect": list(p.protect), "offload": list(p.offload)}
+        body = {
+            "unprotect": "all",
+            "protect": list(p.protect),
+            "offload": list(p.offload),
+            "prefetch": [
+                {"id": d.job_id, "hashes": list(d.hashes), "tenant": d.tenant} for d in due
+            ],
+        }
         try:
             async with self._http.post(url + PATH, json=body) as r:
                 if r.status != 200:
@@ -151,6 +266,10 @@ class RetentionController:
             log.debug("retention: telling %s failed: %s", iid, e)
             return
         self.stats["applied"] += 1
+        now = self.wall()
+        for d in due:  # the engine runs them (an id it knows already is not restarted)
+            self.prefetches[d.key] = started(d, turns.get(d.key, 0), now)
+        self.stats["prefetch_started"] += len(due)
         if p.protect:
             self._told.add(iid)
         else:
@@ -170,13 +289,16 @@ class RetentionController:
         now = self.wall()
         for iid, p in plans.items():
             info = infos_by.get(iid) or {}
-            to_tier = bool(info.get("offloads_to_tier"))
+            # offload on eviction stores what it evicts; write-through stored it already
+            to_tier = bool(info.get("offloads_to_tier") or info.get("kvcache_tier"))
             moves: list[tuple[Session, dict[int, int]]] = []
             for keys, tier in ((p.plan.protected, GPU), (p.plan.offload, CPU)):
                 for key in keys:
                     s = by_key.get(key)  # type: ignore[call-overload]
                     if s is None:
                         continue
+                    if tier == GPU and offloaded(s):
+                        continue  # marks keep resident blocks only: it stays on the tier
                     n = len(self.sessions.chains.get(s.key, ()))
                     moves.append((s, {tier: n} if tier == GPU or to_tier else {}))
             for s, tiers in moves:
@@ -184,3 +306,23 @@ class RetentionController:
                     self.sessions.table.set_placement(
                         s.key, now, home_instance=s.home_instance, tiers=tiers
                     )
+        for key, t in self.prefetches.items():  # prefixes back on their engine
+            s = by_key.get(key)
+            if t.done and s is not None and dict(s.tiers) != {GPU: t.blocks}:
+                self.sessions.table.set_placement(
+                    key, now, home_instance=s.home_instance, tiers={GPU: t.blocks}
+                )
+
+
+def _reports(
+    infos_by: Mapping[str, dict[str, Any] | None],
+) -> dict[str, dict[str, str] | None]:
+    """Per engine asked, its prefetch jobs' states by id (None: it did not answer)."""
+    out: dict[str, dict[str, str] | None] = {}
+    for iid, info in infos_by.items():
+        jobs = info.get("prefetches") if info is not None else None
+        if not isinstance(jobs, dict):
+            out[iid] = None if info is None else {}
+            continue
+        out[iid] = {str(k): str(v.get("state", "")) for k, v in jobs.items() if isinstance(v, dict)}
+    return out

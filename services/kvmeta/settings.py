@@ -88,6 +88,18 @@ class KVMetaSettings(ServiceSettings):
         default_factory=dict,
         description="instance id -> engine base URL; default http://<id> for a host:port id",
     )
+    retention_prefetch: bool = Field(
+        True,
+        description="the retention controller brings an offloaded idle session's prefix back "
+        "to its home engine before its predicted return (enforce: engines with a KV-cache "
+        "tier; observe: counted only)",
+    )
+    prefetch_margin_ratio: float = Field(
+        0.2, ge=0.0, description="prefetch lead: the modelled fetch time stretched by this"
+    )
+    prefetch_margin_s: float = Field(
+        0.5, ge=0.0, description="prefetch lead: seconds added to the stretched fetch time"
+    )
     retention_max_chain_blocks: int = Field(
         16_384, ge=1, description="block hashes of a session's chain held for retention"
     )

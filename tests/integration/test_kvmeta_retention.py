@@ -1,16 +1,20 @@
 """kvmeta's retention controller against the engine simulator over HTTP: sessions whose
 turns ended on an engine (their chains sent as the gateway sends them, over gRPC) are
 protected there within the budget, the rest offloaded; ``observe`` tells the engine
-nothing; an unreachable engine is counted, not fatal."""
+nothing; an unreachable engine is counted, not fatal; a removed one is not asked again;
+an offloaded session is prefetched to its home inside its lead (the engine side is faked
+here; tests/integration/test_kvmeta_prefetch.py runs it whole)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from services.common.clock import ManualClock
@@ -109,3 +113,90 @@ async def test_unreachable_engine_is_counted() -> None:
     async with ctl_closed(ctl):
         assert await ctl.tick() == {}
     assert ctl.stats["errors"] == 1 and ctl.stats["unknown_engine"] == 1
+
+
+async def test_removed_engine_is_dropped_after_one_error(tmp_path: Path) -> None:
+    """An engine told marks, then removed with its sessions re-homed elsewhere: one error,
+    then it is no longer asked."""
+    clock = ManualClock(10_000.0)
+    shell = SessionShell(SessionTable(ToolTimePredictor(default_gap_s=30.0)), None, clock.now)
+    s = EngineSettings(port=0, instance_id="e0", profile="test", block_size=BS, kv_blocks=100,
+                       state_dir=tmp_path / "e0")  # fmt: skip
+    srv = TestServer(EngineServer(s).app(), host="127.0.0.1")
+    await srv.start_server()
+    url = str(srv.make_url("")).rstrip("/")
+    ctl = RetentionController(shell, mode="enforce", urls={"e0": url}, timeout_s=1.0)
+    key = ("d", "t", "s")
+    async with aiohttp.ClientSession() as http, ctl_closed(ctl):
+        chain = await compute(http, url, list(range(10 * BS)))
+        shell.table.turn_start(key, clock.now(), home_instance="e0")
+        shell.table.turn_end(key, clock.now(), tip_hash=chain[-1])
+        shell.set_chain(key, chain)
+        await ctl.tick()
+        assert ctl.stats["applied"] == 1 and ctl.stats["errors"] == 0
+        await bounded(srv.close(), "closing the engine")
+        shell.table.set_placement(key, clock.now(), home_instance="gone-elsewhere", tiers={})
+        for _ in range(3):
+            await ctl.tick()
+    assert ctl.stats["errors"] == 1
+
+
+class FakeEngine:
+    """The retention route of an engine with a tier: records POSTs, reports its jobs done
+    once told."""
+
+    def __init__(self) -> None:
+        self.posts: list[dict[str, Any]] = []
+        self.jobs: dict[str, dict[str, Any]] = {}
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/tideserve/retention", self.route)
+        return app
+
+    async def route(self, req: web.Request) -> web.Response:
+        if req.method == "POST":
+            body = await req.json()
+            self.posts.append(body)
+            for j in body.get("prefetch", []):
+                self.jobs[j["id"]] = {"state": "done", "blocks": len(j["hashes"])}
+        return web.json_response(
+            {"capacity_blocks": 100, "profile": "test", "block_size": BS,
+             "kvcache_tier": True, "offloads_to_tier": True, "prefetches": self.jobs}
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["enforce", "observe"])
+async def test_prefetch_is_told_in_enforce_and_counted_in_observe(
+    servers: Callable[..., Any], mode: str
+) -> None:
+    """A session re-homed with its prefix on the tier (as a migration leaves it): inside its
+    lead, enforce tells its home to prefetch the chain and settles the job when the engine
+    reports it done; observe only counts it."""
+    fake = FakeEngine()
+    url = await servers(fake.app())
+    clock = ManualClock(10_000.0)
+    shell = SessionShell(SessionTable(ToolTimePredictor(default_gap_s=30.0)), None, clock.now)
+    key = ("d", "t", "s")
+    shell.table.turn_start(key, clock.now(), home_instance="e1")
+    shell.table.turn_end(key, clock.now(), tip_hash=10)
+    shell.set_chain(key, list(range(1, 11)))
+    shell.table.set_placement(key, clock.now(), home_instance="e1", tiers={2: 10})
+    ctl = RetentionController(shell, mode=mode, urls={"e1": url}, tick_s=0.1)
+    async with ctl_closed(ctl):
+        await ctl.tick()
+        assert ctl.stats["prefetch_planned"] == 0  # 30 s ahead: not yet
+        clock.advance(29.8)
+        await ctl.tick()
+        await ctl.tick()
+    started = 1 if mode == "enforce" else 0
+    planned = 1 if mode == "enforce" else 2  # observe plans it again each tick
+    assert (ctl.stats["prefetch_planned"], ctl.stats["prefetch_started"]) == (planned, started)
+    assert ctl.stats["prefetch_finished"] == started
+    jobs = [j for p in fake.posts for j in p.get("prefetch", [])]
+    if mode == "enforce":
+        assert jobs == [{"id": "d/t/s#1", "hashes": list(range(1, 11)), "tenant": "t"}]
+        assert dict(shell.table.get(key).tiers) == {1: 10}  # back on the GPU
+        assert fake.posts[-1]["protect"] == list(range(1, 11))  # held until the turn
+    else:
+        assert fake.posts == [] and dict(shell.table.get(key).tiers) == {2: 10}

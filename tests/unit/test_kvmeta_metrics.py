@@ -56,3 +56,20 @@ def test_collector(metric: str, labels: dict[str, str], value: float) -> None:
     reg = CollectorRegistry()
     reg.register(KVMetaCollector(feeder, om))
     assert reg.get_sample_value(metric, labels) == value
+
+
+@pytest.mark.parametrize(
+    ("metric", "labels", "value"),
+    [
+        ("tideserve_kvmeta_prefetches_total", {"outcome": "started"}, 3.0),
+        ("tideserve_kvmeta_prefetches_total", {"outcome": "late"}, 1.0),
+        ("tideserve_kvmeta_retention_events_total", {"event": "ticks"}, 7.0),
+    ],
+    ids=["prefetch-started", "prefetch-late", "retention-ticks"],
+)
+def test_retention_counters(metric: str, labels: dict[str, str], value: float) -> None:
+    stats = {"ticks": 7, "prefetch_started": 3, "prefetch_late": 1}
+    reg = CollectorRegistry()
+    reg.register(KVMetaCollector(IndexFeeder(PrefixIndex(), lambda: 0.0), ObjectMaster(),
+                                 retention=stats))  # fmt: skip
+    assert reg.get_sample_value(metric, labels) == value

@@ -18,11 +18,16 @@ Output per engine, an :class:`EngineRetention`:
 - ``plan``: the retention plan behind it (keys are :data:`SessionKey`).
 
 Dropped and released sessions only lose their marks: plain LRU evicts them.
+
+``hold``: sessions whose prefix a prefetch is bringing back (or brought back) for their next
+turn (:mod:`services.common.sessions.prefetching`). They stay out of the retention rule, so
+they are never offloaded again before that turn, and their chains are protected first,
+outside the budget: a prefetch starts only a short lead before the predicted return.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from services.common.sessions.model import Phase, Session, SessionKey
@@ -66,16 +71,18 @@ def plan_engines(
     now: float,
     *,
     budget_share: float = DEFAULT_BUDGET_SHARE,
+    hold: Collection[SessionKey] = (),
 ) -> dict[str, EngineRetention]:
     """One tick's protect and offload lists per engine (module doc). Every engine of
     ``engines`` gets an answer (an empty one clears its marks); sessions whose home is not
     in ``engines`` are skipped."""
     homed: dict[str, list[Session]] = {iid: [] for iid in engines}
+    held: dict[str, list[Session]] = {iid: [] for iid in engines}
     for s in sessions:
         if s.phase is Phase.ACTIVE or s.home_instance not in homed:
             continue
         if chains.get(s.key):
-            homed[s.home_instance].append(s)
+            (held if s.key in hold else homed)[s.home_instance].append(s)
     out: dict[str, EngineRetention] = {}
     for iid, kv in engines.items():
         mine = homed[iid]
@@ -88,6 +95,8 @@ def plan_engines(
             tier_free_blocks=kv.tier_free_blocks,
         )
         protect: dict[int, None] = {}
+        for s in held[iid]:
+            protect.update(dict.fromkeys(chains[s.key]))
         for key in plan.protected:
             protect.update(dict.fromkeys(chains[key]))  # type: ignore[index]
         offload: dict[int, None] = {}

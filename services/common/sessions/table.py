@@ -150,6 +150,9 @@ class SessionTable:
             home_instance=home_instance or old.home_instance,
             last_turn_end=now,
             tool_names=tools,
+            # the turn just served left the prefix on the engine that served it: what was
+            # recorded before (offloaded, prefetched) no longer describes it
+            tiers=(),
             updated_at=now,
         )
         if final:

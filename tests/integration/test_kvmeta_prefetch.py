@@ -1,0 +1,222 @@
+"""Prefetch, live: an agent session's prefix, offloaded from its engine to the KV-cache tier
+by kvmeta's retention controller, is brought back to that engine before the session's
+predicted return, and the next turn finds it cached (fetched by the prefetch, not computed,
+and not fetched again on arrival).
+
+Everything real but the clock kvmeta plans with (a manual one, so the test says when the
+predicted return is near): kvmeta's gRPC service in process with its session table on
+Postgres, its prefix index fed from Redis streams and its object master; a ``tideserve
+engine --role kvcache`` process holding the tier's DRAM segment; an engine simulator with
+the tier (offloading on eviction, or writing through) publishing its KV events to Redis; the Mooncake Transfer
+Engine over TCP on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+import redis.asyncio as aioredis
+from tideserve.v1 import kvmeta_pb2, kvmeta_pb2_grpc
+
+from services.common import db
+from services.common.clock import ManualClock
+from services.common.sessions import SessionTable, ToolTimePredictor
+from services.common.tokens import block_hashes, tokenize
+from services.dataplane.tier import block_key
+from services.engine.server import EngineServer
+from services.kvmeta.index import PrefixIndex
+from services.kvmeta.ingest import IndexFeeder
+from services.kvmeta.objects import ObjectMaster
+from services.kvmeta.retention import RetentionController
+from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
+from services.kvmeta.sessions import SessionShell, SessionStore
+from tests.helpers.dataplane import metadata_url_or_skip
+from tests.helpers.engines import EngineFleet
+from tests.helpers.waits import bounded, eventually
+from tests.integration._engine_proc import engine_process
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+DEP = "pf"
+LONG = " ".join(f"w{i}" for i in range(700))  # 10 full blocks of 64 tokens + a tail
+GAP_S = 30.0  # the predicted tool time (no history: the default gap)
+GPU, CPU = 1, 2
+
+
+@pytest.fixture(scope="module")
+def metadata_url() -> Iterator[str]:
+    yield from metadata_url_or_skip()
+
+
+@dataclass
+class KVMeta:
+    address: str
+    stub: kvmeta_pb2_grpc.KVMetaServiceStub
+    shell: SessionShell
+    feeder: IndexFeeder
+    master: ObjectMaster
+    prefix: str
+    redis: aioredis.Redis
+
+
+@asynccontextmanager
+async def kvmeta(pg_url: str, redis_url: str, clock: ManualClock) -> AsyncIterator[KVMeta]:
+    await asyncio.to_thread(db.migrate, pg_url, "kvmeta")
+    dbe = db.create_engine(pg_url, "kvmeta")
+    redis = aioredis.Redis.from_url(redis_url, decode_responses=False)
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    shell = SessionShell(SessionTable(ToolTimePredictor(default_gap_s=GAP_S)),
+                         SessionStore(dbe), clock.now)  # fmt: skip
+    await shell.load()
+    feeder = IndexFeeder(PrefixIndex(), time.time, redis=redis, prefix=prefix,
+                         checkpoint_interval_s=0, discover_interval_s=0.1, block_ms=50)  # fmt: skip
+    await feeder.start()
+    master = ObjectMaster()
+    server = grpc.aio.server()
+    add_to_server(KVMetaServicer(feeder, ObjectShell(master, None, time.time), sessions=shell),
+                  server)  # fmt: skip
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield KVMeta(f"127.0.0.1:{port}", kvmeta_pb2_grpc.KVMetaServiceStub(channel), shell,
+                     feeder, master, prefix, redis)  # fmt: skip
+    finally:
+        await channel.close()
+        await bounded(server.stop(None), "stopping kvmeta's gRPC server")
+        await bounded(feeder.stop(checkpoint=False), "stopping kvmeta's feeder")
+        await bounded(redis.aclose(), "closing the Redis client")
+        await dbe.dispose()
+
+
+async def complete(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with http.post(url + "/v1/completions", json={"prompt": LONG, "max_tokens": 4}) as r:
+        assert r.status == 200, await r.text()
+        return dict(await r.json())
+
+
+def on_engine(kv: KVMeta, chain: list[int]) -> dict[int, int]:
+    """The tiers kvmeta's index holds the chain in on e0 (its view from the KV events)."""
+    try:
+        found = kv.feeder.index.match_prefix(DEP, "", chain)
+    except LookupError:  # the deployment is not known yet
+        return {}
+    return next((dict(m.tiers) for m in found if m.instance_id == "e0"), {})
+
+
+@pytest.mark.parametrize(
+    "policy", ["offload_on_evict", "write_through"], ids=["offload-on-evict", "write-through"]
+)
+async def test_offloaded_session_is_prefetched_before_its_next_turn(
+    postgres_db_url: str, redis_url: str, metadata_url: str, tmp_path: Path, policy: str
+) -> None:
+    clock = ManualClock(1_000_000.0)
+    key = {"deployment": DEP, "tenant": "", "session_id": "agent-1"}
+    skey = (DEP, "", "agent-1")
+    async with (
+        kvmeta(postgres_db_url, redis_url, clock) as kv,
+        engine_process(
+            tmp_path / "kvcache", "--role", "kvcache", "--kvcache-mib", "4",
+            "--deployment", DEP, "--te-metadata-url", metadata_url,
+            "--kvmeta-address", kv.address,
+        ),
+        aiohttp.ClientSession() as http,
+    ):  # fmt: skip
+        fleet = EngineFleet(tmp_path, serve="runner", profile="test", speedup=20.0,
+                            deployment=DEP, kvcache_tier=True, kvcache_policy=policy,
+                            kvmeta_address=kv.address, te_metadata_url=metadata_url,
+                            stream_prefix=kv.prefix, kv_flush_ms=10.0)  # fmt: skip
+        # budget 0: an idle session is offloaded at once, whatever its predicted return
+        ctl = RetentionController(kv.shell, mode="enforce", budget_share=0.0, tick_s=0.1)
+        try:
+            engine, url = await fleet.start(redis=kv.redis, instance_id="e0")
+            ctl.urls["e0"] = url
+            assert engine.tier_io is not None
+            await _run(kv, ctl, engine, url, http, clock, key, skey)
+        finally:
+            await ctl.close()
+            await bounded(fleet.close(), "closing the engine")
+
+
+async def _run(
+    kv: KVMeta,
+    ctl: RetentionController,
+    engine: EngineServer,
+    url: str,
+    http: aiohttp.ClientSession,
+    clock: ManualClock,
+    key: dict[str, str],
+    skey: tuple[str, str, str],
+) -> None:
+    assert engine.tier_io is not None
+    chain = block_hashes(tokenize(LONG), engine.settings.block_size)
+    assert len(chain) == 10
+    # turn 1, served on e0 and reported as the gateway reports it
+    await kv.stub.StartSessionTurn(kvmeta_pb2.StartSessionTurnRequest(**key, home_instance="e0"))
+    want = await complete(http, url)
+    await kv.stub.EndSessionTurn(
+        kvmeta_pb2.EndSessionTurnRequest(
+            **key, tip_block_hash=chain[-1], home_instance="e0", block_hashes=chain,
+            tool_names=["bash"],
+        )
+    )  # fmt: skip
+    returns_at = kv.shell.table.get(skey).predicted_return_at
+    assert returns_at == pytest.approx(clock.now() + GAP_S)
+
+    async def indexed() -> bool:
+        return on_engine(kv, chain) == {GPU: 10}
+
+    await eventually(indexed)
+    # the controller offloads it to the tier
+    await ctl.tick()
+    keys = [block_key(h) for h in chain]
+
+    async def offloaded() -> bool:
+        stored = all(kv.master.exist(DEP, "", keys))
+        return stored and engine.core.cache.held_slots == 0 and on_engine(kv, chain) == {}
+
+    await eventually(offloaded)
+    assert engine.core.cache.match(chain) == 0
+    assert dict(kv.shell.table.get(skey).tiers) == {CPU: 10}
+    # far from the return: nothing to prefetch yet
+    clock.advance(GAP_S / 2)
+    await ctl.tick()
+    assert ctl.stats["prefetch_started"] == 0
+    # inside the lead before the predicted return: the prefetch starts
+    clock.set(returns_at - 0.3)
+    await ctl.tick()
+    assert (ctl.stats["prefetch_planned"], ctl.stats["prefetch_started"]) == (1, 1)
+
+    async def back() -> bool:
+        return engine.core.cache.match(chain) == 10 and on_engine(kv, chain) == {GPU: 10}
+
+    await eventually(back)  # resident again, and kvmeta's index saw it from the KV events
+    assert engine.tier_io.prefetched_blocks == 10
+    assert engine.core.cache.protected_blocks == 10
+    await ctl.tick()  # the engine reports the job done
+    assert ctl.stats["prefetch_finished"] == 1 and ctl.stats["errors"] == 0
+    assert dict(kv.shell.table.get(skey).tiers) == {GPU: 10}
+    assert engine.core.cache.protected_blocks == 10  # held until the turn: not offloaded again
+    # the next turn arrives: its prefix is cached, nothing computed or fetched for it
+    computed = engine.core.prompt_tokens_total
+    clock.set(returns_at)
+    await kv.stub.StartSessionTurn(kvmeta_pb2.StartSessionTurnRequest(**key, home_instance="e0"))
+    got = await complete(http, url)
+    assert got["choices"][0]["text"] == want["choices"][0]["text"]
+    assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == 640
+    assert engine.core.prompt_tokens_total - computed == len(tokenize(LONG)) - 640
+    assert engine.tier_io.fetched_blocks == 0  # the request itself fetched nothing
+    assert engine.tier_io.prefetch_waits == 0
+    await ctl.tick()
+    assert (ctl.stats["prefetch_used"], ctl.stats["prefetch_late"]) == (1, 0)
+    assert ctl.prefetches == {}
