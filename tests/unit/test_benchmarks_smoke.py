@@ -430,3 +430,15 @@ def test_fidelity_slice_starts_at_zero(tmp_path: Path) -> None:
     out = _load("sim_fidelity").write_slice(src, 2, 2, tmp_path / "s.jsonl")
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert [(r["timestamp"], r["hash_ids"]) for r in rows] == [(0, [2]), (100, [3])]
+
+
+def test_instructions_per_request_and_against_chat(tmp_path: Path) -> None:
+    ins = _load("gateway_instructions")
+    got = ins.per_request({"chat": [1000, 1200], "responses": [1300, 1450]}, 10)
+    assert got == {
+        "chat": {"instructions_per_request": 110, "rounds": [100, 120], "vs_chat": 1.0},
+        "responses": {"instructions_per_request": 138, "rounds": [130, 145], "vs_chat": 1.25},
+    }
+    dump = tmp_path / "callgrind.out.1"
+    dump.write_text("events: Ir\nsummary: 0\n\nfn=x\n1 5\ntotals: 4242\n")
+    assert ins.totals(dump) == 4242
