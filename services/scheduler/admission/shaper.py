@@ -168,11 +168,7 @@ class DispatchShaper:
         if entry is not None:
             return max(0.0, (entry[2] - now) * 1000.0)
         own = self._costs.get(carrier, (0.0, now))[0]
-        return self.backlog_ms_of(inst, now) + own * inst.speed
-
-    @staticmethod
-    def backlog_ms_of(inst: _Instance, now: float) -> float:
-        return max(0.0, (inst.busy_until - now) * 1000.0)
+        return max(0.0, (inst.busy_until - now) * 1000.0) + own * inst.speed
 
     def _offer(
         self,
