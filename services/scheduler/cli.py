@@ -148,6 +148,14 @@ _GATEWAY_FLAGS: tuple[Flag, ...] = (
         "send them deadlines first, then shortest first (0 = off; default "
         f"{DISPATCH_HOLD_MS:g})",
     ),
+    flag(
+        "--dispatch-follow-ms",
+        type=float,
+        default=0.0,
+        help="hold a pick whose prefix an earlier pick is still computing on the same engine "
+        "until that pick's first byte, at most this long, so that it hits the prefix "
+        "(0 = off, the default)",
+    ),
     flag("--max-in-flight", type=int, default=256, help="per engine (default 256)"),
     flag("--seed", type=int, default=0, help="routing RNG seed"),
     flag("--log-level", default="WARNING", help="DEBUG, INFO, WARNING, ERROR"),
@@ -286,6 +294,7 @@ def settings_from_args(args: argparse.Namespace) -> SchedulerSettings:
         "decode_can_prefill": args.decode_can_prefill,
         "preemption": not args.no_preemption,
         "dispatch_hold_ms": args.dispatch_hold_ms,
+        "dispatch_follow_ms": args.dispatch_follow_ms,
         "forward_authorization": args.forward_authorization,
         "engine_api_key": args.engine_api_key,
         "max_in_flight_per_endpoint": args.max_in_flight,

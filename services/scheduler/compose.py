@@ -141,6 +141,7 @@ def build_gateway(
         dispatch_hold_ms=settings.dispatch_hold_ms,
         dispatch_age_weight=settings.dispatch_age_weight,
         dispatch_order=settings.dispatch_order,
+        dispatch_follow_ms=settings.dispatch_follow_ms,
         forward_authorization=settings.forward_authorization,
         engine_api_key=settings.engine_api_key.get_secret_value(),
         tokens=tokens,

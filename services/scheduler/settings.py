@@ -96,6 +96,14 @@ class SchedulerSettings(ServiceSettings):
     dispatch_age_weight: float = Field(
         1.0, ge=0, description="dispatch order: ms of predicted prefill forgiven per ms waited"
     )
+    dispatch_follow_ms: float = Field(
+        0.0,
+        ge=0,
+        description="dispatch order: hold a pick whose prefix an earlier pick without a first "
+        "byte is still computing on the same instance until that first byte, at most this "
+        "many ms, so that it finds the prefix cached (services.scheduler.admission.follow); "
+        "0 = off",
+    )
     forward_authorization: bool = Field(
         False, description="pass the client's Authorization header on to the engines"
     )

@@ -65,6 +65,9 @@ class SimConfig:
     keep_block_hashes: bool = False
     shaper_age_weight: float = 1.0
     shaper_order: str = DISPATCH_ORDER
+    # the dispatch order holds a request whose prefix an unanswered one still computes on
+    # its instance until that one's first byte, at most this long (ms); 0 = off
+    shaper_follow_ms: float = 0.0
     timeline_s: float = 60.0
     autoscale: AutoscaleConfig | None = None  # None: a fixed fleet
     # agent memory (services/sim/memory.py): None = off; "lru", "retention" or "prefetch"

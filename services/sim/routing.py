@@ -60,7 +60,12 @@ class Gateways:
             )
             self.shapers.append(
                 DispatchShaper(
-                    ShaperConfig(cfg.shaper_hold_ms, cfg.shaper_age_weight, cfg.shaper_order)  # type: ignore[arg-type]
+                    ShaperConfig(
+                        cfg.shaper_hold_ms,
+                        cfg.shaper_age_weight,
+                        cfg.shaper_order,  # type: ignore[arg-type]
+                        cfg.shaper_follow_ms,
+                    )
                 )
             )
 

@@ -259,7 +259,8 @@ class Simulation:
         iid = req.target
         deadline = (now + cfg.slo_ttft_ms) / 1000.0 if cfg.slo_ttft_ms else None
         shaper = self.gw.shapers[g]
-        if not shaper.offer(rid, iid, d.predicted_prefill_ms, now_s, 0, deadline):
+        cached = d.predicted_cached_tokens // cfg.block_size
+        if not shaper.offer(rid, iid, d.predicted_prefill_ms, now_s, 0, deadline, hashes, cached):
             self.arm(g, iid)
             return 0
         return self.dispatch([rid], now)

@@ -129,3 +129,50 @@ async def test_requests_reach_the_engine_in_dispatch_order(
     finally:
         eng.open.set()
         await server.close()
+
+
+@pytest.mark.parametrize(
+    ("follow_ms", "held"),
+    [(30_000.0, True), (0.0, False)],
+    ids=["follow-waits-for-carrier", "off-goes-at-once"],
+)
+async def test_a_follower_waits_for_its_carriers_first_byte(
+    engine: tuple[RecordingEngine, str], http: aiohttp.ClientSession, follow_ms: float, held: bool
+) -> None:
+    """A session's next turn (the whole previous prompt plus a few words) arrives while the
+    previous one still prefills on the engine: with ``dispatch_follow_ms`` it waits in the
+    gateway until that one answers (then its prefix is cached there); without, it goes at
+    once (predicted as a cache hit, its prefill is too small to hold)."""
+    eng, url = engine
+    core = build_core([EndpointSpec("e1", url)], perf_profile="test", block_size=16)
+    opts = GatewayOptions(
+        background=False, block_size=16, dispatch_hold_ms=150.0, dispatch_follow_ms=follow_ms
+    )
+    gw = Gateway(core, opts)
+    server = TestServer(gw.app(), host="127.0.0.1")
+    await server.start_server()
+    gw_url = str(server.make_url("")).rstrip("/")
+    carrier = _prompt("a", 8_000)
+
+    async def send(prompt: str) -> Any:
+        body = {"model": "tideserve-sim", "prompt": prompt, "max_tokens": 1}
+        async with http.post(gw_url + "/v1/completions", json=body) as r:
+            assert r.status == 200, await r.text()
+            return await r.json()
+
+    try:
+        first = asyncio.create_task(send(carrier))
+        await until(lambda: eng.seen == ["a"], "the carrier reached the engine")
+        follower = asyncio.create_task(send(carrier + " " + _prompt("z", 40)))
+        if held:
+            await until(lambda: gw.dispatch.shaper.held("e1") == 1, "the follower waits")
+            assert eng.seen == ["a"]  # in the gateway, not in the engine
+        else:
+            await until(lambda: eng.seen == ["a", "a"], "the follower reached the engine")
+        eng.open.set()  # the carrier answers
+        await asyncio.gather(first, follower)
+        assert eng.seen == ["a", "a"]
+        assert gw.dispatch.shaper.held() == 0
+    finally:
+        eng.open.set()
+        await server.close()

@@ -5,7 +5,7 @@ its docstring). Between a pick and its forward the HTTP gateway calls
 :meth:`DispatchOrder.offer`, and awaits :meth:`DispatchOrder.wait` when that gives no turn
 at once; it reports the first byte (:meth:`first_byte`) and the end of every pick, however
 it ended (:meth:`done`). A timer per instance lets waiting requests go when the predicted
-backlog runs down with no event. Cancelling a waiting :meth:`wait` (the client went away)
+backlog runs down with no event (or a follower's wait for its carrier runs out). Cancelling a waiting :meth:`wait` (the client went away)
 withdraws the request.
 """
 
@@ -38,12 +38,17 @@ class DispatchOrder:
         prefill_ms: float,
         rank: int = 0,
         deadline: float | None = None,
+        prefix: tuple[int, ...] = (),
+        cached_blocks: int = 0,
     ) -> asyncio.Future[None] | None:
         """None: send ``rid`` to ``instance_id`` now. Otherwise a future to :meth:`wait`
         on. Always follow with :meth:`done`. (Synchronous, so that the common case costs
         no coroutine.)"""
         self._target[rid] = instance_id
-        if self.shaper.offer(rid, instance_id, prefill_ms, self.clock(), rank, deadline):
+        now = self.clock()
+        if self.shaper.offer(
+            rid, instance_id, prefill_ms, now, rank, deadline, prefix, cached_blocks
+        ):
             return None
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
@@ -57,7 +62,9 @@ class DispatchOrder:
         except asyncio.CancelledError:
             self._waiters.pop(rid, None)
             if self.shaper.cancel(rid):
-                self._target.pop(rid, None)
+                iid = self._target.pop(rid, None)
+                if iid is not None:  # its followers, if any, go now
+                    self._arm(iid)
             raise
 
     def first_byte(self, rid: str) -> None:

@@ -37,6 +37,18 @@ request that cannot meet its deadline, or has none (a class without a TTFT targe
 the ``shortest`` order behind them. A request moves from the first group to the second when
 its latest start passes.
 
+Followers (``follow_max_ms`` > 0, off by default; :mod:`.follow`): a request that would find
+part of its prefix cached only once another request this gateway sent (or holds) for the
+same instance has finished its prefill, its carrier, waits here until the carrier's first
+byte and is then offered as if it had just come (so it hits the prefix instead of computing
+it again behind the carrier in the engine), unless the carrier's predicted first byte is
+more than ``follow_max_ms`` away. It waits at most ``follow_max_ms``, and goes at once if the
+carrier fails or is withdrawn. Waiting costs it little on the instance: FCFS, the engine
+would have run the carrier's prefill ahead of it anyway. Whether a turn should wait for its
+carrier at all or go elsewhere is the router's choice: its predicted TTFT counts the
+carrier's prefill in the instance's queue and the prefix as cached, which is what waiting
+gives.
+
 Pure: time is passed in; the shell dispatches what :meth:`offer` and :meth:`release`
 return and reports first bytes, releases and cancellations.
 """
@@ -46,6 +58,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 from typing import Literal
+
+from services.scheduler.admission.follow import Follower, Followers
 
 __all__ = ["DISPATCH_HOLD_MS", "DISPATCH_ORDER", "DispatchShaper", "ShaperConfig"]
 
@@ -72,6 +86,9 @@ class ShaperConfig:
     # "shortest": shortest predicted prefill first (with ageing); "slo": requests that can
     # still meet their TTFT deadline first, by latest start, then the rest shortest first.
     order: Literal["shortest", "slo"] = DISPATCH_ORDER
+    # Hold a request whose prefix another unanswered request is still computing on its
+    # instance until that one's first byte, at most this long (ms); 0 = off.
+    follow_max_ms: float = 0.0
 
 
 @dataclass(slots=True)
@@ -95,6 +112,7 @@ class DispatchShaper:
         self._where: dict[str, str] = {}  # held rid -> instance
         self._costs: dict[str, tuple[float, float]] = {}  # held rid -> (prefill ms, offered)
         self._seq = 0
+        self._follow = Followers()
 
     @property
     def enabled(self) -> bool:
@@ -104,8 +122,8 @@ class DispatchShaper:
         """Requests waiting here (for one instance, or in all)."""
         if instance_id is not None:
             inst = self._inst.get(instance_id)
-            return inst.waiting() if inst else 0
-        return len(self._where)
+            return (inst.waiting() if inst else 0) + self._follow.count(instance_id)
+        return len(self._where) + self._follow.count()
 
     def backlog_ms(self, instance_id: str, now: float) -> float:
         """Predicted prefill still ahead of a new request dispatched to the instance now."""
@@ -120,11 +138,49 @@ class DispatchShaper:
         now: float,
         rank: int = 0,
         deadline: float | None = None,
+        prefix: tuple[int, ...] = (),
+        cached_blocks: int = 0,
     ) -> bool:
         """True: dispatch ``rid`` now (counted in the instance's backlog). False: it waits
-        here until :meth:`release` returns it (or :meth:`cancel`). ``deadline``: when its
-        first token is due (s, same clock; ``order: slo`` only)."""
+        here until :meth:`release` or :meth:`first_byte` returns it (or :meth:`cancel`).
+        ``deadline``: when its first token is due (s, same clock; ``order: slo`` only).
+        ``prefix``: its block hashes and ``cached_blocks`` how many of them its pick
+        predicted cached on the instance (both for followers only)."""
         inst = self._inst.setdefault(instance_id, _Instance())
+        bound = self.config.follow_max_ms
+        if bound > 0 and self.enabled and prefix:
+            found = self._follow.carrier(instance_id, prefix)
+            self._follow.add_carrier(rid, instance_id, prefix, cached_blocks)
+            if found is not None and self._ahead_ms(inst, found[0], now) <= bound:
+                self._follow.wait(
+                    Follower(
+                        rid, found[0], instance_id, now + bound / 1000.0, prefill_ms, now,
+                        rank, deadline,
+                    )
+                )  # fmt: skip
+                return False
+        return self._offer(inst, rid, instance_id, prefill_ms, now, rank, deadline)
+
+    def _ahead_ms(self, inst: _Instance, carrier: str, now: float) -> float:
+        """Predicted time to ``carrier``'s first byte: the rest of its prediction once
+        dispatched, else the instance's backlog plus its own (scaled) prefill."""
+        entry = inst.outstanding.get(carrier)
+        if entry is not None:
+            return max(0.0, (entry[2] - now) * 1000.0)
+        own = self._costs.get(carrier, (0.0, now))[0]
+        return max(0.0, (inst.busy_until - now) * 1000.0) + own * inst.speed
+
+    def _offer(
+        self,
+        inst: _Instance,
+        rid: str,
+        instance_id: str,
+        prefill_ms: float,
+        now: float,
+        rank: int,
+        deadline: float | None,
+    ) -> bool:
+        """The order's own rule (followers aside): :meth:`offer`'s answer."""
         hold = self.config.hold_above_ms
         if (
             hold <= 0
@@ -168,7 +224,16 @@ class DispatchShaper:
         if inst is None:
             return []
         self._settle(inst, rid, now, observed)
-        return self.release(instance_id, now)
+        out = self._free(inst, self._follow.end_carrier(rid), now)
+        return out + self.release(instance_id, now)
+
+    def _free(self, inst: _Instance, followers: list[Follower], now: float) -> list[str]:
+        """Offer followers set free as if they came now: those to dispatch at once."""
+        return [
+            f.rid
+            for f in followers
+            if self._offer(inst, f.rid, f.instance_id, f.prefill_ms, now, f.rank, f.deadline)
+        ]
 
     def _settle(self, inst: _Instance, rid: str, now: float, observed: bool) -> None:
         entry = inst.outstanding.pop(rid, None)
@@ -189,10 +254,15 @@ class DispatchShaper:
             inst.busy_until = now
 
     def cancel(self, rid: str) -> bool:
-        """Withdraw a waiting request (client gone, deadline). False if it is not waiting."""
+        """Withdraw a waiting request (client gone, deadline). False if it is not waiting.
+        Its followers, if any, are then let go by the next :meth:`release`."""
+        if self._follow.cancel(rid):
+            self._orphans(rid)
+            return True
         iid = self._where.pop(rid, None)
         if iid is None:
             return False
+        self._orphans(rid)
         self._costs.pop(rid, None)
         inst = self._inst[iid]
         inst.held = [h for h in inst.held if h[3] != rid]
@@ -201,12 +271,24 @@ class DispatchShaper:
         heapq.heapify(inst.timely)
         return True
 
+    def _orphans(self, rid: str) -> None:
+        """A withdrawn carrier: its followers wait no longer (due now)."""
+        for f in self._follow.end_carrier(rid):
+            self._follow.wait(
+                Follower(
+                    f.rid, f.carrier, f.instance_id, float("-inf"), f.prefill_ms, f.offered,
+                    f.rank, f.deadline,
+                )
+            )  # fmt: skip
+
     def release(self, instance_id: str, now: float) -> list[str]:
         """Waiting requests of ``instance_id`` to dispatch now, in order (each counted in
-        the backlog as it goes)."""
+        the backlog as it goes): followers whose wait is over, then the order's own."""
         inst = self._inst.get(instance_id)
-        out: list[str] = []
-        if inst is None or not (inst.held or inst.timely):
+        if inst is None:
+            return []
+        out = self._free(inst, self._follow.expired(instance_id, now), now)
+        if not (inst.held or inst.timely):
             return out
         hold = self.config.hold_above_ms
         while inst.waiting() and self.backlog_ms(instance_id, now) < hold:
@@ -226,9 +308,13 @@ class DispatchShaper:
         """When the backlog of an instance with waiting requests falls below the threshold
         by prediction alone (the shell's timer), or None."""
         inst = self._inst.get(instance_id)
-        if inst is None or not inst.waiting():
+        if inst is None:
             return None
-        return inst.busy_until - self.config.hold_above_ms / 1000.0
+        expiry = self._follow.next_expiry(instance_id)
+        if not inst.waiting():
+            return expiry
+        at = inst.busy_until - self.config.hold_above_ms / 1000.0
+        return at if expiry is None else min(at, expiry)
 
     def _dispatch(self, inst: _Instance, rid: str, prefill_ms: float, now: float) -> None:
         scaled = prefill_ms * inst.speed

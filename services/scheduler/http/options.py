@@ -41,6 +41,9 @@ class GatewayOptions:
     dispatch_hold_ms: float = DISPATCH_HOLD_MS
     dispatch_age_weight: float = 1.0
     dispatch_order: Literal["shortest", "slo"] = DISPATCH_ORDER
+    # Hold a pick whose prefix an unanswered pick is still computing on its instance until
+    # that pick's first byte, at most this long (ms); 0 = off (admission.follow).
+    dispatch_follow_ms: float = 0.0
     # Tokenizer + block-hash scheme of this deployment (default: the simulator's).
     tokens: TokenPath = field(default_factory=TokenPath)
     # Engine authorization: the client's Authorization header passed on, or (overriding

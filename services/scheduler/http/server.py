@@ -132,7 +132,9 @@ class Gateway:
         self.picked: list[Callable[[RequestContext, RequestView], None]] = []
         self.preemptor = Preemptor(core, clock, enabled=self.opts.preemption)
         o = self.opts
-        shaper = ShaperConfig(o.dispatch_hold_ms, o.dispatch_age_weight, o.dispatch_order)
+        shaper = ShaperConfig(
+            o.dispatch_hold_ms, o.dispatch_age_weight, o.dispatch_order, o.dispatch_follow_ms
+        )
         self.dispatch = DispatchOrder(DispatchShaper(shaper), clock)
         self.gate.on_full = lambda now, cap: self.metrics.preempted(
             len(self.preemptor.consider(now, cap))
@@ -449,7 +451,7 @@ class Gateway:
                 raise ApiError(503, msg, None, "no_endpoint", "service_unavailable")
             try:
                 if self.dispatch.enabled:
-                    turn = self._turn(pick_id, p.slo_class, d, ctx.arrival, view.ttft_slo_ms)
+                    turn = self._turn(pick_id, p.slo_class, d, ctx.arrival, view)
                     if turn is not None:
                         await self.dispatch.wait(pick_id, turn)
                 session = self._traced if otel.recording() else self._session
@@ -480,13 +482,17 @@ class Gateway:
         )
 
     def _turn(
-        self, pick_id: str, slo_class: str, d: Pick, arrival: float, budget_ms: float
+        self, pick_id: str, slo_class: str, d: Pick, arrival: float, view: RequestView
     ) -> asyncio.Future[None] | None:
         """The pick's turn on the instance that computes its prompt: None now, or a future."""
         target = (d.prefill or d.decode).endpoint.instance_id
         prio = self.core.queue.class_of(slo_class).priority
+        budget_ms = view.ttft_slo_ms
         due = arrival + budget_ms / 1000.0 if budget_ms > 0 else None
-        return self.dispatch.offer(pick_id, target, d.predicted_prefill_ms, -prio, due)
+        cached = d.predicted_cached_tokens // max(1, view.block_size)
+        return self.dispatch.offer(
+            pick_id, target, d.predicted_prefill_ms, -prio, due, view.block_hashes, cached
+        )
 
     def _first_byte(self, pick_id: str) -> None:
         self.preemptor.started(pick_id)

@@ -1,0 +1,182 @@
+"""Followers wait for their carrier's first byte (services.scheduler.admission.follow, and
+the dispatch order that uses it, services.scheduler.admission.shaper)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.scheduler.admission.dispatch import DispatchOrder
+from services.scheduler.admission.follow import Followers, shared_blocks
+from services.scheduler.admission.shaper import DispatchShaper, ShaperConfig
+
+# A session's prompts as block-hash chains: turn 2 extends turn 1, another session does not.
+TURN1 = (1, 2, 3, 4, 5, 6, 7, 8)
+TURN2 = (*TURN1, 9, 10)
+OTHER = (50, 51, 52, 53)
+
+
+def _shaper(follow_ms: float = 10_000.0, hold_ms: float = 150.0) -> DispatchShaper:
+    return DispatchShaper(ShaperConfig(hold_above_ms=hold_ms, follow_max_ms=follow_ms))
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "n"),
+    [(TURN1, TURN2, 8), (TURN2, TURN1, 8), (TURN1, OTHER, 0), ((), TURN1, 0), ((1, 9), TURN1, 1)],
+    ids=["prefix", "symmetric", "disjoint", "empty", "diverge-after-one"],
+)
+def test_shared_blocks(a: tuple[int, ...], b: tuple[int, ...], n: int) -> None:
+    assert shared_blocks(a, b) == n
+
+
+@pytest.mark.parametrize(
+    ("carriers", "prefix", "expect"),
+    [
+        # (rid, chain, cached blocks): the one that computes the most blocks of the prefix
+        ([("c1", TURN1, 0)], TURN2, ("c1", 8)),
+        # the carrier found its first 8 blocks cached: it computes none of TURN1's
+        ([("c1", TURN2, 8)], TURN1, None),
+        ([("c1", TURN2, 6)], TURN1, ("c1", 2)),
+        ([("short", TURN1[:3], 0), ("long", TURN1, 2)], TURN2, ("long", 6)),
+        # the latest turn reaches furthest: its prefill ends after the earlier one's
+        ([("t1", TURN1, 0), ("t2", TURN2, 8)], (*TURN2, 11), ("t2", 2)),
+        ([("c1", OTHER, 0)], TURN2, None),
+        ([], TURN2, None),
+    ],
+    ids=[
+        "whole-prefix",
+        "carrier-hit-itself",
+        "carrier-computes-part",
+        "most-blocks-wins",
+        "furthest-wins",
+        "other-session",
+        "no-carrier",
+    ],
+)
+def test_carrier_choice(
+    carriers: list[tuple[str, tuple[int, ...], int]],
+    prefix: tuple[int, ...],
+    expect: tuple[str, int] | None,
+) -> None:
+    f = Followers()
+    for rid, chain, cached in carriers:
+        f.add_carrier(rid, "a", chain, cached)
+    assert f.carrier("a", prefix) == expect
+    assert f.carrier("b", prefix) is None  # carriers are per instance
+
+
+@pytest.mark.parametrize(
+    ("follow_ms", "carrier_ms", "prefix", "target", "held"),
+    [
+        # the follower's own prefill is tiny (predicted as a hit): without the rule it goes
+        (10_000.0, 5_000.0, TURN2, "a", True),
+        (0.0, 5_000.0, TURN2, "a", False),  # off
+        (10_000.0, 5_000.0, OTHER, "a", False),  # nothing of its prefix is being computed
+        (10_000.0, 5_000.0, TURN2, "b", False),  # the carrier is on another instance
+        (2_000.0, 5_000.0, TURN2, "a", False),  # carrier's first byte beyond the bound
+    ],
+    ids=["held", "off", "unrelated", "other-instance", "carrier-too-far"],
+)
+def test_follower_held_only_behind_its_carrier(
+    follow_ms: float, carrier_ms: float, prefix: tuple[int, ...], target: str, held: bool
+) -> None:
+    s = _shaper(follow_ms)
+    assert s.offer("carrier", "a", carrier_ms, 0.0, prefix=TURN1)
+    assert s.offer("f", target, 5.0, 1.0, prefix=prefix, cached_blocks=8) is not held
+    assert s.held(target) == int(held)
+
+
+@pytest.mark.parametrize(
+    ("event", "at", "expect"),
+    [
+        ("first_byte", 4.0, ["f"]),  # the carrier answered: its prefix is cached now
+        ("done", 4.0, ["f"]),  # the carrier failed: no reason to wait any more
+        ("release", 4.0, []),  # the bound has not run out
+        ("release", 11.0, ["f"]),  # the bound ran out (offered at 1 s, 10 s bound)
+    ],
+    ids=["carrier-answers", "carrier-fails", "still-waiting", "bound-runs-out"],
+)
+def test_follower_released(event: str, at: float, expect: list[str]) -> None:
+    s = _shaper(10_000.0)
+    assert s.offer("carrier", "a", 5_000.0, 0.0, prefix=TURN1)
+    assert not s.offer("f", "a", 5.0, 1.0, prefix=TURN2, cached_blocks=8)
+    assert s.next_release_at("a") == pytest.approx(11.0)
+    if event == "first_byte":
+        got = s.first_byte("carrier", "a", at)
+    elif event == "done":
+        got = s.done("carrier", "a", at)
+    else:
+        got = s.release("a", at)
+    assert got == expect
+    assert s.held("a") == 1 - len(expect)
+
+
+def test_a_freed_follower_takes_its_place_in_the_order() -> None:
+    """Set free, a follower is offered as if it came then: with another request waiting for
+    the instance, it joins the order (here ahead of a longer prompt) instead of jumping it."""
+    s = _shaper(10_000.0)
+    assert s.offer("carrier", "a", 1_000.0, 0.0, prefix=TURN1)
+    assert not s.offer("big", "a", 3_000.0, 0.0, prefix=OTHER)  # waits in the order
+    assert not s.offer("f", "a", 800.0, 0.1, prefix=TURN2, cached_blocks=8)
+    assert s.first_byte("carrier", "a", 0.5) == ["f"]  # 800 ms before 3,000 ms
+    assert s.held("a") == 1
+    assert s.release("a", 1.0) == []  # f's 800 ms are ahead of big
+    assert s.first_byte("f", "a", 1.3) == ["big"]
+
+
+def test_withdrawn_carrier_lets_its_followers_go() -> None:
+    s = _shaper(20_000.0, hold_ms=150.0)
+    assert s.offer("long", "a", 8_000.0, 0.0)  # keeps the instance busy
+    assert not s.offer("carrier", "a", 4_000.0, 0.0, prefix=TURN1)  # held in the order
+    assert not s.offer("f", "a", 5.0, 0.1, prefix=TURN2, cached_blocks=8)  # behind it
+    assert s.held("a") == 2
+    assert s.cancel("carrier")
+    assert s.next_release_at("a") == float("-inf")
+    assert s.release("a", 0.2) == ["f"]
+    assert s.held() == 0
+
+
+def test_cancelled_follower_is_gone() -> None:
+    s = _shaper()
+    assert s.offer("carrier", "a", 5_000.0, 0.0, prefix=TURN1)
+    assert not s.offer("f", "a", 5.0, 1.0, prefix=TURN2, cached_blocks=8)
+    assert s.cancel("f") and not s.cancel("f")
+    assert s.first_byte("carrier", "a", 2.0) == []
+    assert s.held() == 0
+
+
+def test_a_follower_is_a_carrier_for_the_next_turn() -> None:
+    turn3 = (*TURN2, 11, 12)
+    s = _shaper()
+    assert s.offer("t1", "a", 5_000.0, 0.0, prefix=TURN1)
+    assert not s.offer("t2", "a", 5.0, 1.0, prefix=TURN2, cached_blocks=8)
+    assert not s.offer("t3", "a", 5.0, 1.5, prefix=turn3, cached_blocks=10)
+    assert s.first_byte("t1", "a", 4.0) == ["t2"]  # t3 waits for t2's blocks 9 and 10
+    assert s.first_byte("t2", "a", 4.1) == ["t3"]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def test_order_shell_holds_a_follower_until_its_carrier_answers() -> None:
+    clock = _Clock()
+    order = DispatchOrder(_shaper(), clock)
+    assert order.offer("carrier", "a", 5_000.0, prefix=TURN1) is None
+    turn = order.offer("f", "a", 5.0, prefix=TURN2, cached_blocks=8)
+    assert turn is not None
+    waiting = asyncio.create_task(order.wait("f", turn))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    clock.t = 3.0
+    order.first_byte("carrier")
+    await asyncio.wait_for(waiting, 1.0)
+    order.done("f")
+    order.done("carrier")
+    assert order.shaper.held() == 0
+    order.close()
