@@ -3,24 +3,27 @@ bottleneck.
 
 The upstream is nginx (Debian package ``nginx``) serving canned engine answers from a config
 generated in a temp dir: ``/health``, ``/metrics`` (SGLang names, zero load), server/model
-info, ``/v1/models``, a non-streaming ``/v1/completions`` JSON body and a streaming
-``/v1/chat/completions`` SSE body (``--sse-chunks`` chunks + ``[DONE]``). Tideserve's rows
-add a streamed Responses API phase per rate (``/v1/responses`` on the router, the same
-streamed chat call on the direct side).
+info, ``/v1/models``, a non-streaming ``/v1/completions`` JSON body, a streaming
+``/v1/chat/completions`` SSE body (``--sse-chunks`` chunks + ``[DONE]``), and the same answer
+as an engine serving the agent APIs natively streams it (``/v1/messages``, ``/v1/responses``).
 
 Per open-loop phase (each ``--rates`` value, non-streaming and streaming): ``--repeats``
 back-to-back pairs of runs, nginx directly then the router in front of it, each a fixed
 inter-arrival load (1/rate, not waiting for answers) for ``--duration`` s after ``--warmup``
 s, from a load generator in a separate process (raw asyncio HTTP/1.1 keep-alive client;
 latency runs from writing a request to its response being complete; the generator's own send
-lag is reported). Tideserve routers also get a ``messages_stream`` phase per rate: the same
-pairs, the router sent the streamed prompt as an Anthropic ``/v1/messages`` request (which it
-forwards as chat completions and translates back), nginx the chat stream it stands for, so
-the added latency includes the translation both ways. Added latency = router quantile - direct quantile of the same pair; the
-JSON gives the median over the pairs (and each pair's p50 and p99), so that noise from other
-work on a shared machine hits both sides alike. The phases of one rate take turns (one pair
-each per round), and ``agent_apis_vs_chat`` gives the Messages and Responses phases' added
-p50/p99 and CPU per request as multiples of the streamed chat phase's. Maximum sustained req/s: closed loop with ``wrk``
+lag is reported). Tideserve routers also get a ``messages_stream`` and a
+``responses_stream`` phase per rate: the router is sent the streamed prompt as an Anthropic
+``/v1/messages`` or OpenAI ``/v1/responses`` request, which it forwards as chat completions
+and translates back, so its added latency includes the translation both ways. The direct side
+asks nginx for the same API (``--direct-agent-apis native``: the client receives the same
+bytes on both sides, and the baseline is an engine that speaks the API), or for the chat
+stream the router translates from (``chat``: the client of the direct side reads a third of
+the bytes). Added latency = router quantile - direct quantile of the same pair; the JSON
+gives the median over the pairs (and each pair's p50 and p99), so that noise from other work
+on a shared machine hits both sides alike. The phases of one rate take turns (one pair each
+per round), and ``agent_apis_vs_chat`` gives the Messages and Responses phases' added p50/p99
+and CPU per request as multiples of the streamed chat phase's. Maximum sustained req/s: closed loop with ``wrk``
 (``--wrk-connections``, one thread, non-streaming), reported with the CPU the measured process
 used and req/s per CPU-second of it (a multi-threaded router may use more than one core; our
 gateway is one single-threaded process). ``--pin on`` instead moves every thread of the
@@ -67,6 +70,10 @@ from _harness import (
 )
 from _loadgen import MODEL, loadgen_main, request_bytes
 
+from services.common.apis.anthropic_stream import StreamTranslator
+from services.common.apis.responses import parse_responses
+from services.common.apis.responses_stream import ChatToResponses
+
 DEFAULT_ROUTERS = "tideserve:default,sglang:cache_aware,sglang:round_robin"
 
 
@@ -92,6 +99,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--gateway-arg", action="append", default=[],
         help="extra flag for every `tideserve gateway` (repeatable, shell-split)",
     )  # fmt: skip
+    p.add_argument("--direct-agent-apis", choices=("native", "chat"), default="native",
+                   help="the Messages and Responses phases' direct side: nginx streaming the "
+                   "same answer in that API, as an engine serving it natively would (default), "
+                   "or the chat stream the router translates from (the bytes differ)")  # fmt: skip
     p.add_argument("--out", default="gateway_overhead.json", help="summary JSON path")
     p.add_argument("--log-dir", default=None)
     return p.parse_args(argv)
@@ -103,6 +114,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _q(s: str) -> str:
     """An nginx single-quoted string."""
     return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def native_streams(chat_sse: bytes, sse_chunks: int) -> dict[str, str]:
+    """The canned chat stream as an engine serving the Messages and Responses APIs natively
+    would stream it (the events the gateway's translators write for it)."""
+    req = parse_responses({"model": MODEL, "input": "x", "max_output_tokens": sse_chunks,
+                           "stream": True, "store": False})  # fmt: skip
+    responses = ChatToResponses(req, "resp_canned", 1, False)
+    messages = StreamTranslator(model=MODEL, input_tokens=128)
+    return {
+        "responses": (responses.feed(chat_sse) + responses.final()).decode(),
+        "messages": (messages.feed(chat_sse) + messages.final()).decode(),
+    }
 
 
 def nginx_config(workdir: Path, port: int, sse_chunks: int) -> Path:
@@ -135,6 +159,7 @@ def nginx_config(workdir: Path, port: int, sse_chunks: int) -> Path:
             chunk["usage"] = usage
         events.append("data: " + json.dumps(chunk) + "\n\n")
     sse = "".join(events) + "data: [DONE]\n\n"
+    native = native_streams(sse.encode(), sse_chunks)
     metrics = "".join(
         f'sglang:{n}{{model_name="{MODEL}"}} 0.0\n'
         for n in ("num_running_reqs", "num_queue_reqs", "num_used_tokens", "token_usage",
@@ -151,6 +176,8 @@ def nginx_config(workdir: Path, port: int, sse_chunks: int) -> Path:
         "/v1/completions": ("application/json", json.dumps(completion)),
         "/generate": ("application/json", json.dumps({"text": "tok", "meta_info": usage})),
         "/v1/chat/completions": ("text/event-stream", sse),
+        "/v1/messages": ("text/event-stream", native["messages"]),
+        "/v1/responses": ("text/event-stream", native["responses"]),
     }  # fmt: skip
     locations = "\n".join(
         f"    location = {path} {{ default_type {_q(ctype)}; return 200 {_q(body)}; }}"
@@ -292,7 +319,8 @@ def paired_open_loop(direct_port: int, router_port: int, router_pid: int,
     for rate in dict.fromkeys(r for _, r, _, _ in plan):
         for _ in range(args.repeats):
             for name, _, stream, api in (ph for ph in plan if ph[1] == rate):
-                d = open_loop(direct_port, rate, stream, args, None)
+                direct_api = api if args.direct_agent_apis == "native" else "chat"
+                d = open_loop(direct_port, rate, stream, args, None, api=direct_api)
                 meter, machine = CpuMeter([router_pid]), MachineCpu()
                 r = open_loop(router_port, rate, stream, args, None, api=api)
                 r["router_cpu"] = meter.read()
@@ -439,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_rps": f"wrk -t1 -c{args.wrk_connections} {args.wrk_duration:g}s, "
                        "non-streaming" + (", process on CPU 0 and wrk on CPU 1" if pin else ""),
             "prompt_words": args.prompt_words, "sse_chunks": args.sse_chunks,
+            "agent_apis_direct_side": args.direct_agent_apis,
         },
     }  # fmt: skip
     routers = [r.strip() for r in args.routers.split(",") if r.strip()]

@@ -187,9 +187,10 @@ def test_routing_targets_without_our_result() -> None:
 def test_nginx_config_serves_every_engine_path(tmp_path: Path) -> None:
     conf = _load("gateway_overhead").nginx_config(tmp_path, 4321, 3).read_text()
     for path in ("/health", "/metrics", "/get_server_info", "/v1/models", "/v1/completions",
-                 "/v1/chat/completions"):  # fmt: skip
+                 "/v1/chat/completions", "/v1/messages", "/v1/responses"):  # fmt: skip
         assert f"location = {path} " in conf
-    assert "listen 127.0.0.1:4321" in conf and conf.count("data: {") == 3
+    assert "listen 127.0.0.1:4321" in conf and conf.count('data: {"id": "chatcmpl') == 3
+    assert "event: response.incomplete" in conf and "event: message_stop" in conf  # length
     assert "$" not in conf  # nginx would interpolate variables in canned bodies
 
 
