@@ -176,13 +176,21 @@ def nginx_config(workdir: Path, port: int, sse_chunks: int) -> Path:
         "/v1/completions": ("application/json", json.dumps(completion)),
         "/generate": ("application/json", json.dumps({"text": "tok", "meta_info": usage})),
         "/v1/chat/completions": ("text/event-stream", sse),
-        "/v1/messages": ("text/event-stream", native["messages"]),
-        "/v1/responses": ("text/event-stream", native["responses"]),
     }  # fmt: skip
     locations = "\n".join(
         f"    location = {path} {{ default_type {_q(ctype)}; return 200 {_q(body)}; }}"
         for path, (ctype, body) in json_routes.items()
     )
+    # Bodies past nginx's 4 KiB parameter limit are files, answered to POST through the
+    # internal redirect error_page makes (a GET of the file, with status 200).
+    canned = workdir / "canned"
+    canned.mkdir(exist_ok=True)
+    for api, body in native.items():
+        (canned / f"{api}.sse").write_text(body, encoding="utf-8")
+        locations += (f"\n    location = /v1/{api} {{ error_page 405 =200 /canned/{api}.sse; "
+                      "return 405; }")  # fmt: skip
+    locations += (f"\n    location /canned/ {{ internal; alias {canned}/; "
+                  "default_type 'text/event-stream'; }")  # fmt: skip
     tmp = workdir / "tmp"
     tmp.mkdir(exist_ok=True)
     conf = f"""worker_processes 1;
