@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 
@@ -196,7 +196,11 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
     )
 
 
-def _sessions(settings: KVMetaSettings, store: SessionStore | None) -> SessionShell:
+def _sessions(
+    settings: KVMetaSettings,
+    store: SessionStore | None,
+    wall: Callable[[], float] = time.time,
+) -> SessionShell:
     predictor = ToolTimePredictor(
         min_samples=settings.tool_time_min_samples,
         session_min_samples=settings.session_min_samples,
@@ -209,9 +213,7 @@ def _sessions(settings: KVMetaSettings, store: SessionStore | None) -> SessionSh
         ended_retention_s=settings.session_ended_retention_s,
         max_sessions=settings.max_sessions,
     )
-    return SessionShell(
-        table, store, time.time, max_chain_blocks=settings.retention_max_chain_blocks
-    )
+    return SessionShell(table, store, wall, max_chain_blocks=settings.retention_max_chain_blocks)
 
 
 def _tool_priors(
