@@ -3,7 +3,9 @@
 Wiring: Redis (optional) feeds the prefix index from ``{prefix}:kv:*`` streams; Postgres
 (optional) stores index checkpoints, object-master rows and agent sessions (migrated at
 start); the
-Mooncake Transfer Engine HTTP metadata server runs on ``metadata_http_port`` (0 = off).
+Mooncake Transfer Engine HTTP metadata server runs on ``metadata_http_port`` (0 = off);
+with ``telemetry_address``, telemetry's tool times are the session predictor's priors
+(:mod:`services.kvmeta.tool_priors`, over a channel with kvmeta's client credentials).
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 
 from services.common.kvindex import ResyncPolicy
 from services.common.metrics import service_registry
 from services.common.redis_client import redis_client
+from services.common.security.channels import ClientSecurity, aio_channel
 from services.common.security.http import http_auth
 from services.common.server import ServiceHooks, run_service
 from services.common.sessions import SessionTable, ToolTimePredictor
@@ -34,6 +37,7 @@ from services.kvmeta.retention import RetentionController
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
 from services.kvmeta.sessions import SessionShell, SessionStore
 from services.kvmeta.settings import KVMetaSettings
+from services.kvmeta.tool_priors import GrpcToolTimes, ToolTimePriors
 
 __all__ = ["build", "main"]
 
@@ -74,6 +78,7 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
         time.time,
     )
     sessions = _sessions(settings, SessionStore(engine) if engine is not None else None)
+    priors = _tool_priors(settings, sessions.table.predictor)
     metadata = MetadataServer(
         settings.host,
         settings.metadata_http_port,
@@ -82,6 +87,7 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
         else http_auth(settings.auth, METADATA_ACCESS, time.monotonic),
     )
     tasks: list[asyncio.Task[None]] = []
+    stopping = asyncio.Event()
 
     async def tick_objects() -> None:
         while True:
@@ -149,15 +155,20 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
         tasks.append(asyncio.create_task(tick_sessions()))
         if retention is not None:
             tasks.append(asyncio.create_task(tick_retention()))
+        if priors is not None:
+            tasks.append(asyncio.create_task(priors[0].run(stopping), name="tool-priors"))
         if settings.metadata_http_port:
             await metadata.start()
 
     async def on_stop() -> None:
+        stopping.set()
         for t in tasks:
             t.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         await metadata.stop()
+        if priors is not None:
+            await priors[1].close()
         if retention is not None:
             await retention.close()
         await feeder.stop()
@@ -185,7 +196,11 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
     )
 
 
-def _sessions(settings: KVMetaSettings, store: SessionStore | None) -> SessionShell:
+def _sessions(
+    settings: KVMetaSettings,
+    store: SessionStore | None,
+    wall: Callable[[], float] = time.time,
+) -> SessionShell:
     predictor = ToolTimePredictor(
         min_samples=settings.tool_time_min_samples,
         session_min_samples=settings.session_min_samples,
@@ -198,9 +213,25 @@ def _sessions(settings: KVMetaSettings, store: SessionStore | None) -> SessionSh
         ended_retention_s=settings.session_ended_retention_s,
         max_sessions=settings.max_sessions,
     )
-    return SessionShell(
-        table, store, time.time, max_chain_blocks=settings.retention_max_chain_blocks
+    return SessionShell(table, store, wall, max_chain_blocks=settings.retention_max_chain_blocks)
+
+
+def _tool_priors(
+    settings: KVMetaSettings, predictor: ToolTimePredictor
+) -> tuple[ToolTimePriors, GrpcToolTimes] | None:
+    """Telemetry's tool times as ``predictor``'s priors; None without ``telemetry_address``."""
+    if not settings.telemetry_address:
+        return None
+    channel = aio_channel(settings.telemetry_address, ClientSecurity.of(settings))
+    source = GrpcToolTimes(channel, settings.telemetry_timeout_s)
+    priors = ToolTimePriors(
+        predictor,
+        source,
+        deployment=settings.tool_times_deployment,
+        refresh_s=settings.tool_times_refresh_s,
+        clock=time.monotonic,
     )
+    return priors, source
 
 
 def main(argv: Sequence[str] | None = None) -> int:

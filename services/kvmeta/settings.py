@@ -74,6 +74,21 @@ class KVMetaSettings(ServiceSettings):
         30.0, ge=0.0, description="predicted gap when nothing learned is confident yet"
     )
     session_tick_s: float = Field(1.0, gt=0.0, description="session expiry period")
+    # telemetry's tool times as the predictor's priors (services/kvmeta/tool_priors.py)
+    telemetry_address: str = Field(
+        "",
+        description="TelemetryService host:port whose GetToolTimes are the tool-time "
+        "predictor's priors until kvmeta's own distributions are confident; '' = off",
+    )
+    telemetry_timeout_s: float = Field(5.0, gt=0.0, description="per telemetry RPC")
+    tool_times_refresh_s: float = Field(
+        60.0, gt=0.0, description="period of asking telemetry for its tool times"
+    )
+    tool_times_deployment: str = Field(
+        "default",
+        description="the deployment whose tool times are the priors (kvmeta's predictor is "
+        "one for all the deployments its sessions name)",
+    )
     # retention of idle sessions' KV (services/kvmeta/retention.py)
     retention: Literal["off", "observe", "enforce"] = Field(
         "off",

@@ -177,6 +177,12 @@ def scheduler_env(ports: Mapping[str, Mapping[str, int]], host: str) -> dict[str
     return {"TIDESERVE_SCHEDULER__TELEMETRY_ADDRESS": telemetry_address(ports, host)}
 
 
+def kvmeta_env(ports: Mapping[str, Mapping[str, int]], host: str) -> dict[str, str]:
+    """Where the stack's kvmeta finds telemetry (pure): its tool times are the session
+    predictor's priors (GetToolTimes) until kvmeta's own distributions are confident."""
+    return {"TIDESERVE_KVMETA__TELEMETRY_ADDRESS": telemetry_address(ports, host)}
+
+
 def build_service_children(
     *,
     ports: Mapping[str, Mapping[str, int]],
@@ -198,6 +204,8 @@ def build_service_children(
         if svc.name == "autoscaler":
             extra_env = autoscaler_env(ports, host, replica_ports(ports[GATEWAY_SERVICE], gw))
             plans = [(svc.name, dict(ports[svc.name]), extra_env)]
+        elif svc.name == "kvmeta":
+            plans = [(svc.name, dict(ports[svc.name]), kvmeta_env(ports, host))]
         elif svc.name != GATEWAY_SERVICE:
             plans = [(svc.name, dict(ports[svc.name]), {})]
         else:

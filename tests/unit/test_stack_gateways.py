@@ -126,6 +126,15 @@ def test_one_gateway_is_exactly_the_plain_scheduler(tmp_path: Path) -> None:
     assert scheduler_keys == {"TIDESERVE_SCHEDULER__TELEMETRY_ADDRESS"}
 
 
+def test_kvmeta_and_the_gateways_find_telemetry(tmp_path: Path) -> None:
+    """kvmeta asks the stack's telemetry for its tool times (the predictor's priors)."""
+    by_name = _children(tmp_path, GatewayReplicas(2), offset=5)
+    kvmeta_keys = {k: v for k, v in by_name["kvmeta"].env.items() if "__TELEMETRY" in k}
+    telemetry = by_name["scheduler-2"].env["TIDESERVE_SCHEDULER__TELEMETRY_ADDRESS"]
+    assert kvmeta_keys == {"TIDESERVE_KVMETA__TELEMETRY_ADDRESS": telemetry}
+    assert telemetry == "127.0.0.1:50059"
+
+
 def test_replicas_share_the_http_port_and_state(tmp_path: Path) -> None:
     by_name = _children(tmp_path, GatewayReplicas(2), offset=5)
     assert list(by_name) == ["scheduler", "scheduler-2", "kvmeta", "autoscaler", "telemetry"]

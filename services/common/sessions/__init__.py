@@ -56,6 +56,7 @@ from services.common.sessions.tooltime import (
     NO_TOOL,
     GapEstimate,
     GapQuantiles,
+    PriorGrid,
     ToolTimePredictor,
 )
 
@@ -77,6 +78,7 @@ __all__ = [
     "Observation",
     "Phase",
     "PrefetchPlan",
+    "PriorGrid",
     "RetentionPlan",
     "Session",
     "SessionError",

@@ -15,8 +15,9 @@ call validates before it changes anything and records the changed rows for the s
 (:meth:`~SessionTable.drain_changes`; ``None`` = deleted).
 
 The predictor's distributions live in memory only; the sessions' recent gaps are part of
-their rows, so after a restart predictions fall back to each session's own history until the
-distributions are confident again.
+their rows, so after a restart predictions fall back to the predictor's priors (where a shell
+installed some, :meth:`~services.common.sessions.tooltime.ToolTimePredictor.set_priors`) and
+each session's own history until the distributions are confident again.
 """
 
 from __future__ import annotations

@@ -13,6 +13,19 @@ Fallback order of :meth:`ToolTimePredictor.predict`, the first confident level w
 4. every gap observed by this predictor (``min_samples``);
 5. ``default_gap_s`` (zero samples).
 
+Priors (:meth:`ToolTimePredictor.set_priors`): distributions learned elsewhere (telemetry's,
+from the request records), each a percentile grid of gap seconds and the number of gaps
+behind it. At levels 1, 2 and 4, a tool whose own distribution is not yet confident answers
+from its prior when the prior has ``min_samples`` gaps; the level's source is then prefixed
+``prior_`` (``prior_agent_tool``, ``prior_tool``, ``prior_global``), and a turn whose tools mix
+own and prior distributions counts as ``prior_``. A confident own distribution always wins
+over a prior at the same level; the levels keep their order (a prior for the tool beats the
+session's own history and every gap seen, as the tool's own distribution would). A prior
+answers a percentile by linear interpolation between the grid's two neighbouring points;
+outside the grid it answers the nearest end (below the lowest percentile the lowest value,
+above the highest the highest value: it does not extrapolate, so a percentile above the grid
+is underestimated). Priors replace each other whole; they are never mixed into the sketches.
+
 A turn that called several tools waits for the slowest of them: its prediction is the largest
 of its tools' percentiles, and its confidence the smallest of their counts. A gap observed
 after such a turn counts for each of its tools. A turn that ended in an answer, not a tool
@@ -27,10 +40,12 @@ At most ``max_keys`` distributions are kept, the least recently observed dropped
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from ddsketch import LogCollapsingLowestDenseDDSketch
 
@@ -40,6 +55,7 @@ __all__ = [
     "GapEstimate",
     "GapQuantiles",
     "GapSketch",
+    "PriorGrid",
     "ToolTimePredictor",
     "nearest_rank",
 ]
@@ -60,7 +76,8 @@ class GapEstimate:
 
     seconds: float
     samples: int
-    source: str  # "agent_tool" | "tool" | "session" | "global" | "default"
+    source: str  # "agent_tool" | "tool" | "session" | "global" | "default", or "prior_" +
+    # "agent_tool" | "tool" | "global" (module doc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +89,45 @@ class GapQuantiles:
     tool: str
     samples: int
     seconds: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PriorGrid:
+    """A distribution learned elsewhere: ``seconds[i]`` is its ``percentiles[i]`` percentile,
+    from ``samples`` gaps. Percentiles strictly increasing in (0, 1]; seconds are made
+    non-decreasing (a running maximum) and at least 0."""
+
+    samples: int
+    percentiles: tuple[float, ...]
+    seconds: tuple[float, ...]
+
+    @classmethod
+    def of(cls, percentiles: Sequence[float], samples: int, seconds: Sequence[float]) -> PriorGrid:
+        """ValueError for an empty or unordered grid, a length mismatch or a non-finite value."""
+        qs = tuple(float(q) for q in percentiles)
+        if not qs or any(not 0.0 < q <= 1.0 for q in qs):
+            raise ValueError(f"prior percentiles must be in (0, 1], got {list(qs)}")
+        if any(b <= a for a, b in pairwise(qs)):
+            raise ValueError(f"prior percentiles must increase, got {list(qs)}")
+        if len(seconds) != len(qs):
+            raise ValueError(f"{len(seconds)} prior values for {len(qs)} percentiles")
+        if any(not math.isfinite(v) for v in seconds):
+            raise ValueError("prior values must be finite")
+        out: list[float] = []
+        for v in seconds:
+            out.append(max(0.0, v, out[-1] if out else 0.0))
+        return cls(max(0, samples), qs, tuple(out))
+
+    def at(self, q: float) -> float:
+        """The ``q`` percentile: interpolated inside the grid, the nearest end outside it."""
+        qs, vs = self.percentiles, self.seconds
+        if q <= qs[0]:
+            return vs[0]
+        if q >= qs[-1]:
+            return vs[-1]
+        i = bisect.bisect_left(qs, q)  # qs[i - 1] < q <= qs[i]
+        lo, hi = qs[i - 1], qs[i]
+        return vs[i - 1] + (vs[i] - vs[i - 1]) * (q - lo) / (hi - lo)
 
 
 class GapSketch:
@@ -140,10 +196,29 @@ class ToolTimePredictor:
         self._args = (relative_accuracy, bin_limit, rotate_after)
         self.max_keys = max_keys
         self._sketches: OrderedDict[tuple[str, str], GapSketch] = OrderedDict()
+        self._priors: dict[tuple[str, str], PriorGrid] = {}
 
     def __len__(self) -> int:
         """Distributions held (bounded by ``max_keys``)."""
         return len(self._sketches)
+
+    @property
+    def priors(self) -> int:
+        """Prior distributions installed."""
+        return len(self._priors)
+
+    def set_priors(self, percentiles: Sequence[float], rows: Iterable[GapQuantiles]) -> None:
+        """Replace the priors with ``rows`` (each row's ``seconds`` at ``percentiles``; agent
+        "" is across agents, tool :data:`ALL_TOOLS` with agent "" every gap). Validates every
+        row first (ValueError, :meth:`PriorGrid.of`): on an error the old priors stay."""
+        new: dict[tuple[str, str], PriorGrid] = {}
+        for r in rows:
+            grid = PriorGrid.of(percentiles, r.samples, r.seconds)
+            if r.tool == ALL_TOOLS and not r.agent:
+                new[(_ALL, _ALL)] = grid
+            else:
+                new[(r.agent or _ANY_AGENT, r.tool)] = grid
+        self._priors = new
 
     def observe(self, tools: Iterable[str], agent: str, gap_s: float) -> None:
         """One gap after a turn that ended in ``tools`` (empty: in an answer). A negative,
@@ -190,20 +265,36 @@ class ToolTimePredictor:
                 rows.append(GapQuantiles(who, tool, sk.count, seconds))
         return sorted(rows, key=lambda r: (r.agent, r.tool))
 
+    def _confident(self, key: tuple[str, str], q: float) -> tuple[float, int, bool] | None:
+        """(seconds, samples, from a prior) of one distribution: the own sketch when it is
+        confident, else the prior when it is, else None."""
+        sk = self._sketches.get(key)
+        if sk is not None and sk.count >= self.min_samples:
+            v = sk.quantile(q)
+            if v is not None:
+                return v, sk.count, False
+        prior = self._priors.get(key)
+        if prior is not None and prior.samples >= self.min_samples:
+            return prior.at(q), prior.samples, True
+        return None
+
     def _level(self, agent: str, tools: Sequence[str], q: float) -> GapEstimate | None:
         """The slowest tool's percentile when every tool is confident at this level."""
         worst: float | None = None
         fewest: int | None = None
+        prior = False
         for t in tools:
-            sk = self._sketches.get((agent, t))
-            v = sk.quantile(q) if sk is not None and sk.count >= self.min_samples else None
-            if sk is None or v is None:
+            got = self._confident((agent, t), q)
+            if got is None:
                 return None
+            v, n, from_prior = got
             worst = v if worst is None else max(worst, v)
-            fewest = sk.count if fewest is None else min(fewest, sk.count)
+            fewest = n if fewest is None else min(fewest, n)
+            prior = prior or from_prior
         if worst is None or fewest is None:
             return None
-        return GapEstimate(worst, fewest, "tool" if agent == _ANY_AGENT else "agent_tool")
+        source = "tool" if agent == _ANY_AGENT else "agent_tool"
+        return GapEstimate(worst, fewest, "prior_" + source if prior else source)
 
     def predict(
         self, tools: Iterable[str], agent: str, q: float, session_gaps: Sequence[float] = ()
@@ -220,9 +311,8 @@ class ToolTimePredictor:
         own = [g for g in session_gaps if math.isfinite(g) and g >= 0.0]
         if len(own) >= self.session_min_samples:
             return GapEstimate(nearest_rank(own, q), len(own), "session")
-        glob = self._sketches.get((_ALL, _ALL))
-        if glob is not None and glob.count >= self.min_samples:
-            v = glob.quantile(q)
-            if v is not None:
-                return GapEstimate(v, glob.count, "global")
+        glob = self._confident((_ALL, _ALL), q)
+        if glob is not None:
+            v, n, from_prior = glob
+            return GapEstimate(v, n, "prior_global" if from_prior else "global")
         return GapEstimate(self.default_gap_s, 0, "default")
