@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-__all__ = ["BASELINES", "comparison_rows", "profile_config", "table"]
-
 from services.sim.config import SimConfig
+
+__all__ = ["BASELINES", "comparison_rows", "profile_config", "table"]
 
 BASELINES = ("cache_aware", "round_robin", "least_load", "power_of_two")
 """The shipped profiles that imitate sglang-router's policies."""
