@@ -82,7 +82,7 @@ class Gateways:
         ap = self.approx[g]
         if ap is None:
             return {}
-        m = ap.index.match(hashes, now_s)
+        m = ap.lookup(request_id, hashes, now_s)  # the cycle's own lookup (made once)
         sched = self.cores[g].scheduler
         if isinstance(sched, NarrowScheduler):
             sched.hint(request_id, now_s, ap.index, m)
