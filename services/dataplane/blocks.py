@@ -63,20 +63,29 @@ class SlotPool:
         if capacity <= 0:
             raise ValueError("capacity must be positive")
         self.capacity = capacity
-        self._free = list(range(capacity))  # a heap; sorted is a valid heap
+        # The free slots are the heap ``_free`` (given back, all below ``_next``) and the
+        # never-taken ``_next .. capacity-1``: the same smallest-first order as one heap of
+        # them all, without building a list of every slot up front (a simulated fleet has
+        # a thousand arenas of 16k slots).
+        self._free: list[int] = []
+        self._next = 0
         self._taken: set[int] = set()
 
     @property
     def free(self) -> int:
-        return len(self._free)
+        return len(self._free) + self.capacity - self._next
 
     def take(self, n: int) -> list[int] | None:
         """``n`` slots, or None (nothing taken) when fewer are free."""
         if n < 0:
             raise ValueError("n must be >= 0")
-        if n > len(self._free):
+        if n > self.free:
             return None
-        out = [heapq.heappop(self._free) for _ in range(n)]
+        k = min(n, len(self._free))  # the given-back ones are all below the fresh ones
+        out = [heapq.heappop(self._free) for _ in range(k)]
+        if k < n:
+            out.extend(range(self._next, self._next + n - k))
+            self._next += n - k
         self._taken.update(out)
         return out
 

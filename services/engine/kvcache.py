@@ -352,23 +352,34 @@ class KVCache:
         slots = iter(taken)
         run: list[int] = []
         run_parent = 0
+        # Locals in the per-block loop (a long prompt has hundreds of blocks); the private
+        # count is written back once, after it.
+        blocks, filled, committed, tenant = (
+            self._blocks,
+            self._filled,
+            alloc.committed,
+            alloc.tenant,
+        )
+        private = alloc.private
         for i in range(start, len(hashes)):
             h = hashes[i]
-            parent = hashes[i - 1] if i else 0
-            if h in self._blocks or alloc.private == 0:
-                self._flush_run(run, run_parent, alloc.tenant)
-                run = []
+            if h in blocks or private == 0:
+                if run:
+                    self._flush_run(run, run_parent, tenant)
+                    run = []
                 continue
+            parent = hashes[i - 1] if i else 0
             slot = next(slots)
-            self._blocks[h] = _Block(parent, alloc.tenant, slot, refs=1)
-            self._filled.append((h, slot))
-            alloc.private -= 1
-            self._private -= 1
-            alloc.committed.append(h)
+            blocks[h] = _Block(parent, tenant, slot, refs=1)
+            filled.append((h, slot))
+            private -= 1
+            committed.append(h)
             if not run:
                 run_parent = parent
             run.append(h)
-        self._flush_run(run, run_parent, alloc.tenant)
+        self._flush_run(run, run_parent, tenant)
+        self._private -= alloc.private - private
+        alloc.private = private
 
     def release(self, seq_id: str) -> None:
         """Drop everything ``seq_id`` holds (no-op if it holds nothing). Its cached blocks stay

@@ -7,6 +7,7 @@ from typing import Any
 
 from services.bench.traces import Trace
 from services.sim.config import SimConfig, SimConfigError
+from services.sim.events import fewer_collections
 from services.sim.results import summary
 from services.sim.run import Progress, SimRun, Simulation
 
@@ -21,10 +22,11 @@ def simulate(
     from services.sim.routing import UnknownProfile
 
     wall0, cpu0 = time.perf_counter(), time.process_time()
-    try:
-        sim = Simulation(cfg, trace)
-    except UnknownProfile as exc:
-        raise SimConfigError(str(exc)) from None
-    run = sim.run(progress)
+    with fewer_collections():
+        try:
+            sim = Simulation(cfg, trace)
+        except UnknownProfile as exc:
+            raise SimConfigError(str(exc)) from None
+        run = sim.run(progress)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     return summary(run, wall_s=wall, cpu_s=cpu), run

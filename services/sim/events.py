@@ -6,10 +6,13 @@ they were pushed, so a run is a function of its inputs alone.
 
 from __future__ import annotations
 
+import gc
 import heapq
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["EventQueue"]
+__all__ = ["EventQueue", "fewer_collections"]
 
 
 class EventQueue:
@@ -39,3 +42,20 @@ class EventQueue:
     def pushed(self) -> int:
         """Events pushed so far (a measure of the run's work)."""
         return self._seq
+
+
+@contextmanager
+def fewer_collections(gen0: int = 100_000) -> Iterator[None]:
+    """The cyclic garbage collector runs less often inside: a big fleet's run allocates
+    millions of small objects (cache blocks, views, records) that live long, and at the
+    default threshold the collector's passes over them were a fifth of the run's CPU time.
+    What exists on entry is frozen (never scanned again until exit). Collection timing
+    changes no result: the loop reads no object identities or finalizer effects."""
+    old = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(gen0, old[1], old[2])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()

@@ -103,13 +103,14 @@ class _Groups:
         """Every endpoint in ``held`` or not eligible, and the first of each group of the
         others, in snapshot order."""
         pos, items = self.pos, self.items
-        out = {pos[i] for i in held if i in pos}
+        held_at = {pos[i] for i in held if i in pos}  # their positions
+        out = set(held_at)
         for k, members in self.groups.items():
             if k is None:
                 out.update(members)
                 continue
             for i in members:
-                if items[i].instance_id not in held:
+                if i not in held_at:
                     out.add(i)
                     break
         return [items[i] for i in sorted(out)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
+from operator import itemgetter
 from pathlib import Path
 
 from services.engine.kvcache import KVCache
@@ -81,7 +82,7 @@ class Gateways:
         ap = self.approx[g]
         if ap is None:
             return {}
-        m = ap.index.match(hashes, now_s)
+        m = ap.lookup(request_id, hashes, now_s)  # the cycle's own lookup (made once)
         sched = self.cores[g].scheduler
         if isinstance(sched, NarrowScheduler):
             sched.hint(request_id, now_s, ap.index, m)
@@ -109,13 +110,17 @@ def note_pick(diag: Diag, core: GatewayCore, match: Mapping[str, int], d: Pick) 
     choice = d.prefill or d.decode
     target = choice.endpoint.instance_id
     want_prefill = d.prefill is not None
-    # an instance scaled in since the prefix was routed there is no longer in the fleet
-    pool = [
-        i
-        for i in match
-        if i in core.fleet and (core.fleet.spec(i).role == "prefill") == want_prefill
-    ]
-    best = max((match[i] for i in pool), default=0)
+    # The longest match among the instances of the pick's pool (an instance scaled in since
+    # the prefix was routed there is no longer in the fleet): the first such in descending
+    # order of length, most of a large fleet's matches never looked at.
+    fleet = core.fleet
+    best = 0
+    for i, n in sorted(match.items(), key=itemgetter(1), reverse=True):
+        if n <= 0:
+            break
+        if i in fleet and (fleet.spec(i).role == "prefill") == want_prefill:
+            best = n
+            break
     if best <= 0:
         return
     diag.with_prefix += 1

@@ -5,6 +5,7 @@ in tests/integration/test_dataplane_native.py)."""
 from __future__ import annotations
 
 import asyncio
+import heapq
 import sys
 import threading
 from typing import Any
@@ -149,3 +150,26 @@ def test_missing_native_library_names_what_to_install(monkeypatch: pytest.Monkey
         DataPlane(DataPlaneSettings("127.0.0.1:1"))
     for name in ("mooncake-transfer-engine-non-cuda", "libibverbs1", "libnuma1"):
         assert name in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "ops",  # a number: take that many; a list: give those back
+    [
+        pytest.param([3, [1], 2, 1], id="reuse-then-fresh"),
+        pytest.param([4, [3, 0], 1, 2], id="gaps"),
+        pytest.param([8, 1, [5], 1], id="full"),
+        pytest.param([0, 5, [4, 2], 3], id="more-than-freed"),
+    ],
+)
+def test_slot_pool_takes_the_smallest_free_slots(ops: list[int | list[int]]) -> None:
+    """The same slots as one heap of every free slot (the pool builds it lazily)."""
+    pool, ref = SlotPool(8), list(range(8))
+    for op in ops:
+        if isinstance(op, list):
+            pool.give(op)
+            for s in op:
+                heapq.heappush(ref, s)
+            continue
+        want = [heapq.heappop(ref) for _ in range(op)] if op <= len(ref) else None
+        assert pool.take(op) == want
+        assert pool.free == len(ref)

@@ -165,3 +165,25 @@ def test_routed_index_knows_tips(routed: int, query: int, blocks: int) -> None:
     idx = RoutedPrefixIndex(ttl_s=60.0, max_entries=1000, stride=4)
     idx.insert(chain[:routed], "a", 0.0)
     assert idx.match(chain[:query], 1.0) == ({"a": blocks} if blocks else {})
+
+
+@pytest.mark.parametrize(
+    ("rid", "now", "same"),
+    [
+        pytest.param("r2", 2.0, True, id="same-request-and-time"),
+        pytest.param("other", 2.0, False, id="other-request"),
+        pytest.param("r2", 2.5, False, id="later"),
+    ],
+)
+def test_approx_prefix_lookup_is_the_cycles_own(rid: str, now: float, same: bool) -> None:
+    """A lookup just before a cycle (the simulator's diagnostics) is the one the cycle uses
+    when the request and time agree; else the cycle looks the index up itself."""
+    ap = make("approx-prefix", ttl_s=60)
+    ap.on_pick(1.0, req(prompt_tokens=32, block_hashes=tuple(H)), _pick("b"))
+    r2 = req("r2", prompt_tokens=32, block_hashes=tuple(H))
+    before = ap.lookup(rid, r2.block_hashes, now)
+    assert before == {"b": 8}
+    c = ctx(now=2.0)
+    ap.prepare(c, r2, [ep("a"), ep("b")])
+    assert c.cached_tokens == {"b": 32}
+    assert (ap.lookup("r2", r2.block_hashes, 2.0) is before) is same

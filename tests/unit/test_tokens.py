@@ -95,3 +95,33 @@ def test_parent_continues_a_chain() -> None:
 def test_bad_block_size_is_refused() -> None:
     with pytest.raises(ValueError, match="block_size"):
         tokens.block_hashes([1], 0)
+
+
+def _chained_one_by_one(ids: list[int], block_size: int, parent: int) -> list[int]:
+    """The definition (module docstring): blake2b-64 of parent || the block's uint32 ids."""
+    from array import array
+    from hashlib import blake2b
+
+    out, h = [], parent
+    for start in range(0, len(ids) - len(ids) % block_size, block_size):
+        payload = h.to_bytes(8, "little") + array("I", ids[start : start + block_size]).tobytes()
+        h = int.from_bytes(blake2b(payload, digest_size=8).digest(), "little") or 1
+        out.append(h)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("n", "block_size", "parent"),
+    [
+        pytest.param(0, 4, 0, id="empty"),
+        pytest.param(3, 4, 0, id="partial-only"),
+        pytest.param(64, 16, 0, id="whole-blocks"),
+        pytest.param(1000, 64, 0, id="trailing-partial"),
+        pytest.param(130, 64, 12345, id="continued-chain"),
+    ],
+)
+def test_block_hashes_equal_the_definition(n: int, block_size: int, parent: int) -> None:
+    ids = [(i * 7_919) % tokens.VOCAB_SIZE for i in range(n)]
+    want = _chained_one_by_one(ids, block_size, parent)
+    assert tokens.block_hashes(ids, block_size, parent=parent) == want
+    assert tokens.block_hashes(tuple(ids), block_size, parent=parent) == want

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import zlib
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from hashlib import blake2b
 
 VOCAB_SIZE = 128_000
@@ -30,6 +30,7 @@ BOS_ID = 1
 EOS_ID = 2
 
 _SPAN = VOCAB_SIZE - FIRST_WORD_ID
+_ITEM = array("I").itemsize  # bytes per token id in a block's hashed payload
 # ASCII characters ``str.isspace()`` counts as whitespace and ``bytes.split()`` does not.
 _ASCII_SEPARATORS = re.compile(rb"[\x1c-\x1f]")
 
@@ -84,15 +85,16 @@ def block_hashes(
     h = tenant_seed(tenant) if parent is None else parent
     out: list[int] = []
     full = len(token_ids) - len(token_ids) % block_size
-    for start in range(0, full, block_size):
-        h = _chain(h, token_ids[start : start + block_size])
+    if not full:
+        return out
+    # The full blocks' bytes at once (one conversion, not one per block); each block's
+    # payload is the parent hash (8 bytes, little-endian), then the block's uint32 ids.
+    buf = array("I", token_ids[:full]).tobytes()
+    step = block_size * _ITEM
+    for start in range(0, len(buf), step):
+        h = _h64(h.to_bytes(8, "little") + buf[start : start + step])
         out.append(h)
     return out
-
-
-def _chain(parent: int, block: Iterable[int]) -> int:
-    payload = parent.to_bytes(8, "little") + array("I", block).tobytes()
-    return _h64(payload)
 
 
 def _h64(data: bytes) -> int:

@@ -320,11 +320,17 @@ class ApproxPrefix:
         self._undo_keys = 0
 
     def _match(self, ctx: CycleContext, request: RequestView) -> dict[str, int]:
-        # One index lookup per cycle even when prepare and score both ask.
-        if self._last and self._last[0] == request.request_id and self._last[1] == ctx.now:
-            return self._last[2]
-        m = self.index.match(request.block_hashes, ctx.now)
-        self._last = (request.request_id, ctx.now, m)
+        return self.lookup(request.request_id, request.block_hashes, ctx.now)
+
+    def lookup(self, request_id: str, hashes: Sequence[int], now: float) -> dict[str, int]:
+        """The index's match of ``request_id``'s chain ``hashes`` at ``now``, looked up once
+        per cycle even when prepare and score both ask (and when a caller asked just before
+        the cycle, as the simulator's routing diagnostics do). Do not modify the result."""
+        last = self._last
+        if last and last[0] == request_id and last[1] == now:
+            return last[2]
+        m = self.index.match(hashes, now)
+        self._last = (request_id, now, m)
         return m
 
     def prepare(
