@@ -18,7 +18,9 @@ Roles:
   has ended, or until ``hold_timeout_ms`` passes; then it is freed.
 * ``decode`` — a request submitted with ``kv_transfer_ms`` reserves its blocks, waits that
   long (the modelled hand-off; no bytes move), then decodes starting from the token the
-  prefill produced. Without ``kv_transfer_ms`` the decode instance prefills itself.
+  prefill produced. Without ``kv_transfer_ms`` the decode instance prefills itself. With
+  ``CoreConfig.decode_keeps_kv`` the received prompt becomes cached prefix blocks here and
+  a hand-off lasts only the transfer of the prompt tokens not already resident.
 
 vLLM-style remote prefill (any role, as vLLM's ``kv_both``): a request submitted with
 ``remote_prefill`` reserves its blocks, pulls the KV of the prompt tokens it does not hold
@@ -77,6 +79,11 @@ class CoreConfig:
     # False: outputs carry no token ids (``SeqOutput.tokens`` is empty; the counts are
     # kept): the discrete-event simulator, which needs how many tokens, not which.
     token_ids: bool = True
+    # Decode role, SGLang-style hand-off: keep the received KV as cached prefix blocks (as
+    # the prefill side does) and transfer only the prompt tokens not resident here, so an
+    # agent session's next turn moves its new suffix, not its whole context. False: every
+    # hand-off moves the whole prompt and the decode engine caches nothing it received.
+    decode_keeps_kv: bool = False
 
 
 @dataclass(frozen=True)
@@ -410,7 +417,7 @@ class EngineCore:
         if s.req.kv_transfer_ms is not None and self.config.role is EngineRole.DECODE:
             s.computed = s.prompt_len
             s.cached = s.req.peer_cached_tokens
-            s.ready_at = now + s.req.kv_transfer_ms
+            s.ready_at = now + self._hand_off_ms(s, alloc.cached_blocks)
             self._transferring[s.req.rid] = s
             return True
         # At least one prompt token is always computed (it yields the first logits).
@@ -425,6 +432,16 @@ class EngineCore:
         self._running[s.req.rid] = s
         return True
 
+    def _hand_off_ms(self, s: _Seq, resident_blocks: int) -> float:
+        """Decode role: how long the hand-off of ``s``'s KV lasts. With ``decode_keeps_kv``
+        the blocks already resident here are not sent again (at most the shell's time)."""
+        full = s.req.kv_transfer_ms
+        assert full is not None
+        if not self.config.decode_keeps_kv:
+            return full
+        local = min(resident_blocks * self.cache.block_size, s.prompt_len)
+        return min(full, self.profile.transfer_ms(s.prompt_len - local))
+
     def _arrive_transfers(self, now: float, outputs: list[SeqOutput], pulled: list[str]) -> None:
         for rid, s in list(self._transferring.items()):
             if s.ready_at <= now and len(self._running) < self.config.max_batch:
@@ -435,6 +452,8 @@ class EngineCore:
                 elif s.req.fetched_tokens:
                     pass  # fetched from the tier: the rest of the prompt is computed here
                 else:
+                    if self.config.decode_keeps_kv:
+                        self.cache.commit(rid, s.hashes)  # the received prompt is cached
                     outputs.append(self._emit(s, 1, now))  # the first token came with the KV
 
     def _free_held(self, now: float) -> None:

@@ -59,6 +59,9 @@ class SimConfig:
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     decode_can_prefill: bool = False
+    # P/D: decode engines cache the KV they receive and take only the part they lack
+    # (``services.engine.core.CoreConfig.decode_keeps_kv``)
+    decode_keeps_kv: bool = False
     shaper_hold_ms: float = DISPATCH_HOLD_MS
     # finished requests' records keep their block hashes (for analyses of a run's
     # prefixes; off, a long run's records stay small)
