@@ -133,6 +133,24 @@ def breakdown(sim: Observed, reqs: list[SimRequest]) -> dict[str, Any]:
         "tokens_per_turn": {k: round(_mean(v)) for k, v in tokens.items()},
         "local": len(local),
         "ttft_ms_local": round(_mean(ttft_local), 1),
+        "local_phases_ms": _local_phases(local),
+    }
+
+
+def _local_phases(local: list[tuple[SimRequest, dict[str, float]]]) -> dict[str, float]:
+    """Mean ms of a request computed where it decodes: held in the gateway, queued in the
+    engine, admitted to its first streamed chunk (its prefill and 16 decode steps)."""
+    held, queue, run = [], [], []
+    for r, t in local:
+        if r.first is None or "dispatch" not in t or "d_admit" not in t:
+            continue
+        held.append(t["dispatch"] - r.arrival)
+        queue.append(t["d_admit"] - t["dispatch"])
+        run.append(r.first - t["d_admit"])
+    return {
+        "held": round(_mean(held), 1),
+        "queue": round(_mean(queue), 1),
+        "prefill_to_first": round(_mean(run), 1),
     }
 
 

@@ -208,6 +208,31 @@ def test_decode_role_keeps_received_kv(keeps: bool, cached_after: int, second_wa
     assert [o.finished for s in steps for o in s.outputs][-1]
 
 
+@pytest.mark.parametrize(
+    ("short_first", "short_before_long"),
+    [pytest.param(0, False, id="fcfs-short-waits"), pytest.param(64, True, id="short-first")],
+)
+def test_short_prompts_prefill_first(short_first: int, short_before_long: bool) -> None:
+    """A 2,000-token prompt is prefilling (256-token chunks) when a 40-token one arrives:
+    FCFS gives the running prompt the budget until it is done; ``short_first_tokens``
+    admits the short one at once and gives it its chunk first."""
+    cfg = CoreConfig(max_batch=8, max_batched_tokens=256, short_first_tokens=short_first)
+    core = EngineCore(cfg, PROFILE, KVCache(1024, 16))
+    core.submit(req("long", 2000, out=1), 0.0)
+    res = core.step(0.0)
+    assert res is not None
+    core.submit(req("short", 40, out=1, base=9000), res.duration_ms)
+    firsts: dict[str, float] = {}
+    now = res.duration_ms
+    while len(firsts) < 2:
+        res = core.step(now)
+        assert res is not None
+        now += res.duration_ms
+        for o in res.outputs:
+            firsts.setdefault(o.rid, now)
+    assert (firsts["short"] < firsts["long"]) is short_before_long
+
+
 def test_decode_role_without_peer_prefills_itself() -> None:
     core = make(EngineRole.DECODE)
     core.submit(req("a", 300, out=2), 0.0)
