@@ -47,6 +47,7 @@ from enum import Enum
 from services.common.perfmodel import PerfProfile
 from services.common.tokens import FIRST_WORD_ID, VOCAB_SIZE, block_hashes
 from services.engine.kvcache import KVCache
+from services.engine.prefill_plan import PrefillPlanner
 
 __all__ = [
     "AdmissionError",
@@ -173,7 +174,7 @@ class _Seq:
         self.prompt_len = len(self.req.prompt)
 
 
-class EngineCore:
+class EngineCore(PrefillPlanner):
     """One engine instance's scheduler. All times are in milliseconds on the caller's clock."""
 
     def __init__(self, config: CoreConfig, profile: PerfProfile, cache: KVCache) -> None:
@@ -290,10 +291,7 @@ class EngineCore:
         decoding = [s for s in self._running.values() if s.computed >= s.prompt_len]
         decoding = decoding[:budget]
         budget -= len(decoding)
-        if self.config.short_first_tokens > 0:
-            chunks = self._plan_short_first(budget, now)
-        else:
-            chunks = self._plan_fcfs(budget, now)
+        chunks = self._plan_chunks(budget, now)
         if not decoding and not chunks:
             if outputs or pulled:
                 return StepResult(0.0, tuple(outputs), 0, 0, tuple(pulled))
@@ -314,91 +312,6 @@ class EngineCore:
         return StepResult(
             duration, tuple(outputs), prefilled, len(decoding), tuple(pulled), ctx, len(chunks)
         )
-
-    def _plan_fcfs(self, budget: int, now: float) -> list[tuple[_Seq, int]]:
-        """Prefill chunks within ``budget``: running prompts first (FCFS), then admissions
-        from the waiting queue's head while budget is left."""
-        chunks: list[tuple[_Seq, int]] = []
-        for s in self._running.values():
-            if budget <= 0:
-                break
-            if s.computed < s.prompt_len:
-                n = min(budget, s.prompt_len - s.computed)
-                chunks.append((s, n))
-                budget -= n
-        self._admit_head(budget, now, chunks)
-        return chunks
-
-    def _admit_head(self, budget: int, now: float, chunks: list[tuple[_Seq, int]]) -> int:
-        """Admit from the waiting queue's head while ``budget`` is left, each with its first
-        chunk. The budget left."""
-        while budget > 0 and self._waiting and len(self._running) < self.config.max_batch:
-            if not self._admit(self._waiting[0], now):
-                break
-            s = self._waiting.popleft()
-            if s.req.rid in self._transferring:
-                continue
-            n = min(budget, s.prompt_len - s.computed)
-            chunks.append((s, n))
-            budget -= n
-        return budget
-
-    def _admit_short(
-        self, budget: int, now: float, chunks: list[tuple[_Seq, int]], limit: int
-    ) -> int:
-        """Admit the waiting prompts with at most ``limit`` uncached tokens (as the cache
-        stands), in queue order, passing longer ones, while ``budget`` is left and they fit
-        the cache; each with its first chunk. The budget left."""
-        bs = self.cache.block_size
-        kept: deque[_Seq] = deque()
-        while self._waiting:
-            s = self._waiting.popleft()
-            if (
-                budget <= 0
-                or len(self._running) >= self.config.max_batch
-                or s.prompt_len - self.cache.match(s.hashes) * bs > limit
-                or not self._admit(s, now)
-            ):
-                kept.append(s)
-                continue
-            if s.req.rid in self._transferring:
-                continue
-            n = min(budget, s.prompt_len - s.computed)
-            chunks.append((s, n))
-            budget -= n
-        self._waiting = kept
-        return budget
-
-    def _plan_short_first(self, budget: int, now: float) -> list[tuple[_Seq, int]]:
-        """Prefill chunks within ``budget`` with short prompts first: running prompts with
-        at most ``short_first_tokens`` left, then waiting prompts whose uncached part is that
-        short, then the longer running prompts (FCFS), then admissions as FCFS
-        would. A turn that adds a few thousand tokens to a session cached here then does not
-        wait behind another session's 100k-token first prompt; the long prompt gets what the
-        short ones leave. Short waiting prompts pass long ones in the queue. A turn whose prefix
-        is not cached yet (its predecessor still prefills) counts as long, so it is not
-        admitted early to compute that prefix again."""
-        limit = self.config.short_first_tokens
-        chunks: list[tuple[_Seq, int]] = []
-        long: list[_Seq] = []
-        for s in self._running.values():
-            left = s.prompt_len - s.computed
-            if left <= 0:
-                continue
-            if left > limit:
-                long.append(s)
-            elif budget > 0:
-                chunks.append((s, min(budget, left)))
-                budget -= chunks[-1][1]
-        budget = self._admit_short(budget, now, chunks, limit)
-        for s in long:
-            if budget <= 0:
-                break
-            n = min(budget, s.prompt_len - s.computed)
-            chunks.append((s, n))
-            budget -= n
-        self._admit_head(budget, now, chunks)
-        return chunks
 
     # -- decode runs (the discrete-event simulator) --------------------------------------
     def decode_run(self, now: float, mark: int = 0) -> DecodeRun | None:
