@@ -331,6 +331,8 @@ class EngineCore(PrefillPlanner):
         if batch > self.config.max_batched_tokens:
             return None
         if self._waiting and batch < self.config.max_batch:
+            if self.config.short_first_tokens > 0:
+                return None  # a short prompt behind the head may be admitted: single steps
             head = self._waiting[0]
             total = self.cache.blocks_for(head.prompt_len + head.req.max_new_tokens)
             if self.cache.fits(head.hashes, total) is not False:
