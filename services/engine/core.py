@@ -18,7 +18,9 @@ Roles:
   has ended, or until ``hold_timeout_ms`` passes; then it is freed.
 * ``decode`` — a request submitted with ``kv_transfer_ms`` reserves its blocks, waits that
   long (the modelled hand-off; no bytes move), then decodes starting from the token the
-  prefill produced. Without ``kv_transfer_ms`` the decode instance prefills itself.
+  prefill produced. Without ``kv_transfer_ms`` the decode instance prefills itself. With
+  ``CoreConfig.decode_keeps_kv`` the received prompt becomes cached prefix blocks here and
+  a hand-off lasts only the transfer of the prompt tokens not already resident.
 
 vLLM-style remote prefill (any role, as vLLM's ``kv_both``): a request submitted with
 ``remote_prefill`` reserves its blocks, pulls the KV of the prompt tokens it does not hold
@@ -45,6 +47,7 @@ from enum import Enum
 from services.common.perfmodel import PerfProfile
 from services.common.tokens import FIRST_WORD_ID, VOCAB_SIZE, block_hashes
 from services.engine.kvcache import KVCache
+from services.engine.prefill_plan import PrefillPlanner
 
 __all__ = [
     "AdmissionError",
@@ -77,6 +80,14 @@ class CoreConfig:
     # False: outputs carry no token ids (``SeqOutput.tokens`` is empty; the counts are
     # kept): the discrete-event simulator, which needs how many tokens, not which.
     token_ids: bool = True
+    # Decode role, SGLang-style hand-off: keep the received KV as cached prefix blocks (as
+    # the prefill side does) and transfer only the prompt tokens not resident here, so an
+    # agent session's next turn moves its new suffix, not its whole context. False: every
+    # hand-off moves the whole prompt and the decode engine caches nothing it received.
+    decode_keeps_kv: bool = False
+    # > 0: prompts with at most this many tokens left to compute take each step's prefill
+    # budget before longer ones (see ``_plan_short_first``); 0: FCFS (running first).
+    short_first_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -163,7 +174,7 @@ class _Seq:
         self.prompt_len = len(self.req.prompt)
 
 
-class EngineCore:
+class EngineCore(PrefillPlanner):
     """One engine instance's scheduler. All times are in milliseconds on the caller's clock."""
 
     def __init__(self, config: CoreConfig, profile: PerfProfile, cache: KVCache) -> None:
@@ -280,23 +291,7 @@ class EngineCore:
         decoding = [s for s in self._running.values() if s.computed >= s.prompt_len]
         decoding = decoding[:budget]
         budget -= len(decoding)
-        chunks: list[tuple[_Seq, int]] = []
-        for s in self._running.values():
-            if budget <= 0:
-                break
-            if s.computed < s.prompt_len:
-                n = min(budget, s.prompt_len - s.computed)
-                chunks.append((s, n))
-                budget -= n
-        while budget > 0 and self._waiting and len(self._running) < self.config.max_batch:
-            if not self._admit(self._waiting[0], now):
-                break
-            s = self._waiting.popleft()
-            if s.req.rid in self._transferring:
-                continue
-            n = min(budget, s.prompt_len - s.computed)
-            chunks.append((s, n))
-            budget -= n
+        chunks = self._plan_chunks(budget, now)
         if not decoding and not chunks:
             if outputs or pulled:
                 return StepResult(0.0, tuple(outputs), 0, 0, tuple(pulled))
@@ -336,6 +331,8 @@ class EngineCore:
         if batch > self.config.max_batched_tokens:
             return None
         if self._waiting and batch < self.config.max_batch:
+            if self.config.short_first_tokens > 0:
+                return None  # a short prompt behind the head may be admitted: single steps
             head = self._waiting[0]
             total = self.cache.blocks_for(head.prompt_len + head.req.max_new_tokens)
             if self.cache.fits(head.hashes, total) is not False:
@@ -410,7 +407,7 @@ class EngineCore:
         if s.req.kv_transfer_ms is not None and self.config.role is EngineRole.DECODE:
             s.computed = s.prompt_len
             s.cached = s.req.peer_cached_tokens
-            s.ready_at = now + s.req.kv_transfer_ms
+            s.ready_at = now + self._hand_off_ms(s, alloc.cached_blocks)
             self._transferring[s.req.rid] = s
             return True
         # At least one prompt token is always computed (it yields the first logits).
@@ -425,6 +422,16 @@ class EngineCore:
         self._running[s.req.rid] = s
         return True
 
+    def _hand_off_ms(self, s: _Seq, resident_blocks: int) -> float:
+        """Decode role: how long the hand-off of ``s``'s KV lasts. With ``decode_keeps_kv``
+        the blocks already resident here are not sent again (at most the shell's time)."""
+        full = s.req.kv_transfer_ms
+        assert full is not None
+        if not self.config.decode_keeps_kv:
+            return full
+        local = min(resident_blocks * self.cache.block_size, s.prompt_len)
+        return min(full, self.profile.transfer_ms(s.prompt_len - local))
+
     def _arrive_transfers(self, now: float, outputs: list[SeqOutput], pulled: list[str]) -> None:
         for rid, s in list(self._transferring.items()):
             if s.ready_at <= now and len(self._running) < self.config.max_batch:
@@ -435,6 +442,8 @@ class EngineCore:
                 elif s.req.fetched_tokens:
                     pass  # fetched from the tier: the rest of the prompt is computed here
                 else:
+                    if self.config.decode_keeps_kv:
+                        self.cache.commit(rid, s.hashes)  # the received prompt is cached
                     outputs.append(self._emit(s, 1, now))  # the first token came with the KV
 
     def _free_held(self, now: float) -> None:

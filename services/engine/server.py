@@ -111,6 +111,8 @@ class EngineServer:
             max_batch=settings.max_batch,
             max_batched_tokens=settings.max_batched_tokens,
             hold_timeout_ms=settings.hold_timeout_s * 1000.0 * settings.speedup,
+            decode_keeps_kv=settings.decode_keeps_kv,
+            short_first_tokens=settings.short_first_tokens,
         )
         offload = settings.kvcache_tier and settings.kvcache_policy == "offload_on_evict"
         cache = KVCache(blocks, settings.block_size, hold_evicted=offload)

@@ -65,6 +65,14 @@ class EngineSettings(TracingSettings):
     bootstrap_port: int = Field(0, ge=0, le=65535, description="prefill: rendezvous port; 0 = none")
     bootstrap_timeout_s: float = Field(60.0, gt=0.0)
     hold_timeout_s: float = Field(30.0, gt=0.0, description="prefill frees unclaimed KV after")
+    decode_keeps_kv: bool = Field(
+        False,
+        description="decode: cache the KV a prefill peer hands off and take only the prompt "
+        "part not resident (the modelled hand-off)",
+    )
+    short_first_tokens: int = Field(
+        0, ge=0, description="prefill prompts with at most N tokens left first; 0 = FCFS"
+    )
     # Real KV bytes over the Transfer Engine (services/dataplane).
     kv_data_plane: bool = Field(
         False, description="hold real KV bytes and move them over Mooncake's Transfer Engine"

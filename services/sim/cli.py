@@ -102,6 +102,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="P/D: decode instances may compute a prompt alone (vLLM-like)",
     )
+    p.add_argument(
+        "--decode-keeps-kv",
+        action="store_true",
+        help="P/D: decode instances cache the KV they receive and take only the part of a "
+        "prompt they do not hold (default: the whole prompt, nothing cached)",
+    )
+    p.add_argument("--short-first-tokens", type=whole, default=0,
+                   help="engines prefill prompts with at most N tokens left to compute before "
+                   "longer ones (default 0: FCFS)")  # fmt: skip
     p.add_argument("--kv-blocks", type=whole, default=16384, help="KV blocks per engine")
     p.add_argument("--block-size", type=whole, default=64, help="engine and gateway block size")
     p.add_argument("--stream-interval", type=whole, default=16, help="engines' SSE coalescing")
@@ -176,6 +185,8 @@ def config(args: argparse.Namespace) -> SimConfig:
         slo_ttft_ms=args.slo_ttft_ms,
         slo_tpot_ms=args.slo_tpot_ms,
         decode_can_prefill=args.decode_can_prefill,
+        decode_keeps_kv=args.decode_keeps_kv,
+        short_first_tokens=args.short_first_tokens,
         agent_memory=args.agent_memory,
         memory_budget_share=args.memory_budget_share,
         autoscale=AutoscaleConfig(

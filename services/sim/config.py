@@ -59,6 +59,12 @@ class SimConfig:
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     decode_can_prefill: bool = False
+    # P/D: decode engines cache the KV they receive and take only the part they lack
+    # (``services.engine.core.CoreConfig.decode_keeps_kv``)
+    decode_keeps_kv: bool = False
+    # engines: prompts with at most this many tokens left to compute are prefilled first
+    # (``CoreConfig.short_first_tokens``); 0 = FCFS
+    short_first_tokens: int = 0
     shaper_hold_ms: float = DISPATCH_HOLD_MS
     # finished requests' records keep their block hashes (for analyses of a run's
     # prefixes; off, a long run's records stay small)

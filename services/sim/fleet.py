@@ -64,12 +64,18 @@ class Engines:
         block_size: int,
         mark: int = 0,
         batched: bool = True,
+        decode_keeps_kv: bool = False,
+        short_first_tokens: int = 0,
     ) -> None:
         """``mark``: a decode run stops before a sequence's ``mark``-th token (the shell
-        acts on it: the first streamed chunk); ``batched=False``: one event per step."""
+        acts on it: the first streamed chunk); ``batched=False``: one event per step;
+        ``decode_keeps_kv``: decode engines cache the KV they receive, ``short_first_tokens``:
+        short prompts are prefilled first (both :class:`CoreConfig` settings)."""
         self.perf = perf
         self.mark, self.batched = mark, batched
         self.kv_blocks, self.block_size = kv_blocks, block_size
+        self.decode_keeps_kv = decode_keeps_kv
+        self.short_first_tokens = short_first_tokens
         self.by_id: dict[str, Instance] = {}
         self._counts: dict[EngineRole, int] = {}
         for role in roles:
@@ -86,7 +92,16 @@ class Engines:
         inst = Instance(
             iid,
             _GATEWAY_ROLE[role],
-            EngineCore(CoreConfig(role=role, token_ids=False), self.perf, cache),
+            EngineCore(
+                CoreConfig(
+                    role=role,
+                    token_ids=False,
+                    decode_keeps_kv=self.decode_keeps_kv,
+                    short_first_tokens=self.short_first_tokens,
+                ),
+                self.perf,
+                cache,
+            ),
         )
         inst.ready = ready
         self.by_id[iid] = inst

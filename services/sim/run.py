@@ -68,8 +68,9 @@ class Simulation:
                 else [EngineRole.AGGREGATED] * cfg.engines
             )
             engines = Engines(
-                roles, self.perf, cfg.kv_blocks, cfg.block_size, mark=cfg.stream_interval
-            )
+                roles, self.perf, cfg.kv_blocks, cfg.block_size, mark=cfg.stream_interval,
+                decode_keeps_kv=cfg.decode_keeps_kv, short_first_tokens=cfg.short_first_tokens,
+            )  # fmt: skip
         self.engines = engines
         self.gw = Gateways(cfg, [i.spec for i in engines], narrow)
         self.q = EventQueue()

@@ -445,3 +445,26 @@ def test_instructions_per_request_and_against_chat(tmp_path: Path) -> None:
     dump = tmp_path / "callgrind.out.1"
     dump.write_text("events: Ir\nsummary: 0\n\nfn=x\n1 5\ntotals: 4242\n")
     assert ins.totals(dump) == 4242
+
+
+@pytest.mark.parametrize(
+    ("cfg_kw", "disaggregated"),
+    [
+        pytest.param({"prefill": 1, "decode": 2}, 24, id="pd-all-disaggregated"),
+        pytest.param({"prefill": 1, "decode": 2, "decode_keeps_kv": True}, 24, id="pd-keeps-kv"),
+        pytest.param({"engines": 3}, 0, id="aggregated-all-local"),
+    ],
+)
+def test_pd_breakdown_phases_add_up_to_the_ttft(cfg_kw: dict[str, Any], disaggregated: int) -> None:
+    from services.sim.config import SimConfig
+    from tests.unit.test_sim import trace_of
+
+    mod = _load("pd_breakdown")
+    sim = mod.Observed(SimConfig(max_requests=24, kv_blocks=2048, **cfg_kw), trace_of(24))
+    run = sim.run()
+    out = mod.breakdown(sim, run.requests)
+    assert out["disaggregated"] == disaggregated
+    assert out["disaggregated"] + out["local"] == 24
+    if disaggregated:
+        total = sum(out["phases_ms"].values())
+        assert total == pytest.approx(out["ttft_ms_disaggregated"], abs=1.0)

@@ -182,6 +182,57 @@ def test_decode_role_waits_for_transfer_then_decodes_without_prefill() -> None:
     assert outs[0].cached_tokens == 128
 
 
+@pytest.mark.parametrize(
+    ("keeps", "cached_after", "second_wait"),
+    [
+        pytest.param(False, 0, PROFILE.transfer_ms(320), id="default-whole-prompt-nothing-kept"),
+        pytest.param(True, 288, PROFILE.transfer_ms(320 - 288), id="keeps-kv-moves-only-the-rest"),
+    ],
+)
+def test_decode_role_keeps_received_kv(keeps: bool, cached_after: int, second_wait: float) -> None:
+    """A session's next turn (the first turn's 300 tokens + 20 more) on the same decode
+    engine: with ``decode_keeps_kv`` the first hand-off's full blocks (288 of 300 tokens at
+    16 per block) are cached there and the second hand-off moves only the other 32 tokens."""
+    cfg = CoreConfig(role=EngineRole.DECODE, max_batch=8, decode_keeps_kv=keeps)
+    core = EngineCore(cfg, PROFILE, KVCache(1024, 16))
+    core.submit(req("t1", 300, out=2, kv_transfer_ms=PROFILE.transfer_ms(300)), 0.0)
+    end, _ = run(core, 0.0)
+    second = req("t2", 320, out=2, kv_transfer_ms=PROFILE.transfer_ms(320))
+    hashes = block_hashes(second.prompt, 16)
+    assert core.cache.match(hashes) * 16 == cached_after
+    core.submit(second, end)
+    assert core.step(end) is None  # admitted, its KV in flight
+    assert core.next_wakeup(end) == pytest.approx(end + second_wait)
+    _, steps = run(core, end)
+    assert sum(s.prefill_tokens for s in steps) == 0
+    assert [o.finished for s in steps for o in s.outputs][-1]
+
+
+@pytest.mark.parametrize(
+    ("short_first", "short_before_long"),
+    [pytest.param(0, False, id="fcfs-short-waits"), pytest.param(64, True, id="short-first")],
+)
+def test_short_prompts_prefill_first(short_first: int, short_before_long: bool) -> None:
+    """A 2,000-token prompt is prefilling (256-token chunks) when a 40-token one arrives:
+    FCFS gives the running prompt the budget until it is done; ``short_first_tokens``
+    admits the short one at once and gives it its chunk first."""
+    cfg = CoreConfig(max_batch=8, max_batched_tokens=256, short_first_tokens=short_first)
+    core = EngineCore(cfg, PROFILE, KVCache(1024, 16))
+    core.submit(req("long", 2000, out=1), 0.0)
+    res = core.step(0.0)
+    assert res is not None
+    core.submit(req("short", 40, out=1, base=9000), res.duration_ms)
+    firsts: dict[str, float] = {}
+    now = res.duration_ms
+    while len(firsts) < 2:
+        res = core.step(now)
+        assert res is not None
+        now += res.duration_ms
+        for o in res.outputs:
+            firsts.setdefault(o.rid, now)
+    assert (firsts["short"] < firsts["long"]) is short_before_long
+
+
 def test_decode_role_without_peer_prefills_itself() -> None:
     core = make(EngineRole.DECODE)
     core.submit(req("a", 300, out=2), 0.0)

@@ -91,8 +91,12 @@ TINY = SimConfig(engines=4, max_requests=24, kv_blocks=2048, timeline_s=2.0)
         (SimConfig(prefill=1, decode=3, max_requests=24, kv_blocks=2048), True),
         (SimConfig(engines=4, gateways=2, max_requests=24, kv_blocks=2048, load_source="stream"),
          False),
+        (SimConfig(prefill=1, decode=3, max_requests=24, kv_blocks=2048, decode_keeps_kv=True,
+                   short_first_tokens=256), True),
+        (SimConfig(engines=4, max_requests=24, kv_blocks=2048, short_first_tokens=256), False),
     ],
-    ids=["aggregated", "pd", "two-gateways-stream"],
+    ids=["aggregated", "pd", "two-gateways-stream", "pd-decode-keeps-kv-short-first",
+         "aggregated-short-first"],
 )  # fmt: skip
 def test_a_tiny_fleet_finishes_every_request_once(cfg: SimConfig, disaggregated: bool) -> None:
     doc, run = simulate(cfg, trace_of(24))
@@ -108,6 +112,21 @@ def test_a_tiny_fleet_finishes_every_request_once(cfg: SimConfig, disaggregated:
     assert (doc["sim"]["routing"]["disaggregated"] > 0) == disaggregated
     rows = run.timeline.rows
     assert sum(r["arrivals"] for r in rows) == 24 and sum(r["completed"] for r in rows) == 24
+
+
+@pytest.mark.parametrize(
+    ("keeps", "decode_caches"),
+    [pytest.param(False, False, id="default"), pytest.param(True, True, id="decode-keeps-kv")],
+)
+def test_decode_engines_cache_what_they_receive_only_when_told(
+    keeps: bool, decode_caches: bool
+) -> None:
+    cfg = SimConfig(prefill=1, decode=2, max_requests=24, kv_blocks=2048, decode_keeps_kv=keeps)
+    doc, run = simulate(cfg, trace_of(24))
+    assert doc["completed"] == 24
+    resident = sum(len(i.core.cache.resident().get("", set())) for i in run.engines
+                   if i.role == "decode")  # fmt: skip
+    assert (resident > 0) == decode_caches
 
 
 @pytest.mark.parametrize(
