@@ -41,11 +41,19 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import Enum
 
 from services.common.perfmodel import PerfProfile
 from services.common.tokens import FIRST_WORD_ID, VOCAB_SIZE, block_hashes
+from services.engine.core_types import (
+    AdmissionError,
+    CoreConfig,
+    DecodeRun,
+    EngineRole,
+    Request,
+    SeqOutput,
+    StepResult,
+    _Seq,
+)
 from services.engine.kvcache import KVCache
 from services.engine.prefill_plan import PrefillPlanner
 
@@ -59,119 +67,6 @@ __all__ = [
     "SeqOutput",
     "StepResult",
 ]
-
-
-class EngineRole(Enum):
-    AGGREGATED = "aggregated"
-    PREFILL = "prefill"
-    DECODE = "decode"
-
-
-class AdmissionError(ValueError):
-    """The request can never run here (too long for the context or the cache)."""
-
-
-@dataclass(frozen=True)
-class CoreConfig:
-    role: EngineRole = EngineRole.AGGREGATED
-    max_batch: int = 256
-    max_batched_tokens: int = 8192
-    hold_timeout_ms: float = 30_000.0
-    # False: outputs carry no token ids (``SeqOutput.tokens`` is empty; the counts are
-    # kept): the discrete-event simulator, which needs how many tokens, not which.
-    token_ids: bool = True
-    # Decode role, SGLang-style hand-off: keep the received KV as cached prefix blocks (as
-    # the prefill side does) and transfer only the prompt tokens not resident here, so an
-    # agent session's next turn moves its new suffix, not its whole context. False: every
-    # hand-off moves the whole prompt and the decode engine caches nothing it received.
-    decode_keeps_kv: bool = False
-    # > 0: prompts with at most this many tokens left to compute take each step's prefill
-    # budget before longer ones (see ``_plan_short_first``); 0: FCFS (running first).
-    short_first_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class Request:
-    rid: str
-    prompt: tuple[int, ...]
-    max_new_tokens: int
-    tenant: str = ""
-    # Decode role with a prefill peer: modelled KV hand-off time; None = prefill here.
-    kv_transfer_ms: float | None = None
-    # Prefill role with a decode peer: keep the KV after finishing until ``hand_off``.
-    hold_kv: bool = False
-    # Decode role: cached prompt tokens the prefill peer reported (echoed in usage).
-    peer_cached_tokens: int = 0
-    # vLLM-style: pull the prompt's KV from a prefill peer, then recompute the last token.
-    remote_prefill: bool = False
-    # Modelled ms of the hand-off already spent by a real pull of the bytes (the shell pulled
-    # them before submitting): the modelled transfer waits only for what is left of it.
-    pulled_ms: float = 0.0
-    # KV-cache tier: the shell fetched the KV of this many leading prompt tokens (they count
-    # as cached, like local hits) and the modelled fetch still lasts ``fetch_wait_ms``.
-    fetched_tokens: int = 0
-    fetch_wait_ms: float = 0.0
-    # The prompt's full-block hashes at this engine's block size and tenant, when the caller
-    # already has them (the discrete-event simulator: the gateway computed them); None =
-    # computed here.
-    block_hashes: tuple[int, ...] | None = None
-
-
-@dataclass(frozen=True)
-class SeqOutput:
-    """Tokens a sequence produced in one step; ``finished`` is its last output."""
-
-    rid: str
-    tokens: tuple[int, ...]
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    finished: bool
-
-
-@dataclass(frozen=True)
-class StepResult:
-    duration_ms: float
-    outputs: tuple[SeqOutput, ...]
-    prefill_tokens: int
-    decode_tokens: int
-    # Remote-prefill requests whose KV pull ended in this step (their peer may free it).
-    transferred: tuple[str, ...] = ()
-    decode_context: int = 0  # context tokens of the decoding sequences (attention reads)
-    prefill_chunks: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeRun:
-    """``steps`` pure decode steps of ``batch`` sequences from ``start`` (ms), the first
-    with ``context`` tokens of context; ``duration_ms`` of them in all (see
-    :meth:`EngineCore.decode_run`)."""
-
-    start: float
-    batch: int
-    context: int
-    steps: int
-    duration_ms: float
-
-    @property
-    def end(self) -> float:
-        return self.start + self.duration_ms
-
-
-@dataclass
-class _Seq:
-    req: Request
-    hashes: list[int]
-    arrival: float
-    cached: int = 0
-    computed: int = 0  # prompt tokens whose KV exists
-    generated: list[int] = field(default_factory=list)  # empty without token ids
-    n_gen: int = 0  # tokens generated
-    ready_at: float = 0.0  # decode role: KV arrival time
-    prompt_len: int = field(init=False)  # len(req.prompt), read in every step
-
-    def __post_init__(self) -> None:
-        self.prompt_len = len(self.req.prompt)
 
 
 class EngineCore(PrefillPlanner):

@@ -14,7 +14,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from services.engine.core import CoreConfig, _Seq
+    from services.engine.core_types import CoreConfig, _Seq
     from services.engine.kvcache import KVCache
 
 __all__ = ["PrefillPlanner"]
