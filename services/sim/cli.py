@@ -226,19 +226,21 @@ def run(args: argparse.Namespace) -> int:
         baselines = [x.strip() for x in args.baseline_profiles.split(",") if x.strip()]
         tty = sys.stderr.isatty()
         docs: dict[str, dict[str, Any]] = {}
+        timelines: dict[str, str] = {}
         for name in profiles:
             one = profile_config(cfg, name, baselines).validate()
             doc, sim_run = simulate(one, trace, _progress(sys.stderr) if tty else None)
             if tty:
                 sys.stderr.write("\n")
-            docs[name] = doc
-            if args.timeline:
-                path = Path(args.timeline)
-                if len(profiles) > 1:
-                    path = path.with_name(f"{path.stem}-{name}{path.suffix}")
-                path.write_text(sim_run.timeline.csv_text(), encoding="utf-8")
+            docs[name], timelines[name] = doc, sim_run.timeline.csv_text()
     except (SimConfigError, TraceError, ConfigError) as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    if args.timeline:  # written once every run is done: bad input writes nothing
+        for name, text in timelines.items():
+            path = Path(args.timeline)
+            if len(profiles) > 1:
+                path = path.with_name(f"{path.stem}-{name}{path.suffix}")
+            path.write_text(text, encoding="utf-8")
     if len(docs) == 1:
         Path(args.out).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         return 0

@@ -217,6 +217,15 @@ def test_the_cli_compares_profiles_each_on_a_fresh_fleet(
     assert single["config"]["shaper_hold_ms"] == 0.0  # a baseline: no dispatch order
 
 
+def test_a_bad_second_profile_writes_no_timeline_of_the_first(tmp_path: Path) -> None:
+    trace = write_trace(tmp_path / "t.jsonl", 4)
+    tl = tmp_path / "c.csv"
+    with pytest.raises(SystemExit) as exc:
+        sim_main(["--trace", str(trace), "--engines", "1", "--profile", "default,nope",
+                  "--out", str(tmp_path / "c.json"), "--timeline", str(tl)])  # fmt: skip
+    assert exc.value.code == 2 and list(tmp_path.glob("c*")) == []
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
