@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.common.tokens import block_hashes
-from services.scheduler.routing.plugins.prefix import RoutedPrefixIndex
+from services.scheduler.routing.plugins.routed_index import RoutedPrefixIndex
 from services.scheduler.routing.types import Choice, EndpointView, Pick, PrefixMatch
 from tests.unit._routing_helpers import ctx, ep, make, req
 

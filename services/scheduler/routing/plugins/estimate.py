@@ -27,10 +27,10 @@ from services.scheduler.routing.plugins.prefix import (
     ApproxPrefixParams,
     PrecisePrefix,
     PrecisePrefixParams,
-    RoutedPrefixIndex,
     default_tier_weights,
     note_cached,
 )
+from services.scheduler.routing.plugins.routed_index import RoutedPrefixIndex
 from services.scheduler.routing.registry import PluginEnv, register
 from services.scheduler.routing.types import EndpointView, Pick, RequestView, Tier
 
