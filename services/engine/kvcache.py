@@ -45,51 +45,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from enum import Enum
 from itertools import islice
 
 from services.dataplane.blocks import SlotPool
+from services.engine.kvcache_types import Allocation, KVEventKind, KVEventRecord, _Block
 
 __all__ = ["Allocation", "KVCache", "KVEventKind", "KVEventRecord"]
-
-
-class KVEventKind(Enum):
-    STORED = "stored"
-    REMOVED = "removed"
-    ALL_CLEARED = "all_cleared"
-
-
-@dataclass(frozen=True)
-class KVEventRecord:
-    """One residency change. STORED lists hashes parent first; ``parent_hash`` is the parent
-    of ``block_hashes[0]`` (0 at the start of a sequence)."""
-
-    kind: KVEventKind
-    block_hashes: tuple[int, ...] = ()
-    parent_hash: int = 0
-    token_count: int = 0
-    tenant: str = ""
-
-
-@dataclass
-class _Block:
-    parent: int
-    tenant: str
-    slot: int
-    refs: int = 0
-
-
-@dataclass
-class Allocation:
-    """What a sequence holds. ``cached_blocks`` leading prompt blocks were found resident."""
-
-    seq_id: str
-    shared: list[int]
-    private: int
-    cached_blocks: int
-    tenant: str = ""
-    committed: list[int] = field(default_factory=list)
 
 
 class KVCache:
