@@ -28,8 +28,9 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psutil
+from _canned_upstream import start_canned_upstream
 from _harness import ProcGroup, command_line, emit_json, free_port, machine, wait_http
-from gateway_overhead import start_canned_upstream, wrk_max
+from gateway_overhead import wrk_max
 
 
 def gateway_cmd(tree: Path, port: int, upstream: str, extra: Sequence[str] = ()) -> list[str]:

@@ -40,9 +40,9 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _canned_upstream import start_canned_upstream
 from _harness import ProcGroup, command_line, free_port, machine, wait_http
 from _loadgen import request_bytes
-from gateway_overhead import start_canned_upstream
 
 APIS = ("chat", "messages", "responses")
 

@@ -47,11 +47,12 @@ if __package__ in (None, ""):
 
 import aiohttp
 import psutil
+from _canned_upstream import start_canned_upstream
 from _harness import ProcGroup, command_line, emit_json, free_port, machine, tideserve, wait_http
 from _telemetry_data import infra
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from gateway_overhead import open_loop, start_canned_upstream
+from gateway_overhead import open_loop
 
 from services.common import db
 from services.scheduler.compose import build_gateway

@@ -54,6 +54,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psutil
+from _canned_upstream import start_canned_upstream
 from _harness import (
     Child,
     ProcGroup,
@@ -65,7 +66,7 @@ from _harness import (
     wait_http,
 )
 from _loadgen import MODEL, _loadgen, request_bytes
-from gateway_overhead import router_cmd, start_canned_upstream
+from gateway_overhead import router_cmd
 
 # (name, rate req/s); the rates keep one process well below saturation on 2 shared cores.
 WORKLOADS: dict[str, float] = {
