@@ -33,9 +33,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.bench.traces import load_trace
-from services.engine.core import EngineCore, EngineRole, _Seq
-from services.sim.cli import add_arguments, config
+from services.engine.core import EngineCore, EngineRole
+from services.engine.core_types import _Seq
+from services.sim.cli import add_arguments, config, workload
 from services.sim.compare import BASELINES, profile_config
 from services.sim.fleet import Instance
 from services.sim.records import SimRequest
@@ -158,8 +158,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(p)
     args = p.parse_args([*sys.argv[1:], "--out", "/dev/null"])  # the summary: not written
-    cfg = profile_config(config(args), args.profile, BASELINES).validate()
-    sim = Observed(cfg, load_trace(args.trace, args.format))
+    cfg, trace, _ = workload(args, config(args))
+    cfg = profile_config(cfg, args.profile, BASELINES).validate()
+    sim = Observed(cfg, trace)
     run = sim.run()
     out = breakdown(sim, run.requests)
     doc = summary(run, wall_s=0.0, cpu_s=0.0)

@@ -12,15 +12,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from services.bench.traces import FORMATS, TraceError, load_trace
+from services.bench.traces import FORMATS, Trace, TraceError, load_trace
 from services.common.perfmodel import DEFAULT_PROFILE
 from services.scheduler.routing.config import ConfigError
 from services.sim import SimConfig, SimConfigError, simulate
 from services.sim.autoscale import AutoscaleConfig
 from services.sim.compare import BASELINES, comparison_rows, profile_config, table
+from services.sim.curve import RateCurve, curve_trace, read_curve
 
 EXAMPLES = """\
 examples:
@@ -36,6 +38,11 @@ examples:
   tideserve sim --trace ../shared/traces/mooncake_conversation_trace.jsonl \\
       --max-requests 400 --rate-scale 2.5 --slo-ttft-ms 2000 --slo-tpot-ms 100 \\
       --profile default,cache_aware,round_robin,least_load --out compare.json
+
+  # two days of the ServeGen tide, a day in 1,200 s, agentic requests, P/D autoscaled
+  tideserve sim --rate-curve ../shared/traces/servegen_language_m-large_rate.csv \
+      --lengths ../shared/traces/weka_agentic_dev.jsonl --speedup 72 --rate-scale 0.01 \
+      --max-requests 20000 --prefill 2 --decode 6 --autoscale --out tide.json
 
   # start from one worker and let the SLA planner scale it (new instances serve after 30 s)
   tideserve sim --trace trace.jsonl --engines 1 --autoscale --max-replicas 12 \\
@@ -60,7 +67,14 @@ def _number(kind: type[int] | type[float]) -> Any:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     num, whole = _number(float), _number(int)
-    p.add_argument("--trace", required=True, help="Mooncake JSONL or Azure CSV trace file")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", help="Mooncake JSONL or Azure CSV trace file")
+    src.add_argument("--rate-curve", metavar="FILE.csv",
+                     help="arrivals from a rate curve (CSV t_s,rate_rps), the requests "
+                     "from --lengths in order")  # fmt: skip
+    p.add_argument("--lengths", metavar="TRACE",
+                   help="with --rate-curve: the trace whose requests (lengths, prefix ids) "
+                   "arrive")  # fmt: skip
     p.add_argument("--format", choices=FORMATS, default="auto", help="trace format (default: auto)")
     p.add_argument("--max-requests", type=whole, help="replay N requests (the trace repeats "
                    "with fresh prefix ids when shorter)")  # fmt: skip
@@ -68,7 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate-scale", type=num, default=1.0, help="multiply the request rate")
     p.add_argument("--speedup", type=num, default=1.0,
                    help="time compression of the trace, as the bench's (arrivals / (speedup x "
-                   "rate-scale)); the engines run at modelled speed")  # fmt: skip
+                   "rate-scale)); of a rate curve, its clock alone (72: a day in 1,200 s, "
+                   "rates unchanged); the engines run at modelled speed")  # fmt: skip
     fleet = p.add_mutually_exclusive_group()
     fleet.add_argument("--engines", type=whole, help="aggregated engines (default 8)")
     fleet.add_argument("--prefill", type=whole, help="P/D: prefill instances (with --decode)")
@@ -159,6 +174,10 @@ def fail(message: str) -> NoReturn:
 
 def config(args: argparse.Namespace) -> SimConfig:
     """The run's config from parsed options; raises ``SimConfigError``."""
+    if bool(args.rate_curve) != bool(args.lengths):
+        raise SimConfigError(
+            "--lengths goes with --rate-curve" if args.lengths else "--rate-curve needs --lengths"
+        )
     if (args.prefill is None) != (args.decode is None):
         raise SimConfigError("P/D needs both --prefill N and --decode M")
     if args.prefill is not None and min(args.prefill, args.decode) < 1:
@@ -200,6 +219,32 @@ def config(args: argparse.Namespace) -> SimConfig:
     ).validate()
 
 
+def workload(args: argparse.Namespace, cfg: SimConfig) -> tuple[SimConfig, Trace, RateCurve | None]:
+    """The trace to replay, or the one a rate curve makes (then with the config its
+    arrivals need: already in modelled time, none skipped or cut); raises ``TraceError``
+    or ``SimConfigError``."""
+    trace = load_trace(args.lengths or args.trace, args.format)
+    if args.offset >= len(trace.requests):
+        raise SimConfigError(
+            f"--offset {args.offset} skips the whole trace ({len(trace.requests)} requests)"
+        )
+    if not args.rate_curve:
+        return cfg, trace, None
+    curve = read_curve(args.rate_curve)
+    trace = curve_trace(curve, trace, rate_scale=cfg.rate_scale, speedup=cfg.speedup,
+                        seed=cfg.seed, max_requests=cfg.max_requests,
+                        offset=cfg.offset)  # fmt: skip
+    return replace(cfg, rate_scale=1.0, speedup=1.0, offset=0, max_requests=None), trace, curve
+
+
+def _curve_section(args: argparse.Namespace, curve: RateCurve) -> dict[str, Any]:
+    """What a rate-curve run replayed (its config shows rate scale and speedup 1: the
+    curve's arrivals are already in modelled time)."""
+    return {"path": curve.path, "lengths": args.lengths, "rows": len(curve.t_s),
+            "span_s": curve.span_s, "rate_scale": args.rate_scale, "speedup": args.speedup,
+            "offset": args.offset, "max_requests": args.max_requests}  # fmt: skip
+
+
 def _progress(stream: TextIO) -> Any:
     def show(done: int, total: int, model_s: float) -> None:
         stream.write(f"\rtideserve sim: {done}/{total} requests, {model_s:.0f} s modelled")
@@ -211,12 +256,7 @@ def _progress(stream: TextIO) -> Any:
 def run(args: argparse.Namespace) -> int:
     """Execute ``tideserve sim`` with parsed arguments; returns the exit code."""
     try:
-        cfg = config(args)
-        trace = load_trace(args.trace, args.format)
-        if args.offset >= len(trace.requests):
-            raise SimConfigError(
-                f"--offset {args.offset} skips the whole trace ({len(trace.requests)} requests)"
-            )
+        cfg, trace, curve = workload(args, config(args))
         for path in (args.out, args.timeline):
             if path and not Path(path).parent.is_dir():
                 raise SimConfigError(f"no such directory for {path!r}")
@@ -232,6 +272,8 @@ def run(args: argparse.Namespace) -> int:
             doc, sim_run = simulate(one, trace, _progress(sys.stderr) if tty else None)
             if tty:
                 sys.stderr.write("\n")
+            if curve is not None:
+                doc["rate_curve"] = _curve_section(args, curve)
             docs[name], timelines[name] = doc, sim_run.timeline.csv_text()
     except (SimConfigError, TraceError, ConfigError) as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
