@@ -14,7 +14,10 @@ about 2 % (the APIs' ratios, measured in one process, do not).
 
 APIs: ``chat`` (a streamed ``/v1/chat/completions``), ``messages`` (the same prompt as a
 streamed Anthropic ``/v1/messages``) and ``responses`` (as a streamed ``/v1/responses``),
-the latter two translated to the chat stream and back, as in ``gateway_overhead.py``.
+the latter two translated to the chat stream and back, as in ``gateway_overhead.py``, or with
+``--native-apis`` forwarded as sent and relayed as answered (the gateway's ``--native-apis
+messages responses``, for engines that serve the APIs themselves, such as vLLM; nginx
+answers them in kind).
 
     apt-get install -y nginx valgrind     # once, as root
     .venv/bin/python benchmarks/gateway_instructions.py --out /tmp/gateway_instructions.json
@@ -55,6 +58,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2, help="rounds over the APIs, interleaved")
     p.add_argument("--idle-s", type=float, default=10.0, help="idle window (background work)")
     p.add_argument("--prompt-words", type=int, default=128)
+    p.add_argument(
+        "--native-apis",
+        action="store_true",
+        help="the gateway forwards Messages and Responses natively, not translated",
+    )
     p.add_argument("--out", default="gateway_instructions.json")
     return p.parse_args(argv)
 
@@ -118,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                f"--callgrind-out-file={out_prefix}", sys.executable, "-m", "services.cli",
                "gateway", "--host", "127.0.0.1", "--port", str(port), "--endpoints", upstream,
                "--log-level", "WARNING"]  # fmt: skip
+        if args.native_apis:
+            cmd += ["--native-apis", "messages", "responses"]
         # one hash seed: set and dict orders, and so the instructions, repeat across runs
         pid = group.start("gateway", cmd, env={"PYTHONHASHSEED": "0"}).proc.pid
         wait_http(f"http://127.0.0.1:{port}/v1/models", group, 900.0)
@@ -147,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "benchmark": "gateway_instructions", "command": command_line(), "machine": machine(),
         "requests_per_round": args.requests, "prompt_words": args.prompt_words,
+        "agent_apis_forwarding": "native" if args.native_apis else "translated",
         "apis": per_request(rounds, args.requests),
         "idle_instructions_per_s": round(idle / args.idle_s),
     }  # fmt: skip

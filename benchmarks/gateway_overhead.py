@@ -15,7 +15,9 @@ latency runs from writing a request to its response being complete; the generato
 lag is reported). Tideserve routers also get a ``messages_stream`` and a
 ``responses_stream`` phase per rate: the router is sent the streamed prompt as an Anthropic
 ``/v1/messages`` or OpenAI ``/v1/responses`` request, which it forwards as chat completions
-and translates back, so its added latency includes the translation both ways. The direct side
+and translates back, so its added latency includes the translation both ways (or, with
+``--native-apis``, forwards as sent and relays as answered, as for engines that serve the
+APIs themselves, such as vLLM). The direct side
 asks nginx for the same API (``--direct-agent-apis native``: the client receives the same
 bytes on both sides, and the baseline is an engine that speaks the API), or for the chat
 stream the router translates from (``chat``: the client of the direct side reads a third of
@@ -100,6 +102,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the Messages and Responses phases' direct side: nginx streaming the "
                    "same answer in that API, as an engine serving it natively would (default), "
                    "or the chat stream the router translates from (the bytes differ)")  # fmt: skip
+    p.add_argument("--native-apis", action="store_true",
+                   help="Tideserve gateways forward Messages and Responses natively (nginx "
+                   "answers them in kind) instead of translating to chat completions")  # fmt: skip
     p.add_argument("--out", default="gateway_overhead.json", help="summary JSON path")
     p.add_argument("--log-dir", default=None)
     return p.parse_args(argv)
@@ -328,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["_loadgen"]:
         return loadgen_main(argv[1:])
     args = parse_args(argv)
+    if args.native_apis:
+        args.gateway_arg.append("--native-apis messages responses")
     if not shutil.which("nginx"):
         print("nginx is not installed (apt-get install -y nginx)", file=sys.stderr)
         return 1
@@ -345,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                        "non-streaming" + (", process on CPU 0 and wrk on CPU 1" if pin else ""),
             "prompt_words": args.prompt_words, "sse_chunks": args.sse_chunks,
             "agent_apis_direct_side": args.direct_agent_apis,
+            "agent_apis_forwarding": "native" if args.native_apis else "translated",
         },
     }  # fmt: skip
     routers = [r.strip() for r in args.routers.split(",") if r.strip()]

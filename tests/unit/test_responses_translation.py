@@ -14,7 +14,12 @@ from services.common.apis.responses import (
     parse_responses,
 )
 from services.common.apis.responses_answer import from_chat
-from services.common.apis.responses_stream import ChatToResponses, NativeResponses, sse_events
+from services.common.apis.responses_stream import (
+    ChatToResponses,
+    NativeResponses,
+    plain_event,
+    sse_events,
+)
 
 M = "m"
 
@@ -344,3 +349,32 @@ def test_native_stream_cut_short_ends_failed() -> None:
     ]
     assert [e["sequence_number"] for e in events] == [0, 1, 2, 3]
     assert events[2]["code"] == "upstream_error" and events[3]["response"]["status"] == "failed"
+
+
+@pytest.mark.parametrize(
+    ("raw", "plain"),
+    [
+        (b'event: response.output_text.delta\ndata: {"type": "x", "delta": "a"}', True),
+        (b'event: response.output_text.delta\ndata:{"delta": "say \\"response\\""}', True),
+        (b'event: response.created\ndata: {"response": {"id": "r"}}', False),
+        (b'data: {"type": "response.output_text.delta"}', False),
+        (b'event: x\ndata: {"a": 1}\ndata: {"b": 2}', False),
+        (b"event: x\ndata: [DONE]", False),
+        (b'event: x\nid: 3\ndata: {"a": 1}', False),
+    ],
+    ids=["delta", "quoted-word-in-text", "carries-response", "no-event-line", "two-data-lines",
+         "not-an-object", "extra-field"],
+)  # fmt: skip
+def test_only_events_without_a_response_object_pass_through_as_sent(
+    raw: bytes, plain: bool
+) -> None:
+    assert (plain_event(raw) is not None) is plain
+
+
+def test_native_deltas_keep_the_engines_bytes_and_numbering() -> None:
+    req = parse_responses({"model": M, "input": "q"})
+    t = NativeResponses(req, "resp_ours", 1, store=False)
+    delta = b'event: response.output_text.delta\r\ndata: {"type":"response.output_text.delta",  "sequence_number": 7, "delta":"x"}\r\n\r\n'
+    assert t.feed(delta) == delta.replace(b"\r\n", b"\n")  # spacing and order as sent
+    events = _events(t.final())
+    assert events[0]["type"] == "response.failed" and events[0]["sequence_number"] == 8

@@ -16,11 +16,14 @@ the client sees it done (and may send the next turn to another replica).
 
 :class:`NativeResponses` passes an engine's own Responses stream through, with the
 ``response`` objects' ``id``, ``previous_response_id``, ``store`` and ``metadata`` set to
-the gateway's; its last event is held back the same way.
+the gateway's; its last event is held back the same way. Only the events that carry a
+response object are decoded and re-encoded: the others (deltas, items and parts) go
+through as the engine sent them.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -33,7 +36,14 @@ from services.common.apis.responses_answer import (
     response_usage,
 )
 
-__all__ = ["ChatToResponses", "NativeResponses", "final_event", "patch_response", "sse_events"]
+__all__ = [
+    "ChatToResponses",
+    "NativeResponses",
+    "final_event",
+    "patch_response",
+    "plain_event",
+    "sse_events",
+]
 
 _FINAL = ("response.completed", "response.incomplete", "response.failed")
 
@@ -58,6 +68,21 @@ def sse_events(buf: bytearray) -> Iterator[tuple[str, str]]:
 
 
 _MAX_CARRY = 8 << 20  # an unterminated line longer than this is dropped
+
+_SEQ = re.compile(rb'"sequence_number"\s*:\s*(\d+)')
+
+
+def plain_event(raw: bytes) -> bytes | None:
+    """The data of an engine's event that passes through unchanged: one ``event:`` line,
+    one ``data:`` line holding a JSON object, and no response object in it (deltas, items
+    and parts opened and closed); None for every other event."""
+    head, sep, data = raw.partition(b"\ndata:")
+    if not sep or not head.startswith(b"event:") or b"\n" in head or b"\n" in data:
+        return None
+    data = data.strip()
+    if not data.startswith(b"{") or b'"response"' in data:
+        return None
+    return data
 
 
 def _event(kind: str, seq: int, fields: Mapping[str, Any]) -> bytes:
@@ -323,17 +348,35 @@ class NativeResponses:
     def feed(self, data: bytes) -> bytes:
         self._buf += data.replace(b"\r\n", b"\n")
         out: list[bytes] = []
-        for name, payload in sse_events(self._buf):
+        buf = self._buf
+        while (end := buf.find(b"\n\n")) >= 0:
+            raw = bytes(buf[:end])
+            del buf[: end + 2]
+            fast = plain_event(raw)
+            if fast is not None:  # forwarded as sent: no response object in it
+                seq = _SEQ.search(fast)
+                if seq is not None:
+                    self._last_seq = int(seq.group(1))
+                out.append(raw + b"\n\n")
+                continue
+            evt = self._rewrite(raw)
+            if evt:
+                out.append(evt)
+        return b"".join(out)
+
+    def _rewrite(self, raw: bytes) -> bytes:
+        """One event re-encoded: its response object made the gateway's, or the gateway's
+        own chat-shaped error as a Responses ``error`` event (b"" when it is not JSON)."""
+        for name, payload in sse_events(bytearray(raw + b"\n\n")):
             try:
                 obj = jsonfast.loads(payload)
             except ValueError:
-                continue
+                return b""
             if not isinstance(obj, dict):
-                continue
+                return b""
             if isinstance(obj.get("response"), dict):
                 patch_response(obj["response"], self.req, self.resp_id, self.store)
             if not obj.get("type") and not name and isinstance(obj.get("error"), dict):
-                # the gateway's own error event of a broken stream (chat-shaped)
                 err = obj["error"]
                 obj = {
                     "type": "error",
@@ -348,9 +391,9 @@ class NativeResponses:
             if kind in _FINAL and isinstance(obj.get("response"), dict):
                 self.response, self._final, self.done = obj["response"], evt, True
                 self.final_seq = self._last_seq
-            else:
-                out.append(evt)
-        return b"".join(out)
+                return b""
+            return evt
+        return b""
 
     def final(self) -> bytes:
         if self.done:
