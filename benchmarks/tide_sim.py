@@ -1,0 +1,168 @@
+"""The SLA planner against the tide with the router and the engines in the loop. Prints JSON.
+
+``autoscaler_eval.py`` scores the planner on a fleet model (a pooled prefill queue, a decode
+batch at Little's-law equilibrium). This runs the same comparison in ``tideserve sim``: every
+request routed by the scheduler's plugins to simulated engines with continuous batching and a
+paged cache, the planner ticking on modelled time, instances starting ``--startup-s`` after
+they are asked for and draining before removal.
+
+Load: ServeGen's 14-day rate curve (``--curve``), the first ``--days`` of it, one day played
+in ``--day-s`` modelled seconds, rates times ``--rate-scale``; each arrival the next request of
+``--lengths`` (by default Azure's 2023 conversation trace, as ``autoscaler_eval.py``).
+Policies, each on a fresh fleet and the same arrivals:
+
+- ``static``: ``--static P,D`` prefill and decode instances, never scaled;
+- ``planner``: starts at the same split and is scaled by the SLA planner (``--max-replicas``
+  per role).
+
+Per policy: SLO windows met (per ``--window-s`` of modelled time, the requests that arrived in
+it meet both targets at ``--percentile``; a window without requests is met), replica-seconds
+and their ratio to ``static``'s, peak replicas, the bench's figures. Not here: the reactive
+policy (it lives in ``autoscaler_eval.py``'s fleet model only).
+
+    .venv/bin/python benchmarks/tide_sim.py --days 1 --out /tmp/tide_sim.json   # ~15 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._harness import TRACES, command_line, emit_json, machine
+from services.bench.stats import RequestResult, percentile
+from services.bench.traces import Trace, load_trace
+from services.sim import SimConfig, simulate
+from services.sim.autoscale import AutoscaleConfig
+from services.sim.curve import RateCurve, curve_trace, read_curve
+from services.sim.results import request_results
+
+DAY_S = 86_400.0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--curve", default=str(TRACES / "servegen_language_m-large_rate.csv"))
+    p.add_argument("--lengths", default=str(TRACES / "azure2023_conv.csv"))
+    p.add_argument("--days", type=float, default=1.0, help="days of the curve to replay")
+    p.add_argument("--day-s", type=float, default=1200.0, help="modelled seconds per day")
+    p.add_argument("--rate-scale", type=float, default=0.25, help="multiplies the curve's rates")
+    p.add_argument("--static", default="8,3", help="the static fleet and the planner's start")
+    p.add_argument("--max-replicas", type=int, default=32, help="planner: per role")
+    p.add_argument("--startup-s", type=float, default=10.0)
+    p.add_argument("--slo-ttft-ms", type=float, default=300.0)
+    p.add_argument("--slo-tpot-ms", type=float, default=25.0)
+    p.add_argument("--percentile", type=int, default=90, choices=(50, 90, 99))
+    p.add_argument("--window-s", type=float, default=60.0, help="SLO window, modelled s")
+    p.add_argument("--engine-profile", default="h200-llama3.1-8b")
+    p.add_argument("--policies", default="static,planner")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", default=None)
+    return p.parse_args(argv)
+
+
+def first_days(curve: RateCurve, days: float) -> RateCurve:
+    end = days * DAY_S
+    keep = [i for i, t in enumerate(curve.t_s) if t < end]
+    return RateCurve(curve.path, tuple(curve.t_s[i] for i in keep),
+                     tuple(curve.rate_rps[i] for i in keep))  # fmt: skip
+
+
+def tide_trace(args: argparse.Namespace) -> Trace:
+    curve = first_days(read_curve(args.curve), args.days)
+    return curve_trace(curve, load_trace(args.lengths), rate_scale=args.rate_scale,
+                       speedup=DAY_S / args.day_s, seed=args.seed)  # fmt: skip
+
+
+def windows_met(results: list[RequestResult], args: argparse.Namespace, span_s: float) -> dict[str, Any]:  # fmt: skip
+    """SLO windows by arrival: both targets at the percentile over the window's requests
+    (a failed request misses both)."""
+    ttft: dict[int, list[float]] = defaultdict(list)
+    tpot: dict[int, list[float]] = defaultdict(list)
+    for r in results:
+        w = int(r.sent_s // args.window_s)
+        ttft[w].append(r.ttft_s * 1e3 if r.ok and r.ttft_s is not None else math.inf)
+        if r.ok and r.tpot_s is not None:
+            tpot[w].append(r.tpot_s * 1e3)
+        elif not r.ok:
+            tpot[w].append(math.inf)
+    n = max(1, math.ceil(span_s / args.window_s))
+    q = args.percentile / 100.0
+
+    def missed(xs: list[float], target: float) -> bool:
+        return bool(xs) and percentile(sorted(xs), q) > target
+
+    ttft_miss = [missed(ttft[w], args.slo_ttft_ms) for w in range(n)]
+    tpot_miss = [missed(tpot[w], args.slo_tpot_ms) for w in range(n)]
+    ttft_missed, tpot_missed = sum(ttft_miss), sum(tpot_miss)
+    met = sum(1 for a, b in zip(ttft_miss, tpot_miss, strict=True) if not (a or b))
+    return {"windows": n, "met": met, "attainment": round(met / n, 4),
+            "ttft_missed": ttft_missed, "tpot_missed": tpot_missed}  # fmt: skip
+
+
+def run_policy(name: str, trace: Trace, args: argparse.Namespace) -> dict[str, Any]:
+    p, d = (int(x) for x in args.static.split(","))
+    cfg = SimConfig(prefill=p, decode=d, engine_profile=args.engine_profile, seed=args.seed,
+                    slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)  # fmt: skip
+    if name == "planner":
+        auto = AutoscaleConfig(max_replicas=args.max_replicas, startup_s=args.startup_s,
+                               ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms,
+                               percentile=float(args.percentile))  # fmt: skip
+        cfg = replace(cfg, autoscale=auto)
+    elif name != "static":
+        raise SystemExit(f"unknown policy {name!r} (static, planner)")
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    doc, run = simulate(cfg.validate(), trace)
+    span_s = trace.requests[-1].arrival_s if trace.requests else 0.0
+    rows = run.timeline.rows
+    ends = [r["t_s"] for r in rows[1:]] + [rows[-1]["t_s"] + cfg.timeline_s] if rows else []
+    replica_s = sum(
+        (r["replicas_prefill"] + r["replicas_decode"]) * (end - r["t_s"])
+        for r, end in zip(rows, ends, strict=True)
+    )
+    return {
+        "slo_windows": windows_met(request_results(run), args, span_s),
+        "replica_s": round(replica_s, 1),
+        "peak_replicas": doc["sim"]["autoscale"]["peak_replicas"] if doc["sim"]["autoscale"] else p + d,
+        "autoscale": doc["sim"]["autoscale"],
+        "completed": doc.get("completed"), "failed": doc.get("failed"),
+        "ttft_ms": doc.get("ttft_ms"), "tpot_ms": doc.get("tpot_ms"),
+        "slo_attainment": doc.get("slo_attainment"), "cache_hit_ratio": doc.get("cache_hit_ratio"),
+        "wall_s": round(time.perf_counter() - t0, 1), "cpu_s": round(time.process_time() - cpu0, 1),
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    trace = tide_trace(args)
+    out: dict[str, Any] = {
+        "benchmark": "tide_sim", "command": command_line(), "machine": machine(),
+        "load": {"curve": args.curve, "lengths": args.lengths, "days": args.days,
+                 "day_s": args.day_s, "rate_scale": args.rate_scale,
+                 "requests": len(trace.requests)},
+        "slo": {"ttft_ms": args.slo_ttft_ms, "tpot_ms": args.slo_tpot_ms,
+                "percentile": args.percentile, "window_s": args.window_s},
+        "policies": {},
+    }  # fmt: skip
+    for name in [x.strip() for x in args.policies.split(",") if x.strip()]:
+        out["policies"][name] = run_policy(name, trace, args)
+    static = out["policies"].get("static")
+    for res in out["policies"].values():
+        res["replica_s_vs_static"] = (
+            round(res["replica_s"] / static["replica_s"], 3)
+            if static and static["replica_s"]
+            else None
+        )
+    emit_json(out, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
