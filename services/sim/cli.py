@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
+from services.bench.plot import PlotUnavailable, ensure_available
 from services.bench.traces import FORMATS, Trace, TraceError, load_trace
 from services.common.perfmodel import DEFAULT_PROFILE
 from services.scheduler.routing.config import ConfigError
@@ -23,6 +24,7 @@ from services.sim import SimConfig, SimConfigError, simulate
 from services.sim.autoscale import AutoscaleConfig
 from services.sim.compare import BASELINES, comparison_rows, profile_config, table
 from services.sim.curve import RateCurve, curve_trace, read_curve
+from services.sim.timeline import csv_text, plot_timeline
 
 EXAMPLES = """\
 examples:
@@ -143,6 +145,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="agent memory: share of an engine's KV idle sessions may hold")  # fmt: skip
     p.add_argument("--out", required=True, metavar="FILE.json", help="write the summary here")
     p.add_argument("--timeline", metavar="FILE.csv", help="per-minute timeline CSV")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="replicas per role against the request rate, per minute (matplotlib)")  # fmt: skip
 
 
 def register(subparsers: Any) -> None:
@@ -245,6 +249,11 @@ def _curve_section(args: argparse.Namespace, curve: RateCurve) -> dict[str, Any]
             "offset": args.offset, "max_requests": args.max_requests}  # fmt: skip
 
 
+def _per_profile(path: str, name: str, profiles: int) -> Path:
+    out = Path(path)
+    return out.with_name(f"{out.stem}-{name}{out.suffix}") if profiles > 1 else out
+
+
 def _progress(stream: TextIO) -> Any:
     def show(done: int, total: int, model_s: float) -> None:
         stream.write(f"\rtideserve sim: {done}/{total} requests, {model_s:.0f} s modelled")
@@ -257,7 +266,9 @@ def run(args: argparse.Namespace) -> int:
     """Execute ``tideserve sim`` with parsed arguments; returns the exit code."""
     try:
         cfg, trace, curve = workload(args, config(args))
-        for path in (args.out, args.timeline):
+        if args.plot:
+            ensure_available()
+        for path in (args.out, args.timeline, args.plot):
             if path and not Path(path).parent.is_dir():
                 raise SimConfigError(f"no such directory for {path!r}")
         profiles = [x.strip() for x in args.profile.split(",") if x.strip()]
@@ -266,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
         baselines = [x.strip() for x in args.baseline_profiles.split(",") if x.strip()]
         tty = sys.stderr.isatty()
         docs: dict[str, dict[str, Any]] = {}
-        timelines: dict[str, str] = {}
+        timelines: dict[str, list[dict[str, Any]]] = {}
         for name in profiles:
             one = profile_config(cfg, name, baselines).validate()
             doc, sim_run = simulate(one, trace, _progress(sys.stderr) if tty else None)
@@ -274,15 +285,16 @@ def run(args: argparse.Namespace) -> int:
                 sys.stderr.write("\n")
             if curve is not None:
                 doc["rate_curve"] = _curve_section(args, curve)
-            docs[name], timelines[name] = doc, sim_run.timeline.csv_text()
-    except (SimConfigError, TraceError, ConfigError) as exc:
+            docs[name], timelines[name] = doc, sim_run.timeline.rows
+    except (SimConfigError, TraceError, ConfigError, PlotUnavailable) as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    if args.timeline:  # written once every run is done: bad input writes nothing
-        for name, text in timelines.items():
-            path = Path(args.timeline)
-            if len(profiles) > 1:
-                path = path.with_name(f"{path.stem}-{name}{path.suffix}")
-            path.write_text(text, encoding="utf-8")
+    for name, rows in timelines.items():  # written once every run is done: bad input writes nothing
+        if args.timeline:
+            _per_profile(args.timeline, name, len(profiles)).write_text(
+                csv_text(rows), encoding="utf-8"
+            )
+        if args.plot:
+            plot_timeline(_per_profile(args.plot, name, len(profiles)), rows, title=name)
     if len(docs) == 1:
         Path(args.out).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         return 0

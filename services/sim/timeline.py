@@ -12,11 +12,13 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from services.bench.plot import write_series_plot
 from services.sim.records import SimRequest
 
-__all__ = ["COLUMNS", "Timeline"]
+__all__ = ["COLUMNS", "Timeline", "csv_text", "plot_timeline"]
 
 COLUMNS: tuple[str, ...] = (
     "minute",
@@ -89,8 +91,30 @@ class Timeline:
         self._start = now
 
     def csv_text(self) -> str:
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(self.rows)
-        return buf.getvalue()
+        return csv_text(self.rows)
+
+
+def csv_text(rows: list[dict[str, Any]]) -> str:
+    """The timeline's rows as CSV, ``COLUMNS`` in order."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def plot_timeline(path: str | Path, rows: list[dict[str, Any]], *, title: str = "") -> None:
+    """A PNG of the ready replicas of each role present and the request rate, per window.
+    Raises :class:`~services.bench.plot.PlotUnavailable` without matplotlib."""
+    x = [r["t_s"] / 60.0 for r in rows]
+    roles = [k for k in ("worker", "prefill", "decode") if any(r[f"replicas_{k}"] for r in rows)]
+    write_series_plot(
+        path,
+        x,
+        {f"{k} replicas": [r[f"replicas_{k}"] for r in rows] for k in roles},
+        right={"requests/s": [r["load_rps"] for r in rows]},
+        right_label="requests per second",
+        xlabel="modelled minutes",
+        ylabel="ready replicas",
+        title=f"tideserve sim {title}".strip(),
+    )

@@ -194,6 +194,19 @@ def test_the_cli_writes_json_and_timeline(
     assert lines[0].split(",") == list(COLUMNS) and len(lines) >= 2
 
 
+@pytest.mark.parametrize("profiles", ["default", "default,cache_aware"], ids=["one", "two"])
+def test_the_cli_plots_replicas_and_load(tmp_path: Path, profiles: str) -> None:
+    pytest.importorskip("matplotlib", reason="the plot needs matplotlib (a test dependency)")
+    trace = write_trace(tmp_path / "t.jsonl", 12)
+    png = tmp_path / "p.png"
+    argv = ["--trace", str(trace), "--engines", "2", "--kv-blocks", "2048", "--max-requests",
+            "30", "--profile", profiles, "--out", str(tmp_path / "o.json"), "--plot", str(png)]  # fmt: skip
+    assert sim_main(argv) == 0
+    names = [png] if "," not in profiles else [tmp_path / f"p-{n}.png" for n in profiles.split(",")]
+    for path in names:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_the_cli_compares_profiles_each_on_a_fresh_fleet(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
