@@ -159,7 +159,7 @@ def main() -> int:
     add_arguments(p)
     args = p.parse_args([*sys.argv[1:], "--out", "/dev/null"])  # the summary: not written
     cfg, trace, _ = workload(args, config(args))
-    cfg = profile_config(cfg, args.profile, BASELINES).validate()
+    cfg = profile_config(cfg, cfg.profile, BASELINES).validate()
     sim = Observed(cfg, trace)
     run = sim.run()
     out = breakdown(sim, run.requests)

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
+from services.autoscaler.spec import DeploymentSpec, SpecError, load_spec_file
 from services.bench.plot import PlotUnavailable, ensure_available
 from services.bench.traces import FORMATS, Trace, TraceError, load_trace
 from services.common.perfmodel import DEFAULT_PROFILE
@@ -24,6 +25,7 @@ from services.sim import SimConfig, SimConfigError, simulate
 from services.sim.autoscale import AutoscaleConfig
 from services.sim.compare import BASELINES, comparison_rows, profile_config, table
 from services.sim.curve import RateCurve, curve_trace, read_curve
+from services.sim.deployment import from_spec
 from services.sim.timeline import csv_text, plot_timeline
 
 EXAMPLES = """\
@@ -89,15 +91,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     fleet = p.add_mutually_exclusive_group()
     fleet.add_argument("--engines", type=whole, help="aggregated engines (default 8)")
     fleet.add_argument("--prefill", type=whole, help="P/D: prefill instances (with --decode)")
+    fleet.add_argument("--deployment", metavar="SPEC.yaml",
+                       help="the fleet, profiles and SLO of a deployment spec (as `tideserve "
+                       "apply -f` takes it; --profile and --engine-profile override its own)")  # fmt: skip
     p.add_argument("--decode", type=whole, help="P/D: decode instances (with --prefill)")
-    p.add_argument("--profile", default="default",
+    p.add_argument("--profile",
                    help="routing profile (default: default); a comma list runs each on a fresh "
                    "fleet and compares them")  # fmt: skip
     p.add_argument("--baseline-profiles", default=",".join(BASELINES),
                    help="profiles standing in for another router, run without the gateway's "
                    f"dispatch order (default {','.join(BASELINES)}; '' for none)")  # fmt: skip
     p.add_argument("--profiles-file", help="routing profiles YAML (default: the shipped one)")
-    p.add_argument("--engine-profile", default=DEFAULT_PROFILE,
+    p.add_argument("--engine-profile",
                    help=f"performance profile of the engines (default {DEFAULT_PROFILE})")  # fmt: skip
     p.add_argument("--gateway-perf-profile", default="",
                    help="performance profile the gateways price with (default: the engines', "
@@ -182,17 +187,19 @@ def config(args: argparse.Namespace) -> SimConfig:
         raise SimConfigError(
             "--lengths goes with --rate-curve" if args.lengths else "--rate-curve needs --lengths"
         )
-    if (args.prefill is None) != (args.decode is None):
+    if args.deployment and args.decode is not None:
+        raise SimConfigError("--decode goes with --prefill, not with --deployment")
+    if not args.deployment and (args.prefill is None) != (args.decode is None):
         raise SimConfigError("P/D needs both --prefill N and --decode M")
     if args.prefill is not None and min(args.prefill, args.decode) < 1:
         raise SimConfigError("P/D needs --prefill N and --decode M, both at least 1")
-    return SimConfig(
+    cfg = SimConfig(
         engines=8 if args.engines is None else args.engines,
         prefill=args.prefill or 0,
         decode=args.decode or 0,
-        profile=args.profile.split(",")[0].strip(),
+        profile=(args.profile or "default").split(",")[0].strip(),
         profiles_file=args.profiles_file,
-        engine_profile=args.engine_profile,
+        engine_profile=args.engine_profile or DEFAULT_PROFILE,
         gateway_perf_profile=args.gateway_perf_profile,
         gateways=args.gateways,
         seed=args.seed,
@@ -220,7 +227,26 @@ def config(args: argparse.Namespace) -> SimConfig:
         )
         if args.autoscale
         else None,
-    ).validate()
+    )
+    if args.deployment:
+        cfg = from_spec(read_spec(args.deployment), cfg, autoscale=args.autoscale)
+        if args.profile:
+            cfg = replace(cfg, profile=(args.profile).split(",")[0].strip())
+        if args.engine_profile:
+            cfg = replace(cfg, engine_profile=args.engine_profile)
+    return cfg.validate()
+
+
+def read_spec(path: str) -> DeploymentSpec:
+    """The deployment spec in ``path``; raises ``SimConfigError`` with its first problem."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SimConfigError(f"cannot read deployment {path!r}: {exc.strerror or exc}") from None
+    try:
+        return load_spec_file(text)
+    except SpecError as exc:
+        raise SimConfigError(f"deployment {path}: {str(exc).splitlines()[0]}") from None
 
 
 def workload(args: argparse.Namespace, cfg: SimConfig) -> tuple[SimConfig, Trace, RateCurve | None]:
@@ -271,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
         for path in (args.out, args.timeline, args.plot):
             if path and not Path(path).parent.is_dir():
                 raise SimConfigError(f"no such directory for {path!r}")
-        profiles = [x.strip() for x in args.profile.split(",") if x.strip()]
+        profiles = [x.strip() for x in (args.profile or cfg.profile).split(",") if x.strip()]
         if not profiles:
             raise SimConfigError("--profile names no profile")
         baselines = [x.strip() for x in args.baseline_profiles.split(",") if x.strip()]
