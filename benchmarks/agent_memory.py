@@ -42,6 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._agent_memory_scalein import measure, removal_s
 from benchmarks._agentic_slice import parse_slice, sessions
 from benchmarks._harness import TRACES, command_line, emit_json, machine
 from services.bench.traces import Trace, load_trace
@@ -103,6 +104,22 @@ def tier_restart() -> dict[str, Any]:
     return {"tier_restart_s": restart["tier_restart_s"], "tier_restart": rest}
 
 
+def scale_in(
+    args: argparse.Namespace, trace: Trace, base: SimConfig, per: dict[str, dict[str, Any]]
+) -> None:
+    """The ``scale_in.*`` keys: per scale-in slice and removal time (one sample each)."""
+    shares = [float(x) for x in args.scale_in_at.split(",")]
+    for a, b in (parse_slice(s) for s in args.scale_in_slices.split(",")):
+        tr = slice_trace(trace, a, b, args.scale_in_requests)
+        for name, mode in VARIANTS.items():
+            cfg = replace(base, agent_memory=mode, engines=args.scale_in_engines,
+                          kv_blocks=args.scale_in_kv_blocks,
+                          scale_in_window_s=args.scale_in_window_s)  # fmt: skip
+            for got in measure(cfg, tr, [removal_s(cfg, tr, x) for x in shares]):
+                for k, v in got.items():
+                    per[name].setdefault(k, []).append(v)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--trace", default=str(TRACE))
@@ -115,6 +132,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gap-scale", type=float, default=10.0, help="trace gaps x this (10 restores)")
     p.add_argument("--budget-share", type=float, default=0.2)
     p.add_argument("--profile", default="default", help="routing profile of every variant")
+    p.add_argument("--scale-in-engines", type=int, default=8, help="0: no scale-in measurement")
+    p.add_argument("--scale-in-kv-blocks", type=int, default=2300, help="per engine")
+    p.add_argument("--scale-in-slices", default="0:59", help="session ranges, comma-separated")
+    p.add_argument("--scale-in-requests", type=int, default=1000, help="first N per slice")
+    p.add_argument("--scale-in-at", default="0.33,0.5,0.67",
+                   help="removal times: shares of the way through the slice's arrivals")  # fmt: skip
+    p.add_argument("--scale-in-window-s", type=float, default=300.0,
+                   help="active session: a turn ended within this many modelled seconds")  # fmt: skip
     p.add_argument("--out", default=None, help="also write the JSON here")
     p.add_argument(
         "--tier-restart", action="store_true", help="also measure tier_restart_s (live, ~1 min)"
@@ -154,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                 ("resumed_turns", float(got["resumed_turns"])),
             ):
                 row.setdefault(k, []).append(v)
+    if args.scale_in_engines:
+        scale_in(args, trace, base, per)
     out = {
         "benchmark": "agent_memory",
         "command": command_line(),
@@ -166,6 +193,14 @@ def main(argv: list[str] | None = None) -> int:
         "gap_scale": args.gap_scale,
         "budget_share": args.budget_share,
         "profile": args.profile,
+        "scale_in": {
+            "engines": args.scale_in_engines,
+            "kv_blocks": args.scale_in_kv_blocks,
+            "slices": args.scale_in_slices,
+            "max_requests": args.scale_in_requests,
+            "at": args.scale_in_at,
+            "window_s": args.scale_in_window_s,
+        },
         "variants": {v: {k: stat(xs) for k, xs in row.items()} for v, row in per.items()},
         "wall_s": round(time.monotonic() - t0, 1),
     }

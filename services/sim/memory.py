@@ -256,9 +256,10 @@ class AgentMemory:
         rows = active_sessions(self.table.rows(), iid, now / 1000.0, window_s)
         return {s.session_id: self._chains[s.key] for s in rows if s.key in self._chains}
 
-    def kept_blocks(self, chain: Sequence[int]) -> int:
-        """Blocks of ``chain`` still cached on an engine's GPU and the tier (``kept_prefix``)."""
-        runs = [c.match(list(chain)) for c in self.caches.values()]
+    def kept_blocks(self, chain: Sequence[int], without: str = "") -> int:
+        """Blocks of ``chain`` still cached on an engine's GPU (not ``without``'s) and the
+        tier (:func:`~services.sim.scalein.kept_prefix`)."""
+        runs = [c.match(list(chain)) for i, c in self.caches.items() if i != without]
         return kept_prefix(chain, runs, self._tier.__contains__)
 
     def tick(self, now: float) -> None:

@@ -16,7 +16,9 @@ sessions* at removal (:func:`active_sessions`: homed there, not ended, and a tur
 or a turn that ended within ``window_s`` before the removal, or a predicted return after
 it), their prefix blocks (each one's last turn's chain), and how many of those blocks are
 still cached right after the removal (:func:`kept_prefix`: the longest leading run a next
-turn could reuse, on one remaining engine's GPU followed by the tier).
+turn could reuse, on one remaining engine's GPU followed by the tier), and how many were
+already there before the migration (the retention controller offloads idle sessions on
+its own: those survive a scale-in with or without migration).
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ class ScaleInRecord:
     sessions: list[str] = field(default_factory=list)  # its active sessions' ids
     prefix_blocks: int = 0
     kept_blocks: int = 0
+    # of those, what was on another engine's GPU or the tier before the migration
+    kept_unmigrated_blocks: int = 0
 
     @property
     def kept_ratio(self) -> float | None:

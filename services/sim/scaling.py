@@ -111,6 +111,10 @@ class Scaling:
             rec = next((r for r in self.scale_ins if r.iid == inst.iid), None)
             mem, window = self.memory, self.cfg.scale_in_window_s
             chains = mem.active_chains(inst.iid, now, window) if mem and rec else {}
+            if mem is not None and rec is not None:  # what stays cached without migrating
+                rec.kept_unmigrated_blocks = sum(
+                    mem.kept_blocks(c, without=inst.iid) for c in chains.values()
+                )
             if mem is not None:
                 stay = [i.iid for i in live if i.role == inst.role and i.ready
                         and not i.retiring and not i.removed]  # fmt: skip

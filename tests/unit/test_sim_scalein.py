@@ -90,6 +90,7 @@ def test_scale_in_removes_one_engine_and_keeps_its_sessions_kv(mode: str, kept: 
     assert rec.chosen_ms == 50.0 < rec.removed_ms < 60_000.0
     assert rec.sessions and rec.prefix_blocks == 64 * len(rec.sessions)  # 8 x 512 tokens
     assert rec.kept_ratio == kept
+    assert rec.kept_unmigrated_blocks == 0  # all on the victim: what is kept, migration kept
     assert sim.memory is not None
     migrated = sum(n for k, n in sim.memory.counts.items() if k.startswith("migrate_"))
     assert migrated == (len(rec.sessions) if mode != "lru" else 0)
