@@ -11,15 +11,38 @@ fleet with the same routing profile:
   protected within the budget, the rest offloaded to the tier; evictions go to the tier),
   a resumed turn fetching its offloaded prefix at arrival when that beats recomputing;
 - ``retention_prefetch``: ``retention`` plus prefetch before the predicted return;
-- ``warm`` (reference, not a variant): ``lru`` with KV for everything, nothing evicted.
+- ``warm`` (reference, not a variant): ``lru`` with 64x the KV to cache in (nothing
+  evicted) but the same KV for running requests (``SimConfig.kv_running_blocks``), so its
+  batches are those of the other runs and only what stays cached differs.
 
 Keys per variant, each as ``{"mean", "spread", "slices"}`` over the slices (spread = max -
 min): ``resume.reuse_ratio`` (of a resumed turn's reusable prefix blocks, the share still on
 its engine's GPU or on the tier when it arrived), ``resume.ttft_p95_vs_warm`` (p95 TTFT of
-the resumed turns over the same turns' p95 in the ``warm`` run), ``idle_kv_share`` (mean
-share of GPU KV held by idle sessions' blocks), ``fleet_kv_used`` (mean share of the
-fleet's KV in use, the ">= 90% used" condition). Not measured here: scale-in and P/D (those
-mechanisms are not built).
+the resumed turns over the same turns' p95 in the ``warm`` run;
+``resume.ttft_p95_vs_warm_more_batch``: over a warm run whose 64x KV also holds 64x the
+running requests, so its batches grow too), ``idle_kv_share`` (mean share of GPU KV held by
+idle sessions' blocks), ``fleet_kv_used`` (mean share of the
+fleet's KV in use, the ">= 90% used" condition). Not measured here: P/D (not built).
+
+Scale-in (``--scale-in-engines``, default 8; 0 skips it), on a larger slice
+(``--scale-in-slices``, ``--scale-in-requests``) and ``--scale-in-kv-blocks`` per engine: per
+variant, a run without scale-in and, per removal time in ``--scale-in-at`` (shares of the
+way through the slice's arrivals), a run where the simulator's explicit scale-in
+(:mod:`services.sim.scalein`) removes one engine then: the autoscaler's victim rule picks it
+(load, then session KV), it drains, then its sessions are migrated (``retention``,
+``retention_prefetch``: to the tier, re-homed) or its KV dropped (``lru``). Each removal
+time is one sample (``slices`` lists them, slice by slice). The removed engine's *active
+sessions*: those homed there when it leaves, not ended, with a turn in flight, a turn that
+ended within ``--scale-in-window-s`` modelled seconds before, or a predicted return after.
+Keys: ``scale_in.lost`` (requests served in the run without scale-in that failed or never
+finished with it; ``scale_in.failed`` counts every failure, e.g. a prompt past the context
+limit), ``scale_in.kept_ratio`` (of those sessions' prefix blocks, each one's last turn's
+chain, the share a next turn could still reuse right after the removal: on a remaining
+engine's GPU then the tier; ``scale_in.kept_unmigrated_ratio``: the share already there
+before the migration), ``scale_in.ttft_p95_vs_no_scale_in`` (p95 TTFT of those sessions'
+turns arriving after the removal over the same turns' p95 without scale-in;
+``scale_in.first_followup_...``: each session's first such turn only), and what explains
+them (sessions, follow-up turns, drain seconds, fleet KV used).
 
 ``--tier-restart`` also measures, live (the real Transfer Engine; needs its wheel and
 libibverbs), a ``kvcache`` instance with a disk segment killed with SIGKILL and started
@@ -28,6 +51,7 @@ the new process's spawn until every block it held is fetched again through kvmet
 ``tier_restart`` = that script's whole JSON (both variants, the put cost).
 
     .venv/bin/python benchmarks/agent_memory.py  # 3 slices x 300 requests, 2 engines x 2300 blocks
+    # + scale-in: sessions 0:59, 1000 requests, 8 engines x 2300 blocks, removed at 1/3, 1/2, 2/3
 """
 
 from __future__ import annotations
@@ -162,16 +186,21 @@ def main(argv: list[str] | None = None) -> int:
     slices = [parse_slice(s) for s in args.slices.split(",")]
     for a, b in slices:
         tr = slice_trace(trace, a, b, args.max_requests)
-        warm_cfg = replace(base, agent_memory="lru", kv_blocks=args.kv_blocks * 64)
-        _, warm = run_one(warm_cfg, tr)
+        # warm: 64x the KV to cache in, the same KV for running requests (the same batches)
+        big = replace(base, agent_memory="lru", kv_blocks=args.kv_blocks * 64)
+        _, warm = run_one(replace(big, kv_running_blocks=args.kv_blocks), tr)
+        _, warm_batch = run_one(big, tr)
         for name, mode in VARIANTS.items():
             got, ttft = run_one(replace(base, agent_memory=mode), tr)
             both = [i for i in got["resumed"] if i in ttft and i in warm]
             vs = p95([ttft[i] for i in both]) / p95([warm[i] for i in both]) if both else None
+            bb = [i for i in both if i in warm_batch]
+            vs_batch = p95([ttft[i] for i in bb]) / p95([warm_batch[i] for i in bb]) if bb else None
             row = per[name]
             for k, v in (
                 ("resume.reuse_ratio", got["reuse_ratio"]),
                 ("resume.ttft_p95_vs_warm", vs),
+                ("resume.ttft_p95_vs_warm_more_batch", vs_batch),
                 ("resume.ttft_p95_ms", p95([ttft[i] for i in both]) if both else None),
                 ("idle_kv_share", got["idle_kv_share"]),
                 ("fleet_kv_used", got["fleet_kv_used"]),

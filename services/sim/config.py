@@ -48,6 +48,9 @@ class SimConfig:
     max_requests: int | None = None
     offset: int = 0
     kv_blocks: int = 16384
+    # KV blocks running requests may hold per engine (None: kv_blocks): a cache bigger than
+    # the batch (a reference that differs from another run only in what stays cached)
+    kv_running_blocks: int | None = None
     block_size: int = 64
     stream_interval: int = 16
     load_source: LoadSource = "scrape"
@@ -114,6 +117,8 @@ class SimConfig:
             if not getattr(self, name) > 0:
                 flag = name.replace("_", "-")
                 raise SimConfigError(f"--{flag} must be > 0, got {getattr(self, name)}")
+        if self.kv_running_blocks is not None and not 1 <= self.kv_running_blocks <= self.kv_blocks:
+            raise SimConfigError("--kv-running-blocks must be in [1, kv_blocks]")
         if self.max_requests is not None and self.max_requests < 1:
             raise SimConfigError(f"--max-requests must be at least 1, got {self.max_requests}")
         if self.seed < 0 or self.offset < 0 or self.scrape_lag_ms < 0:

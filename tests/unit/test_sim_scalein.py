@@ -109,9 +109,10 @@ def test_no_scale_in_removes_nothing() -> None:
         ({"scale_in_at_s": 1.0, "scale_in_count": 0}, "scale-in-count"),
         ({"scale_in_at_s": 1.0, "prefill": 1, "decode": 1}, "P/D"),
         ({"scale_in_at_s": 1.0, "scale_in_window_s": 0.0}, "window"),
+        ({"kv_blocks": 8, "kv_running_blocks": 9}, "kv-running-blocks"),
     ],
-    ids=["negative-time", "all-engines", "none", "pd", "window"],
+    ids=["negative-time", "all-engines", "none", "pd", "window", "running-past-kv"],
 )
-def test_bad_scale_in_is_refused(fields: dict[str, object], message: str) -> None:
+def test_bad_config_is_refused(fields: dict[str, object], message: str) -> None:
     with pytest.raises(SimConfigError, match=message):
         SimConfig(engines=2, **fields).validate()  # type: ignore[arg-type]
