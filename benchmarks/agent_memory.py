@@ -11,15 +11,38 @@ fleet with the same routing profile:
   protected within the budget, the rest offloaded to the tier; evictions go to the tier),
   a resumed turn fetching its offloaded prefix at arrival when that beats recomputing;
 - ``retention_prefetch``: ``retention`` plus prefetch before the predicted return;
-- ``warm`` (reference, not a variant): ``lru`` with KV for everything, nothing evicted.
+- ``warm`` (reference, not a variant): ``lru`` with 64x the KV to cache in (nothing
+  evicted) but the same KV for running requests (``SimConfig.kv_running_blocks``), so its
+  batches are those of the other runs and only what stays cached differs.
 
 Keys per variant, each as ``{"mean", "spread", "slices"}`` over the slices (spread = max -
 min): ``resume.reuse_ratio`` (of a resumed turn's reusable prefix blocks, the share still on
 its engine's GPU or on the tier when it arrived), ``resume.ttft_p95_vs_warm`` (p95 TTFT of
-the resumed turns over the same turns' p95 in the ``warm`` run), ``idle_kv_share`` (mean
-share of GPU KV held by idle sessions' blocks), ``fleet_kv_used`` (mean share of the
-fleet's KV in use, the ">= 90% used" condition). Not measured here: scale-in and P/D (those
-mechanisms are not built).
+the resumed turns over the same turns' p95 in the ``warm`` run;
+``resume.ttft_p95_vs_warm_more_batch``: over a warm run whose 64x KV also holds 64x the
+running requests, so its batches grow too), ``idle_kv_share`` (mean share of GPU KV held by
+idle sessions' blocks), ``fleet_kv_used`` (mean share of the
+fleet's KV in use, the ">= 90% used" condition). Not measured here: P/D (not built).
+
+Scale-in (``--scale-in-engines``, default 8; 0 skips it), on a larger slice
+(``--scale-in-slices``, ``--scale-in-requests``) and ``--scale-in-kv-blocks`` per engine: per
+variant, a run without scale-in and, per removal time in ``--scale-in-at`` (shares of the
+way through the slice's arrivals), a run where the simulator's explicit scale-in
+(:mod:`services.sim.scalein`) removes one engine then: the autoscaler's victim rule picks it
+(load, then session KV), it drains, then its sessions are migrated (``retention``,
+``retention_prefetch``: to the tier, re-homed) or its KV dropped (``lru``). Each removal
+time is one sample (``slices`` lists them, slice by slice). The removed engine's *active
+sessions*: those homed there when it leaves, not ended, with a turn in flight, a turn that
+ended within ``--scale-in-window-s`` modelled seconds before, or a predicted return after.
+Keys: ``scale_in.lost`` (requests served in the run without scale-in that failed or never
+finished with it; ``scale_in.failed`` counts every failure, e.g. a prompt past the context
+limit), ``scale_in.kept_ratio`` (of those sessions' prefix blocks, each one's last turn's
+chain, the share a next turn could still reuse right after the removal: on a remaining
+engine's GPU then the tier; ``scale_in.kept_unmigrated_ratio``: the share already there
+before the migration), ``scale_in.ttft_p95_vs_no_scale_in`` (p95 TTFT of those sessions'
+turns arriving after the removal over the same turns' p95 without scale-in;
+``scale_in.first_followup_...``: each session's first such turn only), and what explains
+them (sessions, follow-up turns, drain seconds, fleet KV used).
 
 ``--tier-restart`` also measures, live (the real Transfer Engine; needs its wheel and
 libibverbs), a ``kvcache`` instance with a disk segment killed with SIGKILL and started
@@ -28,6 +51,7 @@ the new process's spawn until every block it held is fetched again through kvmet
 ``tier_restart`` = that script's whole JSON (both variants, the put cost).
 
     .venv/bin/python benchmarks/agent_memory.py  # 3 slices x 300 requests, 2 engines x 2300 blocks
+    # + scale-in: sessions 0:59, 1000 requests, 8 engines x 2300 blocks, removed at 1/3, 1/2, 2/3
 """
 
 from __future__ import annotations
@@ -42,6 +66,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._agent_memory_scalein import measure, removal_s
 from benchmarks._agentic_slice import parse_slice, sessions
 from benchmarks._harness import TRACES, command_line, emit_json, machine
 from services.bench.traces import Trace, load_trace
@@ -103,6 +128,22 @@ def tier_restart() -> dict[str, Any]:
     return {"tier_restart_s": restart["tier_restart_s"], "tier_restart": rest}
 
 
+def scale_in(
+    args: argparse.Namespace, trace: Trace, base: SimConfig, per: dict[str, dict[str, Any]]
+) -> None:
+    """The ``scale_in.*`` keys: per scale-in slice and removal time (one sample each)."""
+    shares = [float(x) for x in args.scale_in_at.split(",")]
+    for a, b in (parse_slice(s) for s in args.scale_in_slices.split(",")):
+        tr = slice_trace(trace, a, b, args.scale_in_requests)
+        for name, mode in VARIANTS.items():
+            cfg = replace(base, agent_memory=mode, engines=args.scale_in_engines,
+                          kv_blocks=args.scale_in_kv_blocks,
+                          scale_in_window_s=args.scale_in_window_s)  # fmt: skip
+            for got in measure(cfg, tr, [removal_s(cfg, tr, x) for x in shares]):
+                for k, v in got.items():
+                    per[name].setdefault(k, []).append(v)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--trace", default=str(TRACE))
@@ -115,6 +156,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gap-scale", type=float, default=10.0, help="trace gaps x this (10 restores)")
     p.add_argument("--budget-share", type=float, default=0.2)
     p.add_argument("--profile", default="default", help="routing profile of every variant")
+    p.add_argument("--scale-in-engines", type=int, default=8, help="0: no scale-in measurement")
+    p.add_argument("--scale-in-kv-blocks", type=int, default=2300, help="per engine")
+    p.add_argument("--scale-in-slices", default="0:59", help="session ranges, comma-separated")
+    p.add_argument("--scale-in-requests", type=int, default=1000, help="first N per slice")
+    p.add_argument("--scale-in-at", default="0.33,0.5,0.67",
+                   help="removal times: shares of the way through the slice's arrivals")  # fmt: skip
+    p.add_argument("--scale-in-window-s", type=float, default=300.0,
+                   help="active session: a turn ended within this many modelled seconds")  # fmt: skip
     p.add_argument("--out", default=None, help="also write the JSON here")
     p.add_argument(
         "--tier-restart", action="store_true", help="also measure tier_restart_s (live, ~1 min)"
@@ -137,16 +186,21 @@ def main(argv: list[str] | None = None) -> int:
     slices = [parse_slice(s) for s in args.slices.split(",")]
     for a, b in slices:
         tr = slice_trace(trace, a, b, args.max_requests)
-        warm_cfg = replace(base, agent_memory="lru", kv_blocks=args.kv_blocks * 64)
-        _, warm = run_one(warm_cfg, tr)
+        # warm: 64x the KV to cache in, the same KV for running requests (the same batches)
+        big = replace(base, agent_memory="lru", kv_blocks=args.kv_blocks * 64)
+        _, warm = run_one(replace(big, kv_running_blocks=args.kv_blocks), tr)
+        _, warm_batch = run_one(big, tr)
         for name, mode in VARIANTS.items():
             got, ttft = run_one(replace(base, agent_memory=mode), tr)
             both = [i for i in got["resumed"] if i in ttft and i in warm]
             vs = p95([ttft[i] for i in both]) / p95([warm[i] for i in both]) if both else None
+            bb = [i for i in both if i in warm_batch]
+            vs_batch = p95([ttft[i] for i in bb]) / p95([warm_batch[i] for i in bb]) if bb else None
             row = per[name]
             for k, v in (
                 ("resume.reuse_ratio", got["reuse_ratio"]),
                 ("resume.ttft_p95_vs_warm", vs),
+                ("resume.ttft_p95_vs_warm_more_batch", vs_batch),
                 ("resume.ttft_p95_ms", p95([ttft[i] for i in both]) if both else None),
                 ("idle_kv_share", got["idle_kv_share"]),
                 ("fleet_kv_used", got["fleet_kv_used"]),
@@ -154,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                 ("resumed_turns", float(got["resumed_turns"])),
             ):
                 row.setdefault(k, []).append(v)
+    if args.scale_in_engines:
+        scale_in(args, trace, base, per)
     out = {
         "benchmark": "agent_memory",
         "command": command_line(),
@@ -166,6 +222,14 @@ def main(argv: list[str] | None = None) -> int:
         "gap_scale": args.gap_scale,
         "budget_share": args.budget_share,
         "profile": args.profile,
+        "scale_in": {
+            "engines": args.scale_in_engines,
+            "kv_blocks": args.scale_in_kv_blocks,
+            "slices": args.scale_in_slices,
+            "max_requests": args.scale_in_requests,
+            "at": args.scale_in_at,
+            "window_s": args.scale_in_window_s,
+        },
         "variants": {v: {k: stat(xs) for k, xs in row.items()} for v, row in per.items()},
         "wall_s": round(time.monotonic() - t0, 1),
     }

@@ -99,9 +99,9 @@ class EngineCore(PrefillPlanner):
                 f"the context limit of {limit} tokens"
             )
         need = self.cache.blocks_for(prompt_len + max_new_tokens)
-        if need > self.cache.capacity_blocks:
+        if need > self.cache.running_blocks:
             raise AdmissionError(
-                f"request needs {need} KV blocks; this instance has {self.cache.capacity_blocks}"
+                f"request needs {need} KV blocks; this instance has {self.cache.running_blocks}"
             )
 
     def submit(self, req: Request, now: float) -> None:

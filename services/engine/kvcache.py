@@ -57,11 +57,22 @@ class KVCache:
     """Block accounting + prefix index. Not thread-safe; the engine core owns one."""
 
     def __init__(
-        self, capacity_blocks: int, block_size: int, *, hold_evicted: bool = False
+        self,
+        capacity_blocks: int,
+        block_size: int,
+        *,
+        hold_evicted: bool = False,
+        running_blocks: int | None = None,
     ) -> None:
+        """``running_blocks``: at most this many blocks referenced by sequences at once (None:
+        the capacity): a cache bigger than the batch it serves, e.g. a simulation's reference
+        that differs from another run only in what it can keep cached."""
         if capacity_blocks <= 0 or block_size <= 0:
             raise ValueError("capacity_blocks and block_size must be positive")
+        if running_blocks is not None and not 0 < running_blocks <= capacity_blocks:
+            raise ValueError("running_blocks must be in [1, capacity_blocks]")
         self.capacity_blocks = capacity_blocks
+        self.running_blocks = running_blocks or capacity_blocks
         self.block_size = block_size
         self._blocks: dict[int, _Block] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # unreferenced cached, oldest first
@@ -261,6 +272,8 @@ class KVCache:
         )
         if private > self.free_blocks + evictable_after + len(self._held):
             return None
+        if self._over_running(hashes[:matched], private):
+            return None
         if self.hold_evicted and private > self.free_blocks:
             # Evict what the held blocks (freed when stored) do not cover, not the prefix it
             # matches; their offloads start now.
@@ -289,7 +302,18 @@ class KVCache:
         evictable_after = len(self._lru) - sum(
             1 for h in hashes[:matched] if self._blocks[h].refs == 0
         )
+        if self._over_running(hashes[:matched], private):
+            return False
         return private <= self.free_blocks + evictable_after + len(self._held)
+
+    def _over_running(self, shared: list[int], private: int) -> bool:
+        """Whether a sequence sharing ``shared`` and adding ``private`` blocks would take the
+        blocks referenced by sequences past ``running_blocks``."""
+        if self.running_blocks >= self.capacity_blocks:
+            return False
+        newly = sum(1 for h in shared if self._blocks[h].refs == 0)
+        held = self._private + len(self._blocks) - len(self._lru)
+        return held + newly + private > self.running_blocks
 
     def commit(self, seq_id: str, hashes: list[int]) -> None:
         """The prompt of ``seq_id`` is computed: its full blocks ``hashes`` become cached.

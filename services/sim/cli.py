@@ -148,6 +148,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "prefetch (retention + prefetch before the predicted return)")  # fmt: skip
     p.add_argument("--memory-budget-share", type=num, default=0.2,
                    help="agent memory: share of an engine's KV idle sessions may hold")  # fmt: skip
+    p.add_argument("--scale-in-at-s", type=num, default=None,
+                   help="remove engines at this modelled second (the autoscaler's victim rule, "
+                   "drain, then with agent memory migrate their sessions)")  # fmt: skip
+    p.add_argument(
+        "--scale-in-count", type=whole, default=1, help="engines --scale-in-at-s removes"
+    )
     p.add_argument("--out", required=True, metavar="FILE.json", help="write the summary here")
     p.add_argument("--timeline", metavar="FILE.csv", help="per-minute timeline CSV")
     p.add_argument("--plot", metavar="FILE.png",
@@ -219,6 +225,8 @@ def config(args: argparse.Namespace) -> SimConfig:
         short_first_tokens=args.short_first_tokens,
         agent_memory=args.agent_memory,
         memory_budget_share=args.memory_budget_share,
+        scale_in_at_s=args.scale_in_at_s,
+        scale_in_count=args.scale_in_count,
         autoscale=AutoscaleConfig(
             max_replicas=args.max_replicas,
             startup_s=args.startup_s,

@@ -48,6 +48,9 @@ class SimConfig:
     max_requests: int | None = None
     offset: int = 0
     kv_blocks: int = 16384
+    # KV blocks running requests may hold per engine (None: kv_blocks): a cache bigger than
+    # the batch (a reference that differs from another run only in what stays cached)
+    kv_running_blocks: int | None = None
     block_size: int = 64
     stream_interval: int = 16
     load_source: LoadSource = "scrape"
@@ -80,6 +83,12 @@ class SimConfig:
     agent_memory: str | None = None
     memory_budget_share: float = 0.2
     memory_tier_blocks: int = 1 << 22
+    # an explicit scale-in (services/sim/scalein.py): at this modelled second the
+    # autoscaler's victim rule picks ``scale_in_count`` engines, drained then removed
+    scale_in_at_s: float | None = None
+    scale_in_count: int = 1
+    # the "active session" window of the scale-in measurement (modelled seconds)
+    scale_in_window_s: float = 300.0
 
     @property
     def pd(self) -> bool:
@@ -108,6 +117,8 @@ class SimConfig:
             if not getattr(self, name) > 0:
                 flag = name.replace("_", "-")
                 raise SimConfigError(f"--{flag} must be > 0, got {getattr(self, name)}")
+        if self.kv_running_blocks is not None and not 1 <= self.kv_running_blocks <= self.kv_blocks:
+            raise SimConfigError("--kv-running-blocks must be in [1, kv_blocks]")
         if self.max_requests is not None and self.max_requests < 1:
             raise SimConfigError(f"--max-requests must be at least 1, got {self.max_requests}")
         if self.seed < 0 or self.offset < 0 or self.scrape_lag_ms < 0:
@@ -122,6 +133,15 @@ class SimConfig:
             )
         if not 0.0 <= self.memory_budget_share <= 1.0 or self.memory_tier_blocks < 0:
             raise SimConfigError("--memory-budget-share in [0, 1], --memory-tier-blocks >= 0")
+        if self.scale_in_at_s is not None:
+            if self.pd:
+                raise SimConfigError("--scale-in-at-s needs aggregated engines (not P/D)")
+            if self.scale_in_at_s < 0 or not 1 <= self.scale_in_count < self.engines:
+                raise SimConfigError(
+                    "--scale-in-at-s must be >= 0 and --scale-in-count in [1, engines)"
+                )
+            if not self.scale_in_window_s > 0:
+                raise SimConfigError("--scale-in-window-s must be > 0")
         a = self.autoscale
         if a is not None:
             if not 1 <= a.min_replicas <= a.max_replicas:

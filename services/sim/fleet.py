@@ -66,16 +66,19 @@ class Engines:
         batched: bool = True,
         decode_keeps_kv: bool = False,
         short_first_tokens: int = 0,
+        running_blocks: int | None = None,
     ) -> None:
         """``mark``: a decode run stops before a sequence's ``mark``-th token (the shell
         acts on it: the first streamed chunk); ``batched=False``: one event per step;
         ``decode_keeps_kv``: decode engines cache the KV they receive, ``short_first_tokens``:
-        short prompts are prefilled first (both :class:`CoreConfig` settings)."""
+        short prompts are prefilled first (both :class:`CoreConfig` settings);
+        ``running_blocks``: the KV running sequences may hold (:class:`KVCache`)."""
         self.perf = perf
         self.mark, self.batched = mark, batched
         self.kv_blocks, self.block_size = kv_blocks, block_size
         self.decode_keeps_kv = decode_keeps_kv
         self.short_first_tokens = short_first_tokens
+        self.running_blocks = running_blocks
         self.by_id: dict[str, Instance] = {}
         self._counts: dict[EngineRole, int] = {}
         for role in roles:
@@ -88,7 +91,7 @@ class Engines:
         i = self._counts.get(role, 0)
         self._counts[role] = i + 1
         iid = f"{_GATEWAY_ROLE[role]}-{i}"
-        cache = KVCache(self.kv_blocks, self.block_size)
+        cache = KVCache(self.kv_blocks, self.block_size, running_blocks=self.running_blocks)
         inst = Instance(
             iid,
             _GATEWAY_ROLE[role],

@@ -18,7 +18,8 @@ session id; its sessions share nothing). Modes:
   coming back ``plan_prefetch``'s lead before its predicted return (to its home engine); an
   arriving turn uses it when done, waits for it while that is shorter than recomputing.
 
-Scale-in (with ``autoscale``, in the offload modes) is drain and migrate, as in the product:
+Scale-in (with ``autoscale``, or the explicit ``scale_in_at_s`` of
+:mod:`services.sim.scalein`; in the offload modes) is drain and migrate, as in the product:
 when a drained engine leaves, :meth:`AgentMemory.migrate` runs
 :func:`~services.common.sessions.migration.plan_migration` over the sessions homed there;
 the blocks of those that move or go to the tier are offloaded to the tier, and every live
@@ -67,6 +68,7 @@ from services.common.sessions import (
 )
 from services.common.sessions.controller import EngineKV, plan_engines
 from services.engine.kvcache import KVCache
+from services.sim.scalein import active_sessions, kept_prefix
 
 __all__ = ["AgentMemory", "MemoryMode", "Resume"]
 
@@ -247,6 +249,18 @@ class AgentMemory:
             if home:
                 self.table.set_placement(s.key, now / 1000.0, home_instance=home, tiers={})
         return plan
+
+    def active_chains(self, iid: str, now: float, window_s: float) -> dict[str, tuple[int, ...]]:
+        """The prefix chains of ``iid``'s active sessions at ``now`` (by session id; see
+        :func:`~services.sim.scalein.active_sessions`), those with a finished turn."""
+        rows = active_sessions(self.table.rows(), iid, now / 1000.0, window_s)
+        return {s.session_id: self._chains[s.key] for s in rows if s.key in self._chains}
+
+    def kept_blocks(self, chain: Sequence[int], without: str = "") -> int:
+        """Blocks of ``chain`` still cached on an engine's GPU (not ``without``'s) and the
+        tier (:func:`~services.sim.scalein.kept_prefix`)."""
+        runs = [c.match(list(chain)) for i, c in self.caches.items() if i != without]
+        return kept_prefix(chain, runs, self._tier.__contains__)
 
     def tick(self, now: float) -> None:
         """The retention controller's round (retention modes), prefetches, samples."""

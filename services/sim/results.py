@@ -132,4 +132,11 @@ def sim_section(run: SimRun) -> dict[str, Any]:
         "events": run.events,
         "autoscale": run.autoscale,
         "agent_memory": run.agent_memory,
-    }
+        "scale_in": [
+            {"instance": r.iid, "chosen_s": round(r.chosen_ms / 1000.0, 3),
+             "removed_s": None if r.removed_ms is None else round(r.removed_ms / 1000.0, 3),
+             "active_sessions": len(r.sessions), "prefix_blocks": r.prefix_blocks,
+             "kept_blocks": r.kept_blocks, "kept_unmigrated_blocks": r.kept_unmigrated_blocks}
+            for r in run.scale_ins
+        ] or None,
+    }  # fmt: skip

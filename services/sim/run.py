@@ -12,7 +12,7 @@ gateway has: the scrape (or the load stream's snapshot) plus its own reservation
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from services.bench.traces import Trace
@@ -28,6 +28,8 @@ from services.sim.inputs import Arrival, Prompts, arrivals
 from services.sim.memory import AgentMemory
 from services.sim.records import Diag, SimRequest
 from services.sim.routing import Gateways, note_pick, precise_matches
+from services.sim.scalein import ScaleInRecord
+from services.sim.scaling import Scaling
 from services.sim.timeline import Timeline
 
 __all__ = ["Progress", "SimRun", "Simulation"]
@@ -50,9 +52,10 @@ class SimRun:
     events: int
     autoscale: dict[str, Any] | None = None  # what the planner did (None: a fixed fleet)
     agent_memory: dict[str, Any] | None = None  # agent memory's measurements (None: off)
+    scale_ins: list[ScaleInRecord] = field(default_factory=list)  # the explicit scale-in's
 
 
-class Simulation:
+class Simulation(Scaling):
     def __init__(
         self, cfg: SimConfig, trace: Trace, engines: Engines | None = None, narrow: bool = True
     ) -> None:
@@ -70,6 +73,7 @@ class Simulation:
             engines = Engines(
                 roles, self.perf, cfg.kv_blocks, cfg.block_size, mark=cfg.stream_interval,
                 decode_keeps_kv=cfg.decode_keeps_kv, short_first_tokens=cfg.short_first_tokens,
+                running_blocks=cfg.kv_running_blocks,
             )  # fmt: skip
         self.engines = engines
         self.gw = Gateways(cfg, [i.spec for i in engines], narrow)
@@ -88,6 +92,7 @@ class Simulation:
         self.planner = Planner(engines.roles(), a, self.perf) if a is not None else None
         self.window = Window(a.window_s * 1000.0) if a is not None else None
         self.peak_replicas = self.initial_instances = len(engines)
+        self.scale_ins: list[ScaleInRecord] = []
         self.memory = (
             AgentMemory(cfg.agent_memory, self.caches, self.perf, cfg.block_size,
                         budget_share=cfg.memory_budget_share, tier_blocks=cfg.memory_tier_blocks)
@@ -108,6 +113,8 @@ class Simulation:
             q.push(cfg.autoscale.tick_s * 1000.0, "tick", None)
         if self.memory is not None:
             q.push(self.memory.tick_ms, "retain", None)
+        if cfg.scale_in_at_s is not None:
+            q.push(cfg.scale_in_at_s * 1000.0, "scale_in", None)
         pending = total = len(self.arrivals)
         handlers: dict[str, Callable[[Any, float], int]] = {
             "arrive": self.arrive,
@@ -120,6 +127,8 @@ class Simulation:
             "tick": self.tick,
             "ready": self.ready,
             "retain": self.retain,
+            "scale_in": self.scale_in,
+            "drain": self.drain,
         }
         tick = 0
         while pending and len(q):
@@ -143,6 +152,7 @@ class Simulation:
             q.pushed,
             self.autoscale_summary(),
             self.memory.summary() if self.memory is not None else None,
+            self.scale_ins,
         )
 
     def retain(self, _: Any, now: float) -> int:
@@ -151,17 +161,6 @@ class Simulation:
         self.memory.tick(now)
         self.q.push(now + self.memory.tick_ms, "retain", None)
         return 0
-
-    def autoscale_summary(self) -> dict[str, Any] | None:
-        if self.planner is None:
-            return None
-        return {
-            "scaling_decisions": self.planner.decisions,
-            "instances_started": len(self.engines) - self.initial_instances,
-            "instances_removed": sum(i.removed for i in self.engines),
-            "peak_replicas": self.peak_replicas,
-            "final_replicas": self.engines.roles(),
-        }
 
     # -- event handlers (each returns how many requests ended) ----------------------------
     def scrape(self, inst: Instance, now: float) -> int:
@@ -287,63 +286,6 @@ class Simulation:
                 )  # fmt: skip
         self.timeline.ended(now, req)
         return 1
-
-    # -- autoscaling ----------------------------------------------------------------------
-    def tick(self, payload: Any, now: float) -> int:
-        """A planner tick: its targets start instances or drain its victims."""
-        assert self.planner is not None and self.window is not None
-        live = self.engines.live()
-        kv = self.memory.session_blocks() if self.memory is not None else {}
-        views = tuple(
-            self.planner.instance(
-                i.iid, i.role, i.ready, i.core.num_waiting if i.ready else 0, i.core.num_running,
-                kv.get(i.iid, 0),
-            )
-            for i in live
-            if not i.retiring
-        )  # fmt: skip
-        d = self.planner.tick(now / 1000.0, views, self.window.view(now))
-        victims = set(d.victims)
-        for inst in live:
-            if inst.iid in victims and not inst.retiring:
-                self.retire(inst)
-        for role, target in d.targets.items():
-            have = sum(1 for i in live if i.role == role and not i.retiring and not i.removed)
-            for _ in range(target - have):
-                new = self.engines.add(role, ready=False)
-                self.q.push(now + self.planner.cfg.startup_s * 1000.0, "ready", new)
-        for inst in live:  # drained victims leave, their sessions migrated first
-            if inst.retiring and not inst.removed and inst.idle:
-                inst.removed = True
-                if self.memory is not None:
-                    stay = [i.iid for i in live if i.role == inst.role and i.ready
-                            and not i.retiring and not i.removed]  # fmt: skip
-                    self.memory.migrate(inst.iid, stay, now)
-                self.caches.pop(inst.iid, None)  # its KV is gone with it
-        self.timeline.replicas = self.engines.roles()
-        self.q.push(now + self.planner.cfg.tick_s * 1000.0, "tick", None)
-        return 0
-
-    def retire(self, inst: Instance) -> None:
-        inst.retiring = True
-        if not inst.ready:  # still starting: stopped at once
-            inst.removed = True
-            return
-        for core in self.gw.cores:
-            core.fleet.retire(inst.iid)
-
-    def ready(self, inst: Instance, now: float) -> int:
-        """A started instance is up: the gateways learn of it (membership) and scrape it."""
-        if inst.removed:
-            return 0
-        inst.ready = True
-        for core in self.gw.cores:
-            core.fleet.upsert(inst.spec)
-        self.caches[inst.iid] = inst.core.cache
-        self.q.push(now, "scrape", inst)
-        self.timeline.replicas = self.engines.roles()
-        self.peak_replicas = max(self.peak_replicas, sum(self.timeline.replicas.values()))
-        return 0
 
     def dispatch(self, rids: list[str], now: float) -> int:
         """Send picked requests to their engines; how many ended at once (refused)."""

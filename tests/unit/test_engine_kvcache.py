@@ -136,3 +136,37 @@ def test_cached_blocks_get_distinct_slots_reused_after_eviction_and_clear() -> N
     assert [cache.slot_of(h) for h in hashes(new)] == [None, None]
     fill(cache, "after-clear", new)
     assert cache.drain_filled() == [(hashes(new)[0], 0), (hashes(new)[1], 1)]
+
+
+@pytest.mark.parametrize(
+    ("running", "shares", "fits"),
+    [
+        (None, False, True),  # no limit: the capacity
+        (6, False, True),  # 4 running + 2 new = the limit
+        (5, False, False),  # 4 running + 2 new > 5
+        (5, True, False),  # 1 of the 2 is cached, unreferenced: referencing it counts
+        (6, True, True),
+    ],
+    ids=["no-limit", "at-limit", "over-limit", "shared-counts", "shared-at-limit"],
+)
+def test_running_blocks_limit_the_batch_not_the_cache(
+    running: int | None, shares: bool, fits: bool
+) -> None:
+    """A 32-block cache whose running sequences may hold ``running`` blocks, with 21 cached
+    ones (more than the limit: the limit leaves the cache's room alone): one sequence holds
+    4 blocks; another wants 2 (its first one cached when ``shares``)."""
+    cache = KVCache(capacity_blocks=32, block_size=BS, running_blocks=running)
+    shared = list(range(100, 100 + BS))
+    fill(cache, "old", shared)
+    for k in range(20):
+        fill(cache, f"c{k}", list(range(1000 * k + 1000, 1000 * k + 1000 + BS)))
+    assert cache.allocate("big", hashes(list(range(4 * BS))), 4) is not None
+    tokens = (shared if shares else [7] * BS) + [8] * BS
+    assert cache.fits(hashes(tokens), 2) is fits
+    assert (cache.allocate("new", hashes(tokens), 2) is not None) is fits
+    assert cache.used_blocks >= 21 + 4  # nothing cached was evicted for the limit
+
+
+def test_running_blocks_must_fit_the_capacity() -> None:
+    with pytest.raises(ValueError, match="running_blocks"):
+        KVCache(capacity_blocks=8, block_size=BS, running_blocks=9)

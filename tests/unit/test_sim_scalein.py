@@ -1,0 +1,118 @@
+"""The simulator's explicit scale-in: which sessions count as active on the victim, how much
+of a prefix is still cached, and a tiny run where one engine of two leaves mid-run (drained,
+then migrated in the offload modes, dropped under LRU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.bench.traces import Trace, TraceRequest
+from services.common.sessions import Phase, Session
+from services.sim.config import SimConfig, SimConfigError
+from services.sim.run import Simulation
+from services.sim.scalein import active_sessions, kept_prefix
+
+
+def _s(sid: str, home: str = "e0", phase: Phase = Phase.IDLE, end: float = 0.0,
+       ret: float = 0.0) -> Session:  # fmt: skip
+    return Session("sim", "", sid, phase=phase, home_instance=home, last_turn_end=end,
+                   predicted_return_at=ret)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("session", "active"),
+    [
+        (_s("a", phase=Phase.ACTIVE), True),
+        (_s("a", end=950.0), True),  # ended 50 s ago, within the 100 s window
+        (_s("a", end=900.0), True),  # exactly at the window's edge
+        (_s("a", end=850.0), False),  # 150 s ago, no prediction
+        (_s("a", end=850.0, ret=1010.0), True),  # old, but predicted back after now
+        (_s("a", end=850.0, ret=990.0), False),  # overdue
+        (_s("a", phase=Phase.ENDED, end=990.0, ret=1010.0), False),
+        (_s("a", home="e1", phase=Phase.ACTIVE), False),  # homed elsewhere
+        (_s("a"), False),  # never finished a turn, not active
+    ],
+    ids=["in-flight", "recent", "window-edge", "stale", "return-ahead", "overdue", "ended",
+         "other-home", "no-turn"],
+)  # fmt: skip
+def test_active_sessions(session: Session, active: bool) -> None:
+    assert (active_sessions([session], "e0", 1000.0, 100.0) == [session]) is active
+
+
+@pytest.mark.parametrize(
+    ("gpu_runs", "tier", "want"),
+    [
+        ((), set(), 0),  # gone everywhere
+        ((), {1, 2, 3, 4}, 4),  # all on the tier
+        ((2, 0), {3}, 3),  # GPU 2 on one engine, the tier continues it
+        ((0, 3), {1}, 3),  # the longest of the engines' GPU runs
+        ((1,), {3, 4}, 1),  # the tier has a gap: only the leading run counts
+        ((6,), set(), 4),  # a GPU run past the chain (a longer turn cached): the chain
+    ],
+    ids=["dropped", "tier", "gpu-then-tier", "best-engine", "gap", "capped"],
+)
+def test_kept_prefix(gpu_runs: tuple[int, ...], tier: set[int], want: int) -> None:
+    assert kept_prefix((1, 2, 3, 4), gpu_runs, tier.__contains__) == want
+
+
+def _trace() -> Trace:
+    """Six sessions of 8 blocks take a turn each at once (both engines busy), all return
+    from 60 s on with one more block."""
+    rows = []
+    for k in range(6):
+        a = tuple(range(1000 * k + 1, 1000 * k + 9))
+        rows += [(0.0, a), (60.0 + k, (*a, 1000 * k + 9))]
+    reqs = tuple(
+        TraceRequest(i, i + 1, t, len(h) * 512, 4, h) for i, (t, h) in enumerate(sorted(rows))
+    )
+    return Trace("t", "mooncake", reqs)
+
+
+def _run(mode: str, at: float | None) -> Simulation:
+    cfg = SimConfig(engines=2, kv_blocks=150, block_size=64, agent_memory=mode,
+                    memory_budget_share=1.0, scale_in_at_s=at)  # fmt: skip
+    sim = Simulation(cfg, _trace())
+    run = sim.run()
+    assert len(run.requests) == 12
+    assert all(r.error is None and r.last is not None for r in run.requests)  # none lost
+    return sim
+
+
+@pytest.mark.parametrize(
+    ("mode", "kept"), [("lru", 0.0), ("retention", 1.0), ("prefetch", 1.0)],
+    ids=["lru-drops", "retention-migrates", "prefetch-migrates"],
+)  # fmt: skip
+def test_scale_in_removes_one_engine_and_keeps_its_sessions_kv(mode: str, kept: float) -> None:
+    sim = _run(mode, 0.05)  # while the first turns run: the victim drains them first
+    assert sum(i.removed for i in sim.engines) == 1
+    (rec,) = sim.scale_ins
+    assert sim.engines[rec.iid].removed and rec.removed_ms is not None
+    assert rec.chosen_ms == 50.0 < rec.removed_ms < 60_000.0
+    assert rec.sessions and rec.prefix_blocks == 64 * len(rec.sessions)  # 8 x 512 tokens
+    assert rec.kept_ratio == kept
+    assert rec.kept_unmigrated_blocks == 0  # all on the victim: what is kept, migration kept
+    assert sim.memory is not None
+    migrated = sum(n for k, n in sim.memory.counts.items() if k.startswith("migrate_"))
+    assert migrated == (len(rec.sessions) if mode != "lru" else 0)
+
+
+def test_no_scale_in_removes_nothing() -> None:
+    sim = _run("retention", None)
+    assert not sim.scale_ins and not any(i.removed for i in sim.engines)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"scale_in_at_s": -1.0}, "scale-in-at-s"),
+        ({"scale_in_at_s": 1.0, "scale_in_count": 2}, "scale-in-count"),
+        ({"scale_in_at_s": 1.0, "scale_in_count": 0}, "scale-in-count"),
+        ({"scale_in_at_s": 1.0, "prefill": 1, "decode": 1}, "P/D"),
+        ({"scale_in_at_s": 1.0, "scale_in_window_s": 0.0}, "window"),
+        ({"kv_blocks": 8, "kv_running_blocks": 9}, "kv-running-blocks"),
+    ],
+    ids=["negative-time", "all-engines", "none", "pd", "window", "running-past-kv"],
+)
+def test_bad_config_is_refused(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(SimConfigError, match=message):
+        SimConfig(engines=2, **fields).validate()  # type: ignore[arg-type]
