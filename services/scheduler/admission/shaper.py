@@ -75,8 +75,8 @@ __all__ = [
 DISPATCH_HOLD_MS = 150.0
 DISPATCH_ORDER: Literal["shortest", "slo"] = "slo"
 # The shipped gateway's bound on a follower's wait (benchmarks/README.md, "Followers wait
-# for their carrier"): chosen as a bound against starvation, not tuned (10 s measured
-# about the same at 0.5x, less at 1x).
+# for their carrier"): chosen as a bound against starvation, not tuned; a shorter one lets
+# followers go before their carrier's first byte on busy instances (10 s measured less).
 DISPATCH_FOLLOW_MS = 30_000.0
 # A prompt whose predicted prefill is under this share of the threshold goes at once: it
 # delays whatever waits by little, and holding it would cost the gateway more than it saves
