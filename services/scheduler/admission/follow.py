@@ -18,8 +18,8 @@ A follower still waiting is no carrier until it is set free. Its prefill starts 
 its own carrier's first byte, and then the blocks both share are cached: a new turn that
 waited for it would go one first byte (a prefill plus the first streamed chunk) later
 still, and each later turn of the session one more, so that a busy session's turns queue
-in the gateway one after another. The new turn waits for the same carrier instead, goes
-with the waiting one, and computes again only the blocks the waiting one adds.
+in the gateway one after another. The new turn waits for the same carrier instead, is set
+free with the waiting one, and computes again only the blocks the waiting one adds.
 """
 
 from __future__ import annotations

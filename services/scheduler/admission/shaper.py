@@ -44,8 +44,8 @@ prefill, its carrier, waits here until the carrier's first byte and is then offe
 it had just come (so it hits the prefix instead of computing it again behind the carrier in
 the engine), unless the carrier's predicted first byte is more than ``follow_max_ms`` away.
 It waits at most ``follow_max_ms``, and goes at once if the carrier fails or is withdrawn.
-A follower still waiting carries nothing: a request behind it waits for the same carrier
-and goes with it. Waiting costs it little on the instance: FCFS, the engine would have run
+A follower still waiting carries nothing: a request behind it waits for the same carrier,
+set free with it. Waiting costs it little on the instance: FCFS, the engine would have run
 the carrier's prefill ahead of it anyway. Whether a turn should wait for its carrier at all
 or go elsewhere is the router's choice: its predicted TTFT counts the carrier's prefill in
 the instance's queue and the prefix as cached, which is what waiting gives.
