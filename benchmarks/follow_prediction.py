@@ -2,7 +2,7 @@
 without the dispatch order's follower rule (``dispatch_follow_ms``), in virtual time.
 
 One cell of ``goodput_sim.py`` (same rules: its defaults), the ``default`` profile, run with
-the rule off and on. Per run: the mean TTFT prediction error (the pick's predicted TTFT minus
+the rule off (``default+nofollow``) and on (``default``, as shipped). Per run: the mean TTFT prediction error (the pick's predicted TTFT minus
 the served one), and the requests whose pick predicted at least ``--blocks`` blocks more
 cached than the engine found, with their mean predicted and served TTFT.
 
@@ -26,6 +26,7 @@ import goodput_sim  # noqa: E402
 from _harness import emit_json  # noqa: E402
 
 from services.bench.traces import load_trace  # noqa: E402
+from services.scheduler.admission.shaper import DISPATCH_FOLLOW_MS  # noqa: E402
 from services.sim import SimConfig, simulate  # noqa: E402
 
 
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--offset", type=int, default=1722, help="agentic slice offset")
     p.add_argument("--rate", type=float, default=1.0, help="rate scale")
-    p.add_argument("--follow-ms", type=float, default=30_000.0)
+    p.add_argument("--follow-ms", type=float, default=DISPATCH_FOLLOW_MS)
     p.add_argument("--blocks", type=int, default=8, help="over-predicted cache threshold")
     p.add_argument("--out", default=None)
     ours = p.parse_args(argv)
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"tool": "follow_prediction (virtual time)", "args": vars(ours)}
     with tempfile.TemporaryDirectory(prefix="follow-") as tmp:
         pfile = goodput_sim.profiles_file(a, Path(tmp))
-        for name, follow in (("default", 0.0), ("default+follow", ours.follow_ms)):
+        for name, follow in (("default+nofollow", 0.0), ("default", ours.follow_ms)):
             cfg = SimConfig(
                 engines=a.engines, profile="default", profiles_file=pfile,
                 engine_profile=f"{a.engine_profile}*{a.engine_slowdown:g}",

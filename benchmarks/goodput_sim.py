@@ -17,10 +17,11 @@ decode steps before the first streamed chunk, exceeds it (``max_attainment`` = 1
 
 Profiles: the shipped ones, plus (when the shipped file has none of that name) the
 candidate ``goodput`` below. ``cache_aware`` is the shipped imitation of sglang-router's
-policy; it runs without the gateway's dispatch order (sglang-router has none). A profile
-named ``NAME+follow`` is NAME with the dispatch order holding a request whose prefix an
-unanswered request still computes on its instance until that one's first byte, for at most
-``--follow-ms`` (the gateway's ``dispatch_follow_ms``; :mod:`services.scheduler.admission.follow`).
+policy; it runs without the gateway's dispatch order (sglang-router has none). The others
+run with the dispatch order as shipped, which holds a request whose prefix an unanswered
+request still computes on its instance until that one's first byte, for at most
+``--follow-ms`` (the gateway's ``dispatch_follow_ms``; :mod:`services.scheduler.admission.follow`);
+a profile named ``NAME+nofollow`` is NAME without that follower rule.
 
     .venv/bin/python benchmarks/goodput_sim.py --out /tmp/goodput_sim.json   # ~6 min, one core
 
@@ -47,6 +48,7 @@ from _harness import MOONCAKE_CONVERSATION, TRACES, emit_json  # noqa: E402
 
 from services.bench.traces import Trace, load_trace  # noqa: E402
 from services.common.perfmodel import get_profile  # noqa: E402
+from services.scheduler.admission.shaper import DISPATCH_FOLLOW_MS  # noqa: E402
 from services.scheduler.routing.config import DEFAULT_PROFILES_PATH  # noqa: E402
 from services.sim import SimConfig, SimRun, simulate  # noqa: E402
 
@@ -96,8 +98,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--scrape-queue-estimate", action="store_true",
                    help="the gateways price waiting requests they did not send")  # fmt: skip
-    p.add_argument("--follow-ms", type=float, default=30_000.0,
-                   help="dispatch_follow_ms of the NAME+follow profiles")  # fmt: skip
+    p.add_argument("--follow-ms", type=float, default=DISPATCH_FOLLOW_MS,
+                   help="dispatch_follow_ms of the profiles but NAME+nofollow "
+                   "(default: the gateway's)")  # fmt: skip
     p.add_argument("--engine-profile", default="h200-llama3.1-8b")
     p.add_argument("--engine-slowdown", type=float, default=1.2)
     p.add_argument("--kv-blocks", type=int, default=16384)
@@ -178,8 +181,8 @@ def run_cell(
                             "rate_scale": rate, "profiles": {}}  # fmt: skip
     for profile in [x.strip() for x in a.profiles.split(",") if x.strip()]:
         name, _, variant = profile.partition("+")
-        if variant not in ("", "follow"):
-            raise SystemExit(f"unknown profile variant {variant!r} (known: follow)")
+        if variant not in ("", "nofollow"):
+            raise SystemExit(f"unknown profile variant {variant!r} (known: nofollow)")
         cfg = SimConfig(
             engines=a.engines, gateways=a.gateways, profile=name, profiles_file=pfile,
             scrape_queue_estimate=a.scrape_queue_estimate,
@@ -187,7 +190,7 @@ def run_cell(
             gateway_perf_profile=a.engine_profile, rate_scale=rate, max_requests=n,
             offset=offset, kv_blocks=a.kv_blocks, stream_interval=a.stream_interval,
             slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms, keep_block_hashes=True,
-            shaper_follow_ms=a.follow_ms if variant else 0.0,
+            shaper_follow_ms=0.0 if variant else a.follow_ms,
             **({"shaper_hold_ms": 0.0} if name in BASELINES else {}),
         )  # fmt: skip
         doc, run = simulate(cfg, trace)

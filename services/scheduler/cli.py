@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from services.common import runtime
 from services.common.verbs import Flag, add_flags, flag
-from services.scheduler.admission.shaper import DISPATCH_HOLD_MS
+from services.scheduler.admission.shaper import DISPATCH_FOLLOW_MS, DISPATCH_HOLD_MS
 from services.scheduler.replicas import GatewayCount, gateway_count, parse_gateway_count
 
 if TYPE_CHECKING:
@@ -151,10 +151,10 @@ _GATEWAY_FLAGS: tuple[Flag, ...] = (
     flag(
         "--dispatch-follow-ms",
         type=float,
-        default=0.0,
+        default=DISPATCH_FOLLOW_MS,
         help="hold a pick whose prefix an earlier pick is still computing on the same engine "
         "until that pick's first byte, at most this long, so that it hits the prefix "
-        "(0 = off, the default)",
+        f"(0 = off; default {DISPATCH_FOLLOW_MS:g})",
     ),
     flag("--max-in-flight", type=int, default=256, help="per engine (default 256)"),
     flag("--seed", type=int, default=0, help="routing RNG seed"),

@@ -11,7 +11,11 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from services.common.settings import ServiceSettings
 from services.common.tokens import HashScheme
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
-from services.scheduler.admission.shaper import DISPATCH_HOLD_MS, DISPATCH_ORDER
+from services.scheduler.admission.shaper import (
+    DISPATCH_FOLLOW_MS,
+    DISPATCH_HOLD_MS,
+    DISPATCH_ORDER,
+)
 from services.scheduler.slo import DEFAULT_SLO_CLASSES, SLOClassConfig, queue_config
 
 __all__ = ["SchedulerSettings", "parse_endpoint", "split_bootstrap"]
@@ -97,7 +101,7 @@ class SchedulerSettings(ServiceSettings):
         1.0, ge=0, description="dispatch order: ms of predicted prefill forgiven per ms waited"
     )
     dispatch_follow_ms: float = Field(
-        0.0,
+        DISPATCH_FOLLOW_MS,
         ge=0,
         description="dispatch order: hold a pick whose prefix an earlier pick without a first "
         "byte is still computing on the same instance until that first byte, at most this "

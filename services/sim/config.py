@@ -12,7 +12,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from services.common.perfmodel import DEFAULT_PROFILE, get_profile
-from services.scheduler.admission.shaper import DISPATCH_HOLD_MS, DISPATCH_ORDER
+from services.scheduler.admission.shaper import (
+    DISPATCH_FOLLOW_MS,
+    DISPATCH_HOLD_MS,
+    DISPATCH_ORDER,
+)
 from services.sim.autoscale import AutoscaleConfig
 
 __all__ = ["SimConfig", "SimConfigError"]
@@ -76,7 +80,7 @@ class SimConfig:
     shaper_order: str = DISPATCH_ORDER
     # the dispatch order holds a request whose prefix an unanswered one still computes on
     # its instance until that one's first byte, at most this long (ms); 0 = off
-    shaper_follow_ms: float = 0.0
+    shaper_follow_ms: float = DISPATCH_FOLLOW_MS
     timeline_s: float = 60.0
     autoscale: AutoscaleConfig | None = None  # None: a fixed fleet
     # agent memory (services/sim/memory.py): None = off; "lru", "retention" or "prefetch"

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from services.scheduler.admission.dispatch import DispatchOrder
-from services.scheduler.admission.follow import Followers, shared_blocks
+from services.scheduler.admission.follow import Follower, Followers, shared_blocks
 from services.scheduler.admission.shaper import DispatchShaper, ShaperConfig
 
 # A session's prompts as block-hash chains: turn 2 extends turn 1, another session does not.
@@ -146,14 +146,60 @@ def test_cancelled_follower_is_gone() -> None:
     assert s.held() == 0
 
 
-def test_a_follower_is_a_carrier_for_the_next_turn() -> None:
-    turn3 = (*TURN2, 11, 12)
+TURN3 = (*TURN2, 11, 12)
+
+
+@pytest.mark.parametrize(
+    ("waiting", "freed_at", "expect"),
+    [
+        # t2 waits for t1: it computes blocks 9 and 10 only after t1's first byte, when
+        # blocks 1-8 are cached, so turn 3 waits for t1 too (and goes with t2)
+        (True, None, ("t1", 8)),
+        (False, None, ("t2", 2)),  # t2 was sent: its prefill ends after t1's
+        (True, 2.0, ("t2", 2)),  # t2's wait ran out: it is sent, a carrier again
+        (True, 0.5, ("t1", 8)),  # not yet run out
+    ],
+    ids=["waiting-follower-skipped", "sent-follower-carries", "expired-carries", "still-waiting"],
+)
+def test_a_waiting_follower_is_no_carrier(
+    waiting: bool, freed_at: float | None, expect: tuple[str, int] | None
+) -> None:
+    f = Followers()
+    f.add_carrier("t1", "a", TURN1, 0)
+    f.add_carrier("t2", "a", TURN2, 8)
+    if waiting:
+        f.wait(Follower("t2", "t1", "a", 1.0, 5.0, 0.0, 0, None))
+    if freed_at is not None:
+        f.expired("a", freed_at)
+    assert f.carrier("a", TURN3) == expect
+
+
+@pytest.mark.parametrize(
+    ("t3_at", "at_t1_answer", "at_t2_answer"),
+    [
+        # t2 still waits for t1: t3 waits for t1 as well, and both go at its first byte
+        (1.5, ["t2", "t3"], []),
+        # t2 was sent at t1's first byte (4.0): t3 waits for t2's blocks 9 and 10
+        (4.05, ["t2"], ["t3"]),
+    ],
+    ids=["behind-a-waiting-follower", "behind-a-sent-follower"],
+)
+def test_a_session_s_turns_do_not_wait_one_after_another(
+    t3_at: float, at_t1_answer: list[str], at_t2_answer: list[str]
+) -> None:
+    """A turn behind a follower that still waits goes with it, instead of one first byte
+    (a prefill and the first streamed chunk) after it: a chain of waits would hold each
+    later turn of a busy session one more first byte."""
     s = _shaper()
     assert s.offer("t1", "a", 5_000.0, 0.0, prefix=TURN1)
     assert not s.offer("t2", "a", 5.0, 1.0, prefix=TURN2, cached_blocks=8)
-    assert not s.offer("t3", "a", 5.0, 1.5, prefix=turn3, cached_blocks=10)
-    assert s.first_byte("t1", "a", 4.0) == ["t2"]  # t3 waits for t2's blocks 9 and 10
-    assert s.first_byte("t2", "a", 4.1) == ["t3"]
+    if t3_at < 4.0:
+        assert not s.offer("t3", "a", 5.0, t3_at, prefix=TURN3, cached_blocks=10)
+    assert s.first_byte("t1", "a", 4.0) == at_t1_answer
+    if t3_at > 4.0:
+        assert not s.offer("t3", "a", 5.0, t3_at, prefix=TURN3, cached_blocks=10)
+    assert s.first_byte("t2", "a", 4.1) == at_t2_answer
+    assert s.held() == 0
 
 
 class _Clock:

@@ -10,9 +10,16 @@ the carrier's first byte and sent then, it waits the same prefill and hits the p
 This module keeps, per instance, the prompts this gateway sent or holds there without a
 first byte yet (the carriers), finds a new request's carrier (the one whose prompt shares
 the longest run of blocks with it, provided it computes some of them: beyond what that
-carrier itself was predicted to find cached), and keeps the followers waiting for their carriers, each with a
-deadline after which it goes anyway. The shaper decides when to hold and what to do with a
-follower set free.
+carrier itself was predicted to find cached), and keeps the followers waiting for their
+carriers, each with a deadline after which it goes anyway. The shaper decides when to hold
+and what to do with a follower set free.
+
+A follower still waiting is no carrier until it is set free. Its prefill starts only after
+its own carrier's first byte, and then the blocks both share are cached: a new turn that
+waited for it would go one first byte (a prefill plus the first streamed chunk) later
+still, and each later turn of the session one more, so that a busy session's turns queue
+in the gateway one after another. The new turn waits for the same carrier instead, is set
+free with the waiting one, and computes again only the blocks the waiting one adds.
 """
 
 from __future__ import annotations
@@ -69,14 +76,16 @@ class Followers:
         computes (those it shares beyond its own cached part); None when no carrier
         computes any. Of those that do, the one that reaches furthest into ``prefix``: a
         session's turns each extend the last, and the latest one's prefill ends last (FCFS),
-        when the blocks of those before it are cached too."""
+        when the blocks of those before it are cached too. A follower still waiting is
+        skipped (module doc): the new request waits for what that one waits for."""
         inst = self._inst.get(instance_id)
         if inst is None or not prefix:
             return None
         best: tuple[str, int] | None = None
         reach = 0
+        waiting = inst.waiting
         for rid, (chain, cached) in inst.carriers.items():
-            if not chain or chain[0] != prefix[0]:
+            if not chain or chain[0] != prefix[0] or rid in waiting:
                 continue
             shared = shared_blocks(chain, prefix)
             gain = shared - cached

@@ -8,7 +8,11 @@ from typing import Literal
 
 from services.common.tokens import TokenPath
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
-from services.scheduler.admission.shaper import DISPATCH_HOLD_MS, DISPATCH_ORDER
+from services.scheduler.admission.shaper import (
+    DISPATCH_FOLLOW_MS,
+    DISPATCH_HOLD_MS,
+    DISPATCH_ORDER,
+)
 from services.scheduler.http.openai import Limits
 
 __all__ = ["GatewayOptions", "authorization"]
@@ -43,7 +47,7 @@ class GatewayOptions:
     dispatch_order: Literal["shortest", "slo"] = DISPATCH_ORDER
     # Hold a pick whose prefix an unanswered pick is still computing on its instance until
     # that pick's first byte, at most this long (ms); 0 = off (admission.follow).
-    dispatch_follow_ms: float = 0.0
+    dispatch_follow_ms: float = DISPATCH_FOLLOW_MS
     # Tokenizer + block-hash scheme of this deployment (default: the simulator's).
     tokens: TokenPath = field(default_factory=TokenPath)
     # Engine authorization: the client's Authorization header passed on, or (overriding
