@@ -14,7 +14,10 @@ Rules:
 * **Decode** (and the decode share of a worker). Little's law: concurrency =
   ``rate * output * tpot`` with steps at the target. A replica holds the largest batch ``b``
   whose step ``decode_step_ms(b, b * ctx)`` fits in ``target * decode_headroom`` (``ctx`` =
-  input + output / 2, the mean context while decoding). Need = concurrency / b.
+  input + output / 2, the mean context while decoding), and whose KV fits its memory:
+  ``b * ctx <= kv_capacity_tokens`` (when the model knows it; 0 = unknown). Long agent
+  contexts are KV-bound long before they are step-bound: a 100k-token context leaves room
+  for a batch of a few sequences however fast the step. Need = concurrency / b.
 * **Worker** (aggregated): prefill and decode share the replica's time, so the needs add.
 
 A target of 0 (none) sizes by throughput alone (``max_utilization``, and for decode the
@@ -41,6 +44,11 @@ class PerfLike(Protocol):
     def prefill_ms(self, uncached_tokens: int, cached_tokens: int = 0) -> float: ...
 
     def decode_step_ms(self, batch: int, context_tokens: int) -> float: ...
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens of KV one replica holds (0: unknown, no bound)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -124,11 +132,21 @@ def decode_need(perf: PerfLike, d: Demand, t: Targets, headroom: float) -> Need:
     ctx = max(1, round(d.input_tokens + d.output_tokens / 2))
     budget = t.tpot_ms * headroom if t.tpot_ms > 0 else 4.0 * perf.decode_step_ms(1, ctx)
     batch = max_batch(perf, ctx, budget)
+    kv = perf.kv_capacity_tokens
+    kv_bound = kv > 0 and kv // ctx < batch
+    if kv_bound:
+        batch = kv // ctx
     feasible = batch > 0
     step = budget if feasible else perf.decode_step_ms(1, ctx)
     concurrency = d.rate_rps * d.output_tokens * step / 1000.0
     need = concurrency / max(1, batch)
-    detail = f"concurrency {concurrency:.1f} / batch {batch} at step <= {step:.1f} ms" + (
-        "" if feasible else f"; tpot target {t.tpot_ms:g} ms < one step"
-    )
+    detail = f"concurrency {concurrency:.1f} / batch {batch} at step <= {step:.1f} ms"
+    if kv_bound:
+        detail += f" (KV-bound: {kv} tokens / context {ctx})"
+    if not feasible:
+        detail += (
+            f"; context {ctx} > KV {kv} tokens"
+            if kv_bound
+            else f"; tpot target {t.tpot_ms:g} ms < one step"
+        )
     return Need(need, feasible, detail)

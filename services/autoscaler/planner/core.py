@@ -45,7 +45,7 @@ from services.autoscaler.planner.capacity import (
 from services.autoscaler.planner.colocation import fit_roles
 from services.autoscaler.planner.config import PlannerConfig
 from services.autoscaler.planner.forecast import error, new_forecaster, observe, predict
-from services.autoscaler.planner.inputs import PlannerInputs, PlannerState, WindowView
+from services.autoscaler.planner.inputs import PerfView, PlannerInputs, PlannerState, WindowView
 from services.autoscaler.planner.stability import RoleState, stabilise
 from services.autoscaler.planner.victims import active, pick_victims
 from services.autoscaler.records import RoleChange
@@ -86,7 +86,12 @@ def _ceil(x: float) -> int:
 
 def perf_for(inp: PlannerInputs, kind: str) -> tuple[PerfLike | None, str]:
     if kind in inp.perf:
-        return inp.perf[kind], "fitted"
+        perf = inp.perf[kind]
+        # a fitted model learns step times, not memory: the prior's KV capacity bounds it
+        if isinstance(perf, PerfView) and not perf.kv_tokens and inp.spec.perf_profile:
+            kv = get_profile(inp.spec.perf_profile).kv_capacity_tokens
+            perf = replace(perf, kv_tokens=kv)
+        return perf, "fitted"
     if inp.spec.perf_profile:
         return get_profile(inp.spec.perf_profile), f"prior:{inp.spec.perf_profile}"
     return None, "none"

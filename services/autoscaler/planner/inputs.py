@@ -66,6 +66,8 @@ class PerfView:
 
     coef: Coefficients
     startup_s: float = 0.0
+    kv_tokens: int = 0
+    """KV tokens one replica holds (0: unknown; the fit does not learn it)."""
 
     def prefill_ms(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
         del cached_tokens
@@ -73,6 +75,10 @@ class PerfView:
 
     def decode_step_ms(self, batch: int, context_tokens: int) -> float:
         return self.coef.decode_step_ms(batch, context_tokens)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.kv_tokens
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,71 @@
+"""Decode sizing bounded by KV memory as well as by the step time (table-driven).
+
+The perf model of the planner's tests: a decode step is 10 ms + 0.5 ms per sequence + 0.1 ms
+per 1,000 context tokens; 10 req/s of 1,000 in / 100 out tokens at TPOT 50 ms needs 0.76
+decode replicas at a step-bound batch of 66 (no headroom; a context of 1,050 tokens per
+sequence).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from services.autoscaler.planner import PerfView, PlannerInputs, WindowView
+from services.autoscaler.planner.capacity import Demand, Targets, decode_need
+from services.autoscaler.planner.core import perf_for
+from services.autoscaler.spec import parse_spec
+from services.common.perfcoef import Coefficients
+from services.common.perfmodel import get_profile
+
+PERF = PerfView(Coefficients(0.0, 0.1, 0.0, 10.0, 0.5, 0.1, 0.0, 0.0))
+DEMAND = Demand(rate_rps=10.0, input_tokens=1000, output_tokens=100)
+TARGETS = Targets(ttft_ms=1000.0, tpot_ms=50.0)
+CTX = 1050
+
+
+@pytest.mark.parametrize(
+    ("kv_tokens", "batch", "feasible", "kv_bound"),
+    [
+        (0, 66, True, False),
+        (66 * CTX, 66, True, False),
+        (100 * CTX, 66, True, False),
+        (10 * CTX, 10, True, True),
+        (CTX, 1, True, True),
+        (CTX - 1, 0, False, True),
+    ],
+    ids=["unknown", "exactly-the-step-batch", "roomy", "kv-bound", "one-sequence", "context-too-long"],
+)  # fmt: skip
+def test_a_replica_holds_the_batch_its_kv_fits(
+    kv_tokens: int, batch: int, feasible: bool, kv_bound: bool
+) -> None:
+    need = decode_need(replace(PERF, kv_tokens=kv_tokens), DEMAND, TARGETS, 1.0)
+    unbounded = decode_need(PERF, DEMAND, TARGETS, 1.0)
+    assert need.feasible is feasible
+    assert f"/ batch {batch} " in need.detail and ("KV-bound" in need.detail) is kv_bound
+    if feasible:  # the same concurrency over a smaller batch
+        assert need.replicas == pytest.approx(unbounded.replicas * 66 / batch)
+
+
+def _inputs(perf_profile: str, fitted: PerfView) -> PlannerInputs:
+    spec = parse_spec({"name": "d", "perf_profile": perf_profile,
+                       "roles": [{"name": "w", "role": "worker", "replicas": 1, "max_replicas": 4}]})  # fmt: skip
+    return PlannerInputs(spec=spec, desired={"w": 1}, instances=(), window=WindowView(0, 0.0, 0.0, 0.0),
+                         perf={"worker": fitted})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("perf_profile", "fitted_kv", "want"),
+    [
+        ("h200-llama3.1-8b", 0, get_profile("h200-llama3.1-8b").kv_capacity_tokens),
+        ("h200-llama3.1-8b", 12_345, 12_345),
+        ("", 0, 0),
+    ],
+    ids=["prior-fills-in", "fitted-kept", "no-prior"],
+)  # fmt: skip
+def test_a_fitted_model_takes_its_kv_capacity_from_the_prior(
+    perf_profile: str, fitted_kv: int, want: int
+) -> None:
+    perf, source = perf_for(_inputs(perf_profile, replace(PERF, kv_tokens=fitted_kv)), "worker")
+    assert source == "fitted" and perf is not None and perf.kv_capacity_tokens == want
