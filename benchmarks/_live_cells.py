@@ -130,10 +130,17 @@ def _ratios(routers: dict[str, dict[str, Any]], agentic: bool) -> dict[str, Any]
             me, base = _mean(routers, name, metric), _mean(routers, BASE, metric)
             value = round(me / base, 3) if me is not None and base else None
             entry[ratio] = value
+            if value is None and base == 0 and me is not None:
+                entry[f"{ratio}_baseline_zero"] = True
             if agentic_only and not agentic:
                 continue
             op, limit = target.split()
             entry[f"{ratio}_target"] = target
+            if entry.get(f"{ratio}_baseline_zero"):
+                # no ratio to a baseline of zero (a 1x cell where cache_aware met no SLO);
+                # a lower bound is met by anything above it, an upper bound by zero alone
+                entry[f"{ratio}_met"] = (me or 0.0) > 0 if op == ">=" else not me
+                continue
             entry[f"{ratio}_met"] = value is not None and (
                 value >= float(limit) if op == ">=" else value <= float(limit)
             )
@@ -250,9 +257,9 @@ def _figure(m: dict[str, Any] | None, unit: str, scale: float, fmt: str) -> str:
 def _ratio_cell(report: dict[str, Any], ours: str | None, metric: str) -> tuple[str, str]:
     ratio = _RATIO_OF.get(metric)
     entry = report["vs_cache_aware"].get(ours or "") or {}
-    if ratio is None or entry.get(ratio) is None:
+    if ratio is None or (entry.get(ratio) is None and not entry.get(f"{ratio}_baseline_zero")):
         return "", ""
-    text = f"{entry[ratio]:.2f}{TIMES}"
+    text = "- (baseline 0)" if entry[ratio] is None else f"{entry[ratio]:.2f}{TIMES}"
     target = entry.get(f"{ratio}_target")
     if target is None:
         return text, ""
@@ -299,7 +306,7 @@ def markdown(reports: list[dict[str, Any]], summ: dict[str, Any]) -> str:
                 f"{'Old rules' if rules == 'old' else 'Rules of record'}, {_label(name)} vs "
                 f"`cache_aware` over {s['cells_complete']} cells: goodput mean ratio over "
                 f"agentic cells {gp.get('mean', '-')} (target ≥ {AGENTIC_MEAN_GOODPUT_TARGET}; "
-                f"ratio of mean goodputs {g['agentic_ratio_of_means']}), "
+                f"ratio of mean goodputs {g['agentic_ratio_of_means'] or '-'}), "
                 f"≥ 1.0{TIMES} on {g['cells_met']}/{g['cells']} agentic cells; "
                 f"TTFT mean ≤ 0.8{TIMES} on {over['ttft_mean']['cells_met']}/{over['ttft_mean']['cells']}; "
                 f"TPOT ≤ 1.0{TIMES} on {over['tpot_mean']['cells_met']}/{over['tpot_mean']['cells']}; "

@@ -158,6 +158,18 @@ def test_cell_report_completeness_and_targets(
         assert "goodput_met" not in rep["vs_cache_aware"][OURS]
 
 
+def test_goodput_against_a_baseline_of_zero() -> None:
+    zero = [_run(OURS, 0, 0.2, 9000, 50), _run(BASE, 0, 0.0, 9000, 50),
+            _run(OURS, 1, 0.1, 9000, 50), _run(BASE, 1, 0.0, 9000, 50)]  # fmt: skip
+    rep = _report("agentic:1:300:1", zero)
+    vs = rep["vs_cache_aware"][OURS]
+    assert vs["goodput"] is None and vs["goodput_baseline_zero"] and vs["goodput_met"]
+    text = cells_mod.markdown([rep], cells_mod.summary([rep], []))
+    assert "| **- (baseline 0)** | ≥ 1.0" in text
+    g = cells_mod.summary([rep], [])["new"]["vs_cache_aware"][OURS]["goodput"]
+    assert (g["per_cell"], g["cells_met"], g["agentic_ratio_of_means"]) == (None, 1, None)
+
+
 def test_cell_report_without_a_document() -> None:
     rep = cells_mod.cell_report(Cell("agentic", 1, 10, 1.0), "new", {"error": "x"}, {},
                                 [OURS, BASE], 2)  # fmt: skip
