@@ -170,6 +170,7 @@ def cell_report(
         "vs_cache_aware": _ratios(per, cell.kind == "agentic"),
         "any_cpu_saturated": any(p["any_cpu_saturated"] for p in per.values()),
         "engine_profile": (doc.get("fleet") or {}).get("profile"),
+        "machine": doc.get("machine"),  # cores, load average before, git commit
         "log_dir": doc.get("log_dir"),
     }  # fmt: skip
 
@@ -275,11 +276,13 @@ def cell_markdown(report: dict[str, Any]) -> str:
     ceiling = report["ceiling"].get("max_attainment")
     runs = ", ".join(f"{n} {p['runs']}" for n, p in report["routers"].items())
     sat = [n for n, p in report["routers"].items() if p["any_cpu_saturated"]]
+    m = report.get("machine") or {}
     lines = [
         f"**{report['kind']} {report['offset']}** ({report['requests']} requests) "
         f"@{report['rate_scale']:g}x, {'old rules' if report['rules'] == 'old' else 'rules of record'}"
         f"; runs: {runs}; max attainment {ceiling}; "
-        f"CPU-saturated: {', '.join(sat) if sat else 'none'}"
+        f"CPU-saturated: {', '.join(sat) if sat else 'none'}; commit {m.get('git_commit')}, "
+        f"load average before {m.get('loadavg_1m_before')}"
         f"{'' if report['complete'] else '; INCOMPLETE'}",
         "",
         "| figure | " + " | ".join(_label(n) for n in names) + " | ratio | target |",

@@ -215,6 +215,7 @@ def run_cell(cell: Cell, args: argparse.Namespace) -> dict[str, Any]:
     report = cell_report(cell, rules, doc, ceiling, routers, args.runs)
     return {
         "cell": cell.key, "rules": rules, "complete": report["complete"],
+        "trace": str(trace_of(cell, args)),
         "started_unix": round(started), "wall_s": round(time.time() - started, 1),
         "load_average_before": [round(x, 2) for x in load], "exit_code": code,
         "ceiling": ceiling, "compare": doc,

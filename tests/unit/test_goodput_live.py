@@ -110,7 +110,8 @@ def _doc(results: list[dict[str, Any]]) -> dict[str, Any]:
     rules = _load("_compare_rules")
     return {"results": results, "per_router": rules.per_router(results),
             "fleet": {"profile": "h200-llama3.1-8b*1.2", "stream_interval": 16},
-            "workload": {"slo_ttft_ms": 2000.0}, "log_dir": "/tmp/x"}  # fmt: skip
+            "workload": {"slo_ttft_ms": 2000.0}, "log_dir": "/tmp/x",
+            "machine": {"git_commit": "abc1234", "loadavg_1m_before": 0.2}}  # fmt: skip
 
 
 CEILING = {"infeasible_share": 0.3, "max_attainment": 0.7}
@@ -206,6 +207,7 @@ def test_markdown_table_in_the_readme_shape() -> None:
     lines = text.splitlines()
     assert lines[0].startswith("**agentic 1800** (300 requests) @0.5x, rules of record")
     assert "max attainment 0.7" in lines[0] and "CPU-saturated: tideserve:default" in lines[0]
+    assert "commit abc1234, load average before 0.2" in lines[0]
     assert (
         "| figure | Tideserve `default` | sglang-router `cache_aware` | ratio | target |" in lines
     )
