@@ -31,7 +31,6 @@ Prints one JSON object (also written to ``--out``).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import tempfile
 import time
@@ -44,10 +43,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from _goodput_ceiling import CeilingRequest, ceiling_of  # noqa: E402
 from _harness import MOONCAKE_CONVERSATION, TRACES, emit_json  # noqa: E402
 
 from services.bench.traces import Trace, load_trace  # noqa: E402
-from services.common.perfmodel import get_profile  # noqa: E402
 from services.scheduler.admission.shaper import DISPATCH_FOLLOW_MS  # noqa: E402
 from services.scheduler.routing.config import DEFAULT_PROFILES_PATH  # noqa: E402
 from services.sim import SimConfig, SimRun, simulate  # noqa: E402
@@ -132,29 +131,12 @@ def profiles_file(a: argparse.Namespace, tmp: Path) -> str:
 
 def ceiling(run: SimRun, cfg: SimConfig) -> dict[str, Any]:
     """The share of requests no router could serve within the TTFT SLO (module doc)."""
-    perf = get_profile(cfg.engine_profile)
-    first_chunk = max(0, cfg.stream_interval - 1) * perf.decode_step_ms(1, 0)
-    # block hash -> the earliest time (ms) its KV can exist: the end of the idle prefill of
-    # the first request that could have computed it (an engine caches a prompt's blocks
-    # when its prefill ends, so a turn sent while its predecessor still prefills recomputes)
-    ready: dict[int, float] = {}
-    hopeless = 0
-    for r in sorted(run.requests, key=lambda r: r.arrival):
-        hashes = r.view.block_hashes
-        matched = 0
-        while matched < len(hashes) and ready.get(hashes[matched], math.inf) <= r.arrival:
-            matched += 1
-        n = r.view.prompt_tokens
-        cached = min(n, matched * cfg.block_size)
-        own = perf.prefill_ms(n - cached, cached)
-        done = r.arrival + own
-        for h in hashes:
-            if ready.get(h, math.inf) > done:
-                ready[h] = done
-        if own + first_chunk > (cfg.slo_ttft_ms or 0.0):
-            hopeless += 1
-    share = hopeless / max(1, len(run.requests))
-    return {"infeasible_share": round(share, 4), "max_attainment": round(1.0 - share, 4)}
+    reqs = (CeilingRequest(r.arrival, r.view.prompt_tokens, r.view.block_hashes)
+            for r in run.requests)  # fmt: skip
+    return ceiling_of(
+        reqs, engine_profile=cfg.engine_profile, stream_interval=cfg.stream_interval,
+        block_size=cfg.block_size, slo_ttft_ms=cfg.slo_ttft_ms or 0.0,
+    )  # fmt: skip
 
 
 def cell_figures(doc: dict[str, Any]) -> dict[str, Any]:
