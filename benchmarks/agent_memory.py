@@ -31,6 +31,8 @@ memory (on P/D: applied to the prefill and the decode engines, a session's home 
 decode engine), P/D with ``decode_keeps_kv``, every fleet with ``--pd-short-first-tokens``
 (:mod:`benchmarks._agent_memory_pd`). ``pd.best_split_ttft_vs_aggregated``: the lowest mean
 TTFT of the splits over the aggregated fleet's; ``pd.best_split_prefill``: which split won.
+All 7 splits of 8 on 3 slices x 3 variants is 72 runs, about 7 of the script's 11 minutes
+on 2 shared cores (``--pd-splits 2,3,4`` cuts that to 36).
 
 Scale-in (``--scale-in-engines``, default 8; 0 skips it), on a larger slice
 (``--scale-in-slices``, ``--scale-in-requests``) and ``--scale-in-kv-blocks`` per engine: per
