@@ -22,7 +22,17 @@ the resumed turns over the same turns' p95 in the ``warm`` run;
 ``resume.ttft_p95_vs_warm_more_batch``: over a warm run whose 64x KV also holds 64x the
 running requests, so its batches grow too), ``idle_kv_share`` (mean share of GPU KV held by
 idle sessions' blocks), ``fleet_kv_used`` (mean share of the
-fleet's KV in use, the ">= 90% used" condition). Not measured here: P/D (not built).
+fleet's KV in use, the ">= 90% used" condition).
+
+P/D (``--pd-engines`` N, default 8; 0 skips it): per variant and slice (the slices above),
+the aggregated fleet of N engines of ``--pd-kv-blocks`` against every split P + (N - P) in
+``--pd-splits`` (prefill engines; default all, 1 .. N-1), each with the variant's agent
+memory (on P/D: applied to the prefill and the decode engines, a session's home being its
+decode engine), P/D with ``decode_keeps_kv``, every fleet with ``--pd-short-first-tokens``
+(:mod:`benchmarks._agent_memory_pd`). ``pd.best_split_ttft_vs_aggregated``: the lowest mean
+TTFT of the splits over the aggregated fleet's; ``pd.best_split_prefill``: which split won.
+All 7 splits of 8 on 3 slices x 3 variants is 72 runs, about 7 of the script's 11 minutes
+on 2 shared cores (``--pd-splits 2,3,4`` cuts that to 36).
 
 Scale-in (``--scale-in-engines``, default 8; 0 skips it), on a larger slice
 (``--scale-in-slices``, ``--scale-in-requests``) and ``--scale-in-kv-blocks`` per engine: per
@@ -52,6 +62,7 @@ the new process's spawn until every block it held is fetched again through kvmet
 
     .venv/bin/python benchmarks/agent_memory.py  # 3 slices x 300 requests, 2 engines x 2300 blocks
     # + scale-in: sessions 0:59, 1000 requests, 8 engines x 2300 blocks, removed at 1/3, 1/2, 2/3
+    # + P/D: the same slices, 8 aggregated engines x 2300 blocks vs 1P+7D .. 7P+1D
 """
 
 from __future__ import annotations
@@ -66,6 +77,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import _agent_memory_pd
 from benchmarks._agent_memory_scalein import measure, removal_s
 from benchmarks._agentic_slice import parse_slice, sessions
 from benchmarks._harness import TRACES, command_line, emit_json, machine
@@ -144,6 +156,21 @@ def scale_in(
                     per[name].setdefault(k, []).append(v)
 
 
+def pd(
+    args: argparse.Namespace, trace: Trace, base: SimConfig, per: dict[str, dict[str, Any]]
+) -> None:
+    """The ``pd.*`` keys: per slice, the aggregated fleet against the P/D splits."""
+    splits = [int(x) for x in args.pd_splits.split(",")] if args.pd_splits else []
+    splits = splits or list(range(1, args.pd_engines))
+    for a, b in (parse_slice(s) for s in args.slices.split(",")):
+        tr = slice_trace(trace, a, b, args.max_requests)
+        for name, mode in VARIANTS.items():
+            cfg = replace(base, agent_memory=mode, kv_blocks=args.pd_kv_blocks,
+                          short_first_tokens=args.pd_short_first_tokens)  # fmt: skip
+            for k, v in _agent_memory_pd.measure(cfg, tr, args.pd_engines, splits).items():
+                per[name].setdefault(k, []).append(v)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--trace", default=str(TRACE))
@@ -164,6 +191,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="removal times: shares of the way through the slice's arrivals")  # fmt: skip
     p.add_argument("--scale-in-window-s", type=float, default=300.0,
                    help="active session: a turn ended within this many modelled seconds")  # fmt: skip
+    p.add_argument("--pd-engines", type=int, default=8, help="0: no P/D measurement")
+    p.add_argument("--pd-kv-blocks", type=int, default=2300, help="per engine")
+    p.add_argument("--pd-splits", default="", help="prefill engines per split (default: all)")
+    p.add_argument("--pd-short-first-tokens", type=int, default=16384,
+                   help="every P/D and aggregated fleet's short_first_tokens")  # fmt: skip
     p.add_argument("--out", default=None, help="also write the JSON here")
     p.add_argument(
         "--tier-restart", action="store_true", help="also measure tier_restart_s (live, ~1 min)"
@@ -210,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                 row.setdefault(k, []).append(v)
     if args.scale_in_engines:
         scale_in(args, trace, base, per)
+    if args.pd_engines > 1:
+        pd(args, trace, base, per)
     out = {
         "benchmark": "agent_memory",
         "command": command_line(),
@@ -229,6 +263,13 @@ def main(argv: list[str] | None = None) -> int:
             "max_requests": args.scale_in_requests,
             "at": args.scale_in_at,
             "window_s": args.scale_in_window_s,
+        },
+        "pd": {
+            "engines": args.pd_engines,
+            "kv_blocks": args.pd_kv_blocks,
+            "splits": args.pd_splits or "all",
+            "short_first_tokens": args.pd_short_first_tokens,
+            "decode_keeps_kv": True,
         },
         "variants": {v: {k: stat(xs) for k, xs in row.items()} for v, row in per.items()},
         "wall_s": round(time.monotonic() - t0, 1),

@@ -18,6 +18,16 @@ session id; its sessions share nothing). Modes:
   coming back ``plan_prefetch``'s lead before its predicted return (to its home engine); an
   arriving turn uses it when done, waits for it while that is shorter than recomputing.
 
+P/D (``prefill`` + ``decode``): a session's KV is on two engines, the prefill engine that
+computed its last turn (its prefix cache) and, with ``decode_keeps_kv``, the decode engine
+that served it (its whole context). Its home is the decode engine, as the gateway reports it
+to kvmeta; the prefill engine is kept beside it (:meth:`AgentMemory.holders`). The
+controller's plan is applied per engine to the idle sessions whose KV it holds (decode
+engines: protect within the budget, offload the rest, instead of LRU dropping them; prefill
+engines the same for their prefixes); a resumed turn's prefill fetches from the tier as on
+an aggregated engine, and prefetch brings a prefix back to its prefill engine (the decode
+engine receives what it lacks with the hand-off).
+
 Scale-in (with ``autoscale``, or the explicit ``scale_in_at_s`` of
 :mod:`services.sim.scalein`; in the offload modes) is drain and migrate, as in the product:
 when a drained engine leaves, :meth:`AgentMemory.migrate` runs
@@ -42,7 +52,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from services.common.perfmodel import PerfProfile
@@ -52,6 +62,7 @@ from services.common.sessions import (
     Fate,
     MigrationPlan,
     Phase,
+    Session,
     SessionKey,
     SessionTable,
     TierLink,
@@ -114,6 +125,7 @@ class AgentMemory:
     table: SessionTable = field(init=False)
     resumes: list[Resume] = field(default_factory=list)
     _chains: dict[SessionKey, tuple[int, ...]] = field(default_factory=dict)
+    _prefill_home: dict[SessionKey, str] = field(default_factory=dict)  # P/D only
     _turns: dict[str, _Turn] = field(default_factory=dict)
     _tier: OrderedDict[int, None] = field(default_factory=OrderedDict)
     _prefetch: dict[SessionKey, _Prefetch] = field(default_factory=dict)
@@ -188,12 +200,27 @@ class AgentMemory:
         self.resumes.append(Resume(turn.index, reusable, gpu + tier, action or "gpu"))
         return fetched, wait
 
-    def end(self, rid: str, iid: str, now: float) -> None:
+    def end(self, rid: str, iid: str, now: float, prefill: str = "") -> None:
+        """The turn ``rid`` ended, served by ``iid`` (its home: the aggregated or decode
+        engine); ``prefill``: the prefill engine that computed it (P/D)."""
         turn = self._turns.pop(rid, None)
         if turn is None:
             return
         self.table.turn_end(turn.key, now / 1000.0, home_instance=iid)
         self._chains[turn.key] = turn.hashes
+        if prefill and prefill != iid:
+            self._prefill_home[turn.key] = prefill
+        else:
+            self._prefill_home.pop(turn.key, None)
+
+    def holders(self, s: Session) -> tuple[str, ...]:
+        """The engines holding ``s``'s KV: its home, and in P/D its prefill engine."""
+        p = self._prefill_home.get(s.key)
+        return (s.home_instance, p) if p else (s.home_instance,)
+
+    def _prefill_engine(self, s: Session) -> str:
+        """Where ``s``'s next prefill is expected: its prefill engine in P/D, else its home."""
+        return self._prefill_home.get(s.key, s.home_instance)
 
     def forget(self, rid: str) -> None:
         self._turns.pop(rid, None)
@@ -280,10 +307,11 @@ class AgentMemory:
         session)."""
         for iid, c in self.caches.items():
             kv = {iid: EngineKV(c.capacity_blocks)}
+            # each engine plans for the idle sessions whose KV it holds, as their home
             idle = [
-                s
+                s if s.home_instance == iid else replace(s, home_instance=iid)
                 for s in rows
-                if s.home_instance == iid and s.phase is not Phase.ACTIVE and s.key in self._chains
+                if s.phase is not Phase.ACTIVE and s.key in self._chains and iid in self.holders(s)
             ]
             sig = tuple((s.key, s.phase, s.predicted_return_at > now / 1000.0) for s in idle)
             if self._applied.get(iid, (None, None))[0] == sig:
@@ -302,7 +330,8 @@ class AgentMemory:
             if s.phase is not Phase.IDLE or s.key in self._prefetch or not s.predicted_return_at:
                 continue
             chain = self._chains.get(s.key)
-            c = self.caches.get(s.home_instance)
+            iid = self._prefill_engine(s)
+            c = self.caches.get(iid)
             if chain is None or c is None:
                 continue
             gpu = c.match(list(chain))
@@ -315,7 +344,7 @@ class AgentMemory:
                                  fetch_cost_ms=f_ms, recompute_cost_ms=r_ms)  # fmt: skip
             if plan.fetch and plan.start_at * 1000.0 <= now + self.tick_ms:
                 start = max(now, plan.start_at * 1000.0)
-                self._prefetch[s.key] = _Prefetch(s.home_instance, start, start + f_ms)
+                self._prefetch[s.key] = _Prefetch(iid, start, start + f_ms)
                 self._count("prefetches")
 
     def _sample(self, rows: Sequence[Any]) -> None:
@@ -323,11 +352,13 @@ class AgentMemory:
         for s in rows:
             if s.phase is Phase.ACTIVE:
                 continue
-            chain, c = self._chains.get(s.key), self.caches.get(s.home_instance)
-            if chain is None or c is None:
+            chain = self._chains.get(s.key)
+            if chain is None:
                 continue
-            n = c.match(list(chain))
-            held[s.home_instance].update(chain[:n])
+            for iid in self.holders(s):
+                c = self.caches.get(iid)
+                if c is not None:
+                    held[iid].update(chain[: c.match(list(chain))])
         cap = sum(c.capacity_blocks for c in self.caches.values())
         if cap:
             self._idle_share.append(sum(len(v) for v in held.values()) / cap)

@@ -37,6 +37,12 @@ class SimRequest:
             return ""
         return (self.pick.prefill or self.pick.decode).endpoint.instance_id
 
+    @property
+    def home(self) -> str:
+        """The instance that served its tokens, the aggregated or decode one (the session
+        home the gateway reports); "" when never picked."""
+        return self.pick.decode.endpoint.instance_id if self.pick is not None else ""
+
 
 @dataclass
 class Diag:

@@ -271,7 +271,7 @@ class Simulation(Scaling):
         req.prompt = ()  # the engines hold their own reference while they need it
         if self.memory is not None:
             if error is None:
-                self.memory.end(req.rid, req.target, now)
+                self.memory.end(req.rid, req.home, now, prefill=req.target)
             else:
                 self.memory.forget(req.rid)
         if not self.cfg.keep_block_hashes:  # a long run keeps every record
