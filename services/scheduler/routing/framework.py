@@ -218,7 +218,10 @@ def _as_list(scorer: Scorer) -> ScoreFn:
     def listed(
         ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
     ) -> list[float]:
-        get = scorer.score(ctx, request, candidates).get
+        scores = scorer.score(ctx, request, candidates)
+        if not scores:  # e.g. a session scorer for a request without a session
+            return [0.0] * len(candidates)
+        get = scores.get
         return [get(e.instance_id, 0.0) for e in candidates]
 
     return listed
