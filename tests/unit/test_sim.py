@@ -282,6 +282,31 @@ def test_prompt_blocks_are_the_bench_synthesizers_tokens(h: int) -> None:
     assert p.block_tokens(h) == tuple(tokenize(p.synth.block_text(h)))
 
 
+@pytest.mark.parametrize(
+    ("hash_ids", "input_length"),
+    [
+        ((1, 2, 3), 1536),
+        ((1, 2, 3), 1000),  # the last block cut short
+        ((5, 5, 6), 1300),  # a repeated block
+        ((4, 7), 0),
+    ],
+    ids=["whole", "cut", "repeat", "empty"],
+)
+def test_prompt_tokens_are_the_blocks_in_order(
+    hash_ids: tuple[int, ...], input_length: int
+) -> None:
+    """A prompt's new blocks are made together and reused: the same tokens as one by one."""
+    p, one = Prompts(), Prompts()
+    p.tokens(TraceRequest(0, 1, 0.0, 512, 1, (1, 5)))  # some blocks already made
+    r = TraceRequest(1, 2, 0.0, input_length, 1, hash_ids)
+    want = list(one.role)
+    for h in hash_ids:
+        want.extend(one.block_tokens(h))
+    want = want[: len(one.role) + input_length]
+    assert p.tokens(r) == tuple(want)
+    assert p.tokens(r) == tuple(want)  # from the memo
+
+
 def test_sim_speed_reports_each_size(tmp_path: Path) -> None:
     """benchmarks/sim_speed.py runs and reports the documented fields (no timing checked)."""
     bench_dir = str(Path(__file__).resolve().parents[2] / "benchmarks")
