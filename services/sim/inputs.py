@@ -18,6 +18,7 @@ fresh words.
 from __future__ import annotations
 
 import zlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -26,7 +27,7 @@ import numpy as np
 
 from services.bench.prompts import PromptSynthesizer
 from services.bench.traces import MOONCAKE_BLOCK_TOKENS, Trace, TraceRequest
-from services.common.tokens import FIRST_WORD_ID, VOCAB_SIZE, tokenize
+from services.common.tokens import FIRST_WORD_ID, TOKEN_BYTES, VOCAB_SIZE, tokenize
 
 __all__ = ["Arrival", "Prompts", "arrivals", "repeated"]
 
@@ -73,6 +74,9 @@ def arrivals(
     return out
 
 
+_PAYLOAD = np.dtype(f"=u{TOKEN_BYTES}")  # array("I")'s items: native order
+
+
 class Prompts:
     """The bench's prompt for a trace request, tokenized as the gateway and engine see it.
     Blocks are memoized by hash id (a block's tokens are the same wherever it appears), the
@@ -83,8 +87,10 @@ class Prompts:
     ) -> None:
         self.synth = PromptSynthesizer(0, block_tokens, cache_blocks=0)
         self.role = tuple(tokenize("user:"))
+        self._role_payload = array("I", self.role).tobytes()
         self.memo_blocks = max(1, memo_blocks)
-        self._blocks: OrderedDict[int, tuple[int, ...]] = OrderedDict()
+        # per hash id: the block's token ids and their hashed payload (array("I") bytes)
+        self._blocks: OrderedDict[int, tuple[tuple[int, ...], bytes]] = OrderedDict()
         # The synthesizer's words of a block are "s0.<id>.<i>" (hex). A word's token id is
         # crc32(prefix + suffix), and crc32 continued over L bytes is affine in the value it
         # continues from: crc32(suffix, c) = crc32(suffix, 0) ^ shift_L(c), where shift_L(c)
@@ -97,10 +103,10 @@ class Prompts:
 
     def block_tokens(self, h: int) -> tuple[int, ...]:
         """``tokenize(synth.block_text(h))`` without building the text."""
-        return self._synthesize([h])[0]
+        return self._synthesize([h])[0][0]
 
-    def _synthesize(self, hs: Sequence[int]) -> list[tuple[int, ...]]:
-        """:meth:`block_tokens` of each of ``hs``, in one vector operation for all."""
+    def _synthesize(self, hs: Sequence[int]) -> list[tuple[tuple[int, ...], bytes]]:
+        """(:meth:`block_tokens`, its payload) of each of ``hs``, in one vector operation."""
         seed = self.synth.seed
         shift = np.zeros((len(hs), self._lengths[-1] + 1), dtype=np.uint32)
         for row, h in enumerate(hs):
@@ -109,24 +115,33 @@ class Prompts:
                 zeros = bytes(n)
                 shift[row, n] = zlib.crc32(zeros, base) ^ zlib.crc32(zeros, 0)
         crcs = shift[:, self._suffix_len] ^ self._suffix_crc
-        rows: list[list[int]] = (crcs % (VOCAB_SIZE - FIRST_WORD_ID) + FIRST_WORD_ID).tolist()
-        return [tuple(ids) for ids in rows]
+        ids = (crcs % (VOCAB_SIZE - FIRST_WORD_ID) + FIRST_WORD_ID).astype(_PAYLOAD)
+        rows: list[list[int]] = ids.tolist()
+        return [(tuple(r), ids[k].tobytes()) for k, r in enumerate(rows)]
 
     def tokens(self, r: TraceRequest) -> tuple[int, ...]:
+        return self.prompt(r)[0]
+
+    def prompt(self, r: TraceRequest) -> tuple[tuple[int, ...], bytes]:
+        """The prompt's token ids and their payload for
+        :func:`~services.common.tokens.payload_block_hashes` (``array("I", ids).tobytes()``)."""
         out = list(self.role)
         remaining = r.input_length
         used = list(r.hash_ids or ())[: -(-remaining // self.synth.block_tokens)]
         memo = self._blocks
         fresh = [h for h in dict.fromkeys(used) if h not in memo]
         made = dict(zip(fresh, self._synthesize(fresh), strict=True)) if fresh else {}
+        parts = [self._role_payload]
         for h in used:
-            blk = made.get(h) or memo[h]
+            blk, payload = made.get(h) or memo[h]
             out.extend(blk[:remaining] if remaining < len(blk) else blk)
+            parts.append(payload)
             remaining -= len(blk)
-        for h, blk in made.items():
-            memo[h] = blk
+        for h, made_blk in made.items():
+            memo[h] = made_blk
             if len(memo) > self.memo_blocks:
                 memo.popitem(last=False)
         if remaining > 0:  # traces without hash ids: unique words
             out.extend(tokenize(self.synth.prompt(r))[r.input_length - remaining :])
-        return tuple(out)
+            return tuple(out), array("I", out).tobytes()
+        return tuple(out), b"".join(parts)[: len(out) * TOKEN_BYTES]

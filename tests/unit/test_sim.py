@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from array import array
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -304,7 +305,9 @@ def test_prompt_tokens_are_the_blocks_in_order(
         want.extend(one.block_tokens(h))
     want = want[: len(one.role) + input_length]
     assert p.tokens(r) == tuple(want)
-    assert p.tokens(r) == tuple(want)  # from the memo
+    got, payload = p.prompt(r)  # from the memo
+    assert got == tuple(want)
+    assert payload == array("I", want).tobytes()
 
 
 def test_sim_speed_reports_each_size(tmp_path: Path) -> None:
