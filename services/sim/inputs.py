@@ -89,8 +89,8 @@ class Prompts:
         self.role = tuple(tokenize("user:"))
         self._role_payload = array("I", self.role).tobytes()
         self.memo_blocks = max(1, memo_blocks)
-        # per hash id: the block's token ids and their hashed payload (array("I") bytes)
-        self._blocks: OrderedDict[int, tuple[tuple[int, ...], bytes]] = OrderedDict()
+        # per hash id: the block's token ids as hashed (their array("I") bytes)
+        self._blocks: OrderedDict[int, bytes] = OrderedDict()
         # The synthesizer's words of a block are "s0.<id>.<i>" (hex). A word's token id is
         # crc32(prefix + suffix), and crc32 continued over L bytes is affine in the value it
         # continues from: crc32(suffix, c) = crc32(suffix, 0) ^ shift_L(c), where shift_L(c)
@@ -103,10 +103,11 @@ class Prompts:
 
     def block_tokens(self, h: int) -> tuple[int, ...]:
         """``tokenize(synth.block_text(h))`` without building the text."""
-        return self._synthesize([h])[0][0]
+        return tuple(array("I", self._synthesize([h])[0]))
 
-    def _synthesize(self, hs: Sequence[int]) -> list[tuple[tuple[int, ...], bytes]]:
-        """(:meth:`block_tokens`, its payload) of each of ``hs``, in one vector operation."""
+    def _synthesize(self, hs: Sequence[int]) -> list[bytes]:
+        """The payload of each of ``hs`` (``array("I", block_tokens(h)).tobytes()``), in one
+        vector operation for all."""
         seed = self.synth.seed
         shift = np.zeros((len(hs), self._lengths[-1] + 1), dtype=np.uint32)
         for row, h in enumerate(hs):
@@ -116,32 +117,31 @@ class Prompts:
                 shift[row, n] = zlib.crc32(zeros, base) ^ zlib.crc32(zeros, 0)
         crcs = shift[:, self._suffix_len] ^ self._suffix_crc
         ids = (crcs % (VOCAB_SIZE - FIRST_WORD_ID) + FIRST_WORD_ID).astype(_PAYLOAD)
-        rows: list[list[int]] = ids.tolist()
-        return [(tuple(r), ids[k].tobytes()) for k, r in enumerate(rows)]
+        return [row.tobytes() for row in ids]
 
     def tokens(self, r: TraceRequest) -> tuple[int, ...]:
-        return self.prompt(r)[0]
+        return tuple(self.prompt(r)[0])
 
-    def prompt(self, r: TraceRequest) -> tuple[tuple[int, ...], bytes]:
-        """The prompt's token ids and their payload for
-        :func:`~services.common.tokens.payload_block_hashes` (``array("I", ids).tobytes()``)."""
-        out = list(self.role)
-        remaining = r.input_length
-        used = list(r.hash_ids or ())[: -(-remaining // self.synth.block_tokens)]
+    def prompt(self, r: TraceRequest) -> tuple[array[int], bytes]:
+        """The prompt's token ids (an ``array("I")``: no int object per id) and its payload
+        for :func:`~services.common.tokens.payload_block_hashes` (the array's bytes)."""
+        bt = self.synth.block_tokens
+        used = list(r.hash_ids or ())[: -(-r.input_length // bt)]
         memo = self._blocks
         fresh = [h for h in dict.fromkeys(used) if h not in memo]
         made = dict(zip(fresh, self._synthesize(fresh), strict=True)) if fresh else {}
         parts = [self._role_payload]
-        for h in used:
-            blk, payload = made.get(h) or memo[h]
-            out.extend(blk[:remaining] if remaining < len(blk) else blk)
-            parts.append(payload)
-            remaining -= len(blk)
-        for h, made_blk in made.items():
-            memo[h] = made_blk
+        parts.extend(made.get(h) or memo[h] for h in used)
+        for h, payload in made.items():
+            memo[h] = payload
             if len(memo) > self.memo_blocks:
                 memo.popitem(last=False)
+        covered = max(0, min(r.input_length, len(used) * bt))
+        payload = b"".join(parts)[: (len(self.role) + covered) * TOKEN_BYTES]
+        ids: array[int] = array("I")
+        ids.frombytes(payload)
+        remaining = r.input_length - len(used) * bt
         if remaining > 0:  # traces without hash ids: unique words
-            out.extend(tokenize(self.synth.prompt(r))[r.input_length - remaining :])
-            return tuple(out), array("I", out).tobytes()
-        return tuple(out), b"".join(parts)[: len(out) * TOKEN_BYTES]
+            ids.extend(tokenize(self.synth.prompt(r))[r.input_length - remaining :])
+            payload = ids.tobytes()
+        return ids, payload

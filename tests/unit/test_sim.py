@@ -305,9 +305,9 @@ def test_prompt_tokens_are_the_blocks_in_order(
         want.extend(one.block_tokens(h))
     want = want[: len(one.role) + input_length]
     assert p.tokens(r) == tuple(want)
-    got, payload = p.prompt(r)  # from the memo
-    assert got == tuple(want)
-    assert payload == array("I", want).tobytes()
+    ids, payload = p.prompt(r)  # from the memo
+    assert ids == array("I", want)
+    assert payload == ids.tobytes()
 
 
 def test_sim_speed_reports_each_size(tmp_path: Path) -> None:
