@@ -40,7 +40,7 @@ shell fetched that prefix from the KV-cache tier) counts them as cached, waits
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from services.common.perfmodel import PerfProfile
 from services.common.tokens import FIRST_WORD_ID, VOCAB_SIZE, block_hashes
@@ -385,7 +385,7 @@ def _count(n: int, before: Callable[[int], bool]) -> int:
     return lo
 
 
-def _token(prompt: tuple[int, ...], index: int) -> int:
+def _token(prompt: Sequence[int], index: int) -> int:
     """Deterministic generated token: depends on the prompt's last tokens and the position."""
     seed = (prompt[-1] if prompt else 0) * 1_000_003 + len(prompt) * 7_919 + index * 104_729
     return seed % (VOCAB_SIZE - FIRST_WORD_ID) + FIRST_WORD_ID

@@ -6,6 +6,7 @@ them without importing the core.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -52,7 +53,7 @@ class CoreConfig:
 @dataclass(frozen=True)
 class Request:
     rid: str
-    prompt: tuple[int, ...]
+    prompt: Sequence[int]  # token ids (a tuple; the simulator passes an array("I"))
     max_new_tokens: int
     tenant: str = ""
     # Decode role with a prefill peer: modelled KV hand-off time; None = prefill here.

@@ -18,6 +18,7 @@ fresh words.
 from __future__ import annotations
 
 import zlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -26,7 +27,7 @@ import numpy as np
 
 from services.bench.prompts import PromptSynthesizer
 from services.bench.traces import MOONCAKE_BLOCK_TOKENS, Trace, TraceRequest
-from services.common.tokens import FIRST_WORD_ID, VOCAB_SIZE, tokenize
+from services.common.tokens import FIRST_WORD_ID, TOKEN_BYTES, VOCAB_SIZE, tokenize
 
 __all__ = ["Arrival", "Prompts", "arrivals", "repeated"]
 
@@ -73,6 +74,9 @@ def arrivals(
     return out
 
 
+_PAYLOAD = np.dtype(f"=u{TOKEN_BYTES}")  # array("I")'s items: native order
+
+
 class Prompts:
     """The bench's prompt for a trace request, tokenized as the gateway and engine see it.
     Blocks are memoized by hash id (a block's tokens are the same wherever it appears), the
@@ -83,8 +87,10 @@ class Prompts:
     ) -> None:
         self.synth = PromptSynthesizer(0, block_tokens, cache_blocks=0)
         self.role = tuple(tokenize("user:"))
+        self._role_payload = array("I", self.role).tobytes()
         self.memo_blocks = max(1, memo_blocks)
-        self._blocks: OrderedDict[int, tuple[int, ...]] = OrderedDict()
+        # per hash id: the block's token ids as hashed (their array("I") bytes)
+        self._blocks: OrderedDict[int, bytes] = OrderedDict()
         # The synthesizer's words of a block are "s0.<id>.<i>" (hex). A word's token id is
         # crc32(prefix + suffix), and crc32 continued over L bytes is affine in the value it
         # continues from: crc32(suffix, c) = crc32(suffix, 0) ^ shift_L(c), where shift_L(c)
@@ -97,28 +103,45 @@ class Prompts:
 
     def block_tokens(self, h: int) -> tuple[int, ...]:
         """``tokenize(synth.block_text(h))`` without building the text."""
-        base = zlib.crc32(f"s{self.synth.seed:x}.{h:x}.".encode("ascii"))
-        shift = np.zeros(self._lengths[-1] + 1, dtype=np.uint32)
-        for n in self._lengths:
-            zeros = bytes(n)
-            shift[n] = zlib.crc32(zeros, base) ^ zlib.crc32(zeros, 0)
-        crcs = shift[self._suffix_len] ^ self._suffix_crc
-        ids: list[int] = (crcs % (VOCAB_SIZE - FIRST_WORD_ID) + FIRST_WORD_ID).tolist()
-        return tuple(ids)
+        return tuple(array("I", self._synthesize([h])[0]))
+
+    def _synthesize(self, hs: Sequence[int]) -> list[bytes]:
+        """The payload of each of ``hs`` (``array("I", block_tokens(h)).tobytes()``), in one
+        vector operation for all."""
+        seed = self.synth.seed
+        shift = np.zeros((len(hs), self._lengths[-1] + 1), dtype=np.uint32)
+        for row, h in enumerate(hs):
+            base = zlib.crc32(f"s{seed:x}.{h:x}.".encode("ascii"))
+            for n in self._lengths:
+                zeros = bytes(n)
+                shift[row, n] = zlib.crc32(zeros, base) ^ zlib.crc32(zeros, 0)
+        crcs = shift[:, self._suffix_len] ^ self._suffix_crc
+        ids = (crcs % (VOCAB_SIZE - FIRST_WORD_ID) + FIRST_WORD_ID).astype(_PAYLOAD)
+        return [row.tobytes() for row in ids]
 
     def tokens(self, r: TraceRequest) -> tuple[int, ...]:
-        out = list(self.role)
-        remaining = r.input_length
-        for h in r.hash_ids or ():
-            if remaining <= 0:
-                break
-            blk = self._blocks.get(h)
-            if blk is None:
-                blk = self._blocks[h] = self.block_tokens(h)
-                if len(self._blocks) > self.memo_blocks:
-                    self._blocks.popitem(last=False)
-            out.extend(blk[:remaining] if remaining < len(blk) else blk)
-            remaining -= len(blk)
+        return tuple(self.prompt(r)[0])
+
+    def prompt(self, r: TraceRequest) -> tuple[array[int], bytes]:
+        """The prompt's token ids (an ``array("I")``: no int object per id) and its payload
+        for :func:`~services.common.tokens.payload_block_hashes` (the array's bytes)."""
+        bt = self.synth.block_tokens
+        used = list(r.hash_ids or ())[: -(-r.input_length // bt)]
+        memo = self._blocks
+        fresh = [h for h in dict.fromkeys(used) if h not in memo]
+        made = dict(zip(fresh, self._synthesize(fresh), strict=True)) if fresh else {}
+        parts = [self._role_payload]
+        parts.extend(made.get(h) or memo[h] for h in used)
+        for h, payload in made.items():
+            memo[h] = payload
+            if len(memo) > self.memo_blocks:
+                memo.popitem(last=False)
+        covered = max(0, min(r.input_length, len(used) * bt))
+        payload = b"".join(parts)[: (len(self.role) + covered) * TOKEN_BYTES]
+        ids: array[int] = array("I")
+        ids.frombytes(payload)
+        remaining = r.input_length - len(used) * bt
         if remaining > 0:  # traces without hash ids: unique words
-            out.extend(tokenize(self.synth.prompt(r))[r.input_length - remaining :])
-        return tuple(out)
+            ids.extend(tokenize(self.synth.prompt(r))[r.input_length - remaining :])
+            payload = ids.tobytes()
+        return ids, payload

@@ -99,21 +99,24 @@ class _Groups:
         self.items = new
         return True
 
-    def kept(self, held: set[str]) -> list[EndpointView]:
-        """Every endpoint in ``held`` or not eligible, and the first of each group of the
-        others, in snapshot order."""
-        pos, items = self.pos, self.items
-        held_at = {pos[i] for i in held if i in pos}  # their positions
-        out = set(held_at)
+    def kept(self, held: set[str]) -> list[int]:
+        """The positions of every endpoint in ``held`` or not eligible, and of the first of
+        each group of the others, ascending."""
+        pos = self.pos
+        held_at = {pos[i] for i in held if i in pos}
+        out = list(held_at)
         for k, members in self.groups.items():
             if k is None:
-                out.update(members)
-                continue
-            for i in members:
-                if i not in held_at:
-                    out.add(i)
-                    break
-        return [items[i] for i in sorted(out)]
+                out.extend(i for i in members if i not in held_at)
+            elif members[0] not in held_at:
+                out.append(members[0])
+            else:
+                for i in members:
+                    if i not in held_at:
+                        out.append(i)
+                        break
+        out.sort()
+        return out
 
 
 class NarrowScheduler(Scheduler):
@@ -221,4 +224,4 @@ class NarrowScheduler(Scheduler):
         kept = g.kept(held)
         if len(kept) == len(snapshot):
             return snapshot
-        return EndpointSnapshot(kept, version=snapshot.version, presorted=True)
+        return snapshot.subset(kept)

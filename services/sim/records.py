@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.scheduler.routing.types import Pick, RequestView
@@ -16,7 +17,7 @@ class SimRequest:
     rid: str
     index: int  # position in the replay (across repetitions of the trace)
     arrival: float
-    prompt: tuple[int, ...]
+    prompt: Sequence[int]  # token ids (Prompts.prompt's array; () once ended)
     out: int  # max_tokens = the trace's output length (at least 1), ignore_eos
     view: RequestView
     gateway: int = 0

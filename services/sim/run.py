@@ -17,7 +17,7 @@ from typing import Any
 
 from services.bench.traces import Trace
 from services.common.perfmodel import get_profile
-from services.common.tokens import block_hashes
+from services.common.tokens import payload_block_hashes
 from services.engine.core import AdmissionError, DecodeRun, EngineRole, Request, StepResult
 from services.scheduler.routing.types import Pick, RequestView, Shed
 from services.sim.autoscale import Planner, Served, Window
@@ -229,9 +229,9 @@ class Simulation(Scaling):
         """Route request ``k``; 1 when it ended at once (shed, refused), else 0."""
         cfg = self.cfg
         _, r = self.arrivals[k]
-        toks = self.prompts.tokens(r)
+        toks, payload = self.prompts.prompt(r)
         rid = f"r{k}"
-        hashes = tuple(block_hashes(toks, cfg.block_size))
+        hashes = tuple(payload_block_hashes(payload, cfg.block_size))
         session = str(r.hash_ids[0]) if self.memory is not None and r.hash_ids else ""
         view = RequestView(
             rid, len(toks), hashes, cfg.block_size, max(1, r.output_length),

@@ -234,3 +234,24 @@ def test_snapshot_orders_by_id_and_refuses_duplicates() -> None:
     assert [e.instance_id for e in snap] == ["a", "b"] and snap.get("b") is not None
     with pytest.raises(ValueError, match="duplicate"):
         EndpointSnapshot([ep("a"), ep("a")])
+
+
+@pytest.mark.parametrize(
+    ("scores", "weight"),
+    [
+        ({}, 2.0),  # nothing scored (a session scorer without a session)
+        ({"a": 0.0, "b": -0.0}, 5.0),  # zeros, one of them negative zero
+        ({"a": 0.0}, 0.0),  # zero weight
+    ],
+    ids=["empty", "zeros", "zero-weight"],
+)
+def test_an_all_zero_column_adds_nothing(scores: dict[str, float], weight: float) -> None:
+    """A column of zeros after the first leaves every total as it was, and is reported."""
+    first = FixedScorer("first", {"a": 0.3, "b": 0.7, "c": 0.7})
+    alone = sched(Profile("p", scorers=((first, 3.0),))).schedule(req(), ABC, now=0.0)
+    both = sched(Profile("p", scorers=((first, 3.0), (FixedScorer("z", scores), weight))))
+    d = both.schedule(req(), ABC, now=0.0)
+    assert isinstance(alone, Pick) and isinstance(d, Pick)
+    assert d.decode.endpoint.instance_id == alone.decode.endpoint.instance_id == "b"
+    assert d.decode.score == alone.decode.score == 3.0 * 0.7
+    assert d.decode.scores[1] == ("z", 0.0, weight)

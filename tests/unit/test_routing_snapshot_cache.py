@@ -8,7 +8,7 @@ import random
 import pytest
 
 from services.scheduler.core.fleet import EndpointSpec, Fleet, LoadReport
-from services.scheduler.routing.types import EndpointSnapshot
+from services.scheduler.routing.types import EndpointSnapshot, EndpointView
 
 IDS = ["a", "b", "c", "d", "e"]
 
@@ -72,3 +72,25 @@ def test_cached_snapshot_equals_fresh_build(seed: int) -> None:
             assert list(got) == list(want), (k, dep)
             assert got.pools() == want.pools(), (k, dep)
             assert all(got.get(e.instance_id) == e for e in want), (k, dep)
+
+
+@pytest.mark.parametrize(
+    ("views", "positions"),
+    [
+        ([EndpointView("a"), EndpointView("b"), EndpointView("c")], [0, 2]),
+        ([EndpointView("a"), EndpointView("b", healthy=False), EndpointView("c")], [1, 2]),
+        ([EndpointView("a", role="prefill"), EndpointView("b"), EndpointView("c")], [0, 1]),
+        ([EndpointView("a", circuit="open"), EndpointView("b", draining=True)], [0, 1]),
+        ([EndpointView("a"), EndpointView("b")], []),
+    ],
+    ids=["all-eligible", "unhealthy", "prefill", "none-eligible", "empty"],
+)
+def test_subset_equals_fresh_build(views: list[EndpointView], positions: list[int]) -> None:
+    whole = EndpointSnapshot(views, version=7)
+    whole.pools()  # the subset derives its pools from these
+    got = whole.subset(positions)
+    want = EndpointSnapshot([views[i] for i in positions], version=7)
+    assert list(got) == list(want)
+    assert got.pools() == want.pools()
+    assert got.version == 7
+    assert all(got.get(e.instance_id) is e for e in want)

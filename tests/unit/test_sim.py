@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from array import array
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -293,6 +294,33 @@ def test_the_cli_refuses_bad_input_in_one_line(
 def test_prompt_blocks_are_the_bench_synthesizers_tokens(h: int) -> None:
     p = Prompts()
     assert p.block_tokens(h) == tuple(tokenize(p.synth.block_text(h)))
+
+
+@pytest.mark.parametrize(
+    ("hash_ids", "input_length"),
+    [
+        ((1, 2, 3), 1536),
+        ((1, 2, 3), 1000),  # the last block cut short
+        ((5, 5, 6), 1300),  # a repeated block
+        ((4, 7), 0),
+    ],
+    ids=["whole", "cut", "repeat", "empty"],
+)
+def test_prompt_tokens_are_the_blocks_in_order(
+    hash_ids: tuple[int, ...], input_length: int
+) -> None:
+    """A prompt's new blocks are made together and reused: the same tokens as one by one."""
+    p, one = Prompts(), Prompts()
+    p.tokens(TraceRequest(0, 1, 0.0, 512, 1, (1, 5)))  # some blocks already made
+    r = TraceRequest(1, 2, 0.0, input_length, 1, hash_ids)
+    want = list(one.role)
+    for h in hash_ids:
+        want.extend(one.block_tokens(h))
+    want = want[: len(one.role) + input_length]
+    assert p.tokens(r) == tuple(want)
+    ids, payload = p.prompt(r)  # from the memo
+    assert ids == array("I", want)
+    assert payload == ids.tobytes()
 
 
 def test_sim_speed_reports_each_size(tmp_path: Path) -> None:

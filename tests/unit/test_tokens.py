@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import zlib
+from array import array
 
 import pytest
 
@@ -95,6 +96,8 @@ def test_parent_continues_a_chain() -> None:
 def test_bad_block_size_is_refused() -> None:
     with pytest.raises(ValueError, match="block_size"):
         tokens.block_hashes([1], 0)
+    with pytest.raises(ValueError, match="block_size"):
+        tokens.payload_block_hashes(b"", 0)
 
 
 def _chained_one_by_one(ids: list[int], block_size: int, parent: int) -> list[int]:
@@ -125,3 +128,6 @@ def test_block_hashes_equal_the_definition(n: int, block_size: int, parent: int)
     want = _chained_one_by_one(ids, block_size, parent)
     assert tokens.block_hashes(ids, block_size, parent=parent) == want
     assert tokens.block_hashes(tuple(ids), block_size, parent=parent) == want
+    payload = array("I", ids).tobytes()
+    assert tokens.payload_block_hashes(payload, block_size, parent=parent) == want
+    assert len(payload) == n * tokens.TOKEN_BYTES

@@ -31,6 +31,7 @@ EOS_ID = 2
 
 _SPAN = VOCAB_SIZE - FIRST_WORD_ID
 _ITEM = array("I").itemsize  # bytes per token id in a block's hashed payload
+TOKEN_BYTES = _ITEM
 # ASCII characters ``str.isspace()`` counts as whitespace and ``bytes.split()`` does not.
 _ASCII_SEPARATORS = re.compile(rb"[\x1c-\x1f]")
 
@@ -82,17 +83,27 @@ def block_hashes(
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
-    h = tenant_seed(tenant) if parent is None else parent
-    out: list[int] = []
     full = len(token_ids) - len(token_ids) % block_size
     if not full:
-        return out
-    # The full blocks' bytes at once (one conversion, not one per block); each block's
-    # payload is the parent hash (8 bytes, little-endian), then the block's uint32 ids.
-    buf = array("I", token_ids[:full]).tobytes()
+        return []
+    # The full blocks' bytes at once (one conversion, not one per block).
+    payload = array("I", token_ids[:full]).tobytes()
+    return payload_block_hashes(payload, block_size, tenant=tenant, parent=parent)
+
+
+def payload_block_hashes(
+    payload: bytes, block_size: int, *, tenant: str = "", parent: int | None = None
+) -> list[int]:
+    """:func:`block_hashes` of the token ids ``payload`` holds (``array("I", ids).tobytes()``,
+    :data:`TOKEN_BYTES` per id), for callers that have the bytes already."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    h = tenant_seed(tenant) if parent is None else parent
+    out: list[int] = []
     step = block_size * _ITEM
-    for start in range(0, len(buf), step):
-        h = _h64(h.to_bytes(8, "little") + buf[start : start + step])
+    # Each block's payload is the parent hash (8 bytes, little-endian), then its ids.
+    for start in range(0, len(payload) - len(payload) % step, step):
+        h = _h64(h.to_bytes(8, "little") + payload[start : start + step])
         out.append(h)
     return out
 

@@ -218,7 +218,10 @@ def _as_list(scorer: Scorer) -> ScoreFn:
     def listed(
         ctx: CycleContext, request: RequestView, candidates: Sequence[EndpointView]
     ) -> list[float]:
-        get = scorer.score(ctx, request, candidates).get
+        scores = scorer.score(ctx, request, candidates)
+        if not scores:  # e.g. a session scorer for a request without a session
+            return [0.0] * len(candidates)
+        get = scores.get
         return [get(e.instance_id, 0.0) for e in candidates]
 
     return listed
@@ -406,8 +409,13 @@ class Scheduler:
             if len(col) != n:
                 raise ValueError(f"scorer {_name!r} returned {len(col)} scores for {n} candidates")
             total = sum(col)
-            if total != total or min(col, default=0.0) < 0.0 or max(col, default=0.0) > 1.0:
+            top = max(col, default=0.0)
+            if total != total or min(col, default=0.0) < 0.0 or top > 1.0:
                 col = [s if 0.0 <= s <= 1.0 else _clamp(float(s)) for s in col]
+            elif top == 0.0 and totals is not None and weight * 0.0 == 0.0:
+                # every score 0: t + weight * 0.0 is t (no total is -0.0: they start at 0.0 +)
+                columns.append(col)
+                continue
             columns.append(col)
             # the first column starts the totals (the same sums as from zeros)
             if totals is None:

@@ -9,7 +9,7 @@ is configured). The core returns a :class:`Decision`: :class:`Pick`, :class:`She
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from types import MappingProxyType
@@ -110,17 +110,23 @@ class EndpointSnapshot:
         prefill endpoints), id-ordered; computed once per snapshot."""
         p = self._pools
         if p is None:
+            idx = self._indexes()
             items = self._items
-            idx = self._pool_idx
-            if idx is None:
-                eligible = [i for i, e in enumerate(items) if e.eligible]
-                idx = self._pool_idx = (
-                    len(eligible),
-                    tuple(i for i in eligible if items[i].role != "prefill"),
-                    tuple(i for i in eligible if items[i].role == "prefill"),
-                )
             p = self._pools = (idx[0], _pick(items, idx[1]), _pick(items, idx[2]))
         return p
+
+    def _indexes(self) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+        """(eligible count, item indexes of the decode pool, of the prefill pool)."""
+        idx = self._pool_idx
+        if idx is None:
+            items = self._items
+            eligible = [i for i, e in enumerate(items) if e.eligible]
+            idx = self._pool_idx = (
+                len(eligible),
+                tuple(i for i in eligible if items[i].role != "prefill"),
+                tuple(i for i in eligible if items[i].role == "prefill"),
+            )
+        return idx
 
     def replaced(self, views: Iterable[EndpointView], version: int) -> EndpointSnapshot:
         """This snapshot with ``views`` replacing the endpoints of the same ids (ids not
@@ -148,6 +154,25 @@ class EndpointSnapshot:
         new._pool_idx = self._pool_idx if same_pools else None
         new._pos = pos
         new.version = version
+        return new
+
+    def subset(self, positions: Sequence[int]) -> EndpointSnapshot:
+        """The endpoints at ``positions`` (ascending indexes into this snapshot's order), with
+        this snapshot's version. Cheaper than a new snapshot of them: no sort, and when every
+        endpoint here is an eligible decode/worker one, so are theirs (no eligibility pass)."""
+        items = self._items
+        kept = _pick(items, tuple(positions))
+        new = EndpointSnapshot.__new__(EndpointSnapshot)
+        new._items = kept
+        new._by_id = MappingProxyType({e.instance_id: e for e in kept})
+        if len(kept) != len(new._by_id):
+            raise ValueError("duplicate position in subset")
+        new._pools = None
+        n_eligible, decode, _ = self._indexes()
+        whole = n_eligible == len(items) == len(decode)
+        new._pool_idx = (len(kept), tuple(range(len(kept))), ()) if whole else None
+        new._pos = None
+        new.version = self.version
         return new
 
     def __iter__(self) -> Iterator[EndpointView]:

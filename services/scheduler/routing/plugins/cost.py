@@ -135,33 +135,37 @@ class TTFTCost:
         model_tps = self.model_tps
         ranked = self.ranked
         owns: list[float] = []  # each candidate's own prefill (ranking only)
+        ttfts: list[float] = []  # each candidate's predicted TTFT (ranking only)
         for e in candidates:
-            cached = get(e.instance_id, 0)
+            iid = e.instance_id
+            cached = get(iid, 0)
             if unfinished is not None:  # still being prefilled there: computed again
-                cached -= unfinished(e.instance_id, 0)
+                cached -= unfinished(iid, 0)
             cached = 0 if cached < 0 else n if cached > n else cached
             p = prefill.get(cached)
             if p is None:
                 p = prefill[cached] = self._prefill_ms(n - cached, cached)
-            if ranked:
-                owns.append(p)
             pending = e.pending_prefill_tokens + e.reserved_tokens
             if pending:
                 tput = model_tps
                 if use_engine and e.prefill_tokens_per_s > tput:
                     tput = e.prefill_tokens_per_s
-                out[e.instance_id] = (1000.0 * pending / tput if tput > 0 else 0.0) + p
+                t = (1000.0 * pending / tput if tput > 0 else 0.0) + p
             else:
-                out[e.instance_id] = 0.0 + p
+                t = 0.0 + p
+            out[iid] = t
+            if ranked:
+                owns.append(p)
+                ttfts.append(t)
         if ranked:
             cost = self._cost
             cost.clear()
             beta, gamma, delta = self.p.interference, self.p.recompute, self.p.decode
             k = self._awaiting.totals.get
             least = min(prefill.values(), default=0.0)
-            for e, own in zip(candidates, owns, strict=True):
+            for e, own, t in zip(candidates, owns, ttfts, strict=True):
                 iid = e.instance_id
-                c = out[iid] + beta * k(iid, 0) * own + gamma * (own - least)
+                c = t + beta * k(iid, 0) * own + gamma * (own - least)
                 if delta:
                     c += delta * (e.running + e.reserved_requests) * own
                 cost[iid] = c
