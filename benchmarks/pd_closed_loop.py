@@ -4,7 +4,8 @@ In ``tideserve sim`` (virtual time, the product's router, engines' core and SLA 
 
 1. **Sweep.** A steady load (a flat rate curve, ``--rate`` req/s for ``--duration-s``
    modelled seconds, the requests of ``--lengths`` in order: by default the agentic coding
-   trace's) on every fixed split of ``--instances`` (1 prefill + N-1 decode ... N-1 + 1).
+   trace's first ``--lengths-window`` requests, repeated with fresh prefix ids, so that the
+   sizes are steady too: the trace's later sessions are longer) on every fixed split of ``--instances`` (1 prefill + N-1 decode ... N-1 + 1).
    The best split is the one with the highest goodput (requests within both SLOs per
    second; ties: attainment, then TTFT p90).
 2. **Loop.** The same load on a deployment started at ``--start P,D`` (a poor split), with
@@ -52,6 +53,9 @@ LENGTHS = TRACES / "weka_agentic_dev.jsonl"
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--lengths", default=str(LENGTHS), help="trace whose requests arrive")
+    p.add_argument("--lengths-window", type=int, default=600,
+                   help="the first N requests of --lengths, repeated with fresh prefix ids "
+                   "(0: the whole trace): a load steady in its sizes too")  # fmt: skip
     p.add_argument("--rate", type=float, default=2.0, help="steady arrivals, req/s")
     p.add_argument("--duration-s", type=float, default=1800.0, help="modelled seconds")
     p.add_argument("--instances", type=int, default=8, help="the sweep's fleet size")
@@ -71,7 +75,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def steady_trace(args: argparse.Namespace, workdir: Path) -> Trace:
     curve = workdir / "flat.csv"
     curve.write_text(f"t_s,rate_rps\n0,{args.rate}\n{args.duration_s / 2},{args.rate}\n")
-    return curve_trace(read_curve(curve), load_trace(args.lengths), seed=args.seed)
+    lengths = load_trace(args.lengths)
+    if args.lengths_window:
+        lengths = replace(lengths, requests=lengths.requests[: args.lengths_window])
+    return curve_trace(read_curve(curve), lengths, seed=args.seed)
 
 
 def base_config(args: argparse.Namespace) -> SimConfig:
