@@ -9,14 +9,16 @@ from contextlib import asynccontextmanager
 
 import grpc
 import redis.asyncio as aioredis
+from tideserve.v1 import kvmeta_pb2_grpc
 
 from services.kvmeta.index import PrefixIndex
 from services.kvmeta.ingest import IndexFeeder
 from services.kvmeta.objects import ObjectMaster
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
+from services.kvmeta.sessions import SessionShell
 from tests.helpers.waits import bounded
 
-__all__ = ["serve_kvmeta"]
+__all__ = ["serve_kvmeta", "serve_sessions"]
 
 
 @asynccontextmanager
@@ -43,3 +45,26 @@ async def serve_kvmeta(
     finally:
         await bounded(server.stop(None), "stopping the kvmeta gRPC server")
         await bounded(feeder.stop(checkpoint=False), "stopping the kvmeta feeder")
+
+
+@asynccontextmanager
+async def serve_sessions(
+    shell: SessionShell,
+) -> AsyncIterator[tuple[str, kvmeta_pb2_grpc.KVMetaServiceStub]]:
+    """``(address, stub)`` of a kvmeta holding sessions in ``shell`` (an empty index, no
+    Redis) on a free loopback port, on ``shell``'s clock."""
+    servicer = KVMetaServicer(
+        IndexFeeder(PrefixIndex(), time.time),
+        ObjectShell(ObjectMaster(), None, shell.now),
+        sessions=shell,
+    )
+    server = grpc.aio.server()
+    add_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield f"127.0.0.1:{port}", kvmeta_pb2_grpc.KVMetaServiceStub(channel)
+    finally:
+        await channel.close()
+        await bounded(server.stop(None), "stopping the kvmeta gRPC server")

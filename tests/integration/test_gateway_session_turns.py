@@ -24,14 +24,11 @@ from tideserve.v1 import kvmeta_pb2, kvmeta_pb2_grpc
 
 from services.common import db
 from services.common.sessions import SessionTable, ToolTimePredictor
-from services.kvmeta.index import PrefixIndex
-from services.kvmeta.ingest import IndexFeeder
-from services.kvmeta.objects import ObjectMaster
-from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
 from services.kvmeta.sessions import SessionShell, SessionStore
 from services.scheduler.compose import build_gateway
 from services.scheduler.feeds.integrations import Integrations
 from services.scheduler.settings import SchedulerSettings
+from tests.helpers.kvmeta import serve_sessions
 from tests.helpers.ports import free_port
 from tests.helpers.waits import bounded, eventually
 
@@ -62,21 +59,10 @@ async def kvmeta(pg_url: str) -> AsyncIterator[tuple[str, kvmeta_pb2_grpc.KVMeta
     await asyncio.to_thread(db.migrate, pg_url, "kvmeta")
     engine = db.create_engine(pg_url, "kvmeta")
     shell = SessionShell(SessionTable(ToolTimePredictor()), SessionStore(engine), time.time)
-    servicer = KVMetaServicer(
-        IndexFeeder(PrefixIndex(), time.time),
-        ObjectShell(ObjectMaster(), None, time.time),
-        sessions=shell,
-    )
-    server = grpc.aio.server()
-    add_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield f"127.0.0.1:{port}", kvmeta_pb2_grpc.KVMetaServiceStub(channel)
+        async with serve_sessions(shell) as served:
+            yield served
     finally:
-        await channel.close()
-        await bounded(server.stop(None), "stopping kvmeta")
         await engine.dispose()
 
 

@@ -21,11 +21,7 @@ from services.common.security.access import Role
 from services.common.security.tokens import format_entry, new_token
 from services.common.server import serve
 from services.common.settings import ServiceSettings
-from services.kvmeta.index import PrefixIndex
-from services.kvmeta.ingest import IndexFeeder
 from services.kvmeta.main import _sessions, _tool_priors
-from services.kvmeta.objects import ObjectMaster
-from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
 from services.kvmeta.sessions import SessionShell
 from services.kvmeta.settings import KVMetaSettings
 from services.telemetry.access import ACCESS
@@ -34,6 +30,7 @@ from services.telemetry.servicer import TelemetryServicer
 from services.telemetry.servicer import add_to_server as add_telemetry
 from services.telemetry.tooltimes import ToolTimes
 from services.telemetry.windows.memory import WindowMemory
+from tests.helpers.kvmeta import serve_sessions
 from tests.helpers.ports import free_port
 from tests.helpers.records import NOW_MS, record
 
@@ -101,21 +98,8 @@ async def telemetry(learner: ToolTimes, tokens_file: Path) -> AsyncIterator[int]
 
 @asynccontextmanager
 async def kvmeta(shell: SessionShell) -> AsyncIterator[kvmeta_pb2_grpc.KVMetaServiceStub]:
-    servicer = KVMetaServicer(
-        IndexFeeder(PrefixIndex(), time.time),
-        ObjectShell(ObjectMaster(), None, shell.now),
-        sessions=shell,
-    )
-    server = grpc.aio.server()
-    add_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        yield kvmeta_pb2_grpc.KVMetaServiceStub(channel)
-    finally:
-        await channel.close()
-        await server.stop(None)
+    async with serve_sessions(shell) as (_, stub):
+        yield stub
 
 
 async def turn(
