@@ -44,6 +44,7 @@ from services.scheduler.routing.types import (
     Pick,
     RequestView,
 )
+from services.sim.bound import BoundFilter, BoundPlan, bound_plan
 
 __all__ = ["SAFE", "NarrowScheduler"]
 
@@ -136,6 +137,8 @@ class NarrowScheduler(Scheduler):
         # this scheduler's picks not settled yet, per target: a superset of what ttft-cost
         # counts as awaiting (it also forgets picks after a while)
         self._unsettled: Counter[str] = Counter()
+        self._bounds: dict[str, BoundPlan | None] = {}
+        self._bound = BoundFilter()
 
     def hint(self, request_id: str, now: float, index: object, match: dict[str, int]) -> None:
         """The shell looked up ``index`` for the next cycle already (its ``match``): the
@@ -185,8 +188,6 @@ class NarrowScheduler(Scheduler):
         return hit
 
     def _applies(self, prof: Profile, request: RequestView, snapshot: EndpointSnapshot) -> bool:
-        if request.session_id or request.exclude or not self._plan(prof)[0]:
-            return False
         for s, _ in prof.scorers:
             if isinstance(s, SessionLoad) and request.prompt_tokens >= s.p.min_prompt_tokens:
                 return False
@@ -214,6 +215,17 @@ class NarrowScheduler(Scheduler):
     def _narrow(
         self, prof: Profile, request: RequestView, snapshot: EndpointSnapshot, now: float
     ) -> EndpointSnapshot:
+        if request.session_id or request.exclude or not self._plan(prof)[0]:
+            self._hint = None
+            return snapshot
+        if prof.name not in self._bounds:
+            self._bounds[prof.name] = bound_plan(prof)
+        plan = self._bounds[prof.name]
+        n_eligible, decode, _ = snapshot.pools()
+        if plan is not None and n_eligible == len(snapshot) == len(decode):
+            self._hint = None
+            kept = self._bound.kept(plan, request, snapshot, now)
+            return snapshot if len(kept) == len(snapshot) else snapshot.subset(kept)
         if not self._applies(prof, request, snapshot):
             self._hint = None
             return snapshot

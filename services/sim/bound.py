@@ -1,0 +1,343 @@
+"""The pre-filter by score bounds: only the candidates that can win a cycle, and those the
+cycle's normalisations are taken from (:class:`BoundFilter`, used by
+:class:`~services.sim.narrow.NarrowScheduler`).
+
+At a thousand instances nearly every one holds a prefix of the next prompt (a common
+system prompt is routed everywhere), so grouping equal candidates (``narrow.py``) keeps most
+of them. For a profile made only of a load guard, one prefix estimate, one ttft-cost and one
+least-load scorer (and scorers that score nothing for the request: session-home without a
+session, session-load below its prompt threshold), this filter computes every candidate's
+total the way those plugins do, as numpy arrays over the fleet (kept up to date from the few
+views that change between cycles), and hands the real scheduler only
+
+* the candidates whose total is within ``MARGIN`` of the best (the pick is among them: the
+  arrays' totals differ from the plugins' by float rounding, far below ``MARGIN``), less any
+  whose every input equals an earlier kept one's (equal inputs give bit-equal totals, and
+  the picker takes the first best in order), and
+* the candidates every cross-candidate quantity is taken from: the guard's least load, the
+  cheapest own prefill (ttft-cost's recompute term), the least cost among the guard's
+  survivors (ttft-cost's normalisation) and each least-load metric's maximum among them.
+
+Every kept candidate therefore gets the same scores as among all candidates, bit for bit,
+and the first best among them is the first best among all. Any other profile, a request
+with a session, or a fleet with prefill or ineligible endpoints: ``plan`` is None and the
+grouping pre-filter applies. ``tests/unit/test_sim_bound.py`` and
+``tests/unit/test_sim_narrow.py`` compare the decisions with and without it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import compress, count
+from operator import is_not
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from services.scheduler.routing.framework import MaxScorePicker, Profile
+from services.scheduler.routing.plugins.affinity import SessionHome
+from services.scheduler.routing.plugins.cost import TTFTCost
+from services.scheduler.routing.plugins.estimate import PrefixEstimate
+from services.scheduler.routing.plugins.load import LeastLoad, LoadGuard
+from services.scheduler.routing.plugins.placement import SessionLoad
+from services.scheduler.routing.types import EndpointSnapshot, EndpointView, RequestView
+
+__all__ = ["MARGIN", "BoundFilter", "BoundPlan", "bound_plan"]
+
+MARGIN = 1e-9
+"""Candidates within this of the best total are kept (totals are at most a few tens; the
+arrays' and the plugins' float sums differ by ~1e-14)."""
+
+F64 = npt.NDArray[np.float64]
+# the view fields a plugin of the plan reads (rows of _Fleet.cols)
+_RUN, _WAIT, _TIF, _PEND, _KV, _TPS, _RREQ, _RTOK = range(8)
+
+
+def _row(e: EndpointView) -> tuple[float, ...]:
+    return (
+        e.running, e.waiting, e.tokens_in_flight, e.pending_prefill_tokens, e.kv_usage,
+        e.prefill_tokens_per_s, e.reserved_requests, e.reserved_tokens,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class BoundPlan:
+    """A profile the filter understands: its plugins and each scorer type's total weight."""
+
+    guard: LoadGuard | None
+    prefix: PrefixEstimate | None
+    ttft: TTFTCost | None
+    load: LeastLoad | None
+    w_prefix: float
+    w_ttft: float
+    w_load: float
+    session_load: SessionLoad | None
+    w_session_load: float
+
+
+def _one(objs: list[Any]) -> Any:
+    distinct = {id(o): o for o in objs}
+    return next(iter(distinct.values())) if len(distinct) == 1 else None
+
+
+def bound_plan(prof: Profile) -> BoundPlan | None:
+    """The plan of ``prof``, None when the filter does not apply to it."""
+    picker = prof.picker
+    if type(picker) is not MaxScorePicker or picker.random_ties:
+        return None
+    kinds = (PrefixEstimate, TTFTCost, LeastLoad, SessionHome, SessionLoad)
+    if any(type(s) not in kinds for s, _ in prof.scorers):
+        return None
+    if len(prof.filters) > 1 or any(type(f) is not LoadGuard for f in prof.filters):
+        return None
+    by: dict[type, list[Any]] = {k: [s for s, _ in prof.scorers if type(s) is k] for k in kinds}
+    prefix, ttft, load = (_one(by[k]) for k in (PrefixEstimate, TTFTCost, LeastLoad))
+    session_load = _one(by[SessionLoad])
+    for k, one in (
+        (PrefixEstimate, prefix), (TTFTCost, ttft), (LeastLoad, load), (SessionLoad, session_load)
+    ):  # fmt: skip
+        if by[k] and one is None:
+            return None  # two plugins of a type: not handled
+    if any(p is not prefix and p is not ttft for p in prof.preparers):
+        return None
+    if prefix is not None and (prefix not in prof.preparers or prefix.track_unfinished):
+        return None
+    if ttft is not None and (ttft not in prof.preparers or ttft.p.kv_pressure > 0):
+        return None
+    weight = {k: sum(w for s, w in prof.scorers if type(s) is k) for k in kinds}
+    return BoundPlan(
+        prof.filters[0] if prof.filters else None,  # type: ignore[arg-type]
+        prefix, ttft, load,
+        weight[PrefixEstimate], weight[TTFTCost], weight[LeastLoad],
+        session_load, weight[SessionLoad],
+    )  # fmt: skip
+
+
+class _Fleet:
+    """A snapshot's view fields as columns (one row per field), followed from one snapshot
+    to the next by the views that changed."""
+
+    def __init__(self, snapshot: EndpointSnapshot) -> None:
+        self.items = tuple(snapshot)
+        self.pos = {e.instance_id: i for i, e in enumerate(self.items)}
+        self.cols: F64 = np.array([_row(e) for e in self.items], dtype=np.float64).T.copy()
+
+    def update(self, snapshot: EndpointSnapshot) -> bool:
+        """Follow ``snapshot``; False when its endpoints are not the same ones (rebuild)."""
+        new = tuple(snapshot)
+        old = self.items
+        if len(new) != len(old):
+            return False
+        changed = list(compress(count(), map(is_not, old, new)))
+        for i in changed:
+            if new[i].instance_id != old[i].instance_id:
+                return False
+        cols = self.cols
+        for i in changed:
+            cols[:, i] = _row(new[i])
+        self.items = new
+        return True
+
+    def spread(self, values: dict[str, Any], default: float = 0.0) -> F64:
+        """``values`` per instance id as a column (ids not in the fleet ignored)."""
+        out = np.full(len(self.items), default)
+        if values:
+            pos = self.pos
+            at = np.fromiter(map(pos.get, values, [-1] * len(values)), np.int64, len(values))
+            v = np.fromiter(values.values(), np.float64, len(values))
+            ok = at >= 0
+            out[at[ok]] = v[ok]
+        return out
+
+
+def _first_max(x: F64, mask: npt.NDArray[np.bool_]) -> int:
+    return int(np.flatnonzero(mask)[np.argmax(x[mask])])
+
+
+class BoundFilter:
+    """The positions (in snapshot order) a cycle of a :class:`BoundPlan` profile needs."""
+
+    def __init__(self) -> None:
+        self._fleet: _Fleet | None = None
+
+    def _follow(self, snapshot: EndpointSnapshot) -> _Fleet:
+        f = self._fleet
+        if f is None or not f.update(snapshot):
+            f = self._fleet = _Fleet(snapshot)
+        return f
+
+    def kept(
+        self, plan: BoundPlan, request: RequestView, snapshot: EndpointSnapshot, now: float
+    ) -> list[int]:
+        """Ascending positions: the candidates that can be picked, and the anchors."""
+        f = self._follow(snapshot)
+        cached = _cached(plan, f, request, now)
+        tc = plan.ttft
+        k = f.spread(tc._awaiting.totals) if tc is not None and tc.p.interference > 0 else None
+        anchors: list[int] = []
+        extra = [cached] if k is None else [cached, k]  # per-request inputs besides the views
+        surv = _survivors(plan.guard, f.cols, cached, anchors)
+        total = np.zeros(len(f.items))
+        if tc is not None:
+            cost = _costs(tc, f.cols, request, cached, k, anchors)
+            eps = cost + tc.p.epsilon_ms
+            lo = eps[surv].min()
+            # the cheapest (and any within rounding of it): ttft-cost's normalisation
+            anchors.extend(np.flatnonzero(surv & (eps <= lo + MARGIN * (1.0 + lo))).tolist())
+            total += plan.w_ttft * (lo / eps)
+        if plan.prefix is not None and plan.w_prefix:
+            total += plan.w_prefix * _prefix_scores(plan.prefix, request, cached)
+        if plan.load is not None:
+            total += plan.w_load * _load_scores(plan.load, f.cols, surv, anchors)
+        if plan.session_load is not None and plan.w_session_load:
+            sl = _session_load_scores(plan.session_load, request, now, f, surv, anchors, extra)
+            if sl is not None:
+                total += plan.w_session_load * sl
+        best = total[surv].max()
+        sel = surv & (total >= best - MARGIN)
+        sel[anchors] = True
+        return _first_of_equals(sel, f.cols, extra)
+
+
+def _cached(plan: BoundPlan, f: _Fleet, request: RequestView, now: float) -> F64:
+    """The prefix estimate's cached tokens per candidate (what its prepare records)."""
+    pe = plan.prefix
+    if pe is None:
+        return np.zeros(len(f.items))
+    routed = (
+        pe.lookup(request.request_id, request.block_hashes, now) if request.block_hashes else {}
+    )
+    blocks = f.spread(routed)
+    known = pe.precise.effective_blocks(request)
+    if known:
+        blocks = np.maximum(blocks, f.spread(known))
+    return np.floor(blocks * request.block_size)
+
+
+def _survivors(
+    guard: LoadGuard | None, cols: F64, cached: F64, anchors: list[int]
+) -> npt.NDArray[np.bool_]:
+    """The load guard's survivors (exact: integer loads); its least loaded is an anchor."""
+    n = cols.shape[1]
+    if guard is None or n < 2:
+        return np.ones(n, dtype=bool)
+    p = guard.p
+    if p.metric == "tokens":
+        loads = cols[_TIF] + cols[_RTOK]
+    else:
+        loads = cols[_RUN] + cols[_WAIT] + cols[_RREQ]
+    at = int(np.argmin(loads))
+    anchors.append(at)
+    lo = float(loads[at])
+    cut = max(lo + p.abs_threshold, p.rel_threshold * lo)
+    surv: npt.NDArray[np.bool_] = loads <= cut
+    if p.keep_cached_tokens:
+        surv |= cached >= p.keep_cached_tokens
+    return surv
+
+
+def _costs(
+    tc: TTFTCost,
+    cols: F64,
+    request: RequestView,
+    cached: F64,
+    k: F64 | None,
+    anchors: list[int],
+) -> F64:
+    """ttft-cost's ranking cost per candidate, in the plugin's order of operations; the
+    candidate with the cheapest own prefill (the recompute term's reference) is an anchor."""
+    tc._sync()
+    n = request.prompt_tokens
+    clipped = np.clip(cached, 0, n)
+    classes, inv = np.unique(clipped, return_inverse=True)
+    own_by_class = np.array([tc._prefill_ms(n - int(c), int(c)) for c in classes])
+    own = own_by_class[inv]
+    anchors.append(int(np.argmin(own)))
+    pend = cols[_PEND] + cols[_RTOK]
+    tput = np.full(len(own), tc.model_tps)
+    if tc.p.use_engine_throughput:
+        tput = np.maximum(tput, cols[_TPS])
+    ok = (pend > 0) & (tput > 0)
+    wait = np.zeros(len(own))
+    wait[ok] = 1000.0 * pend[ok] / tput[ok]
+    t = wait + own
+    if not tc.ranked:
+        return t
+    p = tc.p
+    cost = t + p.interference * (k if k is not None else 0.0) * own
+    cost = cost + p.recompute * (own - own_by_class.min())
+    if p.decode:
+        cost = cost + p.decode * (cols[_RUN] + cols[_RREQ]) * own
+    return cost
+
+
+def _prefix_scores(pe: PrefixEstimate, request: RequestView, cached: F64) -> F64:
+    n = request.prompt_tokens
+    if n <= 0 or not request.block_hashes:
+        return np.zeros(len(cached))
+    r = np.minimum(cached / n, 1.0)
+    return np.where(r >= pe.threshold, r, 0.0) if pe.threshold > 0 else r
+
+
+def _load_scores(ll: LeastLoad, cols: F64, surv: npt.NDArray[np.bool_], anchors: list[int]) -> F64:
+    """least-load's scores over the survivors' maxima (each maximum's first holder an
+    anchor; the metrics are integers or the views' own floats: exact maxima)."""
+    n = cols.shape[1]
+    if ll.total_weight <= 0:
+        return np.ones(n)
+    metrics = (
+        cols[_WAIT] + cols[_RREQ], cols[_RUN], cols[_TIF] + cols[_RTOK], cols[_KV],
+    )  # fmt: skip
+    used = np.zeros(n)
+    for w, x in zip(ll.weights, metrics, strict=True):
+        m = float(x[surv].max())
+        if m > 0:
+            anchors.append(_first_max(x, surv))
+            used = used + x * (w / (m * ll.total_weight))
+    return 1.0 - used
+
+
+def _session_load_scores(
+    sl: SessionLoad,
+    request: RequestView,
+    now: float,
+    f: _Fleet,
+    surv: npt.NDArray[np.bool_],
+    anchors: list[int],
+    extra: list[F64],
+) -> F64 | None:
+    """session-load's scores (None: it scores nothing); the survivor with the most cached
+    tokens (whether the prompt is a new session's) and the most committed (and any within
+    rounding of it: numpy's exp is not math's) are anchors. Its inputs per instance (the
+    committed tokens and their time) join ``extra``."""
+    cached = extra[0]
+    n = request.prompt_tokens
+    if n <= 0 or n < sl.p.min_prompt_tokens:
+        return None
+    anchors.append(_first_max(cached, surv))
+    if cached[surv].max() >= sl.p.new_below * n:
+        return None
+    held = sl._committed
+    if not held:
+        return None
+    v = f.spread({i: x[0] for i, x in held.items()})
+    t = f.spread({i: x[1] for i, x in held.items()}, now)
+    extra += (v, t)
+    x = v * np.exp(-sl._rate * np.maximum(0.0, now - t))
+    top = float(x[surv].max())
+    if top <= 0:
+        return None
+    anchors.extend(np.flatnonzero(surv & (x >= top * (1.0 - 1e-9))).tolist())
+    return 1.0 - x / top
+
+
+def _first_of_equals(sel: npt.NDArray[np.bool_], cols: F64, extra: list[F64]) -> list[int]:
+    """The positions in ``sel``, less any whose every plugin input (the view fields and the
+    request's ``extra`` columns) equals an earlier one's."""
+    at = np.flatnonzero(sel)
+    if len(at) <= 4:
+        return at.tolist()  # type: ignore[no-any-return]
+    keys = np.concatenate([cols[:, at], *(x[at][None, :] for x in extra)]).T
+    _, first = np.unique(keys, axis=0, return_index=True)
+    return np.sort(at[first]).tolist()  # type: ignore[no-any-return]
