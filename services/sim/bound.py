@@ -250,9 +250,9 @@ def _costs(
     tc._sync()
     n = request.prompt_tokens
     clipped = np.clip(cached, 0, n)
-    classes, inv = np.unique(clipped, return_inverse=True)
+    classes = sorted(set(clipped.tolist()))  # a few values
     own_by_class = np.array([tc._prefill_ms(n - int(c), int(c)) for c in classes])
-    own = own_by_class[inv]
+    own = own_by_class[np.searchsorted(classes, clipped)]
     anchors.append(int(np.argmin(own)))
     pend = cols[_PEND] + cols[_RTOK]
     tput = np.full(len(own), tc.model_tps)
@@ -338,6 +338,11 @@ def _first_of_equals(sel: npt.NDArray[np.bool_], cols: F64, extra: list[F64]) ->
     at = np.flatnonzero(sel)
     if len(at) <= 4:
         return at.tolist()  # type: ignore[no-any-return]
-    keys = np.concatenate([cols[:, at], *(x[at][None, :] for x in extra)]).T
-    _, first = np.unique(keys, axis=0, return_index=True)
-    return np.sort(at[first]).tolist()  # type: ignore[no-any-return]
+    keys = np.concatenate([cols[:, at], *(x[at][None, :] for x in extra)]).T.tolist()
+    seen: set[tuple[float, ...]] = set()
+    out: list[int] = []
+    for i, key in zip(at.tolist(), map(tuple, keys), strict=True):
+        if key not in seen:
+            seen.add(key)
+            out.append(i)
+    return out

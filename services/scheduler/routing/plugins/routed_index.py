@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Sequence
-from itertools import accumulate, repeat
+from itertools import accumulate, compress, repeat
 from operator import and_
 
 from services.common.kvindex.match import mask_drops
@@ -228,30 +228,21 @@ class RoutedPrefixIndex:
         # Running AND of the holder masks along the chain (in C); it only ever loses bits,
         # so each distinct value is one contiguous run, found by bisection.
         acc = list(accumulate(map(self._masks.get, hs, repeat(0)), and_))
-        iids = self._iids
+        iid_of = self._iids.__getitem__
         out: dict[str, int] = {}
+        groups: dict[int, int] = {}  # strided match length -> the slots with it
         for lost, j in mask_drops(acc):
-            while lost:
-                low = lost & -lost
-                out[iids[low.bit_length() - 1]] = j * stride
-                lost ^= low
+            out.update(zip(map(iid_of, _set_bits(lost)), repeat(j * stride)))
+            groups[j * stride] = lost
         if stride > 1:
-            self._tips(hashes, out)
+            self._tips(hashes, out, groups)
         return out
 
-    def _tips(self, hashes: Sequence[int], out: dict[str, int]) -> None:
-        """Extend each instance's strided match with a routed tip among the next
-        ``stride - 1`` blocks (the one after them is a strided position it did not match)."""
-        slot_of, iids, masks, stride, n = (
-            self._slot_of,
-            self._iids,
-            self._masks,
-            self.stride,
-            len(hashes),
-        )
-        groups: dict[int, int] = {}
-        for iid, k in out.items():
-            groups[k] = groups.get(k, 0) | (1 << slot_of[iid])
+    def _tips(self, hashes: Sequence[int], out: dict[str, int], groups: dict[int, int]) -> None:
+        """Extend each instance's strided match (``groups``: the slots per match length, in
+        ``out``'s order) with a routed tip among the next ``stride - 1`` blocks (the one
+        after them is a strided position it did not match)."""
+        iid_of, masks, stride, n = self._iids.__getitem__, self._masks, self.stride, len(hashes)
         matched = 0
         for bits in groups.values():
             matched |= bits
@@ -259,10 +250,8 @@ class RoutedPrefixIndex:
         for k, bits in groups.items():
             for p in range(k, min(k + stride - 1, n)):
                 found = masks.get(hashes[p], 0) & bits
-                while found:
-                    low = found & -found
-                    out[iids[low.bit_length() - 1]] = p + 1
-                    found ^= low
+                if found:
+                    out.update(zip(map(iid_of, _set_bits(found)), repeat(p + 1)))
 
     def remove_instance(self, instance_id: str) -> int:
         """Forget an instance (left the fleet or restarted with an empty cache)."""
@@ -280,3 +269,17 @@ class RoutedPrefixIndex:
         self._count -= n
         self._release_slot(slot)
         return n
+
+
+def _set_bits(x: int) -> list[int]:
+    """The positions of the set bits of ``x`` >= 0, lowest first (a few: one at a time; many:
+    from its binary digits, in C)."""
+    if x.bit_count() <= 24:
+        out: list[int] = []
+        while x:
+            low = x & -x
+            out.append(low.bit_length() - 1)
+            x ^= low
+        return out
+    digits = bin(x)[:1:-1]  # lowest bit first
+    return list(compress(range(len(digits)), map("1".__eq__, digits)))
