@@ -261,11 +261,11 @@ def _costs(
     ok = (pend > 0) & (tput > 0)
     wait = np.zeros(len(own))
     wait[ok] = 1000.0 * pend[ok] / tput[ok]
-    t = wait + own
+    t: F64 = wait + own
     if not tc.ranked:
         return t
     p = tc.p
-    cost = t + p.interference * (k if k is not None else 0.0) * own
+    cost: F64 = t + p.interference * (k if k is not None else 0.0) * own
     cost = cost + p.recompute * (own - own_by_class.min())
     if p.decode:
         cost = cost + p.decode * (cols[_RUN] + cols[_RREQ]) * own
@@ -337,7 +337,7 @@ def _first_of_equals(sel: npt.NDArray[np.bool_], cols: F64, extra: list[F64]) ->
     request's ``extra`` columns) equals an earlier one's."""
     at = np.flatnonzero(sel)
     if len(at) <= 4:
-        return at.tolist()  # type: ignore[no-any-return]
+        return list(at.tolist())
     keys = np.concatenate([cols[:, at], *(x[at][None, :] for x in extra)]).T.tolist()
     seen: set[tuple[float, ...]] = set()
     out: list[int] = []

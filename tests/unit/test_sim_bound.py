@@ -1,0 +1,124 @@
+"""The simulator's pre-filter by score bounds (services/sim/bound.py) changes no decision:
+a scheduler with it and one without, fed the same cycles, make the same picks with the same
+scores, while it scores a few of the candidates."""
+
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass
+
+import pytest
+
+from services.scheduler.core import EndpointSpec, build_core
+from services.scheduler.routing.framework import Scheduler
+from services.scheduler.routing.types import EndpointSnapshot, EndpointView, Pick, RequestView
+from services.sim.bound import BoundFilter, bound_plan
+from services.sim.narrow import NarrowScheduler
+
+
+@dataclass(frozen=True)
+class Case:
+    profile: str
+    instances: int = 60
+    long_prompts: float = 0.0  # share of prompts long enough for session-load to score
+    spread: int = 3  # load fields drawn from range(spread): small = many equal candidates
+    engine_fields: bool = False  # pending prefill and throughput reported (the load stream)
+
+
+CASES = [
+    Case("default"),
+    Case("default", long_prompts=0.5),
+    Case("default", spread=1),  # an idle fleet: every candidate equal but for the prefix
+    Case("default", instances=300, spread=8),
+    Case("default", engine_fields=True),
+    Case("tpot-guard", long_prompts=0.3),  # ttft-cost's decode term
+    Case("least_load"),
+]
+IDS = ["default", "long-prompts", "idle-fleet", "300-instances", "load-stream", "tpot-guard",
+       "least-load"]  # fmt: skip
+
+
+def scheduler(n: int) -> Scheduler:
+    return build_core([EndpointSpec(f"worker-{i}", f"http://w{i}") for i in range(n)]).scheduler
+
+
+def snapshot(rng: random.Random, case: Case) -> EndpointSnapshot:
+    s = case.spread
+
+    def view(i: int) -> EndpointView:
+        return EndpointView(
+            f"worker-{i}",
+            running=rng.randrange(s),
+            waiting=rng.randrange(s) * rng.randrange(2),
+            tokens_in_flight=rng.randrange(s) * 100 if case.engine_fields else 0,
+            pending_prefill_tokens=rng.randrange(s) * 500 if case.engine_fields else 0,
+            prefill_tokens_per_s=rng.choice([0.0, 5e3, 5e5]) if case.engine_fields else 0.0,
+            kv_usage=rng.randrange(s) / 8,
+            reserved_requests=rng.randrange(s) // 2,
+            reserved_tokens=rng.randrange(s) // 2 * 700,
+        )
+
+    return EndpointSnapshot([view(i) for i in range(case.instances)])
+
+
+def request(rng: random.Random, k: int, case: Case) -> RequestView:
+    conv = rng.randrange(12)
+    blocks = rng.randrange(1, 40)
+    hashes = (7, *range(conv * 1000 + 1, conv * 1000 + blocks))  # one shared first block
+    tokens = blocks * 64 - rng.randrange(64)
+    if rng.random() < case.long_prompts:
+        tokens += 40_000
+    return RequestView(f"r{k}", tokens, hashes, 64, 16)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_the_same_picks_with_and_without_the_bound(case: Case) -> None:
+    rng = random.Random(zlib.crc32(repr(case).encode()))
+    whole, narrow = scheduler(case.instances), NarrowScheduler(scheduler(case.instances))
+    kept: list[int] = []
+    original = narrow._bound.kept
+
+    def counted(*args: object) -> list[int]:
+        out = original(*args)  # type: ignore[arg-type]
+        kept.append(len(out))
+        return out
+
+    narrow._bound.kept = counted  # type: ignore[assignment,method-assign]
+    unanswered: list[tuple[RequestView, Pick]] = []
+    for k in range(150):
+        snap, req, now = snapshot(rng, case), request(rng, k, case), k * 0.05
+        want = whole.schedule(req, snap, now, case.profile)
+        got = narrow.schedule(req, snap, now, case.profile)
+        assert got == want, f"cycle {k}"
+        assert isinstance(got, Pick)
+        unanswered.append((req, got))
+        while unanswered and rng.random() < 0.6:  # some picks answer
+            r, p = unanswered.pop(rng.randrange(len(unanswered)))
+            whole.settle(r, p, True)
+            narrow.settle(r, p, True)
+    assert len(kept) == 150
+    assert sum(kept) < 150 * case.instances / 3
+
+
+@pytest.mark.parametrize(
+    ("profile", "applies"),
+    [("default", True), ("tpot-guard", True), ("least_load", True), ("prefix-ready", False),
+     ("slo", False), ("cache_aware", False), ("power_of_two", False)],
+    ids=["default", "tpot-guard", "least-load", "prefix-ready-unfinished", "slo-filter",
+         "cache-aware", "power-of-two"],
+)  # fmt: skip
+def test_which_profiles_the_bound_applies_to(profile: str, applies: bool) -> None:
+    prof = scheduler(2).profiles[profile]
+    assert (bound_plan(prof) is not None) == applies
+
+
+def test_equal_candidates_are_kept_once() -> None:
+    """An idle fleet with nothing of the prompt anywhere: the first candidate stands for
+    all (every input equal), and it is the pick."""
+    sched = scheduler(50)
+    plan = bound_plan(sched.profiles["default"])
+    assert plan is not None
+    snap = EndpointSnapshot([EndpointView(f"worker-{i}") for i in range(50)])
+    kept = BoundFilter().kept(plan, RequestView("a", 1000, (1, 2), 64, 8), snap, 0.0)
+    assert kept == [0]
