@@ -151,6 +151,19 @@ class _Fleet:
         return out
 
 
+def _first_min(x: F64, mask: npt.NDArray[np.bool_]) -> int:
+    return int(np.flatnonzero(mask)[np.argmin(x[mask])])
+
+
+def _near(first: int, near: npt.NDArray[np.bool_], inputs: list[F64]) -> list[int]:
+    """``first`` (a value's first extreme) and those ``near`` it from other ``inputs`` (equal
+    inputs give the plugin bit-equal values, so those stay tied behind ``first``)."""
+    differ = np.zeros(len(near), dtype=bool)
+    for col in inputs:
+        differ |= col != col[first]
+    return [first, *np.flatnonzero(near & differ).tolist()]
+
+
 def _first_max(x: F64, mask: npt.NDArray[np.bool_]) -> int:
     return int(np.flatnonzero(mask)[np.argmax(x[mask])])
 
@@ -180,11 +193,14 @@ class BoundFilter:
         surv = _survivors(plan.guard, f.cols, cached, anchors)
         total = np.zeros(len(f.items))
         if tc is not None:
-            cost = _costs(tc, f.cols, request, cached, k, anchors)
+            inputs: list[F64] = []
+            cost = _costs(tc, f.cols, request, cached, k, anchors, inputs)
             eps = cost + tc.p.epsilon_ms
-            lo = eps[surv].min()
-            # the cheapest (and any within rounding of it): ttft-cost's normalisation
-            anchors.extend(np.flatnonzero(surv & (eps <= lo + MARGIN * (1.0 + lo))).tolist())
+            at = _first_min(eps, surv)
+            lo = eps[at]
+            # the cheapest: ttft-cost's normalisation (and, in case rounding differs, any
+            # within MARGIN of it from other inputs)
+            anchors += _near(at, surv & (eps <= lo + MARGIN * (1.0 + lo)), inputs)
             total += plan.w_ttft * (lo / eps)
         if plan.prefix is not None and plan.w_prefix:
             total += plan.w_prefix * _prefix_scores(plan.prefix, request, cached)
@@ -244,9 +260,11 @@ def _costs(
     cached: F64,
     k: F64 | None,
     anchors: list[int],
+    inputs: list[F64],
 ) -> F64:
-    """ttft-cost's ranking cost per candidate, in the plugin's order of operations; the
-    candidate with the cheapest own prefill (the recompute term's reference) is an anchor."""
+    """ttft-cost's ranking cost per candidate, in the plugin's order of operations (the
+    columns it is a function of join ``inputs``); the candidate with the cheapest own
+    prefill (the recompute term's reference) is an anchor."""
     tc._sync()
     n = request.prompt_tokens
     clipped = np.clip(cached, 0, n)
@@ -258,6 +276,11 @@ def _costs(
     tput = np.full(len(own), tc.model_tps)
     if tc.p.use_engine_throughput:
         tput = np.maximum(tput, cols[_TPS])
+    inputs += (own, pend, tput)
+    if k is not None:
+        inputs.append(k)
+    if tc.p.decode:
+        inputs.append(cols[_RUN] + cols[_RREQ])
     ok = (pend > 0) & (tput > 0)
     wait = np.zeros(len(own))
     wait[ok] = 1000.0 * pend[ok] / tput[ok]
@@ -325,10 +348,11 @@ def _session_load_scores(
     t = f.spread({i: x[1] for i, x in held.items()}, now)
     extra += (v, t)
     x = v * np.exp(-sl._rate * np.maximum(0.0, now - t))
-    top = float(x[surv].max())
+    at = _first_max(x, surv)
+    top = float(x[at])
     if top <= 0:
         return None
-    anchors.extend(np.flatnonzero(surv & (x >= top * (1.0 - 1e-9))).tolist())
+    anchors += _near(at, surv & (x >= top * (1.0 - MARGIN)), [v, t])
     return 1.0 - x / top
 
 
