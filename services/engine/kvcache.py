@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from itertools import islice
+from itertools import islice, repeat
 
 from services.dataplane.blocks import SlotPool
 from services.engine.kvcache_types import Allocation, KVEventKind, KVEventRecord, _Block
@@ -334,6 +334,9 @@ class KVCache:
                 fresh.add(h)
         taken = self._slots.take(len(fresh))
         assert taken is not None  # cached + held blocks never outnumber the slots
+        if len(fresh) == len(hashes) - start > 0:  # none resident: one run, in bulk
+            self._commit_run(alloc, hashes, start, taken)
+            return
         slots = iter(taken)
         run: list[int] = []
         run_parent = 0
@@ -366,6 +369,23 @@ class KVCache:
         self._private -= alloc.private - private
         alloc.private = private
 
+    def _commit_run(
+        self, alloc: Allocation, hashes: list[int], start: int, slots: list[int]
+    ) -> None:
+        """:meth:`commit`'s loop when every block from ``start`` on is new and has a
+        private block (``slots``, one each): the same blocks, slots, lists and one event."""
+        new = hashes[start:]
+        parent = hashes[start - 1] if start else 0
+        tenant = alloc.tenant
+        parents = [parent, *new[:-1]]
+        made = map(_Block, parents, repeat(tenant), slots, repeat(1))
+        self._blocks.update(zip(new, made, strict=True))
+        self._filled.extend(zip(new, slots, strict=True))
+        alloc.committed.extend(new)
+        self._flush_run(new, parent, tenant)
+        self._private -= len(new)
+        alloc.private -= len(new)
+
     def release(self, seq_id: str) -> None:
         """Drop everything ``seq_id`` holds (no-op if it holds nothing). Its cached blocks stay
         resident, unreferenced, most recent and leaf-first in the LRU order."""
@@ -373,8 +393,15 @@ class KVCache:
         if alloc is None:
             return
         self._private -= alloc.private
+        blocks, lru = self._blocks, self._lru  # _unref per block, inlined
         for h in reversed(alloc.shared + alloc.committed):
-            self._unref(h)
+            b = blocks.get(h)
+            if b is None:
+                continue
+            b.refs -= 1
+            if b.refs == 0:
+                lru[h] = None
+                lru.move_to_end(h)
 
     def clear(self) -> bool:
         """Drop every unreferenced cached block and emit ALL_CLEARED. Refused (False) while
