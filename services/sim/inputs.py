@@ -27,7 +27,13 @@ import numpy as np
 
 from services.bench.prompts import PromptSynthesizer
 from services.bench.traces import MOONCAKE_BLOCK_TOKENS, Trace, TraceRequest
-from services.common.tokens import FIRST_WORD_ID, TOKEN_BYTES, VOCAB_SIZE, tokenize
+from services.common.tokens import (
+    FIRST_WORD_ID,
+    TOKEN_BYTES,
+    VOCAB_SIZE,
+    payload_block_hashes,
+    tokenize,
+)
 
 __all__ = ["Arrival", "Prompts", "arrivals", "repeated"]
 
@@ -91,6 +97,11 @@ class Prompts:
         self.memo_blocks = max(1, memo_blocks)
         # per hash id: the block's token ids as hashed (their array("I") bytes)
         self._blocks: OrderedDict[int, bytes] = OrderedDict()
+        # block hashes by hash-id prefix, a trie: (node, hash id) -> (node, the hashes of
+        # the blocks that trace block completes), the first ``memo_chains`` made kept
+        self._chains: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
+        self.memo_chains = 4 * self.memo_blocks
+        self._dropped = 0  # chain entries let go (node ids stay unique)
         # The synthesizer's words of a block are "s0.<id>.<i>" (hex). A word's token id is
         # crc32(prefix + suffix), and crc32 continued over L bytes is affine in the value it
         # continues from: crc32(suffix, c) = crc32(suffix, 0) ^ shift_L(c), where shift_L(c)
@@ -145,3 +156,34 @@ class Prompts:
             ids.extend(tokenize(self.synth.prompt(r))[r.input_length - remaining :])
             payload = ids.tobytes()
         return ids, payload
+
+    def block_hashes(self, r: TraceRequest, payload: bytes, block_size: int) -> tuple[int, ...]:
+        """``payload_block_hashes(payload, block_size)`` of ``payload = prompt(r)[1]``: the
+        blocks within the leading trace blocks an earlier prompt had (the same hash ids, so
+        the same bytes from the start) are taken from that prompt's, the rest hashed."""
+        bt = self.synth.block_tokens
+        role = len(self.role)
+        ids = list(r.hash_ids or ())[: -(-r.input_length // bt)]
+        complete = max(0, min(r.input_length, len(ids) * bt)) // bt  # whole trace blocks
+        chains = self._chains
+        node, k = 0, 0
+        known: list[int] = []
+        while k < complete:
+            hit = chains.get((node, ids[k]))
+            if hit is None:
+                break
+            node, seg = hit
+            known.extend(seg)
+            k += 1
+        parent = known[-1] if known else None
+        rest = payload[len(known) * block_size * TOKEN_BYTES :]
+        out = (*known, *payload_block_hashes(rest, block_size, parent=parent))
+        for m in range(k + 1, complete + 1):
+            seg = out[(role + (m - 1) * bt) // block_size : (role + m * bt) // block_size]
+            nxt = len(chains) + 1 + self._dropped
+            chains[node, ids[m - 1]] = (nxt, seg)
+            node = nxt
+        while len(chains) > self.memo_chains:
+            del chains[next(iter(chains))]
+            self._dropped += 1
+        return out

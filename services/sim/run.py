@@ -17,7 +17,6 @@ from typing import Any
 
 from services.bench.traces import Trace
 from services.common.perfmodel import get_profile
-from services.common.tokens import payload_block_hashes
 from services.engine.core import AdmissionError, DecodeRun, EngineRole, Request, StepResult
 from services.scheduler.routing.types import Pick, RequestView, Shed
 from services.sim.autoscale import Planner, Served, Window
@@ -231,7 +230,7 @@ class Simulation(Scaling):
         _, r = self.arrivals[k]
         toks, payload = self.prompts.prompt(r)
         rid = f"r{k}"
-        hashes = tuple(payload_block_hashes(payload, cfg.block_size))
+        hashes = self.prompts.block_hashes(r, payload, cfg.block_size)
         session = str(r.hash_ids[0]) if self.memory is not None and r.hash_ids else ""
         view = RequestView(
             rid, len(toks), hashes, cfg.block_size, max(1, r.output_length),
