@@ -53,6 +53,10 @@ SAFE: tuple[type, ...] = (PrefixEstimate, LoadGuard, TTFTCost, LeastLoad, Sessio
 
 Key = tuple[Any, ...]
 
+BOUND_MIN = 64
+"""Fleets from this size on take the bound pre-filter (:mod:`services.sim.bound`) where it
+applies: below, its array operations cost more than scoring every candidate."""
+
 
 def _key(e: EndpointView) -> Key | None:
     """What a :data:`SAFE` plugin reads of a view besides its id; None: not eligible."""
@@ -222,7 +226,8 @@ class NarrowScheduler(Scheduler):
             self._bounds[prof.name] = bound_plan(prof)
         plan = self._bounds[prof.name]
         n_eligible, decode, _ = snapshot.pools()
-        if plan is not None and n_eligible == len(snapshot) == len(decode):
+        big = len(snapshot) >= BOUND_MIN
+        if big and plan is not None and n_eligible == len(snapshot) == len(decode):
             self._hint = None
             kept = self._bound.kept(plan, request, snapshot, now)
             return snapshot if len(kept) == len(snapshot) else snapshot.subset(kept)

@@ -20,7 +20,7 @@ from services.sim.narrow import NarrowScheduler
 @dataclass(frozen=True)
 class Case:
     profile: str
-    instances: int = 60
+    instances: int = 80  # from services.sim.narrow.BOUND_MIN on
     long_prompts: float = 0.0  # share of prompts long enough for session-load to score
     spread: int = 3  # load fields drawn from range(spread): small = many equal candidates
     engine_fields: bool = False  # pending prefill and throughput reported (the load stream)

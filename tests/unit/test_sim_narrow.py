@@ -36,6 +36,8 @@ def run(cfg: SimConfig, narrow: bool) -> tuple[str, list[str], int]:
     ("cfg", "narrows"),
     [
         (BASE, True),
+        (replace(BASE, engines=96), True),  # the bound pre-filter (services/sim/bound.py)
+        (replace(BASE, engines=96, profile="tpot-guard", load_source="stream"), True),
         (replace(BASE, gateways=2, load_source="stream"), True),
         (replace(BASE, precise=True), True),
         (replace(BASE, profile="prefix-ready"), True),
@@ -45,7 +47,7 @@ def run(cfg: SimConfig, narrow: bool) -> tuple[str, list[str], int]:
         (replace(BASE, profile="cache_aware"), False),  # a plugin outside SAFE
         (SimConfig(prefill=8, decode=24, kv_blocks=4096, rate_scale=3.0), False),  # P/D
     ],
-    ids=["default", "two-gateways-stream", "precise", "prefix-ready",
+    ids=["default", "bound", "bound-tpot-guard-stream", "two-gateways-stream", "precise", "prefix-ready",
          "two-gateways-scrape-queue-estimate", "least-load", "power-of-two", "cache-aware",
          "pd"],
 )  # fmt: skip
