@@ -268,8 +268,8 @@ def _costs(
     tc._sync()
     n = request.prompt_tokens
     clipped = np.clip(cached, 0, n)
-    classes = sorted(set(clipped.tolist()))  # a few values
-    own_by_class = np.array([tc._prefill_ms(n - int(c), int(c)) for c in classes])
+    classes = np.unique(clipped)  # a few values
+    own_by_class = np.array([tc._prefill_ms(n - int(c), int(c)) for c in classes.tolist()])
     own = own_by_class[np.searchsorted(classes, clipped)]
     anchors.append(int(np.argmin(own)))
     pend = cols[_PEND] + cols[_RTOK]
@@ -360,7 +360,7 @@ def _first_of_equals(sel: npt.NDArray[np.bool_], cols: F64, extra: list[F64]) ->
     """The positions in ``sel``, less any whose every plugin input (the view fields and the
     request's ``extra`` columns) equals an earlier one's."""
     at = np.flatnonzero(sel)
-    if len(at) <= 4:
+    if len(at) <= 8:  # a few: dropping their repeats costs more than scoring them
         return list(at.tolist())
     keys = np.concatenate([cols[:, at], *(x[at][None, :] for x in extra)]).T.tolist()
     seen: set[tuple[float, ...]] = set()
