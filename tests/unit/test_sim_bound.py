@@ -8,11 +8,13 @@ import random
 import zlib
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.routing.framework import Scheduler
 from services.scheduler.routing.types import EndpointSnapshot, EndpointView, Pick, RequestView
+from services.sim import bound
 from services.sim.bound import BoundFilter, bound_plan
 from services.sim.narrow import NarrowScheduler
 
@@ -122,3 +124,18 @@ def test_equal_candidates_are_kept_once() -> None:
     snap = EndpointSnapshot([EndpointView(f"worker-{i}") for i in range(50)])
     kept = BoundFilter().kept(plan, RequestView("a", 1000, (1, 2), 64, 8), snap, 0.0)
     assert kept == [0]
+
+
+@pytest.mark.parametrize("collide", [False, True], ids=["grouped-by-sum", "sums-collide"])
+def test_repeats_are_dropped_after_their_first(
+    collide: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Equal inputs keep their first position; a weighted sum shared by unequal inputs
+    (forced here) falls back to comparing them one by one."""
+    if collide:
+        monkeypatch.setattr(bound, "_MIX", np.zeros(32))
+    cols = np.array([[1, 2, 1, 3, 2, 1, 4, 5, 1, 6], [0, 0, 0, 1, 0, 0, 0, 0, 1, 0]], float)
+    cached = np.array([5, 5, 5, 5, 5, 5, 5, 5, 5, 7], float)
+    sel = np.ones(10, dtype=bool)
+    sel[7] = False
+    assert bound._first_of_equals(sel, cols, [cached]) == [0, 1, 3, 6, 8, 9]
