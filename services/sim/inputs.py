@@ -111,6 +111,7 @@ class Prompts:
         self._suffix_crc = np.array([zlib.crc32(x) for x in suffixes], dtype=np.uint32)
         self._suffix_len = np.array([len(x) for x in suffixes], dtype=np.intp)
         self._lengths = sorted({len(x) for x in suffixes})
+        self._zeros = [(n, bytes(n), zlib.crc32(bytes(n), 0)) for n in self._lengths]
 
     def block_tokens(self, h: int) -> tuple[int, ...]:
         """``tokenize(synth.block_text(h))`` without building the text."""
@@ -121,11 +122,11 @@ class Prompts:
         vector operation for all."""
         seed = self.synth.seed
         shift = np.zeros((len(hs), self._lengths[-1] + 1), dtype=np.uint32)
+        zeros = self._zeros
         for row, h in enumerate(hs):
             base = zlib.crc32(f"s{seed:x}.{h:x}.".encode("ascii"))
-            for n in self._lengths:
-                zeros = bytes(n)
-                shift[row, n] = zlib.crc32(zeros, base) ^ zlib.crc32(zeros, 0)
+            for n, z, crc0 in zeros:
+                shift[row, n] = zlib.crc32(z, base) ^ crc0
         crcs = shift[:, self._suffix_len] ^ self._suffix_crc
         ids = (crcs % (VOCAB_SIZE - FIRST_WORD_ID) + FIRST_WORD_ID).astype(_PAYLOAD)
         return [row.tobytes() for row in ids]

@@ -115,12 +115,19 @@ def note_pick(diag: Diag, core: GatewayCore, match: Mapping[str, int], d: Pick) 
     # order of length, most of a large fleet's matches never looked at.
     fleet = core.fleet
     best = 0
-    for i, n in sorted(match.items(), key=itemgetter(1), reverse=True):
-        if n <= 0:
-            break
-        if i in fleet and (fleet.spec(i).role == "prefill") == want_prefill:
-            best = n
-            break
+    if match:  # mostly the first longest is one: found without sorting
+        lengths = list(match.values())
+        longest = max(lengths)
+        first = list(match)[lengths.index(longest)]
+        if longest > 0 and first in fleet and (fleet.spec(first).role == "prefill") == want_prefill:
+            best = longest
+    if not best:
+        for i, n in sorted(match.items(), key=itemgetter(1), reverse=True):
+            if n <= 0:
+                break
+            if i in fleet and (fleet.spec(i).role == "prefill") == want_prefill:
+                best = n
+                break
     if best <= 0:
         return
     diag.with_prefix += 1
