@@ -99,7 +99,7 @@ class Prompts:
         self._blocks: OrderedDict[int, bytes] = OrderedDict()
         # block hashes by hash-id prefix, a trie: (node, hash id) -> (node, the hashes of
         # the blocks that trace block completes), the first ``memo_chains`` made kept
-        self._chains: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
+        self._chains: OrderedDict[tuple[int, int], tuple[int, tuple[int, ...]]] = OrderedDict()
         self.memo_chains = 4 * self.memo_blocks
         self._dropped = 0  # chain entries let go (node ids stay unique)
         # The synthesizer's words of a block are "s0.<id>.<i>" (hex). A word's token id is
@@ -184,7 +184,7 @@ class Prompts:
             nxt = len(chains) + 1 + self._dropped
             chains[node, ids[m - 1]] = (nxt, seg)
             node = nxt
-        while len(chains) > self.memo_chains:
-            del chains[next(iter(chains))]
+        while len(chains) > self.memo_chains:  # the oldest go (O(1) from an OrderedDict)
+            chains.popitem(last=False)
             self._dropped += 1
         return out
