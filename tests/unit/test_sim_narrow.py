@@ -38,6 +38,7 @@ def run(cfg: SimConfig, narrow: bool) -> tuple[str, list[str], int]:
         (BASE, True),
         (replace(BASE, engines=96), True),  # the bound pre-filter (services/sim/bound.py)
         (replace(BASE, engines=96, profile="tpot-guard", load_source="stream"), True),
+        (replace(BASE, engines=96, precise=True, gateways=2), True),
         (replace(BASE, gateways=2, load_source="stream"), True),
         (replace(BASE, precise=True), True),
         (replace(BASE, profile="prefix-ready"), True),
@@ -47,7 +48,7 @@ def run(cfg: SimConfig, narrow: bool) -> tuple[str, list[str], int]:
         (replace(BASE, profile="cache_aware"), False),  # a plugin outside SAFE
         (SimConfig(prefill=8, decode=24, kv_blocks=4096, rate_scale=3.0), False),  # P/D
     ],
-    ids=["default", "bound", "bound-tpot-guard-stream", "two-gateways-stream", "precise", "prefix-ready",
+    ids=["default", "bound", "bound-tpot-guard-stream", "bound-precise-two-gateways", "two-gateways-stream", "precise", "prefix-ready",
          "two-gateways-scrape-queue-estimate", "least-load", "power-of-two", "cache-aware",
          "pd"],
 )  # fmt: skip
