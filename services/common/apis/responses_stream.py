@@ -39,6 +39,7 @@ from services.common.apis.responses_answer import (
 __all__ = [
     "ChatToResponses",
     "NativeResponses",
+    "all_plain",
     "final_event",
     "patch_response",
     "plain_event",
@@ -83,6 +84,24 @@ def plain_event(raw: bytes) -> bytes | None:
     if not data.startswith(b"{") or b'"response"' in data:
         return None
     return data
+
+
+def all_plain(events: bytes) -> bool:
+    """Whether every event of ``events`` (whole events, each ending in a blank line) is one
+    that :func:`plain_event` passes through, decided with a few counts instead of a loop:
+    ``n`` events of the form ``event: ...\ndata: {...}\n\n`` hold exactly ``3n`` newlines,
+    ``n`` of them before ``data:``, each event after the first starts a line with
+    ``event:``, and none names a response object. False means: look at each one."""
+    n = events.count(b"\n\n")
+    return (
+        n > 0
+        and events.startswith(b"event:")
+        and b'"response"' not in events
+        and events.count(b"\n") == 3 * n
+        and events.count(b"\n\nevent:") == n - 1
+        and events.count(b"\ndata:") == n
+        and events.count(b"\ndata: {") + events.count(b"\ndata:{") == n
+    )
 
 
 def _event(kind: str, seq: int, fields: Mapping[str, Any]) -> bytes:
@@ -347,8 +366,16 @@ class NativeResponses:
 
     def feed(self, data: bytes) -> bytes:
         self._buf += data.replace(b"\r\n", b"\n")
-        out: list[bytes] = []
         buf = self._buf
+        end = buf.rfind(b"\n\n")
+        if end < 0:
+            return b""
+        whole = bytes(buf[: end + 2])
+        if all_plain(whole):  # the usual chunk: deltas only, forwarded in one piece
+            del buf[: end + 2]
+            self._note_seq(whole)
+            return whole
+        out: list[bytes] = []
         while (end := buf.find(b"\n\n")) >= 0:
             raw = bytes(buf[:end])
             del buf[: end + 2]
@@ -363,6 +390,18 @@ class NativeResponses:
             if evt:
                 out.append(evt)
         return b"".join(out)
+
+    def _note_seq(self, events: bytes) -> None:
+        """``_last_seq`` from the last of ``events`` (whole plain events) that numbers itself."""
+        stop = len(events) - 2
+        while stop > 0:
+            before = events.rfind(b"\n\n", 0, stop)
+            start = before + 2 if before >= 0 else 0
+            seq = _SEQ.search(events, start, stop)
+            if seq is not None:
+                self._last_seq = int(seq.group(1))
+                return
+            stop = start - 2
 
     def _rewrite(self, raw: bytes) -> bytes:
         """One event re-encoded: its response object made the gateway's, or the gateway's
