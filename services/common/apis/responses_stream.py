@@ -86,6 +86,16 @@ def plain_event(raw: bytes) -> bytes | None:
     return data
 
 
+def _split_event(raw: bytes) -> Iterator[tuple[str, str]]:
+    """:func:`sse_events` of one event (without its blank line), quicker for the usual
+    ``event:`` line and ``data:`` line."""
+    head, sep, data = raw.partition(b"\ndata:")
+    if sep and head.startswith(b"event:") and b"\n" not in head and b"\n" not in data:
+        yield head[6:].strip().decode("utf-8", "replace"), data.strip().decode("utf-8", "replace")
+    else:
+        yield from sse_events(bytearray(raw + b"\n\n"))
+
+
 def all_plain(events: bytes) -> bool:
     """Whether every event of ``events`` (whole events, each ending in a blank line) is one
     that :func:`plain_event` passes through, decided with a few counts instead of a loop:
@@ -366,30 +376,46 @@ class NativeResponses:
 
     def feed(self, data: bytes) -> bytes:
         self._buf += data.replace(b"\r\n", b"\n")
-        buf = self._buf
-        end = buf.rfind(b"\n\n")
+        end = self._buf.rfind(b"\n\n")
         if end < 0:
             return b""
-        whole = bytes(buf[: end + 2])
-        if all_plain(whole):  # the usual chunk: deltas only, forwarded in one piece
-            del buf[: end + 2]
-            self._note_seq(whole)
-            return whole
+        whole = bytes(self._buf[: end + 2])
+        del self._buf[: end + 2]
+        if b"\n\n\n" in whole:  # blank lines in a row: split exactly as read, one by one
+            return self._one_by_one(whole)
+        # The events that carry a response object are rewritten one at a time; the runs of
+        # events between them usually go through in one piece.
         out: list[bytes] = []
-        while (end := buf.find(b"\n\n")) >= 0:
-            raw = bytes(buf[:end])
-            del buf[: end + 2]
-            fast = plain_event(raw)
-            if fast is not None:  # forwarded as sent: no response object in it
-                seq = _SEQ.search(fast)
-                if seq is not None:
-                    self._last_seq = int(seq.group(1))
-                out.append(raw + b"\n\n")
-                continue
-            evt = self._rewrite(raw)
-            if evt:
-                out.append(evt)
+        pos = 0
+        while (hit := whole.find(b'"response"', pos)) >= 0:
+            before = whole.rfind(b"\n\n", pos, hit)
+            begin = before + 2 if before >= 0 else pos
+            end = whole.find(b"\n\n", hit) + 2
+            out += (self._run(whole[pos:begin]), self._one(whole[begin : end - 2]))
+            pos = end
+        out.append(self._run(whole[pos:]))
         return b"".join(out)
+
+    def _run(self, events: bytes) -> bytes:
+        """Whole events without a response object: as sent when all are plain."""
+        if not events or not all_plain(events):
+            return self._one_by_one(events)
+        self._note_seq(events)
+        return events
+
+    def _one_by_one(self, events: bytes) -> bytes:
+        parts = events.split(b"\n\n")
+        return b"".join(self._one(raw) for raw in parts[:-1])
+
+    def _one(self, raw: bytes) -> bytes:
+        """One event (without its blank line): as sent, or rewritten (b"" when dropped)."""
+        fast = plain_event(raw)
+        if fast is None:
+            return self._rewrite(raw)
+        seq = _SEQ.search(fast)
+        if seq is not None:
+            self._last_seq = int(seq.group(1))
+        return raw + b"\n\n"
 
     def _note_seq(self, events: bytes) -> None:
         """``_last_seq`` from the last of ``events`` (whole plain events) that numbers itself."""
@@ -406,7 +432,7 @@ class NativeResponses:
     def _rewrite(self, raw: bytes) -> bytes:
         """One event re-encoded: its response object made the gateway's, or the gateway's
         own chat-shaped error as a Responses ``error`` event (b"" when it is not JSON)."""
-        for name, payload in sse_events(bytearray(raw + b"\n\n")):
+        for name, payload in _split_event(raw):
             try:
                 obj = jsonfast.loads(payload)
             except ValueError:
