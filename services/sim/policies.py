@@ -39,6 +39,9 @@ __all__ = [
 ]
 
 POLICIES = ("sla", "reactive", "static")
+FAILED_MS = 1e30
+"""A failed request's TTFT and TPOT in a window: finite, as the interpolated percentile of
+``inf`` values is NaN (``inf - inf``), which compares as met."""
 
 
 def parse_policies(text: str) -> list[str]:
@@ -77,11 +80,11 @@ def slo_windows(
     tpot: dict[int, list[float]] = defaultdict(list)
     for r in results:
         w = int(r.sent_s // window_s)
-        ttft[w].append(r.ttft_s * 1e3 if r.ok and r.ttft_s is not None else math.inf)
+        ttft[w].append(r.ttft_s * 1e3 if r.ok and r.ttft_s is not None else FAILED_MS)
         if r.ok and r.tpot_s is not None:
             tpot[w].append(r.tpot_s * 1e3)
         elif not r.ok:
-            tpot[w].append(math.inf)
+            tpot[w].append(FAILED_MS)
     n = max(1, math.ceil(span_s / window_s), *(w + 1 for w in ttft))
     q = pct / 100.0
 
