@@ -17,7 +17,8 @@ What the simulator takes from the spec:
   gives ``--slo-ttft-ms``/``--slo-tpot-ms``;
 - with ``--autoscale``: the planner keeps each role within the spec's ``min_replicas`` (at
   least 1) and ``max_replicas`` (the simulator's planner has one bound for every role: the
-  smallest minimum and the largest maximum), at the class's percentile.
+  smallest minimum and the largest maximum), at the class's percentile, with the spec's
+  ``planner`` settings (``--planner NAME=VALUE`` overrides one).
 
 Everything else in a spec (images, ports, sidecars, budgets, coordination) is for the
 drivers and has no simulated counterpart.
@@ -112,5 +113,6 @@ def from_spec(spec: DeploymentSpec, base: SimConfig, *, autoscale: bool) -> SimC
             ttft_ms=cfg.slo_ttft_ms or auto.ttft_ms,
             tpot_ms=cfg.slo_tpot_ms or auto.tpot_ms,
             percentile=cls.percentile if cls else auto.percentile,
+            planner=tuple(sorted({**spec.planner.overrides(), **dict(auto.planner)}.items())),
         ))  # fmt: skip
     return cfg

@@ -47,6 +47,9 @@ BATCH = {"name": "batch", "priority": 1, "ttft_ms": 9000, "tpot_ms": 200}
          {"engines": 1, "autoscale": (1, 6, 500, 40, 99)}),
         (spec(role("p", "prefill", 2, 2, 8), role("dd", "decode", 3, 1, 12)), True,
          {"prefill": 2, "decode": 3, "autoscale": (1, 12, 2000, 100, 90)}),
+        (spec(role("w", "worker", 2, 1, 4), planner={"policy": "reactive",
+                                                     "max_utilization": 0.7}), True,
+         {"planner": {"policy": "reactive", "max_utilization": 0.7}}),
         (spec({**role("w", "worker", 2), "args": ["--profile", "test", "--max-batch", "64",
                                                   "--kv-blocks=4096"]}), False,
          {"max_batch": 64, "kv_blocks": 4096, "max_batched_tokens": 8192}),
@@ -55,7 +58,8 @@ BATCH = {"name": "batch", "priority": 1, "ttft_ms": 9000, "tpot_ms": 200}
          {"max_batched_tokens": 2048, "max_batch": 256}),
     ],
     ids=["workers", "pd", "kvcache-left-out", "profiles-and-blocks", "top-priority-slo",
-         "autoscaled-from-zero", "autoscaled-pd", "engine-args", "pd-engine-args"],
+         "autoscaled-from-zero", "autoscaled-pd", "planner-settings", "engine-args",
+         "pd-engine-args"],
 )  # fmt: skip
 def test_a_spec_becomes_the_fleet_it_describes(
     doc: dict[str, Any], autoscale: bool, want: dict[str, Any]
@@ -66,6 +70,10 @@ def test_a_spec_becomes_the_fleet_it_describes(
             a = cfg.autoscale
             assert a is not None
             assert (a.min_replicas, a.max_replicas, a.ttft_ms, a.tpot_ms, a.percentile) == value
+        elif key == "planner":
+            assert cfg.autoscale is not None and dict(cfg.autoscale.planner) == value
+            pc = cfg.autoscale.planner_config()
+            assert (pc.policy, pc.max_utilization) == ("reactive", 0.7)
         else:
             assert getattr(cfg, key) == value, key
     if not autoscale:
