@@ -4,7 +4,9 @@
 For every family (layout x routing profile x P:D share) the search bisects over the number
 of instances, each candidate one ``tideserve sim`` run of the same trace, config and seed;
 then it varies the engines' batch limits and KV blocks around the winner
-(:func:`~services.sim.search.refine`: a setting changes only where it saves an instance);
+(:func:`~services.sim.search.refine`: a setting changes only where it saves an instance),
+and runs the winner autoscaled under planner settings (:mod:`services.sim.planner_search`:
+the spec's ``planner`` section, kept where it saves replica-seconds and meets the SLOs);
 it prints what it tried and why each candidate lost, writes the JSON (``--out``) and the
 recommended deployment spec (``--spec-out``, for ``tideserve apply -f``). Exit code 0 with a
 recommendation, 1 when no candidate up to ``--max-instances`` meets the SLOs, 2 for bad
@@ -30,6 +32,8 @@ from services.bench.traces import FORMATS, Trace, TraceError, load_trace
 from services.common.perfmodel import DEFAULT_PROFILE
 from services.scheduler.routing.config import ConfigError
 from services.sim import SimConfig, SimConfigError, simulate
+from services.sim.planner_search import PlannerOutcome, parse_axes, planner_rows, runner, tune
+from services.sim.policies import replica_seconds
 from services.sim.search import (
     SETTINGS,
     Candidate,
@@ -104,6 +108,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="refine: tokens per step to try (default 2048,4096,16384)")  # fmt: skip
     p.add_argument("--try-kv-blocks", default="8192,32768",
                    help="refine: KV blocks per engine to try (default 8192,32768)")  # fmt: skip
+    p.add_argument("--try-policy", default="reactive",
+                   help="planner step: policies to try besides sla (default reactive)")  # fmt: skip
+    p.add_argument("--try-predictor", default="constant",
+                   help="planner step: load predictors to try besides holt_winters "
+                   "(default constant)")  # fmt: skip
+    p.add_argument("--try-max-utilization", default="0.7,0.95",
+                   help="planner step: prefill utilisation ceilings to try besides 0.85 "
+                   "(default 0.7,0.95)")  # fmt: skip
+    p.add_argument("--try-decode-headroom", default="",
+                   help="planner step: decode headrooms to try besides 0.9 (default none)")  # fmt: skip
+    p.add_argument("--startup-s", type=float, default=30.0,
+                   help="planner step: seconds from asking for an instance to it serving")  # fmt: skip
     p.add_argument("--gateways", type=int, default=1, help="gateway replicas")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice")
     p.add_argument("--name", default="recommended", help="the spec's deployment name")
@@ -168,6 +184,13 @@ def _axes(args: argparse.Namespace) -> list[tuple[str, list[int]]]:
     return out
 
 
+def _planner_axes(args: argparse.Namespace) -> list[tuple[str, list[Any]]]:
+    return parse_axes({
+        "policy": args.try_policy, "predictor": args.try_predictor,
+        "max_utilization": args.try_max_utilization, "decode_headroom": args.try_decode_headroom,
+    })  # fmt: skip
+
+
 def _base(args: argparse.Namespace) -> SimConfig:
     if not 1 <= args.min_instances <= args.max_instances:
         raise SimConfigError("--min-instances must be at least 1 and at most --max-instances")
@@ -219,13 +242,15 @@ def search(
         key = (c.engines, c.prefill, c.decode, c.family.profile, c.settings)
         if key not in cache:  # P/D shares may round to the same split
             t0, cpu0 = time.perf_counter(), time.process_time()
-            doc, _ = simulate(_config(base, c), trace)
+            cfg = _config(base, c)
+            doc, sim_run = simulate(cfg, trace)
             o = judge(c, doc, slo)
             o.extra.update(
                 wall_s=round(time.perf_counter() - t0, 2),
                 cpu_s=round(time.process_time() - cpu0, 2),
                 goodput_rps=doc.get("goodput_rps"),
                 cache_hit_ratio=doc.get("cache_hit_ratio"),
+                replica_s=round(replica_seconds(sim_run.timeline.rows, cfg.timeline_s), 1),
             )
             cache[key] = o
             if progress is not None:
@@ -284,8 +309,35 @@ def _table(rows: list[dict[str, Any]], percentile: int) -> str:
     return "\n".join(lines)
 
 
+def _planner_table(rows: list[dict[str, Any]], percentile: int) -> str:
+    lines = [
+        "the recommended fleet autoscaled (from its size; each role 1 to twice it):",
+        f"{'planner settings':<44} {'replica-s':>9} {'vs fixed':>8} {'peak':>4} "
+        f"{'TTFT p' + str(percentile):>11} {'TPOT':>8}  verdict",
+    ]
+    for r in rows:
+        what = (
+            r["planner"]
+            if isinstance(r["planner"], str)
+            else ", ".join(f"{k}={v}" for k, v in r["planner"].items())
+        )
+        verdict = "CHOSEN" if r["passes"] and not r["why_not"] else r["why_not"]
+        ratio = "-" if r["replica_s_vs_fixed"] is None else f"{r['replica_s_vs_fixed']:.3f}"
+        lines.append(
+            f"{what:<44} {r['replica_s']:>9.0f} {ratio:>8} {r['peak_replicas']:>4} "
+            f"{r[f'ttft_p{percentile}_ms']:>9.0f}ms {r[f'tpot_p{percentile}_ms']:>6.1f}ms  "
+            f"{verdict}"
+        )
+    return "\n".join(lines)
+
+
 def _document(
-    args: argparse.Namespace, slo: Slo, fams: list[Family], seen: list[Outcome], base: SimConfig
+    args: argparse.Namespace,
+    slo: Slo,
+    fams: list[Family],
+    seen: list[Outcome],
+    base: SimConfig,
+    tuned: tuple[PlannerOutcome, list[PlannerOutcome]] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The search's JSON (its spec None when nothing passes) and the table's rows."""
     best, table = recommend(seen)
@@ -294,6 +346,7 @@ def _document(
     spec = None
     if best is not None:
         engine_args = ("--profile", args.engine_profile)
+        chosen = tuned[0] if tuned else None
         spec = spec_of(
             best.candidate,
             name=args.name,
@@ -302,6 +355,8 @@ def _document(
             slo=slo,
             engine_args=engine_args,
             settings=settings,
+            planner=dict(chosen.settings) if chosen and chosen.outcome.passes else None,
+            keep_min=chosen is not None and not chosen.outcome.passes,
         )
     doc = {
         "recommendation": next((r for r in rows if r["passes"] and not r["why_not"]), None),
@@ -329,6 +384,15 @@ def _document(
             "speedup": args.speedup,
         },
     }
+    if tuned is not None and best is not None:
+        fixed = float(best.extra.get("replica_s") or 0.0)
+        doc["planner"] = {
+            "tried": planner_rows(tuned[0], tuned[1], fixed, slo.percentile),
+            "chosen": dict(tuned[0].settings) if tuned[0].outcome.passes else None,
+            "fixed_replica_s": fixed,
+            "startup_s": args.startup_s,
+            "runs": len(tuned[1]),
+        }
     return doc, rows
 
 
@@ -338,6 +402,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         slo = Slo(args.slo_ttft_ms, args.slo_tpot_ms, args.percentile, args.min_attainment)
         fams, base, axes = _families(args), _base(args), _axes(args)
+        planner_axes = _planner_axes(args)
         trace = load_trace(args.trace, args.format)
         for path in (args.out, args.spec_out):
             if path and not Path(path).parent.is_dir():
@@ -354,12 +419,19 @@ def run(args: argparse.Namespace) -> int:
         )  # fmt: skip
         if tty:
             sys.stderr.write("\n")
+        search_s = time.perf_counter() - wall0
+        tuned = None
+        if best is not None and planner_axes:
+            fleet = _config(base, best.candidate)
+            tuned = tune(planner_axes, runner(fleet, best.candidate, trace, slo, args.startup_s))
     except (ValueError, TraceError, ConfigError) as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    doc, rows = _document(args, slo, fams, seen, base)
+    doc, rows = _document(args, slo, fams, seen, base, tuned)
     doc["wall"] = {
         "duration_s": round(time.perf_counter() - wall0, 2),
         "cpu_s": round(time.process_time() - cpu0, 2),
+        "fleet_search_s": round(search_s, 2),
+        "planner_s": round(time.perf_counter() - wall0 - search_s, 2),
     }
     text = json.dumps(doc, indent=2)
     if args.out:
@@ -367,6 +439,8 @@ def run(args: argparse.Namespace) -> int:
     if doc["spec"] is not None and args.spec_out:
         Path(args.spec_out).write_text(yaml.safe_dump(doc["spec"], sort_keys=False), "utf-8")
     print(text if args.json else _table(rows, slo.percentile))
+    if not args.json and "planner" in doc:
+        print("\n" + _planner_table(doc["planner"]["tried"], slo.percentile))
     if best is None:
         print(
             f"tideserve recommend: no candidate up to {args.max_instances} instances meets "

@@ -278,12 +278,16 @@ def spec_of(
     engine_args: Sequence[str] = (),
     max_replicas: int | None = None,
     settings: Mapping[str, int] | None = None,
+    planner: Mapping[str, Any] | None = None,
+    keep_min: bool = False,
 ) -> dict[str, Any]:
     """A deployment spec (``tideserve apply -f``) that runs ``candidate`` with simulated
     engines: its replicas as each role's start, room to scale to ``max_replicas`` (default:
     twice the start), and the SLO as the ``interactive`` class the planner holds it to.
     The engine settings (``settings``, the base's, with the candidate's changes over them)
-    are the engines' flags in each role's ``args``."""
+    are the engines' flags in each role's ``args``; ``planner``: the spec's ``planner``
+    section; ``keep_min``: each role's minimum is its start (the planner never scales
+    below the recommended fleet)."""
     every = {**(settings or {}), **dict(candidate.settings)}
     engine_args = [*engine_args]
     for setting, flag in SETTINGS.items():
@@ -296,7 +300,7 @@ def spec_of(
             "name": rname,
             "role": kind,
             "replicas": n,
-            "min_replicas": 1,
+            "min_replicas": n if keep_min else 1,
             "max_replicas": top,
             "engine": "sim",
             "args": list(engine_args),
@@ -328,4 +332,6 @@ def spec_of(
     }
     if not candidate.engines:
         spec["pd_protocol"] = "sglang"
+    if planner:
+        spec["planner"] = dict(planner)
     return spec

@@ -290,3 +290,30 @@ def test_spec_carries_the_engine_settings_as_engine_args(
         engine_args=("--profile", "test"), settings=settings,
     )  # fmt: skip
     assert list(parse_spec(spec).roles[0].args) == ["--profile", "test", *want]
+
+
+def test_recommend_cli_runs_the_planner_step_and_skips_it_when_asked(tmp_path: Path) -> None:
+    code, doc = _recommend(tmp_path, "p")
+    assert code == 0 and doc["planner"]["runs"] == len(doc["planner"]["tried"]) == 5
+    assert sum(1 for r in doc["planner"]["tried"] if r["passes"] and not r["why_not"]) <= 1
+    spec = parse_spec(yaml.safe_load((tmp_path / "p.yaml").read_text()))
+    chosen = doc["planner"]["chosen"]
+    assert spec.planner.overrides() == (chosen or {})
+    off = ("--try-policy", "", "--try-predictor", "", "--try-max-utilization", "")
+    code, doc = _recommend(tmp_path, "q", *off, "--try-max-batch", "", "--try-kv-blocks", "")
+    assert code == 0 and "planner" not in doc
+    assert all(r["max_batch"] == 256 and r["kv_blocks"] == 16384 for r in doc["tried"])
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [("--try-policy", "psychic"), ("--try-max-batch", "lots"), ("--try-kv-blocks", "0")],
+    ids=["policy", "batch-not-a-number", "kv-zero"],
+)
+def test_recommend_cli_refuses_bad_values_to_try(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: tuple[str, str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["recommend", "--trace", str(TRACE), "--slo-ttft-ms", "1", "--slo-tpot-ms", "1",
+                  *extra])  # fmt: skip
+    assert exc.value.code == 2 and extra[0] in capsys.readouterr().err
