@@ -360,6 +360,8 @@ def _document(
         )
     doc = {
         "recommendation": next((r for r in rows if r["passes"] and not r["why_not"]), None),
+        # requests longer than the model's context: they fail on every candidate, not counted
+        "beyond_context": max((int(o.extra.get("beyond_context", 0)) for o in seen), default=0),
         "spec": spec,
         "tried": rows,
         "runs": len(seen),
@@ -439,6 +441,11 @@ def run(args: argparse.Namespace) -> int:
     if doc["spec"] is not None and args.spec_out:
         Path(args.spec_out).write_text(yaml.safe_dump(doc["spec"], sort_keys=False), "utf-8")
     print(text if args.json else _table(rows, slo.percentile))
+    if not args.json and doc["beyond_context"]:
+        print(
+            f"({doc['beyond_context']} requests exceed the model's context: they fail on every "
+            "candidate and are not counted against any)"
+        )
     if not args.json and "planner" in doc:
         print("\n" + _planner_table(doc["planner"]["tried"], slo.percentile))
     if best is None:

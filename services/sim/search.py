@@ -9,7 +9,9 @@ is a callback, so the tests drive the search with made-up outcomes.
   the cost, in GPUs, when one engine is one GPU).
 - :func:`judge` reads a simulated run's bench-shaped summary against the SLOs: at the SLO's
   percentile TTFT and TPOT are within their targets, no request failed, and at least
-  ``min_attainment`` of the requests met both targets.
+  ``min_attainment`` of the requests met both targets. A request longer than the model's
+  context (:data:`BEYOND_CONTEXT`) fails on every deployment of that model, so it is counted
+  apart (``Outcome.extra["beyond_context"]``), not against a candidate.
 - :func:`smallest_passing` finds a family's smallest size that passes by bisection over
   ``[lo, hi]``, assuming more instances never serve the same traffic worse; it also
   returns every outcome it saw, so the table of what was tried is complete.
@@ -56,6 +58,9 @@ each (the spec's role ``args``): running sequences, tokens per step (the prefill
 KV blocks per engine (the cache each engine holds)."""
 
 Settings = tuple[tuple[str, int], ...]
+
+BEYOND_CONTEXT = "exceeds the context limit"
+"""What an engine's refusal of a request longer than the model's context says."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +171,9 @@ def judge(candidate: Candidate, summary: Mapping[str, Any], slo: Slo) -> Outcome
     p = slo.percentile
     ttft, tpot = _quantile(summary, "ttft_ms", p), _quantile(summary, "tpot_ms", p)
     attainment = float(summary.get("slo_attainment") or 0.0)
-    failed = int(summary.get("failed") or 0)
+    errors = summary.get("errors") or {}
+    beyond = sum(int(n) for m, n in errors.items() if BEYOND_CONTEXT in str(m))
+    failed = int(summary.get("failed") or 0) - beyond
     misses = []
     if failed:
         misses.append(f"{failed} requests failed")
@@ -176,7 +183,8 @@ def judge(candidate: Candidate, summary: Mapping[str, Any], slo: Slo) -> Outcome
         misses.append(f"TPOT p{p} {tpot:.1f} ms > {slo.tpot_ms:g}")
     if attainment < slo.min_attainment:
         misses.append(f"attainment {attainment:.3f} < {slo.min_attainment:g}")
-    return Outcome(candidate, ttft, tpot, attainment, failed, not misses, "; ".join(misses))
+    extra: dict[str, Any] = {"beyond_context": beyond} if beyond else {}
+    return Outcome(candidate, ttft, tpot, attainment, failed, not misses, "; ".join(misses), extra)
 
 
 def smallest_passing(

@@ -30,6 +30,9 @@ TRACE = Path(__file__).resolve().parents[1] / "data" / "mooncake_conversation_he
 AGG = Family("aggregated", "default")
 PD = Family("pd", "default", 0.25)
 SLO = Slo(2000.0, 100.0)
+BEYOND = (
+    "engine refused: prompt (130932 tokens) plus max_new_tokens (194) exceeds the context limit"
+)
 
 
 def _summary(ttft: float, tpot: float, attain: float = 1.0, failed: int = 0) -> dict[str, Any]:
@@ -51,8 +54,25 @@ def _summary(ttft: float, tpot: float, attain: float = 1.0, failed: int = 0) -> 
         (_summary(1500, 50, attain=0.8), Slo(2000, 100, 90, 0.9), False, "attainment 0.800 < 0.9"),
         (_summary(1500, 50), Slo(2000, 100, 99), False, "TTFT p99 3000 ms > 2000"),
         ({"failed": 0}, SLO, False, "TTFT p90 inf ms > 2000; TPOT p90 inf ms > 100"),
+        (
+            {**_summary(1500, 50, failed=3), "errors": {BEYOND: 2, "engine refused: full": 1}},
+            SLO,
+            False,
+            "1 requests failed",
+        ),
+        ({**_summary(1500, 50, failed=2), "errors": {BEYOND: 2}}, SLO, True, ""),
     ],
-    ids=["meets", "ttft-miss", "tpot-miss", "failures", "attainment", "p99", "no-figures"],
+    ids=[
+        "meets",
+        "ttft-miss",
+        "tpot-miss",
+        "failures",
+        "attainment",
+        "p99",
+        "no-figures",
+        "beyond-context-apart",
+        "only-beyond-context",
+    ],
 )
 def test_judge(summary: dict[str, Any], slo: Slo, passes: bool, why: str) -> None:
     o = judge(AGG.at(4), summary, slo)
