@@ -321,12 +321,18 @@ def _planner_table(rows: list[dict[str, Any]], percentile: int) -> str:
             if isinstance(r["planner"], str)
             else ", ".join(f"{k}={v}" for k, v in r["planner"].items())
         )
-        verdict = "CHOSEN" if r["passes"] and not r["why_not"] else r["why_not"]
+        verdict = "BEST" if r["passes"] and not r["why_not"] else r["why_not"]
         ratio = "-" if r["replica_s_vs_fixed"] is None else f"{r['replica_s_vs_fixed']:.3f}"
         lines.append(
             f"{what:<44} {r['replica_s']:>9.0f} {ratio:>8} {r['peak_replicas']:>4} "
             f"{r[f'ttft_p{percentile}_ms']:>9.0f}ms {r[f'tpot_p{percentile}_ms']:>6.1f}ms  "
             f"{verdict}"
+        )
+    best = next((r for r in rows if r["passes"] and not r["why_not"]), None)
+    if best is not None and (best["replica_s_vs_fixed"] or 0.0) > 1.0:
+        lines.append(
+            f"(autoscaled, the best settings cost {best['replica_s_vs_fixed']:.2f}x the fixed "
+            "fleet's replica-seconds on this trace)"
         )
     return "\n".join(lines)
 
