@@ -411,11 +411,13 @@ def run_policies(args: argparse.Namespace) -> int:
             raise SimConfigError(f"--slo-window-s must be > 0, got {args.slo_window_s}")
         cfg, trace, curve = workload(args, config(args))
         assert cfg.autoscale is not None
-        for path in (args.out, args.timeline):
+        if args.plot:
+            ensure_available()
+        for path in (args.out, args.timeline, args.plot):
             if path and not Path(path).parent.is_dir():
                 raise SimConfigError(f"no such directory for {path!r}")
         runs = [(p, policy_config(cfg, p, cfg.autoscale).validate()) for p in policies]
-    except (SimConfigError, TraceError, ConfigError) as exc:
+    except (SimConfigError, TraceError, ConfigError, PlotUnavailable) as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     a = cfg.autoscale
     docs: dict[str, dict[str, Any]] = {}
@@ -438,6 +440,9 @@ def run_policies(args: argparse.Namespace) -> int:
             _per_profile(args.timeline, name, len(runs)).write_text(
                 csv_text(sim_run.timeline.rows), encoding="utf-8"
             )
+        if args.plot:
+            plot_timeline(_per_profile(args.plot, name, len(runs)), sim_run.timeline.rows,
+                          title=name)  # fmt: skip
     rows = with_ratios(rows)
     out = {
         "comparison": rows,
