@@ -58,15 +58,15 @@ examples:
       --profile default,cache_aware,round_robin,least_load --out compare.json
 
   # two days of the ServeGen tide, a day in 1,200 s, agentic requests, P/D autoscaled
-  tideserve sim --rate-curve ../shared/traces/servegen_language_m-large_rate.csv \
-      --lengths ../shared/traces/weka_agentic_dev.jsonl --speedup 72 --rate-scale 0.01 \
+  tideserve sim --rate-curve ../shared/traces/servegen_language_m-large_rate.csv \\
+      --lengths ../shared/traces/weka_agentic_dev.jsonl --speedup 72 --rate-scale 0.01 \\
       --max-requests 20000 --prefill 2 --decode 6 --autoscale --out tide.json
 
   # the autoscaling policies side by side on one day of the tide (SLO windows, replica-s)
-  tideserve sim --rate-curve ../shared/traces/servegen_language_m-large_rate.csv \
-      --lengths ../shared/traces/azure2023_conv.csv --curve-days 1 --speedup 72 \
-      --rate-scale 0.25 --prefill 8 --decode 3 --autoscale-policy sla,reactive,static \
-      --max-replicas 32 --startup-s 10 --slo-ttft-ms 300 --slo-tpot-ms 25 --seed 1 \
+  tideserve sim --rate-curve ../shared/traces/servegen_language_m-large_rate.csv \\
+      --lengths ../shared/traces/azure2023_conv.csv --curve-days 1 --speedup 72 \\
+      --rate-scale 0.25 --prefill 8 --decode 3 --autoscale-policy sla,reactive,static \\
+      --max-replicas 32 --startup-s 10 --slo-ttft-ms 300 --slo-tpot-ms 25 --seed 1 \\
       --out tide.json
 
   # start from one worker and let the SLA planner scale it (new instances serve after 30 s)
