@@ -3,7 +3,8 @@
 The fleet search (:mod:`services.sim.search`) sizes a fixed fleet for the whole trace; a
 deployment runs with the autoscaler's planner, which may run fewer replicas where the load
 allows. This step runs the recommended fleet autoscaled (it starts at the recommended size,
-each role between 1 and twice its size, as the written spec allows) under the planner
+each role between 1 and twice its size, as the written spec allows; with P/D the
+simulator's one bound for every role is twice the larger role) under the planner
 settings a deployment spec can set (its ``planner`` section,
 :class:`~services.autoscaler.spec.PlannerSpec`): first the autoscaler's own settings, then
 each other value of one setting at a time over the best so far (coordinate descent), a

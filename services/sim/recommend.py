@@ -311,7 +311,7 @@ def _table(rows: list[dict[str, Any]], percentile: int) -> str:
 
 def _planner_table(rows: list[dict[str, Any]], percentile: int) -> str:
     lines = [
-        "the recommended fleet autoscaled (from its size; each role 1 to twice it):",
+        "the recommended fleet autoscaled (from its size; a role 1 to twice the largest):",
         f"{'planner settings':<44} {'replica-s':>9} {'vs fixed':>8} {'peak':>4} "
         f"{'TTFT p' + str(percentile):>11} {'TPOT':>8}  verdict",
     ]
