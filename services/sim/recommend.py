@@ -134,7 +134,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "recommend",
         help="find the cheapest deployment that meets SLOs for a trace, in simulation",
-        description="Search deployments (aggregated or P/D, sizes, routing profiles) in "
+        description="Search deployments (aggregated or P/D, sizes, routing profiles; then "
+        "the engines' batch limits and KV blocks, and the planner's settings) in "
         "tideserve sim for the cheapest one meeting the SLOs; write its spec for "
         "tideserve apply -f. (tideserve plan is something else: what a running "
         "autoscaler would do now.)",
