@@ -56,6 +56,10 @@ class SimConfig:
     # the batch (a reference that differs from another run only in what stays cached)
     kv_running_blocks: int | None = None
     block_size: int = 64
+    # engines' batch limits (``CoreConfig``, the engine's --max-batch and
+    # --max-batched-tokens): running sequences, and tokens per step / prefill chunk
+    max_batch: int = 256
+    max_batched_tokens: int = 8192
     stream_interval: int = 16
     load_source: LoadSource = "scrape"
     # scraped load: the gateways also price the waiting requests they did not send
@@ -113,7 +117,10 @@ class SimConfig:
                 raise SimConfigError("P/D needs --prefill N and --decode M, both at least 1")
         elif self.engines < 1:
             raise SimConfigError(f"--engines must be at least 1, got {self.engines}")
-        for name in ("gateways", "kv_blocks", "block_size", "stream_interval"):
+        for name in (
+            "gateways", "kv_blocks", "block_size", "stream_interval", "max_batch",
+            "max_batched_tokens",
+        ):  # fmt: skip
             if getattr(self, name) < 1:
                 flag = name.replace("_", "-")
                 raise SimConfigError(f"--{flag} must be at least 1, got {getattr(self, name)}")
@@ -152,6 +159,11 @@ class SimConfig:
                 raise SimConfigError(f"--max-replicas must be at least 1, got {a.max_replicas}")
             if not (a.tick_s > 0 and a.window_s > 0 and a.startup_s >= 0):
                 raise SimConfigError("autoscaling needs tick_s, window_s > 0 and startup_s >= 0")
+            try:
+                a.planner_config()
+            except ValueError as exc:
+                first = str(exc).splitlines()
+                raise SimConfigError(f"planner settings: {' '.join(first[:3])}") from None
         try:
             get_profile(self.engine_profile)
             get_profile(self.gateway_perf_profile or self.engine_profile)

@@ -73,7 +73,8 @@ class Simulation(Scaling):
             engines = Engines(
                 roles, self.perf, cfg.kv_blocks, cfg.block_size, mark=cfg.stream_interval,
                 decode_keeps_kv=cfg.decode_keeps_kv, short_first_tokens=cfg.short_first_tokens,
-                running_blocks=cfg.kv_running_blocks,
+                running_blocks=cfg.kv_running_blocks, max_batch=cfg.max_batch,
+                max_batched_tokens=cfg.max_batched_tokens,
             )  # fmt: skip
         self.engines = engines
         self.gw = Gateways(cfg, [i.spec for i in engines], narrow)
