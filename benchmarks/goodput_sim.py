@@ -68,7 +68,7 @@ CANDIDATE_PROFILE = {
         "pd",
     ],
 }
-BASELINES = ("cache_aware", "round_robin", "least_load", "power_of_two")
+BASELINES = ("cache_aware", "cache_aware_scored", "round_robin", "least_load", "power_of_two")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
