@@ -16,12 +16,16 @@ idle engine, before they arrived), plus the ``stream_interval - 1``
 decode steps before the first streamed chunk, exceeds it (``max_attainment`` = 1 - that).
 
 Profiles: the shipped ones, plus (when the shipped file has none of that name) the
-candidate ``goodput`` below. ``cache_aware`` is the shipped imitation of sglang-router's
-policy; it runs without the gateway's dispatch order (sglang-router has none). The others
+candidate ``goodput`` below. ``cache_aware`` is sglang-router's decision (the
+``sglang-cache-aware`` plugin; ``cache_aware_scored`` the earlier imitation); both run without
+the gateway's dispatch order (sglang-router has none). The others
 run with the dispatch order as shipped, which holds a request whose prefix an unanswered
 request still computes on its instance until that one's first byte, for at most
 ``--follow-ms`` (the gateway's ``dispatch_follow_ms``; :mod:`services.scheduler.admission.follow`);
-a profile named ``NAME+nofollow`` is NAME without that follower rule.
+a profile named ``NAME+nofollow`` is NAME without that follower rule; ``NAME+protect`` and
+``NAME+slack`` are NAME with the dispatch order's protection
+(:mod:`services.scheduler.admission.protect`; ``guard`` and ``slack``), bounded by
+``--protect-ms`` (the agent class's ``starve_after_ms``).
 
     .venv/bin/python benchmarks/goodput_sim.py --out /tmp/goodput_sim.json   # ~6 min, one core
 
