@@ -238,8 +238,8 @@ class DispatchShaper:
             self._push_late(inst, rank, rid)
         if self.config.protect:
             self._guards.hold(instance_id, rid, self._due.get(rid, (None, now))[1])
-            if kept:
-                inst.wake = self._wake(instance_id, now)
+            # kept: nothing goes before protection ends; else the order may run again
+            inst.wake = self._wake(instance_id, now) if kept else None
         self._seq += 1
         return False
 
