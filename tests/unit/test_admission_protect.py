@@ -72,3 +72,13 @@ def test_cancel_a_held_request() -> None:
     assert s.cancel("late")
     assert s.held("a") == 0
     assert s.first_byte("g", "a", 0.9) == []
+
+
+def test_a_request_that_fits_is_not_timed_by_the_protection_of_others() -> None:
+    s = shaper(slack=True)
+    assert not s.offer("late", "a", 3000.0, 0.1, deadline=0.1, protect_ms=10_000.0)
+    # timely, fits the guard's slack, but the backlog (200 ms left) holds it
+    assert not s.offer("t", "a", 200.0, 0.1, deadline=2.1, protect_ms=10_000.0)
+    at = s.next_release_at("a")
+    assert at == pytest.approx(0.15)  # when the backlog falls under the threshold
+    assert s.release("a", 0.15 + 1e-6) == ["t"]
