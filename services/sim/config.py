@@ -85,6 +85,11 @@ class SimConfig:
     # the dispatch order holds a request whose prefix an unanswered one still computes on
     # its instance until that one's first byte, at most this long (ms); 0 = off
     shaper_follow_ms: float = DISPATCH_FOLLOW_MS
+    # protection (admission.protect): a request that cannot meet its TTFT deadline waits
+    # while its instance serves one that still can, at most this long (ms; the SLO class's
+    # starve_after_ms in the gateway); 0 = off
+    shaper_protect_ms: float = 0.0
+    shaper_protect_slack: bool = False  # ShaperConfig.protect_slack
     timeline_s: float = 60.0
     autoscale: AutoscaleConfig | None = None  # None: a fixed fleet
     # agent memory (services/sim/memory.py): None = off; "lru", "retention" or "prefetch"

@@ -261,7 +261,10 @@ class Simulation(Scaling):
         deadline = (now + cfg.slo_ttft_ms) / 1000.0 if cfg.slo_ttft_ms else None
         shaper = self.gw.shapers[g]
         cached = d.predicted_cached_tokens // cfg.block_size
-        if not shaper.offer(rid, iid, d.predicted_prefill_ms, now_s, 0, deadline, hashes, cached):
+        if not shaper.offer(
+            rid, iid, d.predicted_prefill_ms, now_s, 0, deadline, hashes, cached,
+            cfg.shaper_protect_ms,
+        ):  # fmt: skip
             self.arm(g, iid)
             return 0
         return self.dispatch([rid], now)
