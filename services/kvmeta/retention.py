@@ -83,6 +83,7 @@ class RetentionController:
         *,
         mode: str = "observe",
         budget_share: float = 0.2,
+        keep_unprotected: bool = True,
         urls: Mapping[str, str] | None = None,
         timeout_s: float = 2.0,
         wall: Callable[[], float] | None = None,
@@ -96,6 +97,7 @@ class RetentionController:
         self.sessions = sessions
         self.mode = mode
         self.budget_share = budget_share
+        self.keep_unprotected = keep_unprotected
         self.urls = dict(urls or {})
         self.timeout_s = timeout_s
         self.wall = wall or sessions.now
@@ -158,7 +160,10 @@ class RetentionController:
         self._settle(settle(self.prefetches, {s.key: s for s in rows}, _reports(infos_by), now))
         hold = {k for k, t in self.prefetches.items() if t.held}
         chains = self.sessions.chains
-        plans = plan_engines(rows, chains, kv, now, budget_share=self.budget_share, hold=hold)
+        plans = plan_engines(
+            rows, chains, kv, now, budget_share=self.budget_share, hold=hold,
+            keep_unprotected=self.keep_unprotected,
+        )  # fmt: skip
         self.stats["plans"] += len(plans)
         for p in plans.values():
             self.stats["protected_sessions"] += len(p.plan.protected)

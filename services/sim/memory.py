@@ -11,9 +11,11 @@ session id; its sessions share nothing). Modes:
 
 - ``lru``: today's behaviour: the engines' LRU, no tier (only the measurements run);
 - ``retention``: every ``tick_ms`` the controller's plan per engine is applied (protect
-  within the budget, offload the rest now), and every block the engines evict goes to the
-  tier (offload on eviction); a resumed turn whose prefix is on the tier fetches it at
-  arrival when fetching beats recomputing (the turn waits the fetch), else recomputes;
+  within the budget; the other idle sessions stay on the GPU while it has room, as cache
+  the engine's LRU evicts on demand, or with ``keep_unprotected=False``, the eager rule,
+  are offloaded now), and every block the engines evict goes to the tier (offload on
+  eviction); a resumed turn whose prefix is on the tier fetches it at arrival when
+  fetching beats recomputing (the turn waits the fetch), else recomputes;
 - ``prefetch``: ``retention`` plus prefetch: an offloaded idle session's prefix starts
   coming back ``plan_prefetch``'s lead before its predicted return (to its home engine); an
   arriving turn uses it when done, waits for it while that is shorter than recomputing.
@@ -23,8 +25,8 @@ computed its last turn (its prefix cache) and, with ``decode_keeps_kv``, the dec
 that served it (its whole context). Its home is the decode engine, as the gateway reports it
 to kvmeta; the prefill engine is kept beside it (:meth:`AgentMemory.holders`). The
 controller's plan is applied per engine to the idle sessions whose KV it holds (decode
-engines: protect within the budget, offload the rest, instead of LRU dropping them; prefill
-engines the same for their prefixes); a resumed turn's prefill fetches from the tier as on
+engines: protect within the budget, the rest evicted to the tier when the room is needed
+instead of LRU dropping them; prefill engines the same for their prefixes); a resumed turn's prefill fetches from the tier as on
 an aggregated engine, and prefetch brings a prefix back to its prefill engine (the decode
 engine receives what it lacks with the hand-off).
 
@@ -44,8 +46,9 @@ step that evicted it), and the GPU room a prefetched prefix takes before its tur
 Measured (:meth:`AgentMemory.summary`): per resumed turn (a session's second turn on), the
 blocks of the previous turn's chain it starts with (``reusable``) and how many of them were
 still cached when it arrived, on its engine's GPU or on the tier (``reuse_ratio``);
-sampled each tick, the share of GPU KV idle sessions' blocks hold (``idle_kv_share``) and of
-the fleet's KV in use (``fleet_kv_used``).
+sampled each tick, the share of GPU KV idle sessions' blocks hold (``idle_kv_share``; of it
+protected, evicted last: ``idle_kv_share_protected``, what the budget bounds) and of the
+fleet's KV in use (``fleet_kv_used``).
 """
 
 from __future__ import annotations
@@ -118,6 +121,7 @@ class AgentMemory:
     perf: PerfProfile
     block_size: int
     budget_share: float = 0.2
+    keep_unprotected: bool = True  # idle sessions past the budget stay while there is room
     percentile: float = 0.9
     tier_blocks: int = 1 << 22
     tick_ms: float = 1000.0
@@ -131,6 +135,7 @@ class AgentMemory:
     _prefetch: dict[SessionKey, _Prefetch] = field(default_factory=dict)
     _idle_share: list[float] = field(default_factory=list)
     _used_share: list[float] = field(default_factory=list)
+    _protected_share: list[float] = field(default_factory=list)
     _applied: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     _ticks: int = 0
     counts: dict[str, int] = field(default_factory=dict)
@@ -317,7 +322,8 @@ class AgentMemory:
             if self._applied.get(iid, (None, None))[0] == sig:
                 continue
             p = plan_engines(idle, self._chains, kv, now / 1000.0,
-                             budget_share=self.budget_share)[iid]  # fmt: skip
+                             budget_share=self.budget_share,
+                             keep_unprotected=self.keep_unprotected)[iid]  # fmt: skip
             self._applied[iid] = (sig, p.plan)
             c.unprotect(None)
             c.protect(list(p.protect))
@@ -364,6 +370,8 @@ class AgentMemory:
             self._idle_share.append(sum(len(v) for v in held.values()) / cap)
             used = sum(c.used_blocks for c in self.caches.values())
             self._used_share.append(used / cap)
+            pinned = sum(c.protected_blocks for c in self.caches.values())
+            self._protected_share.append(pinned / cap)
 
     # -- results -------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -375,6 +383,8 @@ class AgentMemory:
             "reuse_ratio": round(cached / reusable, 4) if reusable else None,
             "idle_kv_share": _mean(self._idle_share),
             "idle_kv_share_p95": _p(self._idle_share, 0.95),
+            "idle_kv_share_protected": _mean(self._protected_share),
+            "idle_kv_share_protected_p95": _p(self._protected_share, 0.95),
             "fleet_kv_used": _mean(self._used_share),
             "actions": dict(sorted(self.counts.items())),
         }

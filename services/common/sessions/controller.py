@@ -12,12 +12,16 @@ Output per engine, an :class:`EngineRetention`:
 
 - ``protect``: every block of the protected sessions' chains. The engine replaces its marks
   with exactly these (blocks of sessions no longer protected lose theirs);
-- ``offload``: blocks of the offloaded sessions' chains that no protected chain holds (two
+- ``offload``: blocks of the offloaded sessions' chains (under pressure only: the engine's
+  ``need_blocks``; or every unprotected session with ``keep_unprotected=False``) that no
+  protected chain holds (two
   sessions may share blocks: a sub-agent starts from its parent's prefix), the coldest
   session's first, each chain leaf first (an offloaded prefix's extensions go before it);
 - ``plan``: the retention plan behind it (keys are :data:`SessionKey`).
 
-Dropped and released sessions only lose their marks: plain LRU evicts them.
+Kept, dropped and released sessions only lose their marks: plain LRU evicts them when the
+engine needs the room (a kept session's blocks go to the tier then, on an engine that
+offloads on eviction).
 
 ``hold``: sessions whose prefix a prefetch is bringing back (or brought back) for their next
 turn (:mod:`services.common.sessions.prefetching`). They stay out of the retention rule, so
@@ -72,6 +76,7 @@ def plan_engines(
     *,
     budget_share: float = DEFAULT_BUDGET_SHARE,
     hold: Collection[SessionKey] = (),
+    keep_unprotected: bool = True,
 ) -> dict[str, EngineRetention]:
     """One tick's protect and offload lists per engine (module doc). Every engine of
     ``engines`` gets an answer (an empty one clears its marks); sessions whose home is not
@@ -93,6 +98,7 @@ def plan_engines(
             budget_share=budget_share,
             need_blocks=kv.need_blocks,
             tier_free_blocks=kv.tier_free_blocks,
+            keep_unprotected=keep_unprotected,
         )
         protect: dict[int, None] = {}
         for s in held[iid]:
