@@ -43,9 +43,13 @@ EAGER = {"keep_unprotected": False}
         # overdue b is offloaded first; shared blocks of protected a stay
         ([sess("a", "e0", Phase.IDLE, 5), sess("b", "e0", Phase.IDLE, -1)], 50, {"need": 1},
          {"e0": ((1, 2, 3, 4), (8, 7, 6, 5))}),
-        # an active session is left to the engine; an ended one only loses its marks
+        # an active session's turn has arrived: its chain is held (protected, never
+        # offloaded, outside the budget) until the engine takes it; an ended one only
+        # loses its marks
         ([sess("a", "e0", Phase.ACTIVE, None), sess("c", "e0", Phase.ENDED, None)], 50, EAGER,
-         {"e0": ((), ())}),
+         {"e0": ((1, 2, 3, 4), ())}),
+        ([sess("a", "e0", Phase.ACTIVE, None)], 4, {"need": 4, "keep_unprotected": False,
+         "budget_share": 0.0}, {"e0": ((1, 2, 3, 4), ())}),
         # a zero budget with pressure offloads idle sessions coldest first (no prediction
         # before the furthest predicted return) until the need is met
         ([sess("c", "e0", Phase.IDLE, 100), sess("x", "e0", Phase.IDLE, None)], 4, {"need": 2},
@@ -58,7 +62,7 @@ EAGER = {"keep_unprotected": False}
          {"e0": ((1, 2, 3, 4), ()), "e1": ((9, 10), ())}),
     ],
     ids=["budget-rest-kept", "pressure-offloads", "eager-offloads", "shared-blocks-stay",
-         "active-and-ended", "zero-budget-pressure-order", "zero-budget-eager-order",
+         "active-held-ended-released", "active-held-under-pressure", "zero-budget-pressure-order", "zero-budget-eager-order",
          "per-engine"],
 )  # fmt: skip
 def test_plan_engines(
@@ -67,7 +71,9 @@ def test_plan_engines(
     need = int(kw.get("need", 0))  # type: ignore[call-overload]
     engines = {iid: EngineKV(capacity, need_blocks=need) for iid in ("e0", "e1")}
     eager = kw.get("keep_unprotected", True)
-    got = plan_engines(sessions, CHAINS, engines, NOW, keep_unprotected=bool(eager))
+    share = float(kw.get("budget_share", 0.2))  # type: ignore[arg-type]
+    got = plan_engines(sessions, CHAINS, engines, NOW, keep_unprotected=bool(eager),
+                       budget_share=share)  # fmt: skip
     assert {iid: (p.protect, p.offload) for iid, p in got.items() if iid in want} == want
     assert all(not p.protect and not p.offload for iid, p in got.items() if iid not in want)
 

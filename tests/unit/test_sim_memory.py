@@ -69,7 +69,7 @@ def _served(mem: AgentMemory, session: str, hashes: list[int], iid: str, now: fl
     ("mode", "stay_kv", "want"),
     [
         # the session's 8 blocks go to the tier; it is re-homed where the router sends it
-        ("retention", 50, ("e1", 8, {"migrate_move": 1})),
+        ("retention", 50, ("e1", 8, {"migrate_move": 1, "move_fetch": 1})),
         # its home among those that stay lacks room: the tier all the same, re-homed
         ("retention", 4, ("e1", 8, {"migrate_tier": 1})),
         # the engines' LRU only: nothing moves (as before)
