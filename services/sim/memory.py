@@ -142,7 +142,8 @@ class AgentMemory:
     _applied: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     _ticks: int = 0
     counts: dict[str, int] = field(default_factory=dict)
-    moved: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)  # last migrate
+    # the last migrate's moves: (session id, destination, chain)
+    moved: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -320,6 +321,7 @@ class AgentMemory:
                 self.table.set_placement(s.key, now / 1000.0, home_instance=home, tiers={})
             if mv.fate is Fate.MOVE and home and chain:
                 self._fetch_to(s.key, home, chain, now)
+                self.moved.append((s.session_id, home, tuple(chain)))
         return plan
 
     def _fetch_to(self, key: SessionKey, iid: str, chain: Sequence[int], now: float) -> None:
@@ -327,7 +329,6 @@ class AgentMemory:
         destination's fetch; its next turn there uses it, or waits for what is left)."""
         f_ms = fetch_ms(len(chain) * self.block_size, self.perf.kv_bytes_per_token, self.link)
         self._prefetch[key] = _Prefetch(iid, now, now + f_ms)
-        self.moved.append((iid, tuple(chain)))
         self._count("move_fetch")
 
     def active_chains(self, iid: str, now: float, window_s: float) -> dict[str, tuple[int, ...]]:

@@ -128,14 +128,14 @@ class Scaling:
                     rec.kept_blocks = sum(mem.kept_blocks(c) for c in chains.values())
         self.timeline.replicas = self.engines.roles()
 
-    def learn_moves(self, moved: list[tuple[str, tuple[int, ...]]], now: float) -> None:
+    def learn_moves(self, moved: list[tuple[str, str, tuple[int, ...]]], now: float) -> None:
         """Each gateway's routed-prefix index learns where migrated sessions' prefixes went
         (the destination's fetch announces them with its KV events in the product; the
         simulator's gateways have no KV index), so their next turns follow their KV."""
         for ap in self.gw.approx:
             if ap is None:
                 continue
-            for iid, chain in moved:
+            for _, iid, chain in moved:
                 ap.index.insert(chain, iid, now / 1000.0)
 
     def retire(self, inst: Instance) -> None:
