@@ -27,7 +27,8 @@ the resumed turns over the same turns' p95 in the ``warm`` run;
 running requests, so its batches grow too), ``idle_kv_share`` (mean share of GPU KV held by
 idle sessions' blocks, evictable cache included), ``idle_kv_share_protected`` (of it, the
 blocks protected: evicted last, what running requests cannot take first; the budget bounds
-it), ``fleet_kv_used`` (mean share of the
+it), ``protected_kv_share`` (every protected block, the chains held for turns that have
+arrived included), ``fleet_kv_used`` (mean share of the
 fleet's KV in use, the ">= 90% used" condition).
 
 P/D (``--pd-engines`` N, default 8; 0 skips it): per variant and slice (the slices above),
@@ -245,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("resume.ttft_p95_ms", p95([ttft[i] for i in both]) if both else None),
                 ("idle_kv_share", got["idle_kv_share"]),
                 ("idle_kv_share_protected", got["idle_kv_share_protected"]),
+                ("protected_kv_share", got["protected_kv_share"]),
                 ("fleet_kv_used", got["fleet_kv_used"]),
                 ("failed", float(got["failed"])),
                 ("resumed_turns", float(got["resumed_turns"])),

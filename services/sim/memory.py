@@ -47,8 +47,9 @@ Measured (:meth:`AgentMemory.summary`): per resumed turn (a session's second tur
 blocks of the previous turn's chain it starts with (``reusable``) and how many of them were
 still cached when it arrived, on its engine's GPU or on the tier (``reuse_ratio``);
 sampled each tick, the share of GPU KV idle sessions' blocks hold (``idle_kv_share``; of it
-protected, evicted last: ``idle_kv_share_protected``, what the budget bounds) and of the
-fleet's KV in use (``fleet_kv_used``).
+protected, evicted last: ``idle_kv_share_protected``, what the budget bounds), the share
+protected for any session (``protected_kv_share``: also the chains held for arrived turns)
+and of the fleet's KV in use (``fleet_kv_used``).
 """
 
 from __future__ import annotations
@@ -139,6 +140,7 @@ class AgentMemory:
     _idle_share: list[float] = field(default_factory=list)
     _used_share: list[float] = field(default_factory=list)
     _protected_share: list[float] = field(default_factory=list)
+    _marked_share: list[float] = field(default_factory=list)
     _applied: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     _ticks: int = 0
     counts: dict[str, int] = field(default_factory=dict)
@@ -420,8 +422,10 @@ class AgentMemory:
             self._idle_share.append(sum(len(v) for v in held.values()) / cap)
             used = sum(c.used_blocks for c in self.caches.values())
             self._used_share.append(used / cap)
-            pinned = sum(c.protected_blocks for c in self.caches.values())
+            pinned = sum(self.caches[i].count_protected(v) for i, v in held.items())
             self._protected_share.append(pinned / cap)
+            marks = sum(c.protected_blocks for c in self.caches.values())
+            self._marked_share.append(marks / cap)
 
     # -- results -------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -435,6 +439,7 @@ class AgentMemory:
             "idle_kv_share_p95": _p(self._idle_share, 0.95),
             "idle_kv_share_protected": _mean(self._protected_share),
             "idle_kv_share_protected_p95": _p(self._protected_share, 0.95),
+            "protected_kv_share": _mean(self._marked_share),
             "fleet_kv_used": _mean(self._used_share),
             "actions": dict(sorted(self.counts.items())),
         }
