@@ -35,9 +35,13 @@ Scale-in (with ``autoscale``, or the explicit ``scale_in_at_s`` of
 when a drained engine leaves, :meth:`AgentMemory.migrate` runs
 :func:`~services.common.sessions.migration.plan_migration` over the sessions homed there;
 the blocks of those that move or go to the tier are offloaded to the tier, and every live
-one is re-homed on its rendezvous home among the engines that stay (where the retention
-controller and prefetch then act for it). :meth:`~AgentMemory.session_blocks` is the
-planner's per-engine session-KV figure for victim choice.
+one is re-homed among the engines that stay (where the retention controller and prefetch
+then act for it): with ``placement="kv_spread"`` (default) where the active sessions' KV is
+least (:meth:`AgentMemory.active_blocks`), counting the sessions moved before it. A moved
+session's prefix then comes from the tier to its new home at once (its next turn there uses
+it, or waits for what is left), and ``moved`` lists the moves for the gateways to learn
+(:meth:`~services.sim.scaling.Scaling.learn_moves`). :meth:`~AgentMemory.session_blocks` is
+the planner's per-engine session-KV figure for victim choice.
 
 The tier is one pool of ``tier_blocks`` (LRU beyond that) over the perf profile's KV link.
 Not modelled: the time an offload copy takes (an evicted block's slot is free after the
