@@ -44,7 +44,7 @@ import aiohttp
 
 from services.common.kvindex.events import TIERS
 from services.common.perfmodel import get_profile
-from services.common.sessions import Phase, Session, SessionKey
+from services.common.sessions import Session, SessionKey
 from services.common.sessions.controller import EngineKV, EngineRetention, plan_engines
 from services.common.sessions.prefetching import (
     Due,
@@ -138,7 +138,7 @@ class RetentionController:
         the plans."""
         self.stats["ticks"] += 1
         rows = self.sessions.table.rows()
-        homes = {s.home_instance for s in rows if s.phase is not Phase.ACTIVE and s.home_instance}
+        homes = {s.home_instance for s in rows if s.home_instance}  # active ones: held
         homes |= {t.instance for t in self.prefetches.values()}
         targets = self._targets(homes | self._told)
         if not targets:
