@@ -102,6 +102,7 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
             sessions,
             mode=settings.retention,
             budget_share=settings.retention_budget_share,
+            keep_unprotected=settings.retention_offload == "pressure",
             urls=settings.retention_engine_urls,
             prefetch=settings.retention_prefetch,
             tick_s=settings.retention_tick_s,

@@ -44,7 +44,7 @@ import aiohttp
 
 from services.common.kvindex.events import TIERS
 from services.common.perfmodel import get_profile
-from services.common.sessions import Phase, Session, SessionKey
+from services.common.sessions import Session, SessionKey
 from services.common.sessions.controller import EngineKV, EngineRetention, plan_engines
 from services.common.sessions.prefetching import (
     Due,
@@ -83,6 +83,7 @@ class RetentionController:
         *,
         mode: str = "observe",
         budget_share: float = 0.2,
+        keep_unprotected: bool = True,
         urls: Mapping[str, str] | None = None,
         timeout_s: float = 2.0,
         wall: Callable[[], float] | None = None,
@@ -96,6 +97,7 @@ class RetentionController:
         self.sessions = sessions
         self.mode = mode
         self.budget_share = budget_share
+        self.keep_unprotected = keep_unprotected
         self.urls = dict(urls or {})
         self.timeout_s = timeout_s
         self.wall = wall or sessions.now
@@ -136,7 +138,7 @@ class RetentionController:
         the plans."""
         self.stats["ticks"] += 1
         rows = self.sessions.table.rows()
-        homes = {s.home_instance for s in rows if s.phase is not Phase.ACTIVE and s.home_instance}
+        homes = {s.home_instance for s in rows if s.home_instance}  # active ones: held
         homes |= {t.instance for t in self.prefetches.values()}
         targets = self._targets(homes | self._told)
         if not targets:
@@ -158,7 +160,10 @@ class RetentionController:
         self._settle(settle(self.prefetches, {s.key: s for s in rows}, _reports(infos_by), now))
         hold = {k for k, t in self.prefetches.items() if t.held}
         chains = self.sessions.chains
-        plans = plan_engines(rows, chains, kv, now, budget_share=self.budget_share, hold=hold)
+        plans = plan_engines(
+            rows, chains, kv, now, budget_share=self.budget_share, hold=hold,
+            keep_unprotected=self.keep_unprotected,
+        )  # fmt: skip
         self.stats["plans"] += len(plans)
         for p in plans.values():
             self.stats["protected_sessions"] += len(p.plan.protected)

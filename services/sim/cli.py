@@ -185,6 +185,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "prefetch (retention + prefetch before the predicted return)")  # fmt: skip
     p.add_argument("--memory-budget-share", type=num, default=0.2,
                    help="agent memory: share of an engine's KV idle sessions may hold")  # fmt: skip
+    p.add_argument("--memory-offload", choices=("pressure", "eager"), default="pressure",
+                   help="agent memory: idle sessions past the budget stay on the GPU while it "
+                   "has room (pressure) or are offloaded at once (eager)")  # fmt: skip
     p.add_argument("--scale-in-at-s", type=num, default=None,
                    help="remove engines at this modelled second (the autoscaler's victim rule, "
                    "drain, then with agent memory migrate their sessions)")  # fmt: skip
@@ -264,6 +267,7 @@ def config(args: argparse.Namespace) -> SimConfig:
         short_first_tokens=args.short_first_tokens,
         agent_memory=args.agent_memory,
         memory_budget_share=args.memory_budget_share,
+        memory_offload=args.memory_offload,
         scale_in_at_s=args.scale_in_at_s,
         scale_in_count=args.scale_in_count,
         autoscale=AutoscaleConfig(

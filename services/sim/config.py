@@ -96,6 +96,9 @@ class SimConfig:
     agent_memory: str | None = None
     memory_budget_share: float = 0.2
     memory_tier_blocks: int = 1 << 22
+    # idle sessions past the budget: "pressure" (kept on the GPU while it has room) or
+    # "eager" (offloaded at once; the rule before)
+    memory_offload: str = "pressure"
     # an explicit scale-in (services/sim/scalein.py): at this modelled second the
     # autoscaler's victim rule picks ``scale_in_count`` engines, drained then removed
     scale_in_at_s: float | None = None
@@ -149,6 +152,8 @@ class SimConfig:
             )
         if not 0.0 <= self.memory_budget_share <= 1.0 or self.memory_tier_blocks < 0:
             raise SimConfigError("--memory-budget-share in [0, 1], --memory-tier-blocks >= 0")
+        if self.memory_offload not in ("pressure", "eager"):
+            raise SimConfigError(f"--memory-offload: pressure or eager, got {self.memory_offload}")
         if self.scale_in_at_s is not None:
             if self.pd:
                 raise SimConfigError("--scale-in-at-s needs aggregated engines (not P/D)")

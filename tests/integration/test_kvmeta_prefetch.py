@@ -136,8 +136,10 @@ async def test_offloaded_session_is_prefetched_before_its_next_turn(
                             deployment=DEP, kvcache_tier=True, kvcache_policy=policy,
                             kvmeta_address=kv.address, te_metadata_url=metadata_url,
                             stream_prefix=kv.prefix, kv_flush_ms=10.0)  # fmt: skip
-        # budget 0: an idle session is offloaded at once, whatever its predicted return
-        ctl = RetentionController(kv.shell, mode="enforce", budget_share=0.0, tick_s=0.1)
+        # budget 0, eager: an idle session is offloaded at once, whatever its predicted return
+        ctl = RetentionController(
+            kv.shell, mode="enforce", budget_share=0.0, tick_s=0.1, keep_unprotected=False
+        )
         try:
             engine, url = await fleet.start(redis=kv.redis, instance_id="e0")
             ctl.urls["e0"] = url
