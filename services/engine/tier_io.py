@@ -320,12 +320,15 @@ class TierIO:
         verify and adopt them; the error that stopped it, or ''."""
         slots = self.cache.reserve(len(want))
         for _ in range(3):  # evicted blocks are being stored: their slots come back
+            # what reserve evicted is stored now (the stepping loop may be idle)
+            self.evicted(self.cache.drain_evicted())
             if slots is not None or not self.cache.held_slots:
                 break
             self._freed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._freed.wait(), self._wait_s)
             slots = self.cache.reserve(len(want))
+        self.evicted(self.cache.drain_evicted())
         if slots is None:
             return f"no room for {len(want)} blocks"
         try:
