@@ -66,7 +66,7 @@ from services.common.sessions.prefetching import (
 )
 from services.kvmeta.sessions import SessionShell
 
-__all__ = ["PATH", "RetentionController", "engine_url"]
+__all__ = ["PATH", "Locate", "RetentionController", "engine_url", "evicted_placements"]
 
 PATH = "/tideserve/retention"
 GPU, CPU = TIERS[0], TIERS[1]
@@ -258,7 +258,7 @@ class RetentionController:
         now = self.wall()
         rows = self.sessions.table.rows()  # as placed this tick
         min_idle_s = 2.0 * self.tick_s  # the index has seen the last turn's blocks by then
-        for key, tiers in _evicted_placements(
+        for key, tiers in evicted_placements(
             rows, self.sessions.chains, self.prefetches, self.locate, now, min_idle_s
         ):
             self.stats["evicted_sessions"] += 1
@@ -351,7 +351,7 @@ class RetentionController:
                 )
 
 
-def _evicted_placements(
+def evicted_placements(
     rows: list[Session],
     chains: Mapping[SessionKey, Sequence[int]],
     skip: Collection[SessionKey],

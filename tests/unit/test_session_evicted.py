@@ -17,7 +17,7 @@ from services.common.sessions.prefetching import (
     evicted_to_tier,
     may_be_evicted,
 )
-from services.kvmeta.retention import _evicted_placements
+from services.kvmeta.retention import evicted_placements
 
 NOW = 1000.0
 GPU, CPU = 1, 2
@@ -99,6 +99,6 @@ def test_the_controller_looks_up_only_sessions_that_may_be_evicted() -> None:
     chains = {s.key: tuple(range(CHAIN)) for s in rows if s.session_id != "nochain"}
     locate = FakeLocate({"gone": (0, 10), "here": (10, 10), "fetching": (0, 10)})
     skip = {rows[2].key}
-    got = _evicted_placements(rows, chains, skip, locate, NOW, 1.0)
+    got = evicted_placements(rows, chains, skip, locate, NOW, 1.0)
     assert got == [(rows[0].key, {CPU: 10})]
     assert locate.asked == ["gone", "here"]
