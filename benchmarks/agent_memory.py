@@ -15,13 +15,20 @@ fleet with the same routing profile:
   evicted) but the same KV for running requests (``SimConfig.kv_running_blocks``), so its
   batches are those of the other runs and only what stays cached differs.
 
+``--memory-offload eager`` runs the retention variants with the earlier rule (every idle
+session past the budget offloaded at once, even with free room) instead of ``pressure``
+(kept on the GPU while it has room).
+
 Keys per variant, each as ``{"mean", "spread", "slices"}`` over the slices (spread = max -
 min): ``resume.reuse_ratio`` (of a resumed turn's reusable prefix blocks, the share still on
 its engine's GPU or on the tier when it arrived), ``resume.ttft_p95_vs_warm`` (p95 TTFT of
 the resumed turns over the same turns' p95 in the ``warm`` run;
 ``resume.ttft_p95_vs_warm_more_batch``: over a warm run whose 64x KV also holds 64x the
 running requests, so its batches grow too), ``idle_kv_share`` (mean share of GPU KV held by
-idle sessions' blocks), ``fleet_kv_used`` (mean share of the
+idle sessions' blocks, evictable cache included), ``idle_kv_share_protected`` (of it, the
+blocks protected: evicted last, what running requests cannot take first; the budget bounds
+it), ``protected_kv_share`` (every protected block, the chains held for turns that have
+arrived included), ``fleet_kv_used`` (mean share of the
 fleet's KV in use, the ">= 90% used" condition).
 
 P/D (``--pd-engines`` N, default 8; 0 skips it): per variant and slice (the slices above),
@@ -182,6 +189,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-blocks", type=int, default=2300, help="per engine (64-token blocks)")
     p.add_argument("--gap-scale", type=float, default=10.0, help="trace gaps x this (10 restores)")
     p.add_argument("--budget-share", type=float, default=0.2)
+    p.add_argument("--memory-offload", choices=("pressure", "eager"), default="pressure",
+                   help="idle sessions past the budget: kept while there is room, or eager")  # fmt: skip
     p.add_argument("--profile", default="default", help="routing profile of every variant")
     p.add_argument("--scale-in-engines", type=int, default=8, help="0: no scale-in measurement")
     p.add_argument("--scale-in-kv-blocks", type=int, default=2300, help="per engine")
@@ -212,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         rate_scale=1.0 / args.gap_scale,
         profile=args.profile,
         memory_budget_share=args.budget_share,
+        memory_offload=args.memory_offload,
     )
     t0 = time.monotonic()
     per: dict[str, dict[str, list[float | None]]] = {v: {} for v in VARIANTS}
@@ -235,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
                 ("resume.ttft_p95_vs_warm_more_batch", vs_batch),
                 ("resume.ttft_p95_ms", p95([ttft[i] for i in both]) if both else None),
                 ("idle_kv_share", got["idle_kv_share"]),
+                ("idle_kv_share_protected", got["idle_kv_share_protected"]),
+                ("protected_kv_share", got["protected_kv_share"]),
                 ("fleet_kv_used", got["fleet_kv_used"]),
                 ("failed", float(got["failed"])),
                 ("resumed_turns", float(got["resumed_turns"])),
@@ -255,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         "kv_blocks": args.kv_blocks,
         "gap_scale": args.gap_scale,
         "budget_share": args.budget_share,
+        "memory_offload": args.memory_offload,
         "profile": args.profile,
         "scale_in": {
             "engines": args.scale_in_engines,

@@ -16,12 +16,16 @@ idle engine, before they arrived), plus the ``stream_interval - 1``
 decode steps before the first streamed chunk, exceeds it (``max_attainment`` = 1 - that).
 
 Profiles: the shipped ones, plus (when the shipped file has none of that name) the
-candidate ``goodput`` below. ``cache_aware`` is the shipped imitation of sglang-router's
-policy; it runs without the gateway's dispatch order (sglang-router has none). The others
+candidate ``goodput`` below. ``cache_aware`` is sglang-router's decision (the
+``sglang-cache-aware`` plugin; ``cache_aware_scored`` the earlier imitation); both run without
+the gateway's dispatch order (sglang-router has none). The others
 run with the dispatch order as shipped, which holds a request whose prefix an unanswered
 request still computes on its instance until that one's first byte, for at most
 ``--follow-ms`` (the gateway's ``dispatch_follow_ms``; :mod:`services.scheduler.admission.follow`);
-a profile named ``NAME+nofollow`` is NAME without that follower rule.
+a profile named ``NAME+nofollow`` is NAME without that follower rule; ``NAME+protect`` and
+``NAME+slack`` are NAME with the dispatch order's protection
+(:mod:`services.scheduler.admission.protect`; ``guard`` and ``slack``), bounded by
+``--protect-ms`` (the agent class's ``starve_after_ms``).
 
     .venv/bin/python benchmarks/goodput_sim.py --out /tmp/goodput_sim.json   # ~6 min, one core
 
@@ -68,7 +72,7 @@ CANDIDATE_PROFILE = {
         "pd",
     ],
 }
-BASELINES = ("cache_aware", "round_robin", "least_load", "power_of_two")
+BASELINES = ("cache_aware", "cache_aware_scored", "round_robin", "least_load", "power_of_two")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,6 +104,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--follow-ms", type=float, default=DISPATCH_FOLLOW_MS,
                    help="dispatch_follow_ms of the profiles but NAME+nofollow "
                    "(default: the gateway's)")  # fmt: skip
+    p.add_argument("--protect-ms", type=float, default=10_000.0,
+                   help="NAME+protect: protection's bound (default: the agent class's "
+                   "starve_after_ms)")  # fmt: skip
     p.add_argument("--engine-profile", default="h200-llama3.1-8b")
     p.add_argument("--engine-slowdown", type=float, default=1.2)
     p.add_argument("--kv-blocks", type=int, default=16384)
@@ -163,8 +170,10 @@ def run_cell(
                             "rate_scale": rate, "profiles": {}}  # fmt: skip
     for profile in [x.strip() for x in a.profiles.split(",") if x.strip()]:
         name, _, variant = profile.partition("+")
-        if variant not in ("", "nofollow"):
-            raise SystemExit(f"unknown profile variant {variant!r} (known: nofollow)")
+        if variant not in ("", "nofollow", "protect", "slack"):
+            raise SystemExit(
+                f"unknown profile variant {variant!r} (known: nofollow, protect, slack)"
+            )
         cfg = SimConfig(
             engines=a.engines, gateways=a.gateways, profile=name, profiles_file=pfile,
             scrape_queue_estimate=a.scrape_queue_estimate,
@@ -172,7 +181,9 @@ def run_cell(
             gateway_perf_profile=a.engine_profile, rate_scale=rate, max_requests=n,
             offset=offset, kv_blocks=a.kv_blocks, stream_interval=a.stream_interval,
             slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms, keep_block_hashes=True,
-            shaper_follow_ms=0.0 if variant else a.follow_ms,
+            shaper_follow_ms=0.0 if variant == "nofollow" else a.follow_ms,
+            shaper_protect_ms=a.protect_ms if variant in ("protect", "slack") else 0.0,
+            shaper_protect_slack=variant == "slack",
             **({"shaper_hold_ms": 0.0} if name in BASELINES else {}),
         )  # fmt: skip
         doc, run = simulate(cfg, trace)

@@ -17,8 +17,10 @@ Policies, each on a fresh fleet and the same arrivals:
 
 Per policy: SLO windows met (per ``--window-s`` of modelled time, the requests that arrived in
 it meet both targets at ``--percentile``; a window without requests is met), replica-seconds
-and their ratio to ``static``'s, peak replicas, the bench's figures. Not here: the reactive
-policy (it lives in ``autoscaler_eval.py``'s fleet model only).
+and their ratio to ``static``'s, peak replicas, the bench's figures (the windows and
+replica-seconds are :mod:`services.sim.policies`', as ``tideserve sim --autoscale-policy``
+computes them; that command also runs the autoscaler's reactive policy, and is the one-line
+way to the same comparison).
 
     .venv/bin/python benchmarks/tide_sim.py --days 1 --out /tmp/tide_sim.json   # ~15 min
 """
@@ -26,10 +28,8 @@ policy (it lives in ``autoscaler_eval.py``'s fleet model only).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
-from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,11 +37,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._harness import TRACES, command_line, emit_json, machine
-from services.bench.stats import RequestResult, percentile
+from services.bench.stats import RequestResult
 from services.bench.traces import Trace, load_trace
 from services.sim import SimConfig, simulate
 from services.sim.autoscale import AutoscaleConfig
 from services.sim.curve import RateCurve, curve_trace, read_curve
+from services.sim.policies import replica_seconds, slo_windows
 from services.sim.results import request_results
 
 DAY_S = 86_400.0
@@ -84,27 +85,10 @@ def tide_trace(args: argparse.Namespace) -> Trace:
 def windows_met(results: list[RequestResult], args: argparse.Namespace, span_s: float) -> dict[str, Any]:  # fmt: skip
     """SLO windows by arrival: both targets at the percentile over the window's requests
     (a failed request misses both)."""
-    ttft: dict[int, list[float]] = defaultdict(list)
-    tpot: dict[int, list[float]] = defaultdict(list)
-    for r in results:
-        w = int(r.sent_s // args.window_s)
-        ttft[w].append(r.ttft_s * 1e3 if r.ok and r.ttft_s is not None else math.inf)
-        if r.ok and r.tpot_s is not None:
-            tpot[w].append(r.tpot_s * 1e3)
-        elif not r.ok:
-            tpot[w].append(math.inf)
-    n = max(1, math.ceil(span_s / args.window_s))
-    q = args.percentile / 100.0
-
-    def missed(xs: list[float], target: float) -> bool:
-        return bool(xs) and percentile(sorted(xs), q) > target
-
-    ttft_miss = [missed(ttft[w], args.slo_ttft_ms) for w in range(n)]
-    tpot_miss = [missed(tpot[w], args.slo_tpot_ms) for w in range(n)]
-    ttft_missed, tpot_missed = sum(ttft_miss), sum(tpot_miss)
-    met = sum(1 for a, b in zip(ttft_miss, tpot_miss, strict=True) if not (a or b))
-    return {"windows": n, "met": met, "attainment": round(met / n, 4),
-            "ttft_missed": ttft_missed, "tpot_missed": tpot_missed}  # fmt: skip
+    w = slo_windows(results, window_s=args.window_s, span_s=span_s, ttft_ms=args.slo_ttft_ms,
+                    tpot_ms=args.slo_tpot_ms, pct=float(args.percentile))  # fmt: skip
+    return {"windows": w["windows"], "met": w["met"], "attainment": w["share"],
+            "ttft_missed": w["ttft_missed"], "tpot_missed": w["tpot_missed"]}  # fmt: skip
 
 
 def run_policy(name: str, trace: Trace, args: argparse.Namespace) -> dict[str, Any]:
@@ -121,12 +105,7 @@ def run_policy(name: str, trace: Trace, args: argparse.Namespace) -> dict[str, A
     t0, cpu0 = time.perf_counter(), time.process_time()
     doc, run = simulate(cfg.validate(), trace)
     span_s = trace.requests[-1].arrival_s if trace.requests else 0.0
-    rows = run.timeline.rows
-    ends = [r["t_s"] for r in rows[1:]] + [rows[-1]["t_s"] + cfg.timeline_s] if rows else []
-    replica_s = sum(
-        (r["replicas_prefill"] + r["replicas_decode"]) * (end - r["t_s"])
-        for r, end in zip(rows, ends, strict=True)
-    )
+    replica_s = replica_seconds(run.timeline.rows, cfg.timeline_s)
     return {
         "slo_windows": windows_met(request_results(run), args, span_s),
         "replica_s": round(replica_s, 1),

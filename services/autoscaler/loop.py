@@ -34,6 +34,7 @@ from services.autoscaler.planner import (
     decide,
 )
 from services.autoscaler.planner.capacity import PerfLike
+from services.autoscaler.planner.config import for_deployment
 from services.autoscaler.planner.group import plan_group
 from services.autoscaler.ports import ReconcileError, Reconciler
 from services.autoscaler.records import DecisionRecord
@@ -131,7 +132,10 @@ class PlannerLoop:
     ) -> tuple[dict[str, PlannerInputs], dict[str, Decision]]:
         now = self._clock()
         inputs = {d.spec.name: await self.inputs(d) for d in deployments}
-        decisions = {n: decide(now, i, self._cfg) for n, i in inputs.items()}
+        decisions = {
+            n: decide(now, i, for_deployment(self._cfg, i.spec.planner.overrides()))
+            for n, i in inputs.items()
+        }
         groups: dict[str, list[str]] = defaultdict(list)
         for name, i in inputs.items():
             if i.spec.budget.group:

@@ -20,6 +20,7 @@ YAML shape (RoleBasedGroup v1alpha2 roles plus SLO classes, P:D ratio bounds, a 
                    scale_together: [prefill, decode]}
     slo_classes: [{name: interactive, ttft_ms: 1000, tpot_ms: 50, percentile: 90}]
     budget: {max_replicas: 12, group: gpu-pool, priority: 10}
+    planner: {policy: sla, predictor: constant, max_utilization: 0.7}
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ __all__ = [
     "BudgetSpec",
     "CoordinationSpec",
     "DeploymentSpec",
+    "PlannerSpec",
     "RoleSpec",
     "SLOClassSpec",
     "SpecError",
@@ -135,6 +137,21 @@ class BudgetSpec(_Frozen):
     priority: int = 0
 
 
+class PlannerSpec(_Frozen):
+    """This deployment's planner settings over the autoscaler's own
+    (:class:`~services.autoscaler.planner.config.PlannerConfig`); "" and 0 leave the
+    autoscaler's setting."""
+
+    policy: Literal["", "sla", "reactive"] = ""
+    predictor: Literal["", "constant", "moving_average", "holt_winters"] = ""
+    max_utilization: float = Field(default=0.0, ge=0, lt=1)
+    decode_headroom: float = Field(default=0.0, ge=0, le=1)
+
+    def overrides(self) -> dict[str, str | float]:
+        """The settings this spec sets, as ``PlannerConfig`` field values."""
+        return {k: v for k, v in self.model_dump().items() if v}
+
+
 class DeploymentSpec(_Frozen):
     """A deployment: one model served by a role-based group. ``generation`` is assigned by
     the store on apply (ignored on input)."""
@@ -149,6 +166,7 @@ class DeploymentSpec(_Frozen):
     kv_block_size: int = Field(default=0, ge=0)
     perf_profile: str = ""
     budget: BudgetSpec = BudgetSpec()
+    planner: PlannerSpec = PlannerSpec()
     generation: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")

@@ -99,6 +99,12 @@ def spec_to_proto(spec: DeploymentSpec) -> common_pb2.DeploymentSpec:
             group=spec.budget.group,
             priority=spec.budget.priority,
         ),
+        planner=common_pb2.PlannerOverrides(
+            policy=spec.planner.policy,
+            predictor=spec.planner.predictor,
+            max_utilization=spec.planner.max_utilization,
+            decode_headroom=spec.planner.decode_headroom,
+        ),
     )
 
 
@@ -167,6 +173,12 @@ def spec_from_proto(msg: common_pb2.DeploymentSpec) -> DeploymentSpec:
             "max_replicas": msg.budget.max_replicas,
             "group": msg.budget.group,
             "priority": msg.budget.priority,
+        },
+        "planner": {
+            "policy": msg.planner.policy,
+            "predictor": msg.planner.predictor,
+            "max_utilization": msg.planner.max_utilization,
+            "decode_headroom": msg.planner.decode_headroom,
         },
     }
     return parse_spec(data)

@@ -34,13 +34,20 @@ Real KV bytes (``--kv-data-plane``): the shell pulls the bytes before it submits
 the modelled time that took (``pulled_ms``, or a reduced ``kv_transfer_ms``), so the modelled
 hand-off lasts ``max(modelled transfer, real pull)``. A request with ``fetched_tokens`` (the
 shell fetched that prefix from the KV-cache tier) counts them as cached, waits
-``fetch_wait_ms`` before its first prefill chunk, and computes only the rest.
+``fetch_wait_ms`` before its first prefill chunk, and computes only the rest. A request
+with ``tier_lookup`` whose leading blocks resident at submission were evicted while it
+waited (:func:`~services.engine.core_types.lookup_due`) is not admitted at once: it leaves
+the queue, :meth:`EngineCore.drain_lookups` hands the shell a :class:`Lookup`, and
+:meth:`EngineCore.looked_up` (what the shell fetched) puts it back at the queue's head, to be
+admitted with that as ``fetched_tokens`` (vLLM's KV connectors are asked for external
+matches when the scheduler admits a request, not when it arrives).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from services.common.perfmodel import PerfProfile
 from services.common.tokens import FIRST_WORD_ID, VOCAB_SIZE, block_hashes
@@ -49,10 +56,12 @@ from services.engine.core_types import (
     CoreConfig,
     DecodeRun,
     EngineRole,
+    Lookup,
     Request,
     SeqOutput,
     StepResult,
     _Seq,
+    lookup_due,
 )
 from services.engine.kvcache import KVCache
 from services.engine.prefill_plan import PrefillPlanner
@@ -63,6 +72,7 @@ __all__ = [
     "DecodeRun",
     "EngineCore",
     "EngineRole",
+    "Lookup",
     "Request",
     "SeqOutput",
     "StepResult",
@@ -80,6 +90,8 @@ class EngineCore(PrefillPlanner):
         self._running: dict[str, _Seq] = {}  # prefilling or decoding, insertion = FCFS
         self._transferring: dict[str, _Seq] = {}
         self._held: dict[str, float] = {}  # prefill role: rid -> free at (ms)
+        self._looking: dict[str, _Seq] = {}  # out of the queue while the tier is asked
+        self._lookups: list[Lookup] = []  # asked for, not drained by the shell yet
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.cached_tokens_total = 0
@@ -114,13 +126,35 @@ class EngineCore(PrefillPlanner):
             hashes = list(req.block_hashes)
         else:
             hashes = block_hashes(req.prompt, self.cache.block_size, tenant=req.tenant)
-        self._waiting.append(_Seq(req, hashes, now))
+        s = _Seq(req, hashes, now)
+        if req.tier_lookup:
+            s.resident = self.cache.match(hashes)
+        self._waiting.append(s)
+
+    def drain_lookups(self) -> list[Lookup]:
+        """The tier lookups asked for at admission since the last call (module doc)."""
+        out, self._lookups = self._lookups, []
+        return out
+
+    def looked_up(self, rid: str, fetched_tokens: int, fetch_wait_ms: float) -> bool:
+        """The shell's answer to ``rid``'s :class:`Lookup`: it fetched the KV of the prompt's
+        ``fetched_tokens`` leading tokens (0: none; it computes them) and the modelled fetch
+        still lasts ``fetch_wait_ms``. The request goes back to the queue's head. False when
+        ``rid`` is not waiting for a lookup (aborted meanwhile)."""
+        s = self._looking.pop(rid, None)
+        if s is None:
+            return False
+        if fetched_tokens > s.req.fetched_tokens:
+            s.req = replace(s.req, fetched_tokens=fetched_tokens, fetch_wait_ms=fetch_wait_ms)
+        self._waiting.appendleft(s)
+        return True
 
     def knows(self, rid: str) -> bool:
         return (
             rid in self._running
             or rid in self._transferring
             or rid in self._held
+            or rid in self._looking
             or any(s.req.rid == rid for s in self._waiting)
         )
 
@@ -130,6 +164,7 @@ class EngineCore(PrefillPlanner):
         self._running.pop(rid, None)
         self._transferring.pop(rid, None)
         self._held.pop(rid, None)
+        self._looking.pop(rid, None)
         self.cache.release(rid)
 
     def hand_off(self, rid: str, free_at: float) -> bool:
@@ -147,7 +182,7 @@ class EngineCore(PrefillPlanner):
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        return len(self._waiting) + len(self._looking)
 
     @property
     def num_held(self) -> int:
@@ -155,12 +190,18 @@ class EngineCore(PrefillPlanner):
 
     def pending_prefill_tokens(self) -> int:
         run = sum(s.prompt_len - s.computed for s in self._running.values())
-        return run + sum(s.prompt_len - s.cached for s in self._waiting)
+        waiting = (*self._waiting, *self._looking.values())
+        return run + sum(s.prompt_len - s.cached for s in waiting)
 
     def tokens_in_flight(self) -> int:
         decode = sum(
             s.req.max_new_tokens - s.n_gen
-            for s in (*self._running.values(), *self._transferring.values(), *self._waiting)
+            for s in (
+                *self._running.values(),
+                *self._transferring.values(),
+                *self._waiting,
+                *self._looking.values(),
+            )
         )
         return self.pending_prefill_tokens() + decode
 
@@ -220,7 +261,7 @@ class EngineCore(PrefillPlanner):
         applies it with ``apply_run`` at its end, or at an earlier step's end with
         ``cut_run`` when a request was submitted meanwhile; steps then go on with ``step``.
         """
-        if self.config.role is EngineRole.PREFILL or not self._running:
+        if self.config.role is EngineRole.PREFILL or not self._running or self._looking:
             return None
         batch = len(self._running)
         if batch > self.config.max_batched_tokens:
@@ -285,6 +326,16 @@ class EngineCore(PrefillPlanner):
 
     # -- internals -----------------------------------------------------------------------
     def _admit(self, s: _Seq, now: float) -> bool:
+        """Admit ``s`` (True), or leave it waiting (False: no room); True also when it left
+        for a tier lookup (:meth:`_parked`)."""
+        if s.req.tier_lookup and not s.looked_up:
+            resident = self.cache.match(s.hashes)
+            bs = self.cache.block_size
+            if lookup_due(s.resident, resident, s.req.fetched_tokens, bs):
+                s.looked_up = True
+                self._looking[s.req.rid] = s
+                self._lookups.append(Lookup(s.req.rid, tuple(s.hashes), resident))
+                return True
         total = self.cache.blocks_for(s.prompt_len + s.req.max_new_tokens)
         alloc = self.cache.allocate(s.req.rid, s.hashes, total, s.req.tenant)
         if alloc is None:
@@ -316,6 +367,10 @@ class EngineCore(PrefillPlanner):
             return True
         self._running[s.req.rid] = s
         return True
+
+    def _parked(self, rid: str) -> bool:
+        """Admitted into a transfer or out for a tier lookup: no prefill chunk yet."""
+        return rid in self._transferring or rid in self._looking
 
     def _hand_off_ms(self, s: _Seq, resident_blocks: int) -> float:
         """Decode role: how long the hand-off of ``s``'s KV lasts. With ``decode_keeps_kv``

@@ -15,9 +15,11 @@ __all__ = [
     "CoreConfig",
     "DecodeRun",
     "EngineRole",
+    "Lookup",
     "Request",
     "SeqOutput",
     "StepResult",
+    "lookup_due",
 ]
 
 
@@ -71,10 +73,32 @@ class Request:
     # as cached, like local hits) and the modelled fetch still lasts ``fetch_wait_ms``.
     fetched_tokens: int = 0
     fetch_wait_ms: float = 0.0
+    # KV-cache tier: look the tier up again at admission when blocks of the prompt resident
+    # at submission were evicted while it waited (:func:`lookup_due`; the shell answers
+    # :meth:`EngineCore.drain_lookups` with :meth:`EngineCore.looked_up`).
+    tier_lookup: bool = False
     # The prompt's full-block hashes at this engine's block size and tenant, when the caller
     # already has them (the discrete-event simulator: the gateway computed them); None =
     # computed here.
     block_hashes: tuple[int, ...] | None = None
+
+
+def lookup_due(resident_at_submit: int, resident_now: int, fetched_tokens: int, bs: int) -> bool:
+    """A waiting turn asks the tier again at admission (as vLLM's KV connectors do when the
+    scheduler admits a request): some of the leading blocks resident when it was submitted
+    were evicted since (offload on eviction put them on the tier), and the fetch at
+    submission did not cover them (pure)."""
+    return resident_now < resident_at_submit and fetched_tokens < resident_at_submit * bs
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """A tier lookup the core asks the shell for at admission: request ``rid``'s prompt
+    block ``hashes``, of which ``resident`` leading ones are resident now."""
+
+    rid: str
+    hashes: tuple[int, ...]
+    resident: int
 
 
 @dataclass(frozen=True)
@@ -128,6 +152,8 @@ class _Seq:
     generated: list[int] = field(default_factory=list)  # empty without token ids
     n_gen: int = 0  # tokens generated
     ready_at: float = 0.0  # decode role: KV arrival time
+    resident: int = 0  # leading blocks resident at submission (``tier_lookup`` only)
+    looked_up: bool = False  # the tier was asked again at admission (once per request)
     prompt_len: int = field(init=False)  # len(req.prompt), read in every step
 
     def __post_init__(self) -> None:

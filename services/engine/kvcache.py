@@ -44,7 +44,7 @@ resync request): drained events followed by the full state reproduce the cache e
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import islice, repeat
 
 from services.dataplane.blocks import SlotPool
@@ -182,6 +182,11 @@ class KVCache:
     def protected_blocks(self) -> int:
         """Resident blocks marked by :meth:`protect`."""
         return len(self._protected)
+
+    def count_protected(self, hashes: Iterable[int]) -> int:
+        """How many of ``hashes`` are resident and protected."""
+        prot = self._protected
+        return sum(1 for h in hashes if h in prot)
 
     @property
     def reserved_blocks(self) -> int:

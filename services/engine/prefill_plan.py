@@ -33,6 +33,8 @@ class PrefillPlanner:
 
         def _admit(self, s: _Seq, now: float) -> bool: ...
 
+        def _parked(self, rid: str) -> bool: ...
+
     def _plan_chunks(self, budget: int, now: float) -> list[tuple[_Seq, int]]:
         if self.config.short_first_tokens > 0:
             return self._plan_short_first(budget, now)
@@ -59,7 +61,7 @@ class PrefillPlanner:
             if not self._admit(self._waiting[0], now):
                 break
             s = self._waiting.popleft()
-            if s.req.rid in self._transferring:
+            if self._parked(s.req.rid):
                 continue
             n = min(budget, s.prompt_len - s.computed)
             chunks.append((s, n))
@@ -84,7 +86,7 @@ class PrefillPlanner:
             ):
                 kept.append(s)
                 continue
-            if s.req.rid in self._transferring:
+            if self._parked(s.req.rid):
                 continue
             n = min(budget, s.prompt_len - s.computed)
             chunks.append((s, n))

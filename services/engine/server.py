@@ -292,6 +292,8 @@ class EngineServer:
             wall = self.now_ms()
             now = step_start(wall, planned, self._newest_arrival_ms, catch_up)
             res = self.core.step(now)
+            if self.tier_io is not None:
+                self.tier_io.answer(self.core, self._kick.set)
             filled = self.core.cache.drain_filled()
             if self.kvbytes is not None:
                 self.kvbytes.fill(filled)  # before the outputs say the prompt is done

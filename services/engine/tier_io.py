@@ -19,7 +19,9 @@ before the write read it holds wrong bytes; every fetch verifies, so such a bloc
 recompute, never a wrong answer.
 
 Fetch instead of recompute (:meth:`TierIO.fetch`, before an aggregated request or a P/D
-prefill request is submitted): the prompt's
+prefill request is submitted, and :meth:`TierIO.lookup` again when the core admits it if
+blocks resident at submission were evicted while it waited: the core's
+:class:`~services.engine.core_types.Lookup`): the prompt's
 full blocks beyond the local prefix hit that kvmeta holds (``Exist``, leading run) are fetched
 when :func:`fetch_pays` says the modelled transfer is faster than prefilling them, into
 staging slots, verified, and the request is submitted with ``fetched_tokens`` and the
@@ -57,7 +59,7 @@ from services.dataplane.disk_client import DiskPutError, put_on_disk
 from services.dataplane.tier import KVTier, block_key
 from services.dataplane.transfer import Transfer, TransferError, TransferTimeout
 from services.engine.api import GenRequest
-from services.engine.core import EngineCore, Request
+from services.engine.core import EngineCore, Lookup, Request
 from services.engine.kvbytes import KVBytes
 from services.engine.kvcache import KVCache
 from services.engine.settings import EngineSettings
@@ -119,6 +121,7 @@ class TierIO:
         self._freed = asyncio.Event()  # held slots were freed (a prefetch may find room)
         self._inflight: dict[int, asyncio.Event] = {}  # hash -> its prefetch's end
         self._wait_s = kvbytes.plane.settings.transfer_timeout_s  # for held slots to free
+        self._lookups: set[asyncio.Task[None]] = set()  # admission-time lookups running
 
     # -- write-through -------------------------------------------------------------------
     def written(self, filled: Sequence[tuple[int, int]]) -> None:
@@ -185,6 +188,8 @@ class TierIO:
             self.stored_blocks += len(new)
 
     async def close(self) -> None:
+        for task in list(self._lookups):
+            task.cancel()
         if self._writer is not None:
             self._writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -196,19 +201,54 @@ class TierIO:
 
     # -- fetch ---------------------------------------------------------------------------
     async def fetch(self, base: Request, gen: GenRequest) -> Request:
-        """``base`` with the prefix the tier holds fetched (or ``base`` unchanged)."""
+        """``base`` with the prefix the tier holds fetched (or ``base`` unchanged), marked
+        to look the tier up again at admission (``tier_lookup``: module doc)."""
+        hashes = block_hashes(gen.prompt_ids, self.cache.block_size, tenant=gen.tenant)
+        tokens, wait = await self.lookup(hashes)
+        if not tokens:
+            return dataclasses.replace(base, tier_lookup=True)
+        return dataclasses.replace(
+            base, fetched_tokens=tokens, fetch_wait_ms=wait, tier_lookup=True
+        )
+
+    def answer(self, core: EngineCore, on_done: Callable[[], None]) -> None:
+        """Answer ``core``'s admission-time lookups in the background (:meth:`lookup`, then
+        :meth:`EngineCore.looked_up`, then ``on_done``: the shell wakes its stepping loop)."""
+        for lk in core.drain_lookups():
+            task = asyncio.create_task(self._answer(core, lk, on_done), name="engine-lookup")
+            self._lookups.add(task)
+            task.add_done_callback(self._lookups.discard)
+
+    async def _answer(self, core: EngineCore, lk: Lookup, on_done: Callable[[], None]) -> None:
+        got = (0, 0.0)
+        try:
+            got = await self.lookup(lk.hashes)
+        finally:  # cancelled (shutdown): the turn computes its prefix
+            core.looked_up(lk.rid, *got)
+            on_done()
+
+    async def lookup(self, hashes: Sequence[int]) -> tuple[int, float]:
+        """Fetch the blocks of ``hashes`` beyond the local prefix that the tier holds
+        (leading run) when that pays: the prompt tokens then held (local + fetched) and the
+        modelled fetch time left, or ``(0, 0.0)`` (compute them). Never raises."""
+        try:
+            return await self._lookup(hashes)
+        except Exception:  # the tier is a cache: compute instead
+            log.exception("tier lookup failed, computing")
+            return 0, 0.0
+
+    async def _lookup(self, hashes: Sequence[int]) -> tuple[int, float]:
         bs = self.cache.block_size
-        hashes = block_hashes(gen.prompt_ids, bs, tenant=gen.tenant)
         local = self.cache.match(hashes)
-        rest = hashes[local:]
+        rest = list(hashes[local:])
         coming = self._inflight.get(rest[0]) if rest else None
         if coming is not None:  # a prefetch is bringing it in: shorter than recomputing
             self.prefetch_waits += 1
             await coming.wait()
             local = self.cache.match(hashes)
-            rest = hashes[local:]
+            rest = list(hashes[local:])
         if not rest:
-            return base
+            return 0, 0.0
         try:
             res = await self.tier.stub.Exist(
                 kvmeta_pb2.ExistRequest(
@@ -219,14 +259,10 @@ class TierIO:
             )
         except grpc.aio.AioRpcError as err:
             log.info("tier lookup failed, computing: %s", err.details())
-            return base
-        run = 0
-        for there in res.exists:
-            if not there:
-                break
-            run += 1
+            return 0, 0.0
+        run = next((i for i, there in enumerate(res.exists) if not there), len(rest))
         if not fetch_pays(self.profile, local * bs, run * bs):
-            return base
+            return 0, 0.0
         want = rest[:run]
         t0 = self.now_ms()
 
@@ -236,11 +272,10 @@ class TierIO:
 
         pulled = await self.kvbytes.receive(want, read)
         if not pulled.ok:
-            return base
+            return 0, 0.0
         self.fetched_blocks += run
         spent = self.now_ms() - t0
-        wait = max(0.0, self.profile.transfer_ms(run * bs) - spent)
-        return dataclasses.replace(base, fetched_tokens=(local + run) * bs, fetch_wait_ms=wait)
+        return (local + run) * bs, max(0.0, self.profile.transfer_ms(run * bs) - spent)
 
     async def prefetch(self, hashes: Sequence[int], tenant: str = "") -> Prefetched:
         """Bring the chain ``hashes`` (parent first, from the start of a sequence) back into
@@ -285,12 +320,15 @@ class TierIO:
         verify and adopt them; the error that stopped it, or ''."""
         slots = self.cache.reserve(len(want))
         for _ in range(3):  # evicted blocks are being stored: their slots come back
+            # what reserve evicted is stored now (the stepping loop may be idle)
+            self.evicted(self.cache.drain_evicted())
             if slots is not None or not self.cache.held_slots:
                 break
             self._freed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._freed.wait(), self._wait_s)
             slots = self.cache.reserve(len(want))
+        self.evicted(self.cache.drain_evicted())
         if slots is None:
             return f"no room for {len(want)} blocks"
         try:

@@ -10,15 +10,19 @@ ordered longest first, then by id, and lists only instances with a match.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from tideserve.v1 import common_pb2
 
-from services.kvmeta.index import InstanceMatch
+from services.dataplane.blocks import block_key
+from services.kvmeta.index import InstanceMatch, PrefixIndex, UnknownDeploymentError
 
-__all__ = ["leading_run", "with_fetchable"]
+__all__ = ["Exist", "leading_run", "on_gpu_and_tier", "with_fetchable"]
 
 REMOTE = common_pb2.TIER_REMOTE
+GPU = common_pb2.TIER_GPU
+
+Exist = Callable[[str, str, Iterable[str]], list[bool]]  # ObjectMaster.exist
 
 
 def leading_run(held: Iterable[bool]) -> int:
@@ -47,3 +51,23 @@ def with_fetchable(
         tiers[REMOTE] = tiers.get(REMOTE, 0) + tier_run - own
         by_id[iid] = InstanceMatch(iid, tier_run, tiers)
     return sorted(by_id.values(), key=lambda m: (-m.matched_blocks, m.instance_id))
+
+
+def on_gpu_and_tier(
+    index: PrefixIndex,
+    exist: Exist,
+    deployment: str,
+    tenant: str,
+    instance: str,
+    chain: Sequence[int],
+) -> tuple[int, int]:
+    """Of ``chain``'s leading blocks: how many the index has on ``instance``'s GPU (from its
+    KV events; a deployment the index has never seen counts as all of them: nothing is
+    known to be gone), and how many the tier holds (leading run, under the engines' tenant
+    "", as :class:`~services.dataplane.tier.KVTier` stores them)."""
+    try:
+        found = index.match_prefix(deployment, tenant, chain, [instance])
+    except UnknownDeploymentError:
+        return len(chain), 0
+    gpu = next((m.tiers.get(GPU, 0) for m in found if m.instance_id == instance), 0)
+    return gpu, leading_run(exist(deployment, "", [block_key(h) for h in chain]))

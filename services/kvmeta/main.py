@@ -27,6 +27,7 @@ from services.common.server import ServiceHooks, run_service
 from services.common.sessions import SessionTable, ToolTimePredictor
 from services.kvmeta.access import ACCESS, METADATA_ACCESS
 from services.kvmeta.checkpoint import KVMetaStore
+from services.kvmeta.fetchable import on_gpu_and_tier
 from services.kvmeta.index import PrefixIndex
 from services.kvmeta.ingest import IndexFeeder
 from services.kvmeta.metadata_http import MetadataServer
@@ -102,11 +103,15 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
             sessions,
             mode=settings.retention,
             budget_share=settings.retention_budget_share,
+            keep_unprotected=settings.retention_offload == "pressure",
             urls=settings.retention_engine_urls,
             prefetch=settings.retention_prefetch,
             tick_s=settings.retention_tick_s,
             prefetch_margin_ratio=settings.prefetch_margin_ratio,
             prefetch_margin_s=settings.prefetch_margin_s,
+            locate=lambda s, chain: on_gpu_and_tier(
+                feeder.index, objects.master.exist, s.deployment, s.tenant, s.home_instance, chain
+            ),
         )
         if settings.retention != "off"
         else None

@@ -12,7 +12,13 @@ chosen blocks, so there the plan is observed only (docs/agent-memory.md).
 
 Where a session's prefix is goes into its placement (``tiers``): GPU while protected,
 CPU once offloaded from an engine with the tier (it stores what it evicts, or wrote it
-through already; else nowhere). An engine's URL is
+through already; else nowhere). A session the rule keeps on the GPU past the budget (evictable
+cache) may be evicted by its engine on demand, to the tier when it offloads on eviction: with
+``locate`` (kvmeta's index, from the engine's KV events, and the tier's objects), an idle
+session whose leading blocks are no longer all on its home's GPU while the tier holds more of
+them is recorded on CPU
+(:func:`~services.common.sessions.prefetching.evicted_to_tier`; ``evicted_sessions``), so
+prefetch covers it like one the controller offloaded. An engine's URL is
 ``retention_engine_urls[instance]``, else ``http://<instance>`` for an instance id of the
 form host:port; an engine with neither is skipped and counted. One engine's failure never
 stops the others; every outcome is counted in ``stats``.
@@ -37,14 +43,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import aiohttp
 
 from services.common.kvindex.events import TIERS
 from services.common.perfmodel import get_profile
-from services.common.sessions import Phase, Session, SessionKey
+from services.common.sessions import Session, SessionKey
 from services.common.sessions.controller import EngineKV, EngineRetention, plan_engines
 from services.common.sessions.prefetching import (
     Due,
@@ -52,18 +58,23 @@ from services.common.sessions.prefetching import (
     Settled,
     Tracked,
     due_prefetches,
+    evicted_to_tier,
+    may_be_evicted,
     offloaded,
     settle,
     started,
 )
 from services.kvmeta.sessions import SessionShell
 
-__all__ = ["PATH", "RetentionController", "engine_url"]
+__all__ = ["PATH", "Locate", "RetentionController", "engine_url", "evicted_placements"]
 
 PATH = "/tideserve/retention"
 GPU, CPU = TIERS[0], TIERS[1]
 
 log = logging.getLogger(__name__)
+
+# (session, its chain) -> (leading blocks on its home's GPU, leading blocks on the tier)
+Locate = Callable[[Session, Sequence[int]], tuple[int, int]]
 
 
 def engine_url(instance: str, urls: Mapping[str, str]) -> str | None:
@@ -83,6 +94,7 @@ class RetentionController:
         *,
         mode: str = "observe",
         budget_share: float = 0.2,
+        keep_unprotected: bool = True,
         urls: Mapping[str, str] | None = None,
         timeout_s: float = 2.0,
         wall: Callable[[], float] | None = None,
@@ -90,12 +102,17 @@ class RetentionController:
         tick_s: float = 1.0,
         prefetch_margin_ratio: float = 0.2,
         prefetch_margin_s: float = 0.5,
+        locate: Locate | None = None,
     ) -> None:
+        """``locate``: where a session's prefix is, from kvmeta's index and the tier's
+        objects (:func:`~services.kvmeta.fetchable.on_gpu_and_tier`); with it, sessions the
+        engine evicted on demand are recorded on the tier (module doc)."""
         if mode not in ("observe", "enforce"):
             raise ValueError(f"retention mode must be observe or enforce, got {mode!r}")
         self.sessions = sessions
         self.mode = mode
         self.budget_share = budget_share
+        self.keep_unprotected = keep_unprotected
         self.urls = dict(urls or {})
         self.timeout_s = timeout_s
         self.wall = wall or sessions.now
@@ -103,6 +120,7 @@ class RetentionController:
         self.prefetch = prefetch
         self.tick_s = tick_s
         self.margins = (prefetch_margin_ratio, prefetch_margin_s)
+        self.locate = locate
         self.prefetches: dict[SessionKey, Tracked] = {}  # started, until the turn arrives
         self._http: aiohttp.ClientSession | None = None
         self.stats: dict[str, int] = {
@@ -115,6 +133,7 @@ class RetentionController:
             "offloaded_sessions": 0,
             "protected_blocks": 0,
             "offloaded_blocks": 0,
+            "evicted_sessions": 0,  # kept on the GPU, evicted on demand to the tier: recorded
             # prefetch: planned (observe: would start), started (an engine accepted),
             # finished, failed, late (the turn came first), used, expired (module doc)
             "prefetch_planned": 0,
@@ -136,7 +155,7 @@ class RetentionController:
         the plans."""
         self.stats["ticks"] += 1
         rows = self.sessions.table.rows()
-        homes = {s.home_instance for s in rows if s.phase is not Phase.ACTIVE and s.home_instance}
+        homes = {s.home_instance for s in rows if s.home_instance}  # active ones: held
         homes |= {t.instance for t in self.prefetches.values()}
         targets = self._targets(homes | self._told)
         if not targets:
@@ -158,7 +177,10 @@ class RetentionController:
         self._settle(settle(self.prefetches, {s.key: s for s in rows}, _reports(infos_by), now))
         hold = {k for k, t in self.prefetches.items() if t.held}
         chains = self.sessions.chains
-        plans = plan_engines(rows, chains, kv, now, budget_share=self.budget_share, hold=hold)
+        plans = plan_engines(
+            rows, chains, kv, now, budget_share=self.budget_share, hold=hold,
+            keep_unprotected=self.keep_unprotected,
+        )  # fmt: skip
         self.stats["plans"] += len(plans)
         for p in plans.values():
             self.stats["protected_sessions"] += len(p.plan.protected)
@@ -175,6 +197,7 @@ class RetentionController:
                 )
             )
         self._place(rows, plans, infos_by=infos_by)
+        self._place_evicted()
         try:
             await self.sessions.persist()
         except Exception:  # the session tick persists what is pending
@@ -226,6 +249,20 @@ class RetentionController:
         )  # fmt: skip
         self.stats["prefetch_planned"] += len(due)
         return due
+
+    def _place_evicted(self) -> None:
+        """Record on the tier the idle sessions whose blocks their home engine evicted on
+        demand (enforce mode, with ``locate``; sessions being prefetched are left alone)."""
+        if self.mode != "enforce" or self.locate is None:
+            return
+        now = self.wall()
+        rows = self.sessions.table.rows()  # as placed this tick
+        min_idle_s = 2.0 * self.tick_s  # the index has seen the last turn's blocks by then
+        for key, tiers in evicted_placements(
+            rows, self.sessions.chains, self.prefetches, self.locate, now, min_idle_s
+        ):
+            self.stats["evicted_sessions"] += 1
+            self.sessions.table.set_placement(key, now, home_instance="", tiers=tiers)
 
     async def _get(self, url: str) -> dict[str, Any] | None:
         assert self._http is not None
@@ -312,6 +349,29 @@ class RetentionController:
                 self.sessions.table.set_placement(
                     key, now, home_instance=s.home_instance, tiers={GPU: t.blocks}
                 )
+
+
+def evicted_placements(
+    rows: list[Session],
+    chains: Mapping[SessionKey, Sequence[int]],
+    skip: Collection[SessionKey],
+    locate: Locate,
+    now: float,
+    min_idle_s: float,
+) -> list[tuple[SessionKey, dict[int, int]]]:
+    """The sessions to record on the tier (kept, then evicted on demand: module doc)."""
+    out: list[tuple[SessionKey, dict[int, int]]] = []
+    for s in rows:
+        chain = chains.get(s.key)
+        if not chain or not s.home_instance or s.key in skip:
+            continue
+        if not may_be_evicted(s, now, min_idle_s):
+            continue
+        gpu, tier = locate(s, chain)
+        tiers = evicted_to_tier(s, len(chain), gpu, tier, now, min_idle_s)
+        if tiers is not None:
+            out.append((s.key, tiers))
+    return out
 
 
 def _reports(

@@ -99,6 +99,12 @@ class KVMetaSettings(ServiceSettings):
     retention_budget_share: float = Field(
         0.2, ge=0.0, le=1.0, description="share of an engine's KV idle sessions may hold"
     )
+    retention_offload: Literal["pressure", "eager"] = Field(
+        "pressure",
+        description="idle sessions past the budget: pressure (stay on the GPU as evictable "
+        "cache while it has room; the engine evicts them on demand, to the tier when it "
+        "offloads on eviction) or eager (offloaded at once)",
+    )
     retention_engine_urls: dict[str, str] = Field(
         default_factory=dict,
         description="instance id -> engine base URL; default http://<id> for a host:port id",

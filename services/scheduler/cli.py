@@ -156,6 +156,15 @@ _GATEWAY_FLAGS: tuple[Flag, ...] = (
         "until that pick's first byte, at most this long, so that it hits the prefix "
         f"(0 = off; default {DISPATCH_FOLLOW_MS:g})",
     ),
+    flag(
+        "--dispatch-protect",
+        choices=("off", "guard", "slack"),
+        default="off",
+        help="while an engine serves a request that can still meet its TTFT (until its first "
+        "byte), hold other prompts for it, each at most its class's starve_after_ms (guard: "
+        "every prompt but the smallest; slack: those longer than the guards' predicted slack; "
+        "default off)",
+    ),
     flag("--max-in-flight", type=int, default=256, help="per engine (default 256)"),
     flag("--seed", type=int, default=0, help="routing RNG seed"),
     flag("--log-level", default="WARNING", help="DEBUG, INFO, WARNING, ERROR"),
@@ -295,6 +304,7 @@ def settings_from_args(args: argparse.Namespace) -> SchedulerSettings:
         "preemption": not args.no_preemption,
         "dispatch_hold_ms": args.dispatch_hold_ms,
         "dispatch_follow_ms": args.dispatch_follow_ms,
+        "dispatch_protect": args.dispatch_protect,
         "forward_authorization": args.forward_authorization,
         "engine_api_key": args.engine_api_key,
         "max_in_flight_per_endpoint": args.max_in_flight,

@@ -142,6 +142,7 @@ def build_gateway(
         dispatch_age_weight=settings.dispatch_age_weight,
         dispatch_order=settings.dispatch_order,
         dispatch_follow_ms=settings.dispatch_follow_ms,
+        dispatch_protect=settings.dispatch_protect,
         forward_authorization=settings.forward_authorization,
         engine_api_key=settings.engine_api_key.get_secret_value(),
         tokens=tokens,

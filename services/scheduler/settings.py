@@ -108,6 +108,13 @@ class SchedulerSettings(ServiceSettings):
         "many ms, so that it finds the prefix cached (services.scheduler.admission.follow); "
         "0 = off",
     )
+    dispatch_protect: Literal["off", "guard", "slack"] = Field(
+        "off",
+        description="dispatch order: while an engine serves a request that can still meet its "
+        "TTFT target (until its first byte), hold other prompts for it, each at most its "
+        "class's starve_after_ms (services.scheduler.admission.protect); guard: every prompt "
+        "but the smallest, slack: those longer than the guards' predicted slack; off",
+    )
     forward_authorization: bool = Field(
         False, description="pass the client's Authorization header on to the engines"
     )

@@ -10,13 +10,20 @@ rate, mean input/output tokens, hit ratio, TTFT/TPOT percentiles of the requests
 completed in it). The performance model is the engines' own profile (telemetry's fit would
 converge to it). A new instance serves ``startup_s`` after it is asked for; a victim is
 drained (the gateways stop sending, in-flight requests finish) and then removed.
+
+The policy is the autoscaler's own choice, ``planner.policy`` (``sla``: the SLA planner;
+``reactive``: the KPA-like baseline, :mod:`services.autoscaler.planner.reactive`), and
+``planner`` holds any other setting of :class:`PlannerConfig` to run with (e.g. a
+deployment spec's ``planner`` section); the tick, window and start-up time are the
+simulation's.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from services.autoscaler.planner import (
     PlannerConfig,
@@ -46,6 +53,21 @@ class AutoscaleConfig:
     ttft_ms: float = 2000.0
     tpot_ms: float = 100.0
     percentile: float = 90.0
+    # PlannerConfig settings besides the tick, window and start-up (e.g. policy, predictor,
+    # max_utilization), as ``{name: value}``; validated when the planner is made
+    planner: tuple[tuple[str, Any], ...] = field(default=())
+
+    def planner_config(self) -> PlannerConfig:
+        """The autoscaler's planner config this run's planner ticks with (raises
+        ``ValueError`` for a setting PlannerConfig refuses)."""
+        return PlannerConfig.model_validate(
+            {
+                **dict(self.planner),
+                "interval_s": self.tick_s,
+                "window_s": self.window_s,
+                "startup_s_default": self.startup_s,
+            }
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,9 +150,7 @@ class Planner:
         self.perf = perf
         self.desired = {r: n for r, n in roles.items() if n}
         self.state = PlannerState()
-        self.planner_cfg = PlannerConfig(
-            interval_s=cfg.tick_s, window_s=cfg.window_s, startup_s_default=cfg.startup_s
-        )
+        self.planner_cfg = cfg.planner_config()
         self.decisions = 0
 
     def tick(

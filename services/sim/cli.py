@@ -1,7 +1,8 @@
 """``tideserve sim``: replay a trace through the control plane's cores in virtual time.
 
 ``--profile a,b,c`` runs each routing profile on a fresh fleet and writes their summaries
-with a comparison (:mod:`services.sim.compare`), printing its table.
+with a comparison (:mod:`services.sim.compare`), printing its table; ``--autoscale-policy
+a,b,c`` does the same for autoscaling policies (:mod:`services.sim.policies`).
 
 Exit codes: 0 the run finished (failed requests are counted in the JSON), 2 bad input (a
 one-line error on stderr; nothing is written).
@@ -12,9 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
+
+import yaml
 
 from services.autoscaler.spec import DeploymentSpec, SpecError, load_spec_file
 from services.bench.plot import PlotUnavailable, ensure_available
@@ -26,6 +30,16 @@ from services.sim.autoscale import AutoscaleConfig
 from services.sim.compare import BASELINES, comparison_rows, profile_config, table
 from services.sim.curve import RateCurve, curve_trace, read_curve
 from services.sim.deployment import from_spec
+from services.sim.policies import (
+    parse_policies,
+    policy_config,
+    policy_row,
+    policy_table,
+    replica_seconds,
+    slo_windows,
+    with_ratios,
+)
+from services.sim.results import request_results
 from services.sim.timeline import csv_text, plot_timeline
 
 EXAMPLES = """\
@@ -44,9 +58,16 @@ examples:
       --profile default,cache_aware,round_robin,least_load --out compare.json
 
   # two days of the ServeGen tide, a day in 1,200 s, agentic requests, P/D autoscaled
-  tideserve sim --rate-curve ../shared/traces/servegen_language_m-large_rate.csv \
-      --lengths ../shared/traces/weka_agentic_dev.jsonl --speedup 72 --rate-scale 0.01 \
+  tideserve sim --rate-curve ../shared/traces/servegen_language_m-large_rate.csv \\
+      --lengths ../shared/traces/weka_agentic_dev.jsonl --speedup 72 --rate-scale 0.01 \\
       --max-requests 20000 --prefill 2 --decode 6 --autoscale --out tide.json
+
+  # the autoscaling policies side by side on one day of the tide (SLO windows, replica-s)
+  tideserve sim --rate-curve ../shared/traces/servegen_language_m-large_rate.csv \\
+      --lengths ../shared/traces/azure2023_conv.csv --curve-days 1 --speedup 72 \\
+      --rate-scale 0.25 --prefill 8 --decode 3 --autoscale-policy sla,reactive,static \\
+      --max-replicas 32 --startup-s 10 --slo-ttft-ms 300 --slo-tpot-ms 25 --seed 1 \\
+      --out tide.json
 
   # start from one worker and let the SLA planner scale it (new instances serve after 30 s)
   tideserve sim --trace trace.jsonl --engines 1 --autoscale --max-replicas 12 \\
@@ -134,11 +155,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="engines prefill prompts with at most N tokens left to compute before "
                    "longer ones (default 0: FCFS)")  # fmt: skip
     p.add_argument("--kv-blocks", type=whole, default=16384, help="KV blocks per engine")
+    p.add_argument("--max-batch", type=whole, default=256,
+                   help="engines: max running sequences (default 256)")  # fmt: skip
+    p.add_argument("--max-batched-tokens", type=whole, default=8192,
+                   help="engines: tokens per step / prefill chunk (default 8192)")  # fmt: skip
     p.add_argument("--block-size", type=whole, default=64, help="engine and gateway block size")
     p.add_argument("--stream-interval", type=whole, default=16, help="engines' SSE coalescing")
     p.add_argument("--autoscale", action="store_true",
                    help="scale the roles with the autoscaler's SLA planner (targets: the SLOs, "
                    "default 2000 ms TTFT and 100 ms TPOT at p90)")  # fmt: skip
+    p.add_argument("--autoscale-policy", metavar="LIST",
+                   help="autoscaling policies side by side, each on a fresh fleet started at "
+                   "the given size: a comma list of sla (the SLA planner), reactive (the "
+                   "KPA-like policy), static (never scaled); prints a table")  # fmt: skip
+    p.add_argument("--planner", action="append", default=[], metavar="NAME=VALUE",
+                   help="autoscale: a planner setting (as the autoscaler's planner config, "
+                   "e.g. predictor=constant, max_utilization=0.7); repeatable")  # fmt: skip
+    p.add_argument("--slo-window-s", type=num, default=60.0,
+                   help="--autoscale-policy: the SLO is judged per window of this many "
+                   "modelled seconds (default 60)")  # fmt: skip
+    p.add_argument("--curve-days", type=num,
+                   help="with --rate-curve: replay only its first N days (its own time)")  # fmt: skip
     p.add_argument("--max-replicas", type=whole, default=16, help="autoscale: per role")
     p.add_argument("--startup-s", type=num, default=30.0,
                    help="autoscale: seconds from asking for an instance to it serving")  # fmt: skip
@@ -148,6 +185,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "prefetch (retention + prefetch before the predicted return)")  # fmt: skip
     p.add_argument("--memory-budget-share", type=num, default=0.2,
                    help="agent memory: share of an engine's KV idle sessions may hold")  # fmt: skip
+    p.add_argument("--memory-offload", choices=("pressure", "eager"), default="pressure",
+                   help="agent memory: idle sessions past the budget stay on the GPU while it "
+                   "has room (pressure) or are offloaded at once (eager)")  # fmt: skip
     p.add_argument("--scale-in-at-s", type=num, default=None,
                    help="remove engines at this modelled second (the autoscaler's victim rule, "
                    "drain, then with agent memory migrate their sessions)")  # fmt: skip
@@ -214,6 +254,8 @@ def config(args: argparse.Namespace) -> SimConfig:
         max_requests=args.max_requests,
         offset=args.offset,
         kv_blocks=args.kv_blocks,
+        max_batch=args.max_batch,
+        max_batched_tokens=args.max_batched_tokens,
         block_size=args.block_size,
         stream_interval=args.stream_interval,
         load_source=args.load_source,
@@ -225,6 +267,7 @@ def config(args: argparse.Namespace) -> SimConfig:
         short_first_tokens=args.short_first_tokens,
         agent_memory=args.agent_memory,
         memory_budget_share=args.memory_budget_share,
+        memory_offload=args.memory_offload,
         scale_in_at_s=args.scale_in_at_s,
         scale_in_count=args.scale_in_count,
         autoscale=AutoscaleConfig(
@@ -232,17 +275,34 @@ def config(args: argparse.Namespace) -> SimConfig:
             startup_s=args.startup_s,
             ttft_ms=args.slo_ttft_ms or 2000.0,
             tpot_ms=args.slo_tpot_ms or 100.0,
+            planner=planner_settings(args.planner),
         )
-        if args.autoscale
+        if autoscaled(args)
         else None,
     )
     if args.deployment:
-        cfg = from_spec(read_spec(args.deployment), cfg, autoscale=args.autoscale)
+        cfg = from_spec(read_spec(args.deployment), cfg, autoscale=autoscaled(args))
         if args.profile:
             cfg = replace(cfg, profile=(args.profile).split(",")[0].strip())
         if args.engine_profile:
             cfg = replace(cfg, engine_profile=args.engine_profile)
     return cfg.validate()
+
+
+def autoscaled(args: argparse.Namespace) -> bool:
+    return bool(args.autoscale or args.autoscale_policy)
+
+
+def planner_settings(items: list[str]) -> tuple[tuple[str, Any], ...]:
+    """``--planner NAME=VALUE`` options as settings (values as YAML scalars: numbers,
+    words); raises ``SimConfigError`` for a malformed one (PlannerConfig judges the rest)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip():
+            raise SimConfigError(f"--planner takes NAME=VALUE, got {item!r}")
+        out[name.strip()] = yaml.safe_load(value) if value.strip() else ""
+    return tuple(sorted(out.items()))
 
 
 def read_spec(path: str) -> DeploymentSpec:
@@ -269,6 +329,10 @@ def workload(args: argparse.Namespace, cfg: SimConfig) -> tuple[SimConfig, Trace
     if not args.rate_curve:
         return cfg, trace, None
     curve = read_curve(args.rate_curve)
+    if args.curve_days is not None:
+        if not args.curve_days > 0:
+            raise SimConfigError(f"--curve-days must be > 0, got {args.curve_days}")
+        curve = curve.head(args.curve_days * 86_400.0)
     trace = curve_trace(curve, trace, rate_scale=cfg.rate_scale, speedup=cfg.speedup,
                         seed=cfg.seed, max_requests=cfg.max_requests,
                         offset=cfg.offset)  # fmt: skip
@@ -298,6 +362,8 @@ def _progress(stream: TextIO) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``tideserve sim`` with parsed arguments; returns the exit code."""
+    if args.autoscale_policy:
+        return run_policies(args)
     try:
         cfg, trace, curve = workload(args, config(args))
         if args.plot:
@@ -336,6 +402,61 @@ def run(args: argparse.Namespace) -> int:
     out = {"comparison": rows, "baseline_profiles": baselines, "profiles": docs}
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
     print(table(rows))
+    return 0
+
+
+def run_policies(args: argparse.Namespace) -> int:
+    """``--autoscale-policy a,b,c``: each policy on a fresh fleet; the table and JSON."""
+    try:
+        policies = parse_policies(args.autoscale_policy)
+        if args.profile and "," in args.profile:
+            raise SimConfigError("--autoscale-policy takes one --profile")
+        if not (args.slo_window_s > 0):
+            raise SimConfigError(f"--slo-window-s must be > 0, got {args.slo_window_s}")
+        cfg, trace, curve = workload(args, config(args))
+        assert cfg.autoscale is not None
+        if args.plot:
+            ensure_available()
+        for path in (args.out, args.timeline, args.plot):
+            if path and not Path(path).parent.is_dir():
+                raise SimConfigError(f"no such directory for {path!r}")
+        runs = [(p, policy_config(cfg, p, cfg.autoscale).validate()) for p in policies]
+    except (SimConfigError, TraceError, ConfigError, PlotUnavailable) as exc:
+        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    a = cfg.autoscale
+    docs: dict[str, dict[str, Any]] = {}
+    rows: list[dict[str, Any]] = []
+    for name, one in runs:
+        t0 = time.perf_counter()
+        doc, sim_run = simulate(one, trace, _progress(sys.stderr) if sys.stderr.isatty() else None)
+        if curve is not None:
+            doc["rate_curve"] = _curve_section(args, curve)
+        span_s = sim_run.arrivals[-1][0] / 1000.0 if sim_run.arrivals else 0.0
+        windows = slo_windows(
+            request_results(sim_run), window_s=args.slo_window_s, span_s=span_s,
+            ttft_ms=a.ttft_ms, tpot_ms=a.tpot_ms, pct=a.percentile,
+        )  # fmt: skip
+        rs = replica_seconds(sim_run.timeline.rows, one.timeline_s)
+        rows.append(policy_row(name, doc, windows, rs, one.instances))
+        rows[-1]["wall_s"] = round(time.perf_counter() - t0, 1)
+        docs[name] = doc
+        if args.timeline:
+            _per_profile(args.timeline, name, len(runs)).write_text(
+                csv_text(sim_run.timeline.rows), encoding="utf-8"
+            )
+        if args.plot:
+            plot_timeline(_per_profile(args.plot, name, len(runs)), sim_run.timeline.rows,
+                          title=name)  # fmt: skip
+    rows = with_ratios(rows)
+    out = {
+        "comparison": rows,
+        "slo": {"ttft_ms": a.ttft_ms, "tpot_ms": a.tpot_ms, "percentile": a.percentile,
+                "window_s": args.slo_window_s},
+        "planner": dict(a.planner),
+        "policies": docs,
+    }  # fmt: skip
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+    print(policy_table(rows))
     return 0
 
 

@@ -18,7 +18,7 @@ from services.sim.config import SimConfig
 
 __all__ = ["BASELINES", "comparison_rows", "profile_config", "table"]
 
-BASELINES = ("cache_aware", "round_robin", "least_load", "power_of_two")
+BASELINES = ("cache_aware", "cache_aware_scored", "round_robin", "least_load", "power_of_two")
 """The shipped profiles that imitate sglang-router's policies."""
 
 

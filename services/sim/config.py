@@ -56,6 +56,10 @@ class SimConfig:
     # the batch (a reference that differs from another run only in what stays cached)
     kv_running_blocks: int | None = None
     block_size: int = 64
+    # engines' batch limits (``CoreConfig``, the engine's --max-batch and
+    # --max-batched-tokens): running sequences, and tokens per step / prefill chunk
+    max_batch: int = 256
+    max_batched_tokens: int = 8192
     stream_interval: int = 16
     load_source: LoadSource = "scrape"
     # scraped load: the gateways also price the waiting requests they did not send
@@ -81,12 +85,20 @@ class SimConfig:
     # the dispatch order holds a request whose prefix an unanswered one still computes on
     # its instance until that one's first byte, at most this long (ms); 0 = off
     shaper_follow_ms: float = DISPATCH_FOLLOW_MS
+    # protection (admission.protect): a request that cannot meet its TTFT deadline waits
+    # while its instance serves one that still can, at most this long (ms; the SLO class's
+    # starve_after_ms in the gateway); 0 = off
+    shaper_protect_ms: float = 0.0
+    shaper_protect_slack: bool = False  # ShaperConfig.protect_slack
     timeline_s: float = 60.0
     autoscale: AutoscaleConfig | None = None  # None: a fixed fleet
     # agent memory (services/sim/memory.py): None = off; "lru", "retention" or "prefetch"
     agent_memory: str | None = None
     memory_budget_share: float = 0.2
     memory_tier_blocks: int = 1 << 22
+    # idle sessions past the budget: "pressure" (kept on the GPU while it has room) or
+    # "eager" (offloaded at once; the rule before)
+    memory_offload: str = "pressure"
     # an explicit scale-in (services/sim/scalein.py): at this modelled second the
     # autoscaler's victim rule picks ``scale_in_count`` engines, drained then removed
     scale_in_at_s: float | None = None
@@ -113,7 +125,10 @@ class SimConfig:
                 raise SimConfigError("P/D needs --prefill N and --decode M, both at least 1")
         elif self.engines < 1:
             raise SimConfigError(f"--engines must be at least 1, got {self.engines}")
-        for name in ("gateways", "kv_blocks", "block_size", "stream_interval"):
+        for name in (
+            "gateways", "kv_blocks", "block_size", "stream_interval", "max_batch",
+            "max_batched_tokens",
+        ):  # fmt: skip
             if getattr(self, name) < 1:
                 flag = name.replace("_", "-")
                 raise SimConfigError(f"--{flag} must be at least 1, got {getattr(self, name)}")
@@ -137,6 +152,8 @@ class SimConfig:
             )
         if not 0.0 <= self.memory_budget_share <= 1.0 or self.memory_tier_blocks < 0:
             raise SimConfigError("--memory-budget-share in [0, 1], --memory-tier-blocks >= 0")
+        if self.memory_offload not in ("pressure", "eager"):
+            raise SimConfigError(f"--memory-offload: pressure or eager, got {self.memory_offload}")
         if self.scale_in_at_s is not None:
             if self.pd:
                 raise SimConfigError("--scale-in-at-s needs aggregated engines (not P/D)")
@@ -152,6 +169,11 @@ class SimConfig:
                 raise SimConfigError(f"--max-replicas must be at least 1, got {a.max_replicas}")
             if not (a.tick_s > 0 and a.window_s > 0 and a.startup_s >= 0):
                 raise SimConfigError("autoscaling needs tick_s, window_s > 0 and startup_s >= 0")
+            try:
+                a.planner_config()
+            except ValueError as exc:
+                first = str(exc).splitlines()
+                raise SimConfigError(f"planner settings: {' '.join(first[:3])}") from None
         try:
             get_profile(self.engine_profile)
             get_profile(self.gateway_perf_profile or self.engine_profile)

@@ -50,6 +50,13 @@ class RateCurve:
             return 1.0
         return self.t_s[-1] + (self.t_s[-1] - self.t_s[-2])
 
+    def head(self, span_s: float) -> RateCurve:
+        """The curve's rows that start before ``span_s`` (its own seconds)."""
+        keep = [i for i, t in enumerate(self.t_s) if t < span_s] or [0]
+        return RateCurve(
+            self.path, tuple(self.t_s[i] for i in keep), tuple(self.rate_rps[i] for i in keep)
+        )
+
     def rates_at(self, t_s: np.ndarray) -> np.ndarray:
         """The rate at each curve time in ``t_s`` (linear between rows, the last held)."""
         out: np.ndarray = np.interp(t_s, np.asarray(self.t_s), np.asarray(self.rate_rps))

@@ -9,11 +9,16 @@ What the simulator takes from the spec:
   own, ``--agent-memory``);
 - ``scheduler_profile`` (the routing profile), ``perf_profile`` (the engines' performance
   profile) and ``kv_block_size``, where set;
+- the engines' batch limits and KV blocks, where the engine roles' ``args`` set them
+  (``--max-batch``, ``--max-batched-tokens``, ``--kv-blocks``, as ``tideserve engine``
+  takes them and ``tideserve recommend`` writes them; the roles must agree: the simulator
+  runs one engine configuration);
 - the SLO: the targets of the highest-priority class that has one, unless the command line
   gives ``--slo-ttft-ms``/``--slo-tpot-ms``;
 - with ``--autoscale``: the planner keeps each role within the spec's ``min_replicas`` (at
   least 1) and ``max_replicas`` (the simulator's planner has one bound for every role: the
-  smallest minimum and the largest maximum), at the class's percentile.
+  smallest minimum and the largest maximum), at the class's percentile, with the spec's
+  ``planner`` settings (``--planner NAME=VALUE`` overrides one).
 
 Everything else in a spec (images, ports, sidecars, budgets, coordination) is for the
 drivers and has no simulated counterpart.
@@ -21,13 +26,47 @@ drivers and has no simulated counterpart.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
-from services.autoscaler.spec import DeploymentSpec, SLOClassSpec
+from services.autoscaler.spec import DeploymentSpec, RoleSpec, SLOClassSpec
 from services.sim.autoscale import AutoscaleConfig
 from services.sim.config import SimConfig, SimConfigError
 
-__all__ = ["from_spec"]
+__all__ = ["engine_settings", "from_spec"]
+
+FLAGS = {"--max-batch": "max_batch", "--max-batched-tokens": "max_batched_tokens",
+         "--kv-blocks": "kv_blocks"}  # fmt: skip
+
+
+def _flags(args: Sequence[str]) -> dict[str, int]:
+    """The engine settings in one role's ``args`` (``--flag N`` or ``--flag=N``)."""
+    out: dict[str, int] = {}
+    for i, a in enumerate(args):
+        flag, eq, value = a.partition("=")
+        if flag not in FLAGS:
+            continue
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        try:
+            out[FLAGS[flag]] = int(value)
+        except ValueError:
+            raise SimConfigError(f"engine args: {flag} takes an integer, got {value!r}") from None
+    return out
+
+
+def engine_settings(roles: Sequence[RoleSpec]) -> dict[str, int]:
+    """The batch limits and KV blocks the engine roles' args set (one value each: roles
+    that disagree are refused)."""
+    found: dict[str, int] = {}
+    for r in roles:
+        for name, v in _flags(r.args).items():
+            if found.setdefault(name, v) != v:
+                raise SimConfigError(
+                    f"deployment: roles set {name} to {found[name]} and {v}; the simulator "
+                    "runs one engine configuration"
+                )
+    return found
 
 
 def _slo_class(spec: DeploymentSpec) -> SLOClassSpec | None:
@@ -53,8 +92,9 @@ def from_spec(spec: DeploymentSpec, base: SimConfig, *, autoscale: bool) -> SimC
     elif any(engines[k] < 1 for k in has):
         raise SimConfigError(f"deployment {spec.name}: a role has 0 replicas (without --autoscale)")
     cls = _slo_class(spec)
+    cfg = replace(base, **engine_settings(scaled))  # type: ignore[arg-type]
     cfg = replace(
-        base,
+        cfg,
         engines=engines["worker"] or base.engines,
         prefill=engines["prefill"],
         decode=engines["decode"],
@@ -73,5 +113,6 @@ def from_spec(spec: DeploymentSpec, base: SimConfig, *, autoscale: bool) -> SimC
             ttft_ms=cfg.slo_ttft_ms or auto.ttft_ms,
             tpot_ms=cfg.slo_tpot_ms or auto.tpot_ms,
             percentile=cls.percentile if cls else auto.percentile,
+            planner=tuple(sorted({**spec.planner.overrides(), **dict(auto.planner)}.items())),
         ))  # fmt: skip
     return cfg

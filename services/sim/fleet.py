@@ -67,18 +67,22 @@ class Engines:
         decode_keeps_kv: bool = False,
         short_first_tokens: int = 0,
         running_blocks: int | None = None,
+        max_batch: int = 256,
+        max_batched_tokens: int = 8192,
     ) -> None:
         """``mark``: a decode run stops before a sequence's ``mark``-th token (the shell
         acts on it: the first streamed chunk); ``batched=False``: one event per step;
         ``decode_keeps_kv``: decode engines cache the KV they receive, ``short_first_tokens``:
         short prompts are prefilled first (both :class:`CoreConfig` settings);
-        ``running_blocks``: the KV running sequences may hold (:class:`KVCache`)."""
+        ``running_blocks``: the KV running sequences may hold (:class:`KVCache`);
+        ``max_batch``, ``max_batched_tokens``: the cores' batch limits."""
         self.perf = perf
         self.mark, self.batched = mark, batched
         self.kv_blocks, self.block_size = kv_blocks, block_size
         self.decode_keeps_kv = decode_keeps_kv
         self.short_first_tokens = short_first_tokens
         self.running_blocks = running_blocks
+        self.max_batch, self.max_batched_tokens = max_batch, max_batched_tokens
         self.by_id: dict[str, Instance] = {}
         self._counts: dict[EngineRole, int] = {}
         for role in roles:
@@ -101,6 +105,8 @@ class Engines:
                     token_ids=False,
                     decode_keeps_kv=self.decode_keeps_kv,
                     short_first_tokens=self.short_first_tokens,
+                    max_batch=self.max_batch,
+                    max_batched_tokens=self.max_batched_tokens,
                 ),
                 self.perf,
                 cache,

@@ -11,9 +11,11 @@ session id; its sessions share nothing). Modes:
 
 - ``lru``: today's behaviour: the engines' LRU, no tier (only the measurements run);
 - ``retention``: every ``tick_ms`` the controller's plan per engine is applied (protect
-  within the budget, offload the rest now), and every block the engines evict goes to the
-  tier (offload on eviction); a resumed turn whose prefix is on the tier fetches it at
-  arrival when fetching beats recomputing (the turn waits the fetch), else recomputes;
+  within the budget; the other idle sessions stay on the GPU while it has room, as cache
+  the engine's LRU evicts on demand, or with ``keep_unprotected=False``, the eager rule,
+  are offloaded now), and every block the engines evict goes to the tier (offload on
+  eviction); a resumed turn whose prefix is on the tier fetches it at arrival when
+  fetching beats recomputing (the turn waits the fetch), else recomputes;
 - ``prefetch``: ``retention`` plus prefetch: an offloaded idle session's prefix starts
   coming back ``plan_prefetch``'s lead before its predicted return (to its home engine); an
   arriving turn uses it when done, waits for it while that is shorter than recomputing.
@@ -23,8 +25,8 @@ computed its last turn (its prefix cache) and, with ``decode_keeps_kv``, the dec
 that served it (its whole context). Its home is the decode engine, as the gateway reports it
 to kvmeta; the prefill engine is kept beside it (:meth:`AgentMemory.holders`). The
 controller's plan is applied per engine to the idle sessions whose KV it holds (decode
-engines: protect within the budget, offload the rest, instead of LRU dropping them; prefill
-engines the same for their prefixes); a resumed turn's prefill fetches from the tier as on
+engines: protect within the budget, the rest evicted to the tier when the room is needed
+instead of LRU dropping them; prefill engines the same for their prefixes); a resumed turn's prefill fetches from the tier as on
 an aggregated engine, and prefetch brings a prefix back to its prefill engine (the decode
 engine receives what it lacks with the hand-off).
 
@@ -33,9 +35,13 @@ Scale-in (with ``autoscale``, or the explicit ``scale_in_at_s`` of
 when a drained engine leaves, :meth:`AgentMemory.migrate` runs
 :func:`~services.common.sessions.migration.plan_migration` over the sessions homed there;
 the blocks of those that move or go to the tier are offloaded to the tier, and every live
-one is re-homed on its rendezvous home among the engines that stay (where the retention
-controller and prefetch then act for it). :meth:`~AgentMemory.session_blocks` is the
-planner's per-engine session-KV figure for victim choice.
+one is re-homed among the engines that stay (where the retention controller and prefetch
+then act for it): with ``placement="kv_spread"`` (default) where the active sessions' KV is
+least (:meth:`AgentMemory.active_blocks`), counting the sessions moved before it. A moved
+session's prefix then comes from the tier to its new home at once (its next turn there uses
+it, or waits for what is left), and ``moved`` lists the moves for the gateways to learn
+(:meth:`~services.sim.scaling.Scaling.learn_moves`). :meth:`~AgentMemory.session_blocks` is
+the planner's per-engine session-KV figure for victim choice.
 
 The tier is one pool of ``tier_blocks`` (LRU beyond that) over the perf profile's KV link.
 Not modelled: the time an offload copy takes (an evicted block's slot is free after the
@@ -44,8 +50,10 @@ step that evicted it), and the GPU room a prefetched prefix takes before its tur
 Measured (:meth:`AgentMemory.summary`): per resumed turn (a session's second turn on), the
 blocks of the previous turn's chain it starts with (``reusable``) and how many of them were
 still cached when it arrived, on its engine's GPU or on the tier (``reuse_ratio``);
-sampled each tick, the share of GPU KV idle sessions' blocks hold (``idle_kv_share``) and of
-the fleet's KV in use (``fleet_kv_used``).
+sampled each tick, the share of GPU KV idle sessions' blocks hold (``idle_kv_share``; of it
+protected, evicted last: ``idle_kv_share_protected``, what the budget bounds), the share
+protected for any session (``protected_kv_share``: also the chains held for arrived turns)
+and of the fleet's KV in use (``fleet_kv_used``).
 """
 
 from __future__ import annotations
@@ -78,6 +86,7 @@ from services.common.sessions import (
     route_key,
 )
 from services.common.sessions.controller import EngineKV, plan_engines
+from services.common.sessions.migration import Placement
 from services.engine.kvcache import KVCache
 from services.sim.scalein import active_sessions, kept_prefix
 
@@ -118,6 +127,9 @@ class AgentMemory:
     perf: PerfProfile
     block_size: int
     budget_share: float = 0.2
+    placement: Placement = "kv_spread"  # where a scaled-in engine's sessions move
+    window_s: float = 300.0  # an active session's last turn ended at most this long ago
+    keep_unprotected: bool = True  # idle sessions past the budget stay while there is room
     percentile: float = 0.9
     tier_blocks: int = 1 << 22
     tick_ms: float = 1000.0
@@ -131,9 +143,13 @@ class AgentMemory:
     _prefetch: dict[SessionKey, _Prefetch] = field(default_factory=dict)
     _idle_share: list[float] = field(default_factory=list)
     _used_share: list[float] = field(default_factory=list)
+    _protected_share: list[float] = field(default_factory=list)
+    _marked_share: list[float] = field(default_factory=list)
     _applied: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     _ticks: int = 0
     counts: dict[str, int] = field(default_factory=dict)
+    # the last migrate's moves: (session id, destination, chain)
+    moved: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -196,9 +212,24 @@ class AgentMemory:
                     wait = f_ms
                 elif what is Arrival.WAIT and pf is not None:
                     wait = max(0.0, pf.done_ms - now)
+        elif self.offloads and gpu:
+            fetched, wait = self._evicted_meanwhile(gpu, prompt_tokens)
         self._count(action or "gpu")
         self.resumes.append(Resume(turn.index, reusable, gpu + tier, action or "gpu"))
         return fetched, wait
+
+    def _evicted_meanwhile(self, gpu: int, prompt_tokens: int) -> tuple[int, float]:
+        """A turn whose prefix is on the GPU at arrival: the engine looks the tier up again
+        when it admits the turn (as vLLM's KV connectors do at scheduling), so blocks
+        evicted while it waited in the queue (to the tier: offload on eviction) are fetched,
+        not recomputed, when fetching beats recomputing. The core uses these only when its
+        own match at admission is shorter; the wait is the whole prefix's fetch (an upper
+        bound)."""
+        bs = self.block_size
+        f_ms = fetch_ms(gpu * bs, self.perf.kv_bytes_per_token, self.link)
+        if f_ms >= recompute_ms(self.perf, gpu * bs, max(0, prompt_tokens - gpu * bs)):
+            return 0, 0.0
+        return gpu * bs, f_ms
 
     def end(self, rid: str, iid: str, now: float, prefill: str = "") -> None:
         """The turn ``rid`` ended, served by ``iid`` (its home: the aggregated or decode
@@ -252,30 +283,59 @@ class AgentMemory:
         sizes = {k: len(c) for k, c in self._chains.items()}
         return {iid: h.blocks for iid, h in homes_kv(self.table.rows(), sizes).items()}
 
+    def active_blocks(self, now: float, window_s: float) -> dict[str, int]:
+        """Per home engine, the blocks of its active sessions' chains (a turn in flight,
+        one ended within ``window_s``, or a predicted return ahead): the KV its sessions
+        bring back soon, where :meth:`session_blocks` also counts sessions long gone quiet."""
+        out: dict[str, int] = {}
+        rows = self.table.rows()
+        for iid in {s.home_instance for s in rows if s.home_instance}:
+            for s in active_sessions(rows, iid, now / 1000.0, window_s):
+                out[iid] = out.get(iid, 0) + len(self._chains.get(s.key, ()))
+        return out
+
     def migrate(self, iid: str, stay: Sequence[str], now: float) -> MigrationPlan | None:
         """Engine ``iid`` leaves: its sessions' fate (module doc); None outside the offload
-        modes (the engines' LRU only: nothing moves, as before)."""
+        modes (the engines' LRU only: nothing moves, as before). ``moved`` lists, per
+        session moved, its destination and chain: the caller tells the gateways (the KV
+        events of the destination's fetch would)."""
         cache = self.caches.get(iid)
+        self.moved = []
         if not self.offloads or cache is None:
             return None
         rows = [s for s in self.table.rows() if s.home_instance == iid]
         held = {s.key: cache.match(list(self._chains.get(s.key, ()))) for s in rows}
-        dests = [Destination(d, self.caches[d].free_blocks) for d in stay if d in self.caches]
-        plan = plan_migration([migrant(s, held[s.key]) for s in rows], dests, now / 1000.0)
+        homed = self.active_blocks(now, self.window_s)
+        dests = [
+            Destination(d, _room(self.caches[d]), homed.get(d, 0)) for d in stay if d in self.caches
+        ]
+        plan = plan_migration([migrant(s, held[s.key]) for s in rows], dests, now / 1000.0,
+                              placement=self.placement)  # fmt: skip
         by_key = {s.key: s for s in rows}
         for mv in plan.moves:
             s = by_key[mv.key]
             if s.phase is Phase.ENDED:
                 continue
+            chain = self._chains.get(s.key, ())
             if mv.fate is not Fate.DROP:
-                self._to_tier(self._chains.get(s.key, ())[: mv.blocks])
+                self._to_tier(chain[: mv.blocks])
             self._count(f"migrate_{mv.fate.value}")
             home = mv.instance or rendezvous_home(
                 route_key(s.session_id, s.parent_session_id), list(stay)
             )
             if home:
                 self.table.set_placement(s.key, now / 1000.0, home_instance=home, tiers={})
+            if mv.fate is Fate.MOVE and home and chain:
+                self._fetch_to(s.key, home, chain, now)
+                self.moved.append((s.session_id, home, tuple(chain)))
         return plan
+
+    def _fetch_to(self, key: SessionKey, iid: str, chain: Sequence[int], now: float) -> None:
+        """A moved session's prefix starts coming from the tier to its new home now (the
+        destination's fetch; its next turn there uses it, or waits for what is left)."""
+        f_ms = fetch_ms(len(chain) * self.block_size, self.perf.kv_bytes_per_token, self.link)
+        self._prefetch[key] = _Prefetch(iid, now, now + f_ms)
+        self._count("move_fetch")
 
     def active_chains(self, iid: str, now: float, window_s: float) -> dict[str, tuple[int, ...]]:
         """The prefix chains of ``iid``'s active sessions at ``now`` (by session id; see
@@ -307,17 +367,19 @@ class AgentMemory:
         session)."""
         for iid, c in self.caches.items():
             kv = {iid: EngineKV(c.capacity_blocks)}
-            # each engine plans for the idle sessions whose KV it holds, as their home
+            # each engine plans for the sessions whose KV it holds, as their home (an ACTIVE
+            # one's turn has arrived: its chain is held until the engine takes the turn)
             idle = [
                 s if s.home_instance == iid else replace(s, home_instance=iid)
                 for s in rows
-                if s.phase is not Phase.ACTIVE and s.key in self._chains and iid in self.holders(s)
+                if s.key in self._chains and iid in self.holders(s)
             ]
             sig = tuple((s.key, s.phase, s.predicted_return_at > now / 1000.0) for s in idle)
             if self._applied.get(iid, (None, None))[0] == sig:
                 continue
             p = plan_engines(idle, self._chains, kv, now / 1000.0,
-                             budget_share=self.budget_share)[iid]  # fmt: skip
+                             budget_share=self.budget_share,
+                             keep_unprotected=self.keep_unprotected)[iid]  # fmt: skip
             self._applied[iid] = (sig, p.plan)
             c.unprotect(None)
             c.protect(list(p.protect))
@@ -364,6 +426,10 @@ class AgentMemory:
             self._idle_share.append(sum(len(v) for v in held.values()) / cap)
             used = sum(c.used_blocks for c in self.caches.values())
             self._used_share.append(used / cap)
+            pinned = sum(self.caches[i].count_protected(v) for i, v in held.items())
+            self._protected_share.append(pinned / cap)
+            marks = sum(c.protected_blocks for c in self.caches.values())
+            self._marked_share.append(marks / cap)
 
     # -- results -------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -375,9 +441,18 @@ class AgentMemory:
             "reuse_ratio": round(cached / reusable, 4) if reusable else None,
             "idle_kv_share": _mean(self._idle_share),
             "idle_kv_share_p95": _p(self._idle_share, 0.95),
+            "idle_kv_share_protected": _mean(self._protected_share),
+            "idle_kv_share_protected_p95": _p(self._protected_share, 0.95),
+            "protected_kv_share": _mean(self._marked_share),
             "fleet_kv_used": _mean(self._used_share),
             "actions": dict(sorted(self.counts.items())),
         }
+
+
+def _room(c: KVCache) -> int:
+    """Blocks a moved session can take on ``c``: all but those in use or protected (cached
+    blocks of no one's protection are evicted on demand)."""
+    return max(0, c.capacity_blocks - c.referenced_blocks - c.protected_blocks)
 
 
 def _common(a: Sequence[int], b: Sequence[int]) -> int:

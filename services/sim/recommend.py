@@ -3,6 +3,10 @@
 
 For every family (layout x routing profile x P:D share) the search bisects over the number
 of instances, each candidate one ``tideserve sim`` run of the same trace, config and seed;
+then it varies the engines' batch limits and KV blocks around the winner
+(:func:`~services.sim.search.refine`: a setting changes only where it saves an instance),
+and runs the winner autoscaled under planner settings (:mod:`services.sim.planner_search`:
+the spec's ``planner`` section, kept where it saves replica-seconds and meets the SLOs);
 it prints what it tried and why each candidate lost, writes the JSON (``--out``) and the
 recommended deployment spec (``--spec-out``, for ``tideserve apply -f``). Exit code 0 with a
 recommendation, 1 when no candidate up to ``--max-instances`` meets the SLOs, 2 for bad
@@ -28,7 +32,10 @@ from services.bench.traces import FORMATS, Trace, TraceError, load_trace
 from services.common.perfmodel import DEFAULT_PROFILE
 from services.scheduler.routing.config import ConfigError
 from services.sim import SimConfig, SimConfigError, simulate
+from services.sim.planner_search import PlannerOutcome, parse_axes, planner_rows, runner, tune
+from services.sim.policies import replica_seconds
 from services.sim.search import (
+    SETTINGS,
     Candidate,
     Family,
     Layout,
@@ -37,6 +44,7 @@ from services.sim.search import (
     families,
     judge,
     recommend,
+    refine,
     smallest_passing,
     spec_of,
 )
@@ -50,6 +58,10 @@ examples:
       --max-requests 2000 --rate-scale 2 --slo-ttft-ms 2000 --slo-tpot-ms 100 \\
       --out rec.json --spec-out deployment.yaml
   tideserve apply -f deployment.yaml
+
+  # no refinement of the engine settings (batch limits, KV blocks) after the size search
+  tideserve recommend --trace t.jsonl --slo-ttft-ms 1000 --slo-tpot-ms 50 \
+      --try-max-batch '' --try-max-batched-tokens '' --try-kv-blocks ''
 
   # aggregated only, two routing profiles, at most 12 instances
   tideserve recommend --trace t.jsonl --slo-ttft-ms 1000 --slo-tpot-ms 50 \\
@@ -85,6 +97,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-profile", default=DEFAULT_PROFILE,
                    help=f"performance profile of the engines (default {DEFAULT_PROFILE})")  # fmt: skip
     p.add_argument("--kv-blocks", type=int, default=16384, help="KV blocks per engine")
+    p.add_argument("--max-batch", type=int, default=256,
+                   help="engines' max running sequences (default 256)")  # fmt: skip
+    p.add_argument("--max-batched-tokens", type=int, default=8192,
+                   help="engines' tokens per step / prefill chunk (default 8192)")  # fmt: skip
+    p.add_argument("--try-max-batch", default="64,128,512",
+                   help="refine: max running sequences to try around the winner "
+                   "(default 64,128,512; '' for none)")  # fmt: skip
+    p.add_argument("--try-max-batched-tokens", default="2048,4096,16384",
+                   help="refine: tokens per step to try (default 2048,4096,16384)")  # fmt: skip
+    p.add_argument("--try-kv-blocks", default="8192,32768",
+                   help="refine: KV blocks per engine to try (default 8192,32768)")  # fmt: skip
+    p.add_argument("--try-policy", default="reactive",
+                   help="planner step: policies to try besides sla (default reactive)")  # fmt: skip
+    p.add_argument("--try-predictor", default="constant",
+                   help="planner step: load predictors to try besides holt_winters "
+                   "(default constant)")  # fmt: skip
+    p.add_argument("--try-max-utilization", default="0.7,0.95",
+                   help="planner step: prefill utilisation ceilings to try besides 0.85 "
+                   "(default 0.7,0.95)")  # fmt: skip
+    p.add_argument("--try-decode-headroom", default="",
+                   help="planner step: decode headrooms to try besides 0.9 (default none)")  # fmt: skip
+    p.add_argument("--startup-s", type=float, default=30.0,
+                   help="planner step: seconds from asking for an instance to it serving")  # fmt: skip
     p.add_argument("--gateways", type=int, default=1, help="gateway replicas")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice")
     p.add_argument("--name", default="recommended", help="the spec's deployment name")
@@ -99,7 +134,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "recommend",
         help="find the cheapest deployment that meets SLOs for a trace, in simulation",
-        description="Search deployments (aggregated or P/D, sizes, routing profiles) in "
+        description="Search deployments (aggregated or P/D, sizes, routing profiles; then "
+        "the engines' batch limits and KV blocks, and the planner's settings) in "
         "tideserve sim for the cheapest one meeting the SLOs; write its spec for "
         "tideserve apply -f. (tideserve plan is something else: what a running "
         "autoscaler would do now.)",
@@ -130,6 +166,32 @@ def _families(args: argparse.Namespace) -> list[Family]:
     return families(ls, _csv(args.profiles), shares)
 
 
+def _axes(args: argparse.Namespace) -> list[tuple[str, list[int]]]:
+    """The refinement's settings and values, in :data:`SETTINGS` order (empty lists left
+    out); raises ``SimConfigError`` for a value that is not a whole number >= 1."""
+    out = []
+    for name in SETTINGS:
+        text = getattr(args, f"try_{name}")
+        try:
+            values = [int(x) for x in _csv(text)]
+        except ValueError:
+            raise SimConfigError(
+                f"--try-{name.replace('_', '-')}: not integers: {text!r}"
+            ) from None
+        if any(v < 1 for v in values):
+            raise SimConfigError(f"--try-{name.replace('_', '-')}: values must be >= 1")
+        if values:
+            out.append((name, values))
+    return out
+
+
+def _planner_axes(args: argparse.Namespace) -> list[tuple[str, list[Any]]]:
+    return parse_axes({
+        "policy": args.try_policy, "predictor": args.try_predictor,
+        "max_utilization": args.try_max_utilization, "decode_headroom": args.try_decode_headroom,
+    })  # fmt: skip
+
+
 def _base(args: argparse.Namespace) -> SimConfig:
     if not 1 <= args.min_instances <= args.max_instances:
         raise SimConfigError("--min-instances must be at least 1 and at most --max-instances")
@@ -142,15 +204,25 @@ def _base(args: argparse.Namespace) -> SimConfig:
         max_requests=args.max_requests,
         offset=args.offset,
         kv_blocks=args.kv_blocks,
+        max_batch=args.max_batch,
+        max_batched_tokens=args.max_batched_tokens,
         slo_ttft_ms=args.slo_ttft_ms,
         slo_tpot_ms=args.slo_tpot_ms,
     ).validate()
 
 
 def _config(base: SimConfig, c: Candidate) -> SimConfig:
+    s = {**defaults(base), **dict(c.settings)}
+    cfg = replace(base, profile=c.family.profile, max_batch=s["max_batch"],
+                  max_batched_tokens=s["max_batched_tokens"], kv_blocks=s["kv_blocks"])  # fmt: skip
     if c.engines:
-        return replace(base, engines=c.engines, profile=c.family.profile).validate()
-    return replace(base, prefill=c.prefill, decode=c.decode, profile=c.family.profile).validate()
+        return replace(cfg, engines=c.engines).validate()
+    return replace(cfg, prefill=c.prefill, decode=c.decode).validate()
+
+
+def defaults(base: SimConfig) -> dict[str, int]:
+    """The base's value of every setting the refinement varies."""
+    return {name: int(getattr(base, name)) for name in SETTINGS}
 
 
 def search(
@@ -161,21 +233,25 @@ def search(
     lo: int,
     hi: int,
     progress: Any = None,
+    axes: list[tuple[str, list[int]]] | None = None,
 ) -> tuple[Outcome | None, list[Outcome]]:
-    """Every family's smallest passing size: (the recommendation, every outcome)."""
-    cache: dict[tuple[int, int, int, str], Outcome] = {}
+    """Every family's smallest passing size, then the engine settings refined around the
+    cheapest (``axes``): (the recommendation, every outcome)."""
+    cache: dict[tuple[int, int, int, str, tuple[tuple[str, int], ...]], Outcome] = {}
 
     def run(c: Candidate) -> Outcome:
-        key = (c.engines, c.prefill, c.decode, c.family.profile)
+        key = (c.engines, c.prefill, c.decode, c.family.profile, c.settings)
         if key not in cache:  # P/D shares may round to the same split
             t0, cpu0 = time.perf_counter(), time.process_time()
-            doc, _ = simulate(_config(base, c), trace)
+            cfg = _config(base, c)
+            doc, sim_run = simulate(cfg, trace)
             o = judge(c, doc, slo)
             o.extra.update(
                 wall_s=round(time.perf_counter() - t0, 2),
                 cpu_s=round(time.process_time() - cpu0, 2),
                 goodput_rps=doc.get("goodput_rps"),
                 cache_hit_ratio=doc.get("cache_hit_ratio"),
+                replica_s=round(replica_seconds(sim_run.timeline.rows, cfg.timeline_s), 1),
             )
             cache[key] = o
             if progress is not None:
@@ -187,11 +263,16 @@ def search(
         _, outcomes = smallest_passing(fam, lo, hi, run)
         seen += [o for o in outcomes if o not in seen]
     best, _ = recommend(seen)
+    if best is not None and axes:
+        _, outcomes = refine(best, axes, defaults(base), run)
+        seen += [o for o in outcomes if o not in seen]
+        best, _ = recommend(seen)
     return best, seen
 
 
-def _row(o: Outcome, why: str, percentile: int) -> dict[str, Any]:
+def _row(o: Outcome, why: str, percentile: int, base: dict[str, int]) -> dict[str, Any]:
     c = o.candidate
+    settings = {**base, **dict(c.settings)}
     return {
         "candidate": c.label,
         "layout": c.family.layout,
@@ -200,6 +281,8 @@ def _row(o: Outcome, why: str, percentile: int) -> dict[str, Any]:
         "prefill": c.prefill,
         "decode": c.decode,
         "instances": c.instances,
+        **{name: value for name, value in settings.items()},
+        "settings_changed": dict(c.settings),
         f"ttft_p{percentile}_ms": round(o.ttft_ms, 1),
         f"tpot_p{percentile}_ms": round(o.tpot_ms, 2),
         "slo_attainment": round(o.attainment, 4),
@@ -211,26 +294,66 @@ def _row(o: Outcome, why: str, percentile: int) -> dict[str, Any]:
 
 
 def _table(rows: list[dict[str, Any]], percentile: int) -> str:
-    head = f"{'candidate':<30} {'TTFT p' + str(percentile):>11} {'TPOT':>8} {'attain':>7}  verdict"
+    head = (
+        f"{'fleet':<12} {'profile':<12} {'batch':>5} {'tokens':>6} {'kv':>6} "
+        f"{'TTFT p' + str(percentile):>11} {'TPOT':>8} {'attain':>7}  verdict"
+    )
     lines = [head]
     for r in rows:
         verdict = "RECOMMENDED" if r["passes"] and not r["why_not"] else r["why_not"]
+        fleet = f"{r['engines']} workers" if r["engines"] else f"{r['prefill']}P+{r['decode']}D"
         lines.append(
-            f"{r['candidate']:<30} {r[f'ttft_p{percentile}_ms']:>9.0f}ms "
+            f"{fleet:<12} {r['profile']:<12} {r['max_batch']:>5} {r['max_batched_tokens']:>6} "
+            f"{r['kv_blocks']:>6} {r[f'ttft_p{percentile}_ms']:>9.0f}ms "
             f"{r[f'tpot_p{percentile}_ms']:>6.1f}ms {r['slo_attainment']:>7.3f}  {verdict}"
         )
     return "\n".join(lines)
 
 
+def _planner_table(rows: list[dict[str, Any]], percentile: int) -> str:
+    lines = [
+        "the recommended fleet autoscaled (from its size; a role 1 to twice the largest):",
+        f"{'planner settings':<44} {'replica-s':>9} {'vs fixed':>8} {'peak':>4} "
+        f"{'TTFT p' + str(percentile):>11} {'TPOT':>8}  verdict",
+    ]
+    for r in rows:
+        what = (
+            r["planner"]
+            if isinstance(r["planner"], str)
+            else ", ".join(f"{k}={v}" for k, v in r["planner"].items())
+        )
+        verdict = "BEST" if r["passes"] and not r["why_not"] else r["why_not"]
+        ratio = "-" if r["replica_s_vs_fixed"] is None else f"{r['replica_s_vs_fixed']:.3f}"
+        lines.append(
+            f"{what:<44} {r['replica_s']:>9.0f} {ratio:>8} {r['peak_replicas']:>4} "
+            f"{r[f'ttft_p{percentile}_ms']:>9.0f}ms {r[f'tpot_p{percentile}_ms']:>6.1f}ms  "
+            f"{verdict}"
+        )
+    best = next((r for r in rows if r["passes"] and not r["why_not"]), None)
+    if best is not None and (best["replica_s_vs_fixed"] or 0.0) > 1.0:
+        lines.append(
+            f"(autoscaled, the best settings cost {best['replica_s_vs_fixed']:.2f}x the fixed "
+            "fleet's replica-seconds on this trace)"
+        )
+    return "\n".join(lines)
+
+
 def _document(
-    args: argparse.Namespace, slo: Slo, fams: list[Family], seen: list[Outcome]
+    args: argparse.Namespace,
+    slo: Slo,
+    fams: list[Family],
+    seen: list[Outcome],
+    base: SimConfig,
+    tuned: tuple[PlannerOutcome, list[PlannerOutcome]] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The search's JSON (its spec None when nothing passes) and the table's rows."""
     best, table = recommend(seen)
-    rows = [_row(o, why, slo.percentile) for o, why in table]
+    settings = defaults(base)
+    rows = [_row(o, why, slo.percentile, settings) for o, why in table]
     spec = None
     if best is not None:
         engine_args = ("--profile", args.engine_profile)
+        chosen = tuned[0] if tuned else None
         spec = spec_of(
             best.candidate,
             name=args.name,
@@ -238,9 +361,14 @@ def _document(
             perf_profile=args.engine_profile,
             slo=slo,
             engine_args=engine_args,
+            settings=settings,
+            planner=dict(chosen.settings) if chosen and chosen.outcome.passes else None,
+            keep_min=chosen is not None and not chosen.outcome.passes,
         )
     doc = {
         "recommendation": next((r for r in rows if r["passes"] and not r["why_not"]), None),
+        # requests longer than the model's context: they fail on every candidate, not counted
+        "beyond_context": max((int(o.extra.get("beyond_context", 0)) for o in seen), default=0),
         "spec": spec,
         "tried": rows,
         "runs": len(seen),
@@ -254,6 +382,8 @@ def _document(
             "families": [f.label for f in fams],
             "min_instances": args.min_instances,
             "max_instances": args.max_instances,
+            "base_settings": settings,
+            "refine": dict(_axes(args)),
         },
         "trace": {
             "path": args.trace,
@@ -263,6 +393,15 @@ def _document(
             "speedup": args.speedup,
         },
     }
+    if tuned is not None and best is not None:
+        fixed = float(best.extra.get("replica_s") or 0.0)
+        doc["planner"] = {
+            "tried": planner_rows(tuned[0], tuned[1], fixed, slo.percentile),
+            "chosen": dict(tuned[0].settings) if tuned[0].outcome.passes else None,
+            "fixed_replica_s": fixed,
+            "startup_s": args.startup_s,
+            "runs": len(tuned[1]),
+        }
     return doc, rows
 
 
@@ -271,7 +410,8 @@ def run(args: argparse.Namespace) -> int:
     wall0, cpu0 = time.perf_counter(), time.process_time()
     try:
         slo = Slo(args.slo_ttft_ms, args.slo_tpot_ms, args.percentile, args.min_attainment)
-        fams, base = _families(args), _base(args)
+        fams, base, axes = _families(args), _base(args), _axes(args)
+        planner_axes = _planner_axes(args)
         trace = load_trace(args.trace, args.format)
         for path in (args.out, args.spec_out):
             if path and not Path(path).parent.is_dir():
@@ -283,16 +423,24 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.flush()
 
         best, seen = search(
-            base, trace, fams, slo, args.min_instances, args.max_instances, show if tty else None
-        )
+            base, trace, fams, slo, args.min_instances, args.max_instances,
+            show if tty else None, axes,
+        )  # fmt: skip
         if tty:
             sys.stderr.write("\n")
+        search_s = time.perf_counter() - wall0
+        tuned = None
+        if best is not None and planner_axes:
+            fleet = _config(base, best.candidate)
+            tuned = tune(planner_axes, runner(fleet, best.candidate, trace, slo, args.startup_s))
     except (ValueError, TraceError, ConfigError) as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    doc, rows = _document(args, slo, fams, seen)
+    doc, rows = _document(args, slo, fams, seen, base, tuned)
     doc["wall"] = {
         "duration_s": round(time.perf_counter() - wall0, 2),
         "cpu_s": round(time.process_time() - cpu0, 2),
+        "fleet_search_s": round(search_s, 2),
+        "planner_s": round(time.perf_counter() - wall0 - search_s, 2),
     }
     text = json.dumps(doc, indent=2)
     if args.out:
@@ -300,6 +448,13 @@ def run(args: argparse.Namespace) -> int:
     if doc["spec"] is not None and args.spec_out:
         Path(args.spec_out).write_text(yaml.safe_dump(doc["spec"], sort_keys=False), "utf-8")
     print(text if args.json else _table(rows, slo.percentile))
+    if not args.json and doc["beyond_context"]:
+        print(
+            f"({doc['beyond_context']} requests exceed the model's context: they fail on every "
+            "candidate and are not counted against any)"
+        )
+    if not args.json and "planner" in doc:
+        print("\n" + _planner_table(doc["planner"]["tried"], slo.percentile))
     if best is None:
         print(
             f"tideserve recommend: no candidate up to {args.max_instances} instances meets "

@@ -66,6 +66,8 @@ class Gateways:
                         cfg.shaper_age_weight,
                         cfg.shaper_order,  # type: ignore[arg-type]
                         cfg.shaper_follow_ms,
+                        protect=cfg.shaper_protect_ms > 0,
+                        protect_slack=cfg.shaper_protect_slack,
                     )
                 )
             )

@@ -72,7 +72,8 @@ class Simulation(Scaling):
             engines = Engines(
                 roles, self.perf, cfg.kv_blocks, cfg.block_size, mark=cfg.stream_interval,
                 decode_keeps_kv=cfg.decode_keeps_kv, short_first_tokens=cfg.short_first_tokens,
-                running_blocks=cfg.kv_running_blocks,
+                running_blocks=cfg.kv_running_blocks, max_batch=cfg.max_batch,
+                max_batched_tokens=cfg.max_batched_tokens,
             )  # fmt: skip
         self.engines = engines
         self.gw = Gateways(cfg, [i.spec for i in engines], narrow)
@@ -94,7 +95,9 @@ class Simulation(Scaling):
         self.scale_ins: list[ScaleInRecord] = []
         self.memory = (
             AgentMemory(cfg.agent_memory, self.caches, self.perf, cfg.block_size,
-                        budget_share=cfg.memory_budget_share, tier_blocks=cfg.memory_tier_blocks)
+                        budget_share=cfg.memory_budget_share, tier_blocks=cfg.memory_tier_blocks,
+                        keep_unprotected=cfg.memory_offload == "pressure",
+                        window_s=cfg.scale_in_window_s)
             if cfg.agent_memory is not None
             else None
         )  # fmt: skip
@@ -259,7 +262,10 @@ class Simulation(Scaling):
         deadline = (now + cfg.slo_ttft_ms) / 1000.0 if cfg.slo_ttft_ms else None
         shaper = self.gw.shapers[g]
         cached = d.predicted_cached_tokens // cfg.block_size
-        if not shaper.offer(rid, iid, d.predicted_prefill_ms, now_s, 0, deadline, hashes, cached):
+        if not shaper.offer(
+            rid, iid, d.predicted_prefill_ms, now_s, 0, deadline, hashes, cached,
+            cfg.shaper_protect_ms,
+        ):  # fmt: skip
             self.arm(g, iid)
             return 0
         return self.dispatch([rid], now)

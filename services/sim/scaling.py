@@ -119,6 +119,7 @@ class Scaling:
                 stay = [i.iid for i in live if i.role == inst.role and i.ready
                         and not i.retiring and not i.removed]  # fmt: skip
                 mem.migrate(inst.iid, stay, now)
+                self.learn_moves(mem.moved, now)
             self.caches.pop(inst.iid, None)  # also agent memory's view of the fleet
             if rec is not None:
                 rec.removed_ms, rec.sessions = now, sorted(chains)
@@ -126,6 +127,16 @@ class Scaling:
                 if mem is not None:
                     rec.kept_blocks = sum(mem.kept_blocks(c) for c in chains.values())
         self.timeline.replicas = self.engines.roles()
+
+    def learn_moves(self, moved: list[tuple[str, str, tuple[int, ...]]], now: float) -> None:
+        """Each gateway's routed-prefix index learns where migrated sessions' prefixes went
+        (the destination's fetch announces them with its KV events in the product; the
+        simulator's gateways have no KV index), so their next turns follow their KV."""
+        for ap in self.gw.approx:
+            if ap is None:
+                continue
+            for _, iid, chain in moved:
+                ap.index.insert(chain, iid, now / 1000.0)
 
     def retire(self, inst: Instance) -> None:
         inst.retiring = True

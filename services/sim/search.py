@@ -9,13 +9,20 @@ is a callback, so the tests drive the search with made-up outcomes.
   the cost, in GPUs, when one engine is one GPU).
 - :func:`judge` reads a simulated run's bench-shaped summary against the SLOs: at the SLO's
   percentile TTFT and TPOT are within their targets, no request failed, and at least
-  ``min_attainment`` of the requests met both targets.
+  ``min_attainment`` of the requests met both targets. A request longer than the model's
+  context (:data:`BEYOND_CONTEXT`) fails on every deployment of that model, so it is counted
+  apart (``Outcome.extra["beyond_context"]``), not against a candidate.
 - :func:`smallest_passing` finds a family's smallest size that passes by bisection over
   ``[lo, hi]``, assuming more instances never serve the same traffic worse; it also
   returns every outcome it saw, so the table of what was tried is complete.
+- :func:`refine` then varies the engine settings (batch limits, KV blocks per engine: the
+  :data:`SETTINGS`) around the winner, one setting at a time (coordinate descent): every
+  other value of a setting at one instance fewer, taking the best that passes and trying
+  its values at one fewer again, until none passes; so a setting is changed only when it
+  saves an instance, and a setting costs at most values x (instances saved + 1) runs.
 - :func:`recommend` picks the cheapest passing candidate over all families (ties: higher
-  attainment, then lower TTFT at the percentile) and says for every other candidate why it
-  lost.
+  attainment, then lower TTFT at the percentile, then fewer changed settings) and says for
+  every other candidate why it lost.
 - :func:`spec_of` is the deployment spec for ``tideserve apply -f``.
 """
 
@@ -33,12 +40,27 @@ __all__ = [
     "families",
     "judge",
     "recommend",
+    "refine",
     "smallest_passing",
     "spec_of",
 ]
 
 Layout = Literal["aggregated", "pd"]
 PERCENTILES = (50, 90, 99)
+
+SETTINGS: dict[str, str] = {
+    "max_batch": "--max-batch",
+    "max_batched_tokens": "--max-batched-tokens",
+    "kv_blocks": "--kv-blocks",
+}
+"""The engine settings :func:`refine` varies, with the ``tideserve engine`` flag that sets
+each (the spec's role ``args``): running sequences, tokens per step (the prefill chunk), and
+KV blocks per engine (the cache each engine holds)."""
+
+Settings = tuple[tuple[str, int], ...]
+
+BEYOND_CONTEXT = "exceeds the context limit"
+"""What an engine's refusal of a request longer than the model's context says."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,12 +91,12 @@ class Family:
     profile: str
     prefill_share: float = 0.0
 
-    def at(self, instances: int) -> Candidate:
-        """This family with ``instances`` in all."""
+    def at(self, instances: int, settings: Settings = ()) -> Candidate:
+        """This family with ``instances`` in all (and engine ``settings`` changed)."""
         if self.layout == "aggregated":
-            return Candidate(self, engines=instances)
+            return Candidate(self, engines=instances, settings=settings)
         prefill = min(instances - 1, max(1, round(instances * self.prefill_share)))
-        return Candidate(self, prefill=prefill, decode=instances - prefill)
+        return Candidate(self, prefill=prefill, decode=instances - prefill, settings=settings)
 
     @property
     def smallest(self) -> int:
@@ -90,12 +112,14 @@ class Family:
 @dataclass(frozen=True, slots=True)
 class Candidate:
     """One deployment to simulate: ``engines`` aggregated workers, or ``prefill`` +
-    ``decode`` instances."""
+    ``decode`` instances; ``settings``: the engine settings (:data:`SETTINGS`) changed from
+    the search's base, sorted by name."""
 
     family: Family
     engines: int = 0
     prefill: int = 0
     decode: int = 0
+    settings: Settings = ()
 
     @property
     def instances(self) -> int:
@@ -104,7 +128,8 @@ class Candidate:
     @property
     def label(self) -> str:
         fleet = f"{self.engines} workers" if self.engines else f"{self.prefill}P+{self.decode}D"
-        return f"{fleet}, {self.family.profile}"
+        changed = "".join(f", {k}={v}" for k, v in self.settings)
+        return f"{fleet}, {self.family.profile}{changed}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +171,9 @@ def judge(candidate: Candidate, summary: Mapping[str, Any], slo: Slo) -> Outcome
     p = slo.percentile
     ttft, tpot = _quantile(summary, "ttft_ms", p), _quantile(summary, "tpot_ms", p)
     attainment = float(summary.get("slo_attainment") or 0.0)
-    failed = int(summary.get("failed") or 0)
+    errors = summary.get("errors") or {}
+    beyond = sum(int(n) for m, n in errors.items() if BEYOND_CONTEXT in str(m))
+    failed = int(summary.get("failed") or 0) - beyond
     misses = []
     if failed:
         misses.append(f"{failed} requests failed")
@@ -156,7 +183,8 @@ def judge(candidate: Candidate, summary: Mapping[str, Any], slo: Slo) -> Outcome
         misses.append(f"TPOT p{p} {tpot:.1f} ms > {slo.tpot_ms:g}")
     if attainment < slo.min_attainment:
         misses.append(f"attainment {attainment:.3f} < {slo.min_attainment:g}")
-    return Outcome(candidate, ttft, tpot, attainment, failed, not misses, "; ".join(misses))
+    extra: dict[str, Any] = {"beyond_context": beyond} if beyond else {}
+    return Outcome(candidate, ttft, tpot, attainment, failed, not misses, "; ".join(misses), extra)
 
 
 def smallest_passing(
@@ -185,8 +213,46 @@ def smallest_passing(
     return best, seen
 
 
-def _rank(o: Outcome) -> tuple[int, float, float, str]:
-    return (o.candidate.instances, -o.attainment, o.ttft_ms, o.candidate.label)
+def _rank(o: Outcome) -> tuple[int, float, float, int, str]:
+    c = o.candidate
+    return (c.instances, -o.attainment, o.ttft_ms, len(c.settings), c.label)
+
+
+def _with(settings: Settings, name: str, value: int, default: int) -> Settings:
+    """``settings`` with ``name`` at ``value`` (left out at its ``default``), sorted."""
+    kept = {k: v for k, v in settings if k != name}
+    if value != default:
+        kept[name] = value
+    return tuple(sorted(kept.items()))
+
+
+def refine(
+    best: Outcome,
+    axes: Sequence[tuple[str, Sequence[int]]],
+    defaults: Mapping[str, int],
+    run: Callable[[Candidate], Outcome],
+) -> tuple[Outcome, list[Outcome]]:
+    """``best`` with engine settings that let fewer instances pass (see the module
+    docstring): (the new best, every outcome seen). ``axes``: each setting's values to try;
+    ``defaults``: each setting's value in the base."""
+    seen: list[Outcome] = []
+    cur = best
+    for name, values in axes:
+        moved = False  # this setting changed: its value now is worth one fewer too
+        while cur.candidate.instances > cur.candidate.family.smallest:
+            c = cur.candidate
+            now = dict(c.settings).get(name, defaults[name])
+            tried = [
+                run(c.family.at(c.instances - 1, _with(c.settings, name, v, defaults[name])))
+                for v in dict.fromkeys(values)
+                if v != now or moved
+            ]
+            seen += tried
+            passing = [o for o in tried if o.passes]
+            if not passing:
+                break
+            cur, moved = min(passing, key=_rank), True
+    return cur, seen
 
 
 def recommend(outcomes: Sequence[Outcome]) -> tuple[Outcome | None, list[tuple[Outcome, str]]]:
@@ -205,7 +271,7 @@ def recommend(outcomes: Sequence[Outcome]) -> tuple[Outcome | None, list[tuple[O
             if o.candidate.instances > best.candidate.instances:
                 why = f"passes, but {o.candidate.instances} instances > {best.candidate.instances}"
             else:
-                why = "passes at the same cost with lower attainment or higher TTFT"
+                why = "passes at the same cost with lower attainment, higher TTFT or more changes"
         table.append((o, why))
     return best, table
 
@@ -219,10 +285,22 @@ def spec_of(
     slo: Slo,
     engine_args: Sequence[str] = (),
     max_replicas: int | None = None,
+    settings: Mapping[str, int] | None = None,
+    planner: Mapping[str, Any] | None = None,
+    keep_min: bool = False,
 ) -> dict[str, Any]:
     """A deployment spec (``tideserve apply -f``) that runs ``candidate`` with simulated
     engines: its replicas as each role's start, room to scale to ``max_replicas`` (default:
-    twice the start), and the SLO as the ``interactive`` class the planner holds it to."""
+    twice the start), and the SLO as the ``interactive`` class the planner holds it to.
+    The engine settings (``settings``, the base's, with the candidate's changes over them)
+    are the engines' flags in each role's ``args``; ``planner``: the spec's ``planner``
+    section; ``keep_min``: each role's minimum is its start (the planner never scales
+    below the recommended fleet)."""
+    every = {**(settings or {}), **dict(candidate.settings)}
+    engine_args = [*engine_args]
+    for setting, flag in SETTINGS.items():
+        if setting in every:
+            engine_args += [flag, str(every[setting])]
 
     def role(rname: str, kind: str, n: int, **extra: Any) -> dict[str, Any]:
         top = max(n, max_replicas if max_replicas is not None else 2 * n)
@@ -230,7 +308,7 @@ def spec_of(
             "name": rname,
             "role": kind,
             "replicas": n,
-            "min_replicas": 1,
+            "min_replicas": n if keep_min else 1,
             "max_replicas": top,
             "engine": "sim",
             "args": list(engine_args),
@@ -262,4 +340,6 @@ def spec_of(
     }
     if not candidate.engines:
         spec["pd_protocol"] = "sglang"
+    if planner:
+        spec["planner"] = dict(planner)
     return spec

@@ -27,7 +27,7 @@ from services.autoscaler.planner import PlannerConfig
 from services.autoscaler.ports import InMemoryReconciler
 from services.autoscaler.scope import EVERY, Scope
 from services.autoscaler.servicer import AutoscalerServicer, add_to_server
-from services.autoscaler.spec import load_spec_file
+from services.autoscaler.spec import PlannerSpec, load_spec_file
 from services.autoscaler.store import AutoscalerStore
 from services.autoscaler.telemetry import GrpcTelemetry
 from services.autoscaler.translate import spec_to_proto
@@ -174,6 +174,15 @@ async def test_loop_scales_up_stores_decisions_and_exports_metrics(h: Harness) -
         )
         == 1
     )
+
+
+async def test_a_specs_planner_section_overrides_the_autoscalers_policy(h: Harness) -> None:
+    await _apply(h, planner=PlannerSpec(policy="reactive"))
+    h.telemetry.window = window(30)
+    await h.loop.tick()
+    got = await h.stub.GetDeployment(autoscaler_pb2.GetDeploymentRequest(name="chat-pd"))
+    assert got.spec.planner.policy == "reactive"
+    assert "reactive" in got.recent_decisions[0].binding_constraint
 
 
 async def test_telemetry_outage_holds_and_says_so(h: Harness) -> None:

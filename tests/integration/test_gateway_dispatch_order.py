@@ -176,3 +176,52 @@ async def test_a_follower_waits_for_its_carriers_first_byte(
     finally:
         eng.open.set()
         await server.close()
+
+
+@pytest.mark.parametrize(
+    ("protect", "held"),
+    [("guard", True), ("off", False)],
+    ids=["guard-holds-until-first-byte", "off-goes-at-once"],
+)
+async def test_protection_holds_prompts_while_a_timely_one_awaits_its_first_byte(
+    engine: tuple[RecordingEngine, str],
+    http: aiohttp.ClientSession,
+    protect: Literal["off", "guard"],
+    held: bool,
+) -> None:
+    """The first prompt can meet the agent class's TTFT and has no first byte yet; once its
+    predicted prefill has run out no backlog holds the next one, but protection does, until
+    that first byte (the agent class's starve_after_ms bounds it)."""
+    eng, url = engine
+    core = build_core([EndpointSpec("e1", url)], perf_profile="test", block_size=16)
+    opts = GatewayOptions(
+        background=False, block_size=16, dispatch_hold_ms=150.0, dispatch_protect=protect
+    )
+    gw = Gateway(core, opts)
+    server = TestServer(gw.app(), host="127.0.0.1")
+    await server.start_server()
+    gw_url = str(server.make_url("")).rstrip("/")
+    headers = {"X-Tideserve-Class": "agent"}
+
+    async def send(letter: str, words: int) -> Any:
+        body = {"model": "tideserve-sim", "prompt": _prompt(letter, words), "max_tokens": 1}
+        async with http.post(gw_url + "/v1/completions", json=body, headers=headers) as r:
+            assert r.status == 200, await r.text()
+            return await r.json()
+
+    try:
+        first = asyncio.create_task(send("a", 8_000))  # ~466 ms of predicted prefill
+        await until(lambda: eng.seen == ["a"], "the timely prompt reached the engine")
+        await until(lambda: gw.dispatch.shaper.backlog_ms("e1", gw.clock()) == 0.0, "no backlog")
+        second = asyncio.create_task(send("b", 8_000))
+        if held:
+            await until(lambda: gw.dispatch.shaper.held("e1") == 1, "the next one waits")
+            assert eng.seen == ["a"]
+        else:
+            await until(lambda: eng.seen == ["a", "b"], "the next one reached the engine")
+        eng.open.set()  # the first prompt answers: its first byte
+        await asyncio.gather(first, second)
+        assert eng.seen == ["a", "b"] and gw.dispatch.shaper.held() == 0
+    finally:
+        eng.open.set()
+        await server.close()

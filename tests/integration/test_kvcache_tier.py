@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -258,6 +258,56 @@ async def test_engine_offloads_what_it_evicts_and_fetches_it_back(
         assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == 640  # fetched back
         assert engine.tier_io.fetched_blocks == 10
         assert engine.core.prompt_tokens_total - computed == len(tokenize(LONG)) - 640
+    finally:
+        await fleet.close()
+
+
+async def test_prefix_evicted_while_the_turn_waited_is_fetched_at_admission(
+    tier: Tier, tmp_path: Path, metadata_url: str, http: aiohttp.ClientSession
+) -> None:
+    """LONG is resident when its turn arrives, so nothing is fetched at submission; OTHER,
+    queued ahead of it, evicts it (offloaded) while it waits: the engine asks the tier
+    again when it admits the turn and fetches the prefix instead of recomputing it."""
+    fleet = _tier_fleet(
+        tier, tmp_path, metadata_url, kvcache_policy="offload_on_evict", kv_blocks=11
+    )
+    try:
+        engine, url = await fleet.start()
+        assert engine.tier_io is not None
+
+        async def complete(prompt: str) -> dict[str, Any]:
+            async with http.post(
+                url + "/v1/completions", json={"prompt": prompt, "max_tokens": 4}
+            ) as resp:
+                assert resp.status == 200
+                return dict(await resp.json())
+
+        want = await complete(LONG)
+        computed = engine.core.prompt_tokens_total
+        engine.faults.stall_until = time.monotonic() + 120  # queue both, admit neither
+
+        def queued(n: int) -> Callable[[], Awaitable[bool]]:
+            async def pred() -> bool:
+                return engine.core.num_waiting == n
+
+            return pred
+
+        other = asyncio.create_task(complete(OTHER))
+        await eventually(queued(1))
+        turn = asyncio.create_task(complete(LONG))
+        await eventually(queued(2))
+        assert engine.tier_io.fetched_blocks == 0  # resident at submission: nothing fetched
+        engine.faults.stall_until = 0.0
+        await other
+        got = await turn
+        assert got["choices"][0]["text"] == want["choices"][0]["text"]
+        assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == 640  # fetched
+        assert engine.tier_io.fetched_blocks == 10
+        assert engine.tier_io.stored_blocks == 20  # LONG's, then OTHER's (evicted for it)
+        long_tokens = len(tokenize(LONG))
+        assert (
+            engine.core.prompt_tokens_total - computed == len(tokenize(OTHER)) + long_tokens - 640
+        )
     finally:
         await fleet.close()
 

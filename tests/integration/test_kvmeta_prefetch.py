@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +30,11 @@ from tideserve.v1 import kvmeta_pb2, kvmeta_pb2_grpc
 
 from services.common import db
 from services.common.clock import ManualClock
-from services.common.sessions import SessionTable, ToolTimePredictor
+from services.common.sessions import Session, SessionTable, ToolTimePredictor
 from services.common.tokens import block_hashes, tokenize
 from services.dataplane.tier import block_key
 from services.engine.server import EngineServer
+from services.kvmeta.fetchable import on_gpu_and_tier
 from services.kvmeta.index import PrefixIndex
 from services.kvmeta.ingest import IndexFeeder
 from services.kvmeta.objects import ObjectMaster
@@ -49,6 +50,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 DEP = "pf"
 LONG = " ".join(f"w{i}" for i in range(700))  # 10 full blocks of 64 tokens + a tail
+OTHER = " ".join(f"v{i}" for i in range(700))
 GAP_S = 30.0  # the predicted tool time (no history: the default gap)
 GPU, CPU = 1, 2
 
@@ -136,8 +138,10 @@ async def test_offloaded_session_is_prefetched_before_its_next_turn(
                             deployment=DEP, kvcache_tier=True, kvcache_policy=policy,
                             kvmeta_address=kv.address, te_metadata_url=metadata_url,
                             stream_prefix=kv.prefix, kv_flush_ms=10.0)  # fmt: skip
-        # budget 0: an idle session is offloaded at once, whatever its predicted return
-        ctl = RetentionController(kv.shell, mode="enforce", budget_share=0.0, tick_s=0.1)
+        # budget 0, eager: an idle session is offloaded at once, whatever its predicted return
+        ctl = RetentionController(
+            kv.shell, mode="enforce", budget_share=0.0, tick_s=0.1, keep_unprotected=False
+        )
         try:
             engine, url = await fleet.start(redis=kv.redis, instance_id="e0")
             ctl.urls["e0"] = url
@@ -158,10 +162,28 @@ async def _run(
     key: dict[str, str],
     skey: tuple[str, str, str],
 ) -> None:
+    chain, want, returns_at = await _first_turn(kv, engine, url, http, clock, key, skey)
+    # the controller offloads it to the tier
+    await ctl.tick()
+    await _gone_to_tier(kv, engine, chain)
+    assert dict(kv.shell.table.get(skey).tiers) == {CPU: 10}
+    await _prefetch_and_next_turn(kv, ctl, engine, url, http, clock, key, skey, want, returns_at)
+
+
+async def _first_turn(
+    kv: KVMeta,
+    engine: EngineServer,
+    url: str,
+    http: aiohttp.ClientSession,
+    clock: ManualClock,
+    key: dict[str, str],
+    skey: tuple[str, str, str],
+) -> tuple[list[int], dict[str, Any], float]:
+    """Turn 1, served on e0 and reported as the gateway reports it, until kvmeta's index
+    has its chain on e0's GPU: the chain, the answer and the predicted return."""
     assert engine.tier_io is not None
     chain = block_hashes(tokenize(LONG), engine.settings.block_size)
     assert len(chain) == 10
-    # turn 1, served on e0 and reported as the gateway reports it
     await kv.stub.StartSessionTurn(kvmeta_pb2.StartSessionTurnRequest(**key, home_instance="e0"))
     want = await complete(http, url)
     await kv.stub.EndSessionTurn(
@@ -177,8 +199,69 @@ async def _run(
         return on_engine(kv, chain) == {GPU: 10}
 
     await eventually(indexed)
-    # the controller offloads it to the tier
-    await ctl.tick()
+    return chain, want, returns_at
+
+
+async def test_kept_session_evicted_on_demand_is_recorded_and_prefetched(
+    postgres_db_url: str, redis_url: str, metadata_url: str, tmp_path: Path
+) -> None:
+    """Keep-while-room: the controller leaves the idle session on the GPU (no pressure);
+    another prompt makes the engine evict it, to the tier (offload on eviction); the
+    controller records it there from the index's KV events and the tier's objects, and the
+    prefetch brings it back before its next turn as for one it offloaded itself."""
+    clock = ManualClock(1_000_000.0)
+    key = {"deployment": DEP, "tenant": "", "session_id": "agent-2"}
+    skey = (DEP, "", "agent-2")
+    async with (
+        kvmeta(postgres_db_url, redis_url, clock) as kv,
+        engine_process(
+            tmp_path / "kvcache", "--role", "kvcache", "--kvcache-mib", "4",
+            "--deployment", DEP, "--te-metadata-url", metadata_url,
+            "--kvmeta-address", kv.address,
+        ),
+        aiohttp.ClientSession() as http,
+    ):  # fmt: skip
+        fleet = EngineFleet(tmp_path, serve="runner", profile="test", speedup=20.0,
+                            deployment=DEP, kvcache_tier=True, kvcache_policy="offload_on_evict",
+                            kvmeta_address=kv.address, te_metadata_url=metadata_url,
+                            stream_prefix=kv.prefix, kv_flush_ms=10.0,
+                            kv_blocks=11)  # fmt: skip  # one 700-token prompt at a time
+
+        def locate(s: Session, chain: Sequence[int]) -> tuple[int, int]:
+            return on_gpu_and_tier(
+                kv.feeder.index, kv.master.exist, s.deployment, s.tenant, s.home_instance, chain
+            )
+
+        ctl = RetentionController(
+            kv.shell, mode="enforce", budget_share=0.0, tick_s=0.1, locate=locate
+        )
+        try:
+            engine, url = await fleet.start(redis=kv.redis, instance_id="e0")
+            ctl.urls["e0"] = url
+            chain, want, returns_at = await _first_turn(kv, engine, url, http, clock, key, skey)
+            clock.advance(1.0)  # idle long enough for the index to have seen the turn
+            await ctl.tick()  # no pressure: kept on the GPU, nothing offloaded or recorded
+            assert engine.core.cache.match(chain) == 10
+            assert dict(kv.shell.table.get(skey).tiers) == {}
+            assert ctl.stats["evicted_sessions"] == 0
+            async with http.post(
+                url + "/v1/completions", json={"prompt": OTHER, "max_tokens": 4}
+            ) as r:
+                assert r.status == 200  # evicts the session's blocks: to the tier
+            await _gone_to_tier(kv, engine, chain)
+            await ctl.tick()
+            assert dict(kv.shell.table.get(skey).tiers) == {CPU: 10}
+            assert ctl.stats["evicted_sessions"] == 1
+            await _prefetch_and_next_turn(
+                kv, ctl, engine, url, http, clock, key, skey, want, returns_at
+            )
+        finally:
+            await ctl.close()
+            await bounded(fleet.close(), "closing the engine")
+
+
+async def _gone_to_tier(kv: KVMeta, engine: EngineServer, chain: list[int]) -> None:
+    """Wait until the chain left the engine's GPU for the tier (and kvmeta's index saw it)."""
     keys = [block_key(h) for h in chain]
 
     async def offloaded() -> bool:
@@ -187,7 +270,23 @@ async def _run(
 
     await eventually(offloaded)
     assert engine.core.cache.match(chain) == 0
-    assert dict(kv.shell.table.get(skey).tiers) == {CPU: 10}
+
+
+async def _prefetch_and_next_turn(
+    kv: KVMeta,
+    ctl: RetentionController,
+    engine: EngineServer,
+    url: str,
+    http: aiohttp.ClientSession,
+    clock: ManualClock,
+    key: dict[str, str],
+    skey: tuple[str, str, str],
+    want: dict[str, Any],
+    returns_at: float,
+) -> None:
+    """The offloaded session is prefetched inside its lead; its next turn finds it cached."""
+    assert engine.tier_io is not None
+    chain = block_hashes(tokenize(LONG), engine.settings.block_size)
     # far from the return: nothing to prefetch yet
     clock.advance(GAP_S / 2)
     await ctl.tick()

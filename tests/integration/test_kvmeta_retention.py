@@ -59,11 +59,14 @@ async def ctl_closed(ctl: RetentionController) -> AsyncIterator[None]:
         await ctl.close()
 
 
+@pytest.mark.parametrize("eager", [True, False], ids=["eager", "keep-while-room"])
 @pytest.mark.parametrize("mode", ["enforce", "observe"])
-async def test_protect_within_budget_offload_the_rest(engine: str, mode: str) -> None:
+async def test_protect_within_budget_offload_the_rest(engine: str, mode: str, eager: bool) -> None:
     clock = ManualClock(10_000.0)
     shell = SessionShell(SessionTable(ToolTimePredictor(default_gap_s=30.0)), None, clock.now)
-    ctl = RetentionController(shell, mode=mode, budget_share=0.2, urls={"e0": engine})
+    ctl = RetentionController(
+        shell, mode=mode, budget_share=0.2, urls={"e0": engine}, keep_unprotected=not eager
+    )
     async with aiohttp.ClientSession() as http, ctl_closed(ctl):
         chains = {}
         for sid, base in (("near", 0), ("far", 1000)):  # 10 blocks each; budget 20 of 100
@@ -87,10 +90,12 @@ async def test_protect_within_budget_offload_the_rest(engine: str, mode: str) ->
             state = await r.json()
     (plan,) = plans.values()
     assert {k[2] for k in plan.plan.protected} == {"near", "far"}
-    assert {k[2] for k in plan.plan.offload} == {"big"}
+    # eager: big is offloaded at once; else it stays on the GPU while the engine has room
+    assert {k[2] for k in plan.plan.offload} == ({"big"} if eager else set())
+    assert {k[2] for k in plan.plan.kept} == (set() if eager else {"big"})
     if mode == "enforce":
         assert state["protected_blocks"] == 20
-        assert state["used_blocks"] == 20  # big was evicted (no tier: freed)
+        assert state["used_blocks"] == (20 if eager else 35)  # big evicted (no tier: freed)
         assert ctl.stats["applied"] == 1
         assert dict(shell.table.get(("d", "t", "near")).tiers) == {1: 10}
         assert dict(shell.table.get(("d", "t", "big")).tiers) == {}

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from services.autoscaler.planner.config import PlannerConfig, for_deployment
 from services.autoscaler.seam import role_target
 from services.autoscaler.spec import SpecError, load_spec_file, parse_spec
 from services.autoscaler.translate import spec_from_proto, spec_to_proto
@@ -108,6 +109,9 @@ BAD = [
         "roles[0].ports[1]: Input should be less than or equal to 65535",
     ),
     ("port-repeated", _with("roles.0.ports", [30001, 30001]), "ports [30001, 30001] repeat"),
+    ("planner-policy", _with("planner", {"policy": "psychic"}), "planner.policy"),
+    ("planner-utilization", _with("planner", {"max_utilization": 1.5}), "planner.max_utilization"),
+    ("planner-unknown", _with("planner", {"interval_s": 5}), "planner.interval_s: Extra inputs"),
     (
         "port-of-two-roles",
         {**_pd(), "roles": [r | {"ports": [30001]} for r in _pd()["roles"]]},
@@ -128,6 +132,32 @@ def test_bad_specs_are_refused_naming_the_field(data: dict[str, Any], needle: st
 def test_a_good_spec_round_trips_through_protobuf() -> None:
     spec = parse_spec(_pd())
     assert spec_from_proto(spec_to_proto(spec)) == spec
+
+
+@pytest.mark.parametrize(
+    ("planner", "overrides"),
+    [
+        ({}, {}),
+        ({"policy": "reactive"}, {"policy": "reactive"}),
+        (
+            {"predictor": "constant", "max_utilization": 0.7, "decode_headroom": 0.8},
+            {"predictor": "constant", "max_utilization": 0.7, "decode_headroom": 0.8},
+        ),
+    ],
+    ids=["none", "policy", "sla-settings"],
+)
+def test_planner_settings_round_trip_and_override_the_autoscalers(
+    planner: dict[str, Any], overrides: dict[str, Any]
+) -> None:
+    spec = parse_spec(_with("planner", planner))
+    assert spec_from_proto(spec_to_proto(spec)) == spec
+    assert spec.planner.overrides() == overrides
+    base = PlannerConfig(max_utilization=0.9, hysteresis=0.2)
+    cfg = for_deployment(base, spec.planner.overrides())
+    assert cfg.hysteresis == 0.2  # what the spec leaves is the autoscaler's
+    for key, value in {"max_utilization": 0.9, **overrides}.items():
+        assert getattr(cfg, key) == value
+    assert (cfg is base) == (not overrides)
 
 
 def test_restart_policy_and_ports_round_trip_and_default() -> None:

@@ -51,6 +51,9 @@ def test_protected_blocks_are_evicted_last(
     kept = {n for n, hs in chains.items() if cache.match(hs) == 2}
     assert kept == survivors
     assert cache.protected_blocks == sum(2 for n in protect if n in survivors)
+    every = [h for hs in chains.values() for h in hs]
+    assert cache.count_protected(every) == cache.protected_blocks
+    assert cache.count_protected([12345]) == 0
 
 
 def test_protected_blocks_go_to_the_tier_when_offloading() -> None:

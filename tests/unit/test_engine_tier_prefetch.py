@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -161,5 +161,6 @@ async def test_a_request_waits_for_the_prefetch_in_flight(kvbytes: KVBytes) -> N
     assert not req.done() and io.prefetch_waits == 1  # waiting for the prefetch
     gate.set()
     assert (await pre).fetched == 5
-    assert await req == base  # the prefix is resident: nothing to fetch on arrival
+    # the prefix is resident: nothing to fetch on arrival (looked up again at admission)
+    assert await req == replace(base, tier_lookup=True)
     assert io.fetched_blocks == 0 and tier.reads == [CHAIN]  # one read: the prefetch's

@@ -16,7 +16,12 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from services.common.apis.responses import parse_responses
-from services.common.apis.responses_stream import ChatToResponses, NativeResponses
+from services.common.apis.responses_stream import (
+    ChatToResponses,
+    NativeResponses,
+    all_plain,
+    plain_event,
+)
 from services.scheduler.core.records import RequestContext
 from services.scheduler.http.openai import ApiError, parse_request
 from services.scheduler.http.responses import ResponsesApi
@@ -134,3 +139,27 @@ def test_stream_translators_never_raise(chunks: list[bytes]) -> None:
         for c in chunks:
             assert isinstance(t.feed(c), bytes)
         assert t.final() and t.response is not None
+
+
+PIECES = st.lists(
+    st.sampled_from(
+        [b"event: response.output_text.delta", b"event:x", b"\n", b"\n\n", b"data: {", b"data:{",
+         b"data: [1]", b'"delta": "a"}', b'"response"', b"id: 3", b" ", b"}", b"data:  {"]
+    ),
+    max_size=16,
+).map(b"".join)  # fmt: skip
+
+
+@given(PIECES)
+@example(b'event: x\ndata: {"a": 1}\n\nevent: y\ndata: {"b": 2}\n\n')
+@example(b"event: x\ndata: {\n\n\nevent: y\ndata: {\n\n")
+def test_all_plain_holds_only_when_each_event_would_pass_through(s: bytes) -> None:
+    """The counting shortcut never says "plain" of events the per-event rule would rewrite:
+    split as the stream is read (at each blank line from the left), each is plain."""
+    if not s.endswith(b"\n\n") or not all_plain(s):
+        return
+    events, rest = [], bytearray(s)
+    while (end := rest.find(b"\n\n")) >= 0:
+        events.append(bytes(rest[:end]))
+        del rest[: end + 2]
+    assert not rest and all(plain_event(e) is not None for e in events)

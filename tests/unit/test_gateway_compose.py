@@ -252,3 +252,17 @@ def test_bad_slo_config_file_is_one_line(tmp_path: Path, text: str, error: str) 
     f.write_text(text)
     with pytest.raises(ValueError, match=error):
         cli.settings_from_args(_args("--endpoints", "http://a:1", "--slo-config", str(f)))
+
+
+@pytest.mark.parametrize(
+    ("argv", "protect", "slack"),
+    [((), False, False), (("--dispatch-protect", "guard"), True, False),
+     (("--dispatch-protect", "slack"), True, True)],
+    ids=["off", "guard", "slack"],
+)  # fmt: skip
+def test_dispatch_protect_reaches_the_dispatch_order(
+    argv: tuple[str, ...], protect: bool, slack: bool
+) -> None:
+    s = cli.settings_from_args(_args("--endpoints", "http://a:1", *argv))
+    config = Scheduler(s).gateway.dispatch.shaper.config
+    assert (config.protect, config.protect_slack) == (protect, slack)

@@ -378,3 +378,28 @@ def test_native_deltas_keep_the_engines_bytes_and_numbering() -> None:
     assert t.feed(delta) == delta.replace(b"\r\n", b"\n")  # spacing and order as sent
     events = _events(t.final())
     assert events[0]["type"] == "response.failed" and events[0]["sequence_number"] == 8
+
+
+def _delta(seq: int | None) -> bytes:
+    num = f'"sequence_number":{seq},' if seq is not None else ""
+    return f'event: response.output_text.delta\ndata: {{"type":"response.output_text.delta",{num}"delta":"x"}}\n\n'.encode()
+
+
+@pytest.mark.parametrize(
+    ("chunk", "next_seq"),
+    [
+        (_delta(3) + _delta(4) + _delta(5), 6),
+        (_delta(3) + _delta(4) + _delta(None), 5),
+        (_delta(None) + _delta(None), 0),
+        (_delta(7) + _delta(8)[:20], 8),
+    ],
+    ids=["numbered", "last-unnumbered", "none-numbered", "partial-event-held"],
+)
+def test_a_chunk_of_deltas_goes_through_in_one_piece_and_keeps_the_numbering(
+    chunk: bytes, next_seq: int
+) -> None:
+    req = parse_responses({"model": M, "input": "q"})
+    t = NativeResponses(req, "resp_ours", 1, store=False)
+    whole = chunk[: chunk.rfind(b"\n\n") + 2]
+    assert t.feed(chunk) == whole
+    assert _events(t.final())[-1]["sequence_number"] == next_seq

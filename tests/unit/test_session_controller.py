@@ -25,33 +25,55 @@ CHAINS = {
 }
 
 
+THREE = [sess("a", "e0", Phase.IDLE, 5), sess("b", "e0", Phase.IDLE, 50),
+         sess("c", "e0", Phase.IDLE, 10)]  # fmt: skip
+EAGER = {"keep_unprotected": False}
+
+
 @pytest.mark.parametrize(
-    ("sessions", "capacity", "want"),
+    ("sessions", "capacity", "kw", "want"),
     [
-        # budget 20% of 50 = 10 blocks: a (sooner) and b (6) do not both fit with c; a + c fit
-        ([sess("a", "e0", Phase.IDLE, 5), sess("b", "e0", Phase.IDLE, 50),
-          sess("c", "e0", Phase.IDLE, 10)], 50,
-         {"e0": ((9, 10, 1, 2, 3, 4), (8, 7, 6, 5))}),  # protected: coldest first
+        # budget 20% of 50 = 10 blocks: a (sooner) and b (6) do not both fit with c; a + c
+        # fit; no pressure: b stays on the GPU, unmarked (neither protected nor offloaded)
+        (THREE, 50, {}, {"e0": ((9, 10, 1, 2, 3, 4), ())}),  # protected: coldest first
+        # the engine must free 4 blocks: b goes, leaf first
+        (THREE, 50, {"need": 4}, {"e0": ((9, 10, 1, 2, 3, 4), (8, 7, 6, 5))}),
+        # eager: every unprotected session offloaded at once
+        (THREE, 50, EAGER, {"e0": ((9, 10, 1, 2, 3, 4), (8, 7, 6, 5))}),
         # overdue b is offloaded first; shared blocks of protected a stay
-        ([sess("a", "e0", Phase.IDLE, 5), sess("b", "e0", Phase.IDLE, -1)], 50,
+        ([sess("a", "e0", Phase.IDLE, 5), sess("b", "e0", Phase.IDLE, -1)], 50, {"need": 1},
          {"e0": ((1, 2, 3, 4), (8, 7, 6, 5))}),
-        # an active session is left to the engine; an ended one only loses its marks
-        ([sess("a", "e0", Phase.ACTIVE, None), sess("c", "e0", Phase.ENDED, None)], 50,
-         {"e0": ((), ())}),
-        # a zero budget offloads every idle session, coldest first (no prediction before
-        # the furthest predicted return)
-        ([sess("c", "e0", Phase.IDLE, 100), sess("x", "e0", Phase.IDLE, None)], 4,
+        # an active session's turn has arrived: its chain is held (protected, never
+        # offloaded, outside the budget) until the engine takes it; an ended one only
+        # loses its marks
+        ([sess("a", "e0", Phase.ACTIVE, None), sess("c", "e0", Phase.ENDED, None)], 50, EAGER,
+         {"e0": ((1, 2, 3, 4), ())}),
+        ([sess("a", "e0", Phase.ACTIVE, None)], 4, {"need": 4, "keep_unprotected": False,
+         "budget_share": 0.0}, {"e0": ((1, 2, 3, 4), ())}),
+        # a zero budget with pressure offloads idle sessions coldest first (no prediction
+        # before the furthest predicted return) until the need is met
+        ([sess("c", "e0", Phase.IDLE, 100), sess("x", "e0", Phase.IDLE, None)], 4, {"need": 2},
+         {"e0": ((), (12, 11))}),
+        ([sess("c", "e0", Phase.IDLE, 100), sess("x", "e0", Phase.IDLE, None)], 4, EAGER,
          {"e0": ((), (12, 11, 10, 9))}),
         # homes are per engine; a session homed on an unknown engine is skipped
         ([sess("a", "e0", Phase.IDLE, 5), sess("c", "e1", Phase.IDLE, 5),
-          sess("x", "gone", Phase.IDLE, 5)], 50,
+          sess("x", "gone", Phase.IDLE, 5)], 50, {},
          {"e0": ((1, 2, 3, 4), ()), "e1": ((9, 10), ())}),
     ],
-    ids=["budget", "shared-blocks-stay", "active-and-ended", "zero-budget-order", "per-engine"],
+    ids=["budget-rest-kept", "pressure-offloads", "eager-offloads", "shared-blocks-stay",
+         "active-held-ended-released", "active-held-under-pressure", "zero-budget-pressure-order", "zero-budget-eager-order",
+         "per-engine"],
 )  # fmt: skip
-def test_plan_engines(sessions: list[Session], capacity: int, want: dict[str, object]) -> None:
-    engines = {iid: EngineKV(capacity) for iid in ("e0", "e1")}
-    got = plan_engines(sessions, CHAINS, engines, NOW)
+def test_plan_engines(
+    sessions: list[Session], capacity: int, kw: dict[str, object], want: dict[str, object]
+) -> None:
+    need = int(kw.get("need", 0))  # type: ignore[call-overload]
+    engines = {iid: EngineKV(capacity, need_blocks=need) for iid in ("e0", "e1")}
+    eager = kw.get("keep_unprotected", True)
+    share = float(kw.get("budget_share", 0.2))  # type: ignore[arg-type]
+    got = plan_engines(sessions, CHAINS, engines, NOW, keep_unprotected=bool(eager),
+                       budget_share=share)  # fmt: skip
     assert {iid: (p.protect, p.offload) for iid, p in got.items() if iid in want} == want
     assert all(not p.protect and not p.offload for iid, p in got.items() if iid not in want)
 

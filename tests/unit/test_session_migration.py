@@ -63,6 +63,20 @@ def home(route: str, dests: tuple[Destination, ...] = DESTS) -> str:
          [("soon", Fate.MOVE, "e1"), ("late", Fate.MOVE, "e2")]),
         ([m("late", 6, back_in=50), m("soon", 6, back_in=5)], (Destination("e1", 8),), None,
          "least_loaded", [("soon", Fate.MOVE, "e1"), ("late", Fate.TIER, "")]),
+        # kv_spread: load is the KV homed there; each move adds its blocks before the next
+        # is placed, so the victim's sessions spread instead of all landing on one
+        ([m("big", 60, back_in=5), m("mid", 30, back_in=10), m("small", 10, back_in=20)],
+         (Destination("e1", 500, 20), Destination("e2", 500, 40), Destination("e3", 500, 45)),
+         None, "kv_spread",
+         [("big", Fate.MOVE, "e1"), ("mid", Fate.MOVE, "e2"), ("small", Fate.MOVE, "e3")]),
+        # least_loaded keeps its load as given (every session onto the same instance)
+        ([m("big", 60, back_in=5), m("mid", 30, back_in=10), m("small", 10, back_in=20)],
+         (Destination("e1", 500, 20), Destination("e2", 500, 40), Destination("e3", 500, 45)),
+         None, "least_loaded",
+         [("big", Fate.MOVE, "e1"), ("mid", Fate.MOVE, "e1"), ("small", Fate.MOVE, "e1")]),
+        # kv_spread needs room too: the least loaded without room is passed over
+        ([m("a", 40)], (Destination("e1", 30, 0), Destination("e2", 50, 90)), None,
+         "kv_spread", [("a", Fate.MOVE, "e2")]),
         # the tier's room is short too: the warmest that fit go, the rest are dropped
         ([m("a", 5, back_in=5), m("b", 5, back_in=20), m("c", 2, back_in=30)], (), 7,
          "rendezvous", [("a", Fate.TIER, ""), ("b", Fate.DROP, ""), ("c", Fate.TIER, "")]),
@@ -74,7 +88,8 @@ def home(route: str, dests: tuple[Destination, ...] = DESTS) -> str:
     ],
     ids=["move-home-drop-ended", "no-destination", "home-full-to-tier", "least-loaded",
          "least-loaded-with-room", "least-loaded-tie", "room-shared", "soonest-gets-room",
-         "tier-short", "warmth-order"],
+         "kv-spread", "least-loaded-does-not-spread", "kv-spread-needs-room", "tier-short",
+         "warmth-order"],
 )  # fmt: skip
 def test_plan(
     sessions: list[Migrant],

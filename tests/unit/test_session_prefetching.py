@@ -146,10 +146,10 @@ def test_offloaded() -> None:
 
 
 def test_a_held_session_is_protected_and_never_offloaded() -> None:
-    # budget 0: without the hold, both idle sessions would be offloaded
+    # budget 0, eager: without the hold, both idle sessions would be offloaded
     rows = [sess("a", 0.3), sess("b", 0.3)]
     got = plan_engines(rows, CHAINS, {"e0": EngineKV(50)}, NOW, budget_share=0.0,
-                       hold={("d", "t", "a")})["e0"]  # fmt: skip
+                       hold={("d", "t", "a")}, keep_unprotected=False)["e0"]  # fmt: skip
     assert got.protect == CHAINS[("d", "t", "a")]
     assert got.offload == tuple(reversed(CHAINS[("d", "t", "b")]))
     assert got.plan.offload == (("d", "t", "b"),)

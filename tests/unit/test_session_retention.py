@@ -28,77 +28,87 @@ def s(
 
 
 def keys(plan: RetentionPlan) -> tuple[tuple[object, ...], ...]:
-    return plan.protected, plan.offload, plan.drop, plan.release
+    return plan.protected, plan.offload, plan.kept, plan.drop, plan.release
+
+
+EAGER = {"keep_unprotected": False}
 
 
 @pytest.mark.parametrize(
-    ("idle", "kw", "protected", "offload", "drop", "release"),
+    ("idle", "kw", "protected", "offload", "kept", "drop", "release"),
     [
-        # 1000 blocks, 20 %: 200 blocks of budget; soonest return first
-        ([s("a", 100, 110), s("b", 100, 120), s("c", 100, 130)], {}, ["b", "a"], ["c"], [], []),
+        # 1000 blocks, 20 %: 200 blocks of budget; soonest return first; no pressure: the
+        # rest stays on the GPU as evictable cache
+        ([s("a", 100, 110), s("b", 100, 120), s("c", 100, 130)], {}, ["b", "a"], [], ["c"],
+         [], []),
         # a big one that does not fit is skipped, a smaller later one still fits
-        ([s("a", 150, 110), s("big", 100, 120), s("c", 50, 130)], {}, ["c", "a"], ["big"], [], []),
-        # overdue (return passed) first, then unknown, then furthest return first
-        (
-            [s("far", 300, 500), s("late", 10, 90, 5), s("unk", 10, None, 1), s("mid", 300, 300)],
-            {},
-            [],
-            ["late", "unk", "far", "mid"],
-            [],
-            [],
-        ),
+        ([s("a", 150, 110), s("big", 100, 120), s("c", 50, 130)], {}, ["c", "a"], [], ["big"],
+         [], []),
+        # eager: every unprotected session offloaded at once, pressure or not
+        ([s("a", 100, 110), s("b", 100, 120), s("c", 100, 130)], EAGER, ["b", "a"], ["c"], [],
+         [], []),
+        # offload order (eager): overdue (return passed) first, then unknown, then furthest
+        # return first
+        ([s("far", 300, 500), s("late", 10, 90, 5), s("unk", 10, None, 1), s("mid", 300, 300)],
+         EAGER, [], ["late", "unk", "far", "mid"], [], [], []),
+        # the same order for what is kept
+        ([s("far", 300, 500), s("late", 10, 90, 5), s("unk", 10, None, 1), s("mid", 300, 300)],
+         {}, [], [], ["late", "unk", "far", "mid"], [], []),
         # overdue ones among themselves: least recently used first
-        ([s("x", 10, 50, 9), s("y", 10, 60, 3)], {}, [], ["y", "x"], [], []),
+        ([s("x", 10, 50, 9), s("y", 10, 60, 3)], EAGER, [], ["y", "x"], [], [], []),
         # ended sessions are released, never protected even if they would fit
-        ([s("a", 10, 110, ended=True), s("b", 10, 120)], {}, ["b"], [], [], ["a"]),
+        ([s("a", 10, 110, ended=True), s("b", 10, 120)], {}, ["b"], [], [], [], ["a"]),
         # pressure: released and unprotected blocks first, then protected coldest first
-        (
-            [s("a", 100, 110), s("b", 100, 120), s("c", 50, None), s("e", 20, 1, ended=True)],
-            {"need_blocks": 150},
-            ["a"],
-            ["c", "b"],
-            [],
-            ["e"],
-        ),
-        # pressure already met by what is unprotected: protection holds
-        ([s("a", 100, 110), s("c", 300, None)], {"need_blocks": 250}, ["a"], ["c"], [], []),
+        ([s("a", 100, 110), s("b", 100, 120), s("c", 50, None), s("e", 20, 1, ended=True)],
+         {"need_blocks": 150}, ["a"], ["c", "b"], [], [], ["e"]),
+        # pressure met by the coldest unprotected: the warmer unprotected stay, so does
+        # protection
+        ([s("a", 100, 110), s("c", 300, None), s("d", 150, 900), s("o", 50, 90)],
+         {"need_blocks": 250}, ["a"], ["o", "c"], ["d"], [], []),
+        # pressure already met by what is released: nothing offloaded
+        ([s("a", 100, 110), s("c", 300, None), s("e", 60, 1, ended=True)],
+         {"need_blocks": 50}, ["a"], [], ["c"], [], ["e"]),
         # the tier is short: the coldest go to drop, the warmer ones still fit
-        (
-            [s("late", 60, 50), s("far", 60, 900), s("near", 300, 400)],
-            {"tier_free_blocks": 100, "budget_share": 0.0},
-            [],
-            ["far"],
-            ["late", "near"],
-            [],
-        ),
-        ([s("a", 10, 110)], {"budget_share": 0.0}, [], ["a"], [], []),
-        ([], {}, [], [], [], []),
+        ([s("late", 60, 50), s("far", 60, 900), s("near", 300, 400)],
+         {"tier_free_blocks": 100, "budget_share": 0.0, **EAGER}, [], ["far"], [],
+         ["late", "near"], []),
+        ([s("a", 10, 110)], {"budget_share": 0.0}, [], [], ["a"], [], []),
+        ([s("a", 10, 110)], {"budget_share": 0.0, **EAGER}, [], ["a"], [], [], []),
+        ([], {}, [], [], [], [], []),
     ],
     ids=[
-        "budget-soonest-first",
+        "budget-soonest-first-rest-kept",
         "skip-what-does-not-fit",
+        "eager-offloads-the-rest",
         "offload-order",
+        "kept-order",
         "overdue-lru",
         "ended-released",
         "pressure-takes-protected-coldest-first",
-        "pressure-met-without-protected",
+        "pressure-offloads-coldest-only",
+        "pressure-met-by-released",
         "tier-short-drops-coldest",
-        "zero-budget",
+        "zero-budget-kept",
+        "zero-budget-eager",
         "nothing-idle",
     ],
-)
+)  # fmt: skip
 def test_plan_retention(
     idle: list[IdleSession],
     kw: dict[str, float],
     protected: list[str],
     offload: list[str],
+    kept: list[str],
     drop: list[str],
     release: list[str],
 ) -> None:
     plan = plan_retention(1000, idle, NOW, **kw)  # type: ignore[arg-type]
-    assert keys(plan) == (tuple(protected), tuple(offload), tuple(drop), tuple(release))
+    want = (tuple(protected), tuple(offload), tuple(kept), tuple(drop), tuple(release))
+    assert keys(plan) == want
     assert plan.protected_blocks <= plan.budget_blocks
     assert plan.protected_blocks == sum(i.blocks for i in idle if i.key in plan.protected)
+    # every idle session is in exactly one list
+    assert sorted(k for lst in keys(plan) for k in lst) == sorted(i.key for i in idle)  # type: ignore[type-var]
 
 
 @pytest.mark.parametrize(

@@ -95,9 +95,13 @@ TINY = SimConfig(engines=4, max_requests=24, kv_blocks=2048, timeline_s=2.0)
         (SimConfig(prefill=1, decode=3, max_requests=24, kv_blocks=2048, decode_keeps_kv=True,
                    short_first_tokens=256), True),
         (SimConfig(engines=4, max_requests=24, kv_blocks=2048, short_first_tokens=256), False),
+        (SimConfig(engines=2, max_requests=24, kv_blocks=2048, slo_ttft_ms=300.0,
+                   shaper_protect_ms=2000.0), False),
+        (SimConfig(engines=2, max_requests=24, kv_blocks=2048, slo_ttft_ms=300.0,
+                   shaper_protect_ms=2000.0, shaper_protect_slack=True), False),
     ],
     ids=["aggregated", "pd", "two-gateways-stream", "pd-decode-keeps-kv-short-first",
-         "aggregated-short-first"],
+         "aggregated-short-first", "protect-guard", "protect-slack"],
 )  # fmt: skip
 def test_a_tiny_fleet_finishes_every_request_once(cfg: SimConfig, disaggregated: bool) -> None:
     doc, run = simulate(cfg, trace_of(24))

@@ -177,3 +177,16 @@ def test_the_cli_refuses_a_bad_curve_setup_in_one_line(
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("\n") == 1 and message in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("span_s", "rows", "length_s"),
+    [(600.0, (0.0,), 1.0), (601.0, (0.0, 600.0), 1200.0), (1e9, (0.0, 600.0, 1200.0), 1800.0)],
+    ids=["first-row", "two-rows", "all"],
+)
+def test_head_keeps_the_rows_that_start_before_the_span(
+    span_s: float, rows: tuple[float, ...], length_s: float
+) -> None:
+    head = CURVE.head(span_s)
+    assert head.t_s == rows and head.rate_rps == CURVE.rate_rps[: len(rows)]
+    assert head.span_s == length_s

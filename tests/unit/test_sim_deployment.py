@@ -47,9 +47,19 @@ BATCH = {"name": "batch", "priority": 1, "ttft_ms": 9000, "tpot_ms": 200}
          {"engines": 1, "autoscale": (1, 6, 500, 40, 99)}),
         (spec(role("p", "prefill", 2, 2, 8), role("dd", "decode", 3, 1, 12)), True,
          {"prefill": 2, "decode": 3, "autoscale": (1, 12, 2000, 100, 90)}),
+        (spec(role("w", "worker", 2, 1, 4), planner={"policy": "reactive",
+                                                     "max_utilization": 0.7}), True,
+         {"planner": {"policy": "reactive", "max_utilization": 0.7}}),
+        (spec({**role("w", "worker", 2), "args": ["--profile", "test", "--max-batch", "64",
+                                                  "--kv-blocks=4096"]}), False,
+         {"max_batch": 64, "kv_blocks": 4096, "max_batched_tokens": 8192}),
+        (spec({**role("p", "prefill", 1), "args": ["--max-batched-tokens", "2048"]},
+              {**role("dd", "decode", 1), "args": ["--max-batched-tokens", "2048"]}), False,
+         {"max_batched_tokens": 2048, "max_batch": 256}),
     ],
     ids=["workers", "pd", "kvcache-left-out", "profiles-and-blocks", "top-priority-slo",
-         "autoscaled-from-zero", "autoscaled-pd"],
+         "autoscaled-from-zero", "autoscaled-pd", "planner-settings", "engine-args",
+         "pd-engine-args"],
 )  # fmt: skip
 def test_a_spec_becomes_the_fleet_it_describes(
     doc: dict[str, Any], autoscale: bool, want: dict[str, Any]
@@ -60,6 +70,10 @@ def test_a_spec_becomes_the_fleet_it_describes(
             a = cfg.autoscale
             assert a is not None
             assert (a.min_replicas, a.max_replicas, a.ttft_ms, a.tpot_ms, a.percentile) == value
+        elif key == "planner":
+            assert cfg.autoscale is not None and dict(cfg.autoscale.planner) == value
+            pc = cfg.autoscale.planner_config()
+            assert (pc.policy, pc.max_utilization) == ("reactive", 0.7)
         else:
             assert getattr(cfg, key) == value, key
     if not autoscale:
@@ -74,8 +88,13 @@ def test_a_spec_becomes_the_fleet_it_describes(
         (spec(role("p", "prefill", 2)), "needs worker roles, or prefill and decode roles"),
         (spec(role("kv", "kvcache", 1)), "needs worker roles"),
         (spec(role("w", "worker", 0, 0, 4)), "a role has 0 replicas"),
+        (spec({**role("p", "prefill", 1), "args": ["--max-batch", "64"]},
+              {**role("dd", "decode", 1), "args": ["--max-batch", "128"]}),
+         "one engine configuration"),
+        (spec({**role("w", "worker", 1), "args": ["--kv-blocks", "lots"]}), "takes an integer"),
     ],
-    ids=["mixed-layouts", "prefill-only", "no-engines", "zero-without-autoscale"],
+    ids=["mixed-layouts", "prefill-only", "no-engines", "zero-without-autoscale",
+         "roles-disagree", "not-an-integer"],
 )  # fmt: skip
 def test_a_spec_the_simulator_cannot_run_is_refused(doc: dict[str, Any], message: str) -> None:
     with pytest.raises(SimConfigError, match=message):
@@ -137,3 +156,13 @@ def test_the_cli_refuses_a_bad_deployment_in_one_line(
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("\n") == 1 and message in err, err
     assert not out.exists()
+
+
+def test_recommends_engine_settings_come_back_from_its_spec() -> None:
+    cand = Candidate(Family("aggregated", "default"), engines=3, settings=(("max_batch", 64),))
+    written = spec_of(cand, name="rec", model="m", perf_profile="h200-llama3.1-8b",
+                      slo=Slo(800.0, 60.0), engine_args=("--profile", "h200-llama3.1-8b"),
+                      settings={"max_batch": 256, "max_batched_tokens": 4096, "kv_blocks": 8192})  # fmt: skip
+    cfg = from_spec(parse_spec(written), SimConfig(), autoscale=False).validate()
+    got = (cfg.engines, cfg.max_batch, cfg.max_batched_tokens, cfg.kv_blocks)
+    assert got == (3, 64, 4096, 8192)

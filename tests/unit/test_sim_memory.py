@@ -69,7 +69,7 @@ def _served(mem: AgentMemory, session: str, hashes: list[int], iid: str, now: fl
     ("mode", "stay_kv", "want"),
     [
         # the session's 8 blocks go to the tier; it is re-homed where the router sends it
-        ("retention", 50, ("e1", 8, {"migrate_move": 1})),
+        ("retention", 50, ("e1", 8, {"migrate_move": 1, "move_fetch": 1})),
         # its home among those that stay lacks room: the tier all the same, re-homed
         ("retention", 4, ("e1", 8, {"migrate_tier": 1})),
         # the engines' LRU only: nothing moves (as before)
@@ -110,3 +110,41 @@ def test_autoscaled_run_migrates_the_victims_sessions() -> None:
     assert sum(i.removed for i in sim.engines) == 1
     assert sim.memory is not None and sim.memory.counts.get("migrate_move", 0) >= 1
     assert sim.memory.summary()["reuse_ratio"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("mode", "fetched"), [("retention", True), ("lru", False)],
+    ids=["retention-looks-again-at-admission", "lru-recomputes"],
+)  # fmt: skip
+def test_turn_on_the_gpu_at_arrival_fetches_what_is_evicted_while_it_waits(
+    mode: str, fetched: bool
+) -> None:
+    """The engine looks the tier up again when it admits the turn: the dispatch hands it
+    the prefix as fetchable, used only if its own match at admission is shorter."""
+    caches = {"e0": KVCache(50, 64)}
+    mem = AgentMemory(mode, caches, get_profile("test"), 64)
+    chain = list(range(1, 9))
+    _served(mem, "a", chain, "e0", 1000.0)
+    mem.arrive("r2", 1, "a", [*chain, 9], 2000.0)
+    tokens, wait = mem.dispatch("r2", "e0", 9 * 64, 2000.0)
+    assert (tokens, wait > 0) == ((8 * 64, True) if fetched else (0, False))
+    assert mem.counts == {"gpu": 1}
+
+
+def test_scale_in_spreads_the_moved_sessions_by_the_kv_they_bring() -> None:
+    """Each moved session goes where the active sessions' KV is least, counting the ones
+    moved before it; its prefix starts coming to its new home at once."""
+    caches = {"e0": KVCache(50, 64), "e1": KVCache(50, 64), "e2": KVCache(50, 64)}
+    mem = AgentMemory("retention", caches, get_profile("test"), 64)
+    _served(mem, "x", list(range(100, 104)), "e1", 1000.0)  # 4 blocks active on e1
+    _served(mem, "a", list(range(1, 9)), "e0", 1000.0)
+    _served(mem, "b", list(range(20, 28)), "e0", 1000.0)
+    plan = mem.migrate("e0", ["e1", "e2"], 2000.0)
+    assert plan is not None
+    assert [(sid, iid) for sid, iid, _ in mem.moved] == [("a", "e2"), ("b", "e1")]
+    homes = {k: mem.table.get(("sim", "", k)).home_instance for k in ("a", "b", "x")}
+    assert homes == {"a": "e2", "b": "e1", "x": "e1"}
+    # a's next turn on its new home uses the prefix fetched meanwhile
+    mem.arrive("ra", 1, "a", [*range(1, 9), 9], 10_000.0)
+    assert mem.dispatch("ra", "e2", 9 * 64, 10_000.0) == (8 * 64, 0.0)
+    assert mem.counts["use"] == 1

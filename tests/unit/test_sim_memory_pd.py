@@ -17,10 +17,11 @@ from services.sim.run import Simulation
 CHAIN = list(range(1, 9))
 
 
-def _memory(mode: str, budget: float) -> AgentMemory:
+def _memory(mode: str, budget: float, eager: bool = False) -> AgentMemory:
     """Session ``a``'s turn computed on ``p0`` and decoded on ``d0`` (both cache its chain)."""
     caches = {"p0": KVCache(50, 64), "d0": KVCache(50, 64)}
-    mem = AgentMemory(mode, caches, get_profile("test"), 64, budget_share=budget)
+    mem = AgentMemory(mode, caches, get_profile("test"), 64, budget_share=budget,
+                      keep_unprotected=not eager)  # fmt: skip
     for c in caches.values():
         assert c.allocate("r", CHAIN, len(CHAIN)) is not None
         c.commit("r", CHAIN)
@@ -31,21 +32,24 @@ def _memory(mode: str, budget: float) -> AgentMemory:
 
 
 @pytest.mark.parametrize(
-    ("mode", "budget", "want"),
+    ("mode", "budget", "eager", "want"),
     [
         # within the budget: kept on both engines, protected from LRU
-        ("retention", 1.0, {"p0": (8, 8), "d0": (8, 8), "tier": 0}),
-        # past the budget: offloaded from both to the tier
-        ("retention", 0.0, {"p0": (0, 0), "d0": (0, 0), "tier": 8}),
+        ("retention", 1.0, False, {"p0": (8, 8), "d0": (8, 8), "tier": 0}),
+        # past the budget, engines with room: left on both as evictable cache
+        ("retention", 0.0, False, {"p0": (8, 0), "d0": (8, 0), "tier": 0}),
+        # past the budget, eager: offloaded from both to the tier
+        ("retention", 0.0, True, {"p0": (0, 0), "d0": (0, 0), "tier": 8}),
         # LRU only: nothing protected, nothing offloaded
-        ("lru", 1.0, {"p0": (8, 0), "d0": (8, 0), "tier": 0}),
+        ("lru", 1.0, False, {"p0": (8, 0), "d0": (8, 0), "tier": 0}),
     ],
-    ids=["protected-on-both", "offloaded-from-both", "lru-untouched"],
-)
+    ids=["protected-on-both", "kept-on-both-while-room", "eager-offloaded-from-both",
+         "lru-untouched"],
+)  # fmt: skip
 def test_the_plan_applies_to_prefill_and_decode_engines(
-    mode: str, budget: float, want: dict[str, object]
+    mode: str, budget: float, eager: bool, want: dict[str, object]
 ) -> None:
-    mem = _memory(mode, budget)
+    mem = _memory(mode, budget, eager)
     s = mem.table.get(("sim", "", "a"))
     assert (s.home_instance, mem.holders(s)) == ("d0", ("d0", "p0"))
     mem.tick(2000.0)

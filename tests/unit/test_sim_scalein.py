@@ -94,6 +94,14 @@ def test_scale_in_removes_one_engine_and_keeps_its_sessions_kv(mode: str, kept: 
     assert sim.memory is not None
     migrated = sum(n for k, n in sim.memory.counts.items() if k.startswith("migrate_"))
     assert migrated == (len(rec.sessions) if mode != "lru" else 0)
+    # the router follows the moved KV: each moved session's next turn is served where it
+    # was moved (the gateways learned it)
+    moved = {sid: iid for sid, iid, _ in sim.memory.moved}
+    assert set(moved) <= set(rec.sessions)
+    for req in sim.order:
+        ids = sim.arrivals[req.index][1].hash_ids
+        if str(ids[0]) in moved and req.arrival >= rec.removed_ms:
+            assert req.home == moved[str(ids[0])]
 
 
 def test_no_scale_in_removes_nothing() -> None:

@@ -21,6 +21,7 @@ from services.sim.search import (
     families,
     judge,
     recommend,
+    refine,
     smallest_passing,
     spec_of,
 )
@@ -29,6 +30,9 @@ TRACE = Path(__file__).resolve().parents[1] / "data" / "mooncake_conversation_he
 AGG = Family("aggregated", "default")
 PD = Family("pd", "default", 0.25)
 SLO = Slo(2000.0, 100.0)
+BEYOND = (
+    "engine refused: prompt (130932 tokens) plus max_new_tokens (194) exceeds the context limit"
+)
 
 
 def _summary(ttft: float, tpot: float, attain: float = 1.0, failed: int = 0) -> dict[str, Any]:
@@ -50,8 +54,25 @@ def _summary(ttft: float, tpot: float, attain: float = 1.0, failed: int = 0) -> 
         (_summary(1500, 50, attain=0.8), Slo(2000, 100, 90, 0.9), False, "attainment 0.800 < 0.9"),
         (_summary(1500, 50), Slo(2000, 100, 99), False, "TTFT p99 3000 ms > 2000"),
         ({"failed": 0}, SLO, False, "TTFT p90 inf ms > 2000; TPOT p90 inf ms > 100"),
+        (
+            {**_summary(1500, 50, failed=3), "errors": {BEYOND: 2, "engine refused: full": 1}},
+            SLO,
+            False,
+            "1 requests failed",
+        ),
+        ({**_summary(1500, 50, failed=2), "errors": {BEYOND: 2}}, SLO, True, ""),
     ],
-    ids=["meets", "ttft-miss", "tpot-miss", "failures", "attainment", "p99", "no-figures"],
+    ids=[
+        "meets",
+        "ttft-miss",
+        "tpot-miss",
+        "failures",
+        "attainment",
+        "p99",
+        "no-figures",
+        "beyond-context-apart",
+        "only-beyond-context",
+    ],
 )
 def test_judge(summary: dict[str, Any], slo: Slo, passes: bool, why: str) -> None:
     o = judge(AGG.at(4), summary, slo)
@@ -123,7 +144,10 @@ def test_recommend_takes_the_cheapest_and_says_why_each_other_lost() -> None:
         ("1P+3D, default", "misses: TTFT"),
         ("4 workers, default", "misses: TTFT"),
         ("5 workers, default", ""),
-        ("5 workers, cache_aware", "passes at the same cost with lower attainment or higher TTFT"),
+        (
+            "5 workers, cache_aware",
+            "passes at the same cost with lower attainment, higher TTFT or more changes",
+        ),
         ("2P+4D, default", "passes, but 6 instances > 5"),
     ]
 
@@ -192,3 +216,124 @@ def test_recommend_cli_exits_1_when_nothing_meets_the_slos(tmp_path: Path) -> No
     code, doc = _recommend(tmp_path, "none", "--slo-ttft-ms", "1")
     assert code == 1 and doc["recommendation"] is None and doc["spec"] is None
     assert not (tmp_path / "none.yaml").exists()
+
+
+def _settings_fake(need: dict[tuple[str, int], int], base: int, calls: list[Candidate]) -> Any:
+    """A run that passes from ``base`` instances, or from fewer with the settings in
+    ``need`` ((setting, value) -> instances that suffice with it; the smallest of the
+    candidate's changed settings counts)."""
+
+    def run(c: Candidate) -> Outcome:
+        calls.append(c)
+        enough = min([base, *(need.get(s, base) for s in c.settings)])
+        ok = c.instances >= enough
+        return Outcome(c, 1000.0, 10.0, 0.9, 0, ok, "" if ok else "TTFT")
+
+    return run
+
+
+DEFAULTS = {"max_batch": 256, "max_batched_tokens": 8192, "kv_blocks": 16384}
+
+
+@pytest.mark.parametrize(
+    ("axes", "need", "want_n", "want_settings", "runs"),
+    [
+        # no value saves an instance: each other value once, at one fewer
+        ([("max_batch", [128, 256, 512])], {}, 6, (), 2),
+        # 128 saves two instances: at 5 (128 passes, 512 not), 4 (128 passes), 3 (neither)
+        ([("max_batch", [128, 512])], {("max_batch", 128): 4}, 4, (("max_batch", 128),), 6),
+        # a value equal to the base's is not a change and not run
+        ([("kv_blocks", [16384])], {}, 6, (), 0),
+        # settings combine: batch first, then tokens on top of it
+        (
+            [("max_batch", [128]), ("max_batched_tokens", [4096])],
+            {("max_batch", 128): 5, ("max_batched_tokens", 4096): 3},
+            3,
+            (("max_batch", 128), ("max_batched_tokens", 4096)),
+            5,  # batch: at 5 passes, at 4 not; tokens: at 4 and 3 passes, at 2 not
+        ),
+    ],
+    ids=["nothing-helps", "batch-saves-two", "base-value-skipped", "two-settings"],
+)
+def test_refine_changes_a_setting_only_where_it_saves_an_instance(
+    axes: list[tuple[str, list[int]]],
+    need: dict[tuple[str, int], int],
+    want_n: int,
+    want_settings: tuple[tuple[str, int], ...],
+    runs: int,
+) -> None:
+    calls: list[Candidate] = []
+    run = _settings_fake(need, 6, calls)
+    start = run(AGG.at(6))
+    calls.clear()
+    best, seen = refine(start, axes, DEFAULTS, run)
+    assert best.candidate.instances == want_n and best.candidate.settings == want_settings
+    assert len(calls) == runs and [o.candidate for o in seen] == calls
+
+
+def test_refine_stops_at_the_smallest_fleet() -> None:
+    calls: list[Candidate] = []
+    run = _settings_fake({("max_batch", 64): 1}, 2, calls)
+    best, _ = refine(run(PD.at(2)), [("max_batch", [64])], DEFAULTS, run)
+    assert best.candidate.instances == 2 and len(calls) == 1  # P/D has no 1-instance fleet
+
+
+def test_recommend_prefers_the_base_settings_at_equal_figures() -> None:
+    plain = _o(AGG, 4, True)
+    changed = Outcome(AGG.at(4, (("max_batch", 128),)), 1000.0, 10.0, 0.9, 0, True)
+    best, table = recommend([changed, plain])
+    assert best is plain and "more changes" in table[1][1]
+
+
+@pytest.mark.parametrize(
+    ("settings", "changed", "want"),
+    [
+        (None, (), []),
+        (
+            {"max_batch": 256, "kv_blocks": 16384},
+            (),
+            ["--max-batch", "256", "--kv-blocks", "16384"],
+        ),
+        (
+            {"max_batch": 256, "max_batched_tokens": 8192},
+            (("max_batch", 64),),
+            ["--max-batch", "64", "--max-batched-tokens", "8192"],
+        ),
+    ],
+    ids=["none", "base", "changed-over-base"],
+)
+def test_spec_carries_the_engine_settings_as_engine_args(
+    settings: dict[str, int] | None, changed: tuple[tuple[str, int], ...], want: list[str]
+) -> None:
+    spec = spec_of(
+        AGG.at(3, changed), name="rec", model="m", perf_profile="test", slo=SLO,
+        engine_args=("--profile", "test"), settings=settings,
+    )  # fmt: skip
+    assert list(parse_spec(spec).roles[0].args) == ["--profile", "test", *want]
+
+
+def test_recommend_cli_runs_the_planner_step_and_skips_it_when_asked(tmp_path: Path) -> None:
+    code, doc = _recommend(tmp_path, "p")
+    assert code == 0 and doc["planner"]["runs"] == len(doc["planner"]["tried"]) == 5
+    assert sum(1 for r in doc["planner"]["tried"] if r["passes"] and not r["why_not"]) <= 1
+    spec = parse_spec(yaml.safe_load((tmp_path / "p.yaml").read_text()))
+    chosen = doc["planner"]["chosen"]
+    assert spec.planner.overrides() == (chosen or {})
+    off = ("--try-policy", "", "--try-predictor", "", "--try-max-utilization", "")
+    code, doc = _recommend(tmp_path, "q", *off, "--try-max-batch", "", "--try-kv-blocks", "")
+    assert code == 0 and "planner" not in doc
+    assert all(r["max_batch"] == 256 and r["kv_blocks"] == 16384 for r in doc["tried"])
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [("--try-policy", "psychic"), ("--try-max-batch", "lots"), ("--try-kv-blocks", "0")],
+    ids=["policy", "batch-not-a-number", "kv-zero"],
+)
+def test_recommend_cli_refuses_bad_values_to_try(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: tuple[str, str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["recommend", "--trace", str(TRACE), "--slo-ttft-ms", "1", "--slo-tpot-ms", "1",
+                  *extra])  # fmt: skip
+    assert exc.value.code == 2 and extra[0] in capsys.readouterr().err

@@ -193,7 +193,7 @@ class RoleSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., replicas: _Optional[int] = ..., min_replicas: _Optional[int] = ..., max_replicas: _Optional[int] = ..., engine_kind: _Optional[_Union[EngineKind, str]] = ..., engine_args: _Optional[_Iterable[str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Mapping[str, str]] = ..., dependencies: _Optional[_Iterable[str]] = ..., template: _Optional[str] = ..., restart_policy: _Optional[str] = ..., ports: _Optional[_Iterable[int]] = ..., sidecars: _Optional[_Iterable[str]] = ..., startup_timeout_s: _Optional[float] = ...) -> None: ...
 
 class DeploymentSpec(_message.Message):
-    __slots__ = ("name", "model", "roles", "coordination", "slo_classes", "pd_protocol", "scheduler_profile", "kv_block_size", "perf_profile", "generation", "budget")
+    __slots__ = ("name", "model", "roles", "coordination", "slo_classes", "pd_protocol", "scheduler_profile", "kv_block_size", "perf_profile", "generation", "budget", "planner")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ROLES_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +205,7 @@ class DeploymentSpec(_message.Message):
     PERF_PROFILE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
+    PLANNER_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     roles: _containers.RepeatedCompositeFieldContainer[RoleSpec]
@@ -216,4 +217,17 @@ class DeploymentSpec(_message.Message):
     perf_profile: str
     generation: int
     budget: ReplicaBudget
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., roles: _Optional[_Iterable[_Union[RoleSpec, _Mapping]]] = ..., coordination: _Optional[_Union[Coordination, _Mapping]] = ..., slo_classes: _Optional[_Iterable[_Union[SLOClass, _Mapping]]] = ..., pd_protocol: _Optional[_Union[PDProtocol, str]] = ..., scheduler_profile: _Optional[str] = ..., kv_block_size: _Optional[int] = ..., perf_profile: _Optional[str] = ..., generation: _Optional[int] = ..., budget: _Optional[_Union[ReplicaBudget, _Mapping]] = ...) -> None: ...
+    planner: PlannerOverrides
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., roles: _Optional[_Iterable[_Union[RoleSpec, _Mapping]]] = ..., coordination: _Optional[_Union[Coordination, _Mapping]] = ..., slo_classes: _Optional[_Iterable[_Union[SLOClass, _Mapping]]] = ..., pd_protocol: _Optional[_Union[PDProtocol, str]] = ..., scheduler_profile: _Optional[str] = ..., kv_block_size: _Optional[int] = ..., perf_profile: _Optional[str] = ..., generation: _Optional[int] = ..., budget: _Optional[_Union[ReplicaBudget, _Mapping]] = ..., planner: _Optional[_Union[PlannerOverrides, _Mapping]] = ...) -> None: ...
+
+class PlannerOverrides(_message.Message):
+    __slots__ = ("policy", "predictor", "max_utilization", "decode_headroom")
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    PREDICTOR_FIELD_NUMBER: _ClassVar[int]
+    MAX_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    DECODE_HEADROOM_FIELD_NUMBER: _ClassVar[int]
+    policy: str
+    predictor: str
+    max_utilization: float
+    decode_headroom: float
+    def __init__(self, policy: _Optional[str] = ..., predictor: _Optional[str] = ..., max_utilization: _Optional[float] = ..., decode_headroom: _Optional[float] = ...) -> None: ...

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["PlannerConfig", "PolicyName", "PredictorName", "ReactiveConfig"]
+__all__ = ["PlannerConfig", "PolicyName", "PredictorName", "ReactiveConfig", "for_deployment"]
 
 PredictorName = Literal["constant", "moving_average", "holt_winters"]
 PolicyName = Literal["sla", "reactive"]
@@ -85,3 +86,11 @@ class PlannerConfig(BaseModel):
     reactive: ReactiveConfig = Field(
         default_factory=ReactiveConfig, description="policy reactive: its knobs"
     )
+
+
+def for_deployment(cfg: PlannerConfig, overrides: Mapping[str, Any]) -> PlannerConfig:
+    """``cfg`` with a deployment's own settings (its spec's ``planner`` section,
+    :meth:`~services.autoscaler.spec.PlannerSpec.overrides`); ``cfg`` itself without any."""
+    if not overrides:
+        return cfg
+    return PlannerConfig.model_validate({**cfg.model_dump(), **overrides})

@@ -39,6 +39,7 @@ from services.common.apis.responses_answer import (
 __all__ = [
     "ChatToResponses",
     "NativeResponses",
+    "all_plain",
     "final_event",
     "patch_response",
     "plain_event",
@@ -83,6 +84,34 @@ def plain_event(raw: bytes) -> bytes | None:
     if not data.startswith(b"{") or b'"response"' in data:
         return None
     return data
+
+
+def _split_event(raw: bytes) -> Iterator[tuple[str, str]]:
+    """:func:`sse_events` of one event (without its blank line), quicker for the usual
+    ``event:`` line and ``data:`` line."""
+    head, sep, data = raw.partition(b"\ndata:")
+    if sep and head.startswith(b"event:") and b"\n" not in head and b"\n" not in data:
+        yield head[6:].strip().decode("utf-8", "replace"), data.strip().decode("utf-8", "replace")
+    else:
+        yield from sse_events(bytearray(raw + b"\n\n"))
+
+
+def all_plain(events: bytes) -> bool:
+    """Whether every event of ``events`` (whole events, each ending in a blank line) is one
+    that :func:`plain_event` passes through, decided with a few counts instead of a loop:
+    ``n`` events of the form ``event: ...\ndata: {...}\n\n`` hold exactly ``3n`` newlines,
+    ``n`` of them before ``data:``, each event after the first starts a line with
+    ``event:``, and none names a response object. False means: look at each one."""
+    n = events.count(b"\n\n")
+    return (
+        n > 0
+        and events.startswith(b"event:")
+        and b'"response"' not in events
+        and events.count(b"\n") == 3 * n
+        and events.count(b"\n\nevent:") == n - 1
+        and events.count(b"\ndata:") == n
+        and events.count(b"\ndata: {") + events.count(b"\ndata:{") == n
+    )
 
 
 def _event(kind: str, seq: int, fields: Mapping[str, Any]) -> bytes:
@@ -347,27 +376,63 @@ class NativeResponses:
 
     def feed(self, data: bytes) -> bytes:
         self._buf += data.replace(b"\r\n", b"\n")
+        end = self._buf.rfind(b"\n\n")
+        if end < 0:
+            return b""
+        whole = bytes(self._buf[: end + 2])
+        del self._buf[: end + 2]
+        if b"\n\n\n" in whole:  # blank lines in a row: split exactly as read, one by one
+            return self._one_by_one(whole)
+        # The events that carry a response object are rewritten one at a time; the runs of
+        # events between them usually go through in one piece.
         out: list[bytes] = []
-        buf = self._buf
-        while (end := buf.find(b"\n\n")) >= 0:
-            raw = bytes(buf[:end])
-            del buf[: end + 2]
-            fast = plain_event(raw)
-            if fast is not None:  # forwarded as sent: no response object in it
-                seq = _SEQ.search(fast)
-                if seq is not None:
-                    self._last_seq = int(seq.group(1))
-                out.append(raw + b"\n\n")
-                continue
-            evt = self._rewrite(raw)
-            if evt:
-                out.append(evt)
+        pos = 0
+        while (hit := whole.find(b'"response"', pos)) >= 0:
+            before = whole.rfind(b"\n\n", pos, hit)
+            begin = before + 2 if before >= 0 else pos
+            end = whole.find(b"\n\n", hit) + 2
+            out += (self._run(whole[pos:begin]), self._one(whole[begin : end - 2]))
+            pos = end
+        out.append(self._run(whole[pos:]))
         return b"".join(out)
+
+    def _run(self, events: bytes) -> bytes:
+        """Whole events without a response object: as sent when all are plain."""
+        if not events or not all_plain(events):
+            return self._one_by_one(events)
+        self._note_seq(events)
+        return events
+
+    def _one_by_one(self, events: bytes) -> bytes:
+        parts = events.split(b"\n\n")
+        return b"".join(self._one(raw) for raw in parts[:-1])
+
+    def _one(self, raw: bytes) -> bytes:
+        """One event (without its blank line): as sent, or rewritten (b"" when dropped)."""
+        fast = plain_event(raw)
+        if fast is None:
+            return self._rewrite(raw)
+        seq = _SEQ.search(fast)
+        if seq is not None:
+            self._last_seq = int(seq.group(1))
+        return raw + b"\n\n"
+
+    def _note_seq(self, events: bytes) -> None:
+        """``_last_seq`` from the last of ``events`` (whole plain events) that numbers itself."""
+        stop = len(events) - 2
+        while stop > 0:
+            before = events.rfind(b"\n\n", 0, stop)
+            start = before + 2 if before >= 0 else 0
+            seq = _SEQ.search(events, start, stop)
+            if seq is not None:
+                self._last_seq = int(seq.group(1))
+                return
+            stop = start - 2
 
     def _rewrite(self, raw: bytes) -> bytes:
         """One event re-encoded: its response object made the gateway's, or the gateway's
         own chat-shaped error as a Responses ``error`` event (b"" when it is not JSON)."""
-        for name, payload in sse_events(bytearray(raw + b"\n\n")):
+        for name, payload in _split_event(raw):
             try:
                 obj = jsonfast.loads(payload)
             except ValueError:

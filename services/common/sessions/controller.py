@@ -6,23 +6,31 @@ turn's prompt, parent first; a session without a chain has nothing to place), ea
 KV capacity in blocks (and optionally what it must free now and the tier's free room), and
 ``now``. Per engine, its idle and ended sessions go through
 :func:`~services.common.sessions.retention.plan_retention` (a session's size is its chain's
-length); an ACTIVE session is being served and is left to the engine.
+length); an ACTIVE session's turn has arrived and is held (below).
 
 Output per engine, an :class:`EngineRetention`:
 
-- ``protect``: every block of the protected sessions' chains. The engine replaces its marks
-  with exactly these (blocks of sessions no longer protected lose theirs);
-- ``offload``: blocks of the offloaded sessions' chains that no protected chain holds (two
+- ``protect``: every block of the held and protected sessions' chains. The engine replaces
+  its marks with exactly these (blocks of sessions no longer protected lose theirs);
+- ``offload``: blocks of the offloaded sessions' chains (under pressure only: the engine's
+  ``need_blocks``; or every unprotected session with ``keep_unprotected=False``) that no
+  protected chain holds (two
   sessions may share blocks: a sub-agent starts from its parent's prefix), the coldest
   session's first, each chain leaf first (an offloaded prefix's extensions go before it);
 - ``plan``: the retention plan behind it (keys are :data:`SessionKey`).
 
-Dropped and released sessions only lose their marks: plain LRU evicts them.
+Kept, dropped and released sessions only lose their marks: plain LRU evicts them when the
+engine needs the room (a kept session's blocks go to the tier then, on an engine that
+offloads on eviction).
 
 ``hold``: sessions whose prefix a prefetch is bringing back (or brought back) for their next
 turn (:mod:`services.common.sessions.prefetching`). They stay out of the retention rule, so
 they are never offloaded again before that turn, and their chains are protected first,
 outside the budget: a prefetch starts only a short lead before the predicted return.
+ACTIVE sessions are held the same way: their turn has arrived and reuses the chain on its
+home, so the chain is protected until the engine takes the turn (evicting it while the
+turn waits in the queue would make the turn recompute it). Once admitted, the engine
+references the blocks itself.
 """
 
 from __future__ import annotations
@@ -72,6 +80,7 @@ def plan_engines(
     *,
     budget_share: float = DEFAULT_BUDGET_SHARE,
     hold: Collection[SessionKey] = (),
+    keep_unprotected: bool = True,
 ) -> dict[str, EngineRetention]:
     """One tick's protect and offload lists per engine (module doc). Every engine of
     ``engines`` gets an answer (an empty one clears its marks); sessions whose home is not
@@ -79,10 +88,12 @@ def plan_engines(
     homed: dict[str, list[Session]] = {iid: [] for iid in engines}
     held: dict[str, list[Session]] = {iid: [] for iid in engines}
     for s in sessions:
-        if s.phase is Phase.ACTIVE or s.home_instance not in homed:
+        if s.home_instance not in homed or not chains.get(s.key):
             continue
-        if chains.get(s.key):
-            (held if s.key in hold else homed)[s.home_instance].append(s)
+        if s.phase is Phase.ACTIVE or s.key in hold:
+            held[s.home_instance].append(s)
+        else:
+            homed[s.home_instance].append(s)
     out: dict[str, EngineRetention] = {}
     for iid, kv in engines.items():
         mine = homed[iid]
@@ -93,6 +104,7 @@ def plan_engines(
             budget_share=budget_share,
             need_blocks=kv.need_blocks,
             tier_free_blocks=kv.tier_free_blocks,
+            keep_unprotected=keep_unprotected,
         )
         protect: dict[int, None] = {}
         for s in held[iid]:

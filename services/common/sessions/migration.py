@@ -17,7 +17,13 @@ one :class:`Move` with its :class:`Fate`:
   lacks room, the session goes to the tier (any instance can fetch it from there; moving it
   to an instance the router would not pick wastes that instance's KV). With
   ``placement="least_loaded"`` the destination is the least-loaded instance with room
-  (load, then most free blocks, then id): for routers that follow kvmeta's recorded home;
+  (load, then most free blocks, then id): for routers that follow kvmeta's recorded home.
+  With ``placement="kv_spread"`` a destination's ``load`` is in KV blocks (the sessions
+  already homed there, :func:`homes_kv`): each session goes to the destination with room
+  whose load is least, and its blocks are added to that load before the next is placed,
+  so the victim's sessions spread over the instances by the KV they bring back, not all
+  onto one. The router follows such a move only when the KV lands there (the destination
+  fetches it from the tier, and its KV events show the prefix there): the caller does that;
 - ``TIER``: no destination has room (or its home lacks it): the blocks go to the tier;
 - ``DROP`` when the tier has no room left either.
 
@@ -56,7 +62,7 @@ __all__ = [
     "plan_migration",
 ]
 
-Placement = Literal["rendezvous", "least_loaded"]
+Placement = Literal["rendezvous", "least_loaded", "kv_spread"]
 
 
 class Fate(enum.StrEnum):
@@ -137,8 +143,10 @@ def plan_migration(
         raise ValueError("blocks and free_blocks must be >= 0")
     if tier_free_blocks is not None and tier_free_blocks < 0:
         raise ValueError("tier_free_blocks must be >= 0")
-    if placement not in ("rendezvous", "least_loaded"):
-        raise ValueError(f"placement must be rendezvous or least_loaded, got {placement!r}")
+    if placement not in ("rendezvous", "least_loaded", "kv_spread"):
+        raise ValueError(
+            f"placement must be rendezvous, least_loaded or kv_spread, got {placement!r}"
+        )
     room = {d.instance_id: d.free_blocks for d in destinations}
     load = {d.instance_id: d.load for d in destinations}
     ids = sorted(room)
@@ -151,6 +159,8 @@ def plan_migration(
         dest = _destination(m, ids, room, load, placement)
         if dest is not None:
             room[dest] -= m.blocks
+            if placement == "kv_spread":
+                load[dest] += m.blocks
             moves.append(Move(m.key, Fate.MOVE, m.blocks, dest))
             continue
         why = "no_destination" if not ids else "no_room"

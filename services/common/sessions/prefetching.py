@@ -23,6 +23,13 @@ migration, the re-homed instance) shortly before that turn arrives.
   ends its prefetch too (*expired*). What is still tracked after settling is *held*: the
   controller keeps those sessions' blocks protected and out of the offload list until their
   turn arrives (:func:`~services.common.sessions.controller.plan_engines`' ``hold``).
+- :func:`evicted_to_tier`: an idle session the retention rule kept on the GPU (unprotected,
+  evictable cache) whose blocks its home engine evicted on demand is recorded on the tier
+  when the tier holds them (the engine offloads on eviction, or wrote them through), so
+  :func:`due_prefetches` covers it as it covers a session the controller offloaded itself.
+  What is where comes from kvmeta's index (the engine's KV events: the leading blocks still
+  on the home's GPU) and the tier's objects (their leading run); a session idle for less than
+  ``min_idle_s`` is left alone (the index may not have seen its turn's blocks yet).
 """
 
 from __future__ import annotations
@@ -47,13 +54,15 @@ __all__ = [
     "Settled",
     "Tracked",
     "due_prefetches",
+    "evicted_to_tier",
     "job_id",
+    "may_be_evicted",
     "offloaded",
     "settle",
     "started",
 ]
 
-GPU = TIERS[0]
+GPU, CPU = TIERS[0], TIERS[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +118,26 @@ def offloaded(s: Session) -> bool:
     """The session's placement records its prefix on a tier and none of it on the GPU."""
     tiers = dict(s.tiers)
     return not tiers.get(GPU) and any(n > 0 for t, n in tiers.items() if t != GPU)
+
+
+def may_be_evicted(s: Session, now: float, min_idle_s: float = 0.0) -> bool:
+    """:func:`evicted_to_tier` may record ``s`` on the tier: idle for ``min_idle_s`` at
+    least and not recorded offloaded already (the caller looks its blocks up only then)."""
+    return s.phase is Phase.IDLE and not offloaded(s) and now - s.last_turn_end >= min_idle_s
+
+
+def evicted_to_tier(
+    s: Session, chain_blocks: int, on_gpu: int, on_tier: int, now: float, min_idle_s: float = 0.0
+) -> dict[int, int] | None:
+    """The placement to record for ``s`` (module doc): ``{CPU: on_tier}`` when it is idle
+    (for ``min_idle_s`` at least), not recorded offloaded already, fewer than its
+    ``chain_blocks`` leading blocks are on its home's GPU (``on_gpu``) and the tier holds more
+    of them (``on_tier``, a leading run); else None (leave it)."""
+    if not may_be_evicted(s, now, min_idle_s):
+        return None
+    if on_gpu >= chain_blocks or on_tier <= on_gpu:
+        return None
+    return {CPU: min(on_tier, chain_blocks)}
 
 
 def job_id(s: Session) -> str:

@@ -40,6 +40,7 @@ class DispatchOrder:
         deadline: float | None = None,
         prefix: tuple[int, ...] = (),
         cached_blocks: int = 0,
+        protect_ms: float = 0.0,
     ) -> asyncio.Future[None] | None:
         """None: send ``rid`` to ``instance_id`` now. Otherwise a future to :meth:`wait`
         on. Always follow with :meth:`done`. (Synchronous, so that the common case costs
@@ -47,7 +48,7 @@ class DispatchOrder:
         self._target[rid] = instance_id
         now = self.clock()
         if self.shaper.offer(
-            rid, instance_id, prefill_ms, now, rank, deadline, prefix, cached_blocks
+            rid, instance_id, prefill_ms, now, rank, deadline, prefix, cached_blocks, protect_ms
         ):
             return None
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()

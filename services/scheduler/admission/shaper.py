@@ -50,6 +50,12 @@ the carrier's prefill ahead of it anyway. Whether a turn should wait for its car
 or go elsewhere is the router's choice: its predicted TTFT counts the carrier's prefill in
 the instance's queue and the prefix as cached, which is what waiting gives.
 
+Protection (``protect``, off here and in the shipped gateway; :mod:`.protect`): while a
+request this gateway sent to an instance can still meet its TTFT deadline and has no first
+byte yet, other prompts for that instance wait (all but the smallest; with
+``protect_slack`` only those longer than the guards' predicted slack), each at most the
+bound it was offered with (its class's ``starve_after_ms``; 0: never held for others).
+
 Pure: time is passed in; the shell dispatches what :meth:`offer` and :meth:`release`
 return and reports first bytes, releases and cancellations.
 """
@@ -61,6 +67,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from services.scheduler.admission.follow import Follower, Followers
+from services.scheduler.admission.protect import Guards
 
 __all__ = [
     "DISPATCH_FOLLOW_MS",
@@ -100,6 +107,12 @@ class ShaperConfig:
     # Hold a request whose prefix another unanswered request is still computing on its
     # instance until that one's first byte, at most this long (ms); 0 = off.
     follow_max_ms: float = 0.0
+    # Hold requests that cannot meet their TTFT deadline while the instance serves one that
+    # still can (until its first byte), each at most its offered bound (:mod:`.protect`).
+    protect: bool = False
+    # protection's budget: False, none (while guarded, every prompt but the smallest waits);
+    # True, the guards' smallest predicted slack (:mod:`.protect`)
+    protect_slack: bool = False
 
 
 @dataclass(slots=True)
@@ -111,6 +124,9 @@ class _Instance:
     speed: float = 1.0  # observed / predicted time to first byte, averaged, at most 1
     held: list[tuple[int, float, int, str]] = field(default_factory=list)  # shortest first
     timely: list[tuple[int, float, int, str]] = field(default_factory=list)  # latest start
+    wake: float | None = None  # protection holds the late ones until then (s), else None
+    # observed time to first byte beyond the own predicted prefill, averaged (ms)
+    lag_ms: float = 0.0
 
     def waiting(self) -> int:
         return len(self.held) + len(self.timely)
@@ -124,6 +140,9 @@ class DispatchShaper:
         self._costs: dict[str, tuple[float, float]] = {}  # held rid -> (prefill ms, offered)
         self._seq = 0
         self._follow = Followers()
+        self._guards = Guards()
+        # rid -> (deadline, end of its protection bound) from its offer to its dispatch
+        self._due: dict[str, tuple[float | None, float]] = {}
 
     @property
     def enabled(self) -> bool:
@@ -151,13 +170,17 @@ class DispatchShaper:
         deadline: float | None = None,
         prefix: tuple[int, ...] = (),
         cached_blocks: int = 0,
+        protect_ms: float = 0.0,
     ) -> bool:
         """True: dispatch ``rid`` now (counted in the instance's backlog). False: it waits
         here until :meth:`release` or :meth:`first_byte` returns it (or :meth:`cancel`).
         ``deadline``: when its first token is due (s, same clock; ``order: slo`` only).
         ``prefix``: its block hashes and ``cached_blocks`` how many of them its pick
-        predicted cached on the instance (both for followers only)."""
+        predicted cached on the instance (both for followers only). ``protect_ms``: how
+        long protection may hold it when it cannot meet its deadline (``protect`` only)."""
         inst = self._inst.setdefault(instance_id, _Instance())
+        if self.config.protect:
+            self._due[rid] = (deadline, now + protect_ms / 1000.0 if protect_ms > 0 else now)
         bound = self.config.follow_max_ms
         if bound > 0 and self.enabled and prefix:
             found = self._follow.carrier(instance_id, prefix)
@@ -193,22 +216,62 @@ class DispatchShaper:
     ) -> bool:
         """The order's own rule (followers aside): :meth:`offer`'s answer."""
         hold = self.config.hold_above_ms
+        latest = None if deadline is None else deadline - self._need_ms(inst, prefill_ms) / 1000.0
+        timely = latest is not None and latest >= now
+        kept = self._kept(instance_id, rid, prefill_ms, now)
         if (
             hold <= 0
             or prefill_ms * inst.speed < hold * SMALL_SHARE
-            or (not inst.waiting() and self.backlog_ms(instance_id, now) < hold)
+            or (
+                not kept
+                and not (inst.timely or (inst.held and inst.wake is None))
+                and self.backlog_ms(instance_id, now) < hold
+            )
         ):
-            self._dispatch(inst, rid, prefill_ms, now)
+            self._dispatch(inst, rid, instance_id, prefill_ms, now)
             return True
         self._where[rid] = instance_id
         self._costs[rid] = (prefill_ms, now)
-        latest = None if deadline is None else deadline - prefill_ms / 1000.0
-        if self.config.order == "slo" and latest is not None and latest >= now:
+        if self.config.order == "slo" and timely and latest is not None:
             heapq.heappush(inst.timely, (rank, latest, self._seq, rid))
         else:
             self._push_late(inst, rank, rid)
+        if self.config.protect:
+            self._guards.hold(instance_id, rid, self._due.get(rid, (None, now))[1])
+            # kept: nothing goes before protection ends; else the order may run again
+            inst.wake = self._wake(instance_id, now) if kept else None
         self._seq += 1
         return False
+
+    def _need_ms(self, inst: _Instance, prefill_ms: float) -> float:
+        """Predicted time from dispatch to the first byte: the own prefill, plus (with
+        protection) what first bytes on the instance took beyond theirs lately."""
+        return prefill_ms + inst.lag_ms if self.config.protect else prefill_ms
+
+    def _kept(self, instance_id: str, rid: str, prefill_ms: float, now: float) -> bool:
+        """Whether protection keeps ``rid`` waiting now: its prefill exceeds the budget of
+        the instance's guards, and its bound has not run out (:mod:`.protect`)."""
+        if not self.config.protect:
+            return False
+        until = self._due.get(rid, (None, now))[1]
+        if until <= now:
+            return False
+        budget = self._guards.budget_ms(instance_id, now)
+        if budget is None:
+            return False
+        return prefill_ms > budget if self.config.protect_slack else True
+
+    def _wake(self, instance_id: str, now: float) -> float | None:
+        """When protection may let a held late request go: a guard's deadline or a bound."""
+        times = [
+            t
+            for t in (
+                self._guards.guard_until(instance_id, now),
+                self._guards.next_due(instance_id),
+            )
+            if t is not None
+        ]
+        return min(times) if times else None
 
     def _push_late(self, inst: _Instance, rank: int, rid: str) -> None:
         prefill_ms, offered = self._costs[rid]
@@ -247,6 +310,7 @@ class DispatchShaper:
         ]
 
     def _settle(self, inst: _Instance, rid: str, now: float, observed: bool) -> None:
+        self._guards.end(rid)
         entry = inst.outstanding.pop(rid, None)
         if entry is None:
             return
@@ -256,6 +320,9 @@ class DispatchShaper:
                 # observed over the model's own time to first byte (unscaled)
                 ratio = min(1.0, max(SPEED_FLOOR, (now - at) * speed / (due - at)))
                 inst.speed += SPEED_ALPHA * (ratio - inst.speed)
+            if self.config.protect:
+                lag = max(0.0, (now - at) * 1000.0 - entry[0] / entry[3])
+                inst.lag_ms += SPEED_ALPHA * (lag - inst.lag_ms)
         # Still outstanding: at most the rest of their predictions; none: idle now.
         if inst.outstanding:
             inst.out_ms -= entry[0]
@@ -267,6 +334,8 @@ class DispatchShaper:
     def cancel(self, rid: str) -> bool:
         """Withdraw a waiting request (client gone, deadline). False if it is not waiting.
         Its followers, if any, are then let go by the next :meth:`release`."""
+        self._due.pop(rid, None)
+        self._guards.free(rid)
         if self._follow.cancel(rid):
             self._orphans(rid)
             return True
@@ -302,18 +371,37 @@ class DispatchShaper:
         if not (inst.held or inst.timely):
             return out
         hold = self.config.hold_above_ms
+        inst.wake = None
         while inst.waiting() and self.backlog_ms(instance_id, now) < hold:
             # Deadlines that can no longer be met join the rest.
             while inst.timely and inst.timely[0][1] < now:
                 rank, _, _, late = heapq.heappop(inst.timely)
                 self._push_late(inst, rank, late)
-            timely, held = inst.timely, inst.held
-            heap = timely if timely and (not held or timely[0][0] <= held[0][0]) else held
-            rid = heapq.heappop(heap)[3]
+            rid = self._next(inst, instance_id, now)
+            if rid is None:
+                inst.wake = self._wake(instance_id, now)
+                break
             del self._where[rid]
-            self._dispatch(inst, rid, self._costs.pop(rid)[0], now)
+            self._dispatch(inst, rid, instance_id, self._costs.pop(rid)[0], now)
             out.append(rid)
         return out
+
+    def _next(self, inst: _Instance, instance_id: str, now: float) -> str | None:
+        """The next waiting request to go (taken off its heap), or None while protection
+        holds every one that may go next."""
+        timely, held = inst.timely, inst.held
+        heap = timely if timely and (not held or timely[0][0] <= held[0][0]) else held
+        rid = heap[0][3]
+        if not self._kept(instance_id, rid, self._costs[rid][0], now):
+            return heapq.heappop(heap)[3]
+        over = self._guards.overdue(instance_id, now)
+        if over is None:
+            return None
+        inst.timely = [h for h in timely if h[3] != over]
+        inst.held = [h for h in held if h[3] != over]
+        heapq.heapify(inst.timely)
+        heapq.heapify(inst.held)
+        return over
 
     def next_release_at(self, instance_id: str) -> float | None:
         """When the backlog of an instance with waiting requests falls below the threshold
@@ -325,9 +413,20 @@ class DispatchShaper:
         if not inst.waiting():
             return expiry
         at = inst.busy_until - self.config.hold_above_ms / 1000.0
+        if inst.wake is not None:
+            at = max(at, inst.wake)  # the late ones wait for protection to end
         return at if expiry is None else min(at, expiry)
 
-    def _dispatch(self, inst: _Instance, rid: str, prefill_ms: float, now: float) -> None:
+    def _dispatch(
+        self, inst: _Instance, rid: str, instance_id: str, prefill_ms: float, now: float
+    ) -> None:
+        if self.config.protect:
+            self._guards.free(rid)
+            deadline = self._due.pop(rid, (None, now))[0]
+            self._guards.delay(instance_id, prefill_ms)
+            need = self._need_ms(inst, prefill_ms) / 1000.0
+            if deadline is not None and deadline - need >= now:
+                self._guards.add(instance_id, rid, deadline, now + need)
         scaled = prefill_ms * inst.speed
         inst.busy_until = max(inst.busy_until, now) + scaled / 1000.0
         inst.outstanding[rid] = (scaled, now, inst.busy_until, inst.speed)

@@ -280,10 +280,9 @@ class RequestContext:
                 self._answer = Answer(_usage_of(obj), tool_calls_of(obj, self.tool_contents))
         return self._answer
 
-    def answered(self, chat_body: bytes) -> None:
-        """The answer as a whole chat completion, for an answer in another API (a native
-        Responses answer): usage and tool calls are read from this instead."""
-        obj = _json(chat_body)
+    def answered(self, obj: dict[str, Any]) -> None:
+        """The answer as a whole chat completion (decoded), for an answer in another API (a
+        native Responses answer): usage and tool calls are read from this instead."""
         self._answer = Answer(_usage_of(obj), tool_calls_of(obj, self.tool_contents))
 
 

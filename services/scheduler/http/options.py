@@ -48,6 +48,10 @@ class GatewayOptions:
     # Hold a pick whose prefix an unanswered pick is still computing on its instance until
     # that pick's first byte, at most this long (ms); 0 = off (admission.follow).
     dispatch_follow_ms: float = DISPATCH_FOLLOW_MS
+    # While an instance serves a request that can still meet its TTFT (until its first
+    # byte), hold other prompts for it, at most the class's starve_after_ms
+    # (admission.protect): off, guard (all but the smallest) or slack.
+    dispatch_protect: Literal["off", "guard", "slack"] = "off"
     # Tokenizer + block-hash scheme of this deployment (default: the simulator's).
     tokens: TokenPath = field(default_factory=TokenPath)
     # Engine authorization: the client's Authorization header passed on, or (overriding

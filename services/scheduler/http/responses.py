@@ -103,7 +103,7 @@ def _request(raw: bytes, max_body_bytes: int) -> ResponsesRequest:
         raise _api_error(e) from None
 
 
-def _chat_equivalent(response: Mapping[str, Any]) -> bytes:
+def _chat_equivalent(response: Mapping[str, Any]) -> dict[str, Any]:
     """A stored/native response as a chat completion body (usage and tool calls for the
     request record)."""
     usage = as_map(response.get("usage"))
@@ -125,7 +125,7 @@ def _chat_equivalent(response: Mapping[str, Any]) -> bytes:
             "prompt_tokens_details": {"cached_tokens": cached},
         },
     }
-    return json.dumps(body).encode()
+    return body
 
 
 class Turn:

@@ -133,7 +133,12 @@ class Gateway:
         self.preemptor = Preemptor(core, clock, enabled=self.opts.preemption)
         o = self.opts
         shaper = ShaperConfig(
-            o.dispatch_hold_ms, o.dispatch_age_weight, o.dispatch_order, o.dispatch_follow_ms
+            o.dispatch_hold_ms,
+            o.dispatch_age_weight,
+            o.dispatch_order,
+            o.dispatch_follow_ms,
+            protect=o.dispatch_protect != "off",
+            protect_slack=o.dispatch_protect == "slack",
         )
         self.dispatch = DispatchOrder(DispatchShaper(shaper), clock)
         self.gate.on_full = lambda now, cap: self.metrics.preempted(
@@ -486,13 +491,14 @@ class Gateway:
     ) -> asyncio.Future[None] | None:
         """The pick's turn on the instance that computes its prompt: None now, or a future."""
         target = (d.prefill or d.decode).endpoint.instance_id
-        prio = self.core.queue.class_of(slo_class).priority
+        cls = self.core.queue.class_of(slo_class)
         budget_ms = view.ttft_slo_ms
         due = arrival + budget_ms / 1000.0 if budget_ms > 0 else None
         cached = d.predicted_cached_tokens // max(1, view.block_size)
         return self.dispatch.offer(
-            pick_id, target, d.predicted_prefill_ms, -prio, due, view.block_hashes, cached
-        )
+            pick_id, target, d.predicted_prefill_ms, -cls.priority, due, view.block_hashes,
+            cached, cls.starve_after_ms,
+        )  # fmt: skip
 
     def _first_byte(self, pick_id: str) -> None:
         self.preemptor.started(pick_id)

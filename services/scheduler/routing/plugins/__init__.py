@@ -11,6 +11,7 @@ from services.scheduler.routing.plugins import (
     pickers,
     placement,
     prefix,
+    sglang,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "pickers",
     "placement",
     "prefix",
+    "sglang",
 ]

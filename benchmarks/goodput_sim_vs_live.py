@@ -1,0 +1,106 @@
+"""The live goodput cells again in the simulator: per cell and router, live against sim.
+
+Reads the state file of ``goodput_live.py`` (its cells, each with the ``routing_compare``
+document of its runs), runs every cell in ``tideserve sim``'s simulator with the live rules
+(8 engines ``--engine-profile`` ``--engine-slowdown`` times slower than the gateway's perf
+profile, the cell's slice, requests and rate, the SLO, stream interval 16, fresh fleet) and
+prints, per cell and router, the live means over runs, the simulated figures and the gap
+``sim / live - 1``: goodput, SLO attainment, TTFT mean/p90, TPOT mean, cache hit ratio and
+duration. ``tideserve:<profile>`` runs as that profile with the gateway's dispatch order;
+``sglang:cache_aware`` as the ``cache_aware`` profile (sglang-router's decision) without it,
+and, with ``--also``, as other profiles too (``--also cache_aware_scored``: the earlier
+imitation).
+
+    .venv/bin/python benchmarks/goodput_sim_vs_live.py --state /tmp/goodput_live_state.json
+
+Prints one JSON object (also written to ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from _harness import MOONCAKE_CONVERSATION, TRACES, emit_json  # noqa: E402
+
+from services.bench.traces import load_trace  # noqa: E402
+from services.sim import SimConfig, simulate  # noqa: E402
+
+METRICS = (
+    ("goodput_rps", ""), ("slo_attainment", ""), ("ttft_ms", "mean"), ("ttft_ms", "p90"),
+    ("tpot_ms", "mean"), ("cache_hit_ratio", ""), ("duration_s", ""),
+)  # fmt: skip
+TRACE_OF = {"agentic": TRACES / "weka_agentic_dev.jsonl", "conversation": MOONCAKE_CONVERSATION}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--state", required=True, help="goodput_live.py's --state file")
+    p.add_argument("--also", default="", help="more profiles for sglang:cache_aware (comma list)")
+    p.add_argument("--engine-profile", default="h200-llama3.1-8b")
+    p.add_argument("--engine-slowdown", type=float, default=1.2)
+    p.add_argument("--out", default=None)
+    return p.parse_args(argv)
+
+
+def figure(doc: dict[str, Any], key: str, q: str) -> float | None:
+    v = doc.get(key)
+    v = v.get(q) if q and isinstance(v, dict) else (None if q else v)
+    return float(v) if isinstance(v, int | float) else None
+
+
+def live_means(runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for key, q in METRICS:
+        vals = [v for r in runs if (v := figure(r, key, q)) is not None]
+        out[f"{key}.{q}" if q else key] = sum(vals) / len(vals) if vals else None
+    return out
+
+
+def sim_figures(a: argparse.Namespace, cell: str, profile: str, baseline: bool) -> dict[str, Any]:
+    kind, off, n, rate = cell.split(":")
+    cfg = SimConfig(
+        engines=8, profile=profile, engine_profile=f"{a.engine_profile}*{a.engine_slowdown:g}",
+        gateway_perf_profile=a.engine_profile, rate_scale=float(rate), max_requests=int(n),
+        offset=int(off), kv_blocks=16384, stream_interval=16, slo_ttft_ms=2000.0,
+        slo_tpot_ms=100.0, **({"shaper_hold_ms": 0.0} if baseline else {}),
+    )  # fmt: skip
+    doc, _ = simulate(cfg, load_trace(str(TRACE_OF[kind])))
+    return {f"{k}.{q}" if q else k: figure(doc, k, q) for k, q in METRICS}
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    state = json.loads(Path(a.state).read_text(encoding="utf-8"))
+    rows = []
+    for key, entry in state["cells"].items():
+        cell = key.split("|")[0]
+        results = entry.get("compare", {}).get("results", [])
+        for router in sorted({r["router"] for r in results}):
+            runs = [r for r in results if r["router"] == router and "error" not in r]
+            kind, _, policy = router.partition(":")
+            if kind == "sglang":
+                profiles = [policy] + [p for p in a.also.split(",") if p]
+            else:
+                profiles = [policy or "default"]
+            live = live_means(runs)
+            for prof in profiles:
+                sim = sim_figures(a, cell, prof, kind == "sglang")
+                gap = {k: round(s / v - 1.0, 3) if (s := sim[k]) is not None and v else None
+                       for k, v in live.items()}  # fmt: skip
+                rows.append({"cell": cell, "router": router, "sim_profile": prof,
+                             "live_runs": len(runs), "live": live, "sim": sim, "gap": gap})  # fmt: skip
+                print(f"{cell} {router} as {prof}: gap {gap}", file=sys.stderr, flush=True)
+    emit_json({"benchmark": "goodput_sim_vs_live", "state": a.state, "rows": rows}, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
