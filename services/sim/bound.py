@@ -117,6 +117,21 @@ def bound_plan(prof: Profile) -> BoundPlan | None:
     )  # fmt: skip
 
 
+def changed_positions(
+    old: tuple[EndpointView, ...], new: tuple[EndpointView, ...]
+) -> list[int] | None:
+    """The positions whose view object changed from ``old`` to ``new`` (the snapshot
+    replaces a view when it changes), or None when they are not the same endpoints in the
+    same order."""
+    if len(new) != len(old):
+        return None
+    changed = list(compress(count(), map(is_not, old, new)))
+    for i in changed:
+        if new[i].instance_id != old[i].instance_id:
+            return None
+    return changed
+
+
 class _Fleet:
     """A snapshot's view fields as columns (one row per field), followed from one snapshot
     to the next by the views that changed."""
@@ -129,13 +144,9 @@ class _Fleet:
     def update(self, snapshot: EndpointSnapshot) -> bool:
         """Follow ``snapshot``; False when its endpoints are not the same ones (rebuild)."""
         new = tuple(snapshot)
-        old = self.items
-        if len(new) != len(old):
+        changed = changed_positions(self.items, new)
+        if changed is None:
             return False
-        changed = list(compress(count(), map(is_not, old, new)))
-        for i in changed:
-            if new[i].instance_id != old[i].instance_id:
-                return False
         cols = self.cols
         for i in changed:
             cols[:, i] = _row(new[i])

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 from bisect import insort
 from collections import Counter
-from itertools import compress, count
-from operator import is_not
 from typing import Any
 
 from services.scheduler.routing.framework import MaxScorePicker, Profile, Scheduler
@@ -44,7 +42,7 @@ from services.scheduler.routing.types import (
     Pick,
     RequestView,
 )
-from services.sim.bound import BoundFilter, BoundPlan, bound_plan
+from services.sim.bound import BoundFilter, BoundPlan, bound_plan, changed_positions
 
 __all__ = ["SAFE", "NarrowScheduler"]
 
@@ -85,13 +83,9 @@ class _Groups:
     def update(self, snapshot: EndpointSnapshot) -> bool:
         """Follow ``snapshot``; False when its endpoints are not the same ones (rebuild)."""
         new = tuple(snapshot)
-        old = self.items
-        if len(new) != len(old):
+        changed = changed_positions(self.items, new)
+        if changed is None:
             return False
-        changed = list(compress(count(), map(is_not, old, new)))
-        for i in changed:
-            if new[i].instance_id != old[i].instance_id:
-                return False
         for i in changed:
             k, was = _key(new[i]), self.keys[i]
             if k != was:

@@ -112,20 +112,20 @@ class Guards:
 
     def overdue(self, instance_id: str, now: float) -> str | None:
         """The held request of the instance whose bound ran out first, if one has."""
-        inst = self._inst.get(instance_id)
-        if inst is None:
-            return None
-        d, held = inst.due, self._held
-        while d and held.get(d[0][2]) != d[0][0]:
-            heapq.heappop(d)
-        return d[0][2] if d and d[0][0] <= now else None
+        head = self._first_due(instance_id)
+        return head[2] if head is not None and head[0] <= now else None
 
     def next_due(self, instance_id: str) -> float | None:
         """When the next held request's bound runs out (the shell's timer), or None."""
+        head = self._first_due(instance_id)
+        return head[0] if head is not None else None
+
+    def _first_due(self, instance_id: str) -> tuple[float, int, str] | None:
+        """The instance's held request whose bound runs out first (stale entries dropped)."""
         inst = self._inst.get(instance_id)
         if inst is None:
             return None
         d, held = inst.due, self._held
         while d and held.get(d[0][2]) != d[0][0]:
             heapq.heappop(d)
-        return d[0][0] if d else None
+        return d[0] if d else None
