@@ -48,6 +48,7 @@ from collections.abc import Iterable, Sequence
 from itertools import islice, repeat
 
 from services.dataplane.blocks import SlotPool
+from services.engine.kvcache_state import full_state
 from services.engine.kvcache_types import Allocation, KVEventKind, KVEventRecord, _Block
 
 __all__ = ["Allocation", "KVCache", "KVEventKind", "KVEventRecord"]
@@ -433,42 +434,9 @@ class KVCache:
         return out
 
     def full_state(self) -> list[KVEventRecord]:
-        """The resident set as events: ALL_CLEARED, then STORED runs covering every cached
-        block exactly once. A run is a chain (each block the parent of the next, one tenant);
-        a run starts at a block whose parent is not resident (``parent_hash`` = its recorded
-        parent) or branches off a block of an earlier run, so parents precede children.
+        """The resident set as events (:func:`~services.engine.kvcache_state.full_state`).
         Pure: the outbox is not touched; take it right after :meth:`drain_events`."""
-        blocks = self._blocks
-        children: dict[int, list[int]] = {}
-        starts: list[int] = []
-        for h, b in blocks.items():
-            parent = blocks.get(b.parent) if b.parent else None
-            if parent is not None and parent.tenant == b.tenant:
-                children.setdefault(b.parent, []).append(h)
-            else:
-                starts.append(h)
-        out = [KVEventRecord(KVEventKind.ALL_CLEARED)]
-        stack = list(reversed(starts))
-        while stack:
-            h = stack.pop()
-            first = blocks[h]
-            run = [h]
-            kids = children.get(h)
-            while kids:
-                stack.extend(reversed(kids[1:]))  # branches: later runs, parent already out
-                h = kids[0]
-                run.append(h)
-                kids = children.get(h)
-            out.append(
-                KVEventRecord(
-                    KVEventKind.STORED,
-                    tuple(run),
-                    first.parent,
-                    len(run) * self.block_size,
-                    first.tenant,
-                )
-            )
-        return out
+        return full_state(self._blocks, self.block_size)
 
     # -- internals -----------------------------------------------------------------------
     def _flush_run(self, run: list[int], parent: int, tenant: str) -> None:

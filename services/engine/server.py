@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import random
@@ -42,7 +41,7 @@ from services.common import otel
 from services.common.perfmodel import get_profile
 from services.common.tasks import pause, stop_tasks
 from services.common.tokens import TokenPath, token_path
-from services.engine import api, pd_sglang, pd_vllm, respond
+from services.engine import api, kv_source, pd_sglang, pd_vllm, respond
 from services.engine.agent_apis import AgentRoutes
 from services.engine.core import (
     AdmissionError,
@@ -478,24 +477,7 @@ class EngineServer:
                 self.core.abort(rid)
 
     async def _core_request(self, rid: str, gen: api.GenRequest) -> Request | web.Response:
-        remote = self.remote_kv.core_request(rid, gen)
-        if remote is not None:
-            loc = gen.kv_transfer.tideserve_kv if gen.kv_transfer else None
-            if remote.remote_prefill and loc is not None and self.pd_bytes is not None:
-                spent = await self.pd_bytes.pull(rid, gen, loc)
-                if spent is None:  # the pull failed: the peer may free; recompute here
-                    self.remote_kv.finish(self._http, rid)
-                    return Request(rid, gen.prompt_ids, gen.max_new_tokens, gen.tenant)
-                return dataclasses.replace(remote, pulled_ms=spent)
-            return remote
-        b = gen.bootstrap
-        base = Request(rid, gen.prompt_ids, gen.max_new_tokens, gen.tenant)
-        if b is None:
-            return base if self.tier_io is None else await self.tier_io.fetch(base, gen)
-        if self.role is EngineRole.PREFILL:
-            held = self.rendezvous.prefill_request(rid, gen)
-            return held if self.tier_io is None else await self.tier_io.fetch(held, gen)
-        if self.role is EngineRole.DECODE and b.port is not None:
-            assert self._http is not None
-            return await self.rendezvous.decode_request(self._http, rid, gen)
-        return base
+        return await kv_source.core_request(
+            rid, gen, self.role, self._http, self.remote_kv, self.rendezvous, self.pd_bytes,
+            self.tier_io,
+        )  # fmt: skip

@@ -23,7 +23,7 @@ from services.common.tokens import HashScheme
 from services.common.tokens.hashing import index_tenant, vllm_block_hashes
 from services.kvbridge.translate import TranslateConfig, translate_events
 from services.kvbridge.wire import Engine, decode_batch
-from services.scheduler.http.openai import parse_request
+from services.scheduler.http.openai import intake_of, parse_request
 from services.scheduler.main import build_gateway
 from services.scheduler.settings import SchedulerSettings
 from tests.helpers.model_dir import write_model_dir
@@ -152,7 +152,7 @@ def test_gateway_hashes_equal_engine_kv_event_hashes(
         .ids
     )
     assert list(parsed.prompt_ids) == engine_ids
-    view = gateway._intake("r1", parsed)
+    view = intake_of("r1", parsed, gateway.opts.tokens, gateway.opts.block_size)
     assert len(view.block_hashes) == len(engine_ids) // BLOCK >= 8
     assert view.block_hashes == _engine_event_hashes(wire, engine_ids, salt)
 

@@ -47,6 +47,7 @@ from typing import Any, Literal
 from services.common import jsonfast
 from services.common.apis.anthropic import MessagesError, to_chat
 from services.common.tokens import ChatError, TokenPath
+from services.scheduler.core.intake import Intake
 from services.scheduler.core.tools import ToolResultFact, tool_results_of, tools_offered
 from services.scheduler.http.sessions import SessionError, session_of
 
@@ -358,4 +359,23 @@ def parse_request(
         native_body={k: v for k, v in client.items() if k not in _OURS}
         if kind == "messages"
         else None,
+    )
+
+
+def intake_of(rid: str, p: ParsedRequest, tokens: TokenPath, block_size: int) -> Intake:
+    """What the routing core takes in of a validated request: its prompt as block hashes (in
+    the cache-salt's chain, as the engine hashes them), limits, identity and class."""
+    return Intake(
+        request_id=rid,
+        prompt_tokens=len(p.prompt_ids),
+        block_hashes=tuple(tokens.block_hashes(p.prompt_ids, block_size, tenant=p.cache_salt)),
+        max_tokens=p.max_tokens,
+        tenant=p.tenant,
+        slo_class=p.slo_class,
+        session_id=p.session_id,
+        parent_session_id=p.parent_session_id,
+        profile=p.profile,
+        index_tenant=tokens.index_tenant(p.cache_salt),
+        deadline_in_ms=p.deadline_ms,
+        session_final=p.session_final,
     )

@@ -64,7 +64,6 @@ from services.scheduler.admission.shaper import (
     ShaperConfig,
 )
 from services.scheduler.core.intake import (
-    Intake,
     Refused,
     check_names,
     request_view,
@@ -76,7 +75,13 @@ from services.scheduler.http.errors import Overloaded, api_error, error_response
 from services.scheduler.http.forward import Forwarder
 from services.scheduler.http.limits import header_limit, parser_limits
 from services.scheduler.http.metrics import GatewayMetrics
-from services.scheduler.http.openai import ApiError, Kind, ParsedRequest, parse_request
+from services.scheduler.http.openai import (
+    ApiError,
+    Kind,
+    ParsedRequest,
+    intake_of,
+    parse_request,
+)
 from services.scheduler.http.options import GatewayOptions, authorization
 from services.scheduler.http.preemption import Preempted, Preemptor
 from services.scheduler.http.records import Finished
@@ -348,7 +353,7 @@ class Gateway:
                 parsed = replace(parsed, profile=self.opts.profile)
             slo_class = parsed.slo_class
             check_names(self.core, parsed.profile, slo_class, parsed.tenant)
-            intake = self._intake(rid, parsed)
+            intake = intake_of(rid, parsed, self.opts.tokens, self.opts.block_size)
             view = request_view(self.core, intake, self.opts.block_size)
             ctx.taken_in(rid, parsed, self.clock())
             with otel.conversation(parsed.session_id):
@@ -404,25 +409,6 @@ class Gateway:
             names = frozenset(c.name for c in config.classes)
             self._class_names = (config, names)
         return names
-
-    def _intake(self, rid: str, p: ParsedRequest) -> Intake:
-        bs = self.opts.block_size
-        return Intake(
-            request_id=rid,
-            prompt_tokens=len(p.prompt_ids),
-            block_hashes=tuple(
-                self.opts.tokens.block_hashes(p.prompt_ids, bs, tenant=p.cache_salt)
-            ),
-            max_tokens=p.max_tokens,
-            tenant=p.tenant,
-            slo_class=p.slo_class,
-            session_id=p.session_id,
-            parent_session_id=p.parent_session_id,
-            profile=p.profile,
-            index_tenant=self.opts.tokens.index_tenant(p.cache_salt),
-            deadline_in_ms=p.deadline_ms,
-            session_final=p.session_final,
-        )
 
     async def _route(
         self,
