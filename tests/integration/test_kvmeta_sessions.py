@@ -4,7 +4,6 @@ durability across a restart, expiry that deletes the row."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -16,11 +15,8 @@ from tideserve.v1 import common_pb2, kvmeta_pb2, kvmeta_pb2_grpc
 from services.common import db
 from services.common.clock import ManualClock
 from services.common.sessions import SessionTable, ToolTimePredictor
-from services.kvmeta.index import PrefixIndex
-from services.kvmeta.ingest import IndexFeeder
-from services.kvmeta.objects import ObjectMaster
-from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
 from services.kvmeta.sessions import SessionShell, SessionStore
+from tests.helpers.kvmeta import serve_sessions
 
 pytestmark = pytest.mark.integration
 
@@ -45,21 +41,10 @@ async def kvmeta(pg_url: str, clock: ManualClock) -> AsyncIterator[Kv]:
     )
     shell = SessionShell(table, SessionStore(engine), clock.now)
     await shell.load()
-    servicer = KVMetaServicer(
-        IndexFeeder(PrefixIndex(), time.time),
-        ObjectShell(ObjectMaster(), None, clock.now),
-        sessions=shell,
-    )
-    server = grpc.aio.server()
-    add_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield Kv(kvmeta_pb2_grpc.KVMetaServiceStub(channel), shell)
+        async with serve_sessions(shell) as (_, stub):
+            yield Kv(stub, shell)
     finally:
-        await channel.close()
-        await server.stop(None)
         await engine.dispose()
 
 
