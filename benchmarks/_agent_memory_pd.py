@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import replace
 
-from services.bench.traces import Trace
+from services.common.bench.traces import Trace
 from services.sim.config import SimConfig
 from services.sim.run import Simulation
 

@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from services.bench.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest
+from services.common.bench.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest
 
 __all__ = ["SlicedRequest", "block_tokens_for", "parse_slice", "scale", "sessions", "take"]
 

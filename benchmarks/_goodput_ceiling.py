@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from services.bench.traces import Trace
+from services.common.bench.traces import Trace
 from services.common.perfmodel import get_profile
 from services.common.tokens import block_hashes
 from services.sim.inputs import Prompts, arrivals

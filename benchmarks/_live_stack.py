@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.autoscaler.drivers.settings import DriverSettings, LocalSettings
-from services.autoscaler.planner import PlannerConfig
 from services.autoscaler.settings import AutoscalerSettings
-from services.autoscaler.spec import SLOClassSpec
 from services.common import db
+from services.common.planner import PlannerConfig
+from services.common.planner.spec import SLOClassSpec
 from services.telemetry.main import build as build_telemetry
 from services.telemetry.model.settings import ModelSettings
 from services.telemetry.settings import TelemetrySettings, TelemetrySLOClass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from services.scheduler.admission.shaper import DISPATCH_HOLD_MS, DISPATCH_ORDER
+from services.common.admission.shaper import DISPATCH_HOLD_MS, DISPATCH_ORDER
 
 
 def parse_args(argv: list[str] | None, description: str, trace: Path) -> argparse.Namespace:
@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None, description: str, trace: Path) -> argpars
         "--shaper-hold-ms",
         type=float,
         default=DISPATCH_HOLD_MS,
-        help="dispatch order (services.scheduler.admission.shaper): hold picks for an "
+        help="dispatch order (services.common.admission.shaper): hold picks for an "
         "instance whose predicted prefill backlog is at least this (default: the shipped "
         "gateway's; 0 = off, every pick sent at once); applies to --shaped-profiles",
     )
@@ -77,6 +77,6 @@ def parse_args(argv: list[str] | None, description: str, trace: Path) -> argpars
         "--plot",
         metavar="FILE.png",
         default=None,
-        help="also draw each profile's TTFT CDF (services.bench.plot; needs matplotlib)",
+        help="also draw each profile's TTFT CDF (services.common.bench.plot; needs matplotlib)",
     )
     return p.parse_args(argv)

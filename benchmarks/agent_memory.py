@@ -88,7 +88,7 @@ from benchmarks import _agent_memory_pd
 from benchmarks._agent_memory_scalein import measure, removal_s
 from benchmarks._agentic_slice import parse_slice, sessions
 from benchmarks._harness import TRACES, command_line, emit_json, machine
-from services.bench.traces import Trace, load_trace
+from services.common.bench.traces import Trace, load_trace
 from services.sim.config import SimConfig
 from services.sim.run import Simulation
 

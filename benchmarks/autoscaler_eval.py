@@ -7,11 +7,11 @@ P/D fleet modelled in ``_autoscaler_sim.py`` (a request-level prefill queue and 
 fixed point on ``services.common.perfmodel``; not the planner's own capacity formulas).
 Policies:
 
-* ``planner``: Tideserve's SLA planner core (``services.autoscaler.planner.on_tick``) fed
+* ``planner``: Tideserve's SLA planner core (``services.common.planner.on_tick``) fed
   with the fleet's windows, the profile as its performance model, the start-up time as lead;
 * ``static``: a fixed fleet sized for the tide's peak on the fleet model itself (prefill at
   <= 85% utilisation at the peak rate, decode the fewest replicas meeting TPOT at the peak);
-* ``kpa``: the product's reactive KPA-like policy (``services.autoscaler.planner.reactive``:
+* ``kpa``: the product's reactive KPA-like policy (``services.common.planner.reactive``:
   concurrency per replica over a 60 s stable window, a 6 s panic window at 2x, no scale-down
   while panicking, bounded scale rates), fed like the planner.
 
@@ -42,7 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _autoscaler_sim import ROLES, Result, Sim, Tide, load_lengths, load_tide, score_window
 from _harness import emit_json
 
-from services.autoscaler.planner import (
+from services.common.bench.plot import ensure_available, write_series_plot
+from services.common.perfmodel import PerfProfile, get_profile
+from services.common.planner import (
     Claim,
     PlannerConfig,
     PlannerInputs,
@@ -54,13 +56,11 @@ from services.autoscaler.planner import (
     fit_roles,
     on_tick,
 )
-from services.autoscaler.planner.core import Decision
-from services.autoscaler.planner.forecast import error, new_forecaster, observe
-from services.autoscaler.planner.group import plan_group
-from services.autoscaler.ports import InstanceView
-from services.autoscaler.spec import DeploymentSpec, parse_spec
-from services.bench.plot import ensure_available, write_series_plot
-from services.common.perfmodel import PerfProfile, get_profile
+from services.common.planner.core import Decision
+from services.common.planner.forecast import error, new_forecaster, observe
+from services.common.planner.group import plan_group
+from services.common.planner.ports import InstanceView
+from services.common.planner.spec import DeploymentSpec, parse_spec
 
 TRACES = Path("/work/shared/traces")
 

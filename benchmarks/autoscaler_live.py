@@ -66,13 +66,13 @@ from tideserve.v1 import (
     telemetry_pb2_grpc,
 )
 
-from services.autoscaler.planner import PlannerConfig, ReactiveConfig, WindowView
-from services.autoscaler.planner.capacity import Demand, Targets, decode_need, prefill_need
-from services.autoscaler.planner.reactive import per_replica
-from services.autoscaler.spec import DeploymentSpec, load_spec_file
 from services.autoscaler.translate import spec_to_proto
 from services.common.embedded import start_postgres, start_redis
 from services.common.perfmodel import get_profile
+from services.common.planner import PlannerConfig, ReactiveConfig, WindowView
+from services.common.planner.capacity import Demand, Targets, decode_need, prefill_need
+from services.common.planner.reactive import per_replica
+from services.common.planner.spec import DeploymentSpec, load_spec_file
 from services.common.streams import decode_entry
 from tests.helpers.engine_stack import stream_sse
 

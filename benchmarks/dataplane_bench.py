@@ -1,4 +1,4 @@
-"""Data-plane throughput: our wrapper (services/dataplane) against Mooncake's own
+"""Data-plane throughput: our wrapper (services/common/dataplane) against Mooncake's own
 ``transfer_engine_bench`` and a minimal loop over the raw Transfer Engine Python API, with a
 plain memcpy as the ceiling. TCP over loopback, reads (what a decode instance does).
 
@@ -52,8 +52,8 @@ from benchmarks._harness import (
     http_get,
     machine,
 )
-from services.dataplane.settings import DataPlaneSettings
-from services.dataplane.transfer import Arena, DataPlane, load_transfer_engine
+from services.common.dataplane.settings import DataPlaneSettings
+from services.common.dataplane.transfer import Arena, DataPlane, load_transfer_engine
 
 MiB = 1 << 20
 TICK_S = 0.01  # the stall probe's period (a 1 ms probe on 2 busy cores slows the transfer)

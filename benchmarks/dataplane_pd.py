@@ -16,7 +16,7 @@ the bootstrap fields and passes the decode's usage through, so TTFT includes its
 
 The bytes are the profile's KV divided by ``--kv-bytes-scale``; the simulator still models
 the full-size hand-off over the profile's link, and the decode waits ``max(modelled, real
-pull)`` (services/dataplane/README.md).
+pull)`` (services/common/dataplane/README.md).
 
     .venv/bin/python benchmarks/dataplane_pd.py --requests 40 --out /tmp/dp_pd.json
     .venv/bin/python benchmarks/dataplane_pd.py --requests 40 --gateway --out /tmp/dp_pd_gw.json
@@ -47,8 +47,8 @@ from benchmarks._harness import (
     tideserve,
     wait_http,
 )
-from services.bench.prompts import PromptSynthesizer
-from services.bench.traces import load_trace
+from services.common.bench.prompts import PromptSynthesizer
+from services.common.bench.traces import load_trace
 
 
 def start(group: ProcGroup, args: argparse.Namespace) -> tuple[str, str, int]:

@@ -51,8 +51,8 @@ from benchmarks._harness import (
     tideserve,
     wait_http,
 )
-from services.bench.prompts import PromptSynthesizer
-from services.bench.traces import TraceRequest, load_trace
+from services.common.bench.prompts import PromptSynthesizer
+from services.common.bench.traces import TraceRequest, load_trace
 
 DEP = "tierbench"
 

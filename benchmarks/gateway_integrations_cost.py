@@ -21,8 +21,9 @@ import statistics
 import sys
 import timeit
 
+from services.common.routing.types import Pick, RequestView
+from services.common.scheduling import EndpointSpec, build_core
 from services.common.tokens import block_hashes
-from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.core.records import RequestContext, build_record
 from services.scheduler.feeds.shared_core import (
     apply_routed,
@@ -30,7 +31,6 @@ from services.scheduler.feeds.shared_core import (
     routed_entry,
     routed_plugins,
 )
-from services.scheduler.routing.types import Pick, RequestView
 
 
 def main() -> int:

@@ -179,7 +179,7 @@ def cell_ceiling(slice_path: Path, cell: Cell, doc: dict[str, Any]) -> dict[str,
     """The ceiling of the replayed slice with the profile and SLO of the run's engines."""
     from _goodput_ceiling import ceiling_of, slice_requests
 
-    from services.bench.traces import load_trace
+    from services.common.bench.traces import load_trace
 
     fleet, work = doc.get("fleet") or {}, doc.get("workload") or {}
     reqs = slice_requests(load_trace(str(slice_path)), 0, cell.requests,

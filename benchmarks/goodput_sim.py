@@ -21,10 +21,10 @@ candidate ``goodput`` below. ``cache_aware`` is sglang-router's decision (the
 the gateway's dispatch order (sglang-router has none). The others
 run with the dispatch order as shipped, which holds a request whose prefix an unanswered
 request still computes on its instance until that one's first byte, for at most
-``--follow-ms`` (the gateway's ``dispatch_follow_ms``; :mod:`services.scheduler.admission.follow`);
+``--follow-ms`` (the gateway's ``dispatch_follow_ms``; :mod:`services.common.admission.follow`);
 a profile named ``NAME+nofollow`` is NAME without that follower rule; ``NAME+protect`` and
 ``NAME+slack`` are NAME with the dispatch order's protection
-(:mod:`services.scheduler.admission.protect`; ``guard`` and ``slack``), bounded by
+(:mod:`services.common.admission.protect`; ``guard`` and ``slack``), bounded by
 ``--protect-ms`` (the agent class's ``starve_after_ms``).
 
     .venv/bin/python benchmarks/goodput_sim.py --out /tmp/goodput_sim.json   # ~6 min, one core
@@ -50,9 +50,9 @@ if str(ROOT) not in sys.path:
 from _goodput_ceiling import CeilingRequest, ceiling_of  # noqa: E402
 from _harness import MOONCAKE_CONVERSATION, TRACES, emit_json  # noqa: E402
 
-from services.bench.traces import Trace, load_trace  # noqa: E402
-from services.scheduler.admission.shaper import DISPATCH_FOLLOW_MS  # noqa: E402
-from services.scheduler.routing.config import DEFAULT_PROFILES_PATH  # noqa: E402
+from services.common.admission.shaper import DISPATCH_FOLLOW_MS  # noqa: E402
+from services.common.bench.traces import Trace, load_trace  # noqa: E402
+from services.common.routing.config import DEFAULT_PROFILES_PATH  # noqa: E402
 from services.sim import SimConfig, SimRun, simulate  # noqa: E402
 
 AGENTIC = TRACES / "weka_agentic_dev.jsonl"

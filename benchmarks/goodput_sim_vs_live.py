@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 
 from _harness import MOONCAKE_CONVERSATION, TRACES, emit_json  # noqa: E402
 
-from services.bench.traces import load_trace  # noqa: E402
+from services.common.bench.traces import load_trace  # noqa: E402
 from services.sim import SimConfig, simulate  # noqa: E402
 
 METRICS = (

@@ -51,11 +51,11 @@ from benchmarks._harness import (
     machine,
     tideserve,
 )
-from services.dataplane.blocks import block_content, mismatched
-from services.dataplane.disk_client import put_on_disk
-from services.dataplane.settings import DataPlaneSettings
-from services.dataplane.tier import KVTier
-from services.dataplane.transfer import Arena, DataPlane
+from services.common.dataplane.blocks import block_content, mismatched
+from services.common.dataplane.disk_client import put_on_disk
+from services.common.dataplane.settings import DataPlaneSettings
+from services.common.dataplane.tier import KVTier
+from services.common.dataplane.transfer import Arena, DataPlane
 
 DEP = "diskbench"
 

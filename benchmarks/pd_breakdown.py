@@ -33,8 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.engine.core import EngineCore, EngineRole
-from services.engine.core_types import _Seq
+from services.common.engine_core.core import EngineCore, EngineRole
+from services.common.engine_core.core_types import _Seq
 from services.sim.cli import add_arguments, config, workload
 from services.sim.compare import BASELINES, profile_config
 from services.sim.fleet import Instance

@@ -40,8 +40,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._harness import TRACES, command_line, emit_json, machine
-from services.bench.stats import RequestResult, meets_slo
-from services.bench.traces import Trace, load_trace
+from services.common.bench.stats import RequestResult, meets_slo
+from services.common.bench.traces import Trace, load_trace
 from services.sim import SimConfig, simulate
 from services.sim.autoscale import AutoscaleConfig
 from services.sim.curve import curve_trace, read_curve

@@ -126,7 +126,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _core(args: argparse.Namespace) -> Any:
-    from services.scheduler.core import EndpointSpec, build_core
+    from services.common.scheduling import EndpointSpec, build_core
 
     specs = [EndpointSpec(iid, url, "worker", deployment=DEPLOYMENT)
              for iid, url in instance_ids(args.endpoints)]  # fmt: skip
@@ -171,7 +171,7 @@ def pure_cycle(args: argparse.Namespace, work: list[tuple[int, tuple[int, ...]]]
                source: str) -> dict[str, Any]:  # fmt: skip
     """``source``: "off" (no lookup), "kvmeta" (kvmeta's PrefixIndex in-process) or
     "local" (the scheduler's KVReplica)."""
-    from services.scheduler.routing.types import PrefixMatch, RequestView
+    from services.common.routing.types import PrefixMatch, RequestView
 
     core = _core(args)
     index = _index(args, work) if source == "kvmeta" else None

@@ -3,7 +3,7 @@
 Splits "the router placed requests differently" from "the live engines ran differently":
 every request goes to the engine it went to live (from the engines' ``--step-trace``
 files: ``routing_compare.py --step-traces``) at the moment it reached that engine live, and
-each engine is the simulator's :class:`services.engine.core.EngineCore` with the live
+each engine is the simulator's :class:`services.common.engine_core.core.EngineCore` with the live
 fleet's profile and KV size. What differs from the live figures is then the engines' shell
 (HTTP, the event loop, sleep overshoot: the traces' ``late_share`` and ``handler_ms``), not
 the placement; what differs from ``routing_sim.py`` is the placement and dispatch timing.
@@ -40,10 +40,10 @@ from _harness import emit_json  # noqa: E402
 from _sim_stats import dist  # noqa: E402
 from step_trace_summary import read_traces  # noqa: E402
 
-from services.bench.traces import TraceRequest, load_trace  # noqa: E402
+from services.common.bench.traces import TraceRequest, load_trace  # noqa: E402
+from services.common.engine_core.core import CoreConfig, EngineCore, Request  # noqa: E402
+from services.common.engine_core.kvcache import KVCache  # noqa: E402
 from services.common.perfmodel import get_profile  # noqa: E402
-from services.engine.core import CoreConfig, EngineCore, Request  # noqa: E402
-from services.engine.kvcache import KVCache  # noqa: E402
 from services.sim.inputs import Prompts  # noqa: E402
 
 

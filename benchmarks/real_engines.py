@@ -63,8 +63,8 @@ from _harness import (
 from _real_client import run_requests, summarize
 from _vllm import MODEL_NAME, VLLM_BLOCK_SIZE, VLLMSpec, default_vllm_python, write_model
 
-from services.bench.prompts import PromptSynthesizer
-from services.bench.traces import load_trace
+from services.common.bench.prompts import PromptSynthesizer
+from services.common.bench.traces import load_trace
 from services.common.tokens import load_model_tokenizer
 
 WEKA = TRACES / "weka_agentic_dev.jsonl"

@@ -1,9 +1,9 @@
 """Virtual-time routing simulator: scheduler profiles on simulated engines, in seconds.
 
 A TUNING TOOL for the scheduler's routing profiles over ``tideserve sim``'s simulator
-(:mod:`services.sim`: the engine simulator's pure :class:`services.engine.core.EngineCore`
+(:mod:`services.sim`: the engine simulator's pure :class:`services.common.engine_core.core.EngineCore`
 per engine, same perf profile and KV size as ``routing_compare.py``'s fleet, under the
-scheduler's pure :class:`services.scheduler.core.GatewayCore` on a deterministic event
+scheduler's pure :class:`services.common.scheduling.GatewayCore` on a deterministic event
 queue): several profiles on one slice, each on a fresh fleet, with routing diagnostics and
 where the TTFT goes, so a profile change can be compared in seconds instead of a 6-minute
 live run. No processes, no sockets, no wall clock: the same inputs give the same JSON.
@@ -26,7 +26,7 @@ in front of ``tideserve engine`` processes, ``tideserve bench --trace-time``):
   running / waiting / KV usage, delivered ``--scrape-lag-ms`` after the engine's state was
   read; plus the gateway's own reservations (a pick counts on its instances until released
   and its uncached prompt tokens count as pending prefill until the first token), exactly as
-  :class:`services.scheduler.core.fleet.Fleet` merges them. ``--load-source stream``
+  :class:`services.common.scheduling.fleet.Fleet` merges them. ``--load-source stream``
   instead reports the engines' full load snapshot (pending prefill, tokens in flight) as the
   Redis load stream would.
 * first token: the engines coalesce ``--stream-interval`` tokens per SSE chunk (16 in
@@ -69,10 +69,10 @@ if str(ROOT) not in sys.path:
 import _sim_args as sim_args  # noqa: E402
 from _sim_stats import by_turn, dist, time_split  # noqa: E402
 
-from services.bench.plot import ensure_available, write_cdf_plot  # noqa: E402
-from services.bench.stats import infinite_cache_hit_ratio  # noqa: E402
-from services.bench.traces import Trace, TraceRequest, load_trace  # noqa: E402
-from services.engine.steptrace import StepTrace  # noqa: E402
+from services.common.bench.plot import ensure_available, write_cdf_plot  # noqa: E402
+from services.common.bench.stats import infinite_cache_hit_ratio  # noqa: E402
+from services.common.bench.traces import Trace, TraceRequest, load_trace  # noqa: E402
+from services.common.engine_core.steptrace import StepTrace  # noqa: E402
 from services.sim import SimConfig, Simulation  # noqa: E402
 from services.sim.records import SimRequest  # noqa: E402
 from services.sim.results import sim_section  # noqa: E402

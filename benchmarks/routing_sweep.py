@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import routing_sim
 from _harness import emit_json
 
-from services.bench.traces import load_trace
+from services.common.bench.traces import load_trace
 
 METRICS = (
     "ttft_mean",

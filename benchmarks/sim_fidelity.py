@@ -41,7 +41,7 @@ import yaml
 from _compare_rules import slo_config
 from _harness import MOONCAKE_CONVERSATION, TRACES, command_line, machine, tideserve
 
-from services.bench.traces import load_trace
+from services.common.bench.traces import load_trace
 from services.sim import SimConfig, simulate
 
 AGENTIC = TRACES / "weka_agentic_dev.jsonl"

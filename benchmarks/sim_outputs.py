@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from services.bench.traces import load_trace  # noqa: E402
+from services.common.bench.traces import load_trace  # noqa: E402
 from services.sim import SimConfig, simulate  # noqa: E402
 
 TRACES = Path("/work/shared/traces")

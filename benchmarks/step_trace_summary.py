@@ -2,7 +2,7 @@
 
 The live engines write them with ``--step-trace`` (``routing_compare.py --step-traces``), the
 virtual-time simulator with ``routing_sim.py --step-traces DIR``; the format is
-:mod:`services.engine.steptrace`'s. Files are grouped by the name before ``-engine-<i>``
+:mod:`services.common.engine_core.steptrace`'s. Files are grouped by the name before ``-engine-<i>``
 (the router's tag in ``routing_compare.py``, the profile in ``routing_sim.py``).
 
 Per group, and per engine:

@@ -44,7 +44,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
 
 from services.common import otel
-from services.scheduler.core import EndpointSpec, build_core
+from services.common.scheduling import EndpointSpec, build_core
 from services.scheduler.http.options import GatewayOptions
 from services.scheduler.http.server import Gateway
 

@@ -24,8 +24,8 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from tideserve.v1 import autoscaler_pb2, autoscaler_pb2_grpc, common_pb2
 
-from services.autoscaler.spec import SpecError, load_spec_file
 from services.autoscaler.translate import role_name, spec_to_proto
+from services.common.planner.spec import SpecError, load_spec_file
 from services.common.verbs import kinds
 
 __all__ = ["register", "render_describe", "render_get", "render_plan"]

@@ -13,16 +13,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from services.autoscaler.loop import PlannerLoop
-from services.autoscaler.planner import Decision
-from services.autoscaler.planner.colocation import ratio_ok
-from services.autoscaler.planner.victims import active, pick_victims
-from services.autoscaler.ports import InstanceView, ReconcileError, Reconciler
 from services.autoscaler.reconcile_core import count_of
 from services.autoscaler.reconciler import RoleStatus
-from services.autoscaler.records import DecisionRecord, RoleChange
 from services.autoscaler.scope import EVERY, NotManaged, Scope
-from services.autoscaler.spec import DeploymentSpec
 from services.autoscaler.store import AutoscalerStore
+from services.common.planner import Decision
+from services.common.planner.colocation import ratio_ok
+from services.common.planner.ports import InstanceView, ReconcileError, Reconciler
+from services.common.planner.records import DecisionRecord, RoleChange
+from services.common.planner.spec import DeploymentSpec
+from services.common.planner.victims import active, pick_victims
 
 __all__ = [
     "DeploymentView",

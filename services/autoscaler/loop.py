@@ -1,5 +1,5 @@
 """The planner loop: the shell around the configured policy's core
-(:func:`services.autoscaler.planner.decide`: the SLA planner's ``on_tick`` or the reactive
+(:func:`services.common.planner.decide`: the SLA planner's ``on_tick`` or the reactive
 ``reactive_tick``).
 
 Every ``interval_s``: for each stored deployment in its scope (``managed_deployments``) read telemetry (one window, one perf model
@@ -26,21 +26,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from services.autoscaler.metrics import AutoscalerMetrics
-from services.autoscaler.planner import (
+from services.autoscaler.scope import EVERY, Scope
+from services.autoscaler.store import AutoscalerStore, StoredDeployment
+from services.autoscaler.telemetry import TelemetryReader
+from services.common.planner import (
     Decision,
     PlannerConfig,
     PlannerInputs,
     PlannerState,
     decide,
 )
-from services.autoscaler.planner.capacity import PerfLike
-from services.autoscaler.planner.config import for_deployment
-from services.autoscaler.planner.group import plan_group
-from services.autoscaler.ports import ReconcileError, Reconciler
-from services.autoscaler.records import DecisionRecord
-from services.autoscaler.scope import EVERY, Scope
-from services.autoscaler.store import AutoscalerStore, StoredDeployment
-from services.autoscaler.telemetry import TelemetryReader
+from services.common.planner.capacity import PerfLike
+from services.common.planner.config import for_deployment
+from services.common.planner.group import plan_group
+from services.common.planner.ports import ReconcileError, Reconciler
+from services.common.planner.records import DecisionRecord
 from services.common.streams.codec import one_line
 from services.common.tasks import pause
 

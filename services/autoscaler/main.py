@@ -2,7 +2,7 @@
 
 Wiring: Postgres (required for deployments; migrated by the runner) holds specs, revisions
 and decisions; the planner loop reads the ``TelemetryService`` at ``telemetry_address`` and
-hands decisions to a :class:`~services.autoscaler.ports.Reconciler`: by default the drivers'
+hands decisions to a :class:`~services.common.planner.ports.Reconciler`: by default the drivers'
 reconciler over ``settings.driver`` (with ``driver.kvmeta_address``, kvmeta's session KV per
 instance weighs scale-in victims and a drained instance's sessions are migrated) (:class:`~services.autoscaler.seam.DriverReconciler`,
 started and stopped with the service; stopping the local driver stops its engines),
@@ -25,7 +25,6 @@ from services.autoscaler.drivers.build import build_reconciler
 from services.autoscaler.drivers.sessions import KVMetaSessions
 from services.autoscaler.loop import LoopOptions, PlannerLoop
 from services.autoscaler.metrics import AutoscalerMetrics
-from services.autoscaler.ports import Reconciler
 from services.autoscaler.scope import Scope
 from services.autoscaler.seam import DriverReconciler, LoadPoller, SessionKVPoller
 from services.autoscaler.servicer import AutoscalerServicer, add_to_server
@@ -33,6 +32,7 @@ from services.autoscaler.settings import AutoscalerSettings
 from services.autoscaler.store import AutoscalerStore
 from services.autoscaler.telemetry import GrpcTelemetry
 from services.common.metrics import service_registry
+from services.common.planner.ports import Reconciler
 from services.common.redis_client import redis_client
 from services.common.security.channels import ClientSecurity, aio_channel
 from services.common.server import ServiceHooks, run_service

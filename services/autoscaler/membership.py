@@ -24,7 +24,7 @@ from collections import deque
 from redis.exceptions import RedisError
 from tideserve.v1 import common_pb2, events_pb2
 
-from services.autoscaler.drivers.base import InstanceState, InstanceStatus, Role
+from services.common.planner.driver_base import InstanceState, InstanceStatus, Role
 from services.common.streams import StreamProducer, stream_name
 
 __all__ = ["MembershipPublisher", "to_event", "to_instance"]

@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from services.autoscaler.ports import InstanceView
-from services.autoscaler.records import RoleChange
+from services.common.planner.ports import InstanceView
+from services.common.planner.records import RoleChange
 
 __all__ = ["AutoscalerMetrics"]
 

@@ -4,7 +4,7 @@ instances that exist).
 Rules, per deployment:
 
 - A role's *current* count is its STARTING, READY and FAILED (being restarted) instances, as
-  :func:`~services.autoscaler.drivers.base.counted`; its *progress* is ready / target.
+  :func:`~services.common.planner.driver_base.counted`; its *progress* is ready / target.
 - **Dependencies, scale-out**: a role whose dependencies are not serving yet (a dependency
   with a non-zero target has no READY instance) waits; its step is left out with a reason.
 - **Dependencies, scale-in**: a role scales in only after every role that depends on it has
@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from services.autoscaler.drivers.base import (
+from services.common.planner.driver_base import (
     DeploymentTarget,
     InstanceState,
     InstanceStatus,

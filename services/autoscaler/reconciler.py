@@ -29,7 +29,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from services.autoscaler.drivers.base import (
+from services.autoscaler.drivers.settings import DriverSettings
+from services.autoscaler.membership import MembershipPublisher, to_event
+from services.autoscaler.reconcile_core import RoleCount, Step, count_roles, plan_steps
+from services.common.planner.driver_base import (
     DeploymentTarget,
     Driver,
     DriverError,
@@ -37,9 +40,6 @@ from services.autoscaler.drivers.base import (
     InstanceStatus,
     backoff_s,
 )
-from services.autoscaler.drivers.settings import DriverSettings
-from services.autoscaler.membership import MembershipPublisher, to_event
-from services.autoscaler.reconcile_core import RoleCount, Step, count_roles, plan_steps
 
 __all__ = ["DeploymentStatus", "Reconciler", "RoleStatus"]
 

@@ -1,8 +1,8 @@
-"""The seam between the planner's :class:`~services.autoscaler.ports.Reconciler` port and the
+"""The seam between the planner's :class:`~services.common.planner.ports.Reconciler` port and the
 drivers' :class:`~services.autoscaler.reconciler.Reconciler`.
 
-One instance type: a driver's :class:`~services.autoscaler.drivers.base.InstanceStatus`. The
-planner sees it as an :class:`~services.autoscaler.ports.InstanceView`: the status plus the
+One instance type: a driver's :class:`~services.common.planner.driver_base.InstanceStatus`. The
+planner sees it as an :class:`~services.common.planner.ports.InstanceView`: the status plus the
 load the driver does not know (running and queued requests from the engine's ``/metrics``,
 scraped by :class:`LoadPoller`) and the KV of the agent sessions homed on it (kvmeta's
 ``ListSessionHomes``, asked by :class:`SessionKVPoller` when kvmeta is configured, else 0).
@@ -39,13 +39,13 @@ from typing import Protocol
 import aiohttp
 import grpc
 
-from services.autoscaler.drivers.base import DeploymentTarget, InstanceState, Role, RoleTarget
 from services.autoscaler.drivers.dryrun import DryRunDriver
-from services.autoscaler.ports import InstanceView, ReconcileError
 from services.autoscaler.reconciler import Reconciler as DriverLoop
 from services.autoscaler.scope import EVERY, Scope
-from services.autoscaler.spec import DeploymentSpec, RoleSpec
 from services.common.engine_load import LoadReport, scrape_load
+from services.common.planner.driver_base import DeploymentTarget, InstanceState, Role, RoleTarget
+from services.common.planner.ports import InstanceView, ReconcileError
+from services.common.planner.spec import DeploymentSpec, RoleSpec
 from services.common.tasks import pause, stop_tasks
 
 __all__ = [

@@ -21,12 +21,12 @@ from services.autoscaler.deployments import (
     UnknownDeployment,
 )
 from services.autoscaler.membership import to_instance
-from services.autoscaler.planner import Decision
-from services.autoscaler.ports import InstanceView, ReconcileError
 from services.autoscaler.reconciler import RoleStatus
-from services.autoscaler.records import DecisionRecord
-from services.autoscaler.spec import DeploymentSpec, SpecError
 from services.autoscaler.translate import spec_from_proto, spec_to_proto
+from services.common.planner import Decision
+from services.common.planner.ports import InstanceView, ReconcileError
+from services.common.planner.records import DecisionRecord
+from services.common.planner.spec import DeploymentSpec, SpecError
 
 __all__ = [
     "SERVICE_NAME",

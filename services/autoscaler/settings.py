@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from services.autoscaler.drivers.settings import DriverSettings
-from services.autoscaler.planner.config import PlannerConfig
+from services.common.planner.config import PlannerConfig
 from services.common.settings import ServiceSettings
 
 __all__ = ["AutoscalerSettings"]

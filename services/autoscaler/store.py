@@ -21,9 +21,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from tideserve.v1 import common_pb2
 
 from services.autoscaler.models import Decision, Deployment, DeploymentRevision
-from services.autoscaler.records import DecisionRecord, RoleChange
-from services.autoscaler.spec import DeploymentSpec
 from services.autoscaler.translate import spec_from_proto, spec_to_proto
+from services.common.planner.records import DecisionRecord, RoleChange
+from services.common.planner.spec import DeploymentSpec
 
 __all__ = ["AutoscalerStore", "StoredDeployment", "merge_desired"]
 

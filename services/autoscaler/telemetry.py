@@ -13,8 +13,8 @@ from typing import Protocol
 import grpc
 from tideserve.v1 import common_pb2, telemetry_pb2, telemetry_pb2_grpc
 
-from services.autoscaler.planner.inputs import ClassView, PerfView, WindowView
 from services.common.perfcoef import from_pb
+from services.common.planner.inputs import ClassView, PerfView, WindowView
 
 __all__ = [
     "GrpcTelemetry",

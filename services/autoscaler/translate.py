@@ -1,4 +1,4 @@
-"""``tideserve.v1.DeploymentSpec`` ⇄ :class:`services.autoscaler.spec.DeploymentSpec`.
+"""``tideserve.v1.DeploymentSpec`` ⇄ :class:`services.common.planner.spec.DeploymentSpec`.
 
 Pure. ``spec_from_proto`` validates (raises :class:`SpecError` naming the field), so a
 protobuf spec is refused exactly as the YAML one would be.
@@ -11,7 +11,7 @@ from typing import Any
 
 from tideserve.v1 import common_pb2
 
-from services.autoscaler.spec import DeploymentSpec, parse_spec
+from services.common.planner.spec import DeploymentSpec, parse_spec
 
 __all__ = ["role_name", "spec_from_proto", "spec_to_proto"]
 

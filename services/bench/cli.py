@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from services.bench.client import BenchConfig, BenchError, run_bench
-from services.bench.stats import markdown_table
-from services.bench.traces import FORMATS, TraceError, load_trace
+from services.common.bench.stats import markdown_table
+from services.common.bench.traces import FORMATS, TraceError, load_trace
 
 EXAMPLES = """\
 examples:
@@ -33,7 +33,7 @@ examples:
   tideserve bench --trace azure2023_conv.csv --target http://127.0.0.1:8000 \\
       --rate-scale 2 --duration 60 --concurrency-limit 32 --plot run.png
 
-Prompts are synthesised deterministically (see services/bench/prompts.py): equal Mooncake
+Prompts are synthesised deterministically (see services/common/bench/prompts.py): equal Mooncake
 hash ids give equal 512-token blocks, so the trace's prefix reuse is preserved; the engine's
 chat template may add a few tokens around each prompt (use --api completions to avoid it).
 Every request streams with max_tokens = min_tokens = output length and ignore_eos.
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     """Execute ``tideserve bench`` with parsed arguments; returns the exit code."""
     try:
         if args.plot:
-            from services.bench.plot import PlotUnavailable, ensure_available
+            from services.common.bench.plot import PlotUnavailable, ensure_available
 
             try:
                 ensure_available()
@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(text)
     if args.plot:
-        from services.bench.plot import write_plot
+        from services.common.bench.plot import write_plot
 
         write_plot(args.plot, results, cfg.speedup if cfg.trace_time else 1.0)
     cpu = summary.get("cpu") or {}

@@ -24,10 +24,10 @@ from typing import Any, Literal, TextIO
 import aiohttp
 
 from services.bench.cpu import CpuSampler
-from services.bench.prompts import PromptSynthesizer
 from services.bench.sse import StreamError, StreamState
-from services.bench.stats import RequestResult, infinite_cache_hit_ratio, summarize
-from services.bench.traces import Trace, TraceRequest
+from services.common.bench.prompts import PromptSynthesizer
+from services.common.bench.stats import RequestResult, infinite_cache_hit_ratio, summarize
+from services.common.bench.traces import Trace, TraceRequest
 from services.common.tasks import pause
 from services.common.tokens import ModelDirError, load_model_tokenizer
 

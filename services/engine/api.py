@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from services.common.apis.anthropic import ChatForm, MessagesError, to_chat
+from services.common.dataplane.location import KVLocation
 from services.common.tokens import ChatError, TokenPath, chat_prompt, render_token
-from services.dataplane.location import KVLocation
 
 __all__ = [
     "BadRequest",
@@ -95,7 +95,7 @@ class KVTransferParams:
     remote_host: str | None = None
     remote_port: int | None = None
     tp_size: int | None = None
-    # Tideserve's extension: where the prefill holds the blocks (services.dataplane.location).
+    # Tideserve's extension: where the prefill holds the blocks (services.common.dataplane.location).
     tideserve_kv: KVLocation | None = None
 
 

@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level, "text", "engine")
     import grpc
 
-    from services.dataplane.transfer import DataPlaneError
+    from services.common.dataplane.transfer import DataPlaneError
 
     try:
         return asyncio.run(serve(settings))

@@ -27,8 +27,8 @@ from typing import Any
 from redis.exceptions import RedisError
 from tideserve.v1 import common_pb2, events_pb2
 
+from services.common.engine_core.kvcache import KVCache, KVEventKind, KVEventRecord
 from services.common.streams import Start, StreamFollower, StreamProducer, stream_name
-from services.engine.kvcache import KVCache, KVEventKind, KVEventRecord
 
 __all__ = [
     "EventPublisher",

@@ -25,9 +25,9 @@ from typing import Protocol
 
 from aiohttp import web
 
+from services.common.engine_core.core import EngineCore, EngineRole
 from services.common.perfmodel import PerfProfile
 from services.engine import api
-from services.engine.core import EngineCore, EngineRole
 from services.engine.events import LoadFigures
 from services.engine.metrics import CONTENT_TYPE_LATEST, EngineMetrics, Gauges
 from services.engine.settings import EngineSettings

@@ -9,8 +9,8 @@ import dataclasses
 import aiohttp
 from aiohttp import web
 
+from services.common.engine_core.core import EngineRole, Request
 from services.engine import api, pd_sglang, pd_vllm
-from services.engine.core import EngineRole, Request
 from services.engine.pd_bytes import PDBytes
 from services.engine.tier_io import TierIO
 

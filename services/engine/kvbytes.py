@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import grpc
 
-from services.dataplane.blocks import SlotPool, block_bytes, block_content, mismatched
-from services.dataplane.location import KVLocation
-from services.dataplane.settings import DataPlaneSettings
-from services.dataplane.transfer import (
+from services.common.dataplane.blocks import SlotPool, block_bytes, block_content, mismatched
+from services.common.dataplane.location import KVLocation
+from services.common.dataplane.settings import DataPlaneSettings
+from services.common.dataplane.transfer import (
     Arena,
     DataPlane,
     Transfer,

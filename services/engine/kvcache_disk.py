@@ -2,7 +2,7 @@
 ``--kvcache-disk-dir``).
 
 Beside its DRAM segment, the instance maps ``blocks.dat`` in the disk directory
-(:class:`~services.dataplane.disk_store.FileArena`), registers it with its Transfer Engine
+(:class:`~services.common.dataplane.disk_store.FileArena`), registers it with its Transfer Engine
 and mounts it in kvmeta's object master as an SSD-tier segment named ``<segment>/disk``.
 Readers fetch its blocks like any others (:meth:`KVTier.fetch`): the Transfer Engine reads
 the mapping, the page cache serving hot blocks and the disk the rest.
@@ -18,7 +18,7 @@ returned (it may still write into the places kvmeta gave).
 
 At start (:meth:`DiskSegment.start`): replay the snapshot and log, mount (replacing a stale
 mount of the same name), check each held block's CRC-32, ask kvmeta which it lists at their
-place (``BatchGetReplicaList``), and apply :func:`~services.dataplane.disk_index.reconcile`:
+place (``BatchGetReplicaList``), and apply :func:`~services.common.dataplane.disk_index.reconcile`:
 kept blocks are served at once; blocks kvmeta forgot are put again (kvmeta may place them
 elsewhere: their bytes are read first, then written to their new places); the others are
 dropped (a damaged block kvmeta still lists is also removed from kvmeta).
@@ -41,10 +41,10 @@ from typing import Any
 import grpc
 from tideserve.v1 import common_pb2, kvmeta_pb2
 
-from services.dataplane.disk_index import DiskBlock, DiskIndex, Drop, Put, reconcile
-from services.dataplane.disk_store import DiskLog, FileArena, Replay
-from services.dataplane.tier import KVTier
-from services.dataplane.transfer import TransferTimeout
+from services.common.dataplane.disk_index import DiskBlock, DiskIndex, Drop, Put, reconcile
+from services.common.dataplane.disk_store import DiskLog, FileArena, Replay
+from services.common.dataplane.tier import KVTier
+from services.common.dataplane.transfer import TransferTimeout
 
 __all__ = ["DiskSegment", "PutRefused", "Restored"]
 

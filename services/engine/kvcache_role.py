@@ -5,10 +5,10 @@ No model and no generation API: the process starts a Transfer Engine on kvmeta's
 endpoint (``--te-metadata-url``), registers an arena of ``--kvcache-mib`` MiB and mounts it
 in kvmeta's object master (``MountSegment`` over gRPC to ``--kvmeta-address``, deployment
 ``--deployment``, tier CPU). Engines then store and fetch blocks in it directly over the
-Transfer Engine (:class:`services.dataplane.tier.KVTier`); kvmeta places, leases and evicts
+Transfer Engine (:class:`services.common.dataplane.tier.KVTier`); kvmeta places, leases and evicts
 them (its watermark). Restarted under the same segment name after a kill -9, it takes over
 the Transfer Engine keys its dead predecessor left in the metadata server
-(:mod:`services.dataplane.metadata`) and replaces that one's mount in kvmeta (its objects
+(:mod:`services.common.dataplane.metadata`) and replaces that one's mount in kvmeta (its objects
 pointed into memory that is gone).
 
 With ``--kvcache-disk-mib`` the process also holds a disk segment (tier SSD, files in
@@ -36,9 +36,9 @@ import grpc
 from aiohttp import web
 from tideserve.v1 import kvmeta_pb2_grpc
 
-from services.dataplane.metadata import take_over_dead_segment
-from services.dataplane.tier import KVTier
-from services.dataplane.transfer import Arena, TransferError
+from services.common.dataplane.metadata import take_over_dead_segment
+from services.common.dataplane.tier import KVTier
+from services.common.dataplane.transfer import Arena, TransferError
 from services.engine.kvbytes import data_plane_for
 from services.engine.kvcache_disk import DiskSegment, PutRefused
 from services.engine.settings import EngineSettings

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from services.engine.core import EngineCore
+from services.common.engine_core.core import EngineCore
 from services.engine.events import LoadFigures
 
 __all__ = ["RateWindow", "core_figures", "step_start"]

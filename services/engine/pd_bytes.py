@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from services.common.dataplane.location import KVLocation
+from services.common.engine_core.kvcache import KVCache
 from services.common.tokens import block_hashes
-from services.dataplane.location import KVLocation
 from services.engine.api import GenRequest, kv_transfer_fields
 from services.engine.kvbytes import KVBytes
-from services.engine.kvcache import KVCache
 
 __all__ = ["PDBytes"]
 

@@ -30,11 +30,11 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from services.common.dataplane.location import KVLocation
+from services.common.engine_core.core import EngineCore, Request, SeqOutput
 from services.common.perfmodel import PerfProfile
 from services.common.tasks import pause
-from services.dataplane.location import KVLocation
 from services.engine import api
-from services.engine.core import EngineCore, Request, SeqOutput
 from services.engine.pd_bytes import PDBytes
 
 __all__ = ["Rendezvous"]

@@ -48,8 +48,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from services.common.engine_core.core import EngineCore, Request
 from services.engine.api import GenRequest
-from services.engine.core import EngineCore, Request
 from services.engine.info_routes import bad_request
 
 __all__ = ["NOTIFY_PATH", "RemoteKV", "notify_handler"]

@@ -22,8 +22,8 @@ from services.common.apis.anthropic_stream import StreamTranslator
 from services.common.apis.responses import ResponsesRequest
 from services.common.apis.responses_answer import from_chat
 from services.common.apis.responses_stream import ChatToResponses
+from services.common.engine_core.core import SeqOutput
 from services.engine import api
-from services.engine.core import SeqOutput
 
 __all__ = ["Live", "Messages", "Responses", "Shape", "StreamShape", "outputs", "stream", "unary"]
 

@@ -3,7 +3,7 @@ which idle sessions' blocks to evict last and which to offload now.
 
 ``POST /tideserve/retention`` with a JSON object:
 
-- ``protect``: block hashes to evict last (:meth:`~services.engine.kvcache.KVCache.protect`;
+- ``protect``: block hashes to evict last (:meth:`~services.common.engine_core.kvcache.KVCache.protect`;
   only those resident are marked);
 - ``unprotect``: hashes whose mark is dropped, or ``"all"``: every mark is dropped first
   (the controller sends ``"all"`` with the full protect list each tick, so a session no
@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from services.engine.core import EngineCore
+from services.common.engine_core.core import EngineCore
 from services.engine.prefetch import Prefetcher, parse_jobs
 from services.engine.settings import EngineSettings
 from services.engine.tier_io import TierIO

@@ -38,12 +38,7 @@ from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
 from services.common import otel
-from services.common.perfmodel import get_profile
-from services.common.tasks import pause, stop_tasks
-from services.common.tokens import TokenPath, token_path
-from services.engine import api, kv_source, pd_sglang, pd_vllm, respond
-from services.engine.agent_apis import AgentRoutes
-from services.engine.core import (
+from services.common.engine_core.core import (
     AdmissionError,
     CoreConfig,
     EngineCore,
@@ -51,10 +46,16 @@ from services.engine.core import (
     Request,
     SeqOutput,
 )
+from services.common.engine_core.kvcache import KVCache
+from services.common.engine_core.steptrace import StepTrace
+from services.common.perfmodel import get_profile
+from services.common.tasks import pause, stop_tasks
+from services.common.tokens import TokenPath, token_path
+from services.engine import api, kv_source, pd_sglang, pd_vllm, respond
+from services.engine.agent_apis import AgentRoutes
 from services.engine.events import EventPublisher, LoadFigures, ResyncListener, load_snapshot
 from services.engine.info_routes import Faults, InfoRoutes, bad_request, write_model_dir
 from services.engine.kvbytes import kv_bytes_for
-from services.engine.kvcache import KVCache
 from services.engine.metrics import EngineMetrics
 from services.engine.pacing import RateWindow, core_figures, step_start
 from services.engine.pd_bytes import PDBytes
@@ -62,7 +63,6 @@ from services.engine.prefetch import Prefetcher
 from services.engine.respond import Live
 from services.engine.retention_route import RetentionRoute
 from services.engine.settings import EngineSettings
-from services.engine.steptrace import StepTrace
 from services.engine.tier_io import TierIO, tier_io_for
 
 __all__ = ["TRACED_PATHS", "EngineServer", "write_model_dir"]

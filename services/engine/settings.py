@@ -73,7 +73,7 @@ class EngineSettings(TracingSettings):
     short_first_tokens: int = Field(
         0, ge=0, description="prefill prompts with at most N tokens left first; 0 = FCFS"
     )
-    # Real KV bytes over the Transfer Engine (services/dataplane).
+    # Real KV bytes over the Transfer Engine (services/common/dataplane).
     kv_data_plane: bool = Field(
         False, description="hold real KV bytes and move them over Mooncake's Transfer Engine"
     )

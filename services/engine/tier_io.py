@@ -5,13 +5,13 @@ What is stored depends on ``--kvcache-policy``:
 - ``write_through``: every block the engine commits is stored in the tier (``kvcache``
   instances mounted in kvmeta);
 - ``offload_on_evict``: only the blocks the engine evicts. The cache holds an evicted block's
-  slot (its bytes) until :meth:`KVCache.offloaded` (:mod:`services.engine.kvcache`), called
+  slot (its bytes) until :meth:`KVCache.offloaded` (:mod:`services.common.engine_core.kvcache`), called
   when the store is done or failed, so the store reads the right bytes; an admission that
   needs those blocks waits for it (``on_freed`` wakes the engine's stepping loop).
 
 Either way a block kvmeta already has is not stored again (``Exist``, then
 :meth:`KVTier.store` from the block's slot into a DRAM segment, or with
-``--kvcache-disk-url`` :func:`~services.dataplane.disk_client.put_on_disk`: that ``kvcache``
+``--kvcache-disk-url`` :func:`~services.common.dataplane.disk_client.put_on_disk`: that ``kvcache``
 instance pulls the blocks onto its disk segment, durably, before answering). Stores run as
 background tasks, one at a time (a store that fails, e.g. RESOURCE_EXHAUSTED or a slot reused
 before it was read, is dropped: the tier is a cache). A stored block whose slot was reused
@@ -21,7 +21,7 @@ recompute, never a wrong answer.
 Fetch instead of recompute (:meth:`TierIO.fetch`, before an aggregated request or a P/D
 prefill request is submitted, and :meth:`TierIO.lookup` again when the core admits it if
 blocks resident at submission were evicted while it waited: the core's
-:class:`~services.engine.core_types.Lookup`): the prompt's
+:class:`~services.common.engine_core.core_types.Lookup`): the prompt's
 full blocks beyond the local prefix hit that kvmeta holds (``Exist``, leading run) are fetched
 when :func:`fetch_pays` says the modelled transfer is faster than prefilling them, into
 staging slots, verified, and the request is submitted with ``fetched_tokens`` and the
@@ -50,18 +50,18 @@ import aiohttp
 import grpc
 from tideserve.v1 import kvmeta_pb2, kvmeta_pb2_grpc
 
+from services.common.dataplane.blocks import mismatched
+from services.common.dataplane.disk_client import DiskPutError, put_on_disk
+from services.common.dataplane.tier import KVTier, block_key
+from services.common.dataplane.transfer import Transfer, TransferError, TransferTimeout
+from services.common.engine_core.core import EngineCore, Lookup, Request
+from services.common.engine_core.kvcache import KVCache
 from services.common.perfmodel import PerfProfile
 from services.common.security.channels import ClientSecurity, aio_channel
 from services.common.security.tokens import read_token
 from services.common.tokens import block_hashes
-from services.dataplane.blocks import mismatched
-from services.dataplane.disk_client import DiskPutError, put_on_disk
-from services.dataplane.tier import KVTier, block_key
-from services.dataplane.transfer import Transfer, TransferError, TransferTimeout
 from services.engine.api import GenRequest
-from services.engine.core import EngineCore, Lookup, Request
 from services.engine.kvbytes import KVBytes
-from services.engine.kvcache import KVCache
 from services.engine.settings import EngineSettings
 
 __all__ = ["Prefetched", "TierIO", "fetch_pays", "tier_io_for"]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from tideserve.v1 import common_pb2
 
-from services.dataplane.blocks import block_key
+from services.common.dataplane.blocks import block_key
 from services.kvmeta.index import InstanceMatch, PrefixIndex, UnknownDeploymentError
 
 __all__ = ["Exist", "leading_run", "on_gpu_and_tier", "with_fetchable"]
@@ -64,7 +64,7 @@ def on_gpu_and_tier(
     """Of ``chain``'s leading blocks: how many the index has on ``instance``'s GPU (from its
     KV events; a deployment the index has never seen counts as all of them: nothing is
     known to be gone), and how many the tier holds (leading run, under the engines' tenant
-    "", as :class:`~services.dataplane.tier.KVTier` stores them)."""
+    "", as :class:`~services.common.dataplane.tier.KVTier` stores them)."""
     try:
         found = index.match_prefix(deployment, tenant, chain, [instance])
     except UnknownDeploymentError:

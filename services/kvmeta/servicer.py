@@ -15,8 +15,8 @@ import grpc
 from redis.exceptions import RedisError
 from tideserve.v1 import events_pb2, kvmeta_pb2, kvmeta_pb2_grpc
 
+from services.common.dataplane.blocks import block_key
 from services.common.sessions import SessionTable
-from services.dataplane.blocks import block_key
 from services.kvmeta.checkpoint import KVMetaStore
 from services.kvmeta.fetchable import leading_run, with_fetchable
 from services.kvmeta.index import InstanceMatch, UnknownDeploymentError, Verdict

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from services.common import runtime
+from services.common.admission.shaper import DISPATCH_FOLLOW_MS, DISPATCH_HOLD_MS
 from services.common.verbs import Flag, add_flags, flag
-from services.scheduler.admission.shaper import DISPATCH_FOLLOW_MS, DISPATCH_HOLD_MS
 from services.scheduler.replicas import GatewayCount, gateway_count, parse_gateway_count
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ examples:
       --share-state
 
 profiles shipped: default, agent, slo, tpot-guard, round_robin, least_load, power_of_two,
-cache_aware (services/scheduler/default_profiles.yaml; --profiles-file FILE for your own).
+cache_aware (services/common/routing/default_profiles.yaml; --profiles-file FILE for your own).
 request metadata headers: X-Tideserve-Class, X-Tideserve-Tenant, X-Tideserve-Session,
 X-Tideserve-Session-Final, X-Tideserve-Deadline-Ms, X-Tideserve-Profile (agents' own session
 headers too: docs/agents.md).

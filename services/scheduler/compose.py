@@ -26,9 +26,10 @@ from services.common.errors import StartupError
 from services.common.http_errors import JsonErrorRunner
 from services.common.metrics import service_registry
 from services.common.perfmodel import DEFAULT_PROFILE, get_profile
+from services.common.routing.config import ConfigError
+from services.common.scheduling import CoreLimits, EndpointSpec, GatewayCore, build_core
 from services.common.security.channels import ClientSecurity, aio_channel
 from services.common.tokens import ModelDirError, token_path
-from services.scheduler.core import CoreLimits, EndpointSpec, GatewayCore, build_core
 from services.scheduler.core.perf_switch import PerfModelSwitch
 from services.scheduler.feeds.fleet_feeds import FleetFeeds
 from services.scheduler.feeds.integrations import Integrations
@@ -41,7 +42,6 @@ from services.scheduler.http.options import GatewayOptions
 from services.scheduler.http.server import Gateway
 from services.scheduler.keys.build import key_gate
 from services.scheduler.responses.store import PostgresResponseStore
-from services.scheduler.routing.config import ConfigError
 from services.scheduler.settings import SchedulerSettings, parse_endpoint, split_bootstrap
 from services.scheduler.slo import known_tenants, queue_config, slo_targets
 

@@ -8,14 +8,14 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from services.common.settings import ServiceSettings
-from services.common.tokens import HashScheme
-from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
-from services.scheduler.admission.shaper import (
+from services.common.admission.shaper import (
     DISPATCH_FOLLOW_MS,
     DISPATCH_HOLD_MS,
     DISPATCH_ORDER,
 )
+from services.common.settings import ServiceSettings
+from services.common.tokens import HashScheme
+from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
 from services.scheduler.slo import DEFAULT_SLO_CLASSES, SLOClassConfig, queue_config
 
 __all__ = ["SchedulerSettings", "parse_endpoint", "split_bootstrap"]
@@ -90,7 +90,7 @@ class SchedulerSettings(ServiceSettings):
         description="dispatch order: hold picks for an instance while the predicted prefill "
         "this gateway sent there and has no first byte of is at least this many ms, and let "
         "them go in dispatch_order, higher SLO classes first "
-        "(services.scheduler.admission.shaper); 0 = send every pick at once",
+        "(services.common.admission.shaper); 0 = send every pick at once",
     )
     dispatch_order: Literal["shortest", "slo"] = Field(
         DISPATCH_ORDER,
@@ -105,14 +105,14 @@ class SchedulerSettings(ServiceSettings):
         ge=0,
         description="dispatch order: hold a pick whose prefix an earlier pick without a first "
         "byte is still computing on the same instance until that first byte, at most this "
-        "many ms, so that it finds the prefix cached (services.scheduler.admission.follow); "
+        "many ms, so that it finds the prefix cached (services.common.admission.follow); "
         "0 = off",
     )
     dispatch_protect: Literal["off", "guard", "slack"] = Field(
         "off",
         description="dispatch order: while an engine serves a request that can still meet its "
         "TTFT target (until its first byte), hold other prompts for it, each at most its "
-        "class's starve_after_ms (services.scheduler.admission.protect); guard: every prompt "
+        "class's starve_after_ms (services.common.admission.protect); guard: every prompt "
         "but the smallest, slack: those longer than the guards' predicted slack; off",
     )
     forward_authorization: bool = Field(

@@ -39,8 +39,8 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.scheduler.admission import ClassSpec, QueueConfig
-from services.scheduler.core.service import SLOTargets
+from services.common.admission import ClassSpec, QueueConfig
+from services.common.scheduling.service import SLOTargets
 
 __all__ = [
     "DEFAULT_SLO_CLASSES",

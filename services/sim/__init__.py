@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from services.bench.traces import Trace
+from services.common.bench.traces import Trace
 from services.sim.config import SimConfig, SimConfigError
 from services.sim.events import fewer_collections
 from services.sim.results import summary

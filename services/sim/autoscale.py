@@ -1,5 +1,5 @@
 """Autoscaling in the simulation: the autoscaler's pure SLA planner
-(:func:`services.autoscaler.planner.decide`) ticks on modelled time, fed the window of
+(:func:`services.common.planner.decide`) ticks on modelled time, fed the window of
 what the simulated fleet served, and its targets start and drain simulated instances.
 
 What the planner sees, per tick: a deployment of the fleet's roles (``worker``, or
@@ -12,7 +12,7 @@ converge to it). A new instance serves ``startup_s`` after it is asked for; a vi
 drained (the gateways stop sending, in-flight requests finish) and then removed.
 
 The policy is the autoscaler's own choice, ``planner.policy`` (``sla``: the SLA planner;
-``reactive``: the KPA-like baseline, :mod:`services.autoscaler.planner.reactive`), and
+``reactive``: the KPA-like baseline, :mod:`services.common.planner.reactive`), and
 ``planner`` holds any other setting of :class:`PlannerConfig` to run with (e.g. a
 deployment spec's ``planner`` section); the tick, window and start-up time are the
 simulation's.
@@ -25,18 +25,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.autoscaler.planner import (
+from services.common.bench.stats import percentile
+from services.common.perfmodel import PerfProfile
+from services.common.planner import (
     PlannerConfig,
     PlannerInputs,
     PlannerState,
     WindowView,
     decide,
 )
-from services.autoscaler.planner.core import Decision
-from services.autoscaler.ports import InstanceView
-from services.autoscaler.spec import DeploymentSpec, parse_spec
-from services.bench.stats import percentile
-from services.common.perfmodel import PerfProfile
+from services.common.planner.core import Decision
+from services.common.planner.ports import InstanceView
+from services.common.planner.spec import DeploymentSpec, parse_spec
 
 __all__ = ["AutoscaleConfig", "Planner", "Served", "Window"]
 

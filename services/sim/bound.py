@@ -35,13 +35,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from services.scheduler.routing.framework import MaxScorePicker, Profile
-from services.scheduler.routing.plugins.affinity import SessionHome
-from services.scheduler.routing.plugins.cost import TTFTCost
-from services.scheduler.routing.plugins.estimate import PrefixEstimate
-from services.scheduler.routing.plugins.load import LeastLoad, LoadGuard
-from services.scheduler.routing.plugins.placement import SessionLoad
-from services.scheduler.routing.types import EndpointSnapshot, EndpointView, RequestView
+from services.common.routing.framework import MaxScorePicker, Profile
+from services.common.routing.plugins.affinity import SessionHome
+from services.common.routing.plugins.cost import TTFTCost
+from services.common.routing.plugins.estimate import PrefixEstimate
+from services.common.routing.plugins.load import LeastLoad, LoadGuard
+from services.common.routing.plugins.placement import SessionLoad
+from services.common.routing.types import EndpointSnapshot, EndpointView, RequestView
 
 __all__ = ["MARGIN", "BoundFilter", "BoundPlan", "bound_plan"]
 

@@ -20,11 +20,11 @@ from typing import Any, NoReturn, TextIO
 
 import yaml
 
-from services.autoscaler.spec import DeploymentSpec, SpecError, load_spec_file
-from services.bench.plot import PlotUnavailable, ensure_available
-from services.bench.traces import FORMATS, Trace, TraceError, load_trace
+from services.common.bench.plot import PlotUnavailable, ensure_available
+from services.common.bench.traces import FORMATS, Trace, TraceError, load_trace
 from services.common.perfmodel import DEFAULT_PROFILE
-from services.scheduler.routing.config import ConfigError
+from services.common.planner.spec import DeploymentSpec, SpecError, load_spec_file
+from services.common.routing.config import ConfigError
 from services.sim import SimConfig, SimConfigError, simulate
 from services.sim.autoscale import AutoscaleConfig
 from services.sim.compare import BASELINES, comparison_rows, profile_config, table

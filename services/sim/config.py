@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from services.common.perfmodel import DEFAULT_PROFILE, get_profile
-from services.scheduler.admission.shaper import (
+from services.common.admission.shaper import (
     DISPATCH_FOLLOW_MS,
     DISPATCH_HOLD_MS,
     DISPATCH_ORDER,
 )
+from services.common.perfmodel import DEFAULT_PROFILE, get_profile
 from services.sim.autoscale import AutoscaleConfig
 
 __all__ = ["SimConfig", "SimConfigError"]
@@ -71,7 +71,7 @@ class SimConfig:
     slo_tpot_ms: float | None = None
     decode_can_prefill: bool = False
     # P/D: decode engines cache the KV they receive and take only the part they lack
-    # (``services.engine.core.CoreConfig.decode_keeps_kv``)
+    # (``services.common.engine_core.core.CoreConfig.decode_keeps_kv``)
     decode_keeps_kv: bool = False
     # engines: prompts with at most this many tokens left to compute are prefilled first
     # (``CoreConfig.short_first_tokens``); 0 = FCFS

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from services.bench.traces import Trace, TraceError
+from services.common.bench.traces import Trace, TraceError
 from services.sim.inputs import repeated
 
 __all__ = ["RateCurve", "curve_trace", "read_curve"]

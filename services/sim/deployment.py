@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from services.autoscaler.spec import DeploymentSpec, RoleSpec, SLOClassSpec
+from services.common.planner.spec import DeploymentSpec, RoleSpec, SLOClassSpec
 from services.sim.autoscale import AutoscaleConfig
 from services.sim.config import SimConfig, SimConfigError
 

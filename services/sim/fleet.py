@@ -1,10 +1,10 @@
-"""The simulated engines: one :class:`services.engine.core.EngineCore` per instance, the
+"""The simulated engines: one :class:`services.common.engine_core.core.EngineCore` per instance, the
 same continuous-batching core and timing model the engine simulator's HTTP server runs.
 
 :class:`Engines` only holds the cores and answers "step this instance now": the loop
 (:mod:`services.sim.run`) turns a step into a ``done`` event at ``now + duration`` and a
 wake-up into a ``wake`` event. Steps that would only add a token to every running sequence
-are one :class:`~services.engine.core.DecodeRun` (one ``done`` event for all of them, ended
+are one :class:`~services.common.engine_core.core.DecodeRun` (one ``done`` event for all of them, ended
 early by a submit: :meth:`Engines.interrupt`); the cores keep token counts, not token ids.
 Instance ids are ``worker-i`` (aggregated), ``prefill-i`` and ``decode-i``, the roles the
 gateway knows them by.
@@ -15,11 +15,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from services.common.engine_core.core import (
+    CoreConfig,
+    DecodeRun,
+    EngineCore,
+    EngineRole,
+    StepResult,
+)
+from services.common.engine_core.kvcache import KVCache
+from services.common.engine_core.steptrace import StepTrace
 from services.common.perfmodel import PerfProfile
-from services.engine.core import CoreConfig, DecodeRun, EngineCore, EngineRole, StepResult
-from services.engine.kvcache import KVCache
-from services.engine.steptrace import StepTrace
-from services.scheduler.core import EndpointSpec, LoadReport
+from services.common.scheduling import EndpointSpec, LoadReport
 
 __all__ = ["Engines", "Instance"]
 

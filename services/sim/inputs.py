@@ -1,11 +1,11 @@
 """What the simulator replays (pure apart from reading the trace file).
 
-Traces are read by the bench's readers (:mod:`services.bench.traces`: Mooncake JSONL, which
+Traces are read by the bench's readers (:mod:`services.common.bench.traces`: Mooncake JSONL, which
 is also the format of the agentic traces, whose sessions show as shared ``hash_ids`` and
 whose think times are the gaps between a session's turns; and Azure CSV), so a trace the
 bench replays live is the trace simulated here.
 
-Prompts are the bench's (:class:`services.bench.prompts.PromptSynthesizer`, seed 0),
+Prompts are the bench's (:class:`services.common.bench.prompts.PromptSynthesizer`, seed 0),
 tokenized as the gateway and the simulator engine see a chat message: ``"user: " + prompt``.
 
 A trace shorter than ``max_requests`` repeats: round ``r`` starts one mean inter-arrival gap
@@ -25,8 +25,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from services.bench.prompts import PromptSynthesizer
-from services.bench.traces import MOONCAKE_BLOCK_TOKENS, Trace, TraceRequest
+from services.common.bench.prompts import PromptSynthesizer
+from services.common.bench.traces import MOONCAKE_BLOCK_TOKENS, Trace, TraceRequest
 from services.common.tokens import (
     FIRST_WORD_ID,
     TOKEN_BYTES,

@@ -63,6 +63,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from services.common.engine_core.kvcache import KVCache
 from services.common.perfmodel import PerfProfile
 from services.common.sessions import (
     Arrival,
@@ -87,7 +88,6 @@ from services.common.sessions import (
 )
 from services.common.sessions.controller import EngineKV, plan_engines
 from services.common.sessions.migration import Placement
-from services.engine.kvcache import KVCache
 from services.sim.scalein import active_sessions, kept_prefix
 
 __all__ = ["AgentMemory", "MemoryMode", "Resume"]

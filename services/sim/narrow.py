@@ -3,7 +3,7 @@
 At a thousand instances most of a cycle's work is scoring endpoints that cannot differ:
 idle ones, or ones with the same load and nothing of the request's prefix. The live
 gateway keeps scoring them all; :class:`NarrowScheduler` (the scheduler the simulated
-gateways run) gives the real :class:`~services.scheduler.routing.framework.Scheduler` the
+gateways run) gives the real :class:`~services.common.routing.framework.Scheduler` the
 snapshot without such repeats when that provably changes nothing:
 
 * Every plugin of the profile is one of :data:`SAFE`: each scores (or keeps) a candidate by
@@ -29,13 +29,13 @@ from bisect import insort
 from collections import Counter
 from typing import Any
 
-from services.scheduler.routing.framework import MaxScorePicker, Profile, Scheduler
-from services.scheduler.routing.plugins.affinity import SessionHome
-from services.scheduler.routing.plugins.cost import TTFTCost
-from services.scheduler.routing.plugins.estimate import PrefixEstimate
-from services.scheduler.routing.plugins.load import LeastLoad, LoadGuard
-from services.scheduler.routing.plugins.placement import SessionLoad
-from services.scheduler.routing.types import (
+from services.common.routing.framework import MaxScorePicker, Profile, Scheduler
+from services.common.routing.plugins.affinity import SessionHome
+from services.common.routing.plugins.cost import TTFTCost
+from services.common.routing.plugins.estimate import PrefixEstimate
+from services.common.routing.plugins.load import LeastLoad, LoadGuard
+from services.common.routing.plugins.placement import SessionLoad
+from services.common.routing.types import (
     Decision,
     EndpointSnapshot,
     EndpointView,

@@ -6,7 +6,7 @@ allows. This step runs the recommended fleet autoscaled (it starts at the recomm
 each role between 1 and twice its size, as the written spec allows; with P/D the
 simulator's one bound for every role is twice the larger role) under the planner
 settings a deployment spec can set (its ``planner`` section,
-:class:`~services.autoscaler.spec.PlannerSpec`): first the autoscaler's own settings, then
+:class:`~services.common.planner.spec.PlannerSpec`): first the autoscaler's own settings, then
 each other value of one setting at a time over the best so far (coordinate descent), a
 value kept when it meets the SLOs with fewer replica-seconds (or meets them where the best
 so far does not). Cost: one run, plus one per value tried.
@@ -22,8 +22,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from services.autoscaler.spec import PlannerSpec
-from services.bench.traces import Trace
+from services.common.bench.traces import Trace
+from services.common.planner.spec import PlannerSpec
 from services.sim import simulate
 from services.sim.autoscale import AutoscaleConfig
 from services.sim.config import SimConfig, SimConfigError

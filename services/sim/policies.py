@@ -5,7 +5,7 @@ router and the engines in the loop:
 
 - ``sla``: the autoscaler's SLA planner (``planner.policy: sla``);
 - ``reactive``: the autoscaler's KPA-like policy (``planner.policy: reactive``,
-  :mod:`services.autoscaler.planner.reactive`);
+  :mod:`services.common.planner.reactive`);
 - ``static``: the starting fleet, never scaled.
 
 Per policy: the SLO windows met (per ``window_s`` of modelled time, the requests that arrived
@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from services.bench.stats import RequestResult, percentile
+from services.common.bench.stats import RequestResult, percentile
 from services.sim.autoscale import AutoscaleConfig
 from services.sim.config import SimConfig, SimConfigError
 

@@ -28,9 +28,9 @@ from typing import Any, NoReturn
 
 import yaml
 
-from services.bench.traces import FORMATS, Trace, TraceError, load_trace
+from services.common.bench.traces import FORMATS, Trace, TraceError, load_trace
 from services.common.perfmodel import DEFAULT_PROFILE
-from services.scheduler.routing.config import ConfigError
+from services.common.routing.config import ConfigError
 from services.sim import SimConfig, SimConfigError, simulate
 from services.sim.planner_search import PlannerOutcome, parse_axes, planner_rows, runner, tune
 from services.sim.policies import replica_seconds

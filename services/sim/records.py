@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from services.scheduler.routing.types import Pick, RequestView
+from services.common.routing.types import Pick, RequestView
 
 __all__ = ["Diag", "SimRequest"]
 

@@ -2,8 +2,8 @@
 one compare key by key.
 
 The figures are the bench's own: every simulated request becomes a
-:class:`services.bench.stats.RequestResult` (modelled seconds instead of wall seconds) and
-:func:`services.bench.stats.summarize` computes the summary, with the bench's extra keys
+:class:`services.common.bench.stats.RequestResult` (modelled seconds instead of wall seconds) and
+:func:`services.common.bench.stats.summarize` computes the summary, with the bench's extra keys
 beside it (``infinite_cache_hit_ratio``, ``targets``, ``trace``, ``config``, ...). A
 request's first token is the engines' first streamed chunk (``stream_interval`` tokens), as
 the bench sees it live. ``time_base`` is ``"model"``: the engines' modelled time.
@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import asdict
 from typing import Any
 
-from services.bench.stats import RequestResult, infinite_cache_hit_ratio, summarize
+from services.common.bench.stats import RequestResult, infinite_cache_hit_ratio, summarize
 from services.sim.records import SimRequest
 from services.sim.run import SimRun
 

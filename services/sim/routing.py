@@ -1,4 +1,4 @@
-"""The gateways: the scheduler's real :class:`~services.scheduler.core.GatewayCore` (routing
+"""The gateways: the scheduler's real :class:`~services.common.scheduling.GatewayCore` (routing
 profiles, fleet view, reservations) and dispatch shaper, one per simulated gateway replica.
 
 Each replica keeps its own reservations, routed-prefix index and dispatch order, as live
@@ -14,11 +14,11 @@ from collections.abc import Mapping
 from operator import itemgetter
 from pathlib import Path
 
-from services.engine.kvcache import KVCache
-from services.scheduler.admission.shaper import DispatchShaper, ShaperConfig
-from services.scheduler.core import EndpointSpec, GatewayCore, build_core
-from services.scheduler.routing.plugins.prefix import ApproxPrefix
-from services.scheduler.routing.types import Pick, PrefixMatch
+from services.common.admission.shaper import DispatchShaper, ShaperConfig
+from services.common.engine_core.kvcache import KVCache
+from services.common.routing.plugins.prefix import ApproxPrefix
+from services.common.routing.types import Pick, PrefixMatch
+from services.common.scheduling import EndpointSpec, GatewayCore, build_core
 from services.sim.config import SimConfig
 from services.sim.narrow import NarrowScheduler
 from services.sim.records import Diag

@@ -15,10 +15,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from services.bench.traces import Trace
+from services.common.bench.traces import Trace
+from services.common.engine_core.core import (
+    AdmissionError,
+    DecodeRun,
+    EngineRole,
+    Request,
+    StepResult,
+)
 from services.common.perfmodel import get_profile
-from services.engine.core import AdmissionError, DecodeRun, EngineRole, Request, StepResult
-from services.scheduler.routing.types import Pick, RequestView, Shed
+from services.common.routing.types import Pick, RequestView, Shed
 from services.sim.autoscale import Planner, Served, Window
 from services.sim.config import SimConfig
 from services.sim.events import EventQueue

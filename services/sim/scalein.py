@@ -1,7 +1,7 @@
 """An explicit scale-in in the simulation (``SimConfig.scale_in_at_s``): at a chosen modelled
 time, without the planner, ``scale_in_count`` engines leave by the product's path.
 
-1. **Victims** by the autoscaler's rule (:func:`~services.autoscaler.planner.victims.pick_victims`
+1. **Victims** by the autoscaler's rule (:func:`~services.common.planner.victims.pick_victims`
    over the same instance views the planner gets: in-flight and queued requests, and with
    agent memory the blocks of the live sessions homed there, ``session_blocks``).
 2. **Drain**: the gateways retire the victim (no new requests; in-flight ones finish). It

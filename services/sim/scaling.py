@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.autoscaler.planner.victims import pick_victims
-from services.autoscaler.ports import InstanceView
-from services.engine.kvcache import KVCache
+from services.common.engine_core.kvcache import KVCache
+from services.common.planner.ports import InstanceView
+from services.common.planner.victims import pick_victims
 from services.sim.autoscale import Planner, Window
 from services.sim.config import SimConfig
 from services.sim.events import EventQueue

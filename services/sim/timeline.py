@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.bench.plot import write_series_plot
+from services.common.bench.plot import write_series_plot
 from services.sim.records import SimRequest
 
 __all__ = ["COLUMNS", "Timeline", "csv_text", "plot_timeline"]
@@ -105,7 +105,7 @@ def csv_text(rows: list[dict[str, Any]]) -> str:
 
 def plot_timeline(path: str | Path, rows: list[dict[str, Any]], *, title: str = "") -> None:
     """A PNG of the ready replicas of each role present and the request rate, per window.
-    Raises :class:`~services.bench.plot.PlotUnavailable` without matplotlib."""
+    Raises :class:`~services.common.bench.plot.PlotUnavailable` without matplotlib."""
     x = [r["t_s"] / 60.0 for r in rows]
     roles = [k for k in ("worker", "prefill", "decode") if any(r[f"replicas_{k}"] for r in rows)]
     write_series_plot(

@@ -94,8 +94,8 @@ def apply_deployment(
     ``replicas``: a stored deployment keeps the desired count of an earlier run (the planner
     owns counts), but the stack's flags say how many engines run now. SpecError/ValueError
     when the spec is refused locally, grpc.RpcError when the autoscaler refuses it."""
-    from services.autoscaler.spec import parse_spec
     from services.autoscaler.translate import spec_to_proto
+    from services.common.planner.spec import parse_spec
 
     msg = spec_to_proto(parse_spec(dict(spec)))
     with sync_channel(address, security) as channel:

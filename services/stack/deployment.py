@@ -64,7 +64,7 @@ def engine_args(fleet: EngineFleet) -> tuple[str, ...]:
 
 
 def stack_deployment(fleet: EngineFleet) -> dict[str, Any] | None:
-    """The deployment spec (YAML data for :func:`services.autoscaler.spec.parse_spec`) of
+    """The deployment spec (YAML data for :func:`services.common.planner.spec.parse_spec`) of
     ``fleet``, named after the scheduler's deployment; None when it has no engines.
     :func:`plan_engines`' ValueError passes through."""
     plans = plan_engines(fleet)

@@ -132,7 +132,7 @@ def real_role(
     stream_prefix: str,
     extra_args: tuple[str, ...],
 ) -> dict[str, Any]:
-    """The deployment role (YAML data for :func:`services.autoscaler.spec.parse_spec`) of
+    """The deployment role (YAML data for :func:`services.common.planner.spec.parse_spec`) of
     ``replicas`` aggregated instances of ``engine``, each with its kv-bridge sidecar."""
     command = engine.command or DEFAULT_COMMANDS[engine.kind]
     return {

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.autoscaler.drivers.base import backoff_s
+from services.common.planner.driver_base import backoff_s
 
 __all__ = ["RestartPlan", "RestartPolicy", "plan_restart"]
 

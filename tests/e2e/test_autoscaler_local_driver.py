@@ -17,18 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from services.autoscaler.drivers.base import (
+from services.autoscaler.drivers.drain import Drainer
+from services.autoscaler.drivers.local import LocalDriver
+from services.autoscaler.drivers.settings import LocalSettings
+from services.common.local.procs import ProcRef, is_alive, signal_process
+from services.common.local.recorded import read_recorded
+from services.common.planner.driver_base import (
     DriverError,
     InstanceState,
     InstanceStatus,
     Role,
     RoleTarget,
 )
-from services.autoscaler.drivers.drain import Drainer
-from services.autoscaler.drivers.local import LocalDriver
-from services.autoscaler.drivers.settings import LocalSettings
-from services.common.local.procs import ProcRef, is_alive, signal_process
-from services.common.local.recorded import read_recorded
 from tests.helpers.autoscale import RecordingDrainer
 from tests.helpers.ports import free_port, port_range
 from tests.helpers.waits import eventually

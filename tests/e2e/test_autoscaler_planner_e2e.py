@@ -23,10 +23,10 @@ import pytest
 from tideserve.v1 import autoscaler_pb2, autoscaler_pb2_grpc, telemetry_pb2_grpc
 
 from services.autoscaler.drivers.settings import DriverSettings, LocalSettings
-from services.autoscaler.planner import PlannerConfig
 from services.autoscaler.settings import AutoscalerSettings
-from services.autoscaler.spec import load_spec_file
 from services.autoscaler.translate import spec_to_proto
+from services.common.planner import PlannerConfig
+from services.common.planner.spec import load_spec_file
 from tests.helpers.autoscale import ClosedLoop, autoscaler_service, gateway_settings
 from tests.helpers.ports import free_ports, port_range
 from tests.helpers.scheduler import scheduler_service

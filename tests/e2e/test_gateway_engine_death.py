@@ -26,11 +26,11 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from services.scheduler.core import EndpointSpec, build_core
+from services.common.routing.types import Role
+from services.common.scheduling import EndpointSpec, build_core
 from services.scheduler.http import upstream
 from services.scheduler.http.options import GatewayOptions
 from services.scheduler.http.server import Gateway
-from services.scheduler.routing.types import Role
 from tests.helpers.engine_stack import Outcome, metric_total, stream_sse
 from tests.helpers.ports import free_port
 from tests.helpers.waits import eventually

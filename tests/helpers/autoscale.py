@@ -24,7 +24,6 @@ import grpc
 import redis.asyncio as aioredis
 from tideserve.v1 import scheduler_pb2, scheduler_pb2_grpc
 
-from services.autoscaler.drivers.base import DeploymentTarget, InstanceStatus, Role, RoleTarget
 from services.autoscaler.drivers.drain import Drainer, DrainResult
 from services.autoscaler.drivers.local import LocalDriver
 from services.autoscaler.drivers.settings import DriverSettings, LocalSettings
@@ -32,6 +31,7 @@ from services.autoscaler.main import build as build_autoscaler
 from services.autoscaler.membership import MembershipPublisher
 from services.autoscaler.reconciler import Reconciler
 from services.autoscaler.settings import AutoscalerSettings
+from services.common.planner.driver_base import DeploymentTarget, InstanceStatus, Role, RoleTarget
 from services.common.streams import StreamProducer
 from services.scheduler.settings import SchedulerSettings
 from tests.helpers.engine_stack import Outcome, stream_sse

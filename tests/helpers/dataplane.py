@@ -36,7 +36,7 @@ def transfer_engine_unavailable() -> str | None:
         [
             sys.executable,
             "-c",
-            "from services.dataplane.transfer import load_transfer_engine as l; l()",
+            "from services.common.dataplane.transfer import load_transfer_engine as l; l()",
         ],
         capture_output=True,
         text=True,

@@ -11,9 +11,9 @@ from typing import Any
 import grpc
 from tideserve.v1 import scheduler_pb2_grpc
 
+from services.common.scheduling import EndpointSpec, build_core
+from services.common.scheduling.service import GatewayCore
 from services.common.server import ServiceHooks, serve
-from services.scheduler.core import EndpointSpec, build_core
-from services.scheduler.core.service import GatewayCore
 from services.scheduler.grpc.servicer import SchedulerServicer, add_to_server
 from services.scheduler.main import build
 from services.scheduler.settings import SchedulerSettings

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from services.common.routing.types import RequestView
 from services.common.tokens import block_hashes
-from services.scheduler.routing.types import RequestView
 
 
 def request_view(

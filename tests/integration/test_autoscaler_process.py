@@ -11,11 +11,11 @@ import pytest
 from tideserve.v1 import autoscaler_pb2, autoscaler_pb2_grpc, telemetry_pb2_grpc
 
 from services.autoscaler.main import build
-from services.autoscaler.planner import PlannerConfig
-from services.autoscaler.ports import InMemoryReconciler
 from services.autoscaler.settings import AutoscalerSettings
-from services.autoscaler.spec import load_spec_file
 from services.autoscaler.translate import spec_to_proto
+from services.common.planner import PlannerConfig
+from services.common.planner.ports import InMemoryReconciler
+from services.common.planner.spec import load_spec_file
 from services.common.server import serve
 from tests.helpers.ports import free_port
 from tests.helpers.telemetry_double import ScriptedTelemetry, window

@@ -23,16 +23,16 @@ from tideserve.v1 import (
 from services.autoscaler.deployments import Deployments
 from services.autoscaler.loop import LoopOptions, PlannerLoop
 from services.autoscaler.metrics import AutoscalerMetrics
-from services.autoscaler.planner import PlannerConfig
-from services.autoscaler.ports import InMemoryReconciler
 from services.autoscaler.scope import EVERY, Scope
 from services.autoscaler.servicer import AutoscalerServicer, add_to_server
-from services.autoscaler.spec import PlannerSpec, load_spec_file
 from services.autoscaler.store import AutoscalerStore
 from services.autoscaler.telemetry import GrpcTelemetry
 from services.autoscaler.translate import spec_to_proto
 from services.cli import main as cli
 from services.common.db import create_engine, migrate
+from services.common.planner import PlannerConfig
+from services.common.planner.ports import InMemoryReconciler
+from services.common.planner.spec import PlannerSpec, load_spec_file
 from tests.helpers.telemetry_double import ScriptedTelemetry, window
 
 pytestmark = pytest.mark.integration

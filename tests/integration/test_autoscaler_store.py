@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from services.autoscaler.records import DecisionRecord, RoleChange
-from services.autoscaler.spec import load_spec_file
 from services.autoscaler.store import AutoscalerStore
 from services.common.db import create_engine, migrate
+from services.common.planner.records import DecisionRecord, RoleChange
+from services.common.planner.spec import load_spec_file
 
 pytestmark = pytest.mark.integration
 

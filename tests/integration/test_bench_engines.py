@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from services.bench.client import Api, BenchConfig, run_bench
-from services.bench.traces import load_trace
+from services.common.bench.traces import load_trace
 from tests.helpers.ports import free_port
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -18,8 +18,8 @@ import pytest
 from aiohttp import web
 
 from services.bench.client import BenchConfig, BenchError, run_bench
-from services.bench.traces import load_trace
 from services.common import tokens
+from services.common.bench.traces import load_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 MOONCAKE = DATA / "mooncake_conversation_head.jsonl"

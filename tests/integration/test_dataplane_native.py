@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from services.dataplane.settings import DataPlaneSettings
-from services.dataplane.transfer import Arena, DataPlane, TransferError, TransferTimeout
+from services.common.dataplane.settings import DataPlaneSettings
+from services.common.dataplane.transfer import Arena, DataPlane, TransferError, TransferTimeout
 from tests.helpers.dataplane import metadata_url_or_skip
 from tests.helpers.ports import free_port
 

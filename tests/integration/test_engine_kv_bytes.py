@@ -19,8 +19,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from services.common.dataplane.blocks import block_content
 from services.common.tokens import block_hashes, tokenize
-from services.dataplane.blocks import block_content
 from tests.helpers.dataplane import metadata_url_or_skip
 from tests.helpers.engines import EngineFactory, EngineFleet, until
 

@@ -24,12 +24,12 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from tideserve.v1 import events_pb2, kvmeta_pb2, kvmeta_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
+from services.common.scheduling import EndpointSpec, build_core
 from services.kvmeta.index import PrefixIndex
 from services.kvmeta.ingest import IndexFeeder
 from services.kvmeta.objects import ObjectMaster
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell
 from services.kvmeta.servicer import add_to_server as add_kvmeta
-from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.grpc.servicer import SchedulerServicer, add_to_server
 from services.scheduler.http.options import GatewayOptions
 from services.scheduler.http.server import Gateway

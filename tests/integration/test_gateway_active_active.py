@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from tideserve.v1 import events_pb2
 
+from services.common.routing.types import Pick, RequestView
+from services.common.scheduling import EndpointSpec, GatewayCore, build_core
 from services.common.streams import encode_entry
-from services.scheduler.core import EndpointSpec, GatewayCore, build_core
 from services.scheduler.feeds.shared import SharedState
-from services.scheduler.routing.types import Pick, RequestView
 from tests.helpers.views import request_view
 
 IDS = ["a", "b", "c"]

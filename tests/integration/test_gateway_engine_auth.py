@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from services.scheduler.core import EndpointSpec, build_core
+from services.common.scheduling import EndpointSpec, build_core
 from services.scheduler.http.options import GatewayOptions
 from services.scheduler.http.server import Gateway
 

@@ -11,9 +11,9 @@ import grpc
 import pytest
 from tideserve.v1 import events_pb2, scheduler_pb2
 
-from services.scheduler.admission import QueueConfig
-from services.scheduler.core import EndpointSpec, LoadReport, build_core
-from services.scheduler.core.service import GatewayCore
+from services.common.admission import QueueConfig
+from services.common.scheduling import EndpointSpec, LoadReport, build_core
+from services.common.scheduling.service import GatewayCore
 from services.scheduler.grpc.servicer import SchedulerServicer
 from tests.helpers.engines import until
 from tests.helpers.scheduler import scheduler_stub, two_workers

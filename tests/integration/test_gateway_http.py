@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from services.scheduler.admission import ClassSpec, QueueConfig
-from services.scheduler.core import CoreLimits, EndpointSpec, build_core
+from services.common.admission import ClassSpec, QueueConfig
+from services.common.scheduling import CoreLimits, EndpointSpec, build_core
 from services.scheduler.http.openai import Limits
 from services.scheduler.http.options import GatewayOptions
 from services.scheduler.http.server import Gateway

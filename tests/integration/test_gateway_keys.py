@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp.test_utils import TestServer
 
-from services.scheduler.core import EndpointSpec, build_core
+from services.common.scheduling import EndpointSpec, build_core
 from services.scheduler.core.records import RequestContext
 from services.scheduler.http.openai import Limits, ParsedRequest
 from services.scheduler.http.options import GatewayOptions

@@ -14,12 +14,12 @@ import redis.asyncio as aioredis
 from tideserve.v1 import common_pb2, events_pb2
 
 from services.common.errors import StartupError
+from services.common.routing.types import RequestView
 from services.common.streams import StreamProducer, decode_entry, stream_name
 from services.scheduler.feeds.integrations import Integrations
 from services.scheduler.feeds.kv_replica import KVReplicaFeed, LocalLookup
 from services.scheduler.feeds.kv_replica_core import KVReplica
 from services.scheduler.main import build_gateway
-from services.scheduler.routing.types import RequestView
 from services.scheduler.settings import SchedulerSettings
 from tests.helpers.engines import until
 from tests.helpers.views import request_view

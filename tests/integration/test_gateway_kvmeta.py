@@ -20,17 +20,17 @@ import redis.asyncio as aioredis
 from aiohttp.test_utils import TestServer
 from tideserve.v1 import kvmeta_pb2, kvmeta_pb2_grpc
 
+from services.common.routing.types import RequestView
+from services.common.scheduling import EndpointSpec, build_core
 from services.common.tokens import block_hashes, tokenize
 from services.engine.server import EngineServer
 from services.engine.settings import EngineSettings
 from services.kvmeta.ingest import IndexFeeder
-from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.feeds.kvmeta_client import KVMetaLookup, precise_profiles
 from services.scheduler.http.options import GatewayOptions
 from services.scheduler.http.server import Gateway
 from services.scheduler.keys.gate import KeyGate
 from services.scheduler.keys.model import tenant_salt
-from services.scheduler.routing.types import RequestView
 from tests.helpers.keys import FakeKeyStore, fake_gate
 from tests.helpers.kvmeta import serve_kvmeta
 from tests.helpers.ports import free_port

@@ -14,8 +14,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from tideserve.v1 import common_pb2, events_pb2
 
+from services.common.scheduling import EndpointSpec, build_core
 from services.common.streams import StreamProducer, stream_name
-from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.feeds.load_stream import LoadStream
 from services.scheduler.http.options import GatewayOptions
 from services.scheduler.http.server import Gateway

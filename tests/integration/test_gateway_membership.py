@@ -23,8 +23,8 @@ from tideserve.v1 import autoscaler_pb2, autoscaler_pb2_grpc, common_pb2, events
 
 from services.autoscaler.servicer import AutoscalerServicer
 from services.autoscaler.servicer import add_to_server as add_autoscaler
+from services.common.scheduling import EndpointSpec, build_core
 from services.common.streams import StreamProducer, stream_name
-from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.feeds.membership import Membership
 from services.scheduler.http.options import GatewayOptions
 from services.scheduler.http.server import Gateway

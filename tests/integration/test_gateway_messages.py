@@ -17,9 +17,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from services.common.admission import ClassSpec, QueueConfig
+from services.common.scheduling import CoreLimits, EndpointSpec, build_core
 from services.common.tokens import TokenPath
-from services.scheduler.admission import ClassSpec, QueueConfig
-from services.scheduler.core import CoreLimits, EndpointSpec, build_core
 from services.scheduler.core.records import RequestContext
 from services.scheduler.http.openai import Limits
 from services.scheduler.http.options import GatewayOptions

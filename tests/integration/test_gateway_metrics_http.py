@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from tideserve.v1 import scheduler_pb2
 
-from services.scheduler.core import EndpointSpec, build_core
+from services.common.scheduling import EndpointSpec, build_core
 from services.scheduler.grpc.servicer import SchedulerServicer
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.slo import DEFAULT_SLO_CLASSES, queue_config

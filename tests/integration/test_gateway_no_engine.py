@@ -25,8 +25,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 from tideserve.v1 import scheduler_pb2, scheduler_pb2_grpc
 
-from services.scheduler.admission import ClassSpec, QueueConfig
-from services.scheduler.core import CoreLimits, EndpointSpec, build_core
+from services.common.admission import ClassSpec, QueueConfig
+from services.common.scheduling import CoreLimits, EndpointSpec, build_core
 from services.scheduler.grpc.servicer import SchedulerServicer
 from services.scheduler.http.options import GatewayOptions
 from services.scheduler.http.server import Gateway

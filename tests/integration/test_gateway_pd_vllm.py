@@ -12,11 +12,11 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from services.common.routing.plugins.prefix import ApproxPrefix
+from services.common.scheduling import EndpointSpec, build_core
 from services.common.tokens import block_hashes, tokenize
-from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.http.options import GatewayOptions
 from services.scheduler.http.server import Gateway
-from services.scheduler.routing.plugins.prefix import ApproxPrefix
 from tests.helpers.engines import EngineFactory, EngineFleet, sse, until
 from tests.helpers.ports import free_port
 

@@ -12,8 +12,8 @@ import grpc
 import pytest
 from tideserve.v1 import events_pb2, scheduler_pb2
 
-from services.scheduler.core import LoadReport
-from services.scheduler.core.service import GatewayCore
+from services.common.scheduling import LoadReport
+from services.common.scheduling.service import GatewayCore
 from services.scheduler.grpc.servicer import SchedulerServicer
 from tests.helpers.scheduler import scheduler_stub, two_workers
 

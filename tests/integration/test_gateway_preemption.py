@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from services.common.scheduling import CoreLimits, EndpointSpec, build_core
 from services.engine.server import EngineServer
-from services.scheduler.core import CoreLimits, EndpointSpec, build_core
 from services.scheduler.http.options import GatewayOptions
 from services.scheduler.http.server import Gateway
 from tests.helpers.engines import EngineFleet, sse, until

@@ -16,10 +16,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from tideserve.v1 import events_pb2
 
+from services.common.scheduling import EndpointSpec, build_core
 from services.common.streams import decode_entry
 from services.engine.server import EngineServer
 from services.engine.settings import EngineSettings
-from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.core.records import parse_traceparent
 from services.scheduler.feeds.record_sink import RecordSink
 from services.scheduler.http.options import GatewayOptions

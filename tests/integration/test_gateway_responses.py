@@ -16,7 +16,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from services.common import db
-from services.scheduler.core import EndpointSpec, build_core
+from services.common.scheduling import EndpointSpec, build_core
 from services.scheduler.core.records import RequestContext, build_record
 from services.scheduler.http.openai import Limits
 from services.scheduler.http.options import GatewayOptions

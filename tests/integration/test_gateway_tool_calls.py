@@ -16,8 +16,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from tideserve.v1 import events_pb2
 
+from services.common.scheduling import EndpointSpec, build_core
 from services.common.streams import decode_entry
-from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.feeds.record_sink import RecordSink
 from services.scheduler.http.options import GatewayOptions
 from services.scheduler.http.records import record_requests

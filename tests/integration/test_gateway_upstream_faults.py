@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 import pytest
 
+from services.common.routing.types import EndpointView
 from services.scheduler.http import upstream
-from services.scheduler.routing.types import EndpointView
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

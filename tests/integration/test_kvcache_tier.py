@@ -24,11 +24,11 @@ import grpc
 import pytest
 from tideserve.v1 import kvmeta_pb2, kvmeta_pb2_grpc
 
+from services.common.dataplane.blocks import block_content, mismatched
+from services.common.dataplane.settings import DataPlaneSettings
+from services.common.dataplane.tier import KVTier, block_key
+from services.common.dataplane.transfer import Arena, DataPlane, Transfer
 from services.common.tokens import block_hashes, tokenize
-from services.dataplane.blocks import block_content, mismatched
-from services.dataplane.settings import DataPlaneSettings
-from services.dataplane.tier import KVTier, block_key
-from services.dataplane.transfer import Arena, DataPlane, Transfer
 from services.kvmeta.objects import ObjectMaster
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
 from tests.helpers.dataplane import metadata_url_or_skip

@@ -21,11 +21,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from tideserve.v1 import kvmeta_pb2, kvmeta_pb2_grpc
 
-from services.autoscaler.drivers.base import InstanceState, InstanceStatus, Role
 from services.autoscaler.drivers.drain import Drainer
 from services.autoscaler.drivers.sessions import KVMetaSessions, peers_of
 from services.common import db
 from services.common.clock import ManualClock
+from services.common.planner.driver_base import InstanceState, InstanceStatus, Role
 from services.common.sessions import SessionTable, ToolTimePredictor, rendezvous_home
 from services.common.tokens import block_hashes
 from services.engine.server import EngineServer

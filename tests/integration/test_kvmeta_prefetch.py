@@ -30,9 +30,9 @@ from tideserve.v1 import kvmeta_pb2, kvmeta_pb2_grpc
 
 from services.common import db
 from services.common.clock import ManualClock
+from services.common.dataplane.tier import block_key
 from services.common.sessions import Session, SessionTable, ToolTimePredictor
 from services.common.tokens import block_hashes, tokenize
-from services.dataplane.tier import block_key
 from services.engine.server import EngineServer
 from services.kvmeta.fetchable import on_gpu_and_tier
 from services.kvmeta.index import PrefixIndex

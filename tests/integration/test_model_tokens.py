@@ -13,10 +13,10 @@ import aiohttp
 import pytest
 from tideserve.v1 import scheduler_pb2
 
+from services.common.routing.types import PrefixMatch, RequestView
 from services.common.tokens import HashScheme, TokenPath, token_path
 from services.scheduler.grpc.servicer import SchedulerServicer
 from services.scheduler.http.openai import Kind, parse_request
-from services.scheduler.routing.types import PrefixMatch, RequestView
 from tests.helpers.engines import EngineFactory, EngineFleet
 from tests.helpers.model_dir import write_model_dir
 from tests.helpers.scheduler import scheduler_stub, two_workers

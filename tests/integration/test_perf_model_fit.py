@@ -20,10 +20,10 @@ from tideserve.v1 import common_pb2, events_pb2, telemetry_pb2
 
 from services.common.perfcoef import prior_coefficients
 from services.common.perfmodel import get_profile
+from services.common.scheduling import EndpointSpec, build_core
 from services.common.streams import StreamProducer, decode_entry, stream_name
 from services.engine.server import EngineServer
 from services.engine.settings import EngineSettings
-from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.feeds.record_sink import RecordSink
 from services.scheduler.http.options import GatewayOptions
 from services.scheduler.http.records import record_requests

@@ -30,6 +30,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from services.common import otel
+from services.common.scheduling import EndpointSpec, build_core
 from services.common.security import channels
 from services.common.tokens import TokenPath, block_hashes
 from services.engine.server import EngineServer
@@ -38,7 +39,6 @@ from services.kvmeta.index import PrefixIndex
 from services.kvmeta.ingest import IndexFeeder
 from services.kvmeta.objects import ObjectMaster
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
-from services.scheduler.core import EndpointSpec, build_core
 from services.scheduler.feeds.kvmeta_client import KVMetaLookup, precise_profiles
 from services.scheduler.http.options import GatewayOptions
 from services.scheduler.http.server import Gateway

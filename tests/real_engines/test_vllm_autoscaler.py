@@ -15,7 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 from tideserve.v1 import events_pb2
 
-from services.autoscaler.drivers.base import Role, RoleTarget
+from services.common.planner.driver_base import Role, RoleTarget
 from services.common.streams import decode_entry
 from tests.helpers.autoscale import ClosedLoop, Rig, autoscaled_gateway
 from tests.helpers.kvmeta import serve_kvmeta

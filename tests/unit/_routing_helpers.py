@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import services.scheduler.routing.plugins  # noqa: F401  (registers plugin types)
-from services.scheduler.routing.framework import CycleContext
-from services.scheduler.routing.registry import REGISTRY, PluginEnv
-from services.scheduler.routing.types import EndpointView, RequestView
+import services.common.routing.plugins  # noqa: F401  (registers plugin types)
+from services.common.routing.framework import CycleContext
+from services.common.routing.registry import REGISTRY, PluginEnv
+from services.common.routing.types import EndpointView, RequestView
 
 
 class LinearModel:

@@ -1,5 +1,5 @@
-"""Followers wait for their carrier's first byte (services.scheduler.admission.follow, and
-the dispatch order that uses it, services.scheduler.admission.shaper)."""
+"""Followers wait for their carrier's first byte (services.common.admission.follow, and
+the dispatch order that uses it, services.common.admission.shaper)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
+from services.common.admission.follow import Follower, Followers, shared_blocks
+from services.common.admission.shaper import DispatchShaper, ShaperConfig
 from services.scheduler.admission.dispatch import DispatchOrder
-from services.scheduler.admission.follow import Follower, Followers, shared_blocks
-from services.scheduler.admission.shaper import DispatchShaper, ShaperConfig
 
 # A session's prompts as block-hash chains: turn 2 extends turn 1, another session does not.
 TURN1 = (1, 2, 3, 4, 5, 6, 7, 8)

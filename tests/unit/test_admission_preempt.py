@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.admission import (
+from services.common.admission import (
     AdmissionQueue,
     InFlight,
     QueuedRequest,

@@ -1,11 +1,11 @@
-"""Protection in the dispatch order (services.scheduler.admission.protect): a request that
+"""Protection in the dispatch order (services.common.admission.protect): a request that
 cannot meet its TTFT deadline waits while its instance serves one that still can."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.scheduler.admission.shaper import DispatchShaper, ShaperConfig
+from services.common.admission.shaper import DispatchShaper, ShaperConfig
 
 
 def shaper(protect: bool = True, slack: bool = False) -> DispatchShaper:

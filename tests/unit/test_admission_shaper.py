@@ -1,4 +1,4 @@
-"""The dispatch order ahead of a FCFS engine (services.scheduler.admission.shaper)."""
+"""The dispatch order ahead of a FCFS engine (services.common.admission.shaper)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from services.common.admission.shaper import DispatchShaper, ShaperConfig
 from services.scheduler.admission.dispatch import DispatchOrder
-from services.scheduler.admission.shaper import DispatchShaper, ShaperConfig
 
 
 def _shaper(hold_ms: float = 500.0, age: float = 1.0) -> DispatchShaper:

@@ -12,12 +12,12 @@ from dataclasses import replace
 
 import pytest
 
-from services.autoscaler.planner import PerfView, PlannerInputs, WindowView
-from services.autoscaler.planner.capacity import Demand, Targets, decode_need
-from services.autoscaler.planner.core import perf_for
-from services.autoscaler.spec import parse_spec
 from services.common.perfcoef import Coefficients
 from services.common.perfmodel import get_profile
+from services.common.planner import PerfView, PlannerInputs, WindowView
+from services.common.planner.capacity import Demand, Targets, decode_need
+from services.common.planner.core import perf_for
+from services.common.planner.spec import parse_spec
 
 PERF = PerfView(Coefficients(0.0, 0.1, 0.0, 10.0, 0.5, 0.1, 0.0, 0.0))
 DEMAND = Demand(rate_rps=10.0, input_tokens=1000, output_tokens=100)

@@ -14,7 +14,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from services.autoscaler.drivers.drain import Drainer
-from services.scheduler.core.service import GatewayCore
+from services.common.scheduling.service import GatewayCore
 from services.scheduler.grpc.servicer import SchedulerServicer, add_to_server
 from tests.helpers.ports import free_port
 from tests.helpers.scheduler import two_workers

@@ -12,7 +12,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from tideserve.v1 import common_pb2, events_pb2
 
 from services.autoscaler.drivers.argv import render_argv, render_sidecars
-from services.autoscaler.drivers.base import (
+from services.autoscaler.drivers.build import build_driver, build_reconciler
+from services.autoscaler.drivers.drain import is_drained
+from services.autoscaler.drivers.dryrun import DryRunAction, DryRunDriver
+from services.autoscaler.drivers.kubernetes import KubernetesDriver
+from services.autoscaler.drivers.local import LocalDriver
+from services.autoscaler.drivers.settings import DriverSettings, LocalSettings
+from services.autoscaler.membership import MembershipPublisher, to_event
+from services.common.planner.driver_base import (
     Driver,
     DriverError,
     InstanceState,
@@ -22,13 +29,6 @@ from services.autoscaler.drivers.base import (
     backoff_s,
     choose_victims,
 )
-from services.autoscaler.drivers.build import build_driver, build_reconciler
-from services.autoscaler.drivers.drain import is_drained
-from services.autoscaler.drivers.dryrun import DryRunAction, DryRunDriver
-from services.autoscaler.drivers.kubernetes import KubernetesDriver
-from services.autoscaler.drivers.local import LocalDriver
-from services.autoscaler.drivers.settings import DriverSettings, LocalSettings
-from services.autoscaler.membership import MembershipPublisher, to_event
 
 ME = events_pb2.MembershipEvent
 S, R, F = InstanceState.STARTING, InstanceState.READY, InstanceState.FAILED

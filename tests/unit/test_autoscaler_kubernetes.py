@@ -21,16 +21,16 @@ import yaml
 from aiohttp.test_utils import TestServer
 from kubernetes.aio import client as kclient
 
-from services.autoscaler.drivers.base import (
+from services.autoscaler.drivers.drain import Drainer
+from services.autoscaler.drivers.kubernetes import KubernetesDriver, pod_status
+from services.autoscaler.drivers.settings import KubernetesSettings
+from services.common.planner.driver_base import (
     DriverError,
     InstanceState,
     InstanceStatus,
     Role,
     RoleTarget,
 )
-from services.autoscaler.drivers.drain import Drainer
-from services.autoscaler.drivers.kubernetes import KubernetesDriver, pod_status
-from services.autoscaler.drivers.settings import KubernetesSettings
 from tests.helpers.autoscale import RecordingDrainer
 from tests.helpers.fake_kube import Call, FakeKube
 from tests.helpers.waits import eventually

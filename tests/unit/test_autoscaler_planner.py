@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from services.autoscaler.planner import (
+from services.common.perfcoef import Coefficients
+from services.common.planner import (
     ClassView,
     PerfView,
     PlannerConfig,
@@ -23,11 +24,10 @@ from services.autoscaler.planner import (
     WindowView,
     on_tick,
 )
-from services.autoscaler.planner.forecast import Forecaster, HoltWinters
-from services.autoscaler.planner.stability import RoleState
-from services.autoscaler.ports import InstanceView
-from services.autoscaler.spec import parse_spec
-from services.common.perfcoef import Coefficients
+from services.common.planner.forecast import Forecaster, HoltWinters
+from services.common.planner.ports import InstanceView
+from services.common.planner.spec import parse_spec
+from services.common.planner.stability import RoleState
 
 PERF = PerfView(Coefficients(0.0, 0.1, 0.0, 10.0, 0.5, 0.1, 0.0, 0.0), startup_s=20.0)
 CFG = PlannerConfig(predictor="constant")

@@ -6,12 +6,12 @@ import math
 
 import pytest
 
-from services.autoscaler.planner import Claim, PlannerConfig, allocate, fit_roles
-from services.autoscaler.planner.capacity import erlang_c
-from services.autoscaler.planner.forecast import error, new_forecaster, observe, predict
-from services.autoscaler.planner.victims import pick_victims
-from services.autoscaler.ports import InstanceView
-from services.autoscaler.spec import parse_spec
+from services.common.planner import Claim, PlannerConfig, allocate, fit_roles
+from services.common.planner.capacity import erlang_c
+from services.common.planner.forecast import error, new_forecaster, observe, predict
+from services.common.planner.ports import InstanceView
+from services.common.planner.spec import parse_spec
+from services.common.planner.victims import pick_victims
 
 
 def _tide(t: float, day: float) -> float:

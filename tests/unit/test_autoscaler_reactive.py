@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from services.autoscaler.planner import (
+from services.common.perfcoef import Coefficients
+from services.common.planner import (
     PerfView,
     PlannerConfig,
     PlannerInputs,
@@ -22,11 +23,10 @@ from services.autoscaler.planner import (
     WindowView,
     decide,
 )
-from services.autoscaler.planner.inputs import ReactiveState
-from services.autoscaler.planner.reactive import concurrency, per_replica
-from services.autoscaler.ports import InstanceView
-from services.autoscaler.spec import parse_spec
-from services.common.perfcoef import Coefficients
+from services.common.planner.inputs import ReactiveState
+from services.common.planner.ports import InstanceView
+from services.common.planner.reactive import concurrency, per_replica
+from services.common.planner.spec import parse_spec
 
 NOW = 1_000.0
 # 1,000-token prompt: 100 ms of prefill; decode step 10 ms + 0.5 ms/seq + 0.1 ms/1,000 ctx

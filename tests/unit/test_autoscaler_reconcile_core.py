@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from services.autoscaler.drivers.base import (
+from services.autoscaler.reconcile_core import RoleCount, Step, plan_steps
+from services.autoscaler.reconciler import DeploymentStatus, RoleStatus
+from services.common.planner.driver_base import (
     DeploymentTarget,
     InstanceState,
     InstanceStatus,
     Role,
     RoleTarget,
 )
-from services.autoscaler.reconcile_core import RoleCount, Step, plan_steps
-from services.autoscaler.reconciler import DeploymentStatus, RoleStatus
 
 S, R, D, F = (
     InstanceState.STARTING,

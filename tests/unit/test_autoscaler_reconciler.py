@@ -11,7 +11,9 @@ from dataclasses import replace
 
 import pytest
 
-from services.autoscaler.drivers.base import (
+from services.autoscaler.drivers.settings import DriverSettings
+from services.autoscaler.reconciler import Reconciler
+from services.common.planner.driver_base import (
     DeploymentTarget,
     DriverError,
     InstanceState,
@@ -22,8 +24,6 @@ from services.autoscaler.drivers.base import (
     choose_victims,
     counted,
 )
-from services.autoscaler.drivers.settings import DriverSettings
-from services.autoscaler.reconciler import Reconciler
 from tests.helpers.waits import eventually
 
 

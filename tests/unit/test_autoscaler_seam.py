@@ -11,18 +11,9 @@ import grpc
 import pytest
 from aiohttp import web
 
-from services.autoscaler.drivers.base import (
-    DriverError,
-    InstanceState,
-    InstanceStatus,
-    Listener,
-    Role,
-    RoleTarget,
-)
 from services.autoscaler.drivers.dryrun import DryRunDriver
 from services.autoscaler.drivers.sessions import peers_of
 from services.autoscaler.drivers.settings import DriverSettings
-from services.autoscaler.ports import InstanceView
 from services.autoscaler.reconciler import Reconciler
 from services.autoscaler.seam import (
     ENGINE_COMMANDS,
@@ -33,7 +24,16 @@ from services.autoscaler.seam import (
     role_target,
     victims_by_role,
 )
-from services.autoscaler.spec import RoleSpec, load_spec_file
+from services.common.planner.driver_base import (
+    DriverError,
+    InstanceState,
+    InstanceStatus,
+    Listener,
+    Role,
+    RoleTarget,
+)
+from services.common.planner.ports import InstanceView
+from services.common.planner.spec import RoleSpec, load_spec_file
 from tests.helpers.ports import free_port
 from tests.helpers.waits import eventually
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from services.autoscaler.planner.config import PlannerConfig, for_deployment
 from services.autoscaler.seam import role_target
-from services.autoscaler.spec import SpecError, load_spec_file, parse_spec
 from services.autoscaler.translate import spec_from_proto, spec_to_proto
+from services.common.planner.config import PlannerConfig, for_deployment
+from services.common.planner.spec import SpecError, load_spec_file, parse_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "examples"
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from services.bench.client import BenchError, model_words
-from services.bench.prompts import PromptSynthesizer
-from services.bench.traces import TraceRequest
+from services.common.bench.prompts import PromptSynthesizer
+from services.common.bench.traces import TraceRequest
 from services.common.tokens import load_model_tokenizer
 from tests.helpers.model_dir import write_model_dir
 

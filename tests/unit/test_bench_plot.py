@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from services.bench.plot import write_cdf_plot, write_plot, write_series_plot
-from services.bench.stats import RequestResult
+from services.common.bench.plot import write_cdf_plot, write_plot, write_series_plot
+from services.common.bench.stats import RequestResult
 
 PNG = b"\x89PNG\r\n\x1a\n"
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from services.bench.prompts import PromptSynthesizer
-from services.bench.traces import TraceRequest, load_trace
 from services.common import tokens
+from services.common.bench.prompts import PromptSynthesizer
+from services.common.bench.traces import TraceRequest, load_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -84,8 +84,8 @@ def test_prompts_of_the_real_slice_are_identical_in_another_process() -> None:
     ]
     code = (
         "import sys\n"
-        "from services.bench.prompts import PromptSynthesizer\n"
-        "from services.bench.traces import load_trace\n"
+        "from services.common.bench.prompts import PromptSynthesizer\n"
+        "from services.common.bench.traces import load_trace\n"
         "from services.common import tokens\n"
         "t = load_trace(sys.argv[1]); s = PromptSynthesizer(seed=5)\n"
         "print([tokens.block_hashes(tokens.tokenize(s.prompt(r)), 512)[-1:] "

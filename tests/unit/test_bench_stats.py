@@ -14,9 +14,9 @@ from services.bench.client import (
     build_body,
 )
 from services.bench.cpu import assess_cpu
-from services.bench.plot import cdf_points
 from services.bench.sse import StreamError, StreamState
-from services.bench.stats import (
+from services.common.bench.plot import cdf_points
+from services.common.bench.stats import (
     RequestResult,
     distribution,
     infinite_cache_hit_ratio,
@@ -24,7 +24,7 @@ from services.bench.stats import (
     percentile,
     summarize,
 )
-from services.bench.traces import TraceRequest
+from services.common.bench.traces import TraceRequest
 
 STABLE_KEYS = {
     "completed",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.bench.traces import TraceError, load_trace, parse_azure, parse_mooncake
+from services.common.bench.traces import TraceError, load_trace, parse_azure, parse_mooncake
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 MOONCAKE = DATA / "mooncake_conversation_head.jsonl"

@@ -10,7 +10,7 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from services.bench.traces import TraceRequest
+from services.common.bench.traces import TraceRequest
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -101,7 +101,7 @@ def test_scale_keeps_blocks_and_scales_lengths() -> None:
 def test_scaled_turns_extend_their_session_prefix() -> None:
     """With the synthesizer, a session's next turn starts with the blocks it shares."""
     m = _mod("_agentic_slice")
-    from services.bench.prompts import PromptSynthesizer
+    from services.common.bench.prompts import PromptSynthesizer
 
     got = m.scale(m.take(TRACE, (0, 2), 10), 16, 8)
     synth = PromptSynthesizer(seed=0, block_tokens=16, words=["alpha", "beta", "gamma"])

@@ -296,8 +296,8 @@ _W = "/w/services"
         ([f"AdmissionGate.take_in ({_W}/scheduler/admission/gate.py",
           f"AdmissionGate.lookup ({_W}/scheduler/admission/gate.py"], "prefix lookup"),
         ([f"AdmissionGate.take_in ({_W}/scheduler/admission/gate.py"], "admission"),
-        ([f"Gateway._route ({_W}/scheduler/http/server.py", f"GatewayCore.pick ({_W}/scheduler/core/service.py",
-          f"Scheduler._run ({_W}/scheduler/routing/framework.py"], "pick"),
+        ([f"Gateway._route ({_W}/scheduler/http/server.py", f"GatewayCore.pick ({_W}/common/scheduling/service.py",
+          f"Scheduler._run ({_W}/common/routing/framework.py"], "pick"),
         ([f"open_upstream ({_W}/scheduler/http/upstream.py", "ClientSession._request (/x/aiohttp/client.py"],
          "forward"),
         ([f"middleware ({_W}/common/otel.py", f"middleware ({_W}/scheduler/http/records.py",
@@ -316,7 +316,7 @@ def test_profile_stage_of_a_sample(frames: list[str], stage: str) -> None:
 def test_profile_stage_shares() -> None:
     raw = (
         f"a (/x/asyncio/events.py;tokenize ({_W}/common/tokens/whitespace.py 3\n"
-        f"pick ({_W}/scheduler/core/service.py 1\n"
+        f"pick ({_W}/common/scheduling/service.py 1\n"
     )
     shares, total = _load("gateway_profile").stage_shares(raw)
     assert total == 4 and shares == {"tokenize and hash": 0.75, "pick": 0.25}
@@ -348,7 +348,7 @@ def test_profile_agentic_request_is_about_64k_tokens_of_tool_rounds() -> None:
 def test_goodput_sim_profiles_load_with_the_candidate(
     tmp_path: Path, argv: list[str], weight: float
 ) -> None:
-    from services.scheduler.routing.config import load_config
+    from services.common.routing.config import load_config
 
     gs = _load("goodput_sim")
     path = Path(gs.profiles_file(gs.parse_args(argv), tmp_path))
@@ -361,7 +361,7 @@ def test_goodput_sim_profiles_load_with_the_candidate(
     ("slo_ttft_ms", "expected_share"), [(60_000.0, 0.0), (1.0, 1.0)], ids=["all-feasible", "none"]
 )
 def test_goodput_sim_ceiling(slo_ttft_ms: float, expected_share: float) -> None:
-    from services.bench.traces import Trace, parse_mooncake
+    from services.common.bench.traces import Trace, parse_mooncake
     from services.sim import SimConfig, simulate
 
     lines = [json.dumps({"timestamp": i * 500, "input_length": 1100, "output_length": 8,
@@ -386,7 +386,7 @@ def test_goodput_sim_ceiling_counts_a_prefix_once_computed(
     """Two requests with the same prompt, under a TTFT SLO that only a cached prompt meets
     (1,100 tokens: about 40 ms of prefill + 74 ms to the first chunk; cached, about 5 ms):
     the second is feasible only when it arrives after the first's prefill could have ended."""
-    from services.bench.traces import Trace, parse_mooncake
+    from services.common.bench.traces import Trace, parse_mooncake
     from services.sim import SimConfig, simulate
 
     lines = [json.dumps({"timestamp": t, "input_length": 1100, "output_length": 8,

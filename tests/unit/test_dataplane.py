@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from services.dataplane.blocks import SlotPool, block_bytes, block_content, mismatched
-from services.dataplane.settings import DataPlaneSettings
-from services.dataplane.transfer import (
+from services.common.dataplane.blocks import SlotPool, block_bytes, block_content, mismatched
+from services.common.dataplane.settings import DataPlaneSettings
+from services.common.dataplane.transfer import (
     Arena,
     DataPlane,
     DataPlaneError,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.dataplane.disk_codec import (
+from services.common.dataplane.disk_codec import (
     WAL_MAGIC,
     CorruptSnapshot,
     decode_snapshot,
@@ -17,8 +17,8 @@ from services.dataplane.disk_codec import (
     encode_record,
     encode_snapshot,
 )
-from services.dataplane.disk_index import DiskBlock, DiskIndex, Drop, Put, reconcile
-from services.dataplane.disk_store import DiskLog, FileArena
+from services.common.dataplane.disk_index import DiskBlock, DiskIndex, Drop, Put, reconcile
+from services.common.dataplane.disk_store import DiskLog, FileArena
 
 
 def blk(key: str, offset: int, size: int = 100, tenant: str = "", crc: int = 7) -> DiskBlock:

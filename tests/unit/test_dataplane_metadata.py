@@ -1,4 +1,4 @@
-"""Taking over a dead Transfer Engine's keys (:mod:`services.dataplane.metadata`) against
+"""Taking over a dead Transfer Engine's keys (:mod:`services.common.dataplane.metadata`) against
 kvmeta's metadata endpoint served in process: deleted when the recorded endpoint refuses
 connections or cannot be read, kept when it is alive, nothing to do when absent."""
 
@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from services.dataplane.metadata import take_over_dead_segment
+from services.common.dataplane.metadata import take_over_dead_segment
 from services.kvmeta.metadata_http import MetadataServer
 
 SEG = "127.0.0.1:30100"

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from tideserve.v1 import common_pb2, events_pb2
 
+from services.common.engine_core.kvcache import KVEventKind, KVEventRecord
 from services.common.tokens import tokenize
 from services.engine import api
 from services.engine.events import kv_batch
-from services.engine.kvcache import KVEventKind, KVEventRecord
 
 
 def test_chat_template_is_role_colon_content_lines() -> None:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.perfmodel import get_profile
-from services.common.tokens import block_hashes
-from services.engine.core import (
+from services.common.engine_core.core import (
     AdmissionError,
     CoreConfig,
     EngineCore,
@@ -14,7 +12,9 @@ from services.engine.core import (
     Request,
     StepResult,
 )
-from services.engine.kvcache import KVCache
+from services.common.engine_core.kvcache import KVCache
+from services.common.perfmodel import get_profile
+from services.common.tokens import block_hashes
 
 PROFILE = get_profile("test")
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from services.common.engine_core.core import CoreConfig, EngineCore, Lookup, Request, SeqOutput
+from services.common.engine_core.core_types import lookup_due
+from services.common.engine_core.kvcache import KVCache
 from services.common.perfmodel import get_profile
 from services.common.tokens import block_hashes
-from services.engine.core import CoreConfig, EngineCore, Lookup, Request, SeqOutput
-from services.engine.core_types import lookup_due
-from services.engine.kvcache import KVCache
 
 PROFILE = get_profile("test")
 BS = 16

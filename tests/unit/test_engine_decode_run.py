@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from services.common.engine_core.core import CoreConfig, EngineCore, Request
+from services.common.engine_core.kvcache import KVCache
 from services.common.perfmodel import get_profile
-from services.engine.core import CoreConfig, EngineCore, Request
-from services.engine.kvcache import KVCache
 
 PROFILE = get_profile("test")
 

@@ -8,9 +8,9 @@ import random
 import pytest
 from tideserve.v1 import events_pb2
 
+from services.common.engine_core.kvcache import KVCache, KVEventKind, KVEventRecord
 from services.common.tokens import block_hashes
 from services.engine.events import chunk_full_state, full_state_batches
-from services.engine.kvcache import KVCache, KVEventKind, KVEventRecord
 from services.kvmeta.index import PrefixIndex, Verdict
 
 BS = 4

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from services.dataplane.blocks import block_content
-from services.dataplane.location import KVLocation
-from services.dataplane.settings import DataPlaneSettings
-from services.dataplane.transfer import DataPlane
+from services.common.dataplane.blocks import block_content
+from services.common.dataplane.location import KVLocation
+from services.common.dataplane.settings import DataPlaneSettings
+from services.common.dataplane.transfer import DataPlane
 from services.engine.kvbytes import KVBytes
 from tests.helpers.dataplane import FakeNative
 from tests.helpers.waits import eventually

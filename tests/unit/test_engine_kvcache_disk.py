@@ -21,10 +21,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from tideserve.v1 import common_pb2, kvmeta_pb2
 
-from services.dataplane.blocks import block_content, block_key
-from services.dataplane.settings import DataPlaneSettings
-from services.dataplane.tier import KVTier
-from services.dataplane.transfer import Arena, DataPlane, TransferError, TransferTimeout
+from services.common.dataplane.blocks import block_content, block_key
+from services.common.dataplane.settings import DataPlaneSettings
+from services.common.dataplane.tier import KVTier
+from services.common.dataplane.transfer import Arena, DataPlane, TransferError, TransferTimeout
 from services.engine.kvcache_disk import DiskSegment, PutRefused
 from services.engine.kvcache_role import _app
 from services.kvmeta.objects import ObjectMaster, SegmentSpec

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from services.common.engine_core.kvcache import KVCache
 from services.common.tokens import block_hashes
-from services.engine.kvcache import KVCache
 
 BS = 4
 OLD, NEW, X = list(range(8)), list(range(100, 108)), list(range(200, 208))

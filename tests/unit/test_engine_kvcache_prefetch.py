@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from services.common.engine_core.kvcache import KVCache, KVEventKind, KVEventRecord
 from services.common.tokens import block_hashes
-from services.engine.kvcache import KVCache, KVEventKind, KVEventRecord
 
 BS = 4
 OLD, NEW, CHAIN = list(range(8)), list(range(100, 108)), list(range(300, 316))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from services.common.engine_core.kvcache import KVCache, KVEventKind
 from services.common.tokens import block_hashes
-from services.engine.kvcache import KVCache, KVEventKind
 
 BS = 4
 # three released 2-block chains, oldest first: OLD, MID, NEW

@@ -14,16 +14,16 @@ from typing import Any
 
 import pytest
 
+from services.common.dataplane.blocks import block_content
+from services.common.dataplane.settings import DataPlaneSettings
+from services.common.dataplane.tier import block_key
+from services.common.dataplane.transfer import DataPlane
+from services.common.engine_core.core import Request
+from services.common.engine_core.kvcache import KVCache, KVEventKind
 from services.common.perfmodel import get_profile
 from services.common.tokens import block_hashes
-from services.dataplane.blocks import block_content
-from services.dataplane.settings import DataPlaneSettings
-from services.dataplane.tier import block_key
-from services.dataplane.transfer import DataPlane
 from services.engine.api import GenRequest
-from services.engine.core import Request
 from services.engine.kvbytes import KVBytes
-from services.engine.kvcache import KVCache, KVEventKind
 from services.engine.tier_io import TierIO
 from tests.helpers.dataplane import FakeNative
 

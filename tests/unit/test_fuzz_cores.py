@@ -7,16 +7,16 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.common.kvindex import ALL_CLEARED, REMOVED, STORED, BlockEvent, ChainIndex
-from services.common.tokens.whitespace import block_hashes
-from services.kvmeta.index import PrefixIndex
-from services.scheduler.admission.queue import (
+from services.common.admission.queue import (
     AdmissionQueue,
     Admitted,
     ClassSpec,
     QueueConfig,
     QueuedRequest,
 )
+from services.common.kvindex import ALL_CLEARED, REMOVED, STORED, BlockEvent, ChainIndex
+from services.common.tokens.whitespace import block_hashes
+from services.kvmeta.index import PrefixIndex
 
 HASHES = st.integers(0, 7)  # few distinct blocks, so chains overlap often
 INSTANCES = ("a", "b", "c")

@@ -14,14 +14,14 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from services.bench.traces import TraceError, parse_azure, parse_mooncake
+from services.common.bench.traces import TraceError, parse_azure, parse_mooncake
 from services.common.engine_load import parse_metrics
 from services.common.errors import SettingsError
+from services.common.routing.config import ConfigError, load_config
 from services.common.settings import load_settings
 from services.common.streams.ids import parse_id
 from services.kvmeta.settings import KVMetaSettings
 from services.scheduler.http.openai import ApiError, parse_request
-from services.scheduler.routing.config import ConfigError, load_config
 from services.telemetry.model.scrape import parse_engine_page
 
 METRIC_NAMES = [

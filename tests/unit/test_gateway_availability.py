@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from services.scheduler.admission import ClassSpec, QueueConfig
+from services.common.admission import ClassSpec, QueueConfig
+from services.common.routing.types import EndpointSnapshot, EndpointView
+from services.common.scheduling import CoreLimits, EndpointSpec, build_core
+from services.common.scheduling.availability import no_engine
 from services.scheduler.admission.gate import AdmissionGate
-from services.scheduler.core import CoreLimits, EndpointSpec, build_core
-from services.scheduler.core.availability import no_engine
 from services.scheduler.core.intake import Intake, Refused
-from services.scheduler.routing.types import EndpointSnapshot, EndpointView
 from tests.helpers.waits import eventually
 
 

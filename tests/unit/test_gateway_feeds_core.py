@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tideserve.v1 import common_pb2, events_pb2
 
-from services.scheduler.core.fleet import EndpointSpec, Fleet
+from services.common.scheduling.fleet import EndpointSpec, Fleet
 from services.scheduler.feeds.load_stream import apply_snapshot, load_report
 from services.scheduler.feeds.membership import apply_event
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from services.common.routing.types import Choice, EndpointView, Pick
 from services.scheduler.core.genai import span_attributes
 from services.scheduler.core.records import RequestContext
 from services.scheduler.http.openai import parse_request
-from services.scheduler.routing.types import Choice, EndpointView, Pick
 
 USAGE = {"prompt_tokens": 100, "completion_tokens": 11, "prompt_tokens_details": {"cached_tokens": 64}}  # fmt: skip
 PICK = Pick(

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from services.common.routing.types import PrefixMatch
 from services.scheduler.feeds.kv_replica_core import (
     ALL_CLEARED,
     REMOVED,
@@ -17,7 +18,6 @@ from services.scheduler.feeds.kv_replica_core import (
     KVReplica,
     Verdict,
 )
-from services.scheduler.routing.types import PrefixMatch
 
 
 @dataclass(frozen=True)
@@ -299,8 +299,8 @@ async def test_local_lookup_hook(
     deployment: str, profile: str, salt: str, hashes: tuple[int, ...], want: dict[str, int] | None
 ) -> None:
     """The gateway's / servicer's ``prefix_lookup`` hook over the replica."""
+    from services.common.routing.types import RequestView
     from services.scheduler.feeds.kv_replica import LocalLookup
-    from services.scheduler.routing.types import RequestView
 
     r, _ = run([("a", 1, 1, [S(*CHAIN)]), ("b", 1, 1, [S(11, 12, tenant="t1")])])
     lookup = LocalLookup(r, deployment="dep", profiles=frozenset({"", "precise"}))

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from services.scheduler.core.fleet import EndpointSpec, Fleet
-from services.scheduler.core.load_merge import (
+from services.common.scheduling.fleet import EndpointSpec, Fleet
+from services.common.scheduling.load_merge import (
     Gone,
     LoadReport,
     Sample,

@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from tideserve.v1 import events_pb2
 
-from services.scheduler.admission import QueuedRequest
-from services.scheduler.core import EndpointSpec, LoadReport, build_core
+from services.common.admission import QueuedRequest
+from services.common.scheduling import EndpointSpec, LoadReport, build_core
 from services.scheduler.core.records import RequestContext
 from services.scheduler.http.metrics import (
     GatewayMetrics,

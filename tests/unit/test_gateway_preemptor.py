@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from services.scheduler.admission import QueuedRequest
-from services.scheduler.core import CoreLimits, EndpointSpec, build_core
+from services.common.admission import QueuedRequest
+from services.common.scheduling import CoreLimits, EndpointSpec, build_core
 from services.scheduler.http.preemption import Preempted, Preemptor
 
 

@@ -8,7 +8,8 @@ import json
 import pytest
 from tideserve.v1 import common_pb2, events_pb2, kvmeta_pb2
 
-from services.scheduler.core import EndpointSpec, build_core
+from services.common.routing.types import Choice, EndpointView, Pick, PrefixMatch
+from services.common.scheduling import EndpointSpec, build_core
 from services.scheduler.core.records import (
     RequestContext,
     Usage,
@@ -19,7 +20,6 @@ from services.scheduler.core.records import (
     usage_from_sse,
 )
 from services.scheduler.feeds.kvmeta_client import precise_profiles, to_matches
-from services.scheduler.routing.types import Choice, EndpointView, Pick, PrefixMatch
 
 T = "4bf92f3577b34da6a3ce929d0e0e4736"
 S = "00f067aa0ba902b7"

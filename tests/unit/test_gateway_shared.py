@@ -8,9 +8,10 @@ from dataclasses import replace
 import pytest
 from tideserve.v1 import events_pb2
 
+from services.common.routing.types import Pick, RequestView
+from services.common.scheduling import EndpointSpec, GatewayCore, build_core
+from services.common.scheduling.fleet import Fleet
 from services.common.tokens import block_hashes
-from services.scheduler.core import EndpointSpec, GatewayCore, build_core
-from services.scheduler.core.fleet import Fleet
 from services.scheduler.feeds.shared_core import (
     apply_routed,
     approx_plugins,
@@ -20,7 +21,6 @@ from services.scheduler.feeds.shared_core import (
     routed_entry,
     routed_plugins,
 )
-from services.scheduler.routing.types import Pick, RequestView
 from tests.helpers.views import request_view
 
 IDS = ["a", "b", "c"]

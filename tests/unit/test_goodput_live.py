@@ -366,7 +366,7 @@ def test_ceiling_counts_what_no_router_could_serve() -> None:
 @pytest.mark.parametrize("rate", [1.0, 0.25], ids=["1x", "0.25x"])
 def test_ceiling_from_the_slice_equals_the_simulators(rate: float) -> None:
     """The slice's requests tokenized as the bench sends them give goodput_sim's ceiling."""
-    from services.bench.traces import Trace, parse_mooncake
+    from services.common.bench.traces import Trace, parse_mooncake
     from services.sim import SimConfig, simulate
 
     ceil = _load("_goodput_ceiling")

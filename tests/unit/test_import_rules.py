@@ -5,15 +5,15 @@ Every module belongs to one *package*: ``services.<name>`` for a directory under
 ``services/``, and ``cli`` for ``services/cli.py``. The packages form layers, from the
 bottom:
 
-- ``common``: the shared runtime. It imports no other package of ``services``.
-- ``dataplane``: the Transfer Engine wrapper, a library shared by the engine simulator, its
-  ``kvcache`` role and kvmeta's segment registry (design: "its own package, shared by ...").
-  It imports only ``common``.
+- ``common``: the shared runtime and the pure cores that more than one package runs (the
+  routing framework and its plugins, the admission and scheduling cores, the engine model,
+  the planner, the data plane library, the trace and statistics helpers). It imports no
+  other package of ``services``.
 - the services, ``scheduler``, ``kvmeta``, ``autoscaler``, ``telemetry``, ``engine``,
-  ``kvbridge``, ``bench``: each imports itself, ``common`` and ``dataplane``, never another
-  service, never ``stack``, never ``cli``. What two services share lives in ``common``.
-- ``sim``: the discrete-event simulator replays traces through the real services' cores, so
-  it may import the services (and the libraries), but not ``stack`` or ``cli``.
+  ``kvbridge``, ``bench``, and the simulator ``sim``: each imports itself and ``common``,
+  never another service, never ``stack``, never ``cli``. What two share lives in
+  ``common``: the simulator replays traces through the same cores the services run because
+  both import them from there.
 - ``stack``: the local stack (``tideserve up/down/status``), a launcher that composes the
   services; it may import them all but not ``cli``.
 - ``cli``: the top-level ``tideserve`` command (``services/cli.py``): it may import anything.
@@ -37,11 +37,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ROOT / "services"
 
-LIBRARIES = frozenset({"common", "dataplane"})
+LIBRARIES = frozenset({"common"})
 SERVICE_PACKAGES = frozenset(
-    {"scheduler", "kvmeta", "autoscaler", "telemetry", "engine", "kvbridge", "bench"}
+    {"scheduler", "kvmeta", "autoscaler", "telemetry", "engine", "kvbridge", "bench", "sim"}
 )
-COMPOSERS = ("sim", "stack", "cli")
+COMPOSERS = ("stack", "cli")
 """Layers above the services, lowest first: each may import the ones below it."""
 
 
@@ -52,8 +52,6 @@ def allowed(package: str) -> frozenset[str]:
         return frozenset({""})
     if package == "common":
         return frozenset({"common"})
-    if package == "dataplane":
-        return LIBRARIES
     if package in SERVICE_PACKAGES:
         return LIBRARIES | {package}
     if package in COMPOSERS:
@@ -250,9 +248,9 @@ def _tree(tmp_path: Path, files: Mapping[str, str]) -> Path:
             id="common-imports-service-package",
         ),
         pytest.param(
-            {"dataplane/tier.py": "import services.engine.core\n", "engine/core.py": ""},
-            ["services.dataplane.tier:1 imports services.engine.core"],
-            id="library-imports-service",
+            {"sim/run.py": "import services.engine.core\n", "engine/core.py": ""},
+            ["services.sim.run:1 imports services.engine.core"],
+            id="simulator-imports-service",
         ),
         pytest.param(
             {"stack/up.py": "from services.cli import main\n", "cli.py": ""},
@@ -267,10 +265,11 @@ def _tree(tmp_path: Path, files: Mapping[str, str]) -> Path:
             id="composers-import-below",
         ),
         pytest.param(
-            {"engine/kv.py": "from services.dataplane import blocks\n",
-             "dataplane/blocks.py": "from ..common import clock\n", "common/clock.py": ""},
+            {"engine/kv.py": "from services.common.dataplane import blocks\n",
+             "common/dataplane/blocks.py": "from .. import clock\n", "common/clock.py": "",
+             "common/dataplane/__init__.py": ""},
             [],
-            id="service-imports-libraries",
+            id="service-imports-common",
         ),
         pytest.param(
             {"common/a.py": "from ..scheduler import core\n", "scheduler/core.py": ""},

@@ -8,7 +8,7 @@ import time
 import pytest
 from tideserve.v1 import events_pb2, kvmeta_pb2
 
-from services.dataplane.blocks import block_key
+from services.common.dataplane.blocks import block_key
 from services.kvmeta.fetchable import REMOTE, leading_run, with_fetchable
 from services.kvmeta.index import InstanceMatch, PrefixIndex
 from services.kvmeta.ingest import IndexFeeder

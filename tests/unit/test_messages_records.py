@@ -11,6 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from services.common.apis.anthropic_stream import StreamTranslator
+from services.common.routing.framework import Profile, Scheduler
+from services.common.routing.types import Choice, Pick
 from services.scheduler.core.records import (
     RequestContext,
     Usage,
@@ -19,8 +21,6 @@ from services.scheduler.core.records import (
     usage_from_sse,
 )
 from services.scheduler.core.tools import StreamToolCalls, tool_calls_of
-from services.scheduler.routing.framework import Profile, Scheduler
-from services.scheduler.routing.types import Choice, Pick
 from tests.unit._routing_helpers import ep, make, req
 
 MESSAGE = {

@@ -12,11 +12,11 @@ import pytest
 from tideserve.v1 import events_pb2, telemetry_pb2
 
 from services.common.perfcoef import Coefficients, from_pb
+from services.common.routing.registry import REGISTRY, PluginEnv
+from services.common.routing.types import Choice, Pick
 from services.scheduler.core.perf_switch import PerfModelSwitch
 from services.scheduler.core.records import fill_decision
 from services.scheduler.feeds.perf_model import PerfModelFeed
-from services.scheduler.routing.registry import REGISTRY, PluginEnv
-from services.scheduler.routing.types import Choice, Pick
 from tests.helpers.waits import eventually
 from tests.unit._routing_helpers import LinearModel, ctx, ep, req
 
@@ -226,9 +226,9 @@ def test_record_carries_the_engine_load_at_pick(disaggregated: bool, pending: in
 
 @pytest.mark.parametrize("telemetry", ["127.0.0.1:9", ""], ids=["telemetry-on", "off"])
 def test_gateway_plugins_price_with_the_switch_when_telemetry_is_set(telemetry: str) -> None:
+    from services.common.routing.plugins.cost import TTFTCost
+    from services.common.routing.plugins.pd import PDDecider
     from services.scheduler.compose import Scheduler
-    from services.scheduler.routing.plugins.cost import TTFTCost
-    from services.scheduler.routing.plugins.pd import PDDecider
     from services.scheduler.settings import SchedulerSettings
 
     settings = SchedulerSettings(endpoints=["http://127.0.0.1:1"], telemetry_address=telemetry)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from tideserve.v1 import events_pb2, scheduler_pb2
 
+from services.common.routing.types import Choice, EndpointView, Pick
 from services.scheduler.core.pick_records import PickMemo, record_from_report
-from services.scheduler.routing.types import Choice, EndpointView, Pick
 
 AGG = Pick(
     decode=Choice(EndpointView("w1"), 3.0, (("ttft", 0.75, 4.0),)),

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from services.scheduler.routing.config import ConfigError, load_config, load_default
-from services.scheduler.routing.types import EndpointSnapshot, Pick
+from services.common.routing.config import ConfigError, load_config, load_default
+from services.common.routing.types import EndpointSnapshot, Pick
 from tests.unit._routing_helpers import ENV, ep, req
 
 

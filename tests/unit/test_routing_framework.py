@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from services.scheduler.routing.framework import CycleContext, Profile, Scheduler
-from services.scheduler.routing.types import (
+from services.common.routing.framework import CycleContext, Profile, Scheduler
+from services.common.routing.types import (
     EndpointSnapshot,
     EndpointView,
     NoEndpoint,

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from services.scheduler.core import CoreLimits, EndpointSpec, LoadReport, build_core
-from services.scheduler.core.fleet import CircuitBreaker, Fleet
+from services.common.routing.types import Pick
+from services.common.scheduling import CoreLimits, EndpointSpec, LoadReport, build_core
+from services.common.scheduling.fleet import CircuitBreaker, Fleet
 from services.scheduler.http.openai import ApiError, Limits, parse_request
-from services.scheduler.routing.types import Pick
 from tests.unit._routing_helpers import req
 
 

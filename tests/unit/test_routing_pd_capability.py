@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from services.scheduler.routing.config import load_config
-from services.scheduler.routing.framework import CycleContext, Profile, Scheduler
-from services.scheduler.routing.registry import REGISTRY
-from services.scheduler.routing.types import (
+from services.common.routing.config import load_config
+from services.common.routing.framework import CycleContext, Profile, Scheduler
+from services.common.routing.registry import REGISTRY
+from services.common.routing.types import (
     Choice,
     EndpointSnapshot,
     EndpointView,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.routing.plugins.pending import PendingPicks
+from services.common.routing.plugins.pending import PendingPicks
 
 # (op, request id, instance, amount, now); op "add", "drop" or "expire"
 Step = tuple[str, str, str, int, float]

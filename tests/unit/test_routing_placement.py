@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from services.scheduler.routing.types import Choice, Pick
+from services.common.routing.types import Choice, Pick
 from tests.unit._routing_helpers import ctx, ep, make, req
 
 FLEET = [ep("a"), ep("b"), ep("c")]

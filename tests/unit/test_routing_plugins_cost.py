@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.routing.types import Choice, EndpointView, Pick, Shed
+from services.common.routing.types import Choice, EndpointView, Pick, Shed
 from tests.unit._routing_helpers import ctx, ep, make, req
 
 # LinearModel: 0.1 ms per uncached token → model throughput 10,000 tokens/s.

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from services.scheduler.routing.config import load_config
-from services.scheduler.routing.plugins.goodput import SLOGoodputParams, meet_probability
-from services.scheduler.routing.registry import REGISTRY, PluginEnv
-from services.scheduler.routing.types import EndpointSnapshot, EndpointView, Pick
+from services.common.routing.config import load_config
+from services.common.routing.plugins.goodput import SLOGoodputParams, meet_probability
+from services.common.routing.registry import REGISTRY, PluginEnv
+from services.common.routing.types import EndpointSnapshot, EndpointView, Pick
 from tests.unit._routing_helpers import LinearModel, ctx, ep, req
 
 

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from services.scheduler.routing.framework import Scored
-from services.scheduler.routing.types import EndpointView
+from services.common.routing.framework import Scored
+from services.common.routing.types import EndpointView
 from tests.unit._routing_helpers import ctx, ep, make, req
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from services.common.routing.plugins.routed_index import RoutedPrefixIndex
+from services.common.routing.types import Choice, EndpointView, Pick, PrefixMatch
 from services.common.tokens import block_hashes
-from services.scheduler.routing.plugins.routed_index import RoutedPrefixIndex
-from services.scheduler.routing.types import Choice, EndpointView, Pick, PrefixMatch
 from tests.unit._routing_helpers import ctx, ep, make, req
 
 H = block_hashes(list(range(1000, 1032)), 4)  # 8 chained blocks

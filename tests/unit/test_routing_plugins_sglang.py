@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.routing.types import EndpointView
+from services.common.routing.types import EndpointView
 from tests.unit._routing_helpers import ctx, ep, make, req
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from services.common.routing.types import Choice, EndpointView, Pick, PrefixMatch
 from services.common.tokens import block_hashes
-from services.scheduler.routing.types import Choice, EndpointView, Pick, PrefixMatch
 from tests.unit._routing_helpers import ctx, ep, make, req
 
 H = tuple(block_hashes(list(range(1000, 1032)), 4))  # 8 chained blocks of 4 tokens
@@ -146,7 +146,7 @@ def test_ttft_follower_of_prefilling_carrier(
 
 def test_prefix_estimate_needs_precise_lookups() -> None:
     """The shell looks up precise matches for a profile holding a prefix-estimate."""
-    from services.scheduler.core import EndpointSpec, build_core
+    from services.common.scheduling import EndpointSpec, build_core
     from services.scheduler.feeds.kvmeta_client import precise_profiles
 
     core = build_core([EndpointSpec("a", "http://a")], seed=0)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from services.scheduler.routing.plugins.routed_index import RoutedPrefixIndex
+from services.common.routing.plugins.routed_index import RoutedPrefixIndex
 
 
 class Reference:

@@ -10,7 +10,7 @@ from operator import and_
 import pytest
 
 from services.common.kvindex.match import mask_drops
-from services.scheduler.routing.plugins.routed_index import RoutedPrefixIndex, _set_bits
+from services.common.routing.plugins.routed_index import RoutedPrefixIndex, _set_bits
 
 
 def one_at_a_time(x: int) -> list[int]:

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
+from services.common.routing.config import load_default
+from services.common.routing.types import EndpointSnapshot, EndpointView, Pick, PrefixMatch
 from services.common.tokens import block_hashes
-from services.scheduler.routing.config import load_default
-from services.scheduler.routing.types import EndpointSnapshot, EndpointView, Pick, PrefixMatch
 from tests.unit._routing_helpers import ENV, ep, req
 
 PROMPT = list(range(5000, 5000 + 4096))

@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
-from services.scheduler.core import EndpointSpec, build_core
-from services.scheduler.routing.plugins.affinity import rendezvous_home
-from services.scheduler.routing.types import Pick, RequestView
+from services.common.routing.plugins.affinity import rendezvous_home
+from services.common.routing.types import Pick, RequestView
+from services.common.scheduling import EndpointSpec, build_core
 from tests.unit._routing_helpers import ctx, ep, make, req
 
 IDS = [f"e{i}" for i in range(8)]

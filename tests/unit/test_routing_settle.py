@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from services.common.routing.plugins.prefix import ApproxPrefix
+from services.common.routing.plugins.routed_index import RoutedPrefixIndex
+from services.common.routing.types import Choice, Pick, RequestView
+from services.common.scheduling import EndpointSpec, GatewayCore, build_core
 from services.common.tokens import block_hashes
-from services.scheduler.core import EndpointSpec, GatewayCore, build_core
-from services.scheduler.routing.plugins.prefix import ApproxPrefix
-from services.scheduler.routing.plugins.routed_index import RoutedPrefixIndex
-from services.scheduler.routing.types import Choice, Pick, RequestView
 from tests.helpers.views import request_view
 from tests.unit._routing_helpers import ep, make, req
 

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from services.scheduler.core.fleet import EndpointSpec, Fleet, LoadReport
-from services.scheduler.routing.types import EndpointSnapshot, EndpointView
+from services.common.routing.types import EndpointSnapshot, EndpointView
+from services.common.scheduling.fleet import EndpointSpec, Fleet, LoadReport
 
 IDS = ["a", "b", "c", "d", "e"]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from services.scheduler.routing.types import Choice, EndpointView, Pick
+from services.common.routing.types import Choice, EndpointView, Pick
 from tests.unit._routing_helpers import ctx, ep, make, req
 
 # LinearModel: 0.1 ms per uncached token → model throughput 10,000 tokens/s.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from services.common.engine_core.kvcache import KVCache
 from services.common.sessions import Phase, Session
 from services.common.sessions.controller import EngineKV, plan_engines
-from services.engine.kvcache import KVCache
 
 NOW = 1000.0
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from services.bench.client import BenchConfig, run_bench
-from services.bench.traces import Trace, TraceRequest, load_trace, parse_mooncake
 from services.cli import main as tideserve_main
+from services.common.bench.traces import Trace, TraceRequest, load_trace, parse_mooncake
 from services.common.tokens import tokenize
 from services.sim import SimConfig, simulate
 from services.sim.autoscale import AutoscaleConfig

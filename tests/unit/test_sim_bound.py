@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from services.scheduler.core import EndpointSpec, build_core
-from services.scheduler.routing.framework import Scheduler
-from services.scheduler.routing.types import EndpointSnapshot, EndpointView, Pick, RequestView
+from services.common.routing.framework import Scheduler
+from services.common.routing.types import EndpointSnapshot, EndpointView, Pick, RequestView
+from services.common.scheduling import EndpointSpec, build_core
 from services.sim import bound
 from services.sim.bound import BoundFilter, bound_plan
 from services.sim.narrow import NarrowScheduler

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.bench.traces import Trace, TraceError, parse_mooncake
+from services.common.bench.traces import Trace, TraceError, parse_mooncake
 from services.sim.cli import main as sim_main
 from services.sim.curve import RateCurve, arrival_times, curve_trace, read_curve
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from services.autoscaler.spec import parse_spec
+from services.common.planner.spec import parse_spec
 from services.sim.cli import main as sim_main
 from services.sim.config import SimConfig, SimConfigError
 from services.sim.deployment import from_spec

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.bench.traces import Trace, TraceRequest
+from services.common.bench.traces import Trace, TraceRequest
+from services.common.engine_core.kvcache import KVCache
 from services.common.perfmodel import get_profile
-from services.engine.kvcache import KVCache
 from services.sim.autoscale import AutoscaleConfig
 from services.sim.config import SimConfig, SimConfigError
 from services.sim.memory import AgentMemory

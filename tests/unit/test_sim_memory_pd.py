@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.bench.traces import Trace, TraceRequest
+from services.common.bench.traces import Trace, TraceRequest
+from services.common.engine_core.kvcache import KVCache
 from services.common.perfmodel import get_profile
-from services.engine.kvcache import KVCache
 from services.sim.config import SimConfig
 from services.sim.memory import AgentMemory
 from services.sim.run import Simulation

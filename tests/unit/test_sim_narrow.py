@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from services.scheduler.core import EndpointSpec, build_core
-from services.scheduler.routing.types import EndpointSnapshot, EndpointView, Pick, RequestView
+from services.common.routing.types import EndpointSnapshot, EndpointView, Pick, RequestView
+from services.common.scheduling import EndpointSpec, build_core
 from services.sim import SimConfig
 from services.sim.narrow import NarrowScheduler
 from services.sim.results import summary

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from services.bench.stats import RequestResult
+from services.common.bench.stats import RequestResult
 from services.sim.autoscale import AutoscaleConfig
 from services.sim.cli import main as sim_main
 from services.sim.config import SimConfig, SimConfigError

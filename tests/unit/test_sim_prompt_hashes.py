@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.bench.traces import TraceRequest
+from services.common.bench.traces import TraceRequest
 from services.common.tokens import payload_block_hashes
 from services.sim.inputs import Prompts
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.bench.traces import Trace, TraceRequest
+from services.common.bench.traces import Trace, TraceRequest
 from services.common.sessions import Phase, Session
 from services.sim.config import SimConfig, SimConfigError
 from services.sim.run import Simulation

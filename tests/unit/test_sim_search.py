@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from services.autoscaler.spec import parse_spec
 from services.cli import main as cli_main
+from services.common.planner.spec import parse_spec
 from services.sim.search import (
     Candidate,
     Family,

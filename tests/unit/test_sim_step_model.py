@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from services.bench.traces import Trace, parse_mooncake
+from services.common.bench.traces import Trace, parse_mooncake
 from services.sim import SimConfig, SimRun, simulate
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "sim_step_model_golden.json"

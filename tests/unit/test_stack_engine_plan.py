@@ -11,8 +11,8 @@ import pytest
 
 from services.autoscaler.drivers.settings import DriverSettings
 from services.autoscaler.settings import AutoscalerSettings
-from services.autoscaler.spec import parse_spec
 from services.common.local.spec import ChildSpec
+from services.common.planner.spec import parse_spec
 from services.scheduler.settings import SchedulerSettings
 from services.stack.cli import register, resolve_up
 from services.stack.deployment import autoscaler_driver_env, stack_deployment

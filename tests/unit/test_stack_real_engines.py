@@ -15,7 +15,7 @@ import pytest
 
 from services.autoscaler.drivers.argv import render_argv, render_sidecars
 from services.autoscaler.seam import role_target
-from services.autoscaler.spec import parse_spec
+from services.common.planner.spec import parse_spec
 from services.kvbridge.cli import register as register_bridge
 from services.kvbridge.cli import settings_from_args
 from services.stack.cli import register, resolve_up

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from services.autoscaler.drivers.base import DriverError, Role, RoleTarget
+from services.common.planner.driver_base import DriverError, Role, RoleTarget
 
 __all__ = ["render_argv", "render_sidecars"]
 

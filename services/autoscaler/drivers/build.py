@@ -8,7 +8,6 @@ from collections.abc import Callable
 import grpc
 import redis.asyncio as aioredis
 
-from services.autoscaler.drivers.base import Driver
 from services.autoscaler.drivers.drain import Drainer
 from services.autoscaler.drivers.dryrun import DryRunDriver
 from services.autoscaler.drivers.kubernetes import KubernetesDriver
@@ -17,6 +16,7 @@ from services.autoscaler.drivers.sessions import KVMetaSessions
 from services.autoscaler.drivers.settings import DriverSettings
 from services.autoscaler.membership import MembershipPublisher
 from services.autoscaler.reconciler import Reconciler
+from services.common.planner.driver_base import Driver
 from services.common.security.channels import aio_channel
 from services.common.streams import StreamProducer
 

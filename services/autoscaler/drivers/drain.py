@@ -36,9 +36,9 @@ import aiohttp
 import grpc
 from tideserve.v1 import scheduler_pb2, scheduler_pb2_grpc
 
-from services.autoscaler.drivers.base import InstanceStatus
 from services.autoscaler.drivers.sessions import KVMetaSessions
 from services.common.engine_load import scrape_load
+from services.common.planner.driver_base import InstanceStatus
 from services.common.security.channels import aio_channel
 
 __all__ = ["DrainResult", "Drainer", "is_drained"]

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from services.autoscaler.drivers.base import (
+from services.common.planner.driver_base import (
     DriverError,
     InstanceStatus,
     Listener,

@@ -49,7 +49,10 @@ from kubernetes.aio import client as kclient
 from kubernetes.aio import config as kconfig
 from kubernetes.aio.client.exceptions import ApiException
 
-from services.autoscaler.drivers.base import (
+from services.autoscaler.drivers.drain import Drainer
+from services.autoscaler.drivers.sessions import peers_of
+from services.autoscaler.drivers.settings import KubernetesSettings
+from services.common.planner.driver_base import (
     DriverError,
     InstanceState,
     InstanceStatus,
@@ -59,9 +62,6 @@ from services.autoscaler.drivers.base import (
     choose_victims,
     counted,
 )
-from services.autoscaler.drivers.drain import Drainer
-from services.autoscaler.drivers.sessions import peers_of
-from services.autoscaler.drivers.settings import KubernetesSettings
 
 __all__ = [
     "ADAPTER_GROUP",

@@ -56,16 +56,6 @@ import aiohttp
 
 from services.autoscaler.drivers.adopt import AdoptedChild, Orphans
 from services.autoscaler.drivers.argv import render_argv, render_sidecars
-from services.autoscaler.drivers.base import (
-    DriverError,
-    InstanceState,
-    InstanceStatus,
-    Listener,
-    RoleTarget,
-    backoff_s,
-    choose_victims,
-    counted,
-)
 from services.autoscaler.drivers.drain import Drainer
 from services.autoscaler.drivers.portpick import choose_port
 from services.autoscaler.drivers.sessions import peers_of
@@ -75,6 +65,16 @@ from services.common.local.ports import port_is_free
 from services.common.local.procs import Child, Supervisor, log_tail, signal_process
 from services.common.local.recorded import RecordedEngine, write_recorded
 from services.common.local.spec import ChildSpec
+from services.common.planner.driver_base import (
+    DriverError,
+    InstanceState,
+    InstanceStatus,
+    Listener,
+    RoleTarget,
+    backoff_s,
+    choose_victims,
+    counted,
+)
 
 __all__ = ["LocalDriver"]
 

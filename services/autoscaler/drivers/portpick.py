@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from services.autoscaler.drivers.base import DriverError, RoleTarget
 from services.autoscaler.drivers.settings import LocalSettings
 from services.common.local.ports import port_is_free
+from services.common.planner.driver_base import DriverError, RoleTarget
 
 __all__ = ["choose_port"]
 

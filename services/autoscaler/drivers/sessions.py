@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import grpc
 from tideserve.v1 import kvmeta_pb2, kvmeta_pb2_grpc
 
-from services.autoscaler.drivers.base import InstanceState, InstanceStatus
+from services.common.planner.driver_base import InstanceState, InstanceStatus
 
 __all__ = ["KVMetaSessions", "peers_of"]
 

@@ -3,7 +3,7 @@ kv-bridge, say), started with it, started again when they exit while it runs, an
 after it (so a bridge still sees the engine's last events).
 
 Each sidecar's output goes to ``<logs>/<instance>.sidecar<k>.log``. A sidecar that cannot be
-started raises :class:`~services.autoscaler.drivers.base.DriverError` at launch, like the
+started raises :class:`~services.common.planner.driver_base.DriverError` at launch, like the
 instance's own command."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from services.autoscaler.drivers.base import DriverError
 from services.common.local.procs import Child, Supervisor, signal_process
 from services.common.local.spec import ChildSpec
+from services.common.planner.driver_base import DriverError
 
 __all__ = ["Sidecars"]
 

@@ -1,27 +1,2 @@
-"""Admission control (pure core): SLO-classed, tenant-fair, bounded queues and shedding."""
-
-from services.scheduler.admission.preempt import plan_preemptions
-from services.scheduler.admission.queue import (
-    AdmissionQueue,
-    Admitted,
-    ClassSpec,
-    InFlight,
-    QueueConfig,
-    QueuedRequest,
-    Shed,
-    choose_preemption,
-    saturated,
-)
-
-__all__ = [
-    "AdmissionQueue",
-    "Admitted",
-    "ClassSpec",
-    "InFlight",
-    "QueueConfig",
-    "QueuedRequest",
-    "Shed",
-    "choose_preemption",
-    "plan_preemptions",
-    "saturated",
-]
+"""The gateway's admission shell: the dispatch loop and the gate between the HTTP intake and
+the admission core (``services.common.admission``)."""

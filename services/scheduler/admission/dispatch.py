@@ -1,6 +1,6 @@
 """The dispatch order's asyncio shell: requests wait here for their turn on their instance.
 
-Over the pure :class:`~services.scheduler.admission.shaper.DispatchShaper` (the rule is in
+Over the pure :class:`~services.common.admission.shaper.DispatchShaper` (the rule is in
 its docstring). Between a pick and its forward the HTTP gateway calls
 :meth:`DispatchOrder.offer`, and awaits :meth:`DispatchOrder.wait` when that gives no turn
 at once; it reports the first byte (:meth:`first_byte`) and the end of every pick, however
@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 
-from services.scheduler.admission.shaper import DispatchShaper
+from services.common.admission.shaper import DispatchShaper
 
 __all__ = ["DispatchOrder"]
 

@@ -1,14 +1,14 @@
 """The admission gate (asyncio shell over the pure queue): the one waiting room of a core.
 
 The HTTP gateway and the gRPC servicer of one process share one gate, as they share one
-core and its :class:`~services.scheduler.admission.queue.AdmissionQueue`. :meth:`take_in` is
+core and its :class:`~services.common.admission.queue.AdmissionQueue`. :meth:`take_in` is
 the asynchronous step of the intake (:mod:`services.scheduler.core.intake`): the best-effort
 precise-prefix lookup, then admission: at once when nothing is queued and a slot is free,
 else a place in the classed queue until :meth:`pump` releases it (capacity freed) or the
 queue expires it (class ``max_queue_ms`` or the request's deadline). A shed or expired
 request raises :class:`~services.scheduler.core.intake.Refused` (``overloaded``, with a
 retry hint). A request no engine can serve
-(:meth:`~services.scheduler.core.service.GatewayCore.unavailable`: none registered, or
+(:meth:`~services.common.scheduling.service.GatewayCore.unavailable`: none registered, or
 all unhealthy, draining or open-circuit) does not wait: it is refused ``unavailable`` at
 once, and so is every waiting request when the last engine that could serve them goes.
 While anyone waits, the gate pumps itself every ``tick_s``.
@@ -21,10 +21,10 @@ import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 
-from services.scheduler.admission.queue import Shed
+from services.common.admission.queue import Shed
+from services.common.routing.types import PrefixMatch, RequestView
+from services.common.scheduling.service import GatewayCore
 from services.scheduler.core.intake import Intake, Refused, admit_at_once, queued
-from services.scheduler.core.service import GatewayCore
-from services.scheduler.routing.types import PrefixMatch, RequestView
 
 __all__ = ["AdmissionGate", "PrefixLookup"]
 

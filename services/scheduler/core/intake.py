@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from services.scheduler.admission import QueuedRequest
-from services.scheduler.core.service import GatewayCore
-from services.scheduler.routing.types import RequestView
+from services.common.admission import QueuedRequest
+from services.common.routing.types import RequestView
+from services.common.scheduling.service import GatewayCore
 
 __all__ = [
     "Intake",

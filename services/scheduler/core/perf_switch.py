@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Literal
 
 from services.common.perfcoef import Coefficients
-from services.scheduler.routing.registry import PrefillModel
+from services.common.routing.registry import PrefillModel
 
 __all__ = ["PerfModelSwitch", "plausible"]
 

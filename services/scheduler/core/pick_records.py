@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from tideserve.v1 import events_pb2, scheduler_pb2
 
+from services.common.routing.types import Pick
 from services.scheduler.core.records import fill_decision
-from services.scheduler.routing.types import Pick
 
 __all__ = ["PickMemo", "record_from_report"]
 

@@ -23,13 +23,13 @@ from typing import Any, Protocol
 from tideserve.v1 import events_pb2
 
 from services.common import jsonfast
+from services.common.routing.types import Decision, Pick
 from services.scheduler.core.tools import (
     StreamToolCalls,
     ToolCallFact,
     ToolResultFact,
     tool_calls_of,
 )
-from services.scheduler.routing.types import Decision, Pick
 
 __all__ = [
     "Answer",

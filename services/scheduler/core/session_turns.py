@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from tideserve.v1 import kvmeta_pb2
 
+from services.common.routing.types import RequestView
 from services.scheduler.core.records import RequestContext
-from services.scheduler.routing.types import RequestView
 
 __all__ = ["Tip", "tip_of", "turn_end", "turn_start"]
 

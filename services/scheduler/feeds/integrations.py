@@ -33,9 +33,9 @@ from prometheus_client.registry import Collector
 
 from services.common.errors import StartupError
 from services.common.redis_client import redis_client
+from services.common.scheduling.service import GatewayCore
 from services.common.security.channels import ClientSecurity, aio_channel
 from services.common.streams import close_quietly
-from services.scheduler.core.service import GatewayCore
 from services.scheduler.feeds.kv_replica import KVReplicaFeed, LocalLookup
 from services.scheduler.feeds.kv_replica_core import KVReplica
 from services.scheduler.feeds.kvmeta_client import KVMetaLookup, precise_profiles

@@ -38,10 +38,10 @@ from collections.abc import Callable, Mapping, Sequence
 import redis.asyncio as aioredis
 from tideserve.v1 import events_pb2
 
+from services.common.routing.types import PrefixMatch, RequestView
 from services.common.streams import Start, StreamFollower, StreamProducer, stream_name
 from services.common.streams.ids import ZERO
 from services.scheduler.feeds.kv_replica_core import KVReplica, Verdict
-from services.scheduler.routing.types import PrefixMatch, RequestView
 
 __all__ = ["KVReplicaFeed", "LocalLookup"]
 

@@ -36,7 +36,7 @@ from services.common.kvindex import (
     match_chain,
     plan_resyncs,
 )
-from services.scheduler.routing.types import PrefixMatch, Tier
+from services.common.routing.types import PrefixMatch, Tier
 
 __all__ = [
     "ALL_CLEARED",

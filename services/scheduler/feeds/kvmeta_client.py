@@ -16,10 +16,10 @@ from collections.abc import Callable, Mapping, Sequence
 import grpc
 from tideserve.v1 import common_pb2, kvmeta_pb2
 
-from services.scheduler.routing.framework import Scheduler
-from services.scheduler.routing.plugins.estimate import PrefixEstimate
-from services.scheduler.routing.plugins.prefix import PrecisePrefix
-from services.scheduler.routing.types import PrefixMatch, RequestView, Tier
+from services.common.routing.framework import Scheduler
+from services.common.routing.plugins.estimate import PrefixEstimate
+from services.common.routing.plugins.prefix import PrecisePrefix
+from services.common.routing.types import PrefixMatch, RequestView, Tier
 
 __all__ = ["MATCH_PREFIX", "KVMetaLookup", "precise_profiles", "to_matches"]
 

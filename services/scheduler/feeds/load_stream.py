@@ -21,10 +21,10 @@ from collections.abc import Callable
 import redis.asyncio as aioredis
 from tideserve.v1 import events_pb2
 
+from services.common.scheduling.fleet import Fleet
+from services.common.scheduling.load_merge import LoadReport
 from services.common.streams import Start, StreamFollower, stream_name
 from services.common.streams.ids import NEWEST
-from services.scheduler.core.fleet import Fleet
-from services.scheduler.core.load_merge import LoadReport
 
 __all__ = ["LoadStream", "apply_snapshot", "load_report"]
 

@@ -37,10 +37,10 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 from tideserve.v1 import autoscaler_pb2, autoscaler_pb2_grpc, common_pb2, events_pb2
 
+from services.common.routing.types import Role
+from services.common.scheduling.fleet import EndpointSpec, Fleet
 from services.common.streams import Start, StreamFollower, newest_id, stream_name
 from services.common.streams.ids import ZERO
-from services.scheduler.core.fleet import EndpointSpec, Fleet
-from services.scheduler.routing.types import Role
 
 __all__ = ["Membership", "apply_event", "apply_instance"]
 

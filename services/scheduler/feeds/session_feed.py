@@ -28,11 +28,11 @@ import grpc
 from google.protobuf.message import Message
 from tideserve.v1 import kvmeta_pb2
 
+from services.common.routing.types import RequestView
 from services.common.tasks import stop_tasks
 from services.scheduler.core.records import RequestContext
 from services.scheduler.core.session_turns import Tip, tip_of, turn_end, turn_start
 from services.scheduler.http.records import Ending
-from services.scheduler.routing.types import RequestView
 
 __all__ = ["END_TURN", "START_TURN", "SessionFeed"]
 

@@ -33,9 +33,10 @@ from google.protobuf.message import DecodeError
 from redis.exceptions import RedisError
 from tideserve.v1 import events_pb2
 
+from services.common.routing.types import Pick, RequestView
+from services.common.scheduling.service import GatewayCore
 from services.common.streams import Start, StreamFollower, StreamProducer, stream_name
 from services.common.tasks import pause, stop_tasks
-from services.scheduler.core.service import GatewayCore
 from services.scheduler.feeds.shared_core import (
     apply_routed,
     approx_plugins,
@@ -45,7 +46,6 @@ from services.scheduler.feeds.shared_core import (
     routed_entry,
     routed_plugins,
 )
-from services.scheduler.routing.types import Pick, RequestView
 
 __all__ = ["SharedState"]
 

@@ -21,9 +21,9 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from tideserve.v1 import events_pb2
 
-from services.scheduler.routing.framework import Scheduler, Settle
-from services.scheduler.routing.plugins.prefix import ApproxPrefix
-from services.scheduler.routing.types import Choice, EndpointView, Pick, RequestView
+from services.common.routing.framework import Scheduler, Settle
+from services.common.routing.plugins.prefix import ApproxPrefix
+from services.common.routing.types import Choice, EndpointView, Pick, RequestView
 
 __all__ = [
     "InFlight",

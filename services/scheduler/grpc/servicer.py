@@ -1,5 +1,5 @@
 """gRPC servicer of ``tideserve.v1.SchedulerService``: a thin translation layer over
-:class:`services.scheduler.core.service.GatewayCore` (the same core the HTTP gateway uses).
+:class:`services.common.scheduling.service.GatewayCore` (the same core the HTTP gateway uses).
 
 Pick takes the request in exactly as the HTTP gateway does (:mod:`services.scheduler.core.intake`
 and the shared :class:`~services.scheduler.admission.gate.AdmissionGate`): the prefix lookup,
@@ -40,6 +40,14 @@ from typing import TYPE_CHECKING
 import grpc
 from tideserve.v1 import common_pb2, events_pb2, scheduler_pb2, scheduler_pb2_grpc
 
+from services.common.routing.types import (
+    Choice,
+    EndpointView,
+    NoEndpoint,
+    Role,
+    Shed,
+)
+from services.common.scheduling.service import GatewayCore
 from services.common.tokens import TokenPath
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
 from services.scheduler.admission.gate import AdmissionGate, PrefixLookup
@@ -51,15 +59,7 @@ from services.scheduler.core.intake import (
 )
 from services.scheduler.core.pick_records import PickMemo, record_from_report
 from services.scheduler.core.records import parse_traceparent
-from services.scheduler.core.service import GatewayCore
 from services.scheduler.http.upstream import bootstrap_fields
-from services.scheduler.routing.types import (
-    Choice,
-    EndpointView,
-    NoEndpoint,
-    Role,
-    Shed,
-)
 
 __all__ = ["SERVICE_NAME", "SchedulerServicer", "add_to_server"]
 

@@ -33,13 +33,13 @@ import aiohttp
 from aiohttp import web
 
 from services.common import otel
+from services.common.routing.types import EndpointView, Pick
+from services.common.scheduling.service import GatewayCore
 from services.scheduler.core.records import RequestContext
-from services.scheduler.core.service import GatewayCore
 from services.scheduler.http import messages, pd_vllm, upstream
 from services.scheduler.http.metrics import GatewayMetrics
 from services.scheduler.http.openai import Kind, ParsedRequest
 from services.scheduler.http.relay import AnswerTranslator, FirstByte, relay_body, relay_stream
-from services.scheduler.routing.types import EndpointView, Pick
 
 __all__ = ["PATHS", "Forwarder"]
 

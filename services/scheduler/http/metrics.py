@@ -43,8 +43,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from tideserve.v1 import events_pb2
 
+from services.common.scheduling.service import GatewayCore
 from services.scheduler.core.records import RequestContext, outcome_for
-from services.scheduler.core.service import GatewayCore
 from services.scheduler.http.records import Ending, Finished
 
 __all__ = [

@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from services.common.tokens import TokenPath
-from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
-from services.scheduler.admission.shaper import (
+from services.common.admission.shaper import (
     DISPATCH_FOLLOW_MS,
     DISPATCH_HOLD_MS,
     DISPATCH_ORDER,
 )
+from services.common.tokens import TokenPath
+from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
 from services.scheduler.http.openai import Limits
 
 __all__ = ["GatewayOptions", "authorization"]

@@ -30,9 +30,9 @@ from typing import Any
 
 import aiohttp
 
+from services.common.routing.types import EndpointView
 from services.scheduler.http.openai import Kind
 from services.scheduler.http.upstream import UpstreamFailure, open_upstream
-from services.scheduler.routing.types import EndpointView
 
 __all__ = ["PREFILL_PARAMS", "PrefillRefused", "decode_body", "prefill_body", "run_prefill"]
 

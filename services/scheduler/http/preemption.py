@@ -17,8 +17,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from services.scheduler.admission import InFlight, plan_preemptions
-from services.scheduler.core.service import GatewayCore
+from services.common.admission import InFlight, plan_preemptions
+from services.common.scheduling.service import GatewayCore
 
 __all__ = ["Preempted", "Preemptor"]
 

@@ -31,8 +31,8 @@ from typing import Protocol
 import aiohttp
 from aiohttp import web
 
+from services.common.scheduling.service import GatewayCore
 from services.scheduler.core.records import RequestContext
-from services.scheduler.core.service import GatewayCore
 from services.scheduler.http import upstream
 from services.scheduler.http.metrics import GatewayMetrics
 

@@ -54,22 +54,24 @@ from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
 from services.common import otel
-from services.common.http_errors import json_errors
-from services.common.metrics import metrics_handler
-from services.common.tokens.engine_chat import adds_special_tokens
-from services.scheduler.admission.dispatch import DispatchOrder
-from services.scheduler.admission.gate import AdmissionGate, PrefixLookup
-from services.scheduler.admission.shaper import (
+from services.common.admission.shaper import (
     DispatchShaper,
     ShaperConfig,
 )
+from services.common.http_errors import json_errors
+from services.common.metrics import metrics_handler
+from services.common.routing.types import NoEndpoint, Pick, RequestView
+from services.common.routing.types import Shed as RouteShed
+from services.common.scheduling.service import GatewayCore
+from services.common.tokens.engine_chat import adds_special_tokens
+from services.scheduler.admission.dispatch import DispatchOrder
+from services.scheduler.admission.gate import AdmissionGate, PrefixLookup
 from services.scheduler.core.intake import (
     Refused,
     check_names,
     request_view,
 )
 from services.scheduler.core.records import RequestContext
-from services.scheduler.core.service import GatewayCore
 from services.scheduler.http import messages, records, upkeep, upstream
 from services.scheduler.http.errors import Overloaded, api_error, error_response, internal_errors
 from services.scheduler.http.forward import Forwarder
@@ -88,8 +90,6 @@ from services.scheduler.http.records import Finished
 from services.scheduler.http.responses import ResponsesApi, Turn
 from services.scheduler.keys.gate import KeyGate
 from services.scheduler.responses.store import ResponseStore
-from services.scheduler.routing.types import NoEndpoint, Pick, RequestView
-from services.scheduler.routing.types import Shed as RouteShed
 
 
 class Gateway:

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 
 from services.common import engine_load
-from services.scheduler.core.fleet import Fleet
+from services.common.scheduling.fleet import Fleet
 from services.scheduler.http import upstream
 
 __all__ = ["every", "probe_health", "scrape_loads"]

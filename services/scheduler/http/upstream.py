@@ -13,7 +13,7 @@ import aiohttp
 from yarl import URL
 
 from services.common import jsonfast
-from services.scheduler.routing.types import EndpointView
+from services.common.routing.types import EndpointView
 
 
 async def probe(session: aiohttp.ClientSession, url: str, timeout_s: float) -> bool:

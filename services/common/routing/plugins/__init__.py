@@ -1,0 +1,29 @@
+"""Built-in plugins. Importing this package registers every plugin type."""
+
+from services.common.routing.plugins import (
+    affinity,
+    buckets,
+    cost,
+    estimate,
+    goodput,
+    load,
+    pd,
+    pickers,
+    placement,
+    prefix,
+    sglang,
+)
+
+__all__ = [
+    "affinity",
+    "buckets",
+    "cost",
+    "estimate",
+    "goodput",
+    "load",
+    "pd",
+    "pickers",
+    "placement",
+    "prefix",
+    "sglang",
+]
