@@ -128,6 +128,9 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
         sessions,
         urls=settings.retention_engine_urls,
         offload_wait_s=settings.migration_offload_wait_s,
+        placement=settings.migration_placement,
+        active_window_s=settings.migration_active_window_s,
+        prefetch=settings.migration_prefetch,
     )
 
     async def tick_retention() -> None:

@@ -211,4 +211,5 @@ class SessionRpcs:
             offloads_to_tier=res.offloads_to_tier,
             engine_detail=res.engine_detail,
             offload_settled=res.offload_settled,
+            prefetch_started=res.prefetch_started,
         )

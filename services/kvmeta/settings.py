@@ -130,3 +130,20 @@ class KVMetaSettings(ServiceSettings):
         description="MigrateSessions: longest wait for the victim engine to store the blocks "
         "it offloads in the tier before the reply (the instance is removed right after)",
     )
+    migration_placement: Literal["kv_spread", "rendezvous"] = Field(
+        "kv_spread",
+        description="MigrateSessions: where a scaled-in instance's sessions go; kv_spread: the "
+        "instance with room whose active sessions hold the least KV, each move counted before "
+        "the next; rendezvous: each session's rendezvous home among the instances that stay",
+    )
+    migration_active_window_s: float = Field(
+        300.0,
+        gt=0.0,
+        description="kv_spread: a session whose last turn ended within this many seconds (or "
+        "with a turn in flight, or a predicted return ahead) counts in its home's KV",
+    )
+    migration_prefetch: bool = Field(
+        True,
+        description="MigrateSessions: ask each moved session's new home (when it has a KV-cache "
+        "tier) to fetch its prefix from the tier at once",
+    )

@@ -87,8 +87,8 @@ from services.common.sessions import (
     route_key,
 )
 from services.common.sessions.controller import EngineKV, plan_engines
-from services.common.sessions.migration import Placement
-from services.sim.scalein import active_sessions, kept_prefix
+from services.common.sessions.migration import Placement, active_sessions
+from services.sim.scalein import kept_prefix
 
 __all__ = ["AgentMemory", "MemoryMode", "Resume"]
 
@@ -339,7 +339,7 @@ class AgentMemory:
 
     def active_chains(self, iid: str, now: float, window_s: float) -> dict[str, tuple[int, ...]]:
         """The prefix chains of ``iid``'s active sessions at ``now`` (by session id; see
-        :func:`~services.sim.scalein.active_sessions`), those with a finished turn."""
+        :func:`~services.common.sessions.migration.active_sessions`), those with a finished turn."""
         rows = active_sessions(self.table.rows(), iid, now / 1000.0, window_s)
         return {s.session_id: self._chains[s.key] for s in rows if s.key in self._chains}
 

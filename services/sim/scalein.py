@@ -12,7 +12,8 @@ time, without the planner, ``scale_in_count`` engines leave by the product's pat
    they are re-homed; in ``lru`` (or without agent memory) its KV is simply gone.
 
 Measured per victim (:class:`ScaleInRecord`), with agent memory: the victim's *active
-sessions* at removal (:func:`active_sessions`: homed there, not ended, and a turn in flight,
+sessions* at removal
+(:func:`~services.common.sessions.migration.active_sessions`: homed there, not ended, and a turn in flight,
 or a turn that ended within ``window_s`` before the removal, or a predicted return after
 it), their prefix blocks (each one's last turn's chain), and how many of those blocks are
 still cached right after the removal (:func:`kept_prefix`: the longest leading run a next
@@ -26,26 +27,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from services.common.sessions import Phase, Session
-
-__all__ = ["DRAIN_CHECK_MS", "ScaleInRecord", "active_sessions", "kept_prefix"]
+__all__ = ["DRAIN_CHECK_MS", "ScaleInRecord", "kept_prefix"]
 
 DRAIN_CHECK_MS = 50.0
-
-
-def active_sessions(
-    rows: Sequence[Session], iid: str, now_s: float, window_s: float
-) -> list[Session]:
-    """The sessions homed on ``iid`` that count as active at ``now_s`` (module doc), by key."""
-    out = []
-    for s in rows:
-        if s.home_instance != iid or s.phase is Phase.ENDED:
-            continue
-        recent = s.last_turn_end > 0 and now_s - s.last_turn_end <= window_s
-        ahead = s.predicted_return_at > now_s
-        if s.phase is Phase.ACTIVE or recent or ahead:
-            out.append(s)
-    return sorted(out, key=lambda s: s.key)
 
 
 def kept_prefix(

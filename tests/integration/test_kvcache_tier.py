@@ -316,8 +316,8 @@ async def test_scaled_in_session_follows_to_its_next_engine(
     tier: Tier, tmp_path: Path, metadata_url: str, http: aiohttp.ClientSession
 ) -> None:
     """Scale-in is drain and migrate: kvmeta's ``MigrateSessions`` tells the victim engine to
-    offload its session's chain to the tier and re-homes the session on the engine that
-    stays, which then fetches that prefix instead of computing it."""
+    offload its session's chain to the tier, re-homes the session on the engine that stays
+    and has it fetch that prefix at once, so its next turn finds it resident."""
     fleet = _tier_fleet(tier, tmp_path, metadata_url, kvcache_policy="offload_on_evict")
     try:
         victim, vurl = await fleet.start(instance_id="e0")
@@ -359,9 +359,18 @@ async def test_scaled_in_session_follows_to_its_next_engine(
         assert victim.core.cache.held_slots == 0
         s = (await tier.stub.GetAgentSession(kvmeta_pb2.GetAgentSessionRequest(**key))).session
         assert (s.home_instance, [(t.tier, t.blocks) for t in s.tiers]) == ("e1", [(2, 10)])
+        assert got.prefetch_started == 1  # the destination fetches the prefix now
+
+        async def prefetched() -> bool:
+            return dest.core.cache.match(chain) == len(chain)
+
+        await eventually(prefetched)
+        assert dest.tier_io.prefetched_blocks == 10
+        computed = dest.core.prompt_tokens_total
         again = await complete(durl)  # the session's next turn, on the engine that stays
         assert again["choices"][0]["text"] == want["choices"][0]["text"]
-        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 640  # fetched
-        assert dest.tier_io.fetched_blocks == 10
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 640  # resident
+        assert dest.tier_io.fetched_blocks == 0  # nothing left to fetch at admission
+        assert dest.core.prompt_tokens_total - computed == len(tokenize(LONG)) - 640
     finally:
         await fleet.close()

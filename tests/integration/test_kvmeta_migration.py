@@ -27,6 +27,7 @@ from services.common import db
 from services.common.clock import ManualClock
 from services.common.planner.driver_base import InstanceState, InstanceStatus, Role
 from services.common.sessions import SessionTable, ToolTimePredictor, rendezvous_home
+from services.common.sessions.migration import Placement
 from services.common.tokens import block_hashes
 from services.engine.server import EngineServer
 from services.engine.settings import EngineSettings
@@ -64,13 +65,15 @@ class Kv:
 
 
 @asynccontextmanager
-async def kvmeta(pg_url: str, clock: ManualClock) -> AsyncIterator[Kv]:
+async def kvmeta(
+    pg_url: str, clock: ManualClock, placement: Placement = "kv_spread"
+) -> AsyncIterator[Kv]:
     await asyncio.to_thread(db.migrate, pg_url, "kvmeta")
     dbe = db.create_engine(pg_url, "kvmeta")
     shell = SessionShell(SessionTable(ToolTimePredictor(default_gap_s=30.0)),
                          SessionStore(dbe), clock.now)  # fmt: skip
     await shell.load()
-    migrator = SessionMigrator(shell, timeout_s=5.0)
+    migrator = SessionMigrator(shell, timeout_s=5.0, placement=placement)
     servicer = KVMetaServicer(IndexFeeder(PrefixIndex(), time.time),
                               ObjectShell(ObjectMaster(), None, clock.now),
                               sessions=shell, migrator=migrator)  # fmt: skip
@@ -98,21 +101,25 @@ async def used(http: aiohttp.ClientSession, url: str) -> int:
 
 
 async def turn(kv: Kv, http: aiohttp.ClientSession, url: str, tenant: str, sid: str,
-               base: int, final: bool = False) -> None:  # fmt: skip
-    """A 10-block turn of ``sid`` served on the victim, reported as the gateway reports it."""
-    tokens = list(range(base, base + 10 * BS))
+               base: int, final: bool = False, home: str = "e0",
+               blocks: int = 10) -> None:  # fmt: skip
+    """A ``blocks``-block turn of ``sid`` served on ``home`` (at ``url``), reported as the
+    gateway reports it."""
+    tokens = list(range(base, base + blocks * BS))
     body = {"model": "tideserve-sim", "prompt": tokens, "max_tokens": 1}
     async with http.post(url + "/v1/completions", json=body) as r:
         assert r.status == 200, await r.text()
     k = {"deployment": "d", "tenant": tenant, "session_id": sid}
-    await kv.stub.StartSessionTurn(M.StartSessionTurnRequest(**k, home_instance="e0"))
+    await kv.stub.StartSessionTurn(M.StartSessionTurnRequest(**k, home_instance=home))
     chain = block_hashes(tokens, BS)
     await kv.stub.EndSessionTurn(M.EndSessionTurnRequest(
         **k, tip_block_hash=chain[-1], tip_tokens=len(tokens), final=final,
-        home_instance="e0", block_hashes=chain))  # fmt: skip
+        home_instance=home, block_hashes=chain))  # fmt: skip
 
 
 async def test_migrate_on_scale_in(postgres_db_url: str, tmp_path: Path) -> None:
+    """Rendezvous placement: each live session goes to its rendezvous home among the
+    instances that stay, or to the tier when that home lacks room."""
     clock = ManualClock(1_000_000.0)
     ids = ["e1", "e2"]
     to_e1, to_e2 = sid_homed("e1", ids, "a"), sid_homed("e2", ids, "b")
@@ -121,7 +128,7 @@ async def test_migrate_on_scale_in(postgres_db_url: str, tmp_path: Path) -> None
         e0 = await stack.enter_async_context(engine(tmp_path, "e0", 100))
         e1 = await stack.enter_async_context(engine(tmp_path, "e1", 100))
         e2 = await stack.enter_async_context(engine(tmp_path, "e2", 8))  # no room for 10
-        kv = await stack.enter_async_context(kvmeta(postgres_db_url, clock))
+        kv = await stack.enter_async_context(kvmeta(postgres_db_url, clock, "rendezvous"))
         await turn(kv, http, e0, "alice", to_e1, 0)
         await turn(kv, http, e0, "bob", to_e2, 1000)
         await turn(kv, http, e0, "alice", "done", 2000, final=True)
@@ -151,6 +158,38 @@ async def test_migrate_on_scale_in(postgres_db_url: str, tmp_path: Path) -> None
             req = M.GetAgentSessionRequest(deployment="d", tenant=tenant, session_id=sid)
             s = (await kv.stub.GetAgentSession(req)).session
             assert (s.home_instance, list(s.tiers)) == (home, [])
+
+
+async def test_kv_spread_places_by_the_destinations_active_kv(
+    postgres_db_url: str, tmp_path: Path
+) -> None:
+    """``kv_spread`` (the default): the victim's sessions go to the instance whose active
+    sessions hold the least KV, each move counted before the next, whatever their rendezvous
+    homes: here both to e2, since e1 already homes carol's 30-block session."""
+    clock = ManualClock(1_000_000.0)
+    ids = ["e1", "e2"]
+    to_e1, to_e2 = sid_homed("e1", ids, "a"), sid_homed("e2", ids, "b")
+    async with AsyncExitStack() as stack:
+        http = await stack.enter_async_context(aiohttp.ClientSession())
+        e0 = await stack.enter_async_context(engine(tmp_path, "e0", 100))
+        e1 = await stack.enter_async_context(engine(tmp_path, "e1", 100))
+        e2 = await stack.enter_async_context(engine(tmp_path, "e2", 100))
+        kv = await stack.enter_async_context(kvmeta(postgres_db_url, clock))
+        await turn(kv, http, e1, "carol", "c", 5000, home="e1", blocks=30)
+        await turn(kv, http, e0, "alice", to_e1, 0)
+        await turn(kv, http, e0, "bob", to_e2, 1000)
+        got = await kv.stub.MigrateSessions(M.MigrateSessionsRequest(
+            deployment="d", instance_id="e0", url=e0,
+            destinations=[M.MigrationDestination(instance_id="e1", url=e1),
+                          M.MigrationDestination(instance_id="e2", url=e2)]))  # fmt: skip
+        fates = {m.session_id: (m.fate, m.instance_id) for m in got.sessions}
+        assert fates == {to_e1: (M.MIGRATION_FATE_MOVE, "e2"), to_e2: (M.MIGRATION_FATE_MOVE, "e2")}
+        assert got.prefetch_started == 0  # these engines have no tier: nothing to fetch from
+        homes = await kv.stub.ListSessionHomes(M.ListSessionHomesRequest(deployment="d"))
+        assert {h.instance_id: (h.sessions, h.blocks) for h in homes.homes} == {
+            "e1": (1, 30),
+            "e2": (2, 20),
+        }
 
 
 async def test_unreachable_victim_still_rehomes(postgres_db_url: str, tmp_path: Path) -> None:

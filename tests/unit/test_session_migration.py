@@ -11,6 +11,8 @@ from services.common.sessions.migration import (
     Fate,
     HomeKV,
     Migrant,
+    active_kv,
+    active_sessions,
     homes_kv,
     migrant,
     plan_migration,
@@ -162,3 +164,44 @@ def test_homes_kv() -> None:
     ]  # fmt: skip
     got = homes_kv(rows, {("d", "t2", "b"): 3})
     assert got == {"e1": HomeKV(2, 9, 150), "e2": HomeKV(1, 2, 0)}
+
+
+def _active(sid: str, home: str = "e0", phase: Phase = Phase.IDLE, end: float = 0.0,
+       ret: float = 0.0) -> Session:  # fmt: skip
+    return Session("sim", "", sid, phase=phase, home_instance=home, last_turn_end=end,
+                   predicted_return_at=ret)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("session", "active"),
+    [
+        (_active("a", phase=Phase.ACTIVE), True),
+        (_active("a", end=950.0), True),  # ended 50 s ago, within the 100 s window
+        (_active("a", end=900.0), True),  # exactly at the window's edge
+        (_active("a", end=850.0), False),  # 150 s ago, no prediction
+        (_active("a", end=850.0, ret=1010.0), True),  # old, but predicted back after now
+        (_active("a", end=850.0, ret=990.0), False),  # overdue
+        (_active("a", phase=Phase.ENDED, end=990.0, ret=1010.0), False),
+        (_active("a", home="e1", phase=Phase.ACTIVE), False),  # homed elsewhere
+        (_active("a"), False),  # never finished a turn, not active
+    ],
+    ids=["in-flight", "recent", "window-edge", "stale", "return-ahead", "overdue", "ended",
+         "other-home", "no-turn"],
+)  # fmt: skip
+def test_active_sessions(session: Session, active: bool) -> None:
+    assert (active_sessions([session], "e0", 1000.0, 100.0) == [session]) is active
+
+
+def test_active_kv_sums_each_homes_active_chains() -> None:
+    rows = [
+        _active("a", phase=Phase.ACTIVE),
+        _active("b", end=950.0),
+        _active("c", end=100.0),  # stale: not counted
+        _active("d", home="e1", end=990.0),
+    ]
+    blocks = {("sim", "", "a"): 30, ("sim", "", "d"): 7}  # "b" has no chain: its own blocks
+    assert active_kv(rows, blocks, ["e0", "e1", "e2"], 1000.0, 100.0) == {
+        "e0": 30 + rows[1].blocks,
+        "e1": 7,
+        "e2": 0,
+    }

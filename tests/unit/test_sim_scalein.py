@@ -1,5 +1,4 @@
-"""The simulator's explicit scale-in: which sessions count as active on the victim, how much
-of a prefix is still cached, and a tiny run where one engine of two leaves mid-run (drained,
+"""The simulator's explicit scale-in: how much of a prefix is still cached, and a tiny run where one engine of two leaves mid-run (drained,
 then migrated in the offload modes, dropped under LRU)."""
 
 from __future__ import annotations
@@ -7,36 +6,9 @@ from __future__ import annotations
 import pytest
 
 from services.common.bench.traces import Trace, TraceRequest
-from services.common.sessions import Phase, Session
 from services.sim.config import SimConfig, SimConfigError
 from services.sim.run import Simulation
-from services.sim.scalein import active_sessions, kept_prefix
-
-
-def _s(sid: str, home: str = "e0", phase: Phase = Phase.IDLE, end: float = 0.0,
-       ret: float = 0.0) -> Session:  # fmt: skip
-    return Session("sim", "", sid, phase=phase, home_instance=home, last_turn_end=end,
-                   predicted_return_at=ret)  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    ("session", "active"),
-    [
-        (_s("a", phase=Phase.ACTIVE), True),
-        (_s("a", end=950.0), True),  # ended 50 s ago, within the 100 s window
-        (_s("a", end=900.0), True),  # exactly at the window's edge
-        (_s("a", end=850.0), False),  # 150 s ago, no prediction
-        (_s("a", end=850.0, ret=1010.0), True),  # old, but predicted back after now
-        (_s("a", end=850.0, ret=990.0), False),  # overdue
-        (_s("a", phase=Phase.ENDED, end=990.0, ret=1010.0), False),
-        (_s("a", home="e1", phase=Phase.ACTIVE), False),  # homed elsewhere
-        (_s("a"), False),  # never finished a turn, not active
-    ],
-    ids=["in-flight", "recent", "window-edge", "stale", "return-ahead", "overdue", "ended",
-         "other-home", "no-turn"],
-)  # fmt: skip
-def test_active_sessions(session: Session, active: bool) -> None:
-    assert (active_sessions([session], "e0", 1000.0, 100.0) == [session]) is active
+from services.sim.scalein import kept_prefix
 
 
 @pytest.mark.parametrize(

@@ -548,17 +548,19 @@ class SessionMigration(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., session_id: _Optional[str] = ..., fate: _Optional[_Union[MigrationFate, str]] = ..., instance_id: _Optional[str] = ..., blocks: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class MigrateSessionsResponse(_message.Message):
-    __slots__ = ("sessions", "offload_requested", "offloaded", "offloads_to_tier", "engine_detail", "offload_settled")
+    __slots__ = ("sessions", "offload_requested", "offloaded", "offloads_to_tier", "engine_detail", "offload_settled", "prefetch_started")
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     OFFLOAD_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     OFFLOADED_FIELD_NUMBER: _ClassVar[int]
     OFFLOADS_TO_TIER_FIELD_NUMBER: _ClassVar[int]
     ENGINE_DETAIL_FIELD_NUMBER: _ClassVar[int]
     OFFLOAD_SETTLED_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_STARTED_FIELD_NUMBER: _ClassVar[int]
     sessions: _containers.RepeatedCompositeFieldContainer[SessionMigration]
     offload_requested: int
     offloaded: int
     offloads_to_tier: bool
     engine_detail: str
     offload_settled: bool
-    def __init__(self, sessions: _Optional[_Iterable[_Union[SessionMigration, _Mapping]]] = ..., offload_requested: _Optional[int] = ..., offloaded: _Optional[int] = ..., offloads_to_tier: _Optional[bool] = ..., engine_detail: _Optional[str] = ..., offload_settled: _Optional[bool] = ...) -> None: ...
+    prefetch_started: int
+    def __init__(self, sessions: _Optional[_Iterable[_Union[SessionMigration, _Mapping]]] = ..., offload_requested: _Optional[int] = ..., offloaded: _Optional[int] = ..., offloads_to_tier: _Optional[bool] = ..., engine_detail: _Optional[str] = ..., offload_settled: _Optional[bool] = ..., prefetch_started: _Optional[int] = ...) -> None: ...

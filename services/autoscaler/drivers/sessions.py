@@ -91,4 +91,6 @@ class KVMetaSessions:
             line += f" (blocks not offloaded: {resp.engine_detail})"
         elif resp.offload_requested and resp.offloads_to_tier and not resp.offload_settled:
             line += " (some blocks may not have reached the tier)"
+        if resp.prefetch_started:
+            line += f", {resp.prefetch_started} fetching their prefix at their new home"
         return line

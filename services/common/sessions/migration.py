@@ -35,7 +35,11 @@ sessions coming back soonest keep their KV closest. The plan is a pure function 
 inputs: ties break by key.
 
 :func:`homes_kv` is the figure the autoscaler weighs scale-in victims by: per home instance,
-the live sessions homed there and their blocks and tokens.
+the live sessions homed there and their blocks and tokens. :func:`active_sessions` are the
+ones of those that will want their KV soon: a turn in flight, a turn ended within a window,
+or a predicted return ahead; :func:`active_kv` sums their blocks per home, the load
+``kv_spread`` places by (a session that ended its last turn hours ago holds nothing a
+destination must keep room for).
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ __all__ = [
     "MigrationPlan",
     "Move",
     "Placement",
+    "active_kv",
+    "active_sessions",
     "homes_kv",
     "migrant",
     "plan_migration",
@@ -209,3 +215,33 @@ def homes_kv(
         h = out.get(s.home_instance, HomeKV())
         out[s.home_instance] = HomeKV(h.sessions + 1, h.blocks + n, h.tokens + s.tip_tokens)
     return out
+
+
+def active_sessions(
+    rows: Sequence[Session], iid: str, now_s: float, window_s: float
+) -> list[Session]:
+    """The sessions homed on ``iid`` that count as active at ``now_s`` (module doc), by key."""
+    out = []
+    for s in rows:
+        if s.home_instance != iid or s.phase is Phase.ENDED:
+            continue
+        recent = s.last_turn_end > 0 and now_s - s.last_turn_end <= window_s
+        ahead = s.predicted_return_at > now_s
+        if s.phase is Phase.ACTIVE or recent or ahead:
+            out.append(s)
+    return sorted(out, key=lambda s: s.key)
+
+
+def active_kv(
+    rows: Sequence[Session],
+    blocks: Mapping[SessionKey, int],
+    homes: Sequence[str],
+    now_s: float,
+    window_s: float,
+) -> dict[str, int]:
+    """Per instance of ``homes``, the blocks of its active sessions (``blocks``: each one's
+    chain length, else its blocks per tier)."""
+    return {
+        iid: sum(blocks.get(s.key, s.blocks) for s in active_sessions(rows, iid, now_s, window_s))
+        for iid in homes
+    }
