@@ -104,6 +104,7 @@ def spec_to_proto(spec: DeploymentSpec) -> common_pb2.DeploymentSpec:
             predictor=spec.planner.predictor,
             max_utilization=spec.planner.max_utilization,
             decode_headroom=spec.planner.decode_headroom,
+            stream_interval=spec.planner.stream_interval,
         ),
     )
 
@@ -179,6 +180,7 @@ def spec_from_proto(msg: common_pb2.DeploymentSpec) -> DeploymentSpec:
             "predictor": msg.planner.predictor,
             "max_utilization": msg.planner.max_utilization,
             "decode_headroom": msg.planner.decode_headroom,
+            "stream_interval": msg.planner.stream_interval,
         },
     }
     return parse_spec(data)

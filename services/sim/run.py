@@ -95,6 +95,9 @@ class Simulation(Scaling):
         self.full_load = cfg.load_source == "stream"
         self.caches = {i.iid: i.core.cache for i in engines}
         a = cfg.autoscale
+        if a is not None and "stream_interval" not in dict(a.planner):
+            # the operator sets the planner's stream_interval to the engines' own
+            a = replace(a, planner=(*a.planner, ("stream_interval", cfg.stream_interval)))
         self.planner = Planner(engines.roles(), a, self.perf) if a is not None else None
         self.window = Window(a.window_s * 1000.0) if a is not None else None
         self.peak_replicas = self.initial_instances = len(engines)

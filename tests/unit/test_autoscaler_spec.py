@@ -143,8 +143,9 @@ def test_a_good_spec_round_trips_through_protobuf() -> None:
             {"predictor": "constant", "max_utilization": 0.7, "decode_headroom": 0.8},
             {"predictor": "constant", "max_utilization": 0.7, "decode_headroom": 0.8},
         ),
+        ({"stream_interval": 16}, {"stream_interval": 16}),
     ],
-    ids=["none", "policy", "sla-settings"],
+    ids=["none", "policy", "sla-settings", "engines-stream-interval"],
 )
 def test_planner_settings_round_trip_and_override_the_autoscalers(
     planner: dict[str, Any], overrides: dict[str, Any]

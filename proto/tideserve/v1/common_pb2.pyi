@@ -221,13 +221,15 @@ class DeploymentSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., roles: _Optional[_Iterable[_Union[RoleSpec, _Mapping]]] = ..., coordination: _Optional[_Union[Coordination, _Mapping]] = ..., slo_classes: _Optional[_Iterable[_Union[SLOClass, _Mapping]]] = ..., pd_protocol: _Optional[_Union[PDProtocol, str]] = ..., scheduler_profile: _Optional[str] = ..., kv_block_size: _Optional[int] = ..., perf_profile: _Optional[str] = ..., generation: _Optional[int] = ..., budget: _Optional[_Union[ReplicaBudget, _Mapping]] = ..., planner: _Optional[_Union[PlannerOverrides, _Mapping]] = ...) -> None: ...
 
 class PlannerOverrides(_message.Message):
-    __slots__ = ("policy", "predictor", "max_utilization", "decode_headroom")
+    __slots__ = ("policy", "predictor", "max_utilization", "decode_headroom", "stream_interval")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     PREDICTOR_FIELD_NUMBER: _ClassVar[int]
     MAX_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
     DECODE_HEADROOM_FIELD_NUMBER: _ClassVar[int]
+    STREAM_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     policy: str
     predictor: str
     max_utilization: float
     decode_headroom: float
-    def __init__(self, policy: _Optional[str] = ..., predictor: _Optional[str] = ..., max_utilization: _Optional[float] = ..., decode_headroom: _Optional[float] = ...) -> None: ...
+    stream_interval: int
+    def __init__(self, policy: _Optional[str] = ..., predictor: _Optional[str] = ..., max_utilization: _Optional[float] = ..., decode_headroom: _Optional[float] = ..., stream_interval: _Optional[int] = ...) -> None: ...

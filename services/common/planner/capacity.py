@@ -19,6 +19,13 @@ Rules:
   contexts are KV-bound long before they are step-bound: a 100k-token context leaves room
   for a batch of a few sequences however fast the step. Need = concurrency / b.
 * **Worker** (aggregated): prefill and decode share the replica's time, so the needs add.
+* **The first streamed chunk.** Engines that coalesce ``k`` tokens per streamed chunk
+  (``--stream-interval k``) send a client its first token only after ``k - 1`` decode steps
+  past the prefill, so TTFT = queue + prefill + ``(k - 1)`` steps. With ``k > 1`` and a TTFT
+  target, :class:`FirstChunk` splits that target: the decode step is bounded by
+  ``share * ttft / (k - 1)`` as well as by the TPOT budget (a smaller batch, so more decode
+  replicas), and the prefill is sized for what the steps leave, ``ttft - (k - 1) * step``.
+  At ``k = 1`` (vLLM's and SGLang's default) nothing changes.
 
 A target of 0 (none) sizes by throughput alone (``max_utilization``, and for decode the
 batch whose step is at most 4x the batch-1 step). An unreachable target (one request alone
@@ -34,7 +41,16 @@ from typing import Protocol
 
 _EPS = 1e-9
 
-__all__ = ["Demand", "Need", "PerfLike", "Targets", "decode_need", "erlang_c", "prefill_need"]
+__all__ = [
+    "Demand",
+    "FirstChunk",
+    "Need",
+    "PerfLike",
+    "Targets",
+    "decode_need",
+    "erlang_c",
+    "prefill_need",
+]
 
 
 class PerfLike(Protocol):
@@ -69,6 +85,29 @@ class Targets:
 
 
 @dataclass(frozen=True)
+class FirstChunk:
+    """How a client's first token is delivered (module rule): ``tokens`` per first streamed
+    chunk, and the share of the TTFT target its decode steps may use."""
+
+    tokens: int = 1
+    share: float = 0.5
+
+    def step_budget_ms(self, t: Targets, headroom: float) -> float | None:
+        """The longest decode step both targets allow (None: no target bounds it)."""
+        budgets = [t.tpot_ms * headroom] if t.tpot_ms > 0 else []
+        if self.tokens > 1 and t.ttft_ms > 0:
+            budgets.append(self.share * t.ttft_ms / (self.tokens - 1))
+        return min(budgets) if budgets else None
+
+    def prefill_target_ms(self, t: Targets, headroom: float) -> float:
+        """The TTFT target left to the prefill once the first chunk's steps are paid."""
+        step = self.step_budget_ms(t, headroom)
+        if self.tokens <= 1 or t.ttft_ms <= 0 or step is None:
+            return t.ttft_ms
+        return t.ttft_ms - (self.tokens - 1) * step
+
+
+@dataclass(frozen=True)
 class Need:
     replicas: float  # fractional
     feasible: bool
@@ -88,7 +127,18 @@ def erlang_c(servers: int, load: float) -> float:
     return servers * b / (servers - load * (1.0 - b))
 
 
-def prefill_need(perf: PerfLike, d: Demand, t: Targets, max_utilization: float) -> Need:
+def prefill_need(
+    perf: PerfLike,
+    d: Demand,
+    t: Targets,
+    max_utilization: float,
+    first: FirstChunk = FirstChunk(),
+    headroom: float = 1.0,
+) -> Need:
+    """``headroom``: the decode headroom, which bounds the first chunk's steps."""
+    target = first.prefill_target_ms(t, headroom)
+    if target != t.ttft_ms:
+        t = Targets(target, t.tpot_ms, t.percentile)
     uncached = max(1, round(d.input_tokens * (1.0 - d.hit_ratio)))
     s = perf.prefill_ms(uncached)
     load = d.rate_rps * s / 1000.0  # offered load, in busy replicas
@@ -128,9 +178,12 @@ def max_batch(perf: PerfLike, ctx: int, budget_ms: float) -> int:
     return lo
 
 
-def decode_need(perf: PerfLike, d: Demand, t: Targets, headroom: float) -> Need:
+def decode_need(
+    perf: PerfLike, d: Demand, t: Targets, headroom: float, first: FirstChunk = FirstChunk()
+) -> Need:
     ctx = max(1, round(d.input_tokens + d.output_tokens / 2))
-    budget = t.tpot_ms * headroom if t.tpot_ms > 0 else 4.0 * perf.decode_step_ms(1, ctx)
+    bound = first.step_budget_ms(t, headroom)
+    budget = bound if bound is not None else 4.0 * perf.decode_step_ms(1, ctx)
     batch = max_batch(perf, ctx, budget)
     kv = perf.kv_capacity_tokens
     kv_bound = kv > 0 and kv // ctx < batch
@@ -141,12 +194,14 @@ def decode_need(perf: PerfLike, d: Demand, t: Targets, headroom: float) -> Need:
     concurrency = d.rate_rps * d.output_tokens * step / 1000.0
     need = concurrency / max(1, batch)
     detail = f"concurrency {concurrency:.1f} / batch {batch} at step <= {step:.1f} ms"
+    if first.tokens > 1 and t.ttft_ms > 0 and bound is not None and bound < t.tpot_ms * headroom:
+        detail += f" (first chunk: {first.tokens - 1} steps in {first.share:g} of the TTFT target)"
     if kv_bound:
         detail += f" (KV-bound: {kv} tokens / context {ctx})"
     if not feasible:
         detail += (
             f"; context {ctx} > KV {kv} tokens"
             if kv_bound
-            else f"; tpot target {t.tpot_ms:g} ms < one step"
+            else f"; step budget {budget:g} ms < one step"
         )
     return Need(need, feasible, detail)

@@ -67,6 +67,20 @@ class PlannerConfig(BaseModel):
     decode_headroom: float = Field(
         default=0.9, gt=0, le=1, description="share of the TPOT target a decode step may use"
     )
+    stream_interval: int = Field(
+        default=1,
+        ge=1,
+        description="tokens in the engines' first streamed chunk (their --stream-interval): "
+        "a client's first token waits for this many, so TTFT holds stream_interval - 1 "
+        "decode steps besides the prefill",
+    )
+    first_chunk_share: float = Field(
+        default=0.5,
+        gt=0,
+        lt=1,
+        description="with stream_interval > 1: share of the TTFT target the first chunk's "
+        "decode steps may use; the prefill is sized for the rest",
+    )
     scale_down_window_s: float = Field(
         default=300.0, ge=0, description="stabilisation: scale down to the window's max need"
     )

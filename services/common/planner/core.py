@@ -38,6 +38,7 @@ from typing import Any
 from services.common.perfmodel import get_profile
 from services.common.planner.capacity import (
     Demand,
+    FirstChunk,
     PerfLike,
     Targets,
     decode_need,
@@ -110,10 +111,12 @@ def _need(
     for c in _classes(spec):
         t = Targets(c.ttft_ms, c.tpot_ms, c.percentile)
         parts = []
+        first = FirstChunk(cfg.stream_interval, cfg.first_chunk_share)
         if role.role in ("prefill", "worker"):
-            parts.append(("ttft", prefill_need(perf, demand, t, cfg.max_utilization)))
+            need = prefill_need(perf, demand, t, cfg.max_utilization, first, cfg.decode_headroom)
+            parts.append(("ttft", need))
         if role.role in ("decode", "worker"):
-            parts.append(("tpot", decode_need(perf, demand, t, cfg.decode_headroom)))
+            parts.append(("tpot", decode_need(perf, demand, t, cfg.decode_headroom, first)))
         total = sum(n.replicas for _, n in parts)
         metric, _ = max(parts, key=lambda p: p[1].replicas)
         if total > best[0]:

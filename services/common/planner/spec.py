@@ -146,8 +146,9 @@ class PlannerSpec(_Frozen):
     predictor: Literal["", "constant", "moving_average", "holt_winters"] = ""
     max_utilization: float = Field(default=0.0, ge=0, lt=1)
     decode_headroom: float = Field(default=0.0, ge=0, le=1)
+    stream_interval: int = Field(default=0, ge=0)
 
-    def overrides(self) -> dict[str, str | float]:
+    def overrides(self) -> dict[str, str | float | int]:
         """The settings this spec sets, as ``PlannerConfig`` field values."""
         return {k: v for k, v in self.model_dump().items() if v}
 
