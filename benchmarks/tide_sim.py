@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--percentile", type=int, default=90, choices=(50, 90, 99))
     p.add_argument("--window-s", type=float, default=60.0, help="SLO window, modelled s")
     p.add_argument("--engine-profile", default="h200-llama3.1-8b")
+    p.add_argument(
+        "--stream-interval", type=int, default=16, help="engines' tokens per streamed chunk"
+    )
     p.add_argument("--policies", default="static,planner")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default=None)
@@ -94,7 +97,8 @@ def windows_met(results: list[RequestResult], args: argparse.Namespace, span_s: 
 def run_policy(name: str, trace: Trace, args: argparse.Namespace) -> dict[str, Any]:
     p, d = (int(x) for x in args.static.split(","))
     cfg = SimConfig(prefill=p, decode=d, engine_profile=args.engine_profile, seed=args.seed,
-                    slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)  # fmt: skip
+                    slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
+                    stream_interval=args.stream_interval)  # fmt: skip
     if name == "planner":
         auto = AutoscaleConfig(max_replicas=args.max_replicas, startup_s=args.startup_s,
                                ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms,
