@@ -49,8 +49,16 @@ def stack(
         name: {"grpc_port": next(ports), "metrics_port": 0} for name in SERVICES
     }
     deployment = f"rt-{uuid.uuid4().hex[:8]}"  # own KV streams in the shared Redis
+    # The gateway asks kvmeta where a prefix is within kvmeta_deadline_ms (20 ms by default)
+    # and routes without that answer when it is late, by design. This checks that the
+    # engines' KV events drive routing, not that kvmeta answers in 20 ms on a loaded CI
+    # machine (where a late answer sent the turn to the other engine), so the wait is long.
     layout["scheduler"].update(
-        http_port=next(ports), deployment=deployment, block_size=BLOCK_SIZE, health_interval_s=0.5
+        http_port=next(ports),
+        deployment=deployment,
+        block_size=BLOCK_SIZE,
+        health_interval_s=0.5,
+        kvmeta_deadline_ms=5000.0,
     )
     layout["kvmeta"]["metadata_http_port"] = next(ports)
     config = {
@@ -144,11 +152,11 @@ async def test_up_serves_real_vllm_engines_with_their_kv_events(
 
     second = await post(gateway, turn(11, 2))
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
-    assert cached >= 3 * BLOCK_SIZE
     (record,) = [
         r for r in await request_records(redis_url, deployment, 1) if r.deployment == deployment
     ]
-    assert record.decode_instance == "engine-2"
+    assert record.decode_instance == "engine-2", record
+    assert cached >= 3 * BLOCK_SIZE
     assert record.predicted_cached_tokens == record.cached_tokens == cached
 
     # engine-1's bridge publishes under its id too
