@@ -134,6 +134,9 @@ async def front(
     """``endpoint_roles``: each server's role (prefill, decode; default: workers);
     ``replicas``: gateway replicas (``Front.scheduler`` is the first)."""
     roles = endpoint_roles or ("worker",) * len(servers)
+    # These tests check that real engines' KV events drive routing, not kvmeta's latency:
+    # past its 20 ms default a loaded machine's lookup is dropped and the pick goes by load.
+    settings.setdefault("kvmeta_deadline_ms", 5000.0)
     prefix = f"rt{uuid.uuid4().hex[:8]}"
     redis = aioredis.Redis.from_url(redis_url)
     try:
