@@ -150,14 +150,14 @@ class SessionMigrator:
             return _Dest(d, url)
         return _Dest(d, url, int(info.get("free_blocks", 0)), bool(info.get("kvcache_tier")))
 
-    def _loads(self, rows: Sequence[Session], dests: Sequence[_Dest]) -> list[float]:
+    def _loads(self, deployment: str, dests: Sequence[_Dest]) -> list[float]:
         """Each destination's load as the placement weighs it (module doc, step 2)."""
         if self.placement != "kv_spread":
             return [d.ref.load for d in dests]
-        all_rows = self.sessions.table.rows()
-        blocks = {s.key: len(c) for s in all_rows if (c := self.sessions.chains.get(s.key))}
+        rows = [s for s in self.sessions.table.rows() if s.deployment == deployment]
+        blocks = {s.key: len(c) for s in rows if (c := self.sessions.chains.get(s.key))}
         ids = [d.ref.instance_id for d in dests]
-        kv = active_kv(all_rows, blocks, ids, self.wall(), self.active_window_s)
+        kv = active_kv(rows, blocks, ids, self.wall(), self.active_window_s)
         return [float(kv[i]) for i in ids]
 
     async def migrate(
@@ -187,7 +187,7 @@ class SessionMigrator:
         found = await asyncio.gather(*(self._dest(http, d) for d in dests))
         destinations = [
             Destination(d.ref.instance_id, d.free_blocks, load)
-            for d, load in zip(found, self._loads(rows, found), strict=True)
+            for d, load in zip(found, self._loads(deployment, found), strict=True)
         ]
         plan = plan_migration(
             [migrant(s, size[s.key]) for s in rows],
