@@ -55,6 +55,12 @@ request this gateway sent to an instance can still meet its TTFT deadline and ha
 byte yet, other prompts for that instance wait (all but the smallest; with
 ``protect_slack`` only those longer than the guards' predicted slack), each at most the
 bound it was offered with (its class's ``starve_after_ms``; 0: never held for others).
+With ``protect_when_missed`` (the shipped gateway's ``dispatch_protect: auto``) protection
+holds only while the fleet is overloaded as this gateway sees it: each offer with a
+deadline is predicted on time or late (its instance's backlog, its own prefill and the
+instance's recent first-chunk lag against the deadline), and protection is on while the
+moving share of late predictions is at least ``protect_when_missed``; off, the order runs
+as without protection.
 
 Pure: time is passed in; the shell dispatches what :meth:`offer` and :meth:`release`
 return and reports first bytes, releases and cancellations.
