@@ -25,7 +25,9 @@ request still computes on its instance until that one's first byte, for at most
 a profile named ``NAME+nofollow`` is NAME without that follower rule; ``NAME+protect`` and
 ``NAME+slack`` are NAME with the dispatch order's protection
 (:mod:`services.common.admission.protect`; ``guard`` and ``slack``), bounded by
-``--protect-ms`` (the agent class's ``starve_after_ms``).
+``--protect-ms`` (the agent class's ``starve_after_ms``); ``NAME+auto`` is NAME with ``guard``
+only while the fleet is overloaded: at least ``--protect-when-missed`` of the recent offers
+were predicted to miss their TTFT deadline (the gateway's ``dispatch_protect: auto``).
 
     .venv/bin/python benchmarks/goodput_sim.py --out /tmp/goodput_sim.json   # ~6 min, one core
 
@@ -50,7 +52,10 @@ if str(ROOT) not in sys.path:
 from _goodput_ceiling import CeilingRequest, ceiling_of  # noqa: E402
 from _harness import MOONCAKE_CONVERSATION, TRACES, emit_json  # noqa: E402
 
-from services.common.admission.shaper import DISPATCH_FOLLOW_MS  # noqa: E402
+from services.common.admission.shaper import (  # noqa: E402
+    DISPATCH_FOLLOW_MS,
+    DISPATCH_PROTECT_WHEN_MISSED,
+)
 from services.common.bench.traces import Trace, load_trace  # noqa: E402
 from services.common.routing.config import DEFAULT_PROFILES_PATH  # noqa: E402
 from services.sim import SimConfig, SimRun, simulate  # noqa: E402
@@ -107,6 +112,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--protect-ms", type=float, default=10_000.0,
                    help="NAME+protect: protection's bound (default: the agent class's "
                    "starve_after_ms)")  # fmt: skip
+    p.add_argument("--protect-when-missed", type=float, default=DISPATCH_PROTECT_WHEN_MISSED,
+                   help="NAME+auto: the share of offers predicted late that turns protection "
+                   "on (default: the gateway's)")  # fmt: skip
     p.add_argument("--engine-profile", default="h200-llama3.1-8b")
     p.add_argument("--engine-slowdown", type=float, default=1.2)
     p.add_argument("--kv-blocks", type=int, default=16384)
@@ -170,9 +178,9 @@ def run_cell(
                             "rate_scale": rate, "profiles": {}}  # fmt: skip
     for profile in [x.strip() for x in a.profiles.split(",") if x.strip()]:
         name, _, variant = profile.partition("+")
-        if variant not in ("", "nofollow", "protect", "slack"):
+        if variant not in ("", "nofollow", "protect", "slack", "auto"):
             raise SystemExit(
-                f"unknown profile variant {variant!r} (known: nofollow, protect, slack)"
+                f"unknown profile variant {variant!r} (known: nofollow, protect, slack, auto)"
             )
         cfg = SimConfig(
             engines=a.engines, gateways=a.gateways, profile=name, profiles_file=pfile,
@@ -182,8 +190,9 @@ def run_cell(
             offset=offset, kv_blocks=a.kv_blocks, stream_interval=a.stream_interval,
             slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms, keep_block_hashes=True,
             shaper_follow_ms=0.0 if variant == "nofollow" else a.follow_ms,
-            shaper_protect_ms=a.protect_ms if variant in ("protect", "slack") else 0.0,
+            shaper_protect_ms=a.protect_ms if variant in ("protect", "slack", "auto") else 0.0,
             shaper_protect_slack=variant == "slack",
+            shaper_protect_when_missed=a.protect_when_missed if variant == "auto" else 0.0,
             **({"shaper_hold_ms": 0.0} if name in BASELINES else {}),
         )  # fmt: skip
         doc, run = simulate(cfg, trace)

@@ -12,7 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from services.common import runtime
-from services.common.admission.shaper import DISPATCH_FOLLOW_MS, DISPATCH_HOLD_MS
+from services.common.admission.shaper import (
+    DISPATCH_FOLLOW_MS,
+    DISPATCH_HOLD_MS,
+    DISPATCH_PROTECT_WHEN_MISSED,
+)
 from services.common.verbs import Flag, add_flags, flag
 from services.scheduler.replicas import GatewayCount, gateway_count, parse_gateway_count
 
@@ -158,12 +162,20 @@ _GATEWAY_FLAGS: tuple[Flag, ...] = (
     ),
     flag(
         "--dispatch-protect",
-        choices=("off", "guard", "slack"),
-        default="off",
+        choices=("off", "guard", "slack", "auto"),
+        default="auto",
         help="while an engine serves a request that can still meet its TTFT (until its first "
         "byte), hold other prompts for it, each at most its class's starve_after_ms (guard: "
         "every prompt but the smallest; slack: those longer than the guards' predicted slack; "
-        "default off)",
+        "auto, the default: guard while the fleet is overloaded; off)",
+    ),
+    flag(
+        "--dispatch-protect-when-missed",
+        type=float,
+        default=DISPATCH_PROTECT_WHEN_MISSED,
+        help="--dispatch-protect auto: protect while at least this share of the recent "
+        "requests were predicted to miss their TTFT target when offered "
+        f"(default {DISPATCH_PROTECT_WHEN_MISSED:g})",
     ),
     flag("--max-in-flight", type=int, default=256, help="per engine (default 256)"),
     flag("--seed", type=int, default=0, help="routing RNG seed"),
@@ -305,6 +317,7 @@ def settings_from_args(args: argparse.Namespace) -> SchedulerSettings:
         "dispatch_hold_ms": args.dispatch_hold_ms,
         "dispatch_follow_ms": args.dispatch_follow_ms,
         "dispatch_protect": args.dispatch_protect,
+        "dispatch_protect_when_missed": args.dispatch_protect_when_missed,
         "forward_authorization": args.forward_authorization,
         "engine_api_key": args.engine_api_key,
         "max_in_flight_per_endpoint": args.max_in_flight,

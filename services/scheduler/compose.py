@@ -143,6 +143,7 @@ def build_gateway(
         dispatch_order=settings.dispatch_order,
         dispatch_follow_ms=settings.dispatch_follow_ms,
         dispatch_protect=settings.dispatch_protect,
+        dispatch_protect_when_missed=settings.dispatch_protect_when_missed,
         forward_authorization=settings.forward_authorization,
         engine_api_key=settings.engine_api_key.get_secret_value(),
         tokens=tokens,

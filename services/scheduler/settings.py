@@ -12,6 +12,7 @@ from services.common.admission.shaper import (
     DISPATCH_FOLLOW_MS,
     DISPATCH_HOLD_MS,
     DISPATCH_ORDER,
+    DISPATCH_PROTECT_WHEN_MISSED,
 )
 from services.common.settings import ServiceSettings
 from services.common.tokens import HashScheme
@@ -108,12 +109,21 @@ class SchedulerSettings(ServiceSettings):
         "many ms, so that it finds the prefix cached (services.common.admission.follow); "
         "0 = off",
     )
-    dispatch_protect: Literal["off", "guard", "slack"] = Field(
-        "off",
+    dispatch_protect: Literal["off", "guard", "slack", "auto"] = Field(
+        "auto",
         description="dispatch order: while an engine serves a request that can still meet its "
         "TTFT target (until its first byte), hold other prompts for it, each at most its "
         "class's starve_after_ms (services.common.admission.protect); guard: every prompt "
-        "but the smallest, slack: those longer than the guards' predicted slack; off",
+        "but the smallest, slack: those longer than the guards' predicted slack; auto: guard "
+        "only while the fleet is overloaded (dispatch_protect_when_missed); off",
+    )
+    dispatch_protect_when_missed: float = Field(
+        DISPATCH_PROTECT_WHEN_MISSED,
+        gt=0,
+        le=1,
+        description="dispatch_protect auto: protect while at least this share of the recent "
+        "requests with a TTFT target were predicted, when offered to the dispatch order, to "
+        "miss it (their engine's predicted backlog plus their own prefill and first-chunk lag)",
     )
     forward_authorization: bool = Field(
         False, description="pass the client's Authorization header on to the engines"

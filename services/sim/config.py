@@ -90,6 +90,7 @@ class SimConfig:
     # starve_after_ms in the gateway); 0 = off
     shaper_protect_ms: float = 0.0
     shaper_protect_slack: bool = False  # ShaperConfig.protect_slack
+    shaper_protect_when_missed: float = 0.0  # ShaperConfig.protect_when_missed
     timeline_s: float = 60.0
     autoscale: AutoscaleConfig | None = None  # None: a fixed fleet
     # agent memory (services/sim/memory.py): None = off; "lru", "retention" or "prefetch"

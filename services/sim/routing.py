@@ -68,6 +68,7 @@ class Gateways:
                         cfg.shaper_follow_ms,
                         protect=cfg.shaper_protect_ms > 0,
                         protect_slack=cfg.shaper_protect_slack,
+                        protect_when_missed=cfg.shaper_protect_when_missed,
                     )
                 )
             )

@@ -180,18 +180,19 @@ async def test_a_follower_waits_for_its_carriers_first_byte(
 
 @pytest.mark.parametrize(
     ("protect", "held"),
-    [("guard", True), ("off", False)],
-    ids=["guard-holds-until-first-byte", "off-goes-at-once"],
+    [("guard", True), ("off", False), ("auto", False)],
+    ids=["guard-holds-until-first-byte", "off-goes-at-once", "auto-not-overloaded-goes"],
 )
 async def test_protection_holds_prompts_while_a_timely_one_awaits_its_first_byte(
     engine: tuple[RecordingEngine, str],
     http: aiohttp.ClientSession,
-    protect: Literal["off", "guard"],
+    protect: Literal["off", "guard", "auto"],
     held: bool,
 ) -> None:
     """The first prompt can meet the agent class's TTFT and has no first byte yet; once its
     predicted prefill has run out no backlog holds the next one, but protection does, until
-    that first byte (the agent class's starve_after_ms bounds it)."""
+    that first byte (the agent class's starve_after_ms bounds it); ``auto`` protects only
+    while most requests were predicted late, and these two are not."""
     eng, url = engine
     core = build_core([EndpointSpec("e1", url)], perf_profile="test", block_size=16)
     opts = GatewayOptions(

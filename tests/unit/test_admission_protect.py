@@ -82,3 +82,38 @@ def test_a_request_that_fits_is_not_timed_by_the_protection_of_others() -> None:
     at = s.next_release_at("a")
     assert at == pytest.approx(0.15)  # when the backlog falls under the threshold
     assert s.release("a", 0.15 + 1e-6) == ["t"]
+
+
+def auto_shaper() -> DispatchShaper:
+    """Protection only under overload: on while at least 0.7 of the recent offers (moving,
+    weight 0.5 each) were predicted to miss their deadline."""
+    s = DispatchShaper(
+        ShaperConfig(
+            hold_above_ms=150.0, order="slo", protect=True, protect_when_missed=0.7,
+            protect_miss_alpha=0.5,
+        )
+    )  # fmt: skip
+    assert s.offer("g", "a", 300.0, 0.0, deadline=2.0, protect_ms=10_000.0)  # on time
+    return s
+
+
+@pytest.mark.parametrize(
+    ("before", "goes", "share"),
+    [
+        ((), True, 0.5),  # one late offer of two: not overloaded, it goes as without
+        (("late",), False, 0.75),  # most offers late: the guard holds it
+        (("late", "on-time", "on-time"), True, 0.5625),  # overload passed
+    ],
+    ids=["calm", "overloaded", "recovered"],
+)  # fmt: skip
+def test_auto_protects_only_while_most_offers_are_predicted_late(
+    before: tuple[str, ...], goes: bool, share: float
+) -> None:
+    s = auto_shaper()
+    for i, kind in enumerate(before):  # offers to another instance, each sent at once
+        prefill_ms, deadline = (3000.0, 0.5) if kind == "late" else (100.0, 2.1)
+        assert s.offer(f"o{i}", f"b{i}", prefill_ms, 0.1, deadline=deadline, protect_ms=1e4)
+    went = s.offer("late", "a", 3000.0, 0.4, deadline=0.4, protect_ms=10_000.0)
+    assert went is goes
+    assert s.missed_share() == pytest.approx(share)
+    assert s.overloaded is not goes

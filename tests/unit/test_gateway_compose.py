@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from services.common.admission.shaper import DISPATCH_PROTECT_WHEN_MISSED
 from services.common.errors import StartupError
 from services.scheduler import cli
 from services.scheduler.compose import Scheduler, endpoint_specs
@@ -255,14 +256,20 @@ def test_bad_slo_config_file_is_one_line(tmp_path: Path, text: str, error: str) 
 
 
 @pytest.mark.parametrize(
-    ("argv", "protect", "slack"),
-    [((), False, False), (("--dispatch-protect", "guard"), True, False),
-     (("--dispatch-protect", "slack"), True, True)],
-    ids=["off", "guard", "slack"],
+    ("argv", "protect", "slack", "when_missed"),
+    [((), True, False, DISPATCH_PROTECT_WHEN_MISSED),
+     (("--dispatch-protect", "off"), False, False, 0.0),
+     (("--dispatch-protect", "guard"), True, False, 0.0),
+     (("--dispatch-protect", "slack"), True, True, 0.0),
+     (("--dispatch-protect", "auto"), True, False, DISPATCH_PROTECT_WHEN_MISSED),
+     (("--dispatch-protect", "auto", "--dispatch-protect-when-missed", "0.9"), True, False,
+      0.9)],
+    ids=["default", "off", "guard", "slack", "auto", "auto-0.9"],
 )  # fmt: skip
 def test_dispatch_protect_reaches_the_dispatch_order(
-    argv: tuple[str, ...], protect: bool, slack: bool
+    argv: tuple[str, ...], protect: bool, slack: bool, when_missed: float
 ) -> None:
     s = cli.settings_from_args(_args("--endpoints", "http://a:1", *argv))
     config = Scheduler(s).gateway.dispatch.shaper.config
     assert (config.protect, config.protect_slack) == (protect, slack)
+    assert config.protect_when_missed == when_missed

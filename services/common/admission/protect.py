@@ -21,6 +21,10 @@ that fits goes and moves every guard's predicted first byte by its prefill (the 
 interleaves their chunks). Once no guard is left (first bytes, or the guards' deadlines
 passed) the order runs as without protection. Nothing is shed.
 
+Under ``dispatch_protect: auto`` the dispatch order consults the guards only while most of
+the recent requests were predicted to miss their TTFT when offered (:mod:`.shaper`): below
+saturation holding serializes requests that would all have met their TTFT by going at once.
+
 This module keeps the guards per instance and the held requests' release times.
 """
 

@@ -55,6 +55,12 @@ request this gateway sent to an instance can still meet its TTFT deadline and ha
 byte yet, other prompts for that instance wait (all but the smallest; with
 ``protect_slack`` only those longer than the guards' predicted slack), each at most the
 bound it was offered with (its class's ``starve_after_ms``; 0: never held for others).
+With ``protect_when_missed`` (the shipped gateway's ``dispatch_protect: auto``) protection
+holds only while the fleet is overloaded as this gateway sees it: each offer with a
+deadline is predicted on time or late (its instance's backlog, its own prefill and the
+instance's recent first-chunk lag against the deadline), and protection is on while the
+moving share of late predictions is at least ``protect_when_missed``; off, the order runs
+as without protection.
 
 Pure: time is passed in; the shell dispatches what :meth:`offer` and :meth:`release`
 return and reports first bytes, releases and cancellations.
@@ -73,6 +79,7 @@ __all__ = [
     "DISPATCH_FOLLOW_MS",
     "DISPATCH_HOLD_MS",
     "DISPATCH_ORDER",
+    "DISPATCH_PROTECT_WHEN_MISSED",
     "DispatchShaper",
     "ShaperConfig",
 ]
@@ -85,6 +92,10 @@ DISPATCH_ORDER: Literal["shortest", "slo"] = "slo"
 # for their carrier"): chosen as a bound against starvation, not tuned; a shorter one lets
 # followers go before their carrier's first byte on busy instances (10 s measured less).
 DISPATCH_FOLLOW_MS = 30_000.0
+# dispatch_protect "auto": protection while at least this share of the recent offers were
+# predicted to miss their TTFT deadline (benchmarks/README.md, "Protection only under
+# overload"): at the overloaded agentic cell most offers are; below saturation few.
+DISPATCH_PROTECT_WHEN_MISSED = 0.7
 # A prompt whose predicted prefill is under this share of the threshold goes at once: it
 # delays whatever waits by little, and holding it would cost the gateway more than it saves
 # (at saturation with short prompts, the futures and timers were +12 % CPU per request).
@@ -113,6 +124,12 @@ class ShaperConfig:
     # protection's budget: False, none (while guarded, every prompt but the smallest waits);
     # True, the guards' smallest predicted slack (:mod:`.protect`)
     protect_slack: bool = False
+    # protection only while the fleet is overloaded: at least this share of the recent
+    # offers (with a TTFT deadline) were predicted to miss it when offered, their
+    # instance's backlog plus their own need past the deadline (:mod:`.protect`); 0: always
+    protect_when_missed: float = 0.0
+    # weight of each offer in that share (a moving average)
+    protect_miss_alpha: float = 0.05
 
 
 @dataclass(slots=True)
@@ -143,6 +160,8 @@ class DispatchShaper:
         self._guards = Guards()
         # rid -> (deadline, end of its protection bound) from its offer to its dispatch
         self._due: dict[str, tuple[float | None, float]] = {}
+        # share of the recent offers predicted to miss their deadline (protect_when_missed)
+        self._missed = 0.0
 
     @property
     def enabled(self) -> bool:
@@ -154,6 +173,16 @@ class DispatchShaper:
             inst = self._inst.get(instance_id)
             return (inst.waiting() if inst else 0) + self._follow.count(instance_id)
         return len(self._where) + self._follow.count()
+
+    @property
+    def overloaded(self) -> bool:
+        """Whether protection is on now: always, or (``protect_when_missed``) while the
+        recent offers were predicted to miss their deadline often enough."""
+        return self._missed >= self.config.protect_when_missed
+
+    def missed_share(self) -> float:
+        """The share of the recent offers predicted to miss their deadline (moving)."""
+        return self._missed
 
     def backlog_ms(self, instance_id: str, now: float) -> float:
         """Predicted prefill still ahead of a new request dispatched to the instance now."""
@@ -181,6 +210,10 @@ class DispatchShaper:
         inst = self._inst.setdefault(instance_id, _Instance())
         if self.config.protect:
             self._due[rid] = (deadline, now + protect_ms / 1000.0 if protect_ms > 0 else now)
+            if deadline is not None:
+                ahead = self.backlog_ms(instance_id, now) + prefill_ms + inst.lag_ms
+                missed = now + ahead / 1000.0 > deadline
+                self._missed += self.config.protect_miss_alpha * (missed - self._missed)
         bound = self.config.follow_max_ms
         if bound > 0 and self.enabled and prefix:
             found = self._follow.carrier(instance_id, prefix)
@@ -245,8 +278,8 @@ class DispatchShaper:
 
     def _need_ms(self, inst: _Instance, prefill_ms: float) -> float:
         """Predicted time from dispatch to the first byte: the own prefill, plus (with
-        protection) what first bytes on the instance took beyond theirs lately."""
-        return prefill_ms + inst.lag_ms if self.config.protect else prefill_ms
+        protection on) what first bytes on the instance took beyond theirs lately."""
+        return prefill_ms + inst.lag_ms if self.config.protect and self.overloaded else prefill_ms
 
     def _kept(self, instance_id: str, rid: str, prefill_ms: float, now: float) -> bool:
         """Whether protection keeps ``rid`` waiting now: its prefill exceeds the budget of
@@ -254,7 +287,7 @@ class DispatchShaper:
         if not self.config.protect:
             return False
         until = self._due.get(rid, (None, now))[1]
-        if until <= now:
+        if until <= now or not self.overloaded:
             return False
         budget = self._guards.budget_ms(instance_id, now)
         if budget is None:

@@ -10,6 +10,7 @@ from services.common.admission.shaper import (
     DISPATCH_FOLLOW_MS,
     DISPATCH_HOLD_MS,
     DISPATCH_ORDER,
+    DISPATCH_PROTECT_WHEN_MISSED,
 )
 from services.common.tokens import TokenPath
 from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
@@ -50,8 +51,10 @@ class GatewayOptions:
     dispatch_follow_ms: float = DISPATCH_FOLLOW_MS
     # While an instance serves a request that can still meet its TTFT (until its first
     # byte), hold other prompts for it, at most the class's starve_after_ms
-    # (admission.protect): off, guard (all but the smallest) or slack.
-    dispatch_protect: Literal["off", "guard", "slack"] = "off"
+    # (admission.protect): off, guard (all but the smallest), slack, or auto (guard while at
+    # least dispatch_protect_when_missed of the recent offers were predicted late).
+    dispatch_protect: Literal["off", "guard", "slack", "auto"] = "auto"
+    dispatch_protect_when_missed: float = DISPATCH_PROTECT_WHEN_MISSED
     # Tokenizer + block-hash scheme of this deployment (default: the simulator's).
     tokens: TokenPath = field(default_factory=TokenPath)
     # Engine authorization: the client's Authorization header passed on, or (overriding

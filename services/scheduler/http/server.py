@@ -144,6 +144,9 @@ class Gateway:
             o.dispatch_follow_ms,
             protect=o.dispatch_protect != "off",
             protect_slack=o.dispatch_protect == "slack",
+            protect_when_missed=(
+                o.dispatch_protect_when_missed if o.dispatch_protect == "auto" else 0.0
+            ),
         )
         self.dispatch = DispatchOrder(DispatchShaper(shaper), clock)
         self.gate.on_full = lambda now, cap: self.metrics.preempted(
