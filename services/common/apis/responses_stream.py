@@ -39,11 +39,11 @@ from services.common.apis.responses_answer import (
 __all__ = [
     "ChatToResponses",
     "NativeResponses",
-    "all_plain",
     "final_event",
     "patch_response",
     "plain_event",
     "sse_events",
+    "usual_shape",
 ]
 
 _FINAL = ("response.completed", "response.incomplete", "response.failed")
@@ -86,32 +86,36 @@ def plain_event(raw: bytes) -> bytes | None:
     return data
 
 
-def _split_event(raw: bytes) -> Iterator[tuple[str, str]]:
+def _split_event(raw: bytes) -> Iterator[tuple[str, str | bytes]]:
     """:func:`sse_events` of one event (without its blank line), quicker for the usual
     ``event:`` line and ``data:`` line."""
     head, sep, data = raw.partition(b"\ndata:")
     if sep and head.startswith(b"event:") and b"\n" not in head and b"\n" not in data:
-        yield head[6:].strip().decode("utf-8", "replace"), data.strip().decode("utf-8", "replace")
+        # the data stays bytes: the JSON decoder reads UTF-8 (and refuses what is not)
+        yield head[6:].strip().decode("utf-8", "replace"), data.strip()
     else:
         yield from sse_events(bytearray(raw + b"\n\n"))
 
 
-def all_plain(events: bytes) -> bool:
-    """Whether every event of ``events`` (whole events, each ending in a blank line) is one
-    that :func:`plain_event` passes through, decided with a few counts instead of a loop:
-    ``n`` events of the form ``event: ...\ndata: {...}\n\n`` hold exactly ``3n`` newlines,
-    ``n`` of them before ``data:``, each event after the first starts a line with
-    ``event:``, and none names a response object. False means: look at each one."""
-    n = events.count(b"\n\n")
-    return (
-        n > 0
-        and events.startswith(b"event:")
-        and b'"response"' not in events
-        and events.count(b"\n") == 3 * n
-        and events.count(b"\n\nevent:") == n - 1
-        and events.count(b"\ndata:") == n
-        and events.count(b"\ndata: {") + events.count(b"\ndata:{") == n
-    )
+def _loads(payload: str | bytes) -> Any:
+    """An event's JSON; bytes that are not UTF-8 are read with replacement characters, as
+    :func:`sse_events` decodes them. Raises ValueError."""
+    try:
+        return jsonfast.loads(payload)
+    except ValueError:
+        if isinstance(payload, str):
+            raise
+        return jsonfast.loads(payload.decode("utf-8", "replace"))
+
+
+_SHAPE = re.compile(rb"(?:event:[^\n]*\ndata: ?\{[^\n]*\n\n)+")
+
+
+def usual_shape(events: bytes) -> bool:
+    """Whether ``events`` (whole events, each ending in a blank line) are all of the form
+    ``event: ...\ndata: {...}\n\n`` (one pass): then each one without a response object is
+    one that :func:`plain_event` passes through. False means: look at each one."""
+    return _SHAPE.fullmatch(events) is not None
 
 
 def _event(kind: str, seq: int, fields: Mapping[str, Any]) -> bytes:
@@ -367,41 +371,46 @@ class NativeResponses:
 
     def __init__(self, req: ResponsesRequest, resp_id: str, created_at: int, store: bool) -> None:
         self.req, self.resp_id, self.created_at, self.store = req, resp_id, created_at, store
-        self._buf = bytearray()
+        self._buf = b""
         self._final = b""
         self._last_seq = -1
+        self._unread: list[bytes] = []  # runs of plain events passed on, numbering not read
         self.final_seq = 0
         self.response: dict[str, Any] | None = None
         self.done = False
 
     def feed(self, data: bytes) -> bytes:
-        self._buf += data.replace(b"\r\n", b"\n")
-        end = self._buf.rfind(b"\n\n")
+        if b"\r" in data:  # a quick look (memchr) spares the copy of the usual stream
+            data = data.replace(b"\r\n", b"\n")
+        buf = self._buf + data if self._buf else data
+        end = buf.rfind(b"\n\n")
         if end < 0:
+            self._buf = buf
             return b""
-        whole = bytes(self._buf[: end + 2])
-        del self._buf[: end + 2]
-        if b"\n\n\n" in whole:  # blank lines in a row: split exactly as read, one by one
-            return self._one_by_one(whole)
+        whole, self._buf = buf[: end + 2], buf[end + 2 :]
+        if b"\n\n\n" in whole or not usual_shape(whole):
+            return self._one_by_one(whole)  # split exactly as read, one by one
         # The events that carry a response object are rewritten one at a time; the runs of
-        # events between them usually go through in one piece.
+        # events between them go through in one piece, their numbering read when needed.
         out: list[bytes] = []
         pos = 0
         while (hit := whole.find(b'"response"', pos)) >= 0:
             before = whole.rfind(b"\n\n", pos, hit)
             begin = before + 2 if before >= 0 else pos
             end = whole.find(b"\n\n", hit) + 2
-            out += (self._run(whole[pos:begin]), self._one(whole[begin : end - 2]))
+            if begin > pos:
+                out.append(self._passed(whole[pos:begin]))
+            out.append(self._rewrite(whole[begin : end - 2]))
             pos = end
-        out.append(self._run(whole[pos:]))
+        if pos < len(whole):
+            out.append(self._passed(whole[pos:]))
         return b"".join(out)
 
-    def _run(self, events: bytes) -> bytes:
-        """Whole events without a response object: as sent when all are plain."""
-        if not events or not all_plain(events):
-            return self._one_by_one(events)
-        self._note_seq(events)
-        return events
+    def _passed(self, run: bytes) -> bytes:
+        if len(self._unread) >= 64:  # read now and then: a long stream is not kept
+            _ = self.last_seq
+        self._unread.append(run)
+        return run
 
     def _one_by_one(self, events: bytes) -> bytes:
         parts = events.split(b"\n\n")
@@ -414,27 +423,36 @@ class NativeResponses:
             return self._rewrite(raw)
         seq = _SEQ.search(fast)
         if seq is not None:
-            self._last_seq = int(seq.group(1))
+            self._numbered(int(seq.group(1)))
         return raw + b"\n\n"
 
-    def _note_seq(self, events: bytes) -> None:
-        """``_last_seq`` from the last of ``events`` (whole plain events) that numbers itself."""
-        stop = len(events) - 2
-        while stop > 0:
-            before = events.rfind(b"\n\n", 0, stop)
-            start = before + 2 if before >= 0 else 0
-            seq = _SEQ.search(events, start, stop)
-            if seq is not None:
-                self._last_seq = int(seq.group(1))
-                return
-            stop = start - 2
+    def _numbered(self, seq: int) -> None:
+        self._last_seq = seq
+        self._unread.clear()
+
+    @property
+    def last_seq(self) -> int:
+        """The sequence number of the last event passed on that numbers itself (-1: none);
+        the plain events passed on in one piece are read for it only when it is asked."""
+        runs, self._unread = self._unread, []
+        for events in reversed(runs):
+            stop = len(events) - 2
+            while stop > 0:
+                before = events.rfind(b"\n\n", 0, stop)
+                start = before + 2 if before >= 0 else 0
+                seq = _SEQ.search(events, start, stop)
+                if seq is not None:
+                    self._last_seq = int(seq.group(1))
+                    return self._last_seq
+                stop = start - 2
+        return self._last_seq
 
     def _rewrite(self, raw: bytes) -> bytes:
         """One event re-encoded: its response object made the gateway's, or the gateway's
         own chat-shaped error as a Responses ``error`` event (b"" when it is not JSON)."""
         for name, payload in _split_event(raw):
             try:
-                obj = jsonfast.loads(payload)
+                obj = _loads(payload)
             except ValueError:
                 return b""
             if not isinstance(obj, dict):
@@ -445,17 +463,17 @@ class NativeResponses:
                 err = obj["error"]
                 obj = {
                     "type": "error",
-                    "sequence_number": self._last_seq + 1,
+                    "sequence_number": self.last_seq + 1,
                     **{k: err.get(k) for k in ("code", "message", "param")},
                 }
             kind = str(obj.get("type") or name)
             seq = obj.get("sequence_number")
             if isinstance(seq, int) and not isinstance(seq, bool):
-                self._last_seq = seq
+                self._numbered(seq)
             evt = b"event: " + kind.encode() + b"\ndata: " + jsonfast.dumps(obj) + b"\n\n"
             if kind in _FINAL and isinstance(obj.get("response"), dict):
                 self.response, self._final, self.done = obj["response"], evt, True
-                self.final_seq = self._last_seq
+                self.final_seq = self.last_seq
                 return b""
             return evt
         return b""
@@ -468,5 +486,5 @@ class NativeResponses:
             self.req, self.resp_id, self.created_at, status="failed", error=error, store=self.store
         )
         self.done = True
-        self.final_seq = self._last_seq + 1
+        self.final_seq = self.last_seq + 1
         return final_event(self.response, self.final_seq)
