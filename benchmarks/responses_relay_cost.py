@@ -42,6 +42,7 @@ from _canned_upstream import native_streams
 from _harness import command_line, machine
 from _loadgen import MODEL, request_bytes
 
+from services.common import jsonfast
 from services.scheduler.core.records import RequestContext
 from services.scheduler.http.openai import parse_request
 from services.scheduler.http.responses import ResponsesApi
@@ -109,7 +110,7 @@ def stages() -> dict[str, Stage]:
     def admitted(made: Any) -> object:
         parsed, turn = made
         parsed = turn.admitted(parsed)
-        return parsed.raw_body or json.dumps(parsed.forward_body).encode()
+        return parsed.raw_body or jsonfast.dumps(parsed.forward_body)  # as upstream.py does
 
     def relayed(upstream: bytes) -> Callable[[Any], object]:
         def work(made: Any) -> object:
@@ -125,12 +126,18 @@ def stages() -> dict[str, Stage]:
         ctx.chunk(chat_sse)
         return ctx.answer()
 
+    def streaming() -> RequestContext:
+        ctx = _ctx()
+        ctx.answering(0.0, True)  # as the relay does before the first chunk
+        return ctx
+
     def none() -> None:
         return None
 
     def ready(mode: str) -> Callable[[], Any]:
         def setup() -> Any:
             parsed, t = turn(mode)
+            t.ctx.answering(0.0, True)
             return t.admitted(parsed), t
 
         return setup
@@ -139,7 +146,7 @@ def stages() -> dict[str, Stage]:
         "chat/parse": (none, lambda _: parse("chat", chat_raw)),
         "responses_native/parse": (none, lambda _: admitted(turn("native"))),
         "responses_translated/parse": (none, lambda _: admitted(turn("translated"))),
-        "chat/stream": (_ctx, chat_relayed),
+        "chat/stream": (streaming, chat_relayed),
         "responses_native/stream": (ready("native"), relayed(native_sse)),
         "responses_translated/stream": (ready("translated"), relayed(chat_sse)),
     }

@@ -15,6 +15,7 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from services.common import jsonfast
 from services.common.apis.responses import parse_responses
 from services.common.apis.responses_stream import (
     ChatToResponses,
@@ -218,3 +219,41 @@ def test_native_stream_in_pieces_is_the_same_as_event_by_event(s: bytes, step: i
     want = slow._one_by_one(s) + slow.final()
     assert got == want
     assert (fast.final_seq, fast.response) == (slow.final_seq, slow.response)
+
+
+def _chat_chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n"
+
+
+CHAT_PIECES = st.lists(
+    st.one_of(
+        st.text(min_size=1, max_size=6).map(lambda t: _chat_chunk({"content": t})),
+        st.tuples(st.integers(0, 1), st.text(max_size=6)).map(
+            lambda c: _chat_chunk(
+                {"tool_calls": [{"index": c[0], "function": {"name": "f", "arguments": c[1]}}]}
+            )
+        ),
+    ),
+    max_size=8,
+)
+
+
+@given(CHAT_PIECES, st.sampled_from([None, "stop", "length", "tool_calls"]))
+def test_translated_events_are_written_as_the_encoder_writes_them(
+    chunks: list[bytes], finish: str | None
+) -> None:
+    """The events written from templates are byte for byte what encoding their objects
+    writes, and each names its own type."""
+    req = parse_responses({"model": "m", "input": "q", "stream": True})
+    t = ChatToResponses(req, "resp_a", 1, False)
+    stream = b"".join(chunks) + _chat_chunk({}, finish) + b"data: [DONE]\n\n"
+    out = t.feed(stream) + t.final()
+    events = out.split(b"\n\n")
+    assert events.pop() == b""
+    for i, raw in enumerate(events):
+        head, _, data = raw.partition(b"\ndata: ")
+        obj = json.loads(data)
+        assert head == b"event: " + obj["type"].encode()
+        assert obj["sequence_number"] == i
+        assert data == jsonfast.dumps(obj)

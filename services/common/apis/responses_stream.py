@@ -123,6 +123,13 @@ def _event(kind: str, seq: int, fields: Mapping[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + jsonfast.dumps(obj) + b"\n\n"
 
 
+_TEXT_DELTA = (
+    b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
+    b'"sequence_number":%d%b%b,"logprobs":[]}\n\n'
+)
+"""A text delta event: its number, the open item's ``_delta_head`` and the encoded text."""
+
+
 def _raw_event(kind: bytes, seq: int, rest: bytes) -> bytes:
     """``_event`` with its fields already encoded: ``rest`` is their JSON without braces."""
     return b'event: %b\ndata: {"type":"%b","sequence_number":%d,%b}\n\n' % (kind, kind, seq, rest)
@@ -155,6 +162,7 @@ class ChatToResponses:
         self._items: list[Item] = []
         self._open: int | None = None  # output index of the open item
         self._open_ids = b""  # '"item_id":...,"output_index":N' of the open item
+        self._delta_head = b""  # an open message's text delta event up to its text
         self._parts: list[str] = []  # the open item's text or arguments so far
         self._tools: dict[int, int] = {}  # chat tool index -> output index
         self.usage: dict[str, Any] | None = None
@@ -188,6 +196,8 @@ class ChatToResponses:
         if len(self._carry) > _MAX_CARRY:
             self._carry = b""
         for raw in lines:
+            if not raw:  # the blank line that ends each event
+                continue
             if self.done:
                 break
             line = raw.strip()
@@ -238,11 +248,17 @@ class ChatToResponses:
         if choice.get("finish_reason"):
             self.finish = str(choice["finish_reason"])
 
-    def _opened(self, at: int, item_id: str) -> None:
+    def _opened(self, at: int, item_id: str, message: bool) -> None:
         self._open, self._parts = at, []
         self._open_ids = b'"item_id":%b,"output_index":%d' % (jsonfast.dumps(item_id), at)
+        self._delta_head = b',%b,"content_index":0,"delta":' % self._open_ids if message else b""
 
     def _text(self, text: str) -> None:
+        if self._delta_head:  # the open item is a message: one more delta
+            self._parts.append(text)
+            self._out.append(_TEXT_DELTA % (self._seq, self._delta_head, jsonfast.dumps(text)))
+            self._seq += 1
+            return
         cur = self._items[self._open] if self._open is not None else None
         if cur is None or cur["type"] != "message":
             self._close()
@@ -259,7 +275,7 @@ class ChatToResponses:
                 part=part,
             )
             item["content"] = [dict(part)]
-            self._opened(at, item["id"])
+            self._opened(at, item["id"], True)
         self._parts.append(text)
         self._emit_raw(
             b"response.output_text.delta",
@@ -283,7 +299,7 @@ class ChatToResponses:
             )
             self._items.append(item)
             self._emit("response.output_item.added", output_index=at, item=dict(item))
-            self._opened(at, item["id"])
+            self._opened(at, item["id"], False)
         at = self._tools[idx]
         item = self._items[at]
         if fn.get("name") and not item["name"]:
@@ -302,16 +318,24 @@ class ChatToResponses:
     def _close(self) -> None:
         if self._open is None:
             return
-        at, self._open = self._open, None
+        at, self._open, self._delta_head = self._open, None, b""
         item = self._items[at]
         item["status"] = "completed"
         text = "".join(self._parts)
         if item["type"] == "message":
-            part = item["content"][0]
-            part["text"] = text
-            ids = {"item_id": item["id"], "output_index": at, "content_index": 0}
-            self._emit("response.output_text.done", **ids, text=text, logprobs=[])
-            self._emit("response.content_part.done", **ids, part=part)
+            item["content"][0]["text"] = text
+            # the text encoded once for both events (the bytes _event writes: the part's
+            # keys in message_item's order)
+            ids, encoded = self._open_ids, jsonfast.dumps(text)
+            self._emit_raw(
+                b"response.output_text.done",
+                b'%b,"content_index":0,"text":%b,"logprobs":[]' % (ids, encoded),
+            )
+            self._emit_raw(
+                b"response.content_part.done",
+                b'%b,"content_index":0,"part":{"type":"output_text","annotations":[],'
+                b'"logprobs":[],"text":%b}' % (ids, encoded),
+            )
         else:
             item["arguments"] = text
             self._emit(
