@@ -241,7 +241,13 @@ class ChatToResponses:
         if isinstance(delta, dict):
             text = delta.get("content")
             if text and isinstance(text, str):
-                self._text(text)
+                if self._delta_head:  # the open item is a message: one more delta
+                    self._parts.append(text)
+                    delta_event = _TEXT_DELTA % (self._seq, self._delta_head, jsonfast.dumps(text))
+                    self._out.append(delta_event)
+                    self._seq += 1
+                else:
+                    self._text(text)
             for tc in delta.get("tool_calls") or ():
                 if isinstance(tc, dict):
                     self._tool(tc)
@@ -254,11 +260,8 @@ class ChatToResponses:
         self._delta_head = b',%b,"content_index":0,"delta":' % self._open_ids if message else b""
 
     def _text(self, text: str) -> None:
-        if self._delta_head:  # the open item is a message: one more delta
-            self._parts.append(text)
-            self._out.append(_TEXT_DELTA % (self._seq, self._delta_head, jsonfast.dumps(text)))
-            self._seq += 1
-            return
+        """Text when no message is open (one more delta of an open one is written in
+        :meth:`_chunk`)."""
         cur = self._items[self._open] if self._open is not None else None
         if cur is None or cur["type"] != "message":
             self._close()
