@@ -15,12 +15,13 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from services.common import jsonfast
 from services.common.apis.responses import parse_responses
 from services.common.apis.responses_stream import (
     ChatToResponses,
     NativeResponses,
-    all_plain,
     plain_event,
+    usual_shape,
 )
 from services.scheduler.core.records import RequestContext
 from services.scheduler.http.openai import ApiError, parse_request
@@ -153,13 +154,106 @@ PIECES = st.lists(
 @given(PIECES)
 @example(b'event: x\ndata: {"a": 1}\n\nevent: y\ndata: {"b": 2}\n\n')
 @example(b"event: x\ndata: {\n\n\nevent: y\ndata: {\n\n")
-def test_all_plain_holds_only_when_each_event_would_pass_through(s: bytes) -> None:
-    """The counting shortcut never says "plain" of events the per-event rule would rewrite:
-    split as the stream is read (at each blank line from the left), each is plain."""
-    if not s.endswith(b"\n\n") or not all_plain(s):
+def test_the_usual_shape_holds_only_when_each_event_would_pass_through(s: bytes) -> None:
+    """The one-pass shape check never says "usual" of events the per-event rule would
+    rewrite for another reason than a response object: split as the stream is read (at each
+    blank line from the left), each is plain or names a response."""
+    if not s.endswith(b"\n\n") or b"\n\n\n" in s or not usual_shape(s):
         return
     events, rest = [], bytearray(s)
     while (end := rest.find(b"\n\n")) >= 0:
         events.append(bytes(rest[:end]))
         del rest[: end + 2]
-    assert not rest and all(plain_event(e) is not None for e in events)
+    assert not rest and all(plain_event(e) is not None or b'"response"' in e for e in events)
+
+
+def _native_event(kind: str, seq: int | None, response: bool, extra: str) -> bytes:
+    obj: dict[str, Any] = {"type": kind}
+    if seq is not None:
+        obj["sequence_number"] = seq
+    if response:
+        obj["response"] = {"id": "resp_engine", "status": "in_progress", "store": False,
+                           "metadata": {}, "output": [{"text": extra}]}  # fmt: skip
+    else:
+        obj["delta"] = extra
+    return f"event: {kind}\ndata: {json.dumps(obj)}\n\n".encode()
+
+
+NATIVE_EVENTS = st.lists(
+    st.one_of(
+        st.builds(
+            _native_event,
+            st.sampled_from(
+                [
+                    "response.created",
+                    "response.output_text.delta",
+                    "response.completed",
+                    "response.failed",
+                ]
+            ),
+            st.one_of(st.none(), st.integers(0, 50)),
+            st.booleans(),
+            st.text(max_size=8),
+        ),
+        st.sampled_from(
+            [
+                b'data: {"error": {"message": "m", "code": "c"}}\n\n',
+                b"data: [DONE]\n\n",
+                b": keep-alive\n\n",
+                b"event: x\ndata: {\ndata: }\n\n",
+                b"id: 3\n\n",
+            ]
+        ),
+    ),
+    max_size=10,
+).map(b"".join)
+
+
+@given(NATIVE_EVENTS, st.integers(1, 64))
+def test_native_stream_in_pieces_is_the_same_as_event_by_event(s: bytes, step: int) -> None:
+    """Runs of events passed on in one piece, their numbering read late: the bytes, the
+    final event and its number are those of the rule applied to each event in turn."""
+    req = parse_responses({"model": "m", "input": "q", "metadata": {"k": "v"}})
+    fast, slow = NativeResponses(req, "resp_a", 1, True), NativeResponses(req, "resp_a", 1, True)
+    got = b"".join(fast.feed(s[i : i + step]) for i in range(0, len(s), step)) + fast.final()
+    want = slow._one_by_one(s) + slow.final()
+    assert got == want
+    assert (fast.final_seq, fast.response) == (slow.final_seq, slow.response)
+
+
+def _chat_chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n"
+
+
+CHAT_PIECES = st.lists(
+    st.one_of(
+        st.text(min_size=1, max_size=6).map(lambda t: _chat_chunk({"content": t})),
+        st.tuples(st.integers(0, 1), st.text(max_size=6)).map(
+            lambda c: _chat_chunk(
+                {"tool_calls": [{"index": c[0], "function": {"name": "f", "arguments": c[1]}}]}
+            )
+        ),
+    ),
+    max_size=8,
+)
+
+
+@given(CHAT_PIECES, st.sampled_from([None, "stop", "length", "tool_calls"]))
+def test_translated_events_are_written_as_the_encoder_writes_them(
+    chunks: list[bytes], finish: str | None
+) -> None:
+    """The events written from templates are byte for byte what encoding their objects
+    writes, and each names its own type."""
+    req = parse_responses({"model": "m", "input": "q", "stream": True})
+    t = ChatToResponses(req, "resp_a", 1, False)
+    stream = b"".join(chunks) + _chat_chunk({}, finish) + b"data: [DONE]\n\n"
+    out = t.feed(stream) + t.final()
+    events = out.split(b"\n\n")
+    assert events.pop() == b""
+    for i, raw in enumerate(events):
+        head, _, data = raw.partition(b"\ndata: ")
+        obj = json.loads(data)
+        assert head == b"event: " + obj["type"].encode()
+        assert obj["sequence_number"] == i
+        assert data == jsonfast.dumps(obj)

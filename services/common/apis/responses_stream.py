@@ -39,11 +39,11 @@ from services.common.apis.responses_answer import (
 __all__ = [
     "ChatToResponses",
     "NativeResponses",
-    "all_plain",
     "final_event",
     "patch_response",
     "plain_event",
     "sse_events",
+    "usual_shape",
 ]
 
 _FINAL = ("response.completed", "response.incomplete", "response.failed")
@@ -86,37 +86,48 @@ def plain_event(raw: bytes) -> bytes | None:
     return data
 
 
-def _split_event(raw: bytes) -> Iterator[tuple[str, str]]:
+def _split_event(raw: bytes) -> Iterator[tuple[str, str | bytes]]:
     """:func:`sse_events` of one event (without its blank line), quicker for the usual
     ``event:`` line and ``data:`` line."""
     head, sep, data = raw.partition(b"\ndata:")
     if sep and head.startswith(b"event:") and b"\n" not in head and b"\n" not in data:
-        yield head[6:].strip().decode("utf-8", "replace"), data.strip().decode("utf-8", "replace")
+        # the data stays bytes: the JSON decoder reads UTF-8 (and refuses what is not)
+        yield head[6:].strip().decode("utf-8", "replace"), data.strip()
     else:
         yield from sse_events(bytearray(raw + b"\n\n"))
 
 
-def all_plain(events: bytes) -> bool:
-    """Whether every event of ``events`` (whole events, each ending in a blank line) is one
-    that :func:`plain_event` passes through, decided with a few counts instead of a loop:
-    ``n`` events of the form ``event: ...\ndata: {...}\n\n`` hold exactly ``3n`` newlines,
-    ``n`` of them before ``data:``, each event after the first starts a line with
-    ``event:``, and none names a response object. False means: look at each one."""
-    n = events.count(b"\n\n")
-    return (
-        n > 0
-        and events.startswith(b"event:")
-        and b'"response"' not in events
-        and events.count(b"\n") == 3 * n
-        and events.count(b"\n\nevent:") == n - 1
-        and events.count(b"\ndata:") == n
-        and events.count(b"\ndata: {") + events.count(b"\ndata:{") == n
-    )
+def _loads(payload: str | bytes) -> Any:
+    """An event's JSON; bytes that are not UTF-8 are read with replacement characters, as
+    :func:`sse_events` decodes them. Raises ValueError."""
+    try:
+        return jsonfast.loads(payload)
+    except ValueError:
+        if isinstance(payload, str):
+            raise
+        return jsonfast.loads(payload.decode("utf-8", "replace"))
+
+
+_SHAPE = re.compile(rb"(?:event:[^\n]*\ndata: ?\{[^\n]*\n\n)+")
+
+
+def usual_shape(events: bytes) -> bool:
+    """Whether ``events`` (whole events, each ending in a blank line) are all of the form
+    ``event: ...\ndata: {...}\n\n`` (one pass): then each one without a response object is
+    one that :func:`plain_event` passes through. False means: look at each one."""
+    return _SHAPE.fullmatch(events) is not None
 
 
 def _event(kind: str, seq: int, fields: Mapping[str, Any]) -> bytes:
     obj = {"type": kind, "sequence_number": seq, **fields}
     return b"event: " + kind.encode() + b"\ndata: " + jsonfast.dumps(obj) + b"\n\n"
+
+
+_TEXT_DELTA = (
+    b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
+    b'"sequence_number":%d%b%b,"logprobs":[]}\n\n'
+)
+"""A text delta event: its number, the open item's ``_delta_head`` and the encoded text."""
 
 
 def _raw_event(kind: bytes, seq: int, rest: bytes) -> bytes:
@@ -151,6 +162,7 @@ class ChatToResponses:
         self._items: list[Item] = []
         self._open: int | None = None  # output index of the open item
         self._open_ids = b""  # '"item_id":...,"output_index":N' of the open item
+        self._delta_head = b""  # an open message's text delta event up to its text
         self._parts: list[str] = []  # the open item's text or arguments so far
         self._tools: dict[int, int] = {}  # chat tool index -> output index
         self.usage: dict[str, Any] | None = None
@@ -184,6 +196,8 @@ class ChatToResponses:
         if len(self._carry) > _MAX_CARRY:
             self._carry = b""
         for raw in lines:
+            if not raw:  # the blank line that ends each event
+                continue
             if self.done:
                 break
             line = raw.strip()
@@ -227,18 +241,27 @@ class ChatToResponses:
         if isinstance(delta, dict):
             text = delta.get("content")
             if text and isinstance(text, str):
-                self._text(text)
+                if self._delta_head:  # the open item is a message: one more delta
+                    self._parts.append(text)
+                    delta_event = _TEXT_DELTA % (self._seq, self._delta_head, jsonfast.dumps(text))
+                    self._out.append(delta_event)
+                    self._seq += 1
+                else:
+                    self._text(text)
             for tc in delta.get("tool_calls") or ():
                 if isinstance(tc, dict):
                     self._tool(tc)
         if choice.get("finish_reason"):
             self.finish = str(choice["finish_reason"])
 
-    def _opened(self, at: int, item_id: str) -> None:
+    def _opened(self, at: int, item_id: str, message: bool) -> None:
         self._open, self._parts = at, []
         self._open_ids = b'"item_id":%b,"output_index":%d' % (jsonfast.dumps(item_id), at)
+        self._delta_head = b',%b,"content_index":0,"delta":' % self._open_ids if message else b""
 
     def _text(self, text: str) -> None:
+        """Text when no message is open (one more delta of an open one is written in
+        :meth:`_chunk`)."""
         cur = self._items[self._open] if self._open is not None else None
         if cur is None or cur["type"] != "message":
             self._close()
@@ -255,7 +278,7 @@ class ChatToResponses:
                 part=part,
             )
             item["content"] = [dict(part)]
-            self._opened(at, item["id"])
+            self._opened(at, item["id"], True)
         self._parts.append(text)
         self._emit_raw(
             b"response.output_text.delta",
@@ -279,7 +302,7 @@ class ChatToResponses:
             )
             self._items.append(item)
             self._emit("response.output_item.added", output_index=at, item=dict(item))
-            self._opened(at, item["id"])
+            self._opened(at, item["id"], False)
         at = self._tools[idx]
         item = self._items[at]
         if fn.get("name") and not item["name"]:
@@ -298,16 +321,24 @@ class ChatToResponses:
     def _close(self) -> None:
         if self._open is None:
             return
-        at, self._open = self._open, None
+        at, self._open, self._delta_head = self._open, None, b""
         item = self._items[at]
         item["status"] = "completed"
         text = "".join(self._parts)
         if item["type"] == "message":
-            part = item["content"][0]
-            part["text"] = text
-            ids = {"item_id": item["id"], "output_index": at, "content_index": 0}
-            self._emit("response.output_text.done", **ids, text=text, logprobs=[])
-            self._emit("response.content_part.done", **ids, part=part)
+            item["content"][0]["text"] = text
+            # the text encoded once for both events (the bytes _event writes: the part's
+            # keys in message_item's order)
+            ids, encoded = self._open_ids, jsonfast.dumps(text)
+            self._emit_raw(
+                b"response.output_text.done",
+                b'%b,"content_index":0,"text":%b,"logprobs":[]' % (ids, encoded),
+            )
+            self._emit_raw(
+                b"response.content_part.done",
+                b'%b,"content_index":0,"part":{"type":"output_text","annotations":[],'
+                b'"logprobs":[],"text":%b}' % (ids, encoded),
+            )
         else:
             item["arguments"] = text
             self._emit(
@@ -367,41 +398,46 @@ class NativeResponses:
 
     def __init__(self, req: ResponsesRequest, resp_id: str, created_at: int, store: bool) -> None:
         self.req, self.resp_id, self.created_at, self.store = req, resp_id, created_at, store
-        self._buf = bytearray()
+        self._buf = b""
         self._final = b""
         self._last_seq = -1
+        self._unread: list[bytes] = []  # runs of plain events passed on, numbering not read
         self.final_seq = 0
         self.response: dict[str, Any] | None = None
         self.done = False
 
     def feed(self, data: bytes) -> bytes:
-        self._buf += data.replace(b"\r\n", b"\n")
-        end = self._buf.rfind(b"\n\n")
+        if b"\r" in data:  # a quick look (memchr) spares the copy of the usual stream
+            data = data.replace(b"\r\n", b"\n")
+        buf = self._buf + data if self._buf else data
+        end = buf.rfind(b"\n\n")
         if end < 0:
+            self._buf = buf
             return b""
-        whole = bytes(self._buf[: end + 2])
-        del self._buf[: end + 2]
-        if b"\n\n\n" in whole:  # blank lines in a row: split exactly as read, one by one
-            return self._one_by_one(whole)
+        whole, self._buf = buf[: end + 2], buf[end + 2 :]
+        if b"\n\n\n" in whole or not usual_shape(whole):
+            return self._one_by_one(whole)  # split exactly as read, one by one
         # The events that carry a response object are rewritten one at a time; the runs of
-        # events between them usually go through in one piece.
+        # events between them go through in one piece, their numbering read when needed.
         out: list[bytes] = []
         pos = 0
         while (hit := whole.find(b'"response"', pos)) >= 0:
             before = whole.rfind(b"\n\n", pos, hit)
             begin = before + 2 if before >= 0 else pos
             end = whole.find(b"\n\n", hit) + 2
-            out += (self._run(whole[pos:begin]), self._one(whole[begin : end - 2]))
+            if begin > pos:
+                out.append(self._passed(whole[pos:begin]))
+            out.append(self._rewrite(whole[begin : end - 2]))
             pos = end
-        out.append(self._run(whole[pos:]))
+        if pos < len(whole):
+            out.append(self._passed(whole[pos:]))
         return b"".join(out)
 
-    def _run(self, events: bytes) -> bytes:
-        """Whole events without a response object: as sent when all are plain."""
-        if not events or not all_plain(events):
-            return self._one_by_one(events)
-        self._note_seq(events)
-        return events
+    def _passed(self, run: bytes) -> bytes:
+        if len(self._unread) >= 64:  # read now and then: a long stream is not kept
+            _ = self.last_seq
+        self._unread.append(run)
+        return run
 
     def _one_by_one(self, events: bytes) -> bytes:
         parts = events.split(b"\n\n")
@@ -414,27 +450,36 @@ class NativeResponses:
             return self._rewrite(raw)
         seq = _SEQ.search(fast)
         if seq is not None:
-            self._last_seq = int(seq.group(1))
+            self._numbered(int(seq.group(1)))
         return raw + b"\n\n"
 
-    def _note_seq(self, events: bytes) -> None:
-        """``_last_seq`` from the last of ``events`` (whole plain events) that numbers itself."""
-        stop = len(events) - 2
-        while stop > 0:
-            before = events.rfind(b"\n\n", 0, stop)
-            start = before + 2 if before >= 0 else 0
-            seq = _SEQ.search(events, start, stop)
-            if seq is not None:
-                self._last_seq = int(seq.group(1))
-                return
-            stop = start - 2
+    def _numbered(self, seq: int) -> None:
+        self._last_seq = seq
+        self._unread.clear()
+
+    @property
+    def last_seq(self) -> int:
+        """The sequence number of the last event passed on that numbers itself (-1: none);
+        the plain events passed on in one piece are read for it only when it is asked."""
+        runs, self._unread = self._unread, []
+        for events in reversed(runs):
+            stop = len(events) - 2
+            while stop > 0:
+                before = events.rfind(b"\n\n", 0, stop)
+                start = before + 2 if before >= 0 else 0
+                seq = _SEQ.search(events, start, stop)
+                if seq is not None:
+                    self._last_seq = int(seq.group(1))
+                    return self._last_seq
+                stop = start - 2
+        return self._last_seq
 
     def _rewrite(self, raw: bytes) -> bytes:
         """One event re-encoded: its response object made the gateway's, or the gateway's
         own chat-shaped error as a Responses ``error`` event (b"" when it is not JSON)."""
         for name, payload in _split_event(raw):
             try:
-                obj = jsonfast.loads(payload)
+                obj = _loads(payload)
             except ValueError:
                 return b""
             if not isinstance(obj, dict):
@@ -445,17 +490,17 @@ class NativeResponses:
                 err = obj["error"]
                 obj = {
                     "type": "error",
-                    "sequence_number": self._last_seq + 1,
+                    "sequence_number": self.last_seq + 1,
                     **{k: err.get(k) for k in ("code", "message", "param")},
                 }
             kind = str(obj.get("type") or name)
             seq = obj.get("sequence_number")
             if isinstance(seq, int) and not isinstance(seq, bool):
-                self._last_seq = seq
+                self._numbered(seq)
             evt = b"event: " + kind.encode() + b"\ndata: " + jsonfast.dumps(obj) + b"\n\n"
             if kind in _FINAL and isinstance(obj.get("response"), dict):
                 self.response, self._final, self.done = obj["response"], evt, True
-                self.final_seq = self._last_seq
+                self.final_seq = self.last_seq
                 return b""
             return evt
         return b""
@@ -468,5 +513,5 @@ class NativeResponses:
             self.req, self.resp_id, self.created_at, status="failed", error=error, store=self.store
         )
         self.done = True
-        self.final_seq = self._last_seq + 1
+        self.final_seq = self.last_seq + 1
         return final_event(self.response, self.final_seq)

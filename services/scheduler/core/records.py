@@ -235,6 +235,9 @@ class RequestContext:
     body: bytes = b""
     error: str = ""
     cancelled: bool = False
+    stream_tools: bool = True
+    """Read tool calls off the streamed chunks; off when the answer's are given by
+    :meth:`answered` (a native Responses stream, which names none the chat way)."""
     _tools: StreamToolCalls | None = field(default=None, init=False, repr=False)
     _answer: Answer | None = field(default=None, init=False, repr=False)
 
@@ -259,6 +262,8 @@ class RequestContext:
         self.tail += data
         if len(self.tail) > _TAIL_BYTES:
             del self.tail[: len(self.tail) - _TAIL_BYTES]
+        if not self.stream_tools:
+            return
         if self._tools is None:
             self._tools = StreamToolCalls(keep=self.tool_contents)
         self._tools.feed(data)

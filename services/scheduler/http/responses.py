@@ -148,6 +148,8 @@ class Turn:
         self.created_at = int(api.wall())
         self.path = "/v1/responses" if self.native else "/v1/chat/completions"
         self.tenant = ""
+        if self.native:  # its tool calls are read off the response (end / whole)
+            ctx.stream_tools = False
         self._stream: ChatToResponses | NativeResponses = (
             NativeResponses(req, self.resp_id, self.created_at, store)
             if self.native
