@@ -271,18 +271,14 @@ def on_tick(now: float, inputs: PlannerInputs, cfg: PlannerConfig | None = None)
         up = _ceil(need) + boost
         down = _ceil(need_down) + boost
         idle = w.rate_rps <= 0 and not ahead
-        have = desired[role.name]
-        step = stabilise(
-            now, have, up, down, idle, replace(rs, boost=boost), cfg, role.min_replicas
-        )
+        have, rs_now = desired[role.name], replace(rs, boost=boost)
+        step = stabilise(now, have, up, down, idle, rs_now, cfg, role.min_replicas)
         floor = role_floor(inputs, role, perf, cfg)
-        held = max(role.min_replicas, min(floor.replicas, have))
-        if step.target < held:  # the scale-in would leave the active sessions no room
-            step = stabilise(now, have, up, down, idle, replace(rs, boost=boost), cfg, held)
-            binding, boost_why = (
-                f"{role.name}:session-kv",
-                "; ".join(x for x in (boost_why, floor.why()) if x),
-            )
+        lowest = max(role.min_replicas, min(floor.replicas, have))
+        if step.target < lowest:  # the scale-in would leave the active sessions no room
+            step = stabilise(now, have, up, down, idle, rs_now, cfg, lowest)
+            binding = f"{role.name}:session-kv"
+            boost_why = "; ".join(x for x in (boost_why, floor.why()) if x)
         roles_state[role.name] = step.state
         targets[role.name] = clamp_role(role, step.target)
         if targets[role.name] != step.target:
