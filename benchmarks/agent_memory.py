@@ -61,8 +61,9 @@ turns arriving after the removal over the same turns' p95 without scale-in;
 ``scale_in.first_followup_...``: each session's first such turn only), and what explains
 them (sessions, follow-up turns, drain seconds, fleet KV used).
 
-Planner-chosen scale-in (``--planner-slices``, default ``0:30,30:59,0:59``, each its first
-``--planner-requests``; ``--planner-seeds``; fleet: ``--scale-in-engines`` of
+Planner-chosen scale-in (``--planner-slices``, default ``0:20,20:40,40:59,0:30,30:59,0:59``,
+each its first ``--planner-requests``; ``--planner-seeds``, which change nothing with the
+default routing profile, whose picks are not random; fleet: ``--scale-in-engines`` of
 ``--scale-in-kv-blocks``; :mod:`benchmarks._agent_memory_planner`): the simulator's SLA
 planner (TTFT p90 target 2 s) sizes the fleet between 1 and its size, the load falling over
 each slice, and removes engines when it decides; per variant, with its scale-in floor from
@@ -229,10 +230,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="removal times: shares of the way through the slice's arrivals")  # fmt: skip
     p.add_argument("--scale-in-window-s", type=float, default=300.0,
                    help="active session: a turn ended within this many modelled seconds")  # fmt: skip
-    p.add_argument("--planner-slices", default="0:30,30:59,0:59",
+    p.add_argument("--planner-slices", default="0:20,20:40,40:59,0:30,30:59,0:59",
                    help="planner-chosen scale-in: session ranges, comma-separated")  # fmt: skip
     p.add_argument("--planner-requests", type=int, default=1000, help="first N per slice")
-    p.add_argument("--planner-seeds", default="0,1", help="simulator seeds, comma-separated")
+    p.add_argument("--planner-seeds", default="0", help="simulator seeds, comma-separated")
     p.add_argument("--sections", default="resume,scale_in,planner,pd",
                    help="what to measure: resume, scale_in, planner, pd (comma-separated)")  # fmt: skip
     p.add_argument("--pd-engines", type=int, default=8, help="0: no P/D measurement")
