@@ -135,3 +135,18 @@ def test_planner_floor_holds_the_fleet_while_the_sessions_do_not_fit() -> None:
     assert with_floor and min(with_floor) > 640.0
     without = _autoscaled(False)
     assert without and min(without) < 600.0
+
+
+def test_agent_memory_measures_the_planner_chosen_scale_in() -> None:
+    """``agent_memory.py``'s planner section on the small trace: nothing lost, the floor's
+    and the no-floor run's figures side by side, the floor removing later (fewer follow-ups)."""
+    from benchmarks._agent_memory_planner import measure
+
+    cfg = SimConfig(engines=4, kv_blocks=150, block_size=64, agent_memory="retention",
+                    memory_budget_share=1.0, scale_in_window_s=60.0)  # fmt: skip
+    got = measure(cfg, _sessions_then_trickle())
+    assert got["scale_in_planner.lost"] == got["scale_in_planner_no_floor.lost"] == 0.0
+    assert (got["scale_in_planner.removed"] or 0) >= 1
+    assert (got["scale_in_planner_no_floor.followups"] or 0) > (
+        got["scale_in_planner.followups"] or 0
+    )
