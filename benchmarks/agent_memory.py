@@ -61,6 +61,19 @@ turns arriving after the removal over the same turns' p95 without scale-in;
 ``scale_in.first_followup_...``: each session's first such turn only), and what explains
 them (sessions, follow-up turns, drain seconds, fleet KV used).
 
+Planner-chosen scale-in (``--planner-slices``, default ``0:20,20:40,40:59,0:30,30:59,0:59``,
+each its first ``--planner-requests``; ``--planner-seeds``, which change nothing with the
+default routing profile, whose picks are not random; fleet: ``--scale-in-engines`` of
+``--scale-in-kv-blocks``; :mod:`benchmarks._agent_memory_planner`): the simulator's SLA
+planner (TTFT p90 target 2 s) sizes the fleet between 1 and its size, the load falling over
+each slice, and removes engines when it decides; per variant, with its scale-in floor from
+the active sessions' KV (``scale_in_planner.*``) and without (``scale_in_planner_no_floor.*``),
+against the same run with scale-in forbidden (min replicas = the fleet's size):
+``ttft_p95_vs_no_scale_in`` (the removed engines' active sessions' turns after their
+removal), ``all_ttft_p95_vs_no_scale_in`` (every turn after the first removal), ``lost``,
+``kept_ratio``, ``removed``, ``engine_s_vs_no_scale_in``. One sample per slice and seed.
+``--sections`` picks what runs (default ``resume,scale_in,planner,pd``).
+
 ``--tier-restart`` also measures, live (the real Transfer Engine; needs its wheel and
 libibverbs), a ``kvcache`` instance with a disk segment killed with SIGKILL and started
 again (``benchmarks/kvcache_disk_restart.py`` with its defaults): ``tier_restart_s`` = from
@@ -85,6 +98,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import _agent_memory_pd
+from benchmarks._agent_memory_planner import measure as measure_planner
 from benchmarks._agent_memory_scalein import measure, removal_s
 from benchmarks._agentic_slice import parse_slice, sessions
 from benchmarks._harness import TRACES, command_line, emit_json, machine
@@ -163,6 +177,22 @@ def scale_in(
                     per[name].setdefault(k, []).append(v)
 
 
+def planner_scale_in(
+    args: argparse.Namespace, trace: Trace, base: SimConfig, per: dict[str, dict[str, Any]]
+) -> None:
+    """The ``scale_in_planner*`` keys: per planner slice and seed (one sample each)."""
+    seeds = [int(x) for x in args.planner_seeds.split(",")]
+    for a, b in (parse_slice(s) for s in args.planner_slices.split(",")):
+        tr = slice_trace(trace, a, b, args.planner_requests)
+        for name, mode in VARIANTS.items():
+            for seed in seeds:
+                cfg = replace(base, agent_memory=mode, engines=args.scale_in_engines,
+                              kv_blocks=args.scale_in_kv_blocks, seed=seed,
+                              scale_in_window_s=args.scale_in_window_s)  # fmt: skip
+                for k, v in measure_planner(cfg, tr).items():
+                    per[name].setdefault(k, []).append(v)
+
+
 def pd(
     args: argparse.Namespace, trace: Trace, base: SimConfig, per: dict[str, dict[str, Any]]
 ) -> None:
@@ -200,6 +230,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="removal times: shares of the way through the slice's arrivals")  # fmt: skip
     p.add_argument("--scale-in-window-s", type=float, default=300.0,
                    help="active session: a turn ended within this many modelled seconds")  # fmt: skip
+    p.add_argument("--planner-slices", default="0:20,20:40,40:59,0:30,30:59,0:59",
+                   help="planner-chosen scale-in: session ranges, comma-separated")  # fmt: skip
+    p.add_argument("--planner-requests", type=int, default=1000, help="first N per slice")
+    p.add_argument("--planner-seeds", default="0", help="simulator seeds, comma-separated")
+    p.add_argument("--sections", default="resume,scale_in,planner,pd",
+                   help="what to measure: resume, scale_in, planner, pd (comma-separated)")  # fmt: skip
     p.add_argument("--pd-engines", type=int, default=8, help="0: no P/D measurement")
     p.add_argument("--pd-kv-blocks", type=int, default=2300, help="per engine")
     p.add_argument("--pd-splits", default="", help="prefill engines per split (default: all)")
@@ -225,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     t0 = time.monotonic()
     per: dict[str, dict[str, list[float | None]]] = {v: {} for v in VARIANTS}
-    slices = [parse_slice(s) for s in args.slices.split(",")]
+    sections = set(args.sections.split(","))
+    slices = [parse_slice(s) for s in args.slices.split(",")] if "resume" in sections else []
     for a, b in slices:
         tr = slice_trace(trace, a, b, args.max_requests)
         # warm: 64x the KV to cache in, the same KV for running requests (the same batches)
@@ -252,9 +289,11 @@ def main(argv: list[str] | None = None) -> int:
                 ("resumed_turns", float(got["resumed_turns"])),
             ):
                 row.setdefault(k, []).append(v)
-    if args.scale_in_engines:
+    if args.scale_in_engines and "scale_in" in sections:
         scale_in(args, trace, base, per)
-    if args.pd_engines > 1:
+    if args.scale_in_engines and "planner" in sections:
+        planner_scale_in(args, trace, base, per)
+    if args.pd_engines > 1 and "pd" in sections:
         pd(args, trace, base, per)
     out = {
         "benchmark": "agent_memory",
@@ -277,6 +316,14 @@ def main(argv: list[str] | None = None) -> int:
             "at": args.scale_in_at,
             "window_s": args.scale_in_window_s,
         },
+        "scale_in_planner": {
+            "slices": args.planner_slices,
+            "max_requests": args.planner_requests,
+            "seeds": args.planner_seeds,
+            "ttft_p90_target_ms": 2000.0,
+            "min_replicas": 1,
+        },
+        "sections": args.sections,
         "pd": {
             "engines": args.pd_engines,
             "kv_blocks": args.pd_kv_blocks,

@@ -5,7 +5,8 @@ One instance type: a driver's :class:`~services.common.planner.driver_base.Insta
 planner sees it as an :class:`~services.common.planner.ports.InstanceView`: the status plus the
 load the driver does not know (running and queued requests from the engine's ``/metrics``,
 scraped by :class:`LoadPoller`) and the KV of the agent sessions homed on it (kvmeta's
-``ListSessionHomes``, asked by :class:`SessionKVPoller` when kvmeta is configured, else 0).
+``ListSessionHomes``, asked by :class:`SessionKVPoller` when kvmeta is configured, else 0):
+the live sessions' blocks (victim cost) and the active sessions' tokens (scale-in floor).
 ``cached_blocks`` stays 0: no engine reports a count of cached blocks it would lose
 (``kv_usage`` is a fraction of its pool, not a prefix cache).
 
@@ -40,6 +41,7 @@ import aiohttp
 import grpc
 
 from services.autoscaler.drivers.dryrun import DryRunDriver
+from services.autoscaler.drivers.sessions import HomeLoad
 from services.autoscaler.reconciler import Reconciler as DriverLoop
 from services.autoscaler.scope import EVERY, Scope
 from services.common.engine_load import LoadReport, scrape_load
@@ -164,10 +166,10 @@ class LoadPoller:
 
 
 class SessionHomes(Protocol):
-    """Session blocks per instance of a deployment
+    """Session KV per instance of a deployment
     (:class:`~services.autoscaler.drivers.sessions.KVMetaSessions`); raises AioRpcError."""
 
-    async def homes(self, deployment: str) -> dict[str, int]: ...
+    async def homes(self, deployment: str) -> dict[str, HomeLoad]: ...
 
 
 class SessionKVPoller:
@@ -179,7 +181,7 @@ class SessionKVPoller:
         self._loop = loop
         self._kvmeta = kvmeta
         self._interval_s = interval_s
-        self.blocks: dict[str, dict[str, int]] = {}  # deployment -> instance -> blocks
+        self.blocks: dict[str, dict[str, HomeLoad]] = {}  # deployment -> instance -> load
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
 
@@ -193,8 +195,8 @@ class SessionKVPoller:
         for gone in set(self.blocks) - set(names):
             del self.blocks[gone]
 
-    def of(self, deployment: str, instance_id: str) -> int:
-        return self.blocks.get(deployment, {}).get(instance_id, 0)
+    def of(self, deployment: str, instance_id: str) -> HomeLoad:
+        return self.blocks.get(deployment, {}).get(instance_id, HomeLoad())
 
     async def _run(self) -> None:
         while not self._stopping.is_set():
@@ -267,9 +269,12 @@ class DriverReconciler:
         for name in names:
             for s in self.loop.instances(name):
                 r = loads.get(s.instance_id)
-                blocks = kv.of(name, s.instance_id) if kv is not None else 0
+                home = kv.of(name, s.instance_id) if kv is not None else HomeLoad()
                 running, waiting = (r.running, r.waiting) if r else (0, 0)
-                out.append(InstanceView(s, running, waiting, session_blocks=blocks))
+                out.append(
+                    InstanceView(s, running, waiting, session_blocks=home.blocks,
+                                 active_session_tokens=home.active_tokens)
+                )  # fmt: skip
         return out
 
     def progress(self, deployment: str) -> str:

@@ -10,7 +10,16 @@ from typing import Any, NoReturn, TypeAlias
 import grpc
 from tideserve.v1 import kvmeta_pb2
 
-from services.common.sessions import Fate, Phase, Session, SessionError, SessionKey, homes_kv
+from services.common.sessions import (
+    Fate,
+    HomeKV,
+    Phase,
+    Session,
+    SessionError,
+    SessionKey,
+    homes_kv,
+)
+from services.common.sessions.migration import active_sessions
 from services.kvmeta.migrate import DestinationRef, SessionMigrator
 from services.kvmeta.rpc_errors import persisted
 from services.kvmeta.sessions import SessionShell
@@ -167,14 +176,15 @@ class SessionRpcs:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "deployment is required")
         rows = [s for s in self.sessions.table.rows() if s.deployment == request.deployment]
         chains = self.sessions.chains
-        homes = homes_kv(rows, {s.key: len(chains[s.key]) for s in rows if s.key in chains})
+        blocks = {s.key: len(chains[s.key]) for s in rows if s.key in chains}
+        homes = homes_kv(rows, blocks)
+        now, window = self.migrator.wall(), self.migrator.active_window_s
+        active = {
+            iid: homes_kv(active_sessions(rows, iid, now, window), blocks).get(iid, HomeKV())
+            for iid in homes
+        }
         return kvmeta_pb2.ListSessionHomesResponse(
-            homes=[
-                kvmeta_pb2.SessionHome(
-                    instance_id=iid, sessions=h.sessions, blocks=h.blocks, tokens=h.tokens
-                )
-                for iid, h in sorted(homes.items())
-            ]
+            homes=[_home_pb(iid, h, active[iid]) for iid, h in sorted(homes.items())]
         )
 
     async def MigrateSessions(
@@ -213,3 +223,15 @@ class SessionRpcs:
             offload_settled=res.offload_settled,
             prefetch_started=res.prefetch_started,
         )
+
+
+def _home_pb(iid: str, h: HomeKV, active: HomeKV) -> kvmeta_pb2.SessionHome:
+    return kvmeta_pb2.SessionHome(
+        instance_id=iid,
+        sessions=h.sessions,
+        blocks=h.blocks,
+        tokens=h.tokens,
+        active_sessions=active.sessions,
+        active_blocks=active.blocks,
+        active_tokens=active.tokens,
+    )

@@ -8,7 +8,11 @@ the run's TTFT/TPOT targets, the instances (starting, ready; queued requests per
 instance), and a telemetry window over the last ``window_s`` of modelled time (request
 rate, mean input/output tokens, hit ratio, TTFT/TPOT percentiles of the requests that
 completed in it). The performance model is the engines' own profile (telemetry's fit would
-converge to it). A new instance serves ``startup_s`` after it is asked for; a victim is
+converge to it), with the engines' KV (``kv_tokens``: the run's ``kv_blocks`` x block size).
+With agent memory each instance view carries its sessions' blocks (victim cost) and its
+active sessions' prefix tokens, which the planner's scale-in floor keeps room for
+(:mod:`services.common.planner.sessionkv`); a draining instance is shown as ``draining``
+(not capacity, but its sessions still want room). A new instance serves ``startup_s`` after it is asked for; a victim is
 drained (the gateways stop sending, in-flight requests finish) and then removed.
 
 The policy is the autoscaler's own choice, ``planner.policy`` (``sla``: the SLA planner;
@@ -144,8 +148,11 @@ def deployment(roles: Mapping[str, int], cfg: AutoscaleConfig) -> DeploymentSpec
 class Planner:
     """The SLA planner and the state it carries between ticks."""
 
-    def __init__(self, roles: Mapping[str, int], cfg: AutoscaleConfig, perf: PerfProfile) -> None:
+    def __init__(
+        self, roles: Mapping[str, int], cfg: AutoscaleConfig, perf: PerfProfile, kv_tokens: int = 0
+    ) -> None:
         self.cfg = cfg
+        self.kv_tokens = kv_tokens
         self.spec = deployment(roles, cfg)
         self.perf = perf
         self.desired = {r: n for r, n in roles.items() if n}
@@ -164,6 +171,7 @@ class Planner:
             perf={r: self.perf for r in self.desired},
             startup_s={r: self.cfg.startup_s for r in self.desired},
             state=self.state,
+            kv_tokens={r: self.kv_tokens for r in self.desired if self.kv_tokens},
         )
         d = decide(now_s, inputs, self.planner_cfg)
         self.state, self.desired = d.state, dict(d.targets)
@@ -172,9 +180,17 @@ class Planner:
 
     @staticmethod
     def instance(
-        iid: str, role: str, ready: bool, queued: int, in_flight: int, session_blocks: int = 0
+        iid: str,
+        role: str,
+        ready: bool,
+        queued: int,
+        in_flight: int,
+        session_blocks: int = 0,
+        active_tokens: int = 0,
+        draining: bool = False,
     ) -> InstanceView:
+        state = "draining" if draining else "ready" if ready else "starting"
         return InstanceView.of(
-            iid, DEPLOYMENT, role, "ready" if ready else "starting",
-            queued=queued, in_flight=in_flight, session_blocks=session_blocks,
+            iid, DEPLOYMENT, role, state, queued=queued, in_flight=in_flight,
+            session_blocks=session_blocks, active_session_tokens=active_tokens,
         )  # fmt: skip

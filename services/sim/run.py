@@ -57,7 +57,7 @@ class SimRun:
     events: int
     autoscale: dict[str, Any] | None = None  # what the planner did (None: a fixed fleet)
     agent_memory: dict[str, Any] | None = None  # agent memory's measurements (None: off)
-    scale_ins: list[ScaleInRecord] = field(default_factory=list)  # the explicit scale-in's
+    scale_ins: list[ScaleInRecord] = field(default_factory=list)  # explicit and planner's
 
 
 class Simulation(Scaling):
@@ -98,7 +98,11 @@ class Simulation(Scaling):
         if a is not None and "stream_interval" not in dict(a.planner):
             # the operator sets the planner's stream_interval to the engines' own
             a = replace(a, planner=(*a.planner, ("stream_interval", cfg.stream_interval)))
-        self.planner = Planner(engines.roles(), a, self.perf) if a is not None else None
+        self.planner = (
+            Planner(engines.roles(), a, self.perf, cfg.kv_blocks * cfg.block_size)
+            if a is not None
+            else None
+        )
         self.window = Window(a.window_s * 1000.0) if a is not None else None
         self.peak_replicas = self.initial_instances = len(engines)
         self.scale_ins: list[ScaleInRecord] = []

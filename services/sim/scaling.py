@@ -55,11 +55,13 @@ class Scaling:
         """A planner tick: its targets start instances or drain its victims."""
         assert self.planner is not None and self.window is not None
         live = self.engines.live()
-        views = self.views([i for i in live if not i.retiring])
+        views = self.views([i for i in live if not i.removed], now)
         d = self.planner.tick(now / 1000.0, views, self.window.view(now))
         victims = set(d.victims)
         for inst in live:
             if inst.iid in victims and not inst.retiring:
+                if inst.ready:  # measured as the explicit scale-in's victims are
+                    self.scale_ins.append(ScaleInRecord(inst.iid, now))
                 self.retire(inst)
         for role, target in d.targets.items():
             have = sum(1 for i in live if i.role == role and not i.retiring and not i.removed)
@@ -71,13 +73,17 @@ class Scaling:
         self.q.push(now + self.planner.cfg.tick_s * 1000.0, "tick", None)
         return 0
 
-    def views(self, insts: list[Instance]) -> tuple[InstanceView, ...]:
-        """What the autoscaler sees of ``insts`` (victim choice: load and session KV)."""
-        kv = self.memory.session_blocks() if self.memory is not None else {}
+    def views(self, insts: list[Instance], now: float = 0.0) -> tuple[InstanceView, ...]:
+        """What the autoscaler sees of ``insts`` (victim choice: load and session KV; the
+        scale-in floor: the active sessions' prefix tokens; a retiring one as draining)."""
+        mem = self.memory
+        kv = mem.session_blocks() if mem is not None else {}
+        act = mem.active_blocks(now, mem.window_s) if mem is not None else {}
+        size = self.cfg.block_size
         return tuple(
             Planner.instance(
                 i.iid, i.role, i.ready, i.core.num_waiting if i.ready else 0, i.core.num_running,
-                kv.get(i.iid, 0),
+                kv.get(i.iid, 0), act.get(i.iid, 0) * size, i.retiring,
             )
             for i in insts
         )  # fmt: skip
@@ -87,7 +93,7 @@ class Scaling:
         retired, then checked until drained."""
         serving = [i for i in self.engines.live() if i.ready and not i.retiring]
         keep = len(serving) - self.cfg.scale_in_count
-        for iid in pick_victims(self.views(serving), "worker", keep):
+        for iid in pick_victims(self.views(serving, now), "worker", keep):
             self.scale_ins.append(ScaleInRecord(iid, now))
             self.retire(self.engines[iid])
         return self.drain(None, now)

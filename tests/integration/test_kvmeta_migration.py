@@ -136,6 +136,9 @@ async def test_migrate_on_scale_in(postgres_db_url: str, tmp_path: Path) -> None
         assert [(h.instance_id, h.sessions, h.blocks, h.tokens) for h in homes.homes] == [
             ("e0", 2, 20, 20 * BS)
         ]
+        # both live sessions' turns just ended: active (the ended one is not)
+        (h,) = homes.homes
+        assert (h.active_sessions, h.active_blocks, h.active_tokens) == (2, 20, 20 * BS)
         assert await used(http, e0) == 30
         got = await kv.stub.MigrateSessions(M.MigrateSessionsRequest(
             deployment="d", instance_id="e0", url=e0,
@@ -153,6 +156,12 @@ async def test_migrate_on_scale_in(postgres_db_url: str, tmp_path: Path) -> None
         assert await used(http, e0) == 10
         homes = await kv.stub.ListSessionHomes(M.ListSessionHomesRequest(deployment="d"))
         assert {h.instance_id: h.sessions for h in homes.homes} == {"e1": 1, "e2": 1}
+        clock.advance(1000.0)  # past the active window and any predicted return
+        homes = await kv.stub.ListSessionHomes(M.ListSessionHomesRequest(deployment="d"))
+        assert {h.instance_id: (h.sessions, h.active_tokens) for h in homes.homes} == {
+            "e1": (1, 0),
+            "e2": (1, 0),
+        }
     async with kvmeta(postgres_db_url, clock) as kv:  # the new homes were persisted
         for tenant, sid, home in (("alice", to_e1, "e1"), ("bob", to_e2, "e2")):
             req = M.GetAgentSessionRequest(deployment="d", tenant=tenant, session_id=sid)
@@ -249,12 +258,14 @@ async def test_drain_then_migrate_through_the_autoscaler_client(
         client = KVMetaSessions(grpc.aio.insecure_channel(kv.address))
         drainer = Drainer([], timeout_s=10.0, poll_s=0.05, sessions=client)
         try:
-            assert await client.homes("d") == {"e0": 10}
+            (home,) = (await client.homes("d")).items()
+            assert home[0] == "e0" and home[1].blocks == 10
+            assert home[1].active_tokens > 0  # its turn just ended: active
             res = await drainer.drain("e0", e0)
             assert res.drained
             line = await drainer.migrate(fleet[0], peers_of(fleet[0], fleet))
             assert line == "sessions: 1 re-homed, 0 to the tier, 0 dropped"
-            assert await client.homes("d") == {"e1": 10}
+            assert {i: h.blocks for i, h in (await client.homes("d")).items()} == {"e1": 10}
             assert await used(http, e0) == 0
         finally:
             await drainer.close()

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from services.autoscaler.drivers.dryrun import DryRunDriver
-from services.autoscaler.drivers.sessions import peers_of
+from services.autoscaler.drivers.sessions import HomeLoad, peers_of
 from services.autoscaler.drivers.settings import DriverSettings
 from services.autoscaler.reconciler import Reconciler
 from services.autoscaler.seam import (
@@ -226,10 +226,10 @@ class _Homes:
     """kvmeta's session blocks per instance; a deployment in ``down`` answers UNAVAILABLE."""
 
     def __init__(self) -> None:
-        self.blocks: dict[str, dict[str, int]] = {}
+        self.blocks: dict[str, dict[str, HomeLoad]] = {}
         self.down: set[str] = set()
 
-    async def homes(self, deployment: str) -> dict[str, int]:
+    async def homes(self, deployment: str) -> dict[str, HomeLoad]:
         if deployment in self.down:
             raise grpc.aio.AioRpcError(
                 grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down"
@@ -238,10 +238,11 @@ class _Homes:
 
 
 async def test_instances_carry_the_session_kv_kvmeta_reports() -> None:
-    """kvmeta's session blocks per instance become the views' session_blocks; an instance
-    kvmeta does not list has 0; when kvmeta cannot answer the last answer is kept."""
+    """kvmeta's session blocks and active sessions' tokens per instance become the views'
+    session_blocks and active_session_tokens; an instance kvmeta does not list has 0; when
+    kvmeta cannot answer the last answer is kept."""
     homes = _Homes()
-    homes.blocks["chat-pd"] = {"prefill-0": 40, "elsewhere": 7}
+    homes.blocks["chat-pd"] = {"prefill-0": HomeLoad(40, 2500), "elsewhere": HomeLoad(7, 9)}
     loop = Reconciler(_Driver(), DriverSettings(resync_s=0.05))
     port = DriverReconciler(loop, sessions=SessionKVPoller(loop, homes, interval_s=0.05))
     await port.start()
@@ -255,6 +256,8 @@ async def test_instances_carry_the_session_kv_kvmeta_reports() -> None:
             return got == want
 
         await eventually(lambda: weighed({"prefill-0": 40, "prefill-1": 0}))
+        active = {v.instance_id: v.active_session_tokens for v in port.instances("chat-pd")}
+        assert active == {"prefill-0": 2500, "prefill-1": 0}
         homes.down.add("chat-pd")
         homes.blocks["chat-pd"] = {}
         await port._sessions.poll_once()  # type: ignore[union-attr]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.common.bench.traces import Trace, TraceRequest
+from services.sim.autoscale import AutoscaleConfig
 from services.sim.config import SimConfig, SimConfigError
 from services.sim.run import Simulation
 from services.sim.scalein import kept_prefix
@@ -96,3 +97,56 @@ def test_no_scale_in_removes_nothing() -> None:
 def test_bad_config_is_refused(fields: dict[str, object], message: str) -> None:
     with pytest.raises(SimConfigError, match=message):
         SimConfig(engines=2, **fields).validate()  # type: ignore[arg-type]
+
+
+def _sessions_then_trickle() -> Trace:
+    """Eight sessions of 8 trace blocks (4,096 tokens; half a 150-block engine each) take a
+    turn every 20 s until 600 s, then go quiet; one-block requests every 30 s keep the run
+    going until 1,500 s."""
+    rows: list[tuple[float, tuple[int, ...]]] = []
+    for k in range(8):
+        a = tuple(range(1000 * k + 1, 1000 * k + 9))
+        rows += [(20.0 * j + k, (*a, 1000 * k + 100 + j)) for j in range(30)]
+    rows += [(600.0 + 30.0 * j, (900_000 + j,)) for j in range(30)]
+    reqs = tuple(
+        TraceRequest(i, i + 1, t, len(h) * 512, 4, h) for i, (t, h) in enumerate(sorted(rows))
+    )
+    return Trace("t", "mooncake", reqs)
+
+
+def _autoscaled(floor: bool) -> list[float]:
+    """Modelled seconds at which the planner chose each victim."""
+    planner = (("session_kv_floor", floor), ("scale_down_window_s", 120.0), ("cooldown_s", 30.0))
+    cfg = SimConfig(engines=4, kv_blocks=150, block_size=64, agent_memory="retention",
+                    memory_budget_share=1.0, scale_in_window_s=60.0,
+                    autoscale=AutoscaleConfig(min_replicas=1, max_replicas=4,
+                                              planner=planner))  # fmt: skip
+    sim = Simulation(cfg, _sessions_then_trickle())
+    run = sim.run()
+    assert all(r.error is None and r.last is not None for r in run.requests)  # none lost
+    return [r.chosen_ms / 1000.0 for r in sim.scale_ins]
+
+
+def test_planner_floor_holds_the_fleet_while_the_sessions_do_not_fit() -> None:
+    """The sessions' 33 k tokens need 4 engines' KV x 0.9: with the floor the planner
+    removes none while they are active (until 60 s after their last turns, about 600 s),
+    and scales in once they have gone quiet; without it, it scales in among them."""
+    with_floor = _autoscaled(True)
+    assert with_floor and min(with_floor) > 640.0
+    without = _autoscaled(False)
+    assert without and min(without) < 600.0
+
+
+def test_agent_memory_measures_the_planner_chosen_scale_in() -> None:
+    """``agent_memory.py``'s planner section on the small trace: nothing lost, the floor's
+    and the no-floor run's figures side by side, the floor removing later (fewer follow-ups)."""
+    from benchmarks._agent_memory_planner import measure
+
+    cfg = SimConfig(engines=4, kv_blocks=150, block_size=64, agent_memory="retention",
+                    memory_budget_share=1.0, scale_in_window_s=60.0)  # fmt: skip
+    got = measure(cfg, _sessions_then_trickle())
+    assert got["scale_in_planner.lost"] == got["scale_in_planner_no_floor.lost"] == 0.0
+    assert (got["scale_in_planner.removed"] or 0) >= 1
+    assert (got["scale_in_planner_no_floor.followups"] or 0) > (
+        got["scale_in_planner.followups"] or 0
+    )

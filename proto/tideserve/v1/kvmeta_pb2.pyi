@@ -492,16 +492,22 @@ class ListSessionHomesRequest(_message.Message):
     def __init__(self, deployment: _Optional[str] = ...) -> None: ...
 
 class SessionHome(_message.Message):
-    __slots__ = ("instance_id", "sessions", "blocks", "tokens")
+    __slots__ = ("instance_id", "sessions", "blocks", "tokens", "active_sessions", "active_blocks", "active_tokens")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     sessions: int
     blocks: int
     tokens: int
-    def __init__(self, instance_id: _Optional[str] = ..., sessions: _Optional[int] = ..., blocks: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
+    active_sessions: int
+    active_blocks: int
+    active_tokens: int
+    def __init__(self, instance_id: _Optional[str] = ..., sessions: _Optional[int] = ..., blocks: _Optional[int] = ..., tokens: _Optional[int] = ..., active_sessions: _Optional[int] = ..., active_blocks: _Optional[int] = ..., active_tokens: _Optional[int] = ...) -> None: ...
 
 class ListSessionHomesResponse(_message.Message):
     __slots__ = ("homes",)

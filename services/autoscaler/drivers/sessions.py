@@ -1,7 +1,8 @@
 """The autoscaler's kvmeta client for agent sessions (translation only).
 
 - :meth:`KVMetaSessions.homes`: per instance of a deployment, the blocks of the live agent
-  sessions homed there (``ListSessionHomes``), which the planner weighs scale-in victims by;
+  sessions homed there (``ListSessionHomes``), which the planner weighs scale-in victims by,
+  and the context tokens of the active ones, which its scale-in floor keeps room for;
 - :meth:`KVMetaSessions.migrate`: after a victim was drained and before it is removed, ask
   kvmeta to move its sessions (``MigrateSessions``) to the instances of its role that stay.
   Load is not sent: kvmeta places a session on its rendezvous home, the instance the router
@@ -16,15 +17,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import grpc
 from tideserve.v1 import kvmeta_pb2, kvmeta_pb2_grpc
 
 from services.common.planner.driver_base import InstanceState, InstanceStatus
 
-__all__ = ["KVMetaSessions", "peers_of"]
+__all__ = ["HomeLoad", "KVMetaSessions", "peers_of"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HomeLoad:
+    """One instance's agent sessions as kvmeta counts them: the live ones' blocks (victim
+    cost) and the active ones' context tokens (the planner's scale-in floor)."""
+
+    blocks: int = 0
+    active_tokens: int = 0
 
 
 def peers_of(victim: InstanceStatus, instances: Sequence[InstanceStatus]) -> list[InstanceStatus]:
@@ -48,12 +59,12 @@ class KVMetaSessions:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def homes(self, deployment: str) -> dict[str, int]:
-        """``{instance id: session blocks}``; an RPC error propagates."""
+    async def homes(self, deployment: str) -> dict[str, HomeLoad]:
+        """``{instance id: its sessions' load}``; an RPC error propagates."""
         resp = await self._stub.ListSessionHomes(
             kvmeta_pb2.ListSessionHomesRequest(deployment=deployment), timeout=self.timeout_s
         )
-        return {h.instance_id: int(h.blocks) for h in resp.homes}
+        return {h.instance_id: HomeLoad(int(h.blocks), int(h.active_tokens)) for h in resp.homes}
 
     async def migrate(self, victim: InstanceStatus, peers: Sequence[InstanceStatus]) -> str:
         """Move the victim's sessions to ``peers``; a one-line summary (never raises)."""

@@ -97,6 +97,19 @@ class PlannerConfig(BaseModel):
     boost_relief: float = Field(
         default=0.7, gt=0, lt=1, description="attainment boost decays below this share of target"
     )
+    session_kv_floor: bool = Field(
+        default=True,
+        description="never scale a role in below the instances whose KV (x "
+        "session_kv_headroom) holds its active agent sessions' prefixes (a turn in flight, "
+        "one ended recently, or a predicted return ahead; kvmeta's figure)",
+    )
+    session_kv_headroom: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="share of an instance's KV the active sessions' prefixes may fill "
+        "(session_kv_floor)",
+    )
     reactive: ReactiveConfig = Field(
         default_factory=ReactiveConfig, description="policy reactive: its knobs"
     )

@@ -17,7 +17,9 @@ Per tick, for each role of the deployment:
    cascades); the boost
    decays one replica per tick once the observed figure is under ``boost_relief`` x target.
 4. Stability (:mod:`.stability`): up at once, down stabilised, cooled down, with hysteresis
-   and a step limit; zero traffic goes to min.
+   and a step limit; zero traffic goes to min. With ``session_kv_floor`` a scale-in stops
+   at the instances whose KV holds the role's active agent sessions' prefixes
+   (:mod:`.sessionkv`; binding ``<role>:session-kv``).
 5. Coordination: P:D ratio bounds (raising the short side), min/max, the replica budget
    (:func:`.colocation.fit_roles`).
 6. Manual pins (``tideserve scale``): a pinned role is held at its pin, whatever the above.
@@ -49,11 +51,20 @@ from services.common.planner.config import PlannerConfig
 from services.common.planner.forecast import error, new_forecaster, observe, predict
 from services.common.planner.inputs import PerfView, PlannerInputs, PlannerState, WindowView
 from services.common.planner.records import RoleChange
+from services.common.planner.sessionkv import SessionFloor, session_floor
 from services.common.planner.spec import DeploymentSpec, RoleSpec, SLOClassSpec
 from services.common.planner.stability import RoleState, stabilise
 from services.common.planner.victims import active, pick_victims
 
-__all__ = ["Decision", "apply_ratio_bounds", "clamp_role", "finish", "on_tick", "perf_for"]
+__all__ = [
+    "Decision",
+    "apply_ratio_bounds",
+    "clamp_role",
+    "finish",
+    "on_tick",
+    "perf_for",
+    "role_floor",
+]
 
 _EPS = 1e-9
 
@@ -165,6 +176,17 @@ def _feedback(
     return boost, ""
 
 
+def role_floor(
+    inputs: PlannerInputs, role: RoleSpec, perf: PerfLike, cfg: PlannerConfig
+) -> SessionFloor:
+    """The role's scale-in floor from its instances' active sessions (0 when off)."""
+    tokens = sum(i.active_session_tokens for i in inputs.instances if i.role == role.name)
+    kv = inputs.kv_tokens.get(role.role) or perf.kv_capacity_tokens
+    if not cfg.session_kv_floor:
+        return SessionFloor(0, tokens, kv, cfg.session_kv_headroom)
+    return session_floor(tokens, kv, cfg.session_kv_headroom)
+
+
 def _planned_rate(observed: float, ahead: float | None, current: float | None) -> float:
     """The rate to plan for: the observed rate times the growth the forecast expects
     between the current bucket and ``now + lead`` (never below observed). Applying the
@@ -249,16 +271,14 @@ def on_tick(now: float, inputs: PlannerInputs, cfg: PlannerConfig | None = None)
         up = _ceil(need) + boost
         down = _ceil(need_down) + boost
         idle = w.rate_rps <= 0 and not ahead
-        step = stabilise(
-            now,
-            desired[role.name],
-            up,
-            down,
-            idle,
-            replace(rs, boost=boost),
-            cfg,
-            role.min_replicas,
-        )
+        have, rs_now = desired[role.name], replace(rs, boost=boost)
+        step = stabilise(now, have, up, down, idle, rs_now, cfg, role.min_replicas)
+        floor = role_floor(inputs, role, perf, cfg)
+        lowest = max(role.min_replicas, min(floor.replicas, have))
+        if step.target < lowest:  # the scale-in would leave the active sessions no room
+            step = stabilise(now, have, up, down, idle, rs_now, cfg, lowest)
+            binding = f"{role.name}:session-kv"
+            boost_why = "; ".join(x for x in (boost_why, floor.why()) if x)
         roles_state[role.name] = step.state
         targets[role.name] = clamp_role(role, step.target)
         if targets[role.name] != step.target:

@@ -105,7 +105,9 @@ class PlannerInputs:
     why); ``perf`` maps role kind ("prefill", "decode", "worker") to its model, and a kind
     without one falls back to the spec's ``perf_profile`` prior; ``startup_s`` is each role
     kind's measured start-up time (lead time); ``pins`` are roles a manual scale pinned
-    (``{role: replicas}``), which every policy holds there."""
+    (``{role: replicas}``), which every policy holds there; ``kv_tokens`` is the KV tokens
+    one instance of a role kind holds (absent or 0: the perf model's), which the scale-in
+    floor of the active sessions' KV divides by (:mod:`.sessionkv`)."""
 
     spec: DeploymentSpec
     desired: Mapping[str, int]
@@ -116,3 +118,4 @@ class PlannerInputs:
     state: PlannerState = PlannerState()
     telemetry_error: str = ""
     pins: Mapping[str, int] = field(default_factory=dict)
+    kv_tokens: Mapping[str, int] = field(default_factory=dict)

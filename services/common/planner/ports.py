@@ -30,7 +30,10 @@ class InstanceView:
     error) plus the load the planner needs for backlog and victim cost, which the driver
     does not know (the seam fills it from the engine's ``/metrics``), and
     ``session_blocks``: the KV blocks of the live agent sessions homed there, which a
-    scale-in would have to move (kvmeta's figure; 0 when kvmeta is not configured). The
+    scale-in would have to move (kvmeta's figure; 0 when kvmeta is not configured), and
+    ``active_session_tokens``: the prefix tokens of those sessions that are *active* (a turn
+    in flight, one ended within kvmeta's active window, or a predicted return ahead), which
+    the planner's scale-in floor keeps room for (:mod:`.sessionkv`). The
     properties keep the planner's vocabulary: ``role`` is the role's *name* in the spec."""
 
     status: InstanceStatus
@@ -38,6 +41,7 @@ class InstanceView:
     queued: int = 0
     cached_blocks: int = 0
     session_blocks: int = 0
+    active_session_tokens: int = 0
 
     @classmethod
     def of(
@@ -52,6 +56,7 @@ class InstanceView:
         queued: int = 0,
         cached_blocks: int = 0,
         session_blocks: int = 0,
+        active_session_tokens: int = 0,
         detail: str = "",
     ) -> InstanceView:
         """A view built by hand (fakes, tests, the virtual-time benchmark): the role kind
@@ -60,7 +65,7 @@ class InstanceView:
             instance_id, deployment, role, Role.WORKER, InstanceState(state), endpoint=url,
             last_error=detail,
         )  # fmt: skip
-        return cls(status, in_flight, queued, cached_blocks, session_blocks)
+        return cls(status, in_flight, queued, cached_blocks, session_blocks, active_session_tokens)
 
     @property
     def instance_id(self) -> str:
