@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from itertools import islice, repeat
+from itertools import islice, repeat, takewhile
 
 from services.common.dataplane.blocks import SlotPool
 from services.common.engine_core.kvcache_state import full_state
@@ -123,12 +123,7 @@ class KVCache:
 
     def match(self, hashes: Sequence[int]) -> int:
         """Number of leading ``hashes`` resident now (no side effects)."""
-        n = 0
-        for h in hashes:
-            if h not in self._blocks:
-                break
-            n += 1
-        return n
+        return len(list(takewhile(self._blocks.__contains__, hashes)))  # in C
 
     def slot_of(self, h: int) -> int | None:
         """The slot of a resident cached block (None if not resident)."""
