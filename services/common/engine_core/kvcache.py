@@ -397,10 +397,16 @@ class KVCache:
         tenant = alloc.tenant
         self._grow(slots)
         par, ten, refs = self._parent, self._tenant, self._refs
-        for slot, p in zip(slots, (parent, *new[:-1]), strict=True):
-            par[slot] = p
-            ten[slot] = tenant
-            refs[slot] = 1
+        a, n = slots[0], len(slots)
+        if slots[-1] - a == n - 1 and slots == list(range(a, a + n)):  # consecutive: slices
+            par[a : a + n] = (parent, *new[:-1])
+            ten[a : a + n] = repeat(tenant, n)
+            refs[a : a + n] = repeat(1, n)
+        else:
+            for slot, p in zip(slots, (parent, *new[:-1]), strict=True):
+                par[slot] = p
+                ten[slot] = tenant
+                refs[slot] = 1
         self._blocks.update(zip(new, slots, strict=True))
         self._filled.extend(zip(new, slots, strict=True))
         alloc.committed.extend(new)
