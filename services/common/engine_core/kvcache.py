@@ -421,15 +421,18 @@ class KVCache:
         if alloc is None:
             return
         self._private -= alloc.private
-        blocks, lru, refs = self._blocks, self._lru, self._refs  # _unref per block, inlined
-        for h in reversed(alloc.shared + alloc.committed):
-            slot = blocks.get(h)
+        refs = self._refs
+        held = alloc.shared + alloc.committed
+        held.reverse()
+        freed: list[int] = []  # unreferenced now, leaf first: they go last in the LRU order
+        for h, slot in zip(held, map(self._blocks.get, held), strict=True):
             if slot is None:
                 continue
             left = refs[slot] - 1
             refs[slot] = left
-            if left == 0:  # not in the LRU order while referenced: it goes last
-                lru[h] = None
+            if left == 0:
+                freed.append(h)
+        self._lru.update(dict.fromkeys(freed))  # none of them is in it while referenced
 
     def clear(self) -> bool:
         """Drop every unreferenced cached block and emit ALL_CLEARED. Refused (False) while
