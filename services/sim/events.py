@@ -39,6 +39,11 @@ class EventQueue:
         return len(self._heap)
 
     @property
+    def heap(self) -> list[tuple[float, int, str, Any]]:
+        """The heap itself, for a loop that pops with ``heapq.heappop`` and sets ``now``."""
+        return self._heap
+
+    @property
     def pushed(self) -> int:
         """Events pushed so far (a measure of the run's work)."""
         return self._seq

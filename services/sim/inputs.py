@@ -22,6 +22,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from typing import overload
 
 import numpy as np
 
@@ -35,7 +36,7 @@ from services.common.tokens import (
     tokenize,
 )
 
-__all__ = ["Arrival", "Prompts", "arrivals", "repeated"]
+__all__ = ["Arrival", "Prompts", "ShiftedIds", "arrivals", "repeated"]
 
 Arrival = tuple[float, TraceRequest]
 """(arrival in ms of modelled time, the request)."""
@@ -59,9 +60,45 @@ def repeated(requests: Sequence[TraceRequest], n: int) -> Iterator[TraceRequest]
             continue
         ids = r.hash_ids
         if ids is not None and rnd:
-            shift = rnd * top
-            ids = tuple(h + shift for h in ids)
+            ids = ShiftedIds(ids, rnd * top)
         yield replace(r, index=k, arrival_s=r.arrival_s + rnd * period, hash_ids=ids)
+
+
+class ShiftedIds(Sequence[int]):
+    """A repeated request's hash ids: its original's plus ``shift``, computed when read (a
+    million replayed requests would otherwise hold some fifty million int objects). Equal
+    to, and hashed as, the tuple of its ids."""
+
+    __slots__ = ("base", "shift")
+
+    def __init__(self, base: Sequence[int], shift: int) -> None:
+        self.base, self.shift = base, shift
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __iter__(self) -> Iterator[int]:
+        return map(self.shift.__add__, self.base)
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[int, ...]: ...
+    def __getitem__(self, i: int | slice) -> int | tuple[int, ...]:
+        if isinstance(i, slice):
+            return tuple(map(self.shift.__add__, self.base[i]))
+        return self.base[i] + self.shift
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ShiftedIds | tuple):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
 
 
 def arrivals(

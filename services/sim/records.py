@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from services.common.routing.types import Pick, RequestView
+from services.common.routing.types import Choice, EndpointView, Pick, RequestView
 
-__all__ = ["Diag", "SimRequest"]
+__all__ = ["Diag", "SimRequest", "lean_pick"]
 
 
 @dataclass(slots=True)
@@ -21,7 +21,7 @@ class SimRequest:
     out: int  # max_tokens = the trace's output length (at least 1), ignore_eos
     view: RequestView
     gateway: int = 0
-    pick: Pick | None = None
+    pick: Pick | None = None  # once ended, lean: ids and predictions (:func:`lean_pick`)
     first: float | None = None  # the first streamed chunk (the client's first token)
     last: float | None = None
     cached: int = 0
@@ -43,6 +43,24 @@ class SimRequest:
         """The instance that served its tokens, the aggregated or decode one (the session
         home the gateway reports); "" when never picked."""
         return self.pick.decode.endpoint.instance_id if self.pick is not None else ""
+
+
+def lean_pick(pick: Pick, views: dict[str, EndpointView]) -> Pick:
+    """``pick`` as a finished request keeps it: its predictions, and its endpoints as their
+    ids, URLs and roles only (one view per instance, kept in ``views``), without the
+    per-plugin scores. A run of a million requests would otherwise keep a million copies of
+    the endpoints' load views and score tuples."""
+
+    def lean(c: Choice) -> Choice:
+        e = c.endpoint
+        v = views.get(e.instance_id)
+        if v is None:
+            v = views[e.instance_id] = EndpointView(e.instance_id, e.url, e.role)
+        return Choice(v, c.score)
+
+    return replace(
+        pick, decode=lean(pick.decode), prefill=None if pick.prefill is None else lean(pick.prefill)
+    )
 
 
 @dataclass

@@ -11,6 +11,7 @@ gateway has: the scrape (or the load stream's snapshot) plus its own reservation
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -24,14 +25,14 @@ from services.common.engine_core.core import (
     StepResult,
 )
 from services.common.perfmodel import get_profile
-from services.common.routing.types import Pick, RequestView, Shed
+from services.common.routing.types import EndpointView, Pick, RequestView, Shed
 from services.sim.autoscale import Planner, Served, Window
 from services.sim.config import SimConfig
 from services.sim.events import EventQueue
 from services.sim.fleet import Engines, Instance
 from services.sim.inputs import Arrival, Prompts, arrivals
 from services.sim.memory import AgentMemory
-from services.sim.records import Diag, SimRequest
+from services.sim.records import Diag, SimRequest, lean_pick
 from services.sim.routing import Gateways, note_pick, precise_matches
 from services.sim.scalein import ScaleInRecord
 from services.sim.scaling import Scaling
@@ -89,7 +90,8 @@ class Simulation(Scaling):
         self.arrivals: list[Arrival] = arrivals(
             trace, cfg.max_requests, cfg.time_divisor, cfg.offset
         )
-        self.reqs: dict[str, SimRequest] = {}
+        self.reqs: dict[str, SimRequest] = {}  # the requests not ended yet
+        self.lean_views: dict[str, EndpointView] = {}
         self.order: list[SimRequest] = []
         self.prompts = Prompts(trace.block_tokens)
         self.full_load = cfg.load_source == "stream"
@@ -146,8 +148,10 @@ class Simulation(Scaling):
             "drain": self.drain,
         }
         tick = 0
-        while pending and len(q):
-            now, kind, p = q.pop()
+        heap, pop = q.heap, heapq.heappop  # EventQueue.pop, inlined (millions of events)
+        while pending and heap:
+            now, _, kind, p = pop(heap)
+            q.now = now
             pending -= handlers[kind](p, now)
             tick += 1
             if progress is not None and tick % 20_000 == 0:
@@ -287,6 +291,9 @@ class Simulation(Scaling):
         req.error = error
         req.endings += 1
         req.prompt = ()  # the engines hold their own reference while they need it
+        self.reqs.pop(req.rid, None)  # nothing refers to an ended request by its id
+        if req.pick is not None:
+            req.pick = lean_pick(req.pick, self.lean_views)
         if self.memory is not None:
             if error is None:
                 self.memory.end(req.rid, req.home, now, prefill=req.target)

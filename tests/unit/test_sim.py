@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from array import array
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from services.common.tokens import tokenize
 from services.sim import SimConfig, simulate
 from services.sim.autoscale import AutoscaleConfig
 from services.sim.cli import main as sim_main
-from services.sim.inputs import Prompts, arrivals, repeated
+from services.sim.inputs import Prompts, ShiftedIds, arrivals, repeated
 from services.sim.results import BENCH_WALL_KEYS, SIM_KEYS
 from services.sim.timeline import COLUMNS
 from tests.helpers.engines import EngineFleet
@@ -73,6 +74,27 @@ def test_a_short_trace_repeats_with_fresh_prefix_ids(n: int, rounds: int) -> Non
         assert [(r.input_length, r.output_length) for r in rnd] == [
             (r.input_length, r.output_length) for r in base[: len(rnd)]
         ]
+
+
+@pytest.mark.parametrize(
+    ("read", "want"),
+    [
+        (lambda s: list(s), [13, 14, 15]),
+        (lambda s: s[1], 14),
+        (lambda s: s[-1], 15),
+        (lambda s: s[:2], (13, 14)),
+        (lambda s: len(s), 3),
+        (lambda s: s == (13, 14, 15), True),
+        (lambda s: s == (13, 14), False),
+        (lambda s: hash(s) == hash((13, 14, 15)), True),
+        (lambda s: 14 in s, True),
+    ],
+    ids=["iter", "index", "last", "slice", "len", "eq", "ne", "hash", "contains"],
+)
+def test_shifted_ids_read_as_the_tuple_of_shifted_ids(
+    read: Callable[[ShiftedIds], object], want: object
+) -> None:
+    assert read(ShiftedIds((3, 4, 5), 10)) == want
 
 
 def test_arrivals_divide_trace_time_by_rate_scale_and_speedup() -> None:

@@ -49,7 +49,7 @@ class TraceRequest:
     arrival_s: float
     input_length: int
     output_length: int
-    hash_ids: tuple[int, ...] | None = None
+    hash_ids: Sequence[int] | None = None  # a tuple when read from a file
 
 
 @dataclass(frozen=True, slots=True)

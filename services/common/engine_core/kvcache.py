@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from itertools import islice, repeat
+from itertools import islice, repeat, takewhile
 
 from services.common.dataplane.blocks import SlotPool
 from services.common.engine_core.kvcache_state import full_state
@@ -75,7 +75,13 @@ class KVCache:
         self.capacity_blocks = capacity_blocks
         self.running_blocks = running_blocks or capacity_blocks
         self.block_size = block_size
-        self._blocks: dict[int, _Block] = {}
+        # A cached block is its slot (hash -> slot) and, per slot, its parent hash, tenant
+        # and reference count: lists indexed by slot (grown to the highest slot taken), not
+        # an object per block (a simulated fleet holds millions of blocks).
+        self._blocks: dict[int, int] = {}
+        self._parent: list[int] = []
+        self._tenant: list[str] = []
+        self._refs: list[int] = []
         self._lru: OrderedDict[int, None] = OrderedDict()  # unreferenced cached, oldest first
         self._private = 0
         self._seqs: dict[str, Allocation] = {}
@@ -117,17 +123,11 @@ class KVCache:
 
     def match(self, hashes: Sequence[int]) -> int:
         """Number of leading ``hashes`` resident now (no side effects)."""
-        n = 0
-        for h in hashes:
-            if h not in self._blocks:
-                break
-            n += 1
-        return n
+        return len(list(takewhile(self._blocks.__contains__, hashes)))  # in C
 
     def slot_of(self, h: int) -> int | None:
         """The slot of a resident cached block (None if not resident)."""
-        b = self._blocks.get(h)
-        return None if b is None else b.slot
+        return self._blocks.get(h)
 
     def drain_filled(self) -> list[tuple[int, int]]:
         """(hash, slot) of the blocks committed since the last call, in commit order."""
@@ -172,8 +172,8 @@ class KVCache:
         seen: set[int] = set()
         victims = []
         for h in hashes:
-            b = self._blocks.get(h)
-            if b is not None and b.refs == 0 and h not in seen:
+            slot = self._blocks.get(h)
+            if slot is not None and self._refs[slot] == 0 and h not in seen:
                 seen.add(h)
                 victims.append(h)
         self._remove(victims)
@@ -239,7 +239,7 @@ class KVCache:
                 self._flush_run(run, run_parent, tenant)
                 run = []
             else:
-                self._blocks[h] = _Block(prev, tenant, slot)
+                self._place(h, slot, prev, tenant, 0)
                 if not run:
                     run_parent = prev
                 run.append(h)
@@ -273,9 +273,8 @@ class KVCache:
         matched = self.match(hashes)
         private = max(0, total_blocks - matched)
         # Matched blocks that are unreferenced now stop being evictable.
-        evictable_after = len(self._lru) - sum(
-            1 for h in hashes[:matched] if self._blocks[h].refs == 0
-        )
+        # (an unreferenced cached block is exactly one in the LRU order)
+        evictable_after = len(self._lru) - sum(map(self._lru.__contains__, hashes[:matched]))
         if private > self.free_blocks + evictable_after + len(self._held):
             return None
         if self._over_running(hashes[:matched], private):
@@ -288,8 +287,12 @@ class KVCache:
             if private > self.free_blocks:
                 return None
         shared = hashes[:matched]
+        blocks, refs, lru = self._blocks, self._refs, self._lru  # _ref per block, inlined
         for h in shared:
-            self._ref(h)
+            slot = blocks[h]
+            if refs[slot] == 0:
+                lru.pop(h, None)
+            refs[slot] += 1
         self._evict(private - self.free_blocks)
         self._private += private
         self.query_tokens += len(hashes) * self.block_size
@@ -305,9 +308,8 @@ class KVCache:
             return None
         matched = self.match(hashes)
         private = max(0, total_blocks - matched)
-        evictable_after = len(self._lru) - sum(
-            1 for h in hashes[:matched] if self._blocks[h].refs == 0
-        )
+        # (an unreferenced cached block is exactly one in the LRU order)
+        evictable_after = len(self._lru) - sum(map(self._lru.__contains__, hashes[:matched]))
         if self._over_running(hashes[:matched], private):
             return False
         return private <= self.free_blocks + evictable_after + len(self._held)
@@ -317,7 +319,7 @@ class KVCache:
         blocks referenced by sequences past ``running_blocks``."""
         if self.running_blocks >= self.capacity_blocks:
             return False
-        newly = sum(1 for h in shared if self._blocks[h].refs == 0)
+        newly = sum(map(self._lru.__contains__, shared))
         held = self._private + len(self._blocks) - len(self._lru)
         return held + newly + private > self.running_blocks
 
@@ -330,6 +332,16 @@ class KVCache:
         """
         alloc = self._seqs[seq_id]
         start = len(alloc.shared) + len(alloc.committed)
+        tail = hashes[start:]
+        if (
+            0 < len(tail) <= alloc.private
+            and not any(map(self._blocks.__contains__, tail))
+            and len(set(tail)) == len(tail)
+        ):  # none resident (the common case): one run, in bulk
+            taken = self._slots.take(len(tail))
+            assert taken is not None  # cached + held blocks never outnumber the slots
+            self._commit_run(alloc, hashes, start, taken)
+            return
         # The slots of the blocks the loop below adds, taken at once (the same slots, in the
         # same order, as one at a time): the hashes not resident, while private blocks last.
         fresh: set[int] = set()
@@ -340,9 +352,7 @@ class KVCache:
                 fresh.add(h)
         taken = self._slots.take(len(fresh))
         assert taken is not None  # cached + held blocks never outnumber the slots
-        if len(fresh) == len(hashes) - start > 0:  # none resident: one run, in bulk
-            self._commit_run(alloc, hashes, start, taken)
-            return
+        self._grow(taken)
         slots = iter(taken)
         run: list[int] = []
         run_parent = 0
@@ -354,6 +364,7 @@ class KVCache:
             alloc.committed,
             alloc.tenant,
         )
+        parents, tenants, refs = self._parent, self._tenant, self._refs
         private = alloc.private
         for i in range(start, len(hashes)):
             h = hashes[i]
@@ -364,7 +375,8 @@ class KVCache:
                 continue
             parent = hashes[i - 1] if i else 0
             slot = next(slots)
-            blocks[h] = _Block(parent, tenant, slot, refs=1)
+            blocks[h] = slot
+            parents[slot], tenants[slot], refs[slot] = parent, tenant, 1
             filled.append((h, slot))
             private -= 1
             committed.append(h)
@@ -383,9 +395,19 @@ class KVCache:
         new = hashes[start:]
         parent = hashes[start - 1] if start else 0
         tenant = alloc.tenant
-        parents = [parent, *new[:-1]]
-        made = map(_Block, parents, repeat(tenant), slots, repeat(1))
-        self._blocks.update(zip(new, made, strict=True))
+        self._grow(slots)
+        par, ten, refs = self._parent, self._tenant, self._refs
+        a, n = slots[0], len(slots)
+        if slots[-1] - a == n - 1 and slots == list(range(a, a + n)):  # consecutive: slices
+            par[a : a + n] = (parent, *new[:-1])
+            ten[a : a + n] = repeat(tenant, n)
+            refs[a : a + n] = repeat(1, n)
+        else:
+            for slot, p in zip(slots, (parent, *new[:-1]), strict=True):
+                par[slot] = p
+                ten[slot] = tenant
+                refs[slot] = 1
+        self._blocks.update(zip(new, slots, strict=True))
         self._filled.extend(zip(new, slots, strict=True))
         alloc.committed.extend(new)
         self._flush_run(new, parent, tenant)
@@ -399,22 +421,25 @@ class KVCache:
         if alloc is None:
             return
         self._private -= alloc.private
-        blocks, lru = self._blocks, self._lru  # _unref per block, inlined
-        for h in reversed(alloc.shared + alloc.committed):
-            b = blocks.get(h)
-            if b is None:
+        refs = self._refs
+        held = alloc.shared + alloc.committed
+        held.reverse()
+        freed: list[int] = []  # unreferenced now, leaf first: they go last in the LRU order
+        for h, slot in zip(held, map(self._blocks.get, held), strict=True):
+            if slot is None:
                 continue
-            b.refs -= 1
-            if b.refs == 0:
-                lru[h] = None
-                lru.move_to_end(h)
+            left = refs[slot] - 1
+            refs[slot] = left
+            if left == 0:
+                freed.append(h)
+        self._lru.update(dict.fromkeys(freed))  # none of them is in it while referenced
 
     def clear(self) -> bool:
         """Drop every unreferenced cached block and emit ALL_CLEARED. Refused (False) while
         any sequence holds blocks, as engines refuse ``flush_cache`` with requests running."""
         if self._seqs:
             return False
-        self._slots.give([b.slot for b in self._blocks.values()])
+        self._slots.give(list(self._blocks.values()))
         self._filled.clear()
         self._blocks.clear()
         self._lru.clear()
@@ -429,14 +454,17 @@ class KVCache:
     def resident(self) -> dict[str, set[int]]:
         """Hashes of the cached (indexable) blocks by tenant; private blocks are not included."""
         out: dict[str, set[int]] = {}
-        for h, b in self._blocks.items():
-            out.setdefault(b.tenant, set()).add(h)
+        tenants = self._tenant
+        for h, slot in self._blocks.items():
+            out.setdefault(tenants[slot], set()).add(h)
         return out
 
     def full_state(self) -> list[KVEventRecord]:
         """The resident set as events (:func:`~services.common.engine_core.kvcache_state.full_state`).
         Pure: the outbox is not touched; take it right after :meth:`drain_events`."""
-        return full_state(self._blocks, self.block_size)
+        par, ten, refs = self._parent, self._tenant, self._refs
+        blocks = {h: _Block(par[s], ten[s], s, refs[s]) for h, s in self._blocks.items()}
+        return full_state(blocks, self.block_size)
 
     # -- internals -----------------------------------------------------------------------
     def _flush_run(self, run: list[int], parent: int, tenant: str) -> None:
@@ -447,20 +475,20 @@ class KVCache:
                 )
             )
 
-    def _ref(self, h: int) -> None:
-        b = self._blocks[h]
-        if b.refs == 0:
-            self._lru.pop(h, None)
-        b.refs += 1
+    def _place(self, h: int, slot: int, parent: int, tenant: str, refs: int) -> None:
+        """A cached block: ``h`` in ``slot``."""
+        self._grow((slot,))
+        self._blocks[h] = slot
+        self._parent[slot], self._tenant[slot], self._refs[slot] = parent, tenant, refs
 
-    def _unref(self, h: int) -> None:
-        b = self._blocks.get(h)
-        if b is None:
-            return
-        b.refs -= 1
-        if b.refs == 0:
-            self._lru[h] = None
-            self._lru.move_to_end(h)
+    def _grow(self, slots: Sequence[int]) -> None:
+        """The per-slot lists long enough for ``slots``."""
+        top = max(slots, default=-1) + 1
+        more = top - len(self._refs)
+        if more > 0:
+            self._parent.extend(repeat(0, more))
+            self._tenant.extend(repeat("", more))
+            self._refs.extend(repeat(0, more))
 
     def _evict(self, n: int, keep: set[int] | None = None) -> None:
         """Evict up to ``n`` unreferenced blocks, least recent first, none of ``keep``;
@@ -480,7 +508,7 @@ class KVCache:
         for h in victims:
             del self._lru[h]
             self._protected.discard(h)
-            slot = self._blocks.pop(h).slot
+            slot = self._blocks.pop(h)
             if self.hold_evicted:
                 self._held[slot] = h
                 self._evicted.append((h, slot))

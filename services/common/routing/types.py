@@ -98,7 +98,7 @@ class EndpointSnapshot:
         if len(by_id) != len(items):
             raise ValueError("duplicate instance_id in endpoint snapshot")
         self._items = items
-        self._by_id: Mapping[str, EndpointView] = MappingProxyType(by_id)
+        self._by_id: Mapping[str, EndpointView] | None = MappingProxyType(by_id)
         self._pools: tuple[int, tuple[EndpointView, ...], tuple[EndpointView, ...]] | None = None
         # (eligible count, item indexes of the decode pool, of the prefill pool)
         self._pool_idx: tuple[int, tuple[int, ...], tuple[int, ...]] | None = None
@@ -135,7 +135,6 @@ class EndpointSnapshot:
         if pos is None:
             pos = self._pos = {e.instance_id: i for i, e in enumerate(self._items)}
         items = list(self._items)
-        by_id = dict(self._by_id)
         same_pools = True
         for v in views:
             i = pos.get(v.instance_id)
@@ -144,12 +143,12 @@ class EndpointSnapshot:
             old = items[i]
             if old is v:
                 continue
-            items[i] = by_id[v.instance_id] = v
+            items[i] = v
             if old.eligible != v.eligible or old.role != v.role:
                 same_pools = False
         new = EndpointSnapshot.__new__(EndpointSnapshot)
         new._items = tuple(items)
-        new._by_id = MappingProxyType(by_id)
+        new._by_id = None  # by position (``_pos``, the same ids in the same order)
         new._pools = None
         new._pool_idx = self._pool_idx if same_pools else None
         new._pos = pos
@@ -182,6 +181,10 @@ class EndpointSnapshot:
         return len(self._items)
 
     def get(self, instance_id: str) -> EndpointView | None:
+        if self._by_id is None:
+            assert self._pos is not None
+            i = self._pos.get(instance_id)
+            return None if i is None else self._items[i]
         return self._by_id.get(instance_id)
 
     @property

@@ -102,9 +102,12 @@ def payload_block_hashes(
     out: list[int] = []
     step = block_size * _ITEM
     # Each block's payload is the parent hash (8 bytes, little-endian), then its ids.
+    # (_h64 inlined: a long prompt has hundreds of blocks.)
+    append, from_bytes = out.append, int.from_bytes
     for start in range(0, len(payload) - len(payload) % step, step):
-        h = _h64(h.to_bytes(8, "little") + payload[start : start + step])
-        out.append(h)
+        data = h.to_bytes(8, "little") + payload[start : start + step]
+        h = from_bytes(blake2b(data, digest_size=8).digest(), "little") or 1
+        append(h)
     return out
 
 
