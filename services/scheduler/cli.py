@@ -163,11 +163,11 @@ _GATEWAY_FLAGS: tuple[Flag, ...] = (
     flag(
         "--dispatch-protect",
         choices=("off", "guard", "slack", "auto"),
-        default="auto",
+        default="off",
         help="while an engine serves a request that can still meet its TTFT (until its first "
         "byte), hold other prompts for it, each at most its class's starve_after_ms (guard: "
         "every prompt but the smallest; slack: those longer than the guards' predicted slack; "
-        "auto, the default: guard while the fleet is overloaded; off)",
+        "auto: guard while the fleet is overloaded; default off)",
     ),
     flag(
         "--dispatch-protect-when-missed",

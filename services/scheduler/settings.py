@@ -110,7 +110,7 @@ class SchedulerSettings(ServiceSettings):
         "0 = off",
     )
     dispatch_protect: Literal["off", "guard", "slack", "auto"] = Field(
-        "auto",
+        "off",
         description="dispatch order: while an engine serves a request that can still meet its "
         "TTFT target (until its first byte), hold other prompts for it, each at most its "
         "class's starve_after_ms (services.common.admission.protect); guard: every prompt "

@@ -257,7 +257,7 @@ def test_bad_slo_config_file_is_one_line(tmp_path: Path, text: str, error: str) 
 
 @pytest.mark.parametrize(
     ("argv", "protect", "slack", "when_missed"),
-    [((), True, False, DISPATCH_PROTECT_WHEN_MISSED),
+    [((), False, False, 0.0),
      (("--dispatch-protect", "off"), False, False, 0.0),
      (("--dispatch-protect", "guard"), True, False, 0.0),
      (("--dispatch-protect", "slack"), True, True, 0.0),

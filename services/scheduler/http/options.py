@@ -53,7 +53,7 @@ class GatewayOptions:
     # byte), hold other prompts for it, at most the class's starve_after_ms
     # (admission.protect): off, guard (all but the smallest), slack, or auto (guard while at
     # least dispatch_protect_when_missed of the recent offers were predicted late).
-    dispatch_protect: Literal["off", "guard", "slack", "auto"] = "auto"
+    dispatch_protect: Literal["off", "guard", "slack", "auto"] = "off"
     dispatch_protect_when_missed: float = DISPATCH_PROTECT_WHEN_MISSED
     # Tokenizer + block-hash scheme of this deployment (default: the simulator's).
     tokens: TokenPath = field(default_factory=TokenPath)
