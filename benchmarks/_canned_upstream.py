@@ -38,6 +38,25 @@ def native_streams(chat_sse: bytes, sse_chunks: int) -> dict[str, str]:
     }
 
 
+def chat_stream(sse_chunks: int) -> bytes:
+    """The canned chat stream: ``sse_chunks`` one-token chunks, usage on the last."""
+    usage = {"prompt_tokens": 128, "completion_tokens": sse_chunks,
+             "total_tokens": 128 + sse_chunks, "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
+    events = []
+    for i in range(sse_chunks):
+        last = i == sse_chunks - 1
+        chunk: dict[str, Any] = {
+            "id": "chatcmpl-canned", "object": "chat.completion.chunk", "created": 1,
+            "model": MODEL, "choices": [{"index": 0, "delta": {"content": " tok"},
+                                         "logprobs": None,
+                                         "finish_reason": "length" if last else None}],
+        }  # fmt: skip
+        if last:
+            chunk["usage"] = usage
+        events.append("data: " + json.dumps(chunk) + "\n\n")
+    return ("".join(events) + "data: [DONE]\n\n").encode()
+
+
 def nginx_config(workdir: Path, port: int, sse_chunks: int) -> Path:
     model_dir = workdir / "model"
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -55,19 +74,7 @@ def nginx_config(workdir: Path, port: int, sse_chunks: int) -> Path:
     completion = {"id": "cmpl-canned", "object": "text_completion", "created": 1, "model": MODEL,
                   "choices": [{"index": 0, "text": " ".join(["tok"] * sse_chunks),
                                "logprobs": None, "finish_reason": "length"}], "usage": usage}  # fmt: skip
-    events = []
-    for i in range(sse_chunks):
-        last = i == sse_chunks - 1
-        chunk: dict[str, Any] = {
-            "id": "chatcmpl-canned", "object": "chat.completion.chunk", "created": 1,
-            "model": MODEL, "choices": [{"index": 0, "delta": {"content": " tok"},
-                                         "logprobs": None,
-                                         "finish_reason": "length" if last else None}],
-        }  # fmt: skip
-        if last:
-            chunk["usage"] = usage
-        events.append("data: " + json.dumps(chunk) + "\n\n")
-    sse = "".join(events) + "data: [DONE]\n\n"
+    sse = chat_stream(sse_chunks).decode()
     native = native_streams(sse.encode(), sse_chunks)
     metrics = "".join(
         f'sglang:{n}{{model_name="{MODEL}"}} 0.0\n'

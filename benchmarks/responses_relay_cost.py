@@ -38,9 +38,10 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _canned_upstream import chat_stream as canned_chat_stream
 from _canned_upstream import native_streams
 from _harness import command_line, machine
-from _loadgen import MODEL, request_bytes
+from _loadgen import request_bytes
 
 from services.common import jsonfast
 from services.scheduler.core.records import RequestContext
@@ -52,21 +53,7 @@ CHUNKS = 8
 
 def chat_stream() -> bytes:
     """The canned upstream's chat stream (8 tokens, usage on the last chunk)."""
-    usage = {"prompt_tokens": 128, "completion_tokens": CHUNKS, "total_tokens": 128 + CHUNKS,
-             "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
-    events = []
-    for i in range(CHUNKS):
-        last = i == CHUNKS - 1
-        chunk: dict[str, Any] = {
-            "id": "chatcmpl-canned", "object": "chat.completion.chunk", "created": 1,
-            "model": MODEL, "choices": [{"index": 0, "delta": {"content": " tok"},
-                                         "logprobs": None,
-                                         "finish_reason": "length" if last else None}],
-        }  # fmt: skip
-        if last:
-            chunk["usage"] = usage
-        events.append("data: " + json.dumps(chunk) + "\n\n")
-    return ("".join(events) + "data: [DONE]\n\n").encode()
+    return canned_chat_stream(CHUNKS)
 
 
 def _ctx() -> RequestContext:
