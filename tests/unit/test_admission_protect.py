@@ -117,3 +117,17 @@ def test_auto_protects_only_while_most_offers_are_predicted_late(
     assert went is goes
     assert s.missed_share() == pytest.approx(share)
     assert s.overloaded is not goes
+
+
+def test_ended_guards_do_not_pile_up_below_the_auto_threshold() -> None:
+    """Under ``auto`` below its threshold nothing consults the guards, yet every timely
+    dispatch adds one: the ones whose first byte came must still leave the instance's heap
+    (else each dispatch walks every guard there ever was)."""
+    s = DispatchShaper(ShaperConfig(50.0, "slo", protect=True, protect_when_missed=0.7))
+    now = 0.0
+    for i in range(500):
+        now += 0.01
+        assert s.offer(f"r{i}", "e0", 1.0, now, deadline=now + 2.0, protect_ms=1000.0)
+        s.first_byte(f"r{i}", "e0", now + 0.001)
+    assert not s.overloaded
+    assert len(s._guards._inst["e0"].guards) <= 1

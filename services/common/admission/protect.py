@@ -88,14 +88,19 @@ class Guards:
         )
 
     def delay(self, instance_id: str, ms: float) -> None:
-        """Work of ``ms`` went to the instance: its live guards' first bytes move by it."""
+        """Work of ``ms`` went to the instance: its live guards' first bytes move by it.
+        The instance's heap drops its ended guards here too: nothing else may look at it
+        for a long time (``auto`` protection consults the guards only under overload)."""
         inst = self._inst.get(instance_id)
         if inst is None or ms <= 0:
             return
         live = self._live
-        for _, r in inst.guards:
-            if r in live:
-                live[r][1] += ms / 1000.0
+        alive = [g for g in inst.guards if g[1] in live]
+        if len(alive) < len(inst.guards):
+            heapq.heapify(alive)
+            inst.guards = alive
+        for _, r in alive:
+            live[r][1] += ms / 1000.0
 
     # -- held late requests and their bounds ---------------------------------------------
     def hold(self, instance_id: str, rid: str, until: float) -> None:
