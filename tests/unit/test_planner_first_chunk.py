@@ -47,15 +47,20 @@ def test_the_ttft_target_is_split(
 
 
 @pytest.mark.parametrize(
-    ("tokens", "batch"),
-    [(1, 66), (16, 38)],
-    ids=["tpot-batch", "first-chunk-batch"],
-)
-def test_decode_batch_fits_the_first_chunk(tokens: int, batch: int) -> None:
-    need = decode_need(PERF, DEMAND, Targets(1000.0, 50.0), 1.0, FirstChunk(tokens))
+    ("tokens", "targets", "batch", "named"),
+    [(1, Targets(1000.0, 50.0), 66, False),
+     (16, Targets(1000.0, 50.0), 38, True),
+     (16, Targets(1000.0, 0.0), 38, True),
+     (16, Targets(3000.0, 50.0), 66, False)],
+    ids=["tpot-batch", "first-chunk-batch", "first-chunk-no-tpot-target", "tpot-binds"],
+)  # fmt: skip
+def test_decode_batch_fits_the_first_chunk(
+    tokens: int, targets: Targets, batch: int, named: bool
+) -> None:
+    need = decode_need(PERF, DEMAND, targets, 1.0, FirstChunk(tokens))
     assert need.feasible
     assert f"/ batch {batch} " in need.detail
-    assert ("first chunk" in need.detail) is (tokens > 1)
+    assert ("first chunk" in need.detail) is named
 
 
 def test_prefill_is_sized_for_what_the_first_chunk_leaves() -> None:

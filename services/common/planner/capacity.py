@@ -194,7 +194,8 @@ def decode_need(
     concurrency = d.rate_rps * d.output_tokens * step / 1000.0
     need = concurrency / max(1, batch)
     detail = f"concurrency {concurrency:.1f} / batch {batch} at step <= {step:.1f} ms"
-    if first.tokens > 1 and t.ttft_ms > 0 and bound is not None and bound < t.tpot_ms * headroom:
+    tpot_budget = t.tpot_ms * headroom if t.tpot_ms > 0 else None
+    if first.tokens > 1 and t.ttft_ms > 0 and bound is not None and bound != tpot_budget:
         detail += f" (first chunk: {first.tokens - 1} steps in {first.share:g} of the TTFT target)"
     if kv_bound:
         detail += f" (KV-bound: {kv} tokens / context {ctx})"
