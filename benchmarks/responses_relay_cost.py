@@ -23,7 +23,6 @@ Prints one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -40,7 +39,7 @@ if __package__ in (None, ""):
 
 from _canned_upstream import chat_stream as canned_chat_stream
 from _canned_upstream import native_streams
-from _harness import command_line, machine
+from _harness import command_line, emit_json, machine
 from _loadgen import request_bytes
 
 from services.common import jsonfast
@@ -203,9 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         ref = best[f"chat/{stage}"]
         doc["stages"][name] = {"min": best[name], "rounds": v,
                                "minus_chat": round(best[name] - ref, 2)}  # fmt: skip
-    text = json.dumps(doc, indent=2)
-    Path(args.out).write_text(text + "\n", encoding="utf-8")
-    print(text)
+    emit_json(doc, args.out)
     return 0
 
 
