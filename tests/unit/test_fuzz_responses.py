@@ -17,12 +17,8 @@ from hypothesis import strategies as st
 
 from services.common import jsonfast
 from services.common.apis.responses import parse_responses
-from services.common.apis.responses_stream import (
-    ChatToResponses,
-    NativeResponses,
-    plain_event,
-    usual_shape,
-)
+from services.common.apis.responses_native import NativeResponses, plain_event, usual_shape
+from services.common.apis.responses_stream import ChatToResponses
 from services.scheduler.core.records import RequestContext
 from services.scheduler.http.openai import ApiError, parse_request
 from services.scheduler.http.responses import ResponsesApi

@@ -14,12 +14,8 @@ from services.common.apis.responses import (
     parse_responses,
 )
 from services.common.apis.responses_answer import from_chat
-from services.common.apis.responses_stream import (
-    ChatToResponses,
-    NativeResponses,
-    plain_event,
-    sse_events,
-)
+from services.common.apis.responses_native import NativeResponses, plain_event
+from services.common.apis.responses_stream import ChatToResponses, sse_events
 
 M = "m"
 

@@ -51,12 +51,8 @@ from services.common.apis.responses import (
     parse_responses,
 )
 from services.common.apis.responses_answer import from_chat
-from services.common.apis.responses_stream import (
-    ChatToResponses,
-    NativeResponses,
-    final_event,
-    patch_response,
-)
+from services.common.apis.responses_native import NativeResponses, patch_response
+from services.common.apis.responses_stream import ChatToResponses, final_event
 from services.scheduler.core.records import RequestContext
 from services.scheduler.http.openai import H_TENANT, ApiError, ParsedRequest, json_body
 from services.scheduler.keys.gate import KEY_KEY
