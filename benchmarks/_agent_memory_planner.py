@@ -28,21 +28,14 @@ import sys
 import time
 from dataclasses import replace
 
+from _agent_memory_scalein import p95_ratio, ttft_by_index
+
 from services.common.bench.traces import Trace
 from services.sim.autoscale import AutoscaleConfig
 from services.sim.config import SimConfig
 from services.sim.run import SimRun, Simulation
 
 __all__ = ["measure"]
-
-
-def _p95(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(0.95 * len(s)))] if s else 0.0
-
-
-def _ratio(a: list[float], b: list[float]) -> float | None:
-    return _p95(a) / _p95(b) if a and b and _p95(b) > 0 else None
 
 
 def _run(cfg: SimConfig, trace: Trace, label: str) -> tuple[Simulation, SimRun]:
@@ -52,14 +45,6 @@ def _run(cfg: SimConfig, trace: Trace, label: str) -> tuple[Simulation, SimRun]:
     print(f"planner {label} {cfg.agent_memory} seed={cfg.seed}: {len(run.requests)} requests, "
           f"{time.process_time() - t0:.1f} CPU-s", file=sys.stderr)  # fmt: skip
     return sim, run
-
-
-def _ttft(run: SimRun) -> dict[int, float]:
-    return {
-        r.index: r.first - r.arrival
-        for r in run.requests
-        if r.first is not None and r.error is None
-    }
 
 
 def _ok(run: SimRun) -> set[int]:
@@ -107,7 +92,7 @@ def _figures(
         t = gone.get(str(ids[0]) if ids else "")
         if t is not None and req.arrival >= t:
             follow.append(req.index)
-    a, b = _ttft(run), _ttft(fixed)
+    a, b = ttft_by_index(run), ttft_by_index(fixed)
     both = [i for i in follow if i in a and i in b]
     first = min((r.removed_ms for r in recs if r.removed_ms is not None), default=None)
     after = [
@@ -117,8 +102,8 @@ def _figures(
     ]
     prefix = sum(r.prefix_blocks for r in recs)
     return {
-        "ttft_p95_vs_no_scale_in": _ratio([a[i] for i in both], [b[i] for i in both]),
-        "all_ttft_p95_vs_no_scale_in": _ratio([a[i] for i in after], [b[i] for i in after]),
+        "ttft_p95_vs_no_scale_in": p95_ratio([a[i] for i in both], [b[i] for i in both]),
+        "all_ttft_p95_vs_no_scale_in": p95_ratio([a[i] for i in after], [b[i] for i in after]),
         "lost": float(len(_ok(fixed) - _ok(run))),
         "kept_ratio": sum(r.kept_blocks for r in recs) / prefix if prefix else None,
         "removed": float(len(recs)),

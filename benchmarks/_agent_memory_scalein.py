@@ -19,7 +19,7 @@ from services.common.bench.traces import Trace
 from services.sim.config import SimConfig
 from services.sim.run import SimRun, Simulation
 
-__all__ = ["measure", "removal_s"]
+__all__ = ["measure", "p95_ratio", "removal_s", "ttft_by_index"]
 
 
 def _p95(xs: list[float]) -> float:
@@ -42,7 +42,8 @@ def _run(cfg: SimConfig, trace: Trace) -> tuple[Simulation, SimRun]:
     return sim, run
 
 
-def _ttft(run: SimRun) -> dict[int, float]:
+def ttft_by_index(run: SimRun) -> dict[int, float]:
+    """Each served request's TTFT (modelled ms), by its index in the trace."""
     return {
         r.index: r.first - r.arrival
         for r in run.requests
@@ -50,7 +51,8 @@ def _ttft(run: SimRun) -> dict[int, float]:
     }
 
 
-def _ratio(a: list[float], b: list[float]) -> float | None:
+def p95_ratio(a: list[float], b: list[float]) -> float | None:
+    """p95 of ``a`` over p95 of ``b`` (None when either is empty or ``b``'s is 0)."""
     return _p95(a) / _p95(b) if a and b and _p95(b) > 0 else None
 
 
@@ -82,7 +84,7 @@ def _one(cfg: SimConfig, trace: Trace, at: float, base: SimRun) -> dict[str, flo
         if t is not None and req.arrival >= t:
             follow.append(req.index)
             first.setdefault(s, req.index)
-    a, b = _ttft(run), _ttft(base)
+    a, b = ttft_by_index(run), ttft_by_index(base)
     both = [i for i in follow if i in a and i in b]
     firsts = [i for i in first.values() if i in a and i in b]
     mem = sim.memory.summary() if sim.memory is not None else {}
@@ -92,8 +94,8 @@ def _one(cfg: SimConfig, trace: Trace, at: float, base: SimRun) -> dict[str, flo
         "scale_in.failed": float(len(sim.arrivals) - len(_ok(run))),
         "scale_in.kept_ratio": kept / prefix if prefix else None,
         "scale_in.kept_unmigrated_ratio": unmigrated / prefix if prefix else None,
-        "scale_in.ttft_p95_vs_no_scale_in": _ratio([a[i] for i in both], [b[i] for i in both]),
-        "scale_in.first_followup_ttft_p95_vs_no_scale_in": _ratio(
+        "scale_in.ttft_p95_vs_no_scale_in": p95_ratio([a[i] for i in both], [b[i] for i in both]),
+        "scale_in.first_followup_ttft_p95_vs_no_scale_in": p95_ratio(
             [a[i] for i in firsts], [b[i] for i in firsts]
         ),
         "scale_in.ttft_p95_ms": _p95([a[i] for i in both]) if both else None,
