@@ -188,6 +188,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-offload", choices=("pressure", "eager"), default="pressure",
                    help="agent memory: idle sessions past the budget stay on the GPU while it "
                    "has room (pressure) or are offloaded at once (eager)")  # fmt: skip
+    p.add_argument("--memory-tier-mib", type=whole, default=None,
+                   help="agent memory: the KV-cache tier's size in MiB (a kvcache role's "
+                   "--kvcache-mib, DRAM plus disk; default: a deployment's kvcache roles, "
+                   "else unbounded)")  # fmt: skip
     p.add_argument("--scale-in-at-s", type=num, default=None,
                    help="remove engines at this modelled second (the autoscaler's victim rule, "
                    "drain, then with agent memory migrate their sessions)")  # fmt: skip
@@ -268,6 +272,7 @@ def config(args: argparse.Namespace) -> SimConfig:
         agent_memory=args.agent_memory,
         memory_budget_share=args.memory_budget_share,
         memory_offload=args.memory_offload,
+        memory_tier_mib=args.memory_tier_mib,
         scale_in_at_s=args.scale_in_at_s,
         scale_in_count=args.scale_in_count,
         autoscale=AutoscaleConfig(

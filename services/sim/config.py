@@ -19,7 +19,16 @@ from services.common.admission.shaper import (
 from services.common.perfmodel import DEFAULT_PROFILE, get_profile
 from services.sim.autoscale import AutoscaleConfig
 
-__all__ = ["SimConfig", "SimConfigError"]
+__all__ = ["SimConfig", "SimConfigError", "tier_blocks"]
+
+MIB = 1 << 20
+
+
+def tier_blocks(mib: int, engine_profile: str, block_size: int) -> int:
+    """How many ``block_size``-token KV blocks of ``engine_profile``'s model ``mib`` MiB
+    hold (a tier's size, as ``--kvcache-mib`` gives it, in the simulator's blocks)."""
+    return mib * MIB // (get_profile(engine_profile).kv_bytes_per_token * block_size)
+
 
 LoadSource = Literal["scrape", "stream"]
 
@@ -97,6 +106,9 @@ class SimConfig:
     agent_memory: str | None = None
     memory_budget_share: float = 0.2
     memory_tier_blocks: int = 1 << 22
+    # the tier's size in MiB (as a kvcache role's --kvcache-mib, DRAM plus disk), which
+    # replaces memory_tier_blocks when set: blocks of the engine profile's KV bytes
+    memory_tier_mib: int | None = None
     # idle sessions past the budget: "pressure" (kept on the GPU while it has room) or
     # "eager" (offloaded at once; the rule before)
     memory_offload: str = "pressure"
@@ -118,6 +130,13 @@ class SimConfig:
     @property
     def time_divisor(self) -> float:
         return self.rate_scale * self.speedup
+
+    @property
+    def tier_blocks(self) -> int:
+        """The agent-memory tier's size in blocks (``memory_tier_mib`` when set)."""
+        if self.memory_tier_mib is None:
+            return self.memory_tier_blocks
+        return tier_blocks(self.memory_tier_mib, self.engine_profile, self.block_size)
 
     def validate(self) -> SimConfig:
         """``self`` when runnable; raises ``SimConfigError`` otherwise."""
@@ -153,6 +172,8 @@ class SimConfig:
             )
         if not 0.0 <= self.memory_budget_share <= 1.0 or self.memory_tier_blocks < 0:
             raise SimConfigError("--memory-budget-share in [0, 1], --memory-tier-blocks >= 0")
+        if self.memory_tier_mib is not None and self.memory_tier_mib < 0:
+            raise SimConfigError(f"--memory-tier-mib must be >= 0, got {self.memory_tier_mib}")
         if self.memory_offload not in ("pressure", "eager"):
             raise SimConfigError(f"--memory-offload: pressure or eager, got {self.memory_offload}")
         if self.scale_in_at_s is not None:

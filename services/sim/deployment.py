@@ -5,8 +5,10 @@ What the simulator takes from the spec:
 
 - the fleet: the ``worker`` roles' replicas as aggregated engines, or the ``prefill`` and
   ``decode`` roles' as a P/D fleet (a spec with both kinds is refused: the simulator runs one
-  layout); ``kvcache`` roles are not engines and are left out (the simulator's tier is its
-  own, ``--agent-memory``);
+  layout);
+- the ``kvcache`` roles as the agent-memory tier's size (``--agent-memory``): their replicas
+  times each one's ``--kvcache-mib`` (default 1024) plus ``--kvcache-disk-mib``, unless the
+  command line gives ``--memory-tier-mib``;
 - ``scheduler_profile`` (the routing profile), ``perf_profile`` (the engines' performance
   profile) and ``kv_block_size``, where set;
 - the engines' batch limits and KV blocks, where the engine roles' ``args`` set them
@@ -33,26 +35,41 @@ from services.common.planner.spec import DeploymentSpec, RoleSpec, SLOClassSpec
 from services.sim.autoscale import AutoscaleConfig
 from services.sim.config import SimConfig, SimConfigError
 
-__all__ = ["engine_settings", "from_spec"]
+__all__ = ["engine_settings", "from_spec", "tier_mib"]
 
 FLAGS = {"--max-batch": "max_batch", "--max-batched-tokens": "max_batched_tokens",
          "--kv-blocks": "kv_blocks"}  # fmt: skip
+TIER_FLAGS = {"--kvcache-mib": "dram", "--kvcache-disk-mib": "disk"}
+KVCACHE_MIB = 1024
+"""A kvcache instance's DRAM segment without ``--kvcache-mib`` (``tideserve engine``'s)."""
 
 
-def _flags(args: Sequence[str]) -> dict[str, int]:
-    """The engine settings in one role's ``args`` (``--flag N`` or ``--flag=N``)."""
+def _flags(args: Sequence[str], flags: dict[str, str] = FLAGS) -> dict[str, int]:
+    """The settings ``flags`` names in one role's ``args`` (``--flag N`` or ``--flag=N``)."""
     out: dict[str, int] = {}
     for i, a in enumerate(args):
         flag, eq, value = a.partition("=")
-        if flag not in FLAGS:
+        if flag not in flags:
             continue
         if not eq:
             value = args[i + 1] if i + 1 < len(args) else ""
         try:
-            out[FLAGS[flag]] = int(value)
+            out[flags[flag]] = int(value)
         except ValueError:
-            raise SimConfigError(f"engine args: {flag} takes an integer, got {value!r}") from None
+            raise SimConfigError(f"role args: {flag} takes an integer, got {value!r}") from None
     return out
+
+
+def tier_mib(roles: Sequence[RoleSpec]) -> int | None:
+    """The KV-cache tier's MiB the ``kvcache`` roles hold (None: no such role)."""
+    tiers = [r for r in roles if r.role == "kvcache"]
+    if not tiers:
+        return None
+    total = 0
+    for r in tiers:
+        got = _flags(r.args, TIER_FLAGS)
+        total += r.replicas * (got.get("dram", KVCACHE_MIB) + got.get("disk", 0))
+    return total
 
 
 def engine_settings(roles: Sequence[RoleSpec]) -> dict[str, int]:
@@ -103,6 +120,9 @@ def from_spec(spec: DeploymentSpec, base: SimConfig, *, autoscale: bool) -> SimC
         block_size=spec.kv_block_size or base.block_size,
         slo_ttft_ms=base.slo_ttft_ms or (cls.ttft_ms if cls and cls.ttft_ms > 0 else None),
         slo_tpot_ms=base.slo_tpot_ms or (cls.tpot_ms if cls and cls.tpot_ms > 0 else None),
+        memory_tier_mib=(
+            base.memory_tier_mib if base.memory_tier_mib is not None else tier_mib(spec.roles)
+        ),
     )
     if autoscale:
         auto = base.autoscale or AutoscaleConfig()

@@ -3,8 +3,9 @@
 
 For every family (layout x routing profile x P:D share) the search bisects over the number
 of instances, each candidate one ``tideserve sim`` run of the same trace, config and seed;
-then it varies the engines' batch limits and KV blocks around the winner
-(:func:`~services.sim.search.refine`: a setting changes only where it saves an instance),
+then it varies the engines' batch limits and KV blocks around the winner, and with
+``--agent-memory`` the KV-cache tier's size (:func:`~services.sim.search.refine`: a setting
+changes only where it saves an instance; then the smallest tier that still passes),
 and runs the winner autoscaled under planner settings (:mod:`services.sim.planner_search`:
 the spec's ``planner`` section, kept where it saves replica-seconds and meets the SLOs);
 it prints what it tried and why each candidate lost, writes the JSON (``--out``) and the
@@ -34,8 +35,10 @@ from services.common.routing.config import ConfigError
 from services.sim import SimConfig, SimConfigError, simulate
 from services.sim.planner_search import PlannerOutcome, parse_axes, planner_rows, runner, tune
 from services.sim.policies import replica_seconds
+from services.sim.recommend_table import planner_table, row, table
 from services.sim.search import (
     SETTINGS,
+    TIER,
     Candidate,
     Family,
     Layout,
@@ -46,6 +49,7 @@ from services.sim.search import (
     recommend,
     refine,
     smallest_passing,
+    smallest_tier,
     spec_of,
 )
 
@@ -62,6 +66,10 @@ examples:
   # no refinement of the engine settings (batch limits, KV blocks) after the size search
   tideserve recommend --trace t.jsonl --slo-ttft-ms 1000 --slo-tpot-ms 50 \
       --try-max-batch '' --try-max-batched-tokens '' --try-kv-blocks ''
+
+  # agent sessions with retention: also size the KV-cache tier (a kvcache role in the spec)
+  tideserve recommend --trace agentic.jsonl --slo-ttft-ms 2000 --slo-tpot-ms 100 \
+      --agent-memory retention --tier-mib 262144 --try-tier-mib 0,65536,1048576
 
   # aggregated only, two routing profiles, at most 12 instances
   tideserve recommend --trace t.jsonl --slo-ttft-ms 1000 --slo-tpot-ms 50 \\
@@ -108,6 +116,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="refine: tokens per step to try (default 2048,4096,16384)")  # fmt: skip
     p.add_argument("--try-kv-blocks", default="8192,32768",
                    help="refine: KV blocks per engine to try (default 8192,32768)")  # fmt: skip
+    p.add_argument("--agent-memory", choices=("lru", "retention", "prefetch"),
+                   help="model agent sessions' KV in every run, as tideserve sim does "
+                   "(retention and prefetch offload to a KV-cache tier)")  # fmt: skip
+    p.add_argument("--tier-mib", type=int, default=262144,
+                   help="agent memory: the KV-cache tier's size in MiB (default 262144)")  # fmt: skip
+    p.add_argument("--try-tier-mib", default="0,65536,1048576",
+                   help="refine, with --agent-memory retention or prefetch: tier sizes to try "
+                   "(MiB; 0 = no tier; default 0,65536,1048576)")  # fmt: skip
     p.add_argument("--try-policy", default="reactive",
                    help="planner step: policies to try besides sla (default reactive)")  # fmt: skip
     p.add_argument("--try-predictor", default="constant",
@@ -166,11 +182,17 @@ def _families(args: argparse.Namespace) -> list[Family]:
     return families(ls, _csv(args.profiles), shares)
 
 
+def _tiered(args: argparse.Namespace) -> bool:
+    """The runs model agent memory with a tier (retention or prefetch)."""
+    return args.agent_memory in ("retention", "prefetch")
+
+
 def _axes(args: argparse.Namespace) -> list[tuple[str, list[int]]]:
-    """The refinement's settings and values, in :data:`SETTINGS` order (empty lists left
-    out); raises ``SimConfigError`` for a value that is not a whole number >= 1."""
+    """The refinement's settings and values, in :data:`SETTINGS` order, then the tier's
+    with agent memory (empty lists left out); raises ``SimConfigError`` for a value that is
+    not a whole number >= 1 (>= 0 for the tier)."""
     out = []
-    for name in SETTINGS:
+    for name in (*SETTINGS, TIER) if _tiered(args) else SETTINGS:
         text = getattr(args, f"try_{name}")
         try:
             values = [int(x) for x in _csv(text)]
@@ -178,8 +200,9 @@ def _axes(args: argparse.Namespace) -> list[tuple[str, list[int]]]:
             raise SimConfigError(
                 f"--try-{name.replace('_', '-')}: not integers: {text!r}"
             ) from None
-        if any(v < 1 for v in values):
-            raise SimConfigError(f"--try-{name.replace('_', '-')}: values must be >= 1")
+        if any(v < (0 if name == TIER else 1) for v in values):
+            bound = 0 if name == TIER else 1
+            raise SimConfigError(f"--try-{name.replace('_', '-')}: values must be >= {bound}")
         if values:
             out.append((name, values))
     return out
@@ -208,21 +231,27 @@ def _base(args: argparse.Namespace) -> SimConfig:
         max_batched_tokens=args.max_batched_tokens,
         slo_ttft_ms=args.slo_ttft_ms,
         slo_tpot_ms=args.slo_tpot_ms,
+        agent_memory=args.agent_memory,
+        memory_tier_mib=args.tier_mib if _tiered(args) else None,
     ).validate()
 
 
 def _config(base: SimConfig, c: Candidate) -> SimConfig:
     s = {**defaults(base), **dict(c.settings)}
     cfg = replace(base, profile=c.family.profile, max_batch=s["max_batch"],
-                  max_batched_tokens=s["max_batched_tokens"], kv_blocks=s["kv_blocks"])  # fmt: skip
+                  max_batched_tokens=s["max_batched_tokens"], kv_blocks=s["kv_blocks"],
+                  memory_tier_mib=s.get(TIER))  # fmt: skip
     if c.engines:
         return replace(cfg, engines=c.engines).validate()
     return replace(cfg, prefill=c.prefill, decode=c.decode).validate()
 
 
 def defaults(base: SimConfig) -> dict[str, int]:
-    """The base's value of every setting the refinement varies."""
-    return {name: int(getattr(base, name)) for name in SETTINGS}
+    """The base's value of every setting the refinement varies (the tier's with one)."""
+    out = {name: int(getattr(base, name)) for name in SETTINGS}
+    if base.memory_tier_mib is not None:
+        out[TIER] = base.memory_tier_mib
+    return out
 
 
 def search(
@@ -235,8 +264,9 @@ def search(
     progress: Any = None,
     axes: list[tuple[str, list[int]]] | None = None,
 ) -> tuple[Outcome | None, list[Outcome]]:
-    """Every family's smallest passing size, then the engine settings refined around the
-    cheapest (``axes``): (the recommendation, every outcome)."""
+    """Every family's smallest passing size, then the engine settings (and with agent
+    memory the tier) refined around the cheapest (``axes``), then the smallest tier that
+    still passes at its size: (the recommendation, every outcome)."""
     cache: dict[tuple[int, int, int, str, tuple[tuple[str, int], ...]], Outcome] = {}
 
     def run(c: Candidate) -> Outcome:
@@ -262,80 +292,19 @@ def search(
     for fam in fams:
         _, outcomes = smallest_passing(fam, lo, hi, run)
         seen += [o for o in outcomes if o not in seen]
-    best, _ = recommend(seen)
+    base_settings = defaults(base)
+    tier_base = base_settings.get(TIER, 0)
+    best, _ = recommend(seen, tier_base)
     if best is not None and axes:
-        _, outcomes = refine(best, axes, defaults(base), run)
+        _, outcomes = refine(best, axes, base_settings, run)
         seen += [o for o in outcomes if o not in seen]
-        best, _ = recommend(seen)
+        best, _ = recommend(seen, tier_base)
+    tiers = dict(axes or ()).get(TIER)
+    if best is not None and tiers is not None:
+        _, outcomes = smallest_tier(best, tiers, tier_base, run)
+        seen += [o for o in outcomes if o not in seen]
+        best, _ = recommend(seen, tier_base)
     return best, seen
-
-
-def _row(o: Outcome, why: str, percentile: int, base: dict[str, int]) -> dict[str, Any]:
-    c = o.candidate
-    settings = {**base, **dict(c.settings)}
-    return {
-        "candidate": c.label,
-        "layout": c.family.layout,
-        "profile": c.family.profile,
-        "engines": c.engines,
-        "prefill": c.prefill,
-        "decode": c.decode,
-        "instances": c.instances,
-        **{name: value for name, value in settings.items()},
-        "settings_changed": dict(c.settings),
-        f"ttft_p{percentile}_ms": round(o.ttft_ms, 1),
-        f"tpot_p{percentile}_ms": round(o.tpot_ms, 2),
-        "slo_attainment": round(o.attainment, 4),
-        "failed": o.failed,
-        "passes": o.passes,
-        "why_not": why,
-        **o.extra,
-    }
-
-
-def _table(rows: list[dict[str, Any]], percentile: int) -> str:
-    head = (
-        f"{'fleet':<12} {'profile':<12} {'batch':>5} {'tokens':>6} {'kv':>6} "
-        f"{'TTFT p' + str(percentile):>11} {'TPOT':>8} {'attain':>7}  verdict"
-    )
-    lines = [head]
-    for r in rows:
-        verdict = "RECOMMENDED" if r["passes"] and not r["why_not"] else r["why_not"]
-        fleet = f"{r['engines']} workers" if r["engines"] else f"{r['prefill']}P+{r['decode']}D"
-        lines.append(
-            f"{fleet:<12} {r['profile']:<12} {r['max_batch']:>5} {r['max_batched_tokens']:>6} "
-            f"{r['kv_blocks']:>6} {r[f'ttft_p{percentile}_ms']:>9.0f}ms "
-            f"{r[f'tpot_p{percentile}_ms']:>6.1f}ms {r['slo_attainment']:>7.3f}  {verdict}"
-        )
-    return "\n".join(lines)
-
-
-def _planner_table(rows: list[dict[str, Any]], percentile: int) -> str:
-    lines = [
-        "the recommended fleet autoscaled (from its size; a role 1 to twice the largest):",
-        f"{'planner settings':<44} {'replica-s':>9} {'vs fixed':>8} {'peak':>4} "
-        f"{'TTFT p' + str(percentile):>11} {'TPOT':>8}  verdict",
-    ]
-    for r in rows:
-        what = (
-            r["planner"]
-            if isinstance(r["planner"], str)
-            else ", ".join(f"{k}={v}" for k, v in r["planner"].items())
-        )
-        verdict = "BEST" if r["passes"] and not r["why_not"] else r["why_not"]
-        ratio = "-" if r["replica_s_vs_fixed"] is None else f"{r['replica_s_vs_fixed']:.3f}"
-        lines.append(
-            f"{what:<44} {r['replica_s']:>9.0f} {ratio:>8} {r['peak_replicas']:>4} "
-            f"{r[f'ttft_p{percentile}_ms']:>9.0f}ms {r[f'tpot_p{percentile}_ms']:>6.1f}ms  "
-            f"{verdict}"
-        )
-    best = next((r for r in rows if r["passes"] and not r["why_not"]), None)
-    if best is not None and (best["replica_s_vs_fixed"] or 0.0) > 1.0:
-        lines.append(
-            f"(autoscaled, the best settings cost {best['replica_s_vs_fixed']:.2f}x the fixed "
-            "fleet's replica-seconds on this trace)"
-        )
-    return "\n".join(lines)
 
 
 def _document(
@@ -347,9 +316,9 @@ def _document(
     tuned: tuple[PlannerOutcome, list[PlannerOutcome]] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The search's JSON (its spec None when nothing passes) and the table's rows."""
-    best, table = recommend(seen)
     settings = defaults(base)
-    rows = [_row(o, why, slo.percentile, settings) for o, why in table]
+    best, ranked = recommend(seen, settings.get(TIER, 0))
+    rows = [row(o, why, slo.percentile, settings) for o, why in ranked]
     spec = None
     if best is not None:
         engine_args = ("--profile", args.engine_profile)
@@ -447,14 +416,14 @@ def run(args: argparse.Namespace) -> int:
         Path(args.out).write_text(text + "\n", encoding="utf-8")
     if doc["spec"] is not None and args.spec_out:
         Path(args.spec_out).write_text(yaml.safe_dump(doc["spec"], sort_keys=False), "utf-8")
-    print(text if args.json else _table(rows, slo.percentile))
+    print(text if args.json else table(rows, slo.percentile))
     if not args.json and doc["beyond_context"]:
         print(
             f"({doc['beyond_context']} requests exceed the model's context: they fail on every "
             "candidate and are not counted against any)"
         )
     if not args.json and "planner" in doc:
-        print("\n" + _planner_table(doc["planner"]["tried"], slo.percentile))
+        print("\n" + planner_table(doc["planner"]["tried"], slo.percentile))
     if best is None:
         print(
             f"tideserve recommend: no candidate up to {args.max_instances} instances meets "

@@ -110,7 +110,7 @@ class Simulation(Scaling):
         self.scale_ins: list[ScaleInRecord] = []
         self.memory = (
             AgentMemory(cfg.agent_memory, self.caches, self.perf, cfg.block_size,
-                        budget_share=cfg.memory_budget_share, tier_blocks=cfg.memory_tier_blocks,
+                        budget_share=cfg.memory_budget_share, tier_blocks=cfg.tier_blocks,
                         keep_unprotected=cfg.memory_offload == "pressure",
                         window_s=cfg.scale_in_window_s)
             if cfg.agent_memory is not None

@@ -16,10 +16,12 @@ is a callback, so the tests drive the search with made-up outcomes.
   ``[lo, hi]``, assuming more instances never serve the same traffic worse; it also
   returns every outcome it saw, so the table of what was tried is complete.
 - :func:`refine` then varies the engine settings (batch limits, KV blocks per engine: the
-  :data:`SETTINGS`) around the winner, one setting at a time (coordinate descent): every
+  :data:`SETTINGS`; with agent memory also the KV-cache tier's size, :data:`TIER`) around
+  the winner, one setting at a time (coordinate descent): every
   other value of a setting at one instance fewer, taking the best that passes and trying
   its values at one fewer again, until none passes; so a setting is changed only when it
   saves an instance, and a setting costs at most values x (instances saved + 1) runs.
+  :func:`smallest_tier` then tries the smaller tiers at the winner's size.
 - :func:`recommend` picks the cheapest passing candidate over all families (ties: higher
   attainment, then lower TTFT at the percentile, then fewer changed settings) and says for
   every other candidate why it lost.
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = [
+    "TIER",
     "Candidate",
     "Family",
     "Outcome",
@@ -42,6 +45,7 @@ __all__ = [
     "recommend",
     "refine",
     "smallest_passing",
+    "smallest_tier",
     "spec_of",
 ]
 
@@ -56,6 +60,14 @@ SETTINGS: dict[str, str] = {
 """The engine settings :func:`refine` varies, with the ``tideserve engine`` flag that sets
 each (the spec's role ``args``): running sequences, tokens per step (the prefill chunk), and
 KV blocks per engine (the cache each engine holds)."""
+
+TIER = "tier_mib"
+"""The KV-cache tier's size in MiB, a setting :func:`refine` varies like the engines' when the
+search models agent memory: in the spec, a ``kvcache`` role of that size (``--kvcache-mib``)
+and the engines' flags that offload to it (0: no tier)."""
+
+TIER_ENGINE_ARGS = ("--kvcache-tier", "--kvcache-policy", "offload_on_evict")
+"""The engine flags that store evicted KV blocks on the tier and look it up again."""
 
 Settings = tuple[tuple[str, int], ...]
 
@@ -213,9 +225,16 @@ def smallest_passing(
     return best, seen
 
 
-def _rank(o: Outcome) -> tuple[int, float, float, int, str]:
-    c = o.candidate
-    return (c.instances, -o.attainment, o.ttft_ms, len(c.settings), c.label)
+def _ranker(tier_base: int = 0) -> Callable[[Outcome], tuple[int, int, float, float, int, str]]:
+    """Cheapest first: fewer instances, then a smaller tier (``tier_base``: the tier of a
+    candidate that does not change it), then higher attainment, lower TTFT, fewer changes."""
+
+    def rank(o: Outcome) -> tuple[int, int, float, float, int, str]:
+        c = o.candidate
+        tier = dict(c.settings).get(TIER, tier_base)
+        return (c.instances, tier, -o.attainment, o.ttft_ms, len(c.settings), c.label)
+
+    return rank
 
 
 def _with(settings: Settings, name: str, value: int, default: int) -> Settings:
@@ -251,13 +270,36 @@ def refine(
             passing = [o for o in tried if o.passes]
             if not passing:
                 break
-            cur, moved = min(passing, key=_rank), True
+            cur, moved = min(passing, key=_ranker(defaults.get(TIER, 0))), True
     return cur, seen
 
 
-def recommend(outcomes: Sequence[Outcome]) -> tuple[Outcome | None, list[tuple[Outcome, str]]]:
+def smallest_tier(
+    best: Outcome, values: Sequence[int], base: int, run: Callable[[Candidate], Outcome]
+) -> tuple[Outcome, list[Outcome]]:
+    """``best`` with the smallest tier below its own, of ``values`` and the ``base``, that
+    still passes at its size (a smaller tier costs less; the instances stay): (the new
+    best, every outcome seen)."""
+    c = best.candidate
+    now = dict(c.settings).get(TIER, base)
+    seen: list[Outcome] = []
+    for v in sorted({*values, base}):
+        if v >= now:
+            break
+        got = run(c.family.at(c.instances, _with(c.settings, TIER, v, base)))
+        seen.append(got)
+        if got.passes:
+            return got, seen
+    return best, seen
+
+
+def recommend(
+    outcomes: Sequence[Outcome], tier_base: int = 0
+) -> tuple[Outcome | None, list[tuple[Outcome, str]]]:
     """The cheapest passing outcome (None: none passes) and every outcome with why it is
-    not the recommendation ("" for the recommendation itself), cheapest first."""
+    not the recommendation ("" for the recommendation itself), cheapest first
+    (``tier_base``: the tier of the candidates that do not change it)."""
+    _rank = _ranker(tier_base)
     passing = sorted((o for o in outcomes if o.passes), key=_rank)
     best = passing[0] if passing else None
     table: list[tuple[Outcome, str]] = []
@@ -270,6 +312,8 @@ def recommend(outcomes: Sequence[Outcome]) -> tuple[Outcome | None, list[tuple[O
             assert best is not None
             if o.candidate.instances > best.candidate.instances:
                 why = f"passes, but {o.candidate.instances} instances > {best.candidate.instances}"
+            elif _rank(o)[1] > _rank(best)[1]:
+                why = "passes, but with a larger tier"
             else:
                 why = "passes at the same cost with lower attainment, higher TTFT or more changes"
         table.append((o, why))
@@ -293,7 +337,8 @@ def spec_of(
     engines: its replicas as each role's start, room to scale to ``max_replicas`` (default:
     twice the start), and the SLO as the ``interactive`` class the planner holds it to.
     The engine settings (``settings``, the base's, with the candidate's changes over them)
-    are the engines' flags in each role's ``args``; ``planner``: the spec's ``planner``
+    are the engines' flags in each role's ``args``; a :data:`TIER` above 0 is one
+    ``kvcache`` instance of that size, which the engines offload to; ``planner``: the spec's ``planner``
     section; ``keep_min``: each role's minimum is its start (the planner never scales
     below the recommended fleet)."""
     every = {**(settings or {}), **dict(candidate.settings)}
@@ -301,6 +346,9 @@ def spec_of(
     for setting, flag in SETTINGS.items():
         if setting in every:
             engine_args += [flag, str(every[setting])]
+    tier = every.get(TIER, 0)
+    if tier:
+        engine_args += TIER_ENGINE_ARGS
 
     def role(rname: str, kind: str, n: int, **extra: Any) -> dict[str, Any]:
         top = max(n, max_replicas if max_replicas is not None else 2 * n)
@@ -322,6 +370,11 @@ def spec_of(
             role("prefill", "prefill", candidate.prefill),
             role("decode", "decode", candidate.decode, dependencies=["prefill"]),
         ]
+    if tier:
+        roles.append({
+            "name": "kvcache", "role": "kvcache", "replicas": 1, "min_replicas": 1,
+            "max_replicas": 1, "engine": "sim", "args": ["--kvcache-mib", str(tier)],
+        })  # fmt: skip
     spec: dict[str, Any] = {
         "name": name,
         "model": model,

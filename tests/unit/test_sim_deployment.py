@@ -37,7 +37,13 @@ BATCH = {"name": "batch", "priority": 1, "ttft_ms": 9000, "tpot_ms": 200}
         (spec(role("w", "worker", 3)), False, {"engines": 3, "prefill": 0, "decode": 0}),
         (spec(role("p", "prefill", 2), role("dd", "decode", 5)), False,
          {"prefill": 2, "decode": 5}),
-        (spec(role("w", "worker", 2), role("kv", "kvcache", 1)), False, {"engines": 2}),
+        (spec(role("w", "worker", 2), role("kv", "kvcache", 1)), False,
+         {"engines": 2, "memory_tier_mib": 1024}),
+        (spec(role("w", "worker", 2),
+              {**role("kv", "kvcache", 2), "args": ["--kvcache-mib", "4096",
+                                                    "--kvcache-disk-mib=8192"]}), False,
+         {"engines": 2, "memory_tier_mib": 2 * (4096 + 8192)}),
+        (spec(role("w", "worker", 2)), False, {"memory_tier_mib": None}),
         (spec(role("w", "worker", 4), scheduler_profile="cache_aware",
               perf_profile="h200x8-llama3.1-70b", kv_block_size=32), False,
          {"profile": "cache_aware", "engine_profile": "h200x8-llama3.1-70b", "block_size": 32}),
@@ -57,7 +63,8 @@ BATCH = {"name": "batch", "priority": 1, "ttft_ms": 9000, "tpot_ms": 200}
               {**role("dd", "decode", 1), "args": ["--max-batched-tokens", "2048"]}), False,
          {"max_batched_tokens": 2048, "max_batch": 256}),
     ],
-    ids=["workers", "pd", "kvcache-left-out", "profiles-and-blocks", "top-priority-slo",
+    ids=["workers", "pd", "kvcache-is-the-tier", "kvcache-dram-and-disk", "no-kvcache-no-tier",
+         "profiles-and-blocks", "top-priority-slo",
          "autoscaled-from-zero", "autoscaled-pd", "planner-settings", "engine-args",
          "pd-engine-args"],
 )  # fmt: skip
@@ -166,3 +173,20 @@ def test_recommends_engine_settings_come_back_from_its_spec() -> None:
     cfg = from_spec(parse_spec(written), SimConfig(), autoscale=False).validate()
     got = (cfg.engines, cfg.max_batch, cfg.max_batched_tokens, cfg.kv_blocks)
     assert got == (3, 64, 4096, 8192)
+
+
+@pytest.mark.parametrize(
+    ("cli_mib", "want_mib"),
+    [(None, 65536), (0, 0)],
+    ids=["from-the-spec", "command-line-wins"],
+)
+def test_recommends_tier_comes_back_from_its_spec(cli_mib: int | None, want_mib: int) -> None:
+    cand = Candidate(Family("aggregated", "default"), engines=3, settings=(("tier_mib", 65536),))
+    written = spec_of(cand, name="rec", model="m", perf_profile="h200-llama3.1-8b",
+                      slo=Slo(800.0, 60.0), settings={"tier_mib": 4096})  # fmt: skip
+    worker, kvcache = parse_spec(written).roles
+    assert kvcache.role == "kvcache" and "--kvcache-tier" in worker.args
+    cfg = from_spec(parse_spec(written), SimConfig(memory_tier_mib=cli_mib), autoscale=False)
+    assert cfg.validate().memory_tier_mib == want_mib
+    # 65536 MiB of 128 KiB-per-token KV in 64-token blocks
+    assert cfg.tier_blocks == want_mib * (1 << 20) // (131072 * 64)

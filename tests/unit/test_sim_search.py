@@ -23,6 +23,7 @@ from services.sim.search import (
     recommend,
     refine,
     smallest_passing,
+    smallest_tier,
     spec_of,
 )
 
@@ -337,3 +338,76 @@ def test_recommend_cli_refuses_bad_values_to_try(
         cli_main(["recommend", "--trace", str(TRACE), "--slo-ttft-ms", "1", "--slo-tpot-ms", "1",
                   *extra])  # fmt: skip
     assert exc.value.code == 2 and extra[0] in capsys.readouterr().err
+
+
+def _tiered(tier: int | None, passes: bool = True, attain: float = 0.9) -> Outcome:
+    settings = () if tier is None else (("tier_mib", tier),)
+    return Outcome(AGG.at(4, settings), 1000.0, 10.0, attain, 0, passes)
+
+
+def test_recommend_prefers_the_smaller_tier_at_equal_instances() -> None:
+    base, small, big = _tiered(None, attain=0.95), _tiered(0, attain=0.8), _tiered(1 << 20)
+    best, table = recommend([big, base, small], tier_base=65536)
+    assert best is small and [o for o, _ in table] == [small, base, big]
+    assert table[1][1] == table[2][1] == "passes, but with a larger tier"
+
+
+@pytest.mark.parametrize(
+    ("start", "passing", "want", "runs"),
+    [
+        # the base (65536) was bigger than needed: 16384 is the smallest that passes
+        (None, {16384, 65536}, 16384, [0, 16384]),
+        # refine chose 1 TiB; the base passes at that size too, nothing smaller does
+        (1 << 20, {65536, 1 << 20}, None, [0, 16384, 65536]),
+        # nothing below the chosen tier passes: it stays
+        (1 << 20, {1 << 20}, 1 << 20, [0, 16384, 65536]),
+        # already the smallest: nothing to try
+        (0, {0}, 0, []),
+    ],
+    ids=["base-too-big", "back-to-the-base", "chosen-stays", "already-smallest"],
+)
+def test_smallest_tier_keeps_the_size_and_shrinks_the_tier(
+    start: int | None, passing: set[int], want: int | None, runs: list[int]
+) -> None:
+    tried: list[int] = []
+
+    def run(c: Candidate) -> Outcome:
+        tier = dict(c.settings).get("tier_mib", 65536)
+        tried.append(tier)
+        assert c.instances == 4
+        return Outcome(c, 1000.0, 10.0, 0.9, 0, tier in passing)
+
+    best, seen = smallest_tier(_tiered(start), [0, 16384, 1 << 20], 65536, run)
+    assert dict(best.candidate.settings).get("tier_mib") == want
+    assert tried == runs and len(seen) == len(runs)
+
+
+@pytest.mark.parametrize(
+    ("tier", "kvcache"),
+    [(0, None), (65536, ["--kvcache-mib", "65536"])],
+    ids=["no-tier", "tier"],
+)
+def test_spec_writes_the_tier_as_a_kvcache_role(tier: int, kvcache: list[str] | None) -> None:
+    spec = parse_spec(spec_of(AGG.at(3), name="rec", model="m", perf_profile="test", slo=SLO,
+                              settings={"tier_mib": tier}))  # fmt: skip
+    tiers = [r for r in spec.roles if r.role == "kvcache"]
+    assert [list(r.args) for r in tiers] == ([kvcache] if kvcache else [])
+    assert ("--kvcache-tier" in spec.roles[0].args) == bool(kvcache)
+
+
+def test_recommend_cli_sizes_the_tier_with_agent_memory(tmp_path: Path) -> None:
+    off = ("--try-max-batch", "", "--try-max-batched-tokens", "", "--try-kv-blocks", "",
+           "--try-policy", "", "--try-predictor", "", "--try-max-utilization", "")  # fmt: skip
+    code, doc = _recommend(tmp_path, "t", *off, "--agent-memory", "retention",
+                           "--tier-mib", "4096", "--try-tier-mib", "0,1048576")  # fmt: skip
+    assert doc["search"]["base_settings"]["tier_mib"] == 4096
+    assert doc["search"]["refine"] == {"tier_mib": [0, 1048576]}
+    assert all("tier_mib" in r for r in doc["tried"])
+    # these conversations fit the engines' own KV: the tier saves nothing, so none is kept
+    assert code == 0 and doc["recommendation"]["tier_mib"] == 0
+    spec = parse_spec(yaml.safe_load((tmp_path / "t.yaml").read_text()))
+    assert [r.role for r in spec.roles] == ["worker"]
+    assert "--kvcache-tier" not in spec.roles[0].args
+    code, doc = _recommend(tmp_path, "u", *off)  # no agent memory: no tier anywhere
+    assert "tier_mib" not in doc["search"]["base_settings"]
+    assert all("tier_mib" not in r for r in doc["tried"])
