@@ -115,6 +115,43 @@ def test_slo_goodput_rules(
     assert out == pytest.approx(expected, abs=2e-3)
 
 
+# ``hopeless: late``: the request's own prefill is 4.5 s everywhere (``own``; None: not
+# predicted), so with a 2 s budget it is hopeless on every endpoint; an endpoint whose
+# queue alone (predicted TTFT - own prefill) is past the budget is "late".
+LATE_CASES: list[tuple[str, dict[str, float], float | None, dict[str, Any], dict[str, float]]] = [
+    ("goes-where-the-queue-is-already-lost", {"a": 20_000.0, "b": 5000.0}, 4500.0,
+     {"hopeless": "late"}, {"a": 1.0, "b": 0.0}),
+    ("no-lost-queue-scores-nothing", {"a": 6000.0, "b": 5000.0}, 4500.0,
+     {"hopeless": "late"}, {"a": 0.0, "b": 0.0}),
+    ("queue-exactly-at-the-budget-is-lost", {"a": 6500.0, "b": 5000.0}, 4500.0,
+     {"hopeless": "late"}, {"a": 1.0, "b": 0.0}),
+    ("own-prefill-unknown-scores-nothing", {"a": 20_000.0, "b": 5000.0}, None,
+     {"hopeless": "late"}, {"a": 0.0, "b": 0.0}),
+    ("only-hopeless-keeps-the-rule", {"a": 20_000.0, "b": 5000.0}, 4500.0,
+     {"hopeless": "late", "only_hopeless": True}, {"a": 1.0, "b": 0.0}),
+    ("only-hopeless-leaves-a-feasible-request-alone", {"a": 20_000.0, "b": 500.0}, 400.0,
+     {"hopeless": "late", "only_hopeless": True}, {"a": 0.0, "b": 0.0}),
+    ("feasible-request-scored-as-before", {"a": 20_000.0, "b": 500.0}, 400.0,
+     {"hopeless": "late"}, {"a": 0.0, "b": 1.0}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("preds", "own", "params", "expected"), [c[1:] for c in LATE_CASES],
+    ids=[c[0] for c in LATE_CASES],
+)  # fmt: skip
+def test_hopeless_requests_go_where_the_queue_is_already_late(
+    preds: dict[str, float], own: float | None, params: dict[str, Any], expected: dict[str, float]
+) -> None:
+    gp = _make(tpot=False, **params)
+    c = ctx()
+    c.predicted_ttft_ms.update(preds)
+    if own is not None:
+        c.prefill_ms_by_cached[0] = own  # nothing cached anywhere
+    out = gp.score(c, req(prompt_tokens=1000, ttft_slo_ms=2000.0), [ep("a"), ep("b")])
+    assert out == pytest.approx(expected, abs=2e-3)
+
+
 def test_without_a_decode_model_tpot_is_not_judged() -> None:
     gp = _make(model=LinearModel())
     c = ctx()

@@ -60,8 +60,11 @@ class SLOGoodputParams(Params):
     # other scorers (ttft-cost among them) route it as they would without this one; "ttft":
     # it is scored by predicted TTFT ((min + eps) / (ttft + eps)). Never shed either way.
     hopeless_p: float = Field(0.02, ge=0, lt=1)
-    hopeless: Literal["others", "ttft"] = "others"
+    hopeless: Literal["others", "ttft", "late"] = "others"
     epsilon_ms: float = Field(5.0, gt=0)
+    # Only hopeless requests: a request some candidate gives ``hopeless_p`` scores 0
+    # everywhere (the profile's other scorers place it as without this one).
+    only_hopeless: bool = False
 
 
 @register("slo-goodput", SLOGoodputParams)
@@ -80,7 +83,11 @@ class SLOGoodput:
     prices no decode step. A request without a TTFT budget scores 0 everywhere (the other
     scorers decide); one no candidate gives ``hopeless_p`` scores 0 everywhere too (the
     profile's ttft-cost and prefix scorers place it), or with ``hopeless: ttft`` by
-    predicted TTFT (the fastest first token wins); it is never shed."""
+    predicted TTFT (the fastest first token wins), or with ``hopeless: late`` 1 where the
+    queue alone (predicted TTFT less the request's own prefill) is already past its budget
+    and 0 where it is not: work that misses anyway goes where others miss already, and
+    instances still on time stay so. It is never shed. ``only_hopeless``: a request that
+    is not hopeless scores 0 everywhere (the plugin only places the hopeless)."""
 
     def __init__(self, name: str, params: SLOGoodputParams, env: PluginEnv) -> None:
         self.name = name
@@ -120,15 +127,35 @@ class SLOGoodput:
                 p *= self._tpot_probability(ctx, e, request)
             out.append(p)
         if max(out) >= self.p.hopeless_p:
-            return out
+            return [0.0] * len(out) if self.p.only_hopeless else out
         if self.p.hopeless == "others":
             return [0.0] * len(out)
+        if self.p.hopeless == "late":
+            return self._late(ctx, request, candidates, preds, budget)
         known = [p for p in preds if p is not None]
         if not known:
             return out
         eps = self.p.epsilon_ms
         lo = min(known) + eps
         return [0.0 if p is None else lo / (p + eps) for p in preds]
+
+    @staticmethod
+    def _late(
+        ctx: CycleContext,
+        request: RequestView,
+        candidates: Sequence[EndpointView],
+        preds: Sequence[float | None],
+        budget: float,
+    ) -> list[float]:
+        """A hopeless request's scores with ``hopeless: late``: 1 where the queue alone
+        already exceeds the budget (nothing arriving there meets it), 0 where requests can
+        still meet theirs (kept for them)."""
+        out = []
+        for e, pred in zip(candidates, preds, strict=True):
+            own = ctx.own_prefill_ms(e.instance_id, request.prompt_tokens)
+            wait = None if pred is None or own is None else pred - own
+            out.append(1.0 if wait is not None and wait >= budget else 0.0)
+        return out
 
     def _step_ms(self, e: EndpointView, request: RequestView) -> float:
         """One decode step on ``e`` with this request in its batch (0: no decode model)."""
