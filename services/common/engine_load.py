@@ -25,6 +25,7 @@ class LoadReport:
     kv_usage: float = 0.0
     prefill_tokens_per_s: float = 0.0
     decode_tokens_per_s: float = 0.0
+    kv_capacity_tokens: int = 0  # 0: not reported
 
 
 _METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)")

@@ -43,6 +43,8 @@ class EndpointView:
     tokens_in_flight: int = 0
     pending_prefill_tokens: int = 0
     kv_usage: float = 0.0
+    # KV capacity in tokens (0: not reported); with kv_usage, the room for new requests
+    kv_capacity_tokens: int = 0
     prefill_tokens_per_s: float = 0.0
     healthy: bool = True
     draining: bool = False
@@ -62,6 +64,14 @@ class EndpointView:
     def pending_prefill(self) -> int:
         """Prefill tokens queued ahead of a new request (engine-reported + reserved)."""
         return self.pending_prefill_tokens + self.reserved_tokens
+
+    @property
+    def kv_free_tokens(self) -> int | None:
+        """KV tokens not held by running requests (idle cached blocks count as free);
+        None when the capacity is not reported."""
+        if self.kv_capacity_tokens <= 0:
+            return None
+        return int(self.kv_capacity_tokens * (1.0 - min(1.0, max(0.0, self.kv_usage))))
 
     @property
     def eligible(self) -> bool:
