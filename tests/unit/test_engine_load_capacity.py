@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pytest
 from tideserve.v1 import events_pb2
 
 from services.common.engine_load import parse_metrics
+from services.engine.metrics import EngineMetrics, Gauges
 from services.scheduler.feeds.load_stream import load_report
 
 VLLM = "vllm:num_requests_running 2\nvllm:kv_cache_usage_perc 0.25\n"
@@ -48,3 +51,11 @@ def test_scrape_reads_kv_capacity(page: str, capacity: int) -> None:
 def test_load_stream_capacity_in_tokens(blocks: int, block_size: int, tokens: int) -> None:
     snap = events_pb2.LoadSnapshot(kv_capacity_blocks=blocks, kv_usage=0.5)
     assert load_report(snap, block_size).kv_capacity_tokens == tokens
+
+
+@pytest.mark.parametrize("dialect", ["sglang", "vllm"])
+def test_simulated_engine_page_carries_its_capacity(dialect: Literal["sglang", "vllm"]) -> None:
+    m = EngineMetrics(dialect, "m", kv_blocks=2300, block_size=64)
+    page = m.render(Gauges(1, 0, 64, 0.5, 0.0, 0.0)).decode()
+    report = parse_metrics(page)
+    assert report is not None and report.kv_capacity_tokens == 2300 * 64
