@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from services.common.routing.types import Choice, EndpointView, Pick
+from services.common.routing.types import Choice, EndpointSnapshot, EndpointView, Pick
 from tests.unit._routing_helpers import ctx, ep, make, req
 
 
@@ -101,3 +101,19 @@ def test_a_pick_on_a_worker_counts_nowhere() -> None:
 )
 def test_endpoint_free_tokens(view: EndpointView, free: int | None) -> None:
     assert view.kv_free_tokens == free
+
+
+@pytest.mark.parametrize(
+    ("change", "roles"),
+    [
+        (ep("b", running=3), {"worker"}),
+        (ep("b", role="decode"), {"worker", "decode"}),
+        (ep("zz", role="decode"), {"worker"}),  # not in the snapshot: ignored
+    ],
+    ids=["load-change", "role-change", "unknown-id"],
+)
+def test_snapshot_roles_follow_replaced_views(change: EndpointView, roles: set[str]) -> None:
+    snap = EndpointSnapshot([ep("a"), ep("b")])
+    assert snap.roles() == {"worker"}
+    assert snap.replaced([change], 1).roles() == roles
+    assert snap.subset([0]).roles() == {"worker"}
