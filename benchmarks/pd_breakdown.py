@@ -10,6 +10,10 @@ and splits each disaggregated request's TTFT into
 * ``xfer``: the modelled KV transfer;
 * ``d_first``: the KV arrived until the first streamed chunk (16 tokens of decode).
 
+Per decode engine (``decode_engines``): the turns handed to it, their mean ``d_room``, and
+how many waited for room while another decode engine had room for them when their prefill
+ended (its KV not held by running requests, at least the turn's context and output).
+
 It also counts the tokens per turn: the prompt, what the prefill engine had cached, what
 was transferred, and what the decode engine already held of the prompt when it admitted
 the hand-off (``d_resident``; without ``--decode-keeps-kv`` the whole prompt moves anyway). Requests that ran on a
@@ -51,6 +55,8 @@ class Observed(Simulation):
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.t: dict[str, dict[str, float]] = {}
+        self.decode_of: dict[str, str] = {}  # rid -> its decode engine
+        self.room_elsewhere: dict[str, bool] = {}  # another decode engine had room at hand-off
         for inst in self.engines:
             self._watch(inst.core, inst.core.config.role)
 
@@ -83,7 +89,22 @@ class Observed(Simulation):
         rec["handoff"] = now
         rec["p_cached"] = float(cached)
         rec["prompt"] = float(prompt_tokens)
+        assert req.pick is not None
+        dec = req.pick.decode.endpoint.instance_id
+        self.decode_of[req.rid] = dec
+        need = prompt_tokens + req.out
+        self.room_elsewhere[req.rid] = any(
+            room_tokens(e.core) >= need
+            for e in self.engines
+            if e.core.config.role is EngineRole.DECODE and e.iid != dec
+        )
         super().hand_off(inst, req, prompt_tokens, cached, now)
+
+
+def room_tokens(core: EngineCore) -> int:
+    """KV tokens of ``core`` not held by running requests (idle cached blocks count)."""
+    c = core.cache
+    return (c.capacity_blocks - c.referenced_blocks) * c.block_size
 
 
 def alloc_blocks(core: EngineCore, s: _Seq) -> int:
@@ -125,6 +146,10 @@ def breakdown(sim: Observed, reqs: list[SimRequest]) -> dict[str, Any]:
         kept = t.get("d_resident", 0.0) if sim.cfg.decode_keeps_kv else 0.0
         tokens["xfer_tokens"].append(t.get("prompt", 0.0) - kept)
     ttft_pd = [r.first - r.arrival for r, _ in pd if r.first is not None]
+    waits: dict[str, list[float]] = {}
+    for (r, _), room in zip(pd, phases["d_room"], strict=True):
+        waits.setdefault(sim.decode_of.get(r.rid, "?"), []).append(room)
+    waited = [r.rid for (r, _), room in zip(pd, phases["d_room"], strict=True) if room > 0.0]
     ttft_local = [r.first - r.arrival for r, _ in local if r.first is not None]
     return {
         "disaggregated": len(pd),
@@ -134,6 +159,11 @@ def breakdown(sim: Observed, reqs: list[SimRequest]) -> dict[str, Any]:
         "local": len(local),
         "ttft_ms_local": round(_mean(ttft_local), 1),
         "local_phases_ms": _local_phases(local),
+        "decode_engines": {
+            k: {"turns": len(v), "d_room_ms": round(_mean(v), 1)} for k, v in sorted(waits.items())
+        },
+        "waited_for_room": len(waited),
+        "waited_with_room_elsewhere": sum(sim.room_elsewhere.get(rid, False) for rid in waited),
     }
 
 

@@ -25,9 +25,16 @@ class LoadReport:
     kv_usage: float = 0.0
     prefill_tokens_per_s: float = 0.0
     decode_tokens_per_s: float = 0.0
+    kv_capacity_tokens: int = 0  # 0: not reported
 
 
 _METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)")
+
+# KV capacity: vLLM's info gauge carries it in labels (num_gpu_blocks x block_size), SGLang
+# reports it in tokens.
+_VLLM_CACHE_INFO = "vllm:cache_config_info"
+_SGLANG_CAPACITY = "sglang:max_total_num_tokens"
+_LABEL = re.compile(r'(num_gpu_blocks|block_size)="(\d+)"')
 
 # (running, waiting, kv usage) metric names per engine dialect.
 _DIALECTS = (
@@ -38,13 +45,17 @@ _DIALECTS = (
 
 
 def parse_metrics(text: str) -> LoadReport | None:
-    """Load figures from a Prometheus text page of SGLang or vLLM (sums over label sets).
+    """Load figures from a Prometheus text page of SGLang or vLLM (sums over label sets;
+    the KV capacity from ``vllm:cache_config_info`` or ``sglang:max_total_num_tokens``).
     None when neither dialect is present. Samples that are not finite (``NaN``, ``+Inf``)
     are ignored and negative counts read as 0: a bad page never breaks the load poll."""
     vals: dict[str, float] = {}
+    capacity = 0
     for line in text.splitlines():
         m = _METRIC.match(line)
-        if m:
+        if m and m.group(1) == _VLLM_CACHE_INFO and m.group(2):
+            capacity += _vllm_capacity(m.group(2))
+        elif m:
             try:
                 value = float(m.group(3))
             except ValueError:
@@ -60,8 +71,15 @@ def parse_metrics(text: str) -> LoadReport | None:
                 running=max(0, int(vals.get(run, 0))),
                 waiting=max(0, int(vals.get(wait, 0))),
                 kv_usage=float(vals.get(kv, 0.0)),
+                kv_capacity_tokens=capacity or max(0, int(vals.get(_SGLANG_CAPACITY, 0.0))),
             )
     return None
+
+
+def _vllm_capacity(labels: str) -> int:
+    """KV tokens from ``vllm:cache_config_info``'s labels (0 when either is missing)."""
+    got = dict(_LABEL.findall(labels))
+    return int(got.get("num_gpu_blocks", 0)) * int(got.get("block_size", 0))
 
 
 async def scrape_load(

@@ -10,7 +10,7 @@ SGLang dialect: ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
 ``sglang:gen_throughput``, ``sglang:prompt_tokens_total``, ``sglang:generation_tokens_total``,
 ``sglang:cached_tokens_total``, ``sglang:num_requests_total``,
 ``sglang:time_to_first_token_seconds``, ``sglang:inter_token_latency_seconds``,
-``sglang:e2e_request_latency_seconds``.
+``sglang:e2e_request_latency_seconds``, ``sglang:max_total_num_tokens`` (the KV capacity).
 
 Both dialects, the data plane (``--kv-data-plane``; no engine has these names):
 ``tideserve:kv_pull_bytes_total``, ``tideserve:kv_pulls_total{outcome="ok"|"recomputed"}``,
@@ -20,7 +20,8 @@ vLLM dialect: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
 ``vllm:gpu_cache_usage_perc``, ``vllm:kv_cache_usage_perc``, ``vllm:prefix_cache_queries_total``,
 ``vllm:prefix_cache_hits_total``, ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
 ``vllm:request_success_total``, ``vllm:time_to_first_token_seconds``,
-``vllm:inter_token_latency_seconds``, ``vllm:e2e_request_latency_seconds``.
+``vllm:inter_token_latency_seconds``, ``vllm:e2e_request_latency_seconds``,
+``vllm:cache_config_info`` (value 1; labels ``block_size``, ``num_gpu_blocks``: the KV capacity).
 """
 
 from __future__ import annotations
@@ -50,7 +51,14 @@ class Gauges:
 
 
 class EngineMetrics:
-    def __init__(self, dialect: Literal["sglang", "vllm"], model_name: str) -> None:
+    def __init__(
+        self,
+        dialect: Literal["sglang", "vllm"],
+        model_name: str,
+        kv_blocks: int = 0,
+        block_size: int = 0,
+    ) -> None:
+        """``kv_blocks`` x ``block_size``: the KV capacity the engine reports (0: none)."""
         self.dialect = dialect
         self.registry = CollectorRegistry()
         r, labels = self.registry, ["model_name"]
@@ -117,6 +125,9 @@ class EngineMetrics:
         for outcome in ("ok", "recomputed"):
             self._pulls.labels(model_name, outcome)
 
+        if kv_blocks and block_size:
+            self._capacity(dialect, kv_blocks, block_size)
+
         # Every series exists from the first scrape (zero), as in the real engines.
         for metric in (
             self._prompt, self._gen, self._cached, self._queries, self._done,
@@ -124,6 +135,17 @@ class EngineMetrics:
         ):  # fmt: skip
             if metric is not None:
                 metric.labels(model_name)
+
+    def _capacity(self, dialect: str, kv_blocks: int, block_size: int) -> None:
+        r = self.registry
+        if dialect == "sglang":
+            g = Gauge("sglang:max_total_num_tokens", "KV capacity in tokens", ["model_name"],
+                      registry=r)  # fmt: skip
+            g.labels(self._model).set(kv_blocks * block_size)
+            return
+        names = ["model_name", "block_size", "num_gpu_blocks"]
+        info = Gauge("vllm:cache_config_info", "KV cache configuration", names, registry=r)
+        info.labels(self._model, str(block_size), str(kv_blocks)).set(1)
 
     # -- events from the shell -------------------------------------------------------------
     def on_admitted(self, prompt_tokens: int, cached_tokens: int) -> None:

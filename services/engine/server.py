@@ -116,7 +116,9 @@ class EngineServer:
         offload = settings.kvcache_tier and settings.kvcache_policy == "offload_on_evict"
         cache = KVCache(blocks, settings.block_size, hold_evicted=offload)
         self.core = EngineCore(cfg, self.profile, cache)
-        self.metrics = EngineMetrics(settings.metrics_dialect, settings.model)
+        self.metrics = EngineMetrics(
+            settings.metrics_dialect, settings.model, blocks, settings.block_size
+        )
         self.faults = Faults(settings.fail_rate, settings.die_after_tokens, settings.refuse_health)
         self.epoch = int(time.time() * 1000)
         self.instance_id = settings.instance_id or f"{settings.host}:{settings.port}"

@@ -6,7 +6,8 @@ At a thousand instances nearly every one holds a prefix of the next prompt (a co
 system prompt is routed everywhere), so grouping equal candidates (``narrow.py``) keeps most
 of them. For a profile made only of a load guard, one prefix estimate, one ttft-cost and one
 least-load scorer (and scorers that score nothing for the request: session-home without a
-session, session-load below its prompt threshold), this filter computes every candidate's
+session, session-load below its prompt threshold; the decode-room filter, which keeps every
+candidate of a fleet without decode-role endpoints), this filter computes every candidate's
 total the way those plugins do, as numpy arrays over the fleet (kept up to date from the few
 views that change between cycles), and hands the real scheduler only
 
@@ -41,6 +42,7 @@ from services.common.routing.plugins.cost import TTFTCost
 from services.common.routing.plugins.estimate import PrefixEstimate
 from services.common.routing.plugins.load import LeastLoad, LoadGuard
 from services.common.routing.plugins.placement import SessionLoad
+from services.common.routing.plugins.room import DecodeRoom
 from services.common.routing.types import EndpointSnapshot, EndpointView, RequestView
 
 __all__ = ["MARGIN", "BoundFilter", "BoundPlan", "bound_plan"]
@@ -92,7 +94,10 @@ def bound_plan(prof: Profile) -> BoundPlan | None:
     kinds = (PrefixEstimate, TTFTCost, LeastLoad, SessionHome, SessionLoad)
     if any(type(s) not in kinds for s, _ in prof.scorers):
         return None
-    if len(prof.filters) > 1 or any(type(f) is not LoadGuard for f in prof.filters):
+    # decode-room keeps every candidate here (the pre-filter runs only over a fleet without
+    # decode-role endpoints)
+    guards = [f for f in prof.filters if type(f) is not DecodeRoom]
+    if len(guards) > 1 or any(type(f) is not LoadGuard for f in guards):
         return None
     by: dict[type, list[Any]] = {k: [s for s, _ in prof.scorers if type(s) is k] for k in kinds}
     prefix, ttft, load = (_one(by[k]) for k in (PrefixEstimate, TTFTCost, LeastLoad))
@@ -110,7 +115,7 @@ def bound_plan(prof: Profile) -> BoundPlan | None:
         return None
     weight = {k: sum(w for s, w in prof.scorers if type(s) is k) for k in kinds}
     return BoundPlan(
-        prof.filters[0] if prof.filters else None,  # type: ignore[arg-type]
+        guards[0] if guards else None,  # type: ignore[arg-type]
         prefix, ttft, load,
         weight[PrefixEstimate], weight[TTFTCost], weight[LeastLoad],
         session_load, weight[SessionLoad],

@@ -188,6 +188,7 @@ class Engines:
         usage) or, ``full``, the load stream's snapshot (also pending prefill and tokens in
         flight; a decode run's steps count once started, as single steps do)."""
         c = inst.core
+        cap = c.cache.capacity_blocks * c.cache.block_size
         if full:
             left = c.tokens_in_flight()
             if inst.run is not None:
@@ -198,5 +199,9 @@ class Engines:
                 tokens_in_flight=left,
                 pending_prefill_tokens=c.pending_prefill_tokens(),
                 kv_usage=c.cache.usage,
+                kv_capacity_tokens=cap,
             )
-        return LoadReport(running=c.num_running, waiting=c.num_waiting, kv_usage=c.cache.usage)
+        return LoadReport(
+            running=c.num_running, waiting=c.num_waiting, kv_usage=c.cache.usage,
+            kv_capacity_tokens=cap,
+        )  # fmt: skip

@@ -13,7 +13,9 @@ snapshot without such repeats when that provably changes nothing:
   picker without random ties (the first best in id order wins).
 * The request has no session (the session-home scorer hashes the candidates' ids), its
   prompt is shorter than a session-load plugin's ``min_prompt_tokens`` (below it that plugin
-  scores nothing), and the fleet has no prefill endpoints (the P/D decider sees one pool).
+  scores nothing), and the fleet has no prefill endpoints (the P/D decider sees one pool)
+  and, for a profile with the decode-room filter, no decode-role endpoints (it keeps every
+  other candidate).
 
 Then two candidates with equal load fields that no plugin holds anything for get equal
 scores from every plugin, bit for bit, and removing the later one changes no minimum or
@@ -35,6 +37,7 @@ from services.common.routing.plugins.cost import TTFTCost
 from services.common.routing.plugins.estimate import PrefixEstimate
 from services.common.routing.plugins.load import LeastLoad, LoadGuard
 from services.common.routing.plugins.placement import SessionLoad
+from services.common.routing.plugins.room import DecodeRoom
 from services.common.routing.types import (
     Decision,
     EndpointSnapshot,
@@ -46,8 +49,11 @@ from services.sim.bound import BoundFilter, BoundPlan, bound_plan, changed_posit
 
 __all__ = ["SAFE", "NarrowScheduler"]
 
-SAFE: tuple[type, ...] = (PrefixEstimate, LoadGuard, TTFTCost, LeastLoad, SessionHome, SessionLoad)
-"""The plugin types whose results the pre-filter keeps (see the module docstring)."""
+SAFE: tuple[type, ...] = (
+    PrefixEstimate, LoadGuard, TTFTCost, LeastLoad, SessionHome, SessionLoad, DecodeRoom
+)  # fmt: skip
+"""The plugin types whose results the pre-filter keeps (see the module docstring; the
+decode-room filter only over a fleet without decode-role endpoints, where it keeps all)."""
 
 Key = tuple[Any, ...]
 
@@ -128,7 +134,7 @@ class NarrowScheduler(Scheduler):
             base.rng,
             decode_can_prefill=base.decode_can_prefill,
         )
-        self._safe: dict[str, tuple[bool, PrefixEstimate | None]] = {}
+        self._safe: dict[str, tuple[bool, PrefixEstimate | None, bool]] = {}
         self.narrowed = 0  # cycles that ran over fewer candidates (diagnostics)
         self._groups: _Groups | None = None
         self._hint: tuple[str, float, object, dict[str, int]] | None = None
@@ -166,8 +172,9 @@ class NarrowScheduler(Scheduler):
         else:
             del self._unsettled[target]
 
-    def _plan(self, prof: Profile) -> tuple[bool, PrefixEstimate | None]:
-        """(whether the profile is safe, its prefix estimate)."""
+    def _plan(self, prof: Profile) -> tuple[bool, PrefixEstimate | None, bool]:
+        """(whether the profile is safe, its prefix estimate, whether it has a decode-room
+        filter: safe only over a fleet without decode-role endpoints)."""
         hit = self._safe.get(prof.name)
         if hit is None:
             seen: dict[int, object] = {}
@@ -182,7 +189,8 @@ class NarrowScheduler(Scheduler):
                 and type(picker) is MaxScorePicker
                 and not picker.random_ties
             )
-            hit = self._safe[prof.name] = (safe, prefix[0] if prefix else None)
+            room = any(isinstance(p, DecodeRoom) for p in plugins)
+            hit = self._safe[prof.name] = (safe, prefix[0] if prefix else None, room)
         return hit
 
     def _applies(self, prof: Profile, request: RequestView, snapshot: EndpointSnapshot) -> bool:
@@ -213,7 +221,11 @@ class NarrowScheduler(Scheduler):
     def _narrow(
         self, prof: Profile, request: RequestView, snapshot: EndpointSnapshot, now: float
     ) -> EndpointSnapshot:
-        if request.session_id or request.exclude or not self._plan(prof)[0]:
+        safe, _, room = self._plan(prof)
+        if request.session_id or request.exclude or not safe:
+            self._hint = None
+            return snapshot
+        if room and "decode" in snapshot.roles():
             self._hint = None
             return snapshot
         if prof.name not in self._bounds:

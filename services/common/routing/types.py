@@ -43,6 +43,8 @@ class EndpointView:
     tokens_in_flight: int = 0
     pending_prefill_tokens: int = 0
     kv_usage: float = 0.0
+    # KV capacity in tokens (0: not reported); with kv_usage, the room for new requests
+    kv_capacity_tokens: int = 0
     prefill_tokens_per_s: float = 0.0
     healthy: bool = True
     draining: bool = False
@@ -64,6 +66,14 @@ class EndpointView:
         return self.pending_prefill_tokens + self.reserved_tokens
 
     @property
+    def kv_free_tokens(self) -> int | None:
+        """KV tokens not held by running requests (idle cached blocks count as free);
+        None when the capacity is not reported."""
+        if self.kv_capacity_tokens <= 0:
+            return None
+        return int(self.kv_capacity_tokens * (1.0 - min(1.0, max(0.0, self.kv_usage))))
+
+    @property
     def eligible(self) -> bool:
         """Healthy, not draining and circuit not open (half-open lets probes through)."""
         return self.healthy and not self.draining and self.circuit != "open"
@@ -82,7 +92,7 @@ def _pick(items: tuple[EndpointView, ...], idx: tuple[int, ...]) -> tuple[Endpoi
 class EndpointSnapshot:
     """An immutable, id-ordered set of endpoints. Iteration order is by instance id."""
 
-    __slots__ = ("_by_id", "_items", "_pool_idx", "_pools", "_pos", "version")
+    __slots__ = ("_by_id", "_items", "_pool_idx", "_pools", "_pos", "_roles", "version")
 
     def __init__(
         self,
@@ -103,6 +113,7 @@ class EndpointSnapshot:
         # (eligible count, item indexes of the decode pool, of the prefill pool)
         self._pool_idx: tuple[int, tuple[int, ...], tuple[int, ...]] | None = None
         self._pos: dict[str, int] | None = None
+        self._roles: frozenset[str] | None = None
         self.version = version
 
     def pools(self) -> tuple[int, tuple[EndpointView, ...], tuple[EndpointView, ...]]:
@@ -114,6 +125,14 @@ class EndpointSnapshot:
             items = self._items
             p = self._pools = (idx[0], _pick(items, idx[1]), _pick(items, idx[2]))
         return p
+
+    def roles(self) -> frozenset[str]:
+        """The roles of the endpoints (eligible or not); computed once per snapshot and
+        carried over by :meth:`replaced` when no role changed."""
+        r = self._roles
+        if r is None:
+            r = self._roles = frozenset(e.role for e in self._items)
+        return r
 
     def _indexes(self) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
         """(eligible count, item indexes of the decode pool, of the prefill pool)."""
@@ -152,6 +171,7 @@ class EndpointSnapshot:
         new._pools = None
         new._pool_idx = self._pool_idx if same_pools else None
         new._pos = pos
+        new._roles = self._roles if same_pools else None
         new.version = version
         return new
 
@@ -171,6 +191,7 @@ class EndpointSnapshot:
         whole = n_eligible == len(items) == len(decode)
         new._pool_idx = (len(kept), tuple(range(len(kept))), ()) if whole else None
         new._pos = None
+        new._roles = None
         new.version = self.version
         return new
 

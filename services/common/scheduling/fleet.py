@@ -437,6 +437,7 @@ class Fleet:
             tokens_in_flight=ld.tokens_in_flight,
             pending_prefill_tokens=pending,
             kv_usage=ld.kv_usage,
+            kv_capacity_tokens=ld.kv_capacity_tokens,
             prefill_tokens_per_s=ld.prefill_tokens_per_s,
             healthy=live.healthy,
             draining=live.draining,

@@ -43,6 +43,7 @@ class FleetFeeds:
                 deployment=settings.deployment,
                 prefix=settings.stream_prefix,
                 clock=gateway.clock,
+                block_size=settings.block_size,
             )
             ls = self.load
             gateway.metrics.add_feed("load", lambda: ls.stats)

@@ -25,12 +25,14 @@ from services.common.scheduling.fleet import Fleet
 from services.common.scheduling.load_merge import LoadReport
 from services.common.streams import Start, StreamFollower, stream_name
 from services.common.streams.ids import NEWEST
+from services.common.tokens.hashing import DEFAULT_BLOCK_SIZE
 
 __all__ = ["LoadStream", "apply_snapshot", "load_report"]
 
 
-def load_report(s: events_pb2.LoadSnapshot) -> LoadReport:
-    """The fleet's load figures from a snapshot (negative counts are clamped to 0)."""
+def load_report(s: events_pb2.LoadSnapshot, block_size: int = DEFAULT_BLOCK_SIZE) -> LoadReport:
+    """The fleet's load figures from a snapshot (negative counts are clamped to 0; the KV
+    capacity in tokens: its blocks of ``block_size``, the gateway's, the engines' too)."""
     return LoadReport(
         running=max(0, s.num_running),
         waiting=max(0, s.num_waiting),
@@ -39,10 +41,18 @@ def load_report(s: events_pb2.LoadSnapshot) -> LoadReport:
         kv_usage=min(1.0, max(0.0, s.kv_usage)),
         prefill_tokens_per_s=max(0.0, s.prefill_tokens_per_s),
         decode_tokens_per_s=max(0.0, s.decode_tokens_per_s),
+        kv_capacity_tokens=max(0, s.kv_capacity_blocks) * block_size,
     )
 
 
-def apply_snapshot(fleet: Fleet, s: events_pb2.LoadSnapshot, *, deployment: str, now: float) -> str:
+def apply_snapshot(
+    fleet: Fleet,
+    s: events_pb2.LoadSnapshot,
+    *,
+    deployment: str,
+    now: float,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> str:
     """Apply one snapshot at gateway time ``now``; returns what happened: ``applied``,
     ``stale``, ``unknown`` or ``other_deployment``."""
     if s.deployment and deployment and s.deployment != deployment:
@@ -50,7 +60,8 @@ def apply_snapshot(fleet: Fleet, s: events_pb2.LoadSnapshot, *, deployment: str,
     iid = fleet.resolve(s.instance_id, s.endpoint.url)
     if iid is None:
         return "unknown"
-    ok = fleet.report_load(iid, load_report(s), now, source="stream", seq=(s.epoch, s.ts_ms))
+    load = load_report(s, block_size)
+    ok = fleet.report_load(iid, load, now, source="stream", seq=(s.epoch, s.ts_ms))
     return "applied" if ok else "stale"
 
 
@@ -70,8 +81,10 @@ class LoadStream:
         clock: Callable[[], float] = time.monotonic,
         block_ms: int = 1000,
         count: int = 1024,
+        block_size: int = DEFAULT_BLOCK_SIZE,
     ) -> None:
         self.fleet = fleet
+        self.block_size = block_size
         self.deployment = deployment
         self.stream = stream_name(prefix, "load", deployment)
         self.clock = clock
@@ -100,7 +113,13 @@ class LoadStream:
 
     def _apply(self, msg: events_pb2.LoadSnapshot, _entry_id: str) -> None:
         self.stats[
-            apply_snapshot(self.fleet, msg, deployment=self.deployment, now=self.clock())
+            apply_snapshot(
+                self.fleet,
+                msg,
+                deployment=self.deployment,
+                now=self.clock(),
+                block_size=self.block_size,
+            )
         ] += 1
 
     async def poll_once(self, block_ms: int | None = None) -> int:

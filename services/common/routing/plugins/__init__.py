@@ -11,6 +11,7 @@ from services.common.routing.plugins import (
     pickers,
     placement,
     prefix,
+    room,
     sglang,
 )
 
@@ -25,5 +26,6 @@ __all__ = [
     "pickers",
     "placement",
     "prefix",
+    "room",
     "sglang",
 ]
