@@ -43,10 +43,9 @@ resync request): drained events followed by the full state reproduce the cache e
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Sequence
-from itertools import compress, islice, repeat, takewhile
-from operator import not_, sub
+from itertools import islice, repeat, takewhile
 
 from services.common.dataplane.blocks import SlotPool
 from services.common.engine_core.kvcache_retention import RetentionOps
@@ -316,21 +315,14 @@ class KVCache(RetentionOps):
         refs = self._refs
         held = alloc.shared + alloc.committed
         held.reverse()
-        slots = list(map(self._blocks.get, held))
-        if None not in slots and len(set(slots)) == len(slots):
-            # distinct resident blocks (the usual case): each count once less, in C
-            left = list(map(sub, map(refs.__getitem__, slots), repeat(1)))
-            deque(map(refs.__setitem__, slots, left), maxlen=0)
-            freed = list(compress(held, map(not_, left)))
-        else:
-            freed = []  # unreferenced now, leaf first: they go last in the LRU order
-            for h, slot in zip(held, slots, strict=True):
-                if slot is None:
-                    continue
-                n = refs[slot] - 1
-                refs[slot] = n
-                if n == 0:
-                    freed.append(h)
+        freed: list[int] = []  # unreferenced now, leaf first: they go last in the LRU order
+        for h, slot in zip(held, map(self._blocks.get, held), strict=True):
+            if slot is None:
+                continue
+            left = refs[slot] - 1
+            refs[slot] = left
+            if left == 0:
+                freed.append(h)
         self._lru.update(dict.fromkeys(freed))  # none of them is in it while referenced
 
     def clear(self) -> bool:
