@@ -27,6 +27,7 @@ grouping pre-filter applies. ``tests/unit/test_sim_bound.py`` and
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress, count
 from operator import is_not
@@ -40,6 +41,7 @@ from services.common.routing.plugins.affinity import SessionHome
 from services.common.routing.plugins.cost import TTFTCost
 from services.common.routing.plugins.estimate import PrefixEstimate
 from services.common.routing.plugins.load import LeastLoad, LoadGuard
+from services.common.routing.plugins.pending import PendingPicks
 from services.common.routing.plugins.placement import SessionLoad
 from services.common.routing.types import EndpointSnapshot, EndpointView, RequestView
 
@@ -139,6 +141,7 @@ class _Fleet:
     the same way (the same float operations in the same order: the same values)."""
 
     def __init__(self, snapshot: EndpointSnapshot) -> None:
+        self.snap = snapshot  # held: a snapshot patched from it names it by id
         self.items = tuple(snapshot)
         self.pos = {e.instance_id: i for i, e in enumerate(self.items)}
         self.cols: F64 = np.array([_row(e) for e in self.items], dtype=np.float64).T.copy()
@@ -149,13 +152,22 @@ class _Fleet:
         ])  # fmt: skip
         # (model tokens/s, whether an engine's own rate counts) -> (throughput, wait) columns
         self._waits: dict[tuple[float, bool], tuple[F64, F64]] = {}
+        self._pending: tuple[PendingPicks, set[str], F64] | None = None
 
     def update(self, snapshot: EndpointSnapshot) -> bool:
         """Follow ``snapshot``; False when its endpoints are not the same ones (rebuild)."""
+        if snapshot is self.snap:
+            return True
         new = tuple(snapshot)
-        changed = changed_positions(self.items, new)
-        if changed is None:
-            return False
+        patched = snapshot.patched
+        changed: Sequence[int] | None
+        if patched is not None and patched[0] == id(self.snap):
+            changed = patched[1]  # the snapshot patched from the last one followed
+        else:
+            changed = changed_positions(self.items, new)
+            if changed is None:
+                return False
+        self.snap = snapshot
         cols, sums, waits = self.cols, self.sums, self._waits
         for i in changed:
             r = _row(new[i])
@@ -183,6 +195,25 @@ class _Fleet:
                 self._waits.clear()
             hit = self._waits[key] = (tput, wait)
         return hit
+
+    def pending(self, picks: PendingPicks) -> F64:
+        """``picks.totals`` as a column (:meth:`spread`), kept up to date from the instances
+        ``picks`` marks as touched; rebuilt when another follower took its marks over."""
+        hit = self._pending
+        if hit is not None and hit[0] is picks and picks.touched is hit[1]:
+            col, touched = hit[2], hit[1]
+            if touched:
+                pos, totals = self.pos, picks.totals
+                for iid in touched:
+                    i = pos.get(iid)
+                    if i is not None:
+                        col[i] = totals[iid]
+                touched.clear()
+            return col
+        touched = picks.touched = set()
+        col = self.spread(picks.totals)
+        self._pending = (picks, touched, col)
+        return col
 
     def spread(self, values: dict[str, Any], default: float = 0.0) -> F64:
         """``values`` per instance id as a column (ids not in the fleet ignored)."""
@@ -264,7 +295,7 @@ class BoundFilter:
         f = self._follow(snapshot)
         cached = _cached(plan, f, request, now)
         tc = plan.ttft
-        k = f.spread(tc._awaiting.totals) if tc is not None and tc.p.interference > 0 else None
+        k = f.pending(tc._awaiting) if tc is not None and tc.p.interference > 0 else None
         anchors: list[int] = []
         extra = [cached] if k is None else [cached, k]  # per-request inputs besides the views
         surv = _survivors(plan.guard, f, cached, anchors)
@@ -342,9 +373,7 @@ def _costs(
     tc._sync()
     n = request.prompt_tokens
     clipped = np.clip(cached, 0, n)
-    classes = np.unique(clipped)  # a few values
-    own_by_class = np.array([tc._prefill_ms(n - int(c), int(c)) for c in classes.tolist()])
-    own = own_by_class[np.searchsorted(classes, clipped)]
+    own, own_by_class = _by_class(clipped, request.block_size, lambda c: tc._prefill_ms(n - c, c))
     anchors.append(int(np.argmin(own)))
     pend = f.sums[_S_PEND]
     tput, wait = f.wait(tc.model_tps, tc.p.use_engine_throughput)
@@ -362,6 +391,24 @@ def _costs(
     if p.decode:
         cost = cost + p.decode * f.sums[_S_DEC] * own
     return cost
+
+
+def _by_class(
+    tokens: F64, block_size: int, fn: Callable[[int], float]
+) -> tuple[F64, F64]:
+    """``fn`` of each of ``tokens`` (whole numbers, a few distinct), and of each distinct
+    value ascending, computed once per value. Whole blocks (the usual case: cached tokens)
+    are told apart by counting, else by sorting."""
+    blocks = (tokens // max(1, block_size)).astype(np.intp)
+    if block_size > 0 and len(tokens) and bool((blocks * block_size == tokens).all()):
+        distinct = np.flatnonzero(np.bincount(blocks))
+        by_class = np.array([fn(int(b) * block_size) for b in distinct.tolist()])
+        table = np.zeros(int(distinct[-1]) + 1)
+        table[distinct] = by_class
+        return table[blocks], by_class
+    classes = np.unique(tokens)
+    by_class = np.array([fn(int(c)) for c in classes.tolist()])
+    return by_class[np.searchsorted(classes, tokens)], by_class
 
 
 def _prefix_scores(pe: PrefixEstimate, request: RequestView, cached: F64) -> F64:

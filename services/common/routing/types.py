@@ -82,7 +82,7 @@ def _pick(items: tuple[EndpointView, ...], idx: tuple[int, ...]) -> tuple[Endpoi
 class EndpointSnapshot:
     """An immutable, id-ordered set of endpoints. Iteration order is by instance id."""
 
-    __slots__ = ("_by_id", "_items", "_pool_idx", "_pools", "_pos", "version")
+    __slots__ = ("_by_id", "_items", "_pool_idx", "_pools", "_pos", "patched", "version")
 
     def __init__(
         self,
@@ -103,6 +103,9 @@ class EndpointSnapshot:
         # (eligible count, item indexes of the decode pool, of the prefill pool)
         self._pool_idx: tuple[int, tuple[int, ...], tuple[int, ...]] | None = None
         self._pos: dict[str, int] | None = None
+        # made by ``replaced``: (id of the snapshot it patched, the positions it replaced),
+        # for a caller following snapshots that holds the one patched (so the id is its own)
+        self.patched: tuple[int, tuple[int, ...]] | None = None
         self.version = version
 
     def pools(self) -> tuple[int, tuple[EndpointView, ...], tuple[EndpointView, ...]]:
@@ -136,6 +139,7 @@ class EndpointSnapshot:
             pos = self._pos = {e.instance_id: i for i, e in enumerate(self._items)}
         items = list(self._items)
         same_pools = True
+        changed: list[int] = []
         for v in views:
             i = pos.get(v.instance_id)
             if i is None:
@@ -144,6 +148,7 @@ class EndpointSnapshot:
             if old is v:
                 continue
             items[i] = v
+            changed.append(i)
             if old.eligible != v.eligible or old.role != v.role:
                 same_pools = False
         new = EndpointSnapshot.__new__(EndpointSnapshot)
@@ -152,6 +157,7 @@ class EndpointSnapshot:
         new._pools = None
         new._pool_idx = self._pool_idx if same_pools else None
         new._pos = pos
+        new.patched = (id(self), tuple(changed))
         new.version = version
         return new
 
@@ -171,6 +177,7 @@ class EndpointSnapshot:
         whole = n_eligible == len(items) == len(decode)
         new._pool_idx = (len(kept), tuple(range(len(kept))), ()) if whole else None
         new._pos = None
+        new.patched = None
         new.version = self.version
         return new
 
