@@ -262,6 +262,8 @@ def _first_min(x: F64, mask: npt.NDArray[np.bool_]) -> int:
 def _near(first: int, near: npt.NDArray[np.bool_], inputs: list[F64]) -> list[int]:
     """``first`` (a value's first extreme) and those ``near`` it from other ``inputs`` (equal
     inputs give the plugin bit-equal values, so those stay tied behind ``first``)."""
+    if np.count_nonzero(near) <= 1:  # ``first`` alone (the usual case)
+        return [first]
     differ = np.zeros(len(near), dtype=bool)
     for col in inputs:
         differ |= col != col[first]
