@@ -395,9 +395,7 @@ def _costs(
     return cost
 
 
-def _by_class(
-    tokens: F64, block_size: int, fn: Callable[[int], float]
-) -> tuple[F64, F64]:
+def _by_class(tokens: F64, block_size: int, fn: Callable[[int], float]) -> tuple[F64, F64]:
     """``fn`` of each of ``tokens`` (whole numbers, a few distinct), and of each distinct
     value ascending, computed once per value. Whole blocks (the usual case: cached tokens)
     are told apart by counting, else by sorting."""
@@ -421,9 +419,7 @@ def _prefix_scores(pe: PrefixEstimate, request: RequestView, cached: F64) -> F64
     return np.where(r >= pe.threshold, r, 0.0) if pe.threshold > 0 else r
 
 
-def _load_scores(
-    ll: LeastLoad, f: _Fleet, surv: npt.NDArray[np.bool_], anchors: list[int]
-) -> F64:
+def _load_scores(ll: LeastLoad, f: _Fleet, surv: npt.NDArray[np.bool_], anchors: list[int]) -> F64:
     """least-load's scores over the survivors' maxima (each maximum's first holder an
     anchor; the metrics are integers or the views' own floats: exact maxima)."""
     n = len(f.items)
