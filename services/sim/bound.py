@@ -28,6 +28,7 @@ grouping pre-filter applies. ``tests/unit/test_sim_bound.py`` and
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress, count
 from operator import is_not
@@ -41,6 +42,7 @@ from services.common.routing.plugins.affinity import SessionHome
 from services.common.routing.plugins.cost import TTFTCost
 from services.common.routing.plugins.estimate import PrefixEstimate
 from services.common.routing.plugins.load import LeastLoad, LoadGuard
+from services.common.routing.plugins.pending import PendingPicks
 from services.common.routing.plugins.placement import SessionLoad
 from services.common.routing.plugins.room import DecodeRoom
 from services.common.routing.types import EndpointSnapshot, EndpointView, RequestView
@@ -139,44 +141,134 @@ def changed_positions(
 
 class _Fleet:
     """A snapshot's view fields as columns (one row per field), followed from one snapshot
-    to the next by the views that changed."""
+    to the next by the views that changed; with the sums the plugins take of them
+    (``sums``) and ttft-cost's queue wait per throughput setting (``wait``), kept up to date
+    the same way (the same float operations in the same order: the same values)."""
 
     def __init__(self, snapshot: EndpointSnapshot) -> None:
+        self.snap = snapshot  # held: a snapshot patched from it names it by id
         self.items = tuple(snapshot)
         self.pos = {e.instance_id: i for i, e in enumerate(self.items)}
         self.cols: F64 = np.array([_row(e) for e in self.items], dtype=np.float64).T.copy()
+        c = self.cols
+        self.sums: F64 = np.array([
+            c[_TIF] + c[_RTOK], c[_RUN] + c[_WAIT] + c[_RREQ], c[_PEND] + c[_RTOK],
+            c[_WAIT] + c[_RREQ], c[_RUN] + c[_RREQ],
+        ])  # fmt: skip
+        # (model tokens/s, whether an engine's own rate counts) -> (throughput, wait) columns
+        self._waits: dict[tuple[float, bool], tuple[F64, F64]] = {}
+        self._pending: tuple[PendingPicks, set[str], F64] | None = None
 
     def update(self, snapshot: EndpointSnapshot) -> bool:
         """Follow ``snapshot``; False when its endpoints are not the same ones (rebuild)."""
+        if snapshot is self.snap:
+            return True
         new = tuple(snapshot)
-        changed = changed_positions(self.items, new)
-        if changed is None:
-            return False
-        cols = self.cols
+        patched = snapshot.patched
+        changed: Sequence[int] | None
+        if patched is not None and patched[0] == id(self.snap):
+            changed = patched[1]  # the snapshot patched from the last one followed
+        else:
+            changed = changed_positions(self.items, new)
+            if changed is None:
+                return False
+        self.snap = snapshot
+        cols, sums, waits = self.cols, self.sums, self._waits
         for i in changed:
-            cols[:, i] = _row(new[i])
+            r = _row(new[i])
+            cols[:, i] = r
+            sums[:, i] = _sums(r)
+            for (model_tps, engine), (tput, wait) in waits.items():
+                tput[i], wait[i] = _wait(r, model_tps, engine)
         self.items = new
         return True
+
+    def wait(self, model_tps: float, engine: bool) -> tuple[F64, F64]:
+        """ttft-cost's throughput and queue wait (ms) per candidate, as its prepare computes
+        them: ``1000 * pending / throughput`` where both are positive, else 0."""
+        key = (model_tps, engine)
+        hit = self._waits.get(key)
+        if hit is None:
+            pend = self.sums[_S_PEND]
+            tput = np.full(len(self.items), model_tps)
+            if engine:
+                tput = np.maximum(tput, self.cols[_TPS])
+            ok = (pend > 0) & (tput > 0)
+            wait = np.zeros(len(self.items))
+            wait[ok] = 1000.0 * pend[ok] / tput[ok]
+            if len(self._waits) >= 4:  # a fitted model's rate moves: keep the latest few
+                self._waits.clear()
+            hit = self._waits[key] = (tput, wait)
+        return hit
+
+    def pending(self, picks: PendingPicks) -> F64:
+        """``picks.totals`` as a column (:meth:`spread`), kept up to date from the instances
+        ``picks`` marks as touched; rebuilt when another follower took its marks over."""
+        hit = self._pending
+        if hit is not None and hit[0] is picks and picks.touched is hit[1]:
+            col, touched = hit[2], hit[1]
+            if touched:
+                pos, totals = self.pos, picks.totals
+                for iid in touched:
+                    i = pos.get(iid)
+                    if i is not None:
+                        col[i] = totals[iid]
+                touched.clear()
+            return col
+        touched = picks.touched = set()
+        col = self.spread(picks.totals)
+        self._pending = (picks, touched, col)
+        return col
 
     def spread(self, values: dict[str, Any], default: float = 0.0) -> F64:
         """``values`` per instance id as a column (ids not in the fleet ignored)."""
         out = np.full(len(self.items), default)
         if values:
-            pos = self.pos
-            at = np.fromiter(map(pos.get, values, [-1] * len(values)), np.int64, len(values))
-            v = np.fromiter(values.values(), np.float64, len(values))
-            ok = at >= 0
-            out[at[ok]] = v[ok]
+            n = len(values)
+            try:
+                at = np.fromiter(map(self.pos.__getitem__, values), np.intp, n)
+            except KeyError:
+                at = np.fromiter(map(self.pos.get, values, [-1] * n), np.intp, n)
+                v = np.fromiter(values.values(), np.float64, n)
+                ok = at >= 0
+                out[at[ok]] = v[ok]
+                return out
+            out[at] = np.fromiter(values.values(), np.float64, n)
         return out
 
 
+# rows of _Fleet.sums
+_S_TOK, _S_REQ, _S_PEND, _S_WAITING, _S_DEC = range(5)
+
+
+def _sums(r: tuple[float, ...]) -> tuple[float, ...]:
+    """One view's ``_Fleet.sums`` (in the order numpy adds the columns)."""
+    return (
+        r[_TIF] + r[_RTOK], r[_RUN] + r[_WAIT] + r[_RREQ], r[_PEND] + r[_RTOK],
+        r[_WAIT] + r[_RREQ], r[_RUN] + r[_RREQ],
+    )  # fmt: skip
+
+
+def _wait(r: tuple[float, ...], model_tps: float, engine: bool) -> tuple[float, float]:
+    """One view's (throughput, wait) of :meth:`_Fleet.wait`."""
+    pend = r[_PEND] + r[_RTOK]
+    tput = max(model_tps, r[_TPS]) if engine else model_tps
+    return tput, (1000.0 * pend / tput if pend > 0 and tput > 0 else 0.0)
+
+
 def _first_min(x: F64, mask: npt.NDArray[np.bool_]) -> int:
-    return int(np.flatnonzero(mask)[np.argmin(x[mask])])
+    """The first position of ``x``'s least value where ``mask`` (not empty, no NaN)."""
+    at = int(np.argmin(np.where(mask, x, np.inf)))
+    if not mask[at]:  # every masked value is inf
+        at = int(np.flatnonzero(mask)[np.argmin(x[mask])])
+    return at
 
 
 def _near(first: int, near: npt.NDArray[np.bool_], inputs: list[F64]) -> list[int]:
     """``first`` (a value's first extreme) and those ``near`` it from other ``inputs`` (equal
     inputs give the plugin bit-equal values, so those stay tied behind ``first``)."""
+    if np.count_nonzero(near) <= 1:  # ``first`` alone (the usual case)
+        return [first]
     differ = np.zeros(len(near), dtype=bool)
     for col in inputs:
         differ |= col != col[first]
@@ -184,7 +276,11 @@ def _near(first: int, near: npt.NDArray[np.bool_], inputs: list[F64]) -> list[in
 
 
 def _first_max(x: F64, mask: npt.NDArray[np.bool_]) -> int:
-    return int(np.flatnonzero(mask)[np.argmax(x[mask])])
+    """The first position of ``x``'s greatest value where ``mask`` (not empty, no NaN)."""
+    at = int(np.argmax(np.where(mask, x, -np.inf)))
+    if not mask[at]:  # every masked value is -inf
+        at = int(np.flatnonzero(mask)[np.argmax(x[mask])])
+    return at
 
 
 class BoundFilter:
@@ -206,14 +302,14 @@ class BoundFilter:
         f = self._follow(snapshot)
         cached = _cached(plan, f, request, now)
         tc = plan.ttft
-        k = f.spread(tc._awaiting.totals) if tc is not None and tc.p.interference > 0 else None
+        k = f.pending(tc._awaiting) if tc is not None and tc.p.interference > 0 else None
         anchors: list[int] = []
         extra = [cached] if k is None else [cached, k]  # per-request inputs besides the views
-        surv = _survivors(plan.guard, f.cols, cached, anchors)
+        surv = _survivors(plan.guard, f, cached, anchors)
         total = np.zeros(len(f.items))
         if tc is not None:
             inputs: list[F64] = []
-            cost = _costs(tc, f.cols, request, cached, k, anchors, inputs)
+            cost = _costs(tc, f, request, cached, k, anchors, inputs)
             eps = cost + tc.p.epsilon_ms
             at = _first_min(eps, surv)
             lo = eps[at]
@@ -224,7 +320,7 @@ class BoundFilter:
         if plan.prefix is not None and plan.w_prefix:
             total += plan.w_prefix * _prefix_scores(plan.prefix, request, cached)
         if plan.load is not None:
-            total += plan.w_load * _load_scores(plan.load, f.cols, surv, anchors)
+            total += plan.w_load * _load_scores(plan.load, f, surv, anchors)
         if plan.session_load is not None and plan.w_session_load:
             sl = _session_load_scores(plan.session_load, request, now, f, surv, anchors, extra)
             if sl is not None:
@@ -251,17 +347,14 @@ def _cached(plan: BoundPlan, f: _Fleet, request: RequestView, now: float) -> F64
 
 
 def _survivors(
-    guard: LoadGuard | None, cols: F64, cached: F64, anchors: list[int]
+    guard: LoadGuard | None, f: _Fleet, cached: F64, anchors: list[int]
 ) -> npt.NDArray[np.bool_]:
     """The load guard's survivors (exact: integer loads); its least loaded is an anchor."""
-    n = cols.shape[1]
+    n = len(f.items)
     if guard is None or n < 2:
         return np.ones(n, dtype=bool)
     p = guard.p
-    if p.metric == "tokens":
-        loads = cols[_TIF] + cols[_RTOK]
-    else:
-        loads = cols[_RUN] + cols[_WAIT] + cols[_RREQ]
+    loads = f.sums[_S_TOK] if p.metric == "tokens" else f.sums[_S_REQ]
     at = int(np.argmin(loads))
     anchors.append(at)
     lo = float(loads[at])
@@ -274,7 +367,7 @@ def _survivors(
 
 def _costs(
     tc: TTFTCost,
-    cols: F64,
+    f: _Fleet,
     request: RequestView,
     cached: F64,
     k: F64 | None,
@@ -287,22 +380,15 @@ def _costs(
     tc._sync()
     n = request.prompt_tokens
     clipped = np.clip(cached, 0, n)
-    classes = np.unique(clipped)  # a few values
-    own_by_class = np.array([tc._prefill_ms(n - int(c), int(c)) for c in classes.tolist()])
-    own = own_by_class[np.searchsorted(classes, clipped)]
+    own, own_by_class = _by_class(clipped, request.block_size, lambda c: tc._prefill_ms(n - c, c))
     anchors.append(int(np.argmin(own)))
-    pend = cols[_PEND] + cols[_RTOK]
-    tput = np.full(len(own), tc.model_tps)
-    if tc.p.use_engine_throughput:
-        tput = np.maximum(tput, cols[_TPS])
+    pend = f.sums[_S_PEND]
+    tput, wait = f.wait(tc.model_tps, tc.p.use_engine_throughput)
     inputs += (own, pend, tput)
     if k is not None:
         inputs.append(k)
     if tc.p.decode:
-        inputs.append(cols[_RUN] + cols[_RREQ])
-    ok = (pend > 0) & (tput > 0)
-    wait = np.zeros(len(own))
-    wait[ok] = 1000.0 * pend[ok] / tput[ok]
+        inputs.append(f.sums[_S_DEC])
     t: F64 = wait + own
     if not tc.ranked:
         return t
@@ -310,8 +396,24 @@ def _costs(
     cost: F64 = t + p.interference * (k if k is not None else 0.0) * own
     cost = cost + p.recompute * (own - own_by_class.min())
     if p.decode:
-        cost = cost + p.decode * (cols[_RUN] + cols[_RREQ]) * own
+        cost = cost + p.decode * f.sums[_S_DEC] * own
     return cost
+
+
+def _by_class(tokens: F64, block_size: int, fn: Callable[[int], float]) -> tuple[F64, F64]:
+    """``fn`` of each of ``tokens`` (whole numbers, a few distinct), and of each distinct
+    value ascending, computed once per value. Whole blocks (the usual case: cached tokens)
+    are told apart by counting, else by sorting."""
+    blocks = (tokens // max(1, block_size)).astype(np.intp)
+    if block_size > 0 and len(tokens) and bool((blocks * block_size == tokens).all()):
+        distinct = np.flatnonzero(np.bincount(blocks))
+        by_class = np.array([fn(int(b) * block_size) for b in distinct.tolist()])
+        table = np.zeros(int(distinct[-1]) + 1)
+        table[distinct] = by_class
+        return table[blocks], by_class
+    classes = np.unique(tokens)
+    by_class = np.array([fn(int(c)) for c in classes.tolist()])
+    return by_class[np.searchsorted(classes, tokens)], by_class
 
 
 def _prefix_scores(pe: PrefixEstimate, request: RequestView, cached: F64) -> F64:
@@ -322,20 +424,20 @@ def _prefix_scores(pe: PrefixEstimate, request: RequestView, cached: F64) -> F64
     return np.where(r >= pe.threshold, r, 0.0) if pe.threshold > 0 else r
 
 
-def _load_scores(ll: LeastLoad, cols: F64, surv: npt.NDArray[np.bool_], anchors: list[int]) -> F64:
+def _load_scores(ll: LeastLoad, f: _Fleet, surv: npt.NDArray[np.bool_], anchors: list[int]) -> F64:
     """least-load's scores over the survivors' maxima (each maximum's first holder an
     anchor; the metrics are integers or the views' own floats: exact maxima)."""
-    n = cols.shape[1]
+    n = len(f.items)
     if ll.total_weight <= 0:
         return np.ones(n)
-    metrics = (
-        cols[_WAIT] + cols[_RREQ], cols[_RUN], cols[_TIF] + cols[_RTOK], cols[_KV],
-    )  # fmt: skip
+    s, c = f.sums, f.cols
+    metrics = (s[_S_WAITING], c[_RUN], s[_S_TOK], c[_KV])
     used = np.zeros(n)
     for w, x in zip(ll.weights, metrics, strict=True):
-        m = float(x[surv].max())
+        at = _first_max(x, surv)
+        m = float(x[at])
         if m > 0:
-            anchors.append(_first_max(x, surv))
+            anchors.append(at)
             used = used + x * (w / (m * ll.total_weight))
     return 1.0 - used
 
@@ -357,8 +459,9 @@ def _session_load_scores(
     n = request.prompt_tokens
     if n <= 0 or n < sl.p.min_prompt_tokens:
         return None
-    anchors.append(_first_max(cached, surv))
-    if cached[surv].max() >= sl.p.new_below * n:
+    most = _first_max(cached, surv)
+    anchors.append(most)
+    if cached[most] >= sl.p.new_below * n:
         return None
     held = sl._committed
     if not held:

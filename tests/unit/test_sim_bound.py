@@ -26,6 +26,7 @@ class Case:
     long_prompts: float = 0.0  # share of prompts long enough for session-load to score
     spread: int = 3  # load fields drawn from range(spread): small = many equal candidates
     engine_fields: bool = False  # pending prefill and throughput reported (the load stream)
+    patched: bool = False  # each cycle's snapshot the last one with a few views replaced
 
 
 CASES = [
@@ -36,16 +37,21 @@ CASES = [
     Case("default", engine_fields=True),
     Case("tpot-guard", long_prompts=0.3),  # ttft-cost's decode term
     Case("least_load"),
+    Case("default", engine_fields=True, patched=True),
 ]
 IDS = ["default", "long-prompts", "idle-fleet", "300-instances", "load-stream", "tpot-guard",
-       "least-load"]  # fmt: skip
+       "least-load", "patched-snapshots"]  # fmt: skip
 
 
 def scheduler(n: int) -> Scheduler:
     return build_core([EndpointSpec(f"worker-{i}", f"http://w{i}") for i in range(n)]).scheduler
 
 
-def snapshot(rng: random.Random, case: Case) -> EndpointSnapshot:
+def snapshot(
+    rng: random.Random, case: Case, last: EndpointSnapshot | None = None, version: int = 0
+) -> EndpointSnapshot:
+    """A fleet of random loads; with ``case.patched``, ``last`` with 0-5 views replaced (as
+    the gateway's fleet patches its snapshot), which the filter follows by position."""
     s = case.spread
 
     def view(i: int) -> EndpointView:
@@ -61,6 +67,9 @@ def snapshot(rng: random.Random, case: Case) -> EndpointSnapshot:
             reserved_tokens=rng.randrange(s) // 2 * 700,
         )
 
+    if case.patched and last is not None:
+        changed = [view(rng.randrange(case.instances)) for _ in range(rng.randrange(6))]
+        return last.replaced(changed, version)
     return EndpointSnapshot([view(i) for i in range(case.instances)])
 
 
@@ -88,8 +97,9 @@ def test_the_same_picks_with_and_without_the_bound(case: Case) -> None:
 
     narrow._bound.kept = counted  # type: ignore[assignment,method-assign]
     unanswered: list[tuple[RequestView, Pick]] = []
+    snap: EndpointSnapshot | None = None
     for k in range(150):
-        snap, req, now = snapshot(rng, case), request(rng, k, case), k * 0.05
+        snap, req, now = snapshot(rng, case, snap, k), request(rng, k, case), k * 0.05
         want = whole.schedule(req, snap, now, case.profile)
         got = narrow.schedule(req, snap, now, case.profile)
         assert got == want, f"cycle {k}"

@@ -276,15 +276,15 @@ class EngineCore(PrefillPlanner):
         steps = 1 << 62
         ctx = 0
         for s in self._running.values():
-            if s.computed < s.prompt_len:
-                return None
-            left = s.req.max_new_tokens - s.n_gen - 1
-            if s.n_gen < mark:
-                left = min(left, mark - s.n_gen - 1)
-            steps = min(steps, left)
-            ctx += s.prompt_len + s.n_gen
-        if steps <= 0:
-            return None
+            n_gen, plen = s.n_gen, s.prompt_len
+            left = s.req.max_new_tokens - n_gen - 1
+            if n_gen < mark and mark - n_gen - 1 < left:
+                left = mark - n_gen - 1
+            if left < steps:
+                steps = left
+            if steps <= 0 or s.computed < plen:
+                return None  # steps only falls: no run
+            ctx += plen + n_gen
         times = [s.ready_at for s in self._transferring.values()] + list(self._held.values())
         if times:
             horizon = min(times)

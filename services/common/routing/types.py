@@ -92,7 +92,7 @@ def _pick(items: tuple[EndpointView, ...], idx: tuple[int, ...]) -> tuple[Endpoi
 class EndpointSnapshot:
     """An immutable, id-ordered set of endpoints. Iteration order is by instance id."""
 
-    __slots__ = ("_by_id", "_items", "_pool_idx", "_pools", "_pos", "_roles", "version")
+    __slots__ = ("_by_id", "_items", "_pool_idx", "_pools", "_pos", "_roles", "patched", "version")
 
     def __init__(
         self,
@@ -114,6 +114,9 @@ class EndpointSnapshot:
         self._pool_idx: tuple[int, tuple[int, ...], tuple[int, ...]] | None = None
         self._pos: dict[str, int] | None = None
         self._roles: frozenset[str] | None = None
+        # made by ``replaced``: (id of the snapshot it patched, the positions it replaced),
+        # for a caller following snapshots that holds the one patched (so the id is its own)
+        self.patched: tuple[int, tuple[int, ...]] | None = None
         self.version = version
 
     def pools(self) -> tuple[int, tuple[EndpointView, ...], tuple[EndpointView, ...]]:
@@ -155,6 +158,7 @@ class EndpointSnapshot:
             pos = self._pos = {e.instance_id: i for i, e in enumerate(self._items)}
         items = list(self._items)
         same_pools = True
+        changed: list[int] = []
         for v in views:
             i = pos.get(v.instance_id)
             if i is None:
@@ -163,6 +167,7 @@ class EndpointSnapshot:
             if old is v:
                 continue
             items[i] = v
+            changed.append(i)
             if old.eligible != v.eligible or old.role != v.role:
                 same_pools = False
         new = EndpointSnapshot.__new__(EndpointSnapshot)
@@ -172,6 +177,7 @@ class EndpointSnapshot:
         new._pool_idx = self._pool_idx if same_pools else None
         new._pos = pos
         new._roles = self._roles if same_pools else None
+        new.patched = (id(self), tuple(changed))
         new.version = version
         return new
 
@@ -192,6 +198,7 @@ class EndpointSnapshot:
         new._pool_idx = (len(kept), tuple(range(len(kept))), ()) if whole else None
         new._pos = None
         new._roles = None
+        new.patched = None
         new.version = self.version
         return new
 

@@ -23,6 +23,9 @@ class PendingPicks:
     def __init__(self, ttl_s: float) -> None:
         self.ttl_s = ttl_s
         self.totals: dict[str, int] = {}
+        # when a set: the instances whose total changed since its owner last cleared it (a
+        # follower of ``totals`` installs it, and then reads only those)
+        self.touched: set[str] | None = None
         self._picks: OrderedDict[str, tuple[str, int, float]] = OrderedDict()
 
     def add(self, request_id: str, instance_id: str, amount: int, now: float) -> None:
@@ -31,6 +34,8 @@ class PendingPicks:
         self.drop(request_id)
         self._picks[request_id] = (instance_id, amount, now)
         self.totals[instance_id] = self.totals.get(instance_id, 0) + amount
+        if self.touched is not None:
+            self.touched.add(instance_id)
         self.expire(now)
 
     def expire(self, now: float) -> None:
@@ -47,3 +52,5 @@ class PendingPicks:
         rec = self._picks.pop(request_id, None)
         if rec is not None:
             self.totals[rec[0]] -= rec[1]
+            if self.touched is not None:
+                self.touched.add(rec[0])

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Sequence
-from itertools import accumulate, compress, repeat
-from operator import and_
+from itertools import accumulate, chain, repeat
+from operator import and_, getitem
 
 from services.common.kvindex.match import mask_drops
 
@@ -271,9 +271,23 @@ class RoutedPrefixIndex:
         return n
 
 
+# _BYTE_BITS[i][v]: the positions of the set bits of byte value v at byte i of a mask
+_BYTE_BITS: list[tuple[tuple[int, ...], ...]] = []
+_BITS_OF = tuple(tuple(b for b in range(8) if v >> b & 1) for v in range(256))
+
+
+def _byte_bits(n: int) -> list[tuple[tuple[int, ...], ...]]:
+    """:data:`_BYTE_BITS` for the first ``n`` bytes (made on first need: 256 small tuples
+    per byte, about 6 MB for a thousand instances' slots)."""
+    while len(_BYTE_BITS) < n:
+        base = 8 * len(_BYTE_BITS)
+        _BYTE_BITS.append(tuple(tuple(base + b for b in bits) for bits in _BITS_OF))
+    return _BYTE_BITS
+
+
 def _set_bits(x: int) -> list[int]:
     """The positions of the set bits of ``x`` >= 0, lowest first (a few: one at a time; many:
-    from its binary digits, in C)."""
+    each byte's from a table, in C)."""
     if x.bit_count() <= 24:
         out: list[int] = []
         while x:
@@ -281,5 +295,5 @@ def _set_bits(x: int) -> list[int]:
             out.append(low.bit_length() - 1)
             x ^= low
         return out
-    digits = bin(x)[:1:-1]  # lowest bit first
-    return list(compress(range(len(digits)), map("1".__eq__, digits)))
+    n = (x.bit_length() + 7) // 8
+    return list(chain.from_iterable(map(getitem, _byte_bits(n), x.to_bytes(n, "little"))))
