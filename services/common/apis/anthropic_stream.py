@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 from services.common import jsonfast
 from services.common.apis.anthropic import error_body
 from services.common.apis.anthropic_answer import chat_usage, stop_of
@@ -34,6 +36,14 @@ _MAX_CARRY = 8 << 20  # an unterminated line longer than this is dropped
 
 def sse_event(name: str, data: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + jsonfast.dumps(data) + b"\n\n"
+
+
+_TEXT_DELTA = (
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,'
+    b'"delta":{"type":"text_delta","text":%b}}\n\n'
+)
+"""A text delta event (the bytes :func:`sse_event` writes): the block's index, the text
+encoded."""
 
 
 class StreamTranslator:
@@ -61,6 +71,8 @@ class StreamTranslator:
         self._finish: Any = None
         self._stop_reason: Any = None
         self._usage: Any = None
+        self.usage_chunk: dict[str, Any] | None = None
+        """The last chunk with a ``usage`` object (the request record reads it)."""
         self._saw_calls = False
 
     def feed(self, chunk: bytes) -> bytes:
@@ -92,26 +104,39 @@ class StreamTranslator:
             return b""
         if payload == b"[DONE]":
             return self._done()
-        try:
-            obj = jsonfast.loads(payload)
-        except (ValueError, UnicodeDecodeError):
-            return b""
+        try:  # orjson directly: jsonfast.loads' fallback only for what orjson refuses
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            try:
+                obj = jsonfast.loads(payload)
+            except (ValueError, UnicodeDecodeError):
+                return b""
         if not isinstance(obj, dict):
             return b""
-        out = [] if self.started else [self._start(obj)]
+        head = b"" if self.started else self._start(obj)
+        if "error" in obj or obj.get("usage") is not None:
+            special = self._special(obj)
+            if special is not None:
+                return head + special
+        choices = obj.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        if isinstance(choice, dict):
+            return head + self._choice(choice)
+        return head
+
+    def _special(self, obj: dict[str, Any]) -> bytes | None:
+        """A chunk's error event (the stream ends there), or None after taking its usage."""
         err = obj.get("error")
         if err is not None:
             self.finished = True
             msg = err.get("message") if isinstance(err, dict) else str(err)
-            out.append(sse_event("error", error_body(502, str(msg or "upstream error"))))
-            return b"".join(out)
-        if obj.get("usage") is not None:
-            self._usage = obj["usage"]
-        choices = obj.get("choices")
-        choice = choices[0] if isinstance(choices, list) and choices else None
-        if isinstance(choice, dict):
-            out.append(self._choice(choice))
-        return b"".join(out)
+            return sse_event("error", error_body(502, str(msg or "upstream error")))
+        usage = obj.get("usage")
+        if usage is not None:
+            self._usage = usage
+            if isinstance(usage, dict):
+                self.usage_chunk = obj
+        return None
 
     def _start(self, obj: dict[str, Any]) -> bytes:
         self.started = True
@@ -170,9 +195,15 @@ class StreamTranslator:
         )
 
     def _text(self, text: str) -> bytes:
-        out = b"" if self._text_open else self._open({"type": "text", "text": ""})
+        try:
+            encoded = orjson.dumps(text)
+        except TypeError:  # a lone surrogate (from json.loads' fallback)
+            encoded = jsonfast.dumps(text)
+        if self._text_open:
+            return _TEXT_DELTA % (self._block, encoded)
+        out = self._open({"type": "text", "text": ""})
         self._text_open = True
-        return out + self._delta({"type": "text_delta", "text": text})
+        return out + _TEXT_DELTA % (self._block, encoded)
 
     def _tool(self, call: dict[str, Any]) -> bytes:
         idx = call.get("index")

@@ -238,6 +238,9 @@ class RequestContext:
     stream_tools: bool = True
     """Read tool calls off the streamed chunks; off when the answer's are given by
     :meth:`answered` (a native Responses stream, which names none the chat way)."""
+    usage_chunk: dict[str, Any] | None = None
+    """The streamed answer's last chunk with a ``usage`` object, as a translator that read
+    every chunk parsed it: its usage is taken from this instead of parsing the tail again."""
     _tools: StreamToolCalls | None = field(default=None, init=False, repr=False)
     _answer: Answer | None = field(default=None, init=False, repr=False)
 
@@ -279,7 +282,9 @@ class RequestContext:
         if self._answer is None:
             if self.streamed:
                 calls = self._tools.calls() if self._tools is not None else ()
-                self._answer = Answer(usage_from_sse(bytes(self.tail)), calls)
+                given = self.usage_chunk
+                usage = _usage_of(given) if given is not None else usage_from_sse(bytes(self.tail))
+                self._answer = Answer(usage, calls)
             else:
                 obj = _json(self.body)
                 self._answer = Answer(_usage_of(obj), tool_calls_of(obj, self.tool_contents))

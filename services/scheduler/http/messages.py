@@ -35,6 +35,7 @@ from services.common.apis.anthropic import error_body as anthropic_error
 from services.common.apis.anthropic_answer import to_message
 from services.common.apis.anthropic_stream import StreamTranslator, sse_event
 from services.common.tokens import ChatError, TokenPath
+from services.scheduler.core.records import RequestContext
 from services.scheduler.http.openai import ApiError, Limits, ParsedRequest, json_body
 
 __all__ = [
@@ -87,8 +88,9 @@ class MessagesAnswer:
         model: str,
         stop_sequences: tuple[str, ...] = (),
         input_tokens: int = 0,
+        ctx: RequestContext | None = None,
     ) -> None:
-        self.native, self.model = native, model
+        self.native, self.model, self.ctx = native, model, ctx
         self.stop_sequences, self.input_tokens = stop_sequences, input_tokens
         self.path = PATH if native else "/v1/chat/completions"
         self._end = b"message_stop" if native else b"[DONE]"
@@ -124,16 +126,20 @@ class MessagesAnswer:
         return self._stream.fail(message)
 
     async def end(self) -> bytes:
+        if self._stream is not None and self.ctx is not None:  # its chunks are parsed
+            self.ctx.usage_chunk = self._stream.usage_chunk
         return b""
 
 
-def messages_answer(p: ParsedRequest, native: bool) -> MessagesAnswer | None:
+def messages_answer(
+    p: ParsedRequest, native: bool, ctx: RequestContext | None = None
+) -> MessagesAnswer | None:
     """The answer translator of a Messages request (None for the other APIs)."""
     if p.kind != "messages":
         return None
     stop = p.forward_body.get("stop")
     stops = tuple(s for s in stop if isinstance(s, str)) if isinstance(stop, list) else ()
-    return MessagesAnswer(native, p.model, stops, len(p.prompt_ids))
+    return MessagesAnswer(native, p.model, stops, len(p.prompt_ids), ctx)
 
 
 def count_tokens(

@@ -221,6 +221,8 @@ class Turn:
         assert response is not None
         if self.native:
             self.ctx.answered(_chat_equivalent(response))
+        elif isinstance(self._stream, ChatToResponses):  # the chunks are parsed: no second time
+            self.ctx.usage_chunk = self._stream.usage_chunk
         if response.get("status") == "failed":
             return last
         failure = await self._save(response)
