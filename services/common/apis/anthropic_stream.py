@@ -28,6 +28,7 @@ import orjson
 from services.common import jsonfast
 from services.common.apis.anthropic import error_body
 from services.common.apis.anthropic_answer import chat_usage, stop_of
+from services.common.apis.chat_chunks import ChunkFacts
 
 __all__ = ["StreamTranslator", "sse_event"]
 
@@ -71,8 +72,7 @@ class StreamTranslator:
         self._finish: Any = None
         self._stop_reason: Any = None
         self._usage: Any = None
-        self.usage_chunk: dict[str, Any] | None = None
-        """The last chunk with a ``usage`` object (the request record reads it)."""
+        self.facts = ChunkFacts()  # for the request record
         self._saw_calls = False
 
     def feed(self, chunk: bytes) -> bytes:
@@ -86,7 +86,7 @@ class StreamTranslator:
         for raw in lines:
             line = raw.strip()
             if line.startswith(b"data:"):
-                out.append(self._data(line[5:].strip()))
+                out.append(self._data(line[5:].strip(), raw))
         return b"".join(out)
 
     def final(self) -> bytes:
@@ -99,7 +99,7 @@ class StreamTranslator:
         return sse_event("error", error_body(502, message))
 
     # -- events ---------------------------------------------------------------------------
-    def _data(self, payload: bytes) -> bytes:
+    def _data(self, payload: bytes, raw: bytes) -> bytes:
         if self.finished or not payload:
             return b""
         if payload == b"[DONE]":
@@ -113,6 +113,7 @@ class StreamTranslator:
                 return b""
         if not isinstance(obj, dict):
             return b""
+        self.facts.parsed(raw, obj)
         head = b"" if self.started else self._start(obj)
         if "error" in obj or obj.get("usage") is not None:
             special = self._special(obj)
@@ -134,8 +135,6 @@ class StreamTranslator:
         usage = obj.get("usage")
         if usage is not None:
             self._usage = usage
-            if isinstance(usage, dict):
-                self.usage_chunk = obj
         return None
 
     def _start(self, obj: dict[str, Any]) -> bytes:

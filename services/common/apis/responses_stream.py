@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from services.common import jsonfast
+from services.common.apis.chat_chunks import ChunkFacts
 from services.common.apis.responses import Item, ResponsesRequest
 from services.common.apis.responses_answer import (
     function_item,
@@ -126,7 +127,7 @@ class ChatToResponses:
         self._parts: list[str] = []  # the open item's text or arguments so far
         self._tools: dict[int, int] = {}  # chat tool index -> output index
         self.usage: dict[str, Any] | None = None
-        self.usage_chunk: dict[str, Any] | None = None  # the last chunk with a usage object
+        self.facts = ChunkFacts()  # for the request record
         self.finish: str | None = None
         self.error: dict[str, Any] | None = None
         self.done = False
@@ -176,6 +177,7 @@ class ChatToResponses:
                 except ValueError:
                     continue
             if isinstance(obj, dict):
+                self.facts.parsed(raw, obj)
                 self._chunk(obj)
         out, self._out = b"".join(self._out), []
         return out
@@ -230,8 +232,6 @@ class ChatToResponses:
         usage = obj.get("usage")
         if usage is not None:
             self.usage = response_usage(usage)
-            if isinstance(usage, dict):
-                self.usage_chunk = obj
         return False
 
     def _opened(self, at: int, item_id: str, message: bool) -> None:

@@ -80,7 +80,8 @@ class MessagesAnswer:
     :class:`~services.scheduler.http.relay.AnswerTranslator`): as the engine sent it
     (``native``: the engine's ``/v1/messages``; a broken stream gets an Anthropic ``error``
     event) or translated from chat completions (the client's ``model`` name, its stop
-    sequences, its prompt size for ``message_start``)."""
+    sequences, its prompt size for ``message_start``). Translated with ``ctx``: the request
+    record reads the chunks the translator parsed, not the bytes again."""
 
     def __init__(
         self,
@@ -90,7 +91,7 @@ class MessagesAnswer:
         input_tokens: int = 0,
         ctx: RequestContext | None = None,
     ) -> None:
-        self.native, self.model, self.ctx = native, model, ctx
+        self.native, self.model = native, model
         self.stop_sequences, self.input_tokens = stop_sequences, input_tokens
         self.path = PATH if native else "/v1/chat/completions"
         self._end = b"message_stop" if native else b"[DONE]"
@@ -100,6 +101,8 @@ class MessagesAnswer:
             self._stream = StreamTranslator(
                 model=model, stop_sequences=stop_sequences, input_tokens=input_tokens
             )
+            if ctx is not None:  # it parses every chunk: the record's facts come from it
+                ctx.facts = self._stream.facts
 
     @property
     def done(self) -> bool:
@@ -126,8 +129,6 @@ class MessagesAnswer:
         return self._stream.fail(message)
 
     async def end(self) -> bytes:
-        if self._stream is not None and self.ctx is not None:  # its chunks are parsed
-            self.ctx.usage_chunk = self._stream.usage_chunk
         return b""
 
 

@@ -151,6 +151,8 @@ class Turn:
             if self.native
             else ChatToResponses(req, self.resp_id, self.created_at, store)
         )
+        if isinstance(self._stream, ChatToResponses):  # it parses every chunk: the record's
+            ctx.facts = self._stream.facts
 
     @property
     def done(self) -> bool:
@@ -221,8 +223,6 @@ class Turn:
         assert response is not None
         if self.native:
             self.ctx.answered(_chat_equivalent(response))
-        elif isinstance(self._stream, ChatToResponses):  # the chunks are parsed: no second time
-            self.ctx.usage_chunk = self._stream.usage_chunk
         if response.get("status") == "failed":
             return last
         failure = await self._save(response)
