@@ -15,10 +15,8 @@ from hypothesis import strategies as st
 
 from services.common import jsonfast
 from services.common.apis.anthropic_stream import StreamTranslator
-from services.common.apis.chat_chunks import TOOL_MARKS
 from services.common.apis.responses import parse_responses
 from services.common.apis.responses_stream import ChatToResponses
-from services.scheduler.core import tools
 from services.scheduler.core.records import RequestContext, Usage
 from services.scheduler.http.messages import MessagesAnswer
 
@@ -118,12 +116,6 @@ def test_a_native_messages_answer_leaves_the_record_to_the_bytes() -> None:
     ctx = _ctx()
     MessagesAnswer(True, "m", ctx=ctx)
     assert ctx.facts is None
-
-
-def test_the_tool_marks_are_the_tool_call_readers() -> None:
-    for mark in tools._MARKS:
-        assert TOOL_MARKS.fullmatch(mark)
-    assert len(TOOL_MARKS.pattern.split(b"|")) == len(tools._MARKS)
 
 
 CHAT_PIECES = st.lists(

@@ -77,8 +77,7 @@ class StreamTranslator:
 
     def feed(self, chunk: bytes) -> bytes:
         """The Anthropic events the stream's bytes so far complete."""
-        data = self._carry + chunk
-        lines = data.split(b"\n")
+        lines = (self._carry + chunk if self._carry else chunk).split(b"\n")
         self._carry = lines.pop()
         if len(self._carry) > _MAX_CARRY:
             self._carry = b""
@@ -86,7 +85,7 @@ class StreamTranslator:
         for raw in lines:
             line = raw.strip()
             if line.startswith(b"data:"):
-                out.append(self._data(line[5:].strip(), raw))
+                out.append(self._data(line[5:].strip()))
         return b"".join(out)
 
     def final(self) -> bytes:
@@ -99,7 +98,7 @@ class StreamTranslator:
         return sse_event("error", error_body(502, message))
 
     # -- events ---------------------------------------------------------------------------
-    def _data(self, payload: bytes, raw: bytes) -> bytes:
+    def _data(self, payload: bytes) -> bytes:
         if self.finished or not payload:
             return b""
         if payload == b"[DONE]":
@@ -113,17 +112,40 @@ class StreamTranslator:
                 return b""
         if not isinstance(obj, dict):
             return b""
-        self.facts.parsed(raw, obj)
         head = b"" if self.started else self._start(obj)
-        if "error" in obj or obj.get("usage") is not None:
+        choices = obj.get("choices")
+        # not a plain chunk (chat_chunks.ChunkFacts): the record may need it
+        kept = (
+            "usage" in obj
+            or "type" in obj
+            or "error" in obj
+            or (isinstance(choices, list) and len(choices) > 1)
+        )
+        if kept:
+            self.facts.kept(obj)  # what the record needs of it
             special = self._special(obj)
             if special is not None:
                 return head + special
-        choices = obj.get("choices")
         choice = choices[0] if isinstance(choices, list) and choices else None
-        if isinstance(choice, dict):
-            return head + self._choice(choice)
-        return head
+        if not isinstance(choice, dict):
+            return head
+        delta = choice.get("delta")
+        if not kept and isinstance(delta, dict) and delta.get("tool_calls"):
+            self.facts.kept(obj)
+        if (  # the usual chunk: one more piece of the open text block
+            self._text_open
+            and isinstance(delta, dict)
+            and len(delta) == 1
+            and choice.get("finish_reason") is None
+        ):
+            text = delta.get("content")
+            if isinstance(text, str) and text:
+                try:
+                    encoded = orjson.dumps(text)
+                except TypeError:  # a lone surrogate (from json.loads' fallback)
+                    encoded = jsonfast.dumps(text)
+                return head + _TEXT_DELTA % (self._block, encoded)
+        return head + self._choice(choice)
 
     def _special(self, obj: dict[str, Any]) -> bytes | None:
         """A chunk's error event (the stream ends there), or None after taking its usage."""

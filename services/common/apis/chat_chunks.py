@@ -1,20 +1,32 @@
 """What the request record needs of a chat stream that a translator already parsed.
 
-A translator parses every chunk of the engine's chat stream; it keeps the last chunk with a
-``usage`` object and the chunks whose ``data:`` line names a tool call (the lines the
-gateway's tool-call reader parses, :mod:`services.scheduler.core.tools`), so the record
-reads those instead of parsing the stream's bytes a second time.
+A translator parses every chunk of the engine's chat stream; it hands :class:`ChunkFacts`
+each chunk that is not a plain one (one choice, no tool calls, no ``usage``, ``type`` or
+``error``), which keeps the last chunk with a ``usage`` object and the chunks that may
+carry a tool call (the gateway's tool-call reader, :mod:`services.scheduler.core.tools`,
+reads them), so the record does not parse the stream's bytes a second time.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-__all__ = ["TOOL_MARKS", "ChunkFacts"]
+__all__ = ["ChunkFacts"]
 
-TOOL_MARKS = re.compile(rb'"tool_calls"|"tool_use"|"input_json_delta"')
-"""The names on a line that may carry a tool call (the tool-call reader's marks)."""
+
+def _may_call(obj: dict[str, Any]) -> bool:
+    """A chunk the tool-call reader may take a call from: an Anthropic-shaped event, or a
+    choice whose delta names tool calls."""
+    if "type" in obj:
+        return True
+    choices = obj.get("choices")
+    if not isinstance(choices, list):
+        return False
+    for c in choices:
+        delta = c.get("delta") if isinstance(c, dict) else None
+        if isinstance(delta, dict) and "tool_calls" in delta:
+            return True
+    return False
 
 
 class ChunkFacts:
@@ -26,12 +38,10 @@ class ChunkFacts:
         self.usage_chunk: dict[str, Any] | None = None
         self.tool_chunks: list[Any] = []
 
-    def parsed(self, raw: bytes, obj: dict[str, Any]) -> None:
-        """A parsed chunk (``raw``: its line as read); cheap for most, which carry
-        neither a tool call nor usage."""
-        if (b'"tool_' in raw or b'"input_json_delta"' in raw) and (
-            raw.startswith(b"data:") and TOOL_MARKS.search(raw) is not None
-        ):
-            self.tool_chunks.append(obj)
+    def kept(self, obj: dict[str, Any]) -> None:
+        """A chunk that is not plain (see the module doc), or whose one delta names tool
+        calls; each chunk at most once."""
         if isinstance(obj.get("usage"), dict):
             self.usage_chunk = obj
+        if _may_call(obj):
+            self.tool_chunks.append(obj)

@@ -153,7 +153,7 @@ class ChatToResponses:
         """The Responses events ``data`` completes (the last one held back)."""
         if self._seq == 0:
             self._start()
-        lines = (self._carry + data).split(b"\n")
+        lines = (self._carry + data if self._carry else data).split(b"\n")
         self._carry = lines.pop()
         if len(self._carry) > _MAX_CARRY:
             self._carry = b""
@@ -177,14 +177,21 @@ class ChatToResponses:
                 except ValueError:
                     continue
             if isinstance(obj, dict):
-                self.facts.parsed(raw, obj)
                 self._chunk(obj)
         out, self._out = b"".join(self._out), []
         return out
 
     def _chunk(self, obj: dict[str, Any]) -> None:
         choices = obj.get("choices")
-        if "error" in obj or obj.get("usage") is not None:
+        # not a plain chunk (chat_chunks.ChunkFacts): the record may need it
+        kept = (
+            "usage" in obj
+            or "type" in obj
+            or "error" in obj
+            or (isinstance(choices, list) and len(choices) > 1)
+        )
+        if kept:
+            self.facts.kept(obj)  # what the record needs of it
             if self._special(obj):
                 return
         if not isinstance(choices, list) or not choices:
@@ -207,6 +214,8 @@ class ChatToResponses:
                 self._seq += 1
             calls = delta.get("tool_calls")
             if calls:
+                if not kept:
+                    self.facts.kept(obj)
                 for tc in calls:
                     if isinstance(tc, dict):
                         self._tool(tc)
