@@ -46,6 +46,15 @@ _TEXT_DELTA = (
 """A text delta event (the bytes :func:`sse_event` writes): the block's index, the text
 encoded."""
 
+_PING = b'event: ping\ndata: {"type":"ping"}\n\n'
+_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+_BLOCK_STOP = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":%d}\n\n'
+_TEXT_START = (
+    b'event: content_block_start\ndata: {"type":"content_block_start","index":%d,'
+    b'"content_block":{"type":"text","text":""}}\n\n'
+)
+"""Events with nothing to encode but an index, as :func:`sse_event` writes them."""
+
 
 class StreamTranslator:
     """One stream's translation state (see the module doc). ``model``: the name the client
@@ -172,9 +181,7 @@ class StreamTranslator:
             "stop_sequence": None,
             "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
         }
-        return sse_event("message_start", {"type": "message_start", "message": message}) + (
-            sse_event("ping", {"type": "ping"})
-        )
+        return sse_event("message_start", {"type": "message_start", "message": message}) + _PING
 
     def _choice(self, choice: dict[str, Any]) -> bytes:
         out: list[bytes] = []
@@ -198,12 +205,15 @@ class StreamTranslator:
         i, self._block = self._block, -1
         self._text_open = False
         self._open_tool = None
-        return sse_event("content_block_stop", {"type": "content_block_stop", "index": i})
+        return _BLOCK_STOP % i
 
-    def _open(self, block: dict[str, Any]) -> bytes:
+    def _open(self, block: dict[str, Any] | None) -> bytes:
+        """Open a block: ``block``, or a text block (None)."""
         out = self._close()
         self._block = self._blocks
         self._blocks += 1
+        if block is None:
+            return out + _TEXT_START % self._block
         return out + sse_event(
             "content_block_start",
             {"type": "content_block_start", "index": self._block, "content_block": block},
@@ -222,7 +232,7 @@ class StreamTranslator:
             encoded = jsonfast.dumps(text)
         if self._text_open:
             return _TEXT_DELTA % (self._block, encoded)
-        out = self._open({"type": "text", "text": ""})
+        out = self._open(None)
         self._text_open = True
         return out + _TEXT_DELTA % (self._block, encoded)
 
@@ -263,5 +273,5 @@ class StreamTranslator:
         out.append(
             sse_event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
         )
-        out.append(sse_event("message_stop", {"type": "message_stop"}))
+        out.append(_STOP)
         return b"".join(out)
