@@ -9,7 +9,10 @@ admission, the record):
 | ``stream`` | the request record reads the chat stream | the record reads the engine's stream, the Turn writes the client's events and its last event (native: the engine's Responses stream relayed; translated: the chat stream translated) |
 
 The streams and bodies are ``gateway_overhead.py``'s (a 128-word prompt, 8 tokens, nothing
-stored). Each stage runs ``--requests`` times per round; the figure is the CPU time per
+stored; ``--tokens`` streams more). The stream is fed whole, or with ``--per-event`` one
+event a read, as an engine streaming token by token reaches the gateway. Messages
+(translated) is measured beside: ``parse_request`` of the Messages body, and its stream
+translated. Each stage runs ``--requests`` times per round; the figure is the CPU time per
 request (``time.process_time``), the minimum over ``--rounds`` rounds (the machine's other
 work only adds to it). With ``--instructions`` the script runs itself under Valgrind's
 callgrind and gives instructions per request instead, which a busy machine does not move
@@ -44,15 +47,23 @@ from _loadgen import request_bytes
 
 from services.common import jsonfast
 from services.scheduler.core.records import RequestContext
+from services.scheduler.http.messages import messages_answer
 from services.scheduler.http.openai import parse_request
 from services.scheduler.http.responses import ResponsesApi
 
 CHUNKS = 8
 
 
-def chat_stream() -> bytes:
-    """The canned upstream's chat stream (8 tokens, usage on the last chunk)."""
-    return canned_chat_stream(CHUNKS)
+def chat_stream(tokens: int = CHUNKS) -> bytes:
+    """The canned upstream's chat stream (one token a chunk, usage on the last chunk)."""
+    return canned_chat_stream(tokens)
+
+
+def _reads(stream: bytes, per_event: bool) -> list[bytes]:
+    """The stream as the gateway reads it: whole, or one SSE event a read."""
+    if not per_event:
+        return [stream]
+    return [e + b"\n\n" for e in stream.split(b"\n\n") if e]
 
 
 def _ctx() -> RequestContext:
@@ -77,11 +88,12 @@ Stage = tuple[Callable[[], Any], Callable[[Any], object]]
 """A stage: its setup (not measured) and its work on what the setup made."""
 
 
-def stages() -> dict[str, Stage]:
+def stages(tokens: int = CHUNKS, per_event: bool = False) -> dict[str, Stage]:
     """The measured work of one request, by ``api/stage``."""
-    chat_raw, resp_raw = _body("chat"), _body("responses")
-    chat_sse = chat_stream()
-    native_sse = native_streams(chat_sse, CHUNKS)["responses"].encode()
+    chat_raw, resp_raw, msg_raw = _body("chat"), _body("responses"), _body("messages")
+    chat_sse = chat_stream(tokens)
+    native_sse = native_streams(chat_sse, tokens)["responses"].encode()
+    chat_reads, native_reads = _reads(chat_sse, per_event), _reads(native_sse, per_event)
     apis = {"native": ResponsesApi(native=True), "translated": ResponsesApi(native=False)}
 
     def parse(kind: Any, raw: bytes, canonical: Any = None) -> Any:
@@ -98,19 +110,37 @@ def stages() -> dict[str, Stage]:
         parsed = turn.admitted(parsed)
         return parsed.raw_body or jsonfast.dumps(parsed.forward_body)  # as upstream.py does
 
-    def relayed(upstream: bytes) -> Callable[[Any], object]:
+    def relayed(upstream: list[bytes]) -> Callable[[Any], object]:
         def work(made: Any) -> object:
             _parsed, turn = made
-            turn.ctx.chunk(upstream)
-            out = turn.feed(upstream) + _run(turn.end())
+            out = []
+            for read in upstream:  # as relay.py does
+                turn.ctx.chunk(read)
+                out.append(turn.feed(read))
+            out.append(_run(turn.end()))
             turn.ctx.answer()
             return out
 
         return work
 
     def chat_relayed(ctx: RequestContext) -> object:
-        ctx.chunk(chat_sse)
+        for read in chat_reads:
+            ctx.chunk(read)
         return ctx.answer()
+
+    def messages_ready() -> Any:
+        ctx = streaming()
+        return ctx, messages_answer(parse("messages", msg_raw), False, ctx)
+
+    def messages_relayed(made: Any) -> object:
+        ctx, answer = made
+        out = []
+        for read in chat_reads:
+            ctx.chunk(read)
+            out.append(answer.feed(read))
+        out.append(_run(answer.end()))
+        ctx.answer()
+        return out
 
     def streaming() -> RequestContext:
         ctx = _ctx()
@@ -133,8 +163,10 @@ def stages() -> dict[str, Stage]:
         "responses_native/parse": (none, lambda _: admitted(turn("native"))),
         "responses_translated/parse": (none, lambda _: admitted(turn("translated"))),
         "chat/stream": (streaming, chat_relayed),
-        "responses_native/stream": (ready("native"), relayed(native_sse)),
-        "responses_translated/stream": (ready("translated"), relayed(chat_sse)),
+        "responses_native/stream": (ready("native"), relayed(native_reads)),
+        "responses_translated/stream": (ready("translated"), relayed(chat_reads)),
+        "messages_translated/parse": (none, lambda _: parse("messages", msg_raw)),
+        "messages_translated/stream": (messages_ready, messages_relayed),
     }
 
 
@@ -171,6 +203,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=2000, help="requests per stage and round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--instructions", action="store_true", help="count instructions (callgrind)")
+    p.add_argument("--tokens", type=int, default=CHUNKS, help="tokens (chunks) per stream")
+    p.add_argument("--per-event", action="store_true", help="feed the stream one event a read")
     p.add_argument("--callgrind-out", default="", help=argparse.SUPPRESS)
     p.add_argument("--out", default="responses_relay_cost.json")
     return p.parse_args(argv)
@@ -186,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.run(cmd, env={**os.environ, "PYTHONHASHSEED": "0"}).returncode
     prefix = args.callgrind_out or None
     rounds = 1 if prefix else args.rounds
-    work = stages()
+    work = stages(args.tokens, args.per_event)
     figures: dict[str, list[float]] = {name: [] for name in work}
     for _ in range(rounds):
         for name, stage in work.items():
@@ -196,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     best = {name: min(v) for name, v in figures.items()}
     doc: dict[str, Any] = {"benchmark": "responses_relay_cost", "command": command_line(),
                            "machine": machine(), "requests": args.requests, "unit": unit,
+                           "tokens": args.tokens, "per_event": args.per_event,
                            "stages": {}}  # fmt: skip
     for name, v in figures.items():
         stage = name.split("/")[1]

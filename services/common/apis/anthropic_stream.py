@@ -23,9 +23,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 from services.common import jsonfast
 from services.common.apis.anthropic import error_body
 from services.common.apis.anthropic_answer import chat_usage, stop_of
+from services.common.apis.chat_chunks import ChunkFacts
 
 __all__ = ["StreamTranslator", "sse_event"]
 
@@ -34,6 +37,23 @@ _MAX_CARRY = 8 << 20  # an unterminated line longer than this is dropped
 
 def sse_event(name: str, data: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + jsonfast.dumps(data) + b"\n\n"
+
+
+_TEXT_DELTA = (
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,'
+    b'"delta":{"type":"text_delta","text":%b}}\n\n'
+)
+"""A text delta event (the bytes :func:`sse_event` writes): the block's index, the text
+encoded."""
+
+_PING = b'event: ping\ndata: {"type":"ping"}\n\n'
+_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+_BLOCK_STOP = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":%d}\n\n'
+_TEXT_START = (
+    b'event: content_block_start\ndata: {"type":"content_block_start","index":%d,'
+    b'"content_block":{"type":"text","text":""}}\n\n'
+)
+"""Events with nothing to encode but an index, as :func:`sse_event` writes them."""
 
 
 class StreamTranslator:
@@ -61,12 +81,12 @@ class StreamTranslator:
         self._finish: Any = None
         self._stop_reason: Any = None
         self._usage: Any = None
+        self.facts = ChunkFacts()  # for the request record
         self._saw_calls = False
 
     def feed(self, chunk: bytes) -> bytes:
         """The Anthropic events the stream's bytes so far complete."""
-        data = self._carry + chunk
-        lines = data.split(b"\n")
+        lines = (self._carry + chunk if self._carry else chunk).split(b"\n")
         self._carry = lines.pop()
         if len(self._carry) > _MAX_CARRY:
             self._carry = b""
@@ -92,26 +112,61 @@ class StreamTranslator:
             return b""
         if payload == b"[DONE]":
             return self._done()
-        try:
-            obj = jsonfast.loads(payload)
-        except (ValueError, UnicodeDecodeError):
-            return b""
+        try:  # orjson directly: jsonfast.loads' fallback only for what orjson refuses
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            try:
+                obj = jsonfast.loads(payload)
+            except (ValueError, UnicodeDecodeError):
+                return b""
         if not isinstance(obj, dict):
             return b""
-        out = [] if self.started else [self._start(obj)]
+        head = b"" if self.started else self._start(obj)
+        choices = obj.get("choices")
+        # not a plain chunk (chat_chunks.ChunkFacts): the record may need it
+        kept = (
+            "usage" in obj
+            or "type" in obj
+            or "error" in obj
+            or (isinstance(choices, list) and len(choices) > 1)
+        )
+        if kept:
+            self.facts.kept(obj)  # what the record needs of it
+            special = self._special(obj)
+            if special is not None:
+                return head + special
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        if not isinstance(choice, dict):
+            return head
+        delta = choice.get("delta")
+        if not kept and isinstance(delta, dict) and delta.get("tool_calls"):
+            self.facts.kept(obj)
+        if (  # the usual chunk: one more piece of the open text block
+            self._text_open
+            and isinstance(delta, dict)
+            and len(delta) == 1
+            and choice.get("finish_reason") is None
+        ):
+            text = delta.get("content")
+            if isinstance(text, str) and text:
+                try:
+                    encoded = orjson.dumps(text)
+                except TypeError:  # a lone surrogate (from json.loads' fallback)
+                    encoded = jsonfast.dumps(text)
+                return head + _TEXT_DELTA % (self._block, encoded)
+        return head + self._choice(choice)
+
+    def _special(self, obj: dict[str, Any]) -> bytes | None:
+        """A chunk's error event (the stream ends there), or None after taking its usage."""
         err = obj.get("error")
         if err is not None:
             self.finished = True
             msg = err.get("message") if isinstance(err, dict) else str(err)
-            out.append(sse_event("error", error_body(502, str(msg or "upstream error"))))
-            return b"".join(out)
-        if obj.get("usage") is not None:
-            self._usage = obj["usage"]
-        choices = obj.get("choices")
-        choice = choices[0] if isinstance(choices, list) and choices else None
-        if isinstance(choice, dict):
-            out.append(self._choice(choice))
-        return b"".join(out)
+            return sse_event("error", error_body(502, str(msg or "upstream error")))
+        usage = obj.get("usage")
+        if usage is not None:
+            self._usage = usage
+        return None
 
     def _start(self, obj: dict[str, Any]) -> bytes:
         self.started = True
@@ -126,9 +181,7 @@ class StreamTranslator:
             "stop_sequence": None,
             "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
         }
-        return sse_event("message_start", {"type": "message_start", "message": message}) + (
-            sse_event("ping", {"type": "ping"})
-        )
+        return sse_event("message_start", {"type": "message_start", "message": message}) + _PING
 
     def _choice(self, choice: dict[str, Any]) -> bytes:
         out: list[bytes] = []
@@ -152,12 +205,15 @@ class StreamTranslator:
         i, self._block = self._block, -1
         self._text_open = False
         self._open_tool = None
-        return sse_event("content_block_stop", {"type": "content_block_stop", "index": i})
+        return _BLOCK_STOP % i
 
-    def _open(self, block: dict[str, Any]) -> bytes:
+    def _open(self, block: dict[str, Any] | None) -> bytes:
+        """Open a block: ``block``, or a text block (None)."""
         out = self._close()
         self._block = self._blocks
         self._blocks += 1
+        if block is None:
+            return out + _TEXT_START % self._block
         return out + sse_event(
             "content_block_start",
             {"type": "content_block_start", "index": self._block, "content_block": block},
@@ -170,9 +226,15 @@ class StreamTranslator:
         )
 
     def _text(self, text: str) -> bytes:
-        out = b"" if self._text_open else self._open({"type": "text", "text": ""})
+        try:
+            encoded = orjson.dumps(text)
+        except TypeError:  # a lone surrogate (from json.loads' fallback)
+            encoded = jsonfast.dumps(text)
+        if self._text_open:
+            return _TEXT_DELTA % (self._block, encoded)
+        out = self._open(None)
         self._text_open = True
-        return out + self._delta({"type": "text_delta", "text": text})
+        return out + _TEXT_DELTA % (self._block, encoded)
 
     def _tool(self, call: dict[str, Any]) -> bytes:
         idx = call.get("index")
@@ -211,5 +273,5 @@ class StreamTranslator:
         out.append(
             sse_event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
         )
-        out.append(sse_event("message_stop", {"type": "message_stop"}))
+        out.append(_STOP)
         return b"".join(out)

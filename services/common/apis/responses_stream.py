@@ -22,11 +22,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import orjson
+
 from services.common import jsonfast
+from services.common.apis.chat_chunks import ChunkFacts
 from services.common.apis.responses import Item, ResponsesRequest
 from services.common.apis.responses_answer import (
     function_item,
-    message_item,
     response_object,
     response_usage,
 )
@@ -68,6 +70,26 @@ _TEXT_DELTA = (
 """A text delta event: its number, the open item's ``_delta_head`` and the encoded text."""
 
 
+_MESSAGE_ADDED = (
+    b'event: response.output_item.added\ndata: {"type":"response.output_item.added",'
+    b'"sequence_number":%d,"output_index":%d,"item":{"id":%b,"type":"message",'
+    b'"status":"in_progress","role":"assistant","content":[]}}\n\n'
+)
+"""A message item opened: its number, output index and encoded id (message_item's keys)."""
+
+_PART_ADDED = (
+    b'%b,"content_index":0,"part":{"type":"output_text","annotations":[],"logprobs":[],"text":""}'
+)
+"""The fields of a message's ``response.content_part.added``: after the open item's ids."""
+
+_MESSAGE_DONE = (
+    b'"output_index":%d,"item":{"id":%b,"type":"message","status":"completed",'
+    b'"role":"assistant","content":[{"type":"output_text","annotations":[],"logprobs":[],'
+    b'"text":%b}]}'
+)
+"""The fields of a message's ``response.output_item.done``: index, encoded id and text."""
+
+
 def _raw_event(kind: bytes, seq: int, rest: bytes) -> bytes:
     """``_event`` with its fields already encoded: ``rest`` is their JSON without braces."""
     return b'event: %b\ndata: {"type":"%b","sequence_number":%d,%b}\n\n' % (kind, kind, seq, rest)
@@ -99,11 +121,13 @@ class ChatToResponses:
         self._out: list[bytes] = []
         self._items: list[Item] = []
         self._open: int | None = None  # output index of the open item
+        self._open_id = b""  # the open item's id, encoded
         self._open_ids = b""  # '"item_id":...,"output_index":N' of the open item
         self._delta_head = b""  # an open message's text delta event up to its text
         self._parts: list[str] = []  # the open item's text or arguments so far
         self._tools: dict[int, int] = {}  # chat tool index -> output index
         self.usage: dict[str, Any] | None = None
+        self.facts = ChunkFacts()  # for the request record
         self.finish: str | None = None
         self.error: dict[str, Any] | None = None
         self.done = False
@@ -129,7 +153,7 @@ class ChatToResponses:
         """The Responses events ``data`` completes (the last one held back)."""
         if self._seq == 0:
             self._start()
-        lines = (self._carry + data).split(b"\n")
+        lines = (self._carry + data if self._carry else data).split(b"\n")
         self._carry = lines.pop()
         if len(self._carry) > _MAX_CARRY:
             self._carry = b""
@@ -145,18 +169,63 @@ class ChatToResponses:
             if payload == b"[DONE]":
                 self._end()
                 continue
-            try:
-                obj = jsonfast.loads(payload)
-            except ValueError:
-                continue
+            try:  # orjson directly: jsonfast.loads' fallback only for what orjson refuses
+                obj = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                try:
+                    obj = jsonfast.loads(payload)
+                except ValueError:
+                    continue
             if isinstance(obj, dict):
                 self._chunk(obj)
         out, self._out = b"".join(self._out), []
         return out
 
-    def _chunk(self, obj: Mapping[str, Any]) -> None:
-        if isinstance(obj.get("error"), dict):
-            err = obj["error"]
+    def _chunk(self, obj: dict[str, Any]) -> None:
+        choices = obj.get("choices")
+        # not a plain chunk (chat_chunks.ChunkFacts): the record may need it
+        kept = (
+            "usage" in obj
+            or "type" in obj
+            or "error" in obj
+            or (isinstance(choices, list) and len(choices) > 1)
+        )
+        if kept:
+            self.facts.kept(obj)  # what the record needs of it
+            if self._special(obj):
+                return
+        if not isinstance(choices, list) or not choices:
+            return
+        choice = choices[0]
+        if not isinstance(choice, dict):
+            return
+        delta = choice.get("delta")  # parsed JSON: an object is a dict
+        if isinstance(delta, dict):
+            text = delta.get("content")
+            if text and isinstance(text, str):
+                if not self._delta_head:  # no message is open
+                    self._open_message()
+                self._parts.append(text)
+                try:
+                    encoded = orjson.dumps(text)
+                except TypeError:  # a lone surrogate (from json.loads' fallback)
+                    encoded = jsonfast.dumps(text)
+                self._out.append(_TEXT_DELTA % (self._seq, self._delta_head, encoded))
+                self._seq += 1
+            calls = delta.get("tool_calls")
+            if calls:
+                if not kept:
+                    self.facts.kept(obj)
+                for tc in calls:
+                    if isinstance(tc, dict):
+                        self._tool(tc)
+        if choice.get("finish_reason"):
+            self.finish = str(choice["finish_reason"])
+
+    def _special(self, obj: dict[str, Any]) -> bool:
+        """A chunk's error (True: the stream ends here) or usage."""
+        err = obj.get("error")
+        if isinstance(err, dict):
             self.error = {
                 "code": str(err.get("code") or "server_error"),
                 "message": str(err.get("message") or ""),
@@ -168,61 +237,37 @@ class ChatToResponses:
                 param=err.get("param"),
             )
             self._end()
-            return
-        if obj.get("usage") is not None:
-            self.usage = response_usage(obj["usage"])
-        choices = obj.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            return
-        choice = choices[0]
-        delta = choice.get("delta")  # parsed JSON: an object is a dict
-        if isinstance(delta, dict):
-            text = delta.get("content")
-            if text and isinstance(text, str):
-                if self._delta_head:  # the open item is a message: one more delta
-                    self._parts.append(text)
-                    delta_event = _TEXT_DELTA % (self._seq, self._delta_head, jsonfast.dumps(text))
-                    self._out.append(delta_event)
-                    self._seq += 1
-                else:
-                    self._text(text)
-            for tc in delta.get("tool_calls") or ():
-                if isinstance(tc, dict):
-                    self._tool(tc)
-        if choice.get("finish_reason"):
-            self.finish = str(choice["finish_reason"])
+            return True
+        usage = obj.get("usage")
+        if usage is not None:
+            self.usage = response_usage(usage)
+        return False
 
     def _opened(self, at: int, item_id: str, message: bool) -> None:
         self._open, self._parts = at, []
-        self._open_ids = b'"item_id":%b,"output_index":%d' % (jsonfast.dumps(item_id), at)
+        self._open_id = jsonfast.dumps(item_id)
+        self._open_ids = b'"item_id":%b,"output_index":%d' % (self._open_id, at)
         self._delta_head = b',%b,"content_index":0,"delta":' % self._open_ids if message else b""
 
-    def _text(self, text: str) -> None:
-        """Text when no message is open (one more delta of an open one is written in
-        :meth:`_chunk`)."""
-        cur = self._items[self._open] if self._open is not None else None
-        if cur is None or cur["type"] != "message":
-            self._close()
-            at = len(self._items)
-            item = message_item(f"msg_{self._base}" + (f"_{at}" if at else ""), "", "in_progress")
-            self._items.append(item)
-            self._emit("response.output_item.added", output_index=at, item=item)
-            part = {"type": "output_text", "annotations": [], "logprobs": [], "text": ""}
-            self._emit(
-                "response.content_part.added",
-                item_id=item["id"],
-                output_index=at,
-                content_index=0,
-                part=part,
-            )
-            item["content"] = [dict(part)]
-            self._opened(at, item["id"], True)
-        self._parts.append(text)
-        self._emit_raw(
-            b"response.output_text.delta",
-            b'%b,"content_index":0,"delta":%b,"logprobs":[]'
-            % (self._open_ids, jsonfast.dumps(text)),
-        )
+    def _open_message(self) -> None:
+        """Open a message item (closing the open tool call, if any) for text deltas."""
+        self._close()
+        at = len(self._items)
+        item_id = f"msg_{self._base}" + (f"_{at}" if at else "")
+        # message_item's keys in its order; the part's as the events write them
+        part = {"type": "output_text", "annotations": [], "logprobs": [], "text": ""}
+        item: Item = {
+            "id": item_id,
+            "type": "message",
+            "status": "in_progress",
+            "role": "assistant",
+            "content": [part],
+        }
+        self._items.append(item)
+        self._opened(at, item_id, True)
+        self._out.append(_MESSAGE_ADDED % (self._seq, at, self._open_id))
+        self._seq += 1
+        self._emit_raw(b"response.content_part.added", _PART_ADDED % self._open_ids)
 
     def _tool(self, tc: Mapping[str, Any]) -> None:
         idx = tc.get("index", 0)
@@ -277,15 +322,18 @@ class ChatToResponses:
                 b'%b,"content_index":0,"part":{"type":"output_text","annotations":[],'
                 b'"logprobs":[],"text":%b}' % (ids, encoded),
             )
-        else:
-            item["arguments"] = text
-            self._emit(
-                "response.function_call_arguments.done",
-                item_id=item["id"],
-                output_index=at,
-                name=item["name"],
-                arguments=item["arguments"],
+            self._emit_raw(
+                b"response.output_item.done", _MESSAGE_DONE % (at, self._open_id, encoded)
             )
+            return
+        item["arguments"] = text
+        self._emit(
+            "response.function_call_arguments.done",
+            item_id=item["id"],
+            output_index=at,
+            name=item["name"],
+            arguments=item["arguments"],
+        )
         self._emit("response.output_item.done", output_index=at, item=item)
 
     def _end(self) -> None:

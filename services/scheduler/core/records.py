@@ -35,8 +35,10 @@ __all__ = [
     "Answer",
     "RequestContext",
     "RequestFacts",
+    "StreamFacts",
     "Usage",
     "build_record",
+    "facts_answer",
     "fill_decision",
     "outcome_for",
     "parse_traceparent",
@@ -211,6 +213,30 @@ class Answer:
     tool_calls: tuple[ToolCallFact, ...] = ()
 
 
+class StreamFacts(Protocol):
+    """What a translator that parses every chunk of a streamed chat answer keeps for the
+    record: the last chunk with a ``usage`` object, and the chunks whose line names a tool
+    call (those :class:`~services.scheduler.core.tools.StreamToolCalls` reads)."""
+
+    @property
+    def usage_chunk(self) -> dict[str, Any] | None: ...
+    @property
+    def tool_chunks(self) -> list[Any]: ...
+
+
+def facts_answer(facts: StreamFacts, keep: bool) -> Answer:
+    """The answer of a stream a translator parsed: what the tail and the tool-call reader
+    give for the same chunks."""
+    calls: tuple[ToolCallFact, ...] = ()
+    if facts.tool_chunks:
+        tools = StreamToolCalls(keep=keep)
+        for chunk in facts.tool_chunks:
+            tools.event(chunk)
+        calls = tools.calls()
+    given = facts.usage_chunk
+    return Answer(_usage_of(given) if given is not None else None, calls)
+
+
 @dataclass(slots=True)
 class RequestContext:
     """One request from arrival to its last byte (times: monotonic seconds, passed in).
@@ -238,6 +264,9 @@ class RequestContext:
     stream_tools: bool = True
     """Read tool calls off the streamed chunks; off when the answer's are given by
     :meth:`answered` (a native Responses stream, which names none the chat way)."""
+    facts: StreamFacts | None = None
+    """A translator that parses every chunk of the streamed answer: the record reads its
+    usage and tool calls from the chunks it kept, and :meth:`chunk` keeps nothing."""
     _tools: StreamToolCalls | None = field(default=None, init=False, repr=False)
     _answer: Answer | None = field(default=None, init=False, repr=False)
 
@@ -259,6 +288,8 @@ class RequestContext:
     def chunk(self, data: bytes) -> None:
         """A streamed chunk (the tail is kept for the usage of the last event; tool-call
         fragments are accumulated)."""
+        if self.facts is not None:
+            return
         self.tail += data
         if len(self.tail) > _TAIL_BYTES:
             del self.tail[: len(self.tail) - _TAIL_BYTES]
@@ -277,7 +308,9 @@ class RequestContext:
         """Usage and tool calls of the answer, parsed once (call when the answer is
         complete: the first call's result is kept)."""
         if self._answer is None:
-            if self.streamed:
+            if self.streamed and self.facts is not None:
+                self._answer = facts_answer(self.facts, self.tool_contents)
+            elif self.streamed:
                 calls = self._tools.calls() if self._tools is not None else ()
                 self._answer = Answer(usage_from_sse(bytes(self.tail)), calls)
             else:

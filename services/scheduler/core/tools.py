@@ -189,11 +189,12 @@ class StreamToolCalls:
         for line in head.split(b"\n"):
             if line.startswith(b"data:") and any(m in line for m in _MARKS):
                 try:
-                    self._event(json.loads(line[5:]))
+                    self.event(json.loads(line[5:]))
                 except (ValueError, UnicodeDecodeError):
                     continue
 
-    def _event(self, evt: Any) -> None:
+    def event(self, evt: Any) -> None:
+        """One event, already parsed (what :meth:`feed` does with each line it reads)."""
         if isinstance(evt, dict) and evt.get("type") in (
             "content_block_start",
             "content_block_delta",

@@ -101,7 +101,7 @@ class Forwarder:
         request's is made here, :mod:`services.scheduler.http.messages`)."""
         native = p.kind == "messages" and "messages" in self.native_apis and d.prefill is None
         if answer is None:
-            answer = messages.messages_answer(p, native)
+            answer = messages.messages_answer(p, native, ctx)
         path = answer.path if answer is not None else PATHS[p.kind]
         body: dict[str, Any] = p.forward_body if d.prefill is None else dict(p.forward_body)
         if native and p.native_body is not None:

@@ -35,6 +35,7 @@ from services.common.apis.anthropic import error_body as anthropic_error
 from services.common.apis.anthropic_answer import to_message
 from services.common.apis.anthropic_stream import StreamTranslator, sse_event
 from services.common.tokens import ChatError, TokenPath
+from services.scheduler.core.records import RequestContext
 from services.scheduler.http.openai import ApiError, Limits, ParsedRequest, json_body
 
 __all__ = [
@@ -79,7 +80,8 @@ class MessagesAnswer:
     :class:`~services.scheduler.http.relay.AnswerTranslator`): as the engine sent it
     (``native``: the engine's ``/v1/messages``; a broken stream gets an Anthropic ``error``
     event) or translated from chat completions (the client's ``model`` name, its stop
-    sequences, its prompt size for ``message_start``)."""
+    sequences, its prompt size for ``message_start``). Translated with ``ctx``: the request
+    record reads the chunks the translator parsed, not the bytes again."""
 
     def __init__(
         self,
@@ -87,6 +89,7 @@ class MessagesAnswer:
         model: str,
         stop_sequences: tuple[str, ...] = (),
         input_tokens: int = 0,
+        ctx: RequestContext | None = None,
     ) -> None:
         self.native, self.model = native, model
         self.stop_sequences, self.input_tokens = stop_sequences, input_tokens
@@ -98,6 +101,8 @@ class MessagesAnswer:
             self._stream = StreamTranslator(
                 model=model, stop_sequences=stop_sequences, input_tokens=input_tokens
             )
+            if ctx is not None:  # it parses every chunk: the record's facts come from it
+                ctx.facts = self._stream.facts
 
     @property
     def done(self) -> bool:
@@ -127,13 +132,15 @@ class MessagesAnswer:
         return b""
 
 
-def messages_answer(p: ParsedRequest, native: bool) -> MessagesAnswer | None:
+def messages_answer(
+    p: ParsedRequest, native: bool, ctx: RequestContext | None = None
+) -> MessagesAnswer | None:
     """The answer translator of a Messages request (None for the other APIs)."""
     if p.kind != "messages":
         return None
     stop = p.forward_body.get("stop")
     stops = tuple(s for s in stop if isinstance(s, str)) if isinstance(stop, list) else ()
-    return MessagesAnswer(native, p.model, stops, len(p.prompt_ids))
+    return MessagesAnswer(native, p.model, stops, len(p.prompt_ids), ctx)
 
 
 def count_tokens(

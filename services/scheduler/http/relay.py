@@ -45,8 +45,9 @@ FirstByte = Callable[[str], None]
 class AnswerTranslator(Protocol):
     """The client speaks another API than the engine answers in (Messages or Responses over
     chat completions), or the engine's native answer is relayed in the client's terms: the
-    upstream path, and the client's bytes of each upstream answer. The request record still
-    reads the upstream bytes."""
+    upstream path, and the client's bytes of each upstream answer. The request record reads
+    the upstream bytes, unless the translator parses every chunk and keeps what the record
+    needs (``RequestContext.facts``)."""
 
     @property
     def path(self) -> str: ...

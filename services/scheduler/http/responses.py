@@ -151,6 +151,8 @@ class Turn:
             if self.native
             else ChatToResponses(req, self.resp_id, self.created_at, store)
         )
+        if isinstance(self._stream, ChatToResponses):  # it parses every chunk: the record's
+            ctx.facts = self._stream.facts
 
     @property
     def done(self) -> bool:
