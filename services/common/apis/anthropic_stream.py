@@ -28,7 +28,7 @@ import orjson
 from services.common import jsonfast
 from services.common.apis.anthropic import error_body
 from services.common.apis.anthropic_answer import chat_usage, stop_of
-from services.common.apis.chat_chunks import ChunkFacts
+from services.common.apis.chat_chunks import ChunkFacts, not_plain
 
 __all__ = ["StreamTranslator", "sse_event"]
 
@@ -123,13 +123,7 @@ class StreamTranslator:
             return b""
         head = b"" if self.started else self._start(obj)
         choices = obj.get("choices")
-        # not a plain chunk (chat_chunks.ChunkFacts): the record may need it
-        kept = (
-            "usage" in obj
-            or "type" in obj
-            or "error" in obj
-            or (isinstance(choices, list) and len(choices) > 1)
-        )
+        kept = not_plain(obj, choices)  # the record may need it (chat_chunks.ChunkFacts)
         if kept:
             self.facts.kept(obj)  # what the record needs of it
             special = self._special(obj)

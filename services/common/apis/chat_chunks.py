@@ -11,7 +11,18 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ChunkFacts"]
+__all__ = ["ChunkFacts", "not_plain"]
+
+
+def not_plain(obj: dict[str, Any], choices: Any) -> bool:
+    """``obj`` (with ``choices``, its ``"choices"``) is not a plain chunk: it has a
+    ``usage``, ``type`` or ``error``, or more than one choice (the record may need it)."""
+    return (
+        "usage" in obj
+        or "type" in obj
+        or "error" in obj
+        or (isinstance(choices, list) and len(choices) > 1)
+    )
 
 
 def _may_call(obj: dict[str, Any]) -> bool:

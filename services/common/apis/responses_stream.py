@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from services.common import jsonfast
-from services.common.apis.chat_chunks import ChunkFacts
+from services.common.apis.chat_chunks import ChunkFacts, not_plain
 from services.common.apis.responses import Item, ResponsesRequest
 from services.common.apis.responses_answer import (
     function_item,
@@ -183,13 +183,7 @@ class ChatToResponses:
 
     def _chunk(self, obj: dict[str, Any]) -> None:
         choices = obj.get("choices")
-        # not a plain chunk (chat_chunks.ChunkFacts): the record may need it
-        kept = (
-            "usage" in obj
-            or "type" in obj
-            or "error" in obj
-            or (isinstance(choices, list) and len(choices) > 1)
-        )
+        kept = not_plain(obj, choices)  # the record may need it (chat_chunks.ChunkFacts)
         if kept:
             self.facts.kept(obj)  # what the record needs of it
             if self._special(obj):
