@@ -17,10 +17,10 @@ is a callback, so the tests drive the search with made-up outcomes.
   returns every outcome it saw, so the table of what was tried is complete.
 - :func:`refine` then varies the engine settings (batch limits, KV blocks per engine: the
   :data:`SETTINGS`; with agent memory also the KV-cache tier's size, :data:`TIER`) around
-  the winner, one setting at a time (coordinate descent): every
-  other value of a setting at one instance fewer, taking the best that passes and trying
-  its values at one fewer again, until none passes; so a setting is changed only when it
-  saves an instance, and a setting costs at most values x (instances saved + 1) runs.
+  the winner, one setting at a time (coordinate descent): every other value of a setting
+  at one instance fewer, taking the best that passes and trying its values at one fewer
+  again, until none passes; so a setting is changed only when it saves an instance, and a
+  setting costs at most values x (instances saved + 1) runs.
   :func:`smallest_tier` then tries the smaller tiers at the winner's size.
 - :func:`recommend` picks the cheapest passing candidate over all families (ties: higher
   attainment, then lower TTFT at the percentile, then fewer changed settings) and says for
@@ -338,9 +338,9 @@ def spec_of(
     twice the start), and the SLO as the ``interactive`` class the planner holds it to.
     The engine settings (``settings``, the base's, with the candidate's changes over them)
     are the engines' flags in each role's ``args``; a :data:`TIER` above 0 is one
-    ``kvcache`` instance of that size, which the engines offload to; ``planner``: the spec's ``planner``
-    section; ``keep_min``: each role's minimum is its start (the planner never scales
-    below the recommended fleet)."""
+    ``kvcache`` instance of that size, which the engines offload to; ``planner``: the
+    spec's ``planner`` section; ``keep_min``: each role's minimum is its start (the planner
+    never scales below the recommended fleet)."""
     every = {**(settings or {}), **dict(candidate.settings)}
     engine_args = [*engine_args]
     for setting, flag in SETTINGS.items():
