@@ -151,10 +151,7 @@ class _Fleet:
         self.pos = {e.instance_id: i for i, e in enumerate(self.items)}
         self.cols: F64 = np.array([_row(e) for e in self.items], dtype=np.float64).T.copy()
         c = self.cols
-        self.sums: F64 = np.array([
-            c[_TIF] + c[_RTOK], c[_RUN] + c[_WAIT] + c[_RREQ], c[_PEND] + c[_RTOK],
-            c[_WAIT] + c[_RREQ], c[_RUN] + c[_RREQ],
-        ])  # fmt: skip
+        self.sums: F64 = np.array(_sums(c))  # one row per sum, one column per view
         # (model tokens/s, whether an engine's own rate counts) -> (throughput, wait) columns
         self._waits: dict[tuple[float, bool], tuple[F64, F64]] = {}
         self._pending: tuple[PendingPicks, set[str], F64] | None = None
@@ -241,8 +238,10 @@ class _Fleet:
 _S_TOK, _S_REQ, _S_PEND, _S_WAITING, _S_DEC = range(5)
 
 
-def _sums(r: tuple[float, ...]) -> tuple[float, ...]:
-    """One view's ``_Fleet.sums`` (in the order numpy adds the columns)."""
+def _sums(r: Any) -> tuple[Any, ...]:
+    """The rows of ``_Fleet.sums`` from the columns' rows (``r``: ``_Fleet.cols``), or one
+    view's column of them from its row (``r``: ``_row``'s tuple): the same additions in the
+    same order, so the same values."""
     return (
         r[_TIF] + r[_RTOK], r[_RUN] + r[_WAIT] + r[_RREQ], r[_PEND] + r[_RTOK],
         r[_WAIT] + r[_RREQ], r[_RUN] + r[_RREQ],
