@@ -425,6 +425,29 @@ def test_fidelity_gap_is_sim_over_the_live_mean_and_summary_takes_the_largest() 
     assert s["ttft_ms.p90"] == {"max_abs_gap": 0.3, "mean_abs_gap": 0.2, "cells": 2}
 
 
+@pytest.mark.parametrize(
+    ("saturated_flags", "expect_rows", "expect_p50"),
+    [
+        pytest.param((False, False), 2, {"max_abs_gap": 0.2, "mean_abs_gap": 0.125,
+                                         "within_10pct": 1, "of": 2}, id="both-clean"),
+        pytest.param((False, True), 1, {"max_abs_gap": 0.05, "mean_abs_gap": 0.05,
+                                        "within_10pct": 1, "of": 1}, id="saturated-left-out"),
+        pytest.param((True, True), 0, None, id="none-clean"),
+    ],
+)  # fmt: skip
+def test_sim_vs_live_fidelity_counts_unsaturated_rows_only(
+    saturated_flags: tuple[bool, bool], expect_rows: int, expect_p50: dict[str, Any] | None
+) -> None:
+    svl = _load("goodput_sim_vs_live")
+    rows = [{"live_saturated": sat, "gap": {"ttft_ms.p50": g, "tpot_ms.p90": None}}
+            for sat, g in zip(saturated_flags, (0.05, -0.2), strict=True)]  # fmt: skip
+    got = svl.fidelity(rows)
+    assert got["rows"] == expect_rows and got["rows_saturated_left_out"] == 2 - expect_rows
+    assert got.get("ttft_ms.p50") == expect_p50 and "tpot_ms.p90" not in got
+    assert svl.saturated([{"cpu": {"saturated": False}}, {"cpu": {"saturated": True}}])
+    assert not svl.saturated([{"cpu": None}, {}])
+
+
 def test_fidelity_slice_starts_at_zero(tmp_path: Path) -> None:
     src = tmp_path / "t.jsonl"
     src.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 10,
