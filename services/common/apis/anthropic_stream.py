@@ -28,7 +28,7 @@ import orjson
 from services.common import jsonfast
 from services.common.apis.anthropic import error_body
 from services.common.apis.anthropic_answer import chat_usage, stop_of
-from services.common.apis.chat_chunks import ChunkFacts, not_plain
+from services.common.apis.chat_chunks import ChunkFacts, not_plain, plain_text
 
 __all__ = ["StreamTranslator", "sse_event"]
 
@@ -112,6 +112,10 @@ class StreamTranslator:
             return b""
         if payload == b"[DONE]":
             return self._done()
+        if self.started:
+            text = plain_text(payload)
+            if text is not None:  # the usual chunk, not parsed: as _choice writes it
+                return self._text(text[0])
         try:  # orjson directly: jsonfast.loads' fallback only for what orjson refuses
             obj = orjson.loads(payload)
         except orjson.JSONDecodeError:
@@ -143,11 +147,7 @@ class StreamTranslator:
         ):
             text = delta.get("content")
             if isinstance(text, str) and text:
-                try:
-                    encoded = orjson.dumps(text)
-                except TypeError:  # a lone surrogate (from json.loads' fallback)
-                    encoded = jsonfast.dumps(text)
-                return head + _TEXT_DELTA % (self._block, encoded)
+                return head + _TEXT_DELTA % (self._block, jsonfast.dumps(text))
         return head + self._choice(choice)
 
     def _special(self, obj: dict[str, Any]) -> bytes | None:
@@ -183,7 +183,7 @@ class StreamTranslator:
         if isinstance(delta, dict):
             text = delta.get("content")
             if isinstance(text, str) and text:
-                out.append(self._text(text))
+                out.append(self._text(jsonfast.dumps(text)))
             calls = delta.get("tool_calls")
             for c in calls if isinstance(calls, list) else []:
                 if isinstance(c, dict):
@@ -219,11 +219,8 @@ class StreamTranslator:
             {"type": "content_block_delta", "index": self._block, "delta": delta},
         )
 
-    def _text(self, text: str) -> bytes:
-        try:
-            encoded = orjson.dumps(text)
-        except TypeError:  # a lone surrogate (from json.loads' fallback)
-            encoded = jsonfast.dumps(text)
+    def _text(self, encoded: bytes) -> bytes:
+        """A text delta (``encoded``: the text as JSON), opening a text block when none is."""
         if self._text_open:
             return _TEXT_DELTA % (self._block, encoded)
         out = self._open(None)

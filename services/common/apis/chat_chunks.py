@@ -5,13 +5,45 @@ each chunk that is not a plain one (one choice, no tool calls, no ``usage``, ``t
 ``error``), which keeps the last chunk with a ``usage`` object and the chunks that may
 carry a tool call (the gateway's tool-call reader, :mod:`services.scheduler.core.tools`,
 reads them), so the record does not parse the stream's bytes a second time.
+
+:func:`plain_text` reads the usual chunk of a streamed answer (one choice, a delta with
+only text, no finish) without parsing it: the translators' per-token path.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-__all__ = ["ChunkFacts", "not_plain"]
+__all__ = ["ChunkFacts", "not_plain", "plain_text"]
+
+_NAME = rb'"[ !#-\[\]-~]*"'  # a printable ASCII string without escapes
+_PLAIN_TEXT = re.compile(
+    rb'\{"id": ?' + _NAME + rb', ?"object": ?"chat\.completion\.chunk", ?'
+    rb'"created": ?(?:0|[1-9][0-9]*), ?"model": ?' + _NAME + rb", ?"
+    rb'(?:"system_fingerprint": ?(?:null|' + _NAME + rb"), ?)?"
+    rb'"choices": ?\[\{"index": ?0, ?"delta": ?\{"content": ?"([^"\\\x00-\x1f]+)"\}, ?'
+    rb'"logprobs": ?null, ?"finish_reason": ?null(?:, ?"stop_reason": ?null)?\}\]\}'
+)
+"""The chunk engines write per token (vLLM's, SGLang's and the simulator's keys, compact or
+with a space after the separators), its text without escapes: group 1."""
+
+
+def plain_text(payload: bytes) -> tuple[bytes, str] | None:
+    """The text of a chunk (a ``data:`` line's payload) of the usual shape (see
+    ``_PLAIN_TEXT``): the text as the JSON encoder writes it (the bytes between the quotes
+    need no escape) and the text; None for any other chunk, which must be parsed. For a
+    chunk it gives a value for, parsing gives a plain chunk (:func:`not_plain` False) of one
+    choice whose delta holds only this text and whose ``finish_reason`` is null."""
+    m = _PLAIN_TEXT.fullmatch(payload)
+    if m is None:
+        return None
+    raw = m.group(1)
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:  # not UTF-8: as the parser takes it (or refuses it)
+        return None
+    return b'"' + raw + b'"', text
 
 
 def not_plain(obj: dict[str, Any], choices: Any) -> bool:

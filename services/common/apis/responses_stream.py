@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from services.common import jsonfast
-from services.common.apis.chat_chunks import ChunkFacts, not_plain
+from services.common.apis.chat_chunks import ChunkFacts, not_plain, plain_text
 from services.common.apis.responses import Item, ResponsesRequest
 from services.common.apis.responses_answer import (
     function_item,
@@ -169,6 +169,10 @@ class ChatToResponses:
             if payload == b"[DONE]":
                 self._end()
                 continue
+            text = plain_text(payload)
+            if text is not None:  # the usual chunk, not parsed: as _chunk writes it
+                self._text_delta(*text)
+                continue
             try:  # orjson directly: jsonfast.loads' fallback only for what orjson refuses
                 obj = orjson.loads(payload)
             except orjson.JSONDecodeError:
@@ -197,15 +201,7 @@ class ChatToResponses:
         if isinstance(delta, dict):
             text = delta.get("content")
             if text and isinstance(text, str):
-                if not self._delta_head:  # no message is open
-                    self._open_message()
-                self._parts.append(text)
-                try:
-                    encoded = orjson.dumps(text)
-                except TypeError:  # a lone surrogate (from json.loads' fallback)
-                    encoded = jsonfast.dumps(text)
-                self._out.append(_TEXT_DELTA % (self._seq, self._delta_head, encoded))
-                self._seq += 1
+                self._text_delta(jsonfast.dumps(text), text)
             calls = delta.get("tool_calls")
             if calls:
                 if not kept:
@@ -215,6 +211,14 @@ class ChatToResponses:
                         self._tool(tc)
         if choice.get("finish_reason"):
             self.finish = str(choice["finish_reason"])
+
+    def _text_delta(self, encoded: bytes, text: str) -> None:
+        """A text delta (``encoded``: ``text`` as JSON), opening a message when none is."""
+        if not self._delta_head:  # no message is open
+            self._open_message()
+        self._parts.append(text)
+        self._out.append(_TEXT_DELTA % (self._seq, self._delta_head, encoded))
+        self._seq += 1
 
     def _special(self, obj: dict[str, Any]) -> bool:
         """A chunk's error (True: the stream ends here) or usage."""
