@@ -28,7 +28,7 @@ import orjson
 from services.common import jsonfast
 from services.common.apis.anthropic import error_body
 from services.common.apis.anthropic_answer import chat_usage, stop_of
-from services.common.apis.chat_chunks import ChunkFacts, not_plain, plain_text
+from services.common.apis.chat_chunks import ChunkFacts, TextChunks, not_plain
 
 __all__ = ["StreamTranslator", "sse_event"]
 
@@ -82,6 +82,7 @@ class StreamTranslator:
         self._stop_reason: Any = None
         self._usage: Any = None
         self.facts = ChunkFacts()  # for the request record
+        self._texts = TextChunks()
         self._saw_calls = False
 
     def feed(self, chunk: bytes) -> bytes:
@@ -112,10 +113,9 @@ class StreamTranslator:
             return b""
         if payload == b"[DONE]":
             return self._done()
-        if self.started:
-            text = plain_text(payload)
-            if text is not None:  # the usual chunk, not parsed: as _choice writes it
-                return self._text(text[0])
+        text = self._texts.text(payload)
+        if text is not None:  # the usual chunk (started: it was learnt), as _choice writes it
+            return self._text(text[0])
         try:  # orjson directly: jsonfast.loads' fallback only for what orjson refuses
             obj = orjson.loads(payload)
         except orjson.JSONDecodeError:
@@ -147,6 +147,8 @@ class StreamTranslator:
         ):
             text = delta.get("content")
             if isinstance(text, str) and text:
+                if not kept:
+                    self._texts.learn(payload, obj, text)
                 return head + _TEXT_DELTA % (self._block, jsonfast.dumps(text))
         return head + self._choice(choice)
 

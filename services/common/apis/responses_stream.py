@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from services.common import jsonfast
-from services.common.apis.chat_chunks import ChunkFacts, not_plain, plain_text
+from services.common.apis.chat_chunks import ChunkFacts, TextChunks, not_plain
 from services.common.apis.responses import Item, ResponsesRequest
 from services.common.apis.responses_answer import (
     function_item,
@@ -128,6 +128,7 @@ class ChatToResponses:
         self._tools: dict[int, int] = {}  # chat tool index -> output index
         self.usage: dict[str, Any] | None = None
         self.facts = ChunkFacts()  # for the request record
+        self._texts = TextChunks()
         self.finish: str | None = None
         self.error: dict[str, Any] | None = None
         self.done = False
@@ -169,7 +170,7 @@ class ChatToResponses:
             if payload == b"[DONE]":
                 self._end()
                 continue
-            text = plain_text(payload)
+            text = self._texts.text(payload)
             if text is not None:  # the usual chunk, not parsed: as _chunk writes it
                 self._text_delta(*text)
                 continue
@@ -181,11 +182,11 @@ class ChatToResponses:
                 except ValueError:
                     continue
             if isinstance(obj, dict):
-                self._chunk(obj)
+                self._chunk(obj, payload)
         out, self._out = b"".join(self._out), []
         return out
 
-    def _chunk(self, obj: dict[str, Any]) -> None:
+    def _chunk(self, obj: dict[str, Any], payload: bytes) -> None:
         choices = obj.get("choices")
         kept = not_plain(obj, choices)  # the record may need it (chat_chunks.ChunkFacts)
         if kept:
@@ -202,6 +203,9 @@ class ChatToResponses:
             text = delta.get("content")
             if text and isinstance(text, str):
                 self._text_delta(jsonfast.dumps(text), text)
+                if not kept and len(delta) == 1 and choice.get("finish_reason") is None:
+                    self._texts.learn(payload, obj, text)
+                    return
             calls = delta.get("tool_calls")
             if calls:
                 if not kept:
