@@ -17,7 +17,8 @@ from services.common import jsonfast
 from services.common.apis.anthropic_stream import StreamTranslator
 from services.common.apis.chat_chunks import TextChunks
 from services.common.apis.responses import parse_responses
-from services.common.apis.responses_stream import ChatToResponses
+from services.common.apis.responses_answer import response_object
+from services.common.apis.responses_stream import ChatToResponses, _event, final_event
 from services.scheduler.core.records import RequestContext, Usage
 from services.scheduler.http.messages import MessagesAnswer
 
@@ -234,3 +235,39 @@ def test_text_chunks_take_only_the_learnt_bytes_around_a_plain_text(
     chunks = TextChunks()
     chunks.learn(learnt, json.loads(learnt), "ab")
     assert chunks.text(payload) == want
+
+
+REQUEST = st.fixed_dictionaries(
+    {"model": st.sampled_from(["m", "é/\\"]), "input": st.just("q")},
+    optional={
+        "instructions": st.text(max_size=6),
+        "max_output_tokens": st.integers(1, 99),
+        "temperature": st.floats(0, 2),
+        "top_p": st.sampled_from([0.5, 1, 0.25]),
+        "parallel_tool_calls": st.booleans(),
+        "tool_choice": st.sampled_from(["auto", "none", "required", {"type": "function", "name": "f"}]),
+        "tools": st.lists(st.fixed_dictionaries({"type": st.just("function"), "name": st.sampled_from(["f", "g\u00e9"])},
+                                                optional={"strict": st.booleans(), "description": st.text(max_size=4)}), max_size=2),
+        "metadata": st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
+        "text": st.sampled_from([{"format": {"type": "json_object"}}, {"format": {"type": "text"}},
+                                 {"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"}}}]),
+    },
+)  # fmt: skip
+ENDINGS = st.sampled_from([DONE, b"", _data('{"error":{"message":"x","code":"c"}}') + DONE])
+
+
+@given(REQUEST, STREAM, ENDINGS, st.booleans())
+def test_response_objects_are_written_as_the_encoder_writes_them(
+    body: dict[str, Any], spec: Any, ending: bytes, store: bool
+) -> None:
+    """The in-progress and final response objects, written from what the request fixes,
+    are the bytes of :func:`final_event` / ``_event`` of the response object."""
+    req = parse_responses(body)
+    _, stream = _stream(spec)
+    t = ChatToResponses(req, "resp_a", 7, store)
+    out = t.feed(stream.removesuffix(DONE) + ending) + t.final()
+    events = _events(out)
+    start = response_object(req, "resp_a", 7, status="in_progress", store=store)
+    assert events[0][1] == {"type": "response.created", "sequence_number": 0, "response": start}
+    assert out.startswith(_event("response.created", 0, {"response": start}))
+    assert t.response is not None and out.endswith(final_event(t.response, t.final_seq))
