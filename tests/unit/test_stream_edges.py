@@ -210,6 +210,9 @@ def test_text_chunks_read_unparsed_translate_as_parsed(spec: Any) -> None:
         (b'{"id":"ab","choices":[{"index":0,"delta":{"content":"ab"},"finish_reason":null}]}',
          b'{"id":"ab","choices":[{"index":0,"delta":{"content":"\xc3\xa9"},"finish_reason":null}]}',
          ('"\u00e9"'.encode(), "\u00e9")),
+        (b'{"choices":[{"index":0,"delta":{"content":"ab"},"finish_reason":null}],"x":"ab"}',
+         b'{"choices":[{"index":0,"delta":{"content":"ab"},"finish_reason":null}],"x":"zz"}',
+         None),
         (b'{"id":"c","choices":[{"index":0,"delta":{"content":"ab"},"finish_reason":null}]}',
          b'{"id":"c","choices":[{"index":0,"delta":{"content":"a\\"b"},"finish_reason":null}]}',
          None),
@@ -226,7 +229,7 @@ def test_text_chunks_read_unparsed_translate_as_parsed(spec: Any) -> None:
          b'{"id":"c","choices":[{"index":0,"delta":{"content":"x","y":"z"},"finish_reason":null}]}',
          None),
     ],
-    ids=["another-text", "text-equal-to-the-id", "escaped-quote", "not-utf8", "empty",
+    ids=["another-text", "text-equal-to-the-id", "the-text-again-after-it", "escaped-quote", "not-utf8", "empty",
          "other-id", "text-reaching-into-the-tail"],
 )  # fmt: skip
 def test_text_chunks_take_only_the_learnt_bytes_around_a_plain_text(
@@ -235,6 +238,15 @@ def test_text_chunks_take_only_the_learnt_bytes_around_a_plain_text(
     chunks = TextChunks()
     chunks.learn(learnt, json.loads(learnt), "ab")
     assert chunks.text(payload) == want
+
+
+@pytest.mark.parametrize("text", ["\x7f", "ab"], ids=["the-probe-itself", "another"])
+def test_text_chunks_learn_the_text_not_a_later_string_equal_to_it(text: str) -> None:
+    chunks = TextChunks()
+    learnt = {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    raw = json.dumps({**learnt, "x": text}, separators=(",", ":"), ensure_ascii=False).encode()
+    chunks.learn(raw, {**learnt, "x": text}, text)
+    assert chunks.text(raw.replace(b'"x":"' + text.encode(), b'"x":"zz')) is None
 
 
 REQUEST = st.fixed_dictionaries(

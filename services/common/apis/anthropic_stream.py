@@ -55,6 +55,20 @@ _TEXT_START = (
 )
 """Events with nothing to encode but an index, as :func:`sse_event` writes them."""
 
+_MESSAGE_START = (
+    b'event: message_start\ndata: {"type":"message_start","message":{"id":%b,"type":"message",'
+    b'"role":"assistant","model":%b,"content":[],"stop_reason":null,"stop_sequence":null,'
+    b'"usage":{"input_tokens":%b,"output_tokens":0}}}\n\n'
+)
+"""``message_start`` as :func:`sse_event` writes it: the encoded id, model and prompt size."""
+
+_MESSAGE_DELTA = (
+    b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"%b",'
+    b'"stop_sequence":%b},"usage":%b}\n\n'
+)
+"""``message_delta`` as :func:`sse_event` writes it: the stop reason (one of
+:func:`~.anthropic_answer.stop_of`'s, no escapes), the encoded stop sequence and usage."""
+
 
 class StreamTranslator:
     """One stream's translation state (see the module doc). ``model``: the name the client
@@ -167,17 +181,9 @@ class StreamTranslator:
     def _start(self, obj: dict[str, Any]) -> bytes:
         self.started = True
         cid = obj.get("id")
-        message: dict[str, Any] = {
-            "id": f"msg_{cid}" if isinstance(cid, str) and cid else "msg_0",
-            "type": "message",
-            "role": "assistant",
-            "model": self.model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
-        }
-        return sse_event("message_start", {"type": "message_start", "message": message}) + _PING
+        mid = f"msg_{cid}" if isinstance(cid, str) and cid else "msg_0"
+        dumps = jsonfast.dumps
+        return _MESSAGE_START % (dumps(mid), dumps(self.model), dumps(self.input_tokens)) + _PING
 
     def _choice(self, choice: dict[str, Any]) -> bytes:
         out: list[bytes] = []
@@ -262,9 +268,6 @@ class StreamTranslator:
         usage: dict[str, int] = chat_usage(self._usage)
         if self._usage is None:
             usage = {"input_tokens": self.input_tokens, "output_tokens": 0}
-        delta = {"stop_reason": reason, "stop_sequence": seq}
-        out.append(
-            sse_event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
-        )
+        out.append(_MESSAGE_DELTA % (reason.encode(), jsonfast.dumps(seq), jsonfast.dumps(usage)))
         out.append(_STOP)
         return b"".join(out)

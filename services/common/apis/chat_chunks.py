@@ -23,7 +23,7 @@ _SIMPLE = re.compile(rb'[^"\\\x00-\x1f]+')
 """A JSON string's bytes between its quotes that hold no escape (the bytes the JSON encoder
 writes for their text), and nothing a string cannot hold unescaped."""
 
-_PROBE = "\x7f"
+_PROBE = b"\x7f"
 
 
 class TextChunks:
@@ -72,19 +72,21 @@ class TextChunks:
             inner = orjson.dumps(text)[1:-1]
         except TypeError:  # a lone surrogate
             return
-        if _SIMPLE.fullmatch(inner) is None:
+        if _SIMPLE.fullmatch(inner) is None or inner == _PROBE:  # the probe must differ
             return
         at = payload.rfind(b'"' + inner + b'"')
         if at < 0:
             return
         head, tail = payload[: at + 1], payload[at + 1 + len(inner) :]
-        want = {**obj, "choices": [{**obj["choices"][0], "delta": {"content": _PROBE}}]}
-        try:
-            probe = orjson.loads(head + _PROBE.encode() + tail)
-        except orjson.JSONDecodeError:
+        try:  # the probe in the text's place parses as obj with the probe for its text
+            probe = orjson.loads(head + _PROBE + tail)
+            delta = probe["choices"][0]["delta"]
+        except (orjson.JSONDecodeError, LookupError, TypeError):
             return
-        if probe == want:
-            self._head, self._tail = head, tail
+        if isinstance(delta, dict) and delta.get("content") == "\x7f":
+            delta["content"] = text
+            if probe == obj:
+                self._head, self._tail = head, tail
 
 
 def not_plain(obj: dict[str, Any], choices: Any) -> bool:
