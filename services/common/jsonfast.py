@@ -9,7 +9,9 @@ raises the standard library's ``json.JSONDecodeError`` (a ``ValueError``) with i
 message.
 :func:`dumps` gives compact UTF-8 bytes (``ensure_ascii=False``: the same document as
 ``json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()`` for JSON types;
-a float NaN or infinity becomes ``null``, as JSON has no such number).
+a float NaN or infinity becomes ``null``, as JSON has no such number). A lone surrogate
+(which ``loads`` gives for an escape such as ``"\\ud800"``, and which UTF-8 cannot encode) is
+written as that escape, as ``json.dumps`` writes it: the document read back is the same.
 """
 
 from __future__ import annotations
@@ -36,4 +38,6 @@ def dumps(obj: Any) -> bytes:
     try:
         return orjson.dumps(obj)
     except TypeError:
-        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+        text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+        # a lone surrogate is only ever inside a string, where its escape is what it means
+        return text.encode("utf-8", "backslashreplace")

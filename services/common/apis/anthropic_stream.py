@@ -28,7 +28,7 @@ import orjson
 from services.common import jsonfast
 from services.common.apis.anthropic import error_body
 from services.common.apis.anthropic_answer import chat_usage, stop_of
-from services.common.apis.chat_chunks import ChunkFacts, not_plain
+from services.common.apis.chat_chunks import ChunkFacts, TextChunks, not_plain
 
 __all__ = ["StreamTranslator", "sse_event"]
 
@@ -54,6 +54,20 @@ _TEXT_START = (
     b'"content_block":{"type":"text","text":""}}\n\n'
 )
 """Events with nothing to encode but an index, as :func:`sse_event` writes them."""
+
+_MESSAGE_START = (
+    b'event: message_start\ndata: {"type":"message_start","message":{"id":%b,"type":"message",'
+    b'"role":"assistant","model":%b,"content":[],"stop_reason":null,"stop_sequence":null,'
+    b'"usage":{"input_tokens":%b,"output_tokens":0}}}\n\n'
+)
+"""``message_start`` as :func:`sse_event` writes it: the encoded id, model and prompt size."""
+
+_MESSAGE_DELTA = (
+    b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"%b",'
+    b'"stop_sequence":%b},"usage":%b}\n\n'
+)
+"""``message_delta`` as :func:`sse_event` writes it: the stop reason (one of
+:func:`~.anthropic_answer.stop_of`'s, no escapes), the encoded stop sequence and usage."""
 
 
 class StreamTranslator:
@@ -82,6 +96,7 @@ class StreamTranslator:
         self._stop_reason: Any = None
         self._usage: Any = None
         self.facts = ChunkFacts()  # for the request record
+        self._texts = TextChunks()
         self._saw_calls = False
 
     def feed(self, chunk: bytes) -> bytes:
@@ -112,6 +127,9 @@ class StreamTranslator:
             return b""
         if payload == b"[DONE]":
             return self._done()
+        text = self._texts.text(payload)
+        if text is not None:  # the usual chunk (started: it was learnt), as _choice writes it
+            return self._text(text[0])
         try:  # orjson directly: jsonfast.loads' fallback only for what orjson refuses
             obj = orjson.loads(payload)
         except orjson.JSONDecodeError:
@@ -143,11 +161,9 @@ class StreamTranslator:
         ):
             text = delta.get("content")
             if isinstance(text, str) and text:
-                try:
-                    encoded = orjson.dumps(text)
-                except TypeError:  # a lone surrogate (from json.loads' fallback)
-                    encoded = jsonfast.dumps(text)
-                return head + _TEXT_DELTA % (self._block, encoded)
+                if not kept:
+                    self._texts.learn(payload, obj, text)
+                return head + _TEXT_DELTA % (self._block, jsonfast.dumps(text))
         return head + self._choice(choice)
 
     def _special(self, obj: dict[str, Any]) -> bytes | None:
@@ -165,17 +181,9 @@ class StreamTranslator:
     def _start(self, obj: dict[str, Any]) -> bytes:
         self.started = True
         cid = obj.get("id")
-        message: dict[str, Any] = {
-            "id": f"msg_{cid}" if isinstance(cid, str) and cid else "msg_0",
-            "type": "message",
-            "role": "assistant",
-            "model": self.model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
-        }
-        return sse_event("message_start", {"type": "message_start", "message": message}) + _PING
+        mid = f"msg_{cid}" if isinstance(cid, str) and cid else "msg_0"
+        dumps = jsonfast.dumps
+        return _MESSAGE_START % (dumps(mid), dumps(self.model), dumps(self.input_tokens)) + _PING
 
     def _choice(self, choice: dict[str, Any]) -> bytes:
         out: list[bytes] = []
@@ -183,7 +191,7 @@ class StreamTranslator:
         if isinstance(delta, dict):
             text = delta.get("content")
             if isinstance(text, str) and text:
-                out.append(self._text(text))
+                out.append(self._text(jsonfast.dumps(text)))
             calls = delta.get("tool_calls")
             for c in calls if isinstance(calls, list) else []:
                 if isinstance(c, dict):
@@ -219,11 +227,8 @@ class StreamTranslator:
             {"type": "content_block_delta", "index": self._block, "delta": delta},
         )
 
-    def _text(self, text: str) -> bytes:
-        try:
-            encoded = orjson.dumps(text)
-        except TypeError:  # a lone surrogate (from json.loads' fallback)
-            encoded = jsonfast.dumps(text)
+    def _text(self, encoded: bytes) -> bytes:
+        """A text delta (``encoded``: the text as JSON), opening a text block when none is."""
         if self._text_open:
             return _TEXT_DELTA % (self._block, encoded)
         out = self._open(None)
@@ -263,9 +268,6 @@ class StreamTranslator:
         usage: dict[str, int] = chat_usage(self._usage)
         if self._usage is None:
             usage = {"input_tokens": self.input_tokens, "output_tokens": 0}
-        delta = {"stop_reason": reason, "stop_sequence": seq}
-        out.append(
-            sse_event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
-        )
+        out.append(_MESSAGE_DELTA % (reason.encode(), jsonfast.dumps(seq), jsonfast.dumps(usage)))
         out.append(_STOP)
         return b"".join(out)

@@ -7,9 +7,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from services.common import jsonfast
 from services.common.apis.responses import Item, ResponsesError, ResponsesRequest, as_map
 
 __all__ = [
+    "ResponseBytes",
     "from_chat",
     "function_item",
     "message_item",
@@ -104,10 +106,26 @@ def response_object(
         "background": False,
         "error": dict(error) if error else None,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        **_before_output(req),
+        "output": list(output),
+        **_after_output(req, store),
+        "usage": dict(usage) if usage is not None else None,
+        "metadata": dict(req.metadata),
+    }
+
+
+def _before_output(req: ResponsesRequest) -> dict[str, Any]:
+    """The request's fields of a response object before ``output``, in their order."""
+    return {
         "instructions": req.instructions,
         "max_output_tokens": req.max_output_tokens,
         "model": req.model,
-        "output": list(output),
+    }
+
+
+def _after_output(req: ResponsesRequest, store: bool) -> dict[str, Any]:
+    """The request's fields of a response object between ``output`` and ``usage``."""
+    return {
         "parallel_tool_calls": req.parallel_tool_calls is not False,
         "previous_response_id": req.previous_response_id,
         "store": store,
@@ -117,9 +135,36 @@ def response_object(
         "tools": [{**t, "strict": t.get("strict", True)} for t in req.tools],
         "top_p": req.top_p if req.top_p is not None else 1.0,
         "truncation": "disabled",
-        "usage": dict(usage) if usage is not None else None,
-        "metadata": dict(req.metadata),
     }
+
+
+class ResponseBytes:
+    """The response objects of one request as JSON, the bytes the encoder writes for
+    :func:`response_object` (what the request fixes encoded once; a stream writes two or
+    three of them)."""
+
+    __slots__ = ("_after", "_before", "_head", "_metadata")
+
+    def __init__(self, req: ResponsesRequest, resp_id: str, created_at: int, store: bool) -> None:
+        self._head = b'{"id":%b,"object":"response","created_at":%b,"status":"' % (
+            jsonfast.dumps(resp_id),
+            jsonfast.dumps(created_at),
+        )
+        self._before = b"," + jsonfast.dumps(_before_output(req))[1:-1] + b',"output":'
+        self._after = b"," + jsonfast.dumps(_after_output(req, store))[1:-1] + b',"usage":'
+        self._metadata = b',"metadata":' + jsonfast.dumps(dict(req.metadata)) + b"}"
+
+    def encode(
+        self, status: str, output: bytes, usage: bytes = b"null", error: bytes = b"null"
+    ) -> bytes:
+        """The object with ``status`` (one of response_object's, no escapes) and the other
+        fields given encoded: ``output`` (a list), ``usage`` and ``error`` (null: none)."""
+        incomplete = b'{"reason":"max_output_tokens"}' if status == "incomplete" else b"null"
+        return b"".join(
+            (self._head, status.encode(), b'","background":false,"error":', error,
+             b',"incomplete_details":', incomplete, self._before, output, self._after, usage,
+             self._metadata)
+        )  # fmt: skip
 
 
 def from_chat(

@@ -25,9 +25,10 @@ from typing import Any
 import orjson
 
 from services.common import jsonfast
-from services.common.apis.chat_chunks import ChunkFacts, not_plain
+from services.common.apis.chat_chunks import ChunkFacts, TextChunks, not_plain
 from services.common.apis.responses import Item, ResponsesRequest
 from services.common.apis.responses_answer import (
+    ResponseBytes,
     function_item,
     response_object,
     response_usage,
@@ -83,11 +84,11 @@ _PART_ADDED = (
 """The fields of a message's ``response.content_part.added``: after the open item's ids."""
 
 _MESSAGE_DONE = (
-    b'"output_index":%d,"item":{"id":%b,"type":"message","status":"completed",'
-    b'"role":"assistant","content":[{"type":"output_text","annotations":[],"logprobs":[],'
-    b'"text":%b}]}'
+    b'{"id":%b,"type":"message","status":"completed","role":"assistant","content":'
+    b'[{"type":"output_text","annotations":[],"logprobs":[],"text":%b}]}'
 )
-"""The fields of a message's ``response.output_item.done``: index, encoded id and text."""
+"""A completed message item (message_item's keys; the part's as the events write them): its
+encoded id and text."""
 
 
 def _raw_event(kind: bytes, seq: int, rest: bytes) -> bytes:
@@ -104,14 +105,20 @@ def final_event(response: Mapping[str, Any], seq: int) -> bytes:
     return _event(kind, seq, {"response": response})
 
 
+_FINAL_KIND = {"failed": b"response.failed", "incomplete": b"response.incomplete"}
+
+
 class ChatToResponses:
     """One chat SSE stream as Responses events (see the module doc). ``response`` is the
     final response object once the stream ended (None before).
 
     Per streamed token this is the gateway's hot path, so the chat stream is read as lines
-    of bytes (chat streams carry one ``data:`` line per event), the delta events are written
-    from templates, and the in-progress response object is encoded once for both events that
-    carry it; the bytes are those :func:`_event` would write."""
+    of bytes (chat streams carry one ``data:`` line per event), the usual chunk is read
+    without parsing it (:class:`~.chat_chunks.TextChunks`), the delta events are written
+    from templates, and the response objects from what the request fixes, encoded once
+    (:class:`~.responses_answer.ResponseBytes`), with each message item encoded when it
+    closes; the bytes are those :func:`_event` would write, and ``response`` is built only
+    when asked for (to be stored)."""
 
     def __init__(self, req: ResponsesRequest, resp_id: str, created_at: int, store: bool) -> None:
         self.req, self.resp_id, self.created_at, self.store = req, resp_id, created_at, store
@@ -128,10 +135,25 @@ class ChatToResponses:
         self._tools: dict[int, int] = {}  # chat tool index -> output index
         self.usage: dict[str, Any] | None = None
         self.facts = ChunkFacts()  # for the request record
+        self._texts = TextChunks()
         self.finish: str | None = None
         self.error: dict[str, Any] | None = None
         self.done = False
-        self.response: dict[str, Any] | None = None
+        self.status = ""  # the final response's, once the stream ended
+        self._bytes = ResponseBytes(req, resp_id, created_at, store)
+        self._encoded: dict[int, bytes] = {}  # output index -> a closed message item's JSON
+        self._response: dict[str, Any] | None = None
+
+    @property
+    def response(self) -> dict[str, Any] | None:
+        """The final response object (None before the stream ended)."""
+        if self._response is None and self.done:
+            self._response = response_object(
+                self.req, self.resp_id, self.created_at, output=self._items, usage=self.usage,
+                finish_reason=self.finish, status=self.status, error=self.error,
+                store=self.store,
+            )  # fmt: skip
+        return self._response
 
     def _emit(self, kind: str, **fields: Any) -> None:
         self._out.append(_event(kind, self._seq, fields))
@@ -142,10 +164,7 @@ class ChatToResponses:
         self._seq += 1
 
     def _start(self) -> None:
-        snapshot = response_object(
-            self.req, self.resp_id, self.created_at, status="in_progress", store=self.store
-        )
-        rest = b'"response":' + jsonfast.dumps(snapshot)
+        rest = b'"response":' + self._bytes.encode("in_progress", b"[]")
         self._emit_raw(b"response.created", rest)
         self._emit_raw(b"response.in_progress", rest)
 
@@ -169,6 +188,10 @@ class ChatToResponses:
             if payload == b"[DONE]":
                 self._end()
                 continue
+            text = self._texts.text(payload)
+            if text is not None:  # the usual chunk, not parsed: as _chunk writes it
+                self._text_delta(*text)
+                continue
             try:  # orjson directly: jsonfast.loads' fallback only for what orjson refuses
                 obj = orjson.loads(payload)
             except orjson.JSONDecodeError:
@@ -177,11 +200,11 @@ class ChatToResponses:
                 except ValueError:
                     continue
             if isinstance(obj, dict):
-                self._chunk(obj)
+                self._chunk(obj, payload)
         out, self._out = b"".join(self._out), []
         return out
 
-    def _chunk(self, obj: dict[str, Any]) -> None:
+    def _chunk(self, obj: dict[str, Any], payload: bytes) -> None:
         choices = obj.get("choices")
         kept = not_plain(obj, choices)  # the record may need it (chat_chunks.ChunkFacts)
         if kept:
@@ -197,15 +220,10 @@ class ChatToResponses:
         if isinstance(delta, dict):
             text = delta.get("content")
             if text and isinstance(text, str):
-                if not self._delta_head:  # no message is open
-                    self._open_message()
-                self._parts.append(text)
-                try:
-                    encoded = orjson.dumps(text)
-                except TypeError:  # a lone surrogate (from json.loads' fallback)
-                    encoded = jsonfast.dumps(text)
-                self._out.append(_TEXT_DELTA % (self._seq, self._delta_head, encoded))
-                self._seq += 1
+                self._text_delta(jsonfast.dumps(text), text)
+                if not kept and len(delta) == 1 and choice.get("finish_reason") is None:
+                    self._texts.learn(payload, obj, text)
+                    return
             calls = delta.get("tool_calls")
             if calls:
                 if not kept:
@@ -215,6 +233,14 @@ class ChatToResponses:
                         self._tool(tc)
         if choice.get("finish_reason"):
             self.finish = str(choice["finish_reason"])
+
+    def _text_delta(self, encoded: bytes, text: str) -> None:
+        """A text delta (``encoded``: ``text`` as JSON), opening a message when none is."""
+        if not self._delta_head:  # no message is open
+            self._open_message()
+        self._parts.append(text)
+        self._out.append(_TEXT_DELTA % (self._seq, self._delta_head, encoded))
+        self._seq += 1
 
     def _special(self, obj: dict[str, Any]) -> bool:
         """A chunk's error (True: the stream ends here) or usage."""
@@ -316,8 +342,9 @@ class ChatToResponses:
                 b'%b,"content_index":0,"part":{"type":"output_text","annotations":[],'
                 b'"logprobs":[],"text":%b}' % (ids, encoded),
             )
+            self._encoded[at] = done = _MESSAGE_DONE % (self._open_id, encoded)
             self._emit_raw(
-                b"response.output_item.done", _MESSAGE_DONE % (at, self._open_id, encoded)
+                b"response.output_item.done", b'"output_index":%d,"item":%b' % (at, done)
             )
             return
         item["arguments"] = text
@@ -335,11 +362,10 @@ class ChatToResponses:
         self.done = True
         for item in self._items:
             item["status"] = "completed"
-        status = "failed" if self.error else None
-        self.response = response_object(
-            self.req, self.resp_id, self.created_at, output=self._items, usage=self.usage,
-            finish_reason=self.finish, status=status, error=self.error, store=self.store,
-        )  # fmt: skip
+        if self.error:
+            self.status = "failed"
+        else:
+            self.status = "incomplete" if self.finish == "length" else "completed"
 
     def final(self) -> bytes:
         """The last event: completed / incomplete, or failed (also when the stream ended
@@ -350,9 +376,21 @@ class ChatToResponses:
                 "message": "the engine's stream ended early",
             }
             self._end()
-        assert self.response is not None
         pending, self._out = b"".join(self._out), []
-        return pending + final_event(self.response, self._seq)
+        return pending + self._final_event()
+
+    def _final_event(self) -> bytes:
+        """:func:`final_event` of ``response``, from the bytes encoded so far."""
+        encoded = self._encoded
+        items = [encoded.get(i) or jsonfast.dumps(it) for i, it in enumerate(self._items)]
+        response = self._bytes.encode(
+            self.status,
+            b"[" + b",".join(items) + b"]",
+            b"null" if self.usage is None else jsonfast.dumps(self.usage),
+            jsonfast.dumps(self.error) if self.error else b"null",
+        )
+        kind = _FINAL_KIND.get(self.status, b"response.completed")
+        return _raw_event(kind, self._seq, b'"response":' + response)
 
     @property
     def final_seq(self) -> int:

@@ -151,7 +151,10 @@ def usage_from_body(body: bytes) -> Usage | None:
 
 def usage_from_sse(tail: bytes) -> Usage | None:
     """The last token usage in the tail of an SSE stream (None if none is complete):
-    OpenAI chunks, SGLang's ``meta_info``, or an Anthropic ``message_delta``."""
+    OpenAI chunks, SGLang's ``meta_info``, or an Anthropic ``message_delta``. Lines may end
+    in CRLF or CR, as SSE allows (a JSON document holds neither unescaped)."""
+    if b"\r" in tail:  # a quick look (memchr) spares the copies of the usual stream
+        tail = tail.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
     for event in reversed(tail.split(b"\n\n")):
         line = event.strip()
         if line.startswith(b"event:"):  # a named event (Anthropic's): its data line

@@ -59,6 +59,12 @@ class ToolResultFact:
     content: str = ""
 
 
+def _utf8_len(s: str) -> int:
+    """``s``'s size in UTF-8; a lone surrogate (an escape such as ``"\\ud800"`` in the JSON)
+    counts as the three bytes of its code point."""
+    return len(s.encode("utf-8", "surrogatepass"))
+
+
 def _str(v: Any) -> str:
     return v if isinstance(v, str) else ""
 
@@ -110,7 +116,7 @@ def tool_results_of(messages: Any, keep: bool = False) -> tuple[ToolResultFact, 
             ToolResultFact(
                 tool_call_id=call_id,
                 name=names.get(call_id, "") or _str(m.get("name")),
-                content_bytes=len(text.encode()),
+                content_bytes=_utf8_len(text),
                 content=text if keep else "",
             )
         )
@@ -124,7 +130,7 @@ def _call(c: Any, keep: bool) -> ToolCallFact | None:
     fn = fn if isinstance(fn, dict) else {}
     args = _str(fn.get("arguments"))
     return ToolCallFact(
-        _str(c.get("id")), _str(fn.get("name")), len(args.encode()), args if keep else ""
+        _str(c.get("id")), _str(fn.get("name")), _utf8_len(args), args if keep else ""
     )
 
 
@@ -136,7 +142,7 @@ def _tool_uses(answer: dict[str, Any], keep: bool) -> tuple[ToolCallFact, ...]:
             args = json.dumps(b.get("input", {}))
             out.append(
                 ToolCallFact(
-                    _str(b.get("id")), _str(b.get("name")), len(args.encode()), args if keep else ""
+                    _str(b.get("id")), _str(b.get("name")), _utf8_len(args), args if keep else ""
                 )
             )
     return tuple(out)
@@ -219,7 +225,7 @@ class StreamToolCalls:
                 if isinstance(fn, dict):
                     part.name = part.name or _str(fn.get("name"))
                     args = _str(fn.get("arguments"))
-                    part.argument_bytes += len(args.encode())
+                    part.argument_bytes += _utf8_len(args)
                     if self.keep and args:
                         part.pieces.append(args)
 
@@ -237,7 +243,7 @@ class StreamToolCalls:
             and key in self._calls
         ):
             args = _str(delta.get("partial_json"))
-            self._calls[key].argument_bytes += len(args.encode())
+            self._calls[key].argument_bytes += _utf8_len(args)
             if self.keep and args:
                 self._calls[key].pieces.append(args)
 

@@ -219,10 +219,14 @@ class Turn:
     async def end(self) -> bytes:
         """The last event, after the response is stored."""
         last = self._stream.final()
+        if self.native:
+            native = self._stream.response
+            assert native is not None
+            self.ctx.answered(_chat_equivalent(native))
+        if not self.store or self.api.store is None:  # nothing to store: no object to build
+            return last
         response = self._stream.response
         assert response is not None
-        if self.native:
-            self.ctx.answered(_chat_equivalent(response))
         if response.get("status") == "failed":
             return last
         failure = await self._save(response)
