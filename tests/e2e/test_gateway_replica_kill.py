@@ -33,7 +33,7 @@ import psutil
 import pytest
 from tideserve.v1 import events_pb2
 
-from services.common.local.procs import ProcRef, is_alive
+from services.common.local.procs import ProcRef, is_alive, same_start
 from services.scheduler.main import REPLICA_HEADER
 from tests.helpers.engine_stack import request_records
 from tests.helpers.ports import free_ports
@@ -96,7 +96,7 @@ def _describe(recs: list[events_pb2.RequestRecord]) -> str:
 def _exists(ref: ProcRef) -> bool:
     """True while ``ref``'s process exists at all, zombies included."""
     try:
-        return psutil.Process(ref.pid).create_time() == ref.create_time
+        return ref.create_time is not None and same_start(psutil.Process(ref.pid), ref.create_time)
     except psutil.NoSuchProcess:
         return False
 

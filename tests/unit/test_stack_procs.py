@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import grpc
+import psutil
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -58,6 +59,32 @@ def test_recycled_pid_is_not_ours() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("btime_shift_s", "recorded", "alive"),
+    [
+        pytest.param(0.0, "boot", True, id="steady-clock"),
+        pytest.param(5.0, "boot", True, id="clock-stepped-forward"),
+        pytest.param(-3600.0, "boot", True, id="clock-stepped-back-an-hour"),
+        pytest.param(0.0, "epoch", True, id="epoch-record-steady-clock"),
+        pytest.param(0.4, "epoch", True, id="epoch-record-slewed"),
+        pytest.param(5.0, "epoch", False, id="epoch-record-stepped"),
+    ],
+)
+def test_a_process_stays_ours_when_the_wall_clock_moves(
+    monkeypatch: pytest.MonkeyPatch, btime_shift_s: float, recorded: str, alive: bool
+) -> None:
+    """psutil's epoch create time is the start in ticks since boot plus the boot time, which
+    follows the wall clock: a stepped or slewed clock moves it. Start times from boot do not
+    move (an epoch record, from before them, allows a second)."""
+    ref = ProcRef.of("me", os.getpid())
+    assert ref.create_time is not None
+    if recorded == "epoch":
+        ref = ProcRef("me", ref.pid, psutil.Process(ref.pid).create_time())
+    real = psutil._psplatform.boot_time  # type: ignore[attr-defined]
+    monkeypatch.setattr(psutil._psplatform, "boot_time", lambda: real() + btime_shift_s)
+    assert is_alive(ref) is alive
 
 
 def test_supervisor_writes_child_output_to_its_log(tmp_path: Path) -> None:

@@ -18,11 +18,25 @@ import psutil
 from services.common.local.spec import ChildSpec
 
 _CREATE_TIME_SLACK_S = 0.05
+# A start time this large is seconds since the epoch (records written before start times
+# were taken from boot): compared as such, with a second of slack.
+_EPOCH_LIKE_S = 1e9
+_EPOCH_SLACK_S = 1.0
+
+
+def started_after_boot(proc: psutil.Process) -> float:
+    """When ``proc`` started, in seconds after boot. The kernel keeps a process's start in
+    clock ticks since boot; psutil adds the boot time (``btime``, the wall clock less the
+    uptime), which moves whenever the wall clock is stepped or slewed (NTP), so its epoch
+    create time of one process drifts. Taking the boot time off again gives the tick count's
+    value, which never changes."""
+    return proc.create_time() - psutil.boot_time()
 
 
 @dataclass(frozen=True)
 class ProcRef:
-    """A process we started (or were told about): name, pid, psutil create time."""
+    """A process we started (or were told about): name, pid, and ``create_time``, its start
+    in seconds after boot (:func:`started_after_boot`)."""
 
     name: str
     pid: int
@@ -32,9 +46,16 @@ class ProcRef:
     def of(cls, name: str, pid: int) -> ProcRef:
         """Reference ``pid`` as it is now (create_time None when it is already gone)."""
         try:
-            return cls(name, pid, psutil.Process(pid).create_time())
+            return cls(name, pid, started_after_boot(psutil.Process(pid)))
         except psutil.Error:
             return cls(name, pid, None)
+
+
+def same_start(proc: psutil.Process, create_time: float) -> bool:
+    """Whether ``proc`` is the process that started at ``create_time`` (see :class:`ProcRef`)."""
+    if create_time >= _EPOCH_LIKE_S:
+        return abs(proc.create_time() - create_time) <= _EPOCH_SLACK_S
+    return abs(started_after_boot(proc) - create_time) <= _CREATE_TIME_SLACK_S
 
 
 def _process(ref: ProcRef) -> psutil.Process | None:
@@ -43,10 +64,7 @@ def _process(ref: ProcRef) -> psutil.Process | None:
         proc = psutil.Process(ref.pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return None
-        if (
-            ref.create_time is not None
-            and abs(proc.create_time() - ref.create_time) > _CREATE_TIME_SLACK_S
-        ):
+        if ref.create_time is not None and not same_start(proc, ref.create_time):
             return None
         return proc
     except psutil.Error:
