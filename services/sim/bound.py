@@ -44,8 +44,10 @@ from services.common.routing.plugins.estimate import PrefixEstimate
 from services.common.routing.plugins.load import LeastLoad, LoadGuard
 from services.common.routing.plugins.pending import PendingPicks
 from services.common.routing.plugins.placement import SessionLoad
+from services.common.routing.plugins.routed_match import RoutedMatch
 from services.common.routing.plugins.room import DecodeRoom
 from services.common.routing.types import EndpointSnapshot, EndpointView, RequestView
+from services.sim.routed_cols import RoutedColumns
 
 __all__ = ["MARGIN", "BoundFilter", "BoundPlan", "bound_plan"]
 
@@ -155,6 +157,7 @@ class _Fleet:
         # (model tokens/s, whether an engine's own rate counts) -> (throughput, wait) columns
         self._waits: dict[tuple[float, bool], tuple[F64, F64]] = {}
         self._pending: tuple[PendingPicks, set[str], F64] | None = None
+        self.routed = RoutedColumns(self.pos, len(self.items))
 
     def update(self, snapshot: EndpointSnapshot) -> bool:
         """Follow ``snapshot``; False when its endpoints are not the same ones (rebuild)."""
@@ -338,7 +341,7 @@ def _cached(plan: BoundPlan, f: _Fleet, request: RequestView, now: float) -> F64
     routed = (
         pe.lookup(request.request_id, request.block_hashes, now) if request.block_hashes else {}
     )
-    blocks = f.spread(routed)
+    blocks = f.routed.column(routed) if isinstance(routed, RoutedMatch) else f.spread(routed)
     known = pe.precise.effective_blocks(request)
     if known:
         blocks = np.maximum(blocks, f.spread(known))
