@@ -43,9 +43,10 @@ resync request): drained events followed by the full state reproduce the cache e
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
-from itertools import islice, repeat, takewhile
+from itertools import compress, islice, repeat, takewhile
+from operator import not_, sub
 
 from services.common.dataplane.blocks import SlotPool
 from services.common.engine_core.kvcache_retention import RetentionOps
@@ -315,8 +316,15 @@ class KVCache(RetentionOps):
         refs = self._refs
         held = alloc.shared + alloc.committed
         held.reverse()
-        freed: list[int] = []  # unreferenced now, leaf first: they go last in the LRU order
-        for h, slot in zip(held, map(self._blocks.get, held), strict=True):
+        slots = list(map(self._blocks.get, held))
+        if None not in slots and len(set(slots)) == len(slots):  # the usual case, in C
+            lefts = list(map(sub, map(refs.__getitem__, slots), repeat(1)))
+            deque(map(refs.__setitem__, slots, lefts), maxlen=0)
+            # unreferenced now, leaf first: they go last in the LRU order
+            self._lru.update(dict.fromkeys(compress(held, map(not_, lefts))))
+            return
+        freed: list[int] = []  # the same, block by block
+        for h, slot in zip(held, slots, strict=True):
             if slot is None:
                 continue
             left = refs[slot] - 1
