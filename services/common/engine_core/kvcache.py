@@ -84,7 +84,10 @@ class KVCache(RetentionOps):
         self._parent: list[int] = []
         self._tenant: list[str] = []
         self._refs: list[int] = []
-        self._lru: OrderedDict[int, None] = OrderedDict()  # unreferenced cached, oldest first
+        # Unreferenced cached blocks, oldest first: a plain dict (insertion-ordered; a block
+        # leaves it when referenced again or evicted, and comes back at the end). Cheaper than
+        # an OrderedDict to append a released sequence's blocks to, and no node per block.
+        self._lru: dict[int, None] = {}
         self._private = 0
         self._seqs: dict[str, Allocation] = {}
         self.outbox: list[KVEventRecord] = []
