@@ -28,7 +28,7 @@ grouping pre-filter applies. ``tests/unit/test_sim_bound.py`` and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress, count
 from operator import is_not
@@ -44,8 +44,8 @@ from services.common.routing.plugins.estimate import PrefixEstimate
 from services.common.routing.plugins.load import LeastLoad, LoadGuard
 from services.common.routing.plugins.pending import PendingPicks
 from services.common.routing.plugins.placement import SessionLoad
-from services.common.routing.plugins.routed_match import RoutedMatch
 from services.common.routing.plugins.room import DecodeRoom
+from services.common.routing.plugins.routed_match import RoutedMatch
 from services.common.routing.types import EndpointSnapshot, EndpointView, RequestView
 from services.sim.routed_cols import RoutedColumns
 
@@ -220,7 +220,7 @@ class _Fleet:
         self._pending = (picks, touched, col)
         return col
 
-    def spread(self, values: dict[str, Any], default: float = 0.0) -> F64:
+    def spread(self, values: Mapping[str, Any], default: float = 0.0) -> F64:
         """``values`` per instance id as a column (ids not in the fleet ignored)."""
         out = np.full(len(self.items), default)
         if values:

@@ -145,9 +145,7 @@ class NarrowScheduler(Scheduler):
         self._bounds: dict[str, BoundPlan | None] = {}
         self._bound = BoundFilter()
 
-    def hint(
-        self, request_id: str, now: float, index: object, match: Mapping[str, int]
-    ) -> None:
+    def hint(self, request_id: str, now: float, index: object, match: Mapping[str, int]) -> None:
         """The shell looked up ``index`` for the next cycle already (its ``match``): the
         pre-filter uses it instead of a lookup of its own when it is the profile's index."""
         self._hint = (request_id, now, index, match)

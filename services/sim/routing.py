@@ -119,9 +119,9 @@ def note_pick(diag: Diag, core: GatewayCore, match: Mapping[str, int], d: Pick) 
     # order of length, most of a large fleet's matches never looked at.
     fleet = core.fleet
     best = 0
-    top = _first_longest(match)  # mostly the first longest is one: found without sorting
-    if top is not None:
-        first, longest = top
+    head = _first_longest(match)  # mostly the first longest is one: found without sorting
+    if head is not None:
+        first, longest = head
         if longest > 0 and first in fleet and (fleet.spec(first).role == "prefill") == want_prefill:
             best = longest
     if not best:

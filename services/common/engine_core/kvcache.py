@@ -47,6 +47,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from itertools import compress, islice, repeat, takewhile
 from operator import not_, sub
+from typing import cast
 
 from services.common.dataplane.blocks import SlotPool
 from services.common.engine_core.kvcache_retention import RetentionOps
@@ -319,15 +320,16 @@ class KVCache(RetentionOps):
         refs = self._refs
         held = alloc.shared + alloc.committed
         held.reverse()
-        slots = list(map(self._blocks.get, held))
-        if None not in slots and len(set(slots)) == len(slots):  # the usual case, in C
+        found = list(map(self._blocks.get, held))
+        if None not in found and len(set(found)) == len(found):  # the usual case, in C
+            slots = cast("list[int]", found)
             lefts = list(map(sub, map(refs.__getitem__, slots), repeat(1)))
             deque(map(refs.__setitem__, slots, lefts), maxlen=0)
             # unreferenced now, leaf first: they go last in the LRU order
             self._lru.update(dict.fromkeys(compress(held, map(not_, lefts))))
             return
         freed: list[int] = []  # the same, block by block
-        for h, slot in zip(held, slots, strict=True):
+        for h, slot in zip(held, found, strict=True):
             if slot is None:
                 continue
             left = refs[slot] - 1

@@ -14,8 +14,11 @@ from __future__ import annotations
 from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence, ValuesView
 from itertools import chain, repeat
 from operator import getitem
+from typing import TypeVar, overload
 
 __all__ = ["RoutedMatch", "Slots", "set_bits"]
+
+_T = TypeVar("_T")
 
 
 class Slots:
@@ -53,7 +56,13 @@ class RoutedMatch(Mapping[str, int]):
             self._dict = d
         return d
 
-    def get(self, key: str, default: int | None = None) -> int | None:  # type: ignore[override]
+    @overload
+    def get(self, key: str, /) -> int | None: ...
+    @overload
+    def get(self, key: str, /, default: int) -> int: ...
+    @overload
+    def get(self, key: str, /, default: _T) -> int | _T: ...
+    def get(self, key: str, /, default: object = None) -> object:
         if self._dict is not None:
             return self._dict.get(key, default)
         slot = self.slots.of.get(key)
