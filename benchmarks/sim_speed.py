@@ -13,7 +13,8 @@ TTFT).
         --requests 2000,5000,20000
 
 Run it alone (the machine's other work shows up as a lower rate); ``--profile-out FILE``
-also writes a cProfile of the last size.
+also writes a cProfile of the last size (from request ``--profile-from`` K on: a late
+window of a long run).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from _harness import MOONCAKE_CONVERSATION, emit_json  # noqa: E402
 
 from services.common.bench.traces import load_trace  # noqa: E402
 from services.sim import SimConfig, simulate  # noqa: E402
+from services.sim.run import Simulation  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -45,6 +47,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", default="default", help="routing profile")
     p.add_argument("--gateways", type=int, default=1)
     p.add_argument("--profile-out", default=None, help="cProfile stats of the last size")
+    p.add_argument(
+        "--profile-from", type=int, default=0,
+        help="start the profile when request K arrives (a late window of a long run)",
+    )  # fmt: skip
     p.add_argument("--out", default=None, help="also write the JSON here")
     return p.parse_args(argv)
 
@@ -59,8 +65,10 @@ def one(trace_path: str, n: int, requests: int, a: argparse.Namespace, prof: boo
         gateways=a.gateways,
     )
     profiler = cProfile.Profile() if prof else None
-    if profiler is not None:
+    if profiler is not None and a.profile_from <= 0:
         profiler.enable()
+    elif profiler is not None:
+        _enable_at(profiler, a.profile_from)
     doc, run = simulate(cfg, trace)
     if profiler is not None:
         profiler.disable()
@@ -80,6 +88,18 @@ def one(trace_path: str, n: int, requests: int, a: argparse.Namespace, prof: boo
         "ttft_mean_ms": doc["ttft_ms"]["mean"],
         "modelled_s": doc["duration_s"],
     }
+
+
+def _enable_at(profiler: cProfile.Profile, k: int) -> None:
+    """Switch ``profiler`` on when request ``k`` arrives (wraps the loop's handler)."""
+    arrive = Simulation.arrive
+
+    def at(self: Simulation, i: int, now: float) -> int:
+        if i == k:
+            profiler.enable()
+        return arrive(self, i, now)
+
+    Simulation.arrive = at  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> int:

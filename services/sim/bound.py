@@ -28,7 +28,7 @@ grouping pre-filter applies. ``tests/unit/test_sim_bound.py`` and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress, count
 from operator import is_not
@@ -45,7 +45,9 @@ from services.common.routing.plugins.load import LeastLoad, LoadGuard
 from services.common.routing.plugins.pending import PendingPicks
 from services.common.routing.plugins.placement import SessionLoad
 from services.common.routing.plugins.room import DecodeRoom
+from services.common.routing.plugins.routed_match import RoutedMatch
 from services.common.routing.types import EndpointSnapshot, EndpointView, RequestView
+from services.sim.routed_cols import RoutedColumns
 
 __all__ = ["MARGIN", "BoundFilter", "BoundPlan", "bound_plan"]
 
@@ -155,6 +157,7 @@ class _Fleet:
         # (model tokens/s, whether an engine's own rate counts) -> (throughput, wait) columns
         self._waits: dict[tuple[float, bool], tuple[F64, F64]] = {}
         self._pending: tuple[PendingPicks, set[str], F64] | None = None
+        self.routed = RoutedColumns(self.pos, len(self.items))
 
     def update(self, snapshot: EndpointSnapshot) -> bool:
         """Follow ``snapshot``; False when its endpoints are not the same ones (rebuild)."""
@@ -217,7 +220,7 @@ class _Fleet:
         self._pending = (picks, touched, col)
         return col
 
-    def spread(self, values: dict[str, Any], default: float = 0.0) -> F64:
+    def spread(self, values: Mapping[str, Any], default: float = 0.0) -> F64:
         """``values`` per instance id as a column (ids not in the fleet ignored)."""
         out = np.full(len(self.items), default)
         if values:
@@ -338,7 +341,7 @@ def _cached(plan: BoundPlan, f: _Fleet, request: RequestView, now: float) -> F64
     routed = (
         pe.lookup(request.request_id, request.block_hashes, now) if request.block_hashes else {}
     )
-    blocks = f.spread(routed)
+    blocks = f.routed.column(routed) if isinstance(routed, RoutedMatch) else f.spread(routed)
     known = pe.precise.effective_blocks(request)
     if known:
         blocks = np.maximum(blocks, f.spread(known))

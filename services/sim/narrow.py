@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from bisect import insort
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from services.common.routing.framework import MaxScorePicker, Profile, Scheduler
@@ -137,14 +138,14 @@ class NarrowScheduler(Scheduler):
         self._safe: dict[str, tuple[bool, PrefixEstimate | None, bool]] = {}
         self.narrowed = 0  # cycles that ran over fewer candidates (diagnostics)
         self._groups: _Groups | None = None
-        self._hint: tuple[str, float, object, dict[str, int]] | None = None
+        self._hint: tuple[str, float, object, Mapping[str, int]] | None = None
         # this scheduler's picks not settled yet, per target: a superset of what ttft-cost
         # counts as awaiting (it also forgets picks after a while)
         self._unsettled: Counter[str] = Counter()
         self._bounds: dict[str, BoundPlan | None] = {}
         self._bound = BoundFilter()
 
-    def hint(self, request_id: str, now: float, index: object, match: dict[str, int]) -> None:
+    def hint(self, request_id: str, now: float, index: object, match: Mapping[str, int]) -> None:
         """The shell looked up ``index`` for the next cycle already (its ``match``): the
         pre-filter uses it instead of a lookup of its own when it is the profile's index."""
         self._hint = (request_id, now, index, match)

@@ -17,6 +17,7 @@ from pathlib import Path
 from services.common.admission.shaper import DispatchShaper, ShaperConfig
 from services.common.engine_core.kvcache import KVCache
 from services.common.routing.plugins.prefix import ApproxPrefix
+from services.common.routing.plugins.routed_match import RoutedMatch
 from services.common.routing.types import Pick, PrefixMatch
 from services.common.scheduling import EndpointSpec, GatewayCore, build_core
 from services.sim.config import SimConfig
@@ -80,7 +81,7 @@ class Gateways:
 
     def routed_prefix(
         self, g: int, hashes: tuple[int, ...], now_s: float, request_id: str = ""
-    ) -> dict[str, int]:
+    ) -> Mapping[str, int]:
         """Replica ``g``'s routed-prefix match per instance (diagnostics), {} without one."""
         ap = self.approx[g]
         if ap is None:
@@ -118,10 +119,9 @@ def note_pick(diag: Diag, core: GatewayCore, match: Mapping[str, int], d: Pick) 
     # order of length, most of a large fleet's matches never looked at.
     fleet = core.fleet
     best = 0
-    if match:  # mostly the first longest is one: found without sorting
-        lengths = list(match.values())
-        longest = max(lengths)
-        first = list(match)[lengths.index(longest)]
+    head = _first_longest(match)  # mostly the first longest is one: found without sorting
+    if head is not None:
+        first, longest = head
         if longest > 0 and first in fleet and (fleet.spec(first).role == "prefill") == want_prefill:
             best = longest
     if not best:
@@ -142,3 +142,15 @@ def note_pick(diag: Diag, core: GatewayCore, match: Mapping[str, int], d: Pick) 
     diag.lost_blocks += best - got
     top = max(choice.scores, key=lambda s: s[1] * s[2], default=("?", 0.0, 0.0))
     diag.reasons[top[0]] = diag.reasons.get(top[0], 0) + 1
+
+
+def _first_longest(match: Mapping[str, int]) -> tuple[str, int] | None:
+    """The first instance of ``match`` with its greatest length (None: empty); a routed
+    match answers from its masks without building its dict."""
+    if isinstance(match, RoutedMatch):
+        return match.longest()
+    if not match:
+        return None
+    lengths = list(match.values())
+    longest = max(lengths)
+    return list(match)[lengths.index(longest)], longest

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from services.common.engine_core.kvcache import KVCache, KVEventKind
@@ -170,3 +172,51 @@ def test_running_blocks_limit_the_batch_not_the_cache(
 def test_running_blocks_must_fit_the_capacity() -> None:
     with pytest.raises(ValueError, match="running_blocks"):
         KVCache(capacity_blocks=8, block_size=BS, running_blocks=9)
+
+
+class _PerBlockRelease(KVCache):
+    """``release`` as a loop over the blocks (the reference the bulk release keeps to)."""
+
+    def release(self, seq_id: str) -> None:
+        alloc = self._seqs.pop(seq_id, None)
+        if alloc is None:
+            return
+        self._private -= alloc.private
+        held = alloc.shared + alloc.committed
+        held.reverse()
+        freed: list[int] = []
+        for h in held:
+            slot = self._blocks.get(h)
+            if slot is None:
+                continue
+            self._refs[slot] -= 1
+            if self._refs[slot] == 0:
+                freed.append(h)
+        self._lru.update(dict.fromkeys(freed))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2], ids=["seed-0", "seed-1", "seed-2"])
+def test_release_in_bulk_is_the_per_block_release(seed: int) -> None:
+    rng = random.Random(seed)
+    bulk, ref = KVCache(64, 4), _PerBlockRelease(64, 4)
+    chains = [[c * 100 + i for i in range(1, rng.randrange(2, 12))] for c in range(6)]
+    chains.append([7, 8, 7, 9])  # a repeated hash: the per-block path
+    live: list[str] = []
+    for k in range(300):
+        if live and (rng.random() < 0.5 or len(live) > 5):
+            seq = live.pop(rng.randrange(len(live)))
+            bulk.release(seq)
+            ref.release(seq)
+        else:
+            chain = rng.choice(chains)[: rng.randrange(1, 12)]
+            seq = f"s{k}"
+            a = bulk.allocate(seq, chain, len(chain) + 1)
+            b = ref.allocate(seq, chain, len(chain) + 1)
+            assert (a is None) == (b is None)
+            if a is not None:
+                bulk.commit(seq, chain)
+                ref.commit(seq, chain)
+                live.append(seq)
+        assert list(bulk._lru) == list(ref._lru)
+        assert bulk._refs == ref._refs and bulk._blocks == ref._blocks
+        assert bulk.drain_events() == ref.drain_events()

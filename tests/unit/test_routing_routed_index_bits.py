@@ -10,7 +10,9 @@ from operator import and_
 import pytest
 
 from services.common.kvindex.match import mask_drops
-from services.common.routing.plugins.routed_index import RoutedPrefixIndex, _set_bits
+from services.common.routing.plugins.routed_index import RoutedPrefixIndex
+from services.common.routing.plugins.routed_match import RoutedMatch
+from services.common.routing.plugins.routed_match import set_bits as _set_bits
 
 
 def one_at_a_time(x: int) -> list[int]:
@@ -68,3 +70,20 @@ def test_match_is_the_one_bit_at_a_time_match(stride: int, instances: int) -> No
         got = idx.match(chain, instances * 3.0)
         want = reference_match(idx, chain)
         assert list(got.items()) == list(want.items())
+        lazy = idx.match(chain, instances * 3.0)  # read without building the dict first
+        assert isinstance(lazy, RoutedMatch)
+        assert bool(lazy) == bool(want)
+        assert lazy.longest() == first_longest(want)
+        for iid in [*idx._iids, "not-there"]:
+            assert lazy.get(iid) == want.get(iid)
+            assert lazy.get(iid, 0) == want.get(iid, 0)
+            assert (iid in lazy) == (iid in want)
+        assert lazy == want and len(lazy) == len(want)
+
+
+def first_longest(d: dict[str, int]) -> tuple[str, int] | None:
+    """The first instance with the greatest length, as the routing diagnostics read it."""
+    if not d:
+        return None
+    top = max(d.values())
+    return next((i, n) for i, n in d.items() if n == top)

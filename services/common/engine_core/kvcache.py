@@ -43,9 +43,11 @@ resync request): drained events followed by the full state reproduce the cache e
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
-from itertools import islice, repeat, takewhile
+from itertools import compress, islice, repeat, takewhile
+from operator import not_, sub
+from typing import cast
 
 from services.common.dataplane.blocks import SlotPool
 from services.common.engine_core.kvcache_retention import RetentionOps
@@ -83,7 +85,10 @@ class KVCache(RetentionOps):
         self._parent: list[int] = []
         self._tenant: list[str] = []
         self._refs: list[int] = []
-        self._lru: OrderedDict[int, None] = OrderedDict()  # unreferenced cached, oldest first
+        # Unreferenced cached blocks, oldest first: a plain dict (insertion-ordered; a block
+        # leaves it when referenced again or evicted, and comes back at the end). Cheaper than
+        # an OrderedDict to append a released sequence's blocks to, and no node per block.
+        self._lru: dict[int, None] = {}
         self._private = 0
         self._seqs: dict[str, Allocation] = {}
         self.outbox: list[KVEventRecord] = []
@@ -315,8 +320,16 @@ class KVCache(RetentionOps):
         refs = self._refs
         held = alloc.shared + alloc.committed
         held.reverse()
-        freed: list[int] = []  # unreferenced now, leaf first: they go last in the LRU order
-        for h, slot in zip(held, map(self._blocks.get, held), strict=True):
+        found = list(map(self._blocks.get, held))
+        if None not in found and len(set(found)) == len(found):  # the usual case, in C
+            slots = cast("list[int]", found)
+            lefts = list(map(sub, map(refs.__getitem__, slots), repeat(1)))
+            deque(map(refs.__setitem__, slots, lefts), maxlen=0)
+            # unreferenced now, leaf first: they go last in the LRU order
+            self._lru.update(dict.fromkeys(compress(held, map(not_, lefts))))
+            return
+        freed: list[int] = []  # the same, block by block
+        for h, slot in zip(held, found, strict=True):
             if slot is None:
                 continue
             left = refs[slot] - 1

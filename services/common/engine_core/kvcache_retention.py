@@ -20,7 +20,7 @@ __all__ = ["RetentionOps"]
 class _Cache(Protocol):
     _blocks: dict[int, int]
     _refs: list[int]
-    _lru: OrderedDict[int, None]
+    _lru: dict[int, None]
     _held: OrderedDict[int, int]
     _slots: SlotPool
     _protected: set[int]

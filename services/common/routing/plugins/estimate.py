@@ -17,7 +17,7 @@ being prefilled").
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pydantic import Field
 
@@ -151,7 +151,7 @@ class PrefixEstimate(ApproxPrefix):
         self,
         ctx: CycleContext,
         request: RequestView,
-        routed: dict[str, int],
+        routed: Mapping[str, int],
         known: dict[str, float],
     ) -> None:
         """``ctx.unfinished_tokens`` on the instances with own picks not answered yet: the

@@ -45,14 +45,14 @@ class ApproxPrefix:
         self.name = name
         self.threshold = params.threshold
         self.index = RoutedPrefixIndex(params.ttl_s, params.max_entries, params.stride)
-        self._last: tuple[str, float, dict[str, int]] | None = None
+        self._last: tuple[str, float, Mapping[str, int]] | None = None
         self._undo: OrderedDict[str, tuple[float, list[tuple[int, str]]]] = OrderedDict()
         self._undo_keys = 0
 
-    def _match(self, ctx: CycleContext, request: RequestView) -> dict[str, int]:
+    def _match(self, ctx: CycleContext, request: RequestView) -> Mapping[str, int]:
         return self.lookup(request.request_id, request.block_hashes, ctx.now)
 
-    def lookup(self, request_id: str, hashes: Sequence[int], now: float) -> dict[str, int]:
+    def lookup(self, request_id: str, hashes: Sequence[int], now: float) -> Mapping[str, int]:
         """The index's match of ``request_id``'s chain ``hashes`` at ``now``, looked up once
         per cycle even when prepare and score both ask (and when a caller asked just before
         the cycle, as the simulator's routing diagnostics do). Do not modify the result."""

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Sequence
-from itertools import accumulate, chain, repeat
-from operator import and_, getitem
+from itertools import accumulate, repeat
+from operator import and_
 
 from services.common.kvindex.match import mask_drops
+from services.common.routing.plugins.routed_match import RoutedMatch, Slots
 
 __all__ = ["RoutedPrefixIndex"]
 
@@ -59,6 +60,7 @@ class RoutedPrefixIndex:
         self._iids: list[str] = []
         self._tables: list[dict[int, _Rec] | None] = []
         self._free: list[int] = []
+        self._slots: Slots | None = None  # the slots as matches see them (None: changed)
         self._log: deque[_Rec] = deque()
         self._count = 0
         self._logged = 0  # hash references held by live records (from their cursor)
@@ -71,6 +73,7 @@ class RoutedPrefixIndex:
     def _slot(self, instance_id: str) -> int:
         slot = self._slot_of.get(instance_id)
         if slot is None:
+            self._slots = None
             if self._free:
                 slot = self._free.pop()
                 self._iids[slot] = instance_id
@@ -83,6 +86,7 @@ class RoutedPrefixIndex:
         return slot
 
     def _release_slot(self, slot: int) -> None:
+        self._slots = None
         del self._slot_of[self._iids[slot]]
         self._iids[slot] = ""
         self._tables[slot] = None
@@ -218,40 +222,40 @@ class RoutedPrefixIndex:
         self._count -= n
         return n
 
-    def match(self, hashes: Sequence[int], now: float) -> dict[str, int]:
-        """Matched prefix length in blocks per instance (only instances with > 0)."""
+    def match(self, hashes: Sequence[int], now: float) -> RoutedMatch:
+        """Matched prefix length in blocks per instance (only instances with > 0): a
+        mapping built when iterated (:class:`RoutedMatch`; ``get`` reads the masks)."""
         self.expire(now)
         stride = self.stride
         hs = hashes[stride - 1 :: stride] if stride > 1 else hashes
+        slots = self._slots
+        if slots is None:
+            slots = self._slots = Slots(self._iids)
         if not hashes or not self._masks:
-            return {}
+            return RoutedMatch([], slots)
         # Running AND of the holder masks along the chain (in C); it only ever loses bits,
         # so each distinct value is one contiguous run, found by bisection.
         acc = list(accumulate(map(self._masks.get, hs, repeat(0)), and_))
-        iid_of = self._iids.__getitem__
-        out: dict[str, int] = {}
-        groups: dict[int, int] = {}  # strided match length -> the slots with it
-        for lost, j in mask_drops(acc):
-            out.update(zip(map(iid_of, _set_bits(lost)), repeat(j * stride)))
-            groups[j * stride] = lost
+        writes = [(lost, j * stride) for lost, j in mask_drops(acc)]
         if stride > 1:
-            self._tips(hashes, out, groups)
-        return out
+            self._tips(hashes, writes)
+        return RoutedMatch(writes, slots)
 
-    def _tips(self, hashes: Sequence[int], out: dict[str, int], groups: dict[int, int]) -> None:
-        """Extend each instance's strided match (``groups``: the slots per match length, in
-        ``out``'s order) with a routed tip among the next ``stride - 1`` blocks (the one
-        after them is a strided position it did not match)."""
-        iid_of, masks, stride, n = self._iids.__getitem__, self._masks, self.stride, len(hashes)
+    def _tips(self, hashes: Sequence[int], writes: list[tuple[int, int]]) -> None:
+        """Extend each instance's strided match (``writes``: the slots per match length)
+        with a routed tip among the next ``stride - 1`` blocks (the one after them is a
+        strided position it did not match): a write per tip found, after them."""
+        masks, stride, n = self._masks, self.stride, len(hashes)
         matched = 0
-        for bits in groups.values():
+        for bits, _ in writes:
             matched |= bits
-        groups[0] = groups.get(0, 0) | ~matched  # instances with no strided match
-        for k, bits in groups.items():
+        groups = [(k, bits) for bits, k in writes]
+        groups.append((0, ~matched))  # instances with no strided match
+        for k, bits in groups:
             for p in range(k, min(k + stride - 1, n)):
                 found = masks.get(hashes[p], 0) & bits
                 if found:
-                    out.update(zip(map(iid_of, _set_bits(found)), repeat(p + 1)))
+                    writes.append((found, p + 1))
 
     def remove_instance(self, instance_id: str) -> int:
         """Forget an instance (left the fleet or restarted with an empty cache)."""
@@ -269,31 +273,3 @@ class RoutedPrefixIndex:
         self._count -= n
         self._release_slot(slot)
         return n
-
-
-# _BYTE_BITS[i][v]: the positions of the set bits of byte value v at byte i of a mask
-_BYTE_BITS: list[tuple[tuple[int, ...], ...]] = []
-_BITS_OF = tuple(tuple(b for b in range(8) if v >> b & 1) for v in range(256))
-
-
-def _byte_bits(n: int) -> list[tuple[tuple[int, ...], ...]]:
-    """:data:`_BYTE_BITS` for the first ``n`` bytes (made on first need: 256 small tuples
-    per byte, about 6 MB for a thousand instances' slots)."""
-    while len(_BYTE_BITS) < n:
-        base = 8 * len(_BYTE_BITS)
-        _BYTE_BITS.append(tuple(tuple(base + b for b in bits) for bits in _BITS_OF))
-    return _BYTE_BITS
-
-
-def _set_bits(x: int) -> list[int]:
-    """The positions of the set bits of ``x`` >= 0, lowest first (a few: one at a time; many:
-    each byte's from a table, in C)."""
-    if x.bit_count() <= 24:
-        out: list[int] = []
-        while x:
-            low = x & -x
-            out.append(low.bit_length() - 1)
-            x ^= low
-        return out
-    n = (x.bit_length() + 7) // 8
-    return list(chain.from_iterable(map(getitem, _byte_bits(n), x.to_bytes(n, "little"))))
