@@ -42,8 +42,9 @@ TTFT of the splits over the aggregated fleet's; ``pd.best_split_prefill``: which
 compute a prompt (SGLang's in disaggregation mode: every turn is disaggregated; ``pd.*``),
 ``local`` decode engines that can (vLLM's, Dynamo's: the routing profile's ``pd-decider``
 leaves a turn with a short uncached suffix on its decode engine; ``pd_local.*``).
-All 7 splits of 8 on 3 slices x 3 variants is 72 runs, about 7 of the script's 11 minutes
-on 2 shared cores (``--pd-splits 2,3,4`` cuts that to 36).
+All 7 splits of 8 on 3 slices x 3 variants is 72 runs per kind of decode engine, 144 with
+both, about 12 minutes on 2 busy shared cores (``--pd-splits 2,3,4`` or ``--pd-decode local``
+cut that).
 
 Scale-in (``--scale-in-engines``, default 8; 0 skips it), on a larger slice
 (``--scale-in-slices``, ``--scale-in-requests``) and ``--scale-in-kv-blocks`` per engine: per
