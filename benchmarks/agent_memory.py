@@ -38,8 +38,13 @@ memory (on P/D: applied to the prefill and the decode engines, a session's home 
 decode engine), P/D with ``decode_keeps_kv``, every fleet with ``--pd-short-first-tokens``
 (:mod:`benchmarks._agent_memory_pd`). ``pd.best_split_ttft_vs_aggregated``: the lowest mean
 TTFT of the splits over the aggregated fleet's; ``pd.best_split_prefill``: which split won.
-All 7 splits of 8 on 3 slices x 3 variants is 72 runs, about 7 of the script's 11 minutes
-on 2 shared cores (``--pd-splits 2,3,4`` cuts that to 36).
+``--pd-decode`` (default ``split,local``): ``split`` measures decode engines that cannot
+compute a prompt (SGLang's in disaggregation mode: every turn is disaggregated; ``pd.*``),
+``local`` decode engines that can (vLLM's, Dynamo's: the routing profile's ``pd-decider``
+leaves a turn with a short uncached suffix on its decode engine; ``pd_local.*``).
+All 7 splits of 8 on 3 slices x 3 variants is 72 runs per kind of decode engine, 144 with
+both, about 12 minutes on 2 busy shared cores (``--pd-splits 2,3,4`` or ``--pd-decode local``
+cut that).
 
 Scale-in (``--scale-in-engines``, default 8; 0 skips it), on a larger slice
 (``--scale-in-slices``, ``--scale-in-requests``) and ``--scale-in-kv-blocks`` per engine: per
@@ -199,13 +204,16 @@ def pd(
     """The ``pd.*`` keys: per slice, the aggregated fleet against the P/D splits."""
     splits = [int(x) for x in args.pd_splits.split(",")] if args.pd_splits else []
     splits = splits or list(range(1, args.pd_engines))
+    modes = args.pd_decode.split(",")
     for a, b in (parse_slice(s) for s in args.slices.split(",")):
         tr = slice_trace(trace, a, b, args.max_requests)
         for name, mode in VARIANTS.items():
             cfg = replace(base, agent_memory=mode, kv_blocks=args.pd_kv_blocks,
                           short_first_tokens=args.pd_short_first_tokens)  # fmt: skip
-            for k, v in _agent_memory_pd.measure(cfg, tr, args.pd_engines, splits).items():
-                per[name].setdefault(k, []).append(v)
+            for local in (m == "local" for m in modes):
+                got = _agent_memory_pd.measure(cfg, tr, args.pd_engines, splits, local)
+                for k, v in got.items():
+                    per[name].setdefault(k, []).append(v)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -239,6 +247,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pd-engines", type=int, default=8, help="0: no P/D measurement")
     p.add_argument("--pd-kv-blocks", type=int, default=2300, help="per engine")
     p.add_argument("--pd-splits", default="", help="prefill engines per split (default: all)")
+    p.add_argument("--pd-decode", default="split,local",
+                   help="P/D decode engines: split (cannot compute prompts, pd.*), local (can: "
+                   "short suffixes stay on them, pd_local.*); comma-separated")  # fmt: skip
     p.add_argument("--pd-short-first-tokens", type=int, default=16384,
                    help="every P/D and aggregated fleet's short_first_tokens")  # fmt: skip
     p.add_argument("--out", default=None, help="also write the JSON here")
@@ -330,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             "splits": args.pd_splits or "all",
             "short_first_tokens": args.pd_short_first_tokens,
             "decode_keeps_kv": True,
+            "decode": args.pd_decode,
         },
         "variants": {v: {k: stat(xs) for k, xs in row.items()} for v, row in per.items()},
         "wall_s": round(time.monotonic() - t0, 1),

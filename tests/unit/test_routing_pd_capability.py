@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from services.common.routing.config import load_config
+from services.common.routing.config import load_config, load_default
 from services.common.routing.framework import CycleContext, Profile, Scheduler
 from services.common.routing.registry import REGISTRY
 from services.common.routing.types import (
@@ -212,3 +212,37 @@ def test_settings_derive_the_capability_from_the_protocol(
 ) -> None:
     s = SchedulerSettings(pd_protocol=protocol, decode_can_prefill=setting)  # type: ignore[arg-type]
     assert s.decode_computes_prompts() is expected
+
+
+# (uncached suffix on the decode instance, busy prefill pool) -> disaggregate? With the
+# shipped default profile's decider, where decode engines can compute prompts: a suffix that
+# fits one engine step (8192 tokens) stays local; a longer one splits unless the prefill
+# pool is predicted slower (load rule).
+DEFAULT_CASES = [
+    (600, False, False),
+    (8191, False, False),
+    (8192, False, True),
+    (40_000, False, True),
+    (40_000, True, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("uncached", "busy", "expected"),
+    DEFAULT_CASES,
+    ids=["tool-output", "one-step", "past-one-step", "long", "long-busy-pool"],
+)
+def test_default_profile_keeps_one_step_suffixes_on_the_decode_engine(
+    uncached: int, busy: bool, expected: bool
+) -> None:
+    s = load_default(env=replace(ENV, decode_can_prefill=True), rng=random.Random(0))
+    d = s.profiles[s.default_profile].decider
+    assert d is not None
+    if busy:  # 200,000 tokens (20 s at the test model's 10,000 tokens/s) queued
+        p = Pick(Choice(ep("d"), 0.0), Choice(ep("p0", role="prefill"), 0.0), "x")
+        d.on_pick(0.0, req("bg", prompt_tokens=200_000), p)  # type: ignore[attr-defined]
+    c = ctx()
+    c.cached_tokens["d"] = 60_000
+    c.predicted_ttft_ms["d"] = 0.1 * uncached
+    choice = Choice(ep("d", role="decode"), 0.0)
+    assert d.disaggregate(c, req(prompt_tokens=60_000 + uncached), choice) is expected
