@@ -164,7 +164,7 @@ async def test_pd_streamed_completions_through_bootstrap(postgres_url: str, redi
         prefill_url = stack.engines["prefill-1"].url
         decode_url = stack.engines["decode-1"].url
         async with aiohttp.ClientSession() as s:
-            # every prompt is disaggregated (the stack's SGLang-style P/D, below)
+            # long enough (> the P/D decider's 512 uncached tokens) to be disaggregated
             prompts = [words(800, f"{uuid.uuid4().hex[:6]}") for _ in range(3)]
             chat = {"messages": [{"role": "user", "content": prompts[0]}]}
             outcomes = [

@@ -60,8 +60,7 @@ async def test_pd_pick_has_bootstrap() -> None:
         block_size=16,
     )
     async with scheduler_stub(SchedulerServicer(core, deployment="d", block_size=16)) as stub:
-        long = " ".join(f"w{i}" for i in range(8400))  # over the decider's 8192 tokens
-        resp = await stub.Pick(scheduler_pb2.PickRequest(deployment="d", prompt_text=long))
+        resp = await stub.Pick(scheduler_pb2.PickRequest(deployment="d", prompt_text=LONG))
         short = await stub.Pick(scheduler_pb2.PickRequest(deployment="d", prompt_text="hi"))
     assert resp.disaggregated and resp.prefill.instance.instance_id == "p"
     assert (resp.bootstrap_host, resp.bootstrap_port) == ("127.0.0.1", 8998) and resp.bootstrap_room

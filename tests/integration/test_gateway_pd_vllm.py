@@ -21,7 +21,7 @@ from tests.helpers.engines import EngineFactory, EngineFleet, sse, until
 from tests.helpers.ports import free_port
 
 Engines = EngineFactory
-LONG = " ".join(f"w{i}" for i in range(8400))  # over the P/D decider's 8192-token threshold
+LONG = " ".join(f"w{i}" for i in range(600))  # over the P/D decider's 512-token threshold
 VLLM = GatewayOptions(background=False, block_size=16, backoff_ms=1, pd_protocol="vllm")
 
 

@@ -62,9 +62,6 @@ async def test_decode_loads_the_prefills_kv(
         real_model,
         endpoint_roles=("prefill", "decode"),
         pd_protocol="vllm",
-        # every prompt disaggregated: this one is shorter than the decider's 8192-token
-        # threshold, under which a decode instance that can prefill computes it itself
-        decode_can_prefill=False,
     ) as f:
         async with (
             aiohttp.ClientSession() as http,

@@ -215,13 +215,13 @@ def test_settings_derive_the_capability_from_the_protocol(
 
 
 # (uncached suffix on the decode instance, busy prefill pool) -> disaggregate? With the
-# shipped default profile's decider, where decode engines can compute prompts: a suffix that
-# fits one engine step (8192 tokens) stays local; a longer one splits unless the prefill
-# pool is predicted slower (load rule).
+# shipped default profile's decider, where decode engines can compute prompts: a suffix
+# under 512 tokens stays local; a longer one splits unless the prefill pool is predicted
+# slower (load rule).
 DEFAULT_CASES = [
-    (600, False, False),
-    (8191, False, False),
-    (8192, False, True),
+    (300, False, False),
+    (511, False, False),
+    (512, False, True),
     (40_000, False, True),
     (40_000, True, False),
 ]
@@ -230,9 +230,9 @@ DEFAULT_CASES = [
 @pytest.mark.parametrize(
     ("uncached", "busy", "expected"),
     DEFAULT_CASES,
-    ids=["tool-output", "one-step", "past-one-step", "long", "long-busy-pool"],
+    ids=["short", "under-threshold", "at-threshold", "long", "long-busy-pool"],
 )
-def test_default_profile_keeps_one_step_suffixes_on_the_decode_engine(
+def test_default_profile_keeps_short_suffixes_on_the_decode_engine(
     uncached: int, busy: bool, expected: bool
 ) -> None:
     s = load_default(env=replace(ENV, decode_can_prefill=True), rng=random.Random(0))

@@ -83,12 +83,12 @@ PD = [
 
 @pytest.mark.parametrize(
     ("prompt", "cached_on_decode", "prefill"),
-    [(12_000, 0, "p0"), (300, 0, None), (8000, 0, None), (12_000, 4000, None)],
-    ids=["long-disaggregated", "short-decode-only", "one-step-decode-only", "cached-on-decode"],
+    [(4096, 0, "p0"), (300, 0, None), (4096, 4000, None)],
+    ids=["long-disaggregated", "short-decode-only", "cached-on-decode"],
 )
 def test_default_pd(prompt: int, cached_on_decode: int, prefill: str | None) -> None:
     s = load_default(env=ENV)
-    hashes = HASHES[: min(prompt, len(PROMPT)) // 4]
+    hashes = HASHES[: prompt // 4]
     matches = {"d0": PrefixMatch(cached_on_decode // 4)} if cached_on_decode else None
     d = s.schedule(
         req(prompt_tokens=prompt, block_hashes=hashes, prefix_matches=matches),
