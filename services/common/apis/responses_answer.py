@@ -12,6 +12,7 @@ from services.common.apis.responses import Item, ResponsesError, ResponsesReques
 
 __all__ = [
     "ResponseBytes",
+    "final_status",
     "from_chat",
     "function_item",
     "message_item",
@@ -83,6 +84,11 @@ def function_item(item_id: str, call_id: str, name: str, arguments: str, status:
     }
 
 
+def final_status(finish_reason: str | None) -> str:
+    """A finished answer's status: ``incomplete`` when it stopped on length."""
+    return "incomplete" if finish_reason == "length" else "completed"
+
+
 def response_object(
     req: ResponsesRequest,
     resp_id: str,
@@ -97,7 +103,7 @@ def response_object(
 ) -> dict[str, Any]:
     """The ``response`` object of ``req`` (``status`` from ``finish_reason`` unless given)."""
     if status is None:
-        status = "incomplete" if finish_reason == "length" else "completed"
+        status = final_status(finish_reason)
     return {
         "id": resp_id,
         "object": "response",

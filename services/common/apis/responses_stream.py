@@ -29,6 +29,7 @@ from services.common.apis.chat_chunks import ChunkFacts, TextChunks, not_plain
 from services.common.apis.responses import Item, ResponsesRequest
 from services.common.apis.responses_answer import (
     ResponseBytes,
+    final_status,
     function_item,
     response_object,
     response_usage,
@@ -96,16 +97,20 @@ def _raw_event(kind: bytes, seq: int, rest: bytes) -> bytes:
     return b'event: %b\ndata: {"type":"%b","sequence_number":%d,%b}\n\n' % (kind, kind, seq, rest)
 
 
+_FINAL_KIND = {"failed": b"response.failed", "incomplete": b"response.incomplete"}
+
+
+def _final_kind(status: object) -> bytes:
+    """The last event's type after the response's status."""
+    return _FINAL_KIND.get(str(status), b"response.completed")
+
+
 def final_event(response: Mapping[str, Any], seq: int) -> bytes:
     """The last event of a stream: ``response.completed``, ``.incomplete`` or ``.failed``
     after the response's status."""
-    kind = {"failed": "response.failed", "incomplete": "response.incomplete"}.get(
-        str(response.get("status")), "response.completed"
+    return _raw_event(
+        _final_kind(response.get("status")), seq, b'"response":' + jsonfast.dumps(response)
     )
-    return _event(kind, seq, {"response": response})
-
-
-_FINAL_KIND = {"failed": b"response.failed", "incomplete": b"response.incomplete"}
 
 
 class ChatToResponses:
@@ -362,10 +367,7 @@ class ChatToResponses:
         self.done = True
         for item in self._items:
             item["status"] = "completed"
-        if self.error:
-            self.status = "failed"
-        else:
-            self.status = "incomplete" if self.finish == "length" else "completed"
+        self.status = "failed" if self.error else final_status(self.finish)
 
     def final(self) -> bytes:
         """The last event: completed / incomplete, or failed (also when the stream ended
@@ -389,8 +391,7 @@ class ChatToResponses:
             b"null" if self.usage is None else jsonfast.dumps(self.usage),
             jsonfast.dumps(self.error) if self.error else b"null",
         )
-        kind = _FINAL_KIND.get(self.status, b"response.completed")
-        return _raw_event(kind, self._seq, b'"response":' + response)
+        return _raw_event(_final_kind(self.status), self._seq, b'"response":' + response)
 
     @property
     def final_seq(self) -> int:
