@@ -12,10 +12,12 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -30,6 +32,43 @@ ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"
 MOONCAKE_CONVERSATION = TRACES / "mooncake_conversation_trace.jsonl"
 SGLANG_ROUTER_VERSION = "0.3.2"
+
+
+def _exit_143(signum: int, frame: object) -> None:
+    sys.exit(128 + signal.SIGTERM)
+
+
+def unwind_on_sigterm() -> None:
+    """Make SIGTERM (a ``timeout``, a ``kill``) unwind the main thread like an exception.
+
+    ``finally`` blocks then stop the processes a script started instead of orphaning them.
+    Only SIGTERM's default action is replaced, and only from the main thread (where Python
+    runs signal handlers); a handler the script installed itself is kept.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_143)
+
+
+def run_child(cmd: Sequence[str], stop_timeout_s: float = 120.0, **popen: Any) -> int:
+    """Run ``cmd`` to its end and return its exit code.
+
+    If this process is unwound meanwhile (SIGTERM, Ctrl-C, an error), the child gets SIGTERM
+    and up to ``stop_timeout_s`` to stop what it started itself, then SIGKILL.
+    ``subprocess.run`` would SIGKILL it at once, orphaning its own children.
+    """
+    with subprocess.Popen(list(cmd), **popen) as proc:
+        try:
+            return proc.wait()
+        except BaseException:
+            proc.terminate()
+            try:
+                proc.wait(timeout=stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
 
 
 def free_port() -> int:
@@ -64,10 +103,17 @@ class Child:
 
 @dataclass
 class ProcGroup:
-    """Processes started by one benchmark phase, with their logs in ``log_dir``."""
+    """Processes started by one benchmark phase, with their logs in ``log_dir``.
+
+    Creating one makes SIGTERM unwind the script (:func:`unwind_on_sigterm`), so a ``finally``
+    that calls :meth:`stop` runs when the script is killed too.
+    """
 
     log_dir: Path
     children: list[Child] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        unwind_on_sigterm()
 
     def start(self, name: str, cmd: Sequence[str], env: dict[str, str] | None = None) -> Child:
         log = self.log_dir / f"{name}.log"

@@ -33,7 +33,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -48,7 +47,16 @@ if __package__ in (None, ""):
 import aiohttp
 import psutil
 from _canned_upstream import start_canned_upstream
-from _harness import ProcGroup, command_line, emit_json, free_port, machine, tideserve, wait_http
+from _harness import (
+    ProcGroup,
+    command_line,
+    emit_json,
+    free_port,
+    machine,
+    tideserve,
+    unwind_on_sigterm,
+    wait_http,
+)
 from _telemetry_data import infra
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -242,9 +250,7 @@ async def make_keys(pg: str) -> dict[str, str]:
 
 def main() -> int:
     args = parse_args()
-    # SIGTERM (a `timeout`) unwinds like an exception: the gateways, nginx and the embedded
-    # servers are stopped by the finally blocks instead of being orphaned
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    unwind_on_sigterm()  # the gateways, nginx and the embedded servers are stopped, not orphaned
     parts = {p.strip() for p in args.parts.split(",")}
     workdir = Path(tempfile.mkdtemp(prefix="tideserve-keys-cost-"))
     with infra(args.postgres_url or None, args.redis_url or None) as inf:

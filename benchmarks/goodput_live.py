@@ -51,7 +51,14 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import MOONCAKE_CONVERSATION, ROOT, TRACES, command_line
+from _harness import (
+    MOONCAKE_CONVERSATION,
+    ROOT,
+    TRACES,
+    command_line,
+    run_child,
+    unwind_on_sigterm,
+)
 from _live_cells import PRESETS, Cell, cell_report, markdown, parse_cells, summary
 
 AGENTIC = TRACES / "weka_agentic_dev.jsonl"
@@ -204,7 +211,7 @@ def run_cell(cell: Cell, args: argparse.Namespace) -> dict[str, Any]:
         out = Path(tmp) / "compare.json"
         cmd = compare_argv(cell, args, slice_path, out, log_dir)
         print(f"[{cell.key} {rules}] {shlex.join(cmd)}", file=sys.stderr, flush=True)
-        code = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL).returncode
+        code = run_child(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
         if not out.exists():
             doc: dict[str, Any] = {"error": f"routing_compare exited {code} without a JSON"}
             ceiling: dict[str, Any] = {}
@@ -250,6 +257,7 @@ def build_report(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    unwind_on_sigterm()  # the routing_compare child is then stopped, and stops its fleet
     try:
         cells = parse_cells(args.cells, args.preset)
         if not cells or args.runs < 1:

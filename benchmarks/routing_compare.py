@@ -92,6 +92,7 @@ from _harness import (
     read_records,
     sglang_router_python,
     tideserve,
+    unwind_on_sigterm,
     wait_http,
 )
 from _model_client import perf_model_of, start_model_server
@@ -382,6 +383,7 @@ def run_plan(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    unwind_on_sigterm()  # a killed comparison stops its fleet and embedded Redis
     if args.runs < 1:
         print("--runs must be at least 1", file=sys.stderr)
         return 2
