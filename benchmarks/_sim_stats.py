@@ -10,6 +10,19 @@ from typing import Any
 from services.common.perfmodel import PerfProfile
 from services.sim.records import Diag
 
+FIDELITY_TOLERANCE = 0.10  # the simulator's target: within 10 % of the live stack
+
+
+def gap_summary(gaps: Sequence[float], digits: int = 3) -> dict[str, Any]:
+    """Simulated-against-live gaps (sim / live - 1) summed up: the largest either way, the
+    mean absolute, and how many are within :data:`FIDELITY_TOLERANCE` out of how many."""
+    return {
+        "max_abs_gap": round(max(abs(g) for g in gaps), digits),
+        "mean_abs_gap": round(sum(abs(g) for g in gaps) / len(gaps), digits),
+        "within_10pct": sum(1 for g in gaps if abs(g) <= FIDELITY_TOLERANCE),
+        "of": len(gaps),
+    }
+
 
 def time_split(
     done: Sequence[Any], perf: PerfProfile, g: Diag, dur_s: float, engines: int

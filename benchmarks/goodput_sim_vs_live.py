@@ -30,6 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from _harness import MOONCAKE_CONVERSATION, TRACES, emit_json  # noqa: E402
+from _sim_stats import gap_summary  # noqa: E402
 
 from services.common.bench.traces import load_trace  # noqa: E402
 from services.sim import SimConfig, simulate  # noqa: E402
@@ -41,7 +42,6 @@ METRICS = (
 )  # fmt: skip
 # The fidelity target's figures: the simulator within 10 % of live on each.
 PERCENTILES = ("ttft_ms.p50", "ttft_ms.p90", "ttft_ms.p99", "tpot_ms.p50", "tpot_ms.p90")
-TOLERANCE = 0.10
 TRACE_OF = {"agentic": TRACES / "weka_agentic_dev.jsonl", "conversation": MOONCAKE_CONVERSATION}
 
 
@@ -83,10 +83,7 @@ def fidelity(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for k in PERCENTILES:
         gaps = [g for r in clean if (g := r["gap"].get(k)) is not None]
         if gaps:
-            out[k] = {"max_abs_gap": round(max(abs(g) for g in gaps), 3),
-                      "mean_abs_gap": round(sum(abs(g) for g in gaps) / len(gaps), 3),
-                      "within_10pct": sum(1 for g in gaps if abs(g) <= TOLERANCE),
-                      "of": len(gaps)}  # fmt: skip
+            out[k] = gap_summary(gaps)
     return out
 
 

@@ -40,6 +40,7 @@ import routing_compare
 import yaml
 from _compare_rules import slo_config
 from _harness import MOONCAKE_CONVERSATION, TRACES, command_line, machine, tideserve
+from _sim_stats import gap_summary
 
 from services.common.bench.traces import load_trace
 from services.sim import SimConfig, simulate
@@ -112,16 +113,15 @@ def gaps(live: list[dict[str, Any]], sim: dict[str, Any]) -> dict[str, Any]:
 
 
 def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
-    """Largest and mean absolute gap per metric over the cells."""
+    """Per metric over the cells: the largest and mean absolute gap, and how many are within
+    10 %."""
     out: dict[str, Any] = {}
     for key, q in METRICS:
         name = f"{key}.{q}" if q else key
         gs = [c["gaps"][name]["gap"] for c in cells if c.get("gaps", {}).get(name, {}).get("gap")
               is not None]  # fmt: skip
         if gs:
-            out[name] = {"max_abs_gap": round(max(abs(g) for g in gs), 4),
-                         "mean_abs_gap": round(sum(abs(g) for g in gs) / len(gs), 4),
-                         "cells": len(gs)}  # fmt: skip
+            out[name] = gap_summary(gs, digits=4)
     return out
 
 
