@@ -235,7 +235,7 @@ def parse_generate(body: Any, default_max: int, tokens: TokenPath | None = None)
         text = _opt(body, "text", (str,), "a string")
         if text is None:
             raise BadRequest("one of 'text' or 'input_ids' is required", "text", "missing")
-        ids = tuple((tokens or TokenPath()).encode(text))
+        ids = _encode(tokens or TokenPath(), text, "text")
     rid = _opt(body, "rid", (str,), "a string")
     stream = bool(_opt(body, "stream", (bool,), "a boolean"))
     return GenRequest(
@@ -252,16 +252,23 @@ def parse_generate(body: Any, default_max: int, tokens: TokenPath | None = None)
     )
 
 
+def _encode(tokens: TokenPath, text: str, param: str) -> tuple[int, ...]:
+    try:
+        return tuple(tokens.encode(text, param))
+    except ChatError as e:
+        raise BadRequest(e.message, e.param, e.code) from None
+
+
 def parse_completion(body: Any, default_max: int, tokens: TokenPath | None = None) -> GenRequest:
     body = _common(body)
     tokens = tokens or TokenPath()
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        ids = tuple(tokens.encode(prompt))
+        ids = _encode(tokens, prompt, "prompt")
     elif isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
         ids = _token_ids(prompt, "prompt")
     elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        ids = tuple(tokens.encode(prompt[0]))
+        ids = _encode(tokens, prompt[0], "prompt")
     elif prompt is None:
         raise BadRequest("'prompt' is required", "prompt", "missing")
     else:

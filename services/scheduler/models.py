@@ -11,10 +11,9 @@ replica; the autoscaler's ``DRAINING`` membership events reach every replica thr
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import DateTime, Index, Integer, LargeBinary, MetaData, Text, func
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 SCHEMA = "scheduler"
@@ -47,7 +46,8 @@ class ApiKeyRow(Base):
 class ResponseRow(Base):
     """A stored response of the Responses API (services/scheduler/responses): this turn's
     canonical input items, its output items, the turn it continued and the response object
-    as answered. Rows past ``expires_at`` are never served and are swept."""
+    as answered. Rows past ``expires_at`` are never served and are swept. The three JSON
+    columns hold JSON text, not JSONB, which refuses NUL and lone surrogates."""
 
     __tablename__ = "responses"
     __table_args__ = (Index("ix_scheduler_responses_expires_at", "expires_at"),)
@@ -58,6 +58,6 @@ class ResponseRow(Base):
     previous_response_id: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
-    input_items: Mapped[list[Any]] = mapped_column(JSONB, nullable=False)
-    output_items: Mapped[list[Any]] = mapped_column(JSONB, nullable=False)
-    response: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
+    input_items: Mapped[str] = mapped_column(Text, nullable=False)
+    output_items: Mapped[str] = mapped_column(Text, nullable=False)
+    response: Mapped[str] = mapped_column(Text, nullable=False)

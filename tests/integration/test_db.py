@@ -21,6 +21,7 @@ from services.common.db import (
     to_async_url,
     to_libpq_url,
 )
+from services.scheduler.responses.store import PostgresResponseStore
 
 # Tables at head; later revisions may add more (a table is removed only by a revision that
 # drops it: scheduler 0002 dropped the never-written drain_state).
@@ -136,6 +137,25 @@ def test_scheduler_0002_drops_the_unused_drain_state(postgres_db_url: str) -> No
     migrate(postgres_db_url, "scheduler", "0002")
     assert "drain_state" not in tables_in(postgres_db_url, "scheduler")
     assert current_revision(postgres_db_url, "scheduler") == "0002"
+
+
+async def test_scheduler_0005_keeps_stored_responses_as_json_text(postgres_db_url: str) -> None:
+    migrate(postgres_db_url, "scheduler", "0004")
+    with psycopg.connect(to_libpq_url(postgres_db_url)) as conn:
+        conn.execute(
+            "INSERT INTO scheduler.responses VALUES ('resp_a', 't', 'm', NULL, "
+            "to_timestamp(1), to_timestamp(4e9), %s::jsonb, '[]'::jsonb, %s::jsonb)",
+            ('[{"type": "message", "content": "é"}]', '{"id": "resp_a"}'),
+        )
+    migrate(postgres_db_url, "scheduler", "0005")
+    store = PostgresResponseStore(postgres_db_url)
+    try:
+        row = await store.get("resp_a", 2.0)
+    finally:
+        await store.close()
+    assert row is not None
+    assert row.input_items == ({"type": "message", "content": "é"},)
+    assert (row.output_items, row.response) == ((), {"id": "resp_a"})
 
 
 async def test_check_postgres_ok(postgres_url: str) -> None:

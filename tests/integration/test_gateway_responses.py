@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 from aiohttp import web
@@ -23,6 +24,7 @@ from services.scheduler.http.options import GatewayOptions
 from services.scheduler.http.records import Ending
 from services.scheduler.http.server import Gateway
 from services.scheduler.keys.gate import KeyGate
+from services.scheduler.responses.chain import StoredResponse
 from services.scheduler.responses.store import PostgresResponseStore
 from tests.helpers.engines import EngineFleet
 from tests.helpers.keys import FakeKeyStore, fake_gate
@@ -481,3 +483,70 @@ async def test_native_function_call_round_trip(gateways: Make, pg: str) -> None:
         assert (await client.responses.retrieve(first.id)).output[0].type == "function_call"
     finally:
         await up.close()
+
+
+# Strings JSON can carry and Postgres JSONB cannot: a NUL (a tool that printed a binary file)
+# and a lone surrogate (an escape a client's encoder wrote for a broken character).
+AWKWARD = [
+    pytest.param("bytes\x00in a tool's output", id="nul"),
+    pytest.param("half a pair \ud83d here", id="lone-surrogate"),
+]
+
+
+async def test_a_nul_in_a_tool_output_is_stored_and_continued(
+    fleet: EngineFleet, gateways: Make, pg: str
+) -> None:
+    _, url = await fleet.start()
+    _, client = await gateways([url], pg)
+    call: list[Any] = [
+        {"type": "function_call", "call_id": "c1", "name": "cat", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "bytes\x00of a binary"},
+    ]
+    t1 = await client.responses.create(model=MODEL, input=call, max_output_tokens=2)
+    t2 = await client.responses.create(
+        model=MODEL, input="go on", previous_response_id=t1.id, max_output_tokens=2
+    )
+    assert t2.previous_response_id == t1.id
+
+
+async def test_a_lone_surrogate_in_the_input_is_refused_and_nothing_is_lost(
+    fleet: EngineFleet, gateways: Make, pg: str
+) -> None:
+    _, url = await fleet.start()
+    _, client = await gateways([url], pg)
+    t1 = await client.responses.create(model=MODEL, input=PROMPT, max_output_tokens=2)
+    body = {"model": MODEL, "input": "half a pair \ud83d", "previous_response_id": t1.id}
+    async with (  # SDKs refuse to send a lone surrogate; its JSON escape is valid JSON
+        aiohttp.ClientSession() as raw,
+        raw.post(f"{client.base_url}responses", data=json.dumps(body).encode()) as sent,
+    ):
+        assert sent.status == 400
+        err = (await sent.json())["error"]
+    assert (err["type"], err["code"], err["param"]) == (
+        "invalid_request_error",
+        "invalid_unicode",
+        "input",
+    )
+    t2 = await client.responses.create(model=MODEL, input="on", previous_response_id=t1.id)
+    assert t2.previous_response_id == t1.id
+
+
+@pytest.mark.parametrize("text", AWKWARD)
+async def test_the_store_keeps_any_json_string(pg: str, text: str) -> None:
+    now = float(int(time.time()))  # whole seconds survive the timestamp column exactly
+    part = {"type": "output_text", "text": text}
+    item = {"type": "message", "role": "assistant", "content": [part]}
+    rows = [
+        StoredResponse(
+            f"resp_{i}", "t", MODEL, now, now + 60, prev, ({"x": text},), (item,), {"id": text}
+        )
+        for i, prev in enumerate([None, "resp_0"])
+    ]
+    store = PostgresResponseStore(pg)
+    try:
+        for r in rows:
+            await store.put(r)
+        assert await store.get("resp_0", now) == rows[0]
+        assert await store.chain("resp_1", now, 10) == {r.id: r for r in rows}
+    finally:
+        await store.close()

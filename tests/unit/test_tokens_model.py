@@ -164,6 +164,7 @@ BAD_MESSAGES: list[tuple[str, Any, str]] = [
         "invalid_type",
     ),
     ("content-number", [{"role": "user", "content": 3}], "invalid_type"),
+    ("lone-surrogate", [{"role": "user", "content": "half \ud83d a pair"}], "invalid_unicode"),
 ]
 
 
@@ -185,6 +186,29 @@ def test_gateway_and_engine_refuse_the_same_messages_alike(
     assert gw.value.status == 400
     assert direct.value.code == gw.value.code == engine.value.code == code
     assert gw.value.message == engine.value.message == direct.value.message
+
+
+@pytest.mark.parametrize("with_model", [False, True], ids=["whitespace", "model"])
+@pytest.mark.parametrize(
+    ("prompt", "ok"),
+    [("a \ud83d b", False), (["\udfff"], False), ("a \U0001f600 b", True)],
+    ids=["lone-high", "lone-low-in-a-list", "a-pair-is-fine"],
+)
+def test_completion_prompt_with_a_lone_surrogate_is_a_400(
+    model_dir: Path, with_model: bool, prompt: Any, ok: bool
+) -> None:
+    path = token_path(model_dir if with_model else None)
+    raw = json.dumps({"model": "m", "prompt": prompt}).encode()
+    if ok:
+        assert parse_request("completion", raw, {}, models=(), classes=("agent",), tokens=path)
+        assert api.parse_completion(json.loads(raw), 16, path).prompt_ids
+        return
+    with pytest.raises(ApiError) as gw:
+        parse_request("completion", raw, {}, models=(), classes=("agent",), tokens=path)
+    assert (gw.value.status, gw.value.code, gw.value.param) == (400, "invalid_unicode", "prompt")
+    with pytest.raises(api.BadRequest) as engine:
+        api.parse_completion(json.loads(raw), 16, path)
+    assert (engine.value.code, engine.value.param) == ("invalid_unicode", "prompt")
 
 
 def test_template_refusal_is_a_chat_error(model_dir: Path) -> None:

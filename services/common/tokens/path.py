@@ -13,12 +13,13 @@ from settings (:func:`token_path`) and passed down:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from services.common.tokens.chat import ChatMessage, chat_messages, chat_prompt
+from services.common.tokens.chat import ChatError, ChatMessage, chat_messages, chat_prompt
 from services.common.tokens.engine_chat import engine_chat_inputs
 from services.common.tokens.hashing import HashScheme, index_tenant, scheme_block_hashes
 from services.common.tokens.model import load_model_tokenizer
@@ -77,6 +78,25 @@ class WhitespaceTokenizer:
         return tokenize(chat_prompt(messages))
 
 
+def _is_unicode(text: str) -> bool:
+    """Whether ``text`` is valid Unicode: JSON's ``"\\ud83d"`` escape decodes to a lone
+    surrogate, which has no UTF-8 form."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _lone_surrogate(param: str) -> ChatError:
+    return ChatError(
+        "the text holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), "
+        "which is not Unicode and cannot be tokenized",
+        param,
+        "invalid_unicode",
+    )
+
+
 def part_separator(scheme: HashScheme) -> str:
     """How engine kind ``scheme`` joins text content parts for a string-content template."""
     return "\n" if scheme == "vllm" else " "
@@ -89,8 +109,15 @@ class TokenPath:
     tokenizer: Tokenizer = field(default_factory=WhitespaceTokenizer)
     scheme: HashScheme = "tideserve"
 
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text)
+    def encode(self, text: str, param: str = "prompt") -> list[int]:
+        """Token ids of ``text``. Raises ``ChatError`` (``param``) if it holds a lone
+        surrogate, which no tokenizer can encode."""
+        try:
+            return self.tokenizer.encode(text)
+        except (UnicodeEncodeError, TypeError):
+            if _is_unicode(text):
+                raise
+            raise _lone_surrogate(param) from None
 
     def encode_chat(
         self, messages: Any, tools: Any = None, *, special_tokens: bool = False
@@ -102,7 +129,12 @@ class TokenPath:
         ``ChatError`` (→ HTTP 400)."""
         msgs, tool_list = engine_chat_inputs(self.scheme, chat_messages(messages), tools)
         sep = part_separator(self.scheme)
-        return self.tokenizer.encode_chat(msgs, sep, tool_list, special_tokens)
+        try:
+            return self.tokenizer.encode_chat(msgs, sep, tool_list, special_tokens)
+        except (UnicodeEncodeError, TypeError):
+            if _is_unicode(json.dumps([msgs, tool_list], ensure_ascii=False, default=str)):
+                raise
+            raise _lone_surrogate("messages") from None
 
     def block_hashes(
         self, token_ids: Sequence[int], block_size: int, *, tenant: str = ""

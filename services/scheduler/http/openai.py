@@ -169,10 +169,13 @@ def _prompt_ids(
     p = body.get(key)
     if kind == "generate" and p is None and body.get("input_ids") is not None:
         key, p = "input_ids", body.get("input_ids")
-    if isinstance(p, str):
-        return tuple(tokens.encode(p))
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
-        return tuple(tokens.encode(p[0]))
+        p = p[0]
+    if isinstance(p, str):
+        try:
+            return tuple(tokens.encode(p, key))
+        except ChatError as e:
+            raise _bad(e.message, e.param, e.code) from None
     if (
         isinstance(p, list)
         and p

@@ -6,6 +6,10 @@ Times are wall-clock seconds passed in (``now``); a row whose ``expires_at`` has
 never returned, and :meth:`ResponseStore.sweep` deletes such rows (the gateway runs it
 periodically). :meth:`~ResponseStore.chain` reads a whole ``previous_response_id`` chain in
 one query (a recursive CTE); the pure :func:`~.chain.rebuild` checks it.
+
+Items and the response object are stored as JSON text with every non-ASCII character
+escaped, so NUL and lone surrogates, which any JSON string may hold and JSONB refuses, are
+stored and read back unchanged.
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ def _ts(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, UTC)
 
 
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":"))
+
+
 def _row(r: sa.Row[Any]) -> StoredResponse:
     return _row_of(dict(r._mapping))
 
@@ -91,9 +99,9 @@ class PostgresResponseStore:
             "previous_response_id": row.previous_response_id,
             "created_at": _ts(row.created_at),
             "expires_at": _ts(row.expires_at),
-            "input_items": list(row.input_items),
-            "output_items": list(row.output_items),
-            "response": row.response,
+            "input_items": _json(list(row.input_items)),
+            "output_items": _json(list(row.output_items)),
+            "response": _json(row.response),
         }
         async with self.engine.begin() as conn:
             await conn.execute(sa.insert(_T).values(**values))
@@ -110,11 +118,7 @@ class PostgresResponseStore:
             rows = (await conn.execute(_CHAIN, params)).all()
         out = {}
         for r in rows:
-            m = dict(r._mapping)
-            for key in ("input_items", "output_items", "response"):
-                if isinstance(m[key], str):  # a text() query may hand JSONB back as text
-                    m[key] = json.loads(m[key])
-            row = _row_of(m)
+            row = _row(r)
             out[row.id] = row
         return out
 
@@ -138,7 +142,7 @@ def _row_of(m: dict[str, Any]) -> StoredResponse:
         created_at=m["created_at"].timestamp(),
         expires_at=m["expires_at"].timestamp(),
         previous_response_id=m["previous_response_id"],
-        input_items=tuple(m["input_items"]),
-        output_items=tuple(m["output_items"]),
-        response=dict(m["response"]),
+        input_items=tuple(json.loads(m["input_items"])),
+        output_items=tuple(json.loads(m["output_items"])),
+        response=dict(json.loads(m["response"])),
     )
