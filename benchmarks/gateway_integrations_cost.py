@@ -23,14 +23,14 @@ import timeit
 
 from services.common.routing.types import Pick, RequestView
 from services.common.scheduling import EndpointSpec, build_core
-from services.common.tokens import block_hashes
-from services.scheduler.core.records import RequestContext, build_record
-from services.scheduler.feeds.shared_core import (
+from services.common.scheduling.shared_state import (
     apply_routed,
     approx_plugins,
     routed_entry,
     routed_plugins,
 )
+from services.common.tokens import block_hashes
+from services.scheduler.core.records import RequestContext, build_record
 
 
 def main() -> int:

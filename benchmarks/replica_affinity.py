@@ -5,7 +5,7 @@ replica the kernel hands the connection to. A replica knows where a session's pr
 only from its own picks and, with ``share_state``, from the other replicas' routed
 prefixes, which arrive a little later (``--share-delay-ms``). This measures, in virtual
 time over the real pure cores (:class:`services.common.scheduling.GatewayCore`, the active-active
-rules of :mod:`services.scheduler.feeds.shared_core`), how often a session's turn lands on
+rules of :mod:`services.common.scheduling.shared_state`), how often a session's turn lands on
 the instance that served its previous turn (``affinity``) and the share of prompt tokens
 found in that instance's cache (``hit_ratio``), for:
 
@@ -45,8 +45,7 @@ if str(ROOT) not in sys.path:
 from services.common.perfmodel import get_profile  # noqa: E402
 from services.common.routing.types import Pick, RequestView  # noqa: E402
 from services.common.scheduling import EndpointSpec, GatewayCore, build_core  # noqa: E402
-from services.common.tokens import block_hashes  # noqa: E402
-from services.scheduler.feeds.shared_core import (  # noqa: E402
+from services.common.scheduling.shared_state import (  # noqa: E402
     apply_routed,
     approx_plugins,
     heartbeat,
@@ -54,6 +53,7 @@ from services.scheduler.feeds.shared_core import (  # noqa: E402
     routed_entry,
     routed_plugins,
 )
+from services.common.tokens import block_hashes  # noqa: E402
 
 BLOCK = 64
 

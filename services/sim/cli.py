@@ -129,6 +129,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="performance profile the gateways price with (default: the engines', "
                    "an exact model; e.g. the engines at NAME*1.2 and the gateway at NAME)")  # fmt: skip
     p.add_argument("--gateways", type=whole, default=1, help="gateway replicas (default 1)")
+    p.add_argument("--no-share-state", dest="share_state", action="store_false",
+                   help="gateway replicas do not share routed prefixes and in-flight load "
+                   "(default: they do, as `tideserve up` runs them, the other replicas' "
+                   "picks arriving 5 ms later and their in-flight counts every 0.5 s)")  # fmt: skip
     p.add_argument("--seed", type=whole, default=0, help="seed of every random choice")
     p.add_argument("--slo-ttft-ms", type=num, help="TTFT SLO for goodput")
     p.add_argument("--slo-tpot-ms", type=num, help="TPOT SLO for goodput")
@@ -252,6 +256,7 @@ def config(args: argparse.Namespace) -> SimConfig:
         engine_profile=args.engine_profile or DEFAULT_PROFILE,
         gateway_perf_profile=args.gateway_perf_profile,
         gateways=args.gateways,
+        share_state=args.share_state,
         seed=args.seed,
         rate_scale=args.rate_scale,
         speedup=args.speedup,

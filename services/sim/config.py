@@ -55,6 +55,13 @@ class SimConfig:
     # the perf profile the gateways price with; "" = the engines' (an exact model)
     gateway_perf_profile: str = ""
     gateways: int = 1
+    # gateway replicas share routed prefixes and in-flight load, as ``tideserve up`` runs
+    # them (``share_state``): another replica's pick reaches this one ``share_lag_ms``
+    # later, its in-flight counts every ``share_heartbeat_ms`` (live: 0.5 s, expiring after
+    # 3 s); off, each replica knows only its own picks
+    share_state: bool = True
+    share_lag_ms: float = 5.0
+    share_heartbeat_ms: float = 500.0
     seed: int = 0
     rate_scale: float = 1.0
     speedup: float = 1.0
@@ -160,8 +167,12 @@ class SimConfig:
             raise SimConfigError("--kv-running-blocks must be in [1, kv_blocks]")
         if self.max_requests is not None and self.max_requests < 1:
             raise SimConfigError(f"--max-requests must be at least 1, got {self.max_requests}")
-        if self.seed < 0 or self.offset < 0 or self.scrape_lag_ms < 0:
-            raise SimConfigError("--seed, --offset and --scrape-lag-ms must be >= 0")
+        if self.seed < 0 or self.offset < 0 or self.scrape_lag_ms < 0 or self.share_lag_ms < 0:
+            raise SimConfigError(
+                "--seed, --offset, --scrape-lag-ms and --share-lag-ms must be >= 0"
+            )
+        if not self.share_heartbeat_ms > 0:
+            raise SimConfigError(f"--share-heartbeat-ms must be > 0, got {self.share_heartbeat_ms}")
         for name in ("slo_ttft_ms", "slo_tpot_ms"):
             v = getattr(self, name)
             if v is not None and not v > 0:

@@ -1,25 +1,40 @@
 """The gateways: the scheduler's real :class:`~services.common.scheduling.GatewayCore` (routing
 profiles, fleet view, reservations) and dispatch shaper, one per simulated gateway replica.
 
-Each replica keeps its own reservations, routed-prefix index and dispatch order, as live
-active-active gateways without a shared replica stream do; every replica receives every
-engine's load report. A request goes to a replica drawn with the seeded RNG (a load
-balancer in front of the gateways).
+Each replica keeps its own reservations, routed-prefix index and dispatch order; every
+replica receives every engine's load report. A request goes to a replica drawn with the
+seeded RNG (a load balancer in front of the gateways). With ``share_state`` (the default, as
+``tideserve up`` runs replicas) they share what live replicas share over Redis, through the
+same pure rules (:mod:`services.common.scheduling.shared_state`): each pick's routed prefix
+reaches the other replicas ``share_lag_ms`` later (:meth:`Gateways.take_shared` hands the
+run the entries to deliver), and every ``share_heartbeat_ms`` each replica's in-flight
+counts (:meth:`Gateways.heartbeat`).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Mapping
+from functools import partial
 from operator import itemgetter
 from pathlib import Path
+
+from tideserve.v1 import events_pb2
 
 from services.common.admission.shaper import DispatchShaper, ShaperConfig
 from services.common.engine_core.kvcache import KVCache
 from services.common.routing.plugins.prefix import ApproxPrefix
 from services.common.routing.plugins.routed_match import RoutedMatch
-from services.common.routing.types import Pick, PrefixMatch
+from services.common.routing.types import Pick, PrefixMatch, RequestView
 from services.common.scheduling import EndpointSpec, GatewayCore, build_core
+from services.common.scheduling.shared_state import (
+    apply_routed,
+    approx_plugins,
+    heartbeat,
+    merge_in_flight,
+    routed_entry,
+    routed_plugins,
+)
 from services.sim.config import SimConfig
 from services.sim.narrow import NarrowScheduler
 from services.sim.records import Diag
@@ -72,6 +87,66 @@ class Gateways:
                         protect_when_missed=cfg.shaper_protect_when_missed,
                     )
                 )
+            )
+
+        self.sharing = cfg.share_state and cfg.gateways > 1
+        self._shared: list[tuple[int, events_pb2.RoutedPrefix]] = []
+        self._plugins = [approx_plugins(c.scheduler) for c in self.cores]
+        self._max_age_s = max(
+            (p.index.ttl_s for ps in self._plugins for p in ps.values()), default=0.0
+        )
+        if self.sharing:
+            for g, core in enumerate(self.cores):
+                core.pick_listeners.append(partial(self._picked, g))
+                core.settle_listeners.append(partial(self._settled, g))
+
+    # -- shared state (live: services.scheduler.feeds.shared over Redis) ------------------
+    def _picked(self, g: int, view: RequestView, pick: Pick, now_s: float) -> None:
+        names = routed_plugins(self.cores[g].scheduler, pick)
+        entry = routed_entry(view, pick, names, deployment="", replica_id=str(g),
+                             ts_ms=int(now_s * 1000))  # fmt: skip
+        if entry is not None:
+            self._shared.append((g, entry))
+
+    def _settled(self, g: int, view: RequestView, pick: Pick, ok: bool) -> None:
+        if ok:
+            return
+        names = routed_plugins(self.cores[g].scheduler, pick)
+        entry = routed_entry(view, pick, names, deployment="", replica_id=str(g), ts_ms=0,
+                             retracted=True)  # fmt: skip
+        if entry is not None:
+            self._shared.append((g, entry))
+
+    def take_shared(self, now_s: float) -> list[tuple[int, events_pb2.RoutedPrefix]]:
+        """The entries the replicas published since the last call, stamped ``now_s`` where
+        the publisher had no time (a retraction): the run delivers them later."""
+        out, self._shared = self._shared, []
+        for _, entry in out:
+            if not entry.ts_ms:
+                entry.ts_ms = int(now_s * 1000)
+        return out
+
+    def deliver(self, source: int, entry: events_pb2.RoutedPrefix, now_s: float) -> None:
+        """Replica ``source``'s entry reaches every other replica at ``now_s``."""
+        for g, plugins in enumerate(self._plugins):
+            if g != source:
+                apply_routed(plugins, entry, replica_id=str(g), now=now_s,
+                             wall_ms=int(now_s * 1000), max_age_s=self._max_age_s)  # fmt: skip
+
+    def heartbeat(self, now_s: float) -> None:
+        """Every replica heartbeats its in-flight counts and reads the others' (at once:
+        the heartbeat period is the lag); nothing without ``share_state``."""
+        if not self.sharing:
+            return
+        now_ms = int(now_s * 1000)
+        beats = [
+            heartbeat(c.fleet.own_in_flight(), deployment="", replica_id=str(g), ts_ms=now_ms)
+            for g, c in enumerate(self.cores)
+        ]
+        ttl_ms = int(self.cfg.share_heartbeat_ms * 6)
+        for g, c in enumerate(self.cores):
+            c.fleet.set_remote_in_flight(
+                merge_in_flight(beats, replica_id=str(g), now_ms=now_ms, ttl_ms=ttl_ms)
             )
 
     def choose(self) -> int:

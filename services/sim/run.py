@@ -132,6 +132,8 @@ class Simulation(Scaling):
             q.push(self.memory.tick_ms, "retain", None)
         if cfg.scale_in_at_s is not None:
             q.push(cfg.scale_in_at_s * 1000.0, "scale_in", None)
+        if self.gw.sharing:
+            q.push(cfg.share_heartbeat_ms, "beat", None)
         pending = total = len(self.arrivals)
         handlers: dict[str, Callable[[Any, float], int]] = {
             "arrive": self.arrive,
@@ -146,6 +148,8 @@ class Simulation(Scaling):
             "retain": self.retain,
             "scale_in": self.scale_in,
             "drain": self.drain,
+            "share": self.share,
+            "beat": self.beat,
         }
         tick = 0
         heap, pop = q.heap, heapq.heappop  # EventQueue.pop, inlined (millions of events)
@@ -199,6 +203,22 @@ class Simulation(Scaling):
         src = self.cfg.load_source
         for core in self.gw.cores:
             core.fleet.report_load(p[0], p[1], now / 1000.0, source=src)
+        return 0
+
+    def publish(self, now: float) -> None:
+        """Deliver what the replicas published (picks, retractions) ``share_lag_ms`` on."""
+        if self.gw.sharing:
+            at = now + self.cfg.share_lag_ms
+            for item in self.gw.take_shared(now / 1000.0):
+                self.q.push(at, "share", item)
+
+    def share(self, p: Any, now: float) -> int:
+        self.gw.deliver(p[0], p[1], now / 1000.0)
+        return 0
+
+    def beat(self, _: Any, now: float) -> int:
+        self.gw.heartbeat(now / 1000.0)
+        self.q.push(now + self.cfg.share_heartbeat_ms, "beat", None)
         return 0
 
     def shape(self, p: tuple[int, str], now: float) -> int:
@@ -271,6 +291,7 @@ class Simulation(Scaling):
         now_s = now / 1000.0
         match = self.gw.routed_prefix(g, hashes, now_s, rid)
         d = core.pick(view, now_s, rid, cfg.profile)
+        self.publish(now)
         if not isinstance(d, Pick):  # refused (429) or no engine, as the live gateway would
             return self.end(req, "shed" if isinstance(d, Shed) else f"no engine: {d}", now)
         req.pick = d
@@ -338,6 +359,7 @@ class Simulation(Scaling):
             except AdmissionError as exc:
                 core = self.gw.cores[req.gateway]
                 core.abandon(rid)
+                self.publish(now)
                 core.release(rid)
                 ended += self.end(req, f"engine refused: {exc}", now)
                 freed = self.gw.shapers[req.gateway].done(rid, inst.iid, now / 1000.0)

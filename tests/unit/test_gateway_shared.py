@@ -11,8 +11,7 @@ from tideserve.v1 import events_pb2
 from services.common.routing.types import Pick, RequestView
 from services.common.scheduling import EndpointSpec, GatewayCore, build_core
 from services.common.scheduling.fleet import Fleet
-from services.common.tokens import block_hashes
-from services.scheduler.feeds.shared_core import (
+from services.common.scheduling.shared_state import (
     apply_routed,
     approx_plugins,
     dead_replicas,
@@ -21,6 +20,7 @@ from services.scheduler.feeds.shared_core import (
     routed_entry,
     routed_plugins,
 )
+from services.common.tokens import block_hashes
 from tests.helpers.views import request_view
 
 IDS = ["a", "b", "c"]

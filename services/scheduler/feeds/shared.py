@@ -1,4 +1,5 @@
-"""Active-active gateway replicas over Redis (the shell; decisions in ``shared_core``).
+"""Active-active gateway replicas over Redis (the shell; the decisions are the pure
+:mod:`services.common.scheduling.shared_state`, which the simulator runs too).
 
 - Routed prefixes: a pick listener on the core queues a ``RoutedPrefix`` in a bounded
   buffer (never blocks the request path; a full buffer drops and counts); a task XADDs the
@@ -35,9 +36,7 @@ from tideserve.v1 import events_pb2
 
 from services.common.routing.types import Pick, RequestView
 from services.common.scheduling.service import GatewayCore
-from services.common.streams import Start, StreamFollower, StreamProducer, stream_name
-from services.common.tasks import pause, stop_tasks
-from services.scheduler.feeds.shared_core import (
+from services.common.scheduling.shared_state import (
     apply_routed,
     approx_plugins,
     dead_replicas,
@@ -46,6 +45,8 @@ from services.scheduler.feeds.shared_core import (
     routed_entry,
     routed_plugins,
 )
+from services.common.streams import Start, StreamFollower, StreamProducer, stream_name
+from services.common.tasks import pause, stop_tasks
 
 __all__ = ["SharedState"]
 

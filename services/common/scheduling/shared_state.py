@@ -1,6 +1,7 @@
 """Active-active gateway replicas: what they share, as pure functions (no I/O, no clock).
 
-Two things cross replicas (the Redis shell is :mod:`services.scheduler.feeds.shared`):
+Two things cross replicas (the gateway's Redis shell is :mod:`services.scheduler.feeds.shared`;
+the simulator delivers the same entries as events, :mod:`services.sim.routing`):
 
 - Routed prefixes. After every pick a replica publishes a ``RoutedPrefix`` (block hashes,
   chosen instances, the approximate-prefix plugins that took the pick); every other replica
