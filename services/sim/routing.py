@@ -31,6 +31,7 @@ from services.common.scheduling.shared_state import (
     apply_routed,
     approx_plugins,
     heartbeat,
+    merge_backlog,
     merge_in_flight,
     routed_entry,
     routed_plugins,
@@ -133,21 +134,36 @@ class Gateways:
                 apply_routed(plugins, entry, replica_id=str(g), now=now_s,
                              wall_ms=int(now_s * 1000), max_age_s=self._max_age_s)  # fmt: skip
 
-    def heartbeat(self, now_s: float) -> None:
-        """Every replica heartbeats its in-flight counts and reads the others' (at once:
-        the heartbeat period is the lag); nothing without ``share_state``."""
+    def heartbeat(self, now_s: float) -> list[tuple[int, str, list[str]]]:
+        """Every replica heartbeats its in-flight counts and dispatch backlog and reads the
+        others' (at once: the heartbeat period is the lag); nothing without
+        ``share_state``. Returns (replica, instance, requests its dispatch order lets go
+        now) per instance whose foreign backlog changed (the run dispatches and re-times)."""
         if not self.sharing:
-            return
+            return []
         now_ms = int(now_s * 1000)
         beats = [
-            heartbeat(c.fleet.own_in_flight(), deployment="", replica_id=str(g), ts_ms=now_ms)
+            heartbeat(
+                c.fleet.own_in_flight(),
+                deployment="",
+                replica_id=str(g),
+                ts_ms=now_ms,
+                backlog_ms=self.shapers[g].own_backlog(now_s),
+            )
             for g, c in enumerate(self.cores)
         ]
         ttl_ms = int(self.cfg.share_heartbeat_ms * 6)
+        out: list[tuple[int, str, list[str]]] = []
         for g, c in enumerate(self.cores):
+            rid = str(g)
             c.fleet.set_remote_in_flight(
-                merge_in_flight(beats, replica_id=str(g), now_ms=now_ms, ttl_ms=ttl_ms)
+                merge_in_flight(beats, replica_id=rid, now_ms=now_ms, ttl_ms=ttl_ms)
             )
+            if self.shapers[g].enabled:
+                foreign = merge_backlog(beats, replica_id=rid, now_ms=now_ms, ttl_ms=ttl_ms)
+                for iid, go in self.shapers[g].set_foreign(foreign, now_s).items():
+                    out.append((g, iid, go))
+        return out
 
     def choose(self) -> int:
         """The replica a new request goes to."""

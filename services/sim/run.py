@@ -217,9 +217,14 @@ class Simulation(Scaling):
         return 0
 
     def beat(self, _: Any, now: float) -> int:
-        self.gw.heartbeat(now / 1000.0)
+        # A lower foreign backlog lets waiting requests go now; the instance's own timer
+        # (armed while any wait) runs on and re-times itself when it fires.
+        ended = 0
+        for _, _, go in self.gw.heartbeat(now / 1000.0):
+            if go:
+                ended += self.dispatch(go, now)
         self.q.push(now + self.cfg.share_heartbeat_ms, "beat", None)
-        return 0
+        return ended
 
     def shape(self, p: tuple[int, str], now: float) -> int:
         g, iid = p

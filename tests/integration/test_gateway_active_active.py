@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 from tideserve.v1 import events_pb2
 
+from services.common.admission.shaper import DispatchShaper, ShaperConfig
 from services.common.routing.types import Pick, RequestView
 from services.common.scheduling import EndpointSpec, GatewayCore, build_core
 from services.common.streams import encode_entry
+from services.scheduler.admission.dispatch import DispatchOrder
 from services.scheduler.feeds.shared import SharedState
 from tests.helpers.views import request_view
 
@@ -147,6 +149,28 @@ async def test_in_flight_is_shared_and_drops_out_when_a_replica_dies(
     assert c.core.fleet.view("a", 0.0).reserved_requests == 0
     fields = await redis_client.hkeys(c.hash_key)
     assert b"B" not in fields and b"C" in fields
+
+
+async def test_dispatch_orders_hold_prompts_by_the_whole_instance_backlog(
+    replicas: Replica,
+) -> None:
+    wall = Wall()
+    orders = [DispatchOrder(DispatchShaper(ShaperConfig(hold_above_ms=500.0)), wall) for _ in "AB"]
+    a = replicas("A", wall, dispatch=orders[0])
+    b = replicas("B", wall, dispatch=orders[1])
+    assert orders[0].offer("long", "a", 2_000.0) is None  # A sends a 2 s prefill to 'a'
+    await a.heartbeat_once()
+    await b.heartbeat_once()
+    waiting = orders[1].offer("next", "a", 300.0)  # B alone would send it: 'a' is idle to B
+    assert waiting is not None and not waiting.done()
+    assert orders[1].offer("elsewhere", "b", 300.0) is None
+    orders[0].first_byte("long")  # A's prefill ended early: its next heartbeat has no backlog
+    await a.heartbeat_once()
+    await b.heartbeat_once()
+    assert waiting.done()
+    await orders[1].wait("next", waiting)
+    for o in orders:
+        o.close()
 
 
 async def test_redis_outage_keeps_routing_and_expires_remote_counts(replicas: Replica) -> None:

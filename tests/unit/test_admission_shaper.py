@@ -47,6 +47,53 @@ def test_backlog_is_per_instance_and_counts_down_with_time() -> None:
 
 
 @pytest.mark.parametrize(
+    ("own_ms", "foreign_ms", "at_s", "release_at"),
+    [
+        # hold 500 ms: own 2,000 and foreign 1,000 run down together until the foreign ends
+        # at 1 s (own 1,000 left), then own alone to 500: 1.5 s
+        (2_000.0, 1_000.0, 0.0, 1.5),
+        # both 1,000: the sum reaches 500 while both run, at 0.75 s
+        (1_000.0, 1_000.0, 0.0, 0.75),
+        # only a foreign backlog: it alone must fall to 500
+        (0.0, 2_000.0, 0.0, 1.5),
+    ],
+    ids=["foreign-ends-first", "both-run", "foreign-only"],
+)
+def test_other_replicas_backlog_adds_to_the_own(
+    own_ms: float, foreign_ms: float, at_s: float, release_at: float
+) -> None:
+    s = _shaper(500.0)
+    if own_ms:
+        assert s.offer("own", "a", own_ms, at_s)
+    assert s.set_foreign({"a": foreign_ms}, at_s) == {"a": []}
+    assert s.backlog_ms("a", at_s) == pytest.approx(own_ms + foreign_ms)
+    assert not s.offer("next", "a", 100.0, at_s)
+    assert s.next_release_at("a") == pytest.approx(release_at)
+    assert s.release("a", release_at - 0.01) == []
+    assert s.release("a", release_at + 0.01) == ["next"]
+
+
+def test_a_lower_foreign_backlog_lets_waiting_requests_go_and_none_is_forgotten() -> None:
+    s = _shaper(500.0)
+    s.set_foreign({"a": 3_000.0}, 0.0)
+    assert not s.offer("x", "a", 100.0, 0.0)
+    assert s.set_foreign({"a": 2_000.0}, 0.1) == {"a": []}  # still above: nothing goes
+    assert s.set_foreign({}, 0.2) == {"a": ["x"]}  # the other replica's backlog is gone
+    assert s.backlog_ms("a", 0.2) == pytest.approx(100.0)  # x's own prefill, now dispatched
+    assert s.set_foreign({}, 0.3) == {}
+
+
+def test_own_backlog_is_reported_only_while_the_order_is_on() -> None:
+    on, off = _shaper(500.0), DispatchShaper()
+    for s in (on, off):
+        s.offer("r", "a", 800.0, 0.0)
+    assert on.own_backlog(0.3) == {"a": pytest.approx(500.0)}
+    assert off.own_backlog(0.3) == {}
+    on.set_foreign({"a": 1_000.0}, 0.3)
+    assert on.own_backlog(0.3) == {"a": pytest.approx(500.0)}  # never the foreign part
+
+
+@pytest.mark.parametrize(
     ("waiting", "order"),
     [
         # (rid, predicted prefill ms, offered at s, class rank)

@@ -16,6 +16,7 @@ from services.common.scheduling.shared_state import (
     approx_plugins,
     dead_replicas,
     heartbeat,
+    merge_backlog,
     merge_in_flight,
     routed_entry,
     routed_plugins,
@@ -61,6 +62,37 @@ def test_merge_in_flight(
     beats: list[events_pb2.ReplicaInFlight], expected: dict[str, tuple[int, int]]
 ) -> None:
     assert merge_in_flight(beats, replica_id="me", now_ms=1000, ttl_ms=3000) == expected
+
+
+def backlog_beat(replica: str, ts_ms: int, **ms: float) -> events_pb2.ReplicaInFlight:
+    return heartbeat({}, deployment="d", replica_id=replica, ts_ms=ts_ms, backlog_ms=ms)
+
+
+@pytest.mark.parametrize(
+    ("beats", "expected"),
+    [
+        ([], {}),
+        ([backlog_beat("me", 1000, a=900.0)], {}),
+        ([backlog_beat("r2", 1000, a=900.0)], {"a": 900.0}),
+        ([backlog_beat("r2", 800, a=900.0)], {"a": 700.0}),
+        ([backlog_beat("r2", 800, a=150.0, b=400.0)], {"b": 200.0}),
+        ([backlog_beat("r2", 1000, a=300.0), backlog_beat("r3", 900, a=300.0)], {"a": 500.0}),
+        ([backlog_beat("r2", 1000 - 3001, a=9_000.0)], {}),
+        ([backlog_beat("r2", 1500, a=100.0)], {"a": 100.0}),
+    ],
+    ids=["none", "own-skipped", "fresh", "counted-down-by-age", "run-out-left-out",
+         "two-summed", "expired", "future-skew"],
+)  # fmt: skip
+def test_merge_backlog(beats: list[events_pb2.ReplicaInFlight], expected: dict[str, float]) -> None:
+    got = merge_backlog(beats, replica_id="me", now_ms=1000, ttl_ms=3000)
+    assert got == pytest.approx(expected)
+
+
+def test_heartbeat_carries_the_backlog_of_instances_with_nothing_in_flight() -> None:
+    b = heartbeat({"a": (1, 5)}, deployment="d", replica_id="r", ts_ms=5,
+                  backlog_ms={"a": 20.0, "b": 300.0, "c": 0.0})  # fmt: skip
+    got = [(i.instance_id, i.requests, i.dispatch_backlog_ms) for i in b.instances]
+    assert got == [("a", 1, 20.0), ("b", 0, 300.0)]
 
 
 def test_dead_replicas_only_long_expired() -> None:

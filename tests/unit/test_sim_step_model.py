@@ -23,13 +23,14 @@ from services.sim import SimConfig, SimRun, simulate
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "sim_step_model_golden.json"
 REL_TOL = 1e-6  # latencies are rounded to the microsecond by the summary
 
-# The recording predates the dispatch order's follower rule being on by default: the cases
-# keep the gateway it was recorded with (the rule off), the step model is what is compared.
+# The recording predates the dispatch order's follower rule being on by default and gateway
+# replicas sharing state: the cases keep the gateways it was recorded with (the rule off,
+# nothing shared), the step model is what is compared.
 CASES: list[tuple[str, SimConfig]] = [
     ("aggregated-scrape", SimConfig(engines=8, kv_blocks=4096, shaper_follow_ms=0.0)),
     ("two-gateways-stream",
      SimConfig(engines=8, gateways=2, load_source="stream", kv_blocks=4096,
-               shaper_follow_ms=0.0)),
+               shaper_follow_ms=0.0, share_state=False)),
     ("pd-2-6", SimConfig(prefill=2, decode=6, kv_blocks=4096, shaper_follow_ms=0.0)),
 ]  # fmt: skip
 

@@ -305,14 +305,16 @@ class RoutedPrefix(_message.Message):
     def __init__(self, deployment: _Optional[str] = ..., replica_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., instance_ids: _Optional[_Iterable[str]] = ..., ts_ms: _Optional[int] = ..., plugins: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., retracted: _Optional[bool] = ...) -> None: ...
 
 class InstanceInFlight(_message.Message):
-    __slots__ = ("instance_id", "requests", "pending_prefill_tokens")
+    __slots__ = ("instance_id", "requests", "pending_prefill_tokens", "dispatch_backlog_ms")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     PENDING_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DISPATCH_BACKLOG_MS_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     requests: int
     pending_prefill_tokens: int
-    def __init__(self, instance_id: _Optional[str] = ..., requests: _Optional[int] = ..., pending_prefill_tokens: _Optional[int] = ...) -> None: ...
+    dispatch_backlog_ms: float
+    def __init__(self, instance_id: _Optional[str] = ..., requests: _Optional[int] = ..., pending_prefill_tokens: _Optional[int] = ..., dispatch_backlog_ms: _Optional[float] = ...) -> None: ...
 
 class ReplicaInFlight(_message.Message):
     __slots__ = ("deployment", "replica_id", "ts_ms", "instances")

@@ -62,6 +62,12 @@ instance's recent first-chunk lag against the deadline), and protection is on wh
 moving share of late predictions is at least ``protect_when_missed``; off, the order runs
 as without protection.
 
+Other gateway replicas (:meth:`DispatchShaper.set_foreign`): their dispatch orders' backlogs
+on an instance, as their heartbeats report them (:mod:`services.common.scheduling.shared_state`),
+add to this one's, running down as time passes, so that N replicas together hold an
+instance's queue at the threshold instead of each filling it up to the threshold with its own
+share. :meth:`own_backlog` is what this one reports.
+
 Pure: time is passed in; the shell dispatches what :meth:`offer` and :meth:`release`
 return and reports first bytes, releases and cancellations.
 """
@@ -105,6 +111,14 @@ SPEED_ALPHA = 0.2
 SPEED_FLOOR = 0.01
 
 
+def _below(a: float, b: float, hold: float) -> float:
+    """When two backlogs running out at times ``a`` and ``b`` together fall to ``hold``:
+    while both run, the sum falls twice as fast."""
+    lo, hi = (a, b) if a <= b else (b, a)
+    both = (a + b - hold) / 2.0
+    return both if both <= lo else hi - hold
+
+
 @dataclass(frozen=True, slots=True)
 class ShaperConfig:
     # Hold requests for an instance while its predicted prefill backlog is at least this
@@ -144,6 +158,8 @@ class _Instance:
     wake: float | None = None  # protection holds the late ones until then (s), else None
     # observed time to first byte beyond the own predicted prefill, averaged (ms)
     lag_ms: float = 0.0
+    # predicted end of the other gateway replicas' backlog here (s; set_foreign)
+    foreign_until: float = 0.0
 
     def waiting(self) -> int:
         return len(self.held) + len(self.timely)
@@ -185,9 +201,36 @@ class DispatchShaper:
         return self._missed
 
     def backlog_ms(self, instance_id: str, now: float) -> float:
-        """Predicted prefill still ahead of a new request dispatched to the instance now."""
+        """Predicted prefill still ahead of a new request dispatched to the instance now:
+        this gateway's, plus the other replicas' (:meth:`set_foreign`)."""
         inst = self._inst.get(instance_id)
-        return max(0.0, (inst.busy_until - now) * 1000.0) if inst else 0.0
+        if inst is None:
+            return 0.0
+        return (max(0.0, inst.busy_until - now) + max(0.0, inst.foreign_until - now)) * 1000.0
+
+    def own_backlog(self, now: float) -> dict[str, float]:
+        """This gateway's own backlog per instance (ms, none: absent), for the other
+        replicas; nothing while the order is off (it holds nothing back)."""
+        if not self.enabled:
+            return {}
+        return {
+            iid: (inst.busy_until - now) * 1000.0
+            for iid, inst in self._inst.items()
+            if inst.busy_until > now
+        }
+
+    def set_foreign(self, backlogs: dict[str, float], now: float) -> dict[str, list[str]]:
+        """The other replicas' backlog per instance now (ms; an instance absent has none).
+        Returns, per instance whose backlog changed, the waiting requests to dispatch now
+        (the shell also re-times that instance)."""
+        out: dict[str, list[str]] = {}
+        for iid in backlogs.keys() | {i for i, v in self._inst.items() if v.foreign_until > now}:
+            inst = self._inst.setdefault(iid, _Instance())
+            until = now + max(0.0, backlogs.get(iid, 0.0)) / 1000.0
+            lower = until < inst.foreign_until
+            inst.foreign_until = until
+            out[iid] = self.release(iid, now) if lower else []
+        return out
 
     def offer(
         self,
@@ -445,7 +488,7 @@ class DispatchShaper:
         expiry = self._follow.next_expiry(instance_id)
         if not inst.waiting():
             return expiry
-        at = inst.busy_until - self.config.hold_above_ms / 1000.0
+        at = _below(inst.busy_until, inst.foreign_until, self.config.hold_above_ms / 1000.0)
         if inst.wake is not None:
             at = max(at, inst.wake)  # the late ones wait for protection to end
         return at if expiry is None else min(at, expiry)

@@ -11,9 +11,12 @@ the simulator delivers the same entries as events, :mod:`services.sim.routing`):
   A pick that fails before its first byte is settled as not ok locally (the plugin drops
   the entries it created); a ``retracted`` entry makes every other replica do the same.
 - In-flight load. Each replica heartbeats a ``ReplicaInFlight`` (its own per-instance
-  in-flight requests and pending prefill tokens, stamped with wall-clock ms); readers add
-  the other replicas' counts whose heartbeat is younger than a TTL, so a dead replica's
-  load drops out when its heartbeat expires.
+  in-flight requests and pending prefill tokens, and its dispatch order's backlog, stamped
+  with wall-clock ms); readers add the other replicas' counts whose heartbeat is younger
+  than a TTL, so a dead replica's load drops out when its heartbeat expires. The backlogs
+  (:func:`merge_backlog`) are counted down by the heartbeat's age: each replica's dispatch
+  order then holds prompts back by the whole instance's predicted prefill queue, not only
+  by the part it sent itself.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ __all__ = [
     "approx_plugins",
     "dead_replicas",
     "heartbeat",
+    "merge_backlog",
     "merge_in_flight",
     "routed_entry",
     "routed_plugins",
@@ -146,19 +150,32 @@ def apply_routed(
 
 
 def heartbeat(
-    own: Mapping[str, InFlight], *, deployment: str, replica_id: str, ts_ms: int
+    own: Mapping[str, InFlight],
+    *,
+    deployment: str,
+    replica_id: str,
+    ts_ms: int,
+    backlog_ms: Mapping[str, float] | None = None,
 ) -> events_pb2.ReplicaInFlight:
-    """This replica's heartbeat; instances with nothing in flight are left out."""
+    """This replica's heartbeat: its in-flight counts and (``backlog_ms``) its dispatch
+    order's backlog per instance; instances with nothing of either are left out."""
+    backlog = backlog_ms or {}
+    ids = sorted(
+        {i for i, (req, toks) in own.items() if req > 0 or toks > 0}
+        | {i for i, ms in backlog.items() if ms > 0}
+    )
     return events_pb2.ReplicaInFlight(
         deployment=deployment,
         replica_id=replica_id,
         ts_ms=ts_ms,
         instances=[
             events_pb2.InstanceInFlight(
-                instance_id=iid, requests=req, pending_prefill_tokens=max(0, toks)
+                instance_id=iid,
+                requests=own.get(iid, (0, 0))[0],
+                pending_prefill_tokens=max(0, own.get(iid, (0, 0))[1]),
+                dispatch_backlog_ms=max(0.0, backlog.get(iid, 0.0)),
             )
-            for iid, (req, toks) in sorted(own.items())
-            if req > 0 or toks > 0
+            for iid in ids
         ],
     )
 
@@ -183,6 +200,28 @@ def merge_in_flight(
                 req + max(0, i.requests),
                 toks + max(0, i.pending_prefill_tokens),
             )
+    return out
+
+
+def merge_backlog(
+    beats: Iterable[events_pb2.ReplicaInFlight],
+    *,
+    replica_id: str,
+    now_ms: int,
+    ttl_ms: int,
+) -> dict[str, float]:
+    """The other replicas' dispatch backlog per instance (ms) left at ``now_ms``: each
+    fresh heartbeat's backlog less its age (a backlog runs down as time passes), summed;
+    instances with none left are absent."""
+    out: dict[str, float] = {}
+    for b in beats:
+        age = now_ms - b.ts_ms
+        if b.replica_id == replica_id or age > ttl_ms:
+            continue
+        for i in b.instances:
+            left = i.dispatch_backlog_ms - max(0, age)
+            if left > 0:
+                out[i.instance_id] = out.get(i.instance_id, 0.0) + left
     return out
 
 

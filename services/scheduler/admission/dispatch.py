@@ -12,7 +12,7 @@ withdraws the request.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from services.common.admission.shaper import DispatchShaper
 
@@ -79,6 +79,16 @@ class DispatchOrder:
         iid = self._target.pop(rid, None)
         if iid is not None:
             self._go(iid, self.shaper.done(rid, iid, self.clock()))
+
+    def own_backlog(self) -> dict[str, float]:
+        """This gateway's backlog per instance (ms), for the other replicas' heartbeats."""
+        return self.shaper.own_backlog(self.clock())
+
+    def set_foreign(self, backlogs: Mapping[str, float]) -> None:
+        """The other replicas' backlog per instance now (ms): requests it lets go are sent,
+        and the instances' timers re-timed."""
+        for iid, rids in self.shaper.set_foreign(dict(backlogs), self.clock()).items():
+            self._go(iid, rids)
 
     def close(self) -> None:
         for t in self._timers.values():

@@ -105,6 +105,7 @@ class Integrations:
                 clock=gateway.clock,
                 heartbeat_s=settings.share_heartbeat_s,
                 heartbeat_ttl_s=settings.share_heartbeat_ttl_s,
+                dispatch=gateway.dispatch,
             )
         profiles = precise_profiles(core.scheduler)
         source = settings.precise_source

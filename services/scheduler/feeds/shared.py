@@ -41,12 +41,14 @@ from services.common.scheduling.shared_state import (
     approx_plugins,
     dead_replicas,
     heartbeat,
+    merge_backlog,
     merge_in_flight,
     routed_entry,
     routed_plugins,
 )
 from services.common.streams import Start, StreamFollower, StreamProducer, stream_name
 from services.common.tasks import pause, stop_tasks
+from services.scheduler.admission.dispatch import DispatchOrder
 
 __all__ = ["SharedState"]
 
@@ -73,6 +75,7 @@ class SharedState:
         wall: Callable[[], float] = time.time,
         heartbeat_s: float = 0.5,
         heartbeat_ttl_s: float = 3.0,
+        dispatch: DispatchOrder | None = None,
         catchup_s: float = 600.0,
         buffer: int = 10_000,
         maxlen: int = 20_000,
@@ -92,6 +95,7 @@ class SharedState:
         self.wall = wall
         self.heartbeat_s = heartbeat_s
         self.heartbeat_ttl_s = heartbeat_ttl_s
+        self.dispatch = dispatch if dispatch is not None and dispatch.enabled else None
         self.catchup_s = catchup_s
         self.block_ms = block_ms
         self._producer = StreamProducer(redis, maxlen=maxlen)
@@ -199,6 +203,7 @@ class SharedState:
                 deployment=self.deployment,
                 replica_id=self.replica_id,
                 ts_ms=now_ms,
+                backlog_ms=self.dispatch.own_backlog() if self.dispatch is not None else None,
             )
             ttl_ms = int(self.heartbeat_ttl_s * 1000)
             pipe = self.redis.pipeline(transaction=False)
@@ -215,14 +220,14 @@ class SharedState:
             self._merge(now_ms)
 
     def _merge(self, now_ms: int) -> None:
+        ttl_ms = int(self.heartbeat_ttl_s * 1000)
         self.core.fleet.set_remote_in_flight(
-            merge_in_flight(
-                self._beats,
-                replica_id=self.replica_id,
-                now_ms=now_ms,
-                ttl_ms=int(self.heartbeat_ttl_s * 1000),
-            )
+            merge_in_flight(self._beats, replica_id=self.replica_id, now_ms=now_ms, ttl_ms=ttl_ms)
         )
+        if self.dispatch is not None:
+            self.dispatch.set_foreign(
+                merge_backlog(self._beats, replica_id=self.replica_id, now_ms=now_ms, ttl_ms=ttl_ms)
+            )
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
