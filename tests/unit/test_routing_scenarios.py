@@ -133,8 +133,14 @@ def test_same_inputs_same_decisions() -> None:
         ("decode-tpot", 20_000, "w1"),
         ("decode-tpot", 2_000, "w0"),
     ],
-    ids=["default-long", "tpot-guard-long", "default-short", "tpot-guard-short",
-         "decode-tpot-long", "decode-tpot-short"],
+    ids=[
+        "default-long",
+        "tpot-guard-long",
+        "default-short",
+        "tpot-guard-short",
+        "decode-tpot-long",
+        "decode-tpot-short",
+    ],
 )
 def test_tpot_guard_keeps_long_prefills_off_running_decodes(
     profile: str, prompt: int, winner: str
