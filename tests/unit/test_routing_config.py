@@ -139,6 +139,7 @@ def test_yaml_syntax_error_is_config_error() -> None:
         "least_load",
         "power_of_two",
         "cache_aware",
+        "decode-tpot",
     ],
 )
 def test_shipped_profiles_load_and_pick(profile: str) -> None:

@@ -128,8 +128,19 @@ def test_same_inputs_same_decisions() -> None:
         # A 2,000-token prompt (200 ms) stalls them by little: it keeps the better TTFT.
         ("default", 2_000, "w0"),
         ("tpot-guard", 2_000, "w0"),
+        # `decode-tpot` scores the stall itself (8 decodes x 2 s / 256 tokens each) for a
+        # prompt whose own prefill is at least 500 ms, and leaves shorter ones alone
+        ("decode-tpot", 20_000, "w1"),
+        ("decode-tpot", 2_000, "w0"),
     ],
-    ids=["default-long", "tpot-guard-long", "default-short", "tpot-guard-short"],
+    ids=[
+        "default-long",
+        "tpot-guard-long",
+        "default-short",
+        "tpot-guard-short",
+        "decode-tpot-long",
+        "decode-tpot-short",
+    ],
 )
 def test_tpot_guard_keeps_long_prefills_off_running_decodes(
     profile: str, prompt: int, winner: str

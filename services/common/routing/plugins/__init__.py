@@ -13,6 +13,7 @@ from services.common.routing.plugins import (
     prefix,
     room,
     sglang,
+    tpot,
 )
 
 __all__ = [
@@ -28,4 +29,5 @@ __all__ = [
     "prefix",
     "room",
     "sglang",
+    "tpot",
 ]
