@@ -230,6 +230,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-offload", choices=("pressure", "eager"), default="pressure",
                    help="idle sessions past the budget: kept while there is room, or eager")  # fmt: skip
     p.add_argument("--profile", default="default", help="routing profile of every variant")
+    p.add_argument("--profiles-file", default=None, help="routing profiles YAML (default: shipped)")
     p.add_argument("--scale-in-engines", type=int, default=8, help="0: no scale-in measurement")
     p.add_argument("--scale-in-kv-blocks", type=int, default=2300, help="per engine")
     p.add_argument("--scale-in-slices", default="0:59", help="session ranges, comma-separated")
@@ -267,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         kv_blocks=args.kv_blocks,
         rate_scale=1.0 / args.gap_scale,
         profile=args.profile,
+        profiles_file=args.profiles_file,
         memory_budget_share=args.budget_share,
         memory_offload=args.memory_offload,
     )

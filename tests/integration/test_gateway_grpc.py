@@ -60,8 +60,13 @@ async def test_pd_pick_has_bootstrap() -> None:
         block_size=16,
     )
     async with scheduler_stub(SchedulerServicer(core, deployment="d", block_size=16)) as stub:
-        resp = await stub.Pick(scheduler_pb2.PickRequest(deployment="d", prompt_text=LONG))
-        short = await stub.Pick(scheduler_pb2.PickRequest(deployment="d", prompt_text="hi"))
+        # `threshold`: a long prompt is disaggregated (the default decider would price it
+        # against the idle decode engine, which computes it no slower)
+        pick = scheduler_pb2.PickRequest(deployment="d", profile="threshold")
+        pick.prompt_text = LONG
+        resp = await stub.Pick(pick)
+        pick.prompt_text = "hi"
+        short = await stub.Pick(pick)
     assert resp.disaggregated and resp.prefill.instance.instance_id == "p"
     assert (resp.bootstrap_host, resp.bootstrap_port) == ("127.0.0.1", 8998) and resp.bootstrap_room
     assert not short.disaggregated and short.decode.instance.instance_id == "dec"

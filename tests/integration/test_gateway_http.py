@@ -198,8 +198,11 @@ async def test_disaggregated_long_prompt_and_decode_only_short_prompt(
 ) -> None:
     pe, pu = await engines(role="prefill")
     de, du = await engines(role="decode")
+    # `threshold`: every long prompt is disaggregated (the default decider prices the paths
+    # and keeps a cold prompt on an idle decode engine)
+    opts = GatewayOptions(background=False, block_size=16, backoff_ms=1, profile="threshold")
     gw, url = await gateway(
-        [EndpointSpec("p", pu, role="prefill"), EndpointSpec("d", du, role="decode")]
+        [EndpointSpec("p", pu, role="prefill"), EndpointSpec("d", du, role="decode")], opts
     )
     other = " ".join(f"v{i}" for i in range(600))
     for content, stream in ((LONG, False), (other, True)):

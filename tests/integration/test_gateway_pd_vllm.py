@@ -22,7 +22,11 @@ from tests.helpers.ports import free_port
 
 Engines = EngineFactory
 LONG = " ".join(f"w{i}" for i in range(600))  # over the P/D decider's 512-token threshold
-VLLM = GatewayOptions(background=False, block_size=16, backoff_ms=1, pd_protocol="vllm")
+# `threshold`: every long prompt is disaggregated (the default decider prices the two paths
+# and keeps a cold prompt on an idle decode engine); these tests are about the P/D path.
+VLLM = GatewayOptions(
+    background=False, block_size=16, backoff_ms=1, pd_protocol="vllm", profile="threshold"
+)
 
 
 @pytest.fixture

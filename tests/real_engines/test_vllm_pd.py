@@ -62,6 +62,9 @@ async def test_decode_loads_the_prefills_kv(
         real_model,
         endpoint_roles=("prefill", "decode"),
         pd_protocol="vllm",
+        # every long prompt disaggregated (the default decider would price this one against
+        # the idle decode engine, which computes it no slower)
+        profile="threshold",
     ) as f:
         async with (
             aiohttp.ClientSession() as http,

@@ -228,6 +228,7 @@ def test_record_carries_the_engine_load_at_pick(disaggregated: bool, pending: in
 def test_gateway_plugins_price_with_the_switch_when_telemetry_is_set(telemetry: str) -> None:
     from services.common.routing.plugins.cost import TTFTCost
     from services.common.routing.plugins.pd import PDDecider
+    from services.common.routing.plugins.pd_price import PDPrice
     from services.scheduler.compose import Scheduler
     from services.scheduler.settings import SchedulerSettings
 
@@ -237,9 +238,9 @@ def test_gateway_plugins_price_with_the_switch_when_telemetry_is_set(telemetry: 
         x
         for prof in sch.core.scheduler.profiles.values()
         for x in [*prof.preparers, *(p for p, _ in prof.scorers), prof.decider]
-        if isinstance(x, TTFTCost | PDDecider)
+        if isinstance(x, TTFTCost | PDDecider | PDPrice)
     ]
-    assert priced  # the shipped profiles use ttft-cost and pd-decider
+    assert priced  # the shipped profiles use ttft-cost and a P/D decider
     if telemetry:
         assert sch.perf_model is not None and sch.perf_feed is not None
         assert all(x.model is sch.perf_model for x in priced)
@@ -254,20 +255,24 @@ class _DecodingProfile(LinearModel):
     def decode_step_ms(self, batch: int, context_tokens: int) -> float:
         return 5.0 + batch
 
+    def transfer_ms(self, tokens: int) -> float:
+        return 2.0 + 0.001 * tokens
+
 
 @pytest.mark.parametrize(
-    ("static", "fitted", "step_ms", "kv_capacity"),
+    ("static", "fitted", "step_ms", "kv_capacity", "xfer_ms"),
     [
-        (_DecodingProfile(), None, 9.0, 50_000),  # the profile's 5 + 4
-        (_DecodingProfile(), SLOW, 1.0 + 0.04 + 0.01 * 1000 / 1000, 50_000),  # the fit's
-        (LinearModel(), None, 0.0, 0),  # a static model that prices no decode
+        (_DecodingProfile(), None, 9.0, 50_000, 3.0),  # the profile's 5 + 4
+        (_DecodingProfile(), SLOW, 1.0 + 0.04 + 0.01 * 1000 / 1000, 50_000, 3.0),  # the fit's
+        (LinearModel(), None, 0.0, 0, 0.0),  # a static model that prices no decode
     ],
     ids=["profile", "fitted", "no-decode-model"],
 )
 def test_switch_prices_decode_steps(
-    static: Any, fitted: Coefficients | None, step_ms: float, kv_capacity: int
+    static: Any, fitted: Coefficients | None, step_ms: float, kv_capacity: int, xfer_ms: float
 ) -> None:
     s = PerfModelSwitch(static, 0.5)
     s.offer(fitted, 1.0)
     assert s.decode_step_ms(4, 1000) == pytest.approx(step_ms)
     assert s.kv_capacity_tokens == kv_capacity
+    assert s.transfer_ms(1000) == pytest.approx(xfer_ms)  # the link is the static model's

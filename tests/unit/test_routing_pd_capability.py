@@ -214,35 +214,49 @@ def test_settings_derive_the_capability_from_the_protocol(
     assert s.decode_computes_prompts() is expected
 
 
-# (uncached suffix on the decode instance, busy prefill pool) -> disaggregate? With the
-# shipped default profile's decider, where decode engines can compute prompts: a suffix
-# under 512 tokens stays local; a longer one splits unless the prefill pool is predicted
-# slower (load rule).
+# (uncached suffix on the decode instance, the prefill pick's predicted TTFT in ms,
+# requests running / waiting on the decode instance) -> disaggregate? With the shipped
+# default profile's decider, where decode engines can compute prompts: a suffix under 512
+# tokens stays local; a longer one is priced. The decode instance's predicted TTFT is its
+# own prefill (0.1 ms per token: 4 s for 40,000), plus 0.02 x running x that prefill.
 DEFAULT_CASES = [
-    (300, False, False),
-    (511, False, False),
-    (512, False, True),
-    (40_000, False, True),
-    (40_000, True, False),
+    (300, 0.0, 0, 0, False),
+    (511, 0.0, 0, 0, False),
+    (512, 0.0, 0, 0, True),  # priced: the idle prefill pick holds the prompt
+    (40_000, 3000.0, 0, 0, True),
+    (40_000, 5000.0, 0, 0, False),
+    (40_000, 5000.0, 0, 1, True),  # backlogged decode instance
+    (40_000, 4500.0, 10, 0, True),  # 4 s + 0.02 * 10 * 4 s = 4.8 s locally
+    (40_000, 5000.0, 10, 0, False),
 ]
 
 
 @pytest.mark.parametrize(
-    ("uncached", "busy", "expected"),
+    ("uncached", "prefill_ms", "running", "waiting", "expected"),
     DEFAULT_CASES,
-    ids=["short", "under-threshold", "at-threshold", "long", "long-busy-pool"],
+    ids=[
+        "short",
+        "under-threshold",
+        "at-threshold",
+        "long-prefill-faster",
+        "long-local-faster",
+        "long-decode-backlogged",
+        "long-decodes-stalled",
+        "long-decodes-stalled-local-still-faster",
+    ],
 )
-def test_default_profile_keeps_short_suffixes_on_the_decode_engine(
-    uncached: int, busy: bool, expected: bool
+def test_default_profile_prices_long_suffixes(
+    uncached: int, prefill_ms: float, running: int, waiting: int, expected: bool
 ) -> None:
     s = load_default(env=replace(ENV, decode_can_prefill=True), rng=random.Random(0))
     d = s.profiles[s.default_profile].decider
     assert d is not None
-    if busy:  # 200,000 tokens (20 s at the test model's 10,000 tokens/s) queued
-        p = Pick(Choice(ep("d"), 0.0), Choice(ep("p0", role="prefill"), 0.0), "x")
-        d.on_pick(0.0, req("bg", prompt_tokens=200_000), p)  # type: ignore[attr-defined]
     c = ctx()
     c.cached_tokens["d"] = 60_000
-    c.predicted_ttft_ms["d"] = 0.1 * uncached
-    choice = Choice(ep("d", role="decode"), 0.0)
-    assert d.disaggregate(c, req(prompt_tokens=60_000 + uncached), choice) is expected
+    c.predicted_ttft_ms.update({"d": 0.1 * uncached, "p0": prefill_ms})
+    choice = Choice(ep("d", role="decode", running=running, waiting=waiting), 0.0)
+    r = req(prompt_tokens=60_000 + uncached)
+    wants = d.disaggregate(c, r, choice)
+    if wants:
+        wants = d.confirm(c, r, choice, Choice(ep("p0", role="prefill"), 0.0))  # type: ignore[attr-defined]
+    assert wants is expected

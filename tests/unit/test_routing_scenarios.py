@@ -81,19 +81,39 @@ PD = [
 ]
 
 
+# (prompt, cached on d0, cached on p0, requests waiting on d0) -> the prefill pick. The
+# default decider (decode engines can prefill) keeps a long suffix on d0 unless the P/D
+# path is predicted faster (p0 holds the prompt) or d0 is backlogged.
 @pytest.mark.parametrize(
-    ("prompt", "cached_on_decode", "prefill"),
-    [(4096, 0, "p0"), (300, 0, None), (4096, 4000, None)],
-    ids=["long-disaggregated", "short-decode-only", "cached-on-decode"],
+    ("prompt", "cached_on_decode", "cached_on_prefill", "waiting", "prefill"),
+    [
+        (4096, 0, 4000, 0, "p0"),
+        (4096, 0, 0, 0, None),
+        (4096, 0, 0, 1, "p0"),
+        (300, 0, 0, 0, None),
+        (4096, 4000, 0, 0, None),
+    ],
+    ids=[
+        "long-held-by-prefill-disaggregated",
+        "long-cold-equal-stays-local",
+        "long-decode-backlogged-disaggregated",
+        "short-decode-only",
+        "cached-on-decode",
+    ],
 )
-def test_default_pd(prompt: int, cached_on_decode: int, prefill: str | None) -> None:
+def test_default_pd(
+    prompt: int, cached_on_decode: int, cached_on_prefill: int, waiting: int, prefill: str | None
+) -> None:
     s = load_default(env=ENV)
     hashes = HASHES[: prompt // 4]
-    matches = {"d0": PrefixMatch(cached_on_decode // 4)} if cached_on_decode else None
+    matches = {}
+    if cached_on_decode:
+        matches["d0"] = PrefixMatch(cached_on_decode // 4)
+    if cached_on_prefill:
+        matches["p0"] = PrefixMatch(cached_on_prefill // 4)
+    snap = EndpointSnapshot([*PD[:2], ep("d0", role="decode", waiting=waiting)])
     d = s.schedule(
-        req(prompt_tokens=prompt, block_hashes=hashes, prefix_matches=matches),
-        EndpointSnapshot(PD),
-        0.0,
+        req(prompt_tokens=prompt, block_hashes=hashes, prefix_matches=matches or None), snap, 0.0
     )
     assert isinstance(d, Pick) and d.decode.endpoint.instance_id == "d0"
     assert (d.prefill.endpoint.instance_id if d.prefill else None) == prefill

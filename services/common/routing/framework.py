@@ -17,7 +17,8 @@ A cycle, for one request over one immutable :class:`EndpointSnapshot`:
    When decode instances cannot compute a prompt (``decode_can_prefill=False``), a
    decode-role pick is always disaggregated (a profile without a ``prefill_profile`` runs
    itself over the prefill endpoints); with no eligible prefill endpoint only worker
-   endpoints are candidates, and without any the answer is :class:`NoEndpoint`.
+   endpoints are candidates, and without any the answer is :class:`NoEndpoint`. A
+   :class:`PricingDecider` then sees the prefill pick too and may keep the turn local.
 7. Every :class:`PostPick` plugin that took part sees the final :class:`Pick`.
 
 Everything is deterministic given the inputs, ``now`` and the injected ``random.Random``.
@@ -146,6 +147,18 @@ class Picker(Plugin, Protocol):
 class Decider(Plugin, Protocol):
     def disaggregate(self, ctx: CycleContext, request: RequestView, decode: Choice) -> bool:
         """Whether to run a separate prefill, given the decode-side choice."""
+
+
+@runtime_checkable
+class PricingDecider(Decider, Protocol):
+    """A decider that also sees the prefill side's pick before the turn is disaggregated:
+    when ``disaggregate`` says yes (and the decode instance could compute the prompt), the
+    prefill profile runs and ``confirm`` decides with both picks' estimates in the context;
+    no means the decode pick computes the prompt itself."""
+
+    def confirm(
+        self, ctx: CycleContext, request: RequestView, decode: Choice, prefill: Choice
+    ) -> bool: ...
 
 
 @runtime_checkable
@@ -324,8 +337,11 @@ class Scheduler:
             else:
                 wants = True
             if wants:
+                own = ctx.prefill_ms_by_cached  # the decode side's (a local turn's)
                 p = self._run(prefill_prof, ctx, request, prefill_pool)
-                if isinstance(p, Choice):
+                if isinstance(p, Choice) and self._declined(prof, ctx, request, decode, p):
+                    ctx.prefill_ms_by_cached = own
+                elif isinstance(p, Choice):
                     prefill = p
                     if prefill_prof is not prof:
                         used.append(prefill_prof)
@@ -352,6 +368,17 @@ class Scheduler:
                     seen.add(id(hook))
                     hook.on_pick(now, request, decision)
         return decision
+
+    def _declined(
+        self, prof: Profile, ctx: CycleContext, request: RequestView, decode: Choice, p: Choice
+    ) -> bool:
+        """A pricing decider turned the prefill pick down (the decode instance computes)."""
+        d = prof.decider
+        if not isinstance(d, PricingDecider):
+            return False
+        if not self.decode_can_prefill and decode.endpoint.role == "decode":
+            return False
+        return not d.confirm(ctx, request, decode, p)
 
     def settle(self, request: RequestView, pick: Pick, ok: bool) -> None:
         """Tell the post-pick hooks of the profiles that made ``pick`` how it ended (see

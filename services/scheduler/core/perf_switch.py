@@ -56,6 +56,12 @@ class PerfModelSwitch:
         step = getattr(self.static, "decode_step_ms", None)
         return float(step(batch, context_tokens)) if callable(step) else 0.0
 
+    def transfer_ms(self, tokens: int) -> float:
+        """The static model's KV hand-off time for ``tokens`` (a link, not fitted; 0 when it
+        has none)."""
+        xfer = getattr(self.static, "transfer_ms", None)
+        return float(xfer(tokens)) if callable(xfer) else 0.0
+
     @property
     def kv_capacity_tokens(self) -> int:
         """The static model's KV capacity in tokens (0 when it has none; a fit has none)."""
