@@ -101,7 +101,10 @@ class Engines:
         i = self._counts.get(role, 0)
         self._counts[role] = i + 1
         iid = f"{_GATEWAY_ROLE[role]}-{i}"
-        cache = KVCache(self.kv_blocks, self.block_size, running_blocks=self.running_blocks)
+        # nothing here reads a cache's KV events or filled slots (no kvmeta, no data plane)
+        cache = KVCache(
+            self.kv_blocks, self.block_size, running_blocks=self.running_blocks, record=False
+        )
         inst = Instance(
             iid,
             _GATEWAY_ROLE[role],

@@ -248,9 +248,8 @@ class Simulation(Scaling):
         """Route request ``k``; 1 when it ended at once (shed, refused), else 0."""
         cfg = self.cfg
         _, r = self.arrivals[k]
-        toks, payload = self.prompts.prompt(r)
+        toks, hashes = self.prompts.request(r, cfg.block_size)
         rid = f"r{k}"
-        hashes = self.prompts.block_hashes(r, payload, cfg.block_size)
         session = str(r.hash_ids[0]) if self.memory is not None and r.hash_ids else ""
         view = RequestView(
             rid, len(toks), hashes, cfg.block_size, max(1, r.output_length),
