@@ -77,7 +77,9 @@ class Engines:
         max_batched_tokens: int = 8192,
     ) -> None:
         """``mark``: a decode run stops before a sequence's ``mark``-th token (the shell
-        acts on it: the first streamed chunk); ``batched=False``: one event per step;
+        acts on it: the first streamed chunk), and a step outputs only the sequences whose
+        first token it made, that reached ``mark`` tokens or finished
+        (``CoreConfig.output_mark``); ``batched=False``: one event per step;
         ``decode_keeps_kv``: decode engines cache the KV they receive, ``short_first_tokens``:
         short prompts are prefilled first (both :class:`CoreConfig` settings);
         ``running_blocks``: the KV running sequences may hold (:class:`KVCache`);
@@ -116,6 +118,7 @@ class Engines:
                     short_first_tokens=self.short_first_tokens,
                     max_batch=self.max_batch,
                     max_batched_tokens=self.max_batched_tokens,
+                    output_mark=self.mark or None,
                 ),
                 self.perf,
                 cache,

@@ -410,8 +410,10 @@ class Simulation(Scaling):
             return 0
         inst.run = None
         inst.busy = False
-        for rid in inst.core.apply_run(run):
-            self.reqs[rid].ntok += run.steps
+        ran = inst.core.apply_run(run)
+        if inst.core.config.output_mark is None:  # else a request's count comes with its end
+            for rid in ran:
+                self.reqs[rid].ntok += run.steps
         g = self.diag
         g.steps += run.steps
         g.step_ms += run.duration_ms
