@@ -208,9 +208,7 @@ class Prompts:
                 memo.popitem(last=False)
         return out
 
-    def request(
-        self, r: TraceRequest, block_size: int
-    ) -> tuple[Sequence[int], tuple[int, ...]]:
+    def request(self, r: TraceRequest, block_size: int) -> tuple[Sequence[int], tuple[int, ...]]:
         """``prompt(r)[0]`` and ``block_hashes(r, prompt(r)[1], block_size)``, the ids as a
         :class:`PromptIds` (its length; the ids made when read): the simulated engines and
         gateways read a prompt's length and block hashes, not its ids. Only the blocks an

@@ -30,7 +30,9 @@ def _kept(o: SeqOutput, mark: int, first: set[str]) -> bool:
     return o.rid not in first or o.completion_tokens == mark or o.finished
 
 
-@pytest.mark.parametrize("role", [EngineRole.AGGREGATED, EngineRole.PREFILL], ids=["agg", "prefill"])
+@pytest.mark.parametrize(
+    "role", [EngineRole.AGGREGATED, EngineRole.PREFILL], ids=["agg", "prefill"]
+)
 @pytest.mark.parametrize("mark", [1, 4, 16], ids=["mark-1", "mark-4", "mark-16"])
 @pytest.mark.parametrize("seed", [0, 1], ids=["seed-0", "seed-1"])
 def test_a_marked_core_outputs_first_mark_and_end_only(

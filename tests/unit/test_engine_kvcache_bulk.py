@@ -27,7 +27,9 @@ class _PerBlockEvict(KVCache):
             removed.append(h)
         if removed:
             self.outbox.append(
-                KVEventRecord(KVEventKind.REMOVED, tuple(removed), 0, len(removed) * self.block_size)
+                KVEventRecord(
+                    KVEventKind.REMOVED, tuple(removed), 0, len(removed) * self.block_size
+                )
             )
 
 
