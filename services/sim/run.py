@@ -218,7 +218,8 @@ class Simulation(Scaling):
             running += inst.core.num_running
             waiting += inst.core.num_waiting
             # Nothing consumes the caches' KV events or filled-slot lists here (no kvmeta,
-            # no data plane): drop them, or a long run's memory grows with every block.
+            # no data plane): the engines' caches keep none (``record=False``); a cache that
+            # does is drained, or a long run's memory would grow with every block.
             inst.core.cache.drain_events()
             inst.core.cache.drain_filled()
         held = sum(s.held() for s in self.gw.shapers)
