@@ -77,7 +77,9 @@ class Engines:
         max_batched_tokens: int = 8192,
     ) -> None:
         """``mark``: a decode run stops before a sequence's ``mark``-th token (the shell
-        acts on it: the first streamed chunk); ``batched=False``: one event per step;
+        acts on it: the first streamed chunk), and a step outputs only the sequences whose
+        first token it made, that reached ``mark`` tokens or finished
+        (``CoreConfig.output_mark``); ``batched=False``: one event per step;
         ``decode_keeps_kv``: decode engines cache the KV they receive, ``short_first_tokens``:
         short prompts are prefilled first (both :class:`CoreConfig` settings);
         ``running_blocks``: the KV running sequences may hold (:class:`KVCache`);
@@ -101,7 +103,10 @@ class Engines:
         i = self._counts.get(role, 0)
         self._counts[role] = i + 1
         iid = f"{_GATEWAY_ROLE[role]}-{i}"
-        cache = KVCache(self.kv_blocks, self.block_size, running_blocks=self.running_blocks)
+        # nothing here reads a cache's KV events or filled slots (no kvmeta, no data plane)
+        cache = KVCache(
+            self.kv_blocks, self.block_size, running_blocks=self.running_blocks, record=False
+        )
         inst = Instance(
             iid,
             _GATEWAY_ROLE[role],
@@ -113,6 +118,7 @@ class Engines:
                     short_first_tokens=self.short_first_tokens,
                     max_batch=self.max_batch,
                     max_batched_tokens=self.max_batched_tokens,
+                    output_mark=self.mark or None,
                 ),
                 self.perf,
                 cache,

@@ -36,7 +36,7 @@ from services.common.tokens import (
     tokenize,
 )
 
-__all__ = ["Arrival", "Prompts", "ShiftedIds", "arrivals", "repeated"]
+__all__ = ["Arrival", "PromptIds", "Prompts", "ShiftedIds", "arrivals", "repeated"]
 
 Arrival = tuple[float, TraceRequest]
 """(arrival in ms of modelled time, the request)."""
@@ -118,6 +118,7 @@ def arrivals(
 
 
 _PAYLOAD = np.dtype(f"=u{TOKEN_BYTES}")  # array("I")'s items: native order
+_SPAN, _FIRST = np.uint32(VOCAB_SIZE - FIRST_WORD_ID), np.uint32(FIRST_WORD_ID)
 
 
 class Prompts:
@@ -146,9 +147,10 @@ class Prompts:
         # vector operation over the suffixes' own crc32s.
         suffixes = [f"{i:x}".encode("ascii") for i in range(block_tokens)]
         self._suffix_crc = np.array([zlib.crc32(x) for x in suffixes], dtype=np.uint32)
-        self._suffix_len = np.array([len(x) for x in suffixes], dtype=np.intp)
-        self._lengths = sorted({len(x) for x in suffixes})
-        self._zeros = [(n, bytes(n), zlib.crc32(bytes(n), 0)) for n in self._lengths]
+        lengths = sorted({len(x) for x in suffixes})
+        # per suffix, the column of its length in a block's row of shifts
+        self._suffix_col = np.array([lengths.index(len(x)) for x in suffixes], dtype=np.intp)
+        self._zeros = [(bytes(n), zlib.crc32(bytes(n), 0)) for n in lengths]
 
     def block_tokens(self, h: int) -> tuple[int, ...]:
         """``tokenize(synth.block_text(h))`` without building the text."""
@@ -158,15 +160,20 @@ class Prompts:
         """The payload of each of ``hs`` (``array("I", block_tokens(h)).tobytes()``), in one
         vector operation for all."""
         seed = self.synth.seed
-        shift = np.zeros((len(hs), self._lengths[-1] + 1), dtype=np.uint32)
         zeros = self._zeros
-        for row, h in enumerate(hs):
-            base = zlib.crc32(f"s{seed:x}.{h:x}.".encode("ascii"))
-            for n, z, crc0 in zeros:
-                shift[row, n] = zlib.crc32(z, base) ^ crc0
-        crcs = shift[:, self._suffix_len] ^ self._suffix_crc
-        ids = (crcs % (VOCAB_SIZE - FIRST_WORD_ID) + FIRST_WORD_ID).astype(_PAYLOAD)
-        return [row.tobytes() for row in ids]
+        crc32 = zlib.crc32
+        rows = []
+        for h in hs:
+            base = crc32(f"s{seed:x}.{h:x}.".encode("ascii"))
+            rows.append([crc32(z, base) ^ crc0 for z, crc0 in zeros])
+        shift = np.array(rows, dtype=np.uint32).reshape(len(hs), len(zeros))
+        ids = shift[:, self._suffix_col]
+        ids ^= self._suffix_crc
+        np.remainder(ids, _SPAN, out=ids)  # uint32 throughout: no wider copies
+        ids += _FIRST
+        data = ids.astype(_PAYLOAD, copy=False).tobytes()
+        size = len(data) // max(1, len(hs))
+        return [data[i : i + size] for i in range(0, len(data), size)] if size else [b""] * len(hs)
 
     def tokens(self, r: TraceRequest) -> tuple[int, ...]:
         return tuple(self.prompt(r)[0])
@@ -176,15 +183,7 @@ class Prompts:
         for :func:`~services.common.tokens.payload_block_hashes` (the array's bytes)."""
         bt = self.synth.block_tokens
         used = list(r.hash_ids or ())[: -(-r.input_length // bt)]
-        memo = self._blocks
-        fresh = [h for h in dict.fromkeys(used) if h not in memo]
-        made = dict(zip(fresh, self._synthesize(fresh), strict=True)) if fresh else {}
-        parts = [self._role_payload]
-        parts.extend(made.get(h) or memo[h] for h in used)
-        for h, payload in made.items():
-            memo[h] = payload
-            if len(memo) > self.memo_blocks:
-                memo.popitem(last=False)
+        parts = [self._role_payload, *self._payloads(used)]
         covered = max(0, min(r.input_length, len(used) * bt))
         payload = b"".join(parts)[: (len(self.role) + covered) * TOKEN_BYTES]
         ids: array[int] = array("I")
@@ -195,14 +194,71 @@ class Prompts:
             payload = ids.tobytes()
         return ids, payload
 
+    def _payloads(self, hs: Sequence[int]) -> list[bytes]:
+        """The payload of each trace block of ``hs``: from the memo, the rest made at once."""
+        memo = self._blocks
+        fresh = [h for h in dict.fromkeys(hs) if h not in memo]
+        if not fresh:
+            return [memo[h] for h in hs]
+        made = dict(zip(fresh, self._synthesize(fresh), strict=True))
+        out = [made.get(h) or memo[h] for h in hs]
+        for h, payload in made.items():
+            memo[h] = payload
+            if len(memo) > self.memo_blocks:
+                memo.popitem(last=False)
+        return out
+
+    def request(self, r: TraceRequest, block_size: int) -> tuple[Sequence[int], tuple[int, ...]]:
+        """``prompt(r)[0]`` and ``block_hashes(r, prompt(r)[1], block_size)``, the ids as a
+        :class:`PromptIds` (its length; the ids made when read): the simulated engines and
+        gateways read a prompt's length and block hashes, not its ids. Only the blocks an
+        earlier prompt's hashes do not cover are made and hashed."""
+        bt = self.synth.block_tokens
+        n = r.input_length
+        ids = list(r.hash_ids or ())[: -(-n // bt)]
+        if n > len(ids) * bt or n < 0:  # traces without hash ids: unique words
+            toks, payload = self.prompt(r)
+            return toks, self.block_hashes(r, payload, block_size)
+        role = len(self.role)
+        node, k, known = self._walk(ids, n // bt)
+        total = (role + n) // block_size  # the prompt's full blocks
+        out = tuple(known)
+        if len(known) < total:
+            span = self._span(ids, len(known) * block_size, total * block_size)
+            parent = known[-1] if known else None
+            out = (*known, *payload_block_hashes(span, block_size, parent=parent))
+        self._remember(ids, n // bt, node, k, out, block_size)
+        return PromptIds(role + n, self, r), out
+
+    def _span(self, ids: Sequence[int], lo: int, hi: int) -> bytes:
+        """The payload of the prompt's tokens ``lo .. hi-1`` (``hi`` within the prompt whose
+        trace blocks are ``ids``): the role's, then only the trace blocks they fall in."""
+        role, bt = len(self.role), self.synth.block_tokens
+        out = self._role_payload[lo * TOKEN_BYTES : min(hi, role) * TOKEN_BYTES]
+        t0, t1 = max(0, lo - role), hi - role  # trace tokens
+        if t1 > t0:
+            b0 = t0 // bt
+            trace = b"".join(self._payloads(ids[b0 : (t1 - 1) // bt + 1]))
+            out += trace[(t0 - b0 * bt) * TOKEN_BYTES : (t1 - b0 * bt) * TOKEN_BYTES]
+        return out
+
     def block_hashes(self, r: TraceRequest, payload: bytes, block_size: int) -> tuple[int, ...]:
         """``payload_block_hashes(payload, block_size)`` of ``payload = prompt(r)[1]``: the
         blocks within the leading trace blocks an earlier prompt had (the same hash ids, so
         the same bytes from the start) are taken from that prompt's, the rest hashed."""
         bt = self.synth.block_tokens
-        role = len(self.role)
         ids = list(r.hash_ids or ())[: -(-r.input_length // bt)]
         complete = max(0, min(r.input_length, len(ids) * bt)) // bt  # whole trace blocks
+        node, k, known = self._walk(ids, complete)
+        parent = known[-1] if known else None
+        rest = payload[len(known) * block_size * TOKEN_BYTES :]
+        out = (*known, *payload_block_hashes(rest, block_size, parent=parent))
+        self._remember(ids, complete, node, k, out, block_size)
+        return out
+
+    def _walk(self, ids: Sequence[int], complete: int) -> tuple[int, int, list[int]]:
+        """The trie's longest path along the first ``complete`` trace blocks ``ids``: its
+        node, its length and the block hashes it holds."""
         chains = self._chains
         node, k = 0, 0
         known: list[int] = []
@@ -213,9 +269,21 @@ class Prompts:
             node, seg = hit
             known.extend(seg)
             k += 1
-        parent = known[-1] if known else None
-        rest = payload[len(known) * block_size * TOKEN_BYTES :]
-        out = (*known, *payload_block_hashes(rest, block_size, parent=parent))
+        return node, k, known
+
+    def _remember(
+        self,
+        ids: Sequence[int],
+        complete: int,
+        node: int,
+        k: int,
+        out: tuple[int, ...],
+        block_size: int,
+    ) -> None:
+        """The trie extended from ``node`` (``k`` blocks deep) to the ``complete`` whole trace
+        blocks of a prompt whose block hashes are ``out``."""
+        bt, role = self.synth.block_tokens, len(self.role)
+        chains = self._chains
         for m in range(k + 1, complete + 1):
             seg = out[(role + (m - 1) * bt) // block_size : (role + m * bt) // block_size]
             nxt = len(chains) + 1 + self._dropped
@@ -224,4 +292,42 @@ class Prompts:
         while len(chains) > self.memo_chains:  # the oldest go (O(1) from an OrderedDict)
             chains.popitem(last=False)
             self._dropped += 1
-        return out
+
+
+class PromptIds(Sequence[int]):
+    """A prompt's token ids by their number, made (:meth:`Prompts.prompt`) only when read:
+    the simulator's engines and gateways read a prompt's length, and a million prompts of
+    some 10k ids each would otherwise be made and held."""
+
+    __slots__ = ("_ids", "_n", "_prompts", "_request")
+
+    def __init__(self, n: int, prompts: Prompts, request: TraceRequest) -> None:
+        self._n, self._prompts, self._request = n, prompts, request
+        self._ids: array[int] | None = None
+
+    def _made(self) -> array[int]:
+        if self._ids is None:
+            self._ids = self._prompts.prompt(self._request)[0]
+        return self._ids
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._made())
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> array[int]: ...
+    def __getitem__(self, i: int | slice) -> int | array[int]:
+        return self._made()[i]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PromptIds):
+            other = other._made()
+        if isinstance(other, array | tuple | list):
+            return list(self._made()) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]

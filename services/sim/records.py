@@ -26,7 +26,7 @@ class SimRequest:
     last: float | None = None
     cached: int = 0
     prompt_tokens: int = 0
-    ntok: int = 0
+    ntok: int = 0  # tokens generated, as of its last reported output (its end: all of them)
     prefilled_at: float | None = None  # the engine's first token (end of the prefill)
     error: str | None = None  # why it failed (shed by the gateway, refused by the engine)
     endings: int = 0  # times it finished or failed (exactly 1 at the end of a run)

@@ -243,7 +243,8 @@ class Simulation(Scaling):
             running += inst.core.num_running
             waiting += inst.core.num_waiting
             # Nothing consumes the caches' KV events or filled-slot lists here (no kvmeta,
-            # no data plane): drop them, or a long run's memory grows with every block.
+            # no data plane): the engines' caches keep none (``record=False``); a cache that
+            # does is drained, or a long run's memory would grow with every block.
             inst.core.cache.drain_events()
             inst.core.cache.drain_filled()
         held = sum(s.held() for s in self.gw.shapers)
@@ -273,9 +274,8 @@ class Simulation(Scaling):
         """Route request ``k``; 1 when it ended at once (shed, refused), else 0."""
         cfg = self.cfg
         _, r = self.arrivals[k]
-        toks, payload = self.prompts.prompt(r)
+        toks, hashes = self.prompts.request(r, cfg.block_size)
         rid = f"r{k}"
-        hashes = self.prompts.block_hashes(r, payload, cfg.block_size)
         session = str(r.hash_ids[0]) if self.memory is not None and r.hash_ids else ""
         view = RequestView(
             rid, len(toks), hashes, cfg.block_size, max(1, r.output_length),
@@ -438,8 +438,10 @@ class Simulation(Scaling):
             return 0
         inst.run = None
         inst.busy = False
-        for rid in inst.core.apply_run(run):
-            self.reqs[rid].ntok += run.steps
+        ran = inst.core.apply_run(run)
+        if inst.core.config.output_mark is None:  # else a request's count comes with its end
+            for rid in ran:
+                self.reqs[rid].ntok += run.steps
         g = self.diag
         g.steps += run.steps
         g.step_ms += run.duration_ms

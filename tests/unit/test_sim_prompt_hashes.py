@@ -31,3 +31,20 @@ def test_block_hashes_are_the_payloads(
         _, payload = p.prompt(r)
         want = tuple(payload_block_hashes(payload, block_size))
         assert p.block_hashes(r, payload, block_size) == want, f"request {k}"
+
+
+@pytest.mark.parametrize("block_size", [16, 64, 100], ids=["bs16", "bs64", "bs100"])
+@pytest.mark.parametrize("seq", SEQUENCES, ids=IDS)
+def test_a_request_is_its_prompt_and_hashes(
+    seq: list[tuple[tuple[int, ...] | None, int]], block_size: int
+) -> None:
+    """``Prompts.request`` (a prompt by length, only its uncovered blocks made and hashed)
+    gives the prompt's ids and the hashes of its bytes."""
+    p, ref = Prompts(memo_blocks=2), Prompts(memo_blocks=2)
+    for k, (ids, n) in enumerate(seq * 2):
+        r = TraceRequest(k, k + 1, 0.0, n, 1, ids)
+        toks, hashes = p.request(r, block_size)
+        want, payload = ref.prompt(r)
+        assert hashes == tuple(payload_block_hashes(payload, block_size)), f"request {k}"
+        assert len(toks) == len(want) and toks == want and list(toks) == list(want)
+        assert toks[-1:] == want[-1:]

@@ -131,3 +131,31 @@ def test_block_hashes_equal_the_definition(n: int, block_size: int, parent: int)
     payload = array("I", ids).tobytes()
     assert tokens.payload_block_hashes(payload, block_size, parent=parent) == want
     assert len(payload) == n * tokens.TOKEN_BYTES
+
+
+def test_a_zero_digest_chains_as_hash_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block whose digest is zero has hash 1, and its child is chained from 1: the digests
+    chained as they are would give another child (the definition, with such a digest)."""
+    from hashlib import blake2b as real
+
+    ids = list(range(40))
+    zero_after = (7).to_bytes(8, "little")  # the digest of the block after parent 7 is 0
+
+    class _Fake:
+        def __init__(self, data: bytes, digest_size: int) -> None:
+            self._zero = bytes(data[:8]) == zero_after
+            self._h = real(data, digest_size=digest_size)
+
+        def digest(self) -> bytes:
+            return bytes(8) if self._zero else self._h.digest()
+
+    import services.common.tokens.whitespace as ws
+
+    monkeypatch.setattr(ws, "blake2b", _Fake)
+    got = tokens.payload_block_hashes(array("I", ids).tobytes(), 4, parent=7)
+    assert got[0] == 1
+    want = [1]
+    for start in range(4, 40, 4):
+        payload = want[-1].to_bytes(8, "little") + array("I", ids[start : start + 4]).tobytes()
+        want.append(int.from_bytes(real(payload, digest_size=8).digest(), "little") or 1)
+    assert got == want

@@ -66,7 +66,8 @@ class SlotPool:
         # The free slots are the heap ``_free`` (given back, all below ``_next``) and the
         # never-taken ``_next .. capacity-1``: the same smallest-first order as one heap of
         # them all, without building a list of every slot up front (a simulated fleet has
-        # a thousand arenas of 16k slots).
+        # a thousand arenas of 16k slots). The heap's layout is free: the slots are distinct,
+        # so any heap of them gives them up in the same order.
         self._free: list[int] = []
         self._next = 0
         self._taken: set[int] = set()
@@ -81,8 +82,17 @@ class SlotPool:
             raise ValueError("n must be >= 0")
         if n > self.free:
             return None
-        k = min(n, len(self._free))  # the given-back ones are all below the fresh ones
-        out = [heapq.heappop(self._free) for _ in range(k)]
+        free = self._free
+        k = min(n, len(free))  # the given-back ones are all below the fresh ones
+        if k == len(free):  # all of them (a full cache takes what it just evicted)
+            out = sorted(free)
+            free.clear()
+        elif 8 * k >= len(free):  # a sorted list is a heap: the same smallest k, in C
+            free.sort()
+            out = free[:k]
+            del free[:k]
+        else:
+            out = [heapq.heappop(free) for _ in range(k)]
         if k < n:
             out.extend(range(self._next, self._next + n - k))
             self._next += n - k
@@ -91,9 +101,14 @@ class SlotPool:
 
     def give(self, slots: Sequence[int]) -> None:
         """Return slots; a slot not taken (or given twice) is a ValueError, nothing changes."""
-        bad = [s for s in slots if s not in self._taken]
-        if bad or len(set(slots)) != len(slots):
+        taken, free = self._taken, self._free
+        if not taken.issuperset(slots) or len(set(slots)) != len(slots):
+            bad = [s for s in slots if s not in taken]
             raise ValueError(f"slots not taken: {bad or sorted(slots)}")
+        taken.difference_update(slots)
+        if len(slots) > 8 and 4 * len(slots) >= len(free):  # many (an eviction): in C
+            free.extend(slots)
+            heapq.heapify(free)
+            return
         for s in slots:
-            self._taken.discard(s)
-            heapq.heappush(self._free, s)
+            heapq.heappush(free, s)

@@ -235,8 +235,12 @@ class EngineCore(PrefillPlanner):
         ctx = sum(s.prompt_len + s.n_gen for s in decoding)
         duration = self.profile.step_ms([(n, s.computed) for s, n in chunks], len(decoding), ctx)
         end = now + duration
-        for s in decoding:
-            outputs.append(self._emit(s, 1, end))
+        mark = self.config.output_mark
+        if mark is None or self.config.token_ids:
+            for s in decoding:
+                outputs.append(self._emit(s, 1, end))
+        else:
+            self._advance(decoding, mark, end, outputs)
         prefilled = 0
         for s, n in chunks:
             s.computed += n
@@ -325,6 +329,20 @@ class EngineCore(PrefillPlanner):
         return tuple(self._running)
 
     # -- internals -----------------------------------------------------------------------
+    def _advance(self, decoding: list[_Seq], mark: int, end: float, out: list[SeqOutput]) -> None:
+        """A token for each of ``decoding`` (no token ids kept); an output for those that
+        finish or reach ``mark`` tokens only (``CoreConfig.output_mark``)."""
+        quiet = 0
+        prefill_role = self.config.role is EngineRole.PREFILL
+        for s in decoding:
+            n = s.n_gen + 1
+            if n == mark or n >= s.req.max_new_tokens or prefill_role:
+                out.append(self._emit(s, 1, end))
+            else:
+                s.n_gen = n
+                quiet += 1
+        self.generation_tokens_total += quiet
+
     def _admit(self, s: _Seq, now: float) -> bool:
         """Admit ``s`` (True), or leave it waiting (False: no room); True also when it left
         for a tier lookup (:meth:`_parked`)."""

@@ -50,6 +50,11 @@ class CoreConfig:
     # > 0: prompts with at most this many tokens left to compute take each step's prefill
     # budget before longer ones (see ``_plan_short_first``); 0: FCFS (running first).
     short_first_tokens: int = 0
+    # None: a step outputs every sequence it advanced (the engine's stream). A token count
+    # m: only the sequences whose first token it made, that reached m generated tokens or
+    # finished; the others' counts advance as usual, unreported (the discrete-event
+    # simulator, which acts on a request's first token, first streamed chunk and end).
+    output_mark: int | None = None
 
 
 @dataclass(frozen=True)

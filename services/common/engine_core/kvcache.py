@@ -36,7 +36,9 @@ the free blocks evicts what it needs (starting those offloads) and is refused (N
 they are freed; it evicts nothing when it could not fit even then.
 
 Every residency change is appended to ``outbox`` as a :class:`KVEventRecord` (stored /
-removed / all-cleared); the shell drains it with :meth:`KVCache.drain_events` and publishes it.
+removed / all-cleared); the shell drains it with :meth:`KVCache.drain_events` and publishes it
+(a cache made with ``record=False`` keeps neither events nor filled slots: its owner reads
+neither).
 :meth:`KVCache.full_state` describes the whole resident set the same way (the answer to a
 resync request): drained events followed by the full state reproduce the cache exactly.
 """
@@ -67,10 +69,13 @@ class KVCache(RetentionOps):
         *,
         hold_evicted: bool = False,
         running_blocks: int | None = None,
+        record: bool = True,
     ) -> None:
         """``running_blocks``: at most this many blocks referenced by sequences at once (None:
         the capacity): a cache bigger than the batch it serves, e.g. a simulation's reference
-        that differs from another run only in what it can keep cached."""
+        that differs from another run only in what it can keep cached. ``record=False``: no
+        KV events and no filled slots are kept (``drain_events`` and ``drain_filled`` answer
+        ``[]``), for an owner that reads neither (the discrete-event simulator)."""
         if capacity_blocks <= 0 or block_size <= 0:
             raise ValueError("capacity_blocks and block_size must be positive")
         if running_blocks is not None and not 0 < running_blocks <= capacity_blocks:
@@ -92,6 +97,7 @@ class KVCache(RetentionOps):
         self._private = 0
         self._seqs: dict[str, Allocation] = {}
         self.outbox: list[KVEventRecord] = []
+        self.record = record
         self._slots = SlotPool(capacity_blocks)
         self._filled: list[tuple[int, int]] = []
         self.hold_evicted = hold_evicted
@@ -254,12 +260,8 @@ class KVCache(RetentionOps):
         run_parent = 0
         # Locals in the per-block loop (a long prompt has hundreds of blocks); the private
         # count is written back once, after it.
-        blocks, filled, committed, tenant = (
-            self._blocks,
-            self._filled,
-            alloc.committed,
-            alloc.tenant,
-        )
+        blocks, committed, tenant = self._blocks, alloc.committed, alloc.tenant
+        filled = self._filled if self.record else None
         parents, tenants, refs = self._parent, self._tenant, self._refs
         private = alloc.private
         for i in range(start, len(hashes)):
@@ -273,7 +275,8 @@ class KVCache(RetentionOps):
             slot = next(slots)
             blocks[h] = slot
             parents[slot], tenants[slot], refs[slot] = parent, tenant, 1
-            filled.append((h, slot))
+            if filled is not None:
+                filled.append((h, slot))
             private -= 1
             committed.append(h)
             if not run:
@@ -304,7 +307,8 @@ class KVCache(RetentionOps):
                 ten[slot] = tenant
                 refs[slot] = 1
         self._blocks.update(zip(new, slots, strict=True))
-        self._filled.extend(zip(new, slots, strict=True))
+        if self.record:
+            self._filled.extend(zip(new, slots, strict=True))
         alloc.committed.extend(new)
         self._flush_run(new, parent, tenant)
         self._private -= len(new)
@@ -348,7 +352,8 @@ class KVCache(RetentionOps):
         self._blocks.clear()
         self._lru.clear()
         self._protected.clear()
-        self.outbox.append(KVEventRecord(KVEventKind.ALL_CLEARED))
+        if self.record:
+            self.outbox.append(KVEventRecord(KVEventKind.ALL_CLEARED))
         return True
 
     def drain_events(self) -> list[KVEventRecord]:
@@ -372,7 +377,7 @@ class KVCache(RetentionOps):
 
     # -- internals -----------------------------------------------------------------------
     def _flush_run(self, run: list[int], parent: int, tenant: str) -> None:
-        if run:
+        if run and self.record:
             self.outbox.append(
                 KVEventRecord(
                     KVEventKind.STORED, tuple(run), parent, len(run) * self.block_size, tenant
@@ -397,8 +402,12 @@ class KVCache(RetentionOps):
     def _evict(self, n: int, keep: set[int] | None = None) -> None:
         """Evict up to ``n`` unreferenced blocks, least recent first, none of ``keep``;
         protected blocks only when the others are not enough."""
-        n = max(0, n)
+        if n <= 0:
+            return
         prot = self._protected
+        if not keep and not prot:  # every unreferenced block may go: the oldest n, in C
+            self._remove(list(islice(self._lru, n)))
+            return
         free = (h for h in self._lru if (not keep or h not in keep) and h not in prot)
         victims = list(islice(free, n))
         if len(victims) < n and prot:
@@ -407,21 +416,25 @@ class KVCache(RetentionOps):
         self._remove(victims)
 
     def _remove(self, victims: list[int]) -> None:
-        """Evict these unreferenced cached blocks (to the tier when holding evicted ones)."""
-        removed: list[int] = []
-        for h in victims:
-            del self._lru[h]
-            self._protected.discard(h)
-            slot = self._blocks.pop(h)
-            if self.hold_evicted:
+        """Evict these unreferenced cached blocks (distinct; to the tier when holding
+        evicted ones)."""
+        if not victims:
+            return
+        if self.hold_evicted:
+            for h in victims:
+                del self._lru[h]
+                self._protected.discard(h)
+                slot = self._blocks.pop(h)
                 self._held[slot] = h
                 self._evicted.append((h, slot))
-            else:
-                self._slots.give([slot])
-            removed.append(h)
-        if removed:
+        else:  # the same, in bulk
+            deque(map(self._lru.__delitem__, victims), maxlen=0)
+            if self._protected:
+                self._protected.difference_update(victims)
+            self._slots.give(list(map(self._blocks.pop, victims)))
+        if self.record:
             self.outbox.append(
                 KVEventRecord(
-                    KVEventKind.REMOVED, tuple(removed), 0, len(removed) * self.block_size
+                    KVEventKind.REMOVED, tuple(victims), 0, len(victims) * self.block_size
                 )
             )

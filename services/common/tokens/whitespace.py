@@ -19,6 +19,7 @@ block's hash covers its whole prefix, and two tenants never share a hash.
 from __future__ import annotations
 
 import re
+import sys
 import zlib
 from array import array
 from collections.abc import Sequence
@@ -99,16 +100,37 @@ def payload_block_hashes(
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     h = tenant_seed(tenant) if parent is None else parent
-    out: list[int] = []
     step = block_size * _ITEM
-    # Each block's payload is the parent hash (8 bytes, little-endian), then its ids.
-    # (_h64 inlined: a long prompt has hundreds of blocks.)
-    append, from_bytes = out.append, int.from_bytes
-    for start in range(0, len(payload) - len(payload) % step, step):
+    end = len(payload) - len(payload) % step
+    # Each block's payload is the parent hash (8 bytes, little-endian), then its ids. A
+    # non-zero digest read little-endian is the hash, so its bytes are the next block's
+    # parent as they are: the loop chains digests, and they become ints at once after it.
+    # (A zero digest, whose hash is 1, takes the loop below from the start.)
+    digest, view = h.to_bytes(8, "little"), memoryview(payload)
+    digests: list[bytes] = []
+    append = digests.append
+    for start in range(0, end, step):
+        digest = blake2b(digest + view[start : start + step], digest_size=8).digest()
+        append(digest)
+    if _ZERO_DIGEST not in digests:
+        return _digest_ints(b"".join(digests))
+    out: list[int] = []
+    for start in range(0, end, step):
         data = h.to_bytes(8, "little") + payload[start : start + step]
-        h = from_bytes(blake2b(data, digest_size=8).digest(), "little") or 1
-        append(h)
+        h = int.from_bytes(blake2b(data, digest_size=8).digest(), "little") or 1
+        out.append(h)
     return out
+
+
+_ZERO_DIGEST = bytes(8)
+
+
+def _digest_ints(data: bytes) -> list[int]:
+    """The little-endian 64-bit ints of ``data``'s 8-byte digests, in order."""
+    ints = array("Q", data)
+    if sys.byteorder == "big":
+        ints.byteswap()
+    return ints.tolist()
 
 
 def _h64(data: bytes) -> int:
