@@ -221,10 +221,13 @@ class DispatchShaper:
 
     def set_foreign(self, backlogs: dict[str, float], now: float) -> dict[str, list[str]]:
         """The other replicas' backlog per instance now (ms; an instance absent has none).
-        Returns, per instance whose backlog changed, the waiting requests to dispatch now
-        (the shell also re-times that instance)."""
+        Returns, per instance with a foreign backlog before or now, the waiting requests to
+        dispatch now (none unless it fell; the shell also re-times that instance)."""
         out: dict[str, list[str]] = {}
-        for iid in backlogs.keys() | {i for i, v in self._inst.items() if v.foreign_until > now}:
+        # sorted: the same order in every process (a set of strings is not)
+        for iid in sorted(
+            backlogs.keys() | {i for i, v in self._inst.items() if v.foreign_until > now}
+        ):
             inst = self._inst.setdefault(iid, _Instance())
             until = now + max(0.0, backlogs.get(iid, 0.0)) / 1000.0
             lower = until < inst.foreign_until
