@@ -8,7 +8,7 @@ seeded RNG (a load balancer in front of the gateways). With ``share_state`` (the
 same pure rules (:mod:`services.common.scheduling.shared_state`): each pick's routed prefix
 reaches the other replicas ``share_lag_ms`` later (:meth:`Gateways.take_shared` hands the
 run the entries to deliver), and every ``share_heartbeat_ms`` each replica's in-flight
-counts (:meth:`Gateways.heartbeat`).
+counts and dispatch backlog (:meth:`Gateways.heartbeat`).
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ class Gateways:
         """Every replica heartbeats its in-flight counts and dispatch backlog and reads the
         others' (at once: the heartbeat period is the lag); nothing without
         ``share_state``. Returns (replica, instance, requests its dispatch order lets go
-        now) per instance whose foreign backlog changed (the run dispatches and re-times)."""
+        now) per instance with a foreign backlog (the run dispatches them)."""
         if not self.sharing:
             return []
         now_ms = int(now_s * 1000)
