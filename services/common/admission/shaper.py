@@ -8,17 +8,10 @@ hundreds of ms), a new session's first turn prefills 60-80k tokens (seconds). Se
 come, every turn queued behind a first turn waits out its whole prefill.
 
 Hold: after a pick, a request goes to its instance at once only while that instance's
-predicted prefill backlog (the predicted prefill of what this gateway dispatched there and
-has not seen a first byte of, counted down as time passes) is below ``hold_above_ms``;
-otherwise it waits here, bound to that instance. The backlog is a prediction (the perf
-model's prefill time, from the pick) scaled by the instance's observed speed, and it is
-corrected by what the engine shows:
-* when a first byte comes before the prediction ran out, the backlog is cut to what is still
-  outstanding;
-* every first byte updates the speed, a moving average of observed over predicted time to
-  the first byte, capped at 1. An engine faster than the model (or a canned upstream
-  answering in microseconds) is not held back by a model that overrates its work. An engine
-  slower than the model is never given more.
+predicted prefill backlog (the predicted prefill of what this gateway, and with shared state
+the other replicas, dispatched there without a first byte yet, counted down as time passes
+and corrected by what the engine shows: :mod:`.backlog`) is below ``hold_above_ms``;
+otherwise it waits here, bound to that instance.
 
 A prompt whose (scaled) predicted prefill is under an eighth of the threshold always goes at
 once: it delays the others by little, and ordering it is not worth its cost. Whenever the
@@ -62,12 +55,6 @@ instance's recent first-chunk lag against the deadline), and protection is on wh
 moving share of late predictions is at least ``protect_when_missed``; off, the order runs
 as without protection.
 
-Other gateway replicas (:meth:`DispatchShaper.set_foreign`): their dispatch orders' backlogs
-on an instance, as their heartbeats report them (:mod:`services.common.scheduling.shared_state`),
-add to this one's, running down as time passes, so that N replicas together hold an
-instance's queue at the threshold instead of each filling it up to the threshold with its own
-share. :meth:`own_backlog` is what this one reports.
-
 Pure: time is passed in; the shell dispatches what :meth:`offer` and :meth:`release`
 return and reports first bytes, releases and cancellations.
 """
@@ -78,6 +65,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Literal
 
+from services.common.admission.backlog import SPEED_ALPHA, Backlog
 from services.common.admission.follow import Follower, Followers
 from services.common.admission.protect import Guards
 
@@ -106,17 +94,6 @@ DISPATCH_PROTECT_WHEN_MISSED = 0.7
 # delays whatever waits by little, and holding it would cost the gateway more than it saves
 # (at saturation with short prompts, the futures and timers were +12 % CPU per request).
 SMALL_SHARE = 0.125
-# Weight of each first byte in an instance's speed, and the lowest speed it can reach.
-SPEED_ALPHA = 0.2
-SPEED_FLOOR = 0.01
-
-
-def _below(a: float, b: float, hold: float) -> float:
-    """When two backlogs running out at times ``a`` and ``b`` together fall to ``hold``:
-    while both run, the sum falls twice as fast."""
-    lo, hi = (a, b) if a <= b else (b, a)
-    both = (a + b - hold) / 2.0
-    return both if both <= lo else hi - hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,19 +124,12 @@ class ShaperConfig:
 
 
 @dataclass(slots=True)
-class _Instance:
-    busy_until: float = 0.0  # predicted end of the dispatched prefill backlog (s)
-    # rid -> (predicted ms as scaled, dispatched at, predicted first byte at, speed then)
-    outstanding: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
-    out_ms: float = 0.0  # the scaled predictions in ``outstanding``, summed
-    speed: float = 1.0  # observed / predicted time to first byte, averaged, at most 1
+class _Instance(Backlog):
     held: list[tuple[int, float, int, str]] = field(default_factory=list)  # shortest first
     timely: list[tuple[int, float, int, str]] = field(default_factory=list)  # latest start
     wake: float | None = None  # protection holds the late ones until then (s), else None
     # observed time to first byte beyond the own predicted prefill, averaged (ms)
     lag_ms: float = 0.0
-    # predicted end of the other gateway replicas' backlog here (s; set_foreign)
-    foreign_until: float = 0.0
 
     def waiting(self) -> int:
         return len(self.held) + len(self.timely)
@@ -204,20 +174,14 @@ class DispatchShaper:
         """Predicted prefill still ahead of a new request dispatched to the instance now:
         this gateway's, plus the other replicas' (:meth:`set_foreign`)."""
         inst = self._inst.get(instance_id)
-        if inst is None:
-            return 0.0
-        return (max(0.0, inst.busy_until - now) + max(0.0, inst.foreign_until - now)) * 1000.0
+        return inst.ms(now) if inst is not None else 0.0
 
     def own_backlog(self, now: float) -> dict[str, float]:
         """This gateway's own backlog per instance (ms, none: absent), for the other
         replicas; nothing while the order is off (it holds nothing back)."""
         if not self.enabled:
             return {}
-        return {
-            iid: (inst.busy_until - now) * 1000.0
-            for iid, inst in self._inst.items()
-            if inst.busy_until > now
-        }
+        return {iid: v.own_ms(now) for iid, v in self._inst.items() if v.busy_until > now}
 
     def set_foreign(self, backlogs: dict[str, float], now: float) -> dict[str, list[str]]:
         """The other replicas' backlog per instance now (ms; an instance absent has none).
@@ -228,11 +192,8 @@ class DispatchShaper:
         for iid in sorted(
             backlogs.keys() | {i for i, v in self._inst.items() if v.foreign_until > now}
         ):
-            inst = self._inst.setdefault(iid, _Instance())
-            until = now + max(0.0, backlogs.get(iid, 0.0)) / 1000.0
-            lower = until < inst.foreign_until
-            inst.foreign_until = until
-            out[iid] = self.release(iid, now) if lower else []
+            fell = self._inst.setdefault(iid, _Instance()).set_foreign(backlogs.get(iid, 0.0), now)
+            out[iid] = self.release(iid, now) if fell else []
         return out
 
     def offer(
@@ -281,7 +242,7 @@ class DispatchShaper:
         if entry is not None:
             return max(0.0, (entry[2] - now) * 1000.0)
         own = self._costs.get(carrier, (0.0, now))[0]
-        return max(0.0, (inst.busy_until - now) * 1000.0) + own * inst.speed
+        return inst.own_ms(now) + own * inst.speed
 
     def _offer(
         self,
@@ -390,25 +351,11 @@ class DispatchShaper:
 
     def _settle(self, inst: _Instance, rid: str, now: float, observed: bool) -> None:
         self._guards.end(rid)
-        entry = inst.outstanding.pop(rid, None)
-        if entry is None:
-            return
-        if observed:
-            _, at, due, speed = entry
-            if due > at:
-                # observed over the model's own time to first byte (unscaled)
-                ratio = min(1.0, max(SPEED_FLOOR, (now - at) * speed / (due - at)))
-                inst.speed += SPEED_ALPHA * (ratio - inst.speed)
-            if self.config.protect:
-                lag = max(0.0, (now - at) * 1000.0 - entry[0] / entry[3])
-                inst.lag_ms += SPEED_ALPHA * (lag - inst.lag_ms)
-        # Still outstanding: at most the rest of their predictions; none: idle now.
-        if inst.outstanding:
-            inst.out_ms -= entry[0]
-            inst.busy_until = min(inst.busy_until, now + max(0.0, inst.out_ms) / 1000.0)
-        else:
-            inst.out_ms = 0.0
-            inst.busy_until = now
+        entry = inst.settle(rid, now, observed)
+        if entry is not None and observed and self.config.protect:
+            scaled, at, _, speed = entry
+            lag = max(0.0, (now - at) * 1000.0 - scaled / speed)
+            inst.lag_ms += SPEED_ALPHA * (lag - inst.lag_ms)
 
     def cancel(self, rid: str) -> bool:
         """Withdraw a waiting request (client gone, deadline). False if it is not waiting.
@@ -491,7 +438,7 @@ class DispatchShaper:
         expiry = self._follow.next_expiry(instance_id)
         if not inst.waiting():
             return expiry
-        at = _below(inst.busy_until, inst.foreign_until, self.config.hold_above_ms / 1000.0)
+        at = inst.falls_to(self.config.hold_above_ms)
         if inst.wake is not None:
             at = max(at, inst.wake)  # the late ones wait for protection to end
         return at if expiry is None else min(at, expiry)
@@ -506,7 +453,4 @@ class DispatchShaper:
             need = self._need_ms(inst, prefill_ms) / 1000.0
             if deadline is not None and deadline - need >= now:
                 self._guards.add(instance_id, rid, deadline, now + need)
-        scaled = prefill_ms * inst.speed
-        inst.busy_until = max(inst.busy_until, now) + scaled / 1000.0
-        inst.outstanding[rid] = (scaled, now, inst.busy_until, inst.speed)
-        inst.out_ms += scaled
+        inst.add(rid, prefill_ms, now)
