@@ -33,8 +33,7 @@ from services.common.scheduling.shared_state import (
     heartbeat,
     merge_backlog,
     merge_in_flight,
-    routed_entry,
-    routed_plugins,
+    pick_entry,
 )
 from services.sim.config import SimConfig
 from services.sim.narrow import NarrowScheduler
@@ -103,18 +102,15 @@ class Gateways:
 
     # -- shared state (live: services.scheduler.feeds.shared over Redis) ------------------
     def _picked(self, g: int, view: RequestView, pick: Pick, now_s: float) -> None:
-        names = routed_plugins(self.cores[g].scheduler, pick)
-        entry = routed_entry(view, pick, names, deployment="", replica_id=str(g),
-                             ts_ms=int(now_s * 1000))  # fmt: skip
-        if entry is not None:
-            self._shared.append((g, entry))
+        self._publish(g, view, pick, int(now_s * 1000), retracted=False)
 
     def _settled(self, g: int, view: RequestView, pick: Pick, ok: bool) -> None:
-        if ok:
-            return
-        names = routed_plugins(self.cores[g].scheduler, pick)
-        entry = routed_entry(view, pick, names, deployment="", replica_id=str(g), ts_ms=0,
-                             retracted=True)  # fmt: skip
+        if not ok:  # a settle has no time: take_shared stamps it
+            self._publish(g, view, pick, 0, retracted=True)
+
+    def _publish(self, g: int, view: RequestView, pick: Pick, ts_ms: int, retracted: bool) -> None:
+        entry = pick_entry(self.cores[g].scheduler, view, pick, deployment="",
+                           replica_id=str(g), ts_ms=ts_ms, retracted=retracted)  # fmt: skip
         if entry is not None:
             self._shared.append((g, entry))
 

@@ -37,6 +37,7 @@ __all__ = [
     "heartbeat",
     "merge_backlog",
     "merge_in_flight",
+    "pick_entry",
     "routed_entry",
     "routed_plugins",
 ]
@@ -98,6 +99,29 @@ def routed_entry(
         ts_ms=ts_ms,
         plugins=plugins,
         request_id=request.request_id,
+        retracted=retracted,
+    )
+
+
+def pick_entry(
+    scheduler: Scheduler,
+    request: RequestView,
+    pick: Pick,
+    *,
+    deployment: str,
+    replica_id: str,
+    ts_ms: int,
+    retracted: bool = False,
+) -> events_pb2.RoutedPrefix | None:
+    """:func:`routed_entry` for a pick ``scheduler`` made, with the approximate-prefix
+    plugins that took it (:func:`routed_plugins`)."""
+    return routed_entry(
+        request,
+        pick,
+        routed_plugins(scheduler, pick),
+        deployment=deployment,
+        replica_id=replica_id,
+        ts_ms=ts_ms,
         retracted=retracted,
     )
 

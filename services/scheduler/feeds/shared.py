@@ -43,8 +43,7 @@ from services.common.scheduling.shared_state import (
     heartbeat,
     merge_backlog,
     merge_in_flight,
-    routed_entry,
-    routed_plugins,
+    pick_entry,
 )
 from services.common.streams import Start, StreamFollower, StreamProducer, stream_name
 from services.common.tasks import pause, stop_tasks
@@ -143,10 +142,10 @@ class SharedState:
             self._queue(request, pick, retracted=True)
 
     def _queue(self, request: RequestView, pick: Pick, *, retracted: bool) -> None:
-        entry = routed_entry(
+        entry = pick_entry(
+            self.core.scheduler,
             request,
             pick,
-            routed_plugins(self.core.scheduler, pick),
             deployment=self.deployment,
             replica_id=self.replica_id,
             ts_ms=int(self.wall() * 1000),
