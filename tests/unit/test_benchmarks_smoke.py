@@ -481,7 +481,7 @@ def test_instructions_per_request_and_against_chat(tmp_path: Path) -> None:
 )
 def test_pd_breakdown_phases_add_up_to_the_ttft(cfg_kw: dict[str, Any], disaggregated: int) -> None:
     from services.sim.config import SimConfig
-    from tests.unit.test_sim import trace_of
+    from tests.helpers.sim_traces import trace_of
 
     mod = _load("pd_breakdown")
     sim = mod.Observed(SimConfig(max_requests=24, kv_blocks=2048, **cfg_kw), trace_of(24))

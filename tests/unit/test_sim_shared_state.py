@@ -9,7 +9,7 @@ from services.common.routing.types import Pick, RequestView
 from services.common.scheduling import EndpointSpec
 from services.sim import SimConfig, simulate
 from services.sim.routing import Gateways
-from tests.unit.test_sim import trace_of
+from tests.helpers.sim_traces import trace_of
 
 SPECS = [EndpointSpec(f"e{i}", f"http://e{i}") for i in range(4)]
 HASHES = tuple(range(100, 108))
