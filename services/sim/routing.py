@@ -28,6 +28,7 @@ from services.common.routing.plugins.routed_match import RoutedMatch
 from services.common.routing.types import Pick, PrefixMatch, RequestView
 from services.common.scheduling import EndpointSpec, GatewayCore, build_core
 from services.common.scheduling.shared_state import (
+    apply_carrier,
     apply_routed,
     approx_plugins,
     heartbeat,
@@ -105,12 +106,16 @@ class Gateways:
         self._publish(g, view, pick, int(now_s * 1000), retracted=False)
 
     def _settled(self, g: int, view: RequestView, pick: Pick, ok: bool) -> None:
-        if not ok:  # a settle has no time: take_shared stamps it
-            self._publish(g, view, pick, 0, retracted=True)
+        # a settle has no time: take_shared stamps it
+        self._publish(g, view, pick, 0, retracted=not ok, answered=ok)
 
-    def _publish(self, g: int, view: RequestView, pick: Pick, ts_ms: int, retracted: bool) -> None:
+    def _publish(
+        self, g: int, view: RequestView, pick: Pick, ts_ms: int, retracted: bool,
+        answered: bool = False,
+    ) -> None:  # fmt: skip
         entry = pick_entry(self.cores[g].scheduler, view, pick, deployment="",
-                           replica_id=str(g), ts_ms=ts_ms, retracted=retracted)  # fmt: skip
+                           replica_id=str(g), ts_ms=ts_ms, retracted=retracted,
+                           answered=answered)  # fmt: skip
         if entry is not None:
             self._shared.append((g, entry))
 
@@ -123,12 +128,24 @@ class Gateways:
                 entry.ts_ms = int(now_s * 1000)
         return out
 
-    def deliver(self, source: int, entry: events_pb2.RoutedPrefix, now_s: float) -> None:
-        """Replica ``source``'s entry reaches every other replica at ``now_s``."""
+    def deliver(
+        self, source: int, entry: events_pb2.RoutedPrefix, now_s: float
+    ) -> list[tuple[int, str, list[str]]]:
+        """Replica ``source``'s entry reaches every other replica at ``now_s``. Returns
+        (replica, instance, requests its dispatch order lets go now) per instance where a
+        foreign carrier's end (or time) set followers free (the run dispatches them)."""
+        out: list[tuple[int, str, list[str]]] = []
+        wall_ms = int(now_s * 1000)
         for g, plugins in enumerate(self._plugins):
-            if g != source:
-                apply_routed(plugins, entry, replica_id=str(g), now=now_s,
-                             wall_ms=int(now_s * 1000), max_age_s=self._max_age_s)  # fmt: skip
+            if g == source:
+                continue
+            apply_routed(plugins, entry, replica_id=str(g), now=now_s, wall_ms=wall_ms,
+                         max_age_s=self._max_age_s)  # fmt: skip
+            for iid, go in apply_carrier(
+                self.shapers[g], entry, replica_id=str(g), now=now_s, wall_ms=wall_ms
+            ).items():
+                out.append((g, iid, go))
+        return out
 
     def heartbeat(self, now_s: float) -> list[tuple[int, str, list[str]]]:
         """Every replica heartbeats its in-flight counts and dispatch backlog and reads the

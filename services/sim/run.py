@@ -213,8 +213,13 @@ class Simulation(Scaling):
                 self.q.push(at, "share", item)
 
     def share(self, p: Any, now: float) -> int:
-        self.gw.deliver(p[0], p[1], now / 1000.0)
-        return 0
+        # Followers a foreign carrier's end set free go now; as in beat, the instance's own
+        # timer (armed while any wait) re-times itself.
+        ended = 0
+        for _, _, go in self.gw.deliver(p[0], p[1], now / 1000.0):
+            if go:
+                ended += self.dispatch(go, now)
+        return ended
 
     def beat(self, _: Any, now: float) -> int:
         # A lower foreign backlog lets waiting requests go now; the instance's own timer

@@ -313,3 +313,37 @@ async def test_abandoned_pick_is_retracted_everywhere(replicas: Replica) -> None
     assert await a.publish_once() == 2
     assert await b.read_once(block_ms=0) == 2 and b.stats["applied"] == 2
     assert pick_on(b.core, view("t2", TURN2), 2.0, "t2") == "a"  # no affinity to 'c' left
+
+
+async def test_a_turn_waits_for_its_carrier_on_the_other_replica(replicas: Replica) -> None:
+    """A session's turn reaches replica B while its previous turn (the carrier) still
+    prefills, sent by replica A: B holds the new turn until A's first byte is announced,
+    then sends it (it hits the carrier's prefix instead of computing it again)."""
+    wall = Wall()
+    cfg = ShaperConfig(hold_above_ms=150.0, follow_max_ms=30_000.0)
+    orders = [DispatchOrder(DispatchShaper(cfg), wall) for _ in "AB"]
+    a = replicas("A", wall, dispatch=orders[0])
+    b = replicas("B", wall, dispatch=orders[1])
+    a.core.settle_listeners.append(a.on_settle)  # what start() does, without the tasks
+    await b.read_once(block_ms=0)
+    v1 = view("t1", TURN1, exclude=frozenset({"a", "b"}))
+    d1 = a.core.pick(v1, 1.0, "t1")
+    assert isinstance(d1, Pick) and d1.decode.endpoint.instance_id == "c"
+    assert orders[0].offer("t1", "c", 2_000.0, prefix=v1.block_hashes) is None
+    assert await a.publish_once() == 1
+    assert await b.read_once(block_ms=0) == 1
+    v2 = view("t2", TURN2)
+    waiting = orders[1].offer("t2", "c", 100.0, prefix=v2.block_hashes)
+    assert waiting is not None and not waiting.done()
+    # another prompt for the same instance, sharing nothing, is not held
+    other = view("x", list(range(5000, 5064))).block_hashes
+    assert orders[1].offer("x", "c", 10.0, prefix=other) is None
+    orders[0].first_byte("t1")
+    a.core.first_token("t1")  # settled ok: A announces the answer
+    assert await a.publish_once() == 1
+    assert not waiting.done()
+    assert await b.read_once(block_ms=0) == 1
+    assert waiting.done()
+    await orders[1].wait("t2", waiting)
+    for o in orders:
+        o.close()

@@ -226,3 +226,93 @@ async def test_order_shell_holds_a_follower_until_its_carrier_answers() -> None:
     order.done("carrier")
     assert order.shaper.held() == 0
     order.close()
+
+
+# -- another replica's carriers -----------------------------------------------------------
+@pytest.mark.parametrize(
+    ("follow_ms", "age_s", "carrier_ms", "target", "held"),
+    [
+        (10_000.0, 0.0, 5_000.0, "a", True),
+        (0.0, 0.0, 5_000.0, "a", False),  # followers off: no carrier taken
+        (10_000.0, 10.0, 5_000.0, "a", False),  # announced a bound ago: too old to wait for
+        (10_000.0, 0.0, 5_000.0, "b", False),  # the carrier computes on another instance
+        (2_000.0, 0.0, 5_000.0, "a", False),  # its first byte is predicted past the bound
+        (10_000.0, 4.0, 5_000.0, "a", True),  # old, but its prediction is still within
+    ],
+    ids=["held", "off", "too-old", "other-instance", "carrier-too-far", "aged"],
+)
+def test_a_foreign_carrier_holds_its_followers(
+    follow_ms: float, age_s: float, carrier_ms: float, target: str, held: bool
+) -> None:
+    s = _shaper(follow_ms)
+    assert s.foreign_carrier("B/t1", "a", TURN1, 0, carrier_ms, 1.0, age_s=age_s) == {}
+    assert s.offer("f", target, 5.0, 1.0, prefix=TURN2, cached_blocks=8) is not held
+    assert s.held(target) == int(held)
+
+
+@pytest.mark.parametrize(
+    ("event", "at", "expect"),
+    [
+        ("answered", 2.0, {"a": ["f"]}),  # the other replica announced its first byte
+        ("other-carrier", 2.0, {}),  # another foreign carrier's end frees nothing here
+        ("announce", 5.0, {}),  # a later announcement before the carrier's bound
+        ("announce", 11.2, {"a": ["f"]}),  # after it (announced at 1 s, 10 s bound)
+    ],
+    ids=["carrier-answers", "other-ends", "within-bound", "carrier-expired"],
+)
+def test_a_foreign_carrier_s_followers_go(
+    event: str, at: float, expect: dict[str, list[str]]
+) -> None:
+    s = _shaper(10_000.0)
+    assert s.foreign_carrier("B/t1", "a", TURN1, 0, 3_000.0, 1.0) == {}
+    assert not s.offer("f", "a", 5.0, 1.5, prefix=TURN2, cached_blocks=8)
+    if event == "answered":
+        got = s.foreign_end("B/t1", at)
+    elif event == "other-carrier":
+        got = s.foreign_end("B/other", at)
+    else:
+        got = s.foreign_carrier("B/t9", "b", OTHER, 0, 100.0, at)
+    assert got == expect
+    assert s.held("a") == 1 - sum(len(v) for v in expect.values())
+
+
+TURN3 = (*TURN2, 11, 12)
+
+
+@pytest.mark.parametrize(
+    ("steps", "held"),
+    [
+        # X (turn 2, another replica) would follow C (turn 1): parked, no carrier; turn 3
+        # waits for C, as it would for a local follower's carrier
+        (["C", "X", "offer-f"], {"f": "B/c"}),
+        # C answered: X computes now and is the carrier turn 3 waits for
+        (["C", "X", "end-C", "offer-f"], {"f": "B/x"}),
+        # X answered before C's end arrived: it carries nothing when C ends
+        (["C", "X", "end-X", "end-C", "offer-f"], {}),
+        # C's carrier time ran out: X is promoted as C is dropped
+        (["C", "X", "expire-C", "offer-f"], {"f": "B/x"}),
+        # without C, X is a carrier at once
+        (["X", "offer-f"], {"f": "B/x"}),
+    ],
+    ids=["parked", "promoted", "answered-while-parked", "carrier-expired", "no-carrier"],
+)
+def test_a_foreign_pick_behind_a_carrier_is_parked(steps: list[str], held: dict[str, str]) -> None:
+    s = _shaper(10_000.0)
+    for step in steps:
+        if step == "C":
+            assert s.foreign_carrier("B/c", "a", TURN1, 0, 2_000.0, 0.0) == {}
+        elif step == "X":
+            assert s.foreign_carrier("B/x", "a", TURN2, 8, 100.0, 0.1) == {}
+        elif step == "end-C":
+            s.foreign_end("B/c", 2.0)
+        elif step == "end-X":
+            s.foreign_end("B/x", 1.5)
+        elif step == "expire-C":  # any later announcement prunes expired carriers
+            s.foreign_carrier("B/o", "b", OTHER, 0, 10.0, 10.05)
+        else:
+            s.offer("f", "a", 5.0, 10.06 if "expire-C" in steps else 3.0, prefix=TURN3,
+                    cached_blocks=10)  # fmt: skip
+    assert s.held("a") == len(held)
+    if held:
+        assert s.foreign_end("B/c" if held["f"] == "B/x" else "B/x", 11.0) == {}  # not it
+        assert s.foreign_end(held["f"], 11.0) == {"a": ["f"]}

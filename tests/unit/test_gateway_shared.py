@@ -8,10 +8,12 @@ from dataclasses import replace
 import pytest
 from tideserve.v1 import events_pb2
 
+from services.common.admission.shaper import DispatchShaper, ShaperConfig
 from services.common.routing.types import Pick, RequestView
 from services.common.scheduling import EndpointSpec, GatewayCore, build_core
 from services.common.scheduling.fleet import Fleet
 from services.common.scheduling.shared_state import (
+    apply_carrier,
     apply_routed,
     approx_plugins,
     dead_replicas,
@@ -320,3 +322,49 @@ def test_abandoned_pick_is_retracted_on_the_other_replica() -> None:
         assert apply_routed(plugins, e, replica_id="B", now=2.0, wall_ms=1_500, max_age_s=600)
     assert plugins["prefix"].index.match(HASHES, 2.0) == {}
     assert a.scheduler.profiles["default"].post_pick  # sanity: the plugin took part
+
+
+def test_entries_announce_the_pick_as_a_carrier_and_its_answer() -> None:
+    c = core()
+    d = c.pick(view(), 0.0, "p1")
+    assert isinstance(d, Pick)
+    args = {"deployment": "d", "replica_id": "me", "ts_ms": 7}
+    e = routed_entry(view(), d, ["prefix"], **args)  # type: ignore[arg-type]
+    assert e is not None and e.prefill_ms == d.predicted_prefill_ms > 0
+    assert e.cached_blocks == d.predicted_cached_tokens // 16 and not e.answered
+    done = routed_entry(view(), d, ["prefix"], answered=True, **args)  # type: ignore[arg-type]
+    assert done is not None and done.answered and not done.block_hashes
+    assert done.request_id == "r1" and done.prefill_ms == 0
+    plugins = approx_plugins(c.scheduler)
+    # an answer changes no routed prefix
+    assert not apply_routed(plugins, done, replica_id="other", now=1.0, wall_ms=7, max_age_s=60)
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "held_after"),
+    [
+        (entry(request_id="t1", prefill_ms=3_000.0), entry(request_id="t1", answered=True), 0),
+        (entry(request_id="t1", prefill_ms=3_000.0), entry(request_id="t1", retracted=True), 0),
+        (entry(request_id="t1", prefill_ms=3_000.0), entry(request_id="t2", answered=True), 1),
+        (entry(request_id="t1", prefill_ms=3_000.0), entry(request_id="t1", replica_id="x",
+                                                          answered=True), 1),
+        (entry(request_id="t1", prefill_ms=0.0), None, 0),
+        (entry(request_id="t1", prefill_ms=3_000.0, replica_id="me"), None, 0),
+        (entry(request_id="", prefill_ms=3_000.0), None, 0),
+        (entry(request_id="t1", prefill_ms=3_000.0, instance_ids=["a", "c"]), None, 1),
+        (entry(request_id="t1", prefill_ms=3_000.0, instance_ids=["c", "a"]), None, 0),
+    ],
+    ids=["answered", "retracted", "another-pick-answered", "same-id-other-replica",
+         "no-carrier", "own", "no-request-id", "pd-prefill-instance", "pd-decode-instance"],
+)  # fmt: skip
+def test_apply_carrier(
+    first: events_pb2.RoutedPrefix, second: events_pb2.RoutedPrefix | None, held_after: int
+) -> None:
+    """Another replica's pick holds this one's request for the same prefix on the instance
+    that computes it (the last of instance_ids) until the pick's answer or retraction."""
+    s = DispatchShaper(ShaperConfig(hold_above_ms=150.0, follow_max_ms=30_000.0))
+    assert apply_carrier(s, first, replica_id="me", now=5.0, wall_ms=100_000) == {}
+    held = not s.offer("f", "c", 5.0, 5.1, prefix=(*HASHES, 77))
+    go = apply_carrier(s, second, replica_id="me", now=6.0, wall_ms=101_000) if second else {}
+    assert int(held) - sum(len(v) for v in go.values()) == held_after
+    assert s.held("c") == held_after

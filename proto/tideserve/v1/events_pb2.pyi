@@ -285,7 +285,7 @@ class DeadLetter(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., entry_id: _Optional[str] = ..., group: _Optional[str] = ..., error: _Optional[str] = ..., fields: _Optional[_Mapping[str, bytes]] = ..., ts_ms: _Optional[int] = ...) -> None: ...
 
 class RoutedPrefix(_message.Message):
-    __slots__ = ("deployment", "replica_id", "block_hashes", "instance_ids", "ts_ms", "plugins", "request_id", "retracted")
+    __slots__ = ("deployment", "replica_id", "block_hashes", "instance_ids", "ts_ms", "plugins", "request_id", "retracted", "prefill_ms", "cached_blocks", "answered")
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
@@ -294,6 +294,9 @@ class RoutedPrefix(_message.Message):
     PLUGINS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     RETRACTED_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_MS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_FIELD_NUMBER: _ClassVar[int]
     deployment: str
     replica_id: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
@@ -302,7 +305,10 @@ class RoutedPrefix(_message.Message):
     plugins: _containers.RepeatedScalarFieldContainer[str]
     request_id: str
     retracted: bool
-    def __init__(self, deployment: _Optional[str] = ..., replica_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., instance_ids: _Optional[_Iterable[str]] = ..., ts_ms: _Optional[int] = ..., plugins: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., retracted: _Optional[bool] = ...) -> None: ...
+    prefill_ms: float
+    cached_blocks: int
+    answered: bool
+    def __init__(self, deployment: _Optional[str] = ..., replica_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., instance_ids: _Optional[_Iterable[str]] = ..., ts_ms: _Optional[int] = ..., plugins: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., retracted: _Optional[bool] = ..., prefill_ms: _Optional[float] = ..., cached_blocks: _Optional[int] = ..., answered: _Optional[bool] = ...) -> None: ...
 
 class InstanceInFlight(_message.Message):
     __slots__ = ("instance_id", "requests", "pending_prefill_tokens", "dispatch_backlog_ms")

@@ -20,10 +20,20 @@ waited for it would go one first byte (a prefill plus the first streamed chunk) 
 still, and each later turn of the session one more, so that a busy session's turns queue
 in the gateway one after another. The new turn waits for the same carrier instead, is set
 free with the waiting one, and computes again only the blocks the waiting one adds.
+
+Other gateway replicas' picks are carriers too (:meth:`Followers.add_foreign`): a session's
+turns reach the replicas at random, so its next turn often comes to another replica than
+the one holding its carrier. Each such pick is announced with its prefix and predicted
+prefill, and its first byte announced again; a foreign carrier whose end never arrives is
+dropped at the deadline it was added with. A foreign pick that would itself follow a
+carrier known here is taken to wait for it on its own replica, as a follower here would: it
+is no carrier until that one ends (*parked* behind it), else a session's turns spread over
+two replicas would again queue one after another.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 __all__ = ["Follower", "Followers", "shared_blocks"]
@@ -51,6 +61,14 @@ class Follower:
     deadline: float | None
 
 
+@dataclass(frozen=True, slots=True)
+class _Parked:
+    instance_id: str
+    prefix: tuple[int, ...]
+    cached_blocks: int
+    prefill_s: float
+
+
 @dataclass(slots=True)
 class _Instance:
     # carrier rid -> (its block hashes, blocks its pick predicted cached)
@@ -63,6 +81,12 @@ class Followers:
         self._inst: dict[str, _Instance] = {}
         self._carrier_at: dict[str, str] = {}  # carrier rid -> instance
         self._follower_at: dict[str, str] = {}  # waiting follower rid -> instance
+        # other replicas' carriers: key -> predicted first byte (s), and (dropped at, key)
+        self._foreign_due: dict[str, float] = {}
+        self._foreign_until: list[tuple[float, str]] = []
+        # foreign picks parked behind a carrier: carrier -> [key], key -> its announcement
+        self._parked: dict[str, list[str]] = {}
+        self._parked_as: dict[str, _Parked] = {}
 
     def count(self, instance_id: str | None = None) -> int:
         """Followers waiting (for one instance, or in all)."""
@@ -104,6 +128,44 @@ class Followers:
             )
             self._carrier_at[rid] = instance_id
 
+    def add_foreign(
+        self,
+        key: str,
+        instance_id: str,
+        prefix: tuple[int, ...],
+        cached_blocks: int,
+        prefill_s: float,
+        due: float,
+        until: float,
+        now: float,
+        behind: str | None = None,
+    ) -> list[Follower]:
+        """Another replica's pick ``key`` computes ``prefix`` on ``instance_id`` (its own
+        prefill ``prefill_s``), its first byte predicted at ``due``: a carrier until
+        :meth:`end_carrier` or ``until``; with ``behind`` (the carrier it would follow
+        here), parked until that one ends, then a carrier due ``prefill_s`` later.
+        Returns the followers of the foreign carriers whose time is up now (set free)."""
+        if prefix and key not in self._carrier_at and key not in self._parked_as:
+            if behind is not None and behind in self._carrier_at:
+                self._parked.setdefault(behind, []).append(key)
+                self._parked_as[key] = _Parked(instance_id, prefix, cached_blocks, prefill_s)
+            else:
+                self.add_carrier(key, instance_id, prefix, cached_blocks)
+                self._foreign_due[key] = due
+            heapq.heappush(self._foreign_until, (until, key))
+        out: list[Follower] = []
+        heap = self._foreign_until
+        while heap and heap[0][0] <= now:
+            old = heapq.heappop(heap)[1]
+            self._parked_as.pop(old, None)
+            if old in self._foreign_due:
+                out.extend(self.end_carrier(old, now))
+        return out
+
+    def foreign_due(self, key: str) -> float | None:
+        """A foreign carrier's predicted first byte (s), None for a local one."""
+        return self._foreign_due.get(key)
+
     def wait(self, f: Follower) -> None:
         self._inst.setdefault(f.instance_id, _Instance()).waiting[f.rid] = f
         self._follower_at[f.rid] = f.instance_id
@@ -111,10 +173,18 @@ class Followers:
     def is_waiting(self, rid: str) -> bool:
         return rid in self._follower_at
 
-    def end_carrier(self, rid: str) -> list[Follower]:
+    def end_carrier(self, rid: str, now: float | None = None) -> list[Follower]:
         """``rid`` answered, ended or was withdrawn: it carries nothing any more; its
-        followers are set free (returned, in the order they came)."""
+        followers are set free (returned, in the order they came), and the foreign picks
+        parked behind it are carriers from ``now`` (unknown: due at once)."""
         iid = self._carrier_at.pop(rid, None)
+        self._foreign_due.pop(rid, None)
+        self._parked_as.pop(rid, None)
+        for key in self._parked.pop(rid, ()):
+            p = self._parked_as.pop(key, None)
+            if p is not None:
+                self.add_carrier(key, p.instance_id, p.prefix, p.cached_blocks)
+                self._foreign_due[key] = 0.0 if now is None else now + p.prefill_s
         if iid is None:
             return []
         inst = self._inst[iid]

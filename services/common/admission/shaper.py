@@ -32,7 +32,8 @@ its latest start passes.
 
 Followers (``follow_max_ms`` > 0, 0 here and ``DISPATCH_FOLLOW_MS`` in the shipped
 gateway; :mod:`.follow`): a request that would find part of its prefix cached only once
-another request this gateway sent (or holds) for the same instance has finished its
+another request this gateway sent (or holds) for the same instance, or with shared state
+another replica sent there (:meth:`DispatchShaper.foreign_carrier`), has finished its
 prefill, its carrier, waits here until the carrier's first byte and is then offered as if
 it had just come (so it hits the prefix instead of computing it again behind the carrier in
 the engine), unless the carrier's predicted first byte is more than ``follow_max_ms`` away.
@@ -196,6 +197,49 @@ class DispatchShaper:
             out[iid] = self.release(iid, now) if fell else []
         return out
 
+    def foreign_carrier(
+        self,
+        key: str,
+        instance_id: str,
+        prefix: tuple[int, ...],
+        cached_blocks: int,
+        prefill_ms: float,
+        now: float,
+        age_s: float = 0.0,
+    ) -> dict[str, list[str]]:
+        """Another replica's pick ``key``, made ``age_s`` ago, computes ``prefix`` on
+        ``instance_id`` (predicted prefill ``prefill_ms``, ``cached_blocks`` of it predicted
+        cached): a carrier for the requests here (:mod:`.follow`) until :meth:`foreign_end`
+        or the follow bound from its pick. Returns, per instance, the requests to dispatch
+        now (followers of foreign carriers whose time is up). Nothing while followers are
+        off."""
+        bound = self.config.follow_max_ms / 1000.0
+        if not (self.enabled and bound > 0 and prefix) or age_s >= bound:
+            return {}
+        inst = self._inst.setdefault(instance_id, _Instance())
+        own = prefill_ms * inst.speed / 1000.0
+        due = now - age_s + inst.ms(now) / 1000.0 + own
+        found = self._follow.carrier(instance_id, prefix)
+        behind = found[0] if found and self._ahead_ms(inst, found[0], now) <= bound * 1e3 else None
+        freed = self._follow.add_foreign(
+            key, instance_id, prefix, cached_blocks, own, due, now - age_s + bound, now, behind
+        )
+        return self._free_all(freed, now)
+
+    def foreign_end(self, key: str, now: float) -> dict[str, list[str]]:
+        """Another replica's carrier ``key`` answered or failed: its followers here are set
+        free as a local carrier's are at its first byte (per instance, those to dispatch)."""
+        return self._free_all(self._follow.end_carrier(key, now), now)
+
+    def _free_all(self, followers: list[Follower], now: float) -> dict[str, list[str]]:
+        by: dict[str, list[Follower]] = {}
+        for f in followers:
+            by.setdefault(f.instance_id, []).append(f)
+        return {
+            iid: self._free(self._inst[iid], fs, now) + self.release(iid, now)
+            for iid, fs in sorted(by.items())
+        }
+
     def offer(
         self,
         rid: str,
@@ -237,7 +281,11 @@ class DispatchShaper:
 
     def _ahead_ms(self, inst: _Instance, carrier: str, now: float) -> float:
         """Predicted time to ``carrier``'s first byte: the rest of its prediction once
-        dispatched, else the instance's backlog plus its own (scaled) prefill."""
+        dispatched, else the instance's backlog plus its own (scaled) prefill; another
+        replica's: as predicted when it was announced."""
+        due = self._follow.foreign_due(carrier)
+        if due is not None:
+            return max(0.0, (due - now) * 1000.0)
         entry = inst.outstanding.get(carrier)
         if entry is not None:
             return max(0.0, (entry[2] - now) * 1000.0)
@@ -338,7 +386,7 @@ class DispatchShaper:
         if inst is None:
             return []
         self._settle(inst, rid, now, observed)
-        out = self._free(inst, self._follow.end_carrier(rid), now)
+        out = self._free(inst, self._follow.end_carrier(rid, now), now)
         return out + self.release(instance_id, now)
 
     def _free(self, inst: _Instance, followers: list[Follower], now: float) -> list[str]:

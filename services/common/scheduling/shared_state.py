@@ -10,6 +10,9 @@ the simulator delivers the same entries as events, :mod:`services.sim.routing`):
   affinity survives losing the replica that routed a conversation.
   A pick that fails before its first byte is settled as not ok locally (the plugin drops
   the entries it created); a ``retracted`` entry makes every other replica do the same.
+  The entry also announces the pick as a carrier (its predicted prefill and cached blocks):
+  another replica's dispatch order holds a request whose prefix that pick still computes
+  (:func:`apply_carrier`) until the ``answered`` entry for the pick's first byte.
 - In-flight load. Each replica heartbeats a ``ReplicaInFlight`` (its own per-instance
   in-flight requests and pending prefill tokens, and its dispatch order's backlog, stamped
   with wall-clock ms); readers add the other replicas' counts whose heartbeat is younger
@@ -25,12 +28,14 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from tideserve.v1 import events_pb2
 
+from services.common.admission.shaper import DispatchShaper
 from services.common.routing.framework import Scheduler, Settle
 from services.common.routing.plugins.prefix import ApproxPrefix
 from services.common.routing.types import Choice, EndpointView, Pick, RequestView
 
 __all__ = [
     "InFlight",
+    "apply_carrier",
     "apply_routed",
     "approx_plugins",
     "dead_replicas",
@@ -82,24 +87,33 @@ def routed_entry(
     replica_id: str,
     ts_ms: int,
     retracted: bool = False,
+    answered: bool = False,
 ) -> events_pb2.RoutedPrefix | None:
-    """The stream entry for a local pick (or, ``retracted``, for its failure before the
-    first byte: no hashes needed); None when there is nothing to share (no block hashes,
-    or no approximate-prefix plugin took the pick)."""
+    """The stream entry for a local pick, or for its end: ``retracted`` (it failed before
+    the first byte) or ``answered`` (its first byte came), which need no hashes; None when
+    there is nothing to share (no block hashes, or no approximate-prefix plugin took the
+    pick)."""
     if not request.block_hashes or not plugins:
         return None
     ids = [pick.decode.endpoint.instance_id]
     if pick.prefill is not None:
         ids.append(pick.prefill.endpoint.instance_id)
+    if retracted or answered:
+        return events_pb2.RoutedPrefix(
+            deployment=deployment, replica_id=replica_id, instance_ids=ids, ts_ms=ts_ms,
+            plugins=plugins, request_id=request.request_id, retracted=retracted,
+            answered=answered and not retracted,
+        )  # fmt: skip
     return events_pb2.RoutedPrefix(
         deployment=deployment,
         replica_id=replica_id,
-        block_hashes=() if retracted else request.block_hashes,
+        block_hashes=request.block_hashes,
         instance_ids=ids,
         ts_ms=ts_ms,
         plugins=plugins,
         request_id=request.request_id,
-        retracted=retracted,
+        prefill_ms=max(0.0, pick.predicted_prefill_ms),
+        cached_blocks=max(0, pick.predicted_cached_tokens // max(1, request.block_size)),
     )
 
 
@@ -112,6 +126,7 @@ def pick_entry(
     replica_id: str,
     ts_ms: int,
     retracted: bool = False,
+    answered: bool = False,
 ) -> events_pb2.RoutedPrefix | None:
     """:func:`routed_entry` for a pick ``scheduler`` made, with the approximate-prefix
     plugins that took it (:func:`routed_plugins`)."""
@@ -123,6 +138,7 @@ def pick_entry(
         replica_id=replica_id,
         ts_ms=ts_ms,
         retracted=retracted,
+        answered=answered,
     )
 
 
@@ -144,7 +160,7 @@ def apply_routed(
     (replica, request) as not ok: the plugins drop what that entry created, if they still
     remember it (unknown or already retracted: nothing happens).
     """
-    if entry.replica_id == replica_id or not entry.instance_ids:
+    if entry.replica_id == replica_id or not entry.instance_ids or entry.answered:
         return False
     if not entry.retracted and not entry.block_hashes:
         return False
@@ -171,6 +187,32 @@ def apply_routed(
         elif isinstance(plugin, Settle):
             plugin.on_settle(view, pick, False)
     return True
+
+
+def apply_carrier(
+    shaper: DispatchShaper,
+    entry: events_pb2.RoutedPrefix,
+    *,
+    replica_id: str,
+    now: float,
+    wall_ms: int,
+) -> dict[str, list[str]]:
+    """Another replica's pick or its end, for this replica's dispatch order at local time
+    ``now``: a pick with a predicted prefill is a carrier on the instance that computes its
+    prompt (the last of ``instance_ids``), from its time by wall clock; an ``answered`` or
+    ``retracted`` entry ends it. Returns, per instance, the requests to dispatch now. This
+    replica's own entries and entries without a request id change nothing."""
+    if entry.replica_id == replica_id or not entry.request_id or not entry.instance_ids:
+        return {}
+    key = f"{entry.replica_id}/{entry.request_id}"
+    if entry.answered or entry.retracted:
+        return shaper.foreign_end(key, now)
+    if entry.prefill_ms <= 0:
+        return {}
+    return shaper.foreign_carrier(
+        key, entry.instance_ids[-1], tuple(entry.block_hashes), entry.cached_blocks,
+        entry.prefill_ms, now, age_s=max(0, wall_ms - entry.ts_ms) / 1000.0,
+    )  # fmt: skip
 
 
 def heartbeat(

@@ -14,7 +14,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
 
+from tideserve.v1 import events_pb2
+
 from services.common.admission.shaper import DispatchShaper
+from services.common.scheduling.shared_state import apply_carrier
 
 __all__ = ["DispatchOrder"]
 
@@ -88,6 +91,15 @@ class DispatchOrder:
         """The other replicas' backlog per instance now (ms): requests it lets go are sent,
         and the instances' timers re-timed."""
         for iid, rids in self.shaper.set_foreign(dict(backlogs), self.clock()).items():
+            self._go(iid, rids)
+
+    def foreign(self, entry: events_pb2.RoutedPrefix, replica_id: str, wall_ms: int) -> None:
+        """Another replica's pick or its end (the shared routed stream): a carrier for the
+        requests here, or its followers set free (sent)."""
+        go = apply_carrier(
+            self.shaper, entry, replica_id=replica_id, now=self.clock(), wall_ms=wall_ms
+        )
+        for iid, rids in go.items():
             self._go(iid, rids)
 
     def close(self) -> None:

@@ -6,7 +6,10 @@
   buffer to ``{prefix}:routed:{deployment}``. Every replica reads that stream itself with
   plain XREAD (no consumer group: every replica needs every entry), starting ``catchup_s``
   back, and applies the other replicas' entries to its approximate-prefix plugins. A pick
-  settled as failed before its first byte is published again as ``retracted``. The stream
+  settled as failed before its first byte is published again as ``retracted``. With a
+  dispatch order, each entry also announces its pick as a carrier there, and an answered
+  pick is published again as ``answered``: the other replicas' requests waiting for its
+  prefix go (:func:`~services.common.scheduling.shared_state.apply_carrier`). The stream
   is trimmed to about ``maxlen`` entries.
 - In-flight load: every ``heartbeat_s`` a replica writes its ``ReplicaInFlight`` into the
   hash ``{prefix}:inflight:{deployment}`` (field = replica id), reads the whole hash and
@@ -137,11 +140,16 @@ class SharedState:
         self._queue(request, pick, retracted=False)
 
     def on_settle(self, request: RequestView, pick: Pick, ok: bool) -> None:
-        """Settle listener: a pick that failed before its first byte is retracted."""
+        """Settle listener: a pick that failed before its first byte is retracted; with a
+        dispatch order, an answered one is announced (its followers elsewhere go)."""
         if not ok:
             self._queue(request, pick, retracted=True)
+        elif self.dispatch is not None:
+            self._queue(request, pick, retracted=False, answered=True)
 
-    def _queue(self, request: RequestView, pick: Pick, *, retracted: bool) -> None:
+    def _queue(
+        self, request: RequestView, pick: Pick, *, retracted: bool, answered: bool = False
+    ) -> None:
         entry = pick_entry(
             self.core.scheduler,
             request,
@@ -150,6 +158,7 @@ class SharedState:
             replica_id=self.replica_id,
             ts_ms=int(self.wall() * 1000),
             retracted=retracted,
+            answered=answered,
         )
         if entry is None:
             return
@@ -181,15 +190,18 @@ class SharedState:
         return await self._follower.poll_once(block_ms)
 
     def _apply(self, msg: events_pb2.RoutedPrefix, _entry_id: str) -> None:
+        wall_ms = int(self.wall() * 1000)
         ok = apply_routed(
             self._plugins,
             msg,
             replica_id=self.replica_id,
             now=self.clock(),
-            wall_ms=int(self.wall() * 1000),
+            wall_ms=wall_ms,
             max_age_s=self._max_age_s,
         )
         self.stats["applied" if ok else "ignored"] += 1
+        if self.dispatch is not None:
+            self.dispatch.foreign(msg, self.replica_id, wall_ms)
 
     async def heartbeat_once(self) -> None:
         """Write this replica's in-flight counts, read every replica's, update the fleet.
