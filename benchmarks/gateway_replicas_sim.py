@@ -3,7 +3,7 @@ worth.
 
 ``tideserve up`` runs one gateway process per core, sharing routed prefixes, in-flight load
 and their dispatch orders' backlogs through Redis. Each replica still decides alone: it
-knows the others' picks 5 ms late and their load from a heartbeat every 0.5 s. Per cell (a
+knows the others' picks 5 ms late and their load from a heartbeat every 0.1 s. Per cell (a
 trace slice at a rate, on a fleet) and per variant, a fresh run of ``tideserve sim``'s
 simulator (:mod:`services.sim`) with the default profile and the SLO of the routing
 benchmarks (TTFT 2 s, TPOT 100 ms); requests go to a replica drawn at random, as a kernel

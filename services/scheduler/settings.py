@@ -213,7 +213,9 @@ class SchedulerSettings(ServiceSettings):
     share_state: bool = Field(
         False, description="active-active: share routed prefixes + in-flight load via redis_url"
     )
-    share_heartbeat_s: float = Field(0.5, gt=0, description="in-flight heartbeat period")
+    # 0.1 s: the dispatch orders' backlogs are read fresh enough that replicas do not both
+    # fill an engine's queue (benchmarks/README.md, "Several gateway replicas, simulator")
+    share_heartbeat_s: float = Field(0.1, gt=0, description="in-flight heartbeat period")
     share_heartbeat_ttl_s: float = Field(3.0, gt=0, description="a replica's load expires after")
     request_records: bool = Field(True, description="RequestRecord per request (needs redis_url)")
     record_tool_contents: bool = Field(

@@ -57,11 +57,11 @@ class SimConfig:
     gateways: int = 1
     # gateway replicas share routed prefixes and in-flight load, as ``tideserve up`` runs
     # them (``share_state``): another replica's pick reaches this one ``share_lag_ms``
-    # later, its in-flight counts every ``share_heartbeat_ms`` (live: 0.5 s, expiring after
+    # later, its in-flight counts every ``share_heartbeat_ms`` (live: 0.1 s, expiring after
     # 3 s); off, each replica knows only its own picks
     share_state: bool = True
     share_lag_ms: float = 5.0
-    share_heartbeat_ms: float = 500.0
+    share_heartbeat_ms: float = 100.0
     seed: int = 0
     rate_scale: float = 1.0
     speedup: float = 1.0

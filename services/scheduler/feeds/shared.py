@@ -75,7 +75,7 @@ class SharedState:
         prefix: str = "ts",
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
-        heartbeat_s: float = 0.5,
+        heartbeat_s: float = 0.1,
         heartbeat_ttl_s: float = 3.0,
         dispatch: DispatchOrder | None = None,
         catchup_s: float = 600.0,
