@@ -103,6 +103,62 @@ def test_pd_price_confirm(
     assert d.confirm(c, r, dec, pre) is expected
 
 
+# Cold contexts, prompt 40,000 tokens: (params, held by the decode engine d, held by the
+# prefill pick p, d_ms, p_ms) -> disaggregate? The transfer is 10 ms + 0.01 ms x (40,000 -
+# what d holds).
+COLD = {"cold_tokens": 16_384, "cold_slack": 0.25}
+COLD_CASES: list[tuple[dict[str, Any], int, int, float, float, bool]] = [
+    ({}, 0, 0, 4000.0, 3700.0, False),  # off: 4,110 ms against 4,000 stays local
+    (COLD, 0, 0, 4000.0, 3700.0, True),  # first prompt: within 25 % of local
+    (COLD, 0, 0, 4000.0, 4700.0, False),  # 5,110 ms: more than 25 % slower
+    ({**COLD, "cold_slack": 0.0}, 0, 0, 4000.0, 3700.0, False),
+    (COLD, 10_000, 27_000, 3000.0, 3300.0, True),  # the pool holds more of it (3,610 ms)
+    (COLD, 20_000, 0, 2000.0, 2100.0, False),  # d holds more: priced as usual (2,310 ms)
+    ({**COLD, "cold_tokens": 50_000}, 0, 0, 4000.0, 3700.0, False),  # suffix under it
+]
+COLD_IDS = [
+    "off",
+    "first-prompt-within-slack",
+    "first-prompt-past-slack",
+    "no-slack",
+    "pool-holds-more",
+    "decode-holds-more",
+    "suffix-under-cold-tokens",
+]
+
+
+@pytest.mark.parametrize(
+    ("params", "d_cached", "p_cached", "d_ms", "p_ms", "expected"), COLD_CASES, ids=COLD_IDS
+)
+def test_pd_price_cold_contexts(
+    params: dict[str, Any],
+    d_cached: int,
+    p_cached: int,
+    d_ms: float,
+    p_ms: float,
+    expected: bool,
+) -> None:
+    d = decider(**params)
+    c = ctx()
+    c.cached_tokens.update({"d": d_cached, "p": p_cached})
+    c.predicted_ttft_ms.update({"d": d_ms, "p": p_ms})
+    dec = Choice(ep("d", role="decode"), 0.0)
+    pre = Choice(ep("p", role="prefill"), 0.0)
+    r = req(prompt_tokens=40_000)
+    assert d.disaggregate(c, r, dec) is True
+    assert d.confirm(c, r, dec, pre) is expected
+
+
+def test_pd_price_cold_rule_leaves_workers_and_split_fleets_alone() -> None:
+    c = ctx()
+    c.predicted_ttft_ms.update({"d": 1.0, "p": 1e9})
+    pre = Choice(ep("p", role="prefill"), 0.0)
+    r = req(prompt_tokens=40_000)
+    assert decider(**COLD).confirm(c, r, Choice(ep("w"), 0.0), pre) is True
+    assert decider(**COLD).disaggregate(c, r, Choice(ep("w"), 0.0)) is False
+    assert decider(False, **COLD).confirm(c, r, Choice(ep("d", role="decode"), 0.0), pre)
+
+
 # (role, capability, uncached on the decode engine) -> may disaggregate (before pricing)?
 SCREEN = [
     ("decode", True, 511, False),

@@ -27,6 +27,14 @@ class PDPriceParams(Params):
     # Name in services.common.perfmodel.PROFILES for the transfer and stall pricing; "" =
     # the default profile. The paths' queues and prefills come from the ttft-cost plugins.
     perf_profile: str = ""
+    # Cold contexts (0 = off): a turn with at least this many uncached tokens whose decode
+    # engine holds no more of the prompt than the prefill pick (a session's first prompt, a
+    # moved session) is disaggregated unless the P/D path is predicted more than
+    # cold_slack x the local path slower. Where it is computed is where its context stays:
+    # on the prefill pool, the session's next long suffixes can go there and the decode
+    # engine keeps serving the turns of the sessions it holds.
+    cold_tokens: int = Field(0, ge=0)
+    cold_slack: float = Field(0.25, ge=0)
 
 
 @register("pd-price", PDPriceParams)
@@ -42,7 +50,9 @@ class PDPrice:
       queue, the prompt less what *it* holds), plus the modelled transfer of the prompt
       tokens the decode engine does not hold.
 
-    The turn stays local when local <= P/D + ``margin_ms``, unless the decode engine reports
+    A cold context (``cold_tokens``: a long prompt the decode engine holds no more of than
+    the prefill pick) is disaggregated unless P/D > local x (1 + ``cold_slack``). Otherwise
+    the turn stays local when local <= P/D + ``margin_ms``, unless the decode engine reports
     ``busy_waiting`` or more waiting requests (backlogged: the local path queues behind
     them before it prefills, the P/D path waits for them while it prefills, so the turn is
     disaggregated). A shorter suffix stays local unpriced. The framework runs the prefill
@@ -80,7 +90,20 @@ class PDPrice:
         remote = self.remote_ms(ctx, request, decode, prefill)
         if local is None or remote is None:
             return True
+        if self.cold(ctx, request, decode, prefill):
+            return remote <= local * (1.0 + self.p.cold_slack)
         return not local <= remote + self.p.margin_ms
+
+    def cold(
+        self, ctx: CycleContext, request: RequestView, decode: Choice, prefill: Choice
+    ) -> bool:
+        """A long prompt whose decode engine holds no more of it than the prefill pick."""
+        if not self.p.cold_tokens:
+            return False
+        n = request.prompt_tokens
+        held = ctx.ready_cached(decode.endpoint.instance_id, n)
+        pool = ctx.ready_cached(prefill.endpoint.instance_id, n)
+        return n - held >= self.p.cold_tokens and held <= pool
 
     def remote_ms(
         self, ctx: CycleContext, request: RequestView, decode: Choice, prefill: Choice
