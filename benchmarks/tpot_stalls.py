@@ -9,7 +9,9 @@ uncached prompt tokens of other requests on its instance whose prefill ended dur
 decode: chunked prefill batches those chunks with its decode steps); and the long uncached
 prefills (at least ``--long-tokens``) with the number of decodes running on their instance
 when they ended. For the first and last profile: the mean per-request TPOT difference and
-the share of it carried by the ``--top`` requests that differ most.
+the share of it carried by the ``--top`` requests that differ most; the requests that meet
+both SLOs under one and not the other, by the instance that served them; and the first
+``--top`` requests the two placed on different instances (where the placements diverge).
 
     .venv/bin/python benchmarks/tpot_stalls.py --offset 287 --rate 1 \\
         --profiles default,cache_aware            # a few seconds
@@ -94,11 +96,42 @@ def long_prefills(reqs: list[SimRequest], long_tokens: int) -> dict[str, Any]:
     return {"count": len(rows), "decodes_running_sum": sum(rows)}
 
 
+def meets_slo(r: SimRequest, ttft_ms: float, tpot_ms: float) -> bool:
+    """Both SLOs met: first token within ``ttft_ms`` and (if it decoded) mean TPOT within."""
+    if r.first is None or r.error is not None or r.first - r.arrival > ttft_ms:
+        return False
+    return r.ntok <= 1 or ((r.last or r.first) - r.first) / (r.ntok - 1) <= tpot_ms
+
+
+def placements(a: list[SimRequest], b: list[SimRequest], g: Any, top: int) -> dict[str, Any]:
+    """Requests meeting both SLOs under ``a`` only / ``b`` only (by ``b``'s instance), and the
+    first ``top`` requests placed on different instances."""
+    ra, rb = {r.index: r for r in a}, {r.index: r for r in b}
+    common = sorted(set(ra) & set(rb))
+    ok_a = {i for i in common if meets_slo(ra[i], g.slo_ttft_ms, g.slo_tpot_ms)}
+    ok_b = {i for i in common if meets_slo(rb[i], g.slo_ttft_ms, g.slo_tpot_ms)}
+    by_inst: dict[str, int] = {}
+    for i in sorted(ok_a - ok_b):
+        by_inst[rb[i].home] = by_inst.get(rb[i].home, 0) + 1
+    moved = [
+        {"index": i, "arrival_s": round(ra[i].arrival / 1000, 1), "prompt": ra[i].prompt_tokens,
+         "cached": [ra[i].cached, rb[i].cached], "instance": [ra[i].home, rb[i].home]}
+        for i in common if ra[i].home != rb[i].home
+    ][:top]  # fmt: skip
+    return {"met_first_only": len(ok_a - ok_b), "met_last_only": len(ok_b - ok_a),
+            "met_first_only_by_last_instance": dict(sorted(by_inst.items())),
+            "first_moved": moved}  # fmt: skip
+
+
 def profile_figures(reqs: list[SimRequest], long_tokens: int) -> dict[str, Any]:
     pr = per_request(decoded(reqs))
     vals = list(pr.values())
+    served: dict[str, int] = {}
+    for r in reqs:
+        served[r.home] = served.get(r.home, 0) + 1
     return {
         "requests": len(vals),
+        "served_per_instance": dict(sorted(served.items())),
         "tpot_mean_ms": round(st.mean(v["tpot"] for v in vals), 1),
         "decode_concurrency_mean": round(st.mean(v["conc"] for v in vals), 2),
         "prefill_sat_through_mean_tokens": round(st.mean(v["pf"] for v in vals)),
@@ -138,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             "profiles": [names[0], names[-1]], "requests": len(common),
             "mean_tpot_diff_ms": round(sum(diffs) / len(common), 2),
             f"top_{a.top}_share_ms": round(sum(diffs[: a.top]) / len(common), 2),
+            **placements(runs[names[0]], runs[names[-1]], g, a.top),
         }  # fmt: skip
     emit_json(out, a.out)
     return 0

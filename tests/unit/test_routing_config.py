@@ -140,6 +140,7 @@ def test_yaml_syntax_error_is_config_error() -> None:
         "power_of_two",
         "cache_aware",
         "decode-tpot",
+        "decode-tpot-spread",
     ],
 )
 def test_shipped_profiles_load_and_pick(profile: str) -> None:

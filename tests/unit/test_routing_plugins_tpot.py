@@ -50,6 +50,21 @@ CASES: list[tuple[str, list[EndpointView], dict[str, int], dict[int, float], dic
      {"a": 1.0, "b": 1.0}),
     ("long-prefill-everywhere-passes-the-gate", [ep("a", running=10), ep("b", running=2)],
      {}, {0: 1000.0}, {"min_prefill_ms": 500.0}, {"a": 0.650, "b": 1.0}),
+    # spread_ms: the lead is the stall spared, not the ratio. 8 s of prefill is 31.25 ms per
+    # decode: one decode against two is a ratio of 0.72, but only 31.25 ms spared (of 500)
+    ("ratio-gives-near-idle-a-large-lead", [ep("a", running=1), ep("b", running=2)],
+     {}, {0: 8000.0}, {}, {"a": 1.0, "b": 0.722}),
+    ("spread-gives-near-idle-a-small-lead", [ep("a", running=1), ep("b", running=2)],
+     {}, {0: 8000.0}, {"spread_ms": 500.0}, {"a": 1.0, "b": 0.9375}),
+    # 10 decodes against 2 at 1 s of prefill: 31.25 ms spared of 500
+    ("spread-of-a-short-prefill", [ep("a", running=10), ep("b", running=2)],
+     {}, {0: 1000.0}, {"spread_ms": 500.0}, {"a": 0.9375, "b": 1.0}),
+    # 24 decodes against 8 at 8 s: 500 ms spared, the whole spread (and more: floored at 0)
+    ("spread-saturates", [ep("a", running=24), ep("b", running=8), ep("c", running=40)],
+     {}, {0: 8000.0}, {"spread_ms": 500.0}, {"a": 0.0, "b": 1.0, "c": 0.0}),
+    ("spread-keeps-the-gate", [ep("a", running=10), ep("b", running=2)],
+     {"a": 9000}, {9000: 100.0, 0: 1000.0}, {"min_prefill_ms": 500.0, "spread_ms": 500.0},
+     {"a": 1.0, "b": 1.0}),
 ]  # fmt: skip
 
 
@@ -98,8 +113,9 @@ def test_empty_candidates_score_nothing() -> None:
 @pytest.mark.parametrize(
     ("params", "message"),
     [({"epsilon_ms": 0}, "greater than 0"), ({"typo": 1}, "typo"),
-     ({"min_prefill_ms": -1}, "greater than or equal to 0")],
-    ids=["zero-epsilon", "unknown-param", "negative-gate"],
+     ({"min_prefill_ms": -1}, "greater than or equal to 0"),
+     ({"spread_ms": -1}, "greater than or equal to 0")],
+    ids=["zero-epsilon", "unknown-param", "negative-gate", "negative-spread"],
 )  # fmt: skip
 def test_bad_params_are_refused(params: dict[str, Any], message: str) -> None:
     raw = {

@@ -152,6 +152,8 @@ def test_same_inputs_same_decisions() -> None:
         # prompt whose own prefill is at least 500 ms, and leaves shorter ones alone
         ("decode-tpot", 20_000, "w1"),
         ("decode-tpot", 2_000, "w0"),
+        # `decode-tpot-spread` scores the TPOT spared, 8 x 2000 / 256 = 62.5 ms: enough
+        ("decode-tpot-spread", 20_000, "w1"),
     ],
     ids=[
         "default-long",
@@ -160,6 +162,7 @@ def test_same_inputs_same_decisions() -> None:
         "tpot-guard-short",
         "decode-tpot-long",
         "decode-tpot-short",
+        "decode-tpot-spread-long",
     ],
 )
 def test_tpot_guard_keeps_long_prefills_off_running_decodes(
@@ -168,4 +171,27 @@ def test_tpot_guard_keeps_long_prefills_off_running_decodes(
     s = load_default(env=ENV)
     snap = EndpointSnapshot([ep("w0", running=8), ep("w1", pending_prefill_tokens=5000)])
     d = s.schedule(req(prompt_tokens=prompt), snap, 0.0, profile)
+    assert isinstance(d, Pick) and d.decode.endpoint.instance_id == winner
+
+
+@pytest.mark.parametrize(
+    ("profile", "running", "winner"),
+    [
+        # A 20,000-token prompt (2 s of prefill); w1 runs nothing behind 500 ms of queued
+        # prefill, w0 runs `running` decodes. The ratio form gives w1 the whole lead over
+        # one or two decodes (none against some); the spread form gives it 2 x 2000 / 256
+        # = 15.6 ms of 1000, less than the TTFT, and moves the prompt at 8 decodes (62.5 ms).
+        ("default", 2, "w0"),
+        ("decode-tpot", 2, "w1"),
+        ("decode-tpot-spread", 2, "w0"),
+        ("decode-tpot-spread", 8, "w1"),
+    ],
+    ids=["default-2", "ratio-2", "spread-2", "spread-8"],
+)
+def test_decode_tpot_spread_moves_only_large_stalls(
+    profile: str, running: int, winner: str
+) -> None:
+    s = load_default(env=ENV)
+    snap = EndpointSnapshot([ep("w0", running=running), ep("w1", pending_prefill_tokens=5000)])
+    d = s.schedule(req(prompt_tokens=20_000), snap, 0.0, profile)
     assert isinstance(d, Pick) and d.decode.endpoint.instance_id == winner

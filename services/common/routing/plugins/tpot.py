@@ -30,6 +30,12 @@ class DecodeTPOTParams(Params):
     # Only prompts whose own prefill is at least this long on every candidate (ms, the
     # gateway's model): below it every candidate scores 1 (the other scorers place it).
     min_prefill_ms: float = Field(0.0, ge=0)
+    # > 0: score by the stall a candidate adds beyond the least one, in absolute terms,
+    # 1 - (stall - least) / spread_ms (at least 0), instead of the ratio (least + eps) /
+    # (stall + eps). A ratio gives one decode against two the lead of ten against twenty;
+    # this gives a candidate a lead in proportion to the TPOT it spares (ms summed over the
+    # decodes), so near-idle instances gain little over lightly loaded ones.
+    spread_ms: float = Field(0.0, ge=0)
 
 
 def stall_ms_per_token(
@@ -53,7 +59,8 @@ def stall_ms_per_token(
 class DecodeTPOT:
     """Score = (min + eps) / (stall + eps) over the candidates, where stall is the TPOT this
     request's prefill adds to the decodes it would share a batch with, summed over them:
-    ``decodes * own prefill / remaining tokens per decode`` (:func:`stall_ms_per_token`).
+    ``decodes * own prefill / remaining tokens per decode`` (:func:`stall_ms_per_token`);
+    with ``spread_ms`` > 0, 1 - (stall - min) / spread_ms instead (at least 0).
     ``own prefill`` is the request's uncached suffix on that candidate, priced by a
     ``ttft-cost`` plugin in the same profile (list one; without it every candidate scores
     1). A long uncached prompt (a new session's first turn) goes where it stalls the fewest
@@ -84,4 +91,6 @@ class DecodeTPOT:
             decodes, per = stall_ms_per_token(e, own, self.p)
             stalls.append(decodes * per + self.p.epsilon_ms)
         lo = min(stalls)
+        if self.p.spread_ms > 0:
+            return [max(0.0, 1.0 - (s - lo) / self.p.spread_ms) for s in stalls]
         return [lo / s for s in stalls]
