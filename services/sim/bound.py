@@ -56,11 +56,13 @@ MARGIN = 1e-9
 arrays' and the plugins' float sums differ by ~1e-14)."""
 
 F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.intp]
 # weights of the inputs' sum that groups equal candidates (fixed: a run's groups must not
 # depend on anything but its inputs; a sum shared by unequal ones is caught and undone)
 _MIX: F64 = np.random.default_rng(0).uniform(1.0, 2.0, 32)
 # the view fields a plugin of the plan reads (rows of _Fleet.cols)
 _RUN, _WAIT, _TIF, _PEND, _KV, _TPS, _RREQ, _RTOK = range(8)
+_NROW = 8
 
 
 def _row(e: EndpointView) -> tuple[float, ...]:
@@ -151,9 +153,12 @@ class _Fleet:
         self.snap = snapshot  # held: a snapshot patched from it names it by id
         self.items = tuple(snapshot)
         self.pos = {e.instance_id: i for i, e in enumerate(self.items)}
-        self.cols: F64 = np.array([_row(e) for e in self.items], dtype=np.float64).T.copy()
-        c = self.cols
-        self.sums: F64 = np.array(_sums(c))  # one row per sum, one column per view
+        # the view fields' rows, then the sums' rows (one column per view): one matrix, so a
+        # cycle's changed views are one assignment and least-load's metrics one selection
+        cols = np.array([_row(e) for e in self.items], dtype=np.float64).T
+        self.m: F64 = np.concatenate([cols, np.array(_sums(cols))])
+        self.cols: F64 = self.m[:_NROW]
+        self.sums: F64 = self.m[_NROW:]
         # (model tokens/s, whether an engine's own rate counts) -> (throughput, wait) columns
         self._waits: dict[tuple[float, bool], tuple[F64, F64]] = {}
         self._pending: tuple[PendingPicks, set[str], F64] | None = None
@@ -173,13 +178,15 @@ class _Fleet:
             if changed is None:
                 return False
         self.snap = snapshot
-        cols, sums, waits = self.cols, self.sums, self._waits
-        for i in changed:
-            r = _row(new[i])
-            cols[:, i] = r
-            sums[:, i] = _sums(r)
-            for (model_tps, engine), (tput, wait) in waits.items():
-                tput[i], wait[i] = _wait(r, model_tps, engine)
+        if changed:
+            waits = self._waits
+            rows: list[tuple[float, ...]] = []
+            for i in changed:
+                r = _row(new[i])
+                rows.append(r + _sums(r))
+                for (model_tps, engine), (tput, wait) in waits.items():
+                    tput[i], wait[i] = _wait(r, model_tps, engine)
+            self.m[:, list(changed)] = np.array(rows, dtype=np.float64).T
         self.items = new
         return True
 
@@ -220,6 +227,19 @@ class _Fleet:
         self._pending = (picks, touched, col)
         return col
 
+    def spread_pairs(self, ids: Mapping[str, Any], vt: F64, t_default: float) -> tuple[F64, F64]:
+        """Two columns from ``vt`` (one row of two values per id of ``ids``, in order): the
+        first value per instance (0 elsewhere), the second (``t_default`` elsewhere)."""
+        n, k = len(self.items), len(ids)
+        v, t = np.zeros(n), np.full(n, t_default)
+        at = np.fromiter(map(self.pos.get, ids, [-1] * k), np.intp, k)
+        ok = at >= 0
+        if not ok.all():
+            at, vt = at[ok], vt[ok]
+        v[at] = vt[:, 0]
+        t[at] = vt[:, 1]
+        return v, t
+
     def spread(self, values: Mapping[str, Any], default: float = 0.0) -> F64:
         """``values`` per instance id as a column (ids not in the fleet ignored)."""
         out = np.full(len(self.items), default)
@@ -239,6 +259,8 @@ class _Fleet:
 
 # rows of _Fleet.sums
 _S_TOK, _S_REQ, _S_PEND, _S_WAITING, _S_DEC = range(5)
+# least-load's metrics (waiting, running, tokens, KV usage) as rows of _Fleet.m
+_LOAD_ROWS = [_NROW + _S_WAITING, _RUN, _NROW + _S_TOK, _KV]
 
 
 def _sums(r: Any) -> tuple[Any, ...]:
@@ -302,7 +324,7 @@ class BoundFilter:
     ) -> list[int]:
         """Ascending positions: the candidates that can be picked, and the anchors."""
         f = self._follow(snapshot)
-        cached = _cached(plan, f, request, now)
+        cached, blocks = _cached(plan, f, request, now)
         tc = plan.ttft
         k = f.pending(tc._awaiting) if tc is not None and tc.p.interference > 0 else None
         anchors: list[int] = []
@@ -311,7 +333,7 @@ class BoundFilter:
         total = np.zeros(len(f.items))
         if tc is not None:
             inputs: list[F64] = []
-            cost = _costs(tc, f, request, cached, k, anchors, inputs)
+            cost = _costs(tc, f, request, (cached, blocks), k, anchors, inputs)
             eps = cost + tc.p.epsilon_ms
             at = _first_min(eps, surv)
             lo = eps[at]
@@ -333,19 +355,24 @@ class BoundFilter:
         return _first_of_equals(sel, f.cols, extra)
 
 
-def _cached(plan: BoundPlan, f: _Fleet, request: RequestView, now: float) -> F64:
-    """The prefix estimate's cached tokens per candidate (what its prepare records)."""
+def _cached(plan: BoundPlan, f: _Fleet, request: RequestView, now: float) -> tuple[F64, I64 | None]:
+    """The prefix estimate's cached tokens per candidate (what its prepare records), and
+    the whole blocks they are when they are read from the routed match alone (else None)."""
     pe = plan.prefix
     if pe is None:
-        return np.zeros(len(f.items))
+        return np.zeros(len(f.items)), None
     routed = (
         pe.lookup(request.request_id, request.block_hashes, now) if request.block_hashes else {}
     )
+    is_match = isinstance(routed, RoutedMatch)
     blocks = f.routed.column(routed) if isinstance(routed, RoutedMatch) else f.spread(routed)
     known = pe.precise.effective_blocks(request)
     if known:
         blocks = np.maximum(blocks, f.spread(known))
-    return np.floor(blocks * request.block_size)
+    elif is_match and request.block_size > 0:
+        # whole match lengths: floor(blocks * block_size) is the product itself
+        return blocks * request.block_size, blocks.astype(np.intp)
+    return np.floor(blocks * request.block_size), None
 
 
 def _survivors(
@@ -371,18 +398,22 @@ def _costs(
     tc: TTFTCost,
     f: _Fleet,
     request: RequestView,
-    cached: F64,
+    cached: tuple[F64, I64 | None],
     k: F64 | None,
     anchors: list[int],
     inputs: list[F64],
 ) -> F64:
     """ttft-cost's ranking cost per candidate, in the plugin's order of operations (the
-    columns it is a function of join ``inputs``); the candidate with the cheapest own
-    prefill (the recompute term's reference) is an anchor."""
+    columns it is a function of join ``inputs``; ``cached``: :func:`_cached`'s); the
+    candidate with the cheapest own prefill (the recompute term's reference) is an anchor."""
     tc._sync()
     n = request.prompt_tokens
-    clipped = np.clip(cached, 0, n)
-    own, own_by_class = _by_class(clipped, request.block_size, lambda c: tc._prefill_ms(n - c, c))
+    if cached[1] is not None:
+        own, least = _by_blocks(cached[1], request.block_size, n, tc._prefill_ms)
+    else:
+        clipped = np.clip(cached[0], 0, n)
+        own, by_class = _by_class(clipped, request.block_size, lambda c: tc._prefill_ms(n - c, c))
+        least = float(by_class.min())
     anchors.append(int(np.argmin(own)))
     pend = f.sums[_S_PEND]
     tput, wait = f.wait(tc.model_tps, tc.p.use_engine_throughput)
@@ -396,10 +427,26 @@ def _costs(
         return t
     p = tc.p
     cost: F64 = t + p.interference * (k if k is not None else 0.0) * own
-    cost = cost + p.recompute * (own - own_by_class.min())
+    cost = cost + p.recompute * (own - least)
     if p.decode:
         cost = cost + p.decode * f.sums[_S_DEC] * own
     return cost
+
+
+def _by_blocks(
+    blocks: I64, block_size: int, n: int, prefill_ms: Callable[[int, int], float]
+) -> tuple[F64, float]:
+    """ttft-cost's own prefill per candidate from its cached whole ``blocks`` (the tokens
+    clipped to the prompt's ``n``), computed once per distinct block count, and the least
+    of them. Two counts clipped to the same tokens get the same value from the same call."""
+    distinct = np.flatnonzero(np.bincount(blocks)).tolist()
+    values = []
+    for b in distinct:
+        c = min(b * block_size, n)
+        values.append(prefill_ms(n - c, c))
+    table = np.zeros(distinct[-1] + 1)
+    table[distinct] = values
+    return table[blocks], min(values)
 
 
 def _by_class(tokens: F64, block_size: int, fn: Callable[[int], float]) -> tuple[F64, F64]:
@@ -432,11 +479,13 @@ def _load_scores(ll: LeastLoad, f: _Fleet, surv: npt.NDArray[np.bool_], anchors:
     n = len(f.items)
     if ll.total_weight <= 0:
         return np.ones(n)
-    s, c = f.sums, f.cols
-    metrics = (s[_S_WAITING], c[_RUN], s[_S_TOK], c[_KV])
+    metrics = f.m[_LOAD_ROWS]
+    # each metric's first greatest survivor, all four at once
+    tops = np.where(surv, metrics, -np.inf).argmax(axis=1).tolist()
     used = np.zeros(n)
-    for w, x in zip(ll.weights, metrics, strict=True):
-        at = _first_max(x, surv)
+    for w, x, at in zip(ll.weights, metrics, tops, strict=True):
+        if not surv[at]:  # every survivor's value is -inf
+            at = _first_max(x, surv)
         m = float(x[at])
         if m > 0:
             anchors.append(at)
@@ -468,8 +517,9 @@ def _session_load_scores(
     held = sl._committed
     if not held:
         return None
-    v = f.spread({i: x[0] for i, x in held.items()})
-    t = f.spread({i: x[1] for i, x in held.items()}, now)
+    # (decayed tokens, as of time) per instance as two columns, one lookup per instance
+    vt = np.array(list(held.values()), dtype=np.float64)
+    v, t = f.spread_pairs(held, vt, now)
     extra += (v, t)
     x = v * np.exp(-sl._rate * np.maximum(0.0, now - t))
     at = _first_max(x, surv)
