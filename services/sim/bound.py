@@ -154,7 +154,7 @@ class _Fleet:
         self.items = tuple(snapshot)
         self.pos = {e.instance_id: i for i, e in enumerate(self.items)}
         # the view fields' rows, then the sums' rows (one column per view): one matrix, so a
-        # cycle's changed views are one assignment and least-load's metrics one selection
+        # changed view is one assignment and least-load's metrics one selection
         cols = np.array([_row(e) for e in self.items], dtype=np.float64).T
         self.m: F64 = np.concatenate([cols, np.array(_sums(cols))])
         self.cols: F64 = self.m[:_NROW]
@@ -178,15 +178,12 @@ class _Fleet:
             if changed is None:
                 return False
         self.snap = snapshot
-        if changed:
-            waits = self._waits
-            rows: list[tuple[float, ...]] = []
-            for i in changed:
-                r = _row(new[i])
-                rows.append(r + _sums(r))
-                for (model_tps, engine), (tput, wait) in waits.items():
-                    tput[i], wait[i] = _wait(r, model_tps, engine)
-            self.m[:, list(changed)] = np.array(rows, dtype=np.float64).T
+        m, waits = self.m, self._waits
+        for i in changed:
+            r = _row(new[i])
+            m[:, i] = r + _sums(r)
+            for (model_tps, engine), (tput, wait) in waits.items():
+                tput[i], wait[i] = _wait(r, model_tps, engine)
         self.items = new
         return True
 
@@ -330,7 +327,7 @@ class BoundFilter:
         anchors: list[int] = []
         extra = [cached] if k is None else [cached, k]  # per-request inputs besides the views
         surv = _survivors(plan.guard, f, cached, anchors)
-        total = np.zeros(len(f.items))
+        total: F64 | float = 0.0  # a column from the first term on
         if tc is not None:
             inputs: list[F64] = []
             cost = _costs(tc, f, request, (cached, blocks), k, anchors, inputs)
@@ -340,15 +337,17 @@ class BoundFilter:
             # the cheapest: ttft-cost's normalisation (and, in case rounding differs, any
             # within MARGIN of it from other inputs)
             anchors += _near(at, surv & (eps <= lo + MARGIN * (1.0 + lo)), inputs)
-            total += plan.w_ttft * (lo / eps)
+            total = total + plan.w_ttft * (lo / eps)
         if plan.prefix is not None and plan.w_prefix:
-            total += plan.w_prefix * _prefix_scores(plan.prefix, request, cached)
+            total = total + plan.w_prefix * _prefix_scores(plan.prefix, request, cached)
         if plan.load is not None:
-            total += plan.w_load * _load_scores(plan.load, f, surv, anchors)
+            total = total + plan.w_load * _load_scores(plan.load, f, surv, anchors)
         if plan.session_load is not None and plan.w_session_load:
             sl = _session_load_scores(plan.session_load, request, now, f, surv, anchors, extra)
             if sl is not None:
-                total += plan.w_session_load * sl
+                total = total + plan.w_session_load * sl
+        if isinstance(total, float):
+            total = np.full(len(f.items), total)
         best = total[surv].max()
         sel = surv & (total >= best - MARGIN)
         sel[anchors] = True
@@ -482,14 +481,17 @@ def _load_scores(ll: LeastLoad, f: _Fleet, surv: npt.NDArray[np.bool_], anchors:
     metrics = f.m[_LOAD_ROWS]
     # each metric's first greatest survivor, all four at once
     tops = np.where(surv, metrics, -np.inf).argmax(axis=1).tolist()
-    used = np.zeros(n)
-    for w, x, at in zip(ll.weights, metrics, tops, strict=True):
+    coef = [0.0] * len(tops)
+    for j, (w, x, at) in enumerate(zip(ll.weights, metrics, tops, strict=True)):
         if not surv[at]:  # every survivor's value is -inf
             at = _first_max(x, surv)
         m = float(x[at])
         if m > 0:
             anchors.append(at)
-            used = used + x * (w / (m * ll.total_weight))
+            coef[j] = w / (m * ll.total_weight)
+    # the weighted sum in one product (its rounding may differ from the plugin's sum by an
+    # ulp or so, far below MARGIN)
+    used: F64 = np.array(coef) @ metrics
     return 1.0 - used
 
 
