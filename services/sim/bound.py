@@ -162,6 +162,7 @@ class _Fleet:
         # (model tokens/s, whether an engine's own rate counts) -> (throughput, wait) columns
         self._waits: dict[tuple[float, bool], tuple[F64, F64]] = {}
         self._pending: tuple[PendingPicks, set[str], F64] | None = None
+        self._session: tuple[SessionLoad, set[str], F64, F64, npt.NDArray[np.bool_]] | None = None
         self.routed = RoutedColumns(self.pos, len(self.items))
 
     def update(self, snapshot: EndpointSnapshot) -> bool:
@@ -224,18 +225,33 @@ class _Fleet:
         self._pending = (picks, touched, col)
         return col
 
-    def spread_pairs(self, ids: Mapping[str, Any], vt: F64, t_default: float) -> tuple[F64, F64]:
-        """Two columns from ``vt`` (one row of two values per id of ``ids``, in order): the
-        first value per instance (0 elsewhere), the second (``t_default`` elsewhere)."""
-        n, k = len(self.items), len(ids)
-        v, t = np.zeros(n), np.full(n, t_default)
-        at = np.fromiter(map(self.pos.get, ids, [-1] * k), np.intp, k)
-        ok = at >= 0
-        if not ok.all():
-            at, vt = at[ok], vt[ok]
-        v[at] = vt[:, 0]
-        t[at] = vt[:, 1]
-        return v, t
+    def committed(self, sl: SessionLoad, now: float) -> tuple[F64, F64]:
+        """session-load's commitments as columns: the decayed tokens (0 where none) and
+        their time (``now`` where none), kept up to date from the instances ``sl`` marks as
+        touched; rebuilt when another follower took its marks over."""
+        hit = self._session
+        if hit is not None and hit[0] is sl and sl.touched is hit[1]:
+            _, touched, v, t, has = hit
+            if touched:
+                pos, held = self.pos, sl._committed
+                for iid in touched:
+                    i = pos.get(iid)
+                    if i is not None:
+                        v[i], t[i] = held[iid]
+                        has[i] = True
+                touched.clear()
+        else:
+            touched = sl.touched = set()
+            held = sl._committed
+            n, k = len(self.items), len(held)
+            v, t, has = np.zeros(n), np.zeros(n), np.zeros(n, dtype=bool)
+            if k:
+                vt = np.array(list(held.values()), dtype=np.float64)
+                at = np.fromiter(map(self.pos.get, held, [-1] * k), np.intp, k)
+                ok = at >= 0
+                v[at[ok]], t[at[ok]], has[at[ok]] = vt[ok, 0], vt[ok, 1], True
+            self._session = (sl, touched, v, t, has)
+        return v, np.where(has, t, now)
 
     def spread(self, values: Mapping[str, Any], default: float = 0.0) -> F64:
         """``values`` per instance id as a column (ids not in the fleet ignored)."""
@@ -516,12 +532,9 @@ def _session_load_scores(
     anchors.append(most)
     if cached[most] >= sl.p.new_below * n:
         return None
-    held = sl._committed
-    if not held:
+    if not sl._committed:
         return None
-    # (decayed tokens, as of time) per instance as two columns, one lookup per instance
-    vt = np.array(list(held.values()), dtype=np.float64)
-    v, t = f.spread_pairs(held, vt, now)
+    v, t = f.committed(sl, now)
     extra += (v, t)
     x = v * np.exp(-sl._rate * np.maximum(0.0, now - t))
     at = _first_max(x, surv)
