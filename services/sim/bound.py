@@ -497,17 +497,14 @@ def _load_scores(ll: LeastLoad, f: _Fleet, surv: npt.NDArray[np.bool_], anchors:
     metrics = f.m[_LOAD_ROWS]
     # each metric's first greatest survivor, all four at once
     tops = np.where(surv, metrics, -np.inf).argmax(axis=1).tolist()
-    coef = [0.0] * len(tops)
-    for j, (w, x, at) in enumerate(zip(ll.weights, metrics, tops, strict=True)):
+    used = np.zeros(n)
+    for w, x, at in zip(ll.weights, metrics, tops, strict=True):
         if not surv[at]:  # every survivor's value is -inf
             at = _first_max(x, surv)
         m = float(x[at])
         if m > 0:
             anchors.append(at)
-            coef[j] = w / (m * ll.total_weight)
-    # the weighted sum in one product (its rounding may differ from the plugin's sum by an
-    # ulp or so, far below MARGIN)
-    used: F64 = np.array(coef) @ metrics
+            used = used + x * (w / (m * ll.total_weight))
     return 1.0 - used
 
 
