@@ -28,10 +28,8 @@ grouping pre-filter applies. ``tests/unit/test_sim_bound.py`` and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import compress, count
-from operator import is_not
 from typing import Any
 
 import numpy as np
@@ -42,34 +40,31 @@ from services.common.routing.plugins.affinity import SessionHome
 from services.common.routing.plugins.cost import TTFTCost
 from services.common.routing.plugins.estimate import PrefixEstimate
 from services.common.routing.plugins.load import LeastLoad, LoadGuard
-from services.common.routing.plugins.pending import PendingPicks
 from services.common.routing.plugins.placement import SessionLoad
 from services.common.routing.plugins.room import DecodeRoom
 from services.common.routing.plugins.routed_match import RoutedMatch
-from services.common.routing.types import EndpointSnapshot, EndpointView, RequestView
-from services.sim.routed_cols import RoutedColumns
+from services.common.routing.types import EndpointSnapshot, RequestView
+from services.sim.bound_fleet import (
+    F64,
+    LOAD_ROWS,
+    S_DEC,
+    S_PEND,
+    S_REQ,
+    S_TOK,
+    FleetColumns,
+    changed_positions,
+)
 
-__all__ = ["MARGIN", "BoundFilter", "BoundPlan", "bound_plan"]
+__all__ = ["MARGIN", "BoundFilter", "BoundPlan", "bound_plan", "changed_positions"]
 
 MARGIN = 1e-9
 """Candidates within this of the best total are kept (totals are at most a few tens; the
 arrays' and the plugins' float sums differ by ~1e-14)."""
 
-F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.intp]
 # weights of the inputs' sum that groups equal candidates (fixed: a run's groups must not
 # depend on anything but its inputs; a sum shared by unequal ones is caught and undone)
 _MIX: F64 = np.random.default_rng(0).uniform(1.0, 2.0, 32)
-# the view fields a plugin of the plan reads (rows of _Fleet.cols)
-_RUN, _WAIT, _TIF, _PEND, _KV, _TPS, _RREQ, _RTOK = range(8)
-_NROW = 8
-
-
-def _row(e: EndpointView) -> tuple[float, ...]:
-    return (
-        e.running, e.waiting, e.tokens_in_flight, e.pending_prefill_tokens, e.kv_usage,
-        e.prefill_tokens_per_s, e.reserved_requests, e.reserved_tokens,
-    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,171 +123,6 @@ def bound_plan(prof: Profile) -> BoundPlan | None:
     )  # fmt: skip
 
 
-def changed_positions(
-    old: tuple[EndpointView, ...], new: tuple[EndpointView, ...]
-) -> list[int] | None:
-    """The positions whose view object changed from ``old`` to ``new`` (the snapshot
-    replaces a view when it changes), or None when they are not the same endpoints in the
-    same order."""
-    if len(new) != len(old):
-        return None
-    changed = list(compress(count(), map(is_not, old, new)))
-    for i in changed:
-        if new[i].instance_id != old[i].instance_id:
-            return None
-    return changed
-
-
-class _Fleet:
-    """A snapshot's view fields as columns (one row per field), followed from one snapshot
-    to the next by the views that changed; with the sums the plugins take of them
-    (``sums``) and ttft-cost's queue wait per throughput setting (``wait``), kept up to date
-    the same way (the same float operations in the same order: the same values)."""
-
-    def __init__(self, snapshot: EndpointSnapshot) -> None:
-        self.snap = snapshot  # held: a snapshot patched from it names it by id
-        self.items = tuple(snapshot)
-        self.pos = {e.instance_id: i for i, e in enumerate(self.items)}
-        # the view fields' rows, then the sums' rows (one column per view): one matrix, so a
-        # changed view is one assignment and least-load's metrics one selection
-        cols = np.array([_row(e) for e in self.items], dtype=np.float64).T
-        self.m: F64 = np.concatenate([cols, np.array(_sums(cols))])
-        self.cols: F64 = self.m[:_NROW]
-        self.sums: F64 = self.m[_NROW:]
-        # (model tokens/s, whether an engine's own rate counts) -> (throughput, wait) columns
-        self._waits: dict[tuple[float, bool], tuple[F64, F64]] = {}
-        self._pending: tuple[PendingPicks, set[str], F64] | None = None
-        self._session: tuple[SessionLoad, set[str], F64, F64, npt.NDArray[np.bool_]] | None = None
-        self.routed = RoutedColumns(self.pos, len(self.items))
-
-    def update(self, snapshot: EndpointSnapshot) -> bool:
-        """Follow ``snapshot``; False when its endpoints are not the same ones (rebuild)."""
-        if snapshot is self.snap:
-            return True
-        new = tuple(snapshot)
-        patched = snapshot.patched
-        changed: Sequence[int] | None
-        if patched is not None and patched[0] == id(self.snap):
-            changed = patched[1]  # the snapshot patched from the last one followed
-        else:
-            changed = changed_positions(self.items, new)
-            if changed is None:
-                return False
-        self.snap = snapshot
-        m, waits = self.m, self._waits
-        for i in changed:
-            r = _row(new[i])
-            m[:, i] = r + _sums(r)
-            for (model_tps, engine), (tput, wait) in waits.items():
-                tput[i], wait[i] = _wait(r, model_tps, engine)
-        self.items = new
-        return True
-
-    def wait(self, model_tps: float, engine: bool) -> tuple[F64, F64]:
-        """ttft-cost's throughput and queue wait (ms) per candidate, as its prepare computes
-        them: ``1000 * pending / throughput`` where both are positive, else 0."""
-        key = (model_tps, engine)
-        hit = self._waits.get(key)
-        if hit is None:
-            pend = self.sums[_S_PEND]
-            tput = np.full(len(self.items), model_tps)
-            if engine:
-                tput = np.maximum(tput, self.cols[_TPS])
-            ok = (pend > 0) & (tput > 0)
-            wait = np.zeros(len(self.items))
-            wait[ok] = 1000.0 * pend[ok] / tput[ok]
-            if len(self._waits) >= 4:  # a fitted model's rate moves: keep the latest few
-                self._waits.clear()
-            hit = self._waits[key] = (tput, wait)
-        return hit
-
-    def pending(self, picks: PendingPicks) -> F64:
-        """``picks.totals`` as a column (:meth:`spread`), kept up to date from the instances
-        ``picks`` marks as touched; rebuilt when another follower took its marks over."""
-        hit = self._pending
-        if hit is not None and hit[0] is picks and picks.touched is hit[1]:
-            col, touched = hit[2], hit[1]
-            if touched:
-                pos, totals = self.pos, picks.totals
-                for iid in touched:
-                    i = pos.get(iid)
-                    if i is not None:
-                        col[i] = totals[iid]
-                touched.clear()
-            return col
-        touched = picks.touched = set()
-        col = self.spread(picks.totals)
-        self._pending = (picks, touched, col)
-        return col
-
-    def committed(self, sl: SessionLoad, now: float) -> tuple[F64, F64]:
-        """session-load's commitments as columns: the decayed tokens (0 where none) and
-        their time (``now`` where none), kept up to date from the instances ``sl`` marks as
-        touched; rebuilt when another follower took its marks over."""
-        hit = self._session
-        if hit is not None and hit[0] is sl and sl.touched is hit[1]:
-            _, touched, v, t, has = hit
-            if touched:
-                pos, held = self.pos, sl._committed
-                for iid in touched:
-                    i = pos.get(iid)
-                    if i is not None:
-                        v[i], t[i] = held[iid]
-                        has[i] = True
-                touched.clear()
-        else:
-            touched = sl.touched = set()
-            held = sl._committed
-            n, k = len(self.items), len(held)
-            v, t, has = np.zeros(n), np.zeros(n), np.zeros(n, dtype=bool)
-            if k:
-                vt = np.array(list(held.values()), dtype=np.float64)
-                at = np.fromiter(map(self.pos.get, held, [-1] * k), np.intp, k)
-                ok = at >= 0
-                v[at[ok]], t[at[ok]], has[at[ok]] = vt[ok, 0], vt[ok, 1], True
-            self._session = (sl, touched, v, t, has)
-        return v, np.where(has, t, now)
-
-    def spread(self, values: Mapping[str, Any], default: float = 0.0) -> F64:
-        """``values`` per instance id as a column (ids not in the fleet ignored)."""
-        out = np.full(len(self.items), default)
-        if values:
-            n = len(values)
-            try:
-                at = np.fromiter(map(self.pos.__getitem__, values), np.intp, n)
-            except KeyError:
-                at = np.fromiter(map(self.pos.get, values, [-1] * n), np.intp, n)
-                v = np.fromiter(values.values(), np.float64, n)
-                ok = at >= 0
-                out[at[ok]] = v[ok]
-                return out
-            out[at] = np.fromiter(values.values(), np.float64, n)
-        return out
-
-
-# rows of _Fleet.sums
-_S_TOK, _S_REQ, _S_PEND, _S_WAITING, _S_DEC = range(5)
-# least-load's metrics (waiting, running, tokens, KV usage) as rows of _Fleet.m
-_LOAD_ROWS = [_NROW + _S_WAITING, _RUN, _NROW + _S_TOK, _KV]
-
-
-def _sums(r: Any) -> tuple[Any, ...]:
-    """The rows of ``_Fleet.sums`` from the columns' rows (``r``: ``_Fleet.cols``), or one
-    view's column of them from its row (``r``: ``_row``'s tuple): the same additions in the
-    same order, so the same values."""
-    return (
-        r[_TIF] + r[_RTOK], r[_RUN] + r[_WAIT] + r[_RREQ], r[_PEND] + r[_RTOK],
-        r[_WAIT] + r[_RREQ], r[_RUN] + r[_RREQ],
-    )  # fmt: skip
-
-
-def _wait(r: tuple[float, ...], model_tps: float, engine: bool) -> tuple[float, float]:
-    """One view's (throughput, wait) of :meth:`_Fleet.wait`."""
-    pend = r[_PEND] + r[_RTOK]
-    tput = max(model_tps, r[_TPS]) if engine else model_tps
-    return tput, (1000.0 * pend / tput if pend > 0 and tput > 0 else 0.0)
-
-
 def _first_min(x: F64, mask: npt.NDArray[np.bool_]) -> int:
     """The first position of ``x``'s least value where ``mask`` (not empty, no NaN)."""
     at = int(np.argmin(np.where(mask, x, np.inf)))
@@ -324,12 +154,12 @@ class BoundFilter:
     """The positions (in snapshot order) a cycle of a :class:`BoundPlan` profile needs."""
 
     def __init__(self) -> None:
-        self._fleet: _Fleet | None = None
+        self._fleet: FleetColumns | None = None
 
-    def _follow(self, snapshot: EndpointSnapshot) -> _Fleet:
+    def _follow(self, snapshot: EndpointSnapshot) -> FleetColumns:
         f = self._fleet
         if f is None or not f.update(snapshot):
-            f = self._fleet = _Fleet(snapshot)
+            f = self._fleet = FleetColumns(snapshot)
         return f
 
     def kept(
@@ -370,7 +200,9 @@ class BoundFilter:
         return _first_of_equals(sel, f.cols, extra)
 
 
-def _cached(plan: BoundPlan, f: _Fleet, request: RequestView, now: float) -> tuple[F64, I64 | None]:
+def _cached(
+    plan: BoundPlan, f: FleetColumns, request: RequestView, now: float
+) -> tuple[F64, I64 | None]:
     """The prefix estimate's cached tokens per candidate (what its prepare records), and
     the whole blocks they are when they are read from the routed match alone (else None)."""
     pe = plan.prefix
@@ -391,14 +223,14 @@ def _cached(plan: BoundPlan, f: _Fleet, request: RequestView, now: float) -> tup
 
 
 def _survivors(
-    guard: LoadGuard | None, f: _Fleet, cached: F64, anchors: list[int]
+    guard: LoadGuard | None, f: FleetColumns, cached: F64, anchors: list[int]
 ) -> npt.NDArray[np.bool_]:
     """The load guard's survivors (exact: integer loads); its least loaded is an anchor."""
     n = len(f.items)
     if guard is None or n < 2:
         return np.ones(n, dtype=bool)
     p = guard.p
-    loads = f.sums[_S_TOK] if p.metric == "tokens" else f.sums[_S_REQ]
+    loads = f.sums[S_TOK] if p.metric == "tokens" else f.sums[S_REQ]
     at = int(np.argmin(loads))
     anchors.append(at)
     lo = float(loads[at])
@@ -411,7 +243,7 @@ def _survivors(
 
 def _costs(
     tc: TTFTCost,
-    f: _Fleet,
+    f: FleetColumns,
     request: RequestView,
     cached: tuple[F64, I64 | None],
     k: F64 | None,
@@ -430,13 +262,13 @@ def _costs(
         own, by_class = _by_class(clipped, request.block_size, lambda c: tc._prefill_ms(n - c, c))
         least = float(by_class.min())
     anchors.append(int(np.argmin(own)))
-    pend = f.sums[_S_PEND]
+    pend = f.sums[S_PEND]
     tput, wait = f.wait(tc.model_tps, tc.p.use_engine_throughput)
     inputs += (own, pend, tput)
     if k is not None:
         inputs.append(k)
     if tc.p.decode:
-        inputs.append(f.sums[_S_DEC])
+        inputs.append(f.sums[S_DEC])
     t: F64 = wait + own
     if not tc.ranked:
         return t
@@ -444,7 +276,7 @@ def _costs(
     cost: F64 = t + p.interference * (k if k is not None else 0.0) * own
     cost = cost + p.recompute * (own - least)
     if p.decode:
-        cost = cost + p.decode * f.sums[_S_DEC] * own
+        cost = cost + p.decode * f.sums[S_DEC] * own
     return cost
 
 
@@ -488,13 +320,15 @@ def _prefix_scores(pe: PrefixEstimate, request: RequestView, cached: F64) -> F64
     return np.where(r >= pe.threshold, r, 0.0) if pe.threshold > 0 else r
 
 
-def _load_scores(ll: LeastLoad, f: _Fleet, surv: npt.NDArray[np.bool_], anchors: list[int]) -> F64:
+def _load_scores(
+    ll: LeastLoad, f: FleetColumns, surv: npt.NDArray[np.bool_], anchors: list[int]
+) -> F64:
     """least-load's scores over the survivors' maxima (each maximum's first holder an
     anchor; the metrics are integers or the views' own floats: exact maxima)."""
     n = len(f.items)
     if ll.total_weight <= 0:
         return np.ones(n)
-    metrics = f.m[_LOAD_ROWS]
+    metrics = f.m[LOAD_ROWS]
     # each metric's first greatest survivor, all four at once
     tops = np.where(surv, metrics, -np.inf).argmax(axis=1).tolist()
     used = np.zeros(n)
@@ -512,7 +346,7 @@ def _session_load_scores(
     sl: SessionLoad,
     request: RequestView,
     now: float,
-    f: _Fleet,
+    f: FleetColumns,
     surv: npt.NDArray[np.bool_],
     anchors: list[int],
     extra: list[F64],

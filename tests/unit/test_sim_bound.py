@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from services.common.routing.framework import Scheduler
+from services.common.routing.plugins.placement import SessionLoad
 from services.common.routing.types import (
     Choice,
     EndpointSnapshot,
@@ -22,6 +23,7 @@ from services.common.routing.types import (
 from services.common.scheduling import EndpointSpec, build_core
 from services.sim import bound
 from services.sim.bound import BoundFilter, bound_plan
+from services.sim.bound_fleet import FleetColumns
 from services.sim.narrow import NarrowScheduler
 
 
@@ -162,9 +164,9 @@ def test_session_load_columns_follow_the_commitments(takeover: bool) -> None:
     """session-load's commitment columns, kept up to date from the instances its picks
     touch, equal columns read afresh from its commitments (time ``now`` where none)."""
     prof = scheduler(2).profiles["default"]
-    plugin = next(s for s, _ in prof.scorers if type(s) is bound.SessionLoad)
+    plugin = next(s for s, _ in prof.scorers if type(s) is SessionLoad)
     snap = EndpointSnapshot([EndpointView(f"worker-{i}") for i in range(6)])
-    fleet = bound._Fleet(snap)
+    fleet = FleetColumns(snap)
     rng = random.Random(3)
     for k in range(40):
         now = k * 0.5
