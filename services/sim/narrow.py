@@ -198,7 +198,7 @@ class NarrowScheduler(Scheduler):
         for s, _ in prof.scorers:
             if isinstance(s, SessionLoad) and request.prompt_tokens >= s.p.min_prompt_tokens:
                 return False
-        return not snapshot.pools()[2]
+        return not snapshot.pool_sizes()[2]
 
     def _held(self, prefix: PrefixEstimate | None, request: RequestView, now: float) -> set[str]:
         """The instances some plugin holds something for in this cycle."""
@@ -232,9 +232,9 @@ class NarrowScheduler(Scheduler):
         if prof.name not in self._bounds:
             self._bounds[prof.name] = bound_plan(prof)
         plan = self._bounds[prof.name]
-        n_eligible, decode, _ = snapshot.pools()
+        n_eligible, n_decode, _ = snapshot.pool_sizes()
         big = len(snapshot) >= BOUND_MIN
-        if big and plan is not None and n_eligible == len(snapshot) == len(decode):
+        if big and plan is not None and n_eligible == len(snapshot) == n_decode:
             self._hint = None
             kept = self._bound.kept(plan, request, snapshot, now)
             return snapshot if len(kept) == len(snapshot) else snapshot.subset(kept)

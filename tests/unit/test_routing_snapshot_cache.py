@@ -71,6 +71,8 @@ def test_cached_snapshot_equals_fresh_build(seed: int) -> None:
             got, want = f.snapshot(now, dep), _fresh(f, now, dep)
             assert list(got) == list(want), (k, dep)
             assert got.pools() == want.pools(), (k, dep)
+            n, decode, prefill = want.pools()
+            assert got.pool_sizes() == (n, len(decode), len(prefill)), (k, dep)
             assert all(got.get(e.instance_id) == e for e in want), (k, dep)
 
 
@@ -92,5 +94,7 @@ def test_subset_equals_fresh_build(views: list[EndpointView], positions: list[in
     want = EndpointSnapshot([views[i] for i in positions], version=7)
     assert list(got) == list(want)
     assert got.pools() == want.pools()
+    n, decode, prefill = want.pools()
+    assert got.pool_sizes() == (n, len(decode), len(prefill))
     assert got.version == 7
     assert all(got.get(e.instance_id) is e for e in want)

@@ -12,10 +12,18 @@ import numpy as np
 import pytest
 
 from services.common.routing.framework import Scheduler
-from services.common.routing.types import EndpointSnapshot, EndpointView, Pick, RequestView
+from services.common.routing.plugins.placement import SessionLoad
+from services.common.routing.types import (
+    Choice,
+    EndpointSnapshot,
+    EndpointView,
+    Pick,
+    RequestView,
+)
 from services.common.scheduling import EndpointSpec, build_core
 from services.sim import bound
 from services.sim.bound import BoundFilter, bound_plan
+from services.sim.bound_fleet import FleetColumns
 from services.sim.narrow import NarrowScheduler
 
 
@@ -149,3 +157,26 @@ def test_repeats_are_dropped_after_their_first(
     sel = np.ones(10, dtype=bool)
     sel[7] = False
     assert bound._first_of_equals(sel, cols, [cached]) == [0, 1, 3, 6, 8, 9]
+
+
+@pytest.mark.parametrize("takeover", [False, True], ids=["followed", "marks-taken-over"])
+def test_session_load_columns_follow_the_commitments(takeover: bool) -> None:
+    """session-load's commitment columns, kept up to date from the instances its picks
+    touch, equal columns read afresh from its commitments (time ``now`` where none)."""
+    prof = scheduler(2).profiles["default"]
+    plugin = next(s for s, _ in prof.scorers if type(s) is SessionLoad)
+    snap = EndpointSnapshot([EndpointView(f"worker-{i}") for i in range(6)])
+    fleet = FleetColumns(snap)
+    rng = random.Random(3)
+    for k in range(40):
+        now = k * 0.5
+        if takeover and k == 20:
+            plugin.touched = set()  # another follower installed its own marks
+        iid = f"worker-{rng.randrange(7)}"  # worker-6 is not in the fleet
+        pick = Pick(decode=Choice(EndpointView(iid), 1.0), prefill=None, profile="default")
+        plugin.on_pick(now, RequestView(f"r{k}", 1000 + k, (1,), 64, 8), pick)
+        v, t = fleet.committed(plugin, now + 0.25)
+        held = plugin._committed
+        want_v = [held.get(e.instance_id, (0.0, 0.0))[0] for e in snap]
+        want_t = [held.get(e.instance_id, (0.0, now + 0.25))[1] for e in snap]
+        assert v.tolist() == want_v and t.tolist() == want_t, k

@@ -129,6 +129,12 @@ class EndpointSnapshot:
             p = self._pools = (idx[0], _pick(items, idx[1]), _pick(items, idx[2]))
         return p
 
+    def pool_sizes(self) -> tuple[int, int, int]:
+        """The sizes of :meth:`pools` (eligible, decode/worker, prefill) without building
+        its tuples of endpoints; computed once per snapshot."""
+        n, decode, prefill = self._indexes()
+        return n, len(decode), len(prefill)
+
     def roles(self) -> frozenset[str]:
         """The roles of the endpoints (eligible or not); computed once per snapshot and
         carried over by :meth:`replaced` when no role changed."""

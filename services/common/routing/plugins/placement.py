@@ -43,6 +43,9 @@ class SessionLoad:
         self._rate = math.log(2.0) / params.half_life_s
         # instance -> (decayed routed prompt tokens, as of time)
         self._committed: dict[str, tuple[float, float]] = {}
+        # when a set: the instances whose commitment changed since its owner last cleared it
+        # (a follower of the commitments installs it, and then reads only those)
+        self.touched: set[str] | None = None
 
     def committed(self, instance_id: str, now: float) -> float:
         v, t = self._committed.get(instance_id, (0.0, now))
@@ -66,3 +69,5 @@ class SessionLoad:
     def on_pick(self, now: float, request: RequestView, pick: Pick) -> None:
         iid = (pick.prefill or pick.decode).endpoint.instance_id
         self._committed[iid] = (self.committed(iid, now) + request.prompt_tokens, now)
+        if self.touched is not None:
+            self.touched.add(iid)
