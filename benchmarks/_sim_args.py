@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from services.common.admission.shaper import DISPATCH_HOLD_MS, DISPATCH_ORDER
+from services.common.admission.shaper_config import DISPATCH_HOLD_MS, DISPATCH_ORDER
 
 
 def parse_args(argv: list[str] | None, description: str, trace: Path) -> argparse.Namespace:

@@ -25,7 +25,7 @@ for p in (ROOT, ROOT / "benchmarks"):
 import goodput_sim  # noqa: E402
 from _harness import emit_json  # noqa: E402
 
-from services.common.admission.shaper import DISPATCH_FOLLOW_MS  # noqa: E402
+from services.common.admission.shaper_config import DISPATCH_FOLLOW_MS  # noqa: E402
 from services.common.bench.traces import load_trace  # noqa: E402
 from services.sim import SimConfig, simulate  # noqa: E402
 

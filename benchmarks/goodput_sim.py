@@ -52,7 +52,7 @@ if str(ROOT) not in sys.path:
 from _goodput_ceiling import CeilingRequest, ceiling_of  # noqa: E402
 from _harness import MOONCAKE_CONVERSATION, TRACES, emit_json  # noqa: E402
 
-from services.common.admission.shaper import (  # noqa: E402
+from services.common.admission.shaper_config import (  # noqa: E402
     DISPATCH_FOLLOW_MS,
     DISPATCH_PROTECT_WHEN_MISSED,
 )

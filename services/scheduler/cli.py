@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from services.common import runtime
-from services.common.admission.shaper import (
+from services.common.admission.shaper_config import (
     DISPATCH_FOLLOW_MS,
     DISPATCH_HOLD_MS,
     DISPATCH_PROTECT_WHEN_MISSED,

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from tideserve.v1 import events_pb2
 
-from services.common.admission.shaper import DispatchShaper, ShaperConfig
+from services.common.admission.shaper import DispatchShaper
+from services.common.admission.shaper_config import ShaperConfig
 from services.common.engine_core.kvcache import KVCache
 from services.common.routing.plugins.prefix import ApproxPrefix
 from services.common.routing.plugins.routed_match import RoutedMatch

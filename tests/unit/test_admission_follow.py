@@ -8,7 +8,8 @@ import asyncio
 import pytest
 
 from services.common.admission.follow import Follower, Followers, shared_blocks
-from services.common.admission.shaper import DispatchShaper, ShaperConfig
+from services.common.admission.shaper import DispatchShaper
+from services.common.admission.shaper_config import ShaperConfig
 from services.scheduler.admission.dispatch import DispatchOrder
 
 # A session's prompts as block-hash chains: turn 2 extends turn 1, another session does not.

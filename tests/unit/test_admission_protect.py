@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.admission.shaper import DispatchShaper, ShaperConfig
+from services.common.admission.shaper import DispatchShaper
+from services.common.admission.shaper_config import ShaperConfig
 
 
 def shaper(protect: bool = True, slack: bool = False) -> DispatchShaper:

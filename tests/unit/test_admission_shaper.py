@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from services.common.admission.shaper import DispatchShaper, ShaperConfig
+from services.common.admission.shaper import DispatchShaper
+from services.common.admission.shaper_config import ShaperConfig
 from services.scheduler.admission.dispatch import DispatchOrder
 
 

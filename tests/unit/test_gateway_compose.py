@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.admission.shaper import DISPATCH_PROTECT_WHEN_MISSED
+from services.common.admission.shaper_config import DISPATCH_PROTECT_WHEN_MISSED
 from services.common.errors import StartupError
 from services.scheduler import cli
 from services.scheduler.compose import Scheduler, endpoint_specs

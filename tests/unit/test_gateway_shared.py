@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 from tideserve.v1 import events_pb2
 
-from services.common.admission.shaper import DispatchShaper, ShaperConfig
+from services.common.admission.shaper import DispatchShaper
+from services.common.admission.shaper_config import ShaperConfig
 from services.common.routing.types import Pick, RequestView
 from services.common.scheduling import EndpointSpec, GatewayCore, build_core
 from services.common.scheduling.fleet import Fleet

@@ -54,10 +54,8 @@ from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
 from services.common import otel
-from services.common.admission.shaper import (
-    DispatchShaper,
-    ShaperConfig,
-)
+from services.common.admission.shaper import DispatchShaper
+from services.common.admission.shaper_config import ShaperConfig
 from services.common.http_errors import json_errors
 from services.common.metrics import metrics_handler
 from services.common.routing.types import NoEndpoint, Pick, RequestView
