@@ -4,10 +4,11 @@ cycle's normalisations are taken from (:class:`BoundFilter`, used by
 
 At a thousand instances nearly every one holds a prefix of the next prompt (a common
 system prompt is routed everywhere), so grouping equal candidates (``narrow.py``) keeps most
-of them. For a profile made only of a load guard, one prefix estimate, one ttft-cost and one
-least-load scorer (and scorers that score nothing for the request: session-home without a
-session, session-load below its prompt threshold; the decode-room filter, which keeps every
-candidate of a fleet without decode-role endpoints), this filter computes every candidate's
+of them. For a profile made only of a load guard, one prefix estimate, one ttft-cost, one
+least-load and one decode-tpot scorer (and scorers that score nothing for the request:
+session-home without a session, session-load below its prompt threshold; the decode-room
+filter, which keeps every candidate of a fleet without decode-role endpoints), this filter
+computes every candidate's
 total the way those plugins do, as numpy arrays over the fleet (kept up to date from the few
 views that change between cycles), and hands the real scheduler only
 
@@ -17,7 +18,9 @@ views that change between cycles), and hands the real scheduler only
   the picker takes the first best in order), and
 * the candidates every cross-candidate quantity is taken from: the guard's least load, the
   cheapest own prefill (ttft-cost's recompute term), the least cost among the guard's
-  survivors (ttft-cost's normalisation) and each least-load metric's maximum among them.
+  survivors (ttft-cost's normalisation), each least-load metric's maximum among them, and
+  the cheapest own prefill and least decode stall among them (decode-tpot's gate and
+  normalisation).
 
 Every kept candidate therefore gets the same scores as among all candidates, bit for bit,
 and the first best among them is the first best among all. Any other profile, a request
@@ -43,14 +46,20 @@ from services.common.routing.plugins.load import LeastLoad, LoadGuard
 from services.common.routing.plugins.placement import SessionLoad
 from services.common.routing.plugins.room import DecodeRoom
 from services.common.routing.plugins.routed_match import RoutedMatch
+from services.common.routing.plugins.tpot import DecodeTPOT
 from services.common.routing.types import EndpointSnapshot, RequestView
 from services.sim.bound_fleet import (
     F64,
     LOAD_ROWS,
+    PEND,
+    RREQ,
+    RUN,
     S_DEC,
     S_PEND,
     S_REQ,
     S_TOK,
+    TIF,
+    WAIT,
     FleetColumns,
     changed_positions,
 )
@@ -80,6 +89,8 @@ class BoundPlan:
     w_load: float
     session_load: SessionLoad | None
     w_session_load: float
+    tpot: DecodeTPOT | None = None
+    w_tpot: float = 0.0
 
 
 def _one(objs: list[Any]) -> Any:
@@ -92,7 +103,7 @@ def bound_plan(prof: Profile) -> BoundPlan | None:
     picker = prof.picker
     if type(picker) is not MaxScorePicker or picker.random_ties:
         return None
-    kinds = (PrefixEstimate, TTFTCost, LeastLoad, SessionHome, SessionLoad)
+    kinds = (PrefixEstimate, TTFTCost, LeastLoad, SessionHome, SessionLoad, DecodeTPOT)
     if any(type(s) not in kinds for s, _ in prof.scorers):
         return None
     # decode-room keeps every candidate here (the pre-filter runs only over a fleet without
@@ -102,12 +113,15 @@ def bound_plan(prof: Profile) -> BoundPlan | None:
         return None
     by: dict[type, list[Any]] = {k: [s for s, _ in prof.scorers if type(s) is k] for k in kinds}
     prefix, ttft, load = (_one(by[k]) for k in (PrefixEstimate, TTFTCost, LeastLoad))
-    session_load = _one(by[SessionLoad])
+    session_load, tpot = _one(by[SessionLoad]), _one(by[DecodeTPOT])
     for k, one in (
-        (PrefixEstimate, prefix), (TTFTCost, ttft), (LeastLoad, load), (SessionLoad, session_load)
+        (PrefixEstimate, prefix), (TTFTCost, ttft), (LeastLoad, load), (SessionLoad, session_load),
+        (DecodeTPOT, tpot),
     ):  # fmt: skip
         if by[k] and one is None:
             return None  # two plugins of a type: not handled
+    if tpot is not None and ttft is None:
+        return None  # decode-tpot prices its stall with ttft-cost's own prefill
     if any(p is not prefix and p is not ttft for p in prof.preparers):
         return None
     if prefix is not None and (prefix not in prof.preparers or prefix.track_unfinished):
@@ -119,7 +133,7 @@ def bound_plan(prof: Profile) -> BoundPlan | None:
         guards[0] if guards else None,  # type: ignore[arg-type]
         prefix, ttft, load,
         weight[PrefixEstimate], weight[TTFTCost], weight[LeastLoad],
-        session_load, weight[SessionLoad],
+        session_load, weight[SessionLoad], tpot, weight[DecodeTPOT],
     )  # fmt: skip
 
 
@@ -176,7 +190,7 @@ class BoundFilter:
         total: F64 | float = 0.0  # a column from the first term on
         if tc is not None:
             inputs: list[F64] = []
-            cost = _costs(tc, f, request, (cached, blocks), k, anchors, inputs)
+            cost, own = _costs(tc, f, request, (cached, blocks), k, anchors, inputs)
             eps = cost + tc.p.epsilon_ms
             at = _first_min(eps, surv)
             lo = eps[at]
@@ -184,6 +198,10 @@ class BoundFilter:
             # within MARGIN of it from other inputs)
             anchors += _near(at, surv & (eps <= lo + MARGIN * (1.0 + lo)), inputs)
             total = total + plan.w_ttft * (lo / eps)
+            if plan.tpot is not None and plan.w_tpot:
+                tp = _tpot_scores(plan.tpot, f, own, surv, anchors)
+                if tp is not None:
+                    total = total + plan.w_tpot * tp
         if plan.prefix is not None and plan.w_prefix:
             total = total + plan.w_prefix * _prefix_scores(plan.prefix, request, cached)
         if plan.load is not None:
@@ -249,10 +267,11 @@ def _costs(
     k: F64 | None,
     anchors: list[int],
     inputs: list[F64],
-) -> F64:
-    """ttft-cost's ranking cost per candidate, in the plugin's order of operations (the
-    columns it is a function of join ``inputs``; ``cached``: :func:`_cached`'s); the
-    candidate with the cheapest own prefill (the recompute term's reference) is an anchor."""
+) -> tuple[F64, F64]:
+    """ttft-cost's ranking cost and own prefill per candidate, in the plugin's order of
+    operations (the columns the cost is a function of join ``inputs``; ``cached``:
+    :func:`_cached`'s); the candidate with the cheapest own prefill (the recompute term's
+    reference) is an anchor."""
     tc._sync()
     n = request.prompt_tokens
     if cached[1] is not None:
@@ -271,13 +290,48 @@ def _costs(
         inputs.append(f.sums[S_DEC])
     t: F64 = wait + own
     if not tc.ranked:
-        return t
+        return t, own
     p = tc.p
     cost: F64 = t + p.interference * (k if k is not None else 0.0) * own
     cost = cost + p.recompute * (own - least)
     if p.decode:
         cost = cost + p.decode * f.sums[S_DEC] * own
-    return cost
+    return cost, own
+
+
+def _tpot_scores(
+    dt: DecodeTPOT, f: FleetColumns, own: F64, surv: npt.NDArray[np.bool_], anchors: list[int]
+) -> F64 | None:
+    """decode-tpot's scores (None: every candidate scores 1, the prompt's own prefill is
+    short somewhere), the operations of ``stall_ms_per_token`` over the columns. The
+    survivor with the cheapest own prefill (the gate) and the least stall (the
+    normalisation; any within rounding of it) are anchors. Its inputs are view fields and
+    ``own``, a function of the cached tokens: no new per-request column."""
+    p = dt.p
+    cheapest = _first_min(own, surv)
+    anchors.append(cheapest)
+    if own[cheapest] < p.min_prefill_ms:
+        return None
+    c = f.cols
+    run = c[RUN]
+    decodes = run + (c[WAIT] + c[RREQ]) if p.count_queued else run
+    remaining = np.maximum(0.0, c[TIF] - c[PEND])
+    measured = (run > 0) & (remaining > 0)
+    per = np.full(len(run), float(p.decode_tokens))
+    np.divide(remaining, run, out=per, where=measured)
+    per = np.maximum(per, float(p.min_remaining_tokens))
+    stalls = np.zeros(len(run))
+    np.divide(own, per, out=stalls, where=(decodes > 0) & (own > 0))
+    stalls = decodes * stalls + p.epsilon_ms
+    at = _first_min(stalls, surv)
+    lo = float(stalls[at])
+    anchors += _near(
+        at, surv & (stalls <= lo + MARGIN * (1.0 + lo)), [own, *c[[RUN, WAIT, RREQ, TIF, PEND]]]
+    )
+    out: F64 = (
+        np.maximum(0.0, 1.0 - (stalls - lo) / p.spread_ms) if p.spread_ms > 0 else lo / stalls
+    )
+    return out
 
 
 def _by_blocks(

@@ -21,7 +21,8 @@ from services.common.routing.types import EndpointSnapshot, EndpointView
 from services.sim.routed_cols import RoutedColumns
 
 __all__ = [
-    "F64", "LOAD_ROWS", "S_DEC", "S_PEND", "S_REQ", "S_TOK", "FleetColumns", "changed_positions"
+    "F64", "LOAD_ROWS", "PEND", "RREQ", "RUN", "S_DEC", "S_PEND", "S_REQ", "S_TOK", "TIF", "WAIT",
+    "FleetColumns", "changed_positions",
 ]  # fmt: skip
 
 F64 = npt.NDArray[np.float64]

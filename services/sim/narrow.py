@@ -39,6 +39,7 @@ from services.common.routing.plugins.estimate import PrefixEstimate
 from services.common.routing.plugins.load import LeastLoad, LoadGuard
 from services.common.routing.plugins.placement import SessionLoad
 from services.common.routing.plugins.room import DecodeRoom
+from services.common.routing.plugins.tpot import DecodeTPOT
 from services.common.routing.types import (
     Decision,
     EndpointSnapshot,
@@ -51,7 +52,8 @@ from services.sim.bound import BoundFilter, BoundPlan, bound_plan, changed_posit
 __all__ = ["SAFE", "NarrowScheduler"]
 
 SAFE: tuple[type, ...] = (
-    PrefixEstimate, LoadGuard, TTFTCost, LeastLoad, SessionHome, SessionLoad, DecodeRoom
+    PrefixEstimate, LoadGuard, TTFTCost, LeastLoad, SessionHome, SessionLoad, DecodeRoom,
+    DecodeTPOT,
 )  # fmt: skip
 """The plugin types whose results the pre-filter keeps (see the module docstring; the
 decode-room filter only over a fleet without decode-role endpoints, where it keeps all)."""

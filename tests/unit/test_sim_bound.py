@@ -46,9 +46,13 @@ CASES = [
     Case("tpot-guard", long_prompts=0.3),  # ttft-cost's decode term
     Case("least_load"),
     Case("default", engine_fields=True, patched=True),
+    Case("decode-tpot", long_prompts=0.5, engine_fields=True),  # its stall scored
+    Case("decode-tpot", long_prompts=0.5),  # no tokens in flight reported: decode_tokens
+    Case("decode-tpot-spread", long_prompts=0.5, engine_fields=True, patched=True),
 ]
 IDS = ["default", "long-prompts", "idle-fleet", "300-instances", "load-stream", "tpot-guard",
-       "least-load", "patched-snapshots"]  # fmt: skip
+       "least-load", "patched-snapshots", "decode-tpot", "decode-tpot-no-engine-fields",
+       "decode-tpot-spread"]  # fmt: skip
 
 
 def scheduler(n: int) -> Scheduler:
@@ -123,10 +127,11 @@ def test_the_same_picks_with_and_without_the_bound(case: Case) -> None:
 
 @pytest.mark.parametrize(
     ("profile", "applies"),
-    [("default", True), ("tpot-guard", True), ("least_load", True), ("prefix-ready", False),
-     ("slo", False), ("cache_aware", False), ("power_of_two", False)],
-    ids=["default", "tpot-guard", "least-load", "prefix-ready-unfinished", "slo-filter",
-         "cache-aware", "power-of-two"],
+    [("default", True), ("tpot-guard", True), ("least_load", True), ("decode-tpot", True),
+     ("decode-tpot-spread", True), ("prefix-ready", False), ("slo", False),
+     ("cache_aware", False), ("power_of_two", False)],
+    ids=["default", "tpot-guard", "least-load", "decode-tpot", "decode-tpot-spread",
+         "prefix-ready-unfinished", "slo-filter", "cache-aware", "power-of-two"],
 )  # fmt: skip
 def test_which_profiles_the_bound_applies_to(profile: str, applies: bool) -> None:
     prof = scheduler(2).profiles[profile]

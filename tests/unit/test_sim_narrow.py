@@ -44,12 +44,15 @@ def run(cfg: SimConfig, narrow: bool) -> tuple[str, list[str], int]:
         (replace(BASE, profile="prefix-ready"), True),
         (replace(BASE, gateways=2, scrape_queue_estimate=True), True),
         (replace(BASE, profile="least_load"), True),
+        (replace(BASE, profile="decode-tpot"), True),
+        (replace(BASE, engines=96, profile="decode-tpot", load_source="stream"), True),
         (replace(BASE, profile="power_of_two"), False),  # random picks: never narrowed
         (replace(BASE, profile="cache_aware"), False),  # a plugin outside SAFE
         (SimConfig(prefill=8, decode=24, kv_blocks=4096, rate_scale=3.0), False),  # P/D
     ],
     ids=["default", "bound", "bound-tpot-guard-stream", "bound-precise-two-gateways", "two-gateways-stream", "precise", "prefix-ready",
-         "two-gateways-scrape-queue-estimate", "least-load", "power-of-two", "cache-aware",
+         "two-gateways-scrape-queue-estimate", "least-load", "decode-tpot",
+         "bound-decode-tpot-stream", "power-of-two", "cache-aware",
          "pd"],
 )  # fmt: skip
 def test_the_pre_filter_keeps_every_decision(cfg: SimConfig, narrows: bool) -> None:
