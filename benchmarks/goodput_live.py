@@ -85,6 +85,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plan", action="store_true", help="list the cells left and their commands")
     p.add_argument("--report", action="store_true", help="report from --state, run nothing")
     p.add_argument("--log-dir", default=None, help="routing_compare's logs, per cell under it")
+    p.add_argument("--parallel", action="store_true",
+                   help="run a cell's routers and runs at once, each its own routing_compare "
+                   "on its own fleet, instead of one after the other: for sparse cells, whose "
+                   "fleets idle most of the time (each run still flags a CPU-saturated machine)")  # fmt: skip
     p.add_argument("--agentic-trace", default=str(AGENTIC))
     p.add_argument("--conv-trace", default=str(MOONCAKE_CONVERSATION))
     return p.parse_args(argv)
@@ -127,12 +131,19 @@ def check_slices(cells: list[Cell], args: argparse.Namespace) -> None:
 
 
 def compare_argv(
-    cell: Cell, args: argparse.Namespace, slice_path: Path, out: Path, log_dir: Path | None
+    cell: Cell,
+    args: argparse.Namespace,
+    slice_path: Path,
+    out: Path,
+    log_dir: Path | None,
+    one: str | None = None,
 ) -> list[str]:
+    """routing_compare's command line for ``cell``; ``one``: that router's one run only."""
+    routers, runs = (one, 1) if one else (args.routers, args.runs)
     cmd = [sys.executable, str(COMPARE), "--trace", str(slice_path),
            "--max-requests", str(cell.requests), "--speedup", f"{SPEEDUP:g}",
-           "--rate-scale", f"{cell.rate:g}", "--routers", args.routers,
-           "--runs", str(args.runs), "--out", str(out)]  # fmt: skip
+           "--rate-scale", f"{cell.rate:g}", "--routers", routers,
+           "--runs", str(runs), "--out", str(out)]  # fmt: skip
     if log_dir is not None:
         cmd += ["--log-dir", str(log_dir)]
     return [*cmd, "--old-rules"] if args.old_rules else cmd
@@ -199,6 +210,55 @@ def cell_ceiling(slice_path: Path, cell: Cell, doc: dict[str, Any]) -> dict[str,
     return {**out, "engine_profile": fleet["profile"]}
 
 
+def merge_runs(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One routing_compare document from several one-run documents of the same cell: their
+    results numbered per router in the given order, the per-router means and ranges over
+    them, the rest from the first (the fleet and workload are the same in all)."""
+    from _compare_rules import per_router
+
+    results: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for d in docs:
+        for r in d.get("results", []):
+            k = seen[r["router"]] = seen.get(r["router"], -1) + 1
+            results.append({**r, "run": k})
+    return {**docs[0], "runs": max(seen.values(), default=0) + 1, "results": results,
+            "per_router": per_router(results), "parallel_runs": len(docs)}  # fmt: skip
+
+
+def _compare(
+    cell: Cell, args: argparse.Namespace, slice_path: Path, tmp: Path, log_dir: Path | None
+) -> tuple[int, dict[str, Any] | None]:
+    """routing_compare over ``cell``: one child, or with ``--parallel`` one per router and
+    run, all at once. The exit code (the worst) and the document (None: no JSON)."""
+    if not args.parallel:
+        out = tmp / "compare.json"
+        cmd = compare_argv(cell, args, slice_path, out, log_dir)
+        print(f"[{cell.key} {rules_of(args)}] {shlex.join(cmd)}", file=sys.stderr, flush=True)
+        code = run_child(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
+        return code, json.loads(out.read_text(encoding="utf-8")) if out.exists() else None
+    routers = [r.strip() for r in args.routers.split(",") if r.strip()]
+    jobs = [(r, k) for k in range(args.runs) for r in routers]  # interleaved order
+    outs, procs = [], []
+    try:
+        for r, k in jobs:
+            out = tmp / f"compare-{r.replace(':', '_')}-{k}.json"
+            sub = None if log_dir is None else log_dir / f"{r.replace(':', '_')}-{k}"
+            cmd = compare_argv(cell, args, slice_path, out, sub, one=r)
+            print(f"[{cell.key} {rules_of(args)}] {shlex.join(cmd)}", file=sys.stderr, flush=True)
+            outs.append(out)
+            procs.append(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL))
+        codes = [p.wait() for p in procs]
+    finally:
+        for p in procs:  # unwound: each child stops its own fleet
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            p.wait()
+    docs = [json.loads(o.read_text(encoding="utf-8")) for o in outs if o.exists()]
+    return max(codes), merge_runs(docs) if docs else None
+
+
 def run_cell(cell: Cell, args: argparse.Namespace) -> dict[str, Any]:
     """One routing_compare run of ``cell``: the state entry (its JSON, the ceiling)."""
     rules = rules_of(args)
@@ -208,15 +268,12 @@ def run_cell(cell: Cell, args: argparse.Namespace) -> dict[str, Any]:
         log_dir = Path(args.log_dir) / state_key(cell, rules).replace(":", "_").replace("|", "-")
     with tempfile.TemporaryDirectory(prefix="goodput-live-") as tmp:
         slice_path = write_slice(trace_of(cell, args), cell, Path(tmp) / "slice.jsonl")
-        out = Path(tmp) / "compare.json"
-        cmd = compare_argv(cell, args, slice_path, out, log_dir)
-        print(f"[{cell.key} {rules}] {shlex.join(cmd)}", file=sys.stderr, flush=True)
-        code = run_child(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
-        if not out.exists():
+        code, got = _compare(cell, args, slice_path, Path(tmp), log_dir)
+        if got is None:
             doc: dict[str, Any] = {"error": f"routing_compare exited {code} without a JSON"}
             ceiling: dict[str, Any] = {}
         else:
-            doc = json.loads(out.read_text(encoding="utf-8"))
+            doc = got
             ceiling = cell_ceiling(slice_path, cell, doc)
     routers = [r.strip() for r in args.routers.split(",") if r.strip()]
     report = cell_report(cell, rules, doc, ceiling, routers, args.runs)
@@ -225,6 +282,7 @@ def run_cell(cell: Cell, args: argparse.Namespace) -> dict[str, Any]:
         "trace": str(trace_of(cell, args)),
         "started_unix": round(started), "wall_s": round(time.time() - started, 1),
         "load_average_before": [round(x, 2) for x in load], "exit_code": code,
+        "parallel": bool(args.parallel),
         "ceiling": ceiling, "compare": doc,
     }  # fmt: skip
 

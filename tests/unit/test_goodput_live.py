@@ -276,6 +276,27 @@ def test_compare_argv(
     assert all(p in cmd for p in present) and not any(a in cmd for a in absent)
 
 
+def test_compare_argv_one_router_one_run(tmp_path: Path) -> None:
+    cmd = live.compare_argv(Cell("agentic", 10, 5, 0.5), _args(tmp_path), Path("slice"),
+                            Path("out.json"), None, one=BASE)  # fmt: skip
+    at = cmd.index("--routers")
+    assert cmd[at + 1] == BASE and cmd[cmd.index("--runs") + 1] == "1"
+
+
+def test_parallel_runs_merge_like_one_comparison() -> None:
+    """Four one-run documents merge into what one routing_compare of two runs per router
+    reports: the same per-router means and ranges, the runs numbered per router."""
+    one_each = [_doc([{**r, "run": 0}]) for r in TWO_EACH]
+    merged = live.merge_runs(one_each)
+    assert [(r["router"], r["run"]) for r in merged["results"]] == [
+        (OURS, 0), (BASE, 0), (OURS, 1), (BASE, 1)]  # fmt: skip
+    assert merged["per_router"] == _doc(TWO_EACH)["per_router"]
+    assert merged["runs"] == 2 and merged["parallel_runs"] == 4
+    c = cells_mod.parse_cell("agentic:1800:300:0.5")
+    rep = cells_mod.cell_report(c, "new", merged, CEILING, [OURS, BASE], 2)
+    assert rep == _report("agentic:1800:300:0.5", TWO_EACH)
+
+
 class FakeRunner:
     """Stands in for ``run_cell``: a complete entry (or not) per cell, calls recorded."""
 
