@@ -88,7 +88,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--parallel", action="store_true",
                    help="run a cell's routers and runs at once, each its own routing_compare "
                    "on its own fleet, instead of one after the other: for sparse cells, whose "
-                   "fleets idle most of the time (each run still flags a CPU-saturated machine)")  # fmt: skip
+                   "fleets idle most of the time. Every fleet starts before any bench does; each "
+                   "run still flags a CPU-saturated machine. Run nothing else beside it: "
+                   "another fleet's start-up saturates the machine for seconds")  # fmt: skip
     p.add_argument("--agentic-trace", default=str(AGENTIC))
     p.add_argument("--conv-trace", default=str(MOONCAKE_CONVERSATION))
     return p.parse_args(argv)
@@ -239,12 +241,14 @@ def _compare(
         return code, json.loads(out.read_text(encoding="utf-8")) if out.exists() else None
     routers = [r.strip() for r in args.routers.split(",") if r.strip()]
     jobs = [(r, k) for k in range(args.runs) for r in routers]  # interleaved order
+    barrier = f"{tmp / 'started'}:{len(jobs)}"  # every fleet up before any bench starts
     outs, procs = [], []
     try:
         for r, k in jobs:
             out = tmp / f"compare-{r.replace(':', '_')}-{k}.json"
             sub = None if log_dir is None else log_dir / f"{r.replace(':', '_')}-{k}"
-            cmd = compare_argv(cell, args, slice_path, out, sub, one=r)
+            cmd = [*compare_argv(cell, args, slice_path, out, sub, one=r),
+                   "--start-barrier", barrier]  # fmt: skip
             print(f"[{cell.key} {rules_of(args)}] {shlex.join(cmd)}", file=sys.stderr, flush=True)
             outs.append(out)
             procs.append(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL))

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -178,6 +179,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="an embedded Redis: engines publish load/KV events, gateways write records",
     )  # fmt: skip
     p.add_argument(
+        "--start-barrier", default=None, metavar="DIR:N",
+        help="with others run at once (goodput_live --parallel): once this run's fleet and "
+        "router are up, leave a file in DIR and start the bench when DIR holds N, so that no "
+        "run's bench sees another's start-up (every start is done before any bench begins)",
+    )  # fmt: skip
+    p.add_argument(
         "--closed-loop", action="store_true",
         help="run tideserve:default believing the true profile, --gateway-perf-profile, and "
         "--gateway-perf-profile with the fitted model (implies --redis)",
@@ -269,6 +276,21 @@ def wait_router(name: str, url: str, n: int, group: ProcGroup) -> None:
     time.sleep(2.0)  # one health/load scrape round of the gateway
 
 
+def wait_barrier(spec: str, tag: str, group: ProcGroup, timeout_s: float = 900.0) -> None:
+    """``DIR:N``: leave this run's file in DIR, then wait until DIR holds N files (each run
+    of a parallel batch leaves one when its fleet is up). RuntimeError past ``timeout_s``."""
+    where, _, count = spec.rpartition(":")
+    d, n = Path(where), int(count)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{os.getpid()}-{tag}").touch()
+    deadline = time.monotonic() + timeout_s
+    while sum(1 for _ in d.iterdir()) < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"start barrier {spec}: fewer than {n} runs up after {timeout_s}s")
+        group.check()
+        time.sleep(0.5)
+
+
 def run_router(
     name: str,
     args: argparse.Namespace,
@@ -307,6 +329,8 @@ def run_router(
         result["router_command"] = shlex.join(cmd)
         router = group.start(f"{tag}-router", cmd)
         wait_router(name, url, len(plan), group)
+        if args.start_barrier:
+            wait_barrier(args.start_barrier, tag, group)
         out = log_dir / f"{tag}-bench.json"
         bench = tideserve(
             "bench", "--trace", args.trace, "--target", url, "--api", args.api,

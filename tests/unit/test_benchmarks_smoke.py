@@ -492,3 +492,27 @@ def test_pd_breakdown_phases_add_up_to_the_ttft(cfg_kw: dict[str, Any], disaggre
     if disaggregated:
         total = sum(out["phases_ms"].values())
         assert total == pytest.approx(out["ttft_ms_disaggregated"], abs=1.0)
+
+
+@pytest.mark.parametrize(
+    ("others", "count", "passes"),
+    [(2, 3, True), (0, 1, True), (1, 3, False)],
+    ids=["last-of-three", "alone", "one-missing-times-out"],
+)  # fmt: skip
+def test_start_barrier(tmp_path: Path, others: int, count: int, passes: bool) -> None:
+    """A run leaves its file and goes on once the barrier holds ``count`` (the others' files
+    already there); with one still missing it gives up at the timeout."""
+    rc = _load("routing_compare")
+    harness = _load("_harness")
+    where = tmp_path / "started"
+    where.mkdir()
+    for i in range(others):
+        (where / f"other-{i}").touch()
+    group = harness.ProcGroup(tmp_path / "logs")
+    spec = f"{where}:{count}"
+    if passes:
+        rc.wait_barrier(spec, "tideserve-default-r0", group, timeout_s=5.0)
+    else:
+        with pytest.raises(RuntimeError, match="fewer than 3 runs up"):
+            rc.wait_barrier(spec, "tideserve-default-r0", group, timeout_s=0.0)
+    assert len(list(where.iterdir())) == others + 1
