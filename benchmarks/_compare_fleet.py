@@ -4,12 +4,31 @@ router spread its requests over them."""
 from __future__ import annotations
 
 import argparse
+import fcntl
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from _compare_rules import engine_profile
 from _harness import ProcGroup, free_port, http_get, tideserve, wait_http
 
-__all__ = ["engine_requests", "fleet_plan", "start_fleet"]
+__all__ = ["engine_requests", "fleet_plan", "start_fleet", "starting"]
+
+START_LOCK = Path(tempfile.gettempdir()) / "tideserve-bench-engine-start.lock"
+
+
+@contextmanager
+def starting(lock: Path = START_LOCK) -> Iterator[None]:
+    """Held while one engine starts: every benchmark process on this machine starts its
+    engines one at a time, whichever of them is starting."""
+    with lock.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def fleet_plan(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -36,7 +55,11 @@ def start_fleet(
     tag: str,
     streams: list[str] | None = None,
 ) -> None:
-    """``streams``: ``--redis-url``/``--stream-prefix`` flags for every engine (or none)."""
+    """``streams``: ``--redis-url``/``--stream-prefix`` flags for every engine (or none).
+    The engines start one at a time on the machine (:func:`starting`), each once the last
+    answers its health check: started at once, their imports keep both cores busy for
+    seconds, which a benchmark running beside (another run of ``goodput_live --parallel``,
+    a long sparse cell) records as a CPU-saturated machine."""
     for i, e in enumerate(plan):
         cmd = tideserve(
             "engine", "--role", e["role"], "--port", str(e["port"]),
@@ -52,9 +75,9 @@ def start_fleet(
         if args.step_traces:
             cmd += ["--step-trace", str(group.log_dir / f"{tag}-engine-{i}.steps.jsonl")]
         env = {"TIDESERVE_ENGINE_BOOTSTRAP_TIMEOUT_S": str(args.bootstrap_timeout_s)}
-        group.start(f"{tag}-engine-{i}", cmd, env=env)
-    for e in plan:
-        wait_http(e["url"] + "/health", group, 90.0)
+        with starting():
+            group.start(f"{tag}-engine-{i}", cmd, env=env)
+            wait_http(e["url"] + "/health", group, 90.0)
 
 
 def engine_requests(plan: list[dict[str, Any]]) -> list[float]:

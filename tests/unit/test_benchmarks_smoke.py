@@ -516,3 +516,24 @@ def test_start_barrier(tmp_path: Path, others: int, count: int, passes: bool) ->
         with pytest.raises(RuntimeError, match="fewer than 3 runs up"):
             rc.wait_barrier(spec, "tideserve-default-r0", group, timeout_s=0.0)
     assert len(list(where.iterdir())) == others + 1
+
+
+def test_engines_start_one_at_a_time_on_the_machine(tmp_path: Path) -> None:
+    """While one benchmark process starts an engine, another cannot take the start lock."""
+    import fcntl
+
+    fleet = _load("_compare_fleet")
+    lock = tmp_path / "start.lock"
+
+    def try_lock() -> bool:
+        with lock.open("a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return True
+
+    with fleet.starting(lock):
+        assert not try_lock()
+    assert try_lock()
