@@ -59,25 +59,43 @@ def start_fleet(
     The engines start one at a time on the machine (:func:`starting`), each once the last
     answers its health check: started at once, their imports keep both cores busy for
     seconds, which a benchmark running beside (another run of ``goodput_live --parallel``,
-    a long sparse cell) records as a CPU-saturated machine."""
+    a long sparse cell) records as a CPU-saturated machine. Each engine's ports are chosen
+    again under that lock, just before it binds them: a port found free when the plan was
+    made may meanwhile go to an engine of another run starting beside this one."""
     for i, e in enumerate(plan):
-        cmd = tideserve(
-            "engine", "--role", e["role"], "--port", str(e["port"]),
-            "--instance-id", f"{tag}-{e['role']}-{i}", "--profile", engine_profile(args),
-            "--kv-blocks", str(args.kv_blocks), "--speedup", str(args.speedup),
-            "--stream-interval", str(args.stream_interval),
-            "--catch-up-ms", str(args.engine_catch_up_ms),
-            "--state-dir", str(group.log_dir / f"engine-{i}"), "--log-level", "WARNING",
-            *(streams or []),
-        )  # fmt: skip
-        if e["bootstrap_port"]:
-            cmd += ["--bootstrap-port", str(e["bootstrap_port"])]
-        if args.step_traces:
-            cmd += ["--step-trace", str(group.log_dir / f"{tag}-engine-{i}.steps.jsonl")]
-        env = {"TIDESERVE_ENGINE_BOOTSTRAP_TIMEOUT_S": str(args.bootstrap_timeout_s)}
         with starting():
-            group.start(f"{tag}-engine-{i}", cmd, env=env)
-            wait_http(e["url"] + "/health", group, 90.0)
+            _start_engine(group, args, e, i, tag, streams)
+
+
+def _start_engine(
+    group: ProcGroup,
+    args: argparse.Namespace,
+    e: dict[str, Any],
+    i: int,
+    tag: str,
+    streams: list[str] | None,
+) -> None:
+    """Engine ``i`` of the plan on fresh free ports (``e`` updated), once it is healthy."""
+    e["port"] = free_port()
+    e["url"] = f"http://127.0.0.1:{e['port']}"
+    if e["bootstrap_port"]:
+        e["bootstrap_port"] = free_port()
+    cmd = tideserve(
+        "engine", "--role", e["role"], "--port", str(e["port"]),
+        "--instance-id", f"{tag}-{e['role']}-{i}", "--profile", engine_profile(args),
+        "--kv-blocks", str(args.kv_blocks), "--speedup", str(args.speedup),
+        "--stream-interval", str(args.stream_interval),
+        "--catch-up-ms", str(args.engine_catch_up_ms),
+        "--state-dir", str(group.log_dir / f"engine-{i}"), "--log-level", "WARNING",
+        *(streams or []),
+    )  # fmt: skip
+    if e["bootstrap_port"]:
+        cmd += ["--bootstrap-port", str(e["bootstrap_port"])]
+    if args.step_traces:
+        cmd += ["--step-trace", str(group.log_dir / f"{tag}-engine-{i}.steps.jsonl")]
+    env = {"TIDESERVE_ENGINE_BOOTSTRAP_TIMEOUT_S": str(args.bootstrap_timeout_s)}
+    group.start(f"{tag}-engine-{i}", cmd, env=env)
+    wait_http(e["url"] + "/health", group, 90.0)
 
 
 def engine_requests(plan: list[dict[str, Any]]) -> list[float]:

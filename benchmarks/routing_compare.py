@@ -70,7 +70,7 @@ import yaml
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _compare_fleet import engine_requests, fleet_plan, start_fleet
+from _compare_fleet import engine_requests, fleet_plan, start_fleet, starting
 from _compare_rules import (
     OLD_RULES_SLO_CLASS,
     engine_profile,
@@ -83,6 +83,7 @@ from _compare_targets import closed_loop_targets, prediction_error, targets
 from _harness import (
     MOONCAKE_CONVERSATION,
     ROOT,
+    Child,
     CpuMeter,
     ProcGroup,
     command_line,
@@ -291,6 +292,33 @@ def wait_barrier(spec: str, tag: str, group: ProcGroup, timeout_s: float = 900.0
         time.sleep(0.5)
 
 
+def start_router(
+    name: str,
+    args: argparse.Namespace,
+    plan: list[dict[str, Any]],
+    py: Path | None,
+    group: ProcGroup,
+    tag: str,
+    v: dict[str, Any],
+    streams: list[str],
+) -> tuple[Child, str, list[str]]:
+    """The router of one run on a free port, once it answers: (its child, URL, command)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = router_cmd(name, port, plan, args, py)
+    if name.startswith("tideserve:"):
+        cmd += streams
+        if v.get("perf_profile"):
+            cmd += ["--perf-profile", v["perf_profile"]]
+        if v.get("fit"):
+            cmd += ["--telemetry-address", start_model_server(group, v, tag),
+                    "--perf-model-refresh", str(args.fit_refresh_s),
+                    "--perf-model-min-confidence", str(args.fit_min_confidence)]  # fmt: skip
+    router = group.start(f"{tag}-router", cmd)
+    wait_router(name, url, len(plan), group)
+    return router, url, cmd
+
+
 def run_router(
     name: str,
     args: argparse.Namespace,
@@ -315,20 +343,9 @@ def run_router(
         streams = ["--redis-url", v["redis_url"], "--stream-prefix", v["prefix"]]
     try:
         start_fleet(group, args, plan, tag, streams)
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        cmd = router_cmd(name, port, plan, args, py)
-        if name.startswith("tideserve:"):
-            cmd += streams
-            if v.get("perf_profile"):
-                cmd += ["--perf-profile", v["perf_profile"]]
-            if v.get("fit"):
-                cmd += ["--telemetry-address", start_model_server(group, v, tag),
-                        "--perf-model-refresh", str(args.fit_refresh_s),
-                        "--perf-model-min-confidence", str(args.fit_min_confidence)]  # fmt: skip
+        with starting():  # the router's port, like the engines', bound before others pick
+            router, url, cmd = start_router(name, args, plan, py, group, tag, v, streams)
         result["router_command"] = shlex.join(cmd)
-        router = group.start(f"{tag}-router", cmd)
-        wait_router(name, url, len(plan), group)
         if args.start_barrier:
             wait_barrier(args.start_barrier, tag, group)
         out = log_dir / f"{tag}-bench.json"
