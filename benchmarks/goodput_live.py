@@ -88,9 +88,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--parallel", action="store_true",
                    help="run a cell's routers and runs at once, each its own routing_compare "
                    "on its own fleet, instead of one after the other: for sparse cells, whose "
-                   "fleets idle most of the time. Every fleet starts before any bench does; each "
-                   "run still flags a CPU-saturated machine. Run nothing else beside it: "
-                   "another fleet's start-up saturates the machine for seconds")  # fmt: skip
+                   "fleets idle most of the time. Every fleet starts before any bench does, the "
+                   "benches a few seconds apart; each run still flags a CPU-saturated machine. "
+                   "Run one such cell at a time and nothing else beside it: twelve idle fleets "
+                   "kept the machine about half busy, and any start-up then saturates it")  # fmt: skip
     p.add_argument("--agentic-trace", default=str(AGENTIC))
     p.add_argument("--conv-trace", default=str(MOONCAKE_CONVERSATION))
     return p.parse_args(argv)

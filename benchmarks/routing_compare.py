@@ -277,19 +277,36 @@ def wait_router(name: str, url: str, n: int, group: ProcGroup) -> None:
     time.sleep(2.0)  # one health/load scrape round of the gateway
 
 
-def wait_barrier(spec: str, tag: str, group: ProcGroup, timeout_s: float = 900.0) -> None:
+BENCH_STAGGER_S = 10.0
+"""Between the benches of a parallel batch: a bench's start-up (imports, the trace) takes
+a core for a few seconds, and a dozen at once kept the machine at 100 % for 30 s."""
+
+
+def wait_barrier(
+    spec: str,
+    tag: str,
+    group: ProcGroup,
+    timeout_s: float = 900.0,
+    stagger_s: float = BENCH_STAGGER_S,
+) -> int:
     """``DIR:N``: leave this run's file in DIR, then wait until DIR holds N files (each run
-    of a parallel batch leaves one when its fleet is up). RuntimeError past ``timeout_s``."""
+    of a parallel batch leaves one when its fleet is up), then ``stagger_s`` times this
+    run's rank (its file's place in DIR's names), so the benches start one after the other.
+    Returns the rank. RuntimeError past ``timeout_s``."""
     where, _, count = spec.rpartition(":")
     d, n = Path(where), int(count)
     d.mkdir(parents=True, exist_ok=True)
-    (d / f"{os.getpid()}-{tag}").touch()
+    mine = f"{tag}-{os.getpid()}"
+    (d / mine).touch()
     deadline = time.monotonic() + timeout_s
     while sum(1 for _ in d.iterdir()) < n:
         if time.monotonic() > deadline:
             raise RuntimeError(f"start barrier {spec}: fewer than {n} runs up after {timeout_s}s")
         group.check()
         time.sleep(0.5)
+    rank = sorted(p.name for p in d.iterdir()).index(mine)
+    time.sleep(rank * stagger_s)
+    return rank
 
 
 def start_router(

@@ -511,10 +511,11 @@ def test_start_barrier(tmp_path: Path, others: int, count: int, passes: bool) ->
     group = harness.ProcGroup(tmp_path / "logs")
     spec = f"{where}:{count}"
     if passes:
-        rc.wait_barrier(spec, "tideserve-default-r0", group, timeout_s=5.0)
+        rank = rc.wait_barrier(spec, "run", group, timeout_s=5.0, stagger_s=0.0)
+        assert rank == others  # "other-*" sort before "run-*": its bench starts last
     else:
         with pytest.raises(RuntimeError, match="fewer than 3 runs up"):
-            rc.wait_barrier(spec, "tideserve-default-r0", group, timeout_s=0.0)
+            rc.wait_barrier(spec, "run", group, timeout_s=0.0)
     assert len(list(where.iterdir())) == others + 1
 
 
