@@ -198,7 +198,8 @@ class BoundFilter:
             # within MARGIN of it from other inputs)
             anchors += _near(at, surv & (eps <= lo + MARGIN * (1.0 + lo)), inputs)
             total = total + plan.w_ttft * (lo / eps)
-            if plan.tpot is not None and plan.w_tpot:
+            # over decode-role endpoints (P/D) decode-tpot scores every candidate 1
+            if plan.tpot is not None and plan.w_tpot and "decode" not in snapshot.roles():
                 tp = _tpot_scores(plan.tpot, f, own, surv, anchors)
                 if tp is not None:
                     total = total + plan.w_tpot * tp

@@ -65,6 +65,10 @@ CASES: list[tuple[str, list[EndpointView], dict[str, int], dict[int, float], dic
     ("spread-keeps-the-gate", [ep("a", running=10), ep("b", running=2)],
      {"a": 9000}, {9000: 100.0, 0: 1000.0}, {"min_prefill_ms": 500.0, "spread_ms": 500.0},
      {"a": 1.0, "b": 1.0}),
+    # a P/D fleet's decode engines: the decider, after the pick, says who prefills
+    ("decode-role-endpoints-score-equal",
+     [ep("a", running=10, role="decode"), ep("b", running=2, role="decode")],
+     {}, {0: 1000.0}, {}, {"a": 1.0, "b": 1.0}),
 ]  # fmt: skip
 
 

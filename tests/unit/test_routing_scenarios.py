@@ -143,25 +143,27 @@ def test_same_inputs_same_decisions() -> None:
         # w0 runs 8 decodes with no queue; w1 runs none behind 5,000 queued prefill tokens
         # (500 ms). A 20,000-token prompt (2 s of prefill): its TTFT is best on w0, where
         # it would stall 8 decodes for 2 s; `tpot-guard` prices that (0.25 * 8 * 2000 ms).
-        ("default", 20_000, "w0"),
+        ("ttft-placement", 20_000, "w0"),
         ("tpot-guard", 20_000, "w1"),
         # A 2,000-token prompt (200 ms) stalls them by little: it keeps the better TTFT.
-        ("default", 2_000, "w0"),
+        ("ttft-placement", 2_000, "w0"),
         ("tpot-guard", 2_000, "w0"),
-        # `decode-tpot` scores the stall itself (8 decodes x 2 s / 256 tokens each) for a
-        # prompt whose own prefill is at least 500 ms, and leaves shorter ones alone
+        # `default` (decode-tpot) scores the stall itself (8 decodes x 2 s / 256 tokens
+        # each) for a prompt whose own prefill is at least 500 ms, and leaves shorter ones
+        ("default", 20_000, "w1"),
+        ("default", 2_000, "w0"),
         ("decode-tpot", 20_000, "w1"),
-        ("decode-tpot", 2_000, "w0"),
         # `decode-tpot-spread` scores the TPOT spared, 8 x 2000 / 256 = 62.5 ms: enough
         ("decode-tpot-spread", 20_000, "w1"),
     ],
     ids=[
-        "default-long",
+        "ttft-placement-long",
         "tpot-guard-long",
-        "default-short",
+        "ttft-placement-short",
         "tpot-guard-short",
-        "decode-tpot-long",
-        "decode-tpot-short",
+        "default-long",
+        "default-short",
+        "decode-tpot-is-default",
         "decode-tpot-spread-long",
     ],
 )
@@ -181,12 +183,12 @@ def test_tpot_guard_keeps_long_prefills_off_running_decodes(
         # prefill, w0 runs `running` decodes. The ratio form gives w1 the whole lead over
         # one or two decodes (none against some); the spread form gives it 2 x 2000 / 256
         # = 15.6 ms of 1000, less than the TTFT, and moves the prompt at 8 decodes (62.5 ms).
-        ("default", 2, "w0"),
-        ("decode-tpot", 2, "w1"),
+        ("ttft-placement", 2, "w0"),
+        ("default", 2, "w1"),
         ("decode-tpot-spread", 2, "w0"),
         ("decode-tpot-spread", 8, "w1"),
     ],
-    ids=["default-2", "ratio-2", "spread-2", "spread-8"],
+    ids=["ttft-placement-2", "ratio-2", "spread-2", "spread-8"],
 )
 def test_decode_tpot_spread_moves_only_large_stalls(
     profile: str, running: int, winner: str

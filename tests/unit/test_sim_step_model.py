@@ -23,15 +23,18 @@ from services.sim import SimConfig, SimRun, simulate
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "sim_step_model_golden.json"
 REL_TOL = 1e-6  # latencies are rounded to the microsecond by the summary
 
-# The recording predates the dispatch order's follower rule being on by default and gateway
-# replicas sharing state: the cases keep the gateways it was recorded with (the rule off,
-# nothing shared), the step model is what is compared.
+# The recording predates the dispatch order's follower rule being on by default, gateway
+# replicas sharing state and decode-tpot in the default profile: the cases keep the gateways
+# it was recorded with (the rule off, nothing shared, the profile now `ttft-placement`),
+# the step model is what is compared.
+OLD = "ttft-placement"
 CASES: list[tuple[str, SimConfig]] = [
-    ("aggregated-scrape", SimConfig(engines=8, kv_blocks=4096, shaper_follow_ms=0.0)),
+    ("aggregated-scrape",
+     SimConfig(engines=8, kv_blocks=4096, shaper_follow_ms=0.0, profile=OLD)),
     ("two-gateways-stream",
      SimConfig(engines=8, gateways=2, load_source="stream", kv_blocks=4096,
-               shaper_follow_ms=0.0, share_state=False)),
-    ("pd-2-6", SimConfig(prefill=2, decode=6, kv_blocks=4096, shaper_follow_ms=0.0)),
+               shaper_follow_ms=0.0, share_state=False, profile=OLD)),
+    ("pd-2-6", SimConfig(prefill=2, decode=6, kv_blocks=4096, shaper_follow_ms=0.0, profile=OLD)),
 ]  # fmt: skip
 
 

@@ -65,7 +65,8 @@ class DecodeTPOT:
     ``ttft-cost`` plugin in the same profile (list one; without it every candidate scores
     1). A long uncached prompt (a new session's first turn) goes where it stalls the fewest
     decodes; a cached turn's short suffix stalls little anywhere and scores about 1
-    everywhere (``epsilon_ms``)."""
+    everywhere (``epsilon_ms``). Over decode-role endpoints (a P/D fleet) every candidate
+    scores 1."""
 
     def __init__(self, name: str, params: DecodeTPOTParams, env: PluginEnv) -> None:
         self.name = name
@@ -82,6 +83,10 @@ class DecodeTPOT:
         """:meth:`score` aligned with ``candidates``."""
         if not candidates:
             return []
+        if any(e.role == "decode" for e in candidates):
+            # P/D: whether a decode engine computes the prompt is the decider's call, made
+            # after this pick; a disaggregated prompt stalls the prefill pool, not these
+            return [1.0] * len(candidates)
         n = request.prompt_tokens
         owns = [ctx.own_prefill_ms(e.instance_id, n) or 0.0 for e in candidates]
         if min(owns) < self.p.min_prefill_ms:
