@@ -8,9 +8,9 @@ of them. For a profile made only of a load guard, one prefix estimate, one ttft-
 least-load and one decode-tpot scorer (and scorers that score nothing for the request:
 session-home without a session, session-load below its prompt threshold; the decode-room
 filter, which keeps every candidate of a fleet without decode-role endpoints), this filter
-computes every candidate's
-total the way those plugins do, as numpy arrays over the fleet (kept up to date from the few
-views that change between cycles), and hands the real scheduler only
+computes every candidate's total the way those plugins do, as numpy arrays over the fleet
+(kept up to date from the few views that change between cycles), and hands the real
+scheduler only
 
 * the candidates whose total is within ``MARGIN`` of the best (the pick is among them: the
   arrays' totals differ from the plugins' by float rounding, far below ``MARGIN``), less any
