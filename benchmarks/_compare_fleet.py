@@ -1,11 +1,14 @@
-"""routing_compare's fleet: the engines of one router's run, started fresh, and how the
-router spread its requests over them."""
+"""routing_compare's fleet: the engines of one router's run, started fresh, when its router
+and (parallel runs) the other runs are ready, and how the router spread its requests."""
 
 from __future__ import annotations
 
 import argparse
 import fcntl
+import json
+import os
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,7 +17,9 @@ from typing import Any
 from _compare_rules import engine_profile
 from _harness import ProcGroup, free_port, http_get, tideserve, wait_http
 
-__all__ = ["engine_requests", "fleet_plan", "start_fleet", "starting"]
+__all__ = [
+    "engine_requests", "fleet_plan", "start_fleet", "starting", "wait_barrier", "wait_router"
+]  # fmt: skip
 
 START_LOCK = Path(tempfile.gettempdir()) / "tideserve-bench-engine-start.lock"
 
@@ -109,3 +114,54 @@ def engine_requests(plan: list[dict[str, Any]]) -> list[float]:
                 value = float(line.rsplit(" ", 1)[1])
         out.append(value)
     return out
+
+
+def wait_router(name: str, url: str, n: int, group: ProcGroup) -> None:
+    """Ready = answers /v1/models, and (sglang) lists every worker healthy."""
+    wait_http(url + "/v1/models", group, 90.0)
+    if name.startswith("sglang:"):
+        deadline = time.monotonic() + 90.0
+        while time.monotonic() < deadline:
+            group.check()
+            _, body = http_get(url + "/workers")
+            try:
+                workers = json.loads(body or b"{}").get("workers", [])
+            except ValueError:
+                workers = []
+            if len([w for w in workers if w.get("is_healthy")]) >= n:
+                return
+            time.sleep(0.3)
+        raise RuntimeError(f"{name}: fewer than {n} healthy workers after 90s")
+    time.sleep(2.0)  # one health/load scrape round of the gateway
+
+
+BENCH_STAGGER_S = 10.0
+"""Between the benches of a parallel batch: a bench's start-up (imports, the trace) takes
+a core for a few seconds, and a dozen at once kept the machine at 100 % for 30 s."""
+
+
+def wait_barrier(
+    spec: str,
+    tag: str,
+    group: ProcGroup,
+    timeout_s: float = 900.0,
+    stagger_s: float = BENCH_STAGGER_S,
+) -> int:
+    """``DIR:N``: leave this run's file in DIR, then wait until DIR holds N files (each run
+    of a parallel batch leaves one when its fleet is up), then ``stagger_s`` times this
+    run's rank (its file's place in DIR's names), so the benches start one after the other.
+    Returns the rank. RuntimeError past ``timeout_s``."""
+    where, _, count = spec.rpartition(":")
+    d, n = Path(where), int(count)
+    d.mkdir(parents=True, exist_ok=True)
+    mine = f"{tag}-{os.getpid()}"
+    (d / mine).touch()
+    deadline = time.monotonic() + timeout_s
+    while sum(1 for _ in d.iterdir()) < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"start barrier {spec}: fewer than {n} runs up after {timeout_s}s")
+        group.check()
+        time.sleep(0.5)
+    rank = sorted(p.name for p in d.iterdir()).index(mine)
+    time.sleep(rank * stagger_s)
+    return rank

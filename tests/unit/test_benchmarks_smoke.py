@@ -502,7 +502,7 @@ def test_pd_breakdown_phases_add_up_to_the_ttft(cfg_kw: dict[str, Any], disaggre
 def test_start_barrier(tmp_path: Path, others: int, count: int, passes: bool) -> None:
     """A run leaves its file and goes on once the barrier holds ``count`` (the others' files
     already there); with one still missing it gives up at the timeout."""
-    rc = _load("routing_compare")
+    fleet = _load("_compare_fleet")
     harness = _load("_harness")
     where = tmp_path / "started"
     where.mkdir()
@@ -511,11 +511,11 @@ def test_start_barrier(tmp_path: Path, others: int, count: int, passes: bool) ->
     group = harness.ProcGroup(tmp_path / "logs")
     spec = f"{where}:{count}"
     if passes:
-        rank = rc.wait_barrier(spec, "run", group, timeout_s=5.0, stagger_s=0.0)
+        rank = fleet.wait_barrier(spec, "run", group, timeout_s=5.0, stagger_s=0.0)
         assert rank == others  # "other-*" sort before "run-*": its bench starts last
     else:
         with pytest.raises(RuntimeError, match="fewer than 3 runs up"):
-            rc.wait_barrier(spec, "run", group, timeout_s=0.0)
+            fleet.wait_barrier(spec, "run", group, timeout_s=0.0)
     assert len(list(where.iterdir())) == others + 1
 
 
