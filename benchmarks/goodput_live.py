@@ -97,6 +97,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def routers_of(args: argparse.Namespace) -> list[str]:
+    return [r.strip() for r in args.routers.split(",") if r.strip()]
+
+
 def rules_of(args: argparse.Namespace) -> str:
     return "old" if args.old_rules else "new"
 
@@ -240,14 +244,15 @@ def _compare(
         print(f"[{cell.key} {rules_of(args)}] {shlex.join(cmd)}", file=sys.stderr, flush=True)
         code = run_child(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
         return code, json.loads(out.read_text(encoding="utf-8")) if out.exists() else None
-    routers = [r.strip() for r in args.routers.split(",") if r.strip()]
+    routers = routers_of(args)
     jobs = [(r, k) for k in range(args.runs) for r in routers]  # interleaved order
     barrier = f"{tmp / 'started'}:{len(jobs)}"  # every fleet up before any bench starts
     outs, procs = [], []
     try:
         for r, k in jobs:
-            out = tmp / f"compare-{r.replace(':', '_')}-{k}.json"
-            sub = None if log_dir is None else log_dir / f"{r.replace(':', '_')}-{k}"
+            name = f"{r.replace(':', '_')}-{k}"
+            out = tmp / f"compare-{name}.json"
+            sub = None if log_dir is None else log_dir / name
             cmd = [*compare_argv(cell, args, slice_path, out, sub, one=r),
                    "--start-barrier", barrier]  # fmt: skip
             print(f"[{cell.key} {rules_of(args)}] {shlex.join(cmd)}", file=sys.stderr, flush=True)
@@ -280,7 +285,7 @@ def run_cell(cell: Cell, args: argparse.Namespace) -> dict[str, Any]:
         else:
             doc = got
             ceiling = cell_ceiling(slice_path, cell, doc)
-    routers = [r.strip() for r in args.routers.split(",") if r.strip()]
+    routers = routers_of(args)
     report = cell_report(cell, rules, doc, ceiling, routers, args.runs)
     return {
         "cell": cell.key, "rules": rules, "complete": report["complete"],
@@ -296,7 +301,7 @@ def build_report(
     args: argparse.Namespace, cells: list[Cell], state: dict[str, Any]
 ) -> dict[str, Any]:
     """Every requested cell found in the state, under either rule set, and the summary."""
-    routers = [r.strip() for r in args.routers.split(",") if r.strip()]
+    routers = routers_of(args)
     reports = []
     for cell in cells:
         for rules in ("new", "old"):
