@@ -11,6 +11,10 @@ fleet with the same routing profile:
   protected within the budget, the rest offloaded to the tier; evictions go to the tier),
   a resumed turn fetching its offloaded prefix at arrival when that beats recomputing;
 - ``retention_prefetch``: ``retention`` plus prefetch before the predicted return;
+- ``retention_prefetch_rebalance``: all of them together: ``retention_prefetch`` plus
+  hot-spot rebalancing (``SimConfig.memory_rebalance``,
+  :func:`~services.common.sessions.rebalance.plan_rebalance`): each round, idle sessions
+  leave an engine holding most of the active sessions' KV for the one holding least;
 - ``warm`` (reference, not a variant): ``lru`` with 64x the KV to cache in (nothing
   evicted) but the same KV for running requests (``SimConfig.kv_running_blocks``), so its
   batches are those of the other runs and only what stays cached differs.
@@ -77,7 +81,8 @@ against the same run with scale-in forbidden (min replicas = the fleet's size):
 ``ttft_p95_vs_no_scale_in`` (the removed engines' active sessions' turns after their
 removal), ``all_ttft_p95_vs_no_scale_in`` (every turn after the first removal), ``lost``,
 ``kept_ratio``, ``removed``, ``engine_s_vs_no_scale_in``. One sample per slice and seed.
-``--sections`` picks what runs (default ``resume,scale_in,planner,pd``).
+``--sections`` picks what runs (default ``resume,scale_in,planner,pd``), ``--variants`` which
+variants (default all).
 
 ``--tier-restart`` also measures, live (the real Transfer Engine; needs its wheel and
 libibverbs), a ``kvcache`` instance with a disk segment killed with SIGKILL and started
@@ -112,7 +117,18 @@ from services.sim.config import SimConfig
 from services.sim.run import Simulation
 
 TRACE = TRACES / "weka_agentic_dev.jsonl"
-VARIANTS = {"lru": "lru", "retention": "retention", "retention_prefetch": "prefetch"}
+# variant -> the SimConfig fields that make it
+VARIANTS: dict[str, dict[str, Any]] = {
+    "lru": {"agent_memory": "lru"},
+    "retention": {"agent_memory": "retention"},
+    "retention_prefetch": {"agent_memory": "prefetch"},
+    "retention_prefetch_rebalance": {"agent_memory": "prefetch", "memory_rebalance": True},
+}
+
+
+def _variants(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
+    chosen = args.variants.split(",")
+    return [(name, mode) for name, mode in VARIANTS.items() if name in chosen]
 
 
 def slice_trace(trace: Trace, a: int, b: int, n: int) -> Trace:
@@ -173,8 +189,8 @@ def scale_in(
     shares = [float(x) for x in args.scale_in_at.split(",")]
     for a, b in (parse_slice(s) for s in args.scale_in_slices.split(",")):
         tr = slice_trace(trace, a, b, args.scale_in_requests)
-        for name, mode in VARIANTS.items():
-            cfg = replace(base, agent_memory=mode, engines=args.scale_in_engines,
+        for name, mode in _variants(args):
+            cfg = replace(base, **mode, engines=args.scale_in_engines,
                           kv_blocks=args.scale_in_kv_blocks,
                           scale_in_window_s=args.scale_in_window_s)  # fmt: skip
             for got in measure(cfg, tr, [removal_s(cfg, tr, x) for x in shares]):
@@ -189,9 +205,9 @@ def planner_scale_in(
     seeds = [int(x) for x in args.planner_seeds.split(",")]
     for a, b in (parse_slice(s) for s in args.planner_slices.split(",")):
         tr = slice_trace(trace, a, b, args.planner_requests)
-        for name, mode in VARIANTS.items():
+        for name, mode in _variants(args):
             for seed in seeds:
-                cfg = replace(base, agent_memory=mode, engines=args.scale_in_engines,
+                cfg = replace(base, **mode, engines=args.scale_in_engines,
                               kv_blocks=args.scale_in_kv_blocks, seed=seed,
                               scale_in_window_s=args.scale_in_window_s)  # fmt: skip
                 for k, v in measure_planner(cfg, tr).items():
@@ -207,8 +223,8 @@ def pd(
     modes = args.pd_decode.split(",")
     for a, b in (parse_slice(s) for s in args.slices.split(",")):
         tr = slice_trace(trace, a, b, args.max_requests)
-        for name, mode in VARIANTS.items():
-            cfg = replace(base, agent_memory=mode, kv_blocks=args.pd_kv_blocks,
+        for name, mode in _variants(args):
+            cfg = replace(base, **mode, kv_blocks=args.pd_kv_blocks,
                           short_first_tokens=args.pd_short_first_tokens)  # fmt: skip
             for local in (m == "local" for m in modes):
                 got = _agent_memory_pd.measure(cfg, tr, args.pd_engines, splits, local)
@@ -245,6 +261,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--planner-seeds", default="0", help="simulator seeds, comma-separated")
     p.add_argument("--sections", default="resume,scale_in,planner,pd",
                    help="what to measure: resume, scale_in, planner, pd (comma-separated)")  # fmt: skip
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"comma list of {', '.join(VARIANTS)} (default all)")  # fmt: skip
     p.add_argument("--pd-engines", type=int, default=8, help="0: no P/D measurement")
     p.add_argument("--pd-kv-blocks", type=int, default=2300, help="per engine")
     p.add_argument("--pd-splits", default="", help="prefill engines per split (default: all)")
@@ -262,6 +280,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    unknown = set(args.variants.split(",")) - set(VARIANTS)
+    if unknown:
+        print(f"unknown variants: {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
     trace = load_trace(args.trace)
     base = SimConfig(
         engines=args.engines,
@@ -273,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         memory_offload=args.memory_offload,
     )
     t0 = time.monotonic()
-    per: dict[str, dict[str, list[float | None]]] = {v: {} for v in VARIANTS}
+    per: dict[str, dict[str, list[float | None]]] = {v: {} for v, _ in _variants(args)}
     sections = set(args.sections.split(","))
     slices = [parse_slice(s) for s in args.slices.split(",")] if "resume" in sections else []
     for a, b in slices:
@@ -282,8 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         big = replace(base, agent_memory="lru", kv_blocks=args.kv_blocks * 64)
         _, warm = run_one(replace(big, kv_running_blocks=args.kv_blocks), tr)
         _, warm_batch = run_one(big, tr)
-        for name, mode in VARIANTS.items():
-            got, ttft = run_one(replace(base, agent_memory=mode), tr)
+        for name, mode in _variants(args):
+            got, ttft = run_one(replace(base, **mode), tr)
             both = [i for i in got["resumed"] if i in ttft and i in warm]
             vs = p95([ttft[i] for i in both]) / p95([warm[i] for i in both]) if both else None
             bb = [i for i in both if i in warm_batch]

@@ -34,6 +34,7 @@ from services.kvmeta.metadata_http import MetadataServer
 from services.kvmeta.metrics import KVMetaCollector
 from services.kvmeta.migrate import SessionMigrator
 from services.kvmeta.objects import ObjectMaster
+from services.kvmeta.rebalance import Rebalancer
 from services.kvmeta.retention import RetentionController
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
 from services.kvmeta.sessions import SessionShell, SessionStore
@@ -109,6 +110,9 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
             tick_s=settings.retention_tick_s,
             prefetch_margin_ratio=settings.prefetch_margin_ratio,
             prefetch_margin_s=settings.prefetch_margin_s,
+            rebalance=Rebalancer(window_s=settings.migration_active_window_s)
+            if settings.retention_rebalance
+            else None,
             locate=lambda s, chain: on_gpu_and_tier(
                 feeder.index, objects.master.exist, s.deployment, s.tenant, s.home_instance, chain
             ),

@@ -64,6 +64,7 @@ from services.common.sessions.prefetching import (
     settle,
     started,
 )
+from services.kvmeta.rebalance import Rebalancer
 from services.kvmeta.sessions import SessionShell
 
 __all__ = ["PATH", "Locate", "RetentionController", "engine_url", "evicted_placements"]
@@ -103,10 +104,13 @@ class RetentionController:
         prefetch_margin_ratio: float = 0.2,
         prefetch_margin_s: float = 0.5,
         locate: Locate | None = None,
+        rebalance: Rebalancer | None = None,
     ) -> None:
         """``locate``: where a session's prefix is, from kvmeta's index and the tier's
         objects (:func:`~services.kvmeta.fetchable.on_gpu_and_tier`); with it, sessions the
-        engine evicted on demand are recorded on the tier (module doc)."""
+        engine evicted on demand are recorded on the tier (module doc). ``rebalance``:
+        hot-spot rebalancing (:mod:`services.kvmeta.rebalance`), planned every tick and
+        told to the engines in ``enforce`` mode."""
         if mode not in ("observe", "enforce"):
             raise ValueError(f"retention mode must be observe or enforce, got {mode!r}")
         self.sessions = sessions
@@ -121,6 +125,7 @@ class RetentionController:
         self.tick_s = tick_s
         self.margins = (prefetch_margin_ratio, prefetch_margin_s)
         self.locate = locate
+        self.rebalance = rebalance
         self.prefetches: dict[SessionKey, Tracked] = {}  # started, until the turn arrives
         self._http: aiohttp.ClientSession | None = None
         self.stats: dict[str, int] = {
@@ -143,6 +148,8 @@ class RetentionController:
             "prefetch_late": 0,
             "prefetch_used": 0,
             "prefetch_expired": 0,
+            # hot-spot rebalancing: sessions the rule moved (observe: would move)
+            "rebalanced_sessions": 0,
         }
 
     async def close(self) -> None:
@@ -188,7 +195,10 @@ class RetentionController:
             self.stats["protected_blocks"] += len(p.protect)
             self.stats["offloaded_blocks"] += len(p.offload)
         due = self._due(rows, infos_by, now)
+        moves = self.rebalance.plan(rows, chains, infos_by, now) if self.rebalance else []
+        self.stats["rebalanced_sessions"] += len(moves)
         if self.mode == "enforce":
+            Rebalancer.apply(moves, plans, rows, chains)
             turns = {s.key: s.turns for s in rows}
             await asyncio.gather(
                 *(
@@ -197,6 +207,12 @@ class RetentionController:
                 )
             )
         self._place(rows, plans, infos_by=infos_by)
+        if self.mode == "enforce":
+            for mv in moves:  # re-homed, its prefix on the tier until the fetch lands
+                n = len(chains.get(mv.key, ()))
+                self.sessions.table.set_placement(
+                    mv.key, now, home_instance=mv.destination, tiers={CPU: n}
+                )
         self._place_evicted()
         try:
             await self.sessions.persist()

@@ -115,6 +115,12 @@ class KVMetaSettings(ServiceSettings):
         "to its home engine before its predicted return (enforce: engines with a KV-cache "
         "tier; observe: counted only)",
     )
+    retention_rebalance: bool = Field(
+        True,
+        description="the retention controller moves idle sessions off an engine whose active "
+        "sessions' KV is at least half its capacity and 1.5x the fleet's mean, to the engine "
+        "with the least (engines with a KV-cache tier; observe: counted only)",
+    )
     prefetch_margin_ratio: float = Field(
         0.2, ge=0.0, description="prefetch lead: the modelled fetch time stretched by this"
     )

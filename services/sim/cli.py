@@ -192,6 +192,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-offload", choices=("pressure", "eager"), default="pressure",
                    help="agent memory: idle sessions past the budget stay on the GPU while it "
                    "has room (pressure) or are offloaded at once (eager)")  # fmt: skip
+    p.add_argument("--memory-rebalance", action="store_true",
+                   help="agent memory (retention, prefetch): move idle sessions off an "
+                   "instance holding most of the active sessions' KV (hot spot)")  # fmt: skip
     p.add_argument("--memory-tier-mib", type=whole, default=None,
                    help="agent memory: the KV-cache tier's size in MiB (a kvcache role's "
                    "--kvcache-mib, DRAM plus disk; default: a deployment's kvcache roles, "
@@ -277,6 +280,7 @@ def config(args: argparse.Namespace) -> SimConfig:
         agent_memory=args.agent_memory,
         memory_budget_share=args.memory_budget_share,
         memory_offload=args.memory_offload,
+        memory_rebalance=args.memory_rebalance,
         memory_tier_mib=args.memory_tier_mib,
         scale_in_at_s=args.scale_in_at_s,
         scale_in_count=args.scale_in_count,

@@ -119,6 +119,9 @@ class SimConfig:
     # idle sessions past the budget: "pressure" (kept on the GPU while it has room) or
     # "eager" (offloaded at once; the rule before)
     memory_offload: str = "pressure"
+    # hot-spot rebalancing (services/common/sessions/rebalance.py) in the offload modes:
+    # each round, idle sessions leave an instance holding most of the active sessions' KV
+    memory_rebalance: bool = False
     # an explicit scale-in (services/sim/scalein.py): at this modelled second the
     # autoscaler's victim rule picks ``scale_in_count`` engines, drained then removed
     scale_in_at_s: float | None = None

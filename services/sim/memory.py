@@ -88,6 +88,7 @@ from services.common.sessions import (
 )
 from services.common.sessions.controller import EngineKV, plan_engines
 from services.common.sessions.migration import Placement, active_sessions
+from services.common.sessions.rebalance import InstanceKV, plan_rebalance
 from services.sim.scalein import kept_prefix
 
 __all__ = ["AgentMemory", "MemoryMode", "Resume"]
@@ -130,6 +131,8 @@ class AgentMemory:
     placement: Placement = "kv_spread"  # where a scaled-in engine's sessions move
     window_s: float = 300.0  # an active session's last turn ended at most this long ago
     keep_unprotected: bool = True  # idle sessions past the budget stay while there is room
+    rebalance: bool = False  # hot-spot rebalancing each round (aggregated fleets)
+    rebalance_cooldown_s: float = 120.0  # a session moved is not moved again this soon
     percentile: float = 0.9
     tier_blocks: int = 1 << 22
     tick_ms: float = 1000.0
@@ -150,6 +153,9 @@ class AgentMemory:
     counts: dict[str, int] = field(default_factory=dict)
     # the last migrate's moves: (session id, destination, chain)
     moved: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
+    # the last round's hot-spot moves, in the same shape
+    rebalanced: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
+    _moved_at: dict[SessionKey, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -352,13 +358,57 @@ class AgentMemory:
     def tick(self, now: float) -> None:
         """The retention controller's round (retention modes), prefetches, samples."""
         rows = self.table.rows()
+        self.rebalanced = []
         if self.offloads:
+            if self.rebalance:
+                self._rebalance(rows, now)
             self._retain(rows, now)
         if self.mode == "prefetch":
             self._plan_prefetches(rows, now)
         self._ticks += 1
         if self._ticks % self.sample_every == 0:
             self._sample(rows)
+
+    def _rebalance(self, rows: Sequence[Session], now: float) -> None:
+        """Hot-spot rebalancing (:func:`~services.common.sessions.rebalance.plan_rebalance`),
+        as kvmeta's controller does it: each move's chain goes from its engine's GPU to the
+        tier and the session is re-homed on the destination, an offloaded session of its
+        own there (prefetch brings it back before its return, else its turn fetches it);
+        ``rebalanced`` tells the gateways."""
+        t = now / 1000.0
+        cool = t - self.rebalance_cooldown_s
+        recent = {k for k, at in self._moved_at.items() if at > cool}
+        homed = self.active_blocks(now, self.window_s)
+        insts = [
+            InstanceKV(iid, c.capacity_blocks, homed.get(iid, 0), _room(c))
+            for iid, c in self.caches.items()
+        ]
+        idle: dict[str, list[Any]] = {}
+        for s in rows:
+            chain = self._chains.get(s.key)
+            c = self.caches.get(s.home_instance)
+            if s.phase is Phase.IDLE and chain and c is not None:
+                idle.setdefault(s.home_instance, []).append(migrant(s, c.match(list(chain))))
+        by_key = {s.key: s for s in rows}
+        for mv in plan_rebalance(insts, idle, t, recently_moved=recent):
+            chain = self._chains[mv.key]
+            src = self.caches[mv.source]
+            # blocks another session homed there shares (a sub-agent's parent prefix) stay
+            shared = {
+                h
+                for s in rows
+                if s.key != mv.key and s.home_instance == mv.source
+                for h in self._chains.get(s.key, ())
+            }
+            gone = [h for h in reversed(chain[: mv.blocks]) if h not in shared]
+            src.unprotect(gone)
+            src.evict_now(gone)
+            self.after_step(src)
+            self.table.set_placement(mv.key, t, home_instance=mv.destination, tiers={})
+            self._moved_at[mv.key] = t
+            self._applied.pop(mv.source, None)
+            self.rebalanced.append((by_key[mv.key].session_id, mv.destination, tuple(chain)))
+            self._count("rebalance_move")
 
     def _retain(self, rows: Sequence[Any], now: float) -> None:
         """The controller's plan per engine, applied when it changed: unchanged plans need

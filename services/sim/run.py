@@ -112,6 +112,7 @@ class Simulation(Scaling):
             AgentMemory(cfg.agent_memory, self.caches, self.perf, cfg.block_size,
                         budget_share=cfg.memory_budget_share, tier_blocks=cfg.tier_blocks,
                         keep_unprotected=cfg.memory_offload == "pressure",
+                        rebalance=cfg.memory_rebalance and not cfg.pd,
                         window_s=cfg.scale_in_window_s)
             if cfg.agent_memory is not None
             else None
@@ -182,6 +183,8 @@ class Simulation(Scaling):
         """The agent-memory round (retention, prefetch, samples)."""
         assert self.memory is not None
         self.memory.tick(now)
+        if self.memory.rebalanced:
+            self.learn_moves(self.memory.rebalanced, now)
         self.q.push(now + self.memory.tick_ms, "retain", None)
         return 0
 

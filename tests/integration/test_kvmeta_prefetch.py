@@ -38,6 +38,7 @@ from services.kvmeta.fetchable import on_gpu_and_tier
 from services.kvmeta.index import PrefixIndex
 from services.kvmeta.ingest import IndexFeeder
 from services.kvmeta.objects import ObjectMaster
+from services.kvmeta.rebalance import Rebalancer
 from services.kvmeta.retention import RetentionController
 from services.kvmeta.servicer import KVMetaServicer, ObjectShell, add_to_server
 from services.kvmeta.sessions import SessionShell, SessionStore
@@ -319,3 +320,85 @@ async def _prefetch_and_next_turn(
     await ctl.tick()
     assert (ctl.stats["prefetch_used"], ctl.stats["prefetch_late"]) == (1, 0)
     assert ctl.prefetches == {}
+
+
+async def _turn(
+    kv: KVMeta, http: aiohttp.ClientSession, url: str, iid: str, sid: str, prompt: str
+) -> list[int]:
+    """One turn of session ``sid`` served on ``iid``, reported as the gateway reports it."""
+    key = {"deployment": DEP, "tenant": "", "session_id": sid}
+    chain = block_hashes(tokenize(prompt), 64)
+    await kv.stub.StartSessionTurn(kvmeta_pb2.StartSessionTurnRequest(**key, home_instance=iid))
+    async with http.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 4}) as r:
+        assert r.status == 200, await r.text()
+    await kv.stub.EndSessionTurn(
+        kvmeta_pb2.EndSessionTurnRequest(
+            **key, tip_block_hash=chain[-1] if chain else 0, home_instance=iid,
+            block_hashes=chain, tool_names=["bash"],
+        )
+    )  # fmt: skip
+    return chain
+
+
+async def test_hot_engine_moves_an_idle_session_to_a_cool_one(
+    postgres_db_url: str, redis_url: str, metadata_url: str, tmp_path: Path
+) -> None:
+    """Two idle sessions fill most of e0 while e1's only session holds nothing: the
+    controller's rebalancing moves one (offloaded from e0 to the tier, prefetched to e1,
+    re-homed there, then prefetched there before its return) and its next turn on e1 finds
+    its prefix cached; the other stays."""
+    clock = ManualClock(1_000_000.0)
+    async with (
+        kvmeta(postgres_db_url, redis_url, clock) as kv,
+        engine_process(
+            tmp_path / "kvcache", "--role", "kvcache", "--kvcache-mib", "4",
+            "--deployment", DEP, "--te-metadata-url", metadata_url,
+            "--kvmeta-address", kv.address,
+        ),
+        aiohttp.ClientSession() as http,
+    ):  # fmt: skip
+        fleet = EngineFleet(tmp_path, serve="runner", profile="test", speedup=20.0,
+                            deployment=DEP, kvcache_tier=True, kvcache_policy="offload_on_evict",
+                            kvmeta_address=kv.address, te_metadata_url=metadata_url,
+                            stream_prefix=kv.prefix, kv_flush_ms=10.0, kv_blocks=24)  # fmt: skip
+        # budget 1: both idle sessions protected; only the rebalancing moves anything
+        ctl = RetentionController(
+            kv.shell, mode="enforce", budget_share=1.0, tick_s=0.1, rebalance=Rebalancer()
+        )
+        try:
+            e0, u0 = await fleet.start(redis=kv.redis, instance_id="e0")
+            e1, u1 = await fleet.start(redis=kv.redis, instance_id="e1")
+            ctl.urls.update(e0=u0, e1=u1)
+            a = await _turn(kv, http, u0, "e0", "agent-a", LONG)
+            b = await _turn(kv, http, u0, "e0", "agent-b", OTHER)
+            assert await _turn(kv, http, u1, "e1", "agent-c", "short") == []
+            clock.advance(1.0)
+            await ctl.tick()
+            assert ctl.stats["rebalanced_sessions"] == 1 and ctl.stats["errors"] == 0
+            assert kv.shell.table.get((DEP, "", "agent-a")).home_instance == "e1"
+            assert kv.shell.table.get((DEP, "", "agent-b")).home_instance == "e0"
+
+            s = kv.shell.table.get((DEP, "", "agent-a"))
+            assert dict(s.tiers) == {CPU: 10}
+            await _gone_to_tier(kv, e0, a)  # offloaded from e0, stored in the tier
+            assert e0.core.cache.match(b) == 10
+            await ctl.tick()  # nothing moves back, nor further
+            assert ctl.stats["rebalanced_sessions"] == 1
+            # inside the lead before its predicted return: prefetched to its new home
+            clock.set(s.predicted_return_at - 0.3)
+            await ctl.tick()
+            assert ctl.stats["prefetch_started"] == 1
+
+            async def back() -> bool:
+                return e1.core.cache.match(a) == 10
+
+            await eventually(back)
+            computed = e1.core.prompt_tokens_total
+            await kv.stub.StartSessionTurn(kvmeta_pb2.StartSessionTurnRequest(
+                deployment=DEP, tenant="", session_id="agent-a", home_instance="e1"))  # fmt: skip
+            got = await complete(http, u1)
+            assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == 640
+            assert e1.core.prompt_tokens_total - computed == len(tokenize(LONG)) - 640
+        finally:
+            await ctl.close()
+            await bounded(fleet.close(), "closing the engines")

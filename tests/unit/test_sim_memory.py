@@ -148,3 +148,31 @@ def test_scale_in_spreads_the_moved_sessions_by_the_kv_they_bring() -> None:
     mem.arrive("ra", 1, "a", [*range(1, 9), 9], 10_000.0)
     assert mem.dispatch("ra", "e2", 9 * 64, 10_000.0) == (8 * 64, 0.0)
     assert mem.counts["use"] == 1
+
+
+@pytest.mark.parametrize(
+    ("rebalance", "want_home", "want_moved"),
+    [(True, "e1", [("a", "e1")]), (False, "e0", [])],
+    ids=["hot-spot-moves", "off-stays"],
+)
+def test_rebalancing_moves_an_idle_session_off_a_hot_engine(
+    rebalance: bool, want_home: str, want_moved: list[tuple[str, str]]
+) -> None:
+    """Two idle sessions fill most of e0 while e1 holds none: with rebalancing, one moves
+    (its chain to the tier, its home to e1) and its next turn there fetches its prefix
+    from the tier; the other stays (moving it too would make e1 the hot one)."""
+    caches = {"e0": KVCache(20, 64), "e1": KVCache(20, 64)}
+    mem = AgentMemory("retention", caches, get_profile("test"), 64, rebalance=rebalance)
+    _served(mem, "a", list(range(1, 9)), "e0", 1000.0)
+    _served(mem, "b", list(range(20, 28)), "e0", 1000.0)
+    mem.tick(2000.0)
+    assert [(sid, iid) for sid, iid, _ in mem.rebalanced] == want_moved
+    homes = {k: mem.table.get(("sim", "", k)).home_instance for k in ("a", "b")}
+    assert homes == {"a": want_home, "b": "e0"}
+    if rebalance:
+        assert caches["e0"].match(list(range(1, 9))) == 0
+        assert caches["e0"].match(list(range(20, 28))) == 8
+        assert all(h in mem._tier for h in range(1, 9))
+        mem.arrive("ra", 1, "a", [*range(1, 9), 9], 10_000.0)
+        tokens, wait = mem.dispatch("ra", "e1", 9 * 64, 10_000.0)
+        assert (tokens, wait > 0, mem.counts["fetch"]) == (8 * 64, True, 1)

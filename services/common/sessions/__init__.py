@@ -10,7 +10,9 @@ the simulator can run the same rules.
 - :mod:`.prefetch` — :func:`plan_prefetch` and :func:`on_arrival`: when to bring an
   offloaded prefix back, and fetch versus recompute;
 - :mod:`.homes` — :func:`rendezvous_home`: the instance the router ranks first for a session;
-- :mod:`.migration` — :func:`plan_migration`: where a scaled-in instance's sessions go.
+- :mod:`.migration` — :func:`plan_migration`: where a scaled-in instance's sessions go;
+- :mod:`.rebalance` — :func:`~.rebalance.plan_rebalance`: which idle sessions leave a hot
+  instance, and for where.
 """
 
 from services.common.sessions.gaps import Observation, TurnGaps
