@@ -116,7 +116,7 @@ class KVMetaSettings(ServiceSettings):
         "tier; observe: counted only)",
     )
     retention_rebalance: bool = Field(
-        True,
+        False,
         description="the retention controller moves idle sessions off an engine whose active "
         "sessions' KV is at least half its capacity and 1.5x the fleet's mean, to the engine "
         "with the least (engines with a KV-cache tier; observe: counted only)",
