@@ -25,9 +25,10 @@ stays below the hot instance after it) and at most ``max_moves`` per round. Each
 counts: the hot instance's load falls, the destination's rises, before the next is placed.
 A fleet of one instance, or one with no hot instance, gets no moves.
 
-The caller executes a move as scale-in migration does: the source offloads the chain to the
-tier (freeing its room), the destination fetches it, the session is re-homed there, and the
-destination's KV events tell the gateways, so its next turn is routed there.
+The caller executes a move as a scale-in migration does: the source offloads the chain to
+the tier (freeing its room) and the session is re-homed on the destination, which fetches
+the chain before the predicted return (prefetch) or at the turn; the destination's KV events
+tell the gateways, so its next turn is routed there.
 """
 
 from __future__ import annotations
