@@ -102,6 +102,23 @@ async def kvmeta(pg_url: str, redis_url: str, clock: ManualClock) -> AsyncIterat
         await dbe.dispose()
 
 
+@asynccontextmanager
+async def with_tier(
+    pg_url: str, redis_url: str, metadata_url: str, tmp_path: Path, clock: ManualClock
+) -> AsyncIterator[tuple[KVMeta, aiohttp.ClientSession]]:
+    """kvmeta, a ``kvcache`` process holding the tier's DRAM segment, and an HTTP client."""
+    async with (
+        kvmeta(pg_url, redis_url, clock) as kv,
+        engine_process(
+            tmp_path / "kvcache", "--role", "kvcache", "--kvcache-mib", "4",
+            "--deployment", DEP, "--te-metadata-url", metadata_url,
+            "--kvmeta-address", kv.address,
+        ),
+        aiohttp.ClientSession() as http,
+    ):  # fmt: skip
+        yield kv, http
+
+
 async def complete(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
     async with http.post(url + "/v1/completions", json={"prompt": LONG, "max_tokens": 4}) as r:
         assert r.status == 200, await r.text()
@@ -126,15 +143,7 @@ async def test_offloaded_session_is_prefetched_before_its_next_turn(
     clock = ManualClock(1_000_000.0)
     key = {"deployment": DEP, "tenant": "", "session_id": "agent-1"}
     skey = (DEP, "", "agent-1")
-    async with (
-        kvmeta(postgres_db_url, redis_url, clock) as kv,
-        engine_process(
-            tmp_path / "kvcache", "--role", "kvcache", "--kvcache-mib", "4",
-            "--deployment", DEP, "--te-metadata-url", metadata_url,
-            "--kvmeta-address", kv.address,
-        ),
-        aiohttp.ClientSession() as http,
-    ):  # fmt: skip
+    async with with_tier(postgres_db_url, redis_url, metadata_url, tmp_path, clock) as (kv, http):
         fleet = EngineFleet(tmp_path, serve="runner", profile="test", speedup=20.0,
                             deployment=DEP, kvcache_tier=True, kvcache_policy=policy,
                             kvmeta_address=kv.address, te_metadata_url=metadata_url,
@@ -213,15 +222,7 @@ async def test_kept_session_evicted_on_demand_is_recorded_and_prefetched(
     clock = ManualClock(1_000_000.0)
     key = {"deployment": DEP, "tenant": "", "session_id": "agent-2"}
     skey = (DEP, "", "agent-2")
-    async with (
-        kvmeta(postgres_db_url, redis_url, clock) as kv,
-        engine_process(
-            tmp_path / "kvcache", "--role", "kvcache", "--kvcache-mib", "4",
-            "--deployment", DEP, "--te-metadata-url", metadata_url,
-            "--kvmeta-address", kv.address,
-        ),
-        aiohttp.ClientSession() as http,
-    ):  # fmt: skip
+    async with with_tier(postgres_db_url, redis_url, metadata_url, tmp_path, clock) as (kv, http):
         fleet = EngineFleet(tmp_path, serve="runner", profile="test", speedup=20.0,
                             deployment=DEP, kvcache_tier=True, kvcache_policy="offload_on_evict",
                             kvmeta_address=kv.address, te_metadata_url=metadata_url,
@@ -348,15 +349,7 @@ async def test_hot_engine_moves_an_idle_session_to_a_cool_one(
     re-homed there, then prefetched there before its return) and its next turn on e1 finds
     its prefix cached; the other stays."""
     clock = ManualClock(1_000_000.0)
-    async with (
-        kvmeta(postgres_db_url, redis_url, clock) as kv,
-        engine_process(
-            tmp_path / "kvcache", "--role", "kvcache", "--kvcache-mib", "4",
-            "--deployment", DEP, "--te-metadata-url", metadata_url,
-            "--kvmeta-address", kv.address,
-        ),
-        aiohttp.ClientSession() as http,
-    ):  # fmt: skip
+    async with with_tier(postgres_db_url, redis_url, metadata_url, tmp_path, clock) as (kv, http):
         fleet = EngineFleet(tmp_path, serve="runner", profile="test", speedup=20.0,
                             deployment=DEP, kvcache_tier=True, kvcache_policy="offload_on_evict",
                             kvmeta_address=kv.address, te_metadata_url=metadata_url,
