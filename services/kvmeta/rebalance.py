@@ -16,8 +16,8 @@ sessions to leave a hot engine. A move is told to the engines in the tick's own 
   after a scale-in migration.
 
 Only engines with a KV-cache tier take part (one without could neither pass the KV on nor
-fetch it): real engines (vLLM,
-SGLang) serve no ``/tideserve/retention`` route, so there is nothing to rebalance with them.
+fetch it): real engines (vLLM, SGLang) serve no ``/tideserve/retention`` route, so there is
+nothing to rebalance with them.
 A session moved is not moved again for ``cooldown_s``. An engine homing no session is not a
 destination (kvmeta cannot tell a decode engine from a prefill engine by its index entry).
 """
