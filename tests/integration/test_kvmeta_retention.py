@@ -22,6 +22,7 @@ from services.common.sessions import SessionTable, ToolTimePredictor
 from services.common.tokens import block_hashes
 from services.engine.server import EngineServer
 from services.engine.settings import EngineSettings
+from services.kvmeta.rebalance import Rebalancer
 from services.kvmeta.retention import RetentionController
 from services.kvmeta.sessions import SessionShell
 from tests.helpers.ports import free_port
@@ -166,7 +167,7 @@ class FakeEngine:
             for j in body.get("prefetch", []):
                 self.jobs[j["id"]] = {"state": "done", "blocks": len(j["hashes"])}
         return web.json_response(
-            {"capacity_blocks": 100, "profile": "test", "block_size": BS,
+            {"capacity_blocks": 100, "free_blocks": 100, "profile": "test", "block_size": BS,
              "kvcache_tier": True, "offloads_to_tier": True, "prefetches": self.jobs}
         )  # fmt: skip
 
@@ -205,3 +206,35 @@ async def test_prefetch_is_told_in_enforce_and_counted_in_observe(
         assert fake.posts[-1]["protect"] == list(range(1, 11))  # held until the turn
     else:
         assert fake.posts == [] and dict(shell.table.get(key).tiers) == {2: 10}
+
+
+@pytest.mark.parametrize("mode", ["enforce", "observe"])
+async def test_rebalancing_is_told_in_enforce_and_counted_in_observe(
+    servers: Callable[..., Any], mode: str
+) -> None:
+    """Two idle sessions hold 60 of e0's 100 blocks, e1's only session none: enforce tells
+    e0 to offload one session's chain and re-homes it on e1 with its prefix on the tier;
+    observe counts the move and tells no engine."""
+    e0, e1 = FakeEngine(), FakeEngine()
+    urls = {"e0": await servers(e0.app()), "e1": await servers(e1.app())}
+    clock = ManualClock(10_000.0)
+    shell = SessionShell(SessionTable(ToolTimePredictor(default_gap_s=30.0)), None, clock.now)
+    chains = {"a": list(range(1, 31)), "b": list(range(100, 130)), "c": []}
+    for sid, home in (("a", "e0"), ("b", "e0"), ("c", "e1")):
+        key = ("d", "t", sid)
+        shell.table.turn_start(key, clock.now(), home_instance=home)
+        shell.table.turn_end(key, clock.now(), tip_hash=chains[sid][-1] if chains[sid] else 0)
+        if chains[sid]:
+            shell.set_chain(key, chains[sid])
+    ctl = RetentionController(shell, mode=mode, urls=urls, rebalance=Rebalancer())
+    async with ctl_closed(ctl):
+        clock.advance(1.0)
+        await ctl.tick()
+    assert ctl.stats["rebalanced_sessions"] == 1 and ctl.stats["errors"] == 0
+    a, b = shell.table.get(("d", "t", "a")), shell.table.get(("d", "t", "b"))
+    if mode == "enforce":
+        assert e0.posts[-1]["offload"] == list(reversed(chains["a"]))
+        assert (a.home_instance, dict(a.tiers)) == ("e1", {2: 30})
+    else:
+        assert e0.posts == [] and e1.posts == [] and a.home_instance == "e0"
+    assert b.home_instance == "e0"
