@@ -36,6 +36,7 @@ from services.common.sessions.rebalance import (
     InstanceKV,
     Rebalance,
     RebalanceParams,
+    leaving_blocks,
     plan_rebalance,
 )
 
@@ -88,13 +89,7 @@ class Rebalancer:
         """Each move's chain into its source's offload list and out of its protect list
         (in place; the blocks another session homed there shares stay)."""
         for mv in moves:
-            shared = {
-                h
-                for o in rows
-                if o.key != mv.key and o.home_instance == mv.source
-                for h in chains.get(o.key, ())
-            }
-            gone = [h for h in reversed(chains[mv.key]) if h not in shared]
+            gone = leaving_blocks(mv, rows, chains)
             p = plans.get(mv.source)
             if p is not None:
                 drop = set(gone)

@@ -29,7 +29,7 @@ from services.common.sessions import (
     route_key,
 )
 from services.common.sessions.migration import Placement, active_sessions
-from services.common.sessions.rebalance import InstanceKV, plan_rebalance
+from services.common.sessions.rebalance import InstanceKV, leaving_blocks, plan_rebalance
 from services.sim.scalein import kept_prefix
 
 __all__ = ["PendingFetch", "SessionMoves", "room"]
@@ -189,14 +189,7 @@ class SessionMoves:
         for mv in plan_rebalance(insts, idle, t, recently_moved=recent):
             chain = self._chains[mv.key]
             src = self.caches[mv.source]
-            # blocks another session homed there shares (a sub-agent's parent prefix) stay
-            shared = {
-                h
-                for s in rows
-                if s.key != mv.key and s.home_instance == mv.source
-                for h in self._chains.get(s.key, ())
-            }
-            gone = [h for h in reversed(chain[: mv.blocks]) if h not in shared]
+            gone = leaving_blocks(mv, rows, self._chains)
             src.unprotect(gone)
             src.evict_now(gone)
             self.after_step(src)

@@ -119,8 +119,8 @@ async def with_tier(
         yield kv, http
 
 
-async def complete(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
-    async with http.post(url + "/v1/completions", json={"prompt": LONG, "max_tokens": 4}) as r:
+async def complete(http: aiohttp.ClientSession, url: str, prompt: str = LONG) -> dict[str, Any]:
+    async with http.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 4}) as r:
         assert r.status == 200, await r.text()
         return dict(await r.json())
 
@@ -192,16 +192,10 @@ async def _first_turn(
     """Turn 1, served on e0 and reported as the gateway reports it, until kvmeta's index
     has its chain on e0's GPU: the chain, the answer and the predicted return."""
     assert engine.tier_io is not None
-    chain = block_hashes(tokenize(LONG), engine.settings.block_size)
+    chain, want = await _turn(
+        kv, http, url, "e0", key["session_id"], LONG, engine.settings.block_size
+    )
     assert len(chain) == 10
-    await kv.stub.StartSessionTurn(kvmeta_pb2.StartSessionTurnRequest(**key, home_instance="e0"))
-    want = await complete(http, url)
-    await kv.stub.EndSessionTurn(
-        kvmeta_pb2.EndSessionTurnRequest(
-            **key, tip_block_hash=chain[-1], home_instance="e0", block_hashes=chain,
-            tool_names=["bash"],
-        )
-    )  # fmt: skip
     returns_at = kv.shell.table.get(skey).predicted_return_at
     assert returns_at == pytest.approx(clock.now() + GAP_S)
 
@@ -324,21 +318,27 @@ async def _prefetch_and_next_turn(
 
 
 async def _turn(
-    kv: KVMeta, http: aiohttp.ClientSession, url: str, iid: str, sid: str, prompt: str
-) -> list[int]:
-    """One turn of session ``sid`` served on ``iid``, reported as the gateway reports it."""
+    kv: KVMeta,
+    http: aiohttp.ClientSession,
+    url: str,
+    iid: str,
+    sid: str,
+    prompt: str,
+    block_size: int = 64,
+) -> tuple[list[int], dict[str, Any]]:
+    """One turn of session ``sid`` served on ``iid`` and reported as the gateway reports
+    it: its chain and the answer."""
     key = {"deployment": DEP, "tenant": "", "session_id": sid}
-    chain = block_hashes(tokenize(prompt), 64)
+    chain = block_hashes(tokenize(prompt), block_size)
     await kv.stub.StartSessionTurn(kvmeta_pb2.StartSessionTurnRequest(**key, home_instance=iid))
-    async with http.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 4}) as r:
-        assert r.status == 200, await r.text()
+    answer = await complete(http, url, prompt)
     await kv.stub.EndSessionTurn(
         kvmeta_pb2.EndSessionTurnRequest(
             **key, tip_block_hash=chain[-1] if chain else 0, home_instance=iid,
             block_hashes=chain, tool_names=["bash"],
         )
     )  # fmt: skip
-    return chain
+    return chain, answer
 
 
 async def test_hot_engine_moves_an_idle_session_to_a_cool_one(
@@ -362,9 +362,10 @@ async def test_hot_engine_moves_an_idle_session_to_a_cool_one(
             e0, u0 = await fleet.start(redis=kv.redis, instance_id="e0")
             e1, u1 = await fleet.start(redis=kv.redis, instance_id="e1")
             ctl.urls.update(e0=u0, e1=u1)
-            a = await _turn(kv, http, u0, "e0", "agent-a", LONG)
-            b = await _turn(kv, http, u0, "e0", "agent-b", OTHER)
-            assert await _turn(kv, http, u1, "e1", "agent-c", "short") == []
+            a, _ = await _turn(kv, http, u0, "e0", "agent-a", LONG)
+            b, _ = await _turn(kv, http, u0, "e0", "agent-b", OTHER)
+            c, _ = await _turn(kv, http, u1, "e1", "agent-c", "short")
+            assert c == []
             clock.advance(1.0)
             await ctl.tick()
             assert ctl.stats["rebalanced_sessions"] == 1 and ctl.stats["errors"] == 0

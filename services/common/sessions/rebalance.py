@@ -37,9 +37,9 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from services.common.sessions.migration import Migrant
-from services.common.sessions.model import Phase, SessionKey
+from services.common.sessions.model import Phase, Session, SessionKey
 
-__all__ = ["InstanceKV", "Rebalance", "RebalanceParams", "plan_rebalance"]
+__all__ = ["InstanceKV", "Rebalance", "RebalanceParams", "leaving_blocks", "plan_rebalance"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,3 +122,18 @@ def plan_rebalance(
         room[dest] -= m.blocks
         moves.append(Rebalance(m.key, src, dest, m.blocks))
     return tuple(moves)
+
+
+def leaving_blocks(
+    mv: Rebalance, rows: Sequence[Session], chains: Mapping[SessionKey, Sequence[int]]
+) -> list[int]:
+    """The blocks ``mv`` takes off its source, leaf first: the first ``mv.blocks`` of the
+    session's chain, but those another session homed there shares (a sub-agent's parent
+    prefix stays for the sessions that keep using it)."""
+    shared = {
+        h
+        for s in rows
+        if s.key != mv.key and s.home_instance == mv.source
+        for h in chains.get(s.key, ())
+    }
+    return [h for h in reversed(chains[mv.key][: mv.blocks]) if h not in shared]
