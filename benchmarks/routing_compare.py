@@ -207,7 +207,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fit-min-confidence", type=float, default=0.5)
     p.add_argument("--fit-refresh-s", type=float, default=2.0)
     p.add_argument("--out", default="routing_compare.json", help="summary JSON path")
-    p.add_argument("--log-dir", default=None, help="process logs and bench JSONs (default: temp)")
+    p.add_argument(
+        "--log-dir", default=None,
+        help="process logs, bench JSONs and per-request records (default: temp)",
+    )  # fmt: skip
     p.set_defaults(slo_config_file=None)  # written by main: the gateway's --slo-config
     return p.parse_args(argv)
 
@@ -325,6 +328,7 @@ def run_router(
             "--rate-scale", str(args.rate_scale), "--trace-time",
             "--slo-ttft-ms", str(args.slo_ttft_ms), "--slo-tpot-ms", str(args.slo_tpot_ms),
             "--timeout", str(args.timeout), "--out", str(out),
+            "--requests-out", str(log_dir / f"{tag}-requests.jsonl"),
         )  # fmt: skip
         result["bench_command"] = shlex.join(bench)
         print(f"[{name}] {shlex.join(bench)}", file=sys.stderr)

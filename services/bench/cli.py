@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from services.bench.client import BenchConfig, BenchError, run_bench
-from services.common.bench.stats import markdown_table
+from services.common.bench.stats import markdown_table, request_records
 from services.common.bench.traces import FORMATS, TraceError, load_trace
 
 EXAMPLES = """\
@@ -118,6 +118,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--timeout", type=_positive_float, default=600.0, help="per-request timeout (s)")
     p.add_argument("--out", metavar="FILE.json", help="write the summary JSON here")
+    p.add_argument(
+        "--requests-out", metavar="FILE.jsonl",
+        help="write one JSON line per request (its index in the trace, target, TTFT, TPOT, "
+        "E2E, tokens, cached tokens, whether it met the SLOs, error), in the summary's units",
+    )  # fmt: skip
     p.add_argument("--markdown", action="store_true", help="print a Markdown table on stdout")
     p.add_argument("--plot", metavar="FILE.png", help="latency CDF + timeline (needs [plot])")
 
@@ -170,6 +175,16 @@ def run(args: argparse.Namespace) -> int:
     text = json.dumps(summary, indent=2)
     if args.out:
         Path(args.out).write_text(text + "\n", encoding="utf-8")
+    if args.requests_out:
+        records = request_records(
+            results,
+            slo_ttft_ms=cfg.slo_ttft_ms,
+            slo_tpot_ms=cfg.slo_tpot_ms,
+            time_scale=cfg.time_scale,
+        )
+        Path(args.requests_out).write_text(
+            "".join(json.dumps(rec) + "\n" for rec in records), encoding="utf-8"
+        )
     if args.markdown:
         sys.stdout.write(markdown_table(summary))
     else:
@@ -177,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from services.common.bench.plot import write_plot
 
-        write_plot(args.plot, results, cfg.speedup if cfg.trace_time else 1.0)
+        write_plot(args.plot, results, cfg.time_scale)
     cpu = summary.get("cpu") or {}
     if cpu.get("saturated"):
         print(

@@ -60,6 +60,11 @@ class BenchConfig:
     # The served model's directory: prompts of its single-token words (see prompts.py).
     model_path: str | None = None
 
+    @property
+    def time_scale(self) -> float:
+        """Wall seconds to reported seconds: the engines' speedup in trace time, else 1."""
+        return self.speedup if self.trace_time else 1.0
+
     def __post_init__(self) -> None:
         if not self.targets:
             raise BenchError("at least one --target is required")
@@ -337,13 +342,12 @@ async def run_bench(
         )
         sampler.sample()
         progress.close(wall)
-    scale = cfg.speedup if cfg.trace_time else 1.0
     summary = summarize(
         results,
         duration_s=wall,
         slo_ttft_ms=cfg.slo_ttft_ms,
         slo_tpot_ms=cfg.slo_tpot_ms,
-        time_scale=scale,
+        time_scale=cfg.time_scale,
     )
     per_target: dict[str, Counter[str]] = {t: Counter() for t in targets}
     for r in results:

@@ -231,16 +231,21 @@ async def _cli(*args: str) -> tuple[int, str, str]:
 
 async def test_cli_writes_json_and_markdown(upstreams: Any, tmp_path: Path) -> None:
     up = await upstreams()
-    out_file = tmp_path / "run.json"
+    out_file, rec_file = tmp_path / "run.json", tmp_path / "requests.jsonl"
     code, out, err = await _cli(
         "--trace", str(MOONCAKE), "--target", up.url, "--max-requests", "5",
         "--speedup", "500", "--out", str(out_file), "--markdown",
+        "--requests-out", str(rec_file),
     )  # fmt: skip
     assert code == 0, err
     data = json.loads(out_file.read_text())
     assert [k for k in data if k in STABLE_KEYS] == STABLE_KEYS
     assert data["completed"] == 5
     assert "| TTFT |" in out and "| completed | 5 |" in out
+    recs = [json.loads(line) for line in rec_file.read_text().splitlines()]
+    assert [r["index"] for r in recs] == [0, 1, 2, 3, 4]
+    assert all(r["error"] is None and r["ttft_ms"] > 0 for r in recs)
+    assert sum(r["output_tokens"] for r in recs) == data["output_tokens"]
 
 
 async def test_cli_malformed_trace_names_the_line_and_sends_nothing(

@@ -22,6 +22,7 @@ from services.common.bench.stats import (
     infinite_cache_hit_ratio,
     markdown_table,
     percentile,
+    request_records,
     summarize,
 )
 from services.common.bench.traces import TraceRequest
@@ -151,6 +152,34 @@ def test_summarize_reports_errors_and_latencies_in_ms() -> None:
     assert s["e2e_ms"]["p99"] == pytest.approx(2000.0)
     assert s["output_token_throughput"] == pytest.approx(10 / 4.0)
     assert "| TTFT | 200 |" in markdown_table(s)
+
+
+@pytest.mark.parametrize(
+    ("results", "slo_ttft", "scale", "expected"),
+    [
+        ([_res(1), _res(0, ttft=0.5)], 200.0, 1.0, [(0, 500.0, False), (1, 100.0, True)]),
+        ([_res(0)], 500.0, 10.0, [(0, 1000.0, False)]),
+        (
+            [_res(0, error="http 500: boom", ttft=None, tpot=None, prompt=None)],
+            None,
+            1.0,
+            [(0, None, False)],
+        ),
+    ],
+    ids=["index-order-and-ttft-slo", "trace-time-scales", "failed-never-meets"],
+)
+def test_request_records_agree_with_the_summary(
+    results: list[RequestResult],
+    slo_ttft: float | None,
+    scale: float,
+    expected: list[tuple[int, float | None, bool]],
+) -> None:
+    recs = request_records(results, slo_ttft_ms=slo_ttft, time_scale=scale)
+    assert [(r["index"], r["ttft_ms"], r["met_slo"]) for r in recs] == [
+        (i, pytest.approx(t) if t is not None else None, met) for i, t, met in expected
+    ]
+    s = summarize(results, duration_s=1.0, slo_ttft_ms=slo_ttft, time_scale=scale)
+    assert sum(r["met_slo"] for r in recs) == s["slo"]["met"]
 
 
 def _tr(i: int, n_in: int, ids: tuple[int, ...] | None) -> TraceRequest:

@@ -169,6 +169,50 @@ def summarize(
     }
 
 
+def request_records(
+    results: Sequence[RequestResult],
+    *,
+    slo_ttft_ms: float | None = None,
+    slo_tpot_ms: float | None = None,
+    time_scale: float = 1.0,
+) -> list[dict[str, Any]]:
+    """One record per request, as ``summarize`` counts it (times in reported units, ms).
+
+    Keys: ``index`` (the request's position in the trace's arrival order), ``target``,
+    ``scheduled_ms`` and ``sent_ms`` (from the run's start), ``input_length``,
+    ``output_length``, ``ttft_ms``, ``tpot_ms``, ``e2e_ms`` (None when not measured),
+    ``output_tokens``, ``prompt_tokens``, ``cached_tokens``, ``met_slo`` and ``error``.
+    """
+    if time_scale <= 0:
+        raise ValueError(f"time_scale must be positive, got {time_scale}")
+    ms = 1000.0 * time_scale
+    wall_ttft = None if slo_ttft_ms is None else slo_ttft_ms / time_scale
+    wall_tpot = None if slo_tpot_ms is None else slo_tpot_ms / time_scale
+
+    def scaled(v: float | None) -> float | None:
+        return None if v is None else round(v * ms, 3)
+
+    return [
+        {
+            "index": r.index,
+            "target": r.target,
+            "scheduled_ms": scaled(r.scheduled_s),
+            "sent_ms": scaled(r.sent_s),
+            "input_length": r.input_length,
+            "output_length": r.output_length,
+            "ttft_ms": scaled(r.ttft_s),
+            "tpot_ms": scaled(r.tpot_s),
+            "e2e_ms": scaled(r.e2e_s),
+            "output_tokens": r.output_tokens,
+            "prompt_tokens": r.prompt_tokens,
+            "cached_tokens": r.cached_tokens,
+            "met_slo": meets_slo(r, wall_ttft, wall_tpot),
+            "error": r.error,
+        }
+        for r in sorted(results, key=lambda r: r.index)
+    ]
+
+
 def _fmt(v: object) -> str:
     if v is None:
         return "-"
