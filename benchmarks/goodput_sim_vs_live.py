@@ -10,7 +10,10 @@ hit ratio and duration; and ``fidelity``, per TTFT and TPOT percentile over the 
 runs were not CPU-saturated, the largest and mean gap and the rows within 10 %. ``tideserve:<profile>`` runs as that profile with the gateway's dispatch order;
 ``sglang:cache_aware`` as the ``cache_aware`` profile (sglang-router's decision) without it,
 and, with ``--also``, as other profiles too (``--also cache_aware_scored``: the earlier
-imitation).
+imitation). ``--sglang-load-sources scrape,stream`` runs every ``sglang:`` row once per load
+signal: ``scrape`` (the default) gives the simulated router the engines' loads as the
+gateway's scrapes report them, ``stream`` every change at once, as sglang-router's own
+in-flight counters have them.
 
     .venv/bin/python benchmarks/goodput_sim_vs_live.py --state /tmp/goodput_live_state.json [MORE ...]
 
@@ -23,7 +26,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast, get_args
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -34,6 +37,7 @@ from _sim_stats import gap_summary  # noqa: E402
 
 from services.common.bench.traces import load_trace  # noqa: E402
 from services.sim import SimConfig, simulate  # noqa: E402
+from services.sim.config import LoadSource  # noqa: E402
 
 METRICS = (
     ("goodput_rps", ""), ("slo_attainment", ""), ("ttft_ms", "mean"), ("ttft_ms", "p50"),
@@ -49,10 +53,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--state", required=True, nargs="+", help="goodput_live.py's --state files")
     p.add_argument("--also", default="", help="more profiles for sglang:cache_aware (comma list)")
+    p.add_argument(
+        "--sglang-load-sources", default="scrape",
+        help="comma list of load signals for the sglang rows (scrape, stream)",
+    )  # fmt: skip
     p.add_argument("--engine-profile", default="h200-llama3.1-8b")
     p.add_argument("--engine-slowdown", type=float, default=1.2)
     p.add_argument("--out", default=None)
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    bad = [x for x in a.sglang_load_sources.split(",") if x not in get_args(LoadSource)]
+    if bad:
+        p.error(f"--sglang-load-sources: unknown {bad}; choose from {get_args(LoadSource)}")
+    return a
 
 
 def figure(doc: dict[str, Any], key: str, q: str) -> float | None:
@@ -87,13 +99,16 @@ def fidelity(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def sim_figures(a: argparse.Namespace, cell: str, profile: str, baseline: bool) -> dict[str, Any]:
+def sim_figures(
+    a: argparse.Namespace, cell: str, profile: str, baseline: bool, load_source: str = "scrape"
+) -> dict[str, Any]:
     kind, off, n, rate = cell.split(":")
     cfg = SimConfig(
         engines=8, profile=profile, engine_profile=f"{a.engine_profile}*{a.engine_slowdown:g}",
         gateway_perf_profile=a.engine_profile, rate_scale=float(rate), max_requests=int(n),
         offset=int(off), kv_blocks=16384, stream_interval=16, slo_ttft_ms=2000.0,
-        slo_tpot_ms=100.0, **({"shaper_hold_ms": 0.0} if baseline else {}),
+        slo_tpot_ms=100.0, load_source=cast(LoadSource, load_source),
+        **({"shaper_hold_ms": 0.0} if baseline else {}),
     )  # fmt: skip
     doc, _ = simulate(cfg, load_trace(str(TRACE_OF[kind])))
     return {f"{k}.{q}" if q else k: figure(doc, k, q) for k, q in METRICS}
@@ -120,18 +135,21 @@ def compare_state(a: argparse.Namespace, state: dict[str, Any]) -> list[dict[str
             runs = [r for r in results if r["router"] == router and "error" not in r]
             kind, _, policy = router.partition(":")
             if kind == "sglang":
-                profiles = [policy] + [p for p in a.also.split(",") if p]
+                names = [policy] + [p for p in a.also.split(",") if p]
+                sources = [x for x in a.sglang_load_sources.split(",") if x]
+                profiles = [(n, src) for n in names for src in sources]
             else:
-                profiles = [policy or "default"]
+                profiles = [(policy or "default", "scrape")]
             live = live_means(runs)
-            for prof in profiles:
-                sim = sim_figures(a, cell, prof, kind == "sglang")
+            for prof, src in profiles:
+                sim = sim_figures(a, cell, prof, kind == "sglang", src)
                 gap = {k: round(s / v - 1.0, 3) if (s := sim[k]) is not None and v else None
                        for k, v in live.items()}  # fmt: skip
                 rows.append({"cell": cell, "router": router, "sim_profile": prof,
+                             "sim_load_source": src,
                              "live_runs": len(runs), "live_saturated": saturated(runs),
                              "live_commit": commit, "live": live, "sim": sim, "gap": gap})  # fmt: skip
-                print(f"{cell} {router} as {prof}: gap {gap}", file=sys.stderr, flush=True)
+                print(f"{cell} {router} as {prof} ({src}): gap {gap}", file=sys.stderr, flush=True)
     return rows
 
 
