@@ -57,6 +57,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--sglang-load-sources", default="scrape",
         help="comma list of load signals for the sglang rows (scrape, stream)",
     )  # fmt: skip
+    p.add_argument(
+        "--sglang-end-lag-ms", type=float, default=0.0,
+        help="the sglang rows' router learns a request ended this long after its last step",
+    )  # fmt: skip
     p.add_argument("--engine-profile", default="h200-llama3.1-8b")
     p.add_argument("--engine-slowdown", type=float, default=1.2)
     p.add_argument("--out", default=None)
@@ -108,7 +112,7 @@ def sim_figures(
         gateway_perf_profile=a.engine_profile, rate_scale=float(rate), max_requests=int(n),
         offset=int(off), kv_blocks=16384, stream_interval=16, slo_ttft_ms=2000.0,
         slo_tpot_ms=100.0, load_source=cast(LoadSource, load_source),
-        **({"shaper_hold_ms": 0.0} if baseline else {}),
+        **({"shaper_hold_ms": 0.0, "end_lag_ms": a.sglang_end_lag_ms} if baseline else {}),
     )  # fmt: skip
     doc, _ = simulate(cfg, load_trace(str(TRACE_OF[kind])))
     return {f"{k}.{q}" if q else k: figure(doc, k, q) for k, q in METRICS}

@@ -83,6 +83,9 @@ class SimConfig:
     precise: bool = False
     scrape_interval_ms: float = 500.0
     scrape_lag_ms: float = 5.0
+    # the gateways learn that a request ended this long after the engine's last step (the
+    # last chunk's way back through the HTTP stack; 0: at once)
+    end_lag_ms: float = 0.0
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     decode_can_prefill: bool = False
@@ -170,9 +173,9 @@ class SimConfig:
             raise SimConfigError("--kv-running-blocks must be in [1, kv_blocks]")
         if self.max_requests is not None and self.max_requests < 1:
             raise SimConfigError(f"--max-requests must be at least 1, got {self.max_requests}")
-        if self.seed < 0 or self.offset < 0 or self.scrape_lag_ms < 0 or self.share_lag_ms < 0:
+        if min(self.seed, self.offset, self.scrape_lag_ms, self.share_lag_ms, self.end_lag_ms) < 0:
             raise SimConfigError(
-                "--seed, --offset, --scrape-lag-ms and --share-lag-ms must be >= 0"
+                "--seed, --offset, --scrape-lag-ms, --share-lag-ms and --end-lag-ms must be >= 0"
             )
         if not self.share_heartbeat_ms > 0:
             raise SimConfigError(f"--share-heartbeat-ms must be > 0, got {self.share_heartbeat_ms}")

@@ -5,7 +5,8 @@ and release back to the gateway, on one :class:`~services.sim.events.EventQueue`
 Events: ``arrive`` (a request reaches a gateway), ``scrape`` (a gateway reads an engine's
 load; delivered as ``load`` ``scrape_lag_ms`` later), ``shape`` (a held pick may go),
 ``wake`` (an engine has something to do again), ``done`` (an engine step ended),
-``sample`` (a timeline row). What the gateway sees of an engine is exactly what the live
+``ended`` (a gateway learns a request ended, ``end_lag_ms`` after its last step, when that
+is set), ``sample`` (a timeline row). What the gateway sees of an engine is exactly what the live
 gateway has: the scrape (or the load stream's snapshot) plus its own reservations.
 """
 
@@ -151,6 +152,7 @@ class Simulation(Scaling):
             "drain": self.drain,
             "share": self.share,
             "beat": self.beat,
+            "ended": self.ended,
         }
         tick = 0
         heap, pop = q.heap, heapq.heappop  # EventQueue.pop, inlined (millions of events)
@@ -198,6 +200,11 @@ class Simulation(Scaling):
             (inst.iid, self.engines.load(inst, self.full_load, now)),
         )
         self.q.push(now + self.cfg.scrape_interval_ms, "scrape", inst)
+        return 0
+
+    def ended(self, p: tuple[int, str], now: float) -> int:
+        """A gateway learns, ``end_lag_ms`` after the engine's last step, that a request ended."""
+        self.gw.cores[p[0]].release(p[1])
         return 0
 
     def load(self, p: Any, now: float) -> int:
@@ -434,7 +441,10 @@ class Simulation(Scaling):
                 freed = self.gw.shapers[req.gateway].first_byte(o.rid, req.target, now / 1000.0)
                 finished += self.dispatch(freed, now)
             if o.finished:
-                self.gw.cores[req.gateway].release(o.rid)
+                if self.cfg.end_lag_ms > 0:
+                    self.q.push(now + self.cfg.end_lag_ms, "ended", (req.gateway, o.rid))
+                else:
+                    self.gw.cores[req.gateway].release(o.rid)
                 finished += self.end(req, None, now)
         self.kick(inst, now)
         return finished
