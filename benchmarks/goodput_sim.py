@@ -28,6 +28,10 @@ a profile named ``NAME+nofollow`` is NAME without that follower rule; ``NAME+pro
 ``--protect-ms`` (the agent class's ``starve_after_ms``); ``NAME+auto`` is NAME with ``guard``
 only while the fleet is overloaded: at least ``--protect-when-missed`` of the recent offers
 were predicted to miss their TTFT deadline (the gateway's ``dispatch_protect: auto``).
+``NAME+inflight`` is NAME deciding on its own in-flight counts, as sglang-router does: the
+engines' loads as they change, and a request's end learnt ``--inflight-end-lag-ms`` after its
+last step (``cache_aware+inflight`` matches more live cells than ``cache_aware``; results
+page, "The load signal it decides on").
 
     .venv/bin/python benchmarks/goodput_sim.py --out /tmp/goodput_sim.json   # ~6 min, one core
 
@@ -115,6 +119,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--protect-when-missed", type=float, default=DISPATCH_PROTECT_WHEN_MISSED,
                    help="NAME+auto: the share of offers predicted late that turns protection "
                    "on (default: the gateway's)")  # fmt: skip
+    p.add_argument("--inflight-end-lag-ms", type=float, default=20.0,
+                   help="NAME+inflight: how long after a request's last step its end is "
+                   "learnt (default 20)")  # fmt: skip
     p.add_argument("--engine-profile", default="h200-llama3.1-8b")
     p.add_argument("--engine-slowdown", type=float, default=1.2)
     p.add_argument("--kv-blocks", type=int, default=16384)
@@ -178,10 +185,12 @@ def run_cell(
                             "rate_scale": rate, "profiles": {}}  # fmt: skip
     for profile in [x.strip() for x in a.profiles.split(",") if x.strip()]:
         name, _, variant = profile.partition("+")
-        if variant not in ("", "nofollow", "protect", "slack", "auto"):
+        if variant not in ("", "nofollow", "protect", "slack", "auto", "inflight"):
             raise SystemExit(
-                f"unknown profile variant {variant!r} (known: nofollow, protect, slack, auto)"
+                f"unknown profile variant {variant!r} "
+                "(known: nofollow, protect, slack, auto, inflight)"
             )
+        inflight = variant == "inflight"
         cfg = SimConfig(
             engines=a.engines, gateways=a.gateways, profile=name, profiles_file=pfile,
             scrape_queue_estimate=a.scrape_queue_estimate,
@@ -193,6 +202,8 @@ def run_cell(
             shaper_protect_ms=a.protect_ms if variant in ("protect", "slack", "auto") else 0.0,
             shaper_protect_slack=variant == "slack",
             shaper_protect_when_missed=a.protect_when_missed if variant == "auto" else 0.0,
+            load_source="stream" if inflight else "scrape",
+            end_lag_ms=a.inflight_end_lag_ms if inflight else 0.0,
             **({"shaper_hold_ms": 0.0} if name in BASELINES else {}),
         )  # fmt: skip
         doc, run = simulate(cfg, trace)

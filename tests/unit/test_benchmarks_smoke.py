@@ -376,6 +376,28 @@ def test_goodput_sim_ceiling(slo_ttft_ms: float, expected_share: float) -> None:
 
 
 @pytest.mark.parametrize(
+    ("profile", "ok"),
+    [("cache_aware", True), ("cache_aware+inflight", True), ("cache_aware+bogus", False)],
+    ids=["plain", "inflight", "unknown-variant"],
+)
+def test_goodput_sim_profile_variants(tmp_path: Path, profile: str, ok: bool) -> None:
+    from services.common.bench.traces import Trace, parse_mooncake
+
+    gs = _load("goodput_sim")
+    lines = [json.dumps({"timestamp": i * 50, "input_length": 700, "output_length": 4,
+                         "hash_ids": [i % 2, 100 + i]}) for i in range(6)]  # fmt: skip
+    trace = Trace("mem.jsonl", "mooncake", tuple(parse_mooncake(lines)))
+    a = gs.parse_args(["--profiles", profile, "--engines", "2", "--kv-blocks", "2048"])
+    pfile = gs.profiles_file(a, tmp_path)
+    if not ok:
+        with pytest.raises(SystemExit, match="unknown profile variant"):
+            gs.run_cell(a, trace, 0, 6, 1.0, pfile)
+        return
+    cell = gs.run_cell(a, trace, 0, 6, 1.0, pfile)
+    assert cell["profiles"][profile]["failed"] == 0
+
+
+@pytest.mark.parametrize(
     ("gap_ms", "expected_share"),
     [(500.0, 0.5), (10.0, 1.0)],
     ids=["after-the-prefill", "during-the-prefill"],
