@@ -6,8 +6,8 @@ Events: ``arrive`` (a request reaches a gateway), ``scrape`` (a gateway reads an
 load; delivered as ``load`` ``scrape_lag_ms`` later), ``shape`` (a held pick may go),
 ``wake`` (an engine has something to do again), ``done`` (an engine step ended),
 ``ended`` (a gateway learns a request ended, ``end_lag_ms`` after its last step, when that
-is set), ``sample`` (a timeline row). What the gateway sees of an engine is exactly what the live
-gateway has: the scrape (or the load stream's snapshot) plus its own reservations.
+is set), ``sample`` (a timeline row). What the gateway sees of an engine is exactly what the
+live gateway has: the scrape (or the load stream's snapshot) plus its own reservations.
 """
 
 from __future__ import annotations

@@ -120,6 +120,18 @@ def infinite_cache_hit_ratio(
     return round(hit / total, 6)
 
 
+def _wall_slos(
+    slo_ttft_ms: float | None, slo_tpot_ms: float | None, time_scale: float
+) -> tuple[float | None, float | None]:
+    """SLOs given in reported units, in wall-clock ms (what :func:`meets_slo` checks)."""
+    if time_scale <= 0:
+        raise ValueError(f"time_scale must be positive, got {time_scale}")
+    return (
+        None if slo_ttft_ms is None else slo_ttft_ms / time_scale,
+        None if slo_tpot_ms is None else slo_tpot_ms / time_scale,
+    )
+
+
 def summarize(
     results: Sequence[RequestResult],
     *,
@@ -129,8 +141,7 @@ def summarize(
     time_scale: float = 1.0,
 ) -> dict[str, Any]:
     """The summary dict (stable keys; see module docstring). SLOs are in reported units."""
-    if time_scale <= 0:
-        raise ValueError(f"time_scale must be positive, got {time_scale}")
+    wall_ttft, wall_tpot = _wall_slos(slo_ttft_ms, slo_tpot_ms, time_scale)
     ok = [r for r in results if r.ok]
     failed = len(results) - len(ok)
     dur = max(duration_s, 0.0) * time_scale
@@ -139,9 +150,6 @@ def summarize(
     def rate(n: float) -> float:
         return round(n / dur, 6) if dur > 0 else 0.0
 
-    # SLOs are given in reported units; convert to wall clock before checking.
-    wall_ttft = None if slo_ttft_ms is None else slo_ttft_ms / time_scale
-    wall_tpot = None if slo_tpot_ms is None else slo_tpot_ms / time_scale
     good = sum(1 for r in ok if meets_slo(r, wall_ttft, wall_tpot))
     out_tokens = sum(r.output_tokens for r in ok)
     with_usage = [r for r in ok if r.prompt_tokens]
@@ -183,11 +191,8 @@ def request_records(
     ``output_length``, ``ttft_ms``, ``tpot_ms``, ``e2e_ms`` (None when not measured),
     ``output_tokens``, ``prompt_tokens``, ``cached_tokens``, ``met_slo`` and ``error``.
     """
-    if time_scale <= 0:
-        raise ValueError(f"time_scale must be positive, got {time_scale}")
+    wall_ttft, wall_tpot = _wall_slos(slo_ttft_ms, slo_tpot_ms, time_scale)
     ms = 1000.0 * time_scale
-    wall_ttft = None if slo_ttft_ms is None else slo_ttft_ms / time_scale
-    wall_tpot = None if slo_tpot_ms is None else slo_tpot_ms / time_scale
 
     def scaled(v: float | None) -> float | None:
         return None if v is None else round(v * ms, 3)
