@@ -75,8 +75,8 @@ from _compare_fleet import (
     start_fleet,
     starting,
     wait_barrier,
-    wait_router,
 )
+from _compare_router import start_router
 from _compare_rules import (
     OLD_RULES_SLO_CLASS,
     engine_profile,
@@ -89,11 +89,9 @@ from _compare_targets import closed_loop_targets, prediction_error, targets
 from _harness import (
     MOONCAKE_CONVERSATION,
     ROOT,
-    Child,
     CpuMeter,
     ProcGroup,
     command_line,
-    free_port,
     has_verb,
     machine,
     read_records,
@@ -101,7 +99,7 @@ from _harness import (
     tideserve,
     unwind_on_sigterm,
 )
-from _model_client import perf_model_of, start_model_server
+from _model_client import perf_model_of
 
 AGG_ROUTERS = (
     "tideserve:default,tideserve:least_load,tideserve:round_robin,"
@@ -216,80 +214,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # -- routers -------------------------------------------------------------------------------
-
-
-def router_cmd(
-    name: str, port: int, plan: list[dict[str, Any]], args: argparse.Namespace, py: Path | None
-) -> list[str]:
-    kind, _, policy = name.partition(":")
-    urls = [e["url"] for e in plan]
-    if kind == "tideserve":
-        cmd = tideserve("gateway", "--host", "127.0.0.1", "--port", str(port))
-        if args.pd:
-            for e in plan:
-                if e["role"] == "prefill":
-                    cmd += ["--prefill", e["url"], str(e["bootstrap_port"])]
-                else:
-                    cmd += ["--decode", e["url"]]
-            cmd += [
-                "--decode-can-prefill" if args.decode_can_prefill else "--no-decode-can-prefill"
-            ]
-        else:
-            cmd += ["--endpoints", *urls]
-        if policy and policy != "default":
-            cmd += ["--profile", policy]
-        if args.old_rules:
-            cmd += ["--default-slo-class", OLD_RULES_SLO_CLASS]
-        else:
-            if args.slo_config_file is None:
-                raise ValueError("no --slo-config file written for the gateway")
-            cmd += ["--slo-config", str(args.slo_config_file)]
-        for extra in args.gateway_arg:
-            cmd += shlex.split(extra)
-        return cmd
-    if kind == "sglang":
-        assert py is not None
-        cmd = [str(py), "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-               "--port", str(port), "--log-level", "warn",
-                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]  # fmt: skip
-        if args.pd:
-            cmd += ["--pd-disaggregation"]
-            for e in plan:
-                if e["role"] == "prefill":
-                    cmd += ["--prefill", e["url"], str(e["bootstrap_port"])]
-                else:
-                    cmd += ["--decode", e["url"]]
-        else:
-            cmd += ["--worker-urls", *urls]
-        return [*cmd, "--policy", policy or "cache_aware"]
-    raise ValueError(f"unknown router {name!r} (want tideserve:<profile> or sglang:<policy>)")
-
-
-def start_router(
-    name: str,
-    args: argparse.Namespace,
-    plan: list[dict[str, Any]],
-    py: Path | None,
-    group: ProcGroup,
-    tag: str,
-    v: dict[str, Any],
-    streams: list[str],
-) -> tuple[Child, str, list[str]]:
-    """The router of one run on a free port, once it answers: (its child, URL, command)."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = router_cmd(name, port, plan, args, py)
-    if name.startswith("tideserve:"):
-        cmd += streams
-        if v.get("perf_profile"):
-            cmd += ["--perf-profile", v["perf_profile"]]
-        if v.get("fit"):
-            cmd += ["--telemetry-address", start_model_server(group, v, tag),
-                    "--perf-model-refresh", str(args.fit_refresh_s),
-                    "--perf-model-min-confidence", str(args.fit_min_confidence)]  # fmt: skip
-    router = group.start(f"{tag}-router", cmd)
-    wait_router(name, url, len(plan), group)
-    return router, url, cmd
 
 
 def run_router(

@@ -73,7 +73,9 @@ def test_router_commands(router: str, pd: bool, present: list[str], absent: list
     rc = _load("routing_compare")
     args = rc.parse_args(["--pd"] if pd else [])
     args.slo_config_file = Path("/tmp/slo.yaml")
-    cmd = rc.router_cmd(router, 5000, _plan(pd), args, Path("/venv/bin/python"))
+    cmd = _load("_compare_router").router_cmd(
+        router, 5000, _plan(pd), args, Path("/venv/bin/python")
+    )
     assert all(x in cmd for x in present), cmd
     assert not any(x in cmd for x in absent), cmd
 
@@ -95,7 +97,7 @@ def test_comparison_rules(
     rc = _load("routing_compare")
     args = rc.parse_args(argv)
     args.slo_config_file = Path("/tmp/slo.yaml")
-    cmd = rc.router_cmd("tideserve:default", 5000, _plan(False), args, None)
+    cmd = _load("_compare_router").router_cmd("tideserve:default", 5000, _plan(False), args, None)
     assert rc.engine_profile(args) == engine_profile
     assert all(x in cmd for x in present), cmd
     assert not any(x in cmd for x in absent), cmd
