@@ -33,7 +33,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
-from tideserve.v1 import common_pb2, events_pb2
+from tideserve.v1 import events_pb2
 
 from services.common.kvindex import (
     Outstanding,
@@ -47,6 +47,7 @@ from services.common.streams.ids import NEWEST, ZERO, as_id, compare_ids, exclus
 from services.common.streams.poison import DEFAULT_MAX_ATTEMPTS
 from services.common.tasks import pause, stop_tasks
 from services.kvmeta.checkpoint import KVMetaStore
+from services.kvmeta.engine_urls import GONE_STATES, EngineUrls, replay_membership
 from services.kvmeta.index import PrefixIndex
 from services.kvmeta.index_codec import compress_snapshot
 
@@ -61,7 +62,6 @@ OUTCOME_LABELS = {
     Verdict.DUPLICATE: "skipped",
     Verdict.GAP: "resync_needed",
 }
-_GONE_STATES = (common_pb2.INSTANCE_STATE_STOPPED, common_pb2.INSTANCE_STATE_FAILED)
 
 
 class IndexFeeder:
@@ -85,8 +85,12 @@ class IndexFeeder:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         resync_policy: ResyncPolicy | None = None,
         resync_check_s: float = 1.0,
+        engine_urls: EngineUrls | None = None,
     ) -> None:
+        """``engine_urls``: learns the engines' URLs from the membership events it reads
+        (:mod:`services.kvmeta.engine_urls`)."""
         self.index = index
+        self.engine_urls = engine_urls
         self._wall = wall
         self._redis = redis
         self._producer = StreamProducer(redis) if redis is not None else None
@@ -174,7 +178,9 @@ class IndexFeeder:
 
     async def _on_membership(self, msg: events_pb2.MembershipEvent, entry_id: str) -> None:
         inst = msg.instance
-        if msg.kind == events_pb2.MembershipEvent.KIND_REMOVED or inst.state in _GONE_STATES:
+        if self.engine_urls is not None:
+            self.engine_urls.apply(msg)
+        if msg.kind == events_pb2.MembershipEvent.KIND_REMOVED or inst.state in GONE_STATES:
             if self.index.drop_instance(inst.deployment, inst.instance_id):
                 self._dirty.add(inst.deployment)
                 log.info(
@@ -208,8 +214,11 @@ class IndexFeeder:
             await self.discover()
             self._tasks.append(asyncio.create_task(self._discover_loop()))
             self._tasks.append(asyncio.create_task(self._resync_loop()))
+            membership = stream_name(self.prefix, "membership")
+            if self.engine_urls is not None:
+                await replay_membership(self._redis, membership, self.engine_urls)
             self._start_consumer(
-                stream_name(self.prefix, "membership"),
+                membership,
                 self._on_membership,
                 events_pb2.MembershipEvent,
                 NEWEST,

@@ -27,6 +27,7 @@ from services.common.server import ServiceHooks, run_service
 from services.common.sessions import SessionTable, ToolTimePredictor
 from services.kvmeta.access import ACCESS, METADATA_ACCESS
 from services.kvmeta.checkpoint import KVMetaStore
+from services.kvmeta.engine_urls import EngineUrls
 from services.kvmeta.fetchable import on_gpu_and_tier
 from services.kvmeta.index import PrefixIndex
 from services.kvmeta.ingest import IndexFeeder
@@ -53,6 +54,7 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
     redis = redis_client(settings.redis_url, settings.redis_client) if settings.redis_url else None
     engine = db.create_engine(settings.postgres_url, "kvmeta") if settings.postgres_url else None
     store = KVMetaStore(engine) if engine is not None else None
+    engine_urls = EngineUrls(settings.retention_engine_urls)
     feeder = IndexFeeder(
         PrefixIndex(),
         time.time,
@@ -67,6 +69,7 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
             settings.resync_retry_s, max(settings.resync_retry_s, settings.resync_max_retry_s)
         ),
         resync_check_s=settings.resync_check_s,
+        engine_urls=engine_urls,
     )
     objects = ObjectShell(
         ObjectMaster(
@@ -105,7 +108,7 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
             mode=settings.retention,
             budget_share=settings.retention_budget_share,
             keep_unprotected=settings.retention_offload == "pressure",
-            urls=settings.retention_engine_urls,
+            urls=engine_urls,
             prefetch=settings.retention_prefetch,
             tick_s=settings.retention_tick_s,
             prefetch_margin_ratio=settings.prefetch_margin_ratio,
@@ -130,7 +133,7 @@ def build(settings: KVMetaSettings) -> ServiceHooks:
 
     migrator = SessionMigrator(
         sessions,
-        urls=settings.retention_engine_urls,
+        urls=engine_urls,
         offload_wait_s=settings.migration_offload_wait_s,
         placement=settings.migration_placement,
         active_window_s=settings.migration_active_window_s,

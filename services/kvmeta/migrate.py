@@ -61,7 +61,8 @@ from services.common.sessions.migration import (
     plan_migration,
 )
 from services.common.sessions.prefetching import job_id
-from services.kvmeta.retention import PATH, engine_url
+from services.kvmeta.engine_urls import engine_url
+from services.kvmeta.retention import PATH
 from services.kvmeta.sessions import SessionShell
 
 __all__ = ["DestinationRef", "MigrationResult", "SessionMigrator"]
@@ -119,7 +120,7 @@ class SessionMigrator:
         self.placement: Placement = placement
         self.active_window_s = active_window_s
         self.prefetch = prefetch
-        self.urls = dict(urls or {})
+        self.urls: Mapping[str, str] = urls if urls is not None else {}  # read per migration
         self.timeout_s = timeout_s
         self.offload_wait_s = offload_wait_s
         self.poll_s = poll_s

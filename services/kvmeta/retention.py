@@ -18,9 +18,10 @@ cache) may be evicted by its engine on demand, to the tier when it offloads on e
 session whose leading blocks are no longer all on its home's GPU while the tier holds more of
 them is recorded on CPU
 (:func:`~services.common.sessions.prefetching.evicted_to_tier`; ``evicted_sessions``), so
-prefetch covers it like one the controller offloaded. An engine's URL is
-``retention_engine_urls[instance]``, else ``http://<instance>`` for an instance id of the
-form host:port; an engine with neither is skipped and counted. One engine's failure never
+prefetch covers it like one the controller offloaded. An engine's URL comes from ``urls``
+(:mod:`services.kvmeta.engine_urls`: configured, then learnt from membership events), else
+``http://<instance>`` for an instance id of the form host:port; an engine with neither is
+skipped and counted (``unknown_engine``). One engine's failure never
 stops the others; every outcome is counted in ``stats``.
 
 Prefetch (``prefetch``, on by default): each tick, for idle sessions whose prefix is
@@ -64,10 +65,11 @@ from services.common.sessions.prefetching import (
     settle,
     started,
 )
+from services.kvmeta.engine_urls import engine_url
 from services.kvmeta.rebalance import Rebalancer
 from services.kvmeta.sessions import SessionShell
 
-__all__ = ["PATH", "Locate", "RetentionController", "engine_url", "evicted_placements"]
+__all__ = ["PATH", "Locate", "RetentionController", "evicted_placements"]
 
 PATH = "/tideserve/retention"
 GPU, CPU = TIERS[0], TIERS[1]
@@ -76,16 +78,6 @@ log = logging.getLogger(__name__)
 
 # (session, its chain) -> (leading blocks on its home's GPU, leading blocks on the tier)
 Locate = Callable[[Session, Sequence[int]], tuple[int, int]]
-
-
-def engine_url(instance: str, urls: Mapping[str, str]) -> str | None:
-    """The engine's base URL (module doc), or None when it cannot be reached."""
-    if instance in urls:
-        return urls[instance].rstrip("/")
-    host, sep, port = instance.rpartition(":")
-    if sep and host and port.isdigit():
-        return f"http://{instance}"
-    return None
 
 
 class RetentionController:
@@ -117,7 +109,7 @@ class RetentionController:
         self.mode = mode
         self.budget_share = budget_share
         self.keep_unprotected = keep_unprotected
-        self.urls = dict(urls or {})
+        self.urls: Mapping[str, str] = urls if urls is not None else {}  # read at each tick
         self.timeout_s = timeout_s
         self.wall = wall or sessions.now
         self._told: set[str] = set()  # engines given marks last tick (cleared when none left)

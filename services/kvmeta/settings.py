@@ -107,7 +107,8 @@ class KVMetaSettings(ServiceSettings):
     )
     retention_engine_urls: dict[str, str] = Field(
         default_factory=dict,
-        description="instance id -> engine base URL; default http://<id> for a host:port id",
+        description="instance id -> engine base URL; else the instance's endpoint in the "
+        "membership events, else http://<id> for a host:port id",
     )
     retention_prefetch: bool = Field(
         True,

@@ -25,6 +25,7 @@ from services.common.clock import ManualClock
 from services.common.streams import StreamProducer, stream_name
 from services.common.tokens import block_hashes
 from services.kvmeta.checkpoint import KVMetaStore
+from services.kvmeta.engine_urls import EngineUrls
 from services.kvmeta.index import PrefixIndex
 from services.kvmeta.ingest import IndexFeeder
 from services.kvmeta.metadata_http import MetadataServer
@@ -57,6 +58,7 @@ async def kvmeta(
     *,
     crash: bool = False,
     expire_after_s: float = 0.0,
+    engine_urls: EngineUrls | None = None,
     **om: object,
 ) -> AsyncIterator[Kv]:
     await asyncio.to_thread(db.migrate, pg_url, "kvmeta")
@@ -75,6 +77,7 @@ async def kvmeta(
         block_ms=100,
         claim_idle_ms=200,
         expire_after_s=expire_after_s,
+        engine_urls=engine_urls,
     )
     objects = ObjectShell(ObjectMaster(**om), store, clock.now)  # type: ignore[arg-type]
     await objects.load()
@@ -446,4 +449,46 @@ async def test_membership_removal_and_load_snapshot_expiry_drop_instances(
         # an expiry drop is not (the silent instance expires again after the restart)
         assert "c" not in await match(kv2, "dep", H)
         assert "a" in await match(kv2, "dep", H)
+    await redis.aclose()
+
+
+def member(kind: int, iid: str, url: str = "") -> events_pb2.MembershipEvent:
+    return events_pb2.MembershipEvent(
+        kind=kind,
+        instance=common_pb2.Instance(
+            instance_id=iid, deployment="dep", endpoint=common_pb2.Endpoint(url=url)
+        ),
+    )
+
+
+async def test_engine_urls_from_membership_replayed_then_followed(
+    redis_url: str, postgres_db_url: str, prefix: str
+) -> None:
+    """Engines named as the local stack names them (not by address): their URLs are learnt
+    from the membership events published before kvmeta started (replayed) and after
+    (followed), and forgotten when an instance is removed."""
+    added, removed = events_pb2.MembershipEvent.KIND_ADDED, events_pb2.MembershipEvent.KIND_REMOVED
+    redis = aioredis.from_url(redis_url)
+    prod = StreamProducer(redis)
+    members = stream_name(prefix, "membership")
+    await prod.publish(members, member(added, "engine-1", "http://127.0.0.1:31001"))
+    await prod.publish(members, member(added, "engine-2", "http://127.0.0.1:31002"))
+    await redis.xadd(members, {"t": "garbage", "p": b"x"})  # undecodable: skipped
+    await prod.publish(members, member(removed, "engine-2"))
+    urls = EngineUrls({"engine-9": "http://127.0.0.1:39999"})
+    async with kvmeta(redis_url, postgres_db_url, prefix, engine_urls=urls):
+        assert dict(urls) == {
+            "engine-1": "http://127.0.0.1:31001", "engine-9": "http://127.0.0.1:39999"
+        }  # fmt: skip
+        await prod.publish(members, member(added, "engine-3", "http://127.0.0.1:31003"))
+
+        async def learnt() -> bool:
+            return urls.get("engine-3") == "http://127.0.0.1:31003"
+
+        async def forgotten() -> bool:
+            return "engine-1" not in urls
+
+        await eventually(learnt)
+        await prod.publish(members, member(removed, "engine-1"))
+        await eventually(forgotten)
     await redis.aclose()
