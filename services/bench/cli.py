@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from services.bench.client import BenchConfig, BenchError, run_bench
+from services.bench.client import SESSIONS, BenchConfig, BenchError, run_bench
 from services.common.bench.stats import markdown_table, request_records
 from services.common.bench.traces import FORMATS, TraceError, load_trace
 
@@ -111,6 +111,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=_non_negative_int, default=0, help="prompt synthesis seed")
     p.add_argument(
+        "--sessions", choices=SESSIONS, default="none",
+        help="first-block: send each request's session as X-Tideserve-Session, taken as its "
+        "first hash id (agentic traces: a session's turns all start with its first block), "
+        "so the gateway tracks agent sessions (default none)",
+    )  # fmt: skip
+    p.add_argument(
         "--model-path",
         metavar="DIR",
         help="served model's directory (tokenizer.json): build prompts of its single-token "
@@ -167,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
             slo_tpot_ms=args.slo_tpot_ms,
             trace_time=args.trace_time,
             model_path=args.model_path,
+            sessions=args.sessions,
         )
         summary, results = asyncio.run(run_bench(cfg, trace))
     except (TraceError, BenchError) as exc:

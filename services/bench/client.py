@@ -17,7 +17,7 @@ import json
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TextIO
 
@@ -32,6 +32,11 @@ from services.common.tasks import pause
 from services.common.tokens import ModelDirError, load_model_tokenizer
 
 Api = Literal["chat", "completions"]
+Sessions = Literal["none", "first-block"]
+SESSIONS: tuple[Sessions, ...] = ("none", "first-block")
+
+SESSION_HEADER = "X-Tideserve-Session"  # the gateway's own session header (docs/agents.md)
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class BenchError(Exception):
@@ -57,6 +62,8 @@ class BenchConfig:
     trace_time: bool = False
     cpu_interval_s: float = 1.0
     extra_body: dict[str, Any] = field(default_factory=dict)
+    # "first-block": each request names its session (session_header), its first hash id.
+    sessions: Sessions = "none"
     # The served model's directory: prompts of its single-token words (see prompts.py).
     model_path: str | None = None
 
@@ -167,6 +174,15 @@ def _http_error(status: int, text: str) -> str:
     return f"http {status}: {msg}" if msg else f"http {status}"
 
 
+def session_header(req: TraceRequest, sessions: Sessions) -> dict[str, str]:
+    """The session header of ``req``: with ``first-block``, its first hash id (the agentic
+    traces' sessions: every turn of a session starts with the session's first block, and no
+    two sessions share one); nothing for ``none`` or a request without hash ids."""
+    if sessions == "first-block" and req.hash_ids:
+        return {SESSION_HEADER: f"trace-{req.hash_ids[0]}"}
+    return {}
+
+
 async def send_one(
     session: aiohttp.ClientSession,
     target: str,
@@ -176,8 +192,10 @@ async def send_one(
     scheduled_s: float,
     t0: float,
     timeout_s: float,
+    headers: Mapping[str, str] | None = None,
 ) -> RequestResult:
-    """Send one streamed request and measure it; never raises for request failures."""
+    """Send one streamed request and measure it; never raises for request failures.
+    ``headers``: more request headers (a session's)."""
     path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
     sent = time.perf_counter()
     state = StreamState(sent)
@@ -185,7 +203,7 @@ async def send_one(
     try:
         async with asyncio.timeout(timeout_s):
             async with session.post(
-                target + path, data=payload, headers={"Content-Type": "application/json"}
+                target + path, data=payload, headers={**JSON_HEADERS, **(headers or {})}
             ) as resp:
                 if resp.status != 200:
                     error = _http_error(resp.status, await resp.text(errors="replace"))
@@ -272,7 +290,10 @@ async def _replay(
 
     async def run_one(payload: bytes, req: TraceRequest, target: str, at: float) -> None:
         try:
-            r = await send_one(session, target, cfg.api, payload, req, at, t0, cfg.timeout_s)
+            r = await send_one(
+                session, target, cfg.api, payload, req, at, t0, cfg.timeout_s,
+                session_header(req, cfg.sessions),
+            )  # fmt: skip
         finally:
             if sem is not None:
                 sem.release()

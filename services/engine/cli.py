@@ -64,6 +64,12 @@ _FLAGS: list[Flag] = [
         "template (default: whitespace words)",
     ),
     ("--kv-blocks", int, "KV capacity in blocks (default: what fits the profile's HBM)"),
+    (
+        "--kv-running-blocks",
+        int,
+        "at most this many blocks held by running requests; the rest of --kv-blocks only "
+        "caches (default: all; a reference engine with more cache but the same batches)",
+    ),
     ("--block-size", int, "tokens per KV block (default 64; must divide 512)"),
     ("--max-batch", int, "max running sequences (default 256)"),
     ("--max-batched-tokens", int, "token budget per step / prefill chunk (default 8192)"),

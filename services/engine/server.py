@@ -114,7 +114,12 @@ class EngineServer:
             short_first_tokens=settings.short_first_tokens,
         )
         offload = settings.kvcache_tier and settings.kvcache_policy == "offload_on_evict"
-        cache = KVCache(blocks, settings.block_size, hold_evicted=offload)
+        cache = KVCache(
+            blocks,
+            settings.block_size,
+            hold_evicted=offload,
+            running_blocks=settings.kv_running_blocks or None,
+        )
         self.core = EngineCore(cfg, self.profile, cache)
         self.metrics = EngineMetrics(
             settings.metrics_dialect, settings.model, blocks, settings.block_size

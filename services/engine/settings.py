@@ -45,6 +45,9 @@ class EngineSettings(TracingSettings):
         description="timeouts, health checks and retries of the Redis client",
     )
     kv_blocks: int = Field(0, ge=0, description="KV capacity in blocks; 0 = what fits the profile")
+    kv_running_blocks: int = Field(
+        0, ge=0, description="blocks running requests may hold at most; 0 = all of the KV"
+    )
     block_size: int = Field(
         DEFAULT_BLOCK_SIZE, ge=1, description="tokens per KV block (divides 512)"
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ class FakeUpstream:
         self.received = 0
         self.seen_blocks: set[int] = set()
         self.bodies: list[dict[str, Any]] = []
+        self.sessions: list[str | None] = []  # each request's X-Tideserve-Session
         self._runner: web.AppRunner | None = None
         self._release = asyncio.Event()
         self.url = ""
@@ -66,6 +68,7 @@ class FakeUpstream:
         self.received += 1
         n = self.received
         self.bodies.append({k: v for k, v in body.items() if k != "messages"})
+        self.sessions.append(request.headers.get("X-Tideserve-Session"))
         if self.mode == "http500" and n % self.fail_every == 0:
             return web.json_response(
                 {"error": {"message": "upstream exploded", "type": "server_error"}}, status=500
@@ -192,6 +195,25 @@ async def test_failing_upstream_counts_failures_with_reasons(
     assert (summary["completed"], summary["failed"]) == (6, 3)
     assert summary["errors"] == {reason: 3}
     assert summary["slo_attainment"] == pytest.approx(6 / 9)
+
+
+@pytest.mark.parametrize("sessions", ["none", "first-block"], ids=["none", "first-block"])
+async def test_sessions_are_named_by_their_first_block(
+    upstreams: Any, sessions: str, tmp_path: Path
+) -> None:
+    up = await upstreams()
+    first = [7, 9, 7, 11, 9, 7]  # three sessions' turns, interleaved as agents' are
+    lines = [
+        {"timestamp": 10 * i, "input_length": 512 * (i + 1), "output_length": 4,
+         "hash_ids": [f, *range(100 * i, 100 * i + i)]}
+        for i, f in enumerate(first)
+    ]  # fmt: skip
+    path = tmp_path / "agentic.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    cfg = BenchConfig(targets=(up.url,), model="m", speedup=500.0, sessions=sessions)  # type: ignore[arg-type]
+    await run_bench(cfg, load_trace(path))
+    want = [f"trace-{f}" if sessions == "first-block" else None for f in first]
+    assert Counter(up.sessions) == Counter(want)
 
 
 async def test_unreachable_target_fails_before_sending(upstreams: Any) -> None:
