@@ -13,6 +13,8 @@ a slice of the WEKA agentic trace with its think and tool gaps restored (arrival
 - ``retention``: kvmeta's retention controller enforcing (``retention: enforce``, prefetch
   off), the engines offloading what they evict to the tier;
 - ``retention_prefetch``: the same with prefetch before the predicted return;
+- ``sglang_cache_aware``: sglang-router (``cache_aware``) in front of the ``lru`` engines
+  instead of the gateway (the peer: no sessions, engines' LRU);
 - ``warm`` (the reference): ``lru`` with 64x the KV to cache in but the same KV for running
   requests (``tideserve engine --kv-running-blocks``), so only what stays cached differs.
 
@@ -47,14 +49,17 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from _agentic_slice import parse_slice, sessions  # noqa: E402
+from _compare_fleet import wait_router  # noqa: E402
 from _harness import (  # noqa: E402
     TRACES,
     ProcGroup,
     command_line,
     emit_json,
+    free_port,
     http_get,
     machine,
     run_child,
+    sglang_router_python,
     tideserve,
     wait_http,
 )
@@ -62,7 +67,7 @@ from _harness import (  # noqa: E402
 from services.common.bench.traces import TraceRequest, load_trace  # noqa: E402
 
 TRACE = TRACES / "weka_agentic_dev.jsonl"
-VARIANTS = ("lru", "retention", "retention_prefetch")
+VARIANTS = ("lru", "retention", "retention_prefetch", "sglang_cache_aware")
 BLOCK = 512  # the trace's tokens per hash id
 MEAN_KEYS = (
     "resume.reuse_ratio", "resume.ttft_p95_vs_warm", "fleet_kv_used", "protected_kv_share",
@@ -207,6 +212,23 @@ def kvmeta_counters(url: str) -> dict[str, float]:
     return out
 
 
+def start_sglang(group: ProcGroup, engines: list[str]) -> str:
+    """sglang-router ``cache_aware`` in front of ``engines``, once every worker is healthy."""
+    py, why = sglang_router_python()
+    if py is None:
+        raise RuntimeError(f"sglang-router unavailable: {why}")
+    port = free_port()
+    group.start("sglang-router", [
+        str(py), "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+        "--port", str(port), "--log-level", "warn", "--prometheus-host", "127.0.0.1",
+        "--prometheus-port", str(free_port()), "--worker-urls", *engines,
+        "--policy", "cache_aware",
+    ])  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    wait_router("sglang:cache_aware", url, len(engines), group)
+    return url
+
+
 def run_variant(
     args: argparse.Namespace, variant: str, trace_file: Path, work: Path
 ) -> dict[str, Any]:
@@ -237,10 +259,13 @@ def run_variant(
                 "--state-dir", str(run_dir / "kvcache"), "--log-level", "WARNING",
             ))  # fmt: skip
             wait_http(f"http://127.0.0.1:{30100 + off}/health", group, 120.0)
+        target = gateway
+        if variant == "sglang_cache_aware":
+            target = start_sglang(group, engines)
         started = time.monotonic()
         with KVSampler(engines) as sampler:
             code = run_child(tideserve(
-                "bench", "--trace", str(trace_file), "--target", gateway,
+                "bench", "--trace", str(trace_file), "--target", target,
                 "--speedup", f"{args.speedup:g}", "--trace-time", "--sessions", "first-block",
                 "--timeout", "3600", "--out", str(run_dir / "bench.json"),
                 "--requests-out", str(run_dir / "requests.jsonl"),
