@@ -7,7 +7,12 @@ up`` (embedded Postgres and Redis, the four services, ``--engines`` simulated en
 Engine KV-cache tier where the variant has one (a ``tideserve engine --role kvcache``
 process holding ``--tier-mib`` of DRAM). ``tideserve bench --sessions first-block`` replays
 a slice of the WEKA agentic trace with its think and tool gaps restored (arrivals x
-``--gap-scale``), each request naming its session, in trace time (``--speedup``). Variants:
+``--gap-scale``), each request naming its session, in trace time (``--speedup``). The
+engines' modelled time runs ``--speedup`` times faster but the tier's transfers take real
+time, and an engine waits for the longer of the real and the modelled fetch: so the data
+plane moves 1/``--speedup`` of the bytes it would at speed 1 (``--kv-bytes-scale``: with
+the engines' default a real fetch's wall time counts ``--speedup`` times in trace time).
+Variants:
 
 - ``lru``: today's engines (LRU, no tier), kvmeta's retention off;
 - ``retention``: kvmeta's retention controller enforcing (``retention: enforce``, prefetch
@@ -88,6 +93,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--kv-blocks", type=int, default=2300)
     p.add_argument("--warm-factor", type=int, default=64)
     p.add_argument("--tier-mib", type=int, default=2048)
+    p.add_argument(
+        "--kv-bytes-scale", type=int, default=None,
+        help="the engines' --kv-bytes-scale (default 256 x --speedup: the bytes the data "
+        "plane moves shrink with the engines' speedup, so a tier fetch's real time scales "
+        "as the modelled time does)",
+    )  # fmt: skip
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--base-port-offset", type=int, default=1500)
     p.add_argument("--work-dir", default=None, help="logs and state (default a temp dir)")
@@ -141,7 +152,9 @@ def config_yaml(args: argparse.Namespace, variant: str) -> str:
         kv_blocks = args.kv_blocks * args.warm_factor
         engine_args += ["--kv-running-blocks", str(args.kv_blocks)]
     if tier:
+        scale = args.kv_bytes_scale or round(256 * args.speedup)
         engine_args += [
+            "--kv-bytes-scale", str(scale),
             "--kvcache-tier", "--kvcache-policy", "offload_on_evict",
             "--kvmeta-address", f"127.0.0.1:{50052 + off}",
             "--te-metadata-url", f"http://127.0.0.1:{8081 + off}/metadata",
