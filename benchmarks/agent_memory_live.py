@@ -242,6 +242,33 @@ def start_sglang(group: ProcGroup, engines: list[str]) -> str:
     return url
 
 
+START_ATTEMPTS = 3
+
+
+def start_stack(group: ProcGroup, run_dir: Path, cfg: Path, off: int, ready: list[str]) -> None:
+    """``tideserve up`` in ``run_dir``, once every URL of ``ready`` answers. The services'
+    ports (50051 and up, plus the offset) lie in Linux's ephemeral range, so another
+    process's outgoing connection can hold one for a moment: a start that fails on a port
+    in use is tried again (at most :data:`START_ATTEMPTS` times) on a fresh state dir."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        tag = "" if attempt == 1 else f"-{attempt}"
+        state = run_dir / f"state{tag}"
+        up = group.start(f"up{tag}", tideserve(
+            "up", "--insecure", "--state-dir", str(state),
+            "--base-port-offset", str(off), "--config", str(cfg),
+        ))  # fmt: skip
+        try:
+            for url in ready:
+                wait_http(url, group, 180.0)
+            return
+        except RuntimeError:
+            if attempt == START_ATTEMPTS or "already in use" not in up.tail(20000):
+                raise
+            print(f"tideserve up: a port was in use, starting again ({attempt})", file=sys.stderr)
+            group.stop(timeout_s=30.0)
+            time.sleep(5.0)
+
+
 def run_variant(
     args: argparse.Namespace, variant: str, trace_file: Path, work: Path
 ) -> dict[str, Any]:
@@ -256,13 +283,9 @@ def run_variant(
     engines = [f"http://127.0.0.1:{30001 + off + i}" for i in range(args.engines)]
     t0 = time.monotonic()
     try:
-        group.start("up", tideserve(
-            "up", "--insecure", "--state-dir", str(run_dir / "state"),
-            "--base-port-offset", str(off), "--config", str(cfg),
-        ))  # fmt: skip
-        wait_http(gateway + "/v1/models", group, 180.0)
-        for e in engines:
-            wait_http(e + "/health", group, 120.0)
+        start_stack(group, run_dir, cfg, off, [gateway + "/v1/models"] + [
+            e + "/health" for e in engines
+        ])  # fmt: skip
         if variant in ("retention", "retention_prefetch"):
             group.start("kvcache", tideserve(
                 "engine", "--role", "kvcache", "--port", str(30100 + off),
