@@ -15,16 +15,12 @@ import sys
 import time
 from dataclasses import replace
 
+from benchmarks._agentic_slice import p95
 from services.common.bench.traces import Trace
 from services.sim.config import SimConfig
 from services.sim.run import SimRun, Simulation
 
 __all__ = ["measure", "p95_ratio", "removal_s", "ttft_by_index"]
-
-
-def _p95(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(0.95 * len(s)))] if s else 0.0
 
 
 def removal_s(cfg: SimConfig, trace: Trace, share: float) -> float:
@@ -53,7 +49,7 @@ def ttft_by_index(run: SimRun) -> dict[int, float]:
 
 def p95_ratio(a: list[float], b: list[float]) -> float | None:
     """p95 of ``a`` over p95 of ``b`` (None when either is empty or ``b``'s is 0)."""
-    return _p95(a) / _p95(b) if a and b and _p95(b) > 0 else None
+    return p95(a) / p95(b) if a and b and p95(b) > 0 else None
 
 
 def _ok(run: SimRun) -> set[int]:
@@ -98,8 +94,8 @@ def _one(cfg: SimConfig, trace: Trace, at: float, base: SimRun) -> dict[str, flo
         "scale_in.first_followup_ttft_p95_vs_no_scale_in": p95_ratio(
             [a[i] for i in firsts], [b[i] for i in firsts]
         ),
-        "scale_in.ttft_p95_ms": _p95([a[i] for i in both]) if both else None,
-        "scale_in.no_scale_in_ttft_p95_ms": _p95([b[i] for i in both]) if both else None,
+        "scale_in.ttft_p95_ms": p95([a[i] for i in both]) if both else None,
+        "scale_in.no_scale_in_ttft_p95_ms": p95([b[i] for i in both]) if both else None,
         "scale_in.sessions": float(len(gone)),
         "scale_in.prefix_tokens": float(prefix * cfg.block_size),
         "scale_in.followups": float(len(both)),

@@ -18,9 +18,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from services.common.bench.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest
+from services.common.bench.traces import MOONCAKE_BLOCK_TOKENS, Trace, TraceRequest
 
-__all__ = ["SlicedRequest", "block_tokens_for", "parse_slice", "scale", "sessions", "take"]
+__all__ = [
+    "SlicedRequest", "block_tokens_for", "p95", "parse_slice", "scale", "sessions", "slice_trace",
+    "take",
+]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,3 +112,19 @@ def scale(
             )
         )
     return out
+
+
+def slice_trace(trace: Trace, a: int, b: int, n: int) -> Trace:
+    """Sessions ``[a, b)`` of ``trace``, their first ``n`` requests by arrival, renumbered
+    from 0 with arrivals relative to the first (lengths not scaled)."""
+    groups = sessions(trace.requests)[a:b]
+    picked = sorted((r for g in groups for r in g), key=lambda r: (r.arrival_s, r.index))[:n]
+    t0 = picked[0].arrival_s
+    reqs = tuple(replace(r, index=i, arrival_s=r.arrival_s - t0) for i, r in enumerate(picked))
+    return Trace(trace.path, trace.format, reqs, trace.block_tokens)
+
+
+def p95(xs: Sequence[float]) -> float:
+    """The nearest-rank 95th percentile the agent-memory benchmarks report (0 when empty)."""
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(0.95 * len(s)))] if s else 0.0

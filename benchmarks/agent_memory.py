@@ -110,7 +110,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import _agent_memory_pd
 from benchmarks._agent_memory_planner import measure as measure_planner
 from benchmarks._agent_memory_scalein import measure, removal_s
-from benchmarks._agentic_slice import parse_slice, sessions
+from benchmarks._agentic_slice import p95, parse_slice, slice_trace
 from benchmarks._harness import TRACES, command_line, emit_json, machine
 from services.common.bench.traces import Trace, load_trace
 from services.sim.config import SimConfig
@@ -129,19 +129,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
 def _variants(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     chosen = args.variants.split(",")
     return [(name, mode) for name, mode in VARIANTS.items() if name in chosen]
-
-
-def slice_trace(trace: Trace, a: int, b: int, n: int) -> Trace:
-    groups = sessions(trace.requests)[a:b]
-    picked = sorted((r for g in groups for r in g), key=lambda r: (r.arrival_s, r.index))[:n]
-    t0 = picked[0].arrival_s
-    reqs = tuple(replace(r, index=i, arrival_s=r.arrival_s - t0) for i, r in enumerate(picked))
-    return Trace(trace.path, trace.format, reqs, trace.block_tokens)
-
-
-def p95(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(0.95 * len(s)))] if s else 0.0
 
 
 def run_one(cfg: SimConfig, trace: Trace) -> tuple[dict[str, Any], dict[int, float]]:

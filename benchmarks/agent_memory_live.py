@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -53,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from _agentic_slice import parse_slice, sessions  # noqa: E402
+from _agentic_slice import p95, parse_slice, slice_trace  # noqa: E402
 from _compare_fleet import wait_router  # noqa: E402
 from _harness import (  # noqa: E402
     TRACES,
@@ -73,6 +74,7 @@ from services.common.bench.traces import TraceRequest, load_trace  # noqa: E402
 
 TRACE = TRACES / "weka_agentic_dev.jsonl"
 VARIANTS = ("lru", "retention", "retention_prefetch", "sglang_cache_aware")
+TIER_VARIANTS = ("retention", "retention_prefetch")  # kvmeta enforcing, engines with the tier
 BLOCK = 512  # the trace's tokens per hash id
 MEAN_KEYS = (
     "resume.reuse_ratio", "resume.ttft_p95_vs_warm", "fleet_kv_used", "protected_kv_share",
@@ -104,13 +106,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--work-dir", default=None, help="logs and state (default a temp dir)")
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
-
-
-def slice_requests(trace_path: str, a: int, b: int, n: int) -> list[TraceRequest]:
-    """The slice's first ``n`` requests by arrival, times relative to the first."""
-    groups = sessions(load_trace(trace_path).requests)[a:b]
-    picked = sorted((r for g in groups for r in g), key=lambda r: (r.arrival_s, r.index))[:n]
-    return picked
 
 
 def write_trace(reqs: list[TraceRequest], gap_scale: float, path: Path) -> None:
@@ -145,7 +140,7 @@ def resumed_turns(reqs: list[TraceRequest]) -> dict[int, int]:
 
 def config_yaml(args: argparse.Namespace, variant: str) -> str:
     off = args.base_port_offset
-    tier = variant in ("retention", "retention_prefetch")
+    tier = variant in TIER_VARIANTS
     engine_args: list[str] = []
     kv_blocks = args.kv_blocks
     if variant == "warm":
@@ -286,7 +281,7 @@ def run_variant(
         start_stack(group, run_dir, cfg, off, [gateway + "/v1/models"] + [
             e + "/health" for e in engines
         ])  # fmt: skip
-        if variant in ("retention", "retention_prefetch"):
+        if variant in TIER_VARIANTS:
             group.start("kvcache", tideserve(
                 "engine", "--role", "kvcache", "--port", str(30100 + off),
                 "--kvcache-mib", str(args.tier_mib), "--deployment", "default",
@@ -332,11 +327,6 @@ def mean(xs: list[float]) -> float | None:
     return round(sum(xs) / len(xs), 4) if xs else None
 
 
-def p95(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(0.95 * len(s)))] if s else 0.0
-
-
 def resume_figures(
     run: dict[str, Any], warm: dict[str, Any], reusable: dict[int, int]
 ) -> dict[str, Any]:
@@ -371,15 +361,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown variants: {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
-    import tempfile
-
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="am-live-"))
     t0 = time.monotonic()
     per: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     warm_rows: list[dict[str, Any]] = []
+    trace = load_trace(args.trace)
     for text in args.slices.split(","):
         a, b = parse_slice(text)
-        reqs = slice_requests(args.trace, a, b, args.max_requests)
+        reqs = list(slice_trace(trace, a, b, args.max_requests).requests)
         sdir = work / f"slice-{a}-{b}"
         sdir.mkdir(parents=True, exist_ok=True)
         trace_file = sdir / "trace.jsonl"
