@@ -15,19 +15,24 @@ Policies, each on a fresh fleet and the same arrivals:
 - ``planner``: starts at the same split and is scaled by the SLA planner (``--max-replicas``
   per role).
 
-Per policy: SLO windows met (per ``--window-s`` of modelled time, the requests that arrived in
-it meet both targets at ``--percentile``; a window without requests is met), replica-seconds
-and their ratio to ``static``'s, peak replicas, the bench's figures (the windows and
+Per policy, and per replayed day (``per_day``): SLO windows met (per ``--window-s`` of
+modelled time, the requests that arrived in it meet both targets at ``--percentile``; a
+window without requests is met), replica-seconds and their ratio to ``static``'s, peak replicas, the bench's figures (the windows and
 replica-seconds are :mod:`services.sim.policies`', as ``tideserve sim --autoscale-policy``
 computes them; that command also runs the autoscaler's reactive policy, and is the one-line
 way to the same comparison).
 
     .venv/bin/python benchmarks/tide_sim.py --days 1 --out /tmp/tide_sim.json   # ~15 min
+
+The planner's forecast runs on the load's clock (a day in ``--day-s``): its bucket and season
+are the planner's defaults divided by the compression, so from the second day on its
+seasonal forecast sees the climbs coming.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from dataclasses import replace
@@ -91,7 +96,24 @@ def windows_met(results: list[RequestResult], args: argparse.Namespace, span_s: 
     w = slo_windows(results, window_s=args.window_s, span_s=span_s, ttft_ms=args.slo_ttft_ms,
                     tpot_ms=args.slo_tpot_ms, pct=float(args.percentile))  # fmt: skip
     return {"windows": w["windows"], "met": w["met"], "attainment": w["share"],
-            "ttft_missed": w["ttft_missed"], "tpot_missed": w["tpot_missed"]}  # fmt: skip
+            "ttft_missed": w["ttft_missed"], "tpot_missed": w["tpot_missed"],
+            "missed": w["missed"]}  # fmt: skip
+
+
+def per_day(windows: dict[str, Any], rows: list[dict[str, Any]], timeline_s: float,
+            day_s: float, window_s: float) -> list[dict[str, Any]]:  # fmt: skip
+    """Each replayed day's SLO windows met and replica-seconds (a day from its first
+    window; the run's last, partial day counts the windows it has)."""
+    per = max(1, round(day_s / window_s))
+    days = math.ceil(windows["windows"] / per)
+    out = []
+    for d in range(days):
+        n = min(per, windows["windows"] - d * per)
+        missed = sum(1 for w in windows["missed"] if d * per <= w < (d + 1) * per)
+        mine = [r for r in rows if d * day_s <= float(r["t_s"]) < (d + 1) * day_s]
+        out.append({"day": d + 1, "windows": n, "met": n - missed,
+                    "replica_s": round(replica_seconds(mine, timeline_s), 1)})  # fmt: skip
+    return out
 
 
 def run_policy(name: str, trace: Trace, args: argparse.Namespace) -> dict[str, Any]:
@@ -102,7 +124,8 @@ def run_policy(name: str, trace: Trace, args: argparse.Namespace) -> dict[str, A
     if name == "planner":
         auto = AutoscaleConfig(max_replicas=args.max_replicas, startup_s=args.startup_s,
                                ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms,
-                               percentile=float(args.percentile))  # fmt: skip
+                               percentile=float(args.percentile),
+                               load_speedup=DAY_S / args.day_s)  # fmt: skip
         cfg = replace(cfg, autoscale=auto)
     elif name != "static":
         raise SystemExit(f"unknown policy {name!r} (static, planner)")
@@ -110,8 +133,10 @@ def run_policy(name: str, trace: Trace, args: argparse.Namespace) -> dict[str, A
     doc, run = simulate(cfg.validate(), trace)
     span_s = trace.requests[-1].arrival_s if trace.requests else 0.0
     replica_s = replica_seconds(run.timeline.rows, cfg.timeline_s)
+    windows = windows_met(request_results(run), args, span_s)
     return {
-        "slo_windows": windows_met(request_results(run), args, span_s),
+        "slo_windows": windows,
+        "per_day": per_day(windows, run.timeline.rows, cfg.timeline_s, args.day_s, args.window_s),
         "replica_s": round(replica_s, 1),
         "peak_replicas": doc["sim"]["autoscale"]["peak_replicas"] if doc["sim"]["autoscale"] else p + d,
         "autoscale": doc["sim"]["autoscale"],
@@ -143,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
             if static and static["replica_s"]
             else None
         )
+        for mine, theirs in zip(res["per_day"], static["per_day"] if static else [], strict=False):
+            if theirs["replica_s"]:
+                mine["replica_s_vs_static"] = round(mine["replica_s"] / theirs["replica_s"], 3)
     emit_json(out, args.out)
     return 0
 

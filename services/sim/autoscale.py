@@ -20,6 +20,13 @@ The policy is the autoscaler's own choice, ``planner.policy`` (``sla``: the SLA 
 ``planner`` holds any other setting of :class:`PlannerConfig` to run with (e.g. a
 deployment spec's ``planner`` section); the tick, window and start-up time are the
 simulation's.
+
+The forecast's clock is the load's: a trace replayed ``load_speedup`` times faster has its
+day in ``86,400 / load_speedup`` modelled seconds, so the forecast's bucket and season
+(``bucket_s``, ``season_s``, in the load's seconds) are divided by it, the bucket no shorter
+than a tick (one observation per bucket). Without this a day replayed in 1,200 s is two
+of the planner's 600 s buckets and the forecast never sees a climb coming. A ``planner``
+setting of either is taken as given, in modelled seconds.
 """
 
 from __future__ import annotations
@@ -60,13 +67,24 @@ class AutoscaleConfig:
     # PlannerConfig settings besides the tick, window and start-up (e.g. policy, predictor,
     # max_utilization), as ``{name: value}``; validated when the planner is made
     planner: tuple[tuple[str, Any], ...] = field(default=())
+    # how much faster than recorded the load is replayed (the trace's speedup)
+    load_speedup: float = 1.0
 
     def planner_config(self) -> PlannerConfig:
         """The autoscaler's planner config this run's planner ticks with (raises
         ``ValueError`` for a setting PlannerConfig refuses)."""
+        given = dict(self.planner)
+        clock: dict[str, float] = {}
+        if self.load_speedup != 1.0:
+            base = PlannerConfig()
+            if "season_s" not in given:
+                clock["season_s"] = base.season_s / self.load_speedup
+            if "bucket_s" not in given:
+                clock["bucket_s"] = max(base.bucket_s / self.load_speedup, self.tick_s)
         return PlannerConfig.model_validate(
             {
-                **dict(self.planner),
+                **given,
+                **clock,
                 "interval_s": self.tick_s,
                 "window_s": self.window_s,
                 "startup_s_default": self.startup_s,

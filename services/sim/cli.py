@@ -108,7 +108,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speedup", type=num, default=1.0,
                    help="time compression of the trace, as the bench's (arrivals / (speedup x "
                    "rate-scale)); of a rate curve, its clock alone (72: a day in 1,200 s, "
-                   "rates unchanged); the engines run at modelled speed")  # fmt: skip
+                   "rates unchanged); the engines run at modelled speed; the planner's forecast "
+                   "bucket and season are divided by it")  # fmt: skip
     fleet = p.add_mutually_exclusive_group()
     fleet.add_argument("--engines", type=whole, help="aggregated engines (default 8)")
     fleet.add_argument("--prefill", type=whole, help="P/D: prefill instances (with --decode)")
@@ -290,6 +291,7 @@ def config(args: argparse.Namespace) -> SimConfig:
             ttft_ms=args.slo_ttft_ms or 2000.0,
             tpot_ms=args.slo_tpot_ms or 100.0,
             planner=planner_settings(args.planner),
+            load_speedup=args.speedup,
         )
         if autoscaled(args)
         else None,

@@ -208,6 +208,8 @@ class SimConfig:
                 raise SimConfigError(f"--max-replicas must be at least 1, got {a.max_replicas}")
             if not (a.tick_s > 0 and a.window_s > 0 and a.startup_s >= 0):
                 raise SimConfigError("autoscaling needs tick_s, window_s > 0 and startup_s >= 0")
+            if not a.load_speedup > 0:
+                raise SimConfigError(f"the load's speedup must be > 0, got {a.load_speedup}")
             try:
                 a.planner_config()
             except ValueError as exc:

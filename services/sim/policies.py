@@ -93,13 +93,14 @@ def slo_windows(
 
     ttft_miss = [missed(ttft[w], ttft_ms) for w in range(n)]
     tpot_miss = [missed(tpot[w], tpot_ms) for w in range(n)]
-    met = sum(1 for a, b in zip(ttft_miss, tpot_miss, strict=True) if not (a or b))
+    missed_at = [w for w in range(n) if ttft_miss[w] or tpot_miss[w]]
     return {
         "windows": n,
-        "met": met,
-        "share": round(met / n, 4),
+        "met": n - len(missed_at),
+        "share": round((n - len(missed_at)) / n, 4),
         "ttft_missed": sum(ttft_miss),
         "tpot_missed": sum(tpot_miss),
+        "missed": missed_at,
     }
 
 

@@ -49,6 +49,11 @@ class Scaling:
             "instances_removed": sum(i.removed for i in self.engines),
             "peak_replicas": self.peak_replicas,
             "final_replicas": self.engines.roles(),
+            "forecast": {
+                "predictor": self.planner.planner_cfg.predictor,
+                "bucket_s": self.planner.planner_cfg.bucket_s,
+                "season_s": self.planner.planner_cfg.season_s,
+            },
         }
 
     def tick(self, payload: Any, now: float) -> int:

@@ -112,6 +112,8 @@ def test_slo_windows(
 ) -> None:
     w = slo_windows(results, window_s=60, span_s=span_s, ttft_ms=300, tpot_ms=25, pct=90)
     assert (w["windows"], w["met"], w["ttft_missed"], w["tpot_missed"]) == want
+    assert len(w["missed"]) == w["windows"] - w["met"]
+    assert all(0 <= i < w["windows"] for i in w["missed"])
 
 
 def _row(t: float, w: int = 0, p: int = 0, d: int = 0) -> dict[str, Any]:
