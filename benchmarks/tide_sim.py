@@ -46,6 +46,7 @@ from services.common.bench.stats import RequestResult
 from services.common.bench.traces import Trace, load_trace
 from services.sim import SimConfig, simulate
 from services.sim.autoscale import AutoscaleConfig
+from services.sim.cli import planner_settings
 from services.sim.curve import RateCurve, curve_trace, read_curve
 from services.sim.policies import replica_seconds, slo_windows
 from services.sim.results import request_results
@@ -72,6 +73,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--stream-interval", type=int, default=16, help="engines' tokens per streamed chunk"
     )
     p.add_argument("--policies", default="static,planner")
+    p.add_argument("--planner", action="append", default=[], metavar="NAME=VALUE",
+                   help="planner: a setting of the autoscaler's planner config (repeatable)")  # fmt: skip
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
@@ -125,7 +128,8 @@ def run_policy(name: str, trace: Trace, args: argparse.Namespace) -> dict[str, A
         auto = AutoscaleConfig(max_replicas=args.max_replicas, startup_s=args.startup_s,
                                ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms,
                                percentile=float(args.percentile),
-                               load_speedup=DAY_S / args.day_s)  # fmt: skip
+                               load_speedup=DAY_S / args.day_s,
+                               planner=planner_settings(args.planner))  # fmt: skip
         cfg = replace(cfg, autoscale=auto)
     elif name != "static":
         raise SystemExit(f"unknown policy {name!r} (static, planner)")

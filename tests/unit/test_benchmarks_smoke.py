@@ -562,3 +562,21 @@ def test_engines_start_one_at_a_time_on_the_machine(tmp_path: Path) -> None:
     with fleet.starting(lock):
         assert not try_lock()
     assert try_lock()
+
+
+@pytest.mark.parametrize(
+    ("windows", "missed", "want"),
+    [
+        (40, [], [(1, 20, 20, 1200.0), (2, 20, 20, 1200.0)]),
+        (40, [0, 19, 20], [(1, 20, 18, 1200.0), (2, 20, 19, 1200.0)]),
+        (50, [45], [(1, 20, 20, 1200.0), (2, 20, 20, 1200.0), (3, 10, 9, 600.0)]),
+    ],
+    ids=["all-met", "misses-split-by-day", "partial-last-day"],
+)
+def test_tide_sim_per_day(
+    windows: int, missed: list[int], want: list[tuple[int, int, int, float]]
+) -> None:
+    tide = _load("tide_sim")
+    rows = [{"t_s": 60.0 * i, "replicas_prefill": 1} for i in range(windows)]
+    got = tide.per_day({"windows": windows, "missed": missed}, rows, 60.0, 1200.0, 60.0)
+    assert [(d["day"], d["windows"], d["met"], d["replica_s"]) for d in got] == want
