@@ -64,6 +64,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--static", default="8,3", help="the static fleet and the planner's start")
     p.add_argument("--max-replicas", type=int, default=32, help="planner: per role")
     p.add_argument("--startup-s", type=float, default=10.0)
+    p.add_argument("--tick-s", type=float, default=10.0, help="planner: seconds between ticks")
+    p.add_argument("--telemetry-window-s", type=float, default=60.0,
+                   help="planner: the telemetry window it sizes from")  # fmt: skip
     p.add_argument("--slo-ttft-ms", type=float, default=300.0)
     p.add_argument("--slo-tpot-ms", type=float, default=25.0)
     p.add_argument("--percentile", type=int, default=90, choices=(50, 90, 99))
@@ -125,7 +128,8 @@ def run_policy(name: str, trace: Trace, args: argparse.Namespace) -> dict[str, A
                     slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
                     stream_interval=args.stream_interval)  # fmt: skip
     if name == "planner":
-        auto = AutoscaleConfig(max_replicas=args.max_replicas, startup_s=args.startup_s,
+        auto = AutoscaleConfig(tick_s=args.tick_s, window_s=args.telemetry_window_s,
+                               max_replicas=args.max_replicas, startup_s=args.startup_s,
                                ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms,
                                percentile=float(args.percentile),
                                load_speedup=DAY_S / args.day_s,

@@ -91,6 +91,11 @@ class PlannerConfig(BaseModel):
     max_scale_down_step: float = Field(
         default=0.25, gt=0, le=1, description="share of a role removed per decision (>= 1)"
     )
+    rate_trend: bool = Field(
+        default=False,
+        description="plan for at least the window's rate carried along its recent climb to "
+        "now + lead (the window's mean trails a climb by half the window; planner/trend.py)",
+    )
     startup_s_default: float = Field(
         default=30.0, ge=0, description="lead time when the perf model has no startup_s"
     )

@@ -5,7 +5,8 @@ Per tick, for each role of the deployment:
 1. Forecast: the window's request rate feeds the configured predictor
    (:mod:`.forecast`); the role plans for the rate now times the growth the forecast
    expects by now + lead (never less than now), where lead = the role's measured start-up
-   time + one tick (scale ahead of the tide).
+   time + one tick (scale ahead of the tide). With ``rate_trend`` it plans for at least
+   the window's rate carried along its recent climb to now + lead (:mod:`.trend`).
 2. Capacity (:mod:`.capacity`): prefill from the uncached prompt tokens at the TTFT target
    plus the queue backlog (queued requests on ready instances; warming instances are
    ignored) drained within it; decode from concurrency and context at the TPOT target;
@@ -54,6 +55,7 @@ from services.common.planner.records import RoleChange
 from services.common.planner.sessionkv import SessionFloor, session_floor
 from services.common.planner.spec import DeploymentSpec, RoleSpec, SLOClassSpec
 from services.common.planner.stability import RoleState, stabilise
+from services.common.planner.trend import ahead_of_window, follow
 from services.common.planner.victims import active, pick_victims
 
 __all__ = [
@@ -234,6 +236,7 @@ def on_tick(now: float, inputs: PlannerInputs, cfg: PlannerConfig | None = None)
         state = replace(inputs.state, forecaster=fc)
         return finish(now, inputs, desired, held, "telemetry-outage", cfg, state, {})
     fc = observe(fc, now, w.rate_rps)
+    trend = follow(inputs.state.trend, now, w.rate_rps, cfg.interval_s)
     targets: dict[str, int] = {}
     bindings: list[str] = []
     reasons: list[str] = []
@@ -250,7 +253,9 @@ def on_tick(now: float, inputs: PlannerInputs, cfg: PlannerConfig | None = None)
         lead = startup + cfg.interval_s
         ahead = predict(fc, now, lead)
         rate = _planned_rate(w.rate_rps, ahead, predict(fc, now, 0.0))
-        horizons[role.name] = {"lead_s": lead, "rate_rps": ahead}
+        if cfg.rate_trend:
+            rate = max(rate, ahead_of_window(trend, w.rate_rps, cfg.window_s, lead))
+        horizons[role.name] = {"lead_s": lead, "rate_rps": ahead, "trend": trend.slope}
         ready = [i for i in active(inputs.instances, role.name) if i.state == "ready"]
         backlog = float(sum(i.queued for i in ready)) if role.role != "decode" else 0.0
         demand = Demand(rate, w.input_tokens, w.output_tokens, w.hit_ratio, backlog, lead)
@@ -293,7 +298,7 @@ def on_tick(now: float, inputs: PlannerInputs, cfg: PlannerConfig | None = None)
     if ratio_why:
         reasons.append(ratio_why)
         bindings.append("pd-ratio")
-    state = PlannerState(forecaster=fc, roles=roles_state)
+    state = PlannerState(forecaster=fc, roles=roles_state, trend=trend)
     return finish(now, inputs, targets, reasons, ", ".join(bindings), cfg, state, horizons)
 
 

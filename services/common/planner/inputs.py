@@ -12,6 +12,7 @@ from services.common.planner.forecast import Forecaster
 from services.common.planner.ports import InstanceView
 from services.common.planner.spec import DeploymentSpec
 from services.common.planner.stability import RoleState
+from services.common.planner.trend import RateTrend
 
 __all__ = [
     "ClassView",
@@ -97,6 +98,7 @@ class PlannerState:
     forecaster: Forecaster | None = None
     roles: Mapping[str, RoleState] = field(default_factory=dict)
     reactive: Mapping[str, ReactiveState] = field(default_factory=dict)
+    trend: RateTrend = field(default_factory=RateTrend)
 
 
 @dataclass(frozen=True)
