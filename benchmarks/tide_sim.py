@@ -17,16 +17,18 @@ Policies, each on a fresh fleet and the same arrivals:
 
 Per policy, and per replayed day (``per_day``): SLO windows met (per ``--window-s`` of
 modelled time, the requests that arrived in it meet both targets at ``--percentile``; a
-window without requests is met), replica-seconds and their ratio to ``static``'s, peak replicas, the bench's figures (the windows and
-replica-seconds are :mod:`services.sim.policies`', as ``tideserve sim --autoscale-policy``
-computes them; that command also runs the autoscaler's reactive policy, and is the one-line
-way to the same comparison).
+window without requests is met), replica-seconds and their ratio to ``static``'s, peak
+replicas, the bench's figures (the windows and replica-seconds are
+:mod:`services.sim.policies`', as ``tideserve sim --autoscale-policy`` computes them; that
+command also runs the autoscaler's reactive policy, and is the one-line way to the same
+comparison).
 
     .venv/bin/python benchmarks/tide_sim.py --days 1 --out /tmp/tide_sim.json   # ~15 min
 
 The planner's forecast runs on the load's clock (a day in ``--day-s``): its bucket and season
-are the planner's defaults divided by the compression, so from the second day on its
-seasonal forecast sees the climbs coming.
+are the planner's defaults divided by the compression, and from the second day on it
+forecasts the season. ``--tick-s``, ``--telemetry-window-s`` and ``--planner NAME=VALUE``
+set the planner's own clock and settings.
 """
 
 from __future__ import annotations
