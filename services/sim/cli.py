@@ -206,6 +206,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scale-in-count", type=whole, default=1, help="engines --scale-in-at-s removes"
     )
+    p.add_argument("--fail-at-s", type=num, default=None,
+                   help="engines die at this modelled second (no drain; their KV lost): a "
+                   "request not yet streaming is retried elsewhere, as the gateway does")  # fmt: skip
+    p.add_argument("--fail-count", type=whole, default=1, help="engines --fail-at-s kills")
+    p.add_argument("--fail-detect-s", type=num, default=5.0,
+                   help="seconds until the gateways' membership drops a dead engine")  # fmt: skip
     p.add_argument("--out", required=True, metavar="FILE.json", help="write the summary here")
     p.add_argument("--timeline", metavar="FILE.csv", help="per-minute timeline CSV")
     p.add_argument("--plot", metavar="FILE.png",
@@ -285,6 +291,9 @@ def config(args: argparse.Namespace) -> SimConfig:
         memory_tier_mib=args.memory_tier_mib,
         scale_in_at_s=args.scale_in_at_s,
         scale_in_count=args.scale_in_count,
+        fail_at_s=args.fail_at_s,
+        fail_count=args.fail_count,
+        fail_detect_s=args.fail_detect_s,
         autoscale=AutoscaleConfig(
             max_replicas=args.max_replicas,
             startup_s=args.startup_s,

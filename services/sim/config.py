@@ -131,6 +131,15 @@ class SimConfig:
     scale_in_count: int = 1
     # the "active session" window of the scale-in measurement (modelled seconds)
     scale_in_window_s: float = 300.0
+    # an instance failure (services/sim/failures.py): at this modelled second ``fail_count``
+    # serving engines (seeded choice) die; the gateways' membership drops them
+    # ``fail_detect_s`` later; a request not yet streaming is retried elsewhere up to
+    # ``retries`` times after ``retry_backoff_ms x 2^attempt`` (the gateway's own defaults)
+    fail_at_s: float | None = None
+    fail_count: int = 1
+    fail_detect_s: float = 5.0
+    retries: int = 2
+    retry_backoff_ms: float = 20.0
 
     @property
     def pd(self) -> bool:
@@ -202,6 +211,16 @@ class SimConfig:
                 )
             if not self.scale_in_window_s > 0:
                 raise SimConfigError("--scale-in-window-s must be > 0")
+        if self.fail_at_s is not None:
+            if self.pd or self.agent_memory is not None:
+                raise SimConfigError(
+                    "--fail-at-s needs aggregated engines without --agent-memory "
+                    "(failures of P/D engines and of sessions' KV are not modelled)"
+                )
+            if self.fail_at_s < 0 or not 1 <= self.fail_count < self.engines:
+                raise SimConfigError("--fail-at-s must be >= 0 and --fail-count in [1, engines)")
+            if self.fail_detect_s < 0 or self.retries < 0 or self.retry_backoff_ms < 0:
+                raise SimConfigError("--fail-detect-s, retries and their backoff must be >= 0")
         a = self.autoscale
         if a is not None:
             if not 1 <= a.min_replicas <= a.max_replicas:

@@ -48,6 +48,7 @@ class Instance:
     ready: bool = True  # serving (False: started by the autoscaler, not up yet)
     retiring: bool = False  # draining: the gateways send it nothing new
     removed: bool = False  # gone from the fleet (drained, or stopped while starting)
+    failed: bool = False  # died (services/sim/failures.py): removed without a drain
 
     @property
     def idle(self) -> bool:

@@ -30,6 +30,7 @@ class SimRequest:
     prefilled_at: float | None = None  # the engine's first token (end of the prefill)
     error: str | None = None  # why it failed (shed by the gateway, refused by the engine)
     endings: int = 0  # times it finished or failed (exactly 1 at the end of a run)
+    attempts: int = 0  # retries on another engine after its engine failed
 
     @property
     def target(self) -> str:

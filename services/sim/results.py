@@ -132,6 +132,7 @@ def sim_section(run: SimRun) -> dict[str, Any]:
         "events": run.events,
         "autoscale": run.autoscale,
         "agent_memory": run.agent_memory,
+        "failure": run.failure.summary() if run.failure is not None else None,
         "scale_in": [
             {"instance": r.iid, "chosen_s": round(r.chosen_ms / 1000.0, 3),
              "removed_s": None if r.removed_ms is None else round(r.removed_ms / 1000.0, 3),

@@ -6,8 +6,9 @@ Events: ``arrive`` (a request reaches a gateway), ``scrape`` (a gateway reads an
 load; delivered as ``load`` ``scrape_lag_ms`` later), ``shape`` (a held pick may go),
 ``wake`` (an engine has something to do again), ``done`` (an engine step ended),
 ``ended`` (a gateway learns a request ended, ``end_lag_ms`` after its last step, when that
-is set), ``sample`` (a timeline row). What the gateway sees of an engine is exactly what the
-live gateway has: the scrape (or the load stream's snapshot) plus its own reservations.
+is set), ``sample`` (a timeline row); ``fail``, ``detect`` and ``retry`` for an instance
+failure (:mod:`services.sim.failures`). What the gateway sees of an engine is exactly what
+the live gateway has: the scrape (or the load stream's snapshot) plus its own reservations.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from services.common.routing.types import EndpointView, Pick, RequestView, Shed
 from services.sim.autoscale import Planner, Served, Window
 from services.sim.config import SimConfig
 from services.sim.events import EventQueue
+from services.sim.failures import FailureRecord, Failures
 from services.sim.fleet import Engines, Instance
 from services.sim.inputs import Arrival, Prompts, arrivals
 from services.sim.memory import AgentMemory
@@ -60,9 +62,10 @@ class SimRun:
     autoscale: dict[str, Any] | None = None  # what the planner did (None: a fixed fleet)
     agent_memory: dict[str, Any] | None = None  # agent memory's measurements (None: off)
     scale_ins: list[ScaleInRecord] = field(default_factory=list)  # explicit and planner's
+    failure: FailureRecord | None = None  # what an instance failure did (None: none asked)
 
 
-class Simulation(Scaling):
+class Simulation(Scaling, Failures):
     def __init__(
         self, cfg: SimConfig, trace: Trace, engines: Engines | None = None, narrow: bool = True
     ) -> None:
@@ -109,6 +112,7 @@ class Simulation(Scaling):
         self.window = Window(a.window_s * 1000.0) if a is not None else None
         self.peak_replicas = self.initial_instances = len(engines)
         self.scale_ins: list[ScaleInRecord] = []
+        self.failure: FailureRecord | None = None
         self.memory = (
             AgentMemory(cfg.agent_memory, self.caches, self.perf, cfg.block_size,
                         budget_share=cfg.memory_budget_share, tier_blocks=cfg.tier_blocks,
@@ -134,6 +138,8 @@ class Simulation(Scaling):
             q.push(self.memory.tick_ms, "retain", None)
         if cfg.scale_in_at_s is not None:
             q.push(cfg.scale_in_at_s * 1000.0, "scale_in", None)
+        if cfg.fail_at_s is not None:
+            q.push(cfg.fail_at_s * 1000.0, "fail", None)
         if self.gw.sharing:
             q.push(cfg.share_heartbeat_ms, "beat", None)
         pending = total = len(self.arrivals)
@@ -153,6 +159,9 @@ class Simulation(Scaling):
             "share": self.share,
             "beat": self.beat,
             "ended": self.ended,
+            "fail": self.fail,
+            "detect": self.detect,
+            "retry": self.retry,
         }
         tick = 0
         heap, pop = q.heap, heapq.heappop  # EventQueue.pop, inlined (millions of events)
@@ -179,6 +188,7 @@ class Simulation(Scaling):
             self.autoscale_summary(),
             self.memory.summary() if self.memory is not None else None,
             self.scale_ins,
+            self.failure,
         )
 
     def retain(self, _: Any, now: float) -> int:
@@ -248,6 +258,8 @@ class Simulation(Scaling):
         return ended
 
     def wake(self, inst: Instance, now: float) -> int:
+        if inst.failed:
+            return 0
         inst.wake_at = None
         self.kick(inst, now)
         return 0
@@ -307,17 +319,23 @@ class Simulation(Scaling):
         self.timeline.arrived(now)
         if self.window is not None:
             self.window.arrived(now)
-        core = self.gw.cores[g]
+        return self.route(req, now)
+
+    def route(self, req: SimRequest, now: float) -> int:
+        """Pick ``req``'s engine at its gateway and send it (or hold it at the shaper); 1
+        when it ended at once (shed, no engine, refused)."""
+        cfg, g, rid = self.cfg, req.gateway, req.rid
+        core, hashes = self.gw.cores[g], req.view.block_hashes
         now_s = now / 1000.0
         match = self.gw.routed_prefix(g, hashes, now_s, rid)
-        d = core.pick(view, now_s, rid, cfg.profile)
+        d = core.pick(req.view, now_s, rid, cfg.profile)
         self.publish(now)
         if not isinstance(d, Pick):  # refused (429) or no engine, as the live gateway would
             return self.end(req, "shed" if isinstance(d, Shed) else f"no engine: {d}", now)
         req.pick = d
         note_pick(self.diag, core, match, d)
         iid = req.target
-        deadline = (now + cfg.slo_ttft_ms) / 1000.0 if cfg.slo_ttft_ms else None
+        deadline = (req.arrival + cfg.slo_ttft_ms) / 1000.0 if cfg.slo_ttft_ms else None
         shaper = self.gw.shapers[g]
         cached = d.predicted_cached_tokens // cfg.block_size
         if not shaper.offer(
@@ -362,6 +380,9 @@ class Simulation(Scaling):
             assert d is not None
             self.diag.held_ms += now - req.arrival
             inst = self.engines[req.target]
+            if inst.failed:  # picked before membership dropped it: the call fails
+                ended += self.upstream_failed(req, now)
+                continue
             fetched, wait = (
                 self.memory.dispatch(rid, inst.iid, len(req.prompt), now)
                 if self.memory is not None
@@ -406,6 +427,8 @@ class Simulation(Scaling):
 
     def done(self, p: tuple[Instance, StepResult | DecodeRun], now: float) -> int:
         inst, res = p
+        if inst.failed:  # it died mid-step
+            return 0
         if isinstance(res, DecodeRun):
             return self.run_done(inst, res, now)
         inst.busy = False

@@ -1,0 +1,88 @@
+"""Instance failures in the simulator: the dead engine's streaming requests fail, the others
+are retried elsewhere, the gateways stop picking it once membership drops it."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.bench.traces import Trace, TraceRequest
+from services.sim.config import SimConfig, SimConfigError
+from services.sim.run import Simulation
+
+DEAD_AT_S, DETECT_S = 2.0, 1.0
+
+
+def _trace() -> Trace:
+    """60 requests of 8 distinct blocks over 6 s, 200 tokens out each: at 2 s every engine
+    streams some and queues others (its KV holds about four at once)."""
+    reqs = tuple(
+        TraceRequest(i, i + 1, 0.1 * i, 8 * 512, 200, tuple(range(100 * i + 1, 100 * i + 9)))
+        for i in range(60)
+    )
+    return Trace("t", "mooncake", reqs)
+
+
+def _run(**over: object) -> Simulation:
+    fields: dict[str, object] = {"engines": 4, "kv_blocks": 300, "block_size": 64,
+                                 "fail_at_s": DEAD_AT_S, "fail_detect_s": DETECT_S, **over}  # fmt: skip
+    sim = Simulation(SimConfig(**fields), _trace())  # type: ignore[arg-type]
+    sim.run()
+    return sim
+
+
+def test_a_dead_engines_requests_fail_once_streaming_and_are_retried_before() -> None:
+    sim = _run()
+    rec = sim.failure
+    assert rec is not None and len(rec.instances) == 1
+    (dead,) = rec.instances
+    assert sim.engines[dead].failed and sim.engines[dead].removed
+    assert rec.at_ms == DEAD_AT_S * 1000.0 and rec.detected_ms == rec.at_ms + DETECT_S * 1000.0
+    assert len(sim.order) == 60 and all(r.endings == 1 for r in sim.order)
+    failed = [r for r in sim.order if r.error is not None]
+    assert {r.rid for r in failed} == set(rec.failed_rids) and rec.failed == len(failed) > 0
+    for r in failed:  # streaming when it died, or out of retries
+        assert r.first is not None or r.attempts == sim.cfg.retries
+        assert dead in (r.error or "")
+    retried = [r for r in sim.order if r.attempts]
+    assert retried and rec.retried >= len(retried)
+    for r in retried:
+        assert dead in r.view.exclude
+        assert r.error is not None or (r.target != dead and r.last is not None)
+    assert rec.lost_blocks > 0
+    # once membership dropped it, nobody picks it
+    assert not [r for r in sim.order if r.arrival > rec.detected_ms and r.target == dead]
+    # nothing else failed
+    assert all(r.error is None for r in sim.order if r.target != dead and not r.attempts)
+
+
+def test_failures_are_deterministic() -> None:
+    def outcome(sim: Simulation) -> list[tuple[object, ...]]:
+        return [(r.rid, r.target, r.error, r.first, r.last, r.attempts) for r in sim.order]
+
+    assert outcome(_run()) == outcome(_run())
+
+
+def test_without_retries_every_request_on_it_fails() -> None:
+    sim = _run(retries=0)
+    rec = sim.failure
+    assert rec is not None and rec.retried == 0 and rec.failed > 0
+    assert not any(r.attempts for r in sim.order)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"fail_at_s": -1.0}, "fail-at-s"),
+        ({"fail_at_s": 1.0, "fail_count": 4}, "fail-count"),
+        ({"fail_at_s": 1.0, "fail_count": 0}, "fail-count"),
+        ({"fail_at_s": 1.0, "prefill": 2, "decode": 2}, "P/D"),
+        ({"fail_at_s": 1.0, "agent_memory": "retention"}, "agent-memory"),
+        ({"fail_at_s": 1.0, "fail_detect_s": -1.0}, "fail-detect-s"),
+        ({"fail_at_s": 1.0, "retries": -1}, "retries"),
+    ],
+    ids=["negative-time", "all-engines", "none", "pd", "agent-memory", "negative-detect",
+         "negative-retries"],
+)  # fmt: skip
+def test_bad_failure_config_is_refused(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(SimConfigError, match=message):
+        SimConfig(**{"engines": 4, **fields}).validate()  # type: ignore[arg-type]
