@@ -33,6 +33,7 @@ from services.sim.config import SimConfig
 from services.sim.events import EventQueue
 from services.sim.failures import FailureRecord, Failures
 from services.sim.fleet import Engines, Instance
+from services.sim.gateway_events import GatewayEvents
 from services.sim.inputs import Arrival, Prompts, arrivals
 from services.sim.memory import AgentMemory
 from services.sim.records import Diag, SimRequest, lean_pick
@@ -65,7 +66,7 @@ class SimRun:
     failure: FailureRecord | None = None  # what an instance failure did (None: none asked)
 
 
-class Simulation(Scaling, Failures):
+class Simulation(Scaling, Failures, GatewayEvents):
     def __init__(
         self, cfg: SimConfig, trace: Trace, engines: Engines | None = None, narrow: bool = True
     ) -> None:
@@ -224,38 +225,6 @@ class Simulation(Scaling, Failures):
         for core in self.gw.cores:
             core.fleet.report_load(p[0], p[1], now / 1000.0, source=src)
         return 0
-
-    def publish(self, now: float) -> None:
-        """Deliver what the replicas published (picks, retractions) ``share_lag_ms`` on."""
-        if self.gw.sharing:
-            at = now + self.cfg.share_lag_ms
-            for item in self.gw.take_shared(now / 1000.0):
-                self.q.push(at, "share", item)
-
-    def share(self, p: Any, now: float) -> int:
-        # Followers a foreign carrier's end set free go now; as in beat, the instance's own
-        # timer (armed while any wait) re-times itself.
-        ended = 0
-        for _, _, go in self.gw.deliver(p[0], p[1], now / 1000.0):
-            if go:
-                ended += self.dispatch(go, now)
-        return ended
-
-    def beat(self, _: Any, now: float) -> int:
-        # A lower foreign backlog lets waiting requests go now; the instance's own timer
-        # (armed while any wait) runs on and re-times itself when it fires.
-        ended = 0
-        for _, _, go in self.gw.heartbeat(now / 1000.0):
-            if go:
-                ended += self.dispatch(go, now)
-        self.q.push(now + self.cfg.share_heartbeat_ms, "beat", None)
-        return ended
-
-    def shape(self, p: tuple[int, str], now: float) -> int:
-        g, iid = p
-        ended = self.dispatch(self.gw.shapers[g].release(iid, now / 1000.0), now)
-        self.arm(g, iid)
-        return ended
 
     def wake(self, inst: Instance, now: float) -> int:
         if inst.failed:
@@ -418,12 +387,6 @@ class Simulation(Scaling, Failures):
         if cut is not None:
             self.q.push(cut.end, "done", (inst, cut))
         self.kick(inst, now)
-
-    def arm(self, g: int, iid: str) -> None:
-        """A timer for when replica ``g``'s shaper lets a waiting request of ``iid`` go."""
-        at = self.gw.shapers[g].next_release_at(iid)
-        if at is not None:
-            self.q.push(at * 1000.0 + 1e-6, "shape", (g, iid))
 
     def done(self, p: tuple[Instance, StepResult | DecodeRun], now: float) -> int:
         inst, res = p
