@@ -101,10 +101,20 @@ class Rig:
 
     async def serving(self) -> set[str]:
         """Instances the gateway would route to now (healthy, not draining)."""
+        return {
+            e.instance.instance_id for e in await self._endpoints() if e.healthy and not e.draining
+        }
+
+    async def in_flight(self, instance_id: str) -> int:
+        """Requests the gateway has in flight on ``instance_id`` now (0 when it is unknown)."""
+        counts = {e.instance.instance_id: e.in_flight for e in await self._endpoints()}
+        return int(counts.get(instance_id, 0))
+
+    async def _endpoints(self) -> list[Any]:
         async with grpc.aio.insecure_channel(self.scheduler) as ch:
             stub: Any = scheduler_pb2_grpc.SchedulerServiceStub(ch)
             resp = await stub.ListEndpoints(scheduler_pb2.ListEndpointsRequest(), timeout=5)
-        return {e.instance.instance_id for e in resp.endpoints if e.healthy and not e.draining}
+        return list(resp.endpoints)
 
 
 def gateway_settings(
