@@ -210,6 +210,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="engines die at this modelled second (no drain; their KV lost): a "
                    "request not yet streaming is retried elsewhere, as the gateway does")  # fmt: skip
     p.add_argument("--fail-count", type=whole, default=1, help="engines --fail-at-s kills")
+    p.add_argument("--fail-role", choices=("prefill", "decode"), default=None,
+                   help="P/D: the role --fail-at-s kills engines of (default: any)")  # fmt: skip
     p.add_argument("--fail-detect-s", type=num, default=5.0,
                    help="seconds until the gateways' membership drops a dead engine")  # fmt: skip
     p.add_argument("--out", required=True, metavar="FILE.json", help="write the summary here")
@@ -293,6 +295,7 @@ def config(args: argparse.Namespace) -> SimConfig:
         scale_in_count=args.scale_in_count,
         fail_at_s=args.fail_at_s,
         fail_count=args.fail_count,
+        fail_role=args.fail_role,
         fail_detect_s=args.fail_detect_s,
         autoscale=AutoscaleConfig(
             max_replicas=args.max_replicas,

@@ -137,6 +137,7 @@ class SimConfig:
     # ``retries`` times after ``retry_backoff_ms x 2^attempt`` (the gateway's own defaults)
     fail_at_s: float | None = None
     fail_count: int = 1
+    fail_role: str | None = None  # "prefill" or "decode" (P/D); None: any serving engine
     fail_detect_s: float = 5.0
     retries: int = 2
     retry_backoff_ms: float = 20.0
@@ -212,13 +213,20 @@ class SimConfig:
             if not self.scale_in_window_s > 0:
                 raise SimConfigError("--scale-in-window-s must be > 0")
         if self.fail_at_s is not None:
-            if self.pd or self.agent_memory is not None:
+            if self.agent_memory is not None:
                 raise SimConfigError(
-                    "--fail-at-s needs aggregated engines without --agent-memory "
-                    "(failures of P/D engines and of sessions' KV are not modelled)"
+                    "--fail-at-s cannot go with --agent-memory (the sessions' KV on a dead "
+                    "engine is not modelled)"
                 )
-            if self.fail_at_s < 0 or not 1 <= self.fail_count < self.engines:
-                raise SimConfigError("--fail-at-s must be >= 0 and --fail-count in [1, engines)")
+            pool = self.instances
+            if self.fail_role is not None:
+                if not self.pd or self.fail_role not in ("prefill", "decode"):
+                    raise SimConfigError("--fail-role must be prefill or decode, with P/D engines")
+                pool = self.prefill if self.fail_role == "prefill" else self.decode
+            if self.fail_at_s < 0 or not 1 <= self.fail_count < pool:
+                raise SimConfigError(
+                    "--fail-at-s must be >= 0 and --fail-count in [1, engines of the role)"
+                )
             if self.fail_detect_s < 0 or self.retries < 0 or self.retry_backoff_ms < 0:
                 raise SimConfigError("--fail-detect-s, retries and their backoff must be >= 0")
         a = self.autoscale

@@ -1,8 +1,9 @@
 """Instance failures (``SimConfig.fail_at_s``; a mixin of :class:`~services.sim.run.Simulation`).
 
-At ``fail_at_s`` modelled seconds, ``fail_count`` serving engines, chosen by the run's seed,
-die at once: no drain, and their KV is gone. What follows is what the live gateway does
-(``services/scheduler/http/server.py``):
+At ``fail_at_s`` modelled seconds, ``fail_count`` serving engines (of ``fail_role``, or of
+any role), chosen by the run's seed, die at once: no drain, and their KV is gone. What
+follows is what the live gateway does (``services/scheduler/http/server.py`` and, for P/D,
+``forward.py``):
 
 - a request on a dead engine that has streamed its first chunk fails (the client's stream
   ends with an error event);
@@ -10,13 +11,19 @@ die at once: no drain, and their KV is gone. What follows is what the live gatew
   as an upstream failure to the gateway's fleet (its circuit breaker opens after a few), and
   retried on another engine, the dead one excluded, after the gateway's backoff
   (``retry_backoff_ms x 2^attempt x U[0.5, 1.5)``, seeded), at most ``retries`` times; then it
-  fails;
+  fails. A retry is a new call: its engines know it under a new id (``r<k>.<attempt>``), so
+  what an engine still had running for the old call counts for nothing;
+- P/D: a request is on its prefill engine until that engine has handed its KV over (the
+  transfer included), and on its decode engine from the dispatch on (the SGLang flow calls
+  both at once), so a dead decode engine fails the requests still in prefill for it too. The
+  live half of a failed pair forgets the request (the gateway cancels it);
 - the gateways keep the dead engine in their fleets until membership drops it
   (``fail_detect_s`` later: its endpoints removed), so a pick of it in between fails at
   dispatch and is retried the same way;
 - with the autoscaler on, the planner sees the fleet without it and starts replacements.
 
-Aggregated fleets without agent memory (the configuration refuses the rest).
+Not with agent memory (the configuration refuses it: the sessions' KV on a dead engine is
+not modelled).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from services.common.engine_core.kvcache import KVCache
 from services.sim.config import SimConfig
 from services.sim.events import EventQueue
-from services.sim.fleet import Engines
+from services.sim.fleet import Engines, Instance
 from services.sim.records import SimRequest
 from services.sim.routing import Gateways
 
@@ -79,26 +86,49 @@ class Failures:
 
         def publish(self, now: float) -> None: ...
 
+        def submitted(self, inst: Instance, now: float) -> None: ...
+
     def fail(self, _: Any, now: float) -> int:
         """The engines die: their requests fail or are retried; membership learns later."""
-        serving = sorted(i.iid for i in self.engines.live() if i.ready and not i.retiring)
+        role = self.cfg.fail_role
+        serving = sorted(
+            i.iid
+            for i in self.engines.live()
+            if i.ready and not i.retiring and (role is None or i.role == role)
+        )
         rng = random.Random(self.cfg.seed)
         dead = sorted(rng.sample(serving, min(self.cfg.fail_count, len(serving))))
         at = now + self.cfg.fail_detect_s * 1000.0
         rec = self.failure = FailureRecord(now, dead, at)
-        on: list[SimRequest] = []
         for iid in dead:
             inst = self.engines[iid]
             inst.removed = inst.failed = True
             inst.run, inst.busy, inst.wake_at = None, False, None
             cache = self.caches.pop(iid, None)
             rec.lost_blocks += sum(map(len, cache.resident().values())) if cache else 0
-            on += [r for r in self.reqs.values() if r.target == iid and inst.core.knows(r.rid)]
         self.q.push(at, "detect", dead)
+        hit = [(r, c) for r in self.reqs.values() if (c := self._culprit(r, set(dead)))]
         ended = 0
-        for req in sorted(on, key=lambda r: r.index):
-            ended += self.upstream_failed(req, now)
+        for req, culprit in sorted(hit, key=lambda rc: rc[0].index):
+            ended += self.upstream_failed(req, now, culprit)
         return ended
+
+    def _culprit(self, req: SimRequest, dead: set[str]) -> str:
+        """The dead engine ``req`` is on ("" when none): its prefill (or aggregated) engine
+        while that one holds it, its decode engine once it was dispatched."""
+        if req.pick is None:
+            return ""
+        target, home = req.target, req.home
+        on_target = self.engines[target].core.knows(req.rid)
+        if target in dead and on_target:
+            return target
+        if (
+            home != target
+            and home in dead
+            and (on_target or self.engines[home].core.knows(req.rid))
+        ):
+            return home
+        return ""
 
     def detect(self, dead: list[str], now: float) -> int:
         """Membership drops the dead engines from every gateway's fleet."""
@@ -107,8 +137,9 @@ class Failures:
                 core.fleet.remove(iid)
         return 0
 
-    def upstream_failed(self, req: SimRequest, now: float) -> int:
-        """``req``'s engine is dead: fail it once streaming, else retry it (1 if it ended)."""
+    def upstream_failed(self, req: SimRequest, now: float, culprit: str) -> int:
+        """``req``'s engine ``culprit`` is dead: fail it once streaming, else retry it (1 if
+        it ended)."""
         rec = self.failure
         assert rec is not None
         iid, g = req.target, req.gateway
@@ -117,22 +148,35 @@ class Failures:
         if not streaming:
             core.abandon(req.rid)
             self.publish(now)
-        core.fleet.upstream_result(iid, False, now_s)
+        core.fleet.upstream_result(culprit, False, now_s)
         core.release(req.rid)
+        self._cancel_pair(req, culprit, now)
         ended = self.dispatch(self.gw.shapers[g].done(req.rid, iid, now_s), now)
         if streaming or req.attempts >= self.cfg.retries:
             rec.failed += 1
             rec.failed_rids.append(req.rid)
             why = "stream broken" if streaming else f"upstream failed after {req.attempts} retries"
-            return ended + self.end(req, f"engine {iid} failed: {why}", now)
+            return ended + self.end(req, f"engine {culprit} failed: {why}", now)
         rec.retried += 1
-        rng = random.Random(f"{self.cfg.seed}:{req.rid}:{req.attempts}")
+        rng = random.Random(f"{self.cfg.seed}:r{req.index}:{req.attempts}")
         delay = self.cfg.retry_backoff_ms * 2**req.attempts * (0.5 + rng.random())
         req.attempts += 1
-        req.view = replace(req.view, exclude=req.view.exclude | {iid})
+        del self.reqs[req.rid]
+        req.rid = f"r{req.index}.{req.attempts}"
+        self.reqs[req.rid] = req
+        req.view = replace(req.view, request_id=req.rid, exclude=req.view.exclude | {culprit})
         req.pick = None
         self.q.push(now + delay, "retry", req.rid)
         return ended
+
+    def _cancel_pair(self, req: SimRequest, culprit: str, now: float) -> None:
+        """P/D: the live half of ``req``'s pair forgets it (a decode run in progress ends at
+        its next step, as when a request arrives)."""
+        for iid in {req.target, req.home} - {culprit}:
+            inst = self.engines[iid]
+            if not inst.failed and inst.core.knows(req.rid):
+                inst.core.abort(req.rid)
+                self.submitted(inst, now)
 
     def retry(self, rid: str, now: float) -> int:
         req = self.reqs.get(rid)

@@ -349,8 +349,9 @@ class Simulation(Scaling, Failures, GatewayEvents):
             assert d is not None
             self.diag.held_ms += now - req.arrival
             inst = self.engines[req.target]
-            if inst.failed:  # picked before membership dropped it: the call fails
-                ended += self.upstream_failed(req, now)
+            dead = inst.iid if inst.failed else self._dead_decode(d)
+            if dead:  # picked before membership dropped it: the call fails
+                ended += self.upstream_failed(req, now, dead)
                 continue
             fetched, wait = (
                 self.memory.dispatch(rid, inst.iid, len(req.prompt), now)
@@ -380,6 +381,13 @@ class Simulation(Scaling, Failures, GatewayEvents):
             self.submitted(inst, now)
         return ended
 
+    def _dead_decode(self, d: Pick) -> str:
+        """A P/D pick's decode engine when it is dead ("" otherwise)."""
+        if d.prefill is None:
+            return ""
+        iid = d.decode.endpoint.instance_id
+        return iid if self.engines[iid].failed else ""
+
     def submitted(self, inst: Instance, now: float) -> None:
         """A request reached ``inst``'s queue: a decode run in progress ends at its next step
         end (its shortened end queued; the first one is then stale), else a step starts."""
@@ -399,7 +407,8 @@ class Simulation(Scaling, Failures, GatewayEvents):
             inst.trace.outputs(now, res.outputs)
         if inst.core.config.role is EngineRole.PREFILL:
             for o in res.outputs:
-                self.hand_off(inst, self.reqs[o.rid], o.prompt_tokens, o.cached_tokens, now)
+                if (req := self.reqs.get(o.rid)) is not None:  # None: a call given up
+                    self.hand_off(inst, req, o.prompt_tokens, o.cached_tokens, now)
             self.kick(inst, now)
             return 0
         if res.duration_ms > 0:
@@ -413,7 +422,9 @@ class Simulation(Scaling, Failures, GatewayEvents):
         finished = 0
         interval = self.cfg.stream_interval
         for o in res.outputs:
-            req = self.reqs[o.rid]
+            req = self.reqs.get(o.rid)
+            if req is None:  # a call given up (its engine's partner died)
+                continue
             if req.prefilled_at is None:
                 req.prefilled_at = now
             req.ntok = o.completion_tokens

@@ -62,6 +62,38 @@ def test_failures_are_deterministic() -> None:
     assert outcome(_run()) == outcome(_run())
 
 
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_a_dead_pd_engine_fails_or_retries_what_it_was_part_of(role: str) -> None:
+    sim = _run(engines=0, prefill=2, decode=2, fail_role=role)
+    rec = sim.failure
+    assert rec is not None and len(rec.instances) == 1
+    (dead,) = rec.instances
+    assert sim.engines[dead].role == role and sim.engines[dead].failed
+    assert len(sim.order) == 60 and all(r.endings == 1 for r in sim.order)
+    retried = [r for r in sim.order if r.attempts]
+    assert retried and rec.retried >= len(retried)
+    assert all(dead in r.view.exclude and r.rid == f"r{r.index}.{r.attempts}" for r in retried)
+    done = [r for r in sim.order if r.error is None]
+    # what an engine still ran for a call given up counts for nothing: every completed
+    # request got its tokens once, from the pair it completed on
+    assert all(r.ntok == r.out and r.last is not None for r in done)
+    late = [r for r in done if r.arrival > rec.detected_ms]
+    assert late and not [r for r in late if dead in (r.target, r.home)]
+    if role == "prefill":  # nothing streams from a prefill engine: all retried, none failed
+        assert rec.failed == 0 and len(done) == 60
+    else:  # its streams break; whatever completed on it completed before it died
+        assert rec.failed > 0 and all(dead in (r.error or "") for r in sim.order if r.error)
+        assert all(r.last is not None and r.last <= rec.at_ms for r in done if r.home == dead)
+
+
+def test_pd_failures_are_deterministic() -> None:
+    def outcome(sim: Simulation) -> list[tuple[object, ...]]:
+        return [(r.rid, r.target, r.home, r.error, r.first, r.last) for r in sim.order]
+
+    pd = {"engines": 0, "prefill": 2, "decode": 2}
+    assert outcome(_run(**pd)) == outcome(_run(**pd))
+
+
 def test_without_retries_every_request_on_it_fails() -> None:
     sim = _run(retries=0)
     rec = sim.failure
@@ -75,13 +107,16 @@ def test_without_retries_every_request_on_it_fails() -> None:
         ({"fail_at_s": -1.0}, "fail-at-s"),
         ({"fail_at_s": 1.0, "fail_count": 4}, "fail-count"),
         ({"fail_at_s": 1.0, "fail_count": 0}, "fail-count"),
-        ({"fail_at_s": 1.0, "prefill": 2, "decode": 2}, "P/D"),
+        ({"fail_at_s": 1.0, "prefill": 2, "decode": 2, "fail_count": 4}, "fail-count"),
+        ({"fail_at_s": 1.0, "prefill": 1, "decode": 3, "fail_role": "prefill"}, "fail-count"),
+        ({"fail_at_s": 1.0, "fail_role": "decode"}, "fail-role"),
+        ({"fail_at_s": 1.0, "prefill": 2, "decode": 2, "fail_role": "worker"}, "fail-role"),
         ({"fail_at_s": 1.0, "agent_memory": "retention"}, "agent-memory"),
         ({"fail_at_s": 1.0, "fail_detect_s": -1.0}, "fail-detect-s"),
         ({"fail_at_s": 1.0, "retries": -1}, "retries"),
     ],
-    ids=["negative-time", "all-engines", "none", "pd", "agent-memory", "negative-detect",
-         "negative-retries"],
+    ids=["negative-time", "all-engines", "none", "pd-all", "pd-whole-role", "role-aggregated",
+         "role-unknown", "agent-memory", "negative-detect", "negative-retries"],
 )  # fmt: skip
 def test_bad_failure_config_is_refused(fields: dict[str, object], message: str) -> None:
     with pytest.raises(SimConfigError, match=message):
