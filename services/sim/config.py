@@ -213,11 +213,6 @@ class SimConfig:
             if not self.scale_in_window_s > 0:
                 raise SimConfigError("--scale-in-window-s must be > 0")
         if self.fail_at_s is not None:
-            if self.agent_memory is not None:
-                raise SimConfigError(
-                    "--fail-at-s cannot go with --agent-memory (the sessions' KV on a dead "
-                    "engine is not modelled)"
-                )
             pool = self.instances
             if self.fail_role is not None:
                 if not self.pd or self.fail_role not in ("prefill", "decode"):

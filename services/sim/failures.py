@@ -22,8 +22,8 @@ follows is what the live gateway does (``services/scheduler/http/server.py`` and
   dispatch and is retried the same way;
 - with the autoscaler on, the planner sees the fleet without it and starts replacements.
 
-Not with agent memory (the configuration refuses it: the sessions' KV on a dead engine is
-not modelled).
+With agent memory, a dead engine's sessions lose what it held on the GPU and keep what the
+tier holds; their next turns' reuse is measured apart (``agent_memory.after_failure``).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from services.common.engine_core.kvcache import KVCache
 from services.sim.config import SimConfig
 from services.sim.events import EventQueue
 from services.sim.fleet import Engines, Instance
+from services.sim.memory import AgentMemory
 from services.sim.records import SimRequest
 from services.sim.routing import Gateways
 
@@ -75,6 +76,7 @@ class Failures:
     reqs: dict[str, SimRequest]
     caches: dict[str, KVCache]
     failure: FailureRecord | None
+    memory: AgentMemory | None
 
     if TYPE_CHECKING:  # the simulation's own
 
@@ -107,6 +109,8 @@ class Failures:
             cache = self.caches.pop(iid, None)
             rec.lost_blocks += sum(map(len, cache.resident().values())) if cache else 0
         self.q.push(at, "detect", dead)
+        if self.memory is not None:
+            self.memory.engines_lost(dead)
         hit = [(r, c) for r in self.reqs.values() if (c := self._culprit(r, set(dead)))]
         ended = 0
         for req, culprit in sorted(hit, key=lambda rc: rc[0].index):
@@ -162,8 +166,10 @@ class Failures:
         delay = self.cfg.retry_backoff_ms * 2**req.attempts * (0.5 + rng.random())
         req.attempts += 1
         del self.reqs[req.rid]
-        req.rid = f"r{req.index}.{req.attempts}"
+        old, req.rid = req.rid, f"r{req.index}.{req.attempts}"
         self.reqs[req.rid] = req
+        if self.memory is not None:
+            self.memory.renamed(old, req.rid)
         req.view = replace(req.view, request_id=req.rid, exclude=req.view.exclude | {culprit})
         req.pick = None
         self.q.push(now + delay, "retry", req.rid)

@@ -103,6 +103,7 @@ class _Turn:
     key: SessionKey
     hashes: tuple[int, ...]
     index: int
+    dispatched: bool = False  # a retry's dispatch (its engine died) is not a second resume
 
 
 @dataclass
@@ -135,6 +136,10 @@ class AgentMemory(SessionMoves):
     _applied: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     _ticks: int = 0
     counts: dict[str, int] = field(default_factory=dict)
+    # instance failures: sessions that held KV on a dead engine, until their next turn
+    _orphans: set[SessionKey] = field(default_factory=set)
+    lost_sessions: int = 0
+    after_failure: list[Resume] = field(default_factory=list)  # their next dispatches
     # the last migrate's moves: (session id, destination, chain)
     moved: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
     # the last round's hot-spot moves, in the same shape
@@ -165,6 +170,7 @@ class AgentMemory(SessionMoves):
         turn = self._turns.get(rid)
         if turn is None:
             return 0, 0.0
+        first, turn.dispatched = not turn.dispatched, True
         cache = self.caches[iid]
         prev = self._chains.get(turn.key)
         gpu = cache.match(list(turn.hashes))
@@ -197,8 +203,13 @@ class AgentMemory(SessionMoves):
                     wait = max(0.0, pf.done_ms - now)
         elif self.offloads and gpu:
             fetched, wait = self._evicted_meanwhile(gpu, prompt_tokens)
-        self._count(action or "gpu")
-        self.resumes.append(Resume(turn.index, reusable, gpu + tier, action or "gpu"))
+        resume = Resume(turn.index, reusable, gpu + tier, action or "gpu")
+        if first:
+            self._count(resume.action)
+            self.resumes.append(resume)
+        if turn.key in self._orphans:  # its first dispatch since an engine of it died
+            self._orphans.discard(turn.key)
+            self.after_failure.append(resume)
         return fetched, wait
 
     def _evicted_meanwhile(self, gpu: int, prompt_tokens: int) -> tuple[int, float]:
@@ -238,6 +249,30 @@ class AgentMemory(SessionMoves):
 
     def forget(self, rid: str) -> None:
         self._turns.pop(rid, None)
+
+    def renamed(self, rid: str, new: str) -> None:
+        """A turn's call was given up and is retried as ``new``."""
+        turn = self._turns.pop(rid, None)
+        if turn is not None:
+            self._turns[new] = turn
+
+    def engines_lost(self, dead: Sequence[str]) -> None:
+        """Engines died: their GPU KV is gone (their caches already left ``caches``), what
+        was offloaded stays on the tier. The sessions that held KV there are followed to
+        their next dispatch (``after_failure``): a turn in flight there, retried elsewhere,
+        or their next turn."""
+        gone = set(dead)
+        hit = {
+            s.key
+            for s in self.table.rows()
+            if s.key in self._chains and gone & set(self.holders(s))
+        }
+        for iid in gone:
+            self._applied.pop(iid, None)
+        for key in [k for k, pf in self._prefetch.items() if pf.iid in gone]:
+            del self._prefetch[key]
+        self.lost_sessions += len(hit - self._orphans)
+        self._orphans |= hit
 
     def tick(self, now: float) -> None:
         """The retention controller's round (retention modes), prefetches, samples."""
@@ -326,12 +361,10 @@ class AgentMemory(SessionMoves):
 
     # -- results -------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        reusable = sum(r.reusable for r in self.resumes)
-        cached = sum(min(r.cached, r.reusable) for r in self.resumes)
-        return {
+        out: dict[str, Any] = {
             "mode": self.mode,
             "resumed_turns": len(self.resumes),
-            "reuse_ratio": round(cached / reusable, 4) if reusable else None,
+            "reuse_ratio": _reuse(self.resumes),
             "idle_kv_share": _mean(self._idle_share),
             "idle_kv_share_p95": _p(self._idle_share, 0.95),
             "idle_kv_share_protected": _mean(self._protected_share),
@@ -340,6 +373,20 @@ class AgentMemory(SessionMoves):
             "fleet_kv_used": _mean(self._used_share),
             "actions": dict(sorted(self.counts.items())),
         }
+        if self.lost_sessions:  # an instance failure took sessions' GPU KV
+            out["after_failure"] = {
+                "sessions": self.lost_sessions,
+                "resumed_turns": len(self.after_failure),
+                "reuse_ratio": _reuse(self.after_failure),
+            }
+        return out
+
+
+def _reuse(resumes: Sequence[Resume]) -> float | None:
+    """The share of the resumed turns' reusable prefix blocks still cached (GPU or tier)."""
+    reusable = sum(r.reusable for r in resumes)
+    cached = sum(min(r.cached, r.reusable) for r in resumes)
+    return round(cached / reusable, 4) if reusable else None
 
 
 def _common(a: Sequence[int], b: Sequence[int]) -> int:

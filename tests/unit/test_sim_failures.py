@@ -111,13 +111,40 @@ def test_without_retries_every_request_on_it_fails() -> None:
         ({"fail_at_s": 1.0, "prefill": 1, "decode": 3, "fail_role": "prefill"}, "fail-count"),
         ({"fail_at_s": 1.0, "fail_role": "decode"}, "fail-role"),
         ({"fail_at_s": 1.0, "prefill": 2, "decode": 2, "fail_role": "worker"}, "fail-role"),
-        ({"fail_at_s": 1.0, "agent_memory": "retention"}, "agent-memory"),
         ({"fail_at_s": 1.0, "fail_detect_s": -1.0}, "fail-detect-s"),
         ({"fail_at_s": 1.0, "retries": -1}, "retries"),
     ],
     ids=["negative-time", "all-engines", "none", "pd-all", "pd-whole-role", "role-aggregated",
-         "role-unknown", "agent-memory", "negative-detect", "negative-retries"],
+         "role-unknown", "negative-detect", "negative-retries"],
 )  # fmt: skip
 def test_bad_failure_config_is_refused(fields: dict[str, object], message: str) -> None:
     with pytest.raises(SimConfigError, match=message):
         SimConfig(**{"engines": 4, **fields}).validate()  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ["lru", "retention", "prefetch"])
+def test_with_agent_memory_a_dead_engines_sessions_are_followed(mode: str) -> None:
+    """Sixteen sessions over 4 engines; their second turns all arrive at 30 s, when one
+    engine dies (those on it are in prefill: retried elsewhere), their third at 60 s."""
+    rows = []
+    for k in range(16):
+        chain = tuple(range(100 * k + 1, 100 * k + 9))
+        rows += [(k * 0.5, chain[:6]), (30.0, chain[:7]), (60.0 + k * 0.5, chain)]
+    reqs = tuple(
+        TraceRequest(i, i + 1, t, len(h) * 512, 50, h) for i, (t, h) in enumerate(sorted(rows))
+    )
+    cfg = SimConfig(engines=4, kv_blocks=400, block_size=64, agent_memory=mode,
+                    fail_at_s=30.0, fail_detect_s=DETECT_S)  # fmt: skip
+    sim = Simulation(cfg, Trace("t", "mooncake", reqs))
+    sim.run()
+    assert len(sim.order) == 48 and all(r.endings == 1 and r.error is None for r in sim.order)
+    retried = [r for r in sim.order if r.attempts]
+    assert retried and all(r.arrival == 30_000.0 for r in retried)
+    assert sim.memory is not None
+    resumed = [r.index for r in sim.memory.resumes]
+    assert len(resumed) == len(set(resumed)) == 32  # every later turn once, retried or not
+    after = sim.memory.summary()["after_failure"]
+    # the sessions homed on the dead engine, each followed once: the retried turns
+    assert after["sessions"] == after["resumed_turns"] == len(retried)
+    if mode == "lru":  # nothing but the dead GPU held their prefixes
+        assert after["reuse_ratio"] == 0.0

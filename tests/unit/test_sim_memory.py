@@ -176,3 +176,29 @@ def test_rebalancing_moves_an_idle_session_off_a_hot_engine(
         mem.arrive("ra", 1, "a", [*range(1, 9), 9], 10_000.0)
         tokens, wait = mem.dispatch("ra", "e1", 9 * 64, 10_000.0)
         assert (tokens, wait > 0, mem.counts["fetch"]) == (8 * 64, True, 1)
+
+
+@pytest.mark.parametrize(
+    ("mode", "offloaded", "cached"),
+    [("retention", True, 8), ("retention", False, 0), ("lru", False, 0)],
+    ids=["tier-keeps-it", "only-on-the-dead-gpu", "lru-no-tier"],
+)  # fmt: skip
+def test_a_dead_engines_sessions_keep_only_what_the_tier_holds(
+    mode: str, offloaded: bool, cached: int
+) -> None:
+    caches = {"e0": KVCache(50, 64), "e1": KVCache(50, 64)}
+    mem = AgentMemory(mode, caches, get_profile("test"), 64)
+    chain = list(range(1, 9))
+    _served(mem, "a", chain, "e0", 1000.0)
+    _served(mem, "b", list(range(20, 24)), "e1", 1000.0)  # not on the dead engine
+    if offloaded:
+        caches["e0"].evict_now(chain)
+        mem.after_step(caches["e0"])
+    del caches["e0"]  # the engine died (the simulation drops its cache)
+    mem.engines_lost(["e0"])
+    mem.arrive("r2", 1, "a", [*chain, 9], 2000.0)
+    mem.dispatch("r2", "e1", 9 * 64, 2000.0)
+    mem.dispatch("r2", "e1", 9 * 64, 2100.0)  # a retry is not a second resume
+    assert [(r.index, r.reusable, r.cached) for r in mem.resumes] == [(1, 8, cached)]
+    after = mem.summary()["after_failure"]
+    assert after == {"sessions": 1, "resumed_turns": 1, "reuse_ratio": cached / 8}
