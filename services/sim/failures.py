@@ -111,7 +111,8 @@ class Failures:
         self.q.push(at, "detect", dead)
         if self.memory is not None:
             self.memory.engines_lost(dead)
-        hit = [(r, c) for r in self.reqs.values() if (c := self._culprit(r, set(dead)))]
+        gone = set(dead)
+        hit = [(r, c) for r in self.reqs.values() if (c := self._culprit(r, gone))]
         ended = 0
         for req, culprit in sorted(hit, key=lambda rc: rc[0].index):
             ended += self.upstream_failed(req, now, culprit)
