@@ -580,3 +580,27 @@ def test_tide_sim_per_day(
     rows = [{"t_s": 60.0 * i, "replicas_prefill": 1} for i in range(windows)]
     got = tide.per_day({"windows": windows, "missed": missed}, rows, 60.0, 1200.0, 60.0)
     assert [(d["day"], d["windows"], d["met"], d["replica_s"]) for d in got] == want
+
+
+@pytest.mark.parametrize(
+    ("case", "expect"),
+    [
+        ("aggregated", {"engines": 8, "pd": False, "fail_role": None, "agent_memory": None}),
+        ("pd_prefill", {"prefill": 3, "decode": 5, "pd": True, "fail_role": "prefill"}),
+        ("pd_decode", {"pd": True, "fail_role": "decode"}),
+        ("memory_retention", {"agent_memory": "retention", "kv_blocks": 2300, "rate_scale": 0.1}),
+    ],
+    ids=["aggregated", "pd-prefill", "pd-decode", "memory"],
+)  # fmt: skip
+def test_sim_failures_cases(case: str, expect: dict[str, Any]) -> None:
+    mod = _load("sim_failures")
+    cfg = mod.case_config(case, mod.parse_args(["--offsets", "7"]), 7, 2).validate()
+    assert (cfg.offset, cfg.seed) == (7, 2)
+    assert {k: getattr(cfg, k) for k in expect} == expect
+
+
+def test_sim_failures_aggregate_means_and_spreads() -> None:
+    mod = _load("sim_failures")
+    rows = [{"offset": 0, "seed": 0, "dead": ["a"], "failed": 2, "reuse": None},
+            {"offset": 0, "seed": 1, "dead": ["b"], "failed": 5, "reuse": None}]  # fmt: skip
+    assert mod.aggregate(rows) == {"failed": {"mean": 3.5, "spread": 3, "n": 2}}
