@@ -23,7 +23,8 @@ follows is what the live gateway does (``services/scheduler/http/server.py`` and
 - with the autoscaler on, the planner sees the fleet without it and starts replacements.
 
 With agent memory, a dead engine's sessions lose what it held on the GPU and keep what the
-tier holds; their next turns' reuse is measured apart (``agent_memory.after_failure``).
+tier holds; the reuse of each one's first dispatch afterwards (a turn in flight retried
+elsewhere, or its next turn) is measured apart (``agent_memory.after_failure``).
 """
 
 from __future__ import annotations

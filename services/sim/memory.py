@@ -136,7 +136,7 @@ class AgentMemory(SessionMoves):
     _applied: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     _ticks: int = 0
     counts: dict[str, int] = field(default_factory=dict)
-    # instance failures: sessions that held KV on a dead engine, until their next turn
+    # instance failures: sessions that held KV on a dead engine, until their next dispatch
     _orphans: set[SessionKey] = field(default_factory=set)
     lost_sessions: int = 0
     after_failure: list[Resume] = field(default_factory=list)  # their next dispatches
