@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.common.engine_core.core import EngineCore, EngineRole
 from services.common.engine_core.core_types import _Seq
-from services.sim.cli import add_arguments, config, workload
+from services.sim.cli import config, workload
+from services.sim.cli_args import add_arguments
 from services.sim.compare import BASELINES, profile_config
 from services.sim.fleet import Instance
 from services.sim.records import SimRequest
