@@ -11,9 +11,18 @@ in ``--day-s`` modelled seconds, rates times ``--rate-scale``; each arrival the 
 ``--lengths`` (by default Azure's 2023 conversation trace, as ``autoscaler_eval.py``).
 Policies, each on a fresh fleet and the same arrivals:
 
-- ``static``: ``--static P,D`` prefill and decode instances, never scaled;
-- ``planner``: starts at the same split and is scaled by the SLA planner (``--max-replicas``
+- ``static``: ``--static P,D`` prefill and decode instances (``--static N``: N aggregated
+  engines), never scaled;
+- ``planner``: starts at the same fleet and is scaled by the SLA planner (``--max-replicas``
   per role).
+
+With ``--agent-memory MODES`` (a comma list of ``lru``, ``retention``, ``prefetch``) each
+policy runs once per mode with the agent-memory tier in the loop (``tideserve sim
+--agent-memory``): a scale-in migrates the victim's sessions to the tier (``lru``: their KV
+is gone), a resumed turn finds its prefix on a GPU, on the tier or nowhere. Use it with a
+lengths trace that has sessions, ``weka_agentic_dev.jsonl``; each run then reports
+``agent_memory`` (the resumed turns' reuse) and ``scale_ins`` (the victims' active sessions'
+prefix blocks kept).
 
 Per policy, and per replayed day (``per_day``): SLO windows met (per ``--window-s`` of
 modelled time, the requests that arrived in it meet both targets at ``--percentile``; a
@@ -63,7 +72,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--days", type=float, default=1.0, help="days of the curve to replay")
     p.add_argument("--day-s", type=float, default=1200.0, help="modelled seconds per day")
     p.add_argument("--rate-scale", type=float, default=0.25, help="multiplies the curve's rates")
-    p.add_argument("--static", default="8,3", help="the static fleet and the planner's start")
+    p.add_argument("--static", default="8,3",
+                   help="the static fleet and the planner's start: P,D or N (aggregated)")  # fmt: skip
     p.add_argument("--max-replicas", type=int, default=32, help="planner: per role")
     p.add_argument("--startup-s", type=float, default=10.0)
     p.add_argument("--tick-s", type=float, default=10.0, help="planner: seconds between ticks")
@@ -80,6 +90,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--policies", default="static,planner")
     p.add_argument("--planner", action="append", default=[], metavar="NAME=VALUE",
                    help="planner: a setting of the autoscaler's planner config (repeatable)")  # fmt: skip
+    p.add_argument("--agent-memory", default="",
+                   help="comma list of lru, retention, prefetch: each policy once per mode")  # fmt: skip
+    p.add_argument("--kv-blocks", type=int, default=16384, help="KV blocks per engine")
+    p.add_argument("--memory-tier-mib", type=int, default=None,
+                   help="the agent-memory tier's size (default: tideserve sim's)")  # fmt: skip
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
@@ -124,11 +139,37 @@ def per_day(windows: dict[str, Any], rows: list[dict[str, Any]], timeline_s: flo
     return out
 
 
-def run_policy(name: str, trace: Trace, args: argparse.Namespace) -> dict[str, Any]:
-    p, d = (int(x) for x in args.static.split(","))
-    cfg = SimConfig(prefill=p, decode=d, engine_profile=args.engine_profile, seed=args.seed,
+def fleet(static: str) -> dict[str, int]:
+    """``--static``'s fleet as SimConfig fields: ``P,D`` or ``N`` (aggregated)."""
+    parts = [int(x) for x in static.split(",")]
+    if len(parts) == 1:
+        return {"engines": parts[0]}
+    if len(parts) == 2:
+        return {"prefill": parts[0], "decode": parts[1]}
+    raise SystemExit(f"--static takes P,D or N, got {static!r}")
+
+
+def memory_summary(run: Any) -> dict[str, Any] | None:
+    """The agent memory's figures of a run and what its scale-ins kept (None: off)."""
+    if run.agent_memory is None:
+        return None
+    ins = run.scale_ins
+    prefix = sum(r.prefix_blocks for r in ins)
+    return {**run.agent_memory, "scale_ins": {
+        "victims": len(ins),
+        "active_sessions": sum(len(r.sessions) for r in ins),
+        "prefix_blocks": prefix,
+        "kept_ratio": round(sum(r.kept_blocks for r in ins) / prefix, 4) if prefix else None,
+    }}  # fmt: skip
+
+
+def run_policy(
+    name: str, trace: Trace, args: argparse.Namespace, memory: str | None = None
+) -> dict[str, Any]:
+    cfg = SimConfig(**fleet(args.static), engine_profile=args.engine_profile, seed=args.seed,
                     slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
-                    stream_interval=args.stream_interval)  # fmt: skip
+                    stream_interval=args.stream_interval, kv_blocks=args.kv_blocks,
+                    agent_memory=memory, memory_tier_mib=args.memory_tier_mib)  # fmt: skip
     if name == "planner":
         auto = AutoscaleConfig(tick_s=args.tick_s, window_s=args.telemetry_window_s,
                                max_replicas=args.max_replicas, startup_s=args.startup_s,
@@ -148,8 +189,9 @@ def run_policy(name: str, trace: Trace, args: argparse.Namespace) -> dict[str, A
         "slo_windows": windows,
         "per_day": per_day(windows, run.timeline.rows, cfg.timeline_s, args.day_s, args.window_s),
         "replica_s": round(replica_s, 1),
-        "peak_replicas": doc["sim"]["autoscale"]["peak_replicas"] if doc["sim"]["autoscale"] else p + d,
+        "peak_replicas": doc["sim"]["autoscale"]["peak_replicas"] if doc["sim"]["autoscale"] else cfg.instances,
         "autoscale": doc["sim"]["autoscale"],
+        "agent_memory": memory_summary(run),
         "completed": doc.get("completed"), "failed": doc.get("failed"),
         "ttft_ms": doc.get("ttft_ms"), "tpot_ms": doc.get("tpot_ms"),
         "slo_attainment": doc.get("slo_attainment"), "cache_hit_ratio": doc.get("cache_hit_ratio"),
@@ -167,12 +209,26 @@ def main(argv: list[str] | None = None) -> int:
                  "requests": len(trace.requests)},
         "slo": {"ttft_ms": args.slo_ttft_ms, "tpot_ms": args.slo_tpot_ms,
                 "percentile": args.percentile, "window_s": args.window_s},
-        "policies": {},
     }  # fmt: skip
-    for name in [x.strip() for x in args.policies.split(",") if x.strip()]:
-        out["policies"][name] = run_policy(name, trace, args)
-    static = out["policies"].get("static")
-    for res in out["policies"].values():
+    names = [x.strip() for x in args.policies.split(",") if x.strip()]
+    modes = [x.strip() for x in args.agent_memory.split(",") if x.strip()]
+    if not modes:
+        out["policies"] = {name: run_policy(name, trace, args) for name in names}
+        add_ratios(out["policies"])
+    else:  # one table per agent-memory mode, each policy against that mode's static
+        out["agent_memory"] = {}
+        for mode in modes:
+            runs = {name: run_policy(name, trace, args, mode) for name in names}
+            add_ratios(runs)
+            out["agent_memory"][mode] = runs
+    emit_json(out, args.out)
+    return 0
+
+
+def add_ratios(policies: dict[str, dict[str, Any]]) -> None:
+    """Each policy's replica-seconds against ``static``'s, in all and per day."""
+    static = policies.get("static")
+    for res in policies.values():
         res["replica_s_vs_static"] = (
             round(res["replica_s"] / static["replica_s"], 3)
             if static and static["replica_s"]
@@ -181,8 +237,6 @@ def main(argv: list[str] | None = None) -> int:
         for mine, theirs in zip(res["per_day"], static["per_day"] if static else [], strict=False):
             if theirs["replica_s"]:
                 mine["replica_s_vs_static"] = round(mine["replica_s"] / theirs["replica_s"], 3)
-    emit_json(out, args.out)
-    return 0
 
 
 if __name__ == "__main__":

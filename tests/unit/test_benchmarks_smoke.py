@@ -583,6 +583,49 @@ def test_tide_sim_per_day(
 
 
 @pytest.mark.parametrize(
+    ("static", "want"),
+    [("8,3", {"prefill": 8, "decode": 3}), ("12", {"engines": 12})],
+    ids=["pd", "aggregated"],
+)
+def test_tide_sim_fleet(static: str, want: dict[str, int]) -> None:
+    assert _load("tide_sim").fleet(static) == want
+
+
+def test_tide_sim_agent_memory_in_the_loop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Sessions over a rate curve with the tier in the loop: one table per memory mode,
+    each policy against that mode's static fleet, with the memory's figures."""
+    tide = _load("tide_sim")
+    curve = tmp_path / "rate.csv"
+    curve.write_text("t_s,rate_rps\n0,40\n86400,40\n")
+    lengths = tmp_path / "sessions.jsonl"
+    with lengths.open("w") as f:  # 4 sessions of 3 turns, each turn extending the last
+        for turn in range(3):
+            for s in range(4):
+                ids = [1000 * s + k for k in range(4 + 2 * turn)]
+                f.write(json.dumps({"timestamp": turn * 1000 + s, "input_length": 512 * len(ids),
+                                    "output_length": 8, "hash_ids": ids}) + "\n")  # fmt: skip
+    out = tmp_path / "out.json"
+    args = ["--curve", str(curve), "--lengths", str(lengths), "--days", "0.0005",
+            "--day-s", "86400", "--static", "2", "--agent-memory", "lru,retention",
+            "--slo-ttft-ms", "5000", "--slo-tpot-ms", "100", "--out", str(out)]  # fmt: skip
+    assert tide.main(args) == 0
+    capsys.readouterr()
+    doc = json.loads(out.read_text())
+    assert "policies" not in doc and set(doc["agent_memory"]) == {"lru", "retention"}
+    for mode, runs in doc["agent_memory"].items():
+        assert set(runs) == {"static", "planner"}
+        static = runs["static"]
+        assert static["replica_s_vs_static"] == 1.0 and static["peak_replicas"] == 2
+        mem = static["agent_memory"]
+        assert mem["mode"] == mode and mem["resumed_turns"] > 0
+        assert mem["scale_ins"] == {"victims": 0, "active_sessions": 0, "prefix_blocks": 0,
+                                    "kept_ratio": None}  # fmt: skip
+        assert static["completed"] == doc["load"]["requests"]
+
+
+@pytest.mark.parametrize(
     ("case", "expect"),
     [
         ("aggregated", {"engines": 8, "pd": False, "fail_role": None, "agent_memory": None}),

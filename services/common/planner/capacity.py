@@ -12,12 +12,14 @@ Rules:
   the target, or within the lead time when that is longer (replicas asked for now serve only
   then): ``backlog * s / max(target, lead)``.
 * **Decode** (and the decode share of a worker). Little's law: concurrency =
-  ``rate * output * tpot`` with steps at the target. A replica holds the largest batch ``b``
+  ``rate * output * step`` (the time per token). A replica holds the largest batch ``b``
   whose step ``decode_step_ms(b, b * ctx)`` fits in ``target * decode_headroom`` (``ctx`` =
   input + output / 2, the mean context while decoding), and whose KV fits its memory:
   ``b * ctx <= kv_capacity_tokens`` (when the model knows it; 0 = unknown). Long agent
   contexts are KV-bound long before they are step-bound: a 100k-token context leaves room
-  for a batch of a few sequences however fast the step. Need = concurrency / b.
+  for a batch of a few sequences however fast the step. Need = concurrency / b, the
+  concurrency at the step the batch runs: the budget, or for a KV-bound batch its own
+  (shorter) step, ``decode_step_ms(b, b * ctx)``.
 * **Worker** (aggregated): prefill and decode share the replica's time, so the needs add.
 * **The first streamed chunk.** Engines that coalesce ``k`` tokens per streamed chunk
   (``--stream-interval k``) send a client its first token only after ``k - 1`` decode steps
@@ -190,7 +192,15 @@ def decode_need(
     if kv_bound:
         batch = kv // ctx
     feasible = batch > 0
-    step = budget if feasible else perf.decode_step_ms(1, ctx)
+    # A KV-bound batch steps faster than the budget: sequences finish sooner, so fewer are
+    # in flight (Little's law at the step the batch runs, not at the budget).
+    step = (
+        perf.decode_step_ms(batch, batch * ctx)
+        if kv_bound and feasible
+        else budget
+        if feasible
+        else perf.decode_step_ms(1, ctx)
+    )
     concurrency = d.rate_rps * d.output_tokens * step / 1000.0
     need = concurrency / max(1, batch)
     detail = f"concurrency {concurrency:.1f} / batch {batch} at step <= {step:.1f} ms"
