@@ -36,7 +36,15 @@ from services.common.tokens import (
     tokenize,
 )
 
-__all__ = ["Arrival", "PromptIds", "Prompts", "ShiftedIds", "arrivals", "repeated"]
+__all__ = [
+    "Arrival",
+    "PromptIds",
+    "Prompts",
+    "ShiftedIds",
+    "arrivals",
+    "repeated",
+    "trace_block_hashes",
+]
 
 Arrival = tuple[float, TraceRequest]
 """(arrival in ms of modelled time, the request)."""
@@ -135,11 +143,6 @@ class Prompts:
         self.memo_blocks = max(1, memo_blocks)
         # per hash id: the block's token ids as hashed (their array("I") bytes)
         self._blocks: OrderedDict[int, bytes] = OrderedDict()
-        # block hashes by hash-id prefix, a trie: (node, hash id) -> (node, the hashes of
-        # the blocks that trace block completes), the first ``memo_chains`` made kept
-        self._chains: OrderedDict[tuple[int, int], tuple[int, tuple[int, ...]]] = OrderedDict()
-        self.memo_chains = 4 * self.memo_blocks
-        self._dropped = 0  # chain entries let go (node ids stay unique)
         # The synthesizer's words of a block are "s0.<id>.<i>" (hex). A word's token id is
         # crc32(prefix + suffix), and crc32 continued over L bytes is affine in the value it
         # continues from: crc32(suffix, c) = crc32(suffix, 0) ^ shift_L(c), where shift_L(c)
@@ -209,89 +212,47 @@ class Prompts:
         return out
 
     def request(self, r: TraceRequest, block_size: int) -> tuple[Sequence[int], tuple[int, ...]]:
-        """``prompt(r)[0]`` and ``block_hashes(r, prompt(r)[1], block_size)``, the ids as a
-        :class:`PromptIds` (its length; the ids made when read): the simulated engines and
-        gateways read a prompt's length and block hashes, not its ids. Only the blocks an
-        earlier prompt's hashes do not cover are made and hashed."""
+        """The prompt as the simulated engines and gateways read it: its ids as a
+        :class:`PromptIds` (its length; the ids made only when read) and its block hashes.
+
+        For a request with hash ids the hashes are :func:`trace_block_hashes`, which have
+        the equality of the prompt's real block hashes (two prompts share their first ``k``
+        block hashes exactly when they share the tokens of their first ``k`` blocks) without
+        making or hashing a token: a block's tokens are fixed by the trace blocks it covers
+        and its position. Without hash ids (Azure: unique words) they are the real ones."""
         bt = self.synth.block_tokens
         n = r.input_length
         ids = list(r.hash_ids or ())[: -(-n // bt)]
         if n > len(ids) * bt or n < 0:  # traces without hash ids: unique words
             toks, payload = self.prompt(r)
-            return toks, self.block_hashes(r, payload, block_size)
+            return toks, tuple(payload_block_hashes(payload, block_size))
         role = len(self.role)
-        node, k, known = self._walk(ids, n // bt)
-        total = (role + n) // block_size  # the prompt's full blocks
-        out = tuple(known)
-        if len(known) < total:
-            span = self._span(ids, len(known) * block_size, total * block_size)
-            parent = known[-1] if known else None
-            out = (*known, *payload_block_hashes(span, block_size, parent=parent))
-        self._remember(ids, n // bt, node, k, out, block_size)
-        return PromptIds(role + n, self, r), out
+        return PromptIds(role + n, self, r), trace_block_hashes(ids, role + n, role, bt, block_size)
 
-    def _span(self, ids: Sequence[int], lo: int, hi: int) -> bytes:
-        """The payload of the prompt's tokens ``lo .. hi-1`` (``hi`` within the prompt whose
-        trace blocks are ``ids``): the role's, then only the trace blocks they fall in."""
-        role, bt = len(self.role), self.synth.block_tokens
-        out = self._role_payload[lo * TOKEN_BYTES : min(hi, role) * TOKEN_BYTES]
-        t0, t1 = max(0, lo - role), hi - role  # trace tokens
-        if t1 > t0:
-            b0 = t0 // bt
-            trace = b"".join(self._payloads(ids[b0 : (t1 - 1) // bt + 1]))
-            out += trace[(t0 - b0 * bt) * TOKEN_BYTES : (t1 - b0 * bt) * TOKEN_BYTES]
-        return out
 
-    def block_hashes(self, r: TraceRequest, payload: bytes, block_size: int) -> tuple[int, ...]:
-        """``payload_block_hashes(payload, block_size)`` of ``payload = prompt(r)[1]``: the
-        blocks within the leading trace blocks an earlier prompt had (the same hash ids, so
-        the same bytes from the start) are taken from that prompt's, the rest hashed."""
-        bt = self.synth.block_tokens
-        ids = list(r.hash_ids or ())[: -(-r.input_length // bt)]
-        complete = max(0, min(r.input_length, len(ids) * bt)) // bt  # whole trace blocks
-        node, k, known = self._walk(ids, complete)
-        parent = known[-1] if known else None
-        rest = payload[len(known) * block_size * TOKEN_BYTES :]
-        out = (*known, *payload_block_hashes(rest, block_size, parent=parent))
-        self._remember(ids, complete, node, k, out, block_size)
-        return out
+_MASK = (1 << 64) - 1
+_SEED = 0x7469646573657276  # "tideserv": the chain's parent before block 0
 
-    def _walk(self, ids: Sequence[int], complete: int) -> tuple[int, int, list[int]]:
-        """The trie's longest path along the first ``complete`` trace blocks ``ids``: its
-        node, its length and the block hashes it holds."""
-        chains = self._chains
-        node, k = 0, 0
-        known: list[int] = []
-        while k < complete:
-            hit = chains.get((node, ids[k]))
-            if hit is None:
-                break
-            node, seg = hit
-            known.extend(seg)
-            k += 1
-        return node, k, known
 
-    def _remember(
-        self,
-        ids: Sequence[int],
-        complete: int,
-        node: int,
-        k: int,
-        out: tuple[int, ...],
-        block_size: int,
-    ) -> None:
-        """The trie extended from ``node`` (``k`` blocks deep) to the ``complete`` whole trace
-        blocks of a prompt whose block hashes are ``out``."""
-        bt, role = self.synth.block_tokens, len(self.role)
-        chains = self._chains
-        for m in range(k + 1, complete + 1):
-            seg = out[(role + (m - 1) * bt) // block_size : (role + m * bt) // block_size]
-            nxt = len(chains) + 1 + self._dropped
-            chains[node, ids[m - 1]] = (nxt, seg)
-            node = nxt
-        while len(chains) > self.memo_chains:  # the oldest go (O(1) from an OrderedDict)
-            chains.popitem(last=False)
-            self._dropped += 1
+def trace_block_hashes(
+    ids: Sequence[int], tokens: int, lead: int, trace_block: int, block_size: int
+) -> tuple[int, ...]:
+    """Stand-ins for the block hashes of a prompt of ``tokens`` tokens: ``lead`` fixed tokens
+    (the role's), then the trace blocks ``ids`` of ``trace_block`` tokens each (the last one
+    possibly cut short). Block ``j``'s hash chains its parent's with the ids of the trace
+    blocks its tokens fall in; the chain fixes its position, and so which of those blocks'
+    tokens it holds. 64-bit, never 0, as real block hashes are; deterministic (Python hashes
+    ints and tuples of ints the same in every process)."""
+    out: list[int] = []
+    h = _SEED
+    for j in range(tokens // block_size):
+        lo = j * block_size - lead
+        hi = lo + block_size - 1
+        first = lo // trace_block if lo >= 0 else 0
+        key = (h, lo < 0, *ids[first : hi // trace_block + 1])
+        h = hash(key) & _MASK or 1
+        out.append(h)
+    return tuple(out)
 
 
 class PromptIds(Sequence[int]):
