@@ -35,6 +35,7 @@ from services.common.tokens import (
     payload_block_hashes,
     tokenize,
 )
+from services.sim.trace_hashes import trace_block_hashes
 
 __all__ = [
     "Arrival",
@@ -43,7 +44,6 @@ __all__ = [
     "ShiftedIds",
     "arrivals",
     "repeated",
-    "trace_block_hashes",
 ]
 
 Arrival = tuple[float, TraceRequest]
@@ -228,31 +228,6 @@ class Prompts:
             return toks, tuple(payload_block_hashes(payload, block_size))
         role = len(self.role)
         return PromptIds(role + n, self, r), trace_block_hashes(ids, role + n, role, bt, block_size)
-
-
-_MASK = (1 << 64) - 1
-_SEED = 0x7469646573657276  # "tideserv": the chain's parent before block 0
-
-
-def trace_block_hashes(
-    ids: Sequence[int], tokens: int, lead: int, trace_block: int, block_size: int
-) -> tuple[int, ...]:
-    """Stand-ins for the block hashes of a prompt of ``tokens`` tokens: ``lead`` fixed tokens
-    (the role's), then the trace blocks ``ids`` of ``trace_block`` tokens each (the last one
-    possibly cut short). Block ``j``'s hash chains its parent's with the ids of the trace
-    blocks its tokens fall in; the chain fixes its position, and so which of those blocks'
-    tokens it holds. 64-bit, never 0, as real block hashes are; deterministic (Python hashes
-    ints and tuples of ints the same in every process)."""
-    out: list[int] = []
-    h = _SEED
-    for j in range(tokens // block_size):
-        lo = j * block_size - lead
-        hi = lo + block_size - 1
-        first = lo // trace_block if lo >= 0 else 0
-        key = (h, lo < 0, *ids[first : hi // trace_block + 1])
-        h = hash(key) & _MASK or 1
-        out.append(h)
-    return tuple(out)
 
 
 class PromptIds(Sequence[int]):

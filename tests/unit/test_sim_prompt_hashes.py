@@ -9,7 +9,8 @@ import pytest
 
 from services.common.bench.traces import TraceRequest
 from services.common.tokens import payload_block_hashes
-from services.sim.inputs import Prompts, trace_block_hashes
+from services.sim.inputs import Prompts
+from services.sim.trace_hashes import trace_block_hashes
 
 SEQUENCES = [
     [((1, 2, 3), 1536), ((1, 2, 3, 4), 2048), ((1, 2), 1024)],  # turns extend, then shrink
