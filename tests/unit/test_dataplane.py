@@ -62,6 +62,13 @@ def test_slot_pool_hands_out_lowest_first_and_refuses_double_give() -> None:
         pool.give([1, 1])
     with pytest.raises(ValueError, match="not taken"):
         pool.give([5])
+    with pytest.raises(ValueError, match="not taken"):
+        pool.give([-1])  # not the last slot by its negative index
+    pool.give([2, 0])
+    with pytest.raises(ValueError, match="not taken"):
+        pool.give([1, 0])  # 0 is free already: 1 is not given back either
+    assert pool.free == 2
+    assert pool.take(3) is None and pool.take(2) == [0, 2] and pool.free == 0
 
 
 def test_arena_reads_back_what_was_written_and_bounds_checks() -> None:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+from collections import deque
 from collections.abc import Sequence
+from itertools import repeat
 
 __all__ = ["SlotPool", "block_bytes", "block_content", "block_key", "mismatched"]
 
@@ -70,7 +72,9 @@ class SlotPool:
         # so any heap of them gives them up in the same order.
         self._free: list[int] = []
         self._next = 0
-        self._taken: set[int] = set()
+        # 1 per slot taken: a byte per slot, not a set entry (a simulated fleet holds a
+        # thousand pools, and their sets' scattered entries cost a cache miss per slot)
+        self._taken = bytearray(capacity)
 
     @property
     def free(self) -> int:
@@ -96,16 +100,20 @@ class SlotPool:
         if k < n:
             out.extend(range(self._next, self._next + n - k))
             self._next += n - k
-        self._taken.update(out)
+        deque(map(self._taken.__setitem__, out, repeat(1)), maxlen=0)
         return out
 
     def give(self, slots: Sequence[int]) -> None:
         """Return slots; a slot not taken (or given twice) is a ValueError, nothing changes."""
-        taken, free = self._taken, self._free
-        if not taken.issuperset(slots) or len(set(slots)) != len(slots):
-            bad = [s for s in slots if s not in taken]
+        taken, free, cap = self._taken, self._free, self.capacity
+        if (
+            (slots and (min(slots) < 0 or max(slots) >= cap))
+            or not all(map(taken.__getitem__, slots))
+            or len(set(slots)) != len(slots)
+        ):
+            bad = [s for s in slots if not (0 <= s < cap and taken[s])]
             raise ValueError(f"slots not taken: {bad or sorted(slots)}")
-        taken.difference_update(slots)
+        deque(map(taken.__setitem__, slots, repeat(0)), maxlen=0)
         if len(slots) > 8 and 4 * len(slots) >= len(free):  # many (an eviction): in C
             free.extend(slots)
             heapq.heapify(free)
