@@ -4,6 +4,8 @@ equality of that prompt's real block hashes (``Prompts.request``)."""
 from __future__ import annotations
 
 import random
+from itertools import takewhile
+from typing import Any
 
 import pytest
 
@@ -52,13 +54,9 @@ def test_a_request_is_its_prompt_and_hashes(
             assert _common(got[a], got[b]) == _common(real[a], real[b]), (a, b)
 
 
-def _common(x: tuple[int, ...], y: tuple[int, ...]) -> int:
-    n = 0
-    for u, v in zip(x, y, strict=False):
-        if u != v:
-            break
-        n += 1
-    return n
+def _common(x: tuple[Any, ...], y: tuple[Any, ...]) -> int:
+    """The length of the longest common prefix of two sequences."""
+    return sum(1 for _ in takewhile(lambda pair: pair[0] == pair[1], zip(x, y, strict=False)))
 
 
 @pytest.mark.parametrize(
