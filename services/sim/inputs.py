@@ -37,14 +37,7 @@ from services.common.tokens import (
 )
 from services.sim.trace_hashes import trace_block_hashes
 
-__all__ = [
-    "Arrival",
-    "PromptIds",
-    "Prompts",
-    "ShiftedIds",
-    "arrivals",
-    "repeated",
-]
+__all__ = ["Arrival", "PromptIds", "Prompts", "ShiftedIds", "arrivals", "repeated"]
 
 Arrival = tuple[float, TraceRequest]
 """(arrival in ms of modelled time, the request)."""

@@ -192,15 +192,12 @@ def decode_need(
     if kv_bound:
         batch = kv // ctx
     feasible = batch > 0
-    # A KV-bound batch steps faster than the budget: sequences finish sooner, so fewer are
-    # in flight (Little's law at the step the batch runs, not at the budget).
-    step = (
-        perf.decode_step_ms(batch, batch * ctx)
-        if kv_bound and feasible
-        else budget
-        if feasible
-        else perf.decode_step_ms(1, ctx)
-    )
+    if not feasible:
+        step = perf.decode_step_ms(1, ctx)
+    elif kv_bound:  # its step is shorter than the budget: sequences finish sooner, so
+        step = perf.decode_step_ms(batch, batch * ctx)  # fewer are in flight
+    else:
+        step = budget
     concurrency = d.rate_rps * d.output_tokens * step / 1000.0
     need = concurrency / max(1, batch)
     detail = f"concurrency {concurrency:.1f} / batch {batch} at step <= {step:.1f} ms"
