@@ -61,6 +61,7 @@ from services.sim.cli import planner_settings
 from services.sim.curve import RateCurve, curve_trace, read_curve
 from services.sim.policies import replica_seconds, slo_windows
 from services.sim.results import request_results
+from services.sim.run import SimRun
 
 DAY_S = 86_400.0
 
@@ -139,17 +140,17 @@ def per_day(windows: dict[str, Any], rows: list[dict[str, Any]], timeline_s: flo
     return out
 
 
-def fleet(static: str) -> dict[str, int]:
-    """``--static``'s fleet as SimConfig fields: ``P,D`` or ``N`` (aggregated)."""
+def fleet(cfg: SimConfig, static: str) -> SimConfig:
+    """``cfg`` with ``--static``'s fleet: ``P,D`` or ``N`` (aggregated)."""
     parts = [int(x) for x in static.split(",")]
     if len(parts) == 1:
-        return {"engines": parts[0]}
+        return replace(cfg, engines=parts[0])
     if len(parts) == 2:
-        return {"prefill": parts[0], "decode": parts[1]}
+        return replace(cfg, prefill=parts[0], decode=parts[1])
     raise SystemExit(f"--static takes P,D or N, got {static!r}")
 
 
-def memory_summary(run: Any) -> dict[str, Any] | None:
+def memory_summary(run: SimRun) -> dict[str, Any] | None:
     """The agent memory's figures of a run and what its scale-ins kept (None: off)."""
     if run.agent_memory is None:
         return None
@@ -166,10 +167,11 @@ def memory_summary(run: Any) -> dict[str, Any] | None:
 def run_policy(
     name: str, trace: Trace, args: argparse.Namespace, memory: str | None = None
 ) -> dict[str, Any]:
-    cfg = SimConfig(**fleet(args.static), engine_profile=args.engine_profile, seed=args.seed,
-                    slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
-                    stream_interval=args.stream_interval, kv_blocks=args.kv_blocks,
-                    agent_memory=memory, memory_tier_mib=args.memory_tier_mib)  # fmt: skip
+    cfg = fleet(SimConfig(engine_profile=args.engine_profile, seed=args.seed,
+                          slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
+                          stream_interval=args.stream_interval, kv_blocks=args.kv_blocks,
+                          agent_memory=memory, memory_tier_mib=args.memory_tier_mib),
+                args.static)  # fmt: skip
     if name == "planner":
         auto = AutoscaleConfig(tick_s=args.tick_s, window_s=args.telemetry_window_s,
                                max_replicas=args.max_replicas, startup_s=args.startup_s,

@@ -588,7 +588,10 @@ def test_tide_sim_per_day(
     ids=["pd", "aggregated"],
 )
 def test_tide_sim_fleet(static: str, want: dict[str, int]) -> None:
-    assert _load("tide_sim").fleet(static) == want
+    tide = _load("tide_sim")
+    cfg = tide.fleet(tide.SimConfig(), static)
+    assert {k: getattr(cfg, k) for k in ("engines", "prefill", "decode") if k in want} == want
+    assert cfg.pd is ("prefill" in want)
 
 
 def test_tide_sim_agent_memory_in_the_loop(
